@@ -1,0 +1,1 @@
+"""trainyard_gateway."""
