@@ -1,0 +1,63 @@
+"""The cluster as configured: nodes with CPU, memory, GPUs and a port range, and queues.
+
+Placement schedules onto it and validation checks jobs against it (a GPU type or queue
+that exists, a task no larger than the largest node). ``YARD_CLUSTER`` names a YAML
+file; without one the cluster is this machine, as the local backend runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import yaml
+from pydantic import Field
+
+from .jobspec import EnvVar, Model
+
+
+class NodeSpec(Model):
+    name: str
+    host_ip: str = "127.0.0.1"
+    cpu: float
+    memory_mb: int
+    gpus: int = 0
+    gpu_type: str | None = None
+    port_range: tuple[int, int] = (20000, 40000)
+    labels: list[EnvVar] = Field(default_factory=list)
+
+
+class ClusterSpec(Model):
+    nodes: list[NodeSpec]
+    queues: list[str] = Field(default_factory=lambda: ["default"])
+
+    def gpu_types(self) -> set[str]:
+        return {n.gpu_type for n in self.nodes if n.gpu_type and n.gpus > 0}
+
+
+def _memory_mb() -> int:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 4096
+
+
+def local_cluster() -> ClusterSpec:
+    """This machine as one node (GPUs are declared in a cluster file, not guessed)."""
+    return ClusterSpec(
+        nodes=[NodeSpec(name=socket.gethostname() or "local", cpu=float(os.cpu_count() or 1),
+                        memory_mb=_memory_mb())]
+    )
+
+
+def load_cluster(path: str | Path | None = None) -> ClusterSpec:
+    path = path or os.environ.get("YARD_CLUSTER")
+    if not path:
+        return local_cluster()
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    return ClusterSpec.model_validate(data)

@@ -1,0 +1,19 @@
+"""The two kinds of failure every consumer must tell apart (at-least-once delivery).
+
+A *permanent* error will fail again on every redelivery (a malformed message, a job that
+breaks a rule): the consumer records or publishes the rejection and the message is
+terminated. A *transient* error may pass later (a store or bus hiccup): the message is
+negatively acknowledged and JetStream redelivers it after a delay.
+"""
+
+
+class TrainyardError(Exception):
+    """Root of the project's own errors."""
+
+
+class PermanentError(TrainyardError):
+    """Retrying cannot help; the message is terminated, not redelivered."""
+
+
+class TransientError(TrainyardError):
+    """Retrying may help; the message is redelivered after a delay."""

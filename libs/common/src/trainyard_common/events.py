@@ -1,0 +1,230 @@
+"""Every message that crosses the bus: events (past tense) and commands (imperative).
+
+One definition per message, shared by every service. Each carries ``event_id`` (also
+the ``Nats-Msg-Id``, so JetStream drops a re-publish inside its duplicate window),
+``job_id`` (also part of the subject), ``occurred_at`` and ``schema_version``.
+Decoding goes through :func:`decode`, the one place where old versions are upcast.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import Field, TypeAdapter
+
+from .jobspec import JobSpec, Model
+
+SCHEMA_VERSION = 1
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def derived_id(*parts: object) -> str:
+    """A deterministic event id: the same cause always yields the same id, so a
+    consumer that crashes after publishing and redoes its work re-publishes a duplicate
+    that JetStream discards instead of a second event."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, "trainyard:" + ":".join(map(str, parts))).hex
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class TaskState(StrEnum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED)
+
+
+class JobState(StrEnum):
+    SUBMITTED = "SUBMITTED"
+    ACCEPTED = "ACCEPTED"
+    REJECTED = "REJECTED"
+    QUEUED = "QUEUED"
+    PLACED = "PLACED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_JOB_STATES
+
+
+TERMINAL_JOB_STATES = frozenset(
+    {JobState.REJECTED, JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED}
+)
+
+
+class FieldIssue(Model):
+    """One problem with a submitted job, located by its path in the submitted payload."""
+
+    path: str = Field(description="JSON path of the field, e.g. $.taskRoles[0].memoryMB")
+    message: str
+    code: str = "invalid"
+
+
+class Event(Model):
+    subject_suffix: ClassVar[str]
+
+    event_id: str = Field(default_factory=new_id)
+    job_id: str
+    occurred_at: datetime = Field(default_factory=utcnow)
+    schema_version: int = SCHEMA_VERSION
+
+
+class JobSubmitted(Event):
+    type: Literal["JobSubmitted"] = "JobSubmitted"
+    subject_suffix: ClassVar[str] = "submitted"
+    spec: JobSpec
+    dialect: str = "native"
+    original: dict[str, Any] | None = Field(
+        None, description="The payload as the user sent it, kept for dialect views."
+    )
+    # Problems the dialect translation found; validation reports them with its own.
+    translation_errors: list[FieldIssue] = Field(default_factory=list)
+    warnings: list[FieldIssue] = Field(default_factory=list)
+
+
+class JobAccepted(Event):
+    type: Literal["JobAccepted"] = "JobAccepted"
+    subject_suffix: ClassVar[str] = "accepted"
+    spec: JobSpec
+    warnings: list[FieldIssue] = Field(default_factory=list)
+
+
+class JobRejected(Event):
+    type: Literal["JobRejected"] = "JobRejected"
+    subject_suffix: ClassVar[str] = "rejected"
+    errors: list[FieldIssue]
+
+
+class JobQueued(Event):
+    """The job is waiting for capacity; ``reasons`` say why, for people to read."""
+
+    type: Literal["JobQueued"] = "JobQueued"
+    subject_suffix: ClassVar[str] = "queued"
+    attempt: int = 1
+    position: int = 0
+    reasons: list[str] = Field(default_factory=list)
+
+
+class PortAssignment(Model):
+    label: str
+    ports: list[int]
+
+
+class TaskPlacement(Model):
+    role: str
+    index: int
+    node: str
+    host_ip: str
+    gpu_indices: list[int] = Field(default_factory=list)
+    ports: list[PortAssignment] = Field(default_factory=list)
+
+
+class JobPlaced(Event):
+    type: Literal["JobPlaced"] = "JobPlaced"
+    subject_suffix: ClassVar[str] = "placed"
+    attempt: int = 1
+    spec: JobSpec
+    tasks: list[TaskPlacement]
+
+
+class TaskStateChanged(Event):
+    type: Literal["TaskStateChanged"] = "TaskStateChanged"
+    subject_suffix: ClassVar[str] = "task"
+    attempt: int = 1
+    role: str
+    index: int
+    state: TaskState
+    # Per task and attempt, increasing with every transition: lets a projection ignore
+    # a stale transition that arrives after a newer one.
+    seq: int
+    node: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+
+
+class JobFinished(Event):
+    type: Literal["JobFinished"] = "JobFinished"
+    subject_suffix: ClassVar[str] = "finished"
+    attempt: int = 1
+    state: Literal[JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED]
+    reason: str
+    exit_code: int | None = None
+
+
+class StopJob(Event):
+    """Command: end the job wherever it is (queued, placed or running)."""
+
+    type: Literal["StopJob"] = "StopJob"
+    subject_suffix: ClassVar[str] = "stop"
+    requested_by: str
+    reason: str = "stopped by user"
+
+
+AnyEvent = Annotated[
+    Union[
+        JobSubmitted,
+        JobAccepted,
+        JobRejected,
+        JobQueued,
+        JobPlaced,
+        TaskStateChanged,
+        JobFinished,
+        StopJob,
+    ],
+    Field(discriminator="type"),
+]
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    JobSubmitted,
+    JobAccepted,
+    JobRejected,
+    JobQueued,
+    JobPlaced,
+    TaskStateChanged,
+    JobFinished,
+    StopJob,
+)
+COMMAND_TYPES: tuple[type[Event], ...] = (StopJob,)
+
+_adapter: TypeAdapter[Any] = TypeAdapter(AnyEvent)
+
+# Upcasters: (type, from_version) -> function turning that version's dict into the next.
+# Empty while every event is at version 1; add one here before bumping SCHEMA_VERSION.
+UPCASTERS: dict[tuple[str, int], Any] = {}
+
+
+def upcast(data: dict[str, Any]) -> dict[str, Any]:
+    version = int(data.get("schema_version", 1))
+    while (step := UPCASTERS.get((data.get("type", ""), version))) is not None:
+        data = step(data)
+        version += 1
+        data["schema_version"] = version
+    return data
+
+
+def decode(raw: bytes | str | dict[str, Any]) -> Event:
+    """Parse any message from the bus into its model (raises pydantic.ValidationError)."""
+    if isinstance(raw, dict):
+        return _adapter.validate_python(upcast(raw))
+    return _adapter.validate_python(upcast(json.loads(raw)))
+
+
+def encode(event: Event) -> bytes:
+    return event.model_dump_json().encode()

@@ -1,0 +1,125 @@
+"""The canonical job: the one shape every dialect translates to and from.
+
+Maps are kept as lists of name/value pairs (``EnvVar``) rather than dicts so a job can be
+stored in MongoDB and FerretDB as it is: their documents forbid keys with ``.`` or a
+leading ``$``, and environment variable names or labels may hold either.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Model(BaseModel):
+    """Base for every contract model: unknown fields are an error, never silently kept."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class JobKind(StrEnum):
+    GENERIC = "generic"
+    PYTORCH = "pytorch"
+    TENSORFLOW = "tensorflow"
+    XGBOOST = "xgboost"
+    MPI = "mpi"
+    DEEPSPEED = "deepspeed"
+    COLOSSALAI = "colossalai"
+    BEAM = "beam"
+
+
+class RunMode(StrEnum):
+    IMMEDIATE = "immediate"
+    DEBUG = "debug"
+    PAUSE = "pause"
+    ELASTIC = "elastic"
+
+
+class RestartPolicy(StrEnum):
+    NEVER = "Never"
+    ON_FAILURE = "OnFailure"
+    ALWAYS = "Always"
+    EXIT_CODE = "ExitCode"
+
+
+class EnvVar(Model):
+    name: str
+    value: str
+
+
+class PortSpec(Model):
+    """A named group of ports a task needs (OpenPAI's portList entry)."""
+
+    label: str
+    begin_at: int = Field(0, description="First port of a fixed range; 0 means any free port.")
+    count: int = Field(1, description="How many ports of this label each task gets.")
+
+
+class Resources(Model):
+    cpu: float = 1.0
+    memory_mb: int = 1024
+    shm_mb: int = 64
+    gpu: float = Field(0, description="GPUs per task; a fraction below 1 shares one GPU.")
+    gpu_type: str | None = Field(None, description="Required GPU model; None means any.")
+    storage_gb: int | None = None
+
+
+class RoleSpec(Model):
+    name: str
+    replicas: int = 1
+    resources: Resources = Field(default_factory=Resources)
+    image: str | None = None
+    command: str
+    ports: list[PortSpec] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list)
+    restart_policy: RestartPolicy = RestartPolicy.NEVER
+    # OpenPAI semantics: None means "this role never fails the job" (min_failed) and
+    # "this role alone never succeeds the job" (min_succeeded).
+    min_failed: int | None = 1
+    min_succeeded: int | None = None
+
+
+class JobSpec(Model):
+    name: str
+    kind: JobKind = JobKind.GENERIC
+    user: str = ""
+    queue: str = "default"
+    priority: int = 5
+    run_mode: RunMode = RunMode.IMMEDIATE
+    image: str | None = None
+    env: list[EnvVar] = Field(default_factory=list)
+    labels: list[EnvVar] = Field(default_factory=list)
+    code_dir: str | None = None
+    data_dir: str | None = None
+    output_dir: str | None = None
+    auth_file: str | None = None
+    max_running_minutes: int | None = None
+    retry_limit: int = 0
+    keep_failed_for_debug: bool = False
+    roles: list[RoleSpec]
+
+    def role(self, name: str) -> RoleSpec:
+        for role in self.roles:
+            if role.name == name:
+                return role
+        raise KeyError(name)
+
+    def task_count(self) -> int:
+        return sum(role.replicas for role in self.roles)
+
+
+def env_dict(pairs: list[EnvVar]) -> dict[str, str]:
+    return {pair.name: pair.value for pair in pairs}
+
+
+def env_list(mapping: dict[str, Any]) -> list[EnvVar]:
+    return [EnvVar(name=str(k), value=_env_value(v)) for k, v in mapping.items()]
+
+
+def _env_value(value: Any) -> str:
+    # JSON booleans become the spelling shells and OpenPAI's scripts test for.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
