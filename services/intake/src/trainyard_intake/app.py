@@ -1,0 +1,95 @@
+"""Intake's HTTP entrypoint: decode the request, call a handler, encode the answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from trainyard_common.auth import Identity, TokenStore, identity_dependency
+from trainyard_common.dialects import UnknownDialect
+from trainyard_common.runtime import health_app
+from trainyard_common.telemetry import tracer
+
+from .handlers import Deps, JobNotFound, request_stop, submit_job
+
+MAX_BODY = 4 * 1024 * 1024
+
+
+class StopRequest(BaseModel):
+    reason: str | None = None
+
+
+class TokenRequest(BaseModel):
+    user: str
+    admin: bool = False
+
+
+def _decode_body(raw: bytes, content_type: str) -> Any:
+    if len(raw) > MAX_BODY:
+        raise HTTPException(413, f"job payload larger than {MAX_BODY} bytes")
+    try:
+        if "yaml" in content_type:
+            return yaml.safe_load(raw)
+        return json.loads(raw)
+    except (ValueError, yaml.YAMLError) as exc:
+        kind = "YAML" if "yaml" in content_type else "JSON"
+        raise HTTPException(400, f"request body is not valid {kind}: {exc}") from exc
+
+
+def create_app(deps: Deps, tokens: TokenStore) -> FastAPI:
+    app = health_app("intake")
+    current = identity_dependency(tokens)
+    trace = tracer("trainyard.intake")
+
+    @app.post("/v1/jobs", status_code=202)
+    async def post_job(
+        request: Request,
+        identity: Identity = Depends(current),
+        dialect: str | None = Query(None, description="force a dialect instead of detecting it"),
+        idempotency_key: str | None = Header(None),
+    ) -> JSONResponse:
+        payload = _decode_body(await request.body(), request.headers.get("content-type", ""))
+        with trace.start_as_current_span("submit job"):
+            try:
+                result = await submit_job(
+                    payload, identity, deps, dialect=dialect, idempotency_key=idempotency_key
+                )
+            except UnknownDialect as exc:
+                raise HTTPException(400, str(exc)) from exc
+        return JSONResponse(
+            status_code=202,
+            content={
+                "id": result.job_id,
+                "state": "SUBMITTED",
+                "dialect": result.dialect,
+                "warnings": [w.model_dump() for w in result.warnings],
+            },
+        )
+
+    @app.post("/v1/jobs/{job_id}/stop", status_code=202)
+    async def post_stop(
+        job_id: str, body: StopRequest | None = None, identity: Identity = Depends(current)
+    ) -> dict[str, str]:
+        with trace.start_as_current_span("stop job"):
+            try:
+                await request_stop(job_id, identity, deps, body.reason if body else None)
+            except JobNotFound as exc:
+                raise HTTPException(404, f"no job {job_id}") from exc
+        return {"id": job_id, "stop": "requested"}
+
+    @app.post("/v1/tokens", status_code=201)
+    async def post_token(body: TokenRequest, identity: Identity = Depends(current)) -> dict[str, str]:
+        if not identity.admin:
+            raise HTTPException(403, "only an admin can issue tokens")
+        try:
+            token = await tokens.issue(body.user, body.admin)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from exc
+        return {"user": body.user, "token": token}
+
+    return app

@@ -1,0 +1,75 @@
+"""Intake's service layer: turn a request into an event on the bus, and answer only after
+JetStream has stored it (an accepted job is never lost)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainyard_common.auth import Identity
+from trainyard_common.dialects import translate
+from trainyard_common.events import Event, FieldIssue, JobSubmitted, StopJob, derived_id, new_id
+
+from .adapters.owners import OwnerRegistry
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+@dataclass
+class Deps:
+    publish: Callable[[Event], Awaitable[int]]
+    owners: OwnerRegistry
+
+
+@dataclass
+class Submitted:
+    job_id: str
+    dialect: str
+    warnings: list[FieldIssue] = field(default_factory=list)
+    errors: list[FieldIssue] = field(default_factory=list)
+
+
+async def submit_job(
+    payload: Any,
+    identity: Identity,
+    deps: Deps,
+    *,
+    dialect: str | None = None,
+    idempotency_key: str | None = None,
+) -> Submitted:
+    """Translate, record the owner, publish ``JobSubmitted``.
+
+    With an ``Idempotency-Key`` the job id and event id derive from it, so a client that
+    retries after a lost answer gets the same job instead of a second one (the owner
+    record and JetStream's duplicate window both see the repeat)."""
+    translation = translate(payload, dialect=dialect, user=identity.user)  # raises UnknownDialect
+    if idempotency_key:
+        job_id = derived_id("job", identity.user, idempotency_key)
+        event_id = derived_id("submitted", job_id)
+    else:
+        job_id, event_id = new_id(), new_id()
+    await deps.owners.record(job_id, identity.user)
+    event = JobSubmitted(
+        event_id=event_id,
+        job_id=job_id,
+        spec=translation.spec,
+        dialect=translation.dialect,
+        original=payload if isinstance(payload, dict) else {"payload": payload},
+        translation_errors=translation.errors,
+        warnings=translation.warnings,
+    )
+    await deps.publish(event)
+    return Submitted(job_id, translation.dialect, translation.warnings, translation.errors)
+
+
+async def request_stop(job_id: str, identity: Identity, deps: Deps, reason: str | None = None) -> None:
+    owner = await deps.owners.owner(job_id)
+    # Someone else's job is reported exactly like a missing one: ids are not to be probed.
+    if owner is None or not identity.can_see(owner):
+        raise JobNotFound(job_id)
+    await deps.publish(
+        StopJob(job_id=job_id, requested_by=identity.user, reason=reason or f"stopped by {identity.user}")
+    )
