@@ -1,0 +1,51 @@
+# Trainyard — `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+UV := $(PYTHON) -m uv
+DATA_DIR ?= $(CURDIR)/.data
+STAMP := .venv/.synced
+
+.DEFAULT_GOAL := help
+
+##@ Run
+
+run: setup ## Install everything, start the platform, run an example job, stay up until Ctrl-C
+	$(UV) run --frozen trainyard-stack run --data-dir $(DATA_DIR)
+
+up: setup ## Start the platform in the background; returns once every service is healthy
+	$(UV) run --frozen trainyard-stack up --data-dir $(DATA_DIR)
+
+down: ## Stop the platform started by `make up`
+	@if [ -x .venv/bin/trainyard-stack ]; then .venv/bin/trainyard-stack down --data-dir $(DATA_DIR); else echo "not running"; fi
+
+##@ Develop
+
+test: setup ## Install everything and run every test (unit, integration, end-to-end)
+	$(UV) run --frozen lint-imports
+	$(UV) run --frozen pytest -q -p no:cacheprovider
+
+test-unit: setup ## Only the fast pure tests
+	$(UV) run --frozen pytest -q tests/unit
+
+contracts: setup ## Regenerate contracts/ (JSON Schemas, AsyncAPI, examples) from the models
+	$(UV) run --frozen python -m trainyard_common.contracts contracts
+
+setup: $(STAMP) .cache/bin/trainyard-ferretdb ## Install uv, the Python workspace and build the embedded store
+
+$(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml services/*/pyproject.toml
+	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv || $(PYTHON) -m pip install --quiet --break-system-packages uv
+	$(UV) sync --frozen
+	@touch $@
+
+.cache/bin/trainyard-ferretdb: tools/ferretdb/main.go tools/ferretdb/go.mod tools/ferretdb/go.sum tools/ferretdb/build.sh
+	@if [ -z "$$MONGO_URL" ]; then bash tools/ferretdb/build.sh >/dev/null; else echo "MONGO_URL set: not building FerretDB"; fi
+
+clean: ## Remove the virtual environment, build cache and local data
+	rm -rf .venv .cache .data
+
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} \
+	  /^##@/ {printf "\n%s\n", substr($$0, 5)} \
+	  /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: run up down test test-unit contracts setup clean help

@@ -1,0 +1,157 @@
+"""Generate ``contracts/`` from the models: JSON Schemas, an AsyncAPI document and example
+payloads, so producers in any language can publish submissions and read events.
+
+``python -m trainyard_common.contracts [DIR]`` (``make contracts``) writes them;
+``render()`` is what a test compares with the checked-in files, so they never go stale.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from .events import (
+    EVENT_TYPES,
+    SCHEMA_VERSION,
+    Event,
+    FieldIssue,
+    JobAccepted,
+    JobFinished,
+    JobPlaced,
+    JobQueued,
+    JobRejected,
+    JobState,
+    JobSubmitted,
+    PortAssignment,
+    StopJob,
+    TaskPlacement,
+    TaskState,
+    TaskStateChanged,
+    derived_id,
+)
+from .jobspec import JobSpec, PortSpec, Resources, RoleSpec
+from .subjects import STREAM, STREAM_SUBJECTS, subject_for
+
+EXAMPLE_JOB_ID = "8f14e45fceea167a5a36dedd4bea2543"
+EXAMPLE_TIME = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def example_spec() -> JobSpec:
+    return JobSpec(
+        name="pi-estimate",
+        user="alice",
+        roles=[RoleSpec(
+            name="worker", replicas=2, command="python3 train.py",
+            resources=Resources(cpu=1, memory_mb=512),
+            ports=[PortSpec(label="http", begin_at=0, count=1)],
+        )],
+    )
+
+
+def example_events() -> list[Event]:
+    spec = example_spec()
+    common = {"job_id": EXAMPLE_JOB_ID, "occurred_at": EXAMPLE_TIME}
+    tasks = [TaskPlacement(role="worker", index=i, node="node-0", host_ip="127.0.0.1",
+                           ports=[PortAssignment(label="http", ports=[20100 + i])]) for i in range(2)]
+    events: list[Event] = [
+        JobSubmitted(event_id=derived_id("example", "submitted"), spec=spec, dialect="native", **common),
+        JobAccepted(event_id=derived_id("example", "accepted"), spec=spec, **common),
+        JobRejected(event_id=derived_id("example", "rejected"), errors=[FieldIssue(
+            path="$.taskRoles[0].memoryMB", message="must be at least 100 (got 50)", code="minimum")],
+            **common),
+        JobQueued(event_id=derived_id("example", "queued"), position=1,
+                  reasons=["needs 4 CPU, most free on any node is 2"], **common),
+        JobPlaced(event_id=derived_id("example", "placed"), spec=spec, tasks=tasks, **common),
+        TaskStateChanged(event_id=derived_id("example", "task"), role="worker", index=0,
+                         state=TaskState.SUCCEEDED, seq=3, node="node-0", exit_code=0,
+                         reason="exited with code 0", **common),
+        JobFinished(event_id=derived_id("example", "finished"), state=JobState.SUCCEEDED,
+                    reason="all tasks ended", exit_code=0, **common),
+        StopJob(event_id=derived_id("example", "stop"), requested_by="alice", **common),
+    ]
+    return events
+
+
+def _dump_json(value: object) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def asyncapi() -> dict:
+    channels: dict[str, dict] = {}
+    operations: dict[str, dict] = {}
+    messages: dict[str, dict] = {}
+    for model in EVENT_TYPES:
+        name = model.__name__
+        prefix = "yard.cmd" if model is StopJob else "yard.job"
+        channel = f"{name[0].lower()}{name[1:]}"
+        channels[channel] = {
+            "address": f"{prefix}.{{job_id}}.{model.subject_suffix}",
+            "parameters": {"job_id": {"description": "The job's id (a subject token)."}},
+            "messages": {name: {"$ref": f"#/components/messages/{name}"}},
+        }
+        operations[f"publish{name}"] = {
+            "action": "send",
+            "channel": {"$ref": f"#/channels/{channel}"},
+            "summary": (model.__doc__ or name).strip().splitlines()[0],
+        }
+        messages[name] = {
+            "name": name,
+            "contentType": "application/json",
+            "headers": {
+                "type": "object",
+                "properties": {
+                    "Nats-Msg-Id": {"type": "string", "description": "= event_id (JetStream dedup)"},
+                    "traceparent": {"type": "string", "description": "W3C trace context"},
+                },
+            },
+            "payload": {"$ref": f"schemas/{name}.json"},
+        }
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "Trainyard events",
+            "version": str(SCHEMA_VERSION),
+            "description": (
+                f"Every message lives in the JetStream stream {STREAM} "
+                f"(subjects {', '.join(STREAM_SUBJECTS)}, file storage). Publishers set "
+                "Nats-Msg-Id to the event_id; consumers are durable with explicit acks."
+            ),
+        },
+        "defaultContentType": "application/json",
+        "channels": channels,
+        "operations": operations,
+        "components": {"messages": messages},
+    }
+
+
+def render() -> dict[str, str]:
+    """Every generated file, by path relative to ``contracts/``."""
+    files: dict[str, str] = {}
+    for model in (JobSpec, *EVENT_TYPES):
+        files[f"schemas/{model.__name__}.json"] = _dump_json(model.model_json_schema())
+    for event in example_events():
+        files[f"examples/{type(event).__name__}.json"] = _dump_json(
+            {"subject": subject_for(event), "payload": json.loads(event.model_dump_json())}
+        )
+    files["asyncapi.yaml"] = yaml.safe_dump(asyncapi(), sort_keys=False, allow_unicode=True)
+    return files
+
+
+def write(directory: Path) -> list[Path]:
+    written = []
+    for relative, text in render().items():
+        path = directory / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "contracts")
+    for path in write(target):
+        print(path)

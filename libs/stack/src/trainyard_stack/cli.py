@@ -1,0 +1,203 @@
+"""``trainyard-stack``: run the platform on this machine.
+
+- ``run``: start everything, submit the example job, show it until it ends, then keep the
+  platform up until Ctrl-C (``make run``).
+- ``serve``: start everything and keep it up until SIGTERM or Ctrl-C.
+- ``up`` / ``down``: ``serve`` in the background, returning once every service answers
+  its health check / stopping it cleanly (``make up`` / ``make down``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from trainyard_common.config import default_data_dir
+
+from .components import ComponentError, repo_root
+from .platform import Platform, PlatformConfig
+
+TERMINAL = {"REJECTED", "SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def _config(args: argparse.Namespace) -> PlatformConfig:
+    cluster = args.cluster or os.environ.get("YARD_CLUSTER")
+    return PlatformConfig(
+        data_dir=Path(args.data_dir),
+        cluster_file=Path(cluster) if cluster else None,
+        log_level=args.log_level,
+    )
+
+
+def _wait_for_signal() -> None:
+    received: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: received.append(signum))
+    while not received:
+        time.sleep(0.2)
+
+
+def _usage(platform: Platform) -> str:
+    token_note = (
+        "YARD_TOKEN (as you set it)" if os.environ.get("YARD_TOKEN")
+        else f"the admin token in {platform.data_dir / 'admin-token'} (the CLI finds it)"
+    )
+    return (
+        f"\nTrainyard is up at {platform.url}\n"
+        f"  auth:  Bearer {token_note}\n"
+        f"  try:   uv run yard ls\n"
+        f"         uv run yard submit examples/openpai-pi.json --wait\n"
+        f"         uv run yard get <ID>    uv run yard logs <ID> --role worker --index 0\n"
+        f"  logs:  {platform.logs}/\n"
+    )
+
+
+def show_job(platform: Platform, job_id: str, timeout: float = 300.0) -> str:
+    """Print each change of the job and its tasks until it ends; return its state."""
+    headers = {"Authorization": f"Bearer {platform.token}"}
+    seen: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    state = "SUBMITTED"
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{platform.url}/v1/jobs/{job_id}", headers=headers, timeout=10)
+        if job.status_code == 200:
+            view = job.json()
+            state = view["state"]
+            lines = {"job": f"job {view['name']}: {state}" + (f" ({view['reason']})" if view.get("reason") else "")}
+            for task in view["tasks"]:
+                key = f"{task['role']}-{task['index']}"
+                exit_note = f" exit {task['exit_code']}" if task.get("exit_code") is not None else ""
+                lines[key] = f"  task {key} on {task.get('node')}: {task['state']}{exit_note}"
+            for key, line in lines.items():
+                if seen.get(key) != line:
+                    print(line, flush=True)
+                    seen[key] = line
+            if state in TERMINAL:
+                return state
+        time.sleep(0.3)
+    return state
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    platform = Platform(_config(args))
+    try:
+        print(f"starting NATS, the store and the services (data in {platform.data_dir}) ...", flush=True)
+        platform.start()
+        example = json.loads((repo_root() / "examples" / "openpai-pi.json").read_text())
+        answer = httpx.post(f"{platform.url}/v1/jobs", json=example,
+                            headers={"Authorization": f"Bearer {platform.token}"}, timeout=30)
+        answer.raise_for_status()
+        job_id = answer.json()["id"]
+        print(f"submitted the example job {example['jobName']} as {job_id}", flush=True)
+        state = show_job(platform, job_id)
+        for index in range(2):
+            logs = httpx.get(f"{platform.url}/v1/jobs/{job_id}/logs",
+                             params={"role": "worker", "index": index},
+                             headers={"Authorization": f"Bearer {platform.token}"}, timeout=10)
+            if logs.status_code == 200 and logs.text.strip():
+                print(f"  worker-{index} says: {logs.text.strip()}")
+        print(_usage(platform), flush=True)
+        print("Press Ctrl-C to stop everything.", flush=True)
+        _wait_for_signal()
+        return 0 if state == "SUCCEEDED" else 1
+    except ComponentError as exc:
+        print(f"failed to start: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        print("stopping ...", flush=True)
+        platform.stop()
+        print("stopped.", flush=True)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    with Platform(_config(args)) as platform:
+        print(_usage(platform), flush=True)
+        _wait_for_signal()
+    return 0
+
+
+def _state_file(data_dir: Path) -> Path:
+    return data_dir / "run" / "platform.json"
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir).resolve()
+    if _state_file(data_dir).exists():
+        print(f"already up ({_state_file(data_dir)}); `make down` first", file=sys.stderr)
+        return 1
+    (data_dir / "logs").mkdir(parents=True, exist_ok=True)
+    log = open(data_dir / "logs" / "supervisor.log", "ab")  # noqa: SIM115
+    command = [sys.executable, "-m", "trainyard_stack.cli", "serve", "--data-dir", str(data_dir),
+               "--log-level", args.log_level]
+    if args.cluster:
+        command += ["--cluster", str(Path(args.cluster).resolve())]
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            print(f"the platform failed to start; see {data_dir / 'logs'}", file=sys.stderr)
+            return 1
+        if _state_file(data_dir).exists():
+            url = json.loads(_state_file(data_dir).read_text())["url"]
+            try:
+                if httpx.get(f"{url}/healthz/all", timeout=2).status_code == 200:
+                    print(f"Trainyard is up at {url} (supervisor pid {proc.pid}); `make down` stops it")
+                    return 0
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.2)
+    print("the platform did not become healthy in time", file=sys.stderr)
+    proc.terminate()
+    return 1
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    state = _state_file(Path(args.data_dir).resolve())
+    if not state.exists():
+        print("not running")
+        return 0
+    pid = json.loads(state.read_text())["supervisor_pid"]
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        state.unlink(missing_ok=True)
+        print("not running (stale state removed)")
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            print("stopped")
+            return 0
+        time.sleep(0.2)
+    print(f"supervisor {pid} did not stop in time", file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default=str(default_data_dir()))
+    common.add_argument("--cluster", default=None, help="cluster YAML (default: this machine)")
+    common.add_argument("--log-level", default=os.environ.get("YARD_LOG_LEVEL", "INFO"))
+    common.add_argument("--timeout", type=float, default=120.0)
+    parser = argparse.ArgumentParser(prog="trainyard-stack", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("run", "serve", "up", "down"):
+        sub.add_parser(name, parents=[common])
+    args = parser.parse_args(argv)
+    return {"run": cmd_run, "serve": cmd_serve, "up": cmd_up, "down": cmd_down}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The whole platform on one machine: NATS, the store, and every service as its own
+process, all keeping their data under one data directory (so a restart keeps history).
+
+Used by ``make run`` / ``make up`` and by the end-to-end tests, which also kill and
+restart single services through it to prove that no job is lost or doubled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from trainyard_common.auth import new_token
+from trainyard_common.config import DEFAULT_PORTS, admin_token_path
+
+from .components import ComponentError, ExternalService, FerretDB, NatsServer, free_port
+
+# Consumers first, front door last: by the time intake answers, every consumer is up.
+SERVICES = ("validation", "placement", "launcher", "status", "intake", "gateway")
+
+
+@dataclass
+class PlatformConfig:
+    data_dir: Path
+    cluster_file: Path | None = None
+    ports: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PORTS))
+    db_prefix: str = "trainyard"
+    log_level: str = "INFO"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def with_free_ports(cls, data_dir: Path, **kwargs: object) -> PlatformConfig:
+        return cls(data_dir, ports={name: free_port() for name in DEFAULT_PORTS}, **kwargs)  # type: ignore[arg-type]
+
+
+def ensure_admin_token(data_dir: Path) -> str:
+    """``YARD_TOKEN`` if set, else the token stored under the data directory, created once
+    (mode 600) where the CLI looks for it."""
+    if token := os.environ.get("YARD_TOKEN"):
+        return token
+    path = admin_token_path(data_dir)
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = new_token()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    return token
+
+
+class Platform:
+    def __init__(self, config: PlatformConfig) -> None:
+        self.config = config
+        self.data_dir = config.data_dir.resolve()
+        self.logs = self.data_dir / "logs"
+        self.token = ""
+        self.nats: NatsServer | ExternalService | None = None
+        self.mongo: FerretDB | ExternalService | None = None
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: dict[str, IO[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.config.ports['gateway']}"
+
+    def service_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.config.ports[name]}"
+
+    # -- start / stop ---------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> Platform:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.token = ensure_admin_token(self.data_dir)
+        if url := os.environ.get("NATS_URL"):
+            self.nats = ExternalService(url)
+        else:
+            self.nats = NatsServer(self.data_dir / "nats", log_path=self.logs / "nats.log").start()
+        if url := os.environ.get("MONGO_URL"):
+            self.mongo = ExternalService(url)
+        else:
+            self.mongo = FerretDB(self.data_dir / "ferretdb", log_path=self.logs / "ferretdb.log").start()
+        for name in SERVICES:
+            self.start_service(name)
+        self.wait_healthy(timeout)
+        self._write_state()
+        return self
+
+    def service_env(self) -> dict[str, str]:
+        assert self.nats is not None and self.mongo is not None
+        env = {
+            **os.environ,
+            "YARD_NATS_URL": self.nats.url,
+            "YARD_MONGO_URL": self.mongo.url,
+            "YARD_DATA_DIR": str(self.data_dir),
+            "YARD_DB_PREFIX": self.config.db_prefix,
+            "YARD_TOKEN": self.token,
+            "YARD_LOG_LEVEL": self.config.log_level,
+            "PYTHONUNBUFFERED": "1",
+            **{f"YARD_{name.upper()}_PORT": str(port) for name, port in self.config.ports.items()},
+            **self.config.extra_env,
+        }
+        if self.config.cluster_file:
+            env["YARD_CLUSTER"] = str(Path(self.config.cluster_file).resolve())
+        return env
+
+    def start_service(self, name: str) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - lives with the child
+        self._logs[name] = log
+        # Own session: Ctrl-C in a terminal reaches the supervisor only, which then stops
+        # the services in order instead of all dying at once mid-write.
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", f"trainyard_{name}"],
+            env=self.service_env(), stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def kill_service(self, name: str) -> None:
+        """SIGKILL one service, as a crash would."""
+        proc = self.procs[name]
+        proc.kill()
+        proc.wait()
+
+    def restart_service(self, name: str, timeout: float = 30.0) -> None:
+        self.start_service(name)
+        self.wait_healthy(timeout, only=[name])
+
+    def wait_healthy(self, timeout: float = 60.0, only: list[str] | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(only or SERVICES)
+        while pending:
+            name = pending[0]
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                raise ComponentError(
+                    f"{name} exited with code {proc.returncode} during start; "
+                    f"log {self.logs / (name + '.log')}:\n{self.log_tail(name)}"
+                )
+            try:
+                if httpx.get(f"{self.service_url(name)}/healthz", timeout=1.0).status_code == 200:
+                    pending.pop(0)
+                    continue
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise ComponentError(f"{name} not healthy after {timeout:.0f}s:\n{self.log_tail(name)}")
+            time.sleep(0.1)
+
+    def log_tail(self, name: str, max_bytes: int = 4000) -> str:
+        try:
+            return (self.logs / f"{name}.log").read_bytes()[-max_bytes:].decode(errors="replace")
+        except OSError:
+            return "<no log>"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for name in reversed(SERVICES):
+            proc = self.procs.get(name)
+            if proc and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in self._logs.values():
+            log.close()
+        if self.mongo:
+            self.mongo.stop()
+        if self.nats:
+            self.nats.stop()
+        state = self.data_dir / "run" / "platform.json"
+        state.unlink(missing_ok=True)
+
+    def __enter__(self) -> Platform:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _write_state(self) -> None:
+        run = self.data_dir / "run"
+        run.mkdir(parents=True, exist_ok=True)
+        assert self.nats is not None and self.mongo is not None
+        (run / "platform.json").write_text(json.dumps({
+            "supervisor_pid": os.getpid(),
+            "url": self.url,
+            "nats_url": self.nats.url,
+            "mongo_url": self.mongo.url,
+            "services": {name: proc.pid for name, proc in self.procs.items()},
+        }, indent=2))

@@ -1,0 +1,43 @@
+"""``python -m trainyard_status``: bootstrap and run the status service."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+
+from trainyard_common.auth import TokenStore, tokens_collection
+from trainyard_common.bus import Bus
+from trainyard_common.config import Settings
+from trainyard_common.runtime import serve, setup_logging
+from trainyard_common.storage import mongo_client
+from trainyard_common.subjects import ALL_COMMANDS, ALL_EVENTS
+from trainyard_common.telemetry import setup_telemetry
+
+from .adapters.views import JobViews
+from .app import create_app
+from .handlers import project_event
+
+
+async def main() -> None:
+    settings = Settings.from_env("status")
+    setup_logging("status")
+    setup_telemetry("status")
+    bus = await Bus.connect(settings.nats_url, name="status")
+    client = mongo_client(settings.mongo_url)
+    views = JobViews(client[settings.db_name()])
+    await views.ensure_indexes()
+    tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
+
+    async def consume(stop: asyncio.Event) -> None:
+        handler = partial(project_event, views=views)
+        await bus.consume("status", [ALL_EVENTS, ALL_COMMANDS], handler, stop=stop)
+
+    try:
+        await serve(settings, create_app(views, tokens), [consume])
+    finally:
+        await bus.close()
+        await client.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,149 @@
+"""The read model in MongoDB: ``jobs`` (current view), ``tasks`` and ``events`` (the full
+history). Every write is safe to repeat: history rows are keyed by event id, job states
+only move to a higher rank, task transitions only to a higher ``seq``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import DuplicateKeyError
+
+from trainyard_common.events import Event
+from trainyard_common.storage import insert_once
+
+from ..domain.projection import Changes, JobChange, TaskChange
+
+
+class JobViews:
+    def __init__(self, db: AsyncDatabase) -> None:
+        self.jobs = db["jobs"]
+        self.tasks = db["tasks"]
+        self.events = db["events"]
+
+    async def ensure_indexes(self) -> None:
+        await self.jobs.create_index([("user", ASCENDING), ("submitted_at", DESCENDING)])
+        await self.jobs.create_index([("state", ASCENDING), ("submitted_at", DESCENDING)])
+        await self.jobs.create_index([("submitted_at", DESCENDING)])
+        await self.tasks.create_index([("job_id", ASCENDING)])
+        await self.events.create_index([("job_id", ASCENDING), ("seq", ASCENDING)])
+
+    # -- writes ---------------------------------------------------------------------------
+
+    async def record(self, event: Event, seq: int, trace_id: str | None) -> bool:
+        """Append to the history; False when this event is already there."""
+        return await insert_once(self.events, {
+            "_id": event.event_id,
+            "job_id": event.job_id,
+            "seq": seq,
+            "type": type(event).__name__,
+            "occurred_at": event.occurred_at,
+            "trace_id": trace_id,
+            "event_json": event.model_dump_json(),
+        })
+
+    async def apply(self, changes: Changes) -> None:
+        if changes.job is not None:
+            await self._apply_job(changes.job)
+        for task in changes.tasks:
+            await self._apply_task(task)
+
+    async def _apply_job(self, change: JobChange) -> None:
+        update: dict[str, Any] = {"$setOnInsert": {"state_rank": -1, "state": None}}
+        if change.always:
+            update["$set"] = change.always
+        await self.jobs.update_one({"_id": change.job_id}, update, upsert=True)
+        if change.state is None:
+            return
+        op = "$lte" if change.same_rank_ok else "$lt"
+        await self.jobs.update_one(
+            {"_id": change.job_id, "state_rank": {op: change.rank}},
+            {"$set": {"state": change.state.value, "state_rank": change.rank, **change.with_state}},
+        )
+
+    async def _apply_task(self, change: TaskChange) -> None:
+        if change.seq is None:
+            await self.tasks.update_one(
+                {"_id": change.task_id},
+                {"$set": change.fields, "$setOnInsert": {"seq": 0, "state": "PENDING"}},
+                upsert=True,
+            )
+            return
+        try:
+            await self.tasks.update_one(
+                {"_id": change.task_id, "seq": {"$lt": change.seq}},
+                {"$set": {**change.fields, "seq": change.seq}},
+                upsert=True,
+            )
+        except DuplicateKeyError:
+            pass  # the task already holds this or a later transition
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def list_jobs(
+        self, *, user: str | None, state: str | None, limit: int, offset: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        query: dict[str, Any] = {"state": {"$ne": None}}
+        if user:
+            query["user"] = user
+        if state:
+            query["state"] = state
+        total = await self.jobs.count_documents(query)
+        cursor = self.jobs.find(query, {"spec_json": 0, "original_json": 0}).sort(
+            [("submitted_at", DESCENDING), ("_id", DESCENDING)]
+        ).skip(offset).limit(limit)
+        return [summary(doc) async for doc in cursor], total
+
+    async def get_job(self, job_id: str) -> dict[str, Any] | None:
+        return await self.jobs.find_one({"_id": job_id})
+
+    async def job_tasks(self, job_id: str) -> list[dict[str, Any]]:
+        cursor = self.tasks.find({"job_id": job_id}).sort(
+            [("attempt", ASCENDING), ("role", ASCENDING), ("index", ASCENDING)]
+        )
+        return [task_view(doc) async for doc in cursor]
+
+    async def history(self, job_id: str) -> list[dict[str, Any]]:
+        cursor = self.events.find({"job_id": job_id}).sort([("seq", ASCENDING)])
+        return [
+            {"seq": doc["seq"], "type": doc["type"], "event_id": doc["_id"],
+             "occurred_at": doc["occurred_at"], "trace_id": doc.get("trace_id"),
+             "event": json.loads(doc["event_json"])}
+            async for doc in cursor
+        ]
+
+
+def summary(doc: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": doc["_id"], "name": doc.get("name"), "user": doc.get("user"),
+        "state": doc.get("state"), "dialect": doc.get("dialect"),
+        "submitted_at": doc.get("submitted_at"), "updated_at": doc.get("updated_at"),
+        "reason": doc.get("reason"),
+    }
+
+
+def job_view(doc: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = doc.get("spec_json")
+    return {
+        **summary(doc),
+        "queue": doc.get("queue"), "priority": doc.get("priority"),
+        "attempt": doc.get("attempt", 1), "finished_at": doc.get("finished_at"),
+        "exit_code": doc.get("exit_code"),
+        "errors": doc.get("errors", []), "warnings": doc.get("warnings", []),
+        "queue_reasons": doc.get("queue_reasons", []),
+        "queue_position": doc.get("queue_position"),
+        "spec": json.loads(spec) if spec else None,
+        "tasks": tasks,
+    }
+
+
+def task_view(doc: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "role": doc.get("role"), "index": doc.get("index"), "attempt": doc.get("attempt"),
+        "state": doc.get("state"), "exit_code": doc.get("exit_code"),
+        "reason": doc.get("reason"), "node": doc.get("node"), "host_ip": doc.get("host_ip"),
+        "gpu_indices": doc.get("gpu_indices", []), "ports": doc.get("ports", []),
+        "updated_at": doc.get("updated_at"),
+    }

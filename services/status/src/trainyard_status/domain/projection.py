@@ -1,0 +1,155 @@
+"""What each event means for the read model: pure functions from an event to the
+changes of the job, task and history views. The store applies them with guards that make
+a redelivered or late event change nothing twice (see adapters/views.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainyard_common.events import (
+    Event,
+    JobAccepted,
+    JobFinished,
+    JobPlaced,
+    JobQueued,
+    JobRejected,
+    JobState,
+    JobSubmitted,
+    StopJob,
+    TaskState,
+    TaskStateChanged,
+)
+
+# A job's state only moves forward; a late event of an earlier step never moves it back.
+STATE_RANK: dict[JobState, int] = {
+    JobState.SUBMITTED: 0,
+    JobState.ACCEPTED: 1,
+    JobState.QUEUED: 2,
+    JobState.PLACED: 3,
+    JobState.RUNNING: 4,
+    JobState.REJECTED: 9,
+    JobState.SUCCEEDED: 9,
+    JobState.FAILED: 9,
+    JobState.STOPPED: 9,
+}
+
+
+@dataclass
+class JobChange:
+    """Fields to set on the job view. ``state`` is applied only if it ranks higher than
+    the stored one (``same_rank_ok``: also when equal, for repeated QUEUED updates)."""
+
+    job_id: str
+    always: dict[str, Any] = field(default_factory=dict)
+    state: JobState | None = None
+    with_state: dict[str, Any] = field(default_factory=dict)
+    same_rank_ok: bool = False
+
+    @property
+    def rank(self) -> int:
+        return STATE_RANK[self.state] if self.state else -1
+
+
+@dataclass
+class TaskChange:
+    """Fields to set on one task view; ``seq`` orders transitions (None: placement
+    fields, which never conflict with a transition)."""
+
+    task_id: str
+    fields: dict[str, Any]
+    seq: int | None = None
+
+
+@dataclass
+class Changes:
+    job: JobChange | None = None
+    tasks: list[TaskChange] = field(default_factory=list)
+
+
+def task_id(job_id: str, attempt: int, role: str, index: int) -> str:
+    return f"{job_id}:{attempt}:{role}:{index}"
+
+
+def _issues(items: list[Any]) -> list[dict[str, Any]]:
+    return [i.model_dump() for i in items]
+
+
+def project(event: Event) -> Changes:
+    at = event.occurred_at
+    match event:
+        case JobSubmitted():
+            spec = event.spec
+            return Changes(JobChange(
+                event.job_id,
+                always={
+                    "name": spec.name, "user": spec.user, "dialect": event.dialect,
+                    "queue": spec.queue, "priority": spec.priority, "submitted_at": at,
+                    "spec_json": spec.model_dump_json(),
+                    "original_json": None if event.original is None else _json(event.original),
+                    "warnings": _issues(event.warnings),
+                },
+                state=JobState.SUBMITTED, with_state={"updated_at": at},
+            ))
+        case JobAccepted():
+            return Changes(JobChange(
+                event.job_id,
+                always={"spec_json": event.spec.model_dump_json(), "warnings": _issues(event.warnings)},
+                state=JobState.ACCEPTED, with_state={"updated_at": at},
+            ))
+        case JobRejected():
+            reason = "; ".join(f"{e.path}: {e.message}" for e in event.errors) or "rejected"
+            return Changes(JobChange(
+                event.job_id, always={"errors": _issues(event.errors)},
+                state=JobState.REJECTED,
+                with_state={"reason": reason, "updated_at": at, "finished_at": at},
+            ))
+        case JobQueued():
+            return Changes(JobChange(
+                event.job_id, state=JobState.QUEUED, same_rank_ok=True,
+                with_state={"queue_reasons": list(event.reasons), "queue_position": event.position,
+                            "reason": "; ".join(event.reasons) or None, "attempt": event.attempt,
+                            "updated_at": at},
+            ))
+        case JobPlaced():
+            tasks = [
+                TaskChange(task_id(event.job_id, event.attempt, t.role, t.index), {
+                    "job_id": event.job_id, "attempt": event.attempt, "role": t.role,
+                    "index": t.index, "node": t.node, "host_ip": t.host_ip,
+                    "gpu_indices": list(t.gpu_indices),
+                    "ports": [p.model_dump() for p in t.ports],
+                })
+                for t in event.tasks
+            ]
+            return Changes(JobChange(
+                event.job_id, state=JobState.PLACED,
+                with_state={"attempt": event.attempt, "reason": None, "queue_reasons": [],
+                            "updated_at": at},
+            ), tasks)
+        case TaskStateChanged():
+            task = TaskChange(task_id(event.job_id, event.attempt, event.role, event.index), {
+                "job_id": event.job_id, "attempt": event.attempt, "role": event.role,
+                "index": event.index, "state": event.state.value, "exit_code": event.exit_code,
+                "reason": event.reason, "updated_at": at,
+                **({"node": event.node} if event.node else {}),
+            }, seq=event.seq)
+            job = None
+            if event.state is TaskState.RUNNING:
+                job = JobChange(event.job_id, state=JobState.RUNNING, with_state={"updated_at": at})
+            return Changes(job, [task])
+        case JobFinished():
+            return Changes(JobChange(
+                event.job_id, state=event.state,
+                with_state={"reason": event.reason, "exit_code": event.exit_code,
+                            "attempt": event.attempt, "updated_at": at, "finished_at": at},
+            ))
+        case StopJob():
+            return Changes(JobChange(
+                event.job_id, always={"stop_requested_by": event.requested_by}))
+    return Changes()
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False)

@@ -1,0 +1,141 @@
+"""The bus adapter against a real nats-server: dedup, explicit acks, redelivery of
+transient failures, termination of permanent ones, and trace context across hops."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from trainyard_common.bus import Bus, Delivery
+from trainyard_common.errors import PermanentError
+from trainyard_common.events import Event, JobSubmitted, StopJob
+from trainyard_common.jobspec import JobSpec, RoleSpec
+from trainyard_common.subjects import commands_of, events_of
+from trainyard_common.telemetry import setup_telemetry, tracer
+
+
+def submitted(job_id: str) -> JobSubmitted:
+    return JobSubmitted(job_id=job_id, spec=JobSpec(name="j", roles=[RoleSpec(name="r", command="true")]))
+
+
+@pytest.fixture
+async def bus(nats_url: str):
+    setup_telemetry("test")
+    bus = await Bus.connect(nats_url, name="test")
+    yield bus
+    await bus.close()
+
+
+async def consume_until(bus: Bus, durable: str, subjects: list[str], handler, done: asyncio.Event,
+                        timeout: float = 15.0) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(bus.consume(durable, subjects, handler, stop=stop))
+    try:
+        await asyncio.wait_for(done.wait(), timeout)
+    finally:
+        stop.set()
+        await task
+
+
+async def test_same_event_id_is_stored_once(bus: Bus) -> None:
+    event = submitted(uuid.uuid4().hex)
+    first = await bus.publish(event)
+    second = await bus.publish(event)
+    assert first == second  # JetStream answered the duplicate with the original's sequence
+
+
+async def test_publish_all_keeps_order(bus: Bus) -> None:
+    job = uuid.uuid4().hex
+    events = [StopJob(job_id=job, requested_by=f"u{i}") for i in range(20)]
+    seqs = await bus.publish_all(events)
+    assert seqs == sorted(seqs) and len(set(seqs)) == 20
+
+
+async def test_transient_error_is_redelivered_then_acked(bus: Bus) -> None:
+    job = uuid.uuid4().hex
+    await bus.publish(submitted(job))
+    deliveries: list[int] = []
+    done = asyncio.Event()
+
+    async def flaky(event: Event, delivery: Delivery) -> None:
+        if event.job_id != job:
+            return
+        deliveries.append(delivery.num_delivered)
+        if delivery.num_delivered < 3:
+            raise ConnectionError("store hiccup")
+        done.set()
+
+    await consume_until(bus, f"flaky-{job[:8]}", [f"yard.job.{job}.>"], flaky, done)
+    assert deliveries == [1, 2, 3]
+    # Acked after success: a new subscription on the same durable gets nothing more.
+    again = asyncio.Event()
+    seen: list[int] = []
+
+    async def record(event: Event, delivery: Delivery) -> None:
+        seen.append(delivery.stream_seq)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(bus.consume(f"flaky-{job[:8]}", [f"yard.job.{job}.>"], record, stop=stop))
+    await asyncio.sleep(1.5)
+    stop.set()
+    await task
+    assert seen == [] and not again.is_set()
+
+
+async def test_permanent_error_is_not_redelivered(bus: Bus) -> None:
+    job = uuid.uuid4().hex
+    await bus.publish(submitted(job))
+    calls: list[int] = []
+    first = asyncio.Event()
+
+    async def broken(event: Event, delivery: Delivery) -> None:
+        calls.append(delivery.num_delivered)
+        first.set()
+        raise PermanentError("this job can never be handled")
+
+    await consume_until(bus, f"perm-{job[:8]}", [f"yard.job.{job}.>"], broken, first)
+    stop = asyncio.Event()
+    task = asyncio.create_task(bus.consume(f"perm-{job[:8]}", [f"yard.job.{job}.>"], broken, stop=stop))
+    await asyncio.sleep(1.5)
+    stop.set()
+    await task
+    assert calls == [1]
+
+
+async def test_filter_by_event_and_command_subjects(bus: Bus) -> None:
+    job = uuid.uuid4().hex
+    await bus.publish_all([submitted(job), StopJob(job_id=job, requested_by="bob")])
+    got: list[str] = []
+    done = asyncio.Event()
+
+    async def collect(event: Event, delivery: Delivery) -> None:
+        if event.job_id == job:
+            got.append(type(event).__name__)
+            done.set()
+
+    await consume_until(bus, f"cmd-{job[:8]}", commands_of("stop"), collect, done)
+    assert got == ["StopJob"]
+    assert events_of("submitted") == ["yard.job.*.submitted"]
+
+
+async def test_trace_context_follows_the_event_to_the_next_hop(bus: Bus) -> None:
+    job = uuid.uuid4().hex
+    with tracer("test").start_as_current_span("submit") as span:
+        root_trace = format(span.get_span_context().trace_id, "032x")
+        await bus.publish(submitted(job))
+    hops: list[str | None] = []
+    done = asyncio.Event()
+
+    async def relay(event: Event, delivery: Delivery) -> None:
+        if event.job_id != job:
+            return
+        hops.append(delivery.trace_id)
+        if isinstance(event, JobSubmitted):
+            await bus.publish(StopJob(job_id=job, requested_by="relay"))  # published inside the consume span
+        else:
+            done.set()
+
+    await consume_until(bus, f"trace-{job[:8]}", [f"yard.job.{job}.>", f"yard.cmd.{job}.>"], relay, done)
+    assert hops == [root_trace, root_trace]
