@@ -1,0 +1,490 @@
+"""``yard``: the command line for Trainyard.
+
+Results go to stdout (``-o json`` gives the server's JSON untouched, for scripts);
+diagnostics go to stderr. Exit codes: 0 ok, 1 an error or a job that did not succeed,
+2 bad usage, 130 interrupted.
+
+The app is built by :func:`make_app` from a client factory, so tests (and embedders)
+hand in a client wired to their own transport instead of patching this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .client import Client, Job, TrainyardError, WaitTimeout, is_terminal, load_payload
+
+ClientFactory = Callable[[str | None, str | None], Client]
+
+STATE_STYLES = {
+    "SUCCEEDED": "green",
+    "RUNNING": "cyan",
+    "FAILED": "red",
+    "REJECTED": "red",
+    "STOPPED": "yellow",
+    "STARTING": "blue",
+    "PLACED": "blue",
+    "QUEUED": "magenta",
+}
+
+# Envelope fields every event carries; the events table shows what is particular.
+EVENT_ENVELOPE = {"event_id", "job_id", "occurred_at", "schema_version", "type", "seq"}
+
+
+class Output(str, Enum):
+    table = "table"
+    json = "json"
+
+
+OutputOpt = Annotated[
+    Output, typer.Option("--output", "-o", help="table for people, json for scripts")
+]
+JobIdArg = Annotated[str, typer.Argument(metavar="ID", help="job id")]
+TimeoutOpt = Annotated[float | None, typer.Option(help="give up after this many seconds")]
+URL_HELP = "gateway URL \\[env: YARD_URL; default http://127.0.0.1:8080]"
+TOKEN_HELP = "bearer token \\[env: YARD_TOKEN; else <YARD_DATA_DIR or ./.data>/admin-token]"
+
+
+class Session:
+    """Per-invocation state: global options and the consoles. Consoles are made per
+    run so they see the streams (and terminal) of this run."""
+
+    def __init__(self, connect: ClientFactory, url: str | None, token: str | None) -> None:
+        self._connect = connect
+        self.url = url
+        self.token = token
+        self.out = Console(highlight=False)
+        if not self.out.is_terminal and "COLUMNS" not in os.environ:
+            # Piped into grep or a file: rows must stay whole lines, not wrap at 80.
+            self.out.width = 1000
+        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+    def client(self) -> Client:
+        return self._connect(self.url, self.token)
+
+    def error(self, message: str) -> None:
+        self.err.print(Text("error: ", style="bold red") + Text(message))
+
+
+@contextmanager
+def reported(session: Session) -> Iterator[None]:
+    """Turns the client's errors into one line on stderr and exit code 1."""
+    try:
+        yield
+    except TrainyardError as exc:
+        session.error(str(exc))
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        session.err.print("interrupted")
+        raise typer.Exit(130) from None
+
+
+def make_app(connect: ClientFactory = Client) -> typer.Typer:
+    app = typer.Typer(
+        name="yard",
+        help="Submit, watch and manage Trainyard training jobs.",
+        no_args_is_help=True,
+        add_completion=False,
+        # Locals in a traceback would print the bearer token.
+        pretty_exceptions_show_locals=False,
+    )
+    token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
+    app.add_typer(token_app, name="token")
+
+    @app.callback()
+    def main(
+        ctx: typer.Context,
+        url: Annotated[str | None, typer.Option("--url", help=URL_HELP)] = None,
+        token: Annotated[str | None, typer.Option("--token", help=TOKEN_HELP)] = None,
+    ) -> None:
+        ctx.obj = Session(connect, url, token)
+
+    @app.command()
+    def submit(
+        ctx: typer.Context,
+        file: Annotated[str, typer.Argument(help="job file (JSON or YAML); - reads stdin")],
+        dialect: Annotated[
+            str | None,
+            typer.Option("--dialect", "-d", help="openpai or native; default: detected"),
+        ] = None,
+        wait: Annotated[
+            bool, typer.Option("--wait", "-w", help="follow the job; exit 1 unless it succeeds")
+        ] = False,
+        timeout: TimeoutOpt = None,
+        output: OutputOpt = Output.table,
+    ) -> None:
+        """Submit a job; prints its id."""
+        s: Session = ctx.obj
+        with reported(s):
+            if file == "-":
+                payload = load_payload("<stdin>", sys.stdin.read())
+            else:
+                path = Path(file)
+                if not path.is_file():
+                    raise TrainyardError(f"{file}: no such file")
+                payload = load_payload(path)
+            with s.client() as client:
+                answer = client.submit(payload, dialect=dialect)
+                if output is Output.json:
+                    _print_json(answer)
+                else:
+                    typer.echo(answer["id"])
+                    for warning in answer.get("warnings") or ():
+                        s.err.print(Text("warning: ", style="yellow") + Text(_issue_text(warning)))
+                if wait:
+                    _follow(s, client, answer["id"], timeout)
+
+    @app.command("wait")
+    def wait_cmd(
+        ctx: typer.Context,
+        job_id: JobIdArg,
+        timeout: TimeoutOpt = None,
+    ) -> None:
+        """Follow a job until it ends; exit 1 unless it succeeded."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            _follow(s, client, job_id, timeout)
+
+    @app.command()
+    def get(
+        ctx: typer.Context,
+        job_id: JobIdArg,
+        output: OutputOpt = Output.table,
+    ) -> None:
+        """Show a job and its tasks."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            job = client.get(job_id)
+        if output is Output.json:
+            _print_json(job)
+        else:
+            _print_job(s.out, job)
+
+    @app.command("ls")
+    def ls(
+        ctx: typer.Context,
+        state: Annotated[str | None, typer.Option("--state", "-s", help="only this state")] = None,
+        user: Annotated[str | None, typer.Option("--user", "-u", help="only this user")] = None,
+        limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="page size")] = 20,
+        offset: Annotated[int, typer.Option(min=0, help="skip this many (newest first)")] = 0,
+        output: OutputOpt = Output.table,
+    ) -> None:
+        """List jobs, newest first."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            page = client.list(
+                state=state.upper() if state else None, user=user, limit=limit, offset=offset
+            )
+        if output is Output.json:
+            _print_json(page)
+            return
+        items = page.get("items") or []
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        _id_column(table, items)
+        for name in ("NAME", "USER", "STATE", "DIALECT", "SUBMITTED"):
+            table.add_column(name, no_wrap=True)
+        table.add_column("REASON")
+        for job in items:
+            table.add_row(
+                _cell(job.get("id")),
+                _cell(job.get("name")),
+                _cell(job.get("user")),
+                _state(job.get("state")),
+                _cell(job.get("dialect")),
+                _cell(_time(job.get("submitted_at"))),
+                _cell(job.get("reason")),
+            )
+        if items:
+            s.out.print(table)
+        total = page.get("total", len(items))
+        start = page.get("offset", offset)
+        shown = f"{start + 1}-{start + len(items)}" if items else "0"
+        s.err.print(Text(f"{shown} of {total} job(s)", style="dim"))
+
+    @app.command()
+    def events(
+        ctx: typer.Context,
+        job_id: JobIdArg,
+        output: OutputOpt = Output.table,
+    ) -> None:
+        """Show a job's event history, oldest first."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            items = client.events(job_id)
+        if output is Output.json:
+            _print_json(items)
+            return
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        table.add_column("SEQ", justify="right")
+        table.add_column("TIME", no_wrap=True)
+        table.add_column("TYPE", no_wrap=True)
+        table.add_column("DETAILS", overflow="fold")
+        for item in items:
+            table.add_row(
+                _cell(item.get("seq")),
+                _cell(_time(item.get("occurred_at"))),
+                _cell(item.get("type")),
+                _cell(_event_details(item.get("event") or {})),
+            )
+        s.out.print(table)
+
+    @app.command()
+    def logs(
+        ctx: typer.Context,
+        job_id: JobIdArg,
+        role: Annotated[str | None, typer.Option("--role", "-r", help="task role")] = None,
+        index: Annotated[int | None, typer.Option("--index", "-i", min=0, help="task index")] = (
+            None
+        ),
+        stderr: Annotated[bool, typer.Option("--stderr", help="stderr instead of stdout")] = False,
+        follow: Annotated[bool, typer.Option("--follow", "-f", help="until the task ends")] = False,
+    ) -> None:
+        """Print a task's log."""
+        s: Session = ctx.obj
+        stream = "stderr" if stderr else "stdout"
+        with reported(s), s.client() as client:
+            try:
+                chunks = client.logs(job_id, role=role, index=index, stream=stream, follow=follow)
+                for chunk in chunks:
+                    sys.stdout.write(chunk)
+                    sys.stdout.flush()
+            except BrokenPipeError:
+                # `yard logs ID | head` closed the pipe: the reader has what it wanted.
+                # Point stdout at devnull so the flush at exit does not fail again.
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                raise typer.Exit(0) from None
+
+    @app.command()
+    def stop(ctx: typer.Context, job_id: JobIdArg) -> None:
+        """Ask for a job to be stopped."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            client.stop(job_id)
+        s.out.print(Text(f"stop requested for {job_id}"))
+
+    @token_app.command("create")
+    def token_create(
+        ctx: typer.Context,
+        user: Annotated[str, typer.Argument(help="user the token acts as")],
+        admin: Annotated[bool, typer.Option("--admin", help="grant admin rights")] = False,
+        output: OutputOpt = Output.table,
+    ) -> None:
+        """Issue a token for USER; prints the token."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            answer = client.create_token(user, admin=admin)
+        if output is Output.json:
+            _print_json(answer)
+        else:
+            typer.echo(answer["token"])
+            kind = "admin token" if admin else "token"
+            note = f"{kind} for {answer.get('user', user)}; shown once, keep it safe"
+            s.err.print(Text(note, style="dim"))
+
+    return app
+
+
+# -- helpers ------------------------------------------------------------------
+
+
+def _follow(s: Session, client: Client, job_id: str, timeout: float | None) -> None:
+    def show(job: Job) -> None:
+        when = _time(job.get("updated_at"))
+        line = Text(f"{when} ", style="dim") if when else Text()
+        line += Text(f"{job_id} ") + _state(job.get("state"))
+        counts = _task_counts(job.get("tasks") or [])
+        if counts:
+            line += Text(f"  tasks: {counts}")
+        if job.get("reason"):
+            line += Text(f"  ({job['reason']})")
+        s.err.print(line)
+
+    try:
+        job = client.wait(job_id, timeout=timeout, on_change=show)
+    except WaitTimeout as exc:
+        s.error(f"{exc}; the job goes on")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        s.err.print(f"stopped following {job_id}; the job goes on")
+        raise typer.Exit(130) from None
+    if job.get("state") == "SUCCEEDED":
+        return
+    for issue in job.get("errors") or ():
+        s.err.print(Text("  - ") + Text(_issue_text(issue)))
+    failed = [
+        t for t in job.get("tasks") or () if t.get("state") == "FAILED"
+    ]
+    for task in failed:
+        s.err.print(
+            Text(
+                f"  task {task.get('role')}[{task.get('index')}] exit code "
+                f"{task.get('exit_code')}: {task.get('reason') or 'failed'}"
+            )
+        )
+    reason = f": {job['reason']}" if job.get("reason") else ""
+    s.error(f"job {job_id} {job.get('state')}{reason}")
+    raise typer.Exit(1)
+
+
+def _print_job(out: Console, job: Job) -> None:
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column(overflow="fold")
+    rows: list[tuple[str, Any]] = [
+        ("ID", job.get("id")),
+        ("Name", job.get("name")),
+        ("User", job.get("user")),
+        ("State", _state(job.get("state"))),
+        ("Reason", job.get("reason")),
+        ("Dialect", job.get("dialect")),
+        ("Attempt", job.get("attempt")),
+        ("Submitted", _time(job.get("submitted_at"))),
+        ("Updated", _time(job.get("updated_at"))),
+        ("Finished", _time(job.get("finished_at"))),
+        ("Exit code", job.get("exit_code")),
+    ]
+    for label, value in rows:
+        if value is not None and value != "":
+            head.add_row(label, value if isinstance(value, Text) else _cell(value))
+    out.print(head)
+
+    errors = job.get("errors") or []
+    if errors:
+        table = Table(
+            title="Errors", title_justify="left", title_style="bold red", header_style="bold",
+            box=None, pad_edge=False,
+        )
+        table.add_column("PATH", overflow="fold")
+        table.add_column("MESSAGE", overflow="fold")
+        table.add_column("CODE")
+        for issue in errors:
+            if isinstance(issue, dict):
+                table.add_row(*(_cell(issue.get(k)) for k in ("path", "message", "code")))
+            else:
+                table.add_row("-", _cell(issue), "-")
+        out.print(table)
+    for title, items, style in (
+        ("Warnings", job.get("warnings") or [], "yellow"),
+        ("Queue reasons", job.get("queue_reasons") or [], "magenta"),
+    ):
+        if items:
+            out.print(Text(title, style=f"bold {style}"))
+            for item in items:
+                out.print(Text("  - ") + Text(_issue_text(item)))
+
+    tasks = job.get("tasks") or []
+    if not tasks:
+        out.print(Text("no tasks yet", style="dim"))
+        return
+    table = Table(
+        title="Tasks", title_justify="left", title_style="bold", header_style="bold",
+        box=None, pad_edge=False,
+    )
+    for name in ("ROLE", "INDEX", "ATTEMPT", "STATE", "EXIT", "NODE", "GPUS"):
+        numeric = name in ("INDEX", "ATTEMPT", "EXIT")
+        table.add_column(name, no_wrap=True, justify="right" if numeric else "left")
+    table.add_column("PORTS", overflow="fold")
+    table.add_column("REASON", overflow="fold")
+    for task in tasks:
+        table.add_row(
+            _cell(task.get("role")),
+            _cell(task.get("index")),
+            _cell(task.get("attempt")),
+            _state(task.get("state")),
+            _cell(task.get("exit_code")),
+            _cell(task.get("node") or task.get("host_ip")),
+            _cell(",".join(str(g) for g in task.get("gpu_indices") or []) or None),
+            _cell(_ports(task.get("ports") or [])),
+            _cell(task.get("reason")),
+        )
+    out.print(table)
+
+
+def _ports(ports: list[Any]) -> str | None:
+    parts = []
+    for entry in ports:
+        if isinstance(entry, dict):
+            numbers = ",".join(str(p) for p in entry.get("ports") or [])
+            parts.append(f"{entry.get('label')}:{numbers}")
+        else:
+            parts.append(str(entry))
+    return " ".join(parts) or None
+
+
+def _task_counts(tasks: list[dict[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for task in tasks:
+        state = str(task.get("state"))
+        counts[state] = counts.get(state, 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in counts.items())
+
+
+def _event_details(event: dict[str, Any]) -> str:
+    parts = []
+    for key, value in event.items():
+        if key in EVENT_ENVELOPE or value is None or isinstance(value, dict | list):
+            continue
+        text = str(value)
+        parts.append(f"{key}={text if len(text) <= 60 else text[:57] + '...'}")
+    return " ".join(parts)
+
+
+def _issue_text(issue: Any) -> str:
+    if isinstance(issue, dict):
+        where = issue.get("path")
+        message = issue.get("message") or json.dumps(issue)
+        return f"{where}: {message}" if where else str(message)
+    return str(issue)
+
+
+def _id_column(table: Table, items: list[dict[str, Any]]) -> None:
+    # Ids are what people copy into the next command: never cut one.
+    width = max((len(str(i.get("id"))) for i in items), default=2)
+    table.add_column("ID", no_wrap=True, min_width=width)
+
+
+def _cell(value: Any) -> Text:
+    # Text, not str: names and reasons come from users and must not be read as markup.
+    return Text("-" if value is None or value == "" else str(value))
+
+
+def _state(state: str | None) -> Text:
+    if not state:
+        return Text("-")
+    style = STATE_STYLES.get(state, "")
+    if is_terminal(state):
+        style = f"bold {style}".strip()
+    return Text(state, style=style)
+
+
+def _time(value: Any) -> str | None:
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return str(value)
+    if moment.tzinfo is not None:
+        moment = moment.astimezone()
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+app = make_app()

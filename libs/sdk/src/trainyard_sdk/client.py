@@ -1,0 +1,335 @@
+"""A small synchronous client for the Trainyard HTTP API (the gateway).
+
+Sync on purpose: its users are the ``yard`` CLI and scripts, where one request at a
+time is the natural shape. Every failure surfaces as a :class:`TrainyardError`, so a
+caller needs one ``except`` to report it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from trainyard_common.config import admin_token_path, default_data_dir
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_POLL_S = 0.5
+
+Job = dict[str, Any]
+Items = list[dict[str, Any]]
+
+
+class TrainyardError(Exception):
+    """Anything that went wrong talking to the platform."""
+
+
+class ApiError(TrainyardError):
+    """The server answered with an error status."""
+
+    def __init__(self, status: int, detail: str, hint: str | None = None) -> None:
+        self.status = status
+        self.detail = detail
+        self.hint = hint
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        text = f"{self.detail} (HTTP {self.status})"
+        return f"{text}\nhint: {self.hint}" if self.hint else text
+
+
+class UnreachableError(TrainyardError):
+    """No answer at all: nothing listens at the URL, DNS failed, or it timed out."""
+
+    def __init__(self, url: str, cause: Exception) -> None:
+        self.url = url
+        self.cause = cause
+        what = f"{type(cause).__name__}: {cause or 'no detail'}"
+        if isinstance(cause, httpx.TimeoutException):
+            # It listens but is slow or stuck: `make up` would be the wrong advice.
+            super().__init__(f"Trainyard at {url} did not answer in time ({what})")
+            return
+        super().__init__(
+            f"cannot reach Trainyard at {url} ({what}).\n"
+            "hint: is the platform running? Start it with `make up`, "
+            "or point YARD_URL at a running gateway."
+        )
+
+
+class WaitTimeout(TrainyardError):
+    def __init__(self, job: Job, timeout: float) -> None:
+        self.job = job
+        super().__init__(
+            f"job {job.get('id')} still {job.get('state')} after {timeout:g}s"
+        )
+
+
+def is_terminal(state: str | None) -> bool:
+    # Imported here: the shared models pull in pydantic, which a CLI call that never
+    # waits should not pay for at start-up.
+    from trainyard_common.events import TERMINAL_JOB_STATES
+
+    return state in TERMINAL_JOB_STATES
+
+
+def _has_started(state: str | None) -> bool:
+    return state == "RUNNING" or is_terminal(state)
+
+
+def discover_token() -> tuple[str | None, str]:
+    """The token to use and where it came from (for error hints): ``YARD_TOKEN``
+    first, then the bootstrap admin token the platform writes into its data dir."""
+    env = os.environ.get("YARD_TOKEN")
+    if env:
+        return env.strip(), "YARD_TOKEN"
+    path = admin_token_path(default_data_dir())
+    try:
+        token = path.read_text().strip()
+    except OSError:
+        return None, f"none (YARD_TOKEN unset and {path} unreadable)"
+    return (token or None), str(path)
+
+
+def format_detail(body: Any) -> str:
+    """Turns a FastAPI-style ``detail`` (a string, a list of validation errors, or a
+    dict with field errors) into one readable text."""
+    if isinstance(body, str):
+        return body
+    if isinstance(body, list):
+        return "; ".join(_format_issue(item) for item in body) or "error"
+    if isinstance(body, dict):
+        if isinstance(body.get("errors"), list):
+            head = body.get("message") or body.get("detail") or "invalid job"
+            issues = "\n".join(f"  - {_format_issue(e)}" for e in body["errors"])
+            return f"{head}\n{issues}" if issues else str(head)
+        if "message" in body:
+            return str(body["message"])
+    return json.dumps(body)
+
+
+def _format_issue(item: Any) -> str:
+    if not isinstance(item, dict):
+        return str(item)
+    where = item.get("path")
+    if where is None and isinstance(item.get("loc"), list | tuple):
+        where = ".".join(str(p) for p in item["loc"])
+    message = item.get("message") or item.get("msg") or json.dumps(item)
+    return f"{where}: {message}" if where else str(message)
+
+
+class Client:
+    """One gateway, one identity. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        poll_interval: float = DEFAULT_POLL_S,
+    ) -> None:
+        self.base_url = (base_url or os.environ.get("YARD_URL") or DEFAULT_URL).rstrip("/")
+        if token:
+            self._token_source = "the token given"
+        else:
+            token, self._token_source = discover_token()
+        self.token = token
+        self.poll_interval = poll_interval
+        headers = {"User-Agent": "trainyard-sdk/0.1", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- jobs -----------------------------------------------------------------
+
+    def submit(self, payload: Mapping[str, Any] | Any, dialect: str | None = None) -> Job:
+        """Submits a job (OpenPAI v1 JSON, a native JobSpec dict, or a JobSpec model);
+        returns ``{"id", "state", "dialect", "warnings"}``."""
+        if hasattr(payload, "model_dump"):
+            payload = payload.model_dump(mode="json", exclude_none=True)
+        params = {"dialect": dialect} if dialect else None
+        return self._request("POST", "/v1/jobs", json=dict(payload), params=params)
+
+    def get(self, job_id: str) -> Job:
+        return self._request("GET", f"/v1/jobs/{_seg(job_id)}")
+
+    def list(
+        self,
+        state: str | None = None,
+        user: str | None = None,
+        limit: int = 20,
+        offset: int = 0,
+    ) -> dict[str, Any]:
+        """A page of job summaries, newest first: ``{"items", "total", "limit", "offset"}``."""
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if state:
+            params["state"] = state
+        if user:
+            params["user"] = user
+        return self._request("GET", "/v1/jobs", params=params)
+
+    def events(self, job_id: str) -> Items:
+        return self._request("GET", f"/v1/jobs/{_seg(job_id)}/events")["items"]
+
+    def stop(self, job_id: str) -> dict[str, Any]:
+        return self._request("POST", f"/v1/jobs/{_seg(job_id)}/stop")
+
+    def logs(
+        self,
+        job_id: str,
+        role: str | None = None,
+        index: int | None = None,
+        stream: str = "stdout",
+        follow: bool = False,
+    ) -> Iterator[str]:
+        """Yields the task's log text in chunks as it arrives. With ``follow`` the
+        server keeps the response open until the task ends."""
+        params: dict[str, Any] = {"stream": stream}
+        if role is not None:
+            params["role"] = role
+        if index is not None:
+            params["index"] = index
+        if follow:
+            params["follow"] = "true"
+        # A followed log may be silent for a long time; only the connect is bounded.
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None) if follow else None
+        url = f"/v1/jobs/{_seg(job_id)}/logs"
+        kwargs: dict[str, Any] = {"params": params}
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        try:
+            with self._http.stream("GET", url, **kwargs) as response:
+                if response.is_error:
+                    response.read()
+                    raise self._api_error(response)
+                yield from response.iter_text()
+        except httpx.TransportError as exc:
+            raise UnreachableError(self.base_url, exc) from exc
+
+    def wait(
+        self,
+        job_id: str,
+        until_terminal: bool = True,
+        timeout: float | None = None,
+        on_change: Callable[[Job], None] | None = None,
+    ) -> Job:
+        """Polls the job until it ends (or, with ``until_terminal=False``, until it
+        runs or ends) and returns it. ``on_change`` sees the job whenever its state or
+        any task's state changes. Raises :class:`WaitTimeout` after ``timeout`` s."""
+        done = is_terminal if until_terminal else _has_started
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen: tuple[Any, ...] | None = None
+        while True:
+            job = self.get(job_id)
+            snapshot = _progress(job)
+            if snapshot != seen:
+                seen = snapshot
+                if on_change is not None:
+                    on_change(job)
+            if done(job.get("state")):
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(job, timeout or 0)
+            pause = self.poll_interval
+            if deadline is not None:
+                pause = max(0.0, min(pause, deadline - time.monotonic()))
+            time.sleep(pause)
+
+    # -- tokens ---------------------------------------------------------------
+
+    def create_token(self, user: str, admin: bool = False) -> dict[str, Any]:
+        """Issues a bearer token for ``user`` (needs an admin token): ``{"user", "token"}``."""
+        return self._request("POST", "/v1/tokens", json={"user": user, "admin": admin})
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise UnreachableError(self.base_url, exc) from exc
+        if response.is_error:
+            raise self._api_error(response)
+        if not response.content:
+            return {}
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise ApiError(
+                response.status_code, f"the server answered something that is not JSON: {exc}"
+            ) from exc
+
+    def _api_error(self, response: httpx.Response) -> ApiError:
+        try:
+            body = response.json()
+            detail = format_detail(body.get("detail", body) if isinstance(body, dict) else body)
+        except ValueError:
+            detail = response.text.strip()[:500] or response.reason_phrase
+        return ApiError(response.status_code, detail, self._hint(response.status_code))
+
+    def _hint(self, status: int) -> str | None:
+        if status == 401:
+            if self.token is None:
+                return (
+                    f"no token was sent: {self._token_source}. Set YARD_TOKEN, or "
+                    "YARD_DATA_DIR to the platform's data directory."
+                )
+            return f"the token from {self._token_source} was not accepted."
+        if status == 403:
+            return f"the token from {self._token_source} lacks the rights for this."
+        return None
+
+
+def _seg(value: str) -> str:
+    """A job id as one path segment: an id pasted with a slash must not walk the API."""
+    if not value or "/" in value or value in (".", ".."):
+        raise TrainyardError(f"not a job id: {value!r}")
+    return quote(value, safe="")
+
+
+def _progress(job: Job) -> tuple[Any, ...]:
+    tasks = tuple(
+        (t.get("role"), t.get("index"), t.get("attempt"), t.get("state"))
+        for t in job.get("tasks") or ()
+    )
+    return (job.get("state"), job.get("attempt"), tasks)
+
+
+def load_payload(path: Path | str, text: str | None = None) -> dict[str, Any]:
+    """Reads a job file as JSON or YAML: by extension where it says, else by content."""
+    import yaml
+
+    name = str(path)
+    if text is None:
+        text = Path(path).read_text()
+    suffix = Path(name).suffix.lower()
+    as_json = suffix == ".json" or (suffix not in (".yaml", ".yml") and text.lstrip()[:1] in "{[")
+    try:
+        data = json.loads(text) if as_json else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise TrainyardError(f"{name}: not valid JSON: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise TrainyardError(f"{name}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise TrainyardError(
+            f"{name}: a job must be a JSON/YAML object, not {type(data).__name__}"
+        )
+    return data

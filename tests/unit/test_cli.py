@@ -1,0 +1,380 @@
+"""The ``yard`` CLI, run through typer's CliRunner against the in-memory gateway.
+
+The app under test is built with ``make_app(connect)``: the factory hands the CLI a
+client whose transport is the fake, so nothing in the CLI module is patched.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from trainyard_sdk.cli import make_app
+from trainyard_sdk.client import Client
+from trainyard_sdk.fake import FakeGateway
+
+TOKEN = "admin-secret-1"
+# Wide, colourless output so tables are neither cut nor full of escape codes.
+ENV = {
+    "COLUMNS": "220",
+    "NO_COLOR": "1",
+    "FORCE_COLOR": None,
+    "TTY_COMPATIBLE": None,
+    "YARD_TOKEN": None,
+    "YARD_URL": None,
+    "YARD_DATA_DIR": None,
+}
+
+
+@pytest.fixture
+def gw() -> FakeGateway:
+    return FakeGateway(tokens={TOKEN: ("admin", True)})
+
+
+@pytest.fixture
+def yard(gw: FakeGateway, monkeypatch: pytest.MonkeyPatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    connections: list[tuple[str | None, str | None]] = []
+
+    def connect(url: str | None, token: str | None) -> Client:
+        connections.append((url, token))
+        return Client(url or "http://gw.test", token, transport=gw.transport, poll_interval=0)
+
+    app = make_app(connect)
+    runner = CliRunner()
+
+    def run(*args: str, env: dict[str, Any] | None = None, input: str | None = None):
+        return runner.invoke(app, list(args), env={**ENV, **(env or {})}, input=input)
+
+    run.connections = connections  # type: ignore[attr-defined]
+    return run
+
+
+def with_token(*args: str) -> list[str]:
+    return ["--token", TOKEN, *args]
+
+
+RICH_JOB = {
+    "name": "mnist-ddp",
+    "user": "alice",
+    "state": "FAILED",
+    "reason": "task worker[1] failed",
+    "dialect": "openpai",
+    "exit_code": 3,
+    "errors": [
+        {
+            "path": "$.taskRoles.worker.resourcePerInstance.memoryMB",
+            "message": "below 100 MB",
+            "code": "min",
+        }
+    ],
+    "queue_reasons": ["waiting for 2 free GPUs of type v100"],
+    "warnings": ["field jobRetryCount ignored"],
+    "tasks": [
+        {
+            "role": "worker", "index": 0, "attempt": 1, "state": "SUCCEEDED", "exit_code": 0,
+            "reason": None, "node": "node-a", "host_ip": "10.0.0.1", "gpu_indices": [0, 1],
+            "ports": [
+                {"label": "http", "ports": [20001]},
+                {"label": "ssh", "ports": [20002, 20003]},
+            ],
+            "updated_at": "2025-01-01T00:00:00+00:00",
+        },
+        {
+            "role": "worker", "index": 1, "attempt": 1, "state": "FAILED", "exit_code": 3,
+            "reason": "exited with code 3", "node": "node-b", "host_ip": "10.0.0.2",
+            "gpu_indices": [], "ports": [], "updated_at": "2025-01-01T00:00:00+00:00",
+        },
+    ],
+}
+
+
+# -- submit ---------------------------------------------------------------------
+
+
+def test_submit_json_file_prints_the_id(yard, gw, tmp_path):
+    doc = {"protocolVersion": 2, "name": "mnist", "taskRoles": {"w": {"instances": 1}}}
+    (tmp_path / "job.json").write_text(json.dumps(doc))
+    result = yard(*with_token("submit", "job.json"))
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    assert job_id in gw.jobs
+    assert gw.payloads[job_id] == doc
+    assert gw.jobs[job_id]["dialect"] == "openpai"
+
+
+def test_submit_yaml_file_with_forced_dialect(yard, gw, tmp_path):
+    (tmp_path / "job.yml").write_text("name: tiny\nroles:\n  - name: main\n    replicas: 1\n")
+    result = yard(*with_token("submit", "job.yml", "--dialect", "native"))
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    assert gw.payloads[job_id] == {"name": "tiny", "roles": [{"name": "main", "replicas": 1}]}
+    assert gw.requests[-1].url.params["dialect"] == "native"
+
+
+def test_submit_from_stdin_as_json_output(yard, gw):
+    result = yard(*with_token("submit", "-", "-o", "json"), input="name: piped\nroles: []\n")
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert answer["state"] == "SUBMITTED"
+    assert gw.payloads[answer["id"]]["name"] == "piped"
+
+
+def test_submit_missing_or_broken_file_is_exit_1(yard, gw, tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    missing = yard(*with_token("submit", "nope.json"))
+    broken = yard(*with_token("submit", "bad.json"))
+    assert (missing.exit_code, broken.exit_code) == (1, 1)
+    assert "nope.json: no such file" in missing.stderr
+    assert "not valid JSON" in broken.stderr
+    assert gw.requests == []
+
+
+def test_submit_rejected_by_server_shows_detail(yard, tmp_path):
+    (tmp_path / "empty.json").write_text("{}")
+    result = yard(*with_token("submit", "empty.json"))
+    assert result.exit_code == 1
+    assert "the body is not a job" in result.stderr and "HTTP 400" in result.stderr
+    assert result.stdout == ""
+
+
+def test_submit_wait_success_exits_0(yard, gw, tmp_path):
+    (tmp_path / "job.json").write_text(json.dumps({"name": "ok", "roles": []}))
+    # Ids are sequential in the fake: the job about to be submitted is job-0001.
+    gw.script("job-0001", [
+        {"state": "QUEUED"},
+        {"state": "RUNNING", "tasks": [{"role": "main", "index": 0, "state": "RUNNING"}]},
+        {"state": "SUCCEEDED", "tasks": [{"role": "main", "index": 0, "state": "SUCCEEDED"}]},
+    ])
+    result = yard(*with_token("submit", "job.json", "--wait"))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "job-0001"
+    for state in ("QUEUED", "RUNNING", "SUCCEEDED"):
+        assert state in result.stderr
+
+
+@pytest.mark.parametrize("final", ["FAILED", "STOPPED", "REJECTED"])
+def test_wait_exits_1_unless_succeeded(yard, gw, final):
+    job = gw.add_job(state="RUNNING")
+    gw.script(job["id"], [
+        {"state": "RUNNING"},
+        {
+            "state": final,
+            "reason": "it went wrong",
+            "errors": [{"path": "$.name", "message": "bad name", "code": "pattern"}],
+            "tasks": [
+                {"role": "main", "index": 0, "state": "FAILED", "exit_code": 7, "reason": "boom"}
+            ],
+        },
+    ])
+    result = yard(*with_token("wait", job["id"]))
+    assert result.exit_code == 1
+    assert f"job {job['id']} {final}: it went wrong" in result.stderr
+    assert "$.name: bad name" in result.stderr
+    assert "exit code 7: boom" in result.stderr
+
+
+def test_wait_timeout_exits_1(yard, gw):
+    job = gw.add_job(state="QUEUED")
+    result = yard(*with_token("wait", job["id"], "--timeout", "0.05"))
+    assert result.exit_code == 1
+    assert "still QUEUED" in result.stderr
+
+
+# -- get / ls / events ------------------------------------------------------------------
+
+
+def test_get_table_shows_job_and_tasks(yard, gw):
+    job = gw.add_job(**RICH_JOB)
+    result = yard(*with_token("get", job["id"]))
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for text in (
+        job["id"], "mnist-ddp", "alice", "FAILED", "task worker[1] failed", "openpai",
+        "$.taskRoles.worker.resourcePerInstance.memoryMB", "below 100 MB",
+        "waiting for 2 free GPUs of type v100", "field jobRetryCount ignored",
+        "node-a", "node-b", "http:20001", "ssh:20002,20003", "0,1", "exited with code 3",
+    ):
+        assert text in out, text
+    worker0 = next(line for line in out.splitlines() if "node-a" in line)
+    worker1 = next(line for line in out.splitlines() if "node-b" in line)
+    assert "SUCCEEDED" in worker0 and "exited" not in worker0
+    assert "FAILED" in worker1 and " 3 " in worker1
+
+
+def test_get_output_json_is_the_raw_document(yard, gw):
+    job = gw.add_job(**RICH_JOB)
+    result = yard(*with_token("get", job["id"], "-o", "json"))
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == job
+    assert result.stdout.startswith("{\n  ")  # pretty
+
+
+def test_user_text_is_not_read_as_markup(yard, gw):
+    job = gw.add_job(name="[bold]x[/bold]", reason="[red]nope")
+    result = yard(*with_token("get", job["id"]))
+    assert result.exit_code == 0, result.output
+    assert "[bold]x[/bold]" in result.stdout and "[red]nope" in result.stdout
+
+
+def test_ls_lists_with_filters(yard, gw):
+    a = gw.add_job(state="RUNNING", user="alice", name="first")
+    gw.add_job(state="FAILED", user="alice", name="second")
+    result = yard(*with_token("ls", "--state", "running", "--user", "alice", "--limit", "5"))
+    assert result.exit_code == 0, result.output
+    params = gw.requests[-1].url.params
+    assert (params["state"], params["user"], params["limit"]) == ("RUNNING", "alice", "5")
+    assert a["id"] in result.stdout and "first" in result.stdout
+    assert "second" not in result.stdout
+    assert "1-1 of 1 job(s)" in result.stderr
+
+
+def test_ls_json(yard, gw):
+    gw.add_job()
+    gw.add_job()
+    result = yard(*with_token("ls", "-o", "json"))
+    page = json.loads(result.stdout)
+    assert page["total"] == 2 and [j["id"] for j in page["items"]] == ["job-0002", "job-0001"]
+
+
+def test_events_table(yard, gw):
+    job = gw.add_job()
+    gw.events[job["id"]] = [
+        {
+            "seq": 1,
+            "type": "JobSubmitted",
+            "event_id": "e1",
+            "occurred_at": "2025-01-01T00:00:00+00:00",
+            "event": {"type": "JobSubmitted", "job_id": job["id"], "spec": {"name": "x"}},
+        },
+        {
+            "seq": 2,
+            "type": "TaskStateChanged",
+            "event_id": "e2",
+            "occurred_at": "2025-01-01T00:00:01+00:00",
+            "event": {
+                "type": "TaskStateChanged",
+                "role": "worker",
+                "index": 0,
+                "state": "RUNNING",
+                "node": "node-a",
+            },
+        },
+    ]
+    result = yard(*with_token("events", job["id"]))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    submitted = next(i for i, line in enumerate(lines) if "JobSubmitted" in line)
+    changed = next(i for i, line in enumerate(lines) if "TaskStateChanged" in line)
+    assert submitted < changed
+    assert "role=worker" in lines[changed] and "state=RUNNING" in lines[changed]
+    assert "node=node-a" in lines[changed]
+
+
+# -- logs / stop / token --------------------------------------------------------------
+
+
+def test_logs_follow_prints_the_stream(yard, gw):
+    job = gw.add_job(tasks=[{"role": "worker", "index": 0}])
+    chunks = ["step 1\n", "step 2\n", "bye\n"]
+    gw.set_logs(job["id"], chunks, role="worker", index=1, stream="stderr")
+    args = ("logs", job["id"], "--role", "worker", "--index", "1", "--stderr", "-f")
+    result = yard(*with_token(*args))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "step 1\nstep 2\nbye\n"
+    params = gw.requests[-1].url.params
+    assert (params["role"], params["index"], params["stream"], params["follow"]) == (
+        "worker", "1", "stderr", "true",
+    )
+
+
+def test_logs_without_follow_asks_for_stdout(yard, gw):
+    job = gw.add_job(tasks=[{"role": "main", "index": 0}])
+    gw.set_logs(job["id"], ["hello\n"])
+    result = yard(*with_token("logs", job["id"]))
+    assert result.stdout == "hello\n"
+    params = gw.requests[-1].url.params
+    assert params["stream"] == "stdout" and "follow" not in params
+
+
+def test_stop(yard, gw):
+    job = gw.add_job(state="RUNNING")
+    result = yard(*with_token("stop", job["id"]))
+    assert result.exit_code == 0
+    assert gw.stops == [job["id"]]
+    assert f"stop requested for {job['id']}" in result.stdout
+
+
+def test_token_create_prints_the_token(yard, gw):
+    result = yard(*with_token("token", "create", "bob", "--admin"))
+    assert result.exit_code == 0, result.output
+    token = result.stdout.strip()
+    assert gw.tokens[token] == ("bob", True)
+
+
+# -- errors and configuration ----------------------------------------------------------
+
+
+def test_401_without_token_explains_how_to_get_one(yard):
+    result = yard("ls")
+    assert result.exit_code == 1
+    assert "missing or unknown bearer token (HTTP 401)" in result.stderr
+    assert "YARD_TOKEN" in result.stderr
+    assert result.stdout == ""
+
+
+def test_token_from_env_and_from_data_dir(yard, gw, tmp_path):
+    assert yard("ls", env={"YARD_TOKEN": TOKEN}).exit_code == 0
+    assert gw.requests[-1].headers["authorization"] == f"Bearer {TOKEN}"
+    (tmp_path / ".data").mkdir()
+    (tmp_path / ".data" / "admin-token").write_text(TOKEN)
+    assert yard("ls").exit_code == 0
+    assert gw.requests[-1].headers["authorization"] == f"Bearer {TOKEN}"
+
+
+def test_404_is_exit_1_with_detail(yard):
+    result = yard(*with_token("get", "job-9999"))
+    assert result.exit_code == 1
+    assert "job job-9999 not found (HTTP 404)" in result.stderr
+
+
+def test_url_option_reaches_the_factory(yard):
+    yard("--url", "http://other:1", "--token", "t", "ls")
+    assert yard.connections[-1] == ("http://other:1", "t")
+
+
+def test_connection_refused_with_the_real_client():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    result = CliRunner().invoke(make_app(), ["--url", url, "--token", "t", "ls"], env=ENV)
+    assert result.exit_code == 1
+    assert f"cannot reach Trainyard at {url}" in result.stderr
+    assert "make up" in result.stderr
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["get"], ["get", "x", "-o", "xml"], ["ls", "--limit", "0"], ["nosuchcommand"]],
+)
+def test_usage_errors_exit_2(yard, args):
+    assert yard(*args).exit_code == 2
+
+
+def test_python_dash_m_runs_the_cli():
+    done = subprocess.run(
+        [sys.executable, "-m", "trainyard_sdk", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "submit" in done.stdout and "token" in done.stdout
