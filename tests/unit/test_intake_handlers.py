@@ -1,0 +1,60 @@
+"""Intake's handlers with an in-memory owner registry and a collecting publisher."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainyard_common.auth import Identity
+from trainyard_common.dialects import UnknownDialect
+from trainyard_common.events import Event, JobSubmitted, StopJob
+from trainyard_intake.adapters.owners import InMemoryOwnerRegistry
+from trainyard_intake.handlers import Deps, JobNotFound, request_stop, submit_job
+
+JOB = {"jobName": "j1", "image": "img", "taskRoles": [
+    {"name": "r", "taskNumber": 2, "cpuNumber": 1, "memoryMB": 256, "gpuNumber": 0, "command": "true"}]}
+
+
+class Published(list):
+    async def __call__(self, event: Event) -> int:
+        self.append(event)
+        return len(self)
+
+
+@pytest.fixture
+def deps() -> Deps:
+    return Deps(publish=Published(), owners=InMemoryOwnerRegistry())
+
+
+async def test_submit_publishes_the_translated_job_owned_by_the_caller(deps: Deps) -> None:
+    result = await submit_job(JOB, Identity("alice"), deps)
+    [event] = deps.publish
+    assert isinstance(event, JobSubmitted) and event.job_id == result.job_id
+    assert event.dialect == "openpai" and event.spec.user == "alice"
+    assert event.spec.roles[0].replicas == 2 and event.original == JOB
+    assert await deps.owners.owner(result.job_id) == "alice"
+
+
+async def test_idempotency_key_gives_the_same_job_and_event(deps: Deps) -> None:
+    a = await submit_job(JOB, Identity("alice"), deps, idempotency_key="k1")
+    b = await submit_job(JOB, Identity("alice"), deps, idempotency_key="k1")
+    c = await submit_job(JOB, Identity("bob"), deps, idempotency_key="k1")
+    assert a.job_id == b.job_id != c.job_id
+    assert deps.publish[0].event_id == deps.publish[1].event_id  # JetStream drops the repeat
+
+
+async def test_unknown_payload_is_refused_before_anything_is_published(deps: Deps) -> None:
+    with pytest.raises(UnknownDialect):
+        await submit_job({"hello": "world"}, Identity("alice"), deps)
+    assert deps.publish == []
+
+
+async def test_only_the_owner_or_an_admin_can_stop(deps: Deps) -> None:
+    job_id = (await submit_job(JOB, Identity("alice"), deps)).job_id
+    with pytest.raises(JobNotFound):
+        await request_stop(job_id, Identity("bob"), deps)
+    with pytest.raises(JobNotFound):
+        await request_stop("nope", Identity("admin", admin=True), deps)
+    await request_stop(job_id, Identity("alice"), deps)
+    await request_stop(job_id, Identity("root", admin=True), deps)
+    stops = [e for e in deps.publish if isinstance(e, StopJob)]
+    assert [s.requested_by for s in stops] == ["alice", "root"]
