@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 from pymongo.asynchronous.collection import AsyncCollection
 
-USER_NAME = re.compile(r"^[A-Za-z0-9._~-]{1,64}$")
+USER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # no "~": it joins user~jobName keys
 ADMIN_USER = "admin"
 
 

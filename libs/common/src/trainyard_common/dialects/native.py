@@ -1,0 +1,184 @@
+"""The native dialect: the payload is a JobSpec as JSON. Parsed strictly (as JSON: no
+"3" for 3, no true for 1) and then held to the same rules OpenPAI jobs are."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..events import FieldIssue
+from ..jobspec import JobSpec, RoleSpec
+from .translation import (
+    INT_MAX,
+    JOB_NAME_RE,
+    JOB_NAME_RULE,
+    PORT_MAX,
+    ROLE_NAME_RE,
+    ROLE_NAME_RULE,
+    Translation,
+    empty_spec,
+    join,
+    json_type,
+    show,
+)
+
+DIALECT = "native"
+
+_RESOURCE_FIELDS = frozenset({"cpu", "memory_mb", "shm_mb", "gpu", "gpu_type", "storage_gb"})
+
+
+def field_path(role_index: int | None, field: str) -> str:
+    if role_index is None:
+        return f"$.{field}"
+    role = f"$.roles[{role_index}]"
+    if field == "role":
+        return role
+    return f"{role}.resources.{field}" if field in _RESOURCE_FIELDS else f"{role}.{field}"
+
+
+def _loc_path(loc: tuple[Any, ...]) -> str:
+    path = "$"
+    for part in loc:
+        path = join(path, part if isinstance(part, int) else str(part))
+    return path
+
+
+def _issues_from(exc: ValidationError) -> list[FieldIssue]:
+    issues = []
+    for err in exc.errors(include_url=False, include_input=False):
+        loc = tuple(err.get("loc", ()))
+        field = str(loc[-1]) if loc else "job"
+        if err.get("type") == "extra_forbidden":
+            message = f"{field} is not a field of a native job"
+        else:
+            message = f"{field}: {err.get('msg', 'invalid')}"
+        issues.append(FieldIssue(path=_loc_path(loc), message=message,
+                                 code=str(err.get("type", "invalid"))))
+    return issues
+
+
+def _strict(model: type[JobSpec] | type[RoleSpec], text: str) -> Any:
+    return model.model_validate_json(text, strict=True)
+
+
+def _salvage(payload: dict[str, Any], bad: set[str], user: str) -> JobSpec:
+    """The valid part of an invalid native job, so the rejection can still show it."""
+    roles: list[RoleSpec] = []
+    raw_roles = payload.get("roles")
+    for raw in raw_roles if isinstance(raw_roles, list) else []:
+        try:
+            roles.append(_strict(RoleSpec, json.dumps(raw, allow_nan=False)))
+        except (ValidationError, ValueError, TypeError, RecursionError):
+            pass
+    kept = {k: v for k, v in payload.items() if k not in bad and k not in ("roles", "user")}
+    kept["roles"] = [r.model_dump(mode="json") for r in roles]
+    kept["name"] = payload.get("name") if isinstance(payload.get("name"), str) else ""
+    try:
+        spec = _strict(JobSpec, json.dumps(kept, allow_nan=False))
+    except (ValidationError, ValueError, TypeError, RecursionError):
+        spec = JobSpec(name=kept["name"], roles=roles)
+    return spec.model_copy(update={"user": user})
+
+
+def translate_native(payload: Any, user: str = "") -> Translation:
+    if not isinstance(payload, dict):
+        issue = FieldIssue(path="$", message=f"a job must be a JSON object, not "
+                           f"{json_type(payload)}", code="type")
+        return Translation(empty_spec(user=user), DIALECT, [issue])
+    try:
+        text = json.dumps(payload, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        issue = FieldIssue(path="$", message="the job is not valid JSON (NaN, Infinity or "
+                           "nesting too deep)", code="type")
+        return Translation(empty_spec(payload.get("name"), user), DIALECT, [issue])
+    try:
+        spec = _strict(JobSpec, text)
+    except ValidationError as exc:
+        bad = {str(e["loc"][0]) for e in exc.errors() if e.get("loc")}
+        return Translation(_salvage(payload, bad, user), DIALECT, _issues_from(exc))
+    spec = spec.model_copy(update={"user": user})
+    return Translation(spec, DIALECT, validate_native(spec))
+
+
+def _finite(value: float) -> bool:
+    return math.isfinite(value)
+
+
+def validate_native(spec: JobSpec) -> list[FieldIssue]:
+    """The canonical rules every job must meet, whatever dialect it came in."""
+    errors: list[FieldIssue] = []
+
+    def err(path: str, message: str, code: str = "invalid") -> None:
+        errors.append(FieldIssue(path=path, message=message, code=code))
+
+    if not spec.name:
+        err("$.name", "name is required", "required")
+    elif not JOB_NAME_RE.fullmatch(spec.name):
+        err("$.name", f"name {show(spec.name)} must match {JOB_NAME_RULE}", "pattern")
+    if not 1 <= spec.priority <= 9:
+        err("$.priority", f"priority must be between 1 and 9, got {show(spec.priority)}", "range")
+    if not 0 <= spec.retry_limit <= INT_MAX:
+        err("$.retry_limit", f"retry_limit must be between 0 and {INT_MAX}, "
+            f"got {show(spec.retry_limit)}", "range")
+    if spec.max_running_minutes is not None and not 1 <= spec.max_running_minutes <= INT_MAX:
+        err("$.max_running_minutes", "max_running_minutes must be at least 1", "range")
+    if not spec.roles:
+        err("$.roles", "roles must hold at least one role", "required")
+
+    first_use: dict[str, int] = {}
+    for i, role in enumerate(spec.roles):
+        path = f"$.roles[{i}]"
+        res = f"{path}.resources"
+        if not ROLE_NAME_RE.fullmatch(role.name):
+            err(f"{path}.name", f"role name {show(role.name)} must match {ROLE_NAME_RULE}",
+                "pattern")
+        elif role.name in first_use:
+            err(f"{path}.name", f"role name {show(role.name)} is already used by "
+                f"roles[{first_use[role.name]}]; names must be unique in a job", "duplicate")
+        else:
+            first_use[role.name] = i
+        if not 1 <= role.replicas <= INT_MAX:
+            err(f"{path}.replicas", f"replicas must be at least 1, got {show(role.replicas)}",
+                "range")
+        r = role.resources
+        if not (_finite(r.cpu) and 0 < r.cpu <= INT_MAX):
+            err(f"{res}.cpu", f"cpu must be more than 0, got {show(r.cpu)}", "range")
+        if not 100 <= r.memory_mb <= INT_MAX:
+            err(f"{res}.memory_mb", f"memory_mb must be at least 100, got {show(r.memory_mb)}",
+                "range")
+        if not 0 <= r.shm_mb <= INT_MAX:
+            err(f"{res}.shm_mb", f"shm_mb must be at least 0, got {show(r.shm_mb)}", "range")
+        if not (_finite(r.gpu) and 0 <= r.gpu <= INT_MAX):
+            err(f"{res}.gpu", f"gpu must be at least 0, got {show(r.gpu)}", "range")
+        if r.storage_gb is not None and not 0 <= r.storage_gb <= INT_MAX:
+            err(f"{res}.storage_gb", "storage_gb must be at least 0", "range")
+        if not role.command.strip():
+            err(f"{path}.command", "command must not be empty", "required")
+        for key in ("min_failed", "min_succeeded"):
+            value = getattr(role, key)
+            if value is not None and not 1 <= value <= INT_MAX:
+                err(f"{path}.{key}", f"{key} must be null or at least 1, got {show(value)}",
+                    "range")
+        labels: dict[str, int] = {}
+        for j, port in enumerate(role.ports):
+            pp = f"{path}.ports[{j}]"
+            if not ROLE_NAME_RE.fullmatch(port.label):
+                err(f"{pp}.label", f"port label {show(port.label)} must match {ROLE_NAME_RULE}",
+                    "pattern")
+            elif port.label in labels:
+                err(f"{pp}.label", f"port label {show(port.label)} is already used by "
+                    f"ports[{labels[port.label]}]; labels must be unique in a role", "duplicate")
+            else:
+                labels[port.label] = j
+            if not 0 <= port.begin_at <= PORT_MAX:
+                err(f"{pp}.begin_at", f"begin_at must be between 0 and {PORT_MAX}, "
+                    f"got {show(port.begin_at)}", "range")
+            elif not 1 <= port.count <= PORT_MAX:
+                err(f"{pp}.count", f"count must be at least 1, got {show(port.count)}", "range")
+            elif port.begin_at and port.begin_at + port.count - 1 > PORT_MAX:
+                err(f"{pp}.count", f"ports {port.begin_at}..{port.begin_at + port.count - 1} "
+                    "do not fit below 65536", "range")
+    return errors

@@ -1,0 +1,324 @@
+"""OpenPAI v1 job JSON (the SCM submit-job format, seed §4) to and from the canonical job.
+
+``validate_openpai`` checks every rule of the §4 field table on the raw payload;
+``translate_openpai`` builds the best JobSpec it can from any input, substituting the
+canonical default for a field it cannot use (the errors say which), so callers always
+get a spec to show alongside the errors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from ..events import FieldIssue
+from ..jobspec import JobSpec, PortSpec, Resources, RoleSpec, env_list
+from .translation import (
+    INT_MAX,
+    JOB_NAME_RE,
+    JOB_NAME_RULE,
+    PORT_MAX,
+    ROLE_NAME_RE,
+    ROLE_NAME_RULE,
+    Issues,
+    Translation,
+    as_int,
+    empty_spec,
+    join,
+    json_type,
+    show,
+)
+
+DIALECT = "openpai"
+
+JOB_KEYS = frozenset({
+    "jobName", "image", "authFile", "dataDir", "outputDir", "codeDir", "virtualCluster",
+    "taskRoles", "gpuType", "retryCount", "jobEnvs", "extras",
+})
+# Kept with the original payload but never warned about: ``extras`` is OpenPAI's free
+# slot, and ``tmp`` is what the SCM web form adds (both seed examples carry it).
+QUIET_KEYS = frozenset({"extras", "tmp"})
+ROLE_KEYS = frozenset({
+    "name", "taskNumber", "cpuNumber", "memoryMB", "shmMB", "gpuNumber", "storageGB",
+    "portList", "command", "minFailedTaskCount", "minSucceededTaskCount",
+})
+PORT_KEYS = frozenset({"label", "beginAt", "portNumber"})
+
+DEFAULT_SHM_MB = 64
+
+# Canonical field -> OpenPAI key, for errors found after translation (cluster checks).
+_JOB_FIELDS = {
+    "name": "jobName", "image": "image", "auth_file": "authFile", "data_dir": "dataDir",
+    "output_dir": "outputDir", "code_dir": "codeDir", "queue": "virtualCluster",
+    "gpu_type": "gpuType", "retry_limit": "retryCount", "env": "jobEnvs",
+    "roles": "taskRoles",
+}
+_ROLE_FIELDS = {
+    "name": "name", "replicas": "taskNumber", "cpu": "cpuNumber", "memory_mb": "memoryMB",
+    "shm_mb": "shmMB", "gpu": "gpuNumber", "storage_gb": "storageGB", "command": "command",
+    "ports": "portList", "min_failed": "minFailedTaskCount",
+    "min_succeeded": "minSucceededTaskCount",
+}
+
+
+def field_path(role_index: int | None, field: str) -> str:
+    """Where a canonical field came from in an OpenPAI payload ("role": the role itself)."""
+    if field == "keep_failed_for_debug":
+        return "$.jobEnvs.isDebug"
+    if field in ("gpu_type", "image") or role_index is None:
+        # gpuType and image are job-wide in OpenPAI, whichever role the problem is in.
+        key = _JOB_FIELDS.get(field)
+        return f"$.{key}" if key else "$"
+    role = f"$.taskRoles[{role_index}]"
+    key = _ROLE_FIELDS.get(field)
+    return f"{role}.{key}" if key else role
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def check_openpai(payload: Any) -> Issues:
+    """Every rule of the §4 table, as errors, plus advisory warnings."""
+    issues = Issues()
+    if not isinstance(payload, dict):
+        issues.error("$", f"an OpenPAI job must be a JSON object, not {json_type(payload)}",
+                     "type")
+        return issues
+
+    issues.string(payload, "jobName", "$", required=True, pattern=JOB_NAME_RE,
+                  rule=JOB_NAME_RULE)
+    issues.string(payload, "image", "$", required=True, non_blank=True)
+    for key in ("authFile", "dataDir", "outputDir", "codeDir", "virtualCluster", "gpuType"):
+        issues.string(payload, key, "$", required=False)
+    issues.integer(payload, "retryCount", "$", required=False, minimum=0)
+    _check_job_envs(payload, issues)
+    if "extras" in payload and payload["extras"] is not None and not isinstance(
+        payload["extras"], dict
+    ):
+        issues.error("$.extras", f"extras must be an object, not {json_type(payload['extras'])}",
+                     "type")
+
+    unknown = sorted(k for k in payload if k not in JOB_KEYS and k not in QUIET_KEYS)
+    for key in unknown:
+        issues.warn(join("$", key), f"unknown field {show(key)} is ignored", "unknown_field")
+
+    roles = payload.get("taskRoles")
+    if roles is None:
+        issues.error("$.taskRoles", "taskRoles is required (a list with at least one role)",
+                     "required")
+        return issues
+    if not isinstance(roles, list):
+        issues.error("$.taskRoles", f"taskRoles must be a list, not {json_type(roles)}", "type")
+        return issues
+    if not roles:
+        issues.error("$.taskRoles", "taskRoles must hold at least one task role", "required")
+    first_use: dict[str, int] = {}
+    for i, role in enumerate(roles):
+        path = f"$.taskRoles[{i}]"
+        if not isinstance(role, dict):
+            issues.error(path, f"a task role must be an object, not {json_type(role)}", "type")
+            continue
+        name = _check_role(role, path, issues)
+        if name is not None:
+            if name in first_use:
+                issues.error(f"{path}.name",
+                             f"task role name {show(name)} is already used by "
+                             f"taskRoles[{first_use[name]}]; names must be unique in a job",
+                             "duplicate")
+            else:
+                first_use[name] = i
+    return issues
+
+
+def _check_job_envs(payload: dict[str, Any], issues: Issues) -> None:
+    envs = payload.get("jobEnvs")
+    if envs is None:
+        return
+    if not isinstance(envs, dict):
+        issues.error("$.jobEnvs", f"jobEnvs must be an object, not {json_type(envs)}", "type")
+        return
+    if "isDebug" in envs and not isinstance(envs["isDebug"], bool):
+        issues.error("$.jobEnvs.isDebug",
+                     f"jobEnvs.isDebug must be a boolean, not {json_type(envs['isDebug'])}",
+                     "type")
+    for key, value in envs.items():
+        if isinstance(value, dict | list):
+            issues.warn(join("$.jobEnvs", key),
+                        f"jobEnvs value {show(key)} is {json_type(value)}; it is passed "
+                        "to the job as JSON text", "env_not_scalar")
+
+
+def _check_role(role: dict[str, Any], path: str, issues: Issues) -> str | None:
+    name = issues.string(role, "name", path, required=True, pattern=ROLE_NAME_RE,
+                         rule=ROLE_NAME_RULE)
+    tasks = issues.integer(role, "taskNumber", path, required=True, minimum=1)
+    issues.integer(role, "cpuNumber", path, required=True, minimum=1)
+    memory = issues.integer(role, "memoryMB", path, required=True, minimum=100)
+    shm = issues.integer(role, "shmMB", path, required=False, minimum=0)
+    if shm is not None and memory is not None and shm > memory:
+        issues.warn(f"{path}.shmMB",
+                    f"shmMB ({shm}) is larger than memoryMB ({memory}); shared memory "
+                    "counts against the task's memory", "shm_above_memory")
+    issues.integer(role, "gpuNumber", path, required=True, minimum=0)
+    issues.integer(role, "storageGB", path, required=False, minimum=0)
+    issues.string(role, "command", path, required=True, non_blank=True)
+    for key in ("minFailedTaskCount", "minSucceededTaskCount"):
+        count = issues.integer(role, key, path, required=False, minimum=1, nullable=True)
+        if count is not None and tasks is not None and count > tasks:
+            issues.warn(join(path, key),
+                        f"{key} ({count}) is larger than taskNumber ({tasks}); the rule can "
+                        "never trigger", "count_above_tasks")
+    _check_ports(role, path, issues)
+    for key in sorted(k for k in role if k not in ROLE_KEYS):
+        issues.warn(join(path, key), f"unknown task role field {show(key)} is ignored",
+                    "unknown_field")
+    return name
+
+
+def _check_ports(role: dict[str, Any], path: str, issues: Issues) -> None:
+    ports = role.get("portList")
+    if ports is None:
+        return
+    list_path = f"{path}.portList"
+    if not isinstance(ports, list):
+        issues.error(list_path, f"portList must be a list, not {json_type(ports)}", "type")
+        return
+    first_use: dict[str, int] = {}
+    for j, port in enumerate(ports):
+        port_path = f"{list_path}[{j}]"
+        if not isinstance(port, dict):
+            issues.error(port_path, f"a portList entry must be an object, not {json_type(port)}",
+                         "type")
+            continue
+        label = issues.string(port, "label", port_path, required=True, pattern=ROLE_NAME_RE,
+                              rule=ROLE_NAME_RULE)
+        if label is not None:
+            if label in first_use:
+                issues.error(f"{port_path}.label",
+                             f"port label {show(label)} is already used by "
+                             f"portList[{first_use[label]}]; labels must be unique in a role",
+                             "duplicate")
+            else:
+                first_use[label] = j
+        begin = issues.integer(port, "beginAt", port_path, required=True, minimum=0,
+                               maximum=PORT_MAX)
+        count = issues.integer(port, "portNumber", port_path, required=True, minimum=1,
+                               maximum=PORT_MAX)
+        if begin and count is not None and begin + count - 1 > PORT_MAX:
+            issues.error(f"{port_path}.portNumber",
+                         f"ports {begin}..{begin + count - 1} do not fit below 65536 "
+                         "(beginAt + portNumber - 1 must be at most 65535)", "range")
+        for key in sorted(k for k in port if k not in PORT_KEYS):
+            issues.warn(join(port_path, key), f"unknown portList field {show(key)} is ignored",
+                        "unknown_field")
+
+
+def validate_openpai(payload: Any) -> list[FieldIssue]:
+    """The errors in an OpenPAI job payload; empty when it breaks no rule."""
+    return check_openpai(payload).errors
+
+
+def openpai_warnings(payload: Any) -> list[FieldIssue]:
+    return check_openpai(payload).warnings
+
+
+# -------------------------------------------------------------------------- translation
+
+
+def _int(value: Any, default: int, minimum: int) -> int:
+    number = as_int(value)
+    return number if number is not None and minimum <= number <= INT_MAX else default
+
+
+def _opt_int(value: Any, minimum: int) -> int | None:
+    number = as_int(value)
+    return number if number is not None and minimum <= number <= INT_MAX else None
+
+
+def _text(value: Any) -> str | None:
+    """Optional strings: OpenPAI's form sends "" for "not given"."""
+    return value if isinstance(value, str) and value else None
+
+
+def _min_count(role: dict[str, Any], key: str, absent: int | None) -> int | None:
+    # OpenPAI: a missing key takes the default; an explicit null means "never".
+    if key not in role:
+        return absent
+    return _opt_int(role[key], 1) if role[key] is not None else None
+
+
+def _env_scalar(value: Any) -> Any:
+    if isinstance(value, dict | list):
+        try:
+            return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        except (ValueError, TypeError, RecursionError):
+            return ""
+    if isinstance(value, float) and not math.isfinite(value):
+        return ""
+    return value
+
+
+def _ports(raw: Any) -> list[PortSpec]:
+    if not isinstance(raw, list):
+        return []
+    ports = []
+    for entry in raw:
+        if isinstance(entry, dict) and isinstance(entry.get("label"), str):
+            ports.append(PortSpec(
+                label=entry["label"],
+                begin_at=_int(entry.get("beginAt"), 0, 0),
+                count=_int(entry.get("portNumber"), 1, 1),
+            ))
+    return ports
+
+
+def _role(raw: dict[str, Any], gpu_type: str | None) -> RoleSpec:
+    name = raw.get("name")
+    command = raw.get("command")
+    return RoleSpec(
+        name=name if isinstance(name, str) else "",
+        replicas=_int(raw.get("taskNumber"), 1, 1),
+        resources=Resources(
+            cpu=float(_int(raw.get("cpuNumber"), 1, 1)),
+            memory_mb=_int(raw.get("memoryMB"), 1024, 100),
+            shm_mb=_int(raw.get("shmMB"), DEFAULT_SHM_MB, 0),
+            gpu=float(_int(raw.get("gpuNumber"), 0, 0)),
+            gpu_type=gpu_type,
+            storage_gb=_opt_int(raw.get("storageGB"), 0),
+        ),
+        command=command if isinstance(command, str) else "",
+        ports=_ports(raw.get("portList")),
+        min_failed=_min_count(raw, "minFailedTaskCount", 1),
+        min_succeeded=_min_count(raw, "minSucceededTaskCount", None),
+    )
+
+
+def translate_openpai(payload: Any, user: str = "") -> Translation:
+    """Any input to a JobSpec plus the §4 errors and warnings; never raises."""
+    issues = check_openpai(payload)
+    if not isinstance(payload, dict):
+        return Translation(empty_spec(user=user), DIALECT, issues.errors, issues.warnings)
+
+    gpu_type = _text(payload.get("gpuType"))
+    raw_roles = payload.get("taskRoles")
+    roles = [_role(r, gpu_type) for r in raw_roles if isinstance(r, dict)] if isinstance(
+        raw_roles, list) else []
+    envs = payload.get("jobEnvs")
+    envs = envs if isinstance(envs, dict) else {}
+    name = payload.get("jobName")
+    spec = JobSpec(
+        name=name if isinstance(name, str) else "",
+        user=user,
+        queue=_text(payload.get("virtualCluster")) or "default",
+        image=_text(payload.get("image")),
+        env=env_list({k: _env_scalar(v) for k, v in envs.items()}),
+        code_dir=_text(payload.get("codeDir")),
+        data_dir=_text(payload.get("dataDir")),
+        output_dir=_text(payload.get("outputDir")),
+        auth_file=_text(payload.get("authFile")),
+        retry_limit=_int(payload.get("retryCount"), 0, 0),
+        keep_failed_for_debug=envs.get("isDebug") is True,
+        roles=roles,
+    )
+    return Translation(spec, DIALECT, issues.errors, issues.warnings)

@@ -1,0 +1,1 @@
+"""The validation service's I/O: the job-name registry."""

@@ -1,0 +1,53 @@
+"""Job names, unique per user (OpenPAI: "jobName ... 值唯一"). A claim is a document
+whose ``_id`` is the user and name, so the unique key does the locking (no transactions
+in FerretDB v1), and a redelivered submission finds its own claim and may proceed."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pymongo.asynchronous.database import AsyncDatabase
+
+from trainyard_common.events import utcnow
+from trainyard_common.storage import insert_once
+
+COLLECTION = "names"
+
+
+def name_key(user: str, name: str) -> str:
+    return f"{user}~{name}"
+
+
+class NameRegistry(Protocol):
+    async def claim(self, user: str, name: str, job_id: str) -> bool:
+        """True when ``name`` is free for ``user`` or already claimed by ``job_id``."""
+        ...
+
+
+class MongoNameRegistry:
+    def __init__(self, db: AsyncDatabase[dict[str, Any]]) -> None:
+        self._names = db[COLLECTION]
+
+    async def claim(self, user: str, name: str, job_id: str) -> bool:
+        key = name_key(user, name)
+        # Two rounds: a claim seen by the insert may be gone by the find (an operator
+        # freed the name), and then the name is free again.
+        for _ in range(2):
+            document = {"_id": key, "user": user, "name": name, "job_id": job_id,
+                        "claimed_at": utcnow()}
+            if await insert_once(self._names, document):
+                return True
+            holder = await self._names.find_one({"_id": key}, {"job_id": 1})
+            if holder is not None:
+                return holder.get("job_id") == job_id
+        return False
+
+
+class InMemoryNameRegistry:
+    """The same contract in a dict, for unit tests of handlers."""
+
+    def __init__(self) -> None:
+        self.claims: dict[str, str] = {}
+
+    async def claim(self, user: str, name: str, job_id: str) -> bool:
+        return self.claims.setdefault(name_key(user, name), job_id) == job_id

@@ -1,0 +1,53 @@
+"""Bootstrap: settings, clients, the JobSubmitted consumer and the health endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from trainyard_common.bus import Bus, Delivery
+from trainyard_common.cluster import load_cluster
+from trainyard_common.config import Settings
+from trainyard_common.events import Event
+from trainyard_common.runtime import health_app, serve, setup_logging
+from trainyard_common.storage import mongo_client
+from trainyard_common.subjects import events_of
+from trainyard_common.telemetry import setup_telemetry
+
+from .adapters.names import MongoNameRegistry
+from .handlers import EVENT_HANDLERS, Deps
+
+SERVICE = "validation"
+DURABLE = "validation"
+
+log = logging.getLogger("trainyard.validation")
+
+
+async def run() -> None:
+    setup_logging(SERVICE)
+    setup_telemetry(SERVICE)
+    settings = Settings.from_env(SERVICE)
+    cluster = load_cluster()
+    bus = await Bus.connect(settings.nats_url, name=f"trainyard-{SERVICE}")
+    client = mongo_client(settings.mongo_url)
+    deps = Deps(cluster=cluster, names=MongoNameRegistry(client[settings.db_name()]),
+                publish=bus.publish)
+
+    async def dispatch(event: Event, delivery: Delivery) -> None:
+        handler = EVENT_HANDLERS.get(type(event))
+        if handler is not None:
+            await handler(event, deps)
+
+    async def consume_submitted(stop: asyncio.Event) -> None:
+        await bus.consume(DURABLE, events_of("submitted"), dispatch, stop=stop)
+
+    log.info("validating against %d nodes, queues %s", len(cluster.nodes), cluster.queues)
+    try:
+        await serve(settings, health_app(SERVICE), [consume_submitted])
+    finally:
+        await bus.close()
+        await client.close()
+
+
+def main() -> None:
+    asyncio.run(run())

@@ -1,0 +1,1 @@
+"""Pure validation rules: no I/O."""

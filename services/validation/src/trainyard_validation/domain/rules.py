@@ -1,0 +1,139 @@
+"""Whether a submitted job is accepted: the dialect's rules, then the cluster's limits
+(the queue exists, the GPU type exists, every task fits on some node)."""
+
+from __future__ import annotations
+
+import math
+
+from trainyard_common.cluster import ClusterSpec, NodeSpec
+from trainyard_common.dialects import (
+    dedupe,
+    field_path,
+    openpai_warnings,
+    validate_native,
+    validate_openpai,
+)
+from trainyard_common.events import FieldIssue, JobAccepted, JobRejected, JobSubmitted, derived_id
+from trainyard_common.jobspec import JobSpec, RoleSpec
+
+
+def result_id(submitted: JobSubmitted) -> str:
+    # Accepted or rejected, one submission has one answer: redelivery re-publishes it
+    # under the same id and JetStream drops the copy.
+    return derived_id(submitted.event_id, "validated")
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _gpus_needed(gpu: float) -> int:
+    # A fraction below 1 shares one GPU; 1.5 needs two.
+    return math.ceil(gpu) if gpu > 0 else 0
+
+
+def _node_fits(node: NodeSpec, role: RoleSpec) -> bool:
+    r = role.resources
+    if node.cpu < r.cpu or node.memory_mb < r.memory_mb:
+        return False
+    need = _gpus_needed(r.gpu)
+    if need == 0:
+        return True
+    return node.gpus >= need and (r.gpu_type is None or node.gpu_type == r.gpu_type)
+
+
+def _ask(role: RoleSpec) -> str:
+    r = role.resources
+    gpu = f"{_num(r.gpu)} GPU" + (f" ({r.gpu_type})" if r.gpu_type and r.gpu > 0 else "")
+    return f"{_num(r.cpu)} CPU, {r.memory_mb} MB, {gpu}"
+
+
+def _misfit(spec: JobSpec, i: int, role: RoleSpec, cluster: ClusterSpec, dialect: str
+            ) -> FieldIssue:
+    r = role.resources
+    need = _gpus_needed(r.gpu)
+    if not cluster.nodes:
+        return FieldIssue(path=field_path(dialect, i, "role"), code="no_fit",
+                          message=f"role {role.name!r} cannot run: the cluster has no nodes")
+    typed = [n for n in cluster.nodes if r.gpu_type is None or n.gpu_type == r.gpu_type]
+    max_cpu = max(n.cpu for n in cluster.nodes)
+    max_mem = max(n.memory_mb for n in cluster.nodes)
+    max_gpu = max((n.gpus for n in typed), default=0)
+    gpu_note = f" ({r.gpu_type})" if r.gpu_type and need else ""
+    # Point at the one field that is too large, if there is one; otherwise the
+    # combination is what no node has, and the role itself is the culprit.
+    if r.cpu > max_cpu:
+        path = field_path(dialect, i, "cpu")
+    elif r.memory_mb > max_mem:
+        path = field_path(dialect, i, "memory_mb")
+    elif need > max_gpu:
+        path = field_path(dialect, i, "gpu")
+    else:
+        path = field_path(dialect, i, "role")
+    return FieldIssue(
+        path=path, code="no_fit",
+        message=(f"role {role.name!r} asks for {_ask(role)} per task; no node has that much: "
+                 f"the largest node offers {_num(max_cpu)} CPU, the most memory is "
+                 f"{max_mem} MB, the most GPUs{gpu_note} on one node is {max_gpu}"),
+    )
+
+
+def check_against_cluster(spec: JobSpec, cluster: ClusterSpec, dialect: str
+                          ) -> list[FieldIssue]:
+    issues: list[FieldIssue] = []
+    if spec.queue not in cluster.queues:
+        issues.append(FieldIssue(
+            path=field_path(dialect, None, "queue"), code="unknown_queue",
+            message=f"queue {spec.queue!r} does not exist; queues: "
+                    f"{', '.join(cluster.queues) or 'none'}"))
+    known_types = cluster.gpu_types()
+    for i, role in enumerate(spec.roles):
+        r = role.resources
+        if r.gpu > 0 and r.gpu_type is not None and r.gpu_type not in known_types:
+            issues.append(FieldIssue(
+                path=field_path(dialect, i, "gpu_type"), code="unknown_gpu_type",
+                message=f"GPU type {r.gpu_type!r} is on no node; known types: "
+                        f"{', '.join(sorted(known_types)) or 'none'}"))
+            continue  # nothing fits an unknown type; one message is enough
+        if not any(_node_fits(node, role) for node in cluster.nodes):
+            issues.append(_misfit(spec, i, role, cluster, dialect))
+    return dedupe(issues)
+
+
+def _with_defaults(spec: JobSpec) -> JobSpec:
+    """What later services may rely on: every role names its image."""
+    roles = [role if role.image else role.model_copy(update={"image": spec.image})
+             for role in spec.roles]
+    return spec.model_copy(update={"roles": roles})
+
+
+def rule_errors(submitted: JobSubmitted) -> list[FieldIssue]:
+    if submitted.dialect == "openpai" and submitted.original is not None:
+        return validate_openpai(submitted.original)
+    return validate_native(submitted.spec)
+
+
+def decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRejected:
+    errors = dedupe([*submitted.translation_errors, *rule_errors(submitted)])
+    # Cluster checks only on a spec that broke no rule: a broken field was replaced by
+    # a default in translation, and checking the default would only mislead.
+    if not errors:
+        errors = check_against_cluster(submitted.spec, cluster, submitted.dialect)
+    if errors:
+        return JobRejected(event_id=result_id(submitted), job_id=submitted.job_id,
+                           errors=errors)
+    warnings = list(submitted.warnings)
+    if submitted.dialect == "openpai" and submitted.original is not None:
+        warnings += openpai_warnings(submitted.original)
+    return JobAccepted(event_id=result_id(submitted), job_id=submitted.job_id,
+                       spec=_with_defaults(submitted.spec), warnings=dedupe(warnings))
+
+
+def name_taken(submitted: JobSubmitted) -> JobRejected:
+    spec = submitted.spec
+    return JobRejected(
+        event_id=result_id(submitted), job_id=submitted.job_id,
+        errors=[FieldIssue(
+            path=field_path(submitted.dialect, None, "name"), code="name_taken",
+            message=f"job name {spec.name!r} is already used by another job of "
+                    f"{spec.user or 'this user'}; job names are unique per user")])

@@ -1,0 +1,38 @@
+"""The validation service's handlers: one per event it consumes."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainyard_common.cluster import ClusterSpec
+from trainyard_common.events import Event, JobAccepted, JobSubmitted
+
+from .adapters.names import NameRegistry
+from .domain.rules import decide, name_taken
+
+
+@dataclass
+class Deps:
+    cluster: ClusterSpec
+    names: NameRegistry
+    publish: Callable[[Event], Awaitable[Any]]
+
+
+async def validate_job(event: JobSubmitted, deps: Deps) -> None:
+    """Accept or reject a submission. A rejection is a normal outcome, published like
+    an acceptance, so nothing is raised for it and the message is acked."""
+    result = decide(event, deps.cluster)
+    # The name is claimed only for a job that passed every other rule, so a rejected
+    # job never holds a name; the claim (the stored effect) comes before the publish.
+    if isinstance(result, JobAccepted) and not await deps.names.claim(
+        result.spec.user, result.spec.name, event.job_id
+    ):
+        result = name_taken(event)
+    await deps.publish(result)
+
+
+EVENT_HANDLERS: dict[type[Event], Callable[[Any, Deps], Awaitable[None]]] = {
+    JobSubmitted: validate_job,
+}

@@ -1,0 +1,526 @@
+"""Every OpenPAI §4 rule and canonical rule (one failing and one passing case each),
+the cluster checks, decide(), and the validate_job handler over in-memory fakes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from trainyard_common.cluster import ClusterSpec, NodeSpec
+from trainyard_common.dialects import openpai_warnings, translate, validate_native, validate_openpai
+from trainyard_common.events import (
+    Event,
+    FieldIssue,
+    JobAccepted,
+    JobRejected,
+    JobSubmitted,
+    derived_id,
+)
+from trainyard_common.jobspec import JobSpec, PortSpec, Resources, RoleSpec
+from trainyard_validation.adapters.names import InMemoryNameRegistry
+from trainyard_validation.domain.rules import check_against_cluster, decide
+from trainyard_validation.handlers import EVENT_HANDLERS, Deps, validate_job
+
+DELETE = object()
+
+
+def base() -> dict[str, Any]:
+    """The seed's helloworld job (without the form's tmp block)."""
+    return {
+        "jobName": "helloworld_16be675e",
+        "image": "sitonholy/tensorflow:16.04-9.0-3.5-1.8.0",
+        "authFile": "", "dataDir": "", "outputDir": "", "codeDir": "",
+        "retryCount": 0,
+        "taskRoles": [{
+            "name": "task_1", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 8192,
+            "shmMB": 64, "gpuNumber": 1, "storageGB": 5,
+            "minFailedTaskCount": None, "minSucceededTaskCount": None,
+            "command": "nvidia-smi", "portList": [],
+        }],
+        "jobEnvs": {}, "extras": {}, "gpuType": "TITANX",
+    }
+
+
+def with_(*changes: tuple[str, Any]) -> dict[str, Any]:
+    """base() with dotted paths set (or DELETEd): ("taskRoles.0.memoryMB", 50)."""
+    payload = base()
+    for path, value in changes:
+        parts = [int(p) if p.isdigit() else p for p in path.split(".")]
+        parent: Any = payload
+        for part in parts[:-1]:
+            parent = parent[part]
+        if value is DELETE:
+            del parent[parts[-1]]
+        elif isinstance(parent, list) and parts[-1] == len(parent):
+            parent.append(copy.deepcopy(value))
+        else:
+            parent[parts[-1]] = copy.deepcopy(value)
+    return payload
+
+
+ROLE = "$.taskRoles[0]"
+PORT = "$.taskRoles[0].portList[0]"
+JUPYTER_PORT = [{"label": "jupyter", "beginAt": 0, "portNumber": 1}]
+SECOND_ROLE = {"name": "task_1", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 100,
+               "gpuNumber": 0, "command": "x"}
+
+# (rule, failing payload, expected error path, passing payload)
+OPENPAI_RULES = [
+    ("jobName required", with_(("jobName", DELETE)), "$.jobName", base()),
+    ("jobName string", with_(("jobName", 42)), "$.jobName", with_(("jobName", "job"))),
+    ("jobName regex", with_(("jobName", "my job!")), "$.jobName",
+     with_(("jobName", "a-b.c_d~E9"))),
+    ("jobName no trailing newline", with_(("jobName", "job\n")), "$.jobName",
+     with_(("jobName", "job"))),
+    ("image required", with_(("image", DELETE)), "$.image", base()),
+    ("image non-empty", with_(("image", "")), "$.image", with_(("image", "busybox"))),
+    ("image string", with_(("image", ["busybox"])), "$.image", base()),
+    ("authFile string", with_(("authFile", 1)), "$.authFile", with_(("authFile", "hdfs://a"))),
+    ("dataDir string", with_(("dataDir", {})), "$.dataDir", with_(("dataDir", DELETE))),
+    ("outputDir string", with_(("outputDir", True)), "$.outputDir", with_(("outputDir", "o"))),
+    ("codeDir string", with_(("codeDir", 0)), "$.codeDir", with_(("codeDir", "c"))),
+    ("virtualCluster string", with_(("virtualCluster", 3)), "$.virtualCluster",
+     with_(("virtualCluster", "vc1"))),
+    ("taskRoles required", with_(("taskRoles", DELETE)), "$.taskRoles", base()),
+    ("taskRoles list", with_(("taskRoles", {"name": "x"})), "$.taskRoles", base()),
+    ("taskRoles at least one", with_(("taskRoles", [])), "$.taskRoles", base()),
+    ("taskRole object", with_(("taskRoles", ["task_1"])), ROLE, base()),
+    ("taskRole.name required", with_(("taskRoles.0.name", DELETE)), f"{ROLE}.name", base()),
+    ("taskRole.name regex", with_(("taskRoles.0.name", "task-1")), f"{ROLE}.name",
+     with_(("taskRoles.0.name", "task.1~x_Y"))),
+    ("taskRole.name unique", with_(("taskRoles.1", SECOND_ROLE)), "$.taskRoles[1].name",
+     with_(("taskRoles.1", {**SECOND_ROLE, "name": "task_2"}))),
+    ("taskNumber required", with_(("taskRoles.0.taskNumber", DELETE)), f"{ROLE}.taskNumber",
+     base()),
+    ("taskNumber >= 1", with_(("taskRoles.0.taskNumber", 0)), f"{ROLE}.taskNumber",
+     with_(("taskRoles.0.taskNumber", 1))),
+    ("taskNumber not boolean", with_(("taskRoles.0.taskNumber", True)), f"{ROLE}.taskNumber",
+     with_(("taskRoles.0.taskNumber", 2))),
+    ("taskNumber integral", with_(("taskRoles.0.taskNumber", 2.5)), f"{ROLE}.taskNumber",
+     with_(("taskRoles.0.taskNumber", 2.0))),
+    ("taskNumber not a string", with_(("taskRoles.0.taskNumber", "2")), f"{ROLE}.taskNumber",
+     base()),
+    ("taskNumber not huge", with_(("taskRoles.0.taskNumber", 10**30)), f"{ROLE}.taskNumber",
+     with_(("taskRoles.0.taskNumber", 1000))),
+    ("cpuNumber required", with_(("taskRoles.0.cpuNumber", DELETE)), f"{ROLE}.cpuNumber",
+     base()),
+    ("cpuNumber >= 1", with_(("taskRoles.0.cpuNumber", 0)), f"{ROLE}.cpuNumber",
+     with_(("taskRoles.0.cpuNumber", 4))),
+    ("memoryMB required", with_(("taskRoles.0.memoryMB", DELETE)), f"{ROLE}.memoryMB", base()),
+    ("memoryMB >= 100", with_(("taskRoles.0.memoryMB", 99)), f"{ROLE}.memoryMB",
+     with_(("taskRoles.0.memoryMB", 100), ("taskRoles.0.shmMB", 64))),
+    ("memoryMB integer", with_(("taskRoles.0.memoryMB", None)), f"{ROLE}.memoryMB", base()),
+    ("shmMB >= 0", with_(("taskRoles.0.shmMB", -1)), f"{ROLE}.shmMB",
+     with_(("taskRoles.0.shmMB", DELETE))),
+    ("shmMB integer", with_(("taskRoles.0.shmMB", "64")), f"{ROLE}.shmMB",
+     with_(("taskRoles.0.shmMB", 0))),
+    ("gpuNumber required", with_(("taskRoles.0.gpuNumber", DELETE)), f"{ROLE}.gpuNumber",
+     base()),
+    ("gpuNumber >= 0", with_(("taskRoles.0.gpuNumber", -1)), f"{ROLE}.gpuNumber",
+     with_(("taskRoles.0.gpuNumber", 0))),
+    ("storageGB >= 0", with_(("taskRoles.0.storageGB", -5)), f"{ROLE}.storageGB",
+     with_(("taskRoles.0.storageGB", DELETE))),
+    ("portList list", with_(("taskRoles.0.portList", {"label": "x"})), f"{ROLE}.portList",
+     with_(("taskRoles.0.portList", DELETE))),
+    ("portList entry object", with_(("taskRoles.0.portList", [7])), PORT,
+     with_(("taskRoles.0.portList", JUPYTER_PORT))),
+    ("port label required", with_(("taskRoles.0.portList", [{"beginAt": 0, "portNumber": 1}])),
+     f"{PORT}.label", with_(("taskRoles.0.portList", JUPYTER_PORT))),
+    ("port label regex",
+     with_(("taskRoles.0.portList", [{"label": "my port", "beginAt": 0, "portNumber": 1}])),
+     f"{PORT}.label",
+     with_(("taskRoles.0.portList", [{"label": "a.b_c~1", "beginAt": 0, "portNumber": 1}]))),
+    ("port label unique", with_(("taskRoles.0.portList", JUPYTER_PORT * 2)),
+     "$.taskRoles[0].portList[1].label",
+     with_(("taskRoles.0.portList", [*JUPYTER_PORT, {**JUPYTER_PORT[0], "label": "ssh"}]))),
+    ("beginAt required", with_(("taskRoles.0.portList", [{"label": "a", "portNumber": 1}])),
+     f"{PORT}.beginAt", with_(("taskRoles.0.portList", JUPYTER_PORT))),
+    ("beginAt >= 0",
+     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": -1, "portNumber": 1}])),
+     f"{PORT}.beginAt",
+     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 8080, "portNumber": 1}]))),
+    ("beginAt a port",
+     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 70000, "portNumber": 1}])),
+     f"{PORT}.beginAt",
+     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 65535, "portNumber": 1}]))),
+    ("portNumber required", with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 0}])),
+     f"{PORT}.portNumber", with_(("taskRoles.0.portList", JUPYTER_PORT))),
+    ("portNumber >= 1",
+     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 0, "portNumber": 0}])),
+     f"{PORT}.portNumber",
+     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 0, "portNumber": 3}]))),
+    ("fixed range below 65536",
+     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 65535, "portNumber": 2}])),
+     f"{PORT}.portNumber",
+     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 65534, "portNumber": 2}]))),
+    ("command required", with_(("taskRoles.0.command", DELETE)), f"{ROLE}.command", base()),
+    ("command not blank", with_(("taskRoles.0.command", "  \n")), f"{ROLE}.command",
+     with_(("taskRoles.0.command", "python train.py"))),
+    ("command string", with_(("taskRoles.0.command", ["python"])), f"{ROLE}.command", base()),
+    ("minFailedTaskCount >= 1", with_(("taskRoles.0.minFailedTaskCount", 0)),
+     f"{ROLE}.minFailedTaskCount", with_(("taskRoles.0.minFailedTaskCount", 1))),
+    ("minFailedTaskCount integer", with_(("taskRoles.0.minFailedTaskCount", "1")),
+     f"{ROLE}.minFailedTaskCount", with_(("taskRoles.0.minFailedTaskCount", DELETE))),
+    ("minSucceededTaskCount >= 1", with_(("taskRoles.0.minSucceededTaskCount", -2)),
+     f"{ROLE}.minSucceededTaskCount", with_(("taskRoles.0.minSucceededTaskCount", 1))),
+    ("minSucceededTaskCount integer", with_(("taskRoles.0.minSucceededTaskCount", False)),
+     f"{ROLE}.minSucceededTaskCount", with_(("taskRoles.0.minSucceededTaskCount", None))),
+    ("gpuType string", with_(("gpuType", ["TITANX"])), "$.gpuType", with_(("gpuType", DELETE))),
+    ("retryCount >= 0", with_(("retryCount", -1)), "$.retryCount", with_(("retryCount", 5))),
+    ("retryCount integer", with_(("retryCount", "3")), "$.retryCount",
+     with_(("retryCount", DELETE))),
+    ("jobEnvs object", with_(("jobEnvs", ["A=1"])), "$.jobEnvs",
+     with_(("jobEnvs", {"A": 1, "B": "x"}))),
+    ("jobEnvs.isDebug boolean", with_(("jobEnvs", {"isDebug": "yes"})), "$.jobEnvs.isDebug",
+     with_(("jobEnvs", {"isDebug": True}))),
+    ("extras object", with_(("extras", "x")), "$.extras", with_(("extras", {"a": [1]}))),
+]
+
+
+@pytest.mark.parametrize(("rule", "bad", "path", "good"), OPENPAI_RULES,
+                         ids=[r[0] for r in OPENPAI_RULES])
+def test_openpai_rule(rule: str, bad: dict[str, Any], path: str, good: dict[str, Any]) -> None:
+    errors = validate_openpai(bad)
+    assert [e.path for e in errors] == [path], errors
+    key = path.rsplit(".", 1)[-1].split("[")[0]
+    assert key in errors[0].message or "task role" in errors[0].message, errors[0].message
+    assert validate_openpai(good) == []
+    # translate reports exactly the same errors
+    assert translate(bad).errors == errors
+
+
+def test_seed_passes_every_rule() -> None:
+    assert validate_openpai(base()) == []
+    assert openpai_warnings(base()) == []
+
+
+@pytest.mark.parametrize(
+    ("payload", "path"),
+    [
+        (with_(("taskRoles.0.shmMB", 9000)), "$.taskRoles[0].shmMB"),
+        (with_(("taskRoles.0.minSucceededTaskCount", 3)), "$.taskRoles[0].minSucceededTaskCount"),
+        (with_(("jobEnvs", {"CFG": {"a": 1}})), "$.jobEnvs.CFG"),
+        (with_(("queue", "x")), "$.queue"),
+    ],
+)
+def test_openpai_warnings_are_not_errors(payload: dict[str, Any], path: str) -> None:
+    assert validate_openpai(payload) == []
+    assert [w.path for w in openpai_warnings(payload)] == [path]
+
+
+def test_many_errors_are_all_reported() -> None:
+    payload = with_(("jobName", ""), ("taskRoles.0.memoryMB", 1), ("taskRoles.0.command", ""))
+    assert {e.path for e in validate_openpai(payload)} == {
+        "$.jobName", "$.taskRoles[0].memoryMB", "$.taskRoles[0].command"}
+
+
+# ---------------------------------------------------------------------- native rules
+
+
+def good_spec() -> JobSpec:
+    return JobSpec(name="train", roles=[RoleSpec(name="worker", command="python t.py",
+                                                 ports=[PortSpec(label="http")])])
+
+
+def spec_with(**changes: Any) -> JobSpec:
+    data = good_spec().model_dump()
+    for path, value in changes.items():
+        parts = [int(p) if p.isdigit() else p for p in path.split("__")]
+        parent: Any = data
+        for part in parts[:-1]:
+            parent = parent[part]
+        parent[parts[-1]] = value
+    return JobSpec.model_validate(data)
+
+
+R0 = "$.roles[0]"
+NATIVE_RULES = [
+    ("name required", {"name": ""}, "$.name", {"name": "x"}),
+    ("name regex", {"name": "a b"}, "$.name", {"name": "a-b.c~d_e"}),
+    ("at least one role", {"roles": []}, "$.roles", {}),
+    ("role name regex", {"roles__0__name": "w-1"}, f"{R0}.name", {"roles__0__name": "w.1"}),
+    ("replicas >= 1", {"roles__0__replicas": 0}, f"{R0}.replicas", {"roles__0__replicas": 1}),
+    ("cpu > 0", {"roles__0__resources__cpu": 0}, f"{R0}.resources.cpu",
+     {"roles__0__resources__cpu": 0.5}),
+    ("cpu finite", {"roles__0__resources__cpu": float("inf")}, f"{R0}.resources.cpu",
+     {"roles__0__resources__cpu": 64}),
+    ("memory_mb >= 100", {"roles__0__resources__memory_mb": 99}, f"{R0}.resources.memory_mb",
+     {"roles__0__resources__memory_mb": 100}),
+    ("gpu >= 0", {"roles__0__resources__gpu": -1}, f"{R0}.resources.gpu",
+     {"roles__0__resources__gpu": 0.5}),
+    ("command non-empty", {"roles__0__command": " "}, f"{R0}.command",
+     {"roles__0__command": "x"}),
+    ("min_failed null or >= 1", {"roles__0__min_failed": 0}, f"{R0}.min_failed",
+     {"roles__0__min_failed": None}),
+    ("min_succeeded null or >= 1", {"roles__0__min_succeeded": 0}, f"{R0}.min_succeeded",
+     {"roles__0__min_succeeded": 2}),
+    ("priority 1..9", {"priority": 10}, "$.priority", {"priority": 9}),
+    ("priority 1..9 low", {"priority": 0}, "$.priority", {"priority": 1}),
+    ("port label regex", {"roles__0__ports__0__label": "a b"}, f"{R0}.ports[0].label",
+     {"roles__0__ports__0__label": "ab"}),
+    ("port begin_at range", {"roles__0__ports__0__begin_at": 70000},
+     f"{R0}.ports[0].begin_at", {"roles__0__ports__0__begin_at": 8080}),
+    ("port count >= 1", {"roles__0__ports__0__count": 0}, f"{R0}.ports[0].count",
+     {"roles__0__ports__0__count": 2}),
+    ("port range fits", {"roles__0__ports__0__begin_at": 65535, "roles__0__ports__0__count": 2},
+     f"{R0}.ports[0].count",
+     {"roles__0__ports__0__begin_at": 65534, "roles__0__ports__0__count": 2}),
+]
+
+
+@pytest.mark.parametrize(("rule", "bad", "path", "good"), NATIVE_RULES,
+                         ids=[r[0] for r in NATIVE_RULES])
+def test_native_rule(rule: str, bad: dict[str, Any], path: str, good: dict[str, Any]) -> None:
+    errors = validate_native(spec_with(**bad))
+    assert [e.path for e in errors] == [path], errors
+    assert validate_native(spec_with(**good)) == []
+
+
+def test_native_unique_names() -> None:
+    spec = good_spec()
+    role = spec.roles[0]
+    dup = spec.model_copy(update={"roles": [role, role]})
+    assert [e.path for e in validate_native(dup)] == ["$.roles[1].name"]
+    ports = role.model_copy(update={"ports": [PortSpec(label="a"), PortSpec(label="a")]})
+    assert [e.path for e in validate_native(spec.model_copy(update={"roles": [ports]}))] == [
+        "$.roles[0].ports[1].label"]
+    renamed = role.model_copy(update={"name": "other"})
+    assert validate_native(spec.model_copy(update={"roles": [role, renamed]})) == []
+
+
+# -------------------------------------------------------------------- cluster checks
+
+CLUSTER = ClusterSpec(
+    nodes=[
+        NodeSpec(name="big", cpu=32, memory_mb=100_000, gpus=2, gpu_type="TITANX"),
+        NodeSpec(name="p100", cpu=8, memory_mb=16_000, gpus=4, gpu_type="P100"),
+        NodeSpec(name="cpu", cpu=64, memory_mb=50_000),
+    ],
+    queues=["default", "research"],
+)
+
+
+def openpai_spec(*changes: tuple[str, Any]) -> JobSpec:
+    t = translate(with_(*changes))
+    assert t.errors == []
+    return t.spec
+
+
+def test_seed_fits_the_cluster() -> None:
+    assert check_against_cluster(openpai_spec(), CLUSTER, "openpai") == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "words"),
+    [
+        ((("virtualCluster", "nope"),), "$.virtualCluster", ["nope", "default, research"]),
+        ((("gpuType", "V100"),), "$.gpuType", ["V100", "P100, TITANX"]),
+        ((("taskRoles.0.cpuNumber", 100),), "$.taskRoles[0].cpuNumber",
+         ["100 CPU", "64 CPU"]),
+        ((("taskRoles.0.memoryMB", 200_000),), "$.taskRoles[0].memoryMB",
+         ["200000 MB", "100000 MB"]),
+        ((("taskRoles.0.gpuNumber", 3),), "$.taskRoles[0].gpuNumber",
+         ["3 GPU (TITANX)", "is 2"]),
+        # each part fits some node, the combination none: 33 CPUs only on the CPU node
+        ((("taskRoles.0.cpuNumber", 33),), "$.taskRoles[0]", ["33 CPU, 8192 MB, 1 GPU (TITANX)"]),
+    ],
+)
+def test_cluster_rule(changes: tuple[tuple[str, Any], ...], path: str, words: list[str]) -> None:
+    issues = check_against_cluster(openpai_spec(*changes), CLUSTER, "openpai")
+    assert [i.path for i in issues] == [path], issues
+    for word in words:
+        assert word in issues[0].message, issues[0].message
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        (("virtualCluster", "research"),),
+        (("gpuType", "P100"), ("taskRoles.0.gpuNumber", 4), ("taskRoles.0.memoryMB", 16_000)),
+        (("taskRoles.0.cpuNumber", 64), ("taskRoles.0.gpuNumber", 0)),
+        (("gpuType", DELETE), ("taskRoles.0.gpuNumber", 4)),
+        (("gpuType", "V100"), ("taskRoles.0.gpuNumber", 0)),  # asks for no GPU of it
+    ],
+)
+def test_cluster_passing(changes: tuple[tuple[str, Any], ...]) -> None:
+    assert check_against_cluster(openpai_spec(*changes), CLUSTER, "openpai") == []
+
+
+def test_cluster_paths_for_native() -> None:
+    spec = good_spec()
+    big = spec.roles[0].model_copy(update={"resources": Resources(gpu=1, gpu_type="A100")})
+    spec = spec.model_copy(update={"roles": [big], "queue": "q"})
+    assert [i.path for i in check_against_cluster(spec, CLUSTER, "native")] == [
+        "$.queue", "$.roles[0].resources.gpu_type"]
+
+
+def test_empty_cluster() -> None:
+    issues = check_against_cluster(openpai_spec(("gpuType", DELETE)),
+                                   ClusterSpec(nodes=[]), "openpai")
+    assert [i.path for i in issues] == ["$.taskRoles[0]"]
+    assert "no nodes" in issues[0].message
+
+
+# ----------------------------------------------------------------------------- decide
+
+
+def submitted(payload: Any, user: str = "alice", job_id: str = "job1",
+              event_id: str = "ev1") -> JobSubmitted:
+    t = translate(payload, user=user)
+    return JobSubmitted(event_id=event_id, job_id=job_id, spec=t.spec, dialect=t.dialect,
+                        original=payload if isinstance(payload, dict) else None,
+                        translation_errors=t.errors, warnings=t.warnings)
+
+
+def test_decide_accepts_the_seed() -> None:
+    result = decide(submitted(base()), CLUSTER)
+    assert isinstance(result, JobAccepted)
+    assert result.event_id == derived_id("ev1", "validated")
+    assert result.job_id == "job1"
+    assert result.spec.user == "alice"
+    # defaults filled: every role names its image
+    assert result.spec.roles[0].image == "sitonholy/tensorflow:16.04-9.0-3.5-1.8.0"
+
+
+def test_decide_is_deterministic() -> None:
+    event = submitted(base())
+    first, second = decide(event, CLUSTER), decide(event, CLUSTER)
+    # occurred_at may differ; the id JetStream deduplicates on and the content may not
+    assert first.model_dump(exclude={"occurred_at"}) == second.model_dump(exclude={"occurred_at"})
+
+
+def test_decide_rejects_rule_errors_without_cluster_noise() -> None:
+    result = decide(submitted(with_(("taskRoles.0.memoryMB", 50), ("gpuType", "V100"))),
+                    CLUSTER)
+    assert isinstance(result, JobRejected)
+    assert result.event_id == derived_id("ev1", "validated")
+    assert [e.path for e in result.errors] == ["$.taskRoles[0].memoryMB"]
+
+
+def test_decide_rejects_cluster_misfit() -> None:
+    result = decide(submitted(with_(("gpuType", "V100"))), CLUSTER)
+    assert isinstance(result, JobRejected)
+    assert [e.path for e in result.errors] == ["$.gpuType"]
+
+
+def test_decide_reruns_rules_on_the_original() -> None:
+    # An intake that forgot to translate errors cannot slip a bad job through.
+    event = submitted(base()).model_copy(update={"original": with_(("image", ""))})
+    result = decide(event, CLUSTER)
+    assert isinstance(result, JobRejected) and [e.path for e in result.errors] == ["$.image"]
+
+
+def test_decide_does_not_repeat_an_error() -> None:
+    result = decide(submitted(with_(("taskRoles.0.cpuNumber", 0))), CLUSTER)
+    assert isinstance(result, JobRejected)
+    assert len(result.errors) == 1
+
+
+def test_decide_native() -> None:
+    ok = good_spec().model_dump(mode="json")
+    assert isinstance(decide(submitted(ok), CLUSTER), JobAccepted)
+    bad = {**ok, "priority": 42}
+    result = decide(submitted(bad), CLUSTER)
+    assert isinstance(result, JobRejected) and [e.path for e in result.errors] == ["$.priority"]
+
+
+def test_decide_keeps_warnings() -> None:
+    result = decide(submitted(with_(("taskRoles.0.shmMB", 9000), ("tmp", {}), ("x", 1))),
+                    CLUSTER)
+    assert isinstance(result, JobAccepted)
+    assert [w.path for w in result.warnings] == ["$.x", "$.taskRoles[0].shmMB"]
+
+
+def test_decide_rejects_garbage() -> None:
+    result = decide(submitted(["not", "a", "job"]), CLUSTER)
+    assert isinstance(result, JobRejected) and result.errors[0].path == "$"
+
+
+# --------------------------------------------------------------------------- handler
+
+
+class Published:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def __call__(self, event: Event) -> int:
+        self.events.append(event)
+        return len(self.events)
+
+
+def deps() -> tuple[Deps, Published, InMemoryNameRegistry]:
+    published, names = Published(), InMemoryNameRegistry()
+    return Deps(cluster=CLUSTER, names=names, publish=published), published, names
+
+
+def test_handler_table() -> None:
+    assert EVENT_HANDLERS == {JobSubmitted: validate_job}
+
+
+async def test_handler_accepts_and_claims_the_name() -> None:
+    d, published, names = deps()
+    await validate_job(submitted(base()), d)
+    assert [type(e) for e in published.events] == [JobAccepted]
+    assert names.claims == {"alice~helloworld_16be675e": "job1"}
+
+
+async def test_handler_redelivery_publishes_the_same_event() -> None:
+    d, published, _ = deps()
+    event = submitted(base())
+    await validate_job(event, d)
+    await validate_job(event, d)
+    first, second = published.events
+    assert isinstance(second, JobAccepted)
+    assert first.event_id == second.event_id  # JetStream drops the copy
+
+
+async def test_handler_rejects_a_taken_name_with_the_dialect_path() -> None:
+    d, published, _ = deps()
+    await validate_job(submitted(base(), job_id="job1", event_id="e1"), d)
+    await validate_job(submitted(base(), job_id="job2", event_id="e2"), d)
+    native = good_spec().model_dump(mode="json")
+    await validate_job(submitted(native, job_id="job3", event_id="e3"), d)
+    await validate_job(submitted(native, job_id="job4", event_id="e4"), d)
+    accepted, taken, accepted_native, taken_native = published.events
+    assert isinstance(accepted, JobAccepted) and isinstance(accepted_native, JobAccepted)
+    assert isinstance(taken, JobRejected) and isinstance(taken_native, JobRejected)
+    assert taken.errors == [FieldIssue(path="$.jobName", code="name_taken",
+                                       message=taken.errors[0].message)]
+    assert "helloworld_16be675e" in taken.errors[0].message
+    assert [e.path for e in taken_native.errors] == ["$.name"]
+    assert taken.event_id == derived_id("e2", "validated")
+
+
+async def test_handler_names_are_per_user() -> None:
+    d, published, _ = deps()
+    await validate_job(submitted(base(), user="alice", job_id="j1", event_id="e1"), d)
+    await validate_job(submitted(base(), user="bob", job_id="j2", event_id="e2"), d)
+    assert [type(e) for e in published.events] == [JobAccepted, JobAccepted]
+
+
+async def test_handler_rejection_does_not_claim_the_name() -> None:
+    d, published, names = deps()
+    await validate_job(submitted(with_(("gpuType", "V100")), job_id="j1", event_id="e1"), d)
+    assert isinstance(published.events[0], JobRejected)
+    assert names.claims == {}
+    await validate_job(submitted(base(), job_id="j2", event_id="e2"), d)
+    assert isinstance(published.events[1], JobAccepted)
+
+
+async def test_handler_publish_failure_propagates_for_redelivery() -> None:
+    class Down(Exception):
+        pass
+
+    async def failing(event: Event) -> int:
+        raise Down
+
+    names = InMemoryNameRegistry()
+    event = submitted(base())
+    with pytest.raises(Down):
+        await validate_job(event, Deps(cluster=CLUSTER, names=names, publish=failing))
+    # the redelivery finds its own claim and publishes the acceptance
+    published = Published()
+    await validate_job(event, Deps(cluster=CLUSTER, names=names, publish=published))
+    assert [type(e) for e in published.events] == [JobAccepted]
