@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainyard_common.auth import Identity
-from trainyard_common.dialects import translate
+from trainyard_common.dialects import detect, translate
 from trainyard_common.events import Event, FieldIssue, JobSubmitted, StopJob, derived_id, new_id
 
 from .adapters.owners import OwnerRegistry
@@ -45,7 +45,8 @@ async def submit_job(
     With an ``Idempotency-Key`` the job id and event id derive from it, so a client that
     retries after a lost answer gets the same job instead of a second one (the owner
     record and JetStream's duplicate window both see the repeat)."""
-    translation = translate(payload, dialect=dialect, user=identity.user)  # raises UnknownDialect
+    # An unrecognisable payload is refused at the door (400), not turned into a job.
+    translation = translate(payload, dialect=dialect or detect(payload), user=identity.user)
     if idempotency_key:
         job_id = derived_id("job", identity.user, idempotency_key)
         event_id = derived_id("submitted", job_id)
