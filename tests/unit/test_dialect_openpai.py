@@ -438,7 +438,8 @@ def test_translate_never_raises_on_dialect_shaped_input(payload: Any) -> None:
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_seed())
 def test_mutated_seed_never_raises_and_clean_means_valid(payload: dict[str, Any]) -> None:
-    t = translate(payload, user="u")
+    # Named explicitly: a mutation may delete both keys detection looks for.
+    t = translate(payload, dialect="openpai", user="u")
     _assert_well_formed(t)
     assert validate_openpai(payload) == t.errors
     if not t.errors:
