@@ -1,0 +1,1 @@
+"""Placement's adapters: the only code here that does I/O."""

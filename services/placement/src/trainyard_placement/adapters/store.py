@@ -1,0 +1,216 @@
+"""Placement state in MongoDB: one document per job (collection ``jobs``).
+
+``{_id: job_id, state, attempt, arrival_seq, spec, allocation, reasons,
+placed_published, queued_notices, stopped_in_queue}``; ``spec`` is the JobSpec as a
+JSON string so env names with '.' or '$' never become document keys. Every change of
+``state`` is a conditional update on the state it leaves, so a redelivered event or a
+restarted process cannot apply a transition twice (no transactions in FerretDB v1).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pymongo.asynchronous.collection import AsyncCollection
+
+from trainyard_common.events import TaskPlacement
+from trainyard_common.jobspec import JobSpec
+from trainyard_common.storage import insert_once
+
+JobStoreState = Literal["queued", "placed", "done", "stopped_early"]
+ACTIVE_STATES: tuple[JobStoreState, ...] = ("queued", "placed")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    state: JobStoreState
+    attempt: int = 1
+    arrival_seq: int = 0
+    spec: JobSpec | None = None  # None only on a "stopped_early" tombstone
+    allocation: tuple[TaskPlacement, ...] = ()
+    reasons: tuple[str, ...] = ()
+    placed_published: bool = False
+    # How many JobQueued notices were published; part of their derived ids, so a job
+    # whose reasons go A -> B -> A announces A again instead of being deduplicated.
+    queued_notices: int = 0
+    stopped_in_queue: bool = False
+
+
+def record_from_doc(doc: dict[str, Any]) -> JobRecord:
+    spec = doc.get("spec")
+    return JobRecord(
+        job_id=doc["_id"],
+        state=doc["state"],
+        attempt=int(doc.get("attempt", 1)),
+        arrival_seq=int(doc.get("arrival_seq", 0)),
+        spec=JobSpec.model_validate_json(spec) if spec else None,
+        allocation=tuple(TaskPlacement.model_validate(t) for t in doc.get("allocation") or ()),
+        reasons=tuple(doc.get("reasons") or ()),
+        placed_published=bool(doc.get("placed_published")),
+        queued_notices=int(doc.get("queued_notices", 0)),
+        stopped_in_queue=bool(doc.get("stopped_in_queue")),
+    )
+
+
+def queued_doc(job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec) -> dict[str, Any]:
+    return {
+        "_id": job_id,
+        "state": "queued",
+        "attempt": attempt,
+        "arrival_seq": arrival_seq,
+        "spec": spec.model_dump_json(),
+        "allocation": [],
+        "reasons": [],
+        "placed_published": False,
+        "queued_notices": 0,
+        "stopped_in_queue": False,
+    }
+
+
+def tombstone_doc(job_id: str, *, attempt: int) -> dict[str, Any]:
+    return {"_id": job_id, "state": "stopped_early", "attempt": attempt}
+
+
+class JobStore(Protocol):
+    async def add_queued(
+        self, job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec
+    ) -> bool:
+        """Insert a queued job; False when a document for it already exists."""
+
+    async def add_tombstone(self, job_id: str, *, attempt: int) -> bool:
+        """Remember a stop that came before the job; False when the job exists."""
+
+    async def get(self, job_id: str) -> JobRecord | None: ...
+
+    async def active(self) -> list[JobRecord]:
+        """Every queued or placed job: what a restart rebuilds its state from."""
+
+    async def mark_placed(self, job_id: str, tasks: Sequence[TaskPlacement]) -> bool:
+        """queued -> placed with this allocation; False when the job was not queued."""
+
+    async def mark_placed_published(self, job_id: str) -> None: ...
+
+    async def note_reasons(self, job_id: str, reasons: Sequence[str], notices: int) -> None:
+        """Record the reasons the last JobQueued carried (only while queued)."""
+
+    async def mark_done(
+        self, job_id: str, from_state: JobStoreState, *, stopped_in_queue: bool = False
+    ) -> bool:
+        """from_state -> done; False when the job was not in from_state."""
+
+
+class MongoJobStore:
+    def __init__(self, collection: AsyncCollection[dict[str, Any]]) -> None:
+        self._jobs = collection
+
+    async def add_queued(
+        self, job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec
+    ) -> bool:
+        doc = queued_doc(job_id, attempt=attempt, arrival_seq=arrival_seq, spec=spec)
+        return bool(await insert_once(self._jobs, doc))
+
+    async def add_tombstone(self, job_id: str, *, attempt: int) -> bool:
+        return bool(await insert_once(self._jobs, tombstone_doc(job_id, attempt=attempt)))
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        doc = await self._jobs.find_one({"_id": job_id})
+        return record_from_doc(doc) if doc else None
+
+    async def active(self) -> list[JobRecord]:
+        cursor = self._jobs.find({"state": {"$in": list(ACTIVE_STATES)}})
+        return [record_from_doc(doc) async for doc in cursor]
+
+    async def mark_placed(self, job_id: str, tasks: Sequence[TaskPlacement]) -> bool:
+        result = await self._jobs.update_one(
+            {"_id": job_id, "state": "queued"},
+            {"$set": {
+                "state": "placed",
+                "allocation": [t.model_dump(mode="json") for t in tasks],
+                "placed_published": False,
+            }},
+        )  # fmt: skip
+        return result.modified_count == 1
+
+    async def mark_placed_published(self, job_id: str) -> None:
+        await self._jobs.update_one(
+            {"_id": job_id, "state": "placed"}, {"$set": {"placed_published": True}}
+        )
+
+    async def note_reasons(self, job_id: str, reasons: Sequence[str], notices: int) -> None:
+        await self._jobs.update_one(
+            {"_id": job_id, "state": "queued"},
+            {"$set": {"reasons": list(reasons), "queued_notices": notices}},
+        )
+
+    async def mark_done(
+        self, job_id: str, from_state: JobStoreState, *, stopped_in_queue: bool = False
+    ) -> bool:
+        result = await self._jobs.update_one(
+            {"_id": job_id, "state": from_state},
+            {"$set": {"state": "done", "stopped_in_queue": stopped_in_queue}},
+        )
+        return result.modified_count == 1
+
+
+@dataclass
+class MemoryJobStore:
+    """The same contract as :class:`MongoJobStore`, in a dict (for unit tests). Documents
+    are copied in and out so a caller can never change stored state by reference."""
+
+    docs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    async def add_queued(
+        self, job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec
+    ) -> bool:
+        return self._insert(queued_doc(job_id, attempt=attempt, arrival_seq=arrival_seq, spec=spec))
+
+    async def add_tombstone(self, job_id: str, *, attempt: int) -> bool:
+        return self._insert(tombstone_doc(job_id, attempt=attempt))
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        doc = self.docs.get(job_id)
+        return record_from_doc(copy.deepcopy(doc)) if doc else None
+
+    async def active(self) -> list[JobRecord]:
+        return [
+            record_from_doc(copy.deepcopy(doc))
+            for doc in self.docs.values()
+            if doc["state"] in ACTIVE_STATES
+        ]
+
+    async def mark_placed(self, job_id: str, tasks: Sequence[TaskPlacement]) -> bool:
+        return self._update(job_id, "queued", {
+            "state": "placed",
+            "allocation": [t.model_dump(mode="json") for t in tasks],
+            "placed_published": False,
+        })  # fmt: skip
+
+    async def mark_placed_published(self, job_id: str) -> None:
+        self._update(job_id, "placed", {"placed_published": True})
+
+    async def note_reasons(self, job_id: str, reasons: Sequence[str], notices: int) -> None:
+        self._update(job_id, "queued", {"reasons": list(reasons), "queued_notices": notices})
+
+    async def mark_done(
+        self, job_id: str, from_state: JobStoreState, *, stopped_in_queue: bool = False
+    ) -> bool:
+        return self._update(
+            job_id, from_state, {"state": "done", "stopped_in_queue": stopped_in_queue}
+        )
+
+    def _insert(self, doc: dict[str, Any]) -> bool:
+        if doc["_id"] in self.docs:
+            return False
+        self.docs[doc["_id"]] = copy.deepcopy(doc)
+        return True
+
+    def _update(self, job_id: str, state: str, changes: dict[str, Any]) -> bool:
+        doc = self.docs.get(job_id)
+        if doc is None or doc["state"] != state:
+            return False
+        doc.update(copy.deepcopy(changes))
+        return True

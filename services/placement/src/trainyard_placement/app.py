@@ -1,0 +1,63 @@
+"""Bootstrap: settings, clients, the state rebuilt from the store, one durable consumer
+and the HTTP app, all under :func:`trainyard_common.runtime.serve`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI
+
+from trainyard_common.bus import Bus, Delivery
+from trainyard_common.cluster import load_cluster
+from trainyard_common.config import Settings
+from trainyard_common.events import Event
+from trainyard_common.runtime import health_app, serve, setup_logging
+from trainyard_common.storage import mongo_client
+from trainyard_common.subjects import commands_of, events_of
+from trainyard_common.telemetry import setup_telemetry
+
+from .adapters.store import MongoJobStore
+from .handlers import Deps, handle, load, queue_view, start
+
+SERVICE = "placement"
+CONSUMER = "placement"
+SUBJECTS = events_of("accepted", "finished") + commands_of("stop")
+
+
+def build_app(deps: Deps) -> FastAPI:
+    app = health_app(SERVICE)
+
+    @app.get("/v1/placement/queue")
+    async def queue() -> dict[str, Any]:
+        return {"jobs": queue_view(deps)}
+
+    return app
+
+
+async def main() -> None:
+    settings = Settings.from_env(SERVICE)
+    setup_logging(SERVICE)
+    setup_telemetry(SERVICE)
+    cluster = load_cluster()
+    bus = await Bus.connect(settings.nats_url, name=SERVICE)
+    client = mongo_client(settings.mongo_url)
+    try:
+        store = MongoJobStore(client[settings.db_name()]["jobs"])
+        deps = await load(store, bus, cluster)
+        await start(deps)
+
+        async def on_message(event: Event, delivery: Delivery) -> None:
+            await handle(event, delivery, deps)
+
+        async def consume(stop: asyncio.Event) -> None:
+            await bus.consume(CONSUMER, SUBJECTS, on_message, stop=stop)
+
+        await serve(settings, build_app(deps), [consume])
+    finally:
+        await bus.close()
+        await client.close()
+
+
+def run() -> None:
+    asyncio.run(main())

@@ -1,0 +1,294 @@
+"""Gang placement: every task of a job on the cluster at once, or none of them.
+
+A tentative plan is built task by task on a private copy of the snapshot and returned
+only when every task fits; otherwise the answer says, with numbers, why the first task
+that did not fit found no node.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainyard_common.events import PortAssignment, TaskPlacement
+from trainyard_common.jobspec import JobSpec, PortSpec, RoleSpec
+
+from .capacity import CPU_EPSILON, NodeFree, Snapshot, gpu_count, gpu_type_matches
+from .ports import pick_ports
+
+# A reason listing every node of a large cluster would be unreadable.
+MAX_NODES_EXPLAINED = 5
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where every task goes, in role order then index order."""
+
+    tasks: tuple[TaskPlacement, ...]
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Task:
+    role: RoleSpec
+    index: int
+    role_order: int
+
+
+def place_gang(spec: JobSpec, snapshot: Snapshot, *, job_id: str = "") -> Plan | Unschedulable:
+    """First-fit over the nodes in cluster order, staying on the node the previous task
+    went to while it fits, so a job's tasks share as few nodes as possible."""
+    rng = random.Random(f"ports:{job_id or spec.name}")
+    # A dynamic port of one task must not take a fixed port a later task of the same
+    # job needs on the same node.
+    job_fixed = frozenset(p for role in spec.roles for p in _fixed_ports(role))
+    nodes = {node.name: node for node in snapshot.nodes}
+    tasks = _fit_order(spec)
+    placed: list[tuple[_Task, TaskPlacement]] = []
+    current: str | None = None
+    for task in tasks:
+        candidates = ([current] if current is not None else []) + [n for n in nodes if n != current]
+        for name in candidates:
+            placement = _fit(task, nodes[name], rng, job_fixed)
+            if placement is not None:
+                resources = task.role.resources
+                nodes[name] = nodes[name].take(
+                    resources.cpu,
+                    resources.memory_mb,
+                    placement.gpu_indices,
+                    [port for group in placement.ports for port in group.ports],
+                )
+                placed.append((task, placement))
+                current = name
+                break
+        else:
+            return Unschedulable(
+                _explain(task, list(nodes.values()), job_fixed, len(placed), len(tasks))
+            )
+    placed.sort(key=lambda item: (item[0].role_order, item[0].index))
+    return Plan(tuple(placement for _, placement in placed))
+
+
+def _fit_order(spec: JobSpec) -> list[_Task]:
+    tasks = [
+        _Task(role, index, order)
+        for order, role in enumerate(spec.roles)
+        for index in range(role.replicas)
+    ]
+    # Largest first (first-fit decreasing): a big task placed last finds only fragments.
+    return sorted(
+        tasks,
+        key=lambda t: (
+            -gpu_count(t.role.resources),
+            -t.role.resources.cpu,
+            -t.role.resources.memory_mb,
+        ),
+    )
+
+
+def _fixed_ports(role: RoleSpec) -> list[int]:
+    return [p for spec in role.ports if spec.begin_at > 0 for p in _fixed_range(spec)]
+
+
+def _fixed_range(spec: PortSpec) -> range:
+    return range(spec.begin_at, spec.begin_at + spec.count)
+
+
+def _fixed_ports_overlap(role: RoleSpec) -> bool:
+    ports = _fixed_ports(role)
+    return len(ports) != len(set(ports))
+
+
+def _fit(
+    task: _Task, node: NodeFree, rng: random.Random, job_fixed: frozenset[int]
+) -> TaskPlacement | None:
+    resources = task.role.resources
+    if node.cpu + CPU_EPSILON < resources.cpu or node.memory_mb < resources.memory_mb:
+        return None
+    need_gpus = gpu_count(resources)
+    gpus: list[int] = []
+    if need_gpus:
+        if not gpu_type_matches(resources.gpu_type, node.spec) or len(node.gpus) < need_gpus:
+            return None
+        gpus = list(node.gpus[:need_gpus])
+
+    groups: list[PortAssignment | None] = []
+    own: set[int] = set()
+    for spec in task.role.ports:
+        if spec.begin_at > 0:
+            ports = list(_fixed_range(spec))
+            if any(not node.port_free(p) or p in own for p in ports):
+                return None
+            own.update(ports)
+            groups.append(PortAssignment(label=spec.label, ports=ports))
+        else:
+            groups.append(None)
+    if any(group is None for group in groups):
+        taken = set(node.ports_taken) | job_fixed | own
+        for i, spec in enumerate(task.role.ports):
+            if groups[i] is not None:
+                continue
+            picked = pick_ports(node.spec.port_range, spec.count, taken, rng)
+            if picked is None:
+                return None
+            taken.update(picked)
+            groups[i] = PortAssignment(label=spec.label, ports=picked)
+
+    return TaskPlacement(
+        role=task.role.name,
+        index=task.index,
+        node=node.name,
+        host_ip=node.spec.host_ip,
+        gpu_indices=gpus,
+        ports=[group for group in groups if group is not None],
+    )
+
+
+# --- explaining a task that fits nowhere ---------------------------------------------
+
+
+def _explain(
+    task: _Task,
+    nodes: list[NodeFree],
+    job_fixed: frozenset[int],
+    placed: int,
+    total: int,
+) -> tuple[str, ...]:
+    if not nodes:
+        return ("the cluster has no nodes",)
+    role = task.role
+    resources = role.resources
+    found: list[str] = []
+
+    found += _shortfall(
+        "CPU", resources.cpu, nodes, free=lambda n: n.cpu, total=lambda n: n.spec.cpu
+    )
+    found += _shortfall(
+        "MB memory",
+        resources.memory_mb,
+        nodes,
+        free=lambda n: n.memory_mb,
+        total=lambda n: n.spec.memory_mb,
+    )
+    found += _gpu_shortfall(gpu_count(resources), resources.gpu_type, nodes)
+
+    if _fixed_ports_overlap(role):
+        found.append("its fixed port ranges overlap each other")
+    for spec in role.ports:
+        if spec.begin_at > 0 and not any(
+            all(node.port_free(p) for p in _fixed_range(spec)) for node in nodes
+        ):
+            found.append(f"{_port_text(spec)} (label {spec.label}) is taken on every node")
+    dynamic = sum(spec.count for spec in role.ports if spec.begin_at == 0)
+    if dynamic:
+        best = max(nodes, key=lambda n: n.dynamic_ports_free(job_fixed))
+        free = best.dynamic_ports_free(job_fixed)
+        if free < dynamic:
+            found.append(
+                f"needs {dynamic} free ports from a node's port range, "
+                f"most free on any node is {free} ({best.name})"
+            )
+
+    if not found:
+        misfits = [f"{node.name}: {_misfit(role, node, job_fixed)}" for node in nodes]
+        more = len(misfits) - MAX_NODES_EXPLAINED
+        shown = "; ".join(misfits[:MAX_NODES_EXPLAINED]) + (f"; {more} more" if more > 0 else "")
+        found.append(f"no single node has {_needs_text(role)} free at once ({shown})")
+    reasons = [f"role {role.name} task {task.index}: {text}" for text in found]
+    if placed:
+        reasons.insert(
+            0,
+            f"only {placed} of {total} tasks fit at once, and all tasks of a job are "
+            "placed together or not at all",
+        )
+    return tuple(reasons)
+
+
+def _misfit(role: RoleSpec, node: NodeFree, job_fixed: frozenset[int]) -> str:
+    """The first thing this node lacks for the task, in the order _fit checks."""
+    resources = role.resources
+    if node.cpu + CPU_EPSILON < resources.cpu:
+        return f"{_num(node.cpu)} CPU free"
+    if node.memory_mb < resources.memory_mb:
+        return f"{node.memory_mb} MB memory free"
+    need_gpus = gpu_count(resources)
+    if need_gpus and not gpu_type_matches(resources.gpu_type, node.spec):
+        return f"GPU type {node.spec.gpu_type}" if node.spec.gpus else "no GPUs"
+    if need_gpus and len(node.gpus) < need_gpus:
+        return f"{_gpus(len(node.gpus))} free"
+    for spec in role.ports:
+        if spec.begin_at > 0 and not all(node.port_free(p) for p in _fixed_range(spec)):
+            return f"{_port_text(spec)} (label {spec.label}) taken"
+    return f"{node.dynamic_ports_free(job_fixed)} free ports in its range"
+
+
+def _shortfall(
+    unit: str,
+    need: float,
+    nodes: list[NodeFree],
+    *,
+    free: Callable[[NodeFree], float],
+    total: Callable[[NodeFree], float],
+) -> list[str]:
+    largest = total(max(nodes, key=total))
+    if largest + CPU_EPSILON < need:
+        return [f"needs {_num(need)} {unit}, the largest node has {_num(largest)} {unit} in total"]
+    best = max(nodes, key=free)
+    if free(best) + CPU_EPSILON < need:
+        return [
+            f"needs {_num(need)} {unit}, most free on any node is {_num(free(best))} ({best.name})"
+        ]
+    return []
+
+
+def _gpu_shortfall(need: int, gpu_type: str | None, nodes: list[NodeFree]) -> list[str]:
+    if not need:
+        return []
+    of_type = f" of type {gpu_type}" if gpu_type else ""
+    typed = [n for n in nodes if n.spec.gpus > 0 and gpu_type_matches(gpu_type, n.spec)]
+    if not typed:
+        model = f"{gpu_type} " if gpu_type else ""
+        return [f"no node has {_gpus(need)}{of_type} (the cluster has no {model}GPUs)"]
+    largest = max(typed, key=lambda n: n.spec.gpus)
+    if largest.spec.gpus < need:
+        total = _gpus(largest.spec.gpus)
+        return [
+            f"no node has {_gpus(need)}{of_type}; the largest has {total} in total ({largest.name})"
+        ]
+    best = max(typed, key=lambda n: len(n.gpus))
+    if len(best.gpus) < need:
+        kind = f" {best.spec.gpu_type}" if best.spec.gpu_type else ""
+        free = f"{best.name} {_gpus(len(best.gpus))}{kind}"
+        return [
+            f"no node has {need} free GPU{'s' if need != 1 else ''}{of_type} (largest free: {free})"
+        ]
+    return []
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def _port_text(spec: PortSpec) -> str:
+    if spec.count == 1:
+        return f"port {spec.begin_at}"
+    return f"ports {spec.begin_at}-{spec.begin_at + spec.count - 1}"
+
+
+def _needs_text(role: RoleSpec) -> str:
+    resources = role.resources
+    parts = [f"{_num(resources.cpu)} CPU", f"{resources.memory_mb} MB memory"]
+    if gpus := gpu_count(resources):
+        parts.append(_gpus(gpus) + (f" of type {resources.gpu_type}" if resources.gpu_type else ""))
+    if ports := sum(spec.count for spec in role.ports):
+        parts.append(f"{ports} port{'s' if ports != 1 else ''}")
+    return ", ".join(parts[:-1]) + " and " + parts[-1]

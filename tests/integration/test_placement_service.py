@@ -1,0 +1,245 @@
+"""Placement against real servers: the job store on FerretDB (the same contract run on
+the in-memory fake, so the fake cannot drift), and ``python -m trainyard_placement`` as
+its own process on a real NATS JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from nats.js.errors import NotFoundError
+
+from trainyard_common.bus import Bus
+from trainyard_common.events import (
+    Event,
+    JobAccepted,
+    JobFinished,
+    JobPlaced,
+    JobQueued,
+    JobState,
+    TaskPlacement,
+    decode,
+    derived_id,
+)
+from trainyard_common.jobspec import JobSpec, PortSpec, Resources, RoleSpec
+from trainyard_common.storage import mongo_client
+from trainyard_common.subjects import STREAM
+from trainyard_placement.adapters.store import JobStore, MemoryJobStore, MongoJobStore
+from trainyard_stack.components import NatsServer, free_port
+
+
+def spec(gpus: int = 2, name: str = "train") -> JobSpec:
+    return JobSpec(name=name, env=[{"name": "a.b", "value": "1"}, {"name": "$X", "value": "2"}],
+                   roles=[RoleSpec(name="worker", command="python train.py",
+                                   resources=Resources(cpu=1, gpu=gpus, gpu_type="V100"),
+                                   ports=[PortSpec(label="http", count=2)])])  # fmt: skip
+
+
+TASK = TaskPlacement(role="worker", index=0, node="n1", host_ip="10.0.0.1", gpu_indices=[0, 1],
+                     ports=[{"label": "http", "ports": [31001, 31002]}])  # fmt: skip
+
+
+# ------------------------------------------------------------------------ store contract
+
+
+@pytest.fixture(params=["memory", "mongo"])
+async def store(request: pytest.FixtureRequest, db_prefix: str) -> AsyncIterator[JobStore]:
+    if request.param == "memory":
+        yield MemoryJobStore()
+        return
+    client = mongo_client(request.getfixturevalue("mongo_url"))
+    yield MongoJobStore(client[f"{db_prefix}_placement"]["jobs"])
+    await client.drop_database(f"{db_prefix}_placement")
+    await client.close()
+
+
+async def test_store_queued_to_placed_to_done(store: JobStore) -> None:
+    assert await store.add_queued("j1", attempt=1, arrival_seq=7, spec=spec())
+    assert not await store.add_queued("j1", attempt=1, arrival_seq=9, spec=spec(gpus=1))
+    record = await store.get("j1")
+    assert record is not None
+    assert (record.state, record.arrival_seq, record.spec) == ("queued", 7, spec())
+    assert record.spec.env[0].name == "a.b"  # key-unsafe names survive as a JSON string
+
+    await store.note_reasons("j1", ["no room"], 1)
+    assert await store.mark_placed("j1", [TASK])
+    assert not await store.mark_placed("j1", [TASK])  # the transition happens once
+    await store.note_reasons("j1", ["ignored once placed"], 2)
+    record = await store.get("j1")
+    assert record is not None
+    assert (record.state, record.allocation, record.placed_published) == ("placed", (TASK,), False)
+    assert (record.reasons, record.queued_notices) == (("no room",), 1)
+    await store.mark_placed_published("j1")
+    assert (await store.get("j1")).placed_published  # type: ignore[union-attr]
+
+    assert not await store.mark_done("j1", "queued")
+    assert await store.mark_done("j1", "placed")
+    assert not await store.mark_done("j1", "placed")
+    assert (await store.get("j1")).state == "done"  # type: ignore[union-attr]
+    assert await store.get("nope") is None
+
+
+async def test_store_tombstone_and_active(store: JobStore) -> None:
+    assert await store.add_tombstone("early", attempt=1)
+    assert not await store.add_queued("early", attempt=1, arrival_seq=1, spec=spec())
+    assert not await store.add_tombstone("early", attempt=1)
+    assert (await store.get("early")).state == "stopped_early"  # type: ignore[union-attr]
+    for i, job_id in enumerate(["q", "p", "d"]):
+        await store.add_queued(job_id, attempt=1, arrival_seq=i, spec=spec())
+    await store.mark_placed("p", [TASK])
+    await store.mark_done("d", "queued", stopped_in_queue=True)
+    active = {r.job_id: r.state for r in await store.active()}
+    assert active == {"q": "queued", "p": "placed"}
+    assert (await store.get("d")).stopped_in_queue  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- the service
+
+CLUSTER = {
+    "nodes": [
+        {
+            "name": "n1",
+            "host_ip": "10.0.0.1",
+            "cpu": 8,
+            "memory_mb": 16000,
+            "gpus": 2,
+            "gpu_type": "V100",
+            "port_range": [31000, 31999],
+        }
+    ]
+}
+
+
+class Service:
+    """``python -m trainyard_placement`` as a child process that can crash and restart."""
+
+    def __init__(self, env: dict[str, str], log: Path, port: int) -> None:
+        self.env, self.log_path, self.url = env, log, f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "trainyard_placement"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while True:
+            assert self.proc.poll() is None, self.log_path.read_text()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "placement did not become healthy"
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> int | None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode if self.proc else None
+
+    def queue(self) -> list[dict[str, object]]:
+        return httpx.get(f"{self.url}/v1/placement/queue", timeout=5).json()["jobs"]
+
+
+@pytest.fixture
+def private_nats(tmp_path: Path) -> Iterator[str]:
+    # Its own server: the shared one holds other tests' JobAccepted events, which this
+    # service's durable consumer would replay into its queue (strict FIFO behind them).
+    server = NatsServer(tmp_path / "nats").start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def service(private_nats: str, mongo_url: str, db_prefix: str, tmp_path: Path) -> Iterator[Service]:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(CLUSTER))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("YARD_TOKEN", "NATS_URL", "MONGO_URL")}
+    env.update(
+        YARD_NATS_URL=private_nats, YARD_MONGO_URL=mongo_url, YARD_DB_PREFIX=db_prefix,
+        YARD_PLACEMENT_PORT=str(port), YARD_CLUSTER=str(cluster),
+        YARD_DATA_DIR=str(tmp_path / "data"), YARD_LOG_LEVEL="WARNING",
+    )  # fmt: skip
+    svc = Service(env, tmp_path / "placement.log", port)
+    svc.start()
+    try:
+        yield svc
+    finally:
+        code = svc.stop()
+    assert code == 0, svc.log_path.read_text()
+
+
+@pytest.fixture
+async def bus(private_nats: str) -> AsyncIterator[Bus]:
+    bus = await Bus.connect(private_nats, name="test-placement")
+    yield bus
+    await bus.close()
+
+
+async def last_event(bus: Bus, job_id: str, suffix: str, timeout: float = 20.0) -> Event:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            msg = await bus.js.get_last_msg(STREAM, f"yard.job.{job_id}.{suffix}")
+            return decode(msg.data or b"")
+        except NotFoundError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {suffix} event for {job_id} within {timeout}s") from None
+            await asyncio.sleep(0.1)
+
+
+async def test_service_places_queues_survives_a_crash_and_releases(
+    service: Service, bus: Bus
+) -> None:
+    a, b = "a" + uuid.uuid4().hex[:8], "b" + uuid.uuid4().hex[:8]
+    await bus.publish(JobAccepted(job_id=a, spec=spec()))
+    placed = await last_event(bus, a, "placed")
+    assert isinstance(placed, JobPlaced)
+    assert placed.event_id == derived_id(a, 1, "placed")
+    (task,) = placed.tasks
+    assert (task.node, task.host_ip, task.gpu_indices) == ("n1", "10.0.0.1", [0, 1])
+    assert all(31000 <= p <= 31999 for p in task.ports[0].ports)
+
+    await bus.publish(JobAccepted(job_id=b, spec=spec()))
+    queued = await last_event(bus, b, "queued")
+    assert isinstance(queued, JobQueued) and queued.position == 1
+    assert "no node has 2 free GPUs of type V100" in queued.reasons[0]
+    assert [(j["job_id"], j["position"]) for j in service.queue()] == [(b, 1)]
+
+    # A crash loses nothing and counts nothing twice: a still holds both GPUs.
+    service.kill()
+    service.start()
+    (row,) = service.queue()
+    assert row["job_id"] == b and "2 free GPUs" in row["reasons"][0]  # type: ignore[index]
+
+    await bus.publish(JobFinished(job_id=a, state=JobState.SUCCEEDED, reason="done"))
+    placed_b = await last_event(bus, b, "placed")
+    assert isinstance(placed_b, JobPlaced) and placed_b.tasks[0].gpu_indices == [0, 1]
+    deadline = time.monotonic() + 10
+    while service.queue() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert service.queue() == []

@@ -1,0 +1,231 @@
+"""Placement handlers over the in-memory store and a publisher that collects events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from trainyard_common.bus import Delivery
+from trainyard_common.cluster import ClusterSpec, NodeSpec
+from trainyard_common.events import (
+    Event,
+    JobAccepted,
+    JobFinished,
+    JobPlaced,
+    JobQueued,
+    JobState,
+    StopJob,
+    derived_id,
+)
+from trainyard_common.jobspec import JobSpec, PortSpec, Resources, RoleSpec
+from trainyard_placement.adapters.store import MemoryJobStore
+from trainyard_placement.handlers import Deps, handle, load, queue_view, start
+
+CLUSTER = ClusterSpec(
+    nodes=[NodeSpec(name="n1", host_ip="10.0.0.1", cpu=8, memory_mb=16384, gpus=2, gpu_type="V100")]
+)
+
+
+@dataclass
+class ListPublisher:
+    events: list[Event] = field(default_factory=list)
+    fail_next: int = 0
+
+    async def publish(self, event: Event) -> int:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise ConnectionError("bus unavailable")
+        self.events.append(event)
+        return len(self.events)
+
+    def of(self, kind: type[Event], job_id: str | None = None) -> list[Event]:
+        return [e for e in self.events if isinstance(e, kind) and job_id in (None, e.job_id)]
+
+
+def spec(gpus: int = 2, replicas: int = 1) -> JobSpec:
+    return JobSpec(name="train", roles=[RoleSpec(
+        name="worker", replicas=replicas, command="python train.py",
+        resources=Resources(cpu=1, gpu=gpus, gpu_type="V100"), ports=[PortSpec(label="http")],
+    )])  # fmt: skip
+
+
+class Harness:
+    def __init__(self, store: MemoryJobStore | None = None, seq: int = 0) -> None:
+        self.store = store or MemoryJobStore()
+        self.pub = ListPublisher()
+        self.seq = seq  # the stream sequence only grows, across restarts too
+        self.deps: Deps
+
+    async def boot(self) -> Harness:
+        self.deps = await load(self.store, self.pub, CLUSTER)
+        await start(self.deps)
+        return self
+
+    async def send(self, event: Event, seq: int | None = None) -> None:
+        if seq is None:
+            self.seq += 1
+            seq = self.seq
+        await handle(event, Delivery(stream_seq=seq, num_delivered=1, subject="x"), self.deps)
+
+    async def accept(self, job_id: str, job: JobSpec | None = None) -> JobAccepted:
+        event = JobAccepted(event_id=f"acc-{job_id}", job_id=job_id, spec=job or spec())
+        await self.send(event)
+        return event
+
+    async def finish(self, job_id: str) -> None:
+        await self.send(JobFinished(job_id=job_id, state=JobState.SUCCEEDED, reason="done"))
+
+    async def stop(self, job_id: str) -> None:
+        await self.send(StopJob(job_id=job_id, requested_by="alice"))
+
+
+@pytest.fixture
+async def h() -> Harness:
+    return await Harness().boot()
+
+
+async def test_accepted_job_is_placed_once_despite_redelivery(h: Harness) -> None:
+    accepted = await h.accept("a")
+    await h.send(accepted, seq=1)  # the same message again
+    (placed,) = h.pub.of(JobPlaced)
+    assert isinstance(placed, JobPlaced)
+    assert placed.event_id == derived_id("a", 1, "placed")
+    assert placed.spec == accepted.spec
+    (task,) = placed.tasks
+    assert (task.node, task.host_ip, task.gpu_indices) == ("n1", "10.0.0.1", [0, 1])
+    assert task.ports[0].label == "http" and len(task.ports[0].ports) == 1
+    doc = h.store.docs["a"]
+    assert (doc["state"], doc["placed_published"], doc["arrival_seq"]) == ("placed", True, 1)
+
+
+async def test_job_that_does_not_fit_waits_with_reasons_and_position(h: Harness) -> None:
+    await h.accept("a")
+    await h.accept("b")
+    await h.accept("c", spec(gpus=1))
+    queued = h.pub.of(JobQueued)
+    assert [(e.job_id, e.position) for e in queued] == [("b", 1), ("c", 2)]  # type: ignore[attr-defined]
+    assert queued[0].reasons == [  # type: ignore[attr-defined]
+        "role worker task 0: no node has 2 free GPUs of type V100 (largest free: n1 0 GPUs V100)"
+    ]
+    assert queued[1].reasons == ["waiting behind job b at the head of the queue"]  # type: ignore[attr-defined]
+    assert h.store.docs["b"]["reasons"] == queued[0].reasons  # type: ignore[attr-defined]
+    assert [(r["job_id"], r["position"]) for r in queue_view(h.deps)] == [("b", 1), ("c", 2)]
+    # Unchanged reasons are not announced again.
+    await h.accept("b")
+    assert len(h.pub.of(JobQueued)) == 2
+
+
+async def test_finish_releases_capacity_and_the_queued_job_is_placed(h: Harness) -> None:
+    await h.accept("a")
+    await h.accept("b")
+    assert not h.pub.of(JobPlaced, "b")
+    await h.finish("a")
+    (placed_b,) = h.pub.of(JobPlaced, "b")
+    assert placed_b.tasks[0].gpu_indices == [0, 1]  # type: ignore[attr-defined]
+    assert h.store.docs["a"]["state"] == "done"
+    assert queue_view(h.deps) == []
+    # A redelivered JobFinished of "a" must not release what "b" now holds.
+    await h.finish("a")
+    await h.accept("c")
+    assert not h.pub.of(JobPlaced, "c")
+
+
+async def test_stop_while_queued(h: Harness) -> None:
+    await h.accept("a")
+    await h.accept("b")
+    await h.accept("c", spec(gpus=0))
+    await h.stop("b")
+    (finished,) = h.pub.of(JobFinished)
+    assert isinstance(finished, JobFinished)
+    assert finished.event_id == derived_id("b", 1, "finished")
+    assert (finished.state, finished.reason) == (JobState.STOPPED, "stopped while queued")
+    assert h.store.docs["b"]["state"] == "done"
+    # The job that waited behind "b" is no longer blocked.
+    assert h.pub.of(JobPlaced, "c")
+    # A later stop, or our own JobFinished coming back, changes nothing.
+    await h.stop("b")
+    await h.send(finished)
+    await h.finish("a")
+    assert not h.pub.of(JobPlaced, "b")
+
+
+async def test_stop_before_accepted(h: Harness) -> None:
+    await h.stop("a")
+    assert h.store.docs["a"]["state"] == "stopped_early"
+    assert h.pub.events == []
+    accepted = await h.accept("a")
+    (finished,) = h.pub.events
+    assert isinstance(finished, JobFinished)
+    assert finished.event_id == derived_id("a", 1, "finished")
+    assert finished.reason == "stopped before it was placed"
+    await h.send(accepted)
+    assert len(h.pub.events) == 1 and not h.pub.of(JobPlaced)
+
+
+async def test_stop_of_a_placed_job_is_left_to_the_launcher(h: Harness) -> None:
+    await h.accept("a")
+    await h.stop("a")
+    assert [type(e) for e in h.pub.events] == [JobPlaced]
+    assert h.store.docs["a"]["state"] == "placed"
+
+
+async def test_restart_keeps_allocations_and_the_queue(h: Harness) -> None:
+    await h.accept("a", spec(gpus=1))
+    await h.accept("b")
+    again = await Harness(h.store, h.seq).boot()
+    assert again.pub.events == []  # nothing to re-announce
+    assert set(again.deps.state.placed) == {"a"} and set(again.deps.state.queued) == {"b"}
+    await again.accept("c", spec(gpus=1))  # one GPU is left, but c waits behind b
+    assert not again.pub.of(JobPlaced)
+    await again.finish("a")
+    assert [e.job_id for e in again.pub.of(JobPlaced)] == ["b"]
+
+
+async def test_placement_stored_but_not_announced_is_announced_on_restart(h: Harness) -> None:
+    h.pub.fail_next = 1
+    with pytest.raises(ConnectionError):
+        await h.accept("a")
+    assert h.store.docs["a"]["state"] == "placed"
+    assert h.store.docs["a"]["placed_published"] is False
+    again = await Harness(h.store, h.seq).boot()
+    (placed,) = again.pub.of(JobPlaced)
+    assert placed.event_id == derived_id("a", 1, "placed")
+    assert placed.tasks[0].gpu_indices == [0, 1]  # type: ignore[attr-defined]
+    assert again.store.docs["a"]["placed_published"] is True
+
+
+async def test_failed_publish_is_retried_on_redelivery_in_the_same_process(h: Harness) -> None:
+    h.pub.fail_next = 1
+    with pytest.raises(ConnectionError):
+        await h.accept("a")
+    await h.send(JobAccepted(event_id="acc-a", job_id="a", spec=spec()), seq=1)
+    (placed,) = h.pub.of(JobPlaced)
+    assert placed.event_id == derived_id("a", 1, "placed")
+    assert h.store.docs["a"]["placed_published"] is True
+
+
+async def test_changed_reasons_are_announced_with_new_ids(h: Harness) -> None:
+    await h.accept("a")
+    await h.accept("b", spec(gpus=1))
+    await h.accept("c")
+    first = [e.event_id for e in h.pub.of(JobQueued, "c")]
+    await h.stop("b")  # c is now the head: its reason changes
+    reasons = [e.reasons for e in h.pub.of(JobQueued, "c")]  # type: ignore[attr-defined]
+    assert reasons[0] == ["waiting behind job b at the head of the queue"]
+    assert "no node has 2 free GPUs" in reasons[1][0]
+    ids = [e.event_id for e in h.pub.of(JobQueued, "c")]
+    assert ids[0] == first[0] and len(set(ids)) == 2
+
+
+async def test_stop_whose_announcement_failed_is_announced_on_redelivery(h: Harness) -> None:
+    await h.accept("a")
+    await h.accept("b")
+    stop = StopJob(job_id="b", requested_by="alice")
+    h.pub.fail_next = 1
+    with pytest.raises(ConnectionError):
+        await h.send(stop)
+    assert h.store.docs["b"]["state"] == "done"
+    await h.send(stop)
+    (finished,) = h.pub.of(JobFinished, "b")
+    assert finished.reason == "stopped while queued"  # type: ignore[attr-defined]
