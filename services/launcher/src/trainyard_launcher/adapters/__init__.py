@@ -1,0 +1,1 @@
+"""The launcher's I/O: the local process backend and its MongoDB state."""

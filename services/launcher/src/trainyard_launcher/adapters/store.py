@@ -1,0 +1,380 @@
+"""The launcher's own state in MongoDB: one document per job and one per task.
+
+``jobs`` {_id: job_id, attempt, spec_json, tasks_json, user, state, verdict,
+finished_published}; ``tasks`` {_id: "job:attempt:role:index", state, seq, pid, ...,
+transitions, published_seq}. Every change is a conditional update inside one document
+(FerretDB v1 has no transactions): a task moves only from the ``seq`` it was read at, a
+job's verdict is set only while it is running. A redelivered event or a restarted
+launcher therefore never makes a transition twice. ``transitions`` doubles as the
+task's outbox: what is stored but not yet published (seq > published_seq) is published
+again after a crash, under the same derived event id.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from pymongo import ASCENDING
+from pymongo.asynchronous.database import AsyncDatabase
+
+from trainyard_common.events import JobState, TaskPlacement, TaskState, utcnow
+from trainyard_common.jobspec import JobSpec
+from trainyard_common.storage import insert_once
+
+from ..domain.completion import Verdict
+
+JOB_RUNNING = "running"
+JOB_FINISHED = "finished"
+# A StopJob came before the job was ever placed here: a tombstone the JobPlaced finds.
+JOB_STOP_EARLY = "stop_requested_early"
+
+ACTIVE_TASK_STATES = (TaskState.STARTING, TaskState.RUNNING)
+
+
+def now_ms() -> datetime:
+    """Now, at the millisecond precision BSON keeps: an event published before a crash
+    and again after it then carries the same time."""
+    now = utcnow()
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def task_id(job_id: str, attempt: int, role: str, index: int) -> str:
+    return f"{job_id}:{attempt}:{role}:{index}"
+
+
+@dataclass(frozen=True)
+class Transition:
+    seq: int
+    state: TaskState
+    at: datetime
+    exit_code: int | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    job_id: str
+    attempt: int
+    role: str
+    index: int
+    state: TaskState
+    seq: int
+    dir: str
+    node: str | None = None
+    pid: int | None = None
+    start_ticks: int | None = None
+    started: datetime | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    ended_at: float | None = None
+    transitions: tuple[Transition, ...] = ()
+    published_seq: int = 0
+    # True while a stored transition may not have been published yet: an index-friendly
+    # stand-in for seq > published_seq, which FerretDB v1 cannot query ($expr).
+    outbox: bool = True
+
+    @property
+    def id(self) -> str:
+        return task_id(self.job_id, self.attempt, self.role, self.index)
+
+    def unpublished(self) -> list[Transition]:
+        return [t for t in self.transitions if t.seq > self.published_seq]
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    attempt: int
+    state: str
+    spec: JobSpec | None = None
+    tasks: list[TaskPlacement] = field(default_factory=list)
+    user: str = ""
+    verdict: Verdict | None = None
+    finished_published: bool = False
+    stop_reason: str | None = None
+
+
+def new_task(
+    job_id: str, attempt: int, role: str, index: int, dir: str, node: str | None = None
+) -> TaskRecord:
+    """A task's first record: STARTING, seq 1, its transition waiting to be published."""
+    return TaskRecord(
+        job_id=job_id, attempt=attempt, role=role, index=index, state=TaskState.STARTING,
+        seq=1, dir=dir, node=node,
+        transitions=(Transition(1, TaskState.STARTING, now_ms()),),
+    )
+
+
+class LauncherStore(Protocol):
+    async def ensure_indexes(self) -> None: ...
+    async def insert_job(self, job: JobRecord) -> bool: ...
+    async def get_job(self, job_id: str) -> JobRecord | None: ...
+    async def insert_tombstone(self, job_id: str, reason: str) -> bool: ...
+    async def start_attempt(self, job: JobRecord, expected_state: str, expected_attempt: int) -> bool: ...
+    async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict) -> bool: ...
+    async def mark_finished_published(self, job_id: str, attempt: int) -> None: ...
+    async def unpublished_jobs(self) -> list[JobRecord]: ...
+    async def insert_task(self, task: TaskRecord) -> bool: ...
+    async def get_task(self, id: str) -> TaskRecord | None: ...
+    async def tasks_of(self, job_id: str, attempt: int) -> list[TaskRecord]: ...
+    async def active_tasks(self) -> list[TaskRecord]: ...
+    async def transition(self, task: TaskRecord, state: TaskState, **fields: Any) -> TaskRecord | None: ...
+    async def mark_published(self, id: str, seq: int) -> None: ...
+    async def unpublished_tasks(self) -> list[TaskRecord]: ...
+
+
+# --- documents ------------------------------------------------------------------------
+
+def _verdict_doc(verdict: Verdict | None) -> dict[str, Any] | None:
+    if verdict is None:
+        return None
+    return {
+        "state": verdict.state.value, "reason": verdict.reason, "exit_code": verdict.exit_code,
+        "task": list(verdict.task) if verdict.task else None,
+    }
+
+
+def _verdict(doc: dict[str, Any] | None) -> Verdict | None:
+    if not doc:
+        return None
+    task = doc.get("task")
+    return Verdict(JobState(doc["state"]), doc["reason"], doc.get("exit_code"),
+                   (task[0], int(task[1])) if task else None)
+
+
+def job_doc(job: JobRecord) -> dict[str, Any]:
+    return {
+        "_id": job.job_id,
+        "attempt": job.attempt,
+        "state": job.state,
+        "spec_json": job.spec.model_dump_json() if job.spec else None,
+        "tasks_json": json.dumps([t.model_dump(mode="json") for t in job.tasks]),
+        "user": job.user,
+        "verdict": _verdict_doc(job.verdict),
+        "finished_published": job.finished_published,
+        "stop_reason": job.stop_reason,
+    }
+
+
+def job_record(doc: dict[str, Any]) -> JobRecord:
+    return JobRecord(
+        job_id=doc["_id"],
+        attempt=int(doc.get("attempt", 0)),
+        state=doc["state"],
+        spec=JobSpec.model_validate_json(doc["spec_json"]) if doc.get("spec_json") else None,
+        tasks=[TaskPlacement.model_validate(t) for t in json.loads(doc.get("tasks_json") or "[]")],
+        user=doc.get("user", ""),
+        verdict=_verdict(doc.get("verdict")),
+        finished_published=bool(doc.get("finished_published")),
+        stop_reason=doc.get("stop_reason"),
+    )
+
+
+def _transition_doc(t: Transition) -> dict[str, Any]:
+    return {"seq": t.seq, "state": t.state.value, "at": t.at, "exit_code": t.exit_code,
+            "reason": t.reason}
+
+
+def task_doc(task: TaskRecord) -> dict[str, Any]:
+    doc = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}
+    doc["_id"] = task.id
+    doc["state"] = task.state.value
+    doc["transitions"] = [_transition_doc(t) for t in task.transitions]
+    return doc
+
+
+def task_record(doc: dict[str, Any]) -> TaskRecord:
+    names = {f.name for f in dataclasses.fields(TaskRecord)}
+    values = {k: v for k, v in doc.items() if k in names}
+    values["state"] = TaskState(doc["state"])
+    values["transitions"] = tuple(
+        Transition(t["seq"], TaskState(t["state"]), t["at"], t.get("exit_code"), t.get("reason"))
+        for t in doc.get("transitions", [])
+    )
+    return TaskRecord(**values)
+
+
+def _advance(task: TaskRecord, state: TaskState, fields: dict[str, Any]) -> tuple[TaskRecord, Transition]:
+    unknown = set(fields) - {f.name for f in dataclasses.fields(TaskRecord)}
+    if unknown or {"seq", "state", "transitions", "outbox", "published_seq"} & set(fields):
+        raise ValueError(f"not a task field to set: {sorted(unknown or fields)}")
+    seq = task.seq + 1
+    step = Transition(seq, state, now_ms(), fields.get("exit_code"), fields.get("reason"))
+    new = dataclasses.replace(
+        task, state=state, seq=seq, transitions=(*task.transitions, step), outbox=True, **fields
+    )
+    return new, step
+
+
+# --- MongoDB --------------------------------------------------------------------------
+
+class MongoLauncherStore:
+    def __init__(self, db: AsyncDatabase) -> None:
+        self.jobs = db["jobs"]
+        self.tasks = db["tasks"]
+
+    async def ensure_indexes(self) -> None:
+        await self.tasks.create_index([("job_id", ASCENDING), ("attempt", ASCENDING)])
+        await self.tasks.create_index([("state", ASCENDING)])
+        await self.jobs.create_index([("state", ASCENDING)])
+
+    async def insert_job(self, job: JobRecord) -> bool:
+        return await insert_once(self.jobs, job_doc(job))
+
+    async def get_job(self, job_id: str) -> JobRecord | None:
+        doc = await self.jobs.find_one({"_id": job_id})
+        return job_record(doc) if doc else None
+
+    async def insert_tombstone(self, job_id: str, reason: str) -> bool:
+        return await self.insert_job(
+            JobRecord(job_id=job_id, attempt=0, state=JOB_STOP_EARLY, stop_reason=reason)
+        )
+
+    async def start_attempt(self, job: JobRecord, expected_state: str, expected_attempt: int) -> bool:
+        result = await self.jobs.replace_one(
+            {"_id": job.job_id, "state": expected_state, "attempt": expected_attempt}, job_doc(job)
+        )
+        return result.modified_count == 1
+
+    async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict) -> bool:
+        result = await self.jobs.update_one(
+            {"_id": job_id, "attempt": attempt, "state": JOB_RUNNING},
+            {"$set": {"state": JOB_FINISHED, "verdict": _verdict_doc(verdict),
+                      "finished_published": False}},
+        )
+        return result.modified_count == 1
+
+    async def mark_finished_published(self, job_id: str, attempt: int) -> None:
+        await self.jobs.update_one(
+            {"_id": job_id, "attempt": attempt}, {"$set": {"finished_published": True}}
+        )
+
+    async def unpublished_jobs(self) -> list[JobRecord]:
+        cursor = self.jobs.find({"state": JOB_FINISHED, "finished_published": False})
+        return [job_record(doc) async for doc in cursor]
+
+    async def insert_task(self, task: TaskRecord) -> bool:
+        return await insert_once(self.tasks, task_doc(task))
+
+    async def get_task(self, id: str) -> TaskRecord | None:
+        doc = await self.tasks.find_one({"_id": id})
+        return task_record(doc) if doc else None
+
+    async def tasks_of(self, job_id: str, attempt: int) -> list[TaskRecord]:
+        cursor = self.tasks.find({"job_id": job_id, "attempt": attempt})
+        return sorted([task_record(doc) async for doc in cursor], key=lambda t: (t.role, t.index))
+
+    async def active_tasks(self) -> list[TaskRecord]:
+        cursor = self.tasks.find({"state": {"$in": [s.value for s in ACTIVE_TASK_STATES]}})
+        return [task_record(doc) async for doc in cursor]
+
+    async def transition(self, task: TaskRecord, state: TaskState, **fields: Any) -> TaskRecord | None:
+        """Move ``task`` to ``state`` from the seq it was read at; None when another
+        writer moved it first (re-read and decide again)."""
+        new, step = _advance(task, state, fields)
+        result = await self.tasks.update_one(
+            {"_id": task.id, "seq": task.seq},
+            {"$set": {"state": state.value, "seq": new.seq, "outbox": True, **fields},
+             "$push": {"transitions": _transition_doc(step)}},
+        )
+        return new if result.modified_count == 1 else None
+
+    async def mark_published(self, id: str, seq: int) -> None:
+        # Only while seq is still the latest: a newer transition keeps the outbox open
+        # and its own publish closes it.
+        await self.tasks.update_one(
+            {"_id": id, "seq": seq}, {"$set": {"published_seq": seq, "outbox": False}}
+        )
+
+    async def unpublished_tasks(self) -> list[TaskRecord]:
+        return [task_record(doc) async for doc in self.tasks.find({"outbox": True})]
+
+
+# --- in memory, for unit tests of the handlers ----------------------------------------
+
+class MemoryLauncherStore:
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.tasks: dict[str, dict[str, Any]] = {}
+
+    async def ensure_indexes(self) -> None:
+        return None
+
+    async def insert_job(self, job: JobRecord) -> bool:
+        if job.job_id in self.jobs:
+            return False
+        self.jobs[job.job_id] = job_doc(job)
+        return True
+
+    async def get_job(self, job_id: str) -> JobRecord | None:
+        doc = self.jobs.get(job_id)
+        return job_record(copy.deepcopy(doc)) if doc else None
+
+    async def insert_tombstone(self, job_id: str, reason: str) -> bool:
+        return await self.insert_job(
+            JobRecord(job_id=job_id, attempt=0, state=JOB_STOP_EARLY, stop_reason=reason)
+        )
+
+    async def start_attempt(self, job: JobRecord, expected_state: str, expected_attempt: int) -> bool:
+        doc = self.jobs.get(job.job_id)
+        if not doc or doc["state"] != expected_state or doc["attempt"] != expected_attempt:
+            return False
+        self.jobs[job.job_id] = job_doc(job)
+        return True
+
+    async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict) -> bool:
+        doc = self.jobs.get(job_id)
+        if not doc or doc["attempt"] != attempt or doc["state"] != JOB_RUNNING:
+            return False
+        doc.update(state=JOB_FINISHED, verdict=_verdict_doc(verdict), finished_published=False)
+        return True
+
+    async def mark_finished_published(self, job_id: str, attempt: int) -> None:
+        doc = self.jobs.get(job_id)
+        if doc and doc["attempt"] == attempt:
+            doc["finished_published"] = True
+
+    async def unpublished_jobs(self) -> list[JobRecord]:
+        return [job_record(copy.deepcopy(d)) for d in self.jobs.values()
+                if d["state"] == JOB_FINISHED and not d["finished_published"]]
+
+    async def insert_task(self, task: TaskRecord) -> bool:
+        if task.id in self.tasks:
+            return False
+        self.tasks[task.id] = task_doc(task)
+        return True
+
+    async def get_task(self, id: str) -> TaskRecord | None:
+        doc = self.tasks.get(id)
+        return task_record(copy.deepcopy(doc)) if doc else None
+
+    async def tasks_of(self, job_id: str, attempt: int) -> list[TaskRecord]:
+        found = [task_record(copy.deepcopy(d)) for d in self.tasks.values()
+                 if d["job_id"] == job_id and d["attempt"] == attempt]
+        return sorted(found, key=lambda t: (t.role, t.index))
+
+    async def active_tasks(self) -> list[TaskRecord]:
+        return [task_record(copy.deepcopy(d)) for d in self.tasks.values()
+                if d["state"] in {s.value for s in ACTIVE_TASK_STATES}]
+
+    async def transition(self, task: TaskRecord, state: TaskState, **fields: Any) -> TaskRecord | None:
+        doc = self.tasks.get(task.id)
+        if doc is None or doc["seq"] != task.seq:
+            return None
+        new, _ = _advance(task, state, fields)
+        self.tasks[task.id] = task_doc(dataclasses.replace(new, published_seq=doc["published_seq"]))
+        return new
+
+    async def mark_published(self, id: str, seq: int) -> None:
+        doc = self.tasks.get(id)
+        if doc and doc["seq"] == seq:
+            doc.update(published_seq=seq, outbox=False)
+
+    async def unpublished_tasks(self) -> list[TaskRecord]:
+        return [task_record(copy.deepcopy(d)) for d in self.tasks.values() if d["outbox"]]

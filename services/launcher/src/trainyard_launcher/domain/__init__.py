@@ -1,0 +1,1 @@
+"""Pure launcher logic: task environments, the job's completion rules, exit reasons."""

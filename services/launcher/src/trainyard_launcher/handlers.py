@@ -1,0 +1,393 @@
+"""The launcher's service layer: launch and stop jobs, watch their tasks, end them once.
+
+One consumer ("launcher") feeds ``EVENT_HANDLERS``; a watcher worker polls running
+tasks. Both take the job's lock (one process, one event loop), so a job is never
+launched, stopped and finished at the same time here; the store's conditional updates
+keep it right across redeliveries and restarts. Every task transition is stored first,
+then published with ``derived_id(job, attempt, role, index, seq)``; the job's end is
+stored as a verdict first, then published as JobFinished with
+``derived_id(job, attempt, "finished")``, the id placement uses too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainyard_common.bus import Delivery
+from trainyard_common.errors import TransientError
+from trainyard_common.events import (
+    Event,
+    JobFinished,
+    JobPlaced,
+    JobState,
+    StopJob,
+    TaskPlacement,
+    TaskState,
+    TaskStateChanged,
+    derived_id,
+)
+
+from .adapters.local import AlreadyLaunched, LaunchError, PortClaim, TaskBackend, TaskRef, TaskStatus
+from .adapters.store import (
+    JOB_FINISHED,
+    JOB_RUNNING,
+    JOB_STOP_EARLY,
+    JobRecord,
+    LauncherStore,
+    TaskRecord,
+    Transition,
+    new_task,
+    now_ms,
+)
+from .domain.completion import TaskOutcome, Verdict, decide, exit_reason
+from .domain.env import build_task_env
+
+log = logging.getLogger("trainyard.launcher")
+
+STOPPED_BEFORE_START = "stopped before it started"
+LOST_WHILE_STARTING = "lost while starting: launched before, but the task never recorded its pid"
+LOST_WHILE_DOWN = "lost while the launcher was down"
+LOST = "lost: the task's process is gone and left no exit record"
+
+
+@dataclass
+class Deps:
+    store: LauncherStore
+    backend: TaskBackend
+    publish: Callable[[Event], Awaitable[Any]]
+    default_fs_uri: str = ""
+    kill_grace_s: float = 10.0
+    # How long a task launched by an earlier run gets to show its pid file.
+    start_wait_s: float = 3.0
+    # Tasks the watcher polls, by task id (an index of the store's RUNNING tasks).
+    watching: dict[str, TaskRecord] = field(default_factory=dict)
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def lock(self, job_id: str) -> asyncio.Lock:
+        return self.locks.setdefault(job_id, asyncio.Lock())
+
+
+def task_ref(task: TaskRecord) -> TaskRef:
+    return TaskRef(task.job_id, task.attempt, task.role, task.index)
+
+
+def task_event(task: TaskRecord, step: Transition) -> TaskStateChanged:
+    return TaskStateChanged(
+        event_id=derived_id(task.job_id, task.attempt, task.role, task.index, step.seq),
+        job_id=task.job_id, occurred_at=step.at, attempt=task.attempt, role=task.role,
+        index=task.index, state=step.state, seq=step.seq, node=task.node,
+        exit_code=step.exit_code, reason=step.reason,
+    )
+
+
+def finished_event(job: JobRecord) -> JobFinished:
+    assert job.verdict is not None
+    return JobFinished(
+        event_id=derived_id(job.job_id, job.attempt, "finished"), job_id=job.job_id,
+        attempt=job.attempt, state=job.verdict.state, reason=job.verdict.reason,
+        exit_code=job.verdict.exit_code,
+    )
+
+
+async def publish_pending(deps: Deps, task: TaskRecord) -> TaskRecord:
+    """Publish the task's stored but unpublished transitions; returns the record as it
+    stands after that."""
+    for step in task.unpublished():
+        await deps.publish(task_event(task, step))
+    if not task.outbox:
+        return task
+    await deps.store.mark_published(task.id, task.seq)
+    return dataclasses.replace(task, published_seq=task.seq, outbox=False)
+
+
+async def record(deps: Deps, task: TaskRecord, state: TaskState, **fields: Any) -> TaskRecord | None:
+    """Store a transition, then publish it; None when the task moved on meanwhile."""
+    new = await deps.store.transition(task, state, **fields)
+    if new is None:
+        return None
+    return await publish_pending(deps, new)
+
+
+# --- launching ------------------------------------------------------------------------
+
+async def launch_job(event: JobPlaced, deps: Deps) -> None:
+    async with deps.lock(event.job_id):
+        job = await _job_for(event, deps)
+        if job is None:
+            return
+        if job.state == JOB_FINISHED:
+            if not job.finished_published:
+                await finish_job(deps, job)
+            return
+
+        started: list[tuple[TaskRecord, TaskPlacement]] = []
+        # Every task is recorded STARTING before any is spawned, so ending the job
+        # early (a task that cannot start) finds and stops all of them.
+        for placement in event.tasks:
+            ref = TaskRef(event.job_id, event.attempt, placement.role, placement.index)
+            task = new_task(event.job_id, event.attempt, placement.role, placement.index,
+                            str(deps.backend.task_dir(ref)), placement.node)
+            if not await deps.store.insert_task(task):
+                task = await deps.store.get_task(task.id) or task
+            started.append((await publish_pending(deps, task), placement))
+
+        for task, placement in started:
+            if task.state == TaskState.STARTING:
+                task = await start_task(deps, job, task, placement) or task
+            if task.state == TaskState.RUNNING:
+                deps.watching[task.id] = task
+            elif task.state == TaskState.FAILED and await evaluate_job(deps, job.job_id, job.attempt):
+                return
+        await evaluate_job(deps, job.job_id, job.attempt)
+
+
+async def _job_for(event: JobPlaced, deps: Deps) -> JobRecord | None:
+    """This attempt's job record, created or moved on as needed; None when the event is
+    about an older attempt than the one here."""
+    store = deps.store
+    fresh = JobRecord(job_id=event.job_id, attempt=event.attempt, state=JOB_RUNNING,
+                      spec=event.spec, tasks=event.tasks, user=event.spec.user)
+    job = await store.get_job(event.job_id)
+    if job is None:
+        if await store.insert_job(fresh):
+            return fresh
+        job = await store.get_job(event.job_id)
+        assert job is not None
+    if job.state == JOB_STOP_EARLY:
+        stopped = dataclasses.replace(
+            fresh, state=JOB_FINISHED, verdict=Verdict(JobState.STOPPED, STOPPED_BEFORE_START)
+        )
+        if await store.start_attempt(stopped, JOB_STOP_EARLY, job.attempt):
+            return stopped
+        return await store.get_job(event.job_id)
+    if job.attempt > event.attempt:
+        return None
+    if job.attempt < event.attempt:
+        if job.state != JOB_FINISHED:
+            raise TransientError(
+                f"attempt {event.attempt} of {event.job_id} placed while attempt "
+                f"{job.attempt} still runs here"
+            )
+        if await store.start_attempt(fresh, JOB_FINISHED, job.attempt):
+            return fresh
+        return await store.get_job(event.job_id)
+    return job
+
+
+def _placement(job: JobRecord, task: TaskRecord) -> TaskPlacement | None:
+    return next((p for p in job.tasks if p.role == task.role and p.index == task.index), None)
+
+
+async def start_task(
+    deps: Deps, job: JobRecord, task: TaskRecord, placement: TaskPlacement | None
+) -> TaskRecord | None:
+    """STARTING → RUNNING (or FAILED); never spawns a task that was spawned before."""
+    assert job.spec is not None
+    ref = task_ref(task)
+    launched = None
+    if not deps.backend.was_launched(ref):
+        if placement is None:
+            return await record(deps, task, TaskState.FAILED, reason="no placement for the task",
+                                ended_at=time.time())
+        role = job.spec.role(task.role)
+        env = build_task_env(job.spec, job.tasks, task.role, task.index, task.attempt,
+                             task.job_id, deps.default_fs_uri)
+        claims = [PortClaim(a.label, placement.host_ip, port)
+                  for a in placement.ports for port in a.ports]
+        try:
+            launched = deps.backend.launch(ref, role.command, env, claims)
+        except AlreadyLaunched:
+            launched = None
+        except LaunchError as exc:
+            return await record(deps, task, TaskState.FAILED, reason=f"could not start: {exc}",
+                                ended_at=time.time())
+    if launched is None:
+        launched = await deps.backend.wait_started(ref, deps.start_wait_s)
+        if launched is None:
+            return await record(deps, task, TaskState.FAILED, reason=LOST_WHILE_STARTING,
+                                ended_at=time.time())
+    return await record(deps, task, TaskState.RUNNING, pid=launched.pid,
+                        start_ticks=launched.start_ticks, started=now_ms())
+
+
+# --- ending ---------------------------------------------------------------------------
+
+def _end_of(status: TaskStatus, lost_reason: str) -> tuple[TaskState, dict[str, Any]]:
+    ended_at = status.ended_at or time.time()
+    if status.lost:
+        return TaskState.FAILED, {"reason": lost_reason, "ended_at": ended_at}
+    fields = {"exit_code": status.exit_code, "signal": status.signal,
+              "reason": exit_reason(status.exit_code, status.signal), "ended_at": ended_at}
+    ok = status.exit_code == 0 and not status.signal
+    return (TaskState.SUCCEEDED if ok else TaskState.FAILED), fields
+
+
+async def end_task(deps: Deps, task_id: str, status: TaskStatus, lost_reason: str = LOST) -> None:
+    task = await deps.store.get_task(task_id)
+    if task is not None and not task.state.terminal:
+        state, fields = _end_of(status, lost_reason)
+        await record(deps, task, state, **fields)
+    deps.watching.pop(task_id, None)
+
+
+async def evaluate_job(deps: Deps, job_id: str, attempt: int) -> bool:
+    """Apply the completion rules; True when the job has ended (now or before)."""
+    job = await deps.store.get_job(job_id)
+    if job is None or job.attempt != attempt:
+        return False
+    if job.state == JOB_FINISHED:
+        if not job.finished_published:
+            await finish_job(deps, job)
+        return True
+    if job.state != JOB_RUNNING or job.spec is None:
+        return False
+    tasks = await deps.store.tasks_of(job_id, attempt)
+    verdict = decide(job.spec, {
+        (t.role, t.index): TaskOutcome(t.state, t.exit_code, t.reason, t.ended_at) for t in tasks
+    })
+    if verdict is None:
+        return False
+    await _finish_with(deps, job, verdict)
+    return True
+
+
+async def _finish_with(deps: Deps, job: JobRecord, verdict: Verdict) -> None:
+    if await deps.store.set_verdict(job.job_id, job.attempt, verdict):
+        job = dataclasses.replace(job, state=JOB_FINISHED, verdict=verdict)
+    else:
+        job = await deps.store.get_job(job.job_id) or job
+    if job.state == JOB_FINISHED and not job.finished_published:
+        await finish_job(deps, job)
+
+
+async def finish_job(deps: Deps, job: JobRecord) -> None:
+    """Stop what still runs, then publish the stored verdict (again, after a crash)."""
+    assert job.verdict is not None
+    tasks = [t for t in await deps.store.tasks_of(job.job_id, job.attempt) if not t.state.terminal]
+    if job.verdict.state == JobState.STOPPED:
+        reason = job.verdict.reason
+    else:
+        reason = f"stopped because the job ended: {job.verdict.reason}"
+
+    async def stop_one(task: TaskRecord) -> None:
+        ref = task_ref(task)
+        pid, started = task.pid, task.start_ticks
+        if pid is None and deps.backend.was_launched(ref):
+            # Spawned by an earlier run that died before recording the pid.
+            if (launched := await deps.backend.wait_started(ref, deps.start_wait_s)) is not None:
+                pid, started = launched.pid, launched.start_ticks
+        status = deps.backend.poll(ref, pid, started) if pid else None
+        if status is not None and status.ended and not status.lost:
+            await end_task(deps, task.id, status)  # it ended on its own meanwhile
+            return
+        status = await deps.backend.kill(ref, pid, started, deps.kill_grace_s)
+        current: TaskRecord | None = task
+        while current is not None and not current.state.terminal:
+            if await record(deps, current, TaskState.STOPPED, exit_code=status.exit_code,
+                            signal=status.signal, reason=reason,
+                            ended_at=status.ended_at or time.time()):
+                break
+            current = await deps.store.get_task(task.id)
+        deps.watching.pop(task.id, None)
+
+    await asyncio.gather(*(stop_one(t) for t in tasks))
+    await deps.publish(finished_event(job))
+    await deps.store.mark_finished_published(job.job_id, job.attempt)
+
+
+# --- stopping -------------------------------------------------------------------------
+
+async def stop_job(command: StopJob, deps: Deps) -> None:
+    async with deps.lock(command.job_id):
+        job = await deps.store.get_job(command.job_id)
+        if job is None:
+            # Not placed here yet: leave a tombstone for the JobPlaced that may follow.
+            if await deps.store.insert_tombstone(command.job_id, command.reason):
+                return
+            job = await deps.store.get_job(command.job_id)
+            assert job is not None
+        if job.state == JOB_STOP_EARLY:
+            return
+        if job.state == JOB_FINISHED:
+            if not job.finished_published:
+                await finish_job(deps, job)
+            return
+        await _finish_with(deps, job, Verdict(JobState.STOPPED, command.reason))
+
+
+EVENT_HANDLERS: dict[type[Event], Callable[[Any, Deps], Awaitable[None]]] = {
+    JobPlaced: launch_job,
+    StopJob: stop_job,
+}
+
+
+async def dispatch(deps: Deps, event: Event, _delivery: Delivery | None = None) -> None:
+    handler = EVENT_HANDLERS.get(type(event))
+    if handler is not None:
+        await handler(event, deps)
+
+
+# --- watching and adopting ------------------------------------------------------------
+
+async def check_tasks(deps: Deps) -> None:
+    """One look at every watched task; record the ends and apply the rules."""
+    for task_id, task in list(deps.watching.items()):
+        lock = deps.lock(task.job_id)
+        if lock.locked():
+            continue  # being launched or stopped right now; look again next round
+        status = deps.backend.poll(task_ref(task), task.pid, task.start_ticks)
+        if status.running:
+            continue
+        async with lock:
+            await end_task(deps, task_id, status)
+            await evaluate_job(deps, task.job_id, task.attempt)
+
+
+async def watch_tasks(deps: Deps, stop: asyncio.Event, interval_s: float = 0.3) -> None:
+    while not stop.is_set():
+        try:
+            await check_tasks(deps)
+        except Exception:  # noqa: BLE001 - a store hiccup must not end the watcher
+            log.exception("checking tasks failed; trying again")
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+        except TimeoutError:
+            pass
+
+
+async def adopt(deps: Deps) -> None:
+    """At startup: take over the tasks the store says are starting or running, finish
+    what was decided but not published, and publish transitions left in the outbox."""
+    for task in await deps.store.unpublished_tasks():
+        await publish_pending(deps, task)
+    jobs: set[tuple[str, int]] = set()
+    for task in await deps.store.active_tasks():
+        jobs.add((task.job_id, task.attempt))
+        async with deps.lock(task.job_id):
+            job = await deps.store.get_job(task.job_id)
+            if job is None or job.attempt != task.attempt or job.state != JOB_RUNNING:
+                continue  # finished jobs: finish_job below stops their leftovers
+            if task.state == TaskState.STARTING:
+                # Started before the crash or not: start_task never spawns twice.
+                new = await start_task(deps, job, task, _placement(job, task))
+                if new is not None and new.state == TaskState.RUNNING:
+                    deps.watching[new.id] = new
+                continue
+            status = deps.backend.poll(task_ref(task), task.pid, task.start_ticks)
+            if status.running:
+                deps.watching[task.id] = task
+            else:
+                await end_task(deps, task.id, status, LOST_WHILE_DOWN)
+    for job_id, attempt in sorted(jobs):
+        async with deps.lock(job_id):
+            await evaluate_job(deps, job_id, attempt)
+    for job in await deps.store.unpublished_jobs():
+        async with deps.lock(job.job_id):
+            await finish_job(deps, job)
+    log.info("adopted %d running task(s) of %d job(s)", len(deps.watching), len(jobs))

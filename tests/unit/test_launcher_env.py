@@ -1,0 +1,134 @@
+"""The environment a task starts with: OpenPAI's whole PAI_* list (seed §4), Trainyard's
+own variables, CUDA_VISIBLE_DEVICES, and job/role variables that cannot replace them."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainyard_common.events import PortAssignment, TaskPlacement
+from trainyard_common.jobspec import EnvVar, JobSpec, PortSpec, Resources, RoleSpec
+from trainyard_launcher.domain.env import build_task_env, resource_string
+
+
+def two_role_job() -> tuple[JobSpec, list[TaskPlacement]]:
+    spec = JobSpec(
+        name="mnist-dist",
+        user="alice",
+        env=[EnvVar(name="LR", value="0.1"), EnvVar(name="PAI_JOB_NAME", value="forged"),
+             EnvVar(name="SHARED", value="job")],
+        roles=[
+            RoleSpec(
+                name="master", replicas=1, command="python master.py",
+                resources=Resources(gpu=1, cpu=1, memory_mb=8192, shm_mb=64),
+                ports=[PortSpec(label="jupyter"), PortSpec(label="ssh", count=2)],
+                min_failed=1, min_succeeded=1,
+                env=[EnvVar(name="SHARED", value="role"),
+                     EnvVar(name="CUDA_VISIBLE_DEVICES", value="0,1,2,3")],
+            ),
+            RoleSpec(
+                name="worker", replicas=2, command="python worker.py",
+                resources=Resources(gpu=0, cpu=2.5, memory_mb=4096, shm_mb=128),
+                ports=[PortSpec(label="http")],
+                min_failed=None, min_succeeded=None,
+            ),
+        ],
+    )
+    tasks = [
+        TaskPlacement(role="master", index=0, node="n1", host_ip="10.0.0.1", gpu_indices=[3],
+                      ports=[PortAssignment(label="jupyter", ports=[20001]),
+                             PortAssignment(label="ssh", ports=[20002, 20003])]),
+        TaskPlacement(role="worker", index=0, node="n2", host_ip="10.0.0.2",
+                      ports=[PortAssignment(label="http", ports=[21000])]),
+        TaskPlacement(role="worker", index=1, node="n2", host_ip="10.0.0.2",
+                      ports=[PortAssignment(label="http", ports=[21001])]),
+    ]
+    return spec, tasks
+
+
+def test_every_pai_variable_for_the_master_task() -> None:
+    spec, tasks = two_role_job()
+    env = build_task_env(spec, tasks, "master", 0, attempt=2, job_id="job-42",
+                         default_fs_uri="hdfs://nn:9000")
+    expected_system = {
+        "TRAINYARD_JOB_ID": "job-42",
+        "TRAINYARD_ROLE": "master",
+        "TRAINYARD_INDEX": "0",
+        "TRAINYARD_ATTEMPT": "2",
+        "PAI_JOB_NAME": "mnist-dist",
+        "PAI_USER_NAME": "alice",
+        "PAI_DEFAULT_FS_URI": "hdfs://nn:9000",
+        "PAI_TASK_ROLE_COUNT": "2",
+        "PAI_TASK_ROLE_LIST": "master,worker",
+        "PAI_TASK_ROLE_TASK_COUNT_master": "1",
+        "PAI_TASK_ROLE_TASK_COUNT_worker": "2",
+        "PAI_HOST_IP_master_0": "10.0.0.1",
+        "PAI_HOST_IP_worker_0": "10.0.0.2",
+        "PAI_HOST_IP_worker_1": "10.0.0.2",
+        "PAI_PORT_LIST_master_0_jupyter": "20001",
+        "PAI_PORT_LIST_master_0_ssh": "20002,20003",
+        "PAI_PORT_LIST_worker_0_http": "21000",
+        "PAI_PORT_LIST_worker_1_http": "21001",
+        "PAI_RESOURCE_master": "1,1,8192,64",
+        "PAI_RESOURCE_worker": "0,2.5,4096,128",
+        "PAI_MIN_FAILED_TASK_COUNT_master": "1",
+        "PAI_MIN_SUCCEEDED_TASK_COUNT_master": "1",
+        "PAI_MIN_FAILED_TASK_COUNT_worker": "",
+        "PAI_MIN_SUCCEEDED_TASK_COUNT_worker": "",
+        "PAI_CURRENT_TASK_ROLE_NAME": "master",
+        "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": "0",
+        "PAI_CONTAINER_HOST_jupyter_PORT_LIST": "20001",
+        "PAI_CONTAINER_HOST_ssh_PORT_LIST": "20002,20003",
+        "PAI_CONTAINER_HOST_IP": "10.0.0.1",
+        "PAI_CONTAINER_ID": "job-42-2-master-0",
+        "CUDA_VISIBLE_DEVICES": "3",
+    }
+    user = {"LR": "0.1", "SHARED": "role"}
+    assert env == {**expected_system, **user}
+
+
+def test_current_task_of_the_second_role() -> None:
+    spec, tasks = two_role_job()
+    env = build_task_env(spec, tasks, "worker", 1, attempt=1, job_id="j")
+    assert env["PAI_CURRENT_TASK_ROLE_NAME"] == "worker"
+    assert env["PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"] == "1"
+    assert env["TRAINYARD_INDEX"] == "1"
+    assert env["PAI_CONTAINER_HOST_http_PORT_LIST"] == "21001"
+    assert "PAI_CONTAINER_HOST_jupyter_PORT_LIST" not in env
+    assert env["PAI_CONTAINER_HOST_IP"] == "10.0.0.2"
+    # A CPU task sees no GPU at all, not every GPU of the machine.
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env["PAI_DEFAULT_FS_URI"] == ""
+    # Job variables reach every role; only the master role set its own SHARED.
+    assert env["SHARED"] == "job"
+
+
+def test_job_and_role_env_cannot_replace_system_variables() -> None:
+    spec, tasks = two_role_job()
+    env = build_task_env(spec, tasks, "master", 0, attempt=1, job_id="j")
+    assert env["PAI_JOB_NAME"] == "mnist-dist"
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+def test_a_label_without_assigned_ports_is_empty_not_missing() -> None:
+    spec, tasks = two_role_job()
+    tasks[0] = tasks[0].model_copy(update={"ports": []})
+    env = build_task_env(spec, tasks, "master", 0, attempt=1, job_id="j")
+    assert env["PAI_CONTAINER_HOST_jupyter_PORT_LIST"] == ""
+    assert "PAI_PORT_LIST_master_0_jupyter" not in env
+
+
+def test_several_gpus_are_comma_joined() -> None:
+    spec, tasks = two_role_job()
+    tasks[0] = tasks[0].model_copy(update={"gpu_indices": [0, 2]})
+    assert build_task_env(spec, tasks, "master", 0, 1, "j")["CUDA_VISIBLE_DEVICES"] == "0,2"
+
+
+def test_resource_string_formats_fractions_and_integers() -> None:
+    role = RoleSpec(name="r", command="x", resources=Resources(gpu=0.5, cpu=4.0, memory_mb=100, shm_mb=0))
+    assert resource_string(role) == "0.5,4,100,0"
+
+
+def test_unknown_task_is_an_error() -> None:
+    spec, tasks = two_role_job()
+    with pytest.raises(KeyError):
+        build_task_env(spec, tasks, "worker", 7, 1, "j")

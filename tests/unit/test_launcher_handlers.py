@@ -1,0 +1,266 @@
+"""The launcher's handlers against the in-memory store and a scripted backend: event
+sequences, derived ids, idempotent redelivery, stop, tombstones and adoption."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainyard_common.events import (
+    Event,
+    JobFinished,
+    JobPlaced,
+    JobState,
+    PortAssignment,
+    StopJob,
+    TaskPlacement,
+    TaskState,
+    TaskStateChanged,
+    derived_id,
+)
+from trainyard_common.jobspec import JobSpec, RoleSpec
+from trainyard_launcher.adapters.local import AlreadyLaunched, LaunchError, Launched, PortClaim, TaskRef, TaskStatus
+from trainyard_launcher.adapters.store import JobRecord, MemoryLauncherStore, new_task, task_id
+from trainyard_launcher.handlers import (
+    LOST_WHILE_DOWN,
+    LOST_WHILE_STARTING,
+    STOPPED_BEFORE_START,
+    Deps,
+    adopt,
+    check_tasks,
+    launch_job,
+    stop_job,
+)
+
+RUNNING = TaskStatus(running=True)
+
+
+class ScriptedBackend:
+    """Processes whose fate the test decides."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[str, str, dict[str, str]]] = []
+        self.status: dict[str, TaskStatus] = {}
+        self.pids: dict[str, Launched] = {}
+        self.marked: set[str] = set()
+        self.killed: list[str] = []
+        self.busy_ports: set[int] = set()
+
+    def task_dir(self, ref: TaskRef) -> Path:
+        return Path("/tasks") / ref.key
+
+    def was_launched(self, ref: TaskRef) -> bool:
+        return ref.key in self.marked
+
+    def launch(self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim]) -> Launched:
+        if ref.key in self.marked:
+            raise AlreadyLaunched(ref.key)
+        for claim in ports:
+            if claim.port in self.busy_ports:
+                raise LaunchError(f"port {claim.port} ({claim.label}) on {claim.host_ip} is in use")
+        self.marked.add(ref.key)
+        self.launches.append((ref.key, command, env))
+        self.pids[ref.key] = Launched(1000 + len(self.launches), 7)
+        self.status[ref.key] = RUNNING
+        return self.pids[ref.key]
+
+    async def wait_started(self, ref: TaskRef, timeout_s: float) -> Launched | None:
+        return self.pids.get(ref.key)
+
+    def poll(self, ref: TaskRef, pid: int | None, started: int | None) -> TaskStatus:
+        return self.status.get(ref.key, TaskStatus(running=False, lost=True))
+
+    async def kill(self, ref: TaskRef, pid: int | None, started: int | None, grace_s: float) -> TaskStatus:
+        self.killed.append(ref.key)
+        if self.status.get(ref.key, RUNNING).running:
+            self.status[ref.key] = TaskStatus(running=False, exit_code=143, signal=15)
+        return self.status[ref.key]
+
+    def exit(self, job: str, role: str, index: int, code: int, at: float = 1.0) -> None:
+        self.status[f"{job}:1:{role}:{index}"] = TaskStatus(running=False, exit_code=code, ended_at=at)
+
+
+def make_deps() -> tuple[Deps, ScriptedBackend, list[Event]]:
+    published: list[Event] = []
+
+    async def publish(event: Event) -> None:
+        published.append(event)
+
+    backend = ScriptedBackend()
+    return Deps(MemoryLauncherStore(), backend, publish, kill_grace_s=0.1), backend, published
+
+
+def placed(job_id: str = "j1", min_failed: int | None = 1) -> JobPlaced:
+    spec = JobSpec(name="train", user="alice", roles=[
+        RoleSpec(name="ps", replicas=1, command="run-ps"),
+        RoleSpec(name="worker", replicas=2, command="run-worker", min_failed=min_failed),
+    ])
+    tasks = [
+        TaskPlacement(role="ps", index=0, node="n1", host_ip="127.0.0.1",
+                      ports=[PortAssignment(label="grpc", ports=[30001])]),
+        TaskPlacement(role="worker", index=0, node="n1", host_ip="127.0.0.1"),
+        TaskPlacement(role="worker", index=1, node="n1", host_ip="127.0.0.1"),
+    ]
+    return JobPlaced(event_id=f"placed-{job_id}", job_id=job_id, spec=spec, tasks=tasks)
+
+
+def task_events(published: list[Event]) -> list[tuple[str, int, TaskState, int]]:
+    return [(e.role, e.index, e.state, e.seq) for e in published if isinstance(e, TaskStateChanged)]
+
+
+def finished(published: list[Event]) -> list[JobFinished]:
+    return [e for e in published if isinstance(e, JobFinished)]
+
+
+async def test_launch_publishes_starting_then_running_with_derived_ids() -> None:
+    deps, backend, published = make_deps()
+    await launch_job(placed(), deps)
+    assert sorted(task_events(published)) == sorted(
+        [(r, i, TaskState.STARTING, 1) for r, i in [("ps", 0), ("worker", 0), ("worker", 1)]]
+        + [(r, i, TaskState.RUNNING, 2) for r, i in [("ps", 0), ("worker", 0), ("worker", 1)]]
+    )
+    for event in published:
+        assert isinstance(event, TaskStateChanged)
+        assert event.event_id == derived_id("j1", 1, event.role, event.index, event.seq)
+    assert [key for key, _, _ in backend.launches] == ["j1:1:ps:0", "j1:1:worker:0", "j1:1:worker:1"]
+    key, command, env = backend.launches[0]
+    assert command == "run-ps"
+    assert env["PAI_CONTAINER_HOST_grpc_PORT_LIST"] == "30001"
+    assert env["PAI_USER_NAME"] == "alice"
+    assert set(deps.watching) == {"j1:1:ps:0", "j1:1:worker:0", "j1:1:worker:1"}
+
+
+async def test_redelivered_job_placed_launches_nothing_twice() -> None:
+    deps, backend, published = make_deps()
+    await launch_job(placed(), deps)
+    ids = {e.event_id for e in published}
+    await launch_job(placed(), deps)
+    assert len(backend.launches) == 3
+    assert {e.event_id for e in published} == ids
+
+
+async def test_all_tasks_succeed_then_one_job_finished() -> None:
+    deps, backend, published = make_deps()
+    await launch_job(placed(), deps)
+    backend.exit("j1", "worker", 0, 0, at=1)
+    await check_tasks(deps)
+    assert finished(published) == []
+    backend.exit("j1", "worker", 1, 0, at=2)
+    backend.exit("j1", "ps", 0, 0, at=3)
+    await check_tasks(deps)
+    await check_tasks(deps)
+    [done] = finished(published)
+    assert done.state == JobState.SUCCEEDED
+    assert done.event_id == derived_id("j1", 1, "finished")
+    assert done.exit_code == 0
+    ends = [(r, i, s, q) for r, i, s, q in task_events(published) if q == 3]
+    assert sorted(ends) == [("ps", 0, TaskState.SUCCEEDED, 3), ("worker", 0, TaskState.SUCCEEDED, 3),
+                            ("worker", 1, TaskState.SUCCEEDED, 3)]
+    assert deps.watching == {}
+
+
+async def test_a_failure_ends_the_job_and_stops_the_others() -> None:
+    deps, backend, published = make_deps()
+    await launch_job(placed(), deps)
+    backend.exit("j1", "worker", 1, 3)
+    await check_tasks(deps)
+    [done] = finished(published)
+    assert (done.state, done.exit_code) == (JobState.FAILED, 3)
+    assert "worker[1] failed: exited with code 3" in done.reason
+    assert sorted(backend.killed) == ["j1:1:ps:0", "j1:1:worker:0"]
+    stopped = {(e.role, e.index): e for e in published
+               if isinstance(e, TaskStateChanged) and e.state == TaskState.STOPPED}
+    assert set(stopped) == {("ps", 0), ("worker", 0)}
+    assert stopped[("ps", 0)].reason.startswith("stopped because the job ended")
+    # The job's end was published after every task's last transition.
+    assert isinstance(published[-1], JobFinished)
+    await check_tasks(deps)
+    assert len(finished(published)) == 1
+
+
+async def test_tolerated_failures_do_not_end_the_job() -> None:
+    deps, backend, published = make_deps()
+    await launch_job(placed(min_failed=None), deps)
+    backend.exit("j1", "worker", 0, 1)
+    await check_tasks(deps)
+    assert finished(published) == []
+    assert "j1:1:worker:0" not in deps.watching
+
+
+async def test_stop_job_stops_every_task_once() -> None:
+    deps, backend, published = make_deps()
+    await launch_job(placed(), deps)
+    stop = StopJob(job_id="j1", requested_by="alice", reason="no longer needed")
+    await stop_job(stop, deps)
+    [done] = finished(published)
+    assert (done.state, done.reason) == (JobState.STOPPED, "no longer needed")
+    assert len(backend.killed) == 3
+    assert all(s == TaskState.STOPPED for _, _, s, q in task_events(published) if q == 3)
+    count = len(published)
+    await stop_job(stop, deps)
+    await check_tasks(deps)
+    assert len(published) == count
+
+
+async def test_stop_before_placement_leaves_a_tombstone() -> None:
+    deps, backend, published = make_deps()
+    await stop_job(StopJob(job_id="j1", requested_by="alice"), deps)
+    assert published == []
+    await launch_job(placed(), deps)
+    assert backend.launches == []
+    [done] = finished(published)
+    assert (done.state, done.reason) == (JobState.STOPPED, STOPPED_BEFORE_START)
+    assert done.event_id == derived_id("j1", 1, "finished")
+    await launch_job(placed(), deps)
+    assert len(finished(published)) == 1
+
+
+async def test_a_task_that_cannot_start_fails_the_job_without_launching_the_rest() -> None:
+    deps, backend, published = make_deps()
+    backend.busy_ports.add(30001)
+    await launch_job(placed(), deps)
+    assert backend.launches == []
+    [done] = finished(published)
+    assert done.state == JobState.FAILED
+    assert "could not start: port 30001 (grpc)" in done.reason
+    states = {(r, i): s for r, i, s, q in task_events(published) if q == 2}
+    assert states == {("ps", 0): TaskState.FAILED, ("worker", 0): TaskState.STOPPED,
+                      ("worker", 1): TaskState.STOPPED}
+
+
+async def test_adopt_records_ends_lost_tasks_and_keeps_running_ones() -> None:
+    deps, backend, published = make_deps()
+    await launch_job(placed(min_failed=None), deps)
+    published.clear()
+    # A new launcher process: nothing watched, the store and the processes remain.
+    restarted = Deps(deps.store, backend, deps.publish, kill_grace_s=0.1)
+    backend.exit("j1", "worker", 0, 0)
+    del backend.status["j1:1:worker:1"]  # gone without an exit record
+    await adopt(restarted)
+    ends = {(r, i): (s, q) for r, i, s, q in task_events(published)}
+    assert ends == {("worker", 0): (TaskState.SUCCEEDED, 3), ("worker", 1): (TaskState.FAILED, 3)}
+    lost = [e for e in published if isinstance(e, TaskStateChanged) and e.index == 1]
+    assert lost[0].reason == LOST_WHILE_DOWN
+    assert set(restarted.watching) == {"j1:1:ps:0"}
+    assert len(backend.launches) == 3
+    backend.exit("j1", "ps", 0, 0)
+    await check_tasks(restarted)
+    [done] = finished(published)
+    assert done.state == JobState.SUCCEEDED
+
+
+async def test_adopt_fails_a_task_launched_before_that_never_showed_a_pid() -> None:
+    deps, backend, published = make_deps()
+    event = placed()
+    await deps.store.insert_job(JobRecord(job_id="j1", attempt=1, state="running",
+                                          spec=event.spec, tasks=event.tasks, user="alice"))
+    for p in event.tasks:
+        await deps.store.insert_task(new_task("j1", 1, p.role, p.index, "/tasks", p.node))
+    backend.marked.add("j1:1:ps:0")  # launched marker, but no pid ever
+    await adopt(deps)
+    ps = await deps.store.get_task(task_id("j1", 1, "ps", 0))
+    assert ps is not None and (ps.state, ps.reason) == (TaskState.FAILED, LOST_WHILE_STARTING)
+    # The two never-launched tasks were started by adoption, but the failure ended the
+    # job, so they were stopped again; the marked task was never launched.
+    assert "j1:1:ps:0" not in [key for key, _, _ in backend.launches]
+    [done] = finished(published)
+    assert done.state == JobState.FAILED
