@@ -7,8 +7,9 @@ headers); exporting them is off unless ``YARD_OTEL_EXPORTER`` says ``console`` o
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.context import Context
@@ -59,3 +60,22 @@ def trace_id_of(headers: Mapping[str, str] | None) -> str | None:
 
 def current_context() -> Context:
     return context.get_current()
+
+
+def current_traceparent() -> str | None:
+    """The ``traceparent`` of the current span, to store with work that outlives it."""
+    return inject_headers({}).get("traceparent")
+
+
+@contextlib.contextmanager
+def continue_trace(traceparent: str | None) -> Iterator[None]:
+    """Make a stored ``traceparent`` current again, so what is published later (by a
+    watcher loop, not a consumer) stays in the job's trace."""
+    if not traceparent:
+        yield
+        return
+    token = context.attach(extract_context({"traceparent": traceparent}))
+    try:
+        yield
+    finally:
+        context.detach(token)

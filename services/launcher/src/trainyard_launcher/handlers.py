@@ -21,6 +21,7 @@ from typing import Any
 
 from trainyard_common.bus import Delivery
 from trainyard_common.errors import TransientError
+from trainyard_common.telemetry import continue_trace, current_traceparent
 from trainyard_common.events import (
     Event,
     JobFinished,
@@ -98,8 +99,9 @@ def finished_event(job: JobRecord) -> JobFinished:
 async def publish_pending(deps: Deps, task: TaskRecord) -> TaskRecord:
     """Publish the task's stored but unpublished transitions; returns the record as it
     stands after that."""
-    for step in task.unpublished():
-        await deps.publish(task_event(task, step))
+    with continue_trace(task.traceparent):
+        for step in task.unpublished():
+            await deps.publish(task_event(task, step))
     if not task.outbox:
         return task
     await deps.store.mark_published(task.id, task.seq)
@@ -132,7 +134,8 @@ async def launch_job(event: JobPlaced, deps: Deps) -> None:
         for placement in event.tasks:
             ref = TaskRef(event.job_id, event.attempt, placement.role, placement.index)
             task = new_task(event.job_id, event.attempt, placement.role, placement.index,
-                            str(deps.backend.task_dir(ref)), placement.node)
+                            str(deps.backend.task_dir(ref)), placement.node,
+                            traceparent=current_traceparent())
             if not await deps.store.insert_task(task):
                 task = await deps.store.get_task(task.id) or task
             started.append((await publish_pending(deps, task), placement))
@@ -345,8 +348,9 @@ async def check_tasks(deps: Deps) -> None:
         if status.running:
             continue
         async with lock:
-            await end_task(deps, task_id, status)
-            await evaluate_job(deps, task.job_id, task.attempt)
+            with continue_trace(task.traceparent):
+                await end_task(deps, task_id, status)
+                await evaluate_job(deps, task.job_id, task.attempt)
 
 
 async def watch_tasks(deps: Deps, stop: asyncio.Event, interval_s: float = 0.3) -> None:

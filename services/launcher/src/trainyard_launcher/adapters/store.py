@@ -78,6 +78,9 @@ class TaskRecord:
     # True while a stored transition may not have been published yet: an index-friendly
     # stand-in for seq > published_seq, which FerretDB v1 cannot query ($expr).
     outbox: bool = True
+    # The trace of the JobPlaced that started the task: what the watcher publishes about
+    # it later continues the job's trace.
+    traceparent: str | None = None
 
     @property
     def id(self) -> str:
@@ -101,12 +104,13 @@ class JobRecord:
 
 
 def new_task(
-    job_id: str, attempt: int, role: str, index: int, dir: str, node: str | None = None
+    job_id: str, attempt: int, role: str, index: int, dir: str, node: str | None = None,
+    traceparent: str | None = None,
 ) -> TaskRecord:
     """A task's first record: STARTING, seq 1, its transition waiting to be published."""
     return TaskRecord(
         job_id=job_id, attempt=attempt, role=role, index=index, state=TaskState.STARTING,
-        seq=1, dir=dir, node=node,
+        seq=1, dir=dir, node=node, traceparent=traceparent,
         transitions=(Transition(1, TaskState.STARTING, now_ms()),),
     )
 
