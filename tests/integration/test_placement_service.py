@@ -119,6 +119,9 @@ CLUSTER = {
 }
 
 
+ADMIN_TOKEN = "placement-test-admin-token"
+
+
 class Service:
     """``python -m trainyard_placement`` as a child process that can crash and restart."""
 
@@ -161,7 +164,12 @@ class Service:
         return self.proc.returncode if self.proc else None
 
     def queue(self) -> list[dict[str, object]]:
-        return httpx.get(f"{self.url}/v1/placement/queue", timeout=5).json()["jobs"]
+        answer = httpx.get(f"{self.url}/v1/placement/queue", timeout=5,
+                           headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        return answer.json()["jobs"]
+
+    def queue_status_without_token(self) -> int:
+        return httpx.get(f"{self.url}/v1/placement/queue", timeout=5).status_code
 
 
 @pytest.fixture
@@ -182,7 +190,7 @@ def service(private_nats: str, mongo_url: str, db_prefix: str, tmp_path: Path) -
     env.update(
         YARD_NATS_URL=private_nats, YARD_MONGO_URL=mongo_url, YARD_DB_PREFIX=db_prefix,
         YARD_PLACEMENT_PORT=str(port), YARD_CLUSTER=str(cluster),
-        YARD_DATA_DIR=str(tmp_path / "data"), YARD_LOG_LEVEL="WARNING",
+        YARD_DATA_DIR=str(tmp_path / "data"), YARD_LOG_LEVEL="WARNING", YARD_TOKEN=ADMIN_TOKEN,
     )  # fmt: skip
     svc = Service(env, tmp_path / "placement.log", port)
     svc.start()
@@ -234,6 +242,7 @@ async def test_service_places_queues_survives_a_crash_and_releases(
     service.kill()
     service.start()
     (row,) = service.queue()
+    assert service.queue_status_without_token() == 401
     assert row["job_id"] == b and "2 free GPUs" in row["reasons"][0]  # type: ignore[index]
 
     await bus.publish(JobFinished(job_id=a, state=JobState.SUCCEEDED, reason="done"))

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
+from trainyard_common.auth import Identity, TokenStore, identity_dependency, tokens_collection
 from trainyard_common.bus import Bus, Delivery
 from trainyard_common.cluster import load_cluster
 from trainyard_common.config import Settings
@@ -25,12 +26,15 @@ CONSUMER = "placement"
 SUBJECTS = events_of("accepted", "finished") + commands_of("stop")
 
 
-def build_app(deps: Deps) -> FastAPI:
+def build_app(deps: Deps, tokens: TokenStore) -> FastAPI:
     app = health_app(SERVICE)
+    current = identity_dependency(tokens)
 
     @app.get("/v1/placement/queue")
-    async def queue() -> dict[str, Any]:
-        return {"jobs": queue_view(deps)}
+    async def queue(identity: Identity = Depends(current)) -> dict[str, Any]:
+        # Everyone's place in line is shown to an admin; a user sees their own jobs.
+        rows = [row for row in queue_view(deps) if identity.can_see(row["user"])]
+        return {"jobs": rows}
 
     return app
 
@@ -53,7 +57,8 @@ async def main() -> None:
         async def consume(stop: asyncio.Event) -> None:
             await bus.consume(CONSUMER, SUBJECTS, on_message, stop=stop)
 
-        await serve(settings, build_app(deps), [consume])
+        tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
+        await serve(settings, build_app(deps, tokens), [consume])
     finally:
         await bus.close()
         await client.close()

@@ -1,0 +1,54 @@
+"""Token store and intake's owner registry against the real MongoDB-wire store, and the
+same contract run against the in-memory registry so the fake cannot drift."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from trainyard_common.auth import Identity, TokenStore, tokens_collection
+from trainyard_common.storage import mongo_client
+from trainyard_intake.adapters.owners import InMemoryOwnerRegistry, MongoOwnerRegistry
+
+
+@pytest.fixture
+async def client(mongo_url: str, db_prefix: str):
+    client = mongo_client(mongo_url)
+    yield client
+    for name in await client.list_database_names():
+        if name.startswith(db_prefix):
+            await client.drop_database(name)
+    await client.close()
+
+
+async def test_tokens_issue_resolve_and_refuse(client, db_prefix: str) -> None:
+    store = TokenStore(tokens_collection(client, db_prefix), admin_token="bootstrap-admin-xyz")
+    assert await store.resolve("bootstrap-admin-xyz") == Identity("admin", admin=True)
+    token = await store.issue("alice")
+    assert await store.resolve(token) == Identity("alice", admin=False)
+    # Another process with the same store (another service) resolves it too.
+    other = TokenStore(tokens_collection(client, db_prefix), admin_token=None)
+    assert await other.resolve(token) == Identity("alice")
+    assert await other.resolve("bootstrap-admin-xyz") is None
+    assert await store.resolve("guess") is None
+    # Only a hash is stored.
+    doc = await tokens_collection(client, db_prefix).find_one({"user": "alice"})
+    assert token not in str(doc)
+    with pytest.raises(ValueError):
+        await store.issue("bad~name")
+
+
+@pytest.fixture(params=["mongo", "memory"])
+async def owners(request, client, db_prefix: str):
+    if request.param == "mongo":
+        return MongoOwnerRegistry(client[f"{db_prefix}_intake"]["owners"])
+    return InMemoryOwnerRegistry()
+
+
+async def test_owner_registry_contract(owners) -> None:
+    job = uuid.uuid4().hex
+    assert await owners.owner(job) is None
+    assert await owners.record(job, "alice") is True
+    assert await owners.record(job, "mallory") is False  # the first owner stays
+    assert await owners.owner(job) == "alice"
