@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -37,12 +39,25 @@ def _config(args: argparse.Namespace) -> PlatformConfig:
     )
 
 
-def _wait_for_signal() -> None:
-    received: list[int] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: received.append(signum))
-    while not received:
-        time.sleep(0.2)
+class Stopper:
+    """Turns SIGINT, SIGTERM and SIGHUP (a closed terminal) into one flag, installed
+    before anything starts so that a Ctrl-C at any moment still stops everything in
+    order instead of leaving services behind."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, lambda signum, _frame: self.received.append(signum))
+
+    def wait(self) -> None:
+        while not self.received:
+            time.sleep(0.2)
+
+
+def say(text: str) -> None:
+    """Print, but never fail: the terminal or pipe may be gone while we shut down."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, flush=True)
 
 
 def _usage(platform: Platform) -> str:
@@ -53,20 +68,20 @@ def _usage(platform: Platform) -> str:
     return (
         f"\nTrainyard is up at {platform.url}\n"
         f"  auth:  Bearer {token_note}\n"
-        f"  try:   uv run yard ls\n"
-        f"         uv run yard submit examples/openpai-pi.json --wait\n"
-        f"         uv run yard get <ID>    uv run yard logs <ID> --role worker --index 0\n"
+        f"  try:   .venv/bin/yard ls\n"
+        f"         .venv/bin/yard submit examples/openpai-pi.json --wait\n"
+        f"         .venv/bin/yard get <ID>    .venv/bin/yard logs <ID> --role worker --index 0\n"
         f"  logs:  {platform.logs}/\n"
     )
 
 
-def show_job(platform: Platform, job_id: str, timeout: float = 300.0) -> str:
+def show_job(platform: Platform, job_id: str, stopper: Stopper, timeout: float = 300.0) -> str:
     """Print each change of the job and its tasks until it ends; return its state."""
     headers = {"Authorization": f"Bearer {platform.token}"}
     seen: dict[str, str] = {}
     deadline = time.monotonic() + timeout
     state = "SUBMITTED"
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stopper.received:
         job = httpx.get(f"{platform.url}/v1/jobs/{job_id}", headers=headers, timeout=10)
         if job.status_code == 200:
             view = job.json()
@@ -78,7 +93,7 @@ def show_job(platform: Platform, job_id: str, timeout: float = 300.0) -> str:
                 lines[key] = f"  task {key} on {task.get('node')}: {task['state']}{exit_note}"
             for key, line in lines.items():
                 if seen.get(key) != line:
-                    print(line, flush=True)
+                    say(line)
                     seen[key] = line
             if state in TERMINAL:
                 return state
@@ -87,40 +102,45 @@ def show_job(platform: Platform, job_id: str, timeout: float = 300.0) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    stopper = Stopper()
     platform = Platform(_config(args))
+    state = "not started"
     try:
-        print(f"starting NATS, the store and the services (data in {platform.data_dir}) ...", flush=True)
+        say(f"starting NATS, the store and the services (data in {platform.data_dir}) ...")
         platform.start()
         example = json.loads((repo_root() / "examples" / "openpai-pi.json").read_text())
+        # OpenPAI job names are unique per user: suffix it, as the seed's own examples do.
+        example["jobName"] = f"{example['jobName']}_{secrets.token_hex(4)}"
         answer = httpx.post(f"{platform.url}/v1/jobs", json=example,
                             headers={"Authorization": f"Bearer {platform.token}"}, timeout=30)
         answer.raise_for_status()
         job_id = answer.json()["id"]
-        print(f"submitted the example job {example['jobName']} as {job_id}", flush=True)
-        state = show_job(platform, job_id)
+        say(f"submitted the example job {example['jobName']} as {job_id}")
+        state = show_job(platform, job_id, stopper)
         for index in range(2):
             logs = httpx.get(f"{platform.url}/v1/jobs/{job_id}/logs",
                              params={"role": "worker", "index": index},
                              headers={"Authorization": f"Bearer {platform.token}"}, timeout=10)
             if logs.status_code == 200 and logs.text.strip():
-                print(f"  worker-{index} says: {logs.text.strip()}")
-        print(_usage(platform), flush=True)
-        print("Press Ctrl-C to stop everything.", flush=True)
-        _wait_for_signal()
+                say(f"  worker-{index} says: {logs.text.strip()}")
+        say(_usage(platform))
+        say("Press Ctrl-C to stop everything.")
+        stopper.wait()
         return 0 if state == "SUCCEEDED" else 1
     except ComponentError as exc:
-        print(f"failed to start: {exc}", file=sys.stderr)
+        say(f"failed to start: {exc}")
         return 1
     finally:
-        print("stopping ...", flush=True)
+        say("stopping ...")
         platform.stop()
-        print("stopped.", flush=True)
+        say("stopped.")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    stopper = Stopper()
     with Platform(_config(args)) as platform:
-        print(_usage(platform), flush=True)
-        _wait_for_signal()
+        say(_usage(platform))
+        stopper.wait()
     return 0
 
 

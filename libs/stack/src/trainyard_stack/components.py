@@ -195,8 +195,11 @@ class _ManagedProcess:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
         self._log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(cmd)}\n".encode())
         self._log.flush()
+        # Own session: a Ctrl-C in the terminal reaches only the supervisor, which stops
+        # the services first and the servers they depend on last.
         self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
+            cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         _live.add(self)
         self.url = self._url()
