@@ -281,7 +281,7 @@ def test_events_table(yard, gw):
 
 
 def test_logs_follow_prints_the_stream(yard, gw):
-    job = gw.add_job(tasks=[{"role": "worker", "index": 0}])
+    job = gw.add_job(state="RUNNING", tasks=[{"role": "worker", "index": 0}])
     chunks = ["step 1\n", "step 2\n", "bye\n"]
     gw.set_logs(job["id"], chunks, role="worker", index=1, stream="stderr")
     args = ("logs", job["id"], "--role", "worker", "--index", "1", "--stderr", "-f")
@@ -292,6 +292,17 @@ def test_logs_follow_prints_the_stream(yard, gw):
     assert (params["role"], params["index"], params["stream"], params["follow"]) == (
         "worker", "1", "stderr", "true",
     )
+
+
+def test_logs_follow_waits_for_a_queued_job_to_start(yard, gw):
+    job = gw.add_job(tasks=[{"role": "main", "index": 0}])
+    gw.script(job["id"], [{"state": "QUEUED"}, {"state": "QUEUED"}, {"state": "RUNNING"}])
+    gw.set_logs(job["id"], ["hello\n"], role="main", index=0)
+    result = yard(*with_token("logs", job["id"], "-f"))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "hello\n"
+    gets = [r for r in gw.requests if r.url.path == f"/v1/jobs/{job['id']}"]
+    assert len(gets) == 3  # polled until RUNNING, then followed
 
 
 def test_logs_without_follow_asks_for_stdout(yard, gw):

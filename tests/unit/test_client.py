@@ -228,6 +228,29 @@ def test_wait_until_started_stops_at_running(client, gw):
     assert client.wait(job["id"], until_terminal=False)["state"] == "RUNNING"
 
 
+def test_wait_tolerates_a_status_view_that_lags_the_submission(gw):
+    job = gw.add_job(state="SUCCEEDED")
+    misses = []
+
+    def lagging(request: httpx.Request) -> httpx.Response:
+        if len(misses) < 2:  # the first looks happen before status projected the job
+            misses.append(request.url.path)
+            return httpx.Response(404, json={"detail": f"no job {job['id']}"})
+        return gw.transport.handle_request(request)
+
+    client = Client("http://gw.test", TOKEN, transport=httpx.MockTransport(lagging), poll_interval=0)
+    assert client.wait(job["id"])["state"] == "SUCCEEDED"
+    assert len(misses) == 2
+
+
+def test_wait_gives_up_on_a_job_that_never_appears(gw):
+    client = Client("http://gw.test", TOKEN, transport=gw.transport, poll_interval=0.01,
+                    visibility_grace_s=0.05)
+    with pytest.raises(ApiError) as info:
+        client.wait("never-submitted")
+    assert info.value.status == 404
+
+
 def test_wait_times_out(client, gw):
     job = gw.add_job(state="QUEUED")
     with pytest.raises(WaitTimeout) as info:

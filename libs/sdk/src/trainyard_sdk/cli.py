@@ -256,6 +256,9 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         s: Session = ctx.obj
         stream = "stderr" if stderr else "stdout"
         with reported(s), s.client() as client:
+            if follow:
+                # A job just submitted may still be queued: follow from when it starts.
+                client.wait(job_id, until_terminal=False)
             try:
                 chunks = client.logs(job_id, role=role, index=index, stream=stream, follow=follow)
                 for chunk in chunks:

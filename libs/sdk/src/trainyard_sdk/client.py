@@ -134,6 +134,7 @@ class Client:
         *,
         transport: httpx.BaseTransport | None = None,
         poll_interval: float = DEFAULT_POLL_S,
+        visibility_grace_s: float = 10.0,
     ) -> None:
         self.base_url = (base_url or os.environ.get("YARD_URL") or DEFAULT_URL).rstrip("/")
         if token:
@@ -142,6 +143,7 @@ class Client:
             token, self._token_source = discover_token()
         self.token = token
         self.poll_interval = poll_interval
+        self.visibility_grace_s = visibility_grace_s
         headers = {"User-Agent": "trainyard-sdk/0.1", "Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -236,9 +238,17 @@ class Client:
         any task's state changes. Raises :class:`WaitTimeout` after ``timeout`` s."""
         done = is_terminal if until_terminal else _has_started
         deadline = None if timeout is None else time.monotonic() + timeout
+        # The status view follows the bus: right after a 202 it may not know the job yet.
+        visible_by = time.monotonic() + self.visibility_grace_s
         seen: tuple[Any, ...] | None = None
         while True:
-            job = self.get(job_id)
+            try:
+                job = self.get(job_id)
+            except ApiError as exc:
+                if exc.status != 404 or time.monotonic() >= visible_by:
+                    raise
+                time.sleep(self.poll_interval)
+                continue
             snapshot = _progress(job)
             if snapshot != seen:
                 seen = snapshot
