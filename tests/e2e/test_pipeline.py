@@ -10,53 +10,13 @@ from typing import Any
 
 import pytest
 
+from ..seeds import seed_job
 from .conftest import Api
 
 pytestmark = pytest.mark.e2e
 
 # The seed's first example (openpai-scm-submit-job.md §2.3), verbatim.
-HELLOWORLD = json.loads("""
-{
-  "jobName": "helloworld_16be675e",
-  "image": "sitonholy/tensorflow:16.04-9.0-3.5-1.8.0",
-  "authFile": "",
-  "dataDir": "",
-  "outputDir": "",
-  "codeDir": "",
-  "retryCount": 0,
-  "taskRoles": [
-    {
-      "name": "task_1",
-      "taskNumber": 1,
-      "cpuNumber": 1,
-      "memoryMB": 8192,
-      "shmMB": 64,
-      "gpuNumber": 1,
-      "storageGB": 5,
-      "minFailedTaskCount": null,
-      "minSucceededTaskCount": null,
-      "command": "nvidia-smi",
-      "portList": []
-    }
-  ],
-  "jobEnvs": {},
-  "extras": {},
-  "gpuType": "TITANX",
-  "tmp": {
-    "vgInfo": {
-      "名称": "test",
-      "正在跑工作数目": "0",
-      "使用中內存/全部內存": "0/100000",
-      "使用中硬盘/全部硬盘": "0/100",
-      "使用中中央处理器/全部中中央处理器": "0/32",
-      "显示卡(使用中/全部)": {
-        "TITANX": "0/2",
-        "P100": "0/2"
-      }
-    }
-  }
-}
-""")
+HELLOWORLD = seed_job("helloworld_16be675e")
 
 
 def two_role_job(name: str, out_dir: Path) -> dict[str, Any]:

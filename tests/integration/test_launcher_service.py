@@ -246,7 +246,7 @@ async def test_two_role_job_runs_with_the_openpai_environment(
         reply = await http.get(url, params={"role": "worker", "index": 0, "stream": "stderr", "follow": "true"},
                                headers=admin)
         assert (reply.status_code, reply.text) == (200, "to stderr\n")
-        assert (await http.get(url, headers={"Authorization": f"Bearer {bob}"})).status_code == 403
+        assert (await http.get(url, headers={"Authorization": f"Bearer {bob}"})).status_code == 404
         missing = await http.get(f"{launcher.url}/v1/jobs/nojob/logs", headers=admin)
         assert missing.status_code == 404 and "nojob" in missing.json()["detail"]
         missing = await http.get(url, params={"role": "worker", "index": 5}, headers=admin)

@@ -34,18 +34,9 @@ from trainyard_common.subjects import STREAM
 from trainyard_stack.components import free_port
 from trainyard_validation.adapters.names import MongoNameRegistry
 
-HELLOWORLD: dict[str, Any] = {
-    "jobName": "helloworld_16be675e",
-    "image": "sitonholy/tensorflow:16.04-9.0-3.5-1.8.0",
-    "authFile": "", "dataDir": "", "outputDir": "", "codeDir": "", "retryCount": 0,
-    "taskRoles": [{
-        "name": "task_1", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 8192, "shmMB": 64,
-        "gpuNumber": 1, "storageGB": 5, "minFailedTaskCount": None,
-        "minSucceededTaskCount": None, "command": "nvidia-smi", "portList": [],
-    }],
-    "jobEnvs": {}, "extras": {}, "gpuType": "TITANX",
-    "tmp": {"vgInfo": {"名称": "test", "显示卡(使用中/全部)": {"TITANX": "0/2"}}},
-}
+from ..seeds import seed_job
+
+HELLOWORLD: dict[str, Any] = seed_job("helloworld_16be675e")
 
 CLUSTER = {
     "nodes": [

@@ -23,98 +23,11 @@ from trainyard_common.dialects import (
 from trainyard_common.events import FieldIssue, JobSubmitted, decode, encode
 from trainyard_common.jobspec import JobSpec, env_dict
 
-# Both documents verbatim from /work/shared/seeds/openpai-scm-submit-job.md.
-HELLOWORLD = r"""
-{
-  "jobName": "helloworld_16be675e",
-  "image": "sitonholy/tensorflow:16.04-9.0-3.5-1.8.0",
-  "authFile": "",
-  "dataDir": "",
-  "outputDir": "",
-  "codeDir": "",
-  "retryCount": 0,
-  "taskRoles": [
-    {
-      "name": "task_1",
-      "taskNumber": 1,
-      "cpuNumber": 1,
-      "memoryMB": 8192,
-      "shmMB": 64,
-      "gpuNumber": 1,
-      "storageGB": 5,
-      "minFailedTaskCount": null,
-      "minSucceededTaskCount": null,
-      "command": "nvidia-smi",
-      "portList": []
-    }
-  ],
-  "jobEnvs": {},
-  "extras": {},
-  "gpuType": "TITANX",
-  "tmp": {
-    "vgInfo": {
-      "名称": "test",
-      "正在跑工作数目": "0",
-      "使用中內存/全部內存": "0/100000",
-      "使用中硬盘/全部硬盘": "0/100",
-      "使用中中央处理器/全部中中央处理器": "0/32",
-      "显示卡(使用中/全部)": {
-        "TITANX": "0/2",
-        "P100": "0/2"
-      }
-    }
-  }
-}
-"""
+from ..seeds import seed_text
 
-JUPYTER = r"""
-{
-  "jobName": "jupyter_16be8b71",
-  "image": "sitonholy/ai:16.04-9.0-3.5-pmt",
-  "authFile": "",
-  "dataDir": "",
-  "outputDir": "",
-  "codeDir": "",
-  "retryCount": 0,
-  "taskRoles": [
-    {
-      "name": "task_1",
-      "taskNumber": 1,
-      "cpuNumber": 1,
-      "memoryMB": 8192,
-      "shmMB": 64,
-      "gpuNumber": 1,
-      "storageGB": 5,
-      "minFailedTaskCount": null,
-      "minSucceededTaskCount": null,
-      "command": "jupyter notebook --allow-root --no-browser --ip 0.0.0.0 --port=$PAI_CONTAINER_HOST_jupyter_PORT_LIST --NotebookApp.token=\\\"\\\" --NotebookApp.allow_origin=\\\"*\\\" --NotebookApp.base_url=\\\"/\\\"",
-      "portList": [
-        {
-          "label": "jupyter",
-          "beginAt": 0,
-          "portNumber": 1
-        }
-      ]
-    }
-  ],
-  "jobEnvs": {},
-  "extras": {},
-  "gpuType": "TITANX",
-  "tmp": {
-    "vgInfo": {
-      "名称": "test",
-      "正在跑工作数目": "1",
-      "使用中內存/全部內存": "8192/100000",
-      "使用中硬盘/全部硬盘": "5/100",
-      "使用中中央处理器/全部中中央处理器": "1/32",
-      "显示卡(使用中/全部)": {
-        "TITANX": "1/2",
-        "P100": "0/2"
-      }
-    }
-  }
-}
-"""
+# Both documents verbatim from shared/seeds/openpai-scm-submit-job.md.
+HELLOWORLD = seed_text("helloworld_16be675e")
+JUPYTER = seed_text("jupyter_16be8b71")
 
 
 def helloworld() -> dict[str, Any]:

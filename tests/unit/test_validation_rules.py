@@ -23,24 +23,16 @@ from trainyard_validation.adapters.names import InMemoryNameRegistry
 from trainyard_validation.domain.rules import check_against_cluster, decide
 from trainyard_validation.handlers import EVENT_HANDLERS, Deps, validate_job
 
+from ..seeds import seed_job
+
 DELETE = object()
 
 
 def base() -> dict[str, Any]:
     """The seed's helloworld job (without the form's tmp block)."""
-    return {
-        "jobName": "helloworld_16be675e",
-        "image": "sitonholy/tensorflow:16.04-9.0-3.5-1.8.0",
-        "authFile": "", "dataDir": "", "outputDir": "", "codeDir": "",
-        "retryCount": 0,
-        "taskRoles": [{
-            "name": "task_1", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 8192,
-            "shmMB": 64, "gpuNumber": 1, "storageGB": 5,
-            "minFailedTaskCount": None, "minSucceededTaskCount": None,
-            "command": "nvidia-smi", "portList": [],
-        }],
-        "jobEnvs": {}, "extras": {}, "gpuType": "TITANX",
-    }
+    payload = seed_job("helloworld_16be675e")
+    del payload["tmp"]
+    return payload
 
 
 def with_(*changes: tuple[str, Any]) -> dict[str, Any]:

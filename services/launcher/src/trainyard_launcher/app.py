@@ -47,7 +47,7 @@ def create_app(store: LauncherStore, tokens: TokenStore) -> FastAPI:
         if job is None or job.spec is None:
             raise HTTPException(404, f"job {job_id} has no tasks on this launcher")
         if not identity.can_see(job.user):
-            raise HTTPException(403, f"job {job_id} belongs to another user")
+            raise HTTPException(404, f"no job {job_id}")  # as status answers: ids are not to be probed
         if role is None:
             if not job.tasks:
                 raise HTTPException(404, f"job {job_id} has no tasks")
