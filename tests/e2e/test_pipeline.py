@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from ..seeds import seed_job
 from .conftest import Api
@@ -176,3 +177,32 @@ def test_garbage_is_refused_at_the_door(api: Api) -> None:
     assert api.http.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}).status_code == 400
     answer = api.http.post("/v1/jobs", json={"hello": "world"})
     assert answer.status_code == 400 and "openpai" in answer.text.lower()
+
+
+def test_a_native_jobspec_in_yaml_runs(api: Api) -> None:
+    spec = {
+        "name": "native-yaml", "kind": "generic",
+        "env": [{"name": "GREETING", "value": "hi"}],
+        "roles": [{"name": "solo", "replicas": 2, "command": "echo $GREETING $TRAINYARD_INDEX",
+                   "resources": {"cpu": 1, "memory_mb": 128}}],
+    }
+    answer = api.http.post("/v1/jobs", content=yaml.safe_dump(spec).encode(),
+                           headers={"content-type": "application/yaml"})
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["dialect"] == "native"
+    view = api.wait(answer.json()["id"])
+    assert view["state"] == "SUCCEEDED" and view["spec"]["roles"][0]["replicas"] == 2
+    logs = api.http.get(f"/v1/jobs/{view['id']}/logs", params={"role": "solo", "index": 1})
+    assert logs.text.strip() == "hi 1"
+
+
+def test_a_retried_submission_with_the_same_idempotency_key_is_one_job(api: Api) -> None:
+    payload = {"jobName": "idempotent", "image": "x", "taskRoles": [
+        {"name": "t", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0, "command": "true"}]}
+    first = api.http.post("/v1/jobs", json=payload, headers={"Idempotency-Key": "retry-1"})
+    second = api.http.post("/v1/jobs", json=payload, headers={"Idempotency-Key": "retry-1"})
+    assert first.status_code == second.status_code == 202
+    assert first.json()["id"] == second.json()["id"]
+    view = api.wait(first.json()["id"])
+    assert view["state"] == "SUCCEEDED"  # not rejected as a duplicate name: it is the same job
+    assert [h["type"] for h in api.events(view["id"])].count("JobSubmitted") == 1
