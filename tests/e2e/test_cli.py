@@ -59,3 +59,14 @@ def test_stop_from_the_cli_and_follow_logs_to_the_end(platform: Platform, tmp_pa
     assert json.loads(yard(platform, "get", job_id, "-o", "json").stdout)["state"] == "STOPPED"
     failed = yard(platform, "get", "no-such-job", check=False)
     assert failed.returncode == 1 and "no job" in failed.stderr.lower()
+
+
+def test_validate_from_the_cli(platform: Platform, tmp_path: Path) -> None:
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"jobName": "cli-validate", "image": "x", "taskRoles": [
+        {"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 50, "gpuNumber": 0,
+         "command": "true"}]}))
+    done = yard(platform, "validate", str(job), check=False)
+    assert done.returncode == 1 and "$.taskRoles[0].memoryMB" in done.stdout
+    job.write_text(job.read_text().replace('"memoryMB": 50', '"memoryMB": 500'))
+    assert "valid openpai job" in yard(platform, "validate", str(job)).stdout

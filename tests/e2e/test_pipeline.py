@@ -206,3 +206,21 @@ def test_a_retried_submission_with_the_same_idempotency_key_is_one_job(api: Api)
     view = api.wait(first.json()["id"])
     assert view["state"] == "SUCCEEDED"  # not rejected as a duplicate name: it is the same job
     assert [h["type"] for h in api.events(view["id"])].count("JobSubmitted") == 1
+
+
+def test_validate_is_a_dry_run_with_every_problem_and_its_path(api: Api) -> None:
+    good = api.http.post("/v1/jobs:validate", json=copy.deepcopy(HELLOWORLD) | {"jobName": "dry-run-ok"})
+    assert good.status_code == 200, good.text
+    assert good.json()["valid"] and good.json()["spec"]["roles"][0]["resources"]["gpu_type"] == "TITANX"
+    bad = copy.deepcopy(HELLOWORLD)
+    bad["taskRoles"][0]["memoryMB"] = 50
+    bad["gpuType"] = "H100"
+    answer = api.http.post("/v1/jobs:validate", json=bad).json()
+    assert not answer["valid"]
+    assert "$.taskRoles[0].memoryMB" in {e["path"] for e in answer["errors"]}
+    # Nothing was submitted: the name is still free, and no job carries it.
+    assert api.http.post("/v1/jobs:validate", json=copy.deepcopy(HELLOWORLD) | {"jobName": "dry-run-ok"}).json()["valid"]
+    names = {j["name"] for j in api.http.get("/v1/jobs", params={"limit": 500}).json()["items"]}
+    assert "dry-run-ok" not in names
+    unknown = api.http.post("/v1/jobs:validate", json={"hello": "world"})
+    assert unknown.status_code == 400 and "tried" in unknown.text

@@ -134,7 +134,7 @@ async def bus(nats_url: str) -> AsyncIterator[Bus]:
 
 def submission(payload: dict[str, Any], user: str) -> JobSubmitted:
     t = translate(payload, user=user)
-    return JobSubmitted(job_id=new_id(), spec=t.spec, dialect=t.dialect, original=payload,
+    return JobSubmitted(job_id=new_id(), spec=t.spec, dialect=t.dialect, dialect_key=t.key, original=payload,
                         translation_errors=t.errors, warnings=t.warnings)
 
 

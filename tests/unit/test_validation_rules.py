@@ -361,7 +361,7 @@ def test_empty_cluster() -> None:
 def submitted(payload: Any, user: str = "alice", job_id: str = "job1",
               event_id: str = "ev1") -> JobSubmitted:
     t = translate(payload, user=user)
-    return JobSubmitted(event_id=event_id, job_id=job_id, spec=t.spec, dialect=t.dialect,
+    return JobSubmitted(event_id=event_id, job_id=job_id, spec=t.spec, dialect=t.dialect, dialect_key=t.key,
                         original=payload if isinstance(payload, dict) else None,
                         translation_errors=t.errors, warnings=t.warnings)
 

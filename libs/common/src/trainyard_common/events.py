@@ -91,6 +91,9 @@ class JobSubmitted(Event):
     subject_suffix: ClassVar[str] = "submitted"
     spec: JobSpec
     dialect: str = "native"
+    dialect_key: str | None = Field(
+        None, description="The job's name in its dialect, unique per user (None: by id only)."
+    )
     original: dict[str, Any] | None = Field(
         None, description="The payload as the user sent it, kept for dialect views."
     )

@@ -57,6 +57,27 @@ class PortSpec(Model):
     count: int = Field(1, description="How many ports of this label each task gets.")
 
 
+class TaskRef(Model):
+    """One task of a job: a role and an index in it."""
+
+    role: str
+    index: int
+
+
+class CodeSource(Model):
+    """A git repository checked out for every task before its command runs."""
+
+    repo: str = Field(description="git URL or local path of the repository")
+    branch: str | None = None
+    commit: str | None = None
+    mount_path: str = Field(description="where the task finds the checkout")
+
+
+class DataSource(Model):
+    source: str = Field(description="a URI, a local path, or a registered data source id")
+    mount_path: str
+
+
 class Resources(Model):
     cpu: float = 1.0
     memory_mb: int = 1024
@@ -69,12 +90,17 @@ class Resources(Model):
 class RoleSpec(Model):
     name: str
     replicas: int = 1
+    # Elastic roles run between these bounds (None: fixed at ``replicas``).
+    min_replicas: int | None = None
+    max_replicas: int | None = None
     resources: Resources = Field(default_factory=Resources)
     image: str | None = None
     command: str
     ports: list[PortSpec] = Field(default_factory=list)
     env: list[EnvVar] = Field(default_factory=list)
     restart_policy: RestartPolicy = RestartPolicy.NEVER
+    # With RestartPolicy.EXIT_CODE: the exit codes that restart a task (T9k's policy).
+    retryable_exit_codes: list[int] = Field(default_factory=list)
     # OpenPAI semantics: None means "this role never fails the job" (min_failed) and
     # "this role alone never succeeds the job" (min_succeeded).
     min_failed: int | None = 1
@@ -95,9 +121,23 @@ class JobSpec(Model):
     data_dir: str | None = None
     output_dir: str | None = None
     auth_file: str | None = None
+    code_source: CodeSource | None = None
+    data_sources: list[DataSource] = Field(default_factory=list)
+    # Installed into the job's own environment before the command runs.
+    pip_packages: list[str] = Field(default_factory=list)
+    pip_requirements_dir: str | None = None
     max_running_minutes: int | None = None
     retry_limit: int = 0
     keep_failed_for_debug: bool = False
+    # What to remove when the job ends (T9k cleanUpPolicy: None, All, Unfinished).
+    cleanup_policy: str | None = None
+    # T9k GenericJob rules: the job succeeds (fails) as soon as every task of any one
+    # rule succeeded (failed). Empty: the roles' min_succeeded / min_failed decide.
+    success_rules: list[list[TaskRef]] = Field(default_factory=list)
+    failure_rules: list[list[TaskRef]] = Field(default_factory=list)
+    # Values substituted into commands at launch (OpenPAI <% $secrets.x %>); never shown
+    # back: views use ``redacted()``.
+    secrets: list[EnvVar] = Field(default_factory=list)
     roles: list[RoleSpec]
 
     def role(self, name: str) -> RoleSpec:
@@ -108,6 +148,16 @@ class JobSpec(Model):
 
     def task_count(self) -> int:
         return sum(role.replicas for role in self.roles)
+
+    def redacted(self) -> JobSpec:
+        """This spec as it may be shown or stored for reading: secret values hidden."""
+        if not self.secrets:
+            return self
+        hidden = [EnvVar(name=s.name, value=REDACTED) for s in self.secrets]
+        return self.model_copy(update={"secrets": hidden})
+
+
+REDACTED = "******"
 
 
 def env_dict(pairs: list[EnvVar]) -> dict[str, str]:

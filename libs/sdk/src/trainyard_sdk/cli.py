@@ -129,13 +129,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         """Submit a job; prints its id."""
         s: Session = ctx.obj
         with reported(s):
-            if file == "-":
-                payload = load_payload("<stdin>", sys.stdin.read())
-            else:
-                path = Path(file)
-                if not path.is_file():
-                    raise TrainyardError(f"{file}: no such file")
-                payload = load_payload(path)
+            payload = _read_job_file(file)
             with s.client() as client:
                 answer = client.submit(payload, dialect=dialect)
                 if output is Output.json:
@@ -146,6 +140,33 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
                         s.err.print(Text("warning: ", style="yellow") + Text(_issue_text(warning)))
                 if wait:
                     _follow(s, client, answer["id"], timeout)
+
+    @app.command()
+    def validate(
+        ctx: typer.Context,
+        file: Annotated[str, typer.Argument(help="job file (JSON or YAML); - reads stdin")],
+        dialect: Annotated[
+            str | None, typer.Option("--dialect", "-d", help="default: detected")
+        ] = None,
+        output: OutputOpt = Output.table,
+    ) -> None:
+        """Check a job without submitting it; exit 1 when it would be rejected."""
+        s: Session = ctx.obj
+        with reported(s):
+            payload = _read_job_file(file)
+            with s.client() as client:
+                answer = client.validate(payload, dialect=dialect)
+        if output is Output.json:
+            _print_json(answer)
+        else:
+            verdict = "valid" if answer["valid"] else "invalid"
+            s.out.print(Text(f"{verdict} {answer['dialect']} job"))
+            for error in answer.get("errors") or ():
+                s.out.print(Text("error: ", style="red") + Text(_issue_text(error)))
+            for warning in answer.get("warnings") or ():
+                s.out.print(Text("warning: ", style="yellow") + Text(_issue_text(warning)))
+        if not answer["valid"]:
+            raise typer.Exit(1)
 
     @app.command("wait")
     def wait_cmd(
@@ -444,6 +465,15 @@ def _event_details(event: dict[str, Any]) -> str:
         text = str(value)
         parts.append(f"{key}={text if len(text) <= 60 else text[:57] + '...'}")
     return " ".join(parts)
+
+
+def _read_job_file(file: str) -> Any:
+    if file == "-":
+        return load_payload("<stdin>", sys.stdin.read())
+    path = Path(file)
+    if not path.is_file():
+        raise TrainyardError(f"{file}: no such file")
+    return load_payload(path)
 
 
 def _issue_text(issue: Any) -> str:

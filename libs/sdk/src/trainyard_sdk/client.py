@@ -170,6 +170,13 @@ class Client:
         params = {"dialect": dialect} if dialect else None
         return self._request("POST", "/v1/jobs", json=dict(payload), params=params)
 
+    def validate(self, payload: Mapping[str, Any] | Any, dialect: str | None = None) -> Job:
+        """A dry run: ``{"valid", "dialect", "spec", "errors", "warnings"}``, nothing submitted."""
+        if hasattr(payload, "model_dump"):
+            payload = payload.model_dump(mode="json", exclude_none=True)
+        params = {"dialect": dialect} if dialect else None
+        return self._request("POST", "/v1/jobs:validate", json=dict(payload), params=params)
+
     def get(self, job_id: str) -> Job:
         return self._request("GET", f"/v1/jobs/{_seg(job_id)}")
 

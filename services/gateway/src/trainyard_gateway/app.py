@@ -37,7 +37,7 @@ def create_app(backends: dict[str, str]) -> FastAPI:
         healthy = all(v == "ok" for v in results.values())
         return JSONResponse({"gateway": "ok", **results}, status_code=200 if healthy else 503)
 
-    @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def forward(request: Request, path: str) -> Response:
         service = route(request.method, request.url.path)
         if service is None or service not in backends:

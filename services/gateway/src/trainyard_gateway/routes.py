@@ -1,24 +1,55 @@
-"""Which service answers which request: the one table behind the single base URL."""
+"""Which service answers which request: the one table behind the single base URL.
+
+Writes (submit, stop, delete) go to intake, which publishes them; reads go to status,
+which owns the projections; task logs to the launcher, which owns the files; dry-run
+validation to the validation service. Each dialect's API follows the same split."""
 
 from __future__ import annotations
 
 import re
 
-# (method or "*", path pattern, service) — first match wins.
-ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+ANY = "*"
+READ = "GET"
+WRITE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+# (methods, path pattern, service) — first match wins.
+ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
+    # Trainyard's own API.
+    ("POST", re.compile(r"^/v1/jobs:validate$"), "validation"),
     ("POST", re.compile(r"^/v1/jobs$"), "intake"),
     ("POST", re.compile(r"^/v1/jobs/[^/]+/stop$"), "intake"),
     ("POST", re.compile(r"^/v1/tokens$"), "intake"),
-    ("GET", re.compile(r"^/v1/jobs/[^/]+/logs$"), "launcher"),
-    ("GET", re.compile(r"^/v1/placement(/.*)?$"), "placement"),
-    ("GET", re.compile(r"^/v1/jobs(/[^/]+(/events)?)?$"), "status"),
+    (WRITE, re.compile(r"^/v1/access-keys(/[^/]+)?$"), "intake"),
+    (READ, re.compile(r"^/v1/jobs/[^/]+/logs$"), "launcher"),
+    (READ, re.compile(r"^/v1/placement(/.*)?$"), "placement"),
+    (READ, re.compile(r"^/v1/jobs(/[^/]+(/events)?)?$"), "status"),
+    # PAI-DLC (its paths as the official SDK calls them).
+    (READ, re.compile(r"^/api/v1/jobs/[^/]+/pods/[^/]+/logs$"), "launcher"),
+    (ANY, re.compile(r"^/api/v1/(datasources|codesources)(/.*)?$"), "intake"),
+    (READ, re.compile(r"^/api/v1/jobs(/.*)?$"), "status"),
+    (WRITE, re.compile(r"^/api/v1/jobs(/.*)?$"), "intake"),
+    # OpenPAI REST (v2, and v1's per-user submission path).
+    (READ, re.compile(r"^/api/v[12]/(user/[^/]+/)?jobs(/.*)?$"), "status"),
+    (WRITE, re.compile(r"^/api/v[12]/(user/[^/]+/)?jobs(/.*)?$"), "intake"),
+    # Kubernetes-style resources: T9k jobs, Kubeflow PyTorchJob / TFJob.
+    (READ, re.compile(r"^/apis/(batch\.tensorstack\.dev|kubeflow\.org)/.*$"), "status"),
+    (WRITE, re.compile(r"^/apis/(batch\.tensorstack\.dev|kubeflow\.org)/.*$"), "intake"),
+    # Tencent TI.
+    (READ, re.compile(r"^/ti/.*$"), "status"),
+    (WRITE, re.compile(r"^/ti/.*$"), "intake"),
 ]
 
 BACKENDS = ("intake", "validation", "placement", "launcher", "status")
 
 
+def _allows(methods: str | frozenset[str], method: str) -> bool:
+    if isinstance(methods, frozenset):
+        return method in methods
+    return methods == ANY or methods == method
+
+
 def route(method: str, path: str) -> str | None:
-    for want, pattern, service in ROUTES:
-        if (want == "*" or want == method) and pattern.match(path):
+    for methods, pattern, service in ROUTES:
+        if _allows(methods, method) and pattern.match(path):
             return service
     return None

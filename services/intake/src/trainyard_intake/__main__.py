@@ -24,7 +24,7 @@ async def main() -> None:
     client = mongo_client(settings.mongo_url)
     owners = MongoOwnerRegistry(client[settings.db_name()]["owners"])
     tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
-    app = create_app(Deps(publish=bus.publish, owners=owners), tokens)
+    app = create_app(Deps(publish=bus.publish, owners=owners), tokens, client[settings.db_name()])
     try:
         await serve(settings, app, [])
     finally:

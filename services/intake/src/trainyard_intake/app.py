@@ -15,6 +15,7 @@ from trainyard_common.dialects import UnknownDialect
 from trainyard_common.runtime import health_app
 from trainyard_common.telemetry import tracer
 
+from .dialect_api import ROUTERS, IntakeContext
 from .handlers import Deps, JobNotFound, request_stop, submit_job
 
 MAX_BODY = 4 * 1024 * 1024
@@ -41,9 +42,12 @@ def _decode_body(raw: bytes, content_type: str) -> Any:
         raise HTTPException(400, f"request body is not valid {kind}: {exc}") from exc
 
 
-def create_app(deps: Deps, tokens: TokenStore) -> FastAPI:
+def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
     app = health_app("intake")
     current = identity_dependency(tokens)
+    context = IntakeContext(deps=deps, tokens=tokens, current=current, db=db)
+    for make_router in ROUTERS:
+        app.include_router(make_router(context))
     trace = tracer("trainyard.intake")
 
     @app.post("/v1/jobs", status_code=202)

@@ -58,6 +58,7 @@ async def submit_job(
         job_id=job_id,
         spec=translation.spec,
         dialect=translation.dialect,
+        dialect_key=translation.key,
         original=payload if isinstance(payload, dict) else {"payload": payload},
         translation_errors=translation.errors,
         warnings=translation.warnings,

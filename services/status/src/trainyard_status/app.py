@@ -9,11 +9,15 @@ from trainyard_common.events import JobState
 from trainyard_common.runtime import health_app
 
 from .adapters.views import JobViews, job_view
+from .dialect_api import ROUTERS, StatusContext
 
 
 def create_app(views: JobViews, tokens: TokenStore) -> FastAPI:
     app = health_app("status")
     current = identity_dependency(tokens)
+    context = StatusContext(views=views, tokens=tokens, current=current)
+    for make_router in ROUTERS:
+        app.include_router(make_router(context))
 
     async def visible_job(job_id: str, identity: Identity) -> dict:
         doc = await views.get_job(job_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from trainyard_common.auth import TokenStore, identity_dependency, tokens_collection
 from trainyard_common.bus import Bus, Delivery
 from trainyard_common.cluster import load_cluster
 from trainyard_common.config import Settings
@@ -14,6 +15,7 @@ from trainyard_common.storage import mongo_client
 from trainyard_common.subjects import events_of
 from trainyard_common.telemetry import setup_telemetry
 
+from . import dry_run
 from .adapters.names import MongoNameRegistry
 from .handlers import EVENT_HANDLERS, Deps
 
@@ -43,7 +45,10 @@ async def run() -> None:
 
     log.info("validating against %d nodes, queues %s", len(cluster.nodes), cluster.queues)
     try:
-        await serve(settings, health_app(SERVICE), [consume_submitted])
+        app = health_app(SERVICE)
+        tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
+        app.include_router(dry_run.router(cluster, deps.names, identity_dependency(tokens)))
+        await serve(settings, app, [consume_submitted])
     finally:
         await bus.close()
         await client.close()

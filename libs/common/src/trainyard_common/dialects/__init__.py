@@ -14,62 +14,78 @@ from ..events import FieldIssue
 from . import native, openpai
 from .native import translate_native, validate_native
 from .openpai import openpai_warnings, translate_openpai, validate_openpai
+from .registry import Dialect
 from .translation import Translation, UnknownDialect, dedupe, empty_spec
 
-DIALECTS = ("openpai", "native")
+# Detection tries these in order; the first whose signature fits wins. A new dialect
+# adds its module's REGISTRATION here (native last: its keys are the most generic).
+REGISTERED: tuple[Dialect, ...] = (
+    openpai.REGISTRATION,
+    native.REGISTRATION,
+)
+BY_NAME: dict[str, Dialect] = {d.name: d for d in REGISTERED}
+DIALECTS = tuple(BY_NAME)
 
 __all__ = [
+    "BY_NAME",
     "DIALECTS",
+    "Dialect",
     "Translation",
     "UnknownDialect",
     "dedupe",
     "detect",
+    "dialect",
     "field_path",
     "openpai_warnings",
     "translate",
+    "translate_native",
+    "translate_openpai",
     "validate_native",
     "validate_openpai",
 ]
 
 
+def dialect(name: str) -> Dialect:
+    try:
+        return BY_NAME[name.lower()]
+    except KeyError:
+        raise UnknownDialect(f"unknown dialect {name!r}; known: {', '.join(DIALECTS)}") from None
+
+
 def detect(payload: Any) -> str:
-    """Which dialect a payload is written in; UnknownDialect when none fits."""
-    tried = ("tried openpai (an object with jobName or taskRoles) and native "
-             "(an object with name and roles)")
+    """Which dialect a payload is written in; UnknownDialect (listing what was tried)
+    when none fits."""
+    tried = "tried " + "; ".join(d.signature for d in REGISTERED)
     if not isinstance(payload, dict):
         kind = type(payload).__name__ if payload is not None else "null"
         raise UnknownDialect(f"the job is a {kind}, not a JSON object; {tried}")
-    if "jobName" in payload or "taskRoles" in payload:
-        return "openpai"
-    if "name" in payload and "roles" in payload:
-        return "native"
+    for candidate in REGISTERED:
+        if candidate.looks_like(payload):
+            return candidate.name
     keys = ", ".join(sorted(map(str, payload))[:10]) or "none"
     raise UnknownDialect(f"no known dialect has these top-level keys ({keys}); {tried}")
 
 
 def translate(payload: Any, dialect: str | None = None, user: str = "") -> Translation:
     try:
-        name = (dialect or detect(payload)).lower()
+        chosen = BY_NAME.get((dialect or detect(payload)).lower())
     except UnknownDialect as exc:
         issue = FieldIssue(path="$", message=str(exc), code="unknown_dialect")
         return Translation(empty_spec(user=user), "unknown", [issue])
+    if chosen is None:
+        issue = FieldIssue(path="$", message=f"unknown dialect {dialect!r}; known: "
+                           f"{', '.join(DIALECTS)}", code="unknown_dialect")
+        return Translation(empty_spec(user=user), str(dialect), [issue])
     try:
-        if name == "openpai":
-            return translate_openpai(payload, user)
-        if name == "native":
-            return translate_native(payload, user)
+        return chosen.translate(payload, user)
     except Exception as exc:  # noqa: BLE001 - promised total; a bug must not drop the job
         issue = FieldIssue(path="$", message=f"the job could not be translated: {exc!r}",
                            code="internal")
-        return Translation(empty_spec(user=user), name, [issue])
-    issue = FieldIssue(path="$", message=f"unknown dialect {dialect!r}; known: "
-                       f"{', '.join(DIALECTS)}", code="unknown_dialect")
-    return Translation(empty_spec(user=user), name, [issue])
+        return Translation(empty_spec(user=user), chosen.name, [issue])
 
 
-def field_path(dialect: str, role_index: int | None, field: str) -> str:
+def field_path(dialect_name: str, role_index: int | None, field: str) -> str:
     """The payload path of a canonical field, for problems found after translation:
     ("openpai", 0, "gpu") -> "$.taskRoles[0].gpuNumber"."""
-    if dialect == "openpai":
-        return openpai.field_path(role_index, field)
-    return native.field_path(role_index, field)
+    chosen = BY_NAME.get(dialect_name, native.REGISTRATION)
+    return chosen.field_path(role_index, field)

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from ..events import FieldIssue
 from ..jobspec import JobSpec, RoleSpec
+from .registry import Dialect
 from .translation import (
     INT_MAX,
     JOB_NAME_RE,
@@ -100,7 +101,7 @@ def translate_native(payload: Any, user: str = "") -> Translation:
         bad = {str(e["loc"][0]) for e in exc.errors() if e.get("loc")}
         return Translation(_salvage(payload, bad, user), DIALECT, _issues_from(exc))
     spec = spec.model_copy(update={"user": user})
-    return Translation(spec, DIALECT, validate_native(spec))
+    return Translation(spec, DIALECT, validate_native(spec), key=spec.name or None)
 
 
 def _finite(value: float) -> bool:
@@ -182,3 +183,13 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
                 err(f"{pp}.count", f"ports {port.begin_at}..{port.begin_at + port.count - 1} "
                     "do not fit below 65536", "range")
     return errors
+
+
+REGISTRATION = Dialect(
+    name=DIALECT,
+    signature="native (an object with name and roles)",
+    looks_like=lambda payload: "name" in payload and "roles" in payload,
+    translate=translate_native,
+    field_path=field_path,
+    validate=lambda payload, spec: validate_native(spec),
+)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..events import FieldIssue
 from ..jobspec import JobSpec, PortSpec, Resources, RoleSpec, env_list
+from .registry import Dialect
 from .translation import (
     INT_MAX,
     JOB_NAME_RE,
@@ -321,4 +322,19 @@ def translate_openpai(payload: Any, user: str = "") -> Translation:
         keep_failed_for_debug=envs.get("isDebug") is True,
         roles=roles,
     )
-    return Translation(spec, DIALECT, issues.errors, issues.warnings)
+    return Translation(spec, DIALECT, issues.errors, issues.warnings, key=spec.name or None)
+
+
+def _looks_like(payload: dict[str, Any]) -> bool:
+    return "jobName" in payload or "taskRoles" in payload
+
+
+REGISTRATION = Dialect(
+    name=DIALECT,
+    signature="openpai (an object with jobName or taskRoles)",
+    looks_like=_looks_like,
+    translate=translate_openpai,
+    field_path=field_path,
+    validate=lambda payload, spec: validate_openpai(payload),
+    warnings=lambda payload, spec: openpai_warnings(payload),
+)

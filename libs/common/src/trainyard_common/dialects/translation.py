@@ -36,6 +36,10 @@ class Translation:
     dialect: str
     errors: list[FieldIssue] = field(default_factory=list)
     warnings: list[FieldIssue] = field(default_factory=list)
+    # The job's name as its dialect's API finds it again, unique per user (OpenPAI's
+    # jobName, a T9k "namespace/plural/name"); None where the dialect names jobs by id
+    # only (DLC). Validation claims it; status looks jobs up by it.
+    key: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -27,6 +27,7 @@ class JobViews:
         await self.jobs.create_index([("user", ASCENDING), ("submitted_at", DESCENDING)])
         await self.jobs.create_index([("state", ASCENDING), ("submitted_at", DESCENDING)])
         await self.jobs.create_index([("submitted_at", DESCENDING)])
+        await self.jobs.create_index([("user", ASCENDING), ("dialect_key", ASCENDING)])
         await self.tasks.create_index([("job_id", ASCENDING)])
         await self.events.create_index([("job_id", ASCENDING), ("seq", ASCENDING)])
 
@@ -83,18 +84,35 @@ class JobViews:
     # -- reads ----------------------------------------------------------------------------
 
     async def list_jobs(
-        self, *, user: str | None, state: str | None, limit: int, offset: int
+        self, *, user: str | None, state: str | None, limit: int, offset: int,
+        where: dict[str, Any] | None = None, full: bool = False,
     ) -> tuple[list[dict[str, Any]], int]:
-        query: dict[str, Any] = {"state": {"$ne": None}}
+        """Jobs newest first. ``where`` adds equality filters on stored fields (a
+        dialect's API narrows by dialect or queue); ``full`` returns whole documents."""
+        query: dict[str, Any] = {"state": {"$ne": None}, **(where or {})}
         if user:
             query["user"] = user
         if state:
             query["state"] = state
         total = await self.jobs.count_documents(query)
-        cursor = self.jobs.find(query, {"spec_json": 0, "original_json": 0}).sort(
+        projection = None if full else {"spec_json": 0, "original_json": 0}
+        cursor = self.jobs.find(query, projection).sort(
             [("submitted_at", DESCENDING), ("_id", DESCENDING)]
         ).skip(offset).limit(limit)
-        return [summary(doc) async for doc in cursor], total
+        return [doc if full else summary(doc) async for doc in cursor], total
+
+    async def find_by_key(self, user: str, key: str, dialect: str | None = None) -> dict[str, Any] | None:
+        """The job a dialect's API names by ``key`` (e.g. OpenPAI's user~jobName): the
+        newest one that was not rejected, since a rejected copy may share its name."""
+        query: dict[str, Any] = {"user": user, "dialect_key": key, "state": {"$ne": None}}
+        if dialect:
+            query["dialect"] = dialect
+        found = None
+        async for doc in self.jobs.find(query).sort([("submitted_at", DESCENDING)]):
+            if doc.get("state") != "REJECTED":
+                return doc
+            found = found or doc
+        return found
 
     async def get_job(self, job_id: str) -> dict[str, Any] | None:
         return await self.jobs.find_one({"_id": job_id})

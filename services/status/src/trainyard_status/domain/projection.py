@@ -4,8 +4,11 @@ a redelivered or late event change nothing twice (see adapters/views.py)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainyard_common.dialects import BY_NAME
 
 from trainyard_common.events import (
     Event,
@@ -84,9 +87,10 @@ def project(event: Event) -> Changes:
                 event.job_id,
                 always={
                     "name": spec.name, "user": spec.user, "dialect": event.dialect,
+                    "dialect_key": event.dialect_key,
                     "queue": spec.queue, "priority": spec.priority, "submitted_at": at,
-                    "spec_json": spec.model_dump_json(),
-                    "original_json": None if event.original is None else _json(event.original),
+                    "spec_json": spec.redacted().model_dump_json(),
+                    "original_json": _original(event),
                     "warnings": _issues(event.warnings),
                 },
                 state=JobState.SUBMITTED, with_state={"updated_at": at},
@@ -94,7 +98,8 @@ def project(event: Event) -> Changes:
         case JobAccepted():
             return Changes(JobChange(
                 event.job_id,
-                always={"spec_json": event.spec.model_dump_json(), "warnings": _issues(event.warnings)},
+                always={"spec_json": event.spec.redacted().model_dump_json(),
+                        "warnings": _issues(event.warnings)},
                 state=JobState.ACCEPTED, with_state={"updated_at": at},
             ))
         case JobRejected():
@@ -149,7 +154,10 @@ def project(event: Event) -> Changes:
     return Changes()
 
 
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value, ensure_ascii=False)
+def _original(event: JobSubmitted) -> str | None:
+    """The payload as the user sent it, with what its dialect calls secret hidden."""
+    if event.original is None:
+        return None
+    chosen = BY_NAME.get(event.dialect)
+    shown = chosen.redact(event.original) if chosen else event.original
+    return json.dumps(shown, ensure_ascii=False)

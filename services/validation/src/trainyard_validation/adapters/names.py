@@ -23,6 +23,10 @@ class NameRegistry(Protocol):
         """True when ``name`` is free for ``user`` or already claimed by ``job_id``."""
         ...
 
+    async def holder(self, user: str, name: str) -> str | None:
+        """The job holding ``name`` for ``user``, or None; claims nothing."""
+        ...
+
 
 class MongoNameRegistry:
     def __init__(self, db: AsyncDatabase[dict[str, Any]]) -> None:
@@ -42,6 +46,10 @@ class MongoNameRegistry:
                 return holder.get("job_id") == job_id
         return False
 
+    async def holder(self, user: str, name: str) -> str | None:
+        doc = await self._names.find_one({"_id": name_key(user, name)}, {"job_id": 1})
+        return None if doc is None else doc.get("job_id")
+
 
 class InMemoryNameRegistry:
     """The same contract in a dict, for unit tests of handlers."""
@@ -51,3 +59,6 @@ class InMemoryNameRegistry:
 
     async def claim(self, user: str, name: str, job_id: str) -> bool:
         return self.claims.setdefault(name_key(user, name), job_id) == job_id
+
+    async def holder(self, user: str, name: str) -> str | None:
+        return self.claims.get(name_key(user, name))

@@ -6,13 +6,7 @@ from __future__ import annotations
 import math
 
 from trainyard_common.cluster import ClusterSpec, NodeSpec
-from trainyard_common.dialects import (
-    dedupe,
-    field_path,
-    openpai_warnings,
-    validate_native,
-    validate_openpai,
-)
+from trainyard_common.dialects import BY_NAME, dedupe, field_path, validate_native
 from trainyard_common.events import FieldIssue, JobAccepted, JobRejected, JobSubmitted, derived_id
 from trainyard_common.jobspec import JobSpec, RoleSpec
 
@@ -108,8 +102,10 @@ def _with_defaults(spec: JobSpec) -> JobSpec:
 
 
 def rule_errors(submitted: JobSubmitted) -> list[FieldIssue]:
-    if submitted.dialect == "openpai" and submitted.original is not None:
-        return validate_openpai(submitted.original)
+    chosen = BY_NAME.get(submitted.dialect)
+    if chosen is not None and submitted.original is not None:
+        return chosen.validate(submitted.original, submitted.spec)
+    # A producer on the bus may send a bare spec: the canonical rules still hold.
     return validate_native(submitted.spec)
 
 
@@ -123,8 +119,9 @@ def decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRe
         return JobRejected(event_id=result_id(submitted), job_id=submitted.job_id,
                            errors=errors)
     warnings = list(submitted.warnings)
-    if submitted.dialect == "openpai" and submitted.original is not None:
-        warnings += openpai_warnings(submitted.original)
+    chosen = BY_NAME.get(submitted.dialect)
+    if chosen is not None and submitted.original is not None:
+        warnings += chosen.warnings(submitted.original, submitted.spec)
     return JobAccepted(event_id=result_id(submitted), job_id=submitted.job_id,
                        spec=_with_defaults(submitted.spec), warnings=dedupe(warnings))
 

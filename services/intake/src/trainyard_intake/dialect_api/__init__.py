@@ -1,0 +1,15 @@
+"""Each dialect's own API for submitting and controlling jobs, at the paths and in the
+shapes that dialect's users already call (the gateway sends writes here). A dialect
+module exposes ``router(ctx: IntakeContext) -> APIRouter`` and is listed in ROUTERS."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import APIRouter
+
+from .context import IntakeContext
+
+ROUTERS: list[Callable[[IntakeContext], APIRouter]] = []
+
+__all__ = ["ROUTERS", "IntakeContext"]

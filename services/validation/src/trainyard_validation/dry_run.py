@@ -1,0 +1,64 @@
+"""``POST /v1/jobs:validate``: the same checks a submission gets, without submitting.
+
+Returns the canonical job as it would be accepted (secrets hidden) and every error and
+warning with its JSON path. The name check only reads the registry: a dry run claims
+nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+
+from trainyard_common.auth import Identity
+from trainyard_common.cluster import ClusterSpec
+from trainyard_common.dialects import UnknownDialect, detect, translate
+from trainyard_common.events import JobAccepted, JobSubmitted
+
+from .adapters.names import NameRegistry
+from .domain.rules import decide, name_taken
+
+
+def router(cluster: ClusterSpec, names: NameRegistry, current: Any) -> APIRouter:
+    api = APIRouter()
+
+    @api.post("/v1/jobs:validate")
+    async def validate(
+        request: Request,
+        identity: Identity = Depends(current),
+        dialect: str | None = Query(None, description="force a dialect instead of detecting it"),
+    ) -> dict[str, Any]:
+        raw = await request.body()
+        try:
+            payload = yaml.safe_load(raw) if "yaml" in request.headers.get("content-type", "") \
+                else json.loads(raw)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise HTTPException(400, f"request body is not valid JSON or YAML: {exc}") from exc
+        try:
+            chosen = dialect or detect(payload)
+        except UnknownDialect as exc:
+            raise HTTPException(400, str(exc)) from exc
+        translation = translate(payload, dialect=chosen, user=identity.user)
+        submitted = JobSubmitted(
+            job_id="dry-run", spec=translation.spec, dialect=translation.dialect,
+            dialect_key=translation.key, original=payload if isinstance(payload, dict) else None,
+            translation_errors=translation.errors, warnings=translation.warnings,
+        )
+        result = decide(submitted, cluster)
+        if isinstance(result, JobAccepted) and translation.key is not None:
+            holder = await names.holder(identity.user, translation.key)
+            if holder is not None:
+                result = name_taken(submitted)
+        accepted = isinstance(result, JobAccepted)
+        spec = result.spec if isinstance(result, JobAccepted) else translation.spec
+        return {
+            "valid": accepted,
+            "dialect": translation.dialect,
+            "spec": json.loads(spec.redacted().model_dump_json()),
+            "errors": [] if accepted else [e.model_dump() for e in result.errors],  # type: ignore[union-attr]
+            "warnings": [w.model_dump() for w in (result.warnings if accepted else translation.warnings)],  # type: ignore[union-attr]
+        }
+
+    return api
