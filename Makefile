@@ -27,6 +27,9 @@ test: setup ## Install everything and run every test (unit, integration, end-to-
 test-unit: setup ## Only the fast pure tests
 	$(UV) run --frozen pytest -q tests/unit
 
+bench: setup ## Benchmarks (print JSON): the pipeline against the bus floor measured in the same run
+	$(UV) run --frozen python bench/pipeline.py
+
 contracts: setup ## Regenerate contracts/ (JSON Schemas, AsyncAPI, examples) from the models
 	$(UV) run --frozen python -m trainyard_common.contracts contracts
 
@@ -48,4 +51,4 @@ help: ## List the targets
 	  /^##@/ {printf "\n%s\n", substr($$0, 5)} \
 	  /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-.PHONY: run up down test test-unit contracts setup clean help
+.PHONY: run up down test test-unit bench contracts setup clean help

@@ -1,0 +1,120 @@
+"""How fast jobs cross the whole pipeline, against the bus floor measured in the same run.
+
+Starts the platform (every service its own process, real NATS and FerretDB), submits N
+one-task jobs whose command is `true`, and measures submissions per second (202s, each
+after JetStream's ack) and jobs per second from the first submission to the last job
+seen SUCCEEDED. In the same run it measures the floor the design budget names (DESIGN
+§9): JetStream publish with ack one at a time, and pipelined.
+
+    .venv/bin/python bench/pipeline.py [--jobs 200] [--concurrency 16]
+
+Prints one JSON object. The ratios say what share of the raw bus rate the platform
+keeps: every job crosses at least seven hops (submitted, accepted, placed, 3 task
+transitions, finished) and starts a process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import nats
+import yaml
+
+from trainyard_stack.components import NatsServer
+from trainyard_stack.platform import Platform, PlatformConfig
+
+
+async def bus_floor(messages: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        server = NatsServer(Path(tmp) / "nats").start()
+        try:
+            nc = await nats.connect(server.url)
+            js = nc.jetstream()
+            await js.add_stream(name="FLOOR", subjects=["floor.>"])
+            payload = b"x" * 600  # about the size of a JobSubmitted
+            start = time.perf_counter()
+            for i in range(messages):
+                await js.publish(f"floor.{i}", payload, headers={"Nats-Msg-Id": uuid.uuid4().hex})
+            one_by_one = messages / (time.perf_counter() - start)
+            start = time.perf_counter()
+            futures = [await js.publish_async(f"floor.{i}", payload) for i in range(messages)]
+            await asyncio.gather(*futures)
+            pipelined = messages / (time.perf_counter() - start)
+            await nc.close()
+        finally:
+            server.stop()
+    return {"publish_ack_per_s": round(one_by_one), "publish_pipelined_per_s": round(pipelined)}
+
+
+def job(i: int) -> dict:
+    return {"jobName": f"bench-{i}-{uuid.uuid4().hex[:6]}", "image": "x", "taskRoles": [
+        {"name": "t", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 100, "gpuNumber": 0,
+         "command": "true"}]}
+
+
+async def run_jobs(platform: Platform, jobs: int, concurrency: int) -> dict[str, float]:
+    headers = {"Authorization": f"Bearer {platform.token}"}
+    async with httpx.AsyncClient(base_url=platform.url, headers=headers, timeout=60) as http:
+        gate = asyncio.Semaphore(concurrency)
+        latencies: list[float] = []
+
+        async def submit(i: int) -> str:
+            async with gate:
+                t0 = time.perf_counter()
+                answer = await http.post("/v1/jobs", json=job(i))
+                answer.raise_for_status()
+                latencies.append(time.perf_counter() - t0)
+                return answer.json()["id"]
+
+        start = time.perf_counter()
+        ids = await asyncio.gather(*(submit(i) for i in range(jobs)))
+        submitted = time.perf_counter() - start
+        pending = set(ids)
+        while pending:
+            page = await http.get("/v1/jobs", params={"state": "SUCCEEDED", "limit": 500})
+            done = {item["id"] for item in page.json()["items"]}
+            pending -= done
+            if pending:
+                failed = await http.get("/v1/jobs", params={"state": "FAILED", "limit": 10})
+                if failed.json()["total"]:
+                    raise RuntimeError(f"a bench job failed: {failed.json()['items'][0]}")
+                await asyncio.sleep(0.2)
+        total = time.perf_counter() - start
+    latencies.sort()
+    return {
+        "jobs": jobs,
+        "submit_per_s": round(jobs / submitted, 1),
+        "submit_p50_ms": round(latencies[len(latencies) // 2] * 1000, 1),
+        "submit_p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1),
+        "jobs_end_to_end_per_s": round(jobs / total, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args()
+    floor = asyncio.run(bus_floor(5000))
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = Path(tmp) / "cluster.yaml"
+        cluster.write_text(yaml.safe_dump({"nodes": [
+            {"name": f"n{i}", "cpu": 64, "memory_mb": 262144} for i in range(4)]}))
+        config = PlatformConfig.with_free_ports(Path(tmp) / "data", cluster_file=cluster,
+                                                log_level="WARNING")
+        with Platform(config) as platform:
+            result = asyncio.run(run_jobs(platform, args.jobs, args.concurrency))
+    result["bus_floor"] = floor
+    result["submit_vs_publish_ack"] = round(result["submit_per_s"] / floor["publish_ack_per_s"], 3)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
