@@ -67,7 +67,7 @@ def test_every_job_ends_exactly_once_through_service_crashes(crash_platform: Pla
         for index in (0, 1):
             launches = (tmp_path / f"{job_id}-w-{index}").read_text().splitlines()
             assert launches == ["launched"], f"{job_id} task {index} launched {len(launches)} times"
-        history = api.events(job_id)
+        history = settled_history(api, job_id)
         counts = collections.Counter(h["type"] for h in history)
         assert counts["JobSubmitted"] == counts["JobAccepted"] == counts["JobPlaced"] == 1, counts
         assert counts["JobFinished"] == 1, counts
@@ -75,3 +75,19 @@ def test_every_job_ends_exactly_once_through_service_crashes(crash_platform: Pla
                        for h in history if h["type"] == "TaskStateChanged"]
         assert len(transitions) == len(set(transitions)) == 6, transitions
         assert len({h["event_id"] for h in history}) == len(history)
+
+
+def settled_history(api: Api, job_id: str, transitions: int = 6, timeout: float = 90.0) -> list[dict]:
+    """The job's history once every event has reached status. Messages a killed
+    consumer had fetched but not acked come back only after JetStream's ack wait
+    (30 s), so the job view can be final while a few history rows are still on their
+    way: wait for them (and fail if more than expected ever arrive)."""
+    deadline = time.monotonic() + timeout
+    history = api.events(job_id)
+    while time.monotonic() < deadline and (
+        sum(h["type"] == "TaskStateChanged" for h in history) < transitions
+        or not any(h["type"] == "JobFinished" for h in history)
+    ):
+        time.sleep(0.5)
+        history = api.events(job_id)
+    return history

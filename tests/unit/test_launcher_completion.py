@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trainyard_common.events import JobState, TaskState
-from trainyard_common.jobspec import JobSpec, RoleSpec
+from trainyard_common.jobspec import JobSpec, RoleSpec, TaskRef
 from trainyard_launcher.domain.completion import TaskOutcome, decide, exit_reason
 
 S, F, R, X = TaskState.SUCCEEDED, TaskState.FAILED, TaskState.RUNNING, TaskState.STOPPED
@@ -120,3 +120,66 @@ def test_all_done_reason_lists_counts_per_role() -> None:
 ])
 def test_exit_reason(code: int | None, sig: int | None, text: str) -> None:
     assert exit_reason(code, sig) == text
+
+
+# --- a job's own rules: T9k successRules / failureRules, Kubeflow's master rule --------
+
+
+def ruled(success: list[list[tuple[str, int]]], failure: list[list[tuple[str, int]]],
+          *roles: tuple[str, int, int | None, int | None]) -> JobSpec:
+    spec = job(*roles)
+    as_refs = lambda rules: [[TaskRef(role=r, index=i) for r, i in rule] for rule in rules]  # noqa: E731
+    return spec.model_copy(update={"success_rules": as_refs(success),
+                                   "failure_rules": as_refs(failure)})
+
+
+# (success rules, failure rules, roles, task states, expected, deciding task)
+RULE_CASES = [
+    # T9k's GenericJob example: success on worker 0, failure on worker 0 or worker 1
+    ([[("w", 0)]], [[("w", 0)], [("w", 1)]], [("w", 4, None, None)],
+     dict(w_0=S, w_1=R, w_2=R, w_3=R), JobState.SUCCEEDED, ("w", 0)),
+    ([[("w", 0)]], [[("w", 0)], [("w", 1)]], [("w", 4, None, None)],
+     dict(w_1=F, w_0=R), JobState.FAILED, ("w", 1)),
+    # a failure outside every failure rule does not end the job
+    ([[("w", 0)]], [[("w", 0)], [("w", 1)]], [("w", 4, None, None)],
+     dict(w_2=F, w_3=F), None, None),
+    # a rule needs every task it names
+    ([[("m", 2), ("w", 0), ("w", 1)]], [], [("m", 3, None, None), ("w", 2, None, None)],
+     dict(m_2=S, w_0=S), None, None),
+    ([[("m", 2), ("w", 0), ("w", 1)]], [], [("m", 3, None, None), ("w", 2, None, None)],
+     dict(m_2=S, w_0=S, w_1=S), JobState.SUCCEEDED, ("w", 1)),
+    # any one rule is enough
+    ([[("m", 0)], [("w", 0), ("w", 1)]], [], [("m", 1, None, None), ("w", 2, None, None)],
+     dict(w_0=S, w_1=S), JobState.SUCCEEDED, ("w", 1)),
+    # failure rules before success rules in one snapshot
+    ([[("w", 0)]], [[("w", 1)]], [("w", 2, None, None)], dict(w_0=S, w_1=F),
+     JobState.FAILED, ("w", 1)),
+    # rules come before the role counts: the master's success ends a job whose worker
+    # failed in the same snapshot (Kubeflow / T9k training kinds: the master decides)
+    ([[("Master", 0)]], [], [("Master", 1, 1, None), ("Worker", 2, 1, None)],
+     dict(Worker_1=F, Master_0=S), JobState.SUCCEEDED, ("Master", 0)),
+    # ... while a worker failure alone still fails it by min_failed
+    ([[("Master", 0)]], [], [("Master", 1, 1, None), ("Worker", 2, 1, None)],
+     dict(Worker_1=F), JobState.FAILED, ("Worker", 1)),
+    # every task ended and no success rule met: failed
+    ([[("w", 0)]], [], [("w", 2, None, None)], dict(w_0=F, w_1=S), JobState.FAILED, ("w", 1)),
+]
+
+
+@pytest.mark.parametrize(("success", "failure", "roles", "states", "expected", "deciding"),
+                         RULE_CASES)
+def test_completion_rules_table(success, failure, roles, states, expected, deciding) -> None:
+    verdict = decide(ruled(success, failure, *roles), outcomes(**states))
+    if expected is None:
+        assert verdict is None
+    else:
+        assert verdict is not None
+        assert (verdict.state, verdict.task) == (expected, deciding)
+
+
+def test_rule_reason_names_the_rule_and_its_tasks() -> None:
+    verdict = decide(ruled([], [[("w", 0)], [("w", 1)]], ("w", 2, None, None)),
+                     outcomes(w_1=F))
+    assert verdict is not None
+    assert verdict.reason == "failure rule 1 met: w[1] failed; w[1]: exited with code 1"
+    assert verdict.exit_code == 1

@@ -7,7 +7,12 @@ import pytest
 
 from trainyard_common.events import PortAssignment, TaskPlacement
 from trainyard_common.jobspec import EnvVar, JobSpec, PortSpec, Resources, RoleSpec
-from trainyard_launcher.domain.env import build_task_env, resource_string
+from trainyard_launcher.domain.env import (
+    build_task_env,
+    openpai_compat_env,
+    resource_string,
+    substitute_secrets,
+)
 
 
 def two_role_job() -> tuple[JobSpec, list[TaskPlacement]]:
@@ -83,7 +88,9 @@ def test_every_pai_variable_for_the_master_task() -> None:
         "CUDA_VISIBLE_DEVICES": "3",
     }
     user = {"LR": "0.1", "SHARED": "role"}
-    assert env == {**expected_system, **user}
+    # The back-compatible aliases are checked one by one below.
+    compat = openpai_compat_env(spec, tasks, tasks[0], spec.role("master"))
+    assert env == {**expected_system, **compat, **user}
 
 
 def test_current_task_of_the_second_role() -> None:
@@ -132,3 +139,96 @@ def test_unknown_task_is_an_error() -> None:
     spec, tasks = two_role_job()
     with pytest.raises(KeyError):
         build_task_env(spec, tasks, "worker", 7, 1, "j")
+
+
+def test_openpai_back_compatible_and_runtime_aliases() -> None:
+    spec, tasks = two_role_job()
+    spec = spec.model_copy(update={"queue": "vc1", "data_dir": "hdfs://d", "code_dir": None})
+    tasks[1] = tasks[1].model_copy(update={"ports": [
+        PortAssignment(label="http", ports=[21000]), PortAssignment(label="ssh", ports=[22000]),
+    ]})
+    env = build_task_env(spec, tasks, "worker", 0, attempt=1, job_id="j")
+    expected = {
+        # rest-server runtime-env.js (job level and its backward compatibility block)
+        "PAI_FRAMEWORK_NAME": "alice~mnist-dist",
+        "PAI_VIRTUAL_CLUSTER": "vc1",
+        "PAI_USERNAME": "alice",
+        "PAI_TASKS_NUM": "3",
+        "PAI_JOB_TASK_COUNT": "3",
+        "PAI_TASK_ROLES_NUM": "2",
+        "PAI_JOB_TASK_ROLE_COUNT": "2",
+        "PAI_JOB_TASK_ROLE_LIST": "master,worker",
+        "PAI_TASK_INDEX": "0",
+        # the yarn-era container script's backward compatibility block
+        "PAI_TASK_ROLE_NAME": "worker",
+        "PAI_TASK_ROLE_INDEX": "0",
+        "PAI_TASK_ROLE_NUM": "2",
+        "PAI_CURRENT_TASK_ROLE_TASK_COUNT": "2",
+        "PAI_TASK_CPU_NUM": "2.5",
+        "PAI_CURRENT_TASK_ROLE_CPU_COUNT": "2.5",
+        "PAI_TASK_MEM_MB": "4096",
+        "PAI_CURRENT_TASK_ROLE_MEM_MB": "4096",
+        "PAI_TASK_GPU_NUM": "0",
+        "PAI_CURRENT_TASK_ROLE_GPU_COUNT": "0",
+        "PAI_CURRENT_TASK_ROLE_SHM_MB": "128",
+        "PAI_CURRENT_TASK_ROLE_MIN_FAILED_TASK_COUNT": "",
+        "PAI_CURRENT_TASK_ROLE_MIN_SUCCEEDED_TASK_COUNT": "",
+        "PAI_RESOURCE": "0,2.5,4096,128",
+        "PAI_DATA_DIR": "hdfs://d",
+        "PAI_OUTPUT_DIR": "",
+        "PAI_CODE_DIR": "",
+        # openpai-runtime framework_parser.py
+        "PAI_CURRENT_CONTAINER_IP": "10.0.0.2",
+        "PAI_CURRENT_CONTAINER_PORT": "21000",
+        "PAI_CONTAINER_HOST_PORT": "21000",
+        "PAI_CONTAINER_SSH_PORT": "22000",
+        "PAI_CONTAINER_HOST_PORT_LIST": "http:21000;ssh:22000;",
+        "PAI_TASK_ROLE_INSTANCES": "master:0,worker:0,worker:1",
+        "PAI_TASK_ROLE_master_HOST_LIST": "10.0.0.1",
+        "PAI_TASK_ROLE_worker_HOST_LIST": "10.0.0.2:21000,10.0.0.2:21001",
+        "PAI_master_0_ssh_PORT": "20002,20003",
+        "PAI_master_0_jupyter_PORT": "20001",
+        "PAI_worker_0_http_PORT": "21000",
+        "PAI_worker_0_ssh_PORT": "22000",
+        "PAI_worker_1_http_PORT": "21001",
+    }
+    assert {k: env.get(k) for k in expected} == expected
+    # The seed's own names are unchanged next to their aliases.
+    assert env["PAI_CURRENT_TASK_ROLE_NAME"] == "worker"
+    assert env["PAI_CONTAINER_HOST_http_PORT_LIST"] == "21000"
+
+
+def test_a_task_without_http_or_ssh_ports_gets_empty_port_aliases() -> None:
+    spec, tasks = two_role_job()
+    env = build_task_env(spec, tasks, "master", 0, attempt=1, job_id="j")
+    assert env["PAI_CURRENT_CONTAINER_PORT"] == "" and env["PAI_CONTAINER_SSH_PORT"] == "20002"
+    assert env["PAI_CONTAINER_HOST_PORT_LIST"] == "jupyter:20001;ssh:20002,20003;"
+
+
+def test_job_env_cannot_replace_an_alias() -> None:
+    spec, tasks = two_role_job()
+    spec = spec.model_copy(update={"env": [EnvVar(name="PAI_TASK_INDEX", value="9")]})
+    assert build_task_env(spec, tasks, "worker", 1, 1, "j")["PAI_TASK_INDEX"] == "1"
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    ("echo <% $secrets.token %>", "echo s3cr3t"),
+    ("echo <%$secrets.token%>;<%   $secrets.token   %>", "echo s3cr3t;s3cr3t"),
+    ("login <% $secrets.db.user %>:<% $secrets.list[1] %>", "login root:b"),
+    ("echo <% $secrets.unknown %>", "echo <% $secrets.unknown %>"),
+    ("echo <% $parameters.token %>", "echo <% $parameters.token %>"),
+    ("no references", "no references"),
+])
+def test_substitute_secrets(command: str, expected: str) -> None:
+    secrets = {"token": "s3cr3t", "db.user": "root", "list.0": "a", "list.1": "b"}
+    assert substitute_secrets(command, secrets) == expected
+
+
+def test_substitute_secrets_without_secrets_leaves_the_command() -> None:
+    assert substitute_secrets("echo <% $secrets.x %>", {}) == "echo <% $secrets.x %>"
+
+
+def test_a_secret_value_is_not_re_expanded() -> None:
+    # A value that itself looks like a reference is inserted as it is.
+    assert substitute_secrets("<% $secrets.a %>", {"a": "<% $secrets.b %>", "b": "x"}) == \
+        "<% $secrets.b %>"

@@ -9,15 +9,23 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import re
 import secrets
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qsl
 
-from fastapi import HTTPException, Request
+from fastapi import HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pymongo.asynchronous.collection import AsyncCollection
+
+from .aliyun_auth import SignatureError, SignedRequest, access_key_id, headers_of, verify
 
 USER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # no "~": it joins user~jobName keys
 ADMIN_USER = "admin"
@@ -102,3 +110,174 @@ def identity_dependency(store: TokenStore):
 
 def tokens_collection(client: Any, db_prefix: str) -> AsyncCollection:
     return client[f"{db_prefix}_auth"]["tokens"]
+
+
+# ---------------------------------------------------------------- Alibaba Cloud keys
+#
+# PAI-DLC clients (the official SDK) sign each request with an AccessKey instead of
+# sending a bearer token. The server must recompute the signature, so it needs the
+# secret itself: unlike tokens, secrets are stored as they are (in the auth database,
+# collection ``access_keys``), and ``YARD_ACCESS_KEYS`` may configure more.
+
+ACCESS_KEYS_ENV = "YARD_ACCESS_KEYS"
+
+
+@dataclass(frozen=True)
+class AccessKey:
+    id: str
+    secret: str
+    user: str
+
+
+def parse_access_keys(text: str | None) -> dict[str, AccessKey]:
+    """``id:secret:user,id:secret:user`` (the form of YARD_ACCESS_KEYS); ValueError
+    names the entry that is malformed."""
+    keys: dict[str, AccessKey] = {}
+    for n, entry in enumerate((text or "").split(",")):
+        entry = entry.strip()
+        if not entry:
+            continue
+        parts = entry.split(":")
+        if len(parts) != 3 or not all(p.strip() for p in parts):
+            raise ValueError(f"{ACCESS_KEYS_ENV} entry {n + 1} must be id:secret:user")
+        key_id, secret, user = (p.strip() for p in parts)
+        if not USER_NAME.match(user):
+            raise ValueError(f"{ACCESS_KEYS_ENV} entry {n + 1}: user name {user!r} must "
+                             f"match {USER_NAME.pattern}")
+        keys[key_id] = AccessKey(key_id, secret, user)
+    return keys
+
+
+class AccessKeyStore:
+    """AccessKeys from the environment and from the auth database."""
+
+    def __init__(self, collection: AsyncCollection | None,
+                 configured: dict[str, AccessKey] | None = None) -> None:
+        self._keys = collection
+        self._configured = configured or {}
+
+    @classmethod
+    def beside(cls, tokens: TokenStore, environ: dict[str, str] | None = None
+               ) -> AccessKeyStore:
+        """The store in the same auth database as ``tokens``, plus YARD_ACCESS_KEYS."""
+        env = os.environ if environ is None else environ
+        collection = None
+        if tokens._tokens is not None:  # noqa: SLF001 - same module
+            collection = tokens._tokens.database["access_keys"]  # noqa: SLF001
+        return cls(collection, parse_access_keys(env.get(ACCESS_KEYS_ENV)))
+
+    async def issue(self, user: str) -> AccessKey:
+        if not USER_NAME.match(user):
+            raise ValueError(f"user name {user!r} must match {USER_NAME.pattern}")
+        if self._keys is None:
+            raise RuntimeError("this service has no access key store")
+        # Alibaba Cloud's shapes: LTAI + 20 characters, a 30-character secret.
+        key = AccessKey("LTAI" + secrets.token_hex(10), secrets.token_urlsafe(22)[:30], user)
+        await self._keys.insert_one({"_id": key.id, "secret": key.secret, "user": user,
+                                     "created_at": datetime.now(UTC)})
+        return key
+
+    async def revoke(self, key_id: str) -> bool:
+        if self._keys is None:
+            return False
+        result = await self._keys.delete_one({"_id": key_id})
+        return result.deleted_count > 0
+
+    async def lookup(self, key_id: str) -> AccessKey | None:
+        if key_id in self._configured:
+            return self._configured[key_id]
+        if self._keys is None:
+            return None
+        doc = await self._keys.find_one({"_id": key_id})
+        return None if doc is None else AccessKey(key_id, doc["secret"], doc["user"])
+
+
+class AliyunError(Exception):
+    """An error answered in Alibaba Cloud's shape ``{"Code", "Message", "RequestId"}``,
+    which the official SDKs turn into their exceptions."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    def response(self, request_id: str) -> JSONResponse:
+        return JSONResponse({"Code": self.code, "Message": self.message,
+                             "RequestId": request_id}, status_code=self.status)
+
+
+def request_id(request: Request) -> str:
+    """One id per request, shown in answers (Alibaba Cloud's RequestId)."""
+    rid = getattr(request.state, "request_id", None)
+    if rid is None:
+        rid = str(uuid.uuid4()).upper()
+        request.state.request_id = rid
+    return rid
+
+
+class AliyunRoute(APIRoute):
+    """A route whose errors are answered in Alibaba Cloud's shape: AliyunError as it is,
+    malformed parameters as 400 InvalidParameter, HTTPException by its status."""
+
+    def get_route_handler(self):  # type: ignore[no-untyped-def]
+        original = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            try:
+                return await original(request)
+            except AliyunError as exc:
+                return exc.response(request_id(request))
+            except RequestValidationError as exc:
+                where = "; ".join(
+                    f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: "
+                    f"{e.get('msg', 'invalid')}" for e in exc.errors())
+                return AliyunError(400, "InvalidParameter", where).response(request_id(request))
+            except HTTPException as exc:
+                code = {401: "InvalidAccessKeyId", 403: "Forbidden", 404: "NotFound"}.get(
+                    exc.status_code, "InvalidParameter" if exc.status_code < 500 else
+                    "InternalError")
+                return AliyunError(exc.status_code, code, str(exc.detail)).response(
+                    request_id(request))
+
+        return handler
+
+
+def _signed_request(request: Request, body: bytes) -> SignedRequest:
+    headers = headers_of(request.headers.items())
+    # Behind the gateway the Host the client signed arrives as X-Forwarded-Host.
+    if "x-forwarded-host" in headers:
+        headers["host"] = headers["x-forwarded-host"][:1]
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1") if raw else request.url.path
+    query = parse_qsl(request.url.query, keep_blank_values=True)
+    return SignedRequest(request.method, path, query, headers, body)
+
+
+def aliyun_identity_dependency(keys: AccessKeyStore, tokens: TokenStore):
+    """A FastAPI dependency for Alibaba Cloud APIs: the request's AccessKey signature
+    decides the user (a bearer token is accepted too, for curl and tests)."""
+
+    async def current_identity(request: Request) -> Identity:
+        authorization = request.headers.get("authorization", "")
+        if authorization.lower().startswith("bearer "):
+            identity = await tokens.resolve(authorization[7:].strip())
+            if identity is None:
+                raise AliyunError(401, "InvalidToken", "unknown bearer token")
+            return identity
+        key_id = access_key_id(authorization)
+        if key_id is None:
+            raise AliyunError(401, "MissingAuthorization",
+                              "the request is not signed (no Alibaba Cloud Authorization)")
+        key = await keys.lookup(key_id)
+        if key is None:
+            raise AliyunError(401, "InvalidAccessKeyId.NotFound",
+                              f"AccessKey {key_id} does not exist")
+        try:
+            verify(_signed_request(request, await request.body()), key.secret,
+                   now=datetime.now(UTC))
+        except SignatureError as exc:
+            raise AliyunError(403, exc.code, exc.message) from exc
+        return Identity(key.user, admin=False)
+
+    return current_identity

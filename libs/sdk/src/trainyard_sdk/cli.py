@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .client import Client, Job, TrainyardError, WaitTimeout, is_terminal, load_payload
+from .ti_cli import make_ti_app
 
 ClientFactory = Callable[[str | None, str | None], Client]
 
@@ -103,6 +104,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
     )
     token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
     app.add_typer(token_app, name="token")
+    app.add_typer(make_ti_app(), name="ti")
 
     @app.callback()
     def main(

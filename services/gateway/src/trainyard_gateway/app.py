@@ -44,6 +44,8 @@ def create_app(backends: dict[str, str]) -> FastAPI:
             return JSONResponse({"detail": f"no route for {request.method} {request.url.path}"}, 404)
         url = httpx.URL(backends[service] + request.url.path, query=request.url.query.encode())
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        # The Host the client used, for signatures that cover it (Alibaba Cloud's ACS3).
+        headers["x-forwarded-host"] = request.headers.get("host", "")
         upstream = client.build_request(request.method, url, headers=headers,
                                         content=await request.body())
         try:

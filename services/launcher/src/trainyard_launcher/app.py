@@ -5,15 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 from pathlib import Path
 from typing import Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from trainyard_common.auth import Identity, TokenStore, identity_dependency, tokens_collection
+from trainyard_common.auth import (
+    AccessKeyStore,
+    AliyunError,
+    AliyunRoute,
+    Identity,
+    TokenStore,
+    aliyun_identity_dependency,
+    identity_dependency,
+    request_id,
+    tokens_collection,
+)
 from trainyard_common.bus import Bus, Delivery
 from trainyard_common.config import Settings
+from trainyard_common.dialects import dlc
 from trainyard_common.events import Event
 from trainyard_common.runtime import health_app, serve, setup_logging
 from trainyard_common.storage import mongo_client
@@ -74,7 +86,43 @@ def create_app(store: LauncherStore, tokens: TokenStore) -> FastAPI:
 
         return StreamingResponse(follow(path, offset, ended), media_type="text/plain; charset=utf-8")
 
+    app.include_router(dlc_pod_logs(store, tokens))
     return app
+
+
+def dlc_pod_logs(store: LauncherStore, tokens: TokenStore) -> APIRouter:
+    """PAI-DLC's GetPodLogs at the SDK's path: a pod is one task (its PodId is
+    ``dialects.dlc.pod_id``, the one GetJob shows), its log the task's stdout then
+    stderr, as lines."""
+    api = APIRouter(route_class=AliyunRoute)
+    signed = aliyun_identity_dependency(AccessKeyStore.beside(tokens), tokens)
+
+    @api.get("/api/v1/jobs/{job_id}/pods/{pod_id}/logs")
+    async def get_pod_logs(
+        job_id: str, pod_id: str, request: Request, identity: Identity = Depends(signed),
+        max_lines: int | None = Query(None, alias="MaxLines", ge=1),
+        pod_uid: str | None = Query(None, alias="PodUid"),
+    ) -> dict:
+        job = await store.get_job(job_id)
+        if job is None or job.spec is None or not identity.can_see(job.user):
+            raise AliyunError(404, "JobNotFound", f"job {job_id} has no pods")
+        task = dlc.parse_pod_id(job_id, pod_id)
+        attempt = job.attempt
+        if pod_uid and pod_uid.startswith(f"{pod_id}-") and pod_uid.rpartition("-")[2].isdigit():
+            attempt = int(pod_uid.rpartition("-")[2])
+        found = await store.get_task(task_id(job_id, attempt, *task)) if task else None
+        if found is None:
+            raise AliyunError(404, "PodNotFound", f"job {job_id} has no pod {pod_id}")
+        lines: list[str] = []
+        for stream in ("stdout", "stderr"):
+            text = read_from(Path(found.dir) / f"{stream}.log", 0).decode("utf-8", "replace")
+            lines += text.splitlines()
+        if max_lines:
+            lines = lines[-max_lines:]
+        return {"JobId": job_id, "PodId": pod_id, "PodUid": f"{pod_id}-{attempt}",
+                "Logs": lines, "RequestId": request_id(request)}
+
+    return api
 
 
 async def main() -> None:
@@ -91,6 +139,8 @@ async def main() -> None:
             publish=bus.publish,
             default_fs_uri=os.environ.get("YARD_DEFAULT_FS_URI", ""),
             kill_grace_s=float(os.environ.get("YARD_LAUNCHER_KILL_GRACE_S") or 10.0),
+            pip_args=tuple(shlex.split(os.environ.get("YARD_PIP_ARGS", ""))),
+            minute_s=float(os.environ.get("YARD_LAUNCHER_MINUTE_S") or 60.0),
         )
         # Before consuming: a redelivered JobPlaced must find adopted tasks as they are.
         await adopt(deps)

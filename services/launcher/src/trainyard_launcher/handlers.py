@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from trainyard_common.bus import Delivery
@@ -34,7 +35,15 @@ from trainyard_common.events import (
     derived_id,
 )
 
-from .adapters.local import AlreadyLaunched, LaunchError, PortClaim, TaskBackend, TaskRef, TaskStatus
+from .adapters.local import (
+    AlreadyLaunched,
+    LaunchError,
+    PortClaim,
+    TaskBackend,
+    TaskRef,
+    TaskStatus,
+    task_env,
+)
 from .adapters.store import (
     JOB_FINISHED,
     JOB_RUNNING,
@@ -47,7 +56,18 @@ from .adapters.store import (
     now_ms,
 )
 from .domain.completion import TaskOutcome, Verdict, decide, exit_reason
-from .domain.env import build_task_env
+from .domain.env import build_task_env, substitute_secrets
+from .domain.prepare import (
+    PlanProblem,
+    PreparePlan,
+    debug_env_text,
+    debug_reason,
+    deadline_reason,
+    needs_preparation,
+    plan_preparation,
+    prepared_env,
+    run_deadline,
+)
 
 log = logging.getLogger("trainyard.launcher")
 
@@ -69,6 +89,12 @@ class Deps:
     # Tasks the watcher polls, by task id (an index of the store's RUNNING tasks).
     watching: dict[str, TaskRecord] = field(default_factory=dict)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # Extra ``pip install`` arguments for the jobs' virtualenvs (YARD_PIP_ARGS).
+    pip_args: tuple[str, ...] = ()
+    # Seconds in a "minute" of max_running_minutes (YARD_LAUNCHER_MINUTE_S, for tests).
+    minute_s: float = 60.0
+    # Each watched job's run deadline (None: none), computed once from stored times.
+    deadlines: dict[tuple[str, int], datetime | None] = field(default_factory=dict)
 
     def lock(self, job_id: str) -> asyncio.Lock:
         return self.locks.setdefault(job_id, asyncio.Lock())
@@ -203,8 +229,15 @@ async def start_task(
                              task.job_id, deps.default_fs_uri)
         claims = [PortClaim(a.label, placement.host_ip, port)
                   for a in placement.ports for port in a.ports]
+        plan = _plan_for(deps, job, ref)
+        if isinstance(plan, PlanProblem):
+            reason = _kept_for_debug(deps, job, task, f"could not start: {plan.reason}")
+            return await record(deps, task, TaskState.FAILED, reason=reason, ended_at=time.time())
+        # Only a task with something to prepare needs a backend that can prepare.
+        prepare = {"prepare": plan} if plan is not None else {}
         try:
-            launched = deps.backend.launch(ref, role.command, env, claims)
+            command = substitute_secrets(role.command, {s.name: s.value for s in job.spec.secrets})
+            launched = deps.backend.launch(ref, command, env, claims, **prepare)
         except AlreadyLaunched:
             launched = None
         except LaunchError as exc:
@@ -219,6 +252,34 @@ async def start_task(
                         start_ticks=launched.start_ticks, started=now_ms())
 
 
+def _plan_for(deps: Deps, job: JobRecord, ref: TaskRef) -> PreparePlan | PlanProblem | None:
+    assert job.spec is not None
+    if not needs_preparation(job.spec):
+        return None
+    return plan_preparation(job.spec, str(deps.backend.task_dir(ref)),
+                            str(deps.backend.job_dir(ref.job_id)), ref.attempt, deps.pip_args)
+
+
+def _kept_for_debug(deps: Deps, job: JobRecord | None, task: TaskRecord, reason: str) -> str:
+    """OpenPAI isDebug: a failed task's environment is written next to its kept
+    directory, and the reason says where both are."""
+    if job is None or job.spec is None or not job.spec.keep_failed_for_debug:
+        return reason
+    try:
+        env = build_task_env(job.spec, job.tasks, task.role, task.index, task.attempt,
+                             task.job_id, deps.default_fs_uri)
+    except KeyError:
+        env = {}
+    plan = _plan_for(deps, job, task_ref(task))
+    full = prepared_env(task_env(env), plan if isinstance(plan, PreparePlan) else None)
+    try:
+        path = deps.backend.write_debug_env(
+            task_ref(task), debug_env_text(full, [s.value for s in job.spec.secrets]))
+    except OSError as exc:
+        return f"{reason}; its environment could not be kept: {exc}"
+    return debug_reason(reason, task.dir, str(path))
+
+
 # --- ending ---------------------------------------------------------------------------
 
 def _end_of(status: TaskStatus, lost_reason: str) -> tuple[TaskState, dict[str, Any]]:
@@ -226,7 +287,8 @@ def _end_of(status: TaskStatus, lost_reason: str) -> tuple[TaskState, dict[str, 
     if status.lost:
         return TaskState.FAILED, {"reason": lost_reason, "ended_at": ended_at}
     fields = {"exit_code": status.exit_code, "signal": status.signal,
-              "reason": exit_reason(status.exit_code, status.signal), "ended_at": ended_at}
+              "reason": status.reason or exit_reason(status.exit_code, status.signal),
+              "ended_at": ended_at}
     ok = status.exit_code == 0 and not status.signal
     return (TaskState.SUCCEEDED if ok else TaskState.FAILED), fields
 
@@ -235,6 +297,9 @@ async def end_task(deps: Deps, task_id: str, status: TaskStatus, lost_reason: st
     task = await deps.store.get_task(task_id)
     if task is not None and not task.state.terminal:
         state, fields = _end_of(status, lost_reason)
+        if state == TaskState.FAILED:
+            job = await deps.store.get_job(task.job_id)
+            fields["reason"] = _kept_for_debug(deps, job, task, fields["reason"])
         await record(deps, task, state, **fields)
     deps.watching.pop(task_id, None)
 
@@ -353,10 +418,41 @@ async def check_tasks(deps: Deps) -> None:
                 await evaluate_job(deps, task.job_id, task.attempt)
 
 
+async def check_deadlines(deps: Deps) -> None:
+    """Stop the watched jobs that ran past max_running_minutes. The deadline is read
+    from the stored start times, so a restarted launcher keeps it."""
+    watched = {(t.job_id, t.attempt) for t in deps.watching.values()}
+    for key in set(deps.deadlines) - watched:
+        del deps.deadlines[key]
+    for job_id, attempt in watched:
+        lock = deps.lock(job_id)
+        if lock.locked():
+            continue
+        if (job_id, attempt) not in deps.deadlines:
+            job = await deps.store.get_job(job_id)
+            limit = job.spec.max_running_minutes if job and job.spec else None
+            starts = [t.started for t in await deps.store.tasks_of(job_id, attempt) if t.started]
+            deps.deadlines[(job_id, attempt)] = run_deadline(limit, min(starts, default=None),
+                                                             deps.minute_s)
+        deadline = deps.deadlines[(job_id, attempt)]
+        if deadline is None or now_ms() < deadline:
+            continue
+        async with lock:
+            job = await deps.store.get_job(job_id)
+            if job is None or job.attempt != attempt or job.state != JOB_RUNNING or job.spec is None:
+                continue
+            assert job.spec.max_running_minutes is not None
+            with continue_trace(next((t.traceparent for t in deps.watching.values()
+                                      if t.job_id == job_id), None)):
+                await _finish_with(deps, job, Verdict(
+                    JobState.FAILED, deadline_reason(job.spec.max_running_minutes)))
+
+
 async def watch_tasks(deps: Deps, stop: asyncio.Event, interval_s: float = 0.3) -> None:
     while not stop.is_set():
         try:
             await check_tasks(deps)
+            await check_deadlines(deps)
         except Exception:  # noqa: BLE001 - a store hiccup must not end the watcher
             log.exception("checking tasks failed; trying again")
         try:

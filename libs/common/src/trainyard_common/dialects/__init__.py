@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..events import FieldIssue
-from . import native, openpai
+from . import dlc, kubeflow, native, openpai, openpai_v2, t9k, ti
 from .native import translate_native, validate_native
 from .openpai import openpai_warnings, translate_openpai, validate_openpai
 from .registry import Dialect
@@ -20,7 +20,12 @@ from .translation import Translation, UnknownDialect, dedupe, empty_spec
 # Detection tries these in order; the first whose signature fits wins. A new dialect
 # adds its module's REGISTRATION here (native last: its keys are the most generic).
 REGISTERED: tuple[Dialect, ...] = (
+    openpai_v2.REGISTRATION,  # before openpai: a v2 job has taskRoles too
     openpai.REGISTRATION,
+    ti.REGISTRATION,
+    dlc.REGISTRATION,
+    t9k.REGISTRATION,
+    kubeflow.REGISTRATION,
     native.REGISTRATION,
 )
 BY_NAME: dict[str, Dialect] = {d.name: d for d in REGISTERED}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 from ..events import FieldIssue
@@ -338,3 +339,203 @@ REGISTRATION = Dialect(
     validate=lambda payload, spec: validate_openpai(payload),
     warnings=lambda payload, spec: openpai_warnings(payload),
 )
+
+
+# -------------------------------------------------------------------------------- views
+#
+# OpenPAI rest-server's shapes (src/rest-server/src/models/v2/job/k8s.js:
+# convertFrameworkDetail, convertTaskDetail, convertFrameworkSummary), rendered from the
+# canonical job view (status's job_view) of a job submitted in either OpenPAI dialect.
+# A view may carry ``stop_requested`` (a stop was asked for and the job is not over).
+
+# OpenPAI's job states and the framework (sub)state behind each of ours.
+_JOB_STATE = {
+    "SUBMITTED": ("WAITING", "AttemptCreationPending"),
+    "ACCEPTED": ("WAITING", "AttemptCreationPending"),
+    "QUEUED": ("WAITING", "AttemptCreationPending"),
+    "PLACED": ("WAITING", "AttemptPreparing"),
+    "RUNNING": ("RUNNING", "AttemptRunning"),
+    "SUCCEEDED": ("SUCCEEDED", "Completed"),
+    "FAILED": ("FAILED", "Completed"),
+    "STOPPED": ("STOPPED", "Completed"),
+    "REJECTED": ("FAILED", "Completed"),
+}
+_TASK_STATE = {"STARTING": "WAITING", "RUNNING": "RUNNING", "SUCCEEDED": "SUCCEEDED",
+               "FAILED": "FAILED", "STOPPED": "STOPPED"}
+# OpenPAI's exit code for a job stopped by its user (runtime exit spec).
+STOPPED_EXIT_CODE = -210
+
+
+def epoch_ms(value: Any) -> int | None:
+    """A time as OpenPAI writes it: milliseconds since the epoch."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return int(value.timestamp() * 1000)
+    return None
+
+
+def framework_name(view: dict[str, Any]) -> str:
+    return f"{view.get('user') or ''}~{view.get('name') or ''}"
+
+
+def _job_state(view: dict[str, Any]) -> tuple[str, str, str]:
+    state, sub = _JOB_STATE.get(view.get("state") or "", ("UNKNOWN", "Unknown"))
+    execution = "STOP" if view.get("stop_requested") else "START"
+    if execution == "STOP" and state in ("WAITING", "RUNNING"):
+        state, sub = "STOPPING", "AttemptDeletionPending"
+    return state, sub, execution
+
+
+def _exit_code(view: dict[str, Any]) -> int | None:
+    code = view.get("exit_code")
+    if code is None and view.get("state") == "STOPPED":
+        return STOPPED_EXIT_CODE
+    if code is None and view.get("state") == "SUCCEEDED":
+        return 0
+    return code
+
+
+def _spec_roles(view: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = view.get("spec") or {}
+    roles = spec.get("roles") if isinstance(spec, dict) else None
+    return [r for r in roles if isinstance(r, dict)] if isinstance(roles, list) else []
+
+
+def _task_status(view: dict[str, Any], role: str, index: int, task: dict[str, Any] | None,
+                 attempt: int) -> dict[str, Any]:
+    task = task or {}
+    state = _TASK_STATE.get(task.get("state") or "", "WAITING")
+    ended = state in ("SUCCEEDED", "FAILED", "STOPPED")
+    job_id = view.get("id") or ""
+    return {
+        "taskIndex": index,
+        "taskUid": f"{job_id}:{attempt}:{role}:{index}",
+        "taskState": state,
+        # The same id the task sees as PAI_CONTAINER_ID.
+        "containerId": f"{job_id}-{attempt}-{role}-{index}" if task else None,
+        "containerIp": task.get("host_ip"),
+        "containerNodeName": task.get("node"),
+        "containerPorts": {p["label"]: ",".join(str(n) for n in p.get("ports", []))
+                           for p in task.get("ports") or [] if isinstance(p, dict)
+                           and "label" in p},
+        "containerGpus": None,
+        "containerLog": f"/v1/jobs/{job_id}/logs?role={role}&index={index}",
+        "containerExitCode": task.get("exit_code"),
+        "containerExitSpec": None,
+        "containerExitDiagnostics": task.get("reason"),
+        "retries": 0,
+        "accountableRetries": 0,
+        "createdTime": None,
+        "launchedTime": None,
+        "completedTime": epoch_ms(task.get("updated_at")) if ended else None,
+        "attemptId": attempt - 1,
+        "attemptState": state,
+        "currentAttemptCreatedTime": None,
+        "currentAttemptLaunchedTime": None,
+        "currentAttemptCompletedTime": epoch_ms(task.get("updated_at")) if ended else None,
+    }
+
+
+def render_status(view: dict[str, Any]) -> dict[str, Any]:
+    """``GET /api/v2/jobs/{user}~{name}``: the job's status as OpenPAI answers it. Only
+    the latest attempt's tasks are shown, as OpenPAI does; a task not placed yet is
+    WAITING."""
+    state, sub, execution = _job_state(view)
+    attempt = view.get("attempt") or 1
+    ended = sub == "Completed"
+    reason = view.get("reason")
+    tasks = {(t.get("role"), t.get("index")): t for t in view.get("tasks") or []
+             if (t.get("attempt") or 1) == attempt}
+    task_roles: dict[str, Any] = {}
+    for role in _spec_roles(view):
+        name = str(role.get("name", ""))
+        count = role.get("replicas") if isinstance(role.get("replicas"), int) else 1
+        task_roles[name] = {
+            "taskRoleStatus": {"name": name},
+            "taskStatuses": [_task_status(view, name, i, tasks.get((name, i)), attempt)
+                             for i in range(count)],
+        }
+    submitted = epoch_ms(view.get("submitted_at"))
+    completed = epoch_ms(view.get("finished_at")) if ended else None
+    return {
+        "debugId": framework_name(view),
+        "name": view.get("name"),
+        "tags": [],
+        "jobPriority": view.get("priority"),
+        "jobStatus": {
+            "username": view.get("user"),
+            "state": state,
+            "subState": sub,
+            "executionType": execution,
+            "retries": attempt - 1,
+            "retryDetails": {"user": attempt - 1, "platform": 0, "resource": 0},
+            "retryDelayTime": 0,
+            "createdTime": submitted,
+            "launchedTime": None,
+            "completedTime": completed,
+            "attemptId": attempt - 1,
+            "attemptState": state,
+            "appId": view.get("id"),
+            "appProgress": 1 if ended else 0,
+            "appTrackingUrl": "",
+            "appCreatedTime": submitted,
+            "appLaunchedTime": None,
+            "appCompletedTime": completed,
+            "appExitCode": _exit_code(view) if ended else None,
+            "appExitSpec": None,
+            "appExitDiagnostics": reason if ended else None,
+            "appExitMessages": None,
+            "appExitTriggerMessage": reason if ended else None,
+            "appExitTriggerTaskRoleName": None,
+            "appExitTriggerTaskIndex": None,
+            "appExitType": None,
+            "virtualCluster": view.get("queue"),
+        },
+        "taskRoles": task_roles,
+    }
+
+
+def render_list_item(view: dict[str, Any]) -> dict[str, Any]:
+    """One job of ``GET /api/v2/jobs`` as OpenPAI lists it."""
+    state, sub, execution = _job_state(view)
+    attempt = view.get("attempt") or 1
+    roles = _spec_roles(view)
+
+    def number(value: Any, default: float) -> float:
+        return value if isinstance(value, int | float) and not isinstance(value, bool) \
+            else default
+
+    gpus = sum(number(r.get("replicas"), 1) * number((r.get("resources") or {}).get("gpu"), 0)
+               for r in roles)
+    return {
+        "debugId": framework_name(view),
+        "name": view.get("name"),
+        "username": view.get("user"),
+        "state": state,
+        "subState": sub,
+        "executionType": execution,
+        "tags": [],
+        "retries": attempt - 1,
+        "retryDetails": {"user": attempt - 1, "platform": 0, "resource": 0},
+        "retryDelayTime": 0,
+        "submissionTime": epoch_ms(view.get("submitted_at")),
+        "createdTime": epoch_ms(view.get("submitted_at")),
+        "launchedTime": None,
+        "completedTime": epoch_ms(view.get("finished_at")) if sub == "Completed" else None,
+        "appExitCode": _exit_code(view) if sub == "Completed" else None,
+        "virtualCluster": view.get("queue"),
+        "totalGpuNumber": int(gpus) if float(gpus).is_integer() else gpus,
+        "totalTaskNumber": int(sum(number(r.get("replicas"), 1) for r in roles)),
+        "totalTaskRoleNumber": len(roles),
+        "jobPriority": view.get("priority"),
+    }

@@ -12,8 +12,9 @@ spawn, and a task whose marker exists is never spawned again; if its pid file ne
 appears it is reported lost rather than started a second time.
 
 Task directories are never removed here: the logs must outlive the job (the log API
-serves them), which also covers OpenPAI's isDebug (``keep_failed_for_debug``). Cleaning
-old attempts up is left to a retention policy.
+serves them), which also covers OpenPAI's isDebug (``keep_failed_for_debug``, which
+adds the failed task's environment as ``env``). Cleaning old attempts up is left to a
+retention policy.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..domain.prepare import PreparePlan
 from .procfs import is_alive, proc_stat, session_members, start_ticks
 
 # Launcher settings that must not reach a task (the admin token above all).
@@ -73,6 +75,8 @@ class TaskStatus:
     signal: int | None = None
     lost: bool = False
     ended_at: float | None = None
+    # Why it ended, when the wrapper knows better than the exit code (a failed preparation).
+    reason: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -90,11 +94,16 @@ class AlreadyLaunched(LaunchError):
 class TaskBackend(Protocol):
     def task_dir(self, ref: TaskRef) -> Path: ...
 
+    def job_dir(self, job_id: str) -> Path: ...
+
     def was_launched(self, ref: TaskRef) -> bool: ...
 
     def launch(
-        self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim]
+        self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim],
+        prepare: PreparePlan | None = None,
     ) -> Launched: ...
+
+    def write_debug_env(self, ref: TaskRef, text: str) -> Path: ...
 
     async def wait_started(self, ref: TaskRef, timeout_s: float) -> Launched | None: ...
 
@@ -140,14 +149,25 @@ class LocalBackend:
         # Our own children, kept only to collect their exit status (no zombies).
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
+    def job_dir(self, job_id: str) -> Path:
+        return self.root / "jobs" / job_id
+
     def task_dir(self, ref: TaskRef) -> Path:
-        return self.root / "jobs" / ref.job_id / f"attempt-{ref.attempt}" / f"{ref.role}-{ref.index}"
+        return self.job_dir(ref.job_id) / f"attempt-{ref.attempt}" / f"{ref.role}-{ref.index}"
+
+    def write_debug_env(self, ref: TaskRef, text: str) -> Path:
+        path = self.task_dir(ref) / "env"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        return path
 
     def was_launched(self, ref: TaskRef) -> bool:
         return (self.task_dir(ref) / "launched").exists()
 
     def launch(
-        self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim]
+        self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim],
+        prepare: PreparePlan | None = None,
     ) -> Launched:
         directory = self.task_dir(ref)
         (directory / "work").mkdir(parents=True, exist_ok=True)
@@ -163,11 +183,13 @@ class LocalBackend:
         os.write(fd, f"{time.time()}\n".encode())
         os.close(fd)
 
-        argv = [
-            # -I: the task's PYTHON* variables must not change how the wrapper starts.
-            sys.executable, "-I", "-m", "trainyard_launcher.taskwrap",
-            "--dir", str(directory), "--", _bash(), "-c", command,
-        ]
+        # -I: the task's PYTHON* variables must not change how the wrapper starts.
+        argv = [sys.executable, "-I", "-m", "trainyard_launcher.taskwrap", "--dir", str(directory)]
+        if prepare is not None:
+            plan_file = directory / "prepare.json"
+            plan_file.write_text(prepare.to_json())
+            argv += ["--prepare", str(plan_file)]
+        argv += ["--", _bash(), "-c", command]
         with open(directory / "stdout.log", "ab") as out, open(directory / "stderr.log", "ab") as err:
             try:
                 proc = subprocess.Popen(
@@ -205,7 +227,7 @@ class LocalBackend:
             return None
         return TaskStatus(
             running=False, exit_code=data.get("exit_code"), signal=data.get("signal"),
-            ended_at=data.get("ended_at"),
+            ended_at=data.get("ended_at"), reason=data.get("reason"),
         )
 
     def _reap(self, pid: int | None) -> None:

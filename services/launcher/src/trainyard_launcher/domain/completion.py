@@ -8,6 +8,12 @@ Per role (``minFailedTaskCount`` / ``minSucceededTaskCount`` in OpenPAI):
   succeeded; ``None`` means the role alone never succeeds the job.
 - otherwise the job SUCCEEDS once every task has ended and no failure rule fired.
 
+Before those, a job's own rules (T9k GenericJob ``successRules`` / ``failureRules``, and
+the master-decides rule of the training kinds and Kubeflow): the job FAILS (SUCCEEDS) as
+soon as every task of any one ``failure_rules`` (``success_rules``) entry has failed
+(succeeded), failure rules first. A job with success rules whose tasks all ended without
+meeting one FAILS: nothing it names as success happened.
+
 ``decide`` looks at a snapshot. When two rules hold in the same snapshot (two tasks ended
 between two looks) the failure rule wins: reporting success for a job that also crossed
 its failure threshold would hide the failure.
@@ -19,7 +25,7 @@ import signal as _signal
 from dataclasses import dataclass
 
 from trainyard_common.events import JobState, TaskState
-from trainyard_common.jobspec import JobSpec
+from trainyard_common.jobspec import JobSpec, TaskRef
 
 TaskKey = tuple[str, int]
 
@@ -70,6 +76,10 @@ def decide(spec: JobSpec, states: dict[TaskKey, TaskOutcome]) -> Verdict | None:
                 buckets[outcome.state].append(((role.name, index), outcome))
         per_role[role.name] = buckets
 
+    ruled = _by_rules(spec, states)
+    if ruled is not None:
+        return ruled
+
     for role in spec.roles:
         failed = per_role[role.name][TaskState.FAILED]
         if role.min_failed is not None and len(failed) >= role.min_failed:
@@ -103,12 +113,40 @@ def decide(spec: JobSpec, states: dict[TaskKey, TaskOutcome]) -> Verdict | None:
         f"{len(per_role[role.name][TaskState.FAILED])} failed"
         for role in spec.roles
     )
+    if spec.success_rules:
+        reason = (f"all {spec.task_count()} task(s) ended and no success rule was met "
+                  f"({counts})")
+        key, outcome = _nth_ended(ended, len(ended)) if ended else (None, TaskOutcome(
+            TaskState.FAILED))
+        return Verdict(JobState.FAILED, reason, outcome.exit_code, key)
     reason = f"all {spec.task_count()} task(s) ended and no minFailedTaskCount was reached ({counts})"
     if not ended:
         return Verdict(JobState.SUCCEEDED, reason)
     # The last task to end is the one that decided.
     key, outcome = _nth_ended(ended, len(ended))
     return Verdict(JobState.SUCCEEDED, reason, outcome.exit_code, key)
+
+
+def _rule_text(rule: list[TaskRef]) -> str:
+    return ", ".join(_task_name((ref.role, ref.index)) for ref in rule)
+
+
+def _by_rules(spec: JobSpec, states: dict[TaskKey, TaskOutcome]) -> Verdict | None:
+    for wanted, rules, label, verdict in (
+        (TaskState.FAILED, spec.failure_rules, "failure", JobState.FAILED),
+        (TaskState.SUCCEEDED, spec.success_rules, "success", JobState.SUCCEEDED),
+    ):
+        for i, rule in enumerate(rules):
+            items = [((ref.role, ref.index), states.get((ref.role, ref.index))) for ref in rule]
+            if rule and all(o is not None and o.state is wanted for _, o in items):
+                met = [(k, o) for k, o in items if o is not None]
+                key, outcome = _nth_ended(met, len(met))
+                detail = f"; {_task_name(key)}: {outcome.reason}" if (
+                    outcome.reason and wanted is TaskState.FAILED) else ""
+                return Verdict(verdict, f"{label} rule {i} met: {_rule_text(rule)} "
+                               f"{'failed' if wanted is TaskState.FAILED else 'succeeded'}"
+                               f"{detail}", outcome.exit_code, key)
+    return None
 
 
 def exit_reason(exit_code: int | None, signal: int | None = None) -> str:

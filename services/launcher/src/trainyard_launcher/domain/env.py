@@ -9,8 +9,12 @@ platform's, and a task that sees a forged ``PAI_HOST_IP_*`` would talk to the wr
 
 from __future__ import annotations
 
+import re
+
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec, RoleSpec, env_dict
+
+from .frameworks import framework_env
 
 
 def _number(value: float) -> str:
@@ -96,6 +100,103 @@ def build_task_env(
         system[f"PAI_CONTAINER_HOST_{assignment.label}_PORT_LIST"] = ",".join(
             str(p) for p in assignment.ports
         )
+    system.update(openpai_compat_env(spec, tasks, current, current_role))
+
+    system.update(framework_env(spec, tasks, role, index))  # TF_CONFIG for TensorFlow
 
     # Role variables are more specific than job variables; system ones win over both.
     return {**env_dict(spec.env), **env_dict(current_role.env), **system}
+
+
+# --------------------------------------------------------------- OpenPAI's other names
+#
+# Besides the seed's §4 list, OpenPAI gives every container the names its older and newer
+# runtimes used, and jobs in the wild read them. Sources (microsoft/pai unless noted):
+# - src/rest-server/src/models/v2/job/runtime-env.js (generateFrameworkEnv: job level and
+#   its "backward compatibility" block) and k8s.js (PAI_TASK_INDEX);
+# - microsoft/openpai-runtime src/init.d/framework_parser.py (generate_runtime_env:
+#   PAI_CURRENT_CONTAINER_*, PAI_CONTAINER_HOST_PORT / _SSH_PORT / _PORT_LIST,
+#   PAI_TASK_ROLE_$role_HOST_LIST, PAI_$role_$index_$label_PORT, PAI_TASK_ROLE_INSTANCES);
+# - src/rest-server/src/templates/yarnContainerScript.mustache before commit 5fec45c52
+#   (the "Backward compatibility" block: PAI_TASK_ROLE_NAME, PAI_TASK_ROLE_INDEX,
+#   PAI_TASK_CPU_NUM, PAI_CURRENT_TASK_ROLE_*_COUNT, PAI_DATA_DIR, PAI_RESOURCE, ...).
+
+
+def _first_port(placement: TaskPlacement, label: str) -> str:
+    return next((str(a.ports[0]) for a in placement.ports if a.label == label and a.ports), "")
+
+
+def openpai_compat_env(
+    spec: JobSpec, tasks: list[TaskPlacement], current: TaskPlacement, role: RoleSpec
+) -> dict[str, str]:
+    """OpenPAI's back-compatible and runtime aliases for task ``current``."""
+    task_count = str(spec.task_count())
+    role_count = str(len(spec.roles))
+    role_list = ",".join(r.name for r in spec.roles)
+    res = role.resources
+    env: dict[str, str] = {
+        "PAI_FRAMEWORK_NAME": f"{spec.user}~{spec.name}",
+        "PAI_VIRTUAL_CLUSTER": spec.queue,
+        "PAI_USERNAME": spec.user,
+        "PAI_TASKS_NUM": task_count,
+        "PAI_JOB_TASK_COUNT": task_count,
+        "PAI_TASK_ROLES_NUM": role_count,
+        "PAI_JOB_TASK_ROLE_COUNT": role_count,
+        "PAI_JOB_TASK_ROLE_LIST": role_list,
+        "PAI_DATA_DIR": spec.data_dir or "",
+        "PAI_OUTPUT_DIR": spec.output_dir or "",
+        "PAI_CODE_DIR": spec.code_dir or "",
+        "PAI_TASK_INDEX": str(current.index),
+        "PAI_TASK_ROLE_INDEX": str(current.index),
+        "PAI_TASK_ROLE_NAME": role.name,
+        "PAI_TASK_ROLE_NUM": str(role.replicas),
+        "PAI_CURRENT_TASK_ROLE_TASK_COUNT": str(role.replicas),
+        "PAI_TASK_CPU_NUM": _number(res.cpu),
+        "PAI_CURRENT_TASK_ROLE_CPU_COUNT": _number(res.cpu),
+        "PAI_TASK_MEM_MB": str(res.memory_mb),
+        "PAI_CURRENT_TASK_ROLE_MEM_MB": str(res.memory_mb),
+        "PAI_TASK_GPU_NUM": _number(res.gpu),
+        "PAI_CURRENT_TASK_ROLE_GPU_COUNT": _number(res.gpu),
+        "PAI_CURRENT_TASK_ROLE_SHM_MB": str(res.shm_mb),
+        "PAI_CURRENT_TASK_ROLE_MIN_FAILED_TASK_COUNT": _optional_count(role.min_failed),
+        "PAI_CURRENT_TASK_ROLE_MIN_SUCCEEDED_TASK_COUNT": _optional_count(role.min_succeeded),
+        "PAI_RESOURCE": resource_string(role),
+        "PAI_CURRENT_CONTAINER_IP": current.host_ip,
+        # The runtime's "container port" is the task's first http port, its ssh port the
+        # first ssh port (OpenPAI v2 gives every task one of each).
+        "PAI_CURRENT_CONTAINER_PORT": _first_port(current, "http"),
+        "PAI_CONTAINER_HOST_PORT": _first_port(current, "http"),
+        "PAI_CONTAINER_SSH_PORT": _first_port(current, "ssh"),
+        "PAI_CONTAINER_HOST_PORT_LIST": "".join(
+            f"{a.label}:{','.join(str(p) for p in a.ports)};" for a in current.ports),
+        "PAI_TASK_ROLE_INSTANCES": ",".join(f"{t.role}:{t.index}" for t in tasks),
+    }
+    hosts: dict[str, list[str]] = {r.name: [] for r in spec.roles}
+    for t in tasks:
+        http = _first_port(t, "http")
+        hosts.setdefault(t.role, []).append(f"{t.host_ip}:{http}" if http else t.host_ip)
+        for assignment in t.ports:
+            env[f"PAI_{t.role}_{t.index}_{assignment.label}_PORT"] = ",".join(
+                str(port) for port in assignment.ports)
+    for name, host_list in hosts.items():
+        env[f"PAI_TASK_ROLE_{name}_HOST_LIST"] = ",".join(host_list)
+    return env
+
+
+# OpenPAI's runtime renders <% $secrets.name %> (also $secrets.a.b, $secrets.a[0]) in
+# the command inside the container; references to unknown secrets stay as written.
+_SECRET_REF = re.compile(r"<%\s*\$secrets\.([^%\s]+?)\s*%>")
+_SECRET_INDEX = re.compile(r"\[(\d+)\]")
+
+
+def substitute_secrets(command: str, secrets: dict[str, str]) -> str:
+    """``command`` with each ``<% $secrets.x %>`` replaced by the secret's value, at
+    launch, so the value is never part of the stored job."""
+    if not secrets:
+        return command
+
+    def replace(match: re.Match[str]) -> str:
+        name = _SECRET_INDEX.sub(r".\1", match.group(1))
+        return secrets.get(name, match.group(0))
+
+    return _SECRET_REF.sub(replace, command)

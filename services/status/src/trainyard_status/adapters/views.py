@@ -11,7 +11,9 @@ from pymongo import ASCENDING, DESCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
+from trainyard_common.dialects import BY_NAME
 from trainyard_common.events import Event
+from trainyard_common.jobspec import REDACTED
 from trainyard_common.storage import insert_once
 
 from ..domain.projection import Changes, JobChange, TaskChange
@@ -42,7 +44,8 @@ class JobViews:
             "type": type(event).__name__,
             "occurred_at": event.occurred_at,
             "trace_id": trace_id,
-            "event_json": event.model_dump_json(),
+            # Stored without secret values: history is for reading.
+            "event_json": json.dumps(hide_secrets(json.loads(event.model_dump_json()))),
         })
 
     async def apply(self, changes: Changes) -> None:
@@ -128,9 +131,21 @@ class JobViews:
         return [
             {"seq": doc["seq"], "type": doc["type"], "event_id": doc["_id"],
              "occurred_at": doc["occurred_at"], "trace_id": doc.get("trace_id"),
-             "event": json.loads(doc["event_json"])}
+             "event": hide_secrets(json.loads(doc["event_json"]))}
             async for doc in cursor
         ]
+
+
+def hide_secrets(event: dict[str, Any]) -> dict[str, Any]:
+    """An event as history may show it: the spec's secret values and what the original
+    payload's dialect calls secret are hidden (OpenPAI v2 ``secrets``)."""
+    spec = event.get("spec")
+    if isinstance(spec, dict) and spec.get("secrets"):
+        event["spec"] = {**spec, "secrets": [{**s, "value": REDACTED} for s in spec["secrets"]]}
+    chosen = BY_NAME.get(event.get("dialect") or "")
+    if event.get("original") is not None and chosen is not None:
+        event["original"] = chosen.redact(event["original"])
+    return event
 
 
 def summary(doc: dict[str, Any]) -> dict[str, Any]:

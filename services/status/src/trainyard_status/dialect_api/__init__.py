@@ -8,8 +8,14 @@ from collections.abc import Callable
 
 from fastapi import APIRouter
 
+from . import dlc, k8s_resources, openpai, ti
 from .context import StatusContext
 
-ROUTERS: list[Callable[[StatusContext], APIRouter]] = []
+ROUTERS: list[Callable[[StatusContext], APIRouter]] = [
+    dlc.router,
+    ti.router,
+    openpai.router,
+    k8s_resources.router,
+]
 
 __all__ = ["ROUTERS", "StatusContext"]

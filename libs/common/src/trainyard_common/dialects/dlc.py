@@ -1,0 +1,826 @@
+"""Alibaba Cloud PAI-DLC (API version 2020-12-03): the CreateJob body to the canonical
+job, and the canonical job back to DLC's GetJob / ListJobs shapes.
+
+Pure, except ``catalog_from_env``, which reads the instance-type catalog a deployment
+may name in ``YARD_DLC_ECS_CATALOG`` (once; the pure functions take a catalog).
+
+DLC names jobs by id only (display names need not be unique), so ``Translation.key``
+is None. Data-source and code-source ids are resolved by intake against its registry
+and passed in as ``Sources``; unresolved, the id itself stands for the source.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..events import FieldIssue
+from ..jobspec import CodeSource, DataSource, JobKind, JobSpec, Resources, RoleSpec, env_list
+from .registry import Dialect
+from .translation import (
+    INT_MAX,
+    ROLE_NAME_RE,
+    Issues,
+    Translation,
+    empty_spec,
+    join,
+    json_type,
+    show,
+)
+
+DIALECT = "dlc"
+CATALOG_ENV = "YARD_DLC_ECS_CATALOG"
+
+# JobType (case-sensitive, as DLC checks it) -> kind; the list is CreateJobRequest's
+# in alibabacloud_pai_dlc20201203 1.11.6.
+JOB_TYPES: dict[str, JobKind] = {
+    "TFJob": JobKind.TENSORFLOW,
+    "PyTorchJob": JobKind.PYTORCH,
+    "XGBoostJob": JobKind.XGBOOST,
+    "MPIJob": JobKind.MPI,
+    "OneFlowJob": JobKind.GENERIC,
+    "ElasticBatchJob": JobKind.GENERIC,
+    "SlurmJob": JobKind.GENERIC,
+    "RayJob": JobKind.GENERIC,
+    "DataJuicerJob": JobKind.GENERIC,
+}
+KIND_TO_TYPE = {JobKind.TENSORFLOW: "TFJob", JobKind.PYTORCH: "PyTorchJob",
+                JobKind.XGBOOST: "XGBoostJob", JobKind.MPI: "MPIJob"}
+
+# The node types each job type has (the SDK's JobSpec.Type documentation). Another
+# type is run as asked, with a warning: DLC itself would refuse it.
+ROLE_TYPES: dict[str, tuple[str, ...]] = {
+    "TFJob": ("Chief", "PS", "Worker", "Evaluator", "GraphLearn"),
+    "PyTorchJob": ("Worker", "Master"),
+    "XGBoostJob": ("Worker", "Master"),
+    "OneFlowJob": ("Worker", "Master"),
+    "ElasticBatchJob": ("Worker", "Master"),
+    "MPIJob": ("Launcher", "Worker"),
+    "RayJob": ("Head", "Worker"),
+}
+# The role whose success is the job's success, when the job has it (Kubeflow's
+# operators: a TFJob with a Chief ends with the Chief; without one, with its Workers).
+LEADER_ROLES = ("Chief", "Master", "Launcher", "Head")
+
+JOB_KEYS = frozenset({
+    "DisplayName", "JobType", "JobSpecs", "UserCommand", "DataSources", "CodeSource",
+    "ThirdpartyLibs", "ThirdpartyLibDir", "Envs", "JobMaxRunningTimeMinutes",
+    "WorkspaceId", "ResourceId", "Priority",
+})
+SPEC_KEYS = frozenset({"Type", "Image", "PodCount", "EcsSpec", "ResourceConfig"})
+RESOURCE_KEYS = frozenset({"CPU", "GPU", "Memory", "SharedMemory", "GPUType"})
+DATA_SOURCE_KEYS = frozenset({"DataSourceId", "MountPath", "Uri"})
+CODE_SOURCE_KEYS = frozenset({"CodeSourceId", "Branch", "Commit", "MountPath"})
+
+DEFAULT_PRIORITY = 1
+DEFAULT_CODE_MOUNT = "/root/code/"
+DEFAULT_SHM_MB = 64
+
+
+# ------------------------------------------------------------------ instance types
+
+
+@dataclass(frozen=True)
+class EcsType:
+    cpu: float
+    memory_gib: float
+    gpu: float = 0
+    gpu_type: str | None = None
+
+
+# Figures from Alibaba Cloud's ECS instance-family pages: general purpose g6 (1:4) and
+# compute c6 (1:2) from "Instance families" (help.aliyun.com/document_detail/25378.html);
+# the GPU families gn6e (V100 32 GB), gn6v (V100 16 GB), gn6i (T4) and gn7 (A100) from
+# "GPU-accelerated compute-optimized instance families" (document_detail/108490.html).
+# ecs.gn6e-c12g1.3xlarge is also the seed's example (one V100). A deployment corrects
+# or extends the table with YARD_DLC_ECS_CATALOG.
+BUILTIN_CATALOG: dict[str, EcsType] = {
+    "ecs.g6.large": EcsType(2, 8),
+    "ecs.g6.xlarge": EcsType(4, 16),
+    "ecs.g6.2xlarge": EcsType(8, 32),
+    "ecs.g6.3xlarge": EcsType(12, 48),
+    "ecs.g6.4xlarge": EcsType(16, 64),
+    "ecs.g6.6xlarge": EcsType(24, 96),
+    "ecs.g6.8xlarge": EcsType(32, 128),
+    "ecs.c6.large": EcsType(2, 4),
+    "ecs.c6.xlarge": EcsType(4, 8),
+    "ecs.c6.2xlarge": EcsType(8, 16),
+    "ecs.c6.3xlarge": EcsType(12, 24),
+    "ecs.c6.4xlarge": EcsType(16, 32),
+    "ecs.c6.6xlarge": EcsType(24, 48),
+    "ecs.c6.8xlarge": EcsType(32, 64),
+    "ecs.gn6e-c12g1.3xlarge": EcsType(12, 92, 1, "V100"),
+    "ecs.gn6e-c12g1.12xlarge": EcsType(48, 368, 4, "V100"),
+    "ecs.gn6e-c12g1.24xlarge": EcsType(96, 736, 8, "V100"),
+    "ecs.gn6v-c8g1.2xlarge": EcsType(8, 32, 1, "V100"),
+    "ecs.gn6v-c8g1.8xlarge": EcsType(32, 128, 4, "V100"),
+    "ecs.gn6v-c8g1.16xlarge": EcsType(64, 256, 8, "V100"),
+    "ecs.gn6i-c4g1.xlarge": EcsType(4, 15, 1, "T4"),
+    "ecs.gn6i-c8g1.2xlarge": EcsType(8, 31, 1, "T4"),
+    "ecs.gn6i-c16g1.4xlarge": EcsType(16, 62, 1, "T4"),
+    "ecs.gn6i-c24g1.6xlarge": EcsType(24, 93, 1, "T4"),
+    "ecs.gn6i-c24g1.12xlarge": EcsType(48, 186, 2, "T4"),
+    "ecs.gn6i-c24g1.24xlarge": EcsType(96, 372, 4, "T4"),
+    "ecs.gn7-c12g1.3xlarge": EcsType(12, 94, 1, "A100"),
+    "ecs.gn7-c13g1.13xlarge": EcsType(52, 378, 4, "A100"),
+    "ecs.gn7-c13g1.26xlarge": EcsType(104, 756, 8, "A100"),
+}
+
+
+def parse_catalog(document: Any, base: Mapping[str, EcsType] = BUILTIN_CATALOG
+                  ) -> dict[str, EcsType]:
+    """A catalog file's entries over ``base``. The file maps instance types to
+    ``{cpu, memory_gib, gpu, gpu_type}``; ValueError names a bad entry."""
+    catalog = dict(base)
+    if document is None:
+        return catalog
+    if not isinstance(document, dict):
+        raise ValueError(f"{CATALOG_ENV}: the catalog must map instance types to entries")
+    for name, entry in document.items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"{CATALOG_ENV}: {name!r} must be a mapping")
+        try:
+            catalog[str(name)] = EcsType(
+                cpu=float(entry["cpu"]), memory_gib=float(entry["memory_gib"]),
+                gpu=float(entry.get("gpu", 0) or 0), gpu_type=entry.get("gpu_type"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{CATALOG_ENV}: {name!r} needs numeric cpu and memory_gib "
+                             f"({exc!r})") from None
+    return catalog
+
+
+@lru_cache(maxsize=4)
+def _catalog_file(path: str) -> dict[str, EcsType]:
+    return parse_catalog(yaml.safe_load(Path(path).read_text()))
+
+
+def catalog_from_env() -> dict[str, EcsType]:
+    path = os.environ.get(CATALOG_ENV)
+    return _catalog_file(path) if path else BUILTIN_CATALOG
+
+
+# ---------------------------------------------------------------------- quantities
+
+_QUANTITY = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
+_MEMORY_UNITS_MB = {
+    "": 1 / 2**20, "b": 1 / 2**20,
+    "k": 1000 / 2**20, "ki": 1 / 1024, "m": 10**6 / 2**20, "mi": 1, "g": 10**9 / 2**20,
+    "gi": 1024, "t": 10**12 / 2**20, "ti": 1024**2,
+}
+
+
+def _quantity(value: Any) -> tuple[float, str] | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return (float(value), "") if math.isfinite(value) and value >= 0 else None
+    if not isinstance(value, str):
+        return None
+    match = _QUANTITY.fullmatch(value)
+    return (float(match.group(1)), match.group(2)) if match else None
+
+
+def parse_cpu(value: Any) -> float | None:
+    """ "4", 4, "0.5", "500m" -> cores."""
+    parsed = _quantity(value)
+    if parsed is None or parsed[1] not in ("", "m"):
+        return None
+    number, unit = parsed
+    return number / 1000 if unit == "m" else number
+
+
+def parse_memory_mb(value: Any) -> int | None:
+    """Kubernetes-style memory ("16Gi", "512Mi", "1G"; a bare number is bytes) -> MiB."""
+    parsed = _quantity(value)
+    if parsed is None:
+        return None
+    number, unit = parsed
+    factor = _MEMORY_UNITS_MB.get(unit.lower())
+    if factor is None:
+        return None
+    mb = number * factor
+    return math.ceil(mb) if mb <= INT_MAX else None
+
+
+def parse_gpu(value: Any) -> float | None:
+    parsed = _quantity(value)
+    return parsed[0] if parsed is not None and parsed[1] == "" else None
+
+
+def format_memory(mb: int) -> str:
+    return f"{mb // 1024}Gi" if mb % 1024 == 0 else f"{mb}Mi"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+# ---------------------------------------------------------------- source registry
+
+
+@dataclass(frozen=True)
+class ResolvedData:
+    uri: str
+    mount_path: str | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedCode:
+    repo: str
+    branch: str | None = None
+    commit: str | None = None
+    mount_path: str | None = None
+
+
+@dataclass
+class Sources:
+    """Registered data and code sources, by id, as intake resolved them."""
+
+    data: dict[str, ResolvedData] = field(default_factory=dict)
+    code: dict[str, ResolvedCode] = field(default_factory=dict)
+
+
+def data_source_uri(item: Mapping[str, Any]) -> str:
+    """Where a registered data source's files are: its ``Uri`` if given; a ``Path`` that
+    is a URI (``file://…``, ``oss://…``) or, with no file system named, a local ``/…``
+    path (the local backend); else ``<type>://<FileSystemId or Endpoint><Path>``."""
+    uri = item.get("Uri")
+    if isinstance(uri, str) and uri:
+        return uri
+    path = item.get("Path") if isinstance(item.get("Path"), str) else ""
+    host = item.get("FileSystemId") or item.get("Endpoint") or ""
+    # A Path on a NAS file system starts with "/" too: only without one is it local.
+    if "://" in path or (path.startswith("/") and not host):
+        return path
+    kind = str(item.get("DataSourceType") or "nas").lower()
+    return f"{kind}://{host}{'/' if path and not path.startswith('/') else ''}{path}"
+
+
+def local_path(uri: str) -> str | None:
+    if uri.startswith("file://"):
+        return uri[len("file://"):] or "/"
+    return uri if uri.startswith("/") else None
+
+
+# ---------------------------------------------------------------------- translation
+
+
+def field_path(role_index: int | None, field_name: str) -> str:
+    job_fields = {"name": "DisplayName", "queue": "ResourceId", "priority": "Priority",
+                  "kind": "JobType", "env": "Envs", "roles": "JobSpecs",
+                  "max_running_minutes": "JobMaxRunningTimeMinutes",
+                  "pip_packages": "ThirdpartyLibs", "pip_requirements_dir": "ThirdpartyLibDir",
+                  "data_sources": "DataSources", "code_source": "CodeSource",
+                  "command": "UserCommand"}
+    if role_index is None or field_name == "command":
+        key = job_fields.get(field_name)
+        return f"$.{key}" if key else "$"
+    spec = f"$.JobSpecs[{role_index}]"
+    role_fields = {"name": "Type", "replicas": "PodCount", "image": "Image",
+                   "cpu": "ResourceConfig.CPU", "memory_mb": "ResourceConfig.Memory",
+                   "gpu": "ResourceConfig.GPU", "gpu_type": "ResourceConfig.GPUType",
+                   "shm_mb": "ResourceConfig.SharedMemory"}
+    key = role_fields.get(field_name)
+    return f"{spec}.{key}" if key else spec
+
+
+def _unsupported(obj: dict[str, Any], known: frozenset[str], path: str, issues: Issues,
+                 what: str) -> None:
+    for key in sorted((k for k in obj if k not in known), key=str):
+        issues.warn(join(path, str(key)),
+                    f"{what} field {show(key)} is not supported by Trainyard; it is kept "
+                    "with the job but has no effect", "unsupported_field")
+
+
+def _resources(raw: dict[str, Any], path: str, catalog: Mapping[str, EcsType],
+               issues: Issues) -> Resources:
+    ecs_name = issues.string(raw, "EcsSpec", path, required=False)
+    config = raw.get("ResourceConfig")
+    config_path = f"{path}.ResourceConfig"
+    if config is not None and not isinstance(config, dict):
+        issues.error(config_path, f"ResourceConfig must be an object, not {json_type(config)}",
+                     "type")
+        config = None
+    config = config or {}
+    if config:
+        _unsupported(config, RESOURCE_KEYS, config_path, issues, "ResourceConfig")
+
+    def given(key: str, parse: Any, rule: str) -> Any:
+        if config.get(key) in (None, ""):
+            return None
+        value = parse(config[key])
+        if value is None:
+            issues.error(f"{config_path}.{key}",
+                         f"{key} {show(config[key])} must be {rule}", "invalid")
+        return value
+
+    cpu = given("CPU", parse_cpu, 'a CPU count such as "4" or "500m"')
+    memory = given("Memory", parse_memory_mb, 'a memory size such as "16Gi" or "512Mi"')
+    gpu = given("GPU", parse_gpu, 'a GPU count such as "1"')
+    shm = given("SharedMemory", parse_memory_mb, 'a memory size such as "8Gi"')
+    gpu_type = config.get("GPUType") if isinstance(config.get("GPUType"), str) else None
+    if config.get("GPUType") is not None and gpu_type is None:
+        issues.error(f"{config_path}.GPUType", "GPUType must be a string", "type")
+
+    base = catalog.get(ecs_name) if ecs_name else None
+    if ecs_name and base is None:
+        known = ", ".join(sorted(catalog)[:12])
+        message = (f"EcsSpec {show(ecs_name)} is not in the instance-type catalog "
+                   f"({CATALOG_ENV} adds types); known: {known}, ...")
+        if cpu is not None and memory is not None:
+            issues.warn(f"{path}.EcsSpec", message + "; ResourceConfig decides", "unknown_ecs")
+        else:
+            issues.error(f"{path}.EcsSpec", message, "unknown_ecs")
+    if base is None and not ecs_name and (cpu is None or memory is None) and not any(
+            e.path.startswith(config_path) for e in issues.errors):
+        issues.error(path, "each JobSpec needs an EcsSpec or a ResourceConfig with CPU and "
+                     "Memory", "required")
+    if cpu is not None and cpu <= 0:
+        issues.error(f"{config_path}.CPU", "CPU must be more than 0", "range")
+    if memory is not None and memory < 100:
+        issues.error(f"{config_path}.Memory", "Memory must be at least 100Mi", "range")
+    return Resources(
+        cpu=cpu if cpu and cpu > 0 else (base.cpu if base else 1.0),
+        memory_mb=memory if memory and memory >= 100 else (
+            math.ceil(base.memory_gib * 1024) if base else 1024),
+        gpu=gpu if gpu is not None else (base.gpu if base else 0),
+        gpu_type=gpu_type or (base.gpu_type if base else None),
+        shm_mb=shm if shm is not None else DEFAULT_SHM_MB,
+    )
+
+
+def _roles(payload: dict[str, Any], job_type: str | None, command: str,
+           catalog: Mapping[str, EcsType], issues: Issues) -> list[RoleSpec]:
+    raw_specs = payload.get("JobSpecs")
+    if raw_specs is None:
+        issues.error("$.JobSpecs", "JobSpecs is required (a list with at least one JobSpec)",
+                     "required")
+        return []
+    if not isinstance(raw_specs, list):
+        issues.error("$.JobSpecs", f"JobSpecs must be a list, not {json_type(raw_specs)}",
+                     "type")
+        return []
+    if not raw_specs:
+        issues.error("$.JobSpecs", "JobSpecs must hold at least one JobSpec", "required")
+    roles: list[RoleSpec] = []
+    first_use: dict[str, int] = {}
+    allowed = ROLE_TYPES.get(job_type or "")
+    for i, raw in enumerate(raw_specs):
+        path = f"$.JobSpecs[{i}]"
+        if not isinstance(raw, dict):
+            issues.error(path, f"a JobSpec must be an object, not {json_type(raw)}", "type")
+            continue
+        _unsupported(raw, SPEC_KEYS, path, issues, "JobSpec")
+        kind = issues.string(raw, "Type", path, required=True, non_blank=True)
+        # RayJob's "Worker-<group>" types: a role name holds no "-" (task ids join on it).
+        name = kind.replace("-", "_") if kind else ""
+        if kind and not ROLE_NAME_RE.fullmatch(name):
+            issues.error(f"{path}.Type", f"Type {show(kind)} must be a node type such as "
+                         "Worker, PS, Chief or Master", "pattern")
+            name = ""
+        elif name in first_use:
+            issues.error(f"{path}.Type", f"Type {show(kind)} is already used by "
+                         f"JobSpecs[{first_use[name]}]; one JobSpec per node type", "duplicate")
+        elif name:
+            first_use[name] = i
+            base_type = kind.split("-")[0] if kind else ""
+            if allowed is not None and base_type not in allowed:
+                issues.warn(f"{path}.Type", f"{job_type} has no {show(kind)} nodes (it has "
+                            f"{', '.join(allowed)}); the role runs as written", "role_type")
+        image = issues.string(raw, "Image", path, required=True, non_blank=True)
+        replicas = issues.integer(raw, "PodCount", path, required=False, minimum=1)
+        roles.append(RoleSpec(
+            name=name, replicas=replicas or 1, image=image,
+            resources=_resources(raw, path, catalog, issues), command=command,
+        ))
+    leaders = [r for r in roles if r.name in LEADER_ROLES]
+    succeeding = leaders[:1] or [r for r in roles if r.name == "Worker"]
+    if job_type in ROLE_TYPES and succeeding:
+        # Kubeflow's rule: the leader's (or else the Workers') success is the job's;
+        # parameter servers and evaluators never end by themselves.
+        roles = [r.model_copy(update={"min_succeeded": r.replicas if r in succeeding else None})
+                 for r in roles]
+    return roles
+
+
+def _envs(payload: dict[str, Any], issues: Issues) -> dict[str, str]:
+    envs = payload.get("Envs")
+    if envs is None:
+        return {}
+    if not isinstance(envs, dict):
+        issues.error("$.Envs", f"Envs must be an object of names to values, not "
+                     f"{json_type(envs)}", "type")
+        return {}
+    out: dict[str, str] = {}
+    for key, value in envs.items():
+        if isinstance(value, dict | list):
+            issues.error(join("$.Envs", str(key)), f"Envs value {show(key)} must be a "
+                         f"string, not {json_type(value)}", "type")
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            issues.error(join("$.Envs", str(key)), "Envs values must be finite", "type")
+            continue
+        out[str(key)] = value
+    return out
+
+
+def _data_sources(payload: dict[str, Any], sources: Sources | None, issues: Issues
+                  ) -> list[DataSource]:
+    raw = payload.get("DataSources")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        issues.error("$.DataSources", f"DataSources must be a list, not {json_type(raw)}",
+                     "type")
+        return []
+    out = []
+    for i, entry in enumerate(raw):
+        path = f"$.DataSources[{i}]"
+        if not isinstance(entry, dict):
+            issues.error(path, f"a data source must be an object, not {json_type(entry)}",
+                         "type")
+            continue
+        _unsupported(entry, DATA_SOURCE_KEYS, path, issues, "DataSources")
+        ds_id = issues.string(entry, "DataSourceId", path, required="Uri" not in entry,
+                              non_blank=True)
+        uri = issues.string(entry, "Uri", path, required=False, non_blank=True)
+        mount = issues.string(entry, "MountPath", path, required=False, non_blank=True)
+        resolved = sources.data.get(ds_id) if sources and ds_id else None
+        source = resolved.uri if resolved else (uri or ds_id)
+        if not source:
+            continue
+        default_mount = (resolved.mount_path if resolved else None) or f"/root/data/{ds_id or i}"
+        out.append(DataSource(source=source, mount_path=mount or default_mount))
+    return out
+
+
+def _code_source(payload: dict[str, Any], sources: Sources | None, issues: Issues
+                 ) -> CodeSource | None:
+    raw = payload.get("CodeSource")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        issues.error("$.CodeSource", f"CodeSource must be an object, not {json_type(raw)}",
+                     "type")
+        return None
+    _unsupported(raw, CODE_SOURCE_KEYS, "$.CodeSource", issues, "CodeSource")
+    code_id = issues.string(raw, "CodeSourceId", "$.CodeSource", required=True, non_blank=True)
+    branch = issues.string(raw, "Branch", "$.CodeSource", required=False)
+    commit = issues.string(raw, "Commit", "$.CodeSource", required=False)
+    mount = issues.string(raw, "MountPath", "$.CodeSource", required=False, non_blank=True)
+    if not code_id:
+        return None
+    resolved = sources.code.get(code_id) if sources else None
+    return CodeSource(
+        repo=resolved.repo if resolved else code_id,
+        branch=branch or (resolved.branch if resolved else None),
+        commit=commit or (resolved.commit if resolved else None),
+        mount_path=mount or (resolved.mount_path if resolved else None) or DEFAULT_CODE_MOUNT,
+    )
+
+
+def _string_list(payload: dict[str, Any], key: str, issues: Issues) -> list[str]:
+    raw = payload.get(key)
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        issues.error(f"$.{key}", f"{key} must be a list of strings, not {json_type(raw)}",
+                     "type")
+        return []
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, str) or not item.strip():
+            issues.error(f"$.{key}[{i}]", f"{key} entries must be non-empty strings", "type")
+        else:
+            out.append(item)
+    return out
+
+
+def translate_dlc(payload: Any, user: str = "", sources: Sources | None = None,
+                  catalog: Mapping[str, EcsType] | None = None) -> Translation:
+    """Any input to a JobSpec plus errors and warnings at CreateJob paths; never raises
+    on any JSON-like input."""
+    issues = Issues()
+    if not isinstance(payload, dict):
+        issues.error("$", f"a CreateJob body must be a JSON object, not {json_type(payload)}",
+                     "type")
+        return Translation(empty_spec(user=user), DIALECT, issues.errors, issues.warnings)
+    catalog = catalog_from_env() if catalog is None else catalog
+
+    name = issues.string(payload, "DisplayName", "$", required=True, non_blank=True)
+    job_type = issues.string(payload, "JobType", "$", required=True, non_blank=True)
+    if job_type is not None and job_type not in JOB_TYPES:
+        hint = next((t for t in JOB_TYPES if t.lower() == job_type.lower()), None)
+        issues.error("$.JobType", f"JobType {show(job_type)} is not one of "
+                     f"{', '.join(JOB_TYPES)}" + (f" (JobType is case-sensitive: "
+                                                  f"{hint})" if hint else ""), "enum")
+        job_type = None
+    command = issues.string(payload, "UserCommand", "$", required=True, non_blank=True)
+    priority = issues.integer(payload, "Priority", "$", required=False, minimum=1, maximum=9)
+    max_minutes = issues.integer(payload, "JobMaxRunningTimeMinutes", "$", required=False,
+                                 minimum=0)
+    resource_id = issues.string(payload, "ResourceId", "$", required=False)
+    workspace_id = issues.string(payload, "WorkspaceId", "$", required=False)
+    lib_dir = issues.string(payload, "ThirdpartyLibDir", "$", required=False)
+    envs = _envs(payload, issues)
+    libs = _string_list(payload, "ThirdpartyLibs", issues)
+    roles = _roles(payload, job_type, command or "", catalog, issues)
+    data_sources = _data_sources(payload, sources, issues)
+    code_source = _code_source(payload, sources, issues)
+    _unsupported(payload, JOB_KEYS, "$", issues, "CreateJob")
+
+    spec = JobSpec(
+        name=name or "",
+        kind=JOB_TYPES.get(job_type or "", JobKind.GENERIC),
+        user=user,
+        queue=resource_id or workspace_id or "default",
+        priority=priority or DEFAULT_PRIORITY,
+        env=env_list(envs),
+        code_source=code_source,
+        data_sources=data_sources,
+        pip_packages=libs,
+        pip_requirements_dir=lib_dir or None,
+        max_running_minutes=max_minutes or None,
+        roles=roles,
+    )
+    return Translation(spec, DIALECT, issues.errors, issues.warnings, key=None)
+
+
+def validate_dlc(payload: Any) -> list[FieldIssue]:
+    return translate_dlc(payload).errors
+
+
+def dlc_warnings(payload: Any) -> list[FieldIssue]:
+    return translate_dlc(payload).warnings
+
+
+def _looks_like(payload: dict[str, Any]) -> bool:
+    return "JobSpecs" in payload or "JobType" in payload
+
+
+REGISTRATION = Dialect(
+    name=DIALECT,
+    signature="dlc (a PAI-DLC CreateJob body with JobType or JobSpecs)",
+    looks_like=_looks_like,
+    translate=lambda payload, user: translate_dlc(payload, user),
+    field_path=field_path,
+    validate=lambda payload, spec: validate_dlc(payload),
+    warnings=lambda payload, spec: dlc_warnings(payload),
+)
+
+
+# ------------------------------------------------------------------------- pod ids
+
+
+def pod_id(job_id: str, role: str, index: int) -> str:
+    """A task's DLC PodId: ``<job id>-<role>-<index>`` (role names hold no "-")."""
+    return f"{job_id}-{role}-{index}"
+
+
+def parse_pod_id(job_id: str, pod: str) -> tuple[str, int] | None:
+    """(role, index) of a PodId of ``job_id``; None if it is not one."""
+    prefix = f"{job_id}-"
+    if not pod.startswith(prefix):
+        return None
+    role, sep, index = pod[len(prefix):].rpartition("-")
+    if not sep or not role or not index.isdigit() or len(index) > 9:
+        return None
+    return role, int(index)
+
+
+# -------------------------------------------------------------------------- views
+
+# Canonical job state -> DLC job Status (GetJob's values).
+STATUS = {
+    "SUBMITTED": "Creating", "ACCEPTED": "Creating", "QUEUED": "Queuing",
+    "PLACED": "EnvPreparing", "RUNNING": "Running", "SUCCEEDED": "Succeeded",
+    "FAILED": "Failed", "STOPPED": "Stopped", "REJECTED": "Failed",
+}
+REASON_CODE = {"REJECTED": "JobRejected", "FAILED": "JobFailed", "STOPPED": "JobStopped",
+               "QUEUED": "JobEnqueued", "SUCCEEDED": "JobSucceeded"}
+POD_STATUS = {None: "Pending", "PENDING": "Pending", "STARTING": "Pending",
+              "RUNNING": "Running", "SUCCEEDED": "Succeeded", "FAILED": "Failed",
+              "STOPPED": "Stopped"}
+
+
+def states_for(status: str) -> list[str]:
+    """Canonical states a DLC Status filter stands for (case-insensitive)."""
+    wanted = status.strip().lower()
+    return sorted(state for state, shown in STATUS.items() if shown.lower() == wanted)
+
+
+def gmt(value: Any) -> str | None:
+    """DLC's timestamp format, from a datetime or an ISO string."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return value
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(value)
+
+
+def _seconds_between(start: Any, end: Any) -> int | None:
+    a, b = gmt(start), gmt(end)
+    if not a or not b:
+        return None
+    try:
+        t0 = datetime.strptime(a, "%Y-%m-%dT%H:%M:%SZ")
+        t1 = datetime.strptime(b, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    return max(0, int((t1 - t0).total_seconds()))
+
+
+def _job_specs(spec: dict[str, Any], original: dict[str, Any] | None) -> list[dict[str, Any]]:
+    raw_specs = original.get("JobSpecs") if isinstance(original, dict) else None
+    by_type = {}
+    for raw in raw_specs if isinstance(raw_specs, list) else []:
+        if isinstance(raw, dict) and isinstance(raw.get("Type"), str):
+            by_type[raw["Type"].replace("-", "_")] = raw
+    out = []
+    for role in spec.get("roles", []):
+        res = role.get("resources", {})
+        raw = by_type.get(role.get("name"), {})
+        item: dict[str, Any] = {
+            "Type": raw.get("Type", role.get("name")), "Image": role.get("image"),
+            "PodCount": role.get("replicas"),
+            "ResourceConfig": {
+                "CPU": _num(res.get("cpu", 1)), "Memory": format_memory(res.get("memory_mb", 1024)),
+                "GPU": _num(res.get("gpu", 0)),
+                "SharedMemory": format_memory(res.get("shm_mb", DEFAULT_SHM_MB)),
+                **({"GPUType": res["gpu_type"]} if res.get("gpu_type") else {}),
+            },
+        }
+        if isinstance(raw.get("EcsSpec"), str):
+            item["EcsSpec"] = raw["EcsSpec"]
+        out.append(item)
+    return out
+
+
+def render_job(view: Mapping[str, Any], original: Mapping[str, Any] | None = None,
+               running_at: Any = None) -> dict[str, Any]:
+    """GetJob's response body (the SDK's GetJobResponseBody, less RequestId) for a
+    canonical job view (status's ``job_view``); ``original`` is the CreateJob body, for
+    the fields the canonical job does not keep (EcsSpec, source ids)."""
+    original = dict(original) if isinstance(original, Mapping) else {}
+    spec = view.get("spec") or {}
+    state = view.get("state") or "SUBMITTED"
+    job_id = view.get("id", "")
+    tasks = [t for t in view.get("tasks", []) if t.get("attempt") in (None, view.get("attempt", 1))]
+    pods = []
+    for task in tasks:
+        pid = pod_id(job_id, task.get("role", ""), task.get("index", 0))
+        status = POD_STATUS.get(task.get("state"), "Pending")
+        ended = status in ("Succeeded", "Failed", "Stopped")
+        pods.append({
+            "PodId": pid, "PodUid": f"{pid}-{task.get('attempt') or 1}",
+            "Type": task.get("role"), "Status": status,
+            "Ip": task.get("host_ip") or "", "NodeName": task.get("node") or "",
+            "PodIps": [{"InterfaceName": "eth0", "Ip": task["host_ip"]}]
+            if task.get("host_ip") else [],
+            "GmtCreateTime": gmt(view.get("submitted_at")),
+            "GmtStartTime": gmt(running_at) if running_at else None,
+            "GmtFinishTime": gmt(task.get("updated_at")) if ended else None,
+        })
+    finished = gmt(view.get("finished_at"))
+    created = gmt(view.get("submitted_at"))
+    roles = spec.get("roles", [])
+    env = {e["name"]: e["value"] for e in spec.get("env", []) if isinstance(e, dict)}
+    data_sources = []
+    raw_ds = original.get("DataSources") if isinstance(original.get("DataSources"), list) else []
+    for i, ds in enumerate(spec.get("data_sources", [])):
+        raw = raw_ds[i] if i < len(raw_ds) and isinstance(raw_ds[i], dict) else {}
+        data_sources.append({"DataSourceId": raw.get("DataSourceId"), "MountPath": ds.get(
+            "mount_path"), "Uri": ds.get("source")})
+    code = spec.get("code_source")
+    raw_code = original.get("CodeSource") if isinstance(original.get("CodeSource"), dict) else {}
+    job_type = original.get("JobType") if isinstance(original.get("JobType"), str) else (
+        KIND_TO_TYPE.get(spec.get("kind"), spec.get("kind")))
+    body: dict[str, Any] = {
+        "JobId": job_id,
+        "DisplayName": view.get("name") or spec.get("name"),
+        "JobType": job_type,
+        "Status": STATUS.get(state, state),
+        "ReasonCode": REASON_CODE.get(state, ""),
+        "ReasonMessage": view.get("reason") or "",
+        "UserId": view.get("user"),
+        "GmtCreateTime": created,
+        "GmtSubmittedTime": created,
+        "GmtRunningTime": gmt(running_at) if running_at else None,
+        "GmtFinishTime": finished,
+        "GmtSuccessedTime": finished if state == "SUCCEEDED" else None,
+        "GmtFailedTime": finished if state in ("FAILED", "REJECTED") else None,
+        "GmtStoppedTime": finished if state == "STOPPED" else None,
+        "Duration": _seconds_between(running_at or view.get("submitted_at"),
+                                     view.get("finished_at") or view.get("updated_at")),
+        "Pods": pods,
+        "JobSpecs": _job_specs(spec, original),
+        "UserCommand": roles[0].get("command") if roles else original.get("UserCommand"),
+        "Envs": env,
+        "Priority": view.get("priority") if view.get("priority") is not None else spec.get(
+            "priority"),
+        "ResourceId": original.get("ResourceId") or spec.get("queue"),
+        "WorkspaceId": original.get("WorkspaceId"),
+        "DataSources": data_sources,
+        "ThirdpartyLibs": spec.get("pip_packages", []),
+        "ThirdpartyLibDir": spec.get("pip_requirements_dir"),
+        "RequestCPU": int(sum(r.get("resources", {}).get("cpu", 0) * r.get("replicas", 1)
+                              for r in roles)),
+        "RequestGPU": float(sum(r.get("resources", {}).get("gpu", 0) * r.get("replicas", 1)
+                                for r in roles)),
+        "RequestMemory": format_memory(sum(r.get("resources", {}).get("memory_mb", 0)
+                                           * r.get("replicas", 1) for r in roles)),
+        "RestartTimes": str(max(0, (view.get("attempt") or 1) - 1)),
+    }
+    if code:
+        body["CodeSource"] = {"CodeSourceId": raw_code.get("CodeSourceId") or code.get("repo"),
+                              "Branch": code.get("branch"), "Commit": code.get("commit"),
+                              "MountPath": code.get("mount_path")}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def render_list(items: Iterable[tuple[Mapping[str, Any], Mapping[str, Any] | None]],
+                total: int) -> dict[str, Any]:
+    """ListJobs' body (less RequestId): each job as a JobItem."""
+    jobs = []
+    for view, original in items:
+        job = render_job(view, original)
+        spec = view.get("spec") or {}
+        if spec.get("max_running_minutes"):
+            job["JobMaxRunningTimeMinutes"] = spec["max_running_minutes"]
+        job["Username"] = view.get("user")
+        job["GmtModifiedTime"] = gmt(view.get("updated_at"))
+        jobs.append({k: v for k, v in job.items() if v is not None})
+    return {"Jobs": jobs, "TotalCount": total}
+
+
+def render_events(history: Iterable[Mapping[str, Any]], limit: int | None = None) -> list[str]:
+    """GetJobEvents' Events: one line per history row, oldest first."""
+    lines = []
+    for row in history:
+        event = row.get("event") or {}
+        detail = ""
+        if row.get("type") == "TaskStateChanged":
+            detail = (f" {event.get('role')}[{event.get('index')}] {event.get('state')}"
+                      + (f" (exit {event['exit_code']})" if event.get("exit_code") is not None
+                         else ""))
+        elif event.get("reason"):
+            detail = f" {event['reason']}"
+        elif event.get("errors"):
+            detail = " " + "; ".join(f"{e.get('path')}: {e.get('message')}"
+                                     for e in event["errors"])
+        elif row.get("type") == "JobQueued" and event.get("reasons"):
+            detail = " " + "; ".join(event["reasons"])
+        lines.append(f"{gmt(row.get('occurred_at'))} {row.get('type')}{detail}")
+    return lines[-limit:] if limit else lines
+
+
+DATA_SOURCE_FIELDS = ("DataSourceType", "DisplayName", "Description", "FileSystemId", "Path",
+                      "Endpoint", "MountPath", "Options", "Uri")
+CODE_SOURCE_FIELDS = ("DisplayName", "Description", "CodeRepo", "CodeBranch", "CodeCommit",
+                      "CodeRepoUserName", "CodeRepoAccessToken", "MountPath")
+
+
+def render_data_source(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A registered data source as the SDK's DataSourceItem."""
+    item = {"DataSourceId": doc.get("_id"), "UserId": doc.get("user"),
+            **{k: doc.get(k) for k in DATA_SOURCE_FIELDS},
+            "GmtCreateTime": gmt(doc.get("created_at")), "GmtModifyTime": gmt(doc.get(
+                "modified_at"))}
+    return {k: v for k, v in item.items() if v is not None}
+
+
+def render_code_source(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A registered code source as the SDK's CodeSourceItem; the access token hidden."""
+    item = {"CodeSourceId": doc.get("_id"), "UserId": doc.get("user"),
+            **{k: doc.get(k) for k in CODE_SOURCE_FIELDS},
+            "GmtCreateTime": gmt(doc.get("created_at")), "GmtModifyTime": gmt(doc.get(
+                "modified_at"))}
+    if item.get("CodeRepoAccessToken"):
+        item["CodeRepoAccessToken"] = "******"
+    return {k: v for k, v in item.items() if v is not None}
+
+
+def resolved_data(doc: Mapping[str, Any]) -> ResolvedData:
+    return ResolvedData(uri=data_source_uri(doc), mount_path=doc.get("MountPath") or None)
+
+
+def resolved_code(doc: Mapping[str, Any]) -> ResolvedCode:
+    return ResolvedCode(repo=str(doc.get("CodeRepo") or ""), branch=doc.get("CodeBranch") or None,
+                        commit=doc.get("CodeCommit") or None,
+                        mount_path=doc.get("MountPath") or None)

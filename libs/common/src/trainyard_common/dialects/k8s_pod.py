@@ -1,0 +1,413 @@
+"""What the Kubernetes-shaped dialects (T9k, Kubeflow) share: reading a pod template
+into a task's image, command, environment and resources, and showing a stored job back
+as a resource with a status. Pure; problems are recorded on an ``Issues``."""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from ..jobspec import EnvVar, Resources
+from .translation import INT_MAX, Issues, join, json_type, show
+
+# Kubernetes object names (metadata.name, namespaces): an RFC 1123 DNS label.
+DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS_LABEL_RULE = "a lowercase RFC 1123 label: ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$, at most 63 characters"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+SHM_PATH = "/dev/shm"
+MIB = 2**20
+GIB = 2**30
+
+_QUANTITY = re.compile(
+    r"(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
+)
+_SUFFIX = {
+    None: Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+    "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+}
+
+# Container and pod fields that carry meaning Trainyard applies; every other one is
+# kept with the original and reported.
+_CONTAINER_USED = frozenset({"name", "image", "command", "args", "env", "resources",
+                             "volumeMounts"})
+_POD_USED = frozenset({"containers", "volumes", "restartPolicy"})
+
+
+def quantity(value: Any) -> Decimal | None:
+    """A Kubernetes resource quantity ("500m", "8Gi", 2, "1e3") as a number, or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        return Decimal(str(value)) if math.isfinite(value) else None
+    if not isinstance(value, str):
+        return None
+    match = _QUANTITY.fullmatch(value.strip())
+    if match is None:
+        return None
+    suffix = match["suffix"]
+    try:
+        number = Decimal(match["num"])
+        if suffix and suffix[0] in "eE":
+            exponent = int(suffix[1:])
+            if abs(exponent) > 30:
+                return None
+            return number * Decimal(10) ** exponent
+        return number * _SUFFIX[suffix]
+    except (InvalidOperation, ValueError):
+        return None
+
+
+def shell_command(parts: list[str]) -> str:
+    """A container's argv as one shell command line: each word quoted, so the task runs
+    exactly the argv Kubernetes would have executed."""
+    return shlex.join(parts)
+
+
+@dataclass
+class PodTask:
+    """A pod template read for one role."""
+
+    image: str | None = None
+    command: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)
+    env: list[EnvVar] = field(default_factory=list)
+    resources: Resources = field(default_factory=Resources)
+    restart_policy: str | None = None  # the pod's own restartPolicy, if any
+    container_path: str = ""
+    container_name: str | None = None
+
+    @property
+    def argv(self) -> list[str]:
+        return [*self.command, *self.args]
+
+
+def _strings(value: Any, path: str, key: str, issues: Issues) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        issues.error(path, f"{key} must be a list of strings, not {json_type(value)}"
+                     if not isinstance(value, list) else f"{key} must hold only strings", "type")
+        return []
+    return list(value)
+
+
+def string_list(obj: dict[str, Any], key: str, path: str, issues: Issues) -> list[str]:
+    return _strings(obj.get(key), join(path, key), key, issues)
+
+
+def pod_template(
+    template: Any,
+    path: str,
+    issues: Issues,
+    *,
+    preferred: tuple[str, ...] = (),
+    owner: str = "the replica",
+) -> PodTask:
+    """Read ``template`` (a PodTemplateSpec) at ``path``. The training container is the
+    first one named in ``preferred`` (the kind's rule), else containers[0]."""
+    task = PodTask()
+    if template is None:
+        issues.error(path, f"template is required: {owner} needs a pod template with a "
+                     "container", "required")
+        return task
+    if not isinstance(template, dict):
+        issues.error(path, f"template must be an object, not {json_type(template)}", "type")
+        return task
+    spec_path = join(path, "spec")
+    pod = template.get("spec")
+    if pod is None and "containers" in template:
+        # T9k's own XGBoost example writes template.containers, without spec.
+        issues.warn(join(path, "containers"), "template.containers is read as "
+                    "template.spec.containers (a PodTemplateSpec keeps containers under "
+                    "spec)", "spelling")
+        pod, spec_path = template, path
+    for key in sorted(k for k in template if k not in ("spec", "metadata", "containers")):
+        issues.warn(join(path, key), f"unknown template field {show(key)} is kept but not "
+                    "used", "unknown_field")
+    if "metadata" in template:
+        issues.warn(join(path, "metadata"), "pod labels and annotations are kept but not "
+                    "applied to tasks", "not_applied")
+    if not isinstance(pod, dict):
+        issues.error(spec_path, "template.spec is required (an object with containers)"
+                     if pod is None else f"template.spec must be an object, not "
+                     f"{json_type(pod)}", "required" if pod is None else "type")
+        return task
+    restart = pod.get("restartPolicy")
+    if restart is not None:
+        if isinstance(restart, str):
+            task.restart_policy = restart
+        else:
+            issues.error(join(spec_path, "restartPolicy"), "restartPolicy must be a string",
+                         "type")
+    for key in sorted(k for k in pod if k not in _POD_USED):
+        issues.warn(join(spec_path, key), f"pod field {show(key)} is kept but not applied "
+                    "by Trainyard", "not_applied")
+
+    containers_path = join(spec_path, "containers")
+    containers = pod.get("containers")
+    if containers is None:
+        issues.error(containers_path, "containers is required (a list with at least one "
+                     "container)", "required")
+        return task
+    if not isinstance(containers, list) or not containers:
+        issues.error(containers_path, "containers must be a non-empty list", "type"
+                     if not isinstance(containers, list) else "required")
+        return task
+    chosen = 0
+    names = [c.get("name") if isinstance(c, dict) else None for c in containers]
+    for wanted in preferred:
+        if wanted in names:
+            chosen = names.index(wanted)
+            break
+    for i in range(len(containers)):
+        if i != chosen:
+            issues.warn(f"{containers_path}[{i}]", f"only containers[{chosen}] runs as the "
+                        f"task; containers[{i}] is kept but not run", "not_applied")
+    cpath = f"{containers_path}[{chosen}]"
+    task.container_path = cpath
+    container = containers[chosen]
+    if not isinstance(container, dict):
+        issues.error(cpath, f"a container must be an object, not {json_type(container)}",
+                     "type")
+        return task
+    task.container_name = container.get("name") if isinstance(container.get("name"),
+                                                                 str) else None
+    task.image = issues.string(container, "image", cpath, required=True, non_blank=True)
+    task.command = string_list(container, "command", cpath, issues)
+    task.args = string_list(container, "args", cpath, issues)
+    task.env = _env(container.get("env"), join(cpath, "env"), issues)
+    task.resources = _resources(container.get("resources"), join(cpath, "resources"), issues)
+    shm = _shm(pod, container, spec_path, cpath, issues)
+    if shm is not None:
+        task.resources.shm_mb = shm
+    for key in sorted(k for k in container if k not in _CONTAINER_USED):
+        issues.warn(join(cpath, key), f"container field {show(key)} is kept but not "
+                    "applied by Trainyard", "not_applied")
+    return task
+
+
+def _env(raw: Any, path: str, issues: Issues) -> list[EnvVar]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        issues.error(path, f"env must be a list, not {json_type(raw)}", "type")
+        return []
+    out: list[EnvVar] = []
+    for i, entry in enumerate(raw):
+        epath = f"{path}[{i}]"
+        if not isinstance(entry, dict):
+            issues.error(epath, f"an env entry must be an object, not {json_type(entry)}",
+                         "type")
+            continue
+        name = issues.string(entry, "name", epath, required=True, non_blank=True)
+        if "valueFrom" in entry:
+            issues.warn(join(epath, "valueFrom"), f"env {show(name)} takes its value from "
+                        "another resource (valueFrom); Trainyard cannot resolve it, so the "
+                        "variable is not set", "not_applied")
+            continue
+        value = entry.get("value", "")
+        if value is None:
+            value = ""
+        if not isinstance(value, str):
+            issues.error(join(epath, "value"), f"env value must be a string, not "
+                         f"{json_type(value)} (quote it in YAML)", "type")
+            continue
+        if name is not None:
+            out.append(EnvVar(name=name, value=value))
+    return out
+
+
+def _amount(raw: dict[str, Any], key: str, path: str, issues: Issues) -> Decimal | None:
+    if key not in raw:
+        return None
+    value = quantity(raw[key])
+    if value is None:
+        issues.error(join(path, key), f"{key} {show(raw[key])} is not a Kubernetes quantity "
+                     "(e.g. 500m, 2, 512Mi, 8Gi)", "type")
+        return None
+    return value
+
+
+def _resources(raw: Any, path: str, issues: Issues) -> Resources:
+    resources = Resources()
+    if raw is None:
+        return resources
+    if not isinstance(raw, dict):
+        issues.error(path, f"resources must be an object, not {json_type(raw)}", "type")
+        return resources
+    tables: dict[str, dict[str, Any]] = {}
+    for part in ("requests", "limits"):
+        table = raw.get(part)
+        if table is None:
+            continue
+        if not isinstance(table, dict):
+            issues.error(join(path, part), f"{part} must be an object", "type")
+            continue
+        tables[part] = table
+    for key in sorted(k for k in raw if k not in ("requests", "limits")):
+        issues.warn(join(path, key), f"resources field {show(key)} is kept but not applied",
+                    "not_applied")
+    known = {"cpu", "memory", GPU_RESOURCE, "ephemeral-storage"}
+    amounts: dict[str, dict[str, Decimal]] = {}
+    for part, table in tables.items():
+        ppath = join(path, part)
+        for key in table:
+            if key not in known:
+                issues.warn(join(ppath, key), f"resource {show(key)} is not one Trainyard "
+                            "schedules (cpu, memory, nvidia.com/gpu, ephemeral-storage); it "
+                            "is kept but not reserved", "not_applied")
+                continue
+            value = _amount(table, key, ppath, issues)
+            if value is not None:
+                amounts.setdefault(key, {})[part] = value
+    for key, parts in amounts.items():
+        if "requests" in parts and "limits" in parts and parts["limits"] < parts["requests"]:
+            issues.error(join(join(path, "limits"), key), f"limits {key} must not be less "
+                         f"than requests {key}", "range")
+
+    def pick(key: str, order: tuple[str, str]) -> tuple[Decimal, str] | None:
+        for part in order:
+            if part in amounts.get(key, {}):
+                return amounts[key][part], join(join(path, part), key)
+        return None
+
+    # Requests are what a task is placed by; limits stand in when no request is given
+    # (Kubernetes defaults a missing request to the limit).
+    cpu = pick("cpu", ("requests", "limits"))
+    if cpu is not None:
+        if cpu[0] <= 0 or cpu[0] > INT_MAX:
+            issues.error(cpu[1], f"cpu must be more than 0, got {cpu[0]}", "range")
+        else:
+            resources.cpu = float(cpu[0])
+    memory = pick("memory", ("requests", "limits"))
+    if memory is not None:
+        mb = math.ceil(memory[0] / MIB) if memory[0] > 0 else 0
+        if mb <= 0 or mb > INT_MAX:
+            issues.error(memory[1], "memory must be more than 0 and at most "
+                         f"{INT_MAX} MiB", "range")
+        else:
+            resources.memory_mb = mb
+    # Extended resources such as GPUs are whole numbers, given in limits.
+    gpu = pick(GPU_RESOURCE, ("limits", "requests"))
+    if gpu is not None:
+        if gpu[0] != gpu[0].to_integral_value() or gpu[0] < 0 or gpu[0] > INT_MAX:
+            issues.error(gpu[1], f"{GPU_RESOURCE} must be a whole number of GPUs, got "
+                         f"{gpu[0]}", "range")
+        else:
+            resources.gpu = float(gpu[0])
+    storage = pick("ephemeral-storage", ("requests", "limits"))
+    if storage is not None and 0 <= storage[0] <= Decimal(INT_MAX) * GIB:
+        resources.storage_gb = math.ceil(storage[0] / GIB)
+    return resources
+
+
+def _shm(pod: dict[str, Any], container: dict[str, Any], spec_path: str, cpath: str,
+         issues: Issues) -> int | None:
+    """The size of a memory-backed emptyDir mounted at /dev/shm (T9k's and Kubeflow's
+    documented way to give a task shared memory), in MB."""
+    volumes = pod.get("volumes")
+    mounts = container.get("volumeMounts")
+    by_name: dict[str, tuple[int, dict[str, Any]]] = {}
+    if isinstance(volumes, list):
+        for i, volume in enumerate(volumes):
+            if isinstance(volume, dict) and isinstance(volume.get("name"), str):
+                by_name[volume["name"]] = (i, volume)
+    elif volumes is not None:
+        issues.error(join(spec_path, "volumes"), "volumes must be a list", "type")
+    shm_volume: str | None = None
+    if isinstance(mounts, list):
+        for mount in mounts:
+            if isinstance(mount, dict) and mount.get("mountPath") == SHM_PATH:
+                shm_volume = mount.get("name") if isinstance(mount.get("name"), str) else None
+    elif mounts is not None:
+        issues.error(join(cpath, "volumeMounts"), "volumeMounts must be a list", "type")
+    size: int | None = None
+    for name, (i, volume) in by_name.items():
+        vpath = f"{join(spec_path, 'volumes')}[{i}]"
+        empty = volume.get("emptyDir")
+        if name == shm_volume and isinstance(empty, dict) and empty.get("medium") == "Memory":
+            limit = quantity(empty.get("sizeLimit")) if "sizeLimit" in empty else None
+            if limit is not None and limit > 0:
+                size = min(math.ceil(limit / MIB), INT_MAX)
+            continue
+        kinds = ", ".join(sorted(k for k in volume if k != "name")) or "no source"
+        issues.warn(vpath, f"volume {show(name)} ({kinds}) is kept but not mounted: "
+                    "Trainyard tasks see the node's file system", "not_applied")
+    return size
+
+
+# ----------------------------------------------------------------------- showing back
+
+
+def timestamp(value: Any) -> str | None:
+    """RFC 3339 in UTC with a Z, as Kubernetes writes times."""
+    if isinstance(value, datetime):
+        text = value.isoformat()
+    elif isinstance(value, str) and value:
+        text = value
+    else:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return text
+    if parsed.tzinfo is not None:
+        parsed = parsed.astimezone(UTC)
+    return parsed.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def latest_tasks(view: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Each task of the job's latest attempt (the view lists every attempt)."""
+    tasks = [t for t in view.get("tasks") or [] if isinstance(t, dict)]
+    attempt = max((t.get("attempt") or 1 for t in tasks), default=1)
+    return {(str(t.get("role")), int(t.get("index") or 0)): t for t in tasks
+            if (t.get("attempt") or 1) == attempt}
+
+
+def restarts(view: dict[str, Any], role: str) -> int:
+    """How many times a role's tasks were started again (earlier attempts)."""
+    tasks = [t for t in view.get("tasks") or [] if isinstance(t, dict) and t.get("role") == role]
+    return max(0, len({t.get("attempt") for t in tasks}) - 1)
+
+
+def resource_metadata(view: dict[str, Any], original: dict[str, Any]) -> dict[str, Any]:
+    """The resource's metadata as stored: what the user sent plus the server's fields."""
+    meta = original.get("metadata")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    meta["uid"] = view.get("id")
+    created = timestamp(view.get("submitted_at"))
+    if created:
+        meta["creationTimestamp"] = created
+    meta.setdefault("namespace", "default")
+    warnings = [f"{w.get('path')}: {w.get('message')}" for w in view.get("warnings") or []
+                if isinstance(w, dict)]
+    if warnings:
+        annotations = meta.get("annotations")
+        annotations = dict(annotations) if isinstance(annotations, dict) else {}
+        annotations["trainyard.dev/warnings"] = "\n".join(warnings)
+        meta["annotations"] = annotations
+    return meta
+
+
+def condition(kind: str, status: bool, reason: str, message: str,
+              at: str | None) -> dict[str, Any]:
+    return {"type": kind, "status": "True" if status else "False", "reason": reason,
+            "message": message, "lastTransitionTime": at}
+
+
+def rejection_message(view: dict[str, Any]) -> str:
+    errors = [f"{e.get('path')}: {e.get('message')}" for e in view.get("errors") or []
+              if isinstance(e, dict)]
+    return "; ".join(errors) or str(view.get("reason") or "rejected")

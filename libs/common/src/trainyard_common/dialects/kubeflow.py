@@ -1,0 +1,358 @@
+"""Kubeflow Training Operator v1 (``kubeflow.org/v1``) PyTorchJob and TFJob to and from
+the canonical job.
+
+Kubeflow's completion rule is expressed with ``success_rules``: the job succeeds when its
+Master (PyTorch) or Chief (TF; else Master, else worker 0) succeeds, or, for a TFJob with
+``successPolicy: AllWorkers``, when every worker has; any replica failing for good fails
+it (each role's ``min_failed`` stays 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..events import FieldIssue
+from ..jobspec import JobKind, JobSpec, RestartPolicy, RoleSpec, RunMode, TaskRef
+from .k8s_pod import (
+    DNS_LABEL_RE,
+    DNS_LABEL_RULE,
+    condition,
+    latest_tasks,
+    pod_template,
+    rejection_message,
+    resource_metadata,
+    shell_command,
+    timestamp,
+)
+from .registry import Dialect
+from .translation import Issues, Translation, empty_spec, join, json_type, show
+
+DIALECT = "kubeflow"
+GROUP = "kubeflow.org"
+VERSION = "v1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Kubeflow's ExitCode policy: 1-127 are permanent errors, 128-255 are retried.
+RETRYABLE_EXIT_CODES = list(range(128, 256))
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    plural: str
+    job_kind: JobKind
+    replica_key: str
+    types: tuple[str, ...]
+    container: str  # the container Kubeflow requires by name
+    default_restart: RestartPolicy
+    fields: frozenset[str]
+
+
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind("PyTorchJob", "pytorchjobs", JobKind.PYTORCH, "pytorchReplicaSpecs",
+         ("Master", "Worker"), "pytorch", RestartPolicy.ON_FAILURE,
+         frozenset({"pytorchReplicaSpecs", "runPolicy", "elasticPolicy", "nprocPerNode"})),
+    Kind("TFJob", "tfjobs", JobKind.TENSORFLOW, "tfReplicaSpecs",
+         ("Chief", "Master", "Worker", "PS", "Evaluator"), "tensorflow", RestartPolicy.NEVER,
+         frozenset({"tfReplicaSpecs", "runPolicy", "successPolicy", "enableDynamicWorker"})),
+)}
+PLURALS: dict[str, Kind] = {k.plural: k for k in KINDS.values()}
+_RESTART = {p.value: p for p in RestartPolicy}
+_CLEAN_POD = {"None": "None", "All": "All", "Running": "Unfinished"}
+
+
+def key_of(namespace: str, plural: str, name: str) -> str:
+    return f"{namespace}/{plural}/{name}"
+
+
+def field_path(role_index: int | None, field: str) -> str:
+    if role_index is None:
+        return {"name": "$.metadata.name",
+                "queue": "$.spec.runPolicy.schedulingPolicy.queue"}.get(field, "$.spec")
+    # Replica specs are keyed by type, which a role index does not name.
+    return "$.spec"
+
+
+def _run_policy(spec: dict[str, Any], issues: Issues) -> dict[str, Any]:
+    raw = spec.get("runPolicy")
+    path = "$.spec.runPolicy"
+    out: dict[str, Any] = {}
+    if raw is None:
+        return out
+    if not isinstance(raw, dict):
+        issues.error(path, f"runPolicy must be an object, not {json_type(raw)}", "type")
+        return out
+    backoff = issues.integer(raw, "backoffLimit", path, required=False, minimum=0)
+    if backoff is not None:
+        out["retry_limit"] = backoff
+    deadline = issues.integer(raw, "activeDeadlineSeconds", path, required=False, minimum=1)
+    if deadline is not None:
+        out["max_running_minutes"] = math.ceil(deadline / 60)
+    if "cleanPodPolicy" in raw:
+        policy = raw["cleanPodPolicy"]
+        if not isinstance(policy, str) or policy not in _CLEAN_POD:
+            issues.error(join(path, "cleanPodPolicy"), f"cleanPodPolicy {show(policy)} must "
+                         "be one of None, Running, All", "enum")
+        else:
+            out["cleanup_policy"] = _CLEAN_POD[policy]
+    if "suspend" in raw:
+        if not isinstance(raw["suspend"], bool):
+            issues.error(join(path, "suspend"), "suspend must be a boolean", "type")
+        elif raw["suspend"]:
+            out["run_mode"] = RunMode.PAUSE
+    scheduling = raw.get("schedulingPolicy")
+    spath = join(path, "schedulingPolicy")
+    if isinstance(scheduling, dict):
+        queue = issues.string(scheduling, "queue", spath, required=False, non_blank=True)
+        if queue is not None:
+            out["queue"] = queue
+        for extra in sorted(k for k in scheduling if k != "queue"):
+            issues.warn(join(spath, extra), f"schedulingPolicy.{extra} is kept but not "
+                        "applied: Trainyard's placement is gang scheduling already",
+                        "not_applied")
+    elif scheduling is not None:
+        issues.error(spath, "schedulingPolicy must be an object", "type")
+    for extra in sorted(k for k in raw if k not in (
+            "backoffLimit", "activeDeadlineSeconds", "cleanPodPolicy", "suspend",
+            "schedulingPolicy")):
+        issues.warn(join(path, extra), f"runPolicy.{extra} is kept but not applied",
+                    "not_applied")
+    return out
+
+
+def _restart(raw: Any, path: str, kind: Kind, issues: Issues) -> RestartPolicy:
+    if raw is None:
+        return kind.default_restart
+    if not isinstance(raw, str) or raw not in _RESTART:
+        issues.error(path, f"restartPolicy {show(raw)} must be one of Always, OnFailure, "
+                     "Never, ExitCode", "enum")
+        return kind.default_restart
+    return _RESTART[raw]
+
+
+def _roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[RoleSpec]:
+    path = join("$.spec", kind.replica_key)
+    raw = spec.get(kind.replica_key)
+    if not isinstance(raw, dict) or not raw:
+        issues.error(path, f"{kind.replica_key} is required (an object of replica specs by "
+                     f"type: {', '.join(kind.types)})" if raw is None else
+                     f"{kind.replica_key} must be a non-empty object", "required"
+                     if raw is None else "type")
+        return []
+    roles: list[RoleSpec] = []
+    for rtype, entry in raw.items():
+        rpath = join(path, str(rtype))
+        if rtype not in kind.types:
+            issues.error(rpath, f"replica type {show(rtype)} must be one of "
+                         f"{', '.join(kind.types)}", "enum")
+            continue
+        if not isinstance(entry, dict):
+            issues.error(rpath, f"a replica spec must be an object, not {json_type(entry)}",
+                         "type")
+            continue
+        replicas = issues.integer(entry, "replicas", rpath, required=False, minimum=1)
+        if rtype in ("Master", "Chief") and replicas is not None and replicas > 1:
+            issues.error(join(rpath, "replicas"), f"{rtype} must have exactly 1 replica, got "
+                         f"{replicas}", "range")
+        policy = _restart(entry.get("restartPolicy"), join(rpath, "restartPolicy"), kind,
+                          issues)
+        pod = pod_template(entry.get("template"), join(rpath, "template"), issues,
+                           preferred=(kind.container,), owner=f"replica type {rtype}")
+        if pod.container_name not in (None, kind.container) and pod.container_path:
+            issues.warn(join(pod.container_path, "name"), f"Kubeflow runs the container "
+                        f"named {kind.container!r}; none is, so {pod.container_name!r} is "
+                        "run", "spelling")
+        for extra in sorted(k for k in entry if k not in (
+                "replicas", "restartPolicy", "template")):
+            issues.warn(join(rpath, extra), f"unknown replica spec field {show(extra)} is "
+                        "kept but not used", "unknown_field")
+        command = ""
+        if pod.argv:
+            command = shell_command(pod.argv)
+            if not pod.command:
+                issues.warn(join(pod.container_path, "args"), "the container has args but "
+                            "no command; the args are run as the command (an image's "
+                            "entrypoint is not known to Trainyard)", "not_applied")
+        elif pod.container_path:
+            issues.error(pod.container_path, "the container needs a command or args: "
+                         "Trainyard runs no image entrypoint", "required")
+        roles.append(RoleSpec(
+            name=str(rtype), replicas=replicas or 1, resources=pod.resources,
+            image=pod.image, command=command, env=pod.env, restart_policy=policy,
+            retryable_exit_codes=list(RETRYABLE_EXIT_CODES)
+            if policy is RestartPolicy.EXIT_CODE else [],
+        ))
+    return roles
+
+
+def _elastic(spec: dict[str, Any], roles: list[RoleSpec], issues: Issues) -> bool:
+    raw = spec.get("elasticPolicy")
+    path = "$.spec.elasticPolicy"
+    if raw is None:
+        return False
+    if not isinstance(raw, dict):
+        issues.error(path, "elasticPolicy must be an object", "type")
+        return False
+    lo = issues.integer(raw, "minReplicas", path, required=False, minimum=1)
+    hi = issues.integer(raw, "maxReplicas", path, required=False, minimum=1)
+    for extra in sorted(k for k in raw if k not in ("minReplicas", "maxReplicas")):
+        issues.warn(join(path, extra), f"elasticPolicy.{extra} is kept but not applied",
+                    "not_applied")
+    if lo is not None and hi is not None and lo > hi:
+        issues.error(join(path, "minReplicas"), f"minReplicas ({lo}) must not exceed "
+                     f"maxReplicas ({hi})", "range")
+        return False
+    for i, role in enumerate(roles):
+        if role.name == "Worker":
+            low = lo if lo is not None else role.replicas
+            high = hi if hi is not None else max(role.replicas, low)
+            roles[i] = role.model_copy(update={
+                "min_replicas": low, "max_replicas": high,
+                "replicas": min(max(role.replicas, low), high)})
+    return True
+
+
+def _success(kind: Kind, spec: dict[str, Any], roles: list[RoleSpec], issues: Issues
+             ) -> list[list[TaskRef]]:
+    by_name = {r.name: r for r in roles}
+    policy = spec.get("successPolicy") if kind.name == "TFJob" else None
+    if policy not in (None, "", "AllWorkers"):
+        issues.error("$.spec.successPolicy", f"successPolicy {show(policy)} must be \"\" or "
+                     "AllWorkers", "enum")
+    if policy == "AllWorkers" and "Worker" in by_name:
+        return [[TaskRef(role="Worker", index=i) for i in range(by_name["Worker"].replicas)]]
+    for main in ("Chief", "Master", "Worker"):
+        if main in by_name:
+            return [[TaskRef(role=main, index=0)]]
+    return []
+
+
+def translate_kubeflow(payload: Any, user: str = "") -> Translation:
+    issues = Issues()
+    if not isinstance(payload, dict):
+        issues.error("$", f"a Kubeflow job must be an object, not {json_type(payload)}",
+                     "type")
+        return Translation(empty_spec(user=user), DIALECT, issues.errors, issues.warnings)
+    version = payload.get("apiVersion")
+    if version != API_VERSION:
+        issues.error("$.apiVersion", f"apiVersion must be {API_VERSION!r}, got {show(version)}",
+                     "invalid" if version is not None else "required")
+    kind = KINDS.get(payload.get("kind")) if isinstance(payload.get("kind"), str) else None
+    if kind is None:
+        issues.error("$.kind", f"kind {show(payload.get('kind'))} must be one of "
+                     f"{', '.join(KINDS)}", "enum")
+    meta = payload.get("metadata")
+    name, namespace = "", "default"
+    if isinstance(meta, dict):
+        name = issues.string(meta, "name", "$.metadata", required=True, pattern=DNS_LABEL_RE,
+                             rule=DNS_LABEL_RULE) or ""
+        namespace = issues.string(meta, "namespace", "$.metadata", required=False,
+                                  pattern=DNS_LABEL_RE, rule=DNS_LABEL_RULE) or "default"
+    else:
+        issues.error("$.metadata", "metadata is required (an object with a name)", "required")
+    spec = payload.get("spec")
+    if not isinstance(spec, dict):
+        issues.error("$.spec", "spec is required (an object)", "required")
+    if kind is None or not isinstance(spec, dict):
+        key = key_of(namespace, kind.plural, name) if kind and name else None
+        return Translation(empty_spec(name, user), DIALECT, issues.errors, issues.warnings,
+                           key=key)
+    for extra in sorted(k for k in spec if k not in kind.fields):
+        issues.warn(join("$.spec", extra), f"{extra} is not a field of {kind.name}; it is "
+                    "kept but not used", "unknown_field")
+    for extra in ("nprocPerNode", "enableDynamicWorker"):
+        if extra in spec and extra in kind.fields:
+            issues.warn(join("$.spec", extra), f"{extra} is kept but not applied: each task "
+                        "runs its command once", "not_applied")
+    roles = _roles(kind, spec, issues)
+    fields = _run_policy(spec, issues)
+    elastic = kind.name == "PyTorchJob" and _elastic(spec, roles, issues)
+    run_mode = fields.pop("run_mode", RunMode.ELASTIC if elastic else RunMode.IMMEDIATE)
+    job = JobSpec(
+        name=name, kind=kind.job_kind, user=user, run_mode=run_mode, roles=roles,
+        success_rules=_success(kind, spec, roles, issues),
+        image=next((r.image for r in roles if r.image), None), **fields,
+    )
+    return Translation(job, DIALECT, issues.errors, issues.warnings,
+                       key=key_of(namespace, kind.plural, name) if name else None)
+
+
+def validate_kubeflow(payload: Any, spec: JobSpec) -> list[FieldIssue]:
+    return translate_kubeflow(payload, spec.user).errors
+
+
+def _looks_like(payload: dict[str, Any]) -> bool:
+    version = payload.get("apiVersion")
+    return isinstance(version, str) and version.startswith(f"{GROUP}/")
+
+
+def render(kind_plural: str, job_view: dict[str, Any]) -> dict[str, Any]:
+    """The resource as submitted with a Kubeflow JobStatus (conditions, replicaStatuses,
+    startTime, completionTime) from the canonical job view."""
+    view = job_view
+    original = view.get("original") if isinstance(view.get("original"), dict) else {}
+    kind = PLURALS.get(kind_plural)
+    state = view.get("state")
+    created = timestamp(view.get("submitted_at"))
+    updated = timestamp(view.get("updated_at")) or created
+    finished = timestamp(view.get("finished_at"))
+    name = view.get("name") or ""
+    label = kind.name if kind else "Job"
+    reason = str(view.get("reason") or "")
+    conditions = [condition("Created", True, f"{label}Created",
+                            f"{label} {name} is created.", created)]
+    if state in ("RUNNING", "SUCCEEDED", "FAILED", "STOPPED"):
+        conditions.append(condition("Running", state == "RUNNING", f"{label}Running",
+                                    f"{label} {name} is running.", updated))
+    if state == "SUCCEEDED":
+        conditions.append(condition("Succeeded", True, f"{label}Succeeded",
+                                    reason or f"{label} {name} successfully completed.",
+                                    finished))
+    elif state in ("FAILED", "STOPPED", "REJECTED"):
+        why = {"FAILED": f"{label}Failed", "STOPPED": f"{label}Stopped",
+               "REJECTED": "Rejected"}[state]
+        message = rejection_message(view) if state == "REJECTED" else reason
+        conditions.append(condition("Failed", True, why, message, finished))
+    if (view.get("spec") or {}).get("run_mode") == RunMode.PAUSE.value and state not in (
+            "SUCCEEDED", "FAILED", "STOPPED", "REJECTED"):
+        conditions.append(condition("Suspended", True, f"{label}Suspended",
+                                    f"{label} {name} is suspended.", updated))
+    tasks = latest_tasks(view)
+    replica_statuses: dict[str, dict[str, int]] = {}
+    for role in (view.get("spec") or {}).get("roles") or []:
+        rname = str(role.get("name"))
+        counts = {"active": 0, "succeeded": 0, "failed": 0}
+        for index in range(int(role.get("replicas") or 0)):
+            task_state = (tasks.get((rname, index)) or {}).get("state")
+            if task_state in ("STARTING", "RUNNING"):
+                counts["active"] += 1
+            elif task_state == "SUCCEEDED":
+                counts["succeeded"] += 1
+            elif task_state == "FAILED":
+                counts["failed"] += 1
+        replica_statuses[rname] = counts
+    status: dict[str, Any] = {"conditions": conditions, "replicaStatuses": replica_statuses}
+    started = [timestamp(t.get("updated_at")) for t in tasks.values() if t.get("state")]
+    if started and state != "REJECTED":
+        status["startTime"] = min(s for s in started if s)
+    if finished and state in ("SUCCEEDED", "FAILED", "STOPPED"):
+        status["completionTime"] = finished
+    return {
+        "apiVersion": API_VERSION,
+        "kind": label if kind else original.get("kind"),
+        "metadata": resource_metadata(view, original),
+        "spec": original.get("spec", {}),
+        "status": status,
+    }
+
+
+REGISTRATION = Dialect(
+    name=DIALECT,
+    signature=f"kubeflow (an object with apiVersion {API_VERSION})",
+    looks_like=_looks_like,
+    translate=translate_kubeflow,
+    field_path=field_path,
+    validate=validate_kubeflow,
+)

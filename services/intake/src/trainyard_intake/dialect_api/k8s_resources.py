@@ -1,0 +1,192 @@
+"""T9k jobs and Kubeflow PyTorchJob / TFJob as Kubernetes-style resources: create
+(``POST /apis/<group>/<version>/namespaces/<ns>/<plural>``) and delete (``DELETE .../<name>``).
+
+Trainyard runs a submission asynchronously: the create answers 201 with the resource as
+stored (``metadata.uid`` is the job id) once the job is on the bus, and its translation
+warnings in ``Warning`` headers as the Kubernetes API server sends them. A job whose
+fields are invalid is answered 422 with a Kubernetes ``Status`` naming each field (the
+job is still recorded, as rejected). Checks against the cluster come later: a GET then
+shows phase Failed with reason Rejected. The namespace is part of the name, not a
+permission boundary; the bearer token's user is.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+import string
+from datetime import UTC, datetime
+from typing import Any
+
+import yaml
+from fastapi import APIRouter, Depends, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+
+from trainyard_common.auth import Identity
+from trainyard_common.dialects import kubeflow, t9k
+from trainyard_common.dialects.translation import UnknownDialect
+from trainyard_common.events import FieldIssue
+from trainyard_common.storage import insert_once
+
+from ..handlers import JobNotFound, request_stop, submit_job
+from .context import IntakeContext
+
+MAX_BODY = 4 * 1024 * 1024
+# job id -> (user, dialect key): how a DELETE by name finds the jobs it stops.
+COLLECTION = "k8s_resources"
+
+# (group, version) -> (dialect name, plural -> kind name, render)
+APIS: dict[tuple[str, str], tuple[str, dict[str, str], Any]] = {
+    (t9k.GROUP, t9k.VERSION): (t9k.DIALECT, {p: k.name for p, k in t9k.PLURALS.items()},
+                               t9k.render),
+    (kubeflow.GROUP, kubeflow.VERSION): (
+        kubeflow.DIALECT, {p: k.name for p, k in kubeflow.PLURALS.items()}, kubeflow.render),
+}
+KIND_ALIASES = t9k.KIND_SPELLINGS
+
+
+def status(code: int, reason: str, message: str, details: dict[str, Any] | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    """A Kubernetes ``Status`` object, the body of every API error."""
+    body: dict[str, Any] = {
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Success" if code < 400 else "Failure", "message": message,
+        "reason": reason, "code": code,
+    }
+    if details is not None:
+        body["details"] = details
+    return JSONResponse(status_code=code, content=body, headers=headers)
+
+
+def _decode(raw: bytes, content_type: str) -> Any:
+    if len(raw) > MAX_BODY:
+        raise ValueError(f"the request body is larger than {MAX_BODY} bytes")
+    if "yaml" in content_type:
+        return yaml.safe_load(raw)
+    try:
+        return json.loads(raw)
+    except ValueError:
+        # kubectl sends JSON; curl users often post YAML without saying so.
+        return yaml.safe_load(raw)
+
+
+def warning_header(issue: FieldIssue) -> str:
+    """RFC 7234 warn-value as the Kubernetes API server writes it: 299 - "text"."""
+    text = f"{issue.path}: {issue.message}".replace("\\", "\\\\").replace('"', '\\"')
+    text = text.encode("ascii", "backslashreplace").decode("ascii").replace("\n", " ")
+    return f'299 - "{text}"'
+
+
+def _causes(errors: list[FieldIssue]) -> list[dict[str, str]]:
+    return [{"reason": "FieldValueInvalid", "message": e.message,
+             "field": e.path.removeprefix("$.")} for e in errors]
+
+
+def router(ctx: IntakeContext) -> APIRouter:
+    api = APIRouter(tags=["kubernetes-style resources"])
+    names = ctx.db[COLLECTION] if ctx.db is not None else None
+
+    def resolve(group: str, version: str, plural: str) -> tuple[str, str, Any] | None:
+        found = APIS.get((group, version))
+        if found is None or plural not in found[1]:
+            return None
+        dialect, kinds, render = found
+        return dialect, kinds[plural], render
+
+    def not_found_resource(group: str, version: str, plural: str) -> JSONResponse:
+        return status(404, "NotFound", f"the server could not find the requested resource "
+                      f"({group}/{version}, {plural})")
+
+    @api.post("/apis/{group}/{version}/namespaces/{namespace}/{plural}")
+    async def create(group: str, version: str, namespace: str, plural: str,
+                     request: Request, identity: Identity = Depends(ctx.current)
+                     ) -> JSONResponse:
+        found = resolve(group, version, plural)
+        if found is None:
+            return not_found_resource(group, version, plural)
+        dialect, kind, render = found
+        try:
+            payload = _decode(await request.body(), request.headers.get("content-type", ""))
+        except (ValueError, yaml.YAMLError) as exc:
+            return status(400, "BadRequest", f"the request body is not valid JSON or YAML: "
+                          f"{exc}")
+        if not isinstance(payload, dict):
+            return status(400, "BadRequest", "the request body must be a single object")
+        payload = copy.deepcopy(payload)
+        sent_kind = payload.get("kind")
+        if not isinstance(sent_kind, str) or KIND_ALIASES.get(sent_kind, sent_kind) != kind:
+            return status(400, "BadRequest", f"the body's kind {sent_kind!r} does not match "
+                          f"the resource {plural!r} (kind {kind})")
+        if payload.get("apiVersion") != f"{group}/{version}":
+            return status(400, "BadRequest", f"the body's apiVersion "
+                          f"{payload.get('apiVersion')!r} does not match the path's "
+                          f"{group}/{version}")
+        meta = payload.get("metadata")
+        if meta is None:
+            meta = payload["metadata"] = {}
+        if not isinstance(meta, dict):
+            return status(400, "BadRequest", "metadata must be an object")
+        if meta.get("namespace") not in (None, namespace):
+            return status(400, "BadRequest", "the namespace of the provided object does not "
+                          "match the namespace sent on the request")
+        meta["namespace"] = namespace
+        if not meta.get("name") and isinstance(meta.get("generateName"), str):
+            alphabet = string.ascii_lowercase + string.digits
+            meta["name"] = meta["generateName"] + "".join(
+                secrets.choice(alphabet) for _ in range(5))
+        try:
+            result = await submit_job(payload, identity, ctx.deps, dialect=dialect)
+        except UnknownDialect as exc:
+            return status(400, "BadRequest", str(exc))
+        name = meta.get("name") if isinstance(meta.get("name"), str) else ""
+        key = f"{namespace}/{plural}/{name}"
+        if names is not None and name:
+            await insert_once(names, {"_id": result.job_id, "user": identity.user,
+                                      "key": key, "dialect": dialect})
+        headers = [("Warning", warning_header(w)) for w in result.warnings]
+        if result.errors:
+            response = status(422, "Invalid", f"{kind}.{group} {name!r} is invalid: "
+                              + "; ".join(f"{e.path}: {e.message}" for e in result.errors),
+                              {"name": name, "group": group, "kind": kind,
+                               "uid": result.job_id, "causes": _causes(result.errors)})
+        else:
+            view = {
+                "id": result.job_id, "name": name, "state": "SUBMITTED",
+                "submitted_at": datetime.now(UTC), "warnings":
+                [w.model_dump() for w in result.warnings], "tasks": [], "spec": None,
+                "original": payload,
+            }
+            response = JSONResponse(status_code=201, content=jsonable_encoder(render(plural, view)))
+        for header, value in headers:
+            response.headers.append(header, value)
+        return response
+
+    @api.delete("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")
+    async def delete(group: str, version: str, namespace: str, plural: str, name: str,
+                     identity: Identity = Depends(ctx.current)) -> JSONResponse:
+        found = resolve(group, version, plural)
+        if found is None:
+            return not_found_resource(group, version, plural)
+        key = f"{namespace}/{plural}/{name}"
+        details = {"name": name, "group": group, "kind": plural}
+        ids = [] if names is None else [
+            doc["_id"] async for doc in names.find({"user": identity.user, "key": key})]
+        stopped = []
+        for job_id in ids:
+            # Every job ever created under this name is stopped: at most one can still be
+            # running (names are unique per user); the others are finished or were
+            # rejected, and a stop changes nothing for them.
+            try:
+                await request_stop(job_id, identity, ctx.deps,
+                                   f"deleted by {identity.user} ({plural}/{name})")
+            except JobNotFound:
+                continue
+            stopped.append(job_id)
+        if not stopped:
+            return status(404, "NotFound", f'{plural}.{group} "{name}" not found', details)
+        return status(200, "", f'{plural}.{group} "{name}" deleted: its job is stopped',
+                      {**details, "uid": stopped[-1]})
+
+    return api

@@ -1,0 +1,177 @@
+"""OpenPAI rest-server's write API, at its paths and in its shapes:
+
+- ``POST /api/v2/jobs`` — a protocol v2 YAML (or a v1 JSON) job; 202
+  ``{"status": 202, "message": "Update job <name> for user <user> successfully."}``
+  (rest-server ``controllers/v2/job.js`` update);
+- ``POST /api/v1/user/{user}/jobs`` — a v1 JSON job; 202
+  ``{"message": "update job <name> successfully"}`` and a Location (the v1 controller);
+- ``PUT /api/v2/jobs/{user}~{name}/executionType`` ``{"value": "STOP"}`` — stop it; 202
+  ``{"status": 202, "message": "Execute job <user>~<name> successfully."}``.
+
+Errors are OpenPAI's ``{"code": "...", "message": "..."}``. A job the protocol rejects is
+answered 400 at once (``InvalidProtocolError``), as OpenPAI does; checks against the
+cluster and the name already being taken come later, from validation (the job then
+shows FAILED with the reason).
+
+OpenPAI names jobs ``user~name``, intake by id, so this module keeps which job ids were
+submitted under each name (collection ``openpai_jobs``, one document per job id, written
+once): a rejected resubmission of a name must not hide the job that runs under it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import JSONResponse
+
+from trainyard_common.auth import Identity
+from trainyard_common.dialects import openpai, openpai_v2
+from trainyard_common.storage import insert_once
+
+from ..handlers import JobNotFound, request_stop, submit_job
+from .context import IntakeContext
+
+MAX_BODY = 4 * 1024 * 1024
+
+
+def error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"code": code, "message": message, **extra})
+
+
+class OpenPaiNames:
+    """Job ids by (user, job name)."""
+
+    def __init__(self, db: Any) -> None:
+        self._jobs = db["openpai_jobs"] if db is not None else None
+        self._memory: list[dict[str, str]] = []
+
+    async def record(self, job_id: str, user: str, name: str) -> None:
+        doc = {"_id": job_id, "user": user, "name": name}
+        if self._jobs is None:
+            self._memory.append(doc)
+        else:
+            await insert_once(self._jobs, doc)
+
+    async def job_ids(self, user: str, name: str) -> list[str]:
+        if self._jobs is None:
+            return [d["_id"] for d in self._memory if d["user"] == user and d["name"] == name]
+        return [d["_id"] async for d in self._jobs.find({"user": user, "name": name},
+                                                         {"_id": 1})]
+
+
+def _decode(raw: bytes, content_type: str) -> Any:
+    """The body as data. YAML is a superset of JSON, so a v1 JSON sent as YAML (or with no
+    content type, as OpenPAI's SDKs do) reads the same."""
+    if len(raw) > MAX_BODY:
+        raise ValueError(f"job payload larger than {MAX_BODY} bytes")
+    data = json.loads(raw) if "json" in content_type else yaml.safe_load(raw)
+    # YAML allows keys and values JSON has no word for (1: x, dates); the job is kept as
+    # JSON, so it is turned into the JSON it stands for once, here.
+    return json.loads(json.dumps(data, default=str))
+
+
+def _split(framework_name: str) -> tuple[str, str] | None:
+    user, sep, name = framework_name.partition("~")
+    return (user, name) if sep and user and name else None
+
+
+def router(ctx: IntakeContext) -> APIRouter:
+    api = APIRouter(tags=["openpai"])
+    names = OpenPaiNames(ctx.db)
+
+    async def submit(request: Request, identity: Identity, idempotency_key: str | None,
+                     v1_only: bool) -> tuple[Any, str] | JSONResponse:
+        try:
+            payload = _decode(await request.body(), request.headers.get("content-type", ""))
+        except (ValueError, yaml.YAMLError) as exc:
+            return error(400, "InvalidProtocolError", f"the job is not valid YAML or JSON: {exc}")
+        if isinstance(payload, dict) and not v1_only and openpai_v2.is_v2(payload):
+            dialect = openpai_v2.REGISTRATION
+        elif isinstance(payload, dict) and ("jobName" in payload or "taskRoles" in payload):
+            dialect = openpai.REGISTRATION
+        else:
+            expected = "an OpenPAI v1 job (jobName, taskRoles)" if v1_only else \
+                "an OpenPAI job (protocolVersion 2, or a v1 jobName and taskRoles)"
+            return error(400, "InvalidProtocolError", f"the body is not {expected}")
+        checked = dialect.translate(payload, identity.user)
+        if checked.errors:
+            summary = "; ".join(f"{e.path}: {e.message}" for e in checked.errors)
+            return error(400, "InvalidProtocolError", summary,
+                         errors=[e.model_dump() for e in checked.errors])
+        result = await submit_job(payload, identity, ctx.deps, dialect=dialect.name,
+                                  idempotency_key=idempotency_key)
+        await names.record(result.job_id, identity.user, checked.spec.name)
+        return result.job_id, checked.spec.name
+
+    @api.post("/api/v2/jobs", status_code=202)
+    async def submit_v2(request: Request, identity: Identity = Depends(ctx.current),
+                        idempotency_key: str | None = Header(None)) -> JSONResponse:
+        done = await submit(request, identity, idempotency_key, v1_only=False)
+        if isinstance(done, JSONResponse):
+            return done
+        job_id, name = done
+        return JSONResponse(status_code=202, headers={"X-Trainyard-Job-Id": job_id}, content={
+            "status": 202,
+            "message": f"Update job {name} for user {identity.user} successfully.",
+        })
+
+    @api.post("/api/v1/user/{user}/jobs", status_code=202)
+    async def submit_v1(user: str, request: Request, identity: Identity = Depends(ctx.current),
+                        idempotency_key: str | None = Header(None)) -> JSONResponse:
+        if user != identity.user and not identity.admin:
+            return error(403, "ForbiddenUserError",
+                         f"User {identity.user} is not allowed to add job to {user}.")
+        # An admin submitting under another user's path submits as that user (v1 keeps
+        # the job under the path's user).
+        owner = identity if user == identity.user else Identity(user=user, admin=False)
+        done = await submit(request, owner, idempotency_key, v1_only=True)
+        if isinstance(done, JSONResponse):
+            return done
+        job_id, name = done
+        return JSONResponse(status_code=202, headers={
+            "Location": f"/api/v1/user/{user}/jobs/{name}", "X-Trainyard-Job-Id": job_id,
+        }, content={"message": f"update job {name} successfully"})
+
+    @api.put("/api/v2/jobs/{framework_name}/executionType", status_code=202)
+    async def execute(framework_name: str, request: Request,
+                      identity: Identity = Depends(ctx.current)) -> JSONResponse:
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError:
+            body = None
+        value = body.get("value") if isinstance(body, dict) else None
+        if value not in ("STOP", "START"):
+            return error(400, "InvalidParametersError",
+                         'executionType must be {"value": "STOP"} or {"value": "START"}')
+        parts = _split(framework_name)
+        if parts is None:
+            return error(404, "NoJobError", f"Job {framework_name} is not found.")
+        user, name = parts
+        if user != identity.user and not identity.admin:
+            return error(403, "ForbiddenUserError",
+                         f"User {identity.user} is not allowed to execute job {framework_name}.")
+        job_ids = await names.job_ids(user, name)
+        if not job_ids:
+            return error(404, "NoJobError", f"Job {framework_name} is not found.")
+        if value == "START":
+            # A stopped OpenPAI job can be started again; a Trainyard job runs once.
+            return error(400, "InvalidParametersError",
+                         "START is not supported: submit the job again under a new name")
+        stopped = 0
+        for job_id in job_ids:
+            try:
+                await request_stop(job_id, identity, ctx.deps, f"stopped by {identity.user} "
+                                   "(executionType STOP)")
+                stopped += 1
+            except JobNotFound:
+                pass
+        if not stopped:
+            return error(404, "NoJobError", f"Job {framework_name} is not found.")
+        return JSONResponse(status_code=202, content={
+            "status": 202, "message": f"Execute job {framework_name} successfully.",
+        })
+
+    return api

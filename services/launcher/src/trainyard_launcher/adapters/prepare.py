@@ -1,0 +1,380 @@
+"""Carrying out a task's :class:`PreparePlan`, inside the task's own wrapper process.
+
+Steps, in order, each logged to the task's ``stderr.log``: ``git clone`` (then
+``git checkout <commit>``) of the code source into the task's directory; a check that
+every data source exists; the job's virtualenv, created and installed once per job and
+node under a lock; and finally making each mount path visible to the command.
+
+Mount paths. A local process has no container, so a path such as ``/mnt/data`` would
+have to be created on the machine itself, where it is shared by every job. Instead the
+command runs in a mount namespace of its own (``python -m
+trainyard_launcher.adapters.prepare enter PLAN -- COMMAND``): a private copy of the
+machine's directory tree whose root, and any directory a mount path has to be created
+in, is a tmpfs that re-binds the original entries; each source is bind-mounted at its
+mount path there, then the command is ``chroot``-ed into that view. Nothing on the real
+filesystem changes, and tasks of different jobs can use the same mount path. Without
+root, a user namespace maps the task's own uid to itself (capabilities end at ``exec``).
+When namespaces are not available the fallback is a symlink at the mount path, only
+when that path is free and its directory writable (removed when the task ends);
+otherwise the task fails with a reason naming the path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO
+
+from ..domain.prepare import (
+    DEPENDENCY_FAILED,
+    Checkout,
+    Mount,
+    PipInstall,
+    PreparePlan,
+)
+
+# Written by ``enter`` when it cannot build the task's view; the wrapper turns it into
+# the task's reason (taskwrap keeps the same name without importing this module).
+FAILED_FILE = "prepare-failed"
+ENTER_FAILED_EXIT = 125
+
+
+class PrepareFailed(Exception):
+    """Preparation failed; ``str(exc)`` is the task's reason."""
+
+
+def _say(log: IO[str], text: str) -> None:
+    log.write(f"trainyard prepare: {text}\n")
+    log.flush()
+
+
+def _hide_credentials(url: str) -> str:
+    return re.sub(r"//[^/@]+@", "//***@", url)
+
+
+def _run(argv: list[str], log: IO[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run ``argv`` with its output in the task's log; returns the exit code and the
+    last lines of its output (for the reason)."""
+    _say(log, "$ " + " ".join(_hide_credentials(a) for a in argv))
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, text=True, errors="replace")
+    except OSError as exc:
+        return 127, str(exc)
+    tail: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        log.write(line)
+        tail = (tail + [line.rstrip()])[-5:]
+    log.flush()
+    return proc.wait(), " / ".join(t for t in tail if t.strip())[-500:]
+
+
+# --- code source --------------------------------------------------------------------------
+
+def clone(checkout: Checkout, log: IO[str]) -> None:
+    dest = Path(checkout.dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    repo = _hide_credentials(checkout.repo)
+    argv = ["git", "clone", "--quiet"]
+    if checkout.branch:
+        argv += ["--branch", checkout.branch]
+    code, output = _run([*argv, "--", checkout.repo, str(dest)], log, env)
+    at = f" at branch {checkout.branch}" if checkout.branch else ""
+    if code != 0:
+        raise PrepareFailed(f"code source: git clone of {repo}{at} failed: {output}")
+    if checkout.commit:
+        code, output = _run(["git", "-C", str(dest), "-c", "advice.detachedHead=false",
+                             "checkout", "--quiet", "--detach", checkout.commit], log, env)
+        if code != 0:
+            raise PrepareFailed(
+                f"code source: commit {checkout.commit} of {repo}{at} cannot be checked out: {output}"
+            )
+
+
+# --- the job's virtualenv -------------------------------------------------------------------
+
+def _state_path(pip: PipInstall) -> Path:
+    return Path(pip.lock).with_suffix(".json")
+
+
+def install(pip: PipInstall, log: IO[str], created_by: str) -> None:
+    """Create the job's virtualenv and install into it, once: the lock makes the other
+    tasks of the job wait, and the state file tells them it is done (or how it failed,
+    so an attempt's tasks do not all repeat a failing install)."""
+    venv = Path(pip.venv)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(pip.lock, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state_path = _state_path(pip)
+        try:
+            state = json.loads(state_path.read_text())
+        except (FileNotFoundError, ValueError):
+            state = {}
+        if state.get("digest") == pip.digest:
+            if state.get("ok"):
+                _say(log, f"the job's virtualenv {venv} is ready (made by {state.get('created_by')})")
+                return
+            if state.get("attempt") == pip.attempt:
+                raise PrepareFailed(state["reason"])
+        reason = _install_locked(pip, venv, log)
+        state = {"digest": pip.digest, "ok": reason is None, "reason": reason,
+                 "attempt": pip.attempt, "created_by": created_by}
+        tmp = state_path.with_name(f".{state_path.name}.tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, state_path)
+        if reason is not None:
+            raise PrepareFailed(reason)
+
+
+def _install_locked(pip: PipInstall, venv: Path, log: IO[str]) -> str | None:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        _say(log, f"creating the job's virtualenv {venv}")
+        # The launcher's own interpreter: one known to have venv and ensurepip, which a
+        # distribution's python3 may lack.
+        code, output = _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], log)
+        if code != 0:
+            return f"{DEPENDENCY_FAILED}: cannot create the virtualenv {venv}: {output}"
+    argv = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+            "--progress-bar", "off", *pip.pip_args, *pip.packages]
+    if pip.requirements:
+        if not Path(pip.requirements).is_file():
+            return f"{DEPENDENCY_FAILED}: no requirements file at {pip.requirements}"
+        argv += ["-r", pip.requirements]
+    code, output = _run(argv, log)
+    if code != 0:
+        what = " ".join(pip.packages) or pip.requirements
+        return f"{DEPENDENCY_FAILED}: pip install of {what} exited with code {code}: {output}"
+    return None
+
+
+# --- mount paths --------------------------------------------------------------------------
+
+Link = tuple[str, str]  # (path, target)
+
+
+def _link(mount: Mount, task_dir: str, why_no_namespace: str | None) -> Link:
+    view = Path(mount.view)
+    inside = view == Path(task_dir) or Path(task_dir) in view.parents
+    if os.path.lexists(view):
+        raise PrepareFailed(
+            f"{mount.what}: mount path {view} already exists on this machine, and the local "
+            f"backend cannot mount over it without a mount namespace ({why_no_namespace})"
+        )
+    if inside:
+        view.parent.mkdir(parents=True, exist_ok=True)
+    elif not view.parent.is_dir() or not os.access(view.parent, os.W_OK):
+        raise PrepareFailed(
+            f"{mount.what}: mount path {view} cannot be made: {view.parent} is not a writable "
+            f"directory, and mount namespaces are not available ({why_no_namespace})"
+        )
+    os.symlink(mount.host, view)
+    return str(view), mount.host
+
+
+def remove_links(links: list[Link]) -> None:
+    for path, target in links:
+        try:
+            if os.readlink(path) == target:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def run_preparation(
+    plan: PreparePlan, plan_file: Path, command: list[str], log: IO[str]
+) -> tuple[list[str], list[Link]]:
+    """Carry out ``plan``; returns the argv that runs ``command`` in the task's view and
+    the symlinks to remove when it ends. Raises :class:`PrepareFailed`."""
+    hostname = socket.gethostname()
+    if plan.checkout is not None:
+        clone(plan.checkout, log)
+    for mount in plan.mounts:
+        if not os.path.exists(mount.host):
+            raise PrepareFailed(f"{mount.what}: {mount.host} does not exist on {hostname}")
+    if plan.pip is not None:
+        install(plan.pip, log, created_by=plan.task_dir)
+
+    links: list[Link] = []
+    outside = plan.outside_mounts
+    for mount in plan.mounts:
+        if mount not in outside and mount.host != mount.view:
+            links.append(_link(mount, plan.task_dir, None))
+    if not outside:
+        return command, links
+    problem = namespace_problem()
+    if problem is None:
+        _say(log, "mount paths " + ", ".join(m.view for m in outside) + " in the task's own mount namespace")
+        return [sys.executable, "-I", "-m", "trainyard_launcher.adapters.prepare", "enter",
+                str(plan_file), "--", *command], links
+    _say(log, f"no mount namespace ({problem}); symlinks at the mount paths instead")
+    try:
+        for mount in outside:
+            links.append(_link(mount, plan.task_dir, problem))
+    except PrepareFailed:
+        remove_links(links)
+        raise
+    return command, links
+
+
+def namespace_problem() -> str | None:
+    """None when this machine lets a task have its own mount namespace, else why not."""
+    proc = subprocess.run(
+        [sys.executable, "-I", "-m", "trainyard_launcher.adapters.prepare", "probe"],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL,
+    )
+    return None if proc.returncode == 0 else (proc.stderr.strip() or f"probe exited {proc.returncode}")
+
+
+# --- inside the namespace -----------------------------------------------------------------
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_MS_RDONLY = 1
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"{what}: {os.strerror(number)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    def enc(value: str | None) -> bytes | None:
+        return None if value is None else os.fsencode(value)
+
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount {source or fstype} on {target}")
+
+
+def _own_namespace() -> None:
+    uid, gid = os.getuid(), os.getgid()
+    user = uid != 0
+    _check(_libc.unshare(_CLONE_NEWNS | (_CLONE_NEWUSER if user else 0)), "unshare")
+    if user:
+        # The task keeps its own uid; the capabilities the namespace gives end at exec.
+        Path("/proc/self/setgroups").write_text("deny")
+        Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+        Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+    # Nothing done here may reach the machine's own mount table.
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+
+
+def _shadow(target: str, original: str) -> None:
+    """Cover ``target`` with a tmpfs that shows ``original``'s entries (each bound from
+    the original), so new entries can be made there without touching the original."""
+    _mount("tmpfs", target, "tmpfs", 0, "mode=755")
+    for entry in os.scandir(original):
+        path = os.path.join(target, entry.name)
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry.path), path)
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            os.mkdir(path)
+        else:
+            open(path, "w").close()
+        try:
+            _mount(entry.path, path, None, _MS_BIND | _MS_REC)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.ENOENT):
+                raise
+
+
+class _View:
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.own = {root}  # directories of the view that are tmpfs of ours (or in one)
+
+    def at(self, path: str) -> str:
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def make(self, path: str, is_dir: bool) -> str:
+        """``path`` in the view, created (as a directory or an empty file) if missing."""
+        parts = [p for p in path.split("/") if p]
+        current = "/"
+        for i, part in enumerate(parts):
+            parent, current = current, os.path.join(current, part)
+            here = self.at(current)
+            if os.path.islink(here):
+                raise OSError(errno.ELOOP, f"mount path {path} goes through the symlink {current}")
+            if os.path.lexists(here):
+                continue
+            if self.at(parent) not in self.own:
+                _shadow(self.at(parent), parent)
+                self.own.add(self.at(parent))
+            if i < len(parts) - 1 or is_dir:
+                os.mkdir(here)
+            else:
+                open(here, "w").close()
+            self.own.add(here)
+        return self.at(path)
+
+
+def enter(plan: PreparePlan, command: list[str]) -> None:
+    """Build the task's view and exec ``command`` in it (does not return)."""
+    root = os.path.join(plan.task_dir, "root")
+    os.makedirs(root, exist_ok=True)
+    cwd = os.getcwd()
+    _own_namespace()
+    view = _View(root)
+    _shadow(root, "/")
+    for mount in sorted(plan.outside_mounts, key=lambda m: m.view.count("/")):
+        target = view.make(mount.view, os.path.isdir(mount.host))
+        _mount(mount.host, target, None, _MS_BIND | _MS_REC)
+    os.chroot(root)
+    os.chdir(cwd)
+    os.execvp(command[0], command)
+
+
+def _probe() -> int:
+    try:
+        _own_namespace()
+        # What ``enter`` needs: a tmpfs and a bind mount, seen by this process only.
+        _mount("tmpfs", tempfile.gettempdir(), "tmpfs", 0, "mode=755")
+        _mount("/", tempfile.gettempdir(), None, _MS_BIND)
+    except OSError as exc:
+        print(f"mount namespace unavailable: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["probe"]:
+        return _probe()
+    if args[:1] == ["enter"] and len(args) >= 4 and args[2] == "--":
+        plan_file = Path(args[1])
+        plan = PreparePlan.from_json(plan_file.read_text())
+        try:
+            enter(plan, args[3:])
+        except OSError as exc:
+            reason = f"the task's mount paths cannot be made: {exc.strerror or exc}"
+            (Path(plan.task_dir) / FAILED_FILE).write_text(reason)
+            print(f"trainyard prepare: {reason}", file=sys.stderr, flush=True)
+            return ENTER_FAILED_EXIT
+    print("usage: python -m trainyard_launcher.adapters.prepare probe | enter PLAN -- COMMAND...",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

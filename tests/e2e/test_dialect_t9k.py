@@ -1,0 +1,206 @@
+"""T9k jobs and a Kubeflow PyTorchJob through the whole platform, created, read and
+deleted at their Kubernetes-style paths."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import Api
+
+pytestmark = pytest.mark.e2e
+
+T9K = "/apis/batch.tensorstack.dev/v1beta1/namespaces/team-a"
+KUBEFLOW = "/apis/kubeflow.org/v1/namespaces/ml"
+
+
+def unique(prefix: str) -> str:
+    # Names stay claimed after a job ends (unique per user), so every run uses new ones.
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def container(name: str, command: list[str], **extra: Any) -> dict[str, Any]:
+    return {"template": {"spec": {"containers": [
+        {"name": name, "image": "python:3.11", "command": command,
+         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}}, **extra}]}}}
+
+
+def generic_job(name: str, master: list[str], worker: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "GenericJob",
+        "metadata": {"name": name},
+        "spec": {
+            "successRules": [{"master": [0]}],
+            "failureRules": [{"master": [0]}],
+            "replicaSpecs": [
+                {"type": "master", "replicas": 1,
+                 "restartPolicy": {"policy": "Never", "limit": 0},
+                 **container("main", master, imagePullPolicy="IfNotPresent")},
+                {"type": "worker", "replicas": 2,
+                 "restartPolicy": {"policy": "Never", "limit": 0},
+                 **container("main", worker)},
+            ],
+        },
+    }
+
+
+def create(api: Api, base: str, plural: str, payload: dict[str, Any]) -> Any:
+    return api.http.post(f"{base}/{plural}", content=yaml.safe_dump(payload),
+                         headers={"Content-Type": "application/yaml"})
+
+
+def wait_phase(api: Api, path: str, phases: set[str], timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        answer = api.http.get(path)
+        if answer.status_code == 200:
+            body = answer.json()
+            if body["status"].get("phase") in phases:
+                return body
+        time.sleep(0.2)
+    raise AssertionError(f"{path} not in {phases} after {timeout}s: {body}")
+
+
+def test_generic_job_with_two_replica_types_succeeds_by_its_success_rule(api: Api) -> None:
+    name = unique("generic")
+    answer = create(api, T9K, "genericjobs", generic_job(
+        name, ["python3", "-c", "print('master done')"], ["sleep", "30"]))
+    assert answer.status_code == 201, answer.text
+    created = answer.json()
+    assert created["kind"] == "GenericJob"
+    assert created["metadata"]["namespace"] == "team-a"
+    assert created["metadata"]["name"] == name and created["metadata"]["uid"]
+    assert created["metadata"]["creationTimestamp"].endswith("Z")
+    # Translation warnings come back as Kubernetes sends them.
+    warnings = answer.headers.get_list("warning")
+    assert any(w.startswith('299 - "$.spec.replicaSpecs[0].template.spec.containers[0]'
+                            '.imagePullPolicy') for w in warnings), warnings
+
+    # The master's success ends the job while its workers still sleep.
+    resource = wait_phase(api, f"{T9K}/genericjobs/{name}", {"Succeeded", "Failed"}, 40)
+    status = resource["status"]
+    assert status["phase"] == "Succeeded", status
+    assert resource["spec"]["successRules"] == [{"master": [0]}]
+    assert resource["metadata"]["uid"] == created["metadata"]["uid"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Completed"]["status"] == "True"
+    assert "success rule 0 met: master[0] succeeded" in conditions["Completed"]["message"]
+    tasks = {t["type"]: t for t in status["tasks"]}
+    assert set(tasks) == {"master", "worker"}
+    [master] = tasks["master"]["replicas"]
+    assert (master["phase"], master["exitCode"], master["name"]) == (
+        "Succeeded", 0, f"{name}-master-0")
+    assert master["node"]
+    assert len(tasks["worker"]["replicas"]) == 2
+    assert status["replicaStatuses"]["master"]["succeeded"] == 1
+
+    listed = api.http.get(f"{T9K}/genericjobs")
+    assert listed.status_code == 200
+    body = listed.json()
+    assert body["kind"] == "GenericJobList"
+    assert name in [item["metadata"]["name"] for item in body["items"]]
+    other_ns = api.http.get("/apis/batch.tensorstack.dev/v1beta1/namespaces/elsewhere/genericjobs")
+    assert name not in [i["metadata"]["name"] for i in other_ns.json()["items"]]
+
+    canonical = api.job(created["metadata"]["uid"])
+    assert canonical["state"] == "SUCCEEDED" and canonical["dialect"] == "t9k"
+
+
+def test_missing_resource_is_a_kubernetes_not_found(api: Api) -> None:
+    answer = api.http.get(f"{T9K}/genericjobs/{unique('nothing')}")
+    assert answer.status_code == 404
+    body = answer.json()
+    assert (body["kind"], body["reason"], body["code"]) == ("Status", "NotFound", 404)
+    assert api.http.get(f"{T9K}/sparkjobs").status_code == 404
+
+
+def test_delete_stops_a_running_job(api: Api) -> None:
+    name = unique("longrun")
+    answer = create(api, T9K, "genericjobs", generic_job(name, ["sleep", "60"], ["sleep", "60"]))
+    assert answer.status_code == 201, answer.text
+    uid = answer.json()["metadata"]["uid"]
+    wait_phase(api, f"{T9K}/genericjobs/{name}", {"Running"}, 30)
+
+    deleted = api.http.delete(f"{T9K}/genericjobs/{name}")
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json()["kind"] == "Status" and deleted.json()["details"]["uid"] == uid
+
+    resource = wait_phase(api, f"{T9K}/genericjobs/{name}", {"Failed", "Succeeded"}, 30)
+    failed = next(c for c in resource["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "Stopped"
+    assert api.wait(uid)["state"] == "STOPPED"
+    assert api.http.delete(f"{T9K}/genericjobs/{unique('ghost')}").status_code == 404
+
+
+def test_invalid_fields_are_a_422_status_naming_them(api: Api) -> None:
+    payload = generic_job(unique("bad"), ["true"], ["true"])
+    payload["spec"]["replicaSpecs"][1]["replicas"] = 0
+    payload["spec"]["runMode"] = {"elastic": {"enabled": True, "minReplicas": 1,
+                                              "maxReplicas": 2}}
+    answer = create(api, T9K, "genericjobs", payload)
+    assert answer.status_code == 422, answer.text
+    body = answer.json()
+    assert (body["kind"], body["reason"]) == ("Status", "Invalid")
+    fields = {c["field"] for c in body["details"]["causes"]}
+    assert {"spec.replicaSpecs[1].replicas", "spec.runMode.elastic"} <= fields
+    # The rejected job is on record and reads back as Failed / Rejected.
+    resource = wait_phase(api, f"{T9K}/genericjobs/{payload['metadata']['name']}",
+                          {"Failed"}, 30)
+    failed = next(c for c in resource["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "Rejected" and "spec.runMode.elastic" in failed["message"]
+
+
+def test_a_kind_that_does_not_match_the_path_is_a_bad_request(api: Api) -> None:
+    payload = generic_job(unique("mismatch"), ["true"], ["true"])
+    answer = create(api, T9K, "pytorchtrainingjobs", payload)
+    assert answer.status_code == 400 and answer.json()["reason"] == "BadRequest"
+    payload["metadata"]["namespace"] = "other"
+    answer = create(api, T9K, "genericjobs", payload)
+    assert answer.status_code == 400
+
+
+def test_kubeflow_pytorchjob_yaml_succeeds(api: Api) -> None:
+    name = unique("torch")
+    text = f"""
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata:
+  name: {name}
+spec:
+  pytorchReplicaSpecs:
+    Master:
+      replicas: 1
+      restartPolicy: OnFailure
+      template:
+        spec:
+          containers:
+            - name: pytorch
+              image: python:3.11
+              command: ["python3", "-c", "print('hello from the master')"]
+    Worker:
+      replicas: 1
+      restartPolicy: OnFailure
+      template:
+        spec:
+          containers:
+            - name: pytorch
+              image: python:3.11
+              command: ["python3", "-c", "print('hello from a worker')"]
+"""
+    answer = api.http.post(f"{KUBEFLOW}/pytorchjobs", content=text,
+                           headers={"Content-Type": "application/yaml"})
+    assert answer.status_code == 201, answer.text
+    uid = answer.json()["metadata"]["uid"]
+    view = api.wait(uid)
+    assert view["state"] == "SUCCEEDED", view
+    logs = api.http.get(f"/v1/jobs/{uid}/logs", params={"role": "Master", "index": 0})
+    assert logs.status_code == 200 and logs.text.strip() == "hello from the master"
+    resource = api.http.get(f"{KUBEFLOW}/pytorchjobs/{name}").json()
+    assert resource["kind"] == "PyTorchJob"
+    assert [c["type"] for c in resource["status"]["conditions"]][-1] == "Succeeded"
+    assert resource["status"]["replicaStatuses"]["Master"]["succeeded"] == 1

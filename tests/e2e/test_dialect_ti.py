@@ -1,0 +1,164 @@
+"""Tencent TI jobs through the whole platform: POST /ti/v1/jobs, the tasks' TF_CONFIG,
+TI's view of the job, DELETE to stop, and ``yard ti job`` as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from trainyard_stack.platform import Platform
+
+from .conftest import Api
+
+pytestmark = pytest.mark.e2e
+
+# The e2e cluster has one queue, "default"; a TI cluster is a queue.
+CLUSTER = "default"
+RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+# Run by every worker: exits non-zero unless TF_CONFIG describes a two-worker cluster
+# with real ports and names this very task.
+CHECK_TF_CONFIG = """
+import json, os, sys
+c = json.loads(os.environ["TF_CONFIG"])
+print(json.dumps(c))
+workers = c["cluster"]["worker"]
+ok = (set(c["cluster"]) == {"worker"} and len(workers) == 2 and len(set(workers)) == 2
+      and all(int(w.rsplit(":", 1)[1]) > 0 for w in workers)
+      and c["task"] == {"type": "worker", "index": int(os.environ["TRAINYARD_INDEX"])}
+      and workers[c["task"]["index"]].endswith(
+          ":" + os.environ["PAI_CONTAINER_HOST_tfport_PORT_LIST"]))
+sys.exit(0 if ok else 3)
+"""
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def ti_job(api: Api, name: str, cluster: str = CLUSTER, timeout: float = 60.0,
+           states: tuple[str, ...] = ("Succeeded", "Failed")) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    view: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        answer = api.http.get(f"/ti/v1/jobs/{cluster}/{name}")
+        if answer.status_code == 200:
+            view = answer.json()
+            if view["state"] in states:
+                return view
+        time.sleep(0.2)
+    raise AssertionError(f"TI job {name} not in {states} after {timeout}s: {view}")
+
+
+def test_a_two_worker_tensorflow_job_sees_its_cluster_in_tf_config(api: Api) -> None:
+    name = unique("tf-config")
+    payload = {
+        "name": name, "cluster": CLUSTER, "runtimeVersion": "tf-1.7.0-py3",
+        "workerCount": 2, "workerType": "1U1G0P",
+        "command": ["python3", "-c", CHECK_TF_CONFIG],
+    }
+    answer = api.http.post("/ti/v1/jobs", json=payload)
+    assert answer.status_code == 202, answer.text
+    created = answer.json()
+    assert created["state"] == "Created" and created["name"] == name
+    assert created["cluster"] == CLUSTER and created["workerCount"] == 2
+
+    view = ti_job(api, name)
+    assert view["state"] == "Succeeded", view
+    for key in ("createTime", "startTime", "endTime"):
+        assert RFC3339.match(view[key] or ""), (key, view[key])
+    times = [datetime.fromisoformat(view[k].replace("Z", "+00:00"))
+             for k in ("createTime", "startTime", "endTime")]
+    assert times == sorted(times)
+    assert view["runtimeVersion"] == "tf-1.7.0-py3" and view["workerType"] == "1U1G0P"
+
+    # The canonical job agrees: two workers, both succeeded, each with its tfport.
+    job = api.job(created["id"])
+    assert job["dialect"] == "ti" and job["spec"]["kind"] == "tensorflow"
+    assert [(t["role"], t["state"]) for t in job["tasks"]] == [("worker", "SUCCEEDED")] * 2
+    assert all(p["label"] == "tfport" for t in job["tasks"] for p in t["ports"])
+
+    listed = api.http.get("/ti/v1/jobs", params={"cluster": CLUSTER})
+    assert listed.status_code == 200
+    assert name in [j["name"] for j in listed.json()["jobs"]]
+
+
+def test_an_invalid_ti_job_is_answered_at_once_field_by_field(api: Api) -> None:
+    answer = api.http.post("/ti/v1/jobs", json={
+        "name": unique("bad"), "cluster": CLUSTER, "command": ["true"],
+        "runtimeVersion": "tfplus-1.6.0-gpu", "workerType": "1U2G0P",
+        "parameterServerCount": 1})
+    assert answer.status_code == 400
+    paths = {e["path"] for e in answer.json()["detail"]["errors"]}
+    assert paths == {"$.workerType", "$.parameterServerCount"}
+
+
+def test_a_job_on_an_unknown_cluster_reads_back_failed_with_the_reason(api: Api) -> None:
+    name = unique("nowhere")
+    answer = api.http.post("/ti/v1/jobs", json={"name": name, "cluster": "cls-nowhere",
+                                                "command": ["true"]})
+    assert answer.status_code == 202, answer.text
+    view = ti_job(api, name, cluster="cls-nowhere")
+    assert view["state"] == "Failed" and "$.cluster" in view["message"]
+    assert view["startTime"] is None and RFC3339.match(view["endTime"])
+
+
+def test_delete_stops_the_job(api: Api) -> None:
+    name = unique("sleepy")
+    answer = api.http.post("/ti/v1/jobs", json={
+        "name": name, "cluster": CLUSTER, "command": ["sleep", "300"], "workerType": "1U1G0P"})
+    assert answer.status_code == 202, answer.text
+    ti_job(api, name, states=("Running",))
+    deleted = api.http.delete(f"/ti/v1/jobs/{CLUSTER}/{name}")
+    assert deleted.status_code == 202, deleted.text
+    view = ti_job(api, name)
+    assert view["state"] == "Failed" and view["message"].startswith("stopped")
+    assert api.http.delete(f"/ti/v1/jobs/{CLUSTER}/{unique('none')}").status_code == 404
+    assert api.http.get(f"/ti/v1/jobs/{CLUSTER}/{unique('none')}").status_code == 404
+
+
+def test_another_user_does_not_see_the_job(api: Api) -> None:
+    name = unique("private")
+    assert api.http.post("/ti/v1/jobs", json={"name": name, "cluster": CLUSTER,
+                                              "command": ["true"]}).status_code == 202
+    ti_job(api, name)
+    token = api.http.post("/v1/tokens", json={"user": unique("bob")}).json()["token"]
+    bob = api.as_token(token)
+    assert bob.http.get(f"/ti/v1/jobs/{CLUSTER}/{name}").status_code == 404
+    assert name not in [j["name"] for j in bob.http.get("/ti/v1/jobs").json()["jobs"]]
+    assert bob.http.delete(f"/ti/v1/jobs/{CLUSTER}/{name}").status_code == 404
+
+
+def yard(platform: Platform, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "YARD_URL": platform.url, "YARD_TOKEN": platform.token}
+    done = subprocess.run([sys.executable, "-m", "trainyard_sdk", *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_yard_ti_job_create_get_list(platform: Platform, api: Api) -> None:
+    name = unique("cli")
+    created = yard(platform, "ti", "job", "create", name, f"--cluster={CLUSTER}",
+                   "--region=ap-guangzhou",
+                   "--command=python3 -c 'import os; print(os.environ[\"TF_CONFIG\"])'",
+                   "--runtime=tf-1.7.0-py3", "--wcount=1", "--workertype=1U1G0P")
+    assert f"job {name} created in cluster {CLUSTER}: Created" in created.stdout
+    view = ti_job(api, name)
+    assert view["state"] == "Succeeded" and view["region"] == "ap-guangzhou"
+    shown = yard(platform, "ti", "job", "get", name, "--cluster", CLUSTER).stdout
+    assert re.search(r"state\s+Succeeded", shown)
+    listed = yard(platform, "ti", "job", "list", "--cluster", CLUSTER).stdout
+    assert name in listed
+    failed = yard(platform, "ti", "job", "get", unique("none"), "--cluster", CLUSTER,
+                  check=False)
+    assert failed.returncode == 1 and "no TI job" in failed.stderr

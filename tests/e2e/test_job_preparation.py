@@ -1,0 +1,120 @@
+"""Job preparation through the whole platform: a native JobSpec with a code source (a
+local git repository), a data source (a local directory) and a pip package (a local
+wheel, installed offline through YARD_PIP_ARGS) runs a script from its checkout that
+imports the package and reads the data; a job past max_running_minutes is stopped."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainyard_stack.platform import Platform, PlatformConfig
+
+from .conftest import CLUSTER, Api
+
+pytestmark = pytest.mark.e2e
+
+
+def write_wheel(directory: Path, name: str, body: str) -> None:
+    dist = f"{name}-0.1.dist-info"
+    files = {
+        f"{name}/__init__.py": body,
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{dist}/RECORD"] = "".join(f"{p},,\n" for p in files) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(directory / f"{name}-0.1-py3-none-any.whl", "w") as whl:
+        for member, text in files.items():
+            whl.writestr(member, text)
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("wheels")
+    write_wheel(directory, "tyyard_e2e", "def greet(who):\n    return f'hello {who}'\n")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def prep_api(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[Api]:
+    root = tmp_path_factory.mktemp("prep-platform")
+    cluster = root / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(CLUSTER))
+    config = PlatformConfig.with_free_ports(
+        root / "data", cluster_file=cluster, log_level="WARNING",
+        extra_env={"YARD_PIP_ARGS": f"--no-index --find-links {wheels}",
+                   "YARD_LAUNCHER_MINUTE_S": "1"},
+    )
+    platform = Platform(config).start()
+    yield Api(platform.url, platform.token)
+    platform.stop()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "repo"
+    path.mkdir()
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(path), *args], check=True, capture_output=True)
+
+    git("init", "--quiet", "--initial-branch", "main")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (path / "train.py").write_text(
+        "import os, sys, tyyard_e2e\n"
+        "rows = open(os.path.join(sys.argv[1], 'rows.csv')).read().split()\n"
+        "print(tyyard_e2e.greet('trainyard'), len(rows), 'rows', os.environ['TRAINYARD_CODE_DIR'])\n"
+    )
+    git("add", ".")
+    git("commit", "--quiet", "-m", "train")
+    git("branch", "release")
+    return path
+
+
+def test_a_job_with_code_data_and_packages_runs(prep_api: Api, repo: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "rows.csv").write_text("a\nb\nc\n")
+    code_at = f"/opt/trainyard-e2e-{uuid.uuid4().hex[:8]}/code"
+    spec = {
+        "name": "prepared", "kind": "generic",
+        "code_source": {"repo": str(repo), "branch": "release", "mount_path": code_at},
+        "data_sources": [{"source": f"file://{data}", "mount_path": "/mnt/trainyard-e2e-data"}],
+        "pip_packages": ["tyyard_e2e"],
+        "roles": [{"name": "trainer", "replicas": 1,
+                   "command": f"python {code_at}/train.py /mnt/trainyard-e2e-data",
+                   "resources": {"cpu": 1, "memory_mb": 256}}],
+    }
+    job_id = prep_api.submit(spec)
+    view = prep_api.wait(job_id, timeout=120)
+    stderr = prep_api.http.get(f"/v1/jobs/{job_id}/logs", params={"stream": "stderr"}).text
+    assert view["state"] == "SUCCEEDED", (view, stderr)
+    logs = prep_api.http.get(f"/v1/jobs/{job_id}/logs").text
+    assert logs == f"hello trainyard 3 rows {code_at}\n"
+    assert "trainyard prepare: $ git clone" in stderr
+
+
+def test_a_job_past_its_maximum_running_time_fails(prep_api: Api) -> None:
+    spec = {"name": "too-long", "max_running_minutes": 2,
+            "roles": [{"name": "sleeper", "replicas": 2, "command": "sleep 300",
+                       "resources": {"cpu": 1, "memory_mb": 128}}]}
+    job_id = prep_api.submit(spec)
+    # Two "minutes" of one second each (YARD_LAUNCHER_MINUTE_S).
+    view = prep_api.wait(job_id, timeout=60)
+    assert view["state"] == "FAILED", view
+    assert view["reason"] == "exceeded its maximum running time of 2 minutes", view
+
+
+def test_an_unreachable_data_source_fails_with_its_scheme(prep_api: Api) -> None:
+    spec = {"name": "oss-data", "data_sources": [{"source": "oss://bucket/x/", "mount_path": "/mnt/x"}],
+            "roles": [{"name": "t", "command": "true", "resources": {"cpu": 1, "memory_mb": 128}}]}
+    view = prep_api.wait(prep_api.submit(spec), timeout=60)
+    assert view["state"] == "FAILED", view
+    assert "'oss://' is not supported by the local backend" in view["reason"], view

@@ -1,0 +1,326 @@
+"""The PAI-DLC dialect: CreateJob bodies to the canonical job (the seed's example and
+every rule), and GetJob / ListJobs views back."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainyard_common.dialects import detect, translate
+from trainyard_common.dialects import dlc
+from trainyard_common.jobspec import JobKind
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "dlc"
+
+
+def seed_example() -> dict[str, Any]:
+    # The seed prints the body with a trailing comma (not strict JSON); YAML reads it.
+    return yaml.safe_load((EXAMPLES / "createjob-tensorflow-gpu.seed.txt").read_text())
+
+
+def cpu_job(**changes: Any) -> dict[str, Any]:
+    job = {"DisplayName": "cpu-job", "JobType": "PyTorchJob", "UserCommand": "echo hi",
+           "JobSpecs": [{"Type": "Worker", "Image": "python:3.11", "PodCount": 2,
+                         "ResourceConfig": {"CPU": "2", "Memory": "4Gi"}}]}
+    job.update(changes)
+    return job
+
+
+def paths(issues: list) -> list[str]:
+    return [i.path for i in issues]
+
+
+def test_seed_example_translates() -> None:
+    payload = seed_example()
+    assert detect(payload) == "dlc"
+    t = translate(payload, user="alice")
+    assert t.errors == []
+    assert t.key is None
+    spec = t.spec
+    assert spec.name == "tf-mnist-test" and spec.kind is JobKind.TENSORFLOW
+    assert spec.user == "alice" and spec.queue == "default" and spec.priority == 1
+    [worker] = spec.roles
+    assert (worker.name, worker.replicas) == ("Worker", 3)
+    assert worker.image.startswith("registry.cn-hangzhou.aliyuncs.com/pai-dlc/tensorflow")
+    assert worker.command == "python /root/code/mnist.py"
+    r = worker.resources
+    assert (r.cpu, r.memory_mb, r.gpu, r.gpu_type) == (12, 92 * 1024, 1, "V100")
+    assert spec.pip_packages == ["numpy==1.16.1"]
+    assert spec.pip_requirements_dir == "/root/code/"
+    assert spec.max_running_minutes == 1024
+    assert spec.code_source is not None
+    assert (spec.code_source.repo, spec.code_source.branch, spec.code_source.commit) == (
+        "code-****", "master", "44da109b5****")
+    assert [d.source for d in spec.data_sources] == ["d-*****"]
+    assert paths(t.warnings) == ["$.UserVpc"]
+
+
+def test_resolved_sources_replace_ids() -> None:
+    sources = dlc.Sources(
+        data={"d-*****": dlc.ResolvedData("nas://fs-1/data", "/root/data/nas1")},
+        code={"code-****": dlc.ResolvedCode(
+            "https://hub.fastgit.xyz/kubeflow/training-operator.git", "main", None,
+            "/root/code/kubeflow")})
+    spec = dlc.translate_dlc(seed_example(), "alice", sources).spec
+    assert [(d.source, d.mount_path) for d in spec.data_sources] == [
+        ("nas://fs-1/data", "/root/data/nas1")]
+    code = spec.code_source
+    # The job's Branch/Commit win over the registered ones; the mount comes from the source.
+    assert (code.repo, code.branch, code.commit, code.mount_path) == (
+        "https://hub.fastgit.xyz/kubeflow/training-operator.git", "master", "44da109b5****",
+        "/root/code/kubeflow")
+    payload = seed_example()
+    payload["DataSources"][0]["MountPath"] = "/mnt/x"
+    assert dlc.translate_dlc(payload, "a", sources).spec.data_sources[0].mount_path == "/mnt/x"
+
+
+@pytest.mark.parametrize("job_type,kind", [
+    ("TFJob", JobKind.TENSORFLOW), ("PyTorchJob", JobKind.PYTORCH),
+    ("XGBoostJob", JobKind.XGBOOST), ("MPIJob", JobKind.MPI), ("RayJob", JobKind.GENERIC),
+    ("ElasticBatchJob", JobKind.GENERIC),
+])
+def test_job_types(job_type: str, kind: JobKind) -> None:
+    assert dlc.translate_dlc(cpu_job(JobType=job_type), catalog={}).spec.kind is kind
+
+
+def test_job_type_is_case_sensitive() -> None:
+    t = dlc.translate_dlc(cpu_job(JobType="tfjob"), catalog={})
+    assert paths(t.errors) == ["$.JobType"]
+    assert "TFJob" in t.errors[0].message
+
+
+def test_resource_config_overrides_catalog() -> None:
+    job = cpu_job()
+    job["JobSpecs"][0] = {"Type": "Worker", "Image": "i", "EcsSpec": "ecs.gn6e-c12g1.3xlarge",
+                          "ResourceConfig": {"CPU": "4", "Memory": "16Gi", "GPU": "2",
+                                             "SharedMemory": "8Gi", "GPUType": "A100"}}
+    r = dlc.translate_dlc(job).spec.roles[0].resources
+    assert (r.cpu, r.memory_mb, r.gpu, r.shm_mb, r.gpu_type) == (4, 16384, 2, 8192, "A100")
+
+
+def test_quantities() -> None:
+    assert dlc.parse_cpu("500m") == 0.5 and dlc.parse_cpu(3) == 3 and dlc.parse_cpu("x") is None
+    assert dlc.parse_memory_mb("512Mi") == 512 and dlc.parse_memory_mb("1G") == 954
+    assert dlc.parse_memory_mb("2Gi") == 2048 and dlc.parse_memory_mb("12Q") is None
+
+
+def test_resources_required_and_checked() -> None:
+    job = cpu_job()
+    job["JobSpecs"][0].pop("ResourceConfig")
+    assert paths(dlc.translate_dlc(job).errors) == ["$.JobSpecs[0]"]
+    job["JobSpecs"][0]["EcsSpec"] = "ecs.nope"
+    assert paths(dlc.translate_dlc(job).errors) == ["$.JobSpecs[0].EcsSpec"]
+    job["JobSpecs"][0]["ResourceConfig"] = {"CPU": "1", "Memory": "1Gi"}
+    t = dlc.translate_dlc(job)
+    assert t.errors == [] and paths(t.warnings) == ["$.JobSpecs[0].EcsSpec"]
+    job["JobSpecs"][0]["ResourceConfig"] = {"CPU": "lots", "Memory": "1Gi"}
+    assert paths(dlc.translate_dlc(job).errors) == ["$.JobSpecs[0].ResourceConfig.CPU",
+                                                    "$.JobSpecs[0].EcsSpec"]
+
+
+def test_catalog_file(tmp_path: Path) -> None:
+    catalog = dlc.parse_catalog(yaml.safe_load(
+        "ecs.custom.big: {cpu: 64, memory_gib: 256, gpu: 8, gpu_type: H100}"))
+    assert catalog["ecs.custom.big"] == dlc.EcsType(64, 256, 8, "H100")
+    assert "ecs.gn6e-c12g1.3xlarge" in catalog
+    with pytest.raises(ValueError, match="ecs.bad"):
+        dlc.parse_catalog({"ecs.bad": {"cpu": "x"}})
+
+
+@pytest.mark.parametrize("key,value,path", [
+    ("DisplayName", None, "$.DisplayName"),
+    ("UserCommand", "  ", "$.UserCommand"),
+    ("JobSpecs", [], "$.JobSpecs"),
+    ("JobSpecs", "Worker", "$.JobSpecs"),
+    ("Priority", 0, "$.Priority"),
+    ("Priority", 10, "$.Priority"),
+    ("Priority", "high", "$.Priority"),
+    ("Envs", ["A=1"], "$.Envs"),
+    ("ThirdpartyLibs", "numpy", "$.ThirdpartyLibs"),
+    ("JobMaxRunningTimeMinutes", -1, "$.JobMaxRunningTimeMinutes"),
+    ("DataSources", [{"MountPath": "/x"}], "$.DataSources[0].DataSourceId"),
+    ("CodeSource", {"Branch": "main"}, "$.CodeSource.CodeSourceId"),
+])
+def test_rule_errors(key: str, value: Any, path: str) -> None:
+    t = dlc.translate_dlc(cpu_job(**{key: value}), catalog={})
+    assert path in paths(t.errors), t.errors
+
+
+def test_job_spec_rules() -> None:
+    job = cpu_job()
+    job["JobSpecs"].append(copy.deepcopy(job["JobSpecs"][0]))
+    job["JobSpecs"][0]["PodCount"] = 0
+    del job["JobSpecs"][0]["Image"]
+    assert paths(dlc.translate_dlc(job).errors) == [
+        "$.JobSpecs[0].Image", "$.JobSpecs[0].PodCount", "$.JobSpecs[1].Type"]
+
+
+def test_fields_map() -> None:
+    spec = dlc.translate_dlc(cpu_job(
+        Priority=7, ResourceId="rs-1", WorkspaceId="ws-1", Envs={"A": "1", "B": 2},
+        ThirdpartyLibs=["a==1"], ThirdpartyLibDir="/req", JobMaxRunningTimeMinutes=5)).spec
+    assert (spec.priority, spec.queue) == (7, "rs-1")
+    assert [(e.name, e.value) for e in spec.env] == [("A", "1"), ("B", "2")]
+    assert spec.pip_packages == ["a==1"] and spec.pip_requirements_dir == "/req"
+    assert spec.max_running_minutes == 5
+    assert all(r.command == "echo hi" for r in spec.roles)
+    assert dlc.translate_dlc(cpu_job(WorkspaceId="ws-1")).spec.queue == "ws-1"
+    assert dlc.translate_dlc(cpu_job(ResourceId="")).spec.queue == "default"
+
+
+def test_success_follows_the_leader_role() -> None:
+    job = cpu_job(JobType="TFJob")
+    job["JobSpecs"] = [
+        {"Type": "PS", "Image": "i", "PodCount": 2, "EcsSpec": "ecs.c6.large"},
+        {"Type": "Worker", "Image": "i", "PodCount": 3, "EcsSpec": "ecs.c6.large"},
+    ]
+    roles = {r.name: r for r in dlc.translate_dlc(job).spec.roles}
+    assert roles["Worker"].min_succeeded == 3 and roles["PS"].min_succeeded is None
+    job["JobSpecs"].append({"Type": "Chief", "Image": "i", "EcsSpec": "ecs.c6.large"})
+    roles = {r.name: r for r in dlc.translate_dlc(job).spec.roles}
+    assert roles["Chief"].min_succeeded == 1 and roles["Worker"].min_succeeded is None
+
+
+@pytest.mark.parametrize("key", ["UserVpc", "Settings", "Options", "ElasticSpec",
+                                 "DebuggerConfigContent", "CredentialConfig"])
+def test_unsupported_fields_warn(key: str) -> None:
+    t = dlc.translate_dlc(cpu_job(**{key: {"x": 1}}))
+    assert t.errors == [] and paths(t.warnings) == [f"$.{key}"]
+
+
+def test_unsupported_job_spec_fields_warn() -> None:
+    job = cpu_job()
+    job["JobSpecs"][0].update(UseSpotInstance=True, ExtraPodSpec={"InitContainers": []})
+    job["JobSpecs"][0]["ResourceConfig"]["Disk"] = "10Gi"
+    assert paths(dlc.translate_dlc(job).warnings) == [
+        "$.JobSpecs[0].ExtraPodSpec", "$.JobSpecs[0].UseSpotInstance",
+        "$.JobSpecs[0].ResourceConfig.Disk"]
+
+
+def test_role_type_outside_the_job_type_warns() -> None:
+    job = cpu_job(JobType="PyTorchJob")
+    job["JobSpecs"][0]["Type"] = "PS"
+    assert paths(dlc.translate_dlc(job).warnings) == ["$.JobSpecs[0].Type"]
+
+
+def test_pod_ids_round_trip() -> None:
+    pid = dlc.pod_id("abc-1", "Worker", 12)
+    assert pid == "abc-1-Worker-12"
+    assert dlc.parse_pod_id("abc-1", pid) == ("Worker", 12)
+    assert dlc.parse_pod_id("abc-1", "abc-2-Worker-1") is None
+    assert dlc.parse_pod_id("abc-1", "abc-1-Worker") is None
+
+
+def test_data_source_uri() -> None:
+    assert dlc.data_source_uri({"Uri": "file:///data"}) == "file:///data"
+    assert dlc.data_source_uri({"Path": "/srv/data"}) == "/srv/data"
+    assert dlc.data_source_uri({"DataSourceType": "nas", "FileSystemId": "fs-1",
+                                "Path": "/d"}) == "nas://fs-1/d"
+    assert dlc.data_source_uri({"DataSourceType": "oss", "Path": "oss://b/p"}) == "oss://b/p"
+    assert dlc.local_path("file:///x/y") == "/x/y" and dlc.local_path("oss://b") is None
+
+
+def _view(state: str, **extra: Any) -> dict[str, Any]:
+    spec = dlc.translate_dlc(seed_example(), "alice").spec.model_dump(mode="json")
+    t0 = datetime(2024, 1, 1, 0, 0, 0, tzinfo=UTC)
+    return {"id": "j1", "name": "tf-mnist-test", "user": "alice", "state": state,
+            "priority": 1, "queue": "default", "attempt": 1, "submitted_at": t0,
+            "updated_at": t0, "finished_at": None, "reason": None, "spec": spec,
+            "tasks": [{"role": "Worker", "index": i, "attempt": 1, "state": "RUNNING",
+                       "host_ip": "10.0.0.1", "node": "n1", "updated_at": t0}
+                      for i in range(3)], **extra}
+
+
+def test_render_job() -> None:
+    body = dlc.render_job(_view("RUNNING"), seed_example(),
+                          running_at="2024-01-01T00:00:05+00:00")
+    assert body["JobId"] == "j1" and body["Status"] == "Running"
+    assert body["JobType"] == "TFJob" and body["DisplayName"] == "tf-mnist-test"
+    assert body["GmtCreateTime"] == "2024-01-01T00:00:00Z"
+    assert body["GmtRunningTime"] == "2024-01-01T00:00:05Z"
+    assert [p["PodId"] for p in body["Pods"]] == [f"j1-Worker-{i}" for i in range(3)]
+    assert {p["Status"] for p in body["Pods"]} == {"Running"}
+    [spec] = body["JobSpecs"]
+    assert spec["EcsSpec"] == "ecs.gn6e-c12g1.3xlarge" and spec["PodCount"] == 3
+    assert spec["ResourceConfig"]["GPUType"] == "V100"
+    assert body["DataSources"][0]["DataSourceId"] == "d-*****"
+    assert body["CodeSource"]["CodeSourceId"] == "code-****"
+    assert body["UserCommand"] == "python /root/code/mnist.py"
+    assert body["RequestGPU"] == 3.0
+
+
+@pytest.mark.parametrize("state,status", [
+    ("SUBMITTED", "Creating"), ("QUEUED", "Queuing"), ("PLACED", "EnvPreparing"),
+    ("SUCCEEDED", "Succeeded"), ("FAILED", "Failed"), ("STOPPED", "Stopped"),
+    ("REJECTED", "Failed"),
+])
+def test_statuses(state: str, status: str) -> None:
+    assert dlc.render_job(_view(state))["Status"] == status
+    assert state in dlc.states_for(status)
+
+
+def test_render_list_and_events() -> None:
+    body = dlc.render_list([(_view("SUCCEEDED"), None)], 7)
+    assert body["TotalCount"] == 7 and body["Jobs"][0]["JobMaxRunningTimeMinutes"] == 1024
+    lines = dlc.render_events([
+        {"type": "JobSubmitted", "occurred_at": datetime(2024, 1, 1, tzinfo=UTC), "event": {}},
+        {"type": "TaskStateChanged", "occurred_at": "2024-01-01T00:00:01Z",
+         "event": {"role": "Worker", "index": 0, "state": "SUCCEEDED", "exit_code": 0}},
+    ])
+    assert lines == ["2024-01-01T00:00:00Z JobSubmitted",
+                     "2024-01-01T00:00:01Z TaskStateChanged Worker[0] SUCCEEDED (exit 0)"]
+
+
+def test_code_source_token_hidden() -> None:
+    item = dlc.render_code_source({"_id": "code-1", "CodeRepo": "r",
+                                   "CodeRepoAccessToken": "tok"})
+    assert item["CodeRepoAccessToken"] == "******" and item["CodeSourceId"] == "code-1"
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+dlc_keys = st.sampled_from(sorted(dlc.JOB_KEYS | {"UserVpc", "JobSpecs"}))
+spec_like = st.dictionaries(st.sampled_from(sorted(dlc.SPEC_KEYS | {"X"})), json_values,
+                            max_size=6)
+payloads = st.dictionaries(dlc_keys, json_values | st.lists(spec_like, max_size=3), max_size=10)
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(payloads | json_values)
+def test_translate_never_raises(payload: Any) -> None:
+    t = dlc.translate_dlc(payload, "u")
+    assert t.dialect == "dlc"
+    for issue in t.errors + t.warnings:
+        assert issue.path.startswith("$")
+
+
+def test_sdk_models_read_the_views() -> None:
+    """The official SDK's response models parse what we render (its from_map errors
+    are swallowed by the client, leaving body None, so they are checked here)."""
+    import json
+
+    from alibabacloud_pai_dlc20201203 import models as sdk
+
+    rendered = dlc.render_job(_view("RUNNING"), seed_example(), running_at="2024-01-01T00:00:05Z")
+    body = sdk.GetJobResponseBody().from_map(json.loads(json.dumps(rendered)))
+    assert body.pods[1].pod_id == "j1-Worker-1" and body.pods[0].pod_ips[0].ip == "10.0.0.1"
+    assert body.job_specs[0].resource_config.gpu == "1"
+    listed = sdk.ListJobsResponseBody().from_map(json.loads(json.dumps(
+        dlc.render_list([(_view("SUCCEEDED"), seed_example())], 1))))
+    assert listed.jobs[0].job_id == "j1" and listed.total_count == 1
+    item = sdk.DataSourceItem().from_map(dlc.render_data_source(
+        {"_id": "d-1", "DisplayName": "x", "created_at": datetime(2024, 1, 1, tzinfo=UTC)}))
+    assert item.data_source_id == "d-1" and item.gmt_create_time == "2024-01-01T00:00:00Z"
+    code = sdk.CodeSourceItem().from_map(dlc.render_code_source({"_id": "code-1"}))
+    assert code.code_source_id == "code-1"

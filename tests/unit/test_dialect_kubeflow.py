@@ -1,0 +1,142 @@
+"""Kubeflow PyTorchJob / TFJob: the Training Operator's own examples, the completion
+default (Master / Chief / worker 0 decides success), runPolicy, and the rendered status."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainyard_common.dialects import detect, translate
+from trainyard_common.dialects.kubeflow import render, translate_kubeflow
+from trainyard_common.jobspec import JobKind, RestartPolicy, RunMode
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kubeflow"
+
+
+def load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+def rules(spec: Any) -> list[list[tuple[str, int]]]:
+    return [[(r.role, r.index) for r in rule] for rule in spec.success_rules]
+
+
+@pytest.mark.parametrize("name", ["pytorchjob-simple.yaml", "tfjob-simple.yaml",
+                                  "pytorchjob-elastic-echo.yaml", "pytorchjob-mnist-gloo.yaml"])
+def test_training_operator_examples_translate(name: str) -> None:
+    payload = load(name)
+    assert detect(payload) == "kubeflow"
+    result = translate(payload, user="bob")
+    assert result.errors == [], result.errors
+    ns = payload["metadata"].get("namespace", "default")
+    plural = "pytorchjobs" if payload["kind"] == "PyTorchJob" else "tfjobs"
+    assert result.key == f"{ns}/{plural}/{payload['metadata']['name']}"
+
+
+def test_an_image_entrypoint_job_is_rejected_at_the_container() -> None:
+    result = translate_kubeflow(load("tfjob-distributed-no-command.yaml"))
+    assert [e.path for e in result.errors] == [
+        "$.spec.tfReplicaSpecs.Worker.template.spec.containers[0]"]
+    assert result.spec.cleanup_policy == "None"
+
+
+def test_pytorchjob_master_decides_success() -> None:
+    spec = translate_kubeflow(load("pytorchjob-simple.yaml")).spec
+    assert spec.kind is JobKind.PYTORCH
+    assert [(r.name, r.replicas, r.command) for r in spec.roles] == [
+        ("Master", 1, "python3 /opt/mnist/src/mnist.py --epochs=1"),
+        ("Worker", 1, "python3 /opt/mnist/src/mnist.py --epochs=1")]
+    assert rules(spec) == [[("Master", 0)]]
+    assert all(r.min_failed == 1 and r.restart_policy is RestartPolicy.ON_FAILURE
+               for r in spec.roles)
+
+
+def test_tfjob_without_chief_is_decided_by_worker_0_or_all_workers() -> None:
+    payload = load("tfjob-simple.yaml")
+    assert rules(translate_kubeflow(payload).spec) == [[("Worker", 0)]]
+    payload["spec"]["successPolicy"] = "AllWorkers"
+    assert rules(translate_kubeflow(payload).spec) == [[("Worker", 0), ("Worker", 1)]]
+    payload["spec"]["tfReplicaSpecs"]["Chief"] = copy.deepcopy(
+        payload["spec"]["tfReplicaSpecs"]["Worker"]) | {"replicas": 1}
+    payload["spec"]["successPolicy"] = ""
+    assert rules(translate_kubeflow(payload).spec) == [[("Chief", 0)]]
+
+
+def test_elastic_policy_bounds_the_workers() -> None:
+    result = translate_kubeflow(load("pytorchjob-elastic-echo.yaml"))
+    [worker] = result.spec.roles
+    assert result.spec.run_mode is RunMode.ELASTIC
+    assert (worker.min_replicas, worker.max_replicas, worker.replicas) == (1, 2, 2)
+    assert "$.spec.elasticPolicy.rdzvBackend" in [w.path for w in result.warnings]
+
+
+def test_run_policy() -> None:
+    payload = load("pytorchjob-simple.yaml")
+    payload["spec"]["runPolicy"] = {"cleanPodPolicy": "Running", "backoffLimit": 3,
+                                    "activeDeadlineSeconds": 600, "suspend": True,
+                                    "schedulingPolicy": {"queue": "gold", "minAvailable": 2}}
+    result = translate_kubeflow(payload)
+    spec = result.spec
+    assert (spec.cleanup_policy, spec.retry_limit, spec.max_running_minutes, spec.queue,
+            spec.run_mode) == ("Unfinished", 3, 10, "gold", RunMode.PAUSE)
+    assert "$.spec.runPolicy.schedulingPolicy.minAvailable" in [w.path for w in result.warnings]
+
+
+@pytest.mark.parametrize(("mutate", "path"), [
+    (lambda p: p.update(apiVersion="kubeflow.org/v2"), "$.apiVersion"),
+    (lambda p: p.update(kind="MXJob"), "$.kind"),
+    (lambda p: p["spec"]["pytorchReplicaSpecs"].update(Chief={}),
+     "$.spec.pytorchReplicaSpecs.Chief"),
+    (lambda p: p["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2),
+     "$.spec.pytorchReplicaSpecs.Master.replicas"),
+    (lambda p: p["spec"]["pytorchReplicaSpecs"]["Worker"].update(restartPolicy="Sometimes"),
+     "$.spec.pytorchReplicaSpecs.Worker.restartPolicy"),
+    (lambda p: p["metadata"].update(name="Upper"), "$.metadata.name"),
+])
+def test_errors_have_paths(mutate: Any, path: str) -> None:
+    payload = load("pytorchjob-simple.yaml")
+    mutate(payload)
+    assert path in [e.path for e in translate_kubeflow(payload).errors]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["apiVersion", "kind", "metadata", "spec", "pytorchReplicaSpecs",
+                         "Master", "Worker", "template", "containers", "runPolicy",
+                         "restartPolicy", "elasticPolicy", "x"]), inner, max_size=4),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(JSON)
+def test_translate_never_raises(payload: Any) -> None:
+    assert translate_kubeflow(payload).dialect == "kubeflow"
+
+
+def test_render_kubeflow_status() -> None:
+    payload = load("pytorchjob-simple.yaml")
+    spec = translate_kubeflow(payload).spec
+    now = datetime(2024, 5, 1, tzinfo=UTC)
+    out = render("pytorchjobs", {
+        "id": "j1", "name": "pytorch-simple", "state": "SUCCEEDED", "submitted_at": now,
+        "updated_at": now, "finished_at": now, "spec": spec.model_dump(mode="json"),
+        "original": payload, "reason": "success rule 0 met",
+        "tasks": [{"role": "Master", "index": 0, "attempt": 1, "state": "SUCCEEDED",
+                   "updated_at": now},
+                  {"role": "Worker", "index": 0, "attempt": 1, "state": "RUNNING",
+                   "updated_at": now}]})
+    assert out["kind"] == "PyTorchJob" and out["metadata"]["namespace"] == "kubeflow"
+    status = out["status"]
+    assert [c["type"] for c in status["conditions"]] == ["Created", "Running", "Succeeded"]
+    assert status["replicaStatuses"] == {"Master": {"active": 0, "succeeded": 1, "failed": 0},
+                                         "Worker": {"active": 1, "succeeded": 0, "failed": 0}}
+    assert status["completionTime"] == "2024-05-01T00:00:00Z"

@@ -1,0 +1,422 @@
+"""The T9k dialect: every example of T9k's manual, the run-mode matrix of the seed, the
+spellings T9k's documentation uses, field errors with paths, and the rendered status."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainyard_common.dialects import detect, translate
+from trainyard_common.dialects.k8s_pod import quantity
+from trainyard_common.dialects.t9k import KINDS, RETRYABLE_EXIT_CODES, render, translate_t9k
+from trainyard_common.jobspec import JobKind, RestartPolicy, RunMode
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "t9k"
+COMPLETE = sorted(p for p in EXAMPLES.glob("*.yaml") if "-snippet-" not in p.name)
+SNIPPETS = sorted(EXAMPLES.glob("*-snippet-*.yaml"))
+
+
+def load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+def paths(issues: list[Any]) -> list[str]:
+    return [i.path for i in issues]
+
+
+def test_every_kind_has_a_complete_example() -> None:
+    kinds = {yaml.safe_load(p.read_text())["kind"] for p in COMPLETE}
+    assert {"DeepspeedJob" if k == "DeepSpeedJob" else k for k in KINDS} <= kinds
+
+
+@pytest.mark.parametrize("path", COMPLETE, ids=lambda p: p.name)
+def test_complete_manual_examples_translate_without_errors(path: Path) -> None:
+    payload = yaml.safe_load(path.read_text())
+    assert detect(payload) == "t9k"
+    result = translate(payload, user="alice")
+    assert result.errors == [], result.errors
+    name = payload["metadata"]["name"]
+    assert result.spec.name == name and result.spec.user == "alice"
+    assert result.key and result.key.startswith("default/") and result.key.endswith(f"/{name}")
+    assert result.spec.roles and all(r.command and r.image for r in result.spec.roles)
+
+
+@pytest.mark.parametrize("path", SNIPPETS, ids=lambda p: p.name)
+def test_manual_snippets_are_rejected_only_for_what_they_leave_out(path: Path) -> None:
+    result = translate(yaml.safe_load(path.read_text()))
+    assert result.errors
+    for error in result.errors:
+        assert error.path.endswith((".image", "]", ".cmd", ".command", ".template",
+                                    "$.spec.replicaSpecs")), error
+
+
+def test_generic_job_maps_rules_replicas_and_command() -> None:
+    spec = translate_t9k(load("genericjob-1.yaml")).spec
+    assert spec.kind is JobKind.GENERIC
+    [role] = spec.roles
+    assert (role.name, role.replicas, role.command, role.image) == (
+        "worker", 4, "sleep 365", "nginx:latest")
+    assert [[(r.role, r.index) for r in rule] for rule in spec.success_rules] == [[("worker", 0)]]
+    assert [[(r.role, r.index) for r in rule] for rule in spec.failure_rules] == [
+        [("worker", 0)], [("worker", 1)]]
+    # With failureRules, only those rules fail the job.
+    assert role.min_failed is None
+
+
+def test_pytorch_get_started_example_uses_torchrun_gpus_and_exit_code_policy() -> None:
+    spec = translate_t9k(load("pytorchtrainingjob-get-started.yaml")).spec
+    [role] = spec.roles
+    assert role.command == ("torchrun --nproc_per_node=4 --max_restarts=3 --rdzv_backend=c10d "
+                            "torch_mnist_trainingjob.py --log_dir log --save_path "
+                            "./model_state_dict.pt --backend nccl")
+    assert (role.resources.cpu, role.resources.memory_mb, role.resources.gpu) == (4, 8192, 4)
+    assert role.restart_policy is RestartPolicy.EXIT_CODE
+    assert role.retryable_exit_codes == RETRYABLE_EXIT_CODES == [130, 137, 138, 143]
+    assert [[(r.role, r.index) for r in rule] for rule in spec.success_rules] == [[("node", 0)]]
+
+
+def test_tensorflow_codepack_maps_scheduler_and_run_policy() -> None:
+    result = translate_t9k(load("tensorflowtrainingjob-codepack.yaml"))
+    spec = result.spec
+    assert (spec.queue, spec.priority, spec.retry_limit, spec.cleanup_policy) == (
+        "default", 5, 20, "Unfinished")
+    assert spec.roles[0].resources.cpu == 2.0 and spec.roles[0].resources.memory_mb == 2048
+    assert "$.spec.tensorboardSpec" in paths(result.warnings)
+    assert "$.spec.replicaSpecs[0].template.spec.containers[0].workingDir" in paths(
+        result.warnings)
+
+
+def test_worker_kinds_take_their_command_from_their_own_fields() -> None:
+    mpi = translate_t9k(load("mpijob-1.yaml"))
+    assert mpi.spec.roles[0].command == "./random_walk 20 40 2"
+    assert mpi.spec.roles[0].resources.cpu == pytest.approx(0.05)
+    assert {"$.spec.mca", "$.spec.ssh", "$.spec.mpiHome", "$.spec.worker.extraMPIArgs"} <= set(
+        paths(mpi.warnings))
+    assert mpi.spec.cleanup_policy == "All"  # runPolicy.cleanUpWorkers: true
+    colossal = translate_t9k(load("colossalaijob-1.yaml")).spec.roles[0]
+    assert colossal.command == "torchrun --nproc_per_node=1 train.py arg1"
+    assert colossal.resources.gpu == 1 and colossal.resources.memory_mb == 4096
+    deepspeed = translate_t9k(load("deepspeedjob-1.yaml"))
+    assert deepspeed.spec.kind is JobKind.DEEPSPEED
+    assert deepspeed.spec.roles[0].command == "python /t9k/mnt/train.py"
+    beam = translate_t9k(load("beamjob-1.yaml")).spec
+    assert beam.roles[0].name == "job" and beam.roles[0].command.startswith(
+        "python3 -m apache_beam.examples.wordcount")
+
+
+# ------------------------------------------------------------------------- spellings
+
+
+def spelling(result: Any) -> dict[str, str]:
+    return {w.path: w.message for w in result.warnings if w.code == "spelling"}
+
+
+def test_documented_alternative_spellings_are_accepted_with_a_warning() -> None:
+    deepspeed = spelling(translate_t9k(load("deepspeedjob-1.yaml")))
+    assert "DeepspeedJob" in deepspeed["$.kind"]
+    assert "slotPerWorker" in deepspeed["$.spec.config.slotPerWorker"]
+    assert "run.python is a string" in deepspeed["$.spec.config.run.python"]
+    xgb = spelling(translate_t9k(load("xgboosttrainingjob-1.yaml")))
+    assert "template.containers" in xgb["$.spec.replicaSpecs[1].template.containers"]
+
+
+def with_spec(name: str, **changes: Any) -> dict[str, Any]:
+    payload = copy.deepcopy(load(name))
+    payload["spec"].update(changes)
+    return payload
+
+
+@pytest.mark.parametrize("word", ["enable", "enabled"])
+def test_enable_and_enabled_both_turn_a_mode_on(word: str) -> None:
+    result = translate_t9k(with_spec("pytorchtrainingjob-1.yaml",
+                                     runMode={"debug": {word: True}}))
+    assert result.errors == [] and result.spec.run_mode is RunMode.DEBUG
+    warned = spelling(result)
+    if word == "enable":
+        assert "'enable' is read as 'enabled'" in warned["$.spec.runMode.debug.enable"]
+    else:
+        assert warned == {}
+
+
+def test_replicas_spec_spelling_is_read_as_replica_specs() -> None:
+    payload = load("genericjob-1.yaml")
+    payload["spec"]["replicasSpec"] = payload["spec"].pop("replicaSpecs")
+    result = translate_t9k(payload)
+    assert result.errors == [] and result.spec.roles[0].replicas == 4
+    assert "replicasSpec" in spelling(result)["$.spec.replicasSpec"]
+
+
+def test_restart_policy_as_object_or_string_is_accepted_and_the_other_form_warned() -> None:
+    generic = load("genericjob-1.yaml")
+    generic["spec"]["replicaSpecs"][0]["restartPolicy"] = {"policy": "ExitCode", "limit": 7}
+    result = translate_t9k(generic)
+    assert result.errors == [] and spelling(result) == {}
+    assert result.spec.roles[0].restart_policy is RestartPolicy.EXIT_CODE
+    assert result.spec.retry_limit == 7
+    generic["spec"]["replicaSpecs"][0]["restartPolicy"] = "Never"
+    result = translate_t9k(generic)
+    assert result.spec.roles[0].restart_policy is RestartPolicy.NEVER
+    assert "as a string" in spelling(result)["$.spec.replicaSpecs[0].restartPolicy"]
+    pytorch = load("pytorchtrainingjob-1.yaml")
+    pytorch["spec"]["replicaSpecs"][0]["restartPolicy"] = {"policy": "Always"}
+    result = translate_t9k(pytorch)
+    assert result.spec.roles[0].restart_policy is RestartPolicy.ALWAYS
+    assert "object" in spelling(result)["$.spec.replicaSpecs[0].restartPolicy"]
+
+
+# ----------------------------------------------------------------------------- matrix
+
+# The seed's table (t9k-jobs.md, 运行模式): which modes each kind supports.
+MATRIX = {
+    "GenericJob": {"debug", "pause"},
+    "PyTorchTrainingJob": {"debug", "pause", "elastic"},
+    "TensorFlowTrainingJob": {"debug", "pause"},
+    "XGBoostTrainingJob": {"debug", "pause"},
+    "MPIJob": {"debug", "pause"},
+    "ColossalAIJob": {"debug", "pause"},
+    "DeepSpeedJob": {"debug", "pause", "elastic"},
+    "BeamJob": set(),
+}
+EXAMPLE_OF = {
+    "GenericJob": "genericjob-1.yaml", "PyTorchTrainingJob": "pytorchtrainingjob-1.yaml",
+    "TensorFlowTrainingJob": "tensorflowtrainingjob-1.yaml",
+    "XGBoostTrainingJob": "xgboosttrainingjob-1.yaml", "MPIJob": "mpijob-1.yaml",
+    "ColossalAIJob": "colossalaijob-1.yaml", "DeepSpeedJob": "deepspeedjob-1.yaml",
+    "BeamJob": "beamjob-1.yaml",
+}
+MODES = {
+    "debug": {"enabled": True},
+    "pause": {"enabled": True, "resumeSpecs": [{"type": "X", "command": ["sleep", "1"]}]},
+    "elastic": {"enabled": True, "minReplicas": 1, "maxReplicas": 3, "expectedReplicas": 2},
+}
+
+
+@pytest.mark.parametrize(("kind", "mode"), [(k, m) for k in MATRIX for m in MODES])
+def test_run_mode_matrix_is_enforced_per_kind(kind: str, mode: str) -> None:
+    payload = load(EXAMPLE_OF[kind])
+    payload["kind"] = kind
+    first_type = translate_t9k(payload).spec.roles[0].name
+    body = copy.deepcopy(MODES[mode])
+    if "resumeSpecs" in body:
+        body["resumeSpecs"][0]["type"] = first_type
+    payload["spec"]["runMode"] = {mode: body}
+    result = translate_t9k(payload)
+    if mode in MATRIX[kind]:
+        assert result.errors == [], result.errors
+        assert result.spec.run_mode.value == mode
+        if mode == "elastic":
+            role = result.spec.roles[0]
+            assert (role.min_replicas, role.max_replicas, role.replicas) == (1, 3, 2)
+    else:
+        [error] = result.errors
+        assert error.path == f"$.spec.runMode.{mode}" and error.code == "unsupported_mode"
+        assert f"$.spec.runMode.{mode}" in error.message and kind in error.message
+
+
+def test_immediate_is_the_default_and_a_disabled_unsupported_mode_only_warns() -> None:
+    assert translate_t9k(load("beamjob-1.yaml")).spec.run_mode is RunMode.IMMEDIATE
+    result = translate_t9k(with_spec("beamjob-1.yaml", runMode={"debug": {"enabled": False}}))
+    assert result.errors == [] and "$.spec.runMode.debug" in paths(result.warnings)
+
+
+def test_pytorch_spec_elastic_is_t9ks_own_spelling_of_the_elastic_mode() -> None:
+    result = translate_t9k(with_spec("pytorchtrainingjob-1.yaml", elastic={
+        "enabled": True, "minReplicas": 4, "maxReplicas": 10, "expectedReplicas": 7}))
+    assert result.errors == [] and result.spec.run_mode is RunMode.ELASTIC
+    role = result.spec.roles[0]
+    assert (role.min_replicas, role.max_replicas, role.replicas) == (4, 10, 7)
+    bad = translate_t9k(with_spec("pytorchtrainingjob-1.yaml", elastic={
+        "enabled": True, "minReplicas": 4, "maxReplicas": 10, "expectedReplicas": 11}))
+    assert paths(bad.errors) == ["$.spec.elastic.expectedReplicas"]
+
+
+def test_pause_keeps_resume_specs_and_checks_their_types() -> None:
+    payload = with_spec("genericjob-1.yaml", runMode={"pause": {"enabled": True, "resumeSpecs": [
+        {"type": "worker", "skipInitContainer": True, "command": ["/usr/bin/sshd"]}]}})
+    result = translate_t9k(payload)
+    assert result.errors == [] and result.spec.run_mode is RunMode.PAUSE
+    payload["spec"]["runMode"]["pause"]["resumeSpecs"][0]["type"] = "chief"
+    assert paths(translate_t9k(payload).errors) == ["$.spec.runMode.pause.resumeSpecs[0].type"]
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(("mutate", "path"), [
+    (lambda p: p.update(apiVersion="batch.tensorstack.dev/v1"), "$.apiVersion"),
+    (lambda p: p.update(kind="SparkJob"), "$.kind"),
+    (lambda p: p["metadata"].update(name="Bad_Name"), "$.metadata.name"),
+    (lambda p: p["metadata"].pop("name"), "$.metadata.name"),
+    (lambda p: p["metadata"].update(namespace="NS!"), "$.metadata.namespace"),
+    (lambda p: p["spec"]["replicaSpecs"][0].update(replicas=0),
+     "$.spec.replicaSpecs[0].replicas"),
+    (lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].pop("image"),
+     "$.spec.replicaSpecs[0].template.spec.containers[0].image"),
+    (lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].pop("command"),
+     "$.spec.replicaSpecs[0].template.spec.containers[0]"),
+    (lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].update(
+        resources={"requests": {"cpu": "lots"}}),
+     "$.spec.replicaSpecs[0].template.spec.containers[0].resources.requests.cpu"),
+    (lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].update(
+        resources={"limits": {"nvidia.com/gpu": "0.5"}}),
+     "$.spec.replicaSpecs[0].template.spec.containers[0].resources.limits['nvidia.com/gpu']"),
+    (lambda p: p["spec"]["successRules"].append({"worker": [4]}), "$.spec.successRules[1].worker[0]"),
+    (lambda p: p["spec"]["failureRules"].append({"chief": [0]}), "$.spec.failureRules[2].chief"),
+    (lambda p: p["spec"].update(cleanUpPolicy="Some"), "$.spec.cleanUpPolicy"),
+    (lambda p: p["spec"].update(scheduler={"t9kScheduler": {"priority": 101}}),
+     "$.spec.scheduler.t9kScheduler.priority"),
+    (lambda p: p["spec"]["replicaSpecs"][0].update(restartPolicy="Sometimes"),
+     "$.spec.replicaSpecs[0].restartPolicy"),
+    (lambda p: p["spec"]["replicaSpecs"].append(copy.deepcopy(p["spec"]["replicaSpecs"][0])),
+     "$.spec.replicaSpecs[1].type"),
+])
+def test_invalid_fields_are_errors_at_their_path(mutate: Any, path: str) -> None:
+    payload = load("genericjob-1.yaml")
+    mutate(payload)
+    result = translate_t9k(payload)
+    assert path in paths(result.errors), result.errors
+
+
+def test_run_policy_maps_to_retry_deadline_and_cleanup() -> None:
+    result = translate_t9k(with_spec("pytorchtrainingjob-1.yaml", runPolicy={
+        "backoffLimit": 2, "activeDeadlineSeconds": 61, "cleanUpPolicy": "All"}))
+    spec = result.spec
+    assert (spec.retry_limit, spec.max_running_minutes, spec.cleanup_policy) == (2, 2, "All")
+
+
+def test_resources_env_and_shared_memory() -> None:
+    payload = load("genericjob-1.yaml")
+    container = payload["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]
+    container["resources"] = {"requests": {"cpu": "500m", "memory": "512Mi"},
+                              "limits": {"cpu": 2, "memory": "8Gi", "nvidia.com/gpu": 2}}
+    container["env"] = [{"name": "A", "value": "1"}, {"name": "B"}]
+    container["volumeMounts"] = [{"mountPath": "/dev/shm", "name": "dshm"}]
+    payload["spec"]["replicaSpecs"][0]["template"]["spec"]["volumes"] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]
+    role = translate_t9k(payload).spec.roles[0]
+    assert (role.resources.cpu, role.resources.memory_mb, role.resources.gpu,
+            role.resources.shm_mb) == (0.5, 512, 2, 1024)
+    assert [(e.name, e.value) for e in role.env] == [("A", "1"), ("B", "")]
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("500m", 0.5), ("2", 2), (4, 4), ("8Gi", 8 * 2**30), ("512Mi", 512 * 2**20),
+    ("1G", 10**9), ("1e3", 1000), ("1.5", 1.5), ("-1", None), ("1Zi", None), (True, None),
+])
+def test_quantities(text: Any, value: float | None) -> None:
+    got = quantity(text)
+    assert (float(got) if got is not None else None) == value
+
+
+def test_commands_are_quoted_word_by_word() -> None:
+    payload = load("genericjob-1.yaml")
+    payload["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].update(
+        command=["sh", "-c"], args=["echo 'hi there' $HOME"])
+    assert translate_t9k(payload).spec.roles[0].command == (
+        "sh -c 'echo '\"'\"'hi there'\"'\"' $HOME'")
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=30,
+)
+KEYS = st.sampled_from(["apiVersion", "kind", "metadata", "spec", "replicaSpecs", "worker",
+                        "template", "containers", "runMode", "elastic", "successRules",
+                        "restartPolicy", "resources", "requests", "limits", "replicas"])
+
+
+def mutations(base: dict[str, Any]) -> st.SearchStrategy[Any]:
+    return st.recursive(
+        st.just(base) | JSON,
+        lambda inner: st.dictionaries(KEYS, inner, max_size=5),
+        max_leaves=20,
+    )
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(JSON, mutations(load("genericjob-1.yaml")), mutations(
+    {"apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "PyTorchTrainingJob"})))
+def test_translate_never_raises(payload: Any) -> None:
+    result = translate_t9k(payload)
+    assert result.dialect == "t9k"
+    render("pytorchtrainingjob", {"original": payload, "state": "RUNNING", "tasks": []})
+
+
+# ----------------------------------------------------------------------------- render
+
+NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def view(state: str, tasks: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    payload = load("genericjob-1.yaml")
+    spec = translate_t9k(payload).spec
+    return {"id": "job-1", "name": "generic-example", "state": state, "submitted_at": NOW,
+            "updated_at": NOW, "finished_at": None, "spec": spec.model_dump(mode="json"),
+            "tasks": tasks, "warnings": [], "errors": [], "original": payload, **extra}
+
+
+def task(index: int, state: str, exit_code: int | None = None) -> dict[str, Any]:
+    return {"role": "worker", "index": index, "attempt": 1, "state": state,
+            "exit_code": exit_code, "node": "node-cpu", "reason": None}
+
+
+def test_render_shows_the_resource_as_submitted_with_a_t9k_status() -> None:
+    tasks = [task(0, "SUCCEEDED", 0), task(1, "RUNNING"), task(2, "FAILED", 3)]
+    out = render("genericjobs", view("SUCCEEDED", tasks, finished_at=NOW,
+                                     reason="success rule 0 met"))
+    assert out["apiVersion"] == "batch.tensorstack.dev/v1beta1" and out["kind"] == "GenericJob"
+    assert out["spec"] == load("genericjob-1.yaml")["spec"]
+    assert out["metadata"]["uid"] == "job-1"
+    assert out["metadata"]["creationTimestamp"] == "2024-05-01T12:00:00Z"
+    status = out["status"]
+    assert status["phase"] == "Succeeded"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Completed"]["status"] == "True"
+    assert conditions["Failed"]["status"] == "False"
+    assert conditions["ReplicaFailure"]["status"] == "True"
+    assert conditions["Completed"]["lastTransitionTime"] == "2024-05-01T12:00:00Z"
+    [worker] = status["tasks"]
+    replicas = {r["index"]: r for r in worker["replicas"]}
+    assert (replicas[0]["phase"], replicas[0]["exitCode"], replicas[0]["node"]) == (
+        "Succeeded", 0, "node-cpu")
+    assert replicas[2]["phase"] == "Failed" and replicas[2]["exitCode"] == 3
+    assert replicas[3]["phase"] == "Deleted"  # never started; the job is over
+    assert replicas[0]["name"] == "generic-example-worker-0"
+    assert status["replicaStatuses"]["worker"] == {"active": 1, "succeeded": 1, "failed": 1}
+    assert status["aggregate"]["running"] == 1 and status["aggregate"]["succeeded"] == 1
+
+
+@pytest.mark.parametrize(("state", "phase"), [
+    ("SUBMITTED", "Pending"), ("QUEUED", "Pending"), ("PLACED", "Pending"),
+    ("RUNNING", "Running"), ("SUCCEEDED", "Succeeded"), ("FAILED", "Failed"),
+    ("STOPPED", "Failed"), ("REJECTED", "Failed"),
+])
+def test_render_phase(state: str, phase: str) -> None:
+    assert render("genericjobs", view(state, []))["status"]["phase"] == phase
+
+
+def test_render_rejected_job_names_the_field_errors() -> None:
+    errors = [{"path": "$.spec.scheduler.t9kScheduler.queue", "message": "queue 'gold' does "
+               "not exist", "code": "unknown_queue"}]
+    out = render("genericjobs", view("REJECTED", [], errors=errors, finished_at=NOW))
+    failed = next(c for c in out["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "Rejected"
+    assert "$.spec.scheduler.t9kScheduler.queue: queue 'gold' does not exist" in failed["message"]
+
+
+def test_render_paused_job_and_warnings_annotation() -> None:
+    v = view("QUEUED", [], warnings=[{"path": "$.spec.service", "message": "kept"}])
+    v["spec"]["run_mode"] = "pause"
+    out = render("genericjobs", v)
+    assert out["status"]["phase"] == "Paused"
+    assert any(c["type"] == "Paused" for c in out["status"]["conditions"])
+    assert out["metadata"]["annotations"]["trainyard.dev/warnings"] == "$.spec.service: kept"
