@@ -52,3 +52,13 @@ async def test_owner_registry_contract(owners) -> None:
     assert await owners.record(job, "alice") is True
     assert await owners.record(job, "mallory") is False  # the first owner stays
     assert await owners.owner(job) == "alice"
+
+
+async def test_owner_registry_finds_every_job_submitted_under_a_dialect_name(owners) -> None:
+    first, second, other = (uuid.uuid4().hex for _ in range(3))
+    key = f"ns/genericjobs/{uuid.uuid4().hex[:6]}"
+    assert await owners.record(first, "alice", key)
+    assert await owners.record(second, "alice", key)  # a resubmission under the same name
+    assert await owners.record(other, "bob", key)  # another user's job of that name
+    assert sorted(await owners.job_ids("alice", key)) == sorted([first, second])
+    assert await owners.job_ids("alice", "ns/genericjobs/none") == []

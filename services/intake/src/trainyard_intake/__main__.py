@@ -23,6 +23,7 @@ async def main() -> None:
     bus = await Bus.connect(settings.nats_url, name="intake")
     client = mongo_client(settings.mongo_url)
     owners = MongoOwnerRegistry(client[settings.db_name()]["owners"])
+    await owners.ensure_indexes()
     tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
     app = create_app(Deps(publish=bus.publish, owners=owners), tokens, client[settings.db_name()])
     try:

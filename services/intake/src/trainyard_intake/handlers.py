@@ -52,7 +52,7 @@ async def submit_job(
         event_id = derived_id("submitted", job_id)
     else:
         job_id, event_id = new_id(), new_id()
-    await deps.owners.record(job_id, identity.user)
+    await deps.owners.record(job_id, identity.user, translation.key)
     event = JobSubmitted(
         event_id=event_id,
         job_id=job_id,

@@ -28,14 +28,11 @@ from trainyard_common.auth import Identity
 from trainyard_common.dialects import kubeflow, t9k
 from trainyard_common.dialects.translation import UnknownDialect
 from trainyard_common.events import FieldIssue
-from trainyard_common.storage import insert_once
 
 from ..handlers import JobNotFound, request_stop, submit_job
 from .context import IntakeContext
 
 MAX_BODY = 4 * 1024 * 1024
-# job id -> (user, dialect key): how a DELETE by name finds the jobs it stops.
-COLLECTION = "k8s_resources"
 
 # (group, version) -> (dialect name, plural -> kind name, render)
 APIS: dict[tuple[str, str], tuple[str, dict[str, str], Any]] = {
@@ -86,7 +83,6 @@ def _causes(errors: list[FieldIssue]) -> list[dict[str, str]]:
 
 def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(tags=["kubernetes-style resources"])
-    names = ctx.db[COLLECTION] if ctx.db is not None else None
 
     def resolve(group: str, version: str, plural: str) -> tuple[str, str, Any] | None:
         found = APIS.get((group, version))
@@ -141,10 +137,6 @@ def router(ctx: IntakeContext) -> APIRouter:
         except UnknownDialect as exc:
             return status(400, "BadRequest", str(exc))
         name = meta.get("name") if isinstance(meta.get("name"), str) else ""
-        key = f"{namespace}/{plural}/{name}"
-        if names is not None and name:
-            await insert_once(names, {"_id": result.job_id, "user": identity.user,
-                                      "key": key, "dialect": dialect})
         headers = [("Warning", warning_header(w)) for w in result.warnings]
         if result.errors:
             response = status(422, "Invalid", f"{kind}.{group} {name!r} is invalid: "
@@ -171,8 +163,7 @@ def router(ctx: IntakeContext) -> APIRouter:
             return not_found_resource(group, version, plural)
         key = f"{namespace}/{plural}/{name}"
         details = {"name": name, "group": group, "kind": plural}
-        ids = [] if names is None else [
-            doc["_id"] async for doc in names.find({"user": identity.user, "key": key})]
+        ids = await ctx.deps.owners.job_ids(identity.user, key)
         stopped = []
         for job_id in ids:
             # Every job ever created under this name is stopped: at most one can still be

@@ -13,9 +13,8 @@ answered 400 at once (``InvalidProtocolError``), as OpenPAI does; checks against
 cluster and the name already being taken come later, from validation (the job then
 shows FAILED with the reason).
 
-OpenPAI names jobs ``user~name``, intake by id, so this module keeps which job ids were
-submitted under each name (collection ``openpai_jobs``, one document per job id, written
-once): a rejected resubmission of a name must not hide the job that runs under it.
+OpenPAI names jobs ``user~name``, intake by id: the owner registry records every
+submission's dialect key (the job name), which is how a stop by name finds the job.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from fastapi.responses import JSONResponse
 
 from trainyard_common.auth import Identity
 from trainyard_common.dialects import openpai, openpai_v2
-from trainyard_common.storage import insert_once
 
 from ..handlers import JobNotFound, request_stop, submit_job
 from .context import IntakeContext
@@ -39,27 +37,6 @@ MAX_BODY = 4 * 1024 * 1024
 
 def error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse(status_code=status, content={"code": code, "message": message, **extra})
-
-
-class OpenPaiNames:
-    """Job ids by (user, job name)."""
-
-    def __init__(self, db: Any) -> None:
-        self._jobs = db["openpai_jobs"] if db is not None else None
-        self._memory: list[dict[str, str]] = []
-
-    async def record(self, job_id: str, user: str, name: str) -> None:
-        doc = {"_id": job_id, "user": user, "name": name}
-        if self._jobs is None:
-            self._memory.append(doc)
-        else:
-            await insert_once(self._jobs, doc)
-
-    async def job_ids(self, user: str, name: str) -> list[str]:
-        if self._jobs is None:
-            return [d["_id"] for d in self._memory if d["user"] == user and d["name"] == name]
-        return [d["_id"] async for d in self._jobs.find({"user": user, "name": name},
-                                                         {"_id": 1})]
 
 
 def _decode(raw: bytes, content_type: str) -> Any:
@@ -80,7 +57,6 @@ def _split(framework_name: str) -> tuple[str, str] | None:
 
 def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(tags=["openpai"])
-    names = OpenPaiNames(ctx.db)
 
     async def submit(request: Request, identity: Identity, idempotency_key: str | None,
                      v1_only: bool) -> tuple[Any, str] | JSONResponse:
@@ -103,7 +79,6 @@ def router(ctx: IntakeContext) -> APIRouter:
                          errors=[e.model_dump() for e in checked.errors])
         result = await submit_job(payload, identity, ctx.deps, dialect=dialect.name,
                                   idempotency_key=idempotency_key)
-        await names.record(result.job_id, identity.user, checked.spec.name)
         return result.job_id, checked.spec.name
 
     @api.post("/api/v2/jobs", status_code=202)
@@ -153,7 +128,7 @@ def router(ctx: IntakeContext) -> APIRouter:
         if user != identity.user and not identity.admin:
             return error(403, "ForbiddenUserError",
                          f"User {identity.user} is not allowed to execute job {framework_name}.")
-        job_ids = await names.job_ids(user, name)
+        job_ids = await ctx.deps.owners.job_ids(user, name)
         if not job_ids:
             return error(404, "NoJobError", f"Job {framework_name} is not found.")
         if value == "START":

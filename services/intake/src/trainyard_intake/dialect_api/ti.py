@@ -1,9 +1,8 @@
 """Tencent TI's write API: ``POST /ti/v1/jobs`` (a TI Job object) and
 ``DELETE /ti/v1/jobs/{cluster}/{name}`` (stop it).
 
-TI names jobs by cluster and name, intake by id, so this module keeps which job ids
-were submitted under each ``<cluster>/<name>`` (collection ``ti_jobs``, one document
-per job id: written once, never updated)."""
+TI names jobs by cluster and name, intake by id: the owner registry records every
+submission's dialect key (``<cluster>/<name>``), which is how a delete finds the job."""
 
 from __future__ import annotations
 
@@ -15,36 +14,13 @@ from fastapi.responses import JSONResponse
 
 from trainyard_common.auth import Identity
 from trainyard_common.dialects.ti import DIALECT, render, translate_ti
-from trainyard_common.storage import insert_once
 
 from ..handlers import JobNotFound, request_stop, submit_job
 from .context import IntakeContext
 
 
-class TiKeys:
-    """Job ids by (user, TI key). Every submission of a name is kept: a rejected
-    resubmission must not hide the job that runs under that name."""
-
-    def __init__(self, db: Any) -> None:
-        self._jobs = db["ti_jobs"] if db is not None else None
-        self._memory: list[dict[str, str]] = []
-
-    async def record(self, job_id: str, user: str, key: str) -> None:
-        doc = {"_id": job_id, "user": user, "key": key}
-        if self._jobs is None:
-            self._memory.append(doc)
-        else:
-            await insert_once(self._jobs, doc)
-
-    async def job_ids(self, user: str, key: str) -> list[str]:
-        if self._jobs is None:
-            return [d["_id"] for d in self._memory if d["user"] == user and d["key"] == key]
-        return [d["_id"] async for d in self._jobs.find({"user": user, "key": key}, {"_id": 1})]
-
-
 def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(prefix="/ti/v1", tags=["ti"])
-    keys = TiKeys(ctx.db)
 
     @api.post("/jobs", status_code=202)
     async def create_job(
@@ -63,8 +39,6 @@ def router(ctx: IntakeContext) -> APIRouter:
             })
         result = await submit_job(payload, identity, ctx.deps, dialect=DIALECT,
                                   idempotency_key=idempotency_key)
-        if checked.key is not None:
-            await keys.record(result.job_id, identity.user, checked.key)
         view = render({
             "id": result.job_id, "name": checked.spec.name, "queue": checked.spec.queue,
             "state": "SUBMITTED", "submitted_at": datetime.now(UTC), "original": payload,
@@ -75,7 +49,7 @@ def router(ctx: IntakeContext) -> APIRouter:
     @api.delete("/jobs/{cluster}/{name}", status_code=202)
     async def delete_job(cluster: str, name: str,
                          identity: Identity = Depends(ctx.current)) -> dict[str, Any]:
-        job_ids = await keys.job_ids(identity.user, f"{cluster}/{name}")
+        job_ids = await ctx.deps.owners.job_ids(identity.user, f"{cluster}/{name}")
         stopped = []
         for job_id in job_ids:
             try:
