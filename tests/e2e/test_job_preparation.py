@@ -118,3 +118,44 @@ def test_an_unreachable_data_source_fails_with_its_scheme(prep_api: Api) -> None
     view = prep_api.wait(prep_api.submit(spec), timeout=60)
     assert view["state"] == "FAILED", view
     assert "'oss://' is not supported by the local backend" in view["reason"], view
+
+
+def test_a_dlc_job_from_the_official_sdk_gets_its_code_data_and_libs(
+        prep_api: Api, repo: Path, tmp_path: Path) -> None:
+    """The DLC seed's pattern end to end: a code source and a data source registered
+    first, CreateJob naming them by id with ThirdpartyLibs, and the UserCommand running
+    the checked-out script against the mounted data with the library installed."""
+    from alibabacloud_pai_dlc20201203 import models as dlc
+    from alibabacloud_pai_dlc20201203.client import Client
+    from alibabacloud_tea_openapi.utils_models import Config
+
+    from .test_dialect_dlc import call, wait_for
+
+    key = prep_api.http.post("/v1/access-keys", json={"user": "dlc-prep"}).json()
+    client = Client(Config(access_key_id=key["AccessKeyId"], access_key_secret=key["AccessKeySecret"],
+                           endpoint=prep_api.url.split("://", 1)[1], protocol="http"))
+    data = tmp_path / "nas1"
+    data.mkdir()
+    (data / "rows.csv").write_text("1\n2\n")
+    suffix = uuid.uuid4().hex[:8]
+    ds = call(client, "CreateDataSource", "POST", "/api/v1/datasources", {
+        "DataSourceType": "local", "DisplayName": "nas1", "Path": str(data),
+        "MountPath": f"/root/data/nas1-{suffix}"})
+    cs = call(client, "CreateCodeSource", "POST", "/api/v1/codesources", {
+        "DisplayName": "train", "CodeRepo": str(repo), "CodeBranch": "release",
+        "MountPath": f"/root/code/train-{suffix}"})
+    created = client.create_job(dlc.CreateJobRequest(
+        display_name="dlc-prepared", job_type="PyTorchJob",
+        job_specs=[dlc.JobSpec(type="Worker", image="python:3.11", pod_count=1,
+                               resource_config=dlc.ResourceConfig(cpu="1", memory="1Gi"))],
+        user_command=f"python /root/code/train-{suffix}/train.py /root/data/nas1-{suffix}",
+        data_sources=[dlc.CreateJobRequestDataSources(data_source_id=ds["DataSourceId"])],
+        code_source=dlc.CreateJobRequestCodeSource(code_source_id=cs["CodeSourceId"]),
+        thirdparty_libs=["tyyard_e2e"],
+    )).body
+    job = wait_for(client, created.job_id, lambda b: b.status in {"Succeeded", "Failed", "Stopped"},
+                   timeout=120)
+    pod = job.pods[0].pod_id
+    logs = client.get_pod_logs(created.job_id, pod, dlc.GetPodLogsRequest()).body.logs
+    assert job.status == "Succeeded", (job.reason_message, logs)
+    assert any(f"hello trainyard 2 rows /root/code/train-{suffix}" in line for line in logs), logs
