@@ -118,6 +118,8 @@ def test_v2_yaml_job_runs_with_its_parameter_and_secret_never_shown(api: Api,
     events = api.events(job_id)
     submitted = next(e["event"] for e in events if e["type"] == "JobSubmitted")
     assert submitted["original"]["secrets"] == {"token": "******"}
+    config = api.http.get(f"/api/v2/jobs/admin~{name}/config").json()
+    assert config["secrets"] == {"token": "******"} and config["parameters"]["greeting"] == "hello-param"
     assert submitted["spec"]["secrets"] == [{"name": "token", "value": "******"}]
 
 
@@ -141,6 +143,9 @@ def test_openpai_rest_flow_submit_status_list(api: Api) -> None:
         (0, "SUCCEEDED", 0), (1, "SUCCEEDED", 0)]
     assert all(t["containerIp"] for t in tasks)
     assert api.http.get(f"/api/v1/user/admin/jobs/{name}").json()["name"] == name
+    # The round trip: the config read back is the job as submitted, and means the same job.
+    config = api.http.get(f"/api/v2/jobs/admin~{name}/config")
+    assert config.status_code == 200 and config.json() == payload
 
     listed = api.http.get("/api/v2/jobs", params={"username": "admin"}).json()
     mine = [item for item in listed if item["name"] == name]

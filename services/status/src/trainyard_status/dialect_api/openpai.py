@@ -2,6 +2,7 @@
 dialect's pure ``render_status`` / ``render_list_item`` from the canonical view):
 
 - ``GET /api/v2/jobs/{user}~{name}`` (and v1's ``GET /api/v1/user/{user}/jobs/{name}``);
+- ``GET /api/v2/jobs/{user}~{name}/config``: the job as submitted, secrets hidden;
 - ``GET /api/v2/jobs`` with OpenPAI's filters ``username``, ``vc``, ``state`` (each a
   comma list), ``offset``, ``limit`` and ``withTotalCount``.
 
@@ -11,6 +12,7 @@ their own jobs (an admin sees all): another user's job answers 404 like a missin
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query
@@ -63,6 +65,20 @@ def router(ctx: StatusContext) -> APIRouter:
         if not sep:
             return error(404, "NoJobError", f"Job {framework_name} is not found.")
         return await status_of(user, name, identity)
+
+    @api.get("/api/v2/jobs/{framework_name}/config")
+    async def get_config(framework_name: str,
+                         identity: Identity = Depends(ctx.current)) -> JSONResponse:
+        """The job as it was submitted (OpenPAI's job config), secrets hidden: what a
+        user resubmits or edits, and what the round trip through this dialect keeps."""
+        user, sep, name = framework_name.partition("~")
+        missing = error(404, "NoJobError", f"Job {framework_name} is not found.")
+        if not sep or not identity.can_see(user):
+            return missing
+        doc = await ctx.views.find_by_key(user, name)
+        if doc is None or doc.get("dialect") not in DIALECTS or not doc.get("original_json"):
+            return missing
+        return JSONResponse(json.loads(doc["original_json"]))
 
     @api.get("/api/v1/user/{user}/jobs/{name}")
     async def get_job_v1(user: str, name: str,
