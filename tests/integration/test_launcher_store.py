@@ -7,7 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from trainyard_common.events import JobState, TaskPlacement, TaskState
+from datetime import UTC, datetime
+
+from trainyard_common.events import FailureClass, JobState, TaskPlacement, TaskState
 from trainyard_common.jobspec import EnvVar, JobSpec, RoleSpec
 from trainyard_common.storage import mongo_client
 from trainyard_launcher.adapters.store import (
@@ -21,6 +23,7 @@ from trainyard_launcher.adapters.store import (
     new_task,
 )
 from trainyard_launcher.domain.completion import Verdict
+from trainyard_launcher.domain.failure import Retry
 
 SPEC = JobSpec(name="train", user="bob", env=[EnvVar(name="a.b", value="1"), EnvVar(name="$X", value="2")],
                roles=[RoleSpec(name="worker", replicas=2, command="python train.py")])
@@ -65,6 +68,37 @@ async def test_verdict_is_set_once_and_publishing_is_tracked(store: LauncherStor
     assert [j.job_id for j in await store.unpublished_jobs()] == ["j1"]
     await store.mark_finished_published("j1", 1)
     assert await store.unpublished_jobs() == []
+
+
+async def test_a_retry_is_stored_with_the_verdict_and_a_stop_may_follow(store: LauncherStore) -> None:
+    await store.insert_job(running_job())
+    verdict = Verdict(JobState.FAILED, "worker[0] failed", 1, ("worker", 0), FailureClass.USER)
+    retry = Retry(2, 10.0, "retrying as attempt 2", FailureClass.USER,
+                  datetime(2026, 1, 1, 12, 0, 10, tzinfo=UTC))
+    assert not await store.note_stop("j1", 1, "too early: still running")
+    assert await store.set_verdict("j1", 1, verdict, retry)
+    job = await store.get_job("j1")
+    assert job is not None and (job.verdict, job.retry, job.stop_reason) == (verdict, retry, None)
+    assert not await store.note_stop("j1", 2, "another attempt")
+    assert await store.note_stop("j1", 1, "enough")
+    assert (await store.get_job("j1")).stop_reason == "enough"  # type: ignore[union-attr]
+    # The next attempt replaces the record: no verdict, no retry, no stop.
+    assert await store.start_attempt(running_job(2), JOB_FINISHED, 1)
+    job = await store.get_job("j1")
+    assert job is not None and (job.attempt, job.retry, job.stop_reason) == (2, None, None)
+
+
+async def test_a_failed_transition_keeps_its_class(store: LauncherStore) -> None:
+    task = new_task("j1", 1, "worker", 0, "/tmp/t")
+    assert await store.insert_task(task)
+    failed = await store.transition(task, TaskState.FAILED, exit_code=127,
+                                    failure_class=FailureClass.USER, end_kind="exited")
+    assert failed is not None
+    stored = await store.get_task(task.id)
+    assert stored is not None
+    assert (stored.failure_class, stored.end_kind) == (FailureClass.USER, "exited")
+    assert stored.transitions[-1].failure_class is FailureClass.USER
+    assert stored.transitions[0].failure_class is None
 
 
 async def test_tombstone_then_attempts(store: LauncherStore) -> None:

@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -100,6 +101,25 @@ async def test_store_tombstone_and_active(store: JobStore) -> None:
     active = {r.job_id: r.state for r in await store.active()}
     assert active == {"q": "queued", "p": "placed"}
     assert (await store.get("d")).stopped_in_queue  # type: ignore[union-attr]
+
+
+async def test_store_requeues_a_placed_attempt_as_the_next(store: JobStore) -> None:
+    not_before = datetime(2026, 1, 1, 12, 0, 10, tzinfo=UTC)
+    await store.add_queued("j1", attempt=1, arrival_seq=3, spec=spec())
+    assert not await store.requeue("j1", from_attempt=1, attempt=2, not_before=not_before)
+    await store.note_reasons("j1", ["no room"], 1)
+    await store.mark_placed("j1", [TASK])
+    await store.mark_placed_published("j1")
+    assert not await store.requeue("j1", from_attempt=2, attempt=3, not_before=not_before)
+    assert await store.requeue("j1", from_attempt=1, attempt=2, not_before=not_before)
+    assert not await store.requeue("j1", from_attempt=1, attempt=2, not_before=not_before)
+    record = await store.get("j1")
+    assert record is not None
+    assert (record.state, record.attempt, record.not_before, record.arrival_seq) == (
+        "queued", 2, not_before, 3)
+    assert (record.allocation, record.reasons, record.placed_published, record.queued_notices) == (
+        (), (), False, 0)
+    assert [r.job_id for r in await store.active()] == ["j1"]
 
 
 # --------------------------------------------------------------------------- the service
@@ -252,3 +272,35 @@ async def test_service_places_queues_survives_a_crash_and_releases(
     while service.queue() and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     assert service.queue() == []
+
+
+async def test_service_places_a_retry_after_its_backoff_even_across_a_crash(
+    service: Service, bus: Bus
+) -> None:
+    from datetime import timedelta
+
+    from trainyard_common.events import FailureClass, JobRetrying, utcnow
+
+    a = "r" + uuid.uuid4().hex[:8]
+    await bus.publish(JobAccepted(job_id=a, spec=spec()))
+    assert (await last_event(bus, a, "placed")).attempt == 1  # type: ignore[attr-defined]
+    not_before = utcnow() + timedelta(seconds=10)
+    await bus.publish(JobRetrying(event_id=derived_id(a, 1, "retry"), job_id=a, attempt=2,
+                                  previous_attempt=1, reason="attempt 1 failed",
+                                  failure_class=FailureClass.PLATFORM, not_before=not_before))
+    queued = await last_event(bus, a, "queued")
+    assert isinstance(queued, JobQueued) and queued.attempt == 2
+    until = not_before.isoformat(timespec="milliseconds")
+    assert queued.reasons == [f"retrying attempt 2 after backoff until {until}"]
+    # Killed while the retry waits: the restarted service still waits, then places it.
+    service.kill()
+    service.start()
+    assert [row["job_id"] for row in service.queue()] == [a]
+    deadline = time.monotonic() + 20
+    placed = await last_event(bus, a, "placed")
+    while placed.attempt == 1 and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        await asyncio.sleep(0.1)
+        placed = await last_event(bus, a, "placed")
+    assert isinstance(placed, JobPlaced) and placed.attempt == 2
+    assert placed.event_id == derived_id(a, 2, "placed")
+    assert utcnow() >= not_before

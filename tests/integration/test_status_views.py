@@ -100,3 +100,55 @@ async def test_list_filters_and_pages_newest_first(views: JobViews) -> None:
     assert total == 5 and [i["id"] for i in items] == [ids[3], ids[2]]
     items, total = await views.list_jobs(user=user, state="RUNNING", limit=10, offset=0)
     assert total == 0 and items == []
+
+
+async def test_two_attempts_shuffled_and_repeated_give_one_history_of_attempts(views: JobViews) -> None:
+    """A retried job on the real store: the view ends in the last attempt whatever the
+    order, every attempt's tasks stay, and each attempt's end is listed once."""
+    from trainyard_common.events import FailureClass, JobQueued, JobRetrying
+
+    by_type = {type(e).__name__: e for e in example_events()}
+
+    def events_of(job: str) -> list:
+        def task(attempt: int, seq: int, state: TaskState, **extra) -> TaskStateChanged:
+            return TaskStateChanged(job_id=job, attempt=attempt, role="worker", index=0,
+                                    seq=seq, state=state, **extra)
+        retry: JobRetrying = by_type["JobRetrying"].model_copy(update={"job_id": job})
+        return [
+            *(by_type[n].model_copy(update={"job_id": job, "event_id": uuid.uuid4().hex})
+              for n in ("JobSubmitted", "JobAccepted", "JobPlaced")),
+            task(1, 1, TaskState.STARTING), task(1, 2, TaskState.RUNNING),
+            task(1, 3, TaskState.FAILED, exit_code=1, failure_class=FailureClass.USER),
+            retry,
+            JobQueued(job_id=job, attempt=2, reasons=["retrying attempt 2 after backoff"]),
+            by_type["JobPlaced"].model_copy(update={"job_id": job, "attempt": 2,
+                                                    "event_id": uuid.uuid4().hex}),
+            task(2, 1, TaskState.STARTING), task(2, 2, TaskState.RUNNING),
+            task(2, 3, TaskState.FAILED, exit_code=137, failure_class=FailureClass.UNKNOWN),
+            JobFinished(job_id=job, attempt=2, state=JobState.FAILED, reason="gave up",
+                        exit_code=137, failure_class=FailureClass.UNKNOWN),
+        ]
+
+    job_a, job_b = uuid.uuid4().hex, uuid.uuid4().hex
+    events_a = events_of(job_a)
+    await apply_all(views, events_a, range(1, len(events_a) + 1))
+    events_b = [e.model_copy(update={"job_id": job_b}) for e in events_a]
+    pairs = list(zip(events_b, range(1, len(events_b) + 1))) * 2
+    random.Random(11).shuffle(pairs)
+    await apply_all(views, [p[0] for p in pairs], [p[1] for p in pairs])
+    a, b = await snapshot(views, job_a), await snapshot(views, job_b)
+    assert (a["state"], a["attempt"], a["retries"], a["failure_class"]) == ("FAILED", 2, 1, "unknown")
+    assert [(x["attempt"], x["state"], x["failure_class"]) for x in a["attempts"]] == [
+        (1, "FAILED", "platform"), (2, "FAILED", "unknown")]
+    assert [(t["attempt"], t["state"], t["failure_class"]) for t in a["tasks"]] == [
+        (1, "FAILED", "user"), (1, "PENDING", None), (2, "FAILED", "unknown"), (2, "PENDING", None)]
+    for key in ("state", "attempt", "retries", "attempts", "failure_class", "tasks", "exit_code"):
+        assert a[key] == b[key], key
+
+    # Before its end: attempt 2 is running, and a late event of attempt 1 changes nothing.
+    job_c = uuid.uuid4().hex
+    events_c = [e.model_copy(update={"job_id": job_c}) for e in events_a[:11]]
+    await apply_all(views, events_c, range(1, 12))
+    await apply_all(views, [events_c[4], events_c[2]], [5, 3])
+    c = await snapshot(views, job_c)
+    assert (c["state"], c["attempt"]) == ("RUNNING", 2), c

@@ -90,6 +90,7 @@ def check(state: SchedulerState) -> None:
     cpu: Counter[str] = Counter()
     mem: Counter[str] = Counter()
     gpus: dict[str, list[int]] = defaultdict(list)
+    milli: Counter[tuple[str, int]] = Counter()  # milli-GPU held per (node, device)
     used_ports: dict[str, list[int]] = defaultdict(list)
     for job_id, allocation in state.placed.items():
         assert job_id not in state.queued
@@ -106,6 +107,8 @@ def check(state: SchedulerState) -> None:
             if task.gpu_indices and role.resources.gpu_type:
                 assert node.gpu_type == role.resources.gpu_type
             gpus[task.node] += task.gpu_indices
+            for g in task.gpu_indices:
+                milli[task.node, g] += task.gpu_milli or 1000
             assert [g.label for g in task.ports] == [p.label for p in role.ports]
             for group, want in zip(task.ports, role.ports, strict=True):
                 assert len(group.ports) == want.count
@@ -117,7 +120,8 @@ def check(state: SchedulerState) -> None:
     for name, node in spec_of.items():
         assert cpu[name] <= node.cpu + 1e-6
         assert mem[name] <= node.memory_mb
-        assert len(gpus[name]) == len(set(gpus[name]))  # no GPU given twice
+        # No GPU is given twice, except as shares that fit in it together.
+        assert all(milli[name, g] <= 1000 for g in set(gpus[name]))
         assert all(0 <= g < node.gpus for g in gpus[name])
         assert len(used_ports[name]) == len(set(used_ports[name]))  # no port given twice
         free = state.snapshot().node(name)

@@ -1,8 +1,17 @@
 """What each event means for the read model (pure)."""
 
+import random
+
 from trainyard_common.contracts import example_events
-from trainyard_common.events import JobState, TaskState, TaskStateChanged
-from trainyard_status.domain.projection import STATE_RANK, project, task_id
+from trainyard_common.events import (
+    FailureClass,
+    JobFinished,
+    JobQueued,
+    JobState,
+    TaskState,
+    TaskStateChanged,
+)
+from trainyard_status.domain.projection import STATE_RANK, job_rank, project, task_id
 
 EVENTS = {type(e).__name__: e for e in example_events()}
 
@@ -61,3 +70,94 @@ def test_stop_command_is_recorded_without_moving_the_state() -> None:
     change = project(EVENTS["StopJob"]).job
     assert change.state is None and change.always == {"stop_requested_by": "alice"}
     assert isinstance(EVENTS["TaskStateChanged"], TaskStateChanged)
+
+
+# --- attempts ----------------------------------------------------------------------------
+
+def two_attempts(job_id: str = "j") -> list:
+    """Attempt 1 runs and fails, is retried; attempt 2 is queued, placed, runs, succeeds."""
+    by_type = {type(e).__name__: e for e in example_events()}
+    sub, acc = by_type["JobSubmitted"], by_type["JobAccepted"]
+    placed, retry = by_type["JobPlaced"], by_type["JobRetrying"]
+
+    def task(attempt: int, seq: int, state: TaskState, **extra) -> TaskStateChanged:
+        return TaskStateChanged(job_id=job_id, attempt=attempt, role="worker", index=0, seq=seq,
+                                state=state, **extra)
+
+    return [
+        sub.model_copy(update={"job_id": job_id}), acc.model_copy(update={"job_id": job_id}),
+        placed.model_copy(update={"job_id": job_id}),
+        task(1, 1, TaskState.STARTING), task(1, 2, TaskState.RUNNING),
+        task(1, 3, TaskState.FAILED, exit_code=1, failure_class=FailureClass.USER),
+        retry.model_copy(update={"job_id": job_id}),
+        JobQueued(job_id=job_id, attempt=2, reasons=["retrying attempt 2 after backoff until x"]),
+        placed.model_copy(update={"job_id": job_id, "attempt": 2}),
+        task(2, 1, TaskState.STARTING), task(2, 2, TaskState.RUNNING),
+        task(2, 3, TaskState.SUCCEEDED, exit_code=0),
+        JobFinished(job_id=job_id, attempt=2, state=JobState.SUCCEEDED, reason="ok", exit_code=0),
+    ]
+
+
+def fold(events: list) -> tuple[str | None, int, int]:
+    """The job state the view store keeps (adapters/views.py): a change applies only
+    above the stored rank (or at it, where same_rank_ok)."""
+    state, attempt, rank = None, 1, -1
+    for event in events:
+        change = project(event).job
+        if change is None or change.state is None:
+            continue
+        if change.rank > rank or (change.same_rank_ok and change.rank == rank):
+            state, rank = change.state.value, change.rank
+            attempt = change.with_state.get("attempt", attempt)
+    return state, attempt, rank
+
+
+def test_a_later_attempt_ranks_above_every_step_of_an_earlier_one() -> None:
+    steps = [(JobState.SUBMITTED, 1), (JobState.ACCEPTED, 1), (JobState.QUEUED, 1),
+             (JobState.PLACED, 1), (JobState.RUNNING, 1), (JobState.QUEUED, 2),
+             (JobState.PLACED, 2), (JobState.RUNNING, 2), (JobState.QUEUED, 3)]
+    ranks = [job_rank(state, attempt) for state, attempt in steps]
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+    assert all(job_rank(s, 1) > job_rank(JobState.RUNNING, 99) for s in JobState if s.terminal)
+
+
+def test_retrying_puts_the_job_back_in_line_as_its_next_attempt() -> None:
+    event = EVENTS["JobRetrying"]
+    change = project(event).job
+    assert change.state is JobState.QUEUED and change.with_state["attempt"] == 2
+    # Below the new attempt's own JobQueued and JobPlaced, above all of attempt 1.
+    assert job_rank(JobState.RUNNING, 1) < change.rank < job_rank(JobState.QUEUED, 2)
+    assert change.with_state["reason"] == event.reason
+    assert change.add_to_set["attempts"] == {
+        "attempt": 1, "state": "FAILED", "reason": event.reason, "exit_code": None,
+        "failure_class": "platform", "ended_at": event.occurred_at, "retried_as": 2,
+        "not_before": event.not_before}
+
+
+def test_a_failed_task_and_a_failed_job_carry_their_failure_class() -> None:
+    failed = TaskStateChanged(job_id="j", role="w", index=0, seq=3, state=TaskState.FAILED,
+                              exit_code=127, failure_class=FailureClass.USER)
+    assert project(failed).tasks[0].fields["failure_class"] == "user"
+    assert project(EVENTS["TaskStateChanged"]).tasks[0].fields["failure_class"] is None
+    finished = JobFinished(job_id="j", attempt=2, state=JobState.FAILED, reason="r",
+                           failure_class=FailureClass.UNKNOWN)
+    change = project(finished).job
+    assert change.with_state["failure_class"] == "unknown"
+    assert change.add_to_set["attempts"]["attempt"] == 2
+
+
+def test_two_attempts_end_the_same_in_any_order_and_with_repeats() -> None:
+    events = two_attempts()
+    expected = fold(events)
+    assert expected[:2] == ("SUCCEEDED", 2)
+    rng = random.Random(5)
+    for _ in range(200):
+        shuffled = events * 2
+        rng.shuffle(shuffled)
+        assert fold(shuffled) == expected
+    # Before the end: attempt 2 runs, whatever attempt 1's late events say.
+    running = events[:11]
+    for _ in range(200):
+        shuffled = running + running[:6]
+        rng.shuffle(shuffled)
+        assert fold(shuffled)[:2] == ("RUNNING", 2), shuffled

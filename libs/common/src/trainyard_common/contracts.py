@@ -18,12 +18,14 @@ from .events import (
     EVENT_TYPES,
     SCHEMA_VERSION,
     Event,
+    FailureClass,
     FieldIssue,
     JobAccepted,
     JobFinished,
     JobPlaced,
     JobQueued,
     JobRejected,
+    JobRetrying,
     JobState,
     JobSubmitted,
     PortAssignment,
@@ -71,6 +73,12 @@ def example_events() -> list[Event]:
                          reason="exited with code 0", **common),
         JobFinished(event_id=derived_id("example", "finished"), state=JobState.SUCCEEDED,
                     reason="all tasks ended", exit_code=0, **common),
+        JobRetrying(event_id=derived_id("example", "retrying"), attempt=2, previous_attempt=1,
+                    reason="attempt 1 failed (platform failure): 1 of 2 worker task(s) failed, "
+                           "reaching minFailedTaskCount=1; worker[1] failed: lost while the "
+                           "launcher was down; retrying as attempt 2 of at most 3 after 10s",
+                    failure_class=FailureClass.PLATFORM,
+                    not_before=datetime(2026, 1, 1, 12, 0, 10, tzinfo=UTC), **common),
         StopJob(event_id=derived_id("example", "stop"), requested_by="alice", **common),
     ]
     return events

@@ -69,6 +69,16 @@ TERMINAL_JOB_STATES = frozenset(
 )
 
 
+class FailureClass(StrEnum):
+    """Who a failed task's end is put down to (docs/lifecycle.md): the user's command or
+    input, the platform (a lost task, a port taken, a start the launcher got wrong), or
+    nobody for sure (a signal from outside, the OOM killer)."""
+
+    USER = "user"
+    PLATFORM = "platform"
+    UNKNOWN = "unknown"
+
+
 class FieldIssue(Model):
     """One problem with a submitted job, located by its path in the submitted payload."""
 
@@ -136,6 +146,7 @@ class TaskPlacement(Model):
     node: str
     host_ip: str
     gpu_indices: list[int] = Field(default_factory=list)
+    gpu_milli: int | None = None  # a share of the one GPU in gpu_indices; None: whole GPUs
     ports: list[PortAssignment] = Field(default_factory=list)
 
 
@@ -160,6 +171,9 @@ class TaskStateChanged(Event):
     node: str | None = None
     exit_code: int | None = None
     reason: str | None = None
+    failure_class: FailureClass | None = Field(
+        None, description="Set on a FAILED transition only: whose failure it was."
+    )
 
 
 class JobFinished(Event):
@@ -169,6 +183,22 @@ class JobFinished(Event):
     state: Literal[JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED]
     reason: str
     exit_code: int | None = None
+    failure_class: FailureClass | None = Field(
+        None, description="Set when the job FAILED: the class of the failure that decided it."
+    )
+
+
+class JobRetrying(Event):
+    """An attempt failed and the job runs again as a new attempt (in place of JobFinished
+    for that attempt): placement re-queues it, not before ``not_before``."""
+
+    type: Literal["JobRetrying"] = "JobRetrying"
+    subject_suffix: ClassVar[str] = "retrying"
+    attempt: int = Field(description="The new attempt.")
+    previous_attempt: int
+    reason: str
+    failure_class: FailureClass
+    not_before: datetime = Field(description="The new attempt is not placed before this time.")
 
 
 class StopJob(Event):
@@ -189,6 +219,7 @@ AnyEvent = Annotated[
         JobPlaced,
         TaskStateChanged,
         JobFinished,
+        JobRetrying,
         StopJob,
     ],
     Field(discriminator="type"),
@@ -202,6 +233,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     JobPlaced,
     TaskStateChanged,
     JobFinished,
+    JobRetrying,
     StopJob,
 )
 COMMAND_TYPES: tuple[type[Event], ...] = (StopJob,)

@@ -33,6 +33,7 @@ from trainyard_common.subjects import commands_of, events_of
 
 from .adapters.local import LocalBackend
 from .adapters.store import LauncherStore, MongoLauncherStore, task_id
+from .domain.failure import BACKOFF_BASE_S
 from .handlers import Deps, adopt, dispatch, watch_tasks
 from .logs import follow, read_from
 
@@ -141,6 +142,7 @@ async def main() -> None:
             kill_grace_s=float(os.environ.get("YARD_LAUNCHER_KILL_GRACE_S") or 10.0),
             pip_args=tuple(shlex.split(os.environ.get("YARD_PIP_ARGS", ""))),
             minute_s=float(os.environ.get("YARD_LAUNCHER_MINUTE_S") or 60.0),
+            retry_backoff_s=float(os.environ.get("YARD_RETRY_BACKOFF_S") or BACKOFF_BASE_S),
         )
         # Before consuming: a redelivered JobPlaced must find adopted tasks as they are.
         await adopt(deps)

@@ -6,7 +6,10 @@ launched, stopped and finished at the same time here; the store's conditional up
 keep it right across redeliveries and restarts. Every task transition is stored first,
 then published with ``derived_id(job, attempt, role, index, seq)``; the job's end is
 stored as a verdict first, then published as JobFinished with
-``derived_id(job, attempt, "finished")``, the id placement uses too.
+``derived_id(job, attempt, "finished")``, the id placement uses too. A failed attempt
+that runs again (domain/failure.py) stores its retry with the verdict and publishes
+JobRetrying with ``derived_id(job, attempt, "retry")`` instead; placement re-queues the
+job and a JobPlaced of the next attempt starts it here.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from trainyard_common.bus import Delivery
@@ -27,6 +30,7 @@ from trainyard_common.events import (
     Event,
     JobFinished,
     JobPlaced,
+    JobRetrying,
     JobState,
     StopJob,
     TaskPlacement,
@@ -39,6 +43,7 @@ from .adapters.local import (
     AlreadyLaunched,
     LaunchError,
     PortClaim,
+    PortUnavailable,
     TaskBackend,
     TaskRef,
     TaskStatus,
@@ -57,6 +62,7 @@ from .adapters.store import (
 )
 from .domain.completion import TaskOutcome, Verdict, decide, exit_reason
 from .domain.env import build_task_env, substitute_secrets
+from .domain.failure import BACKOFF_BASE_S, EndKind, classify, judge, preparation_kind
 from .domain.prepare import (
     PlanProblem,
     PreparePlan,
@@ -95,6 +101,8 @@ class Deps:
     minute_s: float = 60.0
     # Each watched job's run deadline (None: none), computed once from stored times.
     deadlines: dict[tuple[str, int], datetime | None] = field(default_factory=dict)
+    # The first backoff between attempts (YARD_RETRY_BACKOFF_S; doubles per attempt).
+    retry_backoff_s: float = BACKOFF_BASE_S
 
     def lock(self, job_id: str) -> asyncio.Lock:
         return self.locks.setdefault(job_id, asyncio.Lock())
@@ -109,7 +117,7 @@ def task_event(task: TaskRecord, step: Transition) -> TaskStateChanged:
         event_id=derived_id(task.job_id, task.attempt, task.role, task.index, step.seq),
         job_id=task.job_id, occurred_at=step.at, attempt=task.attempt, role=task.role,
         index=task.index, state=step.state, seq=step.seq, node=task.node,
-        exit_code=step.exit_code, reason=step.reason,
+        exit_code=step.exit_code, reason=step.reason, failure_class=step.failure_class,
     )
 
 
@@ -118,8 +126,24 @@ def finished_event(job: JobRecord) -> JobFinished:
     return JobFinished(
         event_id=derived_id(job.job_id, job.attempt, "finished"), job_id=job.job_id,
         attempt=job.attempt, state=job.verdict.state, reason=job.verdict.reason,
-        exit_code=job.verdict.exit_code,
+        exit_code=job.verdict.exit_code, failure_class=job.verdict.failure_class,
     )
+
+
+def retrying_event(job: JobRecord) -> JobRetrying:
+    assert job.retry is not None and job.retry.not_before is not None
+    return JobRetrying(
+        event_id=derived_id(job.job_id, job.attempt, "retry"), job_id=job.job_id,
+        # When the retry was decided (stored), so a re-publish is the same event.
+        occurred_at=job.retry.not_before - timedelta(seconds=job.retry.backoff_s),
+        attempt=job.retry.attempt, previous_attempt=job.attempt, reason=job.retry.reason,
+        failure_class=job.retry.failure_class, not_before=job.retry.not_before,
+    )
+
+
+def end_event(job: JobRecord) -> JobFinished | JobRetrying:
+    """What ends this attempt on the bus: the job's end, or its next attempt."""
+    return retrying_event(job) if job.retry is not None else finished_event(job)
 
 
 async def publish_pending(deps: Deps, task: TaskRecord) -> TaskRecord:
@@ -203,6 +227,10 @@ async def _job_for(event: JobPlaced, deps: Deps) -> JobRecord | None:
                 f"attempt {event.attempt} of {event.job_id} placed while attempt "
                 f"{job.attempt} still runs here"
             )
+        if job.stop_reason is not None:
+            # Stopped while it waited for this retry: the attempt ends before it starts.
+            fresh = dataclasses.replace(
+                fresh, state=JOB_FINISHED, verdict=Verdict(JobState.STOPPED, job.stop_reason))
         if await store.start_attempt(fresh, JOB_FINISHED, job.attempt):
             return fresh
         return await store.get_job(event.job_id)
@@ -223,7 +251,7 @@ async def start_task(
     if not deps.backend.was_launched(ref):
         if placement is None:
             return await record(deps, task, TaskState.FAILED, reason="no placement for the task",
-                                ended_at=time.time())
+                                ended_at=time.time(), **_failure(EndKind.START_FAILED))
         role = job.spec.role(task.role)
         env = build_task_env(job.spec, job.tasks, task.role, task.index, task.attempt,
                              task.job_id, deps.default_fs_uri)
@@ -232,7 +260,8 @@ async def start_task(
         plan = _plan_for(deps, job, ref)
         if isinstance(plan, PlanProblem):
             reason = _kept_for_debug(deps, job, task, f"could not start: {plan.reason}")
-            return await record(deps, task, TaskState.FAILED, reason=reason, ended_at=time.time())
+            return await record(deps, task, TaskState.FAILED, reason=reason, ended_at=time.time(),
+                                **_failure(EndKind.UNSUPPORTED))
         # Only a task with something to prepare needs a backend that can prepare.
         prepare = {"prepare": plan} if plan is not None else {}
         try:
@@ -241,13 +270,14 @@ async def start_task(
         except AlreadyLaunched:
             launched = None
         except LaunchError as exc:
+            kind = EndKind.PORT_UNAVAILABLE if isinstance(exc, PortUnavailable) else EndKind.START_FAILED
             return await record(deps, task, TaskState.FAILED, reason=f"could not start: {exc}",
-                                ended_at=time.time())
+                                ended_at=time.time(), **_failure(kind))
     if launched is None:
         launched = await deps.backend.wait_started(ref, deps.start_wait_s)
         if launched is None:
             return await record(deps, task, TaskState.FAILED, reason=LOST_WHILE_STARTING,
-                                ended_at=time.time())
+                                ended_at=time.time(), **_failure(EndKind.LOST))
     return await record(deps, task, TaskState.RUNNING, pid=launched.pid,
                         start_ticks=launched.start_ticks, started=now_ms())
 
@@ -282,15 +312,26 @@ def _kept_for_debug(deps: Deps, job: JobRecord | None, task: TaskRecord, reason:
 
 # --- ending ---------------------------------------------------------------------------
 
+def _failure(kind: EndKind, exit_code: int | None = None,
+             signal: int | None = None) -> dict[str, Any]:
+    """The fields that classify a failed end (domain/failure.py)."""
+    return {"failure_class": classify(exit_code, signal, kind), "end_kind": kind.value}
+
+
 def _end_of(status: TaskStatus, lost_reason: str) -> tuple[TaskState, dict[str, Any]]:
     ended_at = status.ended_at or time.time()
     if status.lost:
-        return TaskState.FAILED, {"reason": lost_reason, "ended_at": ended_at}
+        return TaskState.FAILED, {"reason": lost_reason, "ended_at": ended_at,
+                                  **_failure(EndKind.LOST)}
     fields = {"exit_code": status.exit_code, "signal": status.signal,
               "reason": status.reason or exit_reason(status.exit_code, status.signal),
               "ended_at": ended_at}
     ok = status.exit_code == 0 and not status.signal
-    return (TaskState.SUCCEEDED if ok else TaskState.FAILED), fields
+    if ok:
+        return TaskState.SUCCEEDED, fields
+    # The wrapper gives a reason only when the preparation failed (the command never ran).
+    kind = preparation_kind(status.reason) if status.reason and not status.signal else EndKind.EXITED
+    return TaskState.FAILED, {**fields, **_failure(kind, status.exit_code, status.signal)}
 
 
 async def end_task(deps: Deps, task_id: str, status: TaskStatus, lost_reason: str = LOST) -> None:
@@ -315,19 +356,31 @@ async def evaluate_job(deps: Deps, job_id: str, attempt: int) -> bool:
         return True
     if job.state != JOB_RUNNING or job.spec is None:
         return False
-    tasks = await deps.store.tasks_of(job_id, attempt)
-    verdict = decide(job.spec, {
-        (t.role, t.index): TaskOutcome(t.state, t.exit_code, t.reason, t.ended_at) for t in tasks
-    })
+    outcomes = _outcomes(await deps.store.tasks_of(job_id, attempt))
+    verdict = decide(job.spec, outcomes)
     if verdict is None:
         return False
-    await _finish_with(deps, job, verdict)
+    await _finish_with(deps, job, verdict, outcomes)
     return True
 
 
-async def _finish_with(deps: Deps, job: JobRecord, verdict: Verdict) -> None:
-    if await deps.store.set_verdict(job.job_id, job.attempt, verdict):
-        job = dataclasses.replace(job, state=JOB_FINISHED, verdict=verdict)
+def _outcomes(tasks: list[TaskRecord]) -> dict[tuple[str, int], TaskOutcome]:
+    return {(t.role, t.index): TaskOutcome(t.state, t.exit_code, t.reason, t.ended_at, t.signal,
+                                           t.failure_class, t.end_kind) for t in tasks}
+
+
+async def _finish_with(deps: Deps, job: JobRecord, verdict: Verdict,
+                       outcomes: dict[tuple[str, int], TaskOutcome] | None = None) -> None:
+    """Store the attempt's end (and, for a failure that runs again, its retry), then
+    publish it. A retry's not_before is fixed here, once, so a re-publish is the same."""
+    retry = None
+    if verdict.state == JobState.FAILED and job.spec is not None:
+        if outcomes is None:
+            outcomes = _outcomes(await deps.store.tasks_of(job.job_id, job.attempt))
+        verdict, retry = judge(job.spec, job.attempt, verdict, outcomes, now=now_ms(),
+                               base_s=deps.retry_backoff_s)
+    if await deps.store.set_verdict(job.job_id, job.attempt, verdict, retry):
+        job = dataclasses.replace(job, state=JOB_FINISHED, verdict=verdict, retry=retry)
     else:
         job = await deps.store.get_job(job.job_id) or job
     if job.state == JOB_FINISHED and not job.finished_published:
@@ -340,6 +393,8 @@ async def finish_job(deps: Deps, job: JobRecord) -> None:
     tasks = [t for t in await deps.store.tasks_of(job.job_id, job.attempt) if not t.state.terminal]
     if job.verdict.state == JobState.STOPPED:
         reason = job.verdict.reason
+    elif job.retry is not None:
+        reason = f"stopped because attempt {job.attempt} failed: {job.verdict.reason}"
     else:
         reason = f"stopped because the job ended: {job.verdict.reason}"
 
@@ -365,7 +420,7 @@ async def finish_job(deps: Deps, job: JobRecord) -> None:
         deps.watching.pop(task.id, None)
 
     await asyncio.gather(*(stop_one(t) for t in tasks))
-    await deps.publish(finished_event(job))
+    await deps.publish(end_event(job))
     await deps.store.mark_finished_published(job.job_id, job.attempt)
 
 
@@ -385,6 +440,10 @@ async def stop_job(command: StopJob, deps: Deps) -> None:
         if job.state == JOB_FINISHED:
             if not job.finished_published:
                 await finish_job(deps, job)
+            if job.retry is not None:
+                # Between attempts: placement stops a queued retry itself, but the next
+                # attempt may already be placed; it must not start.
+                await deps.store.note_stop(job.job_id, job.attempt, command.reason)
             return
         await _finish_with(deps, job, Verdict(JobState.STOPPED, command.reason))
 

@@ -4,6 +4,7 @@ and the HTTP app, all under :func:`trainyard_common.runtime.serve`."""
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from fastapi import Depends, FastAPI
@@ -19,11 +20,12 @@ from trainyard_common.subjects import commands_of, events_of
 from trainyard_common.telemetry import setup_telemetry
 
 from .adapters.store import MongoJobStore
-from .handlers import Deps, handle, load, queue_view, start
+from .domain.policies import scorer_named
+from .handlers import Deps, handle, load, queue_view, start, wake_retries
 
 SERVICE = "placement"
 CONSUMER = "placement"
-SUBJECTS = events_of("accepted", "finished") + commands_of("stop")
+SUBJECTS = events_of("accepted", "finished", "retrying") + commands_of("stop")
 
 
 def build_app(deps: Deps, tokens: TokenStore) -> FastAPI:
@@ -44,11 +46,14 @@ async def main() -> None:
     setup_logging(SERVICE)
     setup_telemetry(SERVICE)
     cluster = load_cluster()
+    # An unknown policy name stops the service here, before it takes any job.
+    scorer = scorer_named(os.environ.get("YARD_PLACEMENT_POLICY"))
     bus = await Bus.connect(settings.nats_url, name=SERVICE)
     client = mongo_client(settings.mongo_url)
     try:
         store = MongoJobStore(client[settings.db_name()]["jobs"])
         deps = await load(store, bus, cluster)
+        deps.state.scorer = scorer
         await start(deps)
 
         async def on_message(event: Event, delivery: Delivery) -> None:
@@ -57,8 +62,11 @@ async def main() -> None:
         async def consume(stop: asyncio.Event) -> None:
             await bus.consume(CONSUMER, SUBJECTS, on_message, stop=stop)
 
+        async def wake(stop: asyncio.Event) -> None:
+            await wake_retries(deps, stop)
+
         tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
-        await serve(settings, build_app(deps, tokens), [consume])
+        await serve(settings, build_app(deps, tokens), [consume, wake])
     finally:
         await bus.close()
         await client.close()

@@ -4,6 +4,11 @@ Every handler is idempotent (docs/design/0001): a stored state change is a condi
 update, each published event has an id derived from its cause, and the effect is stored
 before it is announced. Handling is serialized by one lock, so one cycle runs at a time
 and the in-memory state always matches the store after each handler.
+
+A failed attempt that runs again (JobRetrying from the launcher) gives its allocation
+back and is queued as the next attempt; until its backoff ends (``not_before``) it waits
+outside the scheduler's queue (``Deps.deferred``), so it holds no one up, and
+``wake_retries`` runs a cycle when it is due.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from trainyard_common.bus import Delivery
@@ -23,9 +29,11 @@ from trainyard_common.events import (
     JobFinished,
     JobPlaced,
     JobQueued,
+    JobRetrying,
     JobState,
     StopJob,
     derived_id,
+    utcnow,
 )
 
 from .adapters.store import JobRecord, JobStore
@@ -33,7 +41,7 @@ from .domain import Allocation, Placed, QueuedJob, SchedulerState, Waiting
 
 log = logging.getLogger("trainyard.placement")
 
-# Attempts are counted from 1; retries that requeue a job are a later issue.
+# Attempts are counted from 1; a retry (JobRetrying) queues the next one.
 FIRST_ATTEMPT = 1
 
 
@@ -53,6 +61,10 @@ class Deps:
     notices: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
     # The last cycle's verdict on each waiting job, for the queue view.
     waiting: dict[str, Waiting] = field(default_factory=dict)
+    # Retried jobs whose backoff has not ended: (job, not_before), outside the queue.
+    deferred: dict[str, tuple[QueuedJob, datetime]] = field(default_factory=dict)
+    # The attempt of each placed job (its JobPlaced carries it).
+    attempts: dict[str, int] = field(default_factory=dict)
 
 
 def finished_id(job_id: str, attempt: int) -> str:
@@ -134,11 +146,31 @@ async def stop_job(event: StopJob, delivery: Delivery, deps: Deps) -> None:
     # placed: the launcher stops it and announces JobFinished; stopped_early: a repeat.
 
 
+async def retry_job(event: JobRetrying, delivery: Delivery, deps: Deps) -> None:
+    """The launcher gave up on an attempt and asks for the next: give the old
+    allocation back and queue the job again, due at ``event.not_before``."""
+    record = await deps.store.get(event.job_id)
+    if record is None or record.attempt < event.previous_attempt:
+        return
+    if record.attempt == event.previous_attempt and record.state == "placed":
+        if not await deps.store.requeue(record.job_id, from_attempt=event.previous_attempt,
+                                        attempt=event.attempt, not_before=event.not_before):
+            log.warning("job %s was not placed in attempt %d in the store; reloading it",
+                        record.job_id, event.previous_attempt)
+        await _reload(deps, record.job_id)
+    elif record.attempt == event.attempt and record.state == "queued" and (
+            record.job_id not in deps.state.queued and record.job_id not in deps.deferred):
+        # A redelivery after the store moved on but memory did not (a failed handler).
+        await _reload(deps, record.job_id)
+    await run_cycle(deps)
+
+
 EventHandler = Callable[[Any, Delivery, Deps], Awaitable[None]]
 
 EVENT_HANDLERS: dict[type[Event], EventHandler] = {
     JobAccepted: queue_job,
     JobFinished: release_job,
+    JobRetrying: retry_job,
     StopJob: stop_job,
 }
 
@@ -159,7 +191,13 @@ async def run_cycle(deps: Deps) -> None:
     # 1. Announce placements a crash or a failed publish left unannounced.
     for job_id in sorted(deps.unannounced):
         await _announce_placed(deps, deps.state.placed[job_id])
-    # 2. Decide, on a snapshot derived from the placed jobs' allocations.
+    # 2. Decide, on a snapshot derived from the placed jobs' allocations; retries whose
+    #    backoff ended join the queue first.
+    now = utcnow()
+    for job_id, (job, not_before) in list(deps.deferred.items()):
+        if not_before <= now:
+            del deps.deferred[job_id]
+            deps.state.enqueue(job)
     decisions = deps.state.cycle()
     # 3. Store each placement, then take it into memory, then announce it; the next
     #    decisions already counted its capacity as used.
@@ -169,6 +207,12 @@ async def run_cycle(deps: Deps) -> None:
             await _commit_placement(deps, decision)
         else:
             waiting[decision.job_id] = decision
+    for job_id, (job, not_before) in sorted(deps.deferred.items(), key=lambda d: d[1][1]):
+        waiting[job_id] = Waiting(job_id, len(waiting) + 1, (
+            # Milliseconds, as the store keeps them: the same words after a restart.
+            f"retrying attempt {job.attempt} after backoff until "
+            f"{not_before.isoformat(timespec='milliseconds')}",
+        ), job.attempt)
     deps.waiting = waiting
     # 4. Explain the wait, only when the explanation changed.
     for decision in waiting.values():
@@ -184,16 +228,18 @@ async def _commit_placement(deps: Deps, decision: Placed) -> None:
         await _reload(deps, allocation.job_id)
         return
     deps.state.commit(allocation)
+    deps.attempts[allocation.job_id] = decision.attempt
     deps.notices.pop(allocation.job_id, None)
     deps.unannounced.add(allocation.job_id)
     await _announce_placed(deps, allocation)
 
 
 async def _announce_placed(deps: Deps, allocation: Allocation) -> None:
+    attempt = deps.attempts.get(allocation.job_id, FIRST_ATTEMPT)
     await deps.publisher.publish(JobPlaced(
-        event_id=placed_id(allocation.job_id, FIRST_ATTEMPT),
+        event_id=placed_id(allocation.job_id, attempt),
         job_id=allocation.job_id,
-        attempt=FIRST_ATTEMPT,
+        attempt=attempt,
         spec=allocation.spec,
         tasks=list(allocation.tasks),
     ))  # fmt: skip
@@ -231,6 +277,7 @@ async def _announce_stopped_in_queue(deps: Deps, record: JobRecord) -> None:
 
 def _forget_queued(deps: Deps, job_id: str) -> None:
     deps.state.dequeue(job_id)
+    deps.deferred.pop(job_id, None)
     deps.notices.pop(job_id, None)
     deps.waiting.pop(job_id, None)
 
@@ -238,6 +285,7 @@ def _forget_queued(deps: Deps, job_id: str) -> None:
 async def _reload(deps: Deps, job_id: str) -> None:
     _forget_queued(deps, job_id)
     deps.state.release(job_id)
+    deps.attempts.pop(job_id, None)
     deps.unannounced.discard(job_id)
     record = await deps.store.get(job_id)
     if record is not None:
@@ -248,13 +296,16 @@ def _adopt(deps: Deps, record: JobRecord) -> None:
     if record.spec is None:
         return
     if record.state == "queued":
-        deps.state.enqueue(
-            QueuedJob(record.job_id, record.spec, record.arrival_seq, record.attempt)
-        )
+        job = QueuedJob(record.job_id, record.spec, record.arrival_seq, record.attempt)
+        if record.not_before is not None and record.not_before > utcnow():
+            deps.deferred[record.job_id] = (job, record.not_before)
+        else:
+            deps.state.enqueue(job)
         if record.reasons:
             deps.notices[record.job_id] = (record.queued_notices, record.reasons)
     elif record.state == "placed":
         deps.state.commit(Allocation(record.job_id, record.spec, record.allocation))
+        deps.attempts[record.job_id] = record.attempt
         if not record.placed_published:
             deps.unannounced.add(record.job_id)
 
@@ -278,10 +329,28 @@ async def start(deps: Deps) -> None:
         await run_cycle(deps)
 
 
+async def wake_retries(deps: Deps, stop: asyncio.Event, interval_s: float = 0.2) -> None:
+    """Run a cycle when a retried job's backoff ends (no event marks that moment)."""
+    while not stop.is_set():
+        now = utcnow()
+        if any(not_before <= now for _, not_before in deps.deferred.values()):
+            try:
+                async with deps.lock:
+                    await run_cycle(deps)
+            except Exception:  # noqa: BLE001 - the next event or look runs the cycle again
+                log.exception("placing due retries failed; trying again")
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+        except TimeoutError:
+            pass
+
+
 def queue_view(deps: Deps) -> list[dict[str, Any]]:
     rows = []
     for verdict in sorted(deps.waiting.values(), key=lambda w: w.position):
         job = deps.state.queued.get(verdict.job_id)
+        if job is None and verdict.job_id in deps.deferred:
+            job = deps.deferred[verdict.job_id][0]
         if job is None:
             continue
         rows.append({

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..events import FieldIssue
-from ..jobspec import JobSpec, PortSpec, Resources, RoleSpec, env_list
+from ..jobspec import JobSpec, PortSpec, Resources, RestartPolicy, RoleSpec, env_list
 from .registry import Dialect
 from .translation import (
     INT_MAX,
@@ -293,6 +293,9 @@ def _role(raw: dict[str, Any], gpu_type: str | None) -> RoleSpec:
         ports=_ports(raw.get("portList")),
         min_failed=_min_count(raw, "minFailedTaskCount", 1),
         min_succeeded=_min_count(raw, "minSucceededTaskCount", None),
+        # OpenPAI's retryCount retries a failed command too (its job exit spec calls an
+        # exit code 1 unknown, RETRY_TO_MAX); a permanent failure never (docs/lifecycle.md).
+        restart_policy=RestartPolicy.ON_FAILURE,
     )
 
 

@@ -30,7 +30,7 @@ import re
 from typing import Any
 
 from ..events import FieldIssue
-from ..jobspec import REDACTED, EnvVar, JobSpec, PortSpec, Resources, RoleSpec
+from ..jobspec import REDACTED, EnvVar, JobSpec, PortSpec, Resources, RestartPolicy, RoleSpec
 from .registry import Dialect
 from .translation import (
     INT_MAX,
@@ -679,6 +679,8 @@ def translate_openpai_v2(payload: Any, user: str = "") -> Translation:
             ports=_ports(res),
             min_failed=_min_count(raw.get("completion"), "minFailedInstances", 1),
             min_succeeded=_min_count(raw.get("completion"), "minSucceededInstances", replicas),
+            # jobRetryCount retries a failed command as v1's retryCount (docs/lifecycle.md).
+            restart_policy=RestartPolicy.ON_FAILURE,
         ))
     defaults = p.get("defaults") if isinstance(p.get("defaults"), dict) else {}
     queue = defaults.get("virtualCluster")

@@ -87,6 +87,10 @@ class LaunchError(Exception):
     """The task could not be started; ``str(exc)`` is the reason a person reads."""
 
 
+class PortUnavailable(LaunchError):
+    """A port the placement gave the task cannot be bound on this machine."""
+
+
 class AlreadyLaunched(LaunchError):
     """The task was launched before; starting it again would run it twice."""
 
@@ -175,7 +179,7 @@ class LocalBackend:
             raise AlreadyLaunched(f"task {ref.key} was launched before")
         for claim in ports:
             if (problem := port_problem(claim)) is not None:
-                raise LaunchError(problem)
+                raise PortUnavailable(problem)
         try:
             fd = os.open(directory / "launched", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:

@@ -1,13 +1,15 @@
 """The launcher's own state in MongoDB: one document per job and one per task.
 
-``jobs`` {_id: job_id, attempt, spec_json, tasks_json, user, state, verdict,
+``jobs`` {_id: job_id, attempt, spec_json, tasks_json, user, state, verdict, retry,
 finished_published}; ``tasks`` {_id: "job:attempt:role:index", state, seq, pid, ...,
 transitions, published_seq}. Every change is a conditional update inside one document
 (FerretDB v1 has no transactions): a task moves only from the ``seq`` it was read at, a
 job's verdict is set only while it is running. A redelivered event or a restarted
 launcher therefore never makes a transition twice. ``transitions`` doubles as the
 task's outbox: what is stored but not yet published (seq > published_seq) is published
-again after a crash, under the same derived event id.
+again after a crash, under the same derived event id. A failed attempt that will be
+retried keeps its verdict and its ``retry`` (new attempt, not_before) in the same
+document, so the JobRetrying published after a crash is the same event.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from typing import Any, Protocol
 from pymongo import ASCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
-from trainyard_common.events import JobState, TaskPlacement, TaskState, utcnow
+from trainyard_common.events import FailureClass, JobState, TaskPlacement, TaskState, utcnow
 from trainyard_common.jobspec import JobSpec
 from trainyard_common.storage import insert_once
 
 from ..domain.completion import Verdict
+from ..domain.failure import Retry
 
 JOB_RUNNING = "running"
 JOB_FINISHED = "finished"
@@ -54,6 +57,7 @@ class Transition:
     at: datetime
     exit_code: int | None = None
     reason: str | None = None
+    failure_class: FailureClass | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,9 @@ class TaskRecord:
     signal: int | None = None
     reason: str | None = None
     ended_at: float | None = None
+    # A failed end's class and how it ended (domain.failure: FailureClass, EndKind).
+    failure_class: FailureClass | None = None
+    end_kind: str | None = None
     transitions: tuple[Transition, ...] = ()
     published_seq: int = 0
     # True while a stored transition may not have been published yet: an index-friendly
@@ -99,6 +106,9 @@ class JobRecord:
     tasks: list[TaskPlacement] = field(default_factory=list)
     user: str = ""
     verdict: Verdict | None = None
+    # Set with a FAILED verdict that runs again; JobRetrying is then published for the
+    # attempt instead of JobFinished (``finished_published`` covers either).
+    retry: Retry | None = None
     finished_published: bool = False
     stop_reason: str | None = None
 
@@ -121,7 +131,9 @@ class LauncherStore(Protocol):
     async def get_job(self, job_id: str) -> JobRecord | None: ...
     async def insert_tombstone(self, job_id: str, reason: str) -> bool: ...
     async def start_attempt(self, job: JobRecord, expected_state: str, expected_attempt: int) -> bool: ...
-    async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict) -> bool: ...
+    async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict,
+                          retry: Retry | None = None) -> bool: ...
+    async def note_stop(self, job_id: str, attempt: int, reason: str) -> bool: ...
     async def mark_finished_published(self, job_id: str, attempt: int) -> None: ...
     async def unpublished_jobs(self) -> list[JobRecord]: ...
     async def insert_task(self, task: TaskRecord) -> bool: ...
@@ -141,6 +153,7 @@ def _verdict_doc(verdict: Verdict | None) -> dict[str, Any] | None:
     return {
         "state": verdict.state.value, "reason": verdict.reason, "exit_code": verdict.exit_code,
         "task": list(verdict.task) if verdict.task else None,
+        "failure_class": verdict.failure_class.value if verdict.failure_class else None,
     }
 
 
@@ -148,8 +161,24 @@ def _verdict(doc: dict[str, Any] | None) -> Verdict | None:
     if not doc:
         return None
     task = doc.get("task")
+    cls = doc.get("failure_class")
     return Verdict(JobState(doc["state"]), doc["reason"], doc.get("exit_code"),
-                   (task[0], int(task[1])) if task else None)
+                   (task[0], int(task[1])) if task else None,
+                   FailureClass(cls) if cls else None)
+
+
+def _retry_doc(retry: Retry | None) -> dict[str, Any] | None:
+    if retry is None:
+        return None
+    return {"attempt": retry.attempt, "backoff_s": retry.backoff_s, "reason": retry.reason,
+            "failure_class": retry.failure_class.value, "not_before": retry.not_before}
+
+
+def _retry(doc: dict[str, Any] | None) -> Retry | None:
+    if not doc:
+        return None
+    return Retry(int(doc["attempt"]), float(doc["backoff_s"]), doc["reason"],
+                 FailureClass(doc["failure_class"]), doc.get("not_before"))
 
 
 def job_doc(job: JobRecord) -> dict[str, Any]:
@@ -161,6 +190,7 @@ def job_doc(job: JobRecord) -> dict[str, Any]:
         "tasks_json": json.dumps([t.model_dump(mode="json") for t in job.tasks]),
         "user": job.user,
         "verdict": _verdict_doc(job.verdict),
+        "retry": _retry_doc(job.retry),
         "finished_published": job.finished_published,
         "stop_reason": job.stop_reason,
     }
@@ -175,6 +205,7 @@ def job_record(doc: dict[str, Any]) -> JobRecord:
         tasks=[TaskPlacement.model_validate(t) for t in json.loads(doc.get("tasks_json") or "[]")],
         user=doc.get("user", ""),
         verdict=_verdict(doc.get("verdict")),
+        retry=_retry(doc.get("retry")),
         finished_published=bool(doc.get("finished_published")),
         stop_reason=doc.get("stop_reason"),
     )
@@ -182,13 +213,15 @@ def job_record(doc: dict[str, Any]) -> JobRecord:
 
 def _transition_doc(t: Transition) -> dict[str, Any]:
     return {"seq": t.seq, "state": t.state.value, "at": t.at, "exit_code": t.exit_code,
-            "reason": t.reason}
+            "reason": t.reason,
+            "failure_class": t.failure_class.value if t.failure_class else None}
 
 
 def task_doc(task: TaskRecord) -> dict[str, Any]:
     doc = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}
     doc["_id"] = task.id
     doc["state"] = task.state.value
+    doc["failure_class"] = task.failure_class.value if task.failure_class else None
     doc["transitions"] = [_transition_doc(t) for t in task.transitions]
     return doc
 
@@ -197,11 +230,22 @@ def task_record(doc: dict[str, Any]) -> TaskRecord:
     names = {f.name for f in dataclasses.fields(TaskRecord)}
     values = {k: v for k, v in doc.items() if k in names}
     values["state"] = TaskState(doc["state"])
+    values["failure_class"] = _failure_class(doc.get("failure_class"))
     values["transitions"] = tuple(
-        Transition(t["seq"], TaskState(t["state"]), t["at"], t.get("exit_code"), t.get("reason"))
+        Transition(t["seq"], TaskState(t["state"]), t["at"], t.get("exit_code"), t.get("reason"),
+                   _failure_class(t.get("failure_class")))
         for t in doc.get("transitions", [])
     )
     return TaskRecord(**values)
+
+
+def _failure_class(value: str | None) -> FailureClass | None:
+    return FailureClass(value) if value else None
+
+
+def _set_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    # Stored as plain strings, as every other enum here.
+    return {k: (v.value if isinstance(v, FailureClass) else v) for k, v in fields.items()}
 
 
 def _advance(task: TaskRecord, state: TaskState, fields: dict[str, Any]) -> tuple[TaskRecord, Transition]:
@@ -209,7 +253,8 @@ def _advance(task: TaskRecord, state: TaskState, fields: dict[str, Any]) -> tupl
     if unknown or {"seq", "state", "transitions", "outbox", "published_seq"} & set(fields):
         raise ValueError(f"not a task field to set: {sorted(unknown or fields)}")
     seq = task.seq + 1
-    step = Transition(seq, state, now_ms(), fields.get("exit_code"), fields.get("reason"))
+    step = Transition(seq, state, now_ms(), fields.get("exit_code"), fields.get("reason"),
+                      fields.get("failure_class"))
     new = dataclasses.replace(
         task, state=state, seq=seq, transitions=(*task.transitions, step), outbox=True, **fields
     )
@@ -246,11 +291,21 @@ class MongoLauncherStore:
         )
         return result.modified_count == 1
 
-    async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict) -> bool:
+    async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict,
+                          retry: Retry | None = None) -> bool:
         result = await self.jobs.update_one(
             {"_id": job_id, "attempt": attempt, "state": JOB_RUNNING},
             {"$set": {"state": JOB_FINISHED, "verdict": _verdict_doc(verdict),
-                      "finished_published": False}},
+                      "retry": _retry_doc(retry), "finished_published": False}},
+        )
+        return result.modified_count == 1
+
+    async def note_stop(self, job_id: str, attempt: int, reason: str) -> bool:
+        """A stop that came while the finished ``attempt`` waits for its retry: the next
+        attempt starts stopped. False when the job moved on meanwhile."""
+        result = await self.jobs.update_one(
+            {"_id": job_id, "attempt": attempt, "state": JOB_FINISHED},
+            {"$set": {"stop_reason": reason}},
         )
         return result.modified_count == 1
 
@@ -284,7 +339,7 @@ class MongoLauncherStore:
         new, step = _advance(task, state, fields)
         result = await self.tasks.update_one(
             {"_id": task.id, "seq": task.seq},
-            {"$set": {"state": state.value, "seq": new.seq, "outbox": True, **fields},
+            {"$set": {"state": state.value, "seq": new.seq, "outbox": True, **_set_fields(fields)},
              "$push": {"transitions": _transition_doc(step)}},
         )
         return new if result.modified_count == 1 else None
@@ -332,11 +387,20 @@ class MemoryLauncherStore:
         self.jobs[job.job_id] = job_doc(job)
         return True
 
-    async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict) -> bool:
+    async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict,
+                          retry: Retry | None = None) -> bool:
         doc = self.jobs.get(job_id)
         if not doc or doc["attempt"] != attempt or doc["state"] != JOB_RUNNING:
             return False
-        doc.update(state=JOB_FINISHED, verdict=_verdict_doc(verdict), finished_published=False)
+        doc.update(state=JOB_FINISHED, verdict=_verdict_doc(verdict), retry=_retry_doc(retry),
+                   finished_published=False)
+        return True
+
+    async def note_stop(self, job_id: str, attempt: int, reason: str) -> bool:
+        doc = self.jobs.get(job_id)
+        if not doc or doc["attempt"] != attempt or doc["state"] != JOB_FINISHED:
+            return False
+        doc["stop_reason"] = reason
         return True
 
     async def mark_finished_published(self, job_id: str, attempt: int) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass
 
-from trainyard_common.events import JobState, TaskState
+from trainyard_common.events import FailureClass, JobState, TaskState
 from trainyard_common.jobspec import JobSpec, TaskRef
 
 TaskKey = tuple[str, int]
@@ -37,6 +37,10 @@ class TaskOutcome:
     reason: str | None = None
     # When the task ended (any increasing number); picks the task that tipped a rule.
     ended_at: float | None = None
+    signal: int | None = None
+    # A failed task's class and how it ended (a domain.failure.EndKind value).
+    failure_class: FailureClass | None = None
+    kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class Verdict:
     reason: str
     exit_code: int | None = None
     task: TaskKey | None = None
+    # For a FAILED verdict: the class of the failure that decided it (domain.failure).
+    failure_class: FailureClass | None = None
 
 
 def _ended_order(item: tuple[TaskKey, TaskOutcome]) -> tuple[float, str, int]:

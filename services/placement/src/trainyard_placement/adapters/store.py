@@ -1,10 +1,12 @@
 """Placement state in MongoDB: one document per job (collection ``jobs``).
 
 ``{_id: job_id, state, attempt, arrival_seq, spec, allocation, reasons,
-placed_published, queued_notices, stopped_in_queue}``; ``spec`` is the JobSpec as a
+placed_published, queued_notices, stopped_in_queue, not_before}``; ``spec`` is the JobSpec as a
 JSON string so env names with '.' or '$' never become document keys. Every change of
 ``state`` is a conditional update on the state it leaves, so a redelivered event or a
-restarted process cannot apply a transition twice (no transactions in FerretDB v1).
+restarted process cannot apply a transition twice (no transactions in FerretDB v1). A
+retry moves a placed attempt back to queued as the next attempt (``requeue``), guarded
+by the attempt it leaves; ``not_before`` is when its backoff ends.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from pymongo.asynchronous.collection import AsyncCollection
@@ -38,6 +41,8 @@ class JobRecord:
     # whose reasons go A -> B -> A announces A again instead of being deduplicated.
     queued_notices: int = 0
     stopped_in_queue: bool = False
+    # A retried attempt is not placed before this time (its backoff).
+    not_before: datetime | None = None
 
 
 def record_from_doc(doc: dict[str, Any]) -> JobRecord:
@@ -53,6 +58,7 @@ def record_from_doc(doc: dict[str, Any]) -> JobRecord:
         placed_published=bool(doc.get("placed_published")),
         queued_notices=int(doc.get("queued_notices", 0)),
         stopped_in_queue=bool(doc.get("stopped_in_queue")),
+        not_before=doc.get("not_before"),
     )
 
 
@@ -101,6 +107,12 @@ class JobStore(Protocol):
         self, job_id: str, from_state: JobStoreState, *, stopped_in_queue: bool = False
     ) -> bool:
         """from_state -> done; False when the job was not in from_state."""
+
+    async def requeue(
+        self, job_id: str, *, from_attempt: int, attempt: int, not_before: datetime
+    ) -> bool:
+        """placed ``from_attempt`` -> queued ``attempt`` (a retry), without its old
+        allocation; False when the job was not placed in that attempt."""
 
 
 class MongoJobStore:
@@ -155,6 +167,20 @@ class MongoJobStore:
         )
         return result.modified_count == 1
 
+    async def requeue(
+        self, job_id: str, *, from_attempt: int, attempt: int, not_before: datetime
+    ) -> bool:
+        result = await self._jobs.update_one(
+            {"_id": job_id, "state": "placed", "attempt": from_attempt},
+            {"$set": requeued_fields(attempt, not_before)},
+        )
+        return result.modified_count == 1
+
+
+def requeued_fields(attempt: int, not_before: datetime) -> dict[str, Any]:
+    return {"state": "queued", "attempt": attempt, "not_before": not_before, "allocation": [],
+            "reasons": [], "placed_published": False, "queued_notices": 0}
+
 
 @dataclass
 class MemoryJobStore:
@@ -201,6 +227,14 @@ class MemoryJobStore:
         return self._update(
             job_id, from_state, {"state": "done", "stopped_in_queue": stopped_in_queue}
         )
+
+    async def requeue(
+        self, job_id: str, *, from_attempt: int, attempt: int, not_before: datetime
+    ) -> bool:
+        doc = self.docs.get(job_id)
+        if doc is None or doc.get("attempt", 1) != from_attempt:
+            return False
+        return self._update(job_id, "placed", requeued_fields(attempt, not_before))
 
     def _insert(self, doc: dict[str, Any]) -> bool:
         if doc["_id"] in self.docs:

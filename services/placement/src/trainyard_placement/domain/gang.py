@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainyard_common.events import PortAssignment, TaskPlacement
 from trainyard_common.jobspec import JobSpec, PortSpec, RoleSpec
 
-from .capacity import CPU_EPSILON, NodeFree, Snapshot, gpu_count, gpu_type_matches
+from .capacity import CPU_EPSILON, NodeFree, Snapshot, gpu_count, gpu_milli, gpu_type_matches
+from .gpu_share import Demand, gpus_fit
+from .policies import FirstFit
 from .ports import pick_ports
+from .scoring import ClusterContext, Scorer
 
 # A reason listing every node of a large cluster would be unreadable.
 MAX_NODES_EXPLAINED = 5
@@ -40,9 +43,21 @@ class _Task:
     role_order: int
 
 
-def place_gang(spec: JobSpec, snapshot: Snapshot, *, job_id: str = "") -> Plan | Unschedulable:
-    """First-fit over the nodes in cluster order, staying on the node the previous task
-    went to while it fits, so a job's tasks share as few nodes as possible."""
+def place_gang(
+    spec: JobSpec,
+    snapshot: Snapshot,
+    *,
+    job_id: str = "",
+    scorer: Scorer | None = None,
+    context: ClusterContext | None = None,
+) -> Plan | Unschedulable:
+    """Each task, largest first, on the node ``scorer`` rates best among those it fits
+    (first-fit in cluster order without one), ties going to the earlier node; a task
+    stays on the node the previous task of its job went to while it fits there, so a
+    job's tasks share as few nodes as possible."""
+    scorer = scorer or FirstFit()
+    # The random policy draws from a source seeded by the job, so a placement replays.
+    ctx = replace(context or ClusterContext(), rng=random.Random(f"policy:{job_id or spec.name}"))
     rng = random.Random(f"ports:{job_id or spec.name}")
     # A dynamic port of one task must not take a fixed port a later task of the same
     # job needs on the same node.
@@ -52,26 +67,46 @@ def place_gang(spec: JobSpec, snapshot: Snapshot, *, job_id: str = "") -> Plan |
     placed: list[tuple[_Task, TaskPlacement]] = []
     current: str | None = None
     for task in tasks:
-        candidates = ([current] if current is not None else []) + [n for n in nodes if n != current]
-        for name in candidates:
-            placement = _fit(task, nodes[name], rng, job_fixed)
-            if placement is not None:
-                resources = task.role.resources
-                nodes[name] = nodes[name].take(
-                    resources.cpu,
-                    resources.memory_mb,
-                    placement.gpu_indices,
-                    [port for group in placement.ports for port in group.ports],
-                )
-                placed.append((task, placement))
-                current = name
-                break
-        else:
+        demand = Demand.of(task.role.resources)
+        name = current if current is not None and _fits(task, demand, nodes[current], job_fixed) else None
+        if name is None:
+            name = _best_node(task, demand, nodes, scorer, ctx, job_fixed)
+        if name is None:
             return Unschedulable(
                 _explain(task, list(nodes.values()), job_fixed, len(placed), len(tasks))
             )
+        node = nodes[name]
+        devices = scorer.devices(node.state(), demand, ctx) if demand.gpu_count else ()
+        placement = _placement(task, demand, node, devices, rng, job_fixed)
+        nodes[name] = node.take(
+            task.role.resources.cpu,
+            task.role.resources.memory_mb,
+            [(i, demand.gpu_milli) for i in devices],
+            [port for group in placement.ports for port in group.ports],
+        )
+        placed.append((task, placement))
+        current = name
     placed.sort(key=lambda item: (item[0].role_order, item[0].index))
     return Plan(tuple(placement for _, placement in placed))
+
+
+def _best_node(
+    task: _Task,
+    demand: Demand,
+    nodes: dict[str, NodeFree],
+    scorer: Scorer,
+    ctx: ClusterContext,
+    job_fixed: frozenset[int],
+) -> str | None:
+    best: str | None = None
+    best_score = 0.0
+    for name, node in nodes.items():
+        if not _fits(task, demand, node, job_fixed):
+            continue
+        score = scorer.score(node.state(), demand, ctx)
+        if best is None or score > best_score:
+            best, best_score = name, score
+    return best
 
 
 def _fit_order(spec: JobSpec) -> list[_Task]:
@@ -104,47 +139,58 @@ def _fixed_ports_overlap(role: RoleSpec) -> bool:
     return len(ports) != len(set(ports))
 
 
-def _fit(
-    task: _Task, node: NodeFree, rng: random.Random, job_fixed: frozenset[int]
-) -> TaskPlacement | None:
+def _fits(task: _Task, demand: Demand, node: NodeFree, job_fixed: frozenset[int]) -> bool:
+    """Whether the task fits on the node now: CPU (in floats, with slack), memory, GPUs
+    (gpu_share's rules) and ports, without choosing any."""
     resources = task.role.resources
     if node.cpu + CPU_EPSILON < resources.cpu or node.memory_mb < resources.memory_mb:
-        return None
-    need_gpus = gpu_count(resources)
-    gpus: list[int] = []
-    if need_gpus:
-        if not gpu_type_matches(resources.gpu_type, node.spec) or len(node.gpus) < need_gpus:
-            return None
-        gpus = list(node.gpus[:need_gpus])
-
-    groups: list[PortAssignment | None] = []
+        return False
+    if not gpus_fit(node.state(), demand):
+        return False
     own: set[int] = set()
     for spec in task.role.ports:
         if spec.begin_at > 0:
             ports = list(_fixed_range(spec))
             if any(not node.port_free(p) or p in own for p in ports):
-                return None
+                return False
+            own.update(ports)
+    dynamic = sum(spec.count for spec in task.role.ports if spec.begin_at == 0)
+    return not dynamic or node.dynamic_ports_free(job_fixed | frozenset(own)) >= dynamic
+
+
+def _placement(
+    task: _Task,
+    demand: Demand,
+    node: NodeFree,
+    devices: tuple[int, ...],
+    rng: random.Random,
+    job_fixed: frozenset[int],
+) -> TaskPlacement:
+    groups: list[PortAssignment | None] = []
+    own: set[int] = set()
+    for spec in task.role.ports:
+        if spec.begin_at > 0:
+            ports = list(_fixed_range(spec))
             own.update(ports)
             groups.append(PortAssignment(label=spec.label, ports=ports))
         else:
             groups.append(None)
-    if any(group is None for group in groups):
-        taken = set(node.ports_taken) | job_fixed | own
-        for i, spec in enumerate(task.role.ports):
-            if groups[i] is not None:
-                continue
-            picked = pick_ports(node.spec.port_range, spec.count, taken, rng)
-            if picked is None:
-                return None
-            taken.update(picked)
-            groups[i] = PortAssignment(label=spec.label, ports=picked)
+    taken = set(node.ports_taken) | job_fixed | own
+    for i, spec in enumerate(task.role.ports):
+        if groups[i] is not None:
+            continue
+        picked = pick_ports(node.spec.port_range, spec.count, taken, rng)
+        assert picked is not None, "_fits counted enough free ports"
+        taken.update(picked)
+        groups[i] = PortAssignment(label=spec.label, ports=picked)
 
     return TaskPlacement(
         role=task.role.name,
         index=task.index,
         node=node.name,
         host_ip=node.spec.host_ip,
-        gpu_indices=gpus,
+        gpu_indices=list(devices),
+        gpu_milli=demand.gpu_milli if demand.is_share else None,
         ports=[group for group in groups if group is not None],
     )
 
@@ -175,7 +221,11 @@ def _explain(
         free=lambda n: n.memory_mb,
         total=lambda n: n.spec.memory_mb,
     )
-    found += _gpu_shortfall(gpu_count(resources), resources.gpu_type, nodes)
+    share = gpu_milli(resources)
+    if share is not None:
+        found += _share_shortfall(share, resources.gpu_type, nodes)
+    else:
+        found += _gpu_shortfall(gpu_count(resources), resources.gpu_type, nodes)
 
     if _fixed_ports_overlap(role):
         found.append("its fixed port ranges overlap each other")
@@ -210,7 +260,7 @@ def _explain(
 
 
 def _misfit(role: RoleSpec, node: NodeFree, job_fixed: frozenset[int]) -> str:
-    """The first thing this node lacks for the task, in the order _fit checks."""
+    """The first thing this node lacks for the task, in the order _fits checks."""
     resources = role.resources
     if node.cpu + CPU_EPSILON < resources.cpu:
         return f"{_num(node.cpu)} CPU free"
@@ -219,7 +269,10 @@ def _misfit(role: RoleSpec, node: NodeFree, job_fixed: frozenset[int]) -> str:
     need_gpus = gpu_count(resources)
     if need_gpus and not gpu_type_matches(resources.gpu_type, node.spec):
         return f"GPU type {node.spec.gpu_type}" if node.spec.gpus else "no GPUs"
-    if need_gpus and len(node.gpus) < need_gpus:
+    share = gpu_milli(resources)
+    if share is not None and node.best_share < share:
+        return f"at most {node.best_share} milli-GPU free on one GPU"
+    if share is None and need_gpus and len(node.gpus) < need_gpus:
         return f"{_gpus(len(node.gpus))} free"
     for spec in role.ports:
         if spec.begin_at > 0 and not all(node.port_free(p) for p in _fixed_range(spec)):
@@ -270,6 +323,21 @@ def _gpu_shortfall(need: int, gpu_type: str | None, nodes: list[NodeFree]) -> li
     return []
 
 
+def _share_shortfall(milli: int, gpu_type: str | None, nodes: list[NodeFree]) -> list[str]:
+    of_type = f" of type {gpu_type}" if gpu_type else ""
+    typed = [n for n in nodes if n.spec.gpus > 0 and gpu_type_matches(gpu_type, n.spec)]
+    if not typed:
+        model = f"{gpu_type} " if gpu_type else ""
+        return [f"no node has a GPU{of_type} (the cluster has no {model}GPUs)"]
+    best = max(typed, key=lambda n: n.best_share)
+    if best.best_share < milli:
+        return [
+            f"needs {milli} milli-GPU on one GPU{of_type}, most free on one GPU is "
+            f"{best.best_share} ({best.name})"
+        ]
+    return []
+
+
 def _gpus(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
@@ -287,7 +355,9 @@ def _port_text(spec: PortSpec) -> str:
 def _needs_text(role: RoleSpec) -> str:
     resources = role.resources
     parts = [f"{_num(resources.cpu)} CPU", f"{resources.memory_mb} MB memory"]
-    if gpus := gpu_count(resources):
+    if (share := gpu_milli(resources)) is not None:
+        parts.append(f"{share} milli-GPU" + (f" of type {resources.gpu_type}" if resources.gpu_type else ""))
+    elif gpus := gpu_count(resources):
         parts.append(_gpus(gpus) + (f" of type {resources.gpu_type}" if resources.gpu_type else ""))
     if ports := sum(spec.count for spec in role.ports):
         parts.append(f"{ports} port{'s' if ports != 1 else ''}")

@@ -16,6 +16,7 @@ from trainyard_common.jobspec import JobSpec
 
 from .capacity import Allocation, Snapshot
 from .gang import Unschedulable, place_gang
+from .scoring import ClusterContext, Scorer
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,20 @@ def queue_order(queue: Iterable[QueuedJob]) -> list[QueuedJob]:
     return sorted(queue, key=lambda job: (-job.spec.priority, job.arrival_seq, job.job_id))
 
 
-def schedule(queue: Iterable[QueuedJob], snapshot: Snapshot) -> list[Decision]:
+def schedule(
+    queue: Iterable[QueuedJob],
+    snapshot: Snapshot,
+    scorer: Scorer | None = None,
+    context: ClusterContext | None = None,
+) -> list[Decision]:
     decisions: list[Decision] = []
     head: str | None = None
     position = 0
     for job in queue_order(queue):
         if head is None:
-            outcome = place_gang(job.spec, snapshot, job_id=job.job_id)
+            outcome = place_gang(
+                job.spec, snapshot, job_id=job.job_id, scorer=scorer, context=context
+            )
             if not isinstance(outcome, Unschedulable):
                 allocation = Allocation(job.job_id, job.spec, outcome.tasks)
                 snapshot = snapshot.with_allocation(allocation)

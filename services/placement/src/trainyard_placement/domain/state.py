@@ -6,12 +6,16 @@ allocations each time, so releasing a job is only forgetting its allocation.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from trainyard_common.cluster import ClusterSpec
 
 from .capacity import Allocation, Snapshot
+from .gpu_share import MILLI, Demand
+from .policies import scorer_named
 from .queue import Decision, QueuedJob, schedule
+from .scoring import MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, ClusterContext, Scorer, typical_workload
 
 
 @dataclass
@@ -19,6 +23,8 @@ class SchedulerState:
     cluster: ClusterSpec
     queued: dict[str, QueuedJob] = field(default_factory=dict)
     placed: dict[str, Allocation] = field(default_factory=dict)
+    # The placement policy (YARD_PLACEMENT_POLICY, chosen in bootstrap).
+    scorer: Scorer = field(default_factory=lambda: scorer_named(None))
 
     def snapshot(self) -> Snapshot:
         return Snapshot.of(self.cluster, self.placed.values())
@@ -37,4 +43,22 @@ class SchedulerState:
         return self.placed.pop(job_id, None)
 
     def cycle(self) -> list[Decision]:
-        return schedule(self.queued.values(), self.snapshot())
+        return schedule(self.queued.values(), self.snapshot(), self.scorer, self.context())
+
+    def context(self) -> ClusterContext:
+        """What fragmentation-aware policies measure against: the shapes of the tasks
+        placed and waiting now stand for the target workload."""
+        nodes = self.cluster.nodes
+        return ClusterContext(
+            workload=typical_workload(self._demands()),
+            max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in nodes)]),
+            max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in nodes)]),
+        )
+
+    def _demands(self) -> Iterator[Demand]:
+        specs = [a.spec for a in self.placed.values()] + [j.spec for j in self.queued.values()]
+        for spec in specs:
+            for role in spec.roles:
+                demand = Demand.of(role.resources)
+                for _ in range(role.replicas):
+                    yield demand

@@ -59,6 +59,9 @@ class JobViews:
         if change.always:
             update["$set"] = change.always
         await self.jobs.update_one({"_id": change.job_id}, update, upsert=True)
+        if change.add_to_set:
+            # Apart from the upsert: FerretDB v1 refuses $addToSet next to $setOnInsert.
+            await self.jobs.update_one({"_id": change.job_id}, {"$addToSet": change.add_to_set})
         if change.state is None:
             return
         op = "$lte" if change.same_rank_ok else "$lt"
@@ -159,10 +162,15 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
 
 def job_view(doc: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any]:
     spec = doc.get("spec_json")
+    attempt = doc.get("attempt", 1)
     return {
         **summary(doc),
         "queue": doc.get("queue"), "priority": doc.get("priority"),
-        "attempt": doc.get("attempt", 1), "finished_at": doc.get("finished_at"),
+        "attempt": attempt, "retries": attempt - 1,
+        # How each attempt ended, oldest first (a retried one says when it ran again).
+        "attempts": sorted(doc.get("attempts", []), key=lambda a: a.get("attempt", 0)),
+        "failure_class": doc.get("failure_class"),
+        "finished_at": doc.get("finished_at"),
         "exit_code": doc.get("exit_code"),
         "errors": doc.get("errors", []), "warnings": doc.get("warnings", []),
         "queue_reasons": doc.get("queue_reasons", []),
@@ -176,7 +184,8 @@ def task_view(doc: dict[str, Any]) -> dict[str, Any]:
     return {
         "role": doc.get("role"), "index": doc.get("index"), "attempt": doc.get("attempt"),
         "state": doc.get("state"), "exit_code": doc.get("exit_code"),
-        "reason": doc.get("reason"), "node": doc.get("node"), "host_ip": doc.get("host_ip"),
+        "reason": doc.get("reason"), "failure_class": doc.get("failure_class"),
+        "node": doc.get("node"), "host_ip": doc.get("host_ip"),
         "gpu_indices": doc.get("gpu_indices", []), "ports": doc.get("ports", []),
         "updated_at": doc.get("updated_at"),
     }

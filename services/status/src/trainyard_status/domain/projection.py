@@ -17,6 +17,7 @@ from trainyard_common.events import (
     JobPlaced,
     JobQueued,
     JobRejected,
+    JobRetrying,
     JobState,
     JobSubmitted,
     StopJob,
@@ -25,6 +26,9 @@ from trainyard_common.events import (
 )
 
 # A job's state only moves forward; a late event of an earlier step never moves it back.
+# Within an attempt by this order; a later attempt ranks above every step of an earlier
+# one (a retried job goes back from RUNNING to QUEUED, PLACED, RUNNING of its next
+# attempt); a terminal state, which only JobFinished and JobRejected bring, above all.
 STATE_RANK: dict[JobState, int] = {
     JobState.SUBMITTED: 0,
     JobState.ACCEPTED: 1,
@@ -36,22 +40,36 @@ STATE_RANK: dict[JobState, int] = {
     JobState.FAILED: 9,
     JobState.STOPPED: 9,
 }
+ATTEMPT_RANKS = 100
+TERMINAL_RANK = 1_000_000_000
+
+
+def job_rank(state: JobState, attempt: int = 1) -> int:
+    if state.terminal:
+        return TERMINAL_RANK
+    return attempt * ATTEMPT_RANKS + STATE_RANK[state]
 
 
 @dataclass
 class JobChange:
     """Fields to set on the job view. ``state`` is applied only if it ranks higher than
-    the stored one (``same_rank_ok``: also when equal, for repeated QUEUED updates)."""
+    the stored one (``same_rank_ok``: also when equal, for repeated QUEUED updates);
+    ``rank_state`` ranks it as another step of its attempt. ``add_to_set`` appends to
+    arrays whatever the rank (an exact repeat is kept once)."""
 
     job_id: str
     always: dict[str, Any] = field(default_factory=dict)
     state: JobState | None = None
     with_state: dict[str, Any] = field(default_factory=dict)
     same_rank_ok: bool = False
+    attempt: int = 1
+    rank_state: JobState | None = None
+    add_to_set: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
-        return STATE_RANK[self.state] if self.state else -1
+        ranked = self.rank_state or self.state
+        return job_rank(ranked, self.attempt) if ranked else -1
 
 
 @dataclass
@@ -111,7 +129,7 @@ def project(event: Event) -> Changes:
             ))
         case JobQueued():
             return Changes(JobChange(
-                event.job_id, state=JobState.QUEUED, same_rank_ok=True,
+                event.job_id, state=JobState.QUEUED, same_rank_ok=True, attempt=event.attempt,
                 with_state={"queue_reasons": list(event.reasons), "queue_position": event.position,
                             "reason": "; ".join(event.reasons) or None, "attempt": event.attempt,
                             "updated_at": at},
@@ -127,7 +145,7 @@ def project(event: Event) -> Changes:
                 for t in event.tasks
             ]
             return Changes(JobChange(
-                event.job_id, state=JobState.PLACED,
+                event.job_id, state=JobState.PLACED, attempt=event.attempt,
                 with_state={"attempt": event.attempt, "reason": None, "queue_reasons": [],
                             "updated_at": at},
             ), tasks)
@@ -136,17 +154,40 @@ def project(event: Event) -> Changes:
                 "job_id": event.job_id, "attempt": event.attempt, "role": event.role,
                 "index": event.index, "state": event.state.value, "exit_code": event.exit_code,
                 "reason": event.reason, "updated_at": at,
+                "failure_class": event.failure_class.value if event.failure_class else None,
                 **({"node": event.node} if event.node else {}),
             }, seq=event.seq)
             job = None
             if event.state is TaskState.RUNNING:
-                job = JobChange(event.job_id, state=JobState.RUNNING, with_state={"updated_at": at})
+                job = JobChange(event.job_id, state=JobState.RUNNING, attempt=event.attempt,
+                                with_state={"attempt": event.attempt, "updated_at": at})
             return Changes(job, [task])
         case JobFinished():
+            cls = event.failure_class.value if event.failure_class else None
             return Changes(JobChange(
-                event.job_id, state=event.state,
+                event.job_id, state=event.state, attempt=event.attempt,
                 with_state={"reason": event.reason, "exit_code": event.exit_code,
-                            "attempt": event.attempt, "updated_at": at, "finished_at": at},
+                            "attempt": event.attempt, "failure_class": cls,
+                            "updated_at": at, "finished_at": at},
+                add_to_set={"attempts": {
+                    "attempt": event.attempt, "state": event.state.value,
+                    "reason": event.reason, "exit_code": event.exit_code,
+                    "failure_class": cls, "ended_at": at}},
+            ))
+        case JobRetrying():
+            # The job is back in line as its next attempt; ranked as that attempt's
+            # ACCEPTED so that placement's JobQueued/JobPlaced of it, in any order, win.
+            return Changes(JobChange(
+                event.job_id, state=JobState.QUEUED, attempt=event.attempt,
+                rank_state=JobState.ACCEPTED,
+                with_state={"attempt": event.attempt, "reason": event.reason,
+                            "queue_reasons": [], "queue_position": None,
+                            "not_before": event.not_before, "updated_at": at},
+                add_to_set={"attempts": {
+                    "attempt": event.previous_attempt, "state": JobState.FAILED.value,
+                    "reason": event.reason, "exit_code": None,
+                    "failure_class": event.failure_class.value, "ended_at": at,
+                    "retried_as": event.attempt, "not_before": event.not_before}},
             ))
         case StopJob():
             return Changes(JobChange(

@@ -1,0 +1,408 @@
+"""Placement quality on the Alibaba GPU trace, with the FGD paper's protocol.
+
+    .venv/bin/python bench/placement_quality.py [--nodes NODES.csv] [--pods PODS.csv]
+        [--seeds 42-51] [--inflate 1.3] [--policy NAME[,NAME]] [--quick]
+
+For every policy (Trainyard's and the baselines, in one run) and every seed: shuffle the
+pods, append pods drawn at random from the list until their GPU demand reaches
+``inflate`` × the cluster's GPUs, and place them one by one with no departures, each on
+the node the policy scores best. After every pod the GPU allocation rate (allocated
+milli-GPU ÷ the cluster's milli-GPU) is recorded against the arrived workload (the
+milli-GPU of every pod so far, placed or not, ÷ the cluster's); the rate at N % arrived is
+the mean of the records whose arrived share rounds to N %, as the paper's analysis
+scripts compute it. Fragmentation is the paper's (scoring.fragmentation summed over the
+nodes) when the arrived workload first reaches 100 %.
+
+Prints one JSON object; with a pod list the paper published figures for (matched by
+file name), its figures are included for comparison. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainyard_placement.domain.gpu_share import MILLI, Demand, NodeState, fits, take
+from trainyard_placement.domain.policies import POLICIES, scorer_named
+from trainyard_placement.domain.scoring import (
+    MAX_SPEC_CPU_MILLI,
+    MAX_SPEC_GPU_MILLI,
+    ClusterContext,
+    Scorer,
+    Typical,
+    fragmentation,
+    typical_workload,
+)
+
+DATA_DIR = Path(os.environ.get("YARD_OPENB_DIR", "/work/shared/data/openb"))
+DEFAULT_NODES = DATA_DIR / "openb_node_list_all_node.csv"
+DEFAULT_PODS = DATA_DIR / "openb_pod_list_default.csv"
+BASELINES = ("random", "best-fit", "dot-product", "fgd")
+ORDER = ("trainyard", *BASELINES)
+
+# Weng et al., USENIX ATC '23: allocation rate (%) at 100 % and 130 % arrived workload,
+# mean of seeds 42-51 (figures 7, 11, 12, 13), from the paper's artifact
+# (hkust-adsl/kubernetes-scheduler-simulator,
+# experiments/analysis/expected_results/analysis_allo_discrete.csv).
+PUBLISHED = {
+    "openb_pod_list_default": {
+        "alloc_rate_at_100": {"random": 86.30, "dot-product": 90.62, "best-fit": 92.86, "fgd": 95.23},
+        "alloc_rate_at_130": {"random": 87.47, "dot-product": 90.85, "best-fit": 93.08, "fgd": 95.39},
+    },
+    "openb_pod_list_gpushare100": {
+        "alloc_rate_at_100": {"random": 78.90, "dot-product": 81.98, "best-fit": 84.62, "fgd": 86.64},
+        "alloc_rate_at_130": {"random": 79.44, "dot-product": 82.42, "best-fit": 85.01, "fgd": 86.90},
+    },
+    "openb_pod_list_multigpu20": {
+        "alloc_rate_at_100": {"random": 86.92, "dot-product": 91.85, "best-fit": 93.73, "fgd": 95.53},
+        "alloc_rate_at_130": {"random": 88.69, "dot-product": 92.06, "best-fit": 93.93, "fgd": 95.65},
+    },
+    "openb_pod_list_gpuspec10": {
+        "alloc_rate_at_100": {"random": 86.26, "dot-product": 90.17, "best-fit": 93.10, "fgd": 94.66},
+        "alloc_rate_at_130": {"random": 87.43, "dot-product": 90.39, "best-fit": 93.31, "fgd": 94.95},
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    name: str
+    demand: Demand
+
+
+@dataclass
+class Run:
+    """One policy on one seed."""
+
+    alloc: dict[int, float]  # arrived % -> mean allocation rate %
+    frag_at_100: dict[str, float]
+    decisions: int
+    seconds: float
+    failed: int
+
+
+# --- input -------------------------------------------------------------------------------
+
+
+def load_nodes(path: Path, *, cpu_nodes: bool = False) -> list[NodeState]:
+    """The node list; without ``cpu_nodes`` only the nodes with GPUs, which is the cluster
+    the paper's experiments ran on (its openb_node_list_gpu_node: 1,213 nodes)."""
+    nodes = []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            gpus = int(row.get("gpu") or 0)
+            if not gpus and not cpu_nodes:
+                continue
+            model = (row.get("model") or "").strip().lower() or None
+            cpu, memory = int(row["cpu_milli"]), int(row["memory_mib"])
+            nodes.append(NodeState(
+                model=model if gpus else None, cpu_milli=cpu, memory_mib=memory,
+                gpu_free=(MILLI,) * gpus, cpu_capacity=cpu, memory_capacity=memory,
+            ))  # fmt: skip
+    return nodes
+
+
+def load_pods(path: Path) -> list[Pod]:
+    """Rows of the trace's pod list; missing optional columns (gpu_milli, gpu_spec) mean a
+    whole GPU and any model, as the paper's converter reads them."""
+    pods = []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            count = int(row.get("num_gpu") or 0)
+            milli = int(row.get("gpu_milli") or MILLI) if count else 0
+            milli = min(milli, MILLI)
+            if count and milli <= 0:
+                count = 0
+            models = frozenset(
+                m.strip().lower() for m in (row.get("gpu_spec") or "").split("|") if m.strip()
+            )
+            demand = Demand(
+                cpu_milli=int(row["cpu_milli"]),
+                memory_mib=int(row.get("memory_mib") or 0),
+                gpu_count=count,
+                gpu_milli=milli,
+                gpu_models=models if count else frozenset(),
+            )
+            pods.append(Pod(row["name"], demand))
+    return pods
+
+
+def arrival_order(pods: Sequence[Pod], capacity_milli: int, seed: int, inflate: float) -> list[Demand]:
+    """The paper's workload: the pods shuffled, then pods drawn at random (with
+    replacement) appended until the next one would take the demand past ``inflate`` ×
+    capacity (or removed at random while above it)."""
+    rng = random.Random(seed)
+    order = sorted(pods, key=lambda p: p.name)
+    rng.shuffle(order)
+    demands = [p.demand for p in order]
+    target = inflate * capacity_milli
+    total = sum(d.total_gpu_milli for d in demands)
+    while total > target and demands:
+        total -= demands.pop(rng.randrange(len(demands))).total_gpu_milli
+    if not any(p.demand.total_gpu_milli for p in pods):
+        return demands
+    while True:
+        extra = pods[rng.randrange(len(pods))].demand
+        if total + extra.total_gpu_milli > target:
+            return demands
+        demands.append(extra)
+        total += extra.total_gpu_milli
+
+
+# --- replay ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Cluster:
+    """Nodes grouped by identical state: a policy's score depends on the state only, so
+    each distinct state is scored once per task, and the first node of the group (cluster
+    order) stands for it."""
+
+    groups: dict[NodeState, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, nodes: Sequence[NodeState]) -> _Cluster:
+        cluster = cls()
+        for i, node in enumerate(nodes):
+            cluster.groups.setdefault(_canonical(node), []).append(i)
+        return cluster
+
+    def move(self, state: NodeState, new: NodeState) -> None:
+        ids = self.groups[state]
+        node = ids.pop(0)
+        if not ids:
+            del self.groups[state]
+        group = self.groups.setdefault(_canonical(new), [])
+        # Keep each group in cluster order so ties keep going to the first node.
+        lo, hi = 0, len(group)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if group[mid] < node:
+                lo = mid + 1
+            else:
+                hi = mid
+        group.insert(lo, node)
+
+
+def _canonical(node: NodeState) -> NodeState:
+    # Device identity does not matter to any metric; sorted free lists group more nodes.
+    ordered = tuple(sorted(node.gpu_free, reverse=True))
+    if ordered == node.gpu_free:
+        return node
+    return NodeState(node.model, node.cpu_milli, node.memory_mib, ordered,
+                     node.cpu_capacity, node.memory_capacity)  # fmt: skip
+
+
+def replay(
+    nodes: Sequence[NodeState],
+    stream: Sequence[Demand],
+    scorer: Scorer,
+    ctx: ClusterContext,
+) -> Run:
+    total_gpus = sum(len(n.gpu_free) for n in nodes)
+    capacity = total_gpus * MILLI
+    cluster = _Cluster.of(nodes)
+    cache: dict[tuple[NodeState, Demand], float] = {}
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    arrived = used = failed = 0
+    frag_at_100: dict[str, float] = {}
+    deterministic = scorer.deterministic
+    started = time.perf_counter()
+    for demand in stream:
+        arrived += demand.total_gpu_milli
+        best_state: NodeState | None = None
+        best_score = 0.0
+        best_first = 0
+        for state, ids in cluster.groups.items():
+            if not fits(state, demand):
+                continue
+            if deterministic:
+                key = (state, demand)
+                score = cache.get(key)
+                if score is None:
+                    score = cache[key] = scorer.score(state, demand, ctx)
+            else:
+                # A random policy's score is a uniform draw per node; a group of n alike
+                # nodes competes with the best of n draws, which is u ** (1/n).
+                score = scorer.score(state, demand, ctx) ** (1 / len(ids))
+            first = ids[0]
+            if (
+                best_state is None
+                or score > best_score
+                or (score == best_score and first < best_first)
+            ):
+                best_state, best_score, best_first = state, score, first
+        if best_state is None:
+            failed += 1
+        else:
+            devices = scorer.devices(best_state, demand, ctx)
+            cluster.move(best_state, take(best_state, demand, devices))
+            used += demand.total_gpu_milli
+        percent = round(arrived / total_gpus / 10) if total_gpus else 0
+        sums[percent] = sums.get(percent, 0.0) + (100 * used / capacity if capacity else 0.0)
+        counts[percent] = counts.get(percent, 0) + 1
+        if not frag_at_100 and capacity and arrived >= capacity:
+            frag_at_100 = cluster_fragmentation(cluster, ctx.workload)
+    seconds = time.perf_counter() - started
+    alloc = {p: sums[p] / counts[p] for p in sums}
+    return Run(alloc, frag_at_100, len(stream), seconds, failed)
+
+
+def cluster_fragmentation(cluster: _Cluster, workload: Sequence[Typical]) -> dict[str, float]:
+    frag = idle = 0.0
+    for state, ids in cluster.groups.items():
+        frag += fragmentation(state, workload) * len(ids)
+        idle += state.gpu_free_total * len(ids)
+    return {
+        "frag_gpus": round(frag / MILLI, 2),
+        "idle_gpus": round(idle / MILLI, 2),
+        "frag_ratio": round(100 * frag / idle, 2) if idle else 0.0,
+    }
+
+
+def rate_at(alloc: dict[int, float], percent: int) -> float | None:
+    """The paper's reading: the bucket itself, else the mean of its neighbours."""
+    if percent in alloc:
+        return alloc[percent]
+    near = [alloc[p] for p in (percent - 1, percent + 1) if p in alloc]
+    return sum(near) / len(near) if near else None
+
+
+# --- driver ------------------------------------------------------------------------------
+
+
+def context_for(nodes: Sequence[NodeState], pods: Sequence[Pod], seed: int) -> ClusterContext:
+    return ClusterContext(
+        workload=typical_workload(p.demand for p in pods),
+        max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(n.cpu_capacity for n in nodes)]),
+        max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(len(n.gpu_free) * MILLI for n in nodes)]),
+        rng=random.Random(seed),
+    )
+
+
+def evaluate(
+    nodes: Sequence[NodeState],
+    pods: Sequence[Pod],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    inflate: float,
+) -> dict[str, dict[str, object]]:
+    capacity = sum(len(n.gpu_free) for n in nodes) * MILLI
+    streams = {seed: arrival_order(pods, capacity, seed, inflate) for seed in seeds}
+    top = round(100 * inflate)
+    out: dict[str, dict[str, object]] = {}
+    for name in policies:
+        runs = {}
+        for seed in seeds:
+            # A fresh scorer per run: no memo or random state crosses runs.
+            runs[seed] = replay(nodes, streams[seed], scorer_named(name), context_for(nodes, pods, seed))
+        out[name] = summarise(runs, top)
+    return out
+
+
+def summarise(runs: dict[int, Run], top: int) -> dict[str, object]:
+    at_100 = {seed: rate_at(run.alloc, 100) for seed, run in runs.items()}
+    at_top = {seed: rate_at(run.alloc, top) for seed, run in runs.items()}
+    frag = [run.frag_at_100 for run in runs.values() if run.frag_at_100]
+    seconds = sum(run.seconds for run in runs.values())
+    return {
+        "alloc_rate_at_100": _mean_and_seeds(at_100),
+        f"alloc_rate_at_{top}": _mean_and_seeds(at_top),
+        "fragmentation_at_100": {
+            key: round(statistics.fmean(f[key] for f in frag), 2) for key in frag[0]
+        } if frag else None,
+        "failed_pods": round(statistics.fmean(run.failed for run in runs.values()), 1),
+        "decisions_per_s": round(sum(run.decisions for run in runs.values()) / seconds, 1)
+        if seconds else None,
+    }  # fmt: skip
+
+
+def _mean_and_seeds(values: dict[int, float | None]) -> dict[str, object]:
+    present = [v for v in values.values() if v is not None]
+    return {
+        "mean": round(statistics.fmean(present), 2) if present else None,
+        "per_seed": {str(seed): None if v is None else round(v, 2) for seed, v in values.items()},
+    }
+
+
+def parse_seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            seeds.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            seeds.append(int(part))
+    if not seeds:
+        raise argparse.ArgumentTypeError("no seeds given")
+    return seeds
+
+
+def parse_policies(text: str | None) -> list[str]:
+    if not text:
+        return list(ORDER)
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(unknown)}; known: {', '.join(POLICIES)}"
+        )
+    # Baselines always run beside the named policy, so every figure has its comparison.
+    return names + [b for b in BASELINES if b not in names]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=Path, default=DEFAULT_NODES)
+    parser.add_argument("--pods", type=Path, default=DEFAULT_PODS)
+    parser.add_argument("--seeds", type=parse_seeds, default=None, help="e.g. 42-51 or 42,43")
+    parser.add_argument("--inflate", type=float, default=1.3)
+    parser.add_argument("--policy", type=parse_policies, default=None,
+                        help=f"one of {', '.join(POLICIES)} (comma-separated for several)")
+    parser.add_argument("--quick", action="store_true", help="two seeds (42, 43): a smoke run")
+    parser.add_argument("--cpu-nodes", action="store_true",
+                        help="keep the nodes without GPUs (the paper ran on GPU nodes only)")
+    args = parser.parse_args(argv)
+    seeds = args.seeds or ([42, 43] if args.quick else list(range(42, 52)))
+    policies = args.policy or list(ORDER)
+
+    nodes = load_nodes(args.nodes, cpu_nodes=args.cpu_nodes)
+    pods = load_pods(args.pods)
+    started = time.perf_counter()
+    results = evaluate(nodes, pods, policies, seeds, args.inflate)
+    report: dict[str, object] = {
+        "nodes": str(args.nodes),
+        "pods": str(args.pods),
+        "cluster": {"nodes": len(nodes), "gpus": sum(len(n.gpu_free) for n in nodes)},
+        "pod_count": len(pods),
+        "seeds": seeds,
+        "inflate": args.inflate,
+        "policies": results,
+        "seconds": round(time.perf_counter() - started, 1),
+        "machine": f"{platform.processor() or platform.machine()}, Python {platform.python_version()}",
+    }
+    published = PUBLISHED.get(args.pods.stem)
+    if published:
+        report["published"] = {
+            "source": "Weng et al., Beware of Fragmentation, USENIX ATC '23 (artifact)",
+            **published,
+        }
+    json.dump(report, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""Fractional GPUs: what one task asks of one node, and a node's free capacity per GPU.
+
+Every GPU of a node has a free milli-capacity (1000 is a whole GPU). A task asking for a
+fraction (0 < gpu < 1) takes that many milli-GPU on ONE device, which other fractional
+tasks may share; a task asking for whole GPUs takes devices nobody holds any part of, so
+a whole-GPU task never lands on a shared device. This is the model of the Alibaba trace
+(cluster-trace-gpu-v2023) and of the FGD paper's simulator.
+
+Everything here is integers (milli-CPU, MiB, milli-GPU), so the same functions serve the
+scheduler and the trace benchmark, and equal states compare equal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from trainyard_common.jobspec import Resources
+
+MILLI = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """One task's request of one node. ``gpu_milli`` is per device: 1000 for whole GPUs,
+    1-999 for a share (then ``gpu_count`` is 1), 0 without GPUs. ``gpu_models`` holds the
+    allowed GPU models in lower case; empty means any model."""
+
+    cpu_milli: int
+    memory_mib: int
+    gpu_count: int = 0
+    gpu_milli: int = 0
+    gpu_models: frozenset[str] = frozenset()
+
+    @property
+    def is_share(self) -> bool:
+        return self.gpu_count == 1 and 0 < self.gpu_milli < MILLI
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return self.gpu_count * self.gpu_milli
+
+    @classmethod
+    def of(cls, resources: Resources) -> Demand:
+        count, milli = gpu_request(resources.gpu)
+        models = frozenset({resources.gpu_type.lower()}) if resources.gpu_type and count else frozenset()
+        return cls(
+            cpu_milli=math.ceil(resources.cpu * MILLI - 1e-6),
+            memory_mib=resources.memory_mb,
+            gpu_count=count,
+            gpu_milli=milli,
+            gpu_models=models,
+        )
+
+
+def gpu_request(gpu: float) -> tuple[int, int]:
+    """(devices, milli per device) for a task's ``gpu``: a fraction is a share of one
+    device; anything from one up is whole devices, rounded up as before."""
+    if gpu <= 0:
+        return 0, 0
+    milli = round(gpu * MILLI)
+    if milli < MILLI:
+        return 1, max(milli, 1)
+    return math.ceil(gpu - 1e-9), MILLI
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """A node's free capacity as the scorers see it. ``gpu_free`` is the free milli of each
+    device, by device index. ``model`` is the GPU model in lower case."""
+
+    model: str | None
+    cpu_milli: int
+    memory_mib: int
+    gpu_free: tuple[int, ...]
+    cpu_capacity: int
+    memory_capacity: int
+
+    @property
+    def gpu_free_total(self) -> int:
+        return sum(self.gpu_free)
+
+    @property
+    def whole_free(self) -> int:
+        return sum(1 for free in self.gpu_free if free == MILLI)
+
+
+def model_allowed(demand: Demand, model: str | None) -> bool:
+    if not demand.gpu_models:
+        return True
+    return model is not None and model in demand.gpu_models
+
+
+def fits(node: NodeState, demand: Demand) -> bool:
+    if node.cpu_milli < demand.cpu_milli or node.memory_mib < demand.memory_mib:
+        return False
+    return gpus_fit(node, demand)
+
+
+def gpus_fit(node: NodeState, demand: Demand) -> bool:
+    """The GPU part of ``fits``: the model, and one device with room for a share or
+    enough untouched devices for whole GPUs."""
+    if not demand.gpu_count:
+        return True
+    if not model_allowed(demand, node.model):
+        return False
+    if demand.is_share:
+        return any(free >= demand.gpu_milli for free in node.gpu_free)
+    return node.whole_free >= demand.gpu_count
+
+
+def share_candidates(node: NodeState, demand: Demand) -> list[int]:
+    """Devices a share fits on, by index."""
+    return [i for i, free in enumerate(node.gpu_free) if free >= demand.gpu_milli]
+
+
+def whole_devices(node: NodeState, count: int) -> tuple[int, ...]:
+    """The ``count`` lowest-indexed devices nobody holds any part of."""
+    picked = [i for i, free in enumerate(node.gpu_free) if free == MILLI][:count]
+    return tuple(picked) if len(picked) == count else ()
+
+
+def tightest_share(node: NodeState, demand: Demand) -> tuple[int, ...]:
+    """Best-fit device for a share: the one left with the least free milli after it (a
+    partly used device before an untouched one), lowest index on ties."""
+    best = -1
+    for i, free in enumerate(node.gpu_free):
+        if free >= demand.gpu_milli and (best < 0 or free < node.gpu_free[best]):
+            best = i
+    return (best,) if best >= 0 else ()
+
+
+def default_devices(node: NodeState, demand: Demand) -> tuple[int, ...]:
+    if not demand.gpu_count:
+        return ()
+    if demand.is_share:
+        return tightest_share(node, demand)
+    return whole_devices(node, demand.gpu_count)
+
+
+def take(node: NodeState, demand: Demand, devices: Sequence[int]) -> NodeState:
+    """The node after ``demand`` is placed on it, holding ``devices``."""
+    return replace(
+        node,
+        cpu_milli=node.cpu_milli - demand.cpu_milli,
+        memory_mib=node.memory_mib - demand.memory_mib,
+        gpu_free=_adjust(node.gpu_free, devices, -demand.gpu_milli),
+    )
+
+
+def give_back(node: NodeState, demand: Demand, devices: Sequence[int]) -> NodeState:
+    """The node after a task placed with ``take`` is released."""
+    return replace(
+        node,
+        cpu_milli=node.cpu_milli + demand.cpu_milli,
+        memory_mib=node.memory_mib + demand.memory_mib,
+        gpu_free=_adjust(node.gpu_free, devices, demand.gpu_milli),
+    )
+
+
+def _adjust(free: tuple[int, ...], devices: Iterable[int], delta: int) -> tuple[int, ...]:
+    out = list(free)
+    for i in devices:
+        out[i] += delta
+        if not 0 <= out[i] <= MILLI:
+            raise ValueError(f"GPU {i} would have {out[i]} milli free (of {MILLI})")
+    return tuple(out)

@@ -1,0 +1,214 @@
+"""The placement policies and the registry that names them (``YARD_PLACEMENT_POLICY``).
+
+Baselines follow the definitions of the FGD paper's simulator
+(hkust-adsl/kubernetes-scheduler-simulator, ``pkg/simulator/plugin/``), so figures measured
+here compare with the published ones:
+
+- ``first-fit``: every node scores the same; the first node in cluster order wins.
+- ``random``: a uniformly random feasible node (and device, for a share).
+- ``best-fit``: least resources left after placement, CPU and GPU weighted equally, each
+  normalised by the largest node spec.
+- ``dot-product``: the alignment score of Tetris (Grandl et al., SIGCOMM '14) as the FGD
+  paper's baseline computes it: the dot product of the node's free (CPU, GPU) vector and
+  the task's request, normalised by the largest spec; the smallest product wins.
+- ``fgd``: fragmentation gradient descent (Weng et al., USENIX ATC '23): the node and
+  device where the expected fragmentation of the target workload grows least.
+- ``trainyard``: FGD's descent on a CPU- and memory-aware measure of stranded GPUs
+  (docs/placement.md has what each change buys on the trace).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .gpu_share import (
+    MILLI,
+    Demand,
+    NodeState,
+    default_devices,
+    share_candidates,
+    take,
+    whole_devices,
+)
+from .scoring import ClusterContext, Scorer, Typical, fragmentation, stranded
+
+
+class UnknownPolicy(ValueError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown placement policy {name!r}; known: {', '.join(POLICIES)}")
+        self.name = name
+
+
+@dataclass
+class FirstFit:
+    name: str = "first-fit"
+    deterministic: bool = True
+
+    def score(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> float:
+        return 0.0
+
+    def devices(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> tuple[int, ...]:
+        return default_devices(node, demand)
+
+
+@dataclass
+class RandomFit:
+    name: str = "random"
+    deterministic: bool = False
+
+    def score(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> float:
+        return ctx.rng.random()
+
+    def devices(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> tuple[int, ...]:
+        if demand.is_share:
+            return (ctx.rng.choice(share_candidates(node, demand)),)
+        return default_devices(node, demand)
+
+
+@dataclass
+class BestFit:
+    name: str = "best-fit"
+    deterministic: bool = True
+
+    def score(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> float:
+        cpu_left = (node.cpu_milli - demand.cpu_milli) / ctx.max_cpu_milli
+        gpu_left = (node.gpu_free_total - demand.total_gpu_milli) / ctx.max_gpu_milli
+        return -(0.5 * cpu_left + 0.5 * gpu_left)
+
+    def devices(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> tuple[int, ...]:
+        return default_devices(node, demand)
+
+
+@dataclass
+class DotProduct:
+    name: str = "dot-product"
+    deterministic: bool = True
+
+    def score(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> float:
+        cpu = (node.cpu_milli / ctx.max_cpu_milli) * (demand.cpu_milli / ctx.max_cpu_milli)
+        gpu = (node.gpu_free_total / ctx.max_gpu_milli) * (
+            demand.total_gpu_milli / ctx.max_gpu_milli
+        )
+        return -(cpu + gpu) / 2
+
+    def devices(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> tuple[int, ...]:
+        return default_devices(node, demand)
+
+
+@dataclass
+class Fgd:
+    """Fragmentation gradient descent. The gradient is Δ = F_n(M) before minus after the
+    placement (usually negative: fragmentation grows); for a share every distinct device
+    state is tried. The score is ⌊100·sigmoid(Δ/1000) / step⌋, as the paper's simulator
+    computes it (``fgd_score.go``): its integer steps make near-equal placements ties,
+    which go to the earlier node. That coarseness is part of the published result: the
+    same gradient compared exactly places 2.4 points fewer GPUs on the default trace
+    (docs/placement.md)."""
+
+    name: str = "fgd"
+    deterministic: bool = True
+    step: float = 1.0
+    # One entry per distinct node state; dropped whenever the target workload changes.
+    _memo: dict[object, float] = field(default_factory=dict, repr=False)
+    _memo_for: tuple[Typical, ...] | None = field(default=None, repr=False)
+
+    def score(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> float:
+        return self.choose(node, demand, ctx)[0]
+
+    def devices(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> tuple[int, ...]:
+        return self.choose(node, demand, ctx)[1]
+
+    def choose(
+        self, node: NodeState, demand: Demand, ctx: ClusterContext
+    ) -> tuple[float, tuple[int, ...]]:
+        before = self.frag(node, ctx)
+        if not demand.is_share:
+            devices = whole_devices(node, demand.gpu_count) if demand.gpu_count else ()
+            return self._points(before - self.frag(take(node, demand, devices), ctx)), devices
+        best: tuple[float, tuple[int, ...]] | None = None
+        tried: set[int] = set()
+        for i in share_candidates(node, demand):
+            if node.gpu_free[i] in tried:  # devices with equal free milli are alike
+                continue
+            tried.add(node.gpu_free[i])
+            points = self._points(before - self.frag(take(node, demand, (i,)), ctx))
+            if best is None or points > best[0]:
+                best = (points, (i,))
+        assert best is not None, "score() is only called where the task fits"
+        return best
+
+    def _points(self, delta: float) -> float:
+        return float(math.floor(100 / (1 + math.exp(-delta / MILLI)) / self.step))
+
+    def frag(self, node: NodeState, ctx: ClusterContext) -> float:
+        if self._memo_for is not ctx.workload:
+            self._memo.clear()
+            self._memo_for = ctx.workload
+        key = self._key(node)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = self.measure(node, ctx.workload)
+        return value
+
+    def measure(self, node: NodeState, workload: tuple[Typical, ...]) -> float:
+        return fragmentation(node, workload)
+
+    def _key(self, node: NodeState) -> object:
+        # The paper's measure ignores memory: one entry serves every node alike in
+        # model, free CPU and free GPUs.
+        return (node.model, node.cpu_milli, tuple(sorted(node.gpu_free)))
+
+
+@dataclass
+class Trainyard(Fgd):
+    """FGD's descent on Trainyard's measure, ``scoring.stranded``: what the typical tasks
+    could not take counting the CPU, memory and device slots they need together, with
+    twice the paper's score step (near-equal placements tie more often, and ties go to
+    the earlier node, which packs). What each change buys is in docs/placement.md."""
+
+    name: str = "trainyard"
+    step: float = 2.0
+
+    def measure(self, node: NodeState, workload: tuple[Typical, ...]) -> float:
+        return stranded(node, workload)
+
+    def _key(self, node: NodeState) -> object:
+        return (node.model, node.cpu_milli, node.memory_mib, tuple(sorted(node.gpu_free)))
+
+
+POLICIES: dict[str, Callable[[], Scorer]] = {
+    "first-fit": FirstFit,
+    "random": RandomFit,
+    "best-fit": BestFit,
+    "dot-product": DotProduct,
+    "fgd": Fgd,
+    "trainyard": Trainyard,
+}
+
+DEFAULT_POLICY = "trainyard"
+
+
+def scorer_named(name: str | None) -> Scorer:
+    """A fresh scorer of the named policy; None or empty means the default."""
+    key = (name or DEFAULT_POLICY).strip().lower()
+    factory = POLICIES.get(key)
+    if factory is None:
+        raise UnknownPolicy(name or "")
+    return factory()
+
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "MILLI",
+    "POLICIES",
+    "BestFit",
+    "DotProduct",
+    "Fgd",
+    "FirstFit",
+    "RandomFit",
+    "Trainyard",
+    "UnknownPolicy",
+    "scorer_named",
+]

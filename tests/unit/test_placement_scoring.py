@@ -1,0 +1,277 @@
+"""Placement policies on tiny clusters: each picks the node its definition says it should,
+the fragmentation measure matches the paper's cases, and the benchmark core runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from trainyard_common.cluster import ClusterSpec, NodeSpec
+from trainyard_common.jobspec import JobSpec, Resources, RoleSpec
+from trainyard_placement.domain import Plan, SchedulerState, Snapshot, place_gang
+from trainyard_placement.domain.gpu_share import MILLI, Demand, NodeState
+from trainyard_placement.domain.policies import (
+    DEFAULT_POLICY,
+    POLICIES,
+    UnknownPolicy,
+    scorer_named,
+)
+from trainyard_placement.domain.scoring import (
+    ClusterContext,
+    Typical,
+    fragmentation,
+    typical_workload,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def state(
+    gpu_free: tuple[int, ...] = (),
+    cpu: int = 32_000,
+    memory: int = 65_536,
+    model: str | None = "t4",
+    cpu_capacity: int | None = None,
+) -> NodeState:
+    return NodeState(
+        model=model if gpu_free else None, cpu_milli=cpu, memory_mib=memory, gpu_free=gpu_free,
+        cpu_capacity=cpu_capacity or cpu, memory_capacity=memory,
+    )  # fmt: skip
+
+
+def share(milli: int, cpu: int = 1000, models: frozenset[str] = frozenset()) -> Demand:
+    return Demand(cpu_milli=cpu, memory_mib=1024, gpu_count=1, gpu_milli=milli, gpu_models=models)
+
+
+def whole(count: int, cpu: int = 1000) -> Demand:
+    return Demand(cpu_milli=cpu, memory_mib=1024, gpu_count=count, gpu_milli=MILLI)
+
+
+def cpu_only(cpu: int) -> Demand:
+    return Demand(cpu_milli=cpu, memory_mib=1024)
+
+
+def pick(policy: str, nodes: dict[str, NodeState], demand: Demand, ctx: ClusterContext) -> str:
+    """The placer's rule: the best score, ties to the first node."""
+    scorer = scorer_named(policy)
+    best, best_score = "", 0.0
+    for name, node in nodes.items():
+        score = scorer.score(node, demand, ctx)
+        if not best or score > best_score:
+            best, best_score = name, score
+    return best
+
+
+WHOLE_GPU_WORKLOAD = ClusterContext(workload=(Typical(whole(1), 1.0),))
+
+
+# --- each policy picks what its definition says ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "nodes", "demand", "ctx", "expected"),
+    [
+        pytest.param(
+            "first-fit", {"a": state((MILLI,) * 4), "b": state((MILLI,))}, whole(1),
+            ClusterContext(), "a", id="first-fit-takes-the-first",
+        ),
+        pytest.param(
+            # Least left after placement: b keeps no GPU, a keeps three.
+            "best-fit", {"a": state((MILLI,) * 4), "b": state((MILLI,))}, whole(1),
+            ClusterContext(), "b", id="best-fit-least-left",
+        ),
+        pytest.param(
+            # A CPU task: a keeps more CPU but no GPU, b keeps four idle GPUs, which weigh
+            # as much as CPU in best-fit.
+            "best-fit", {"a": state(cpu=16_000), "b": state((MILLI,) * 4, cpu=4000)},
+            cpu_only(1000), ClusterContext(), "a", id="best-fit-counts-gpus-left",
+        ),
+        pytest.param(
+            # Dot product of free and requested: the task asks no GPU, so only CPU counts,
+            # and b has less CPU free.
+            "dot-product", {"a": state(cpu=16_000), "b": state((MILLI,) * 4, cpu=4000)},
+            cpu_only(1000), ClusterContext(), "b", id="dot-product-aligns-with-the-request",
+        ),
+        pytest.param(
+            # The paper's gradient: a 0.3 share on a's 400-milli device turns it into 100
+            # unusable milli instead of 400 (fragmentation falls by 300); on b it would
+            # strand 700 on a device no whole-GPU task can use. Best-fit would pick b.
+            "fgd", {"a": state((400, MILLI)), "b": state((MILLI,))}, share(300),
+            WHOLE_GPU_WORKLOAD, "a", id="fgd-fills-the-fragment",
+        ),
+        pytest.param(
+            "best-fit", {"a": state((400, MILLI)), "b": state((MILLI,))}, share(300),
+            WHOLE_GPU_WORKLOAD, "b", id="best-fit-does-not",
+        ),
+        pytest.param(
+            "trainyard", {"a": state((400, MILLI)), "b": state((MILLI,))}, share(300),
+            WHOLE_GPU_WORKLOAD, "a", id="trainyard-fills-the-fragment",
+        ),
+        pytest.param(
+            # A CPU task on a node whose GPUs then lack the CPU their tasks need strands
+            # those GPUs; a node without free GPUs loses nothing.
+            "fgd",
+            {"a": state((MILLI,) * 2, cpu=3000), "b": state((0, 0), cpu=3000)},
+            cpu_only(2500), WHOLE_GPU_WORKLOAD, "b", id="fgd-keeps-cpu-for-gpus",
+        ),
+        pytest.param(
+            "trainyard",
+            {"a": state((MILLI,) * 2, cpu=3000), "b": state((0, 0), cpu=3000)},
+            cpu_only(2500), WHOLE_GPU_WORKLOAD, "b", id="trainyard-keeps-cpu-for-gpus",
+        ),
+    ],
+)  # fmt: skip
+def test_policy_picks(
+    policy: str, nodes: dict[str, NodeState], demand: Demand, ctx: ClusterContext, expected: str
+) -> None:
+    assert pick(policy, nodes, demand, ctx) == expected
+
+
+def test_fgd_picks_the_device_that_fragments_least() -> None:
+    node = state((MILLI, 400, 700))
+    assert scorer_named("fgd").devices(node, share(300), WHOLE_GPU_WORKLOAD) == (1,)
+    assert scorer_named("trainyard").devices(node, share(300), WHOLE_GPU_WORKLOAD) == (1,)
+    assert scorer_named("best-fit").devices(node, share(300), WHOLE_GPU_WORKLOAD) == (1,)
+    assert scorer_named("best-fit").devices(node, share(500), WHOLE_GPU_WORKLOAD) == (2,)
+
+
+def test_trainyard_counts_the_cpu_that_a_node_has_left_for_its_gpus() -> None:
+    # Both nodes can take one whole-GPU task of the workload, so FGD sees no fragment on
+    # either; but a has CPU for one such task and four GPUs: three of them are stranded.
+    workload = ClusterContext(workload=(Typical(whole(1, cpu=8000), 1.0),))
+    a = state((MILLI,) * 4, cpu=8000)
+    b = state((MILLI,) * 4, cpu=32_000)
+    assert fragmentation(a, workload.workload) == fragmentation(b, workload.workload) == 0
+    trainyard = scorer_named("trainyard")
+    assert trainyard.frag(a, workload) == 3 * MILLI  # type: ignore[attr-defined]
+    assert trainyard.frag(b, workload) == 0  # type: ignore[attr-defined]
+
+
+def test_random_is_seeded_and_reaches_every_feasible_node() -> None:
+    c = ClusterSpec(nodes=[NodeSpec(name=n, cpu=4, memory_mb=4096) for n in "abcd"])
+    spec = JobSpec(name="j", roles=[RoleSpec(name="w", command="true")])
+    chosen = set()
+    for i in range(60):
+        plan = place_gang(spec, Snapshot.of(c), job_id=f"job{i}", scorer=scorer_named("random"))
+        again = place_gang(spec, Snapshot.of(c), job_id=f"job{i}", scorer=scorer_named("random"))
+        assert isinstance(plan, Plan) and plan == again
+        chosen.add(plan.tasks[0].node)
+    assert chosen == set("abcd")
+
+
+def test_the_gang_placer_uses_the_scorer_and_keeps_a_job_together() -> None:
+    c = ClusterSpec(nodes=[
+        NodeSpec(name="big", cpu=32, memory_mb=65536, gpus=8, gpu_type="T4"),
+        NodeSpec(name="small", cpu=32, memory_mb=65536, gpus=2, gpu_type="T4"),
+    ])  # fmt: skip
+    resources = Resources(cpu=1, memory_mb=1024, gpu=1)
+    spec = JobSpec(name="j", roles=[RoleSpec(name="w", replicas=3, command="true", resources=resources)])
+    first = place_gang(spec, Snapshot.of(c), job_id="j", scorer=scorer_named("first-fit"))
+    best = place_gang(spec, Snapshot.of(c), job_id="j", scorer=scorer_named("best-fit"))
+    assert isinstance(first, Plan) and isinstance(best, Plan)
+    assert [t.node for t in first.tasks] == ["big"] * 3
+    # Best-fit opens the small node, then the job stays on it while it fits.
+    assert [t.node for t in best.tasks] == ["small", "small", "big"]
+
+
+# --- fragmentation and the target workload ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("node", "expected"),
+    [
+        pytest.param(state((MILLI, MILLI)), 0.0, id="all-usable"),
+        pytest.param(state((MILLI, 400)), 400.0, id="a-device-too-small"),
+        pytest.param(state((400, 300)), 700.0, id="nothing-fits"),
+        pytest.param(state((MILLI, MILLI), cpu=500), 2000.0, id="cpu-lacking"),
+        pytest.param(state((MILLI,), model="v100"), 1000.0, id="wrong-model"),
+        pytest.param(state(()), 0.0, id="no-gpus"),
+    ],
+)
+def test_fragmentation_for_one_task_shape(node: NodeState, expected: float) -> None:
+    workload = (Typical(share(500, models=frozenset({"t4"})), 1.0),)
+    assert fragmentation(node, workload) == expected
+
+
+def test_fragmentation_is_an_expectation_over_the_workload() -> None:
+    workload = (Typical(share(500), 0.5), Typical(cpu_only(1000), 0.25), Typical(whole(2), 0.25))
+    # share: 300 stranded; CPU task: all 1300 idle; two whole GPUs: not there, all 1300.
+    assert fragmentation(state((MILLI, 300)), workload) == pytest.approx(
+        0.5 * 300 + 0.25 * 1300 + 0.25 * 1300
+    )
+
+
+def test_typical_workload_takes_the_common_shapes_and_renormalises() -> None:
+    demands = [share(500)] * 60 + [whole(1)] * 36 + [whole(8)] * 3 + [cpu_only(4000)]
+    workload = typical_workload(demands, coverage=0.95)
+    shapes = [(t.demand.gpu_count, t.demand.gpu_milli) for t in workload]
+    assert shapes == [(1, 500), (1, MILLI)]
+    assert [t.freq for t in workload] == pytest.approx([60 / 96, 36 / 96])
+
+
+# --- the registry ----------------------------------------------------------------------------
+
+
+def test_registry() -> None:
+    assert scorer_named(None).name == DEFAULT_POLICY == "trainyard"
+    assert scorer_named(" Best-Fit ").name == "best-fit"
+    assert {scorer_named(name).name for name in POLICIES} == set(POLICIES)
+    with pytest.raises(UnknownPolicy, match="unknown placement policy 'tetris'"):
+        scorer_named("tetris")
+    assert SchedulerState(ClusterSpec(nodes=[])).scorer.name == DEFAULT_POLICY
+
+
+# --- the benchmark core on a tiny synthetic trace --------------------------------------------
+
+
+def load_bench() -> ModuleType:
+    path = ROOT / "bench" / "placement_quality.py"
+    spec = importlib.util.spec_from_file_location("placement_quality", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_runs_on_a_tiny_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\n"
+        "n0,32000,65536,4,T4\nn1,32000,65536,2,V100\nn2,16000,32768,0,\n"
+    )
+    pods = tmp_path / "pods.csv"
+    rows = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec"]
+    shapes = ["4000,8192,1,500,", "8000,8192,1,1000,", "2000,4096,0,0,", "4000,8192,2,1000,V100",
+              "3000,4096,1,250,T4|V100"]  # fmt: skip
+    rows += [f"p{i:03},{shapes[i % len(shapes)]}" for i in range(20)]
+    pods.write_text("\n".join(rows) + "\n")
+    bench = load_bench()
+
+    assert bench.main(["--nodes", str(nodes), "--pods", str(pods), "--quick"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cluster"] == {"nodes": 2, "gpus": 6}
+    assert report["seeds"] == [42, 43]
+    assert list(report["policies"]) == ["trainyard", "random", "best-fit", "dot-product", "fgd"]
+    for result in report["policies"].values():
+        assert 0 < result["alloc_rate_at_100"]["mean"] <= 100
+        assert set(result["alloc_rate_at_100"]["per_seed"]) == {"42", "43"}
+        assert result["decisions_per_s"] > 0
+        assert result["fragmentation_at_100"]["idle_gpus"] >= 0
+    assert "published" not in report
+
+
+def test_benchmark_inflates_to_the_target_and_keeps_every_pod(tmp_path: Path) -> None:
+    bench = load_bench()
+    pods = [bench.Pod(f"p{i}", whole(1)) for i in range(10)] + [bench.Pod("c", cpu_only(1000))]
+    stream = bench.arrival_order(pods, capacity_milli=20 * MILLI, seed=42, inflate=1.3)
+    assert sum(d.total_gpu_milli for d in stream) == 26 * MILLI
+    assert stream[:11] != [p.demand for p in pods]  # shuffled
+    assert sorted(stream[:11], key=lambda d: d.gpu_count) == sorted(
+        (p.demand for p in pods), key=lambda d: d.gpu_count
+    )
