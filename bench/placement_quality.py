@@ -28,7 +28,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,20 +56,28 @@ ORDER = ("trainyard", *BASELINES)
 # experiments/analysis/expected_results/analysis_allo_discrete.csv).
 PUBLISHED = {
     "openb_pod_list_default": {
-        "alloc_rate_at_100": {"random": 86.30, "dot-product": 90.62, "best-fit": 92.86, "fgd": 95.23},
-        "alloc_rate_at_130": {"random": 87.47, "dot-product": 90.85, "best-fit": 93.08, "fgd": 95.39},
+        "alloc_rate_at_100":
+            {"random": 86.30, "dot-product": 90.62, "best-fit": 92.86, "fgd": 95.23},
+        "alloc_rate_at_130":
+            {"random": 87.47, "dot-product": 90.85, "best-fit": 93.08, "fgd": 95.39},
     },
     "openb_pod_list_gpushare100": {
-        "alloc_rate_at_100": {"random": 78.90, "dot-product": 81.98, "best-fit": 84.62, "fgd": 86.64},
-        "alloc_rate_at_130": {"random": 79.44, "dot-product": 82.42, "best-fit": 85.01, "fgd": 86.90},
+        "alloc_rate_at_100":
+            {"random": 78.90, "dot-product": 81.98, "best-fit": 84.62, "fgd": 86.64},
+        "alloc_rate_at_130":
+            {"random": 79.44, "dot-product": 82.42, "best-fit": 85.01, "fgd": 86.90},
     },
     "openb_pod_list_multigpu20": {
-        "alloc_rate_at_100": {"random": 86.92, "dot-product": 91.85, "best-fit": 93.73, "fgd": 95.53},
-        "alloc_rate_at_130": {"random": 88.69, "dot-product": 92.06, "best-fit": 93.93, "fgd": 95.65},
+        "alloc_rate_at_100":
+            {"random": 86.92, "dot-product": 91.85, "best-fit": 93.73, "fgd": 95.53},
+        "alloc_rate_at_130":
+            {"random": 88.69, "dot-product": 92.06, "best-fit": 93.93, "fgd": 95.65},
     },
     "openb_pod_list_gpuspec10": {
-        "alloc_rate_at_100": {"random": 86.26, "dot-product": 90.17, "best-fit": 93.10, "fgd": 94.66},
-        "alloc_rate_at_130": {"random": 87.43, "dot-product": 90.39, "best-fit": 93.31, "fgd": 94.95},
+        "alloc_rate_at_100":
+            {"random": 86.26, "dot-product": 90.17, "best-fit": 93.10, "fgd": 94.66},
+        "alloc_rate_at_130":
+            {"random": 87.43, "dot-product": 90.39, "best-fit": 93.31, "fgd": 94.95},
     },
 }
 
@@ -137,7 +145,9 @@ def load_pods(path: Path) -> list[Pod]:
     return pods
 
 
-def arrival_order(pods: Sequence[Pod], capacity_milli: int, seed: int, inflate: float) -> list[Demand]:
+def arrival_order(
+    pods: Sequence[Pod], capacity_milli: int, seed: int, inflate: float
+) -> list[Demand]:
     """The paper's workload: the pods shuffled, then pods drawn at random (with
     replacement) appended until the next one would take the demand past ``inflate`` ×
     capacity (or removed at random while above it)."""
@@ -306,7 +316,8 @@ def evaluate(
         runs = {}
         for seed in seeds:
             # A fresh scorer per run: no memo or random state crosses runs.
-            runs[seed] = replay(nodes, streams[seed], scorer_named(name), context_for(nodes, pods, seed))
+            ctx = context_for(nodes, pods, seed)
+            runs[seed] = replay(nodes, streams[seed], scorer_named(name), ctx)
         out[name] = summarise(runs, top)
     return out
 
@@ -391,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inflate": args.inflate,
         "policies": results,
         "seconds": round(time.perf_counter() - started, 1),
-        "machine": f"{platform.processor() or platform.machine()}, Python {platform.python_version()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
     }
     published = PUBLISHED.get(args.pods.stem)
     if published:

@@ -170,7 +170,8 @@ def test_the_gang_placer_uses_the_scorer_and_keeps_a_job_together() -> None:
         NodeSpec(name="small", cpu=32, memory_mb=65536, gpus=2, gpu_type="T4"),
     ])  # fmt: skip
     resources = Resources(cpu=1, memory_mb=1024, gpu=1)
-    spec = JobSpec(name="j", roles=[RoleSpec(name="w", replicas=3, command="true", resources=resources)])
+    role = RoleSpec(name="w", replicas=3, command="true", resources=resources)
+    spec = JobSpec(name="j", roles=[role])
     first = place_gang(spec, Snapshot.of(c), job_id="j", scorer=scorer_named("first-fit"))
     best = place_gang(spec, Snapshot.of(c), job_id="j", scorer=scorer_named("best-fit"))
     assert isinstance(first, Plan) and isinstance(best, Plan)

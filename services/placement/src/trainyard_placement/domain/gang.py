@@ -68,8 +68,8 @@ def place_gang(
     current: str | None = None
     for task in tasks:
         demand = Demand.of(task.role.resources)
-        name = current if current is not None and _fits(task, demand, nodes[current], job_fixed) else None
-        if name is None:
+        name = current
+        if name is None or not _fits(task, demand, nodes[name], job_fixed):
             name = _best_node(task, demand, nodes, scorer, ctx, job_fixed)
         if name is None:
             return Unschedulable(
@@ -356,7 +356,8 @@ def _needs_text(role: RoleSpec) -> str:
     resources = role.resources
     parts = [f"{_num(resources.cpu)} CPU", f"{resources.memory_mb} MB memory"]
     if (share := gpu_milli(resources)) is not None:
-        parts.append(f"{share} milli-GPU" + (f" of type {resources.gpu_type}" if resources.gpu_type else ""))
+        of_type = f" of type {resources.gpu_type}" if resources.gpu_type else ""
+        parts.append(f"{share} milli-GPU{of_type}")
     elif gpus := gpu_count(resources):
         parts.append(_gpus(gpus) + (f" of type {resources.gpu_type}" if resources.gpu_type else ""))
     if ports := sum(spec.count for spec in role.ports):

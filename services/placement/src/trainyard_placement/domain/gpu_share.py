@@ -44,7 +44,8 @@ class Demand:
     @classmethod
     def of(cls, resources: Resources) -> Demand:
         count, milli = gpu_request(resources.gpu)
-        models = frozenset({resources.gpu_type.lower()}) if resources.gpu_type and count else frozenset()
+        typed = resources.gpu_type and count
+        models = frozenset({resources.gpu_type.lower()}) if typed else frozenset()
         return cls(
             cpu_milli=math.ceil(resources.cpu * MILLI - 1e-6),
             memory_mib=resources.memory_mb,

@@ -201,7 +201,6 @@ def scorer_named(name: str | None) -> Scorer:
 
 __all__ = [
     "DEFAULT_POLICY",
-    "MILLI",
     "POLICIES",
     "BestFit",
     "DotProduct",

@@ -15,7 +15,13 @@ from .capacity import Allocation, Snapshot
 from .gpu_share import MILLI, Demand
 from .policies import scorer_named
 from .queue import Decision, QueuedJob, schedule
-from .scoring import MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, ClusterContext, Scorer, typical_workload
+from .scoring import (
+    MAX_SPEC_CPU_MILLI,
+    MAX_SPEC_GPU_MILLI,
+    ClusterContext,
+    Scorer,
+    typical_workload,
+)
 
 
 @dataclass
