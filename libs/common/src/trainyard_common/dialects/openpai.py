@@ -17,7 +17,7 @@ from ..events import FieldIssue
 from ..jobspec import JobSpec, PortSpec, Resources, RestartPolicy, RoleSpec, env_list
 from .registry import Dialect
 from .translation import (
-    INT_MAX,
+    bounded_int,
     JOB_NAME_RE,
     JOB_NAME_RULE,
     PORT_MAX,
@@ -25,7 +25,6 @@ from .translation import (
     ROLE_NAME_RULE,
     Issues,
     Translation,
-    as_int,
     empty_spec,
     join,
     json_type,
@@ -229,13 +228,11 @@ def openpai_warnings(payload: Any) -> list[FieldIssue]:
 
 
 def _int(value: Any, default: int, minimum: int) -> int:
-    number = as_int(value)
-    return number if number is not None and minimum <= number <= INT_MAX else default
+    return bounded_int(value, default, minimum)  # type: ignore[return-value]
 
 
 def _opt_int(value: Any, minimum: int) -> int | None:
-    number = as_int(value)
-    return number if number is not None and minimum <= number <= INT_MAX else None
+    return bounded_int(value, None, minimum)
 
 
 def _text(value: Any) -> str | None:

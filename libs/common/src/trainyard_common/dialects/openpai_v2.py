@@ -33,6 +33,7 @@ from ..events import FieldIssue
 from ..jobspec import REDACTED, EnvVar, JobSpec, PortSpec, Resources, RestartPolicy, RoleSpec
 from .registry import Dialect
 from .translation import (
+    bounded_int,
     INT_MAX,
     Issues,
     Translation,
@@ -567,8 +568,7 @@ def openpai_v2_warnings(payload: Any) -> list[FieldIssue]:
 
 
 def _int(value: Any, default: int, minimum: int) -> int:
-    number = as_int(value)
-    return number if number is not None and minimum <= number <= INT_MAX else default
+    return bounded_int(value, default, minimum)  # type: ignore[return-value]
 
 
 def _min_count(completion: Any, key: str, default: int | None) -> int | None:

@@ -97,6 +97,13 @@ def as_int(value: Any) -> int | None:
     return None
 
 
+def bounded_int(value: Any, default: int | None, minimum: int) -> int | None:
+    """``value`` as an integer in [minimum, INT_MAX], else ``default``: translation keeps
+    going past a bad number (the validator has already reported it)."""
+    number = as_int(value)
+    return number if number is not None and minimum <= number <= INT_MAX else default
+
+
 class Issues:
     """Collects errors and warnings while a validator walks a payload."""
 
