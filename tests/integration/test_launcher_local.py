@@ -153,7 +153,8 @@ async def test_adoption_after_the_popen_handle_is_dropped(tmp_path: Path) -> Non
     gc.collect()
 
     adopter = LocalBackend(tmp_path)
-    from_file = adopter.read_pid(ref())
+    # The wrapper writes its pid file as it starts; a loaded machine may take a moment.
+    from_file = await adopter.wait_started(ref(), 5.0)
     assert from_file is not None
     assert (from_file.pid, from_file.start_ticks) == (launched.pid, launched.start_ticks)
     assert adopter.poll(ref(), from_file.pid, from_file.start_ticks).running
@@ -186,3 +187,23 @@ async def test_a_wrapper_killed_from_outside_is_lost_and_its_command_is_cleaned_
     assert [m.pid for m in session_members(launched.pid)]
     await backend.kill(ref(), launched.pid, launched.start_ticks, grace_s=1.0)
     assert session_members(launched.pid) == []
+
+
+async def test_the_command_and_its_secrets_stay_off_the_process_list(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path)
+    task = ref("private")
+    secret = "s3cr3t-" + os.urandom(4).hex()
+    launched = backend.launch(task, f"echo {secret} > seen; sleep 300", {}, [])
+    seen = backend.task_dir(task) / "work" / "seen"
+    deadline = time.monotonic() + 10
+    while not seen.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert seen.read_text().strip() == secret  # the command really ran
+    command_lines = []
+    for pid in session_members(launched.pid):
+        with open(f"/proc/{pid.pid}/cmdline", "rb") as cmdline:
+            command_lines.append(cmdline.read().decode(errors="replace"))
+    assert command_lines and not any(secret in line for line in command_lines), command_lines
+    script = backend.task_dir(task) / "command.sh"
+    assert script.stat().st_mode & 0o777 == 0o600
+    await backend.kill(task, launched.pid, launched.start_ticks, grace_s=1.0)

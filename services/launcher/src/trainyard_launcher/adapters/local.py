@@ -160,11 +160,7 @@ class LocalBackend:
         return self.job_dir(ref.job_id) / f"attempt-{ref.attempt}" / f"{ref.role}-{ref.index}"
 
     def write_debug_env(self, ref: TaskRef, text: str) -> Path:
-        path = self.task_dir(ref) / "env"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        return path
+        return _write_private(self.task_dir(ref) / "env", text)
 
     def was_launched(self, ref: TaskRef) -> bool:
         return (self.task_dir(ref) / "launched").exists()
@@ -193,7 +189,9 @@ class LocalBackend:
             plan_file = directory / "prepare.json"
             plan_file.write_text(prepare.to_json())
             argv += ["--prepare", str(plan_file)]
-        argv += ["--", _bash(), "-c", command]
+        # The command goes in a private file, not on the command line: with its secrets
+        # substituted it must not show in `ps` to every user of the node.
+        argv += ["--", _bash(), str(_write_private(directory / "command.sh", command + "\n"))]
         with open(directory / "stdout.log", "ab") as out, open(directory / "stderr.log", "ab") as err:
             try:
                 proc = subprocess.Popen(
@@ -305,6 +303,14 @@ class LocalBackend:
                 ended_at=time.time(),
             )
         return status
+
+
+def _write_private(path: Path, text: str) -> Path:
+    """Write ``text`` readable by the task's user only (mode 600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    return path
 
 
 def _bash() -> str:
