@@ -9,7 +9,6 @@ from typing import Any
 
 from pymongo import ASCENDING, DESCENDING
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError
 
 from trainyard_common.dialects import BY_NAME
 from trainyard_common.events import Event
@@ -54,38 +53,59 @@ class JobViews:
         for task in changes.tasks:
             await self._apply_task(task)
 
+    # Reads by _id are cheap in every store; FerretDB v1's updates cost time in proportion
+    # to the collection's size (bench/README.md). So each write is preceded by a read, and
+    # only what would change is written: a new document is inserted whole, and a state
+    # that would not move is not written at all. The guards stay in the update filters,
+    # so a second status replica writing meanwhile is still safe.
+
     async def _apply_job(self, change: JobChange) -> None:
-        update: dict[str, Any] = {"$setOnInsert": {"state_rank": -1, "state": None}}
+        state_set: dict[str, Any] = {}
+        if change.state is not None:
+            state_set = {"state": change.state.value, "state_rank": change.rank,
+                         **change.with_state}
+        current = await self.jobs.find_one({"_id": change.job_id}, {"state_rank": 1})
+        if current is None:
+            document = {"_id": change.job_id, "state_rank": -1, "state": None,
+                        **change.always, **state_set,
+                        **{key: [value] for key, value in change.add_to_set.items()}}
+            if await insert_once(self.jobs, document):
+                return
+            current = await self.jobs.find_one({"_id": change.job_id}, {"state_rank": 1}) or {}
         if change.always:
-            update["$set"] = change.always
-        await self.jobs.update_one({"_id": change.job_id}, update, upsert=True)
+            await self.jobs.update_one({"_id": change.job_id}, {"$set": change.always})
         if change.add_to_set:
-            # Apart from the upsert: FerretDB v1 refuses $addToSet next to $setOnInsert.
             await self.jobs.update_one({"_id": change.job_id}, {"$addToSet": change.add_to_set})
         if change.state is None:
             return
+        stored = current.get("state_rank", -1)
+        if stored > change.rank or (stored == change.rank and not change.same_rank_ok):
+            return
         op = "$lte" if change.same_rank_ok else "$lt"
         await self.jobs.update_one(
-            {"_id": change.job_id, "state_rank": {op: change.rank}},
-            {"$set": {"state": change.state.value, "state_rank": change.rank, **change.with_state}},
-        )
+            {"_id": change.job_id, "state_rank": {op: change.rank}}, {"$set": state_set})
 
     async def _apply_task(self, change: TaskChange) -> None:
+        current = await self.tasks.find_one({"_id": change.task_id}, {"seq": 1})
+        if current is None:
+            fields = dict(change.fields)
+            if change.seq is None:
+                fields.update(seq=0, state="PENDING")
+            else:
+                fields["seq"] = change.seq
+            if await insert_once(self.tasks, {"_id": change.task_id, **fields}):
+                return
+            current = await self.tasks.find_one({"_id": change.task_id}, {"seq": 1}) or {}
         if change.seq is None:
-            await self.tasks.update_one(
-                {"_id": change.task_id},
-                {"$set": change.fields, "$setOnInsert": {"seq": 0, "state": "PENDING"}},
-                upsert=True,
-            )
+            # Placement fields never race a transition: set them whatever the seq.
+            await self.tasks.update_one({"_id": change.task_id}, {"$set": change.fields})
             return
-        try:
-            await self.tasks.update_one(
-                {"_id": change.task_id, "seq": {"$lt": change.seq}},
-                {"$set": {**change.fields, "seq": change.seq}},
-                upsert=True,
-            )
-        except DuplicateKeyError:
-            pass  # the task already holds this or a later transition
+        if current.get("seq", 0) >= change.seq:
+            return  # the task already holds this or a later transition
+        await self.tasks.update_one(
+            {"_id": change.task_id, "seq": {"$lt": change.seq}},
+            {"$set": {**change.fields, "seq": change.seq}},
+        )
 
     # -- reads ----------------------------------------------------------------------------
 
