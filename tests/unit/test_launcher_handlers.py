@@ -51,7 +51,8 @@ class ScriptedBackend:
     def was_launched(self, ref: TaskRef) -> bool:
         return ref.key in self.marked
 
-    def launch(self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim]) -> Launched:
+    def launch(self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim],
+               prepare: object = None) -> Launched:
         if ref.key in self.marked:
             raise AlreadyLaunched(ref.key)
         for claim in ports:

@@ -210,21 +210,7 @@ class StopJob(Event):
     reason: str = "stopped by user"
 
 
-AnyEvent = Annotated[
-    Union[
-        JobSubmitted,
-        JobAccepted,
-        JobRejected,
-        JobQueued,
-        JobPlaced,
-        TaskStateChanged,
-        JobFinished,
-        JobRetrying,
-        StopJob,
-    ],
-    Field(discriminator="type"),
-]
-
+# Every message type, once: the decoder's discriminated union is built from this tuple.
 EVENT_TYPES: tuple[type[Event], ...] = (
     JobSubmitted,
     JobAccepted,
@@ -236,6 +222,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     JobRetrying,
     StopJob,
 )
+AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]
 COMMAND_TYPES: tuple[type[Event], ...] = (StopJob,)
 
 _adapter: TypeAdapter[Any] = TypeAdapter(AnyEvent)

@@ -262,11 +262,9 @@ async def start_task(
             reason = _kept_for_debug(deps, job, task, f"could not start: {plan.reason}")
             return await record(deps, task, TaskState.FAILED, reason=reason, ended_at=time.time(),
                                 **_failure(EndKind.UNSUPPORTED))
-        # Only a task with something to prepare needs a backend that can prepare.
-        prepare = {"prepare": plan} if plan is not None else {}
         try:
             command = substitute_secrets(role.command, {s.name: s.value for s in job.spec.secrets})
-            launched = deps.backend.launch(ref, command, env, claims, **prepare)
+            launched = deps.backend.launch(ref, command, env, claims, prepare=plan)
         except AlreadyLaunched:
             launched = None
         except LaunchError as exc:
