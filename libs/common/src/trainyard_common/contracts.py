@@ -15,20 +15,27 @@ from pathlib import Path
 import yaml
 
 from .events import (
+    COMMAND_TYPES,
     EVENT_TYPES,
     SCHEMA_VERSION,
     Event,
     FailureClass,
     FieldIssue,
+    InterruptCause,
+    InterruptJob,
     JobAccepted,
     JobFinished,
+    JobInterrupted,
     JobPlaced,
     JobQueued,
     JobRejected,
     JobRetrying,
     JobState,
     JobSubmitted,
+    PauseJob,
     PortAssignment,
+    ResumeJob,
+    ScaleJob,
     StopJob,
     TaskPlacement,
     TaskState,
@@ -79,7 +86,17 @@ def example_events() -> list[Event]:
                            "launcher was down; retrying as attempt 2 of at most 3 after 10s",
                     failure_class=FailureClass.PLATFORM,
                     not_before=datetime(2026, 1, 1, 12, 0, 10, tzinfo=UTC), **common),
+        JobInterrupted(event_id=derived_id("example", "interrupted"), attempt=1,
+                       cause=InterruptCause.PREEMPTED,
+                       reason="preempted by job 3a7bd3e2360a3d29eea436fcfb7e44c7 (priority 8)",
+                       **common),
         StopJob(event_id=derived_id("example", "stop"), requested_by="alice", **common),
+        PauseJob(event_id=derived_id("example", "pause"), requested_by="alice", **common),
+        ResumeJob(event_id=derived_id("example", "resume"), requested_by="alice", **common),
+        ScaleJob(event_id=derived_id("example", "scale"), requested_by="alice", role="worker",
+                 replicas=4, **common),
+        InterruptJob(event_id=derived_id("example", "interrupt"), attempt=1,
+                     cause=InterruptCause.PAUSED, reason="paused by alice", **common),
     ]
     return events
 
@@ -94,7 +111,7 @@ def asyncapi() -> dict:
     messages: dict[str, dict] = {}
     for model in EVENT_TYPES:
         name = model.__name__
-        prefix = "yard.cmd" if model is StopJob else "yard.job"
+        prefix = "yard.cmd" if model in COMMAND_TYPES else "yard.job"
         channel = f"{name[0].lower()}{name[1:]}"
         channels[channel] = {
             "address": f"{prefix}.{{job_id}}.{model.subject_suffix}",

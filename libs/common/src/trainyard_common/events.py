@@ -58,6 +58,8 @@ class JobState(StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     STOPPED = "STOPPED"
+    # Capacity given back, everything else kept, until a ResumeJob (docs/lifecycle.md).
+    PAUSED = "PAUSED"
 
     @property
     def terminal(self) -> bool:
@@ -156,6 +158,11 @@ class JobPlaced(Event):
     attempt: int = 1
     spec: JobSpec
     tasks: list[TaskPlacement]
+    retries_used: int | None = Field(
+        None,
+        description="Retry budget spent before this attempt (None: attempt - 1). Attempts "
+        "started by a preemption, a resume or a scale do not spend it.",
+    )
 
 
 class TaskStateChanged(Event):
@@ -210,6 +217,67 @@ class StopJob(Event):
     reason: str = "stopped by user"
 
 
+class InterruptCause(StrEnum):
+    """Why an attempt ends without failing: none of these spends the retry budget."""
+
+    PREEMPTED = "preempted"  # a higher-priority job (or a queue reclaiming quota) needs it
+    PAUSED = "paused"  # the user paused the job
+    SCALED = "scaled"  # an elastic role changes size: the gang restarts at the new size
+    NODE_REMOVED = "node_removed"  # an administrator removed a node the job ran on
+
+
+class PauseJob(Event):
+    """Command: give the job's capacity back and keep everything else until ResumeJob."""
+
+    type: Literal["PauseJob"] = "PauseJob"
+    subject_suffix: ClassVar[str] = "pause"
+    requested_by: str
+    reason: str = "paused by user"
+
+
+class ResumeJob(Event):
+    """Command: queue a paused job again (as a new attempt that spends no retry)."""
+
+    type: Literal["ResumeJob"] = "ResumeJob"
+    subject_suffix: ClassVar[str] = "resume"
+    requested_by: str
+
+
+class ScaleJob(Event):
+    """Command: set an elastic role's replicas (within its min/max)."""
+
+    type: Literal["ScaleJob"] = "ScaleJob"
+    subject_suffix: ClassVar[str] = "scale"
+    requested_by: str
+    role: str
+    replicas: int
+
+
+class InterruptJob(Event):
+    """Command from placement to the launcher: end this attempt's tasks (keeping their
+    directories) and answer with JobInterrupted. Placement alone decides interruptions."""
+
+    type: Literal["InterruptJob"] = "InterruptJob"
+    subject_suffix: ClassVar[str] = "interrupt"
+    attempt: int
+    cause: InterruptCause
+    reason: str
+
+
+class JobInterrupted(Event):
+    """An attempt ended without failing, its capacity is free, and no retry was spent.
+    ``cause`` paused: the job waits for ResumeJob (state PAUSED); any other cause:
+    placement queues the next attempt. Published by the launcher for a running attempt,
+    by placement for one that had not been placed; id derived_id(job, attempt,
+    "interrupted"), so there is one per attempt."""
+
+    type: Literal["JobInterrupted"] = "JobInterrupted"
+    subject_suffix: ClassVar[str] = "interrupted"
+    attempt: int
+    cause: InterruptCause
+    reason: str
+
+
 # Every message type, once: the decoder's discriminated union is built from this tuple.
 EVENT_TYPES: tuple[type[Event], ...] = (
     JobSubmitted,
@@ -220,10 +288,15 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     TaskStateChanged,
     JobFinished,
     JobRetrying,
+    JobInterrupted,
     StopJob,
+    PauseJob,
+    ResumeJob,
+    ScaleJob,
+    InterruptJob,
 )
 AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]
-COMMAND_TYPES: tuple[type[Event], ...] = (StopJob,)
+COMMAND_TYPES: tuple[type[Event], ...] = (StopJob, PauseJob, ResumeJob, ScaleJob, InterruptJob)
 
 _adapter: TypeAdapter[Any] = TypeAdapter(AnyEvent)
 
