@@ -27,13 +27,16 @@ test: setup ## Install everything and run every test (unit, integration, end-to-
 test-unit: setup ## Only the fast pure tests
 	$(UV) run --frozen pytest -q tests/unit
 
-bench: setup ## Benchmarks (print JSON): the pipeline against the bus floor measured in the same run
+bench: setup ## Benchmarks (print JSON): the pipeline against the bus floor, placement speed and trace replay against their baselines, each measured in the same run
 	$(UV) run --frozen python bench/pipeline.py
+	$(UV) run --frozen python bench/placement_speed.py
+	$(UV) run --frozen python bench/placement_replay.py
 
 contracts: setup ## Regenerate contracts/ (JSON Schemas, AsyncAPI, examples) from the models
 	$(UV) run --frozen python -m trainyard_common.contracts contracts
 
-setup: $(STAMP) .cache/bin/trainyard-ferretdb ## Install uv, the Python workspace and build the embedded store
+setup: $(STAMP) .cache/bin/trainyard-ferretdb ## Install uv, the Python workspace, build the embedded store, Open MPI (as root)
+	@bash tools/setup-system.sh
 
 $(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml services/*/pyproject.toml
 	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv || $(PYTHON) -m pip install --quiet --break-system-packages uv

@@ -3,6 +3,7 @@ deleted at their Kubernetes-style paths."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -135,6 +136,96 @@ def test_delete_stops_a_running_job(api: Api) -> None:
     assert failed["status"] == "True" and failed["reason"] == "Stopped"
     assert api.wait(uid)["state"] == "STOPPED"
     assert api.http.delete(f"{T9K}/genericjobs/{unique('ghost')}").status_code == 404
+
+
+MERGE = {"Content-Type": "application/merge-patch+json"}
+
+
+def patch(api: Api, path: str, body: Any, headers: dict[str, str] = MERGE) -> Any:
+    return api.http.patch(path, content=json.dumps(body), headers=headers)
+
+
+def test_patch_pauses_and_resumes_a_running_job(api: Api) -> None:
+    name = unique("pausable")
+    path = f"{T9K}/genericjobs/{name}"
+    answer = create(api, T9K, "genericjobs", generic_job(name, ["sleep", "60"], ["sleep", "60"]))
+    assert answer.status_code == 201, answer.text
+    uid = answer.json()["metadata"]["uid"]
+    wait_phase(api, path, {"Running"}, 30)
+
+    paused = patch(api, path, {"spec": {"runMode": {"pause": {"enabled": True}}}})
+    assert paused.status_code == 200, paused.text
+    assert paused.json()["spec"]["runMode"]["pause"]["enabled"] is True
+    assert paused.json()["metadata"]["uid"] == uid
+    assert api.wait(uid, {"PAUSED"}, 30)["state"] == "PAUSED"
+    wait_phase(api, path, {"Paused"}, 10)
+
+    resumed = patch(api, path, {"spec": {"runMode": {"pause": None}}})
+    assert resumed.status_code == 200, resumed.text
+    assert api.wait(uid, {"RUNNING"}, 30)["state"] == "RUNNING"
+    assert api.http.delete(path).status_code == 200
+    assert api.wait(uid)["state"] == "STOPPED"
+
+
+def test_patch_of_expected_replicas_scales_an_elastic_job(api: Api) -> None:
+    name = unique("elastic")
+    path = f"{T9K}/pytorchtrainingjobs/{name}"
+    payload = {
+        "apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "PyTorchTrainingJob",
+        "metadata": {"name": name},
+        "spec": {"elastic": {"enabled": True, "minReplicas": 1, "maxReplicas": 3,
+                             "expectedReplicas": 1},
+                 "replicaSpecs": [{"type": "worker", "replicas": 1,
+                                   **container("python", ["sleep", "60"])}]},
+    }
+    answer = create(api, T9K, "pytorchtrainingjobs", payload)
+    assert answer.status_code == 201, answer.text
+    uid = answer.json()["metadata"]["uid"]
+    wait_phase(api, path, {"Running"}, 30)
+
+    scaled = patch(api, path, {"spec": {"elastic": {"expectedReplicas": 2}}})
+    assert scaled.status_code == 200, scaled.text
+    commands = [e["event"] for e in api.events(uid) if e["type"] == "ScaleJob"]
+    deadline = time.monotonic() + 10
+    while not commands and time.monotonic() < deadline:
+        time.sleep(0.2)
+        commands = [e["event"] for e in api.events(uid) if e["type"] == "ScaleJob"]
+    assert [(c["role"], c["replicas"]) for c in commands] == [("worker", 2)]
+    # The job runs again at its new size.
+    deadline = time.monotonic() + 30
+    running: set[tuple[str, int]] = set()
+    while running != {("worker", 0), ("worker", 1)} and time.monotonic() < deadline:
+        time.sleep(0.2)
+        running = {(t["role"], t["index"]) for t in api.job(uid)["tasks"]
+                   if t["state"] == "RUNNING"}
+    assert running == {("worker", 0), ("worker", 1)}, api.job(uid)
+    out_of_bounds = patch(api, path, {"spec": {"elastic": {"expectedReplicas": 9}}})
+    assert out_of_bounds.status_code == 422
+    assert api.http.delete(path).status_code == 200
+
+
+def test_patch_refusals_are_kubernetes_statuses(api: Api) -> None:
+    name = unique("fixed")
+    path = f"{T9K}/genericjobs/{name}"
+    answer = create(api, T9K, "genericjobs", generic_job(name, ["sleep", "60"], ["sleep", "60"]))
+    assert answer.status_code == 201, answer.text
+    uid = answer.json()["metadata"]["uid"]
+    # Only merge patches (kubectl patch --type=merge) are understood.
+    wrong = patch(api, path, [{"op": "replace", "path": "/spec/runMode", "value": {}}],
+                  {"Content-Type": "application/json-patch+json"})
+    assert wrong.status_code == 415 and wrong.json()["reason"] == "UnsupportedMediaType"
+    # A job's size is fixed unless it is elastic; the cause names the field.
+    scaled = patch(api, path, {"spec": {"replicaSpecs": [
+        {**r, "replicas": 3} for r in generic_job(name, ["sleep", "60"], ["sleep", "60"])[
+            "spec"]["replicaSpecs"]]}})
+    assert scaled.status_code == 422, scaled.text
+    assert [c["field"] for c in scaled.json()["details"]["causes"]] == [
+        "spec.replicaSpecs[0].replicas", "spec.replicaSpecs[1].replicas"]
+    ghost = patch(api, f"{T9K}/genericjobs/{unique('ghost')}",
+                  {"spec": {"runMode": {"pause": {"enabled": True}}}})
+    assert ghost.status_code == 404
+    assert api.job(uid)["state"] not in ("PAUSED", "STOPPED")
+    assert api.http.delete(path).status_code == 200
 
 
 def test_invalid_fields_are_a_422_status_naming_them(api: Api) -> None:

@@ -1,5 +1,6 @@
 """The local backend with real processes: exits, signals, process-group kills, ports,
-no second launch, and adoption by pid after the Popen handle is gone."""
+no second launch, adoption by pid after the Popen handle is gone; capped and followed
+logs, debug mode and exec, resource limits, clean-up."""
 
 from __future__ import annotations
 
@@ -13,16 +14,23 @@ from pathlib import Path
 
 import pytest
 
+from trainyard_common.events import FailureClass, TaskState
+from trainyard_common.jobspec import Resources
+from trainyard_launcher.adapters.limits import find_cgroup, find_mechanisms, make_cgroup, oom_kills
 from trainyard_launcher.adapters.local import (
     AlreadyLaunched,
     LaunchError,
     LocalBackend,
     PortClaim,
+    TaskOptions,
     TaskRef,
     TaskStatus,
 )
 from trainyard_launcher.adapters.procfs import is_alive, session_members
 from trainyard_launcher.domain.completion import exit_reason
+from trainyard_launcher.domain.limits import Mechanisms
+from trainyard_launcher.handlers import _end_of
+from trainyard_launcher.logs import CappedLog, follow, older_part, read_log
 
 
 def ref(name: str = "t") -> TaskRef:
@@ -207,3 +215,162 @@ async def test_the_command_and_its_secrets_stay_off_the_process_list(tmp_path: P
     script = backend.task_dir(task) / "command.sh"
     assert script.stat().st_mode & 0o777 == 0o600
     await backend.kill(task, launched.pid, launched.start_ticks, grace_s=1.0)
+
+
+# --- logs, debug mode, exec, limits, clean-up ----------------------------------------------
+
+def limited(memory_mb: int = 1024, shm_mb: int = 64) -> TaskOptions:
+    return TaskOptions(resources=Resources(memory_mb=memory_mb, shm_mb=shm_mb))
+
+
+async def test_a_log_is_capped_keeping_its_newest_part(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path, log_max_bytes=4000)
+    backend.launch(ref(), "for i in $(seq 1 2000); do echo line $i; done", {}, [])
+    assert (await wait_ended(backend, ref())).exit_code == 0
+    log = backend.task_dir(ref()) / "stdout.log"
+    kept = read_log(log)
+    assert log.stat().st_size <= 2000 and older_part(log).stat().st_size <= 2000
+    assert kept.endswith(b"line 1999\nline 2000\n")
+    assert not kept.startswith(b"line 1\n")
+    # Parts end at a line's end: what is kept is whole lines.
+    assert all(line.startswith(b"line ") for line in kept.splitlines())
+
+
+async def test_following_a_log_goes_on_across_its_rotation(tmp_path: Path) -> None:
+    path = tmp_path / "stdout.log"
+    writer = CappedLog(path, 200)
+    done = asyncio.Event()
+    got: list[bytes] = []
+
+    async def ended() -> bool:
+        return done.is_set()
+
+    async def read() -> None:
+        async for chunk in follow(path, 0, ended, poll_s=0.01):
+            got.append(chunk)
+
+    reader = asyncio.create_task(read())
+    for i in range(40):
+        writer.write(f"line {i:02d}\n".encode())
+        await asyncio.sleep(0.005)
+    done.set()
+    await asyncio.wait_for(reader, 5)
+    assert b"".join(got) == b"".join(f"line {i:02d}\n".encode() for i in range(40))
+
+
+async def test_a_debug_task_is_prepared_but_runs_a_keep_alive_until_stopped(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
+    task = ref("debug")
+    launched = backend.launch(task, "echo ran > ran; exit 3", {"GREETING": "hi"}, [],
+                              options=TaskOptions(debug=True, resources=Resources()))
+    deadline = time.monotonic() + 10
+    while not backend.progress(task).command_started and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    assert backend.poll(task, launched.pid, launched.start_ticks).running
+    assert not (backend.task_dir(task) / "work" / "ran").exists()
+    assert "debug mode: the command is not run" in (backend.task_dir(task) / "stderr.log").read_text()
+
+    result = await backend.exec(task, ["bash", "-c", 'echo "$GREETING from $PWD"; exit 7'],
+                                {"GREETING": "hi"}, 10, pid=launched.pid)
+    assert (result.exit_code, result.stdout, result.timed_out) == (
+        7, f"hi from {backend.task_dir(task) / 'work'}\n", False)
+
+    # A command still running in the task ends with it, as does the keep-alive.
+    hanging = asyncio.create_task(backend.exec(task, ["sleep", "300"], {}, 60, pid=launched.pid))
+    await asyncio.sleep(0.3)
+    status = await backend.kill(task, launched.pid, launched.start_ticks, grace_s=2.0)
+    assert status.ended
+    assert (await asyncio.wait_for(hanging, 5)).exit_code == 128 + signal.SIGKILL
+    assert session_members(launched.pid) == []
+
+
+async def test_an_exec_past_its_timeout_is_killed(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path)
+    launched = backend.launch(ref(), "sleep 300", {}, [])
+    started = time.monotonic()
+    result = await backend.exec(ref(), ["bash", "-c", "echo begun; sleep 300"], {}, 0.5,
+                                pid=launched.pid)
+    assert result.timed_out and result.stdout == "begun\n" and time.monotonic() - started < 5
+    await backend.kill(ref(), launched.pid, launched.start_ticks, grace_s=1.0)
+
+
+async def test_a_process_that_left_the_session_ends_with_the_task(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path)
+    # setsid puts the sleep in a session of its own: a session kill would miss it.
+    backend.launch(ref(), "setsid sleep 300 & echo $! > daemon; sleep 0.3; exit 0", {}, [])
+    assert (await wait_ended(backend, ref())).exit_code == 0
+    daemon = int((backend.task_dir(ref()) / "work" / "daemon").read_text())
+    assert not is_alive(daemon, None)
+
+
+async def test_a_task_past_its_memory_limit_fails_as_out_of_memory(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
+    launched = backend.launch(
+        ref(), "python3 -c 'block = bytearray(512 * 1024 * 1024); print(len(block))'", {}, [],
+        options=limited(memory_mb=128))
+    assert launched.note is not None and "memory 128 MiB" in launched.note
+    status = await wait_ended(backend, ref())
+    assert status.exit_code != 0
+    assert status.end_kind == "out_of_memory", (backend.task_dir(ref()) / "stderr.log").read_text()
+    assert "limit of 128 MiB was reached" in (status.reason or "")
+    state, fields = _end_of(status, "lost")
+    assert state is TaskState.FAILED and fields["failure_class"] is FailureClass.USER
+
+
+async def test_a_task_within_its_memory_limit_runs(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
+    backend.launch(ref(), "python3 -c 'block = bytearray(32 * 1024 * 1024); print(len(block))'",
+                   {}, [], options=limited(memory_mb=256))
+    status = await wait_ended(backend, ref())
+    assert (status.exit_code, status.end_kind) == (0, None)
+
+
+async def test_shared_memory_is_a_tmpfs_of_the_size_asked_where_the_machine_allows(tmp_path: Path) -> None:
+    found = find_mechanisms()
+    if not found.shm_namespace:
+        pytest.skip(f"no per-task /dev/shm here: {found.why_no_shm}")
+    backend = LocalBackend(tmp_path, mechanisms=found)
+    backend.launch(ref(), "stat -f -c '%b %S' /dev/shm", {}, [], options=limited(shm_mb=16))
+    assert (await wait_ended(backend, ref())).exit_code == 0
+    blocks, size = (backend.task_dir(ref()) / "stdout.log").read_text().split()
+    assert int(blocks) * int(size) == 16 * 1024 * 1024
+
+
+async def test_clean_up_keeps_the_logs(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path)
+    backend.launch(ref(), "echo out; echo err >&2; mkdir -p deep/er; echo x > deep/er/f", {}, [])
+    await wait_ended(backend, ref())
+    removed = backend.clean_task(ref())
+    assert "work" in removed and "command.sh" in removed
+    directory = backend.task_dir(ref())
+    assert sorted(os.listdir(directory)) == ["exit.json", "launched", "pid", "started",
+                                             "stderr.log", "stdout.log"]
+    assert (directory / "stdout.log").read_text() == "out\n"
+
+
+def test_a_delegated_cgroup_gets_the_task_limits_written(tmp_path: Path) -> None:
+    # A stand-in for a delegated cgroup v2 directory (the files the kernel shows).
+    base = tmp_path / "cg"
+    base.mkdir()
+    (base / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (base / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    found_base, controllers, why = find_cgroup(str(base))
+    assert (found_base, controllers, why) == (str(base), frozenset({"memory", "cpu", "pids"}), "")
+    mechanisms = Mechanisms(cgroup=found_base, controllers=controllers, shm_namespace=False,
+                            why_no_shm="test")
+    backend = LocalBackend(tmp_path / "root", mechanisms=mechanisms)
+    plan = backend.limit_plan(ref(), limited(memory_mb=300))
+    assert plan is not None and plan.cgroup == str(base / "yard-job-t-1-worker-0")
+    made = make_cgroup(plan)
+    assert made == plan.cgroup
+    assert (Path(made) / "memory.max").read_text() == str(300 * 1024 * 1024)
+    assert (Path(made) / "cpu.max").read_text() == "100000 100000"
+    assert (Path(made) / "pids.max").read_text() == "16384"
+    (Path(made) / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
+    assert oom_kills(made) == 1
+
+
+def test_this_machine_says_why_it_has_no_usable_cgroup_or_which_it_uses() -> None:
+    base, controllers, why = find_cgroup()
+    assert (base is not None and "memory" in controllers) or why

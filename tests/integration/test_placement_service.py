@@ -122,6 +122,35 @@ async def test_store_requeues_a_placed_attempt_as_the_next(store: JobStore) -> N
     assert [r.job_id for r in await store.active()] == ["j1"]
 
 
+async def test_store_keeps_a_preemption_across_attempts(store: JobStore) -> None:
+    from trainyard_placement.adapters.store import (
+        interrupt_sent_fields,
+        interrupting_fields,
+        next_attempt_fields,
+        preempted_fields,
+    )
+
+    await store.add_queued("v", attempt=1, arrival_seq=1, spec=spec())
+    await store.mark_placed("v", [TASK])
+    placed_at = (await store.get("v")).placed_at  # type: ignore[union-attr]
+    assert placed_at is not None and placed_at.tzinfo is not None
+    fields = {**interrupting_fields("preempted", "preempted by job h (priority 9)"),
+              **preempted_fields("h", 1)}
+    assert await store.change("v", states=("placed",), attempt=1, fields=fields)
+    assert not await store.change("v", states=("placed",), attempt=1, fields=fields)  # once
+    record = await store.get("v")
+    assert record is not None
+    assert (record.state, record.preempted_by, record.preemptions, record.interrupt_sent) == (
+        "interrupting", "h", 1, False)
+    await store.change("v", states=("interrupting",), attempt=1, fields=interrupt_sent_fields())
+    assert (await store.get("v")).interrupt_sent  # type: ignore[union-attr]
+    # The next attempt keeps the count: the no-cycles rule reads it.
+    await store.change("v", states=("interrupting",), attempt=1, fields=next_attempt_fields(2))
+    record = await store.get("v")
+    assert record is not None and (record.state, record.attempt, record.preemptions) == (
+        "queued", 2, 1)
+
+
 # --------------------------------------------------------------------------- the service
 
 CLUSTER = {
@@ -161,12 +190,19 @@ class Service:
         while True:
             assert self.proc.poll() is None, self.log_path.read_text()
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                # Healthy is not enough: after a SIGKILL the new process leads only once
+                # the old one's lease has run out (docs/placement.md).
+                if self.leading():
                     return
             except httpx.HTTPError:
                 pass
-            assert time.monotonic() < deadline, "placement did not become healthy"
+            assert time.monotonic() < deadline, "placement did not become the leader"
             time.sleep(0.1)
+
+    def leading(self) -> bool:
+        answer = httpx.get(f"{self.url}/v1/placement/leader", timeout=1,
+                           headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        return answer.status_code == 200 and bool(answer.json()["leading"])
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -211,6 +247,7 @@ def service(private_nats: str, mongo_url: str, db_prefix: str, tmp_path: Path) -
         YARD_NATS_URL=private_nats, YARD_MONGO_URL=mongo_url, YARD_DB_PREFIX=db_prefix,
         YARD_PLACEMENT_PORT=str(port), YARD_CLUSTER=str(cluster),
         YARD_DATA_DIR=str(tmp_path / "data"), YARD_LOG_LEVEL="WARNING", YARD_TOKEN=ADMIN_TOKEN,
+        YARD_PLACEMENT_LEASE_TTL_S="1",
     )  # fmt: skip
     svc = Service(env, tmp_path / "placement.log", port)
     svc.start()

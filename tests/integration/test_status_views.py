@@ -10,7 +10,14 @@ from datetime import timedelta
 import pytest
 
 from trainyard_common.contracts import example_events
-from trainyard_common.events import JobFinished, JobState, TaskState, TaskStateChanged
+from trainyard_common.events import (
+    InterruptCause,
+    JobFinished,
+    JobInterrupted,
+    JobState,
+    TaskState,
+    TaskStateChanged,
+)
 from trainyard_common.storage import mongo_client
 from trainyard_status.adapters.views import JobViews, job_view
 from trainyard_status.domain.projection import project
@@ -152,3 +159,25 @@ async def test_two_attempts_shuffled_and_repeated_give_one_history_of_attempts(v
     await apply_all(views, [events_c[4], events_c[2]], [5, 3])
     c = await snapshot(views, job_c)
     assert (c["state"], c["attempt"]) == ("RUNNING", 2), c
+
+
+async def test_an_interrupt_stops_the_attempts_unended_tasks_in_the_view(views: JobViews) -> None:
+    job = uuid.uuid4().hex
+    events = lifecycle(job)[:4]  # submitted .. placed: two tasks
+    events += [TaskStateChanged(job_id=job, role="worker", index=0, state=TaskState.RUNNING,
+                                seq=2),
+               TaskStateChanged(job_id=job, role="worker", index=1, state=TaskState.FAILED,
+                                seq=2, exit_code=1)]
+    events.append(JobInterrupted(job_id=job, attempt=1, cause=InterruptCause.PAUSED,
+                                 reason="paused by alice"))
+    await apply_all(views, events, range(1, len(events) + 1))
+    view = await snapshot(views, job)
+    assert view["state"] == "PAUSED" and view["reason"] == "paused by alice"
+    assert [(t["index"], t["state"]) for t in view["tasks"]] == [(0, "STOPPED"), (1, "FAILED")]
+    assert view["attempts"][0]["interrupted"] == "paused"
+    # The launcher's own STOPPED transition still lands (a higher seq).
+    await apply_all(views, [TaskStateChanged(job_id=job, role="worker", index=0, seq=3,
+                                             state=TaskState.STOPPED, exit_code=143)], [99])
+    view = await snapshot(views, job)
+    assert view["tasks"][0]["exit_code"] == 143
+    assert [h["type"] for h in await views.history(job)][-2] == "JobInterrupted"

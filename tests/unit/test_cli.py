@@ -322,6 +322,19 @@ def test_stop(yard, gw):
     assert f"stop requested for {job['id']}" in result.stdout
 
 
+def test_pause_resume_and_scale(yard, gw):
+    job = gw.add_job(state="RUNNING", spec={"roles": [
+        {"name": "worker", "replicas": 1, "min_replicas": 1, "max_replicas": 2}]})
+    assert yard(*with_token("pause", job["id"])).exit_code == 0
+    result = yard(*with_token("resume", job["id"]))
+    assert f"resume requested for {job['id']}" in result.stdout
+    result = yard(*with_token("scale", job["id"], "--role", "worker", "--replicas", "2"))
+    assert result.exit_code == 0, result.output
+    assert gw.controls == [(job["id"], "pause"), (job["id"], "resume"), (job["id"], "scale worker 2")]
+    result = yard(*with_token("scale", job["id"], "--role", "worker", "--replicas", "3"))
+    assert result.exit_code == 1 and "replicas: 3 is outside" in result.stderr
+
+
 def test_token_create_prints_the_token(yard, gw):
     result = yard(*with_token("token", "create", "bob", "--admin"))
     assert result.exit_code == 0, result.output

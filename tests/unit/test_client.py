@@ -170,6 +170,20 @@ def test_events_and_stop(client, gw):
     assert gw.stops == [job["id"]]
 
 
+def test_pause_resume_and_scale(client, gw):
+    job = gw.add_job(spec={"roles": [{"name": "worker", "replicas": 1, "min_replicas": 1,
+                                      "max_replicas": 3}]})
+    assert client.pause(job["id"], reason="maintenance") == {"id": job["id"], "pause": "requested"}
+    assert json.loads(gw.requests[-1].content) == {"reason": "maintenance"}
+    assert client.resume(job["id"]) == {"id": job["id"], "resume": "requested"}
+    assert client.scale(job["id"], "worker", 2)["replicas"] == 2
+    assert gw.requests[-1].url.path == f"/v1/placement/jobs/{job['id']}/scale"
+    assert gw.controls == [(job["id"], "pause"), (job["id"], "resume"), (job["id"], "scale worker 2")]
+    with pytest.raises(ApiError) as refused:
+        client.scale(job["id"], "worker", 4)
+    assert refused.value.status == 400 and refused.value.detail.startswith("replicas: 4")
+
+
 def test_create_token(client, gw):
     answer = client.create_token("bob", admin=False)
     assert answer["user"] == "bob"

@@ -301,6 +301,9 @@ payloads = st.dictionaries(dlc_keys, json_values | st.lists(spec_like, max_size=
 def test_translate_never_raises(payload: Any) -> None:
     t = dlc.translate_dlc(payload, "u")
     assert t.dialect == "dlc"
+    for role in [None, "nobody", *(r.name for r in t.spec.roles)]:
+        for field in ("role", "cpu", "memory_mb", "gpu", "gpu_type", "image", "command", "replicas", "shm_mb", "name", "queue"):
+            assert dlc.field_path(payload, role, field).startswith("$")
     for issue in t.errors + t.warnings:
         assert issue.path.startswith("$")
 

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainyard_common.dialects import detect, translate
+from trainyard_common.dialects import kubeflow
 from trainyard_common.dialects.kubeflow import render, translate_kubeflow
 from trainyard_common.jobspec import JobKind, RestartPolicy, RunMode
 
@@ -119,7 +120,11 @@ JSON = st.recursive(
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(JSON)
 def test_translate_never_raises(payload: Any) -> None:
-    assert translate_kubeflow(payload).dialect == "kubeflow"
+    result = translate_kubeflow(payload)
+    assert result.dialect == "kubeflow"
+    for role in [None, "nobody", *(r.name for r in result.spec.roles)]:
+        for field in ("role", "cpu", "memory_mb", "gpu", "gpu_type", "image", "command", "replicas", "shm_mb", "name", "queue"):
+            assert kubeflow.field_path(payload, role, field).startswith("$")
 
 
 def test_render_kubeflow_status() -> None:

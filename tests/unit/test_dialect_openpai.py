@@ -205,28 +205,39 @@ def test_forced_dialect_on_wrong_shape() -> None:
 # ----------------------------------------------------------------------------- paths
 
 
+_THREE_ROLES = {"jobName": "j", "taskRoles": [{"name": "a"}, "not a role", {"name": "c"},
+                                              {"name": "d"}]}
+_NATIVE = {"name": "n", "roles": [{"name": "a"}, {"name": "b"}]}
+
+
 @pytest.mark.parametrize(
-    ("dialect", "role", "field", "path"),
+    ("dialect", "payload", "role", "field", "path"),
     [
-        ("openpai", 0, "gpu", "$.taskRoles[0].gpuNumber"),
-        ("openpai", 2, "memory_mb", "$.taskRoles[2].memoryMB"),
-        ("openpai", 1, "cpu", "$.taskRoles[1].cpuNumber"),
-        ("openpai", 0, "replicas", "$.taskRoles[0].taskNumber"),
-        ("openpai", 0, "role", "$.taskRoles[0]"),
-        ("openpai", None, "gpu_type", "$.gpuType"),
-        ("openpai", 3, "gpu_type", "$.gpuType"),
-        ("openpai", None, "queue", "$.virtualCluster"),
-        ("openpai", None, "name", "$.jobName"),
-        ("openpai", None, "keep_failed_for_debug", "$.jobEnvs.isDebug"),
-        ("native", 0, "gpu", "$.roles[0].resources.gpu"),
-        ("native", 1, "command", "$.roles[1].command"),
-        ("native", 0, "role", "$.roles[0]"),
-        ("native", None, "queue", "$.queue"),
-        ("native", None, "name", "$.name"),
+        ("openpai", _THREE_ROLES, "a", "gpu", "$.taskRoles[0].gpuNumber"),
+        ("openpai", _THREE_ROLES, "c", "memory_mb", "$.taskRoles[2].memoryMB"),
+        ("openpai", _THREE_ROLES, "d", "cpu", "$.taskRoles[3].cpuNumber"),
+        ("openpai", _THREE_ROLES, "a", "replicas", "$.taskRoles[0].taskNumber"),
+        ("openpai", _THREE_ROLES, "c", "role", "$.taskRoles[2]"),
+        ("openpai", _THREE_ROLES, "nobody", "cpu", "$.taskRoles"),
+        ("openpai", "not a job", "a", "cpu", "$.taskRoles"),
+        ("openpai", _THREE_ROLES, None, "gpu_type", "$.gpuType"),
+        ("openpai", _THREE_ROLES, "d", "gpu_type", "$.gpuType"),
+        ("openpai", _THREE_ROLES, None, "queue", "$.virtualCluster"),
+        ("openpai", _THREE_ROLES, None, "name", "$.jobName"),
+        ("openpai", _THREE_ROLES, None, "keep_failed_for_debug", "$.jobEnvs.isDebug"),
+        ("openpai_v2", {}, "worker", "gpu", "$.taskRoles.worker.resourcePerInstance.gpu"),
+        ("openpai_v2", {}, "a b", "role", "$.taskRoles['a b']"),
+        ("openpai_v2", {}, None, "queue", "$.defaults.virtualCluster"),
+        ("native", _NATIVE, "a", "gpu", "$.roles[0].resources.gpu"),
+        ("native", _NATIVE, "b", "command", "$.roles[1].command"),
+        ("native", _NATIVE, "b", "role", "$.roles[1]"),
+        ("native", _NATIVE, None, "queue", "$.queue"),
+        ("native", _NATIVE, None, "name", "$.name"),
     ],
 )
-def test_field_path(dialect: str, role: int | None, field: str, path: str) -> None:
-    assert field_path(dialect, role, field) == path
+def test_field_path(dialect: str, payload: Any, role: str | None, field: str, path: str
+                    ) -> None:
+    assert field_path(dialect, payload, role, field) == path
 
 
 # ---------------------------------------------------------------------------- native

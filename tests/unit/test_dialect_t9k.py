@@ -15,8 +15,14 @@ from hypothesis import strategies as st
 
 from trainyard_common.dialects import detect, translate
 from trainyard_common.dialects.k8s_pod import quantity
-from trainyard_common.dialects.t9k import KINDS, RETRYABLE_EXIT_CODES, render, translate_t9k
-from trainyard_common.jobspec import JobKind, RestartPolicy, RunMode
+from trainyard_common.dialects.t9k import (
+    KINDS,
+    RETRYABLE_EXIT_CODES,
+    field_path,
+    render,
+    translate_t9k,
+)
+from trainyard_common.jobspec import MPIRUN_ARGS_ENV, JobKind, RestartPolicy, RunMode
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "t9k"
 COMPLETE = sorted(p for p in EXAMPLES.glob("*.yaml") if "-snippet-" not in p.name)
@@ -97,8 +103,14 @@ def test_worker_kinds_take_their_command_from_their_own_fields() -> None:
     mpi = translate_t9k(load("mpijob-1.yaml"))
     assert mpi.spec.roles[0].command == "./random_walk 20 40 2"
     assert mpi.spec.roles[0].resources.cpu == pytest.approx(0.05)
-    assert {"$.spec.mca", "$.spec.ssh", "$.spec.mpiHome", "$.spec.worker.extraMPIArgs"} <= set(
-        paths(mpi.warnings))
+    assert {"$.spec.ssh", "$.spec.mpiHome"} <= set(paths(mpi.warnings))
+    # Applied, not merely kept: worker 0's mpirun gets the extra arguments, and every
+    # rank the MCA parameters through the variables Open MPI reads.
+    assert not {"$.spec.mca", "$.spec.worker.extraMPIArgs"} & set(paths(mpi.warnings))
+    env = {e.name: e.value for e in mpi.spec.roles[0].env}
+    assert env["OMPI_MCA_btl"] == "^openib"
+    assert env[MPIRUN_ARGS_ENV] == (
+        "-N 3 --enable-recovery --max-restarts 100 --allow-run-as-root -bind-to none")
     assert mpi.spec.cleanup_policy == "All"  # runPolicy.cleanUpWorkers: true
     colossal = translate_t9k(load("colossalaijob-1.yaml")).spec.roles[0]
     assert colossal.command == "torchrun --nproc_per_node=1 train.py arg1"
@@ -349,6 +361,9 @@ def test_translate_never_raises(payload: Any) -> None:
     result = translate_t9k(payload)
     assert result.dialect == "t9k"
     render("pytorchtrainingjob", {"original": payload, "state": "RUNNING", "tasks": []})
+    for role in [None, "nobody", *(r.name for r in result.spec.roles)]:
+        for field in ("role", "cpu", "memory_mb", "gpu", "gpu_type", "image", "command", "replicas", "shm_mb", "name", "queue"):
+            assert field_path(payload, role, field).startswith("$")
 
 
 # ----------------------------------------------------------------------------- render

@@ -348,13 +348,16 @@ def test_detection() -> None:
 
 
 def test_field_paths() -> None:
-    assert field_path("ti", None, "queue") == "$.cluster"
-    assert field_path("ti", None, "name") == "$.name"
-    assert field_path("ti", 0, "gpu") == "$.workerType"
-    assert field_path("ti", 0, "replicas") == "$.workerCount"
-    assert field_path("ti", 1, "memory_mb") == "$.parameterServerType"
-    assert field_path("ti", 2, "cpu") == "$.masterType"
-    assert field_path("ti", 0, "command") == "$.command"
+    # Roles are found by name, not position: a master without ps is still masterType.
+    payload = job(masterType="1U2G0P")
+    assert field_path("ti", payload, None, "queue") == "$.cluster"
+    assert field_path("ti", payload, None, "name") == "$.name"
+    assert field_path("ti", payload, "worker", "gpu") == "$.workerType"
+    assert field_path("ti", payload, "worker", "replicas") == "$.workerCount"
+    assert field_path("ti", payload, "ps", "memory_mb") == "$.parameterServerType"
+    assert field_path("ti", payload, "master", "cpu") == "$.masterType"
+    assert field_path("ti", payload, "worker", "command") == "$.command"
+    assert field_path("ti", payload, "nobody", "cpu") == "$"
 
 
 def test_validate_and_warnings_hooks_repeat_the_rules() -> None:

@@ -6,9 +6,16 @@ import pytest
 
 from trainyard_common.auth import Identity
 from trainyard_common.dialects import UnknownDialect
-from trainyard_common.events import Event, JobSubmitted, StopJob
+from trainyard_common.events import Event, JobSubmitted, PauseJob, ResumeJob, StopJob
 from trainyard_intake.adapters.owners import InMemoryOwnerRegistry
-from trainyard_intake.handlers import Deps, JobNotFound, request_stop, submit_job
+from trainyard_intake.handlers import (
+    Deps,
+    JobNotFound,
+    request_pause,
+    request_resume,
+    request_stop,
+    submit_job,
+)
 
 JOB = {"jobName": "j1", "image": "img", "taskRoles": [
     {"name": "r", "taskNumber": 2, "cpuNumber": 1, "memoryMB": 256, "gpuNumber": 0, "command": "true"}]}
@@ -58,3 +65,20 @@ async def test_only_the_owner_or_an_admin_can_stop(deps: Deps) -> None:
     await request_stop(job_id, Identity("root", admin=True), deps)
     stops = [e for e in deps.publish if isinstance(e, StopJob)]
     assert [s.requested_by for s in stops] == ["alice", "root"]
+
+
+async def test_only_the_owner_or_an_admin_can_pause_and_resume(deps: Deps) -> None:
+    job_id = (await submit_job(JOB, Identity("alice"), deps)).job_id
+    for request in (request_pause, request_resume):
+        with pytest.raises(JobNotFound):
+            await request(job_id, Identity("bob"), deps)
+        with pytest.raises(JobNotFound):
+            await request("nope", Identity("admin", admin=True), deps)
+    await request_pause(job_id, Identity("alice"), deps)
+    await request_pause(job_id, Identity("root", admin=True), deps, "maintenance")
+    await request_resume(job_id, Identity("alice"), deps)
+    pauses = [e for e in deps.publish if isinstance(e, PauseJob)]
+    assert [(p.job_id, p.requested_by, p.reason) for p in pauses] == [
+        (job_id, "alice", "paused by alice"), (job_id, "root", "maintenance")]
+    [resume] = [e for e in deps.publish if isinstance(e, ResumeJob)]
+    assert (resume.job_id, resume.requested_by) == (job_id, "alice")

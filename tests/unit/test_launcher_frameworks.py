@@ -1,15 +1,30 @@
-"""TF_CONFIG for TensorFlow jobs: the cluster as Kubeflow's TFJob writes it (roles
-lower-cased, the evaluator left out of the cluster), one port per task from placement."""
+"""Each framework's variables and commands (domain/frameworks.py): TF_CONFIG as Kubeflow's
+TFJob writes it; MASTER_*/RANK/torchrun's PET_* for PyTorch, DeepSpeed and ColossalAI;
+the tracker's DMLC_* for XGBoost with the tracker next to rank 0; MPI's hostfile with
+slots and the task that runs mpirun (Kubeflow's Launcher, Volcano's master, T9k's
+worker 0)."""
 
 from __future__ import annotations
 
 import json
 
+import shlex
+from pathlib import Path
+
+from trainyard_common.dialects.t9k import translate_t9k
 from trainyard_common.dialects.ti import translate_ti
 from trainyard_common.events import PortAssignment, TaskPlacement
-from trainyard_common.jobspec import EnvVar, JobKind, JobSpec, PortSpec, RoleSpec
+from trainyard_common.jobspec import EnvVar, JobKind, JobSpec, PortSpec, Resources, RoleSpec
+from trainyard_launcher.adapters.rendezvous import reserve_port
 from trainyard_launcher.domain.env import build_task_env
-from trainyard_launcher.domain.frameworks import framework_env, tf_config
+from trainyard_launcher.domain.frameworks import (
+    FrameworkContext,
+    framework_command,
+    framework_env,
+    mpi_layout,
+    port_to_reserve,
+    tf_config,
+)
 
 
 def role(name: str, replicas: int, ports: list[PortSpec] | None = None) -> RoleSpec:
@@ -102,3 +117,214 @@ def test_the_ti_translation_asks_placement_for_a_tf_port_per_role() -> None:
                          "parameterServerCount": 1, "masterType": "1U2G0P"}).spec
     assert {r.name: [p.label for p in r.ports] for r in spec.roles} == {
         "worker": ["tfport"], "ps": ["tfport"], "master": ["tfport"]}
+
+
+# ---------------------------------------------------------------- PyTorch and friends
+
+def ctx(task_dir: str = "/data/jobs/j/attempt-1/master-0", port: int | None = None
+        ) -> FrameworkContext:
+    return FrameworkContext(task_dir=task_dir, python="/venv/bin/python", master_port=port)
+
+
+def torch_job(kind: JobKind = JobKind.PYTORCH, master_ports: list[PortSpec] | None = None
+              ) -> tuple[JobSpec, list[TaskPlacement]]:
+    spec = JobSpec(name="ddp", kind=kind, roles=[
+        role("worker", 2, ports=[]),
+        role("master", 1, ports=[PortSpec(label="pytorchjob-port")] if master_ports is None
+             else master_ports)])
+    tasks = [place("worker", 1, None, host="10.0.0.3"), place("worker", 0, None, host="10.0.0.2"),
+             place("master", 0, 23456, label="pytorchjob-port")]
+    return spec, tasks
+
+
+def test_torch_tasks_rank_the_master_first_and_share_its_address() -> None:
+    spec, tasks = torch_job()
+    envs = {(t.role, t.index): framework_env(spec, tasks, t.role, t.index) for t in tasks}
+    assert {k: e["RANK"] for k, e in envs.items()} == {
+        ("master", 0): "0", ("worker", 0): "1", ("worker", 1): "2"}
+    for env in envs.values():
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"]) == (
+            "10.0.0.1", "23456", "3")
+        assert (env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"], env["PET_NNODES"]) == (
+            "10.0.0.1", "23456", "3")
+        assert env["PET_NODE_RANK"] == env["RANK"]
+        assert env["LOCAL_RANK"] == "0"
+        assert "PET_RDZV_BACKEND" not in env
+
+
+def test_nproc_per_node_is_the_tasks_gpu_count() -> None:
+    spec, tasks = torch_job(JobKind.DEEPSPEED)
+    spec.roles[0].resources = Resources(gpu=4)
+    assert framework_env(spec, tasks, "worker", 0)["PET_NPROC_PER_NODE"] == "4"
+    assert framework_env(spec, tasks, "master", 0)["PET_NPROC_PER_NODE"] == "1"
+
+
+def test_without_a_declared_port_the_reserved_one_is_used_and_none_is_made_up() -> None:
+    spec, tasks = torch_job(JobKind.COLOSSALAI, master_ports=[])
+    tasks[2] = place("master", 0, None)
+    assert port_to_reserve(spec, tasks) == tasks[2]
+    assert framework_env(spec, tasks, "worker", 1) == {}
+    env = framework_env(spec, tasks, "worker", 1, ctx(port=40001))
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["RANK"]) == ("10.0.0.1", "40001", "2")
+
+
+def test_a_declared_port_needs_no_reservation_and_other_kinds_none_at_all() -> None:
+    spec, tasks = torch_job()
+    assert port_to_reserve(spec, tasks) is None
+    generic = spec.model_copy(update={"kind": JobKind.GENERIC})
+    assert port_to_reserve(generic, [place("worker", 0, None)]) is None
+    assert framework_env(generic, tasks, "master", 0, ctx(port=1)) == {}
+
+
+def test_workers_only_make_worker_0_the_master() -> None:
+    spec = JobSpec(name="ds", kind=JobKind.DEEPSPEED, roles=[role("worker", 2, ports=[])])
+    tasks = [place("worker", 1, None, host="10.0.0.9"), place("worker", 0, None, host="10.0.0.8")]
+    assert port_to_reserve(spec, tasks) == tasks[1]
+    env = framework_env(spec, tasks, "worker", 1, ctx(port=29500))
+    assert (env["MASTER_ADDR"], env["RANK"], env["WORLD_SIZE"]) == ("10.0.0.8", "1", "2")
+
+
+def test_elastic_roles_rendezvous_over_c10d_at_the_master() -> None:
+    spec = JobSpec(name="elastic", kind=JobKind.PYTORCH, roles=[
+        RoleSpec(name="worker", replicas=2, min_replicas=1, max_replicas=4, command="train")])
+    tasks = [place("worker", 0, None), place("worker", 1, None, host="10.0.0.2")]
+    first = framework_env(spec, tasks, "worker", 0, ctx(port=29400))
+    second = framework_env(spec, tasks, "worker", 1, ctx(port=29400))
+    for env in (first, second):
+        assert (env["PET_RDZV_BACKEND"], env["PET_RDZV_ENDPOINT"], env["PET_RDZV_ID"],
+                env["PET_NNODES"]) == ("c10d", "10.0.0.1:29400", "elastic", "1:4")
+        assert "PET_NODE_RANK" not in env
+    assert (first["PET_RDZV_CONF"], second["PET_RDZV_CONF"]) == ("is_host=true", "is_host=false")
+
+
+def test_the_job_cannot_forge_the_rank() -> None:
+    spec, tasks = torch_job()
+    spec = spec.model_copy(update={"env": [EnvVar(name="RANK", value="7")]})
+    env = build_task_env(spec, tasks, "worker", 0, attempt=1, job_id="j")
+    assert env["RANK"] == "1"
+
+
+def test_the_reserved_port_is_chosen_once_per_attempt(tmp_path: Path) -> None:
+    first = reserve_port(tmp_path / "attempt-1", "127.0.0.1")
+    assert reserve_port(tmp_path / "attempt-1", "127.0.0.1") == first
+    assert (tmp_path / "attempt-1" / "master-port").read_text().strip() == str(first)
+    assert 0 < first < 65536
+
+
+# ----------------------------------------------------------------------------- XGBoost
+
+def xgb_job() -> tuple[JobSpec, list[TaskPlacement]]:
+    spec = JobSpec(name="xgb", kind=JobKind.XGBOOST, roles=[
+        role("master", 1, ports=[]), role("worker", 2, ports=[])])
+    tasks = [place("master", 0, None), place("worker", 0, None, host="10.0.0.2"),
+             place("worker", 1, None, host="10.0.0.3")]
+    return spec, tasks
+
+
+def test_xgboost_workers_get_the_trackers_address_and_their_task_ids() -> None:
+    spec, tasks = xgb_job()
+    env = framework_env(spec, tasks, "worker", 1, ctx(port=9091))
+    assert {k: v for k, v in env.items() if k.startswith("DMLC_")} == {
+        "DMLC_TRACKER_URI": "10.0.0.1", "DMLC_TRACKER_PORT": "9091", "DMLC_NUM_WORKER": "3",
+        "DMLC_NUM_SERVER": "0", "DMLC_TASK_ID": "2", "DMLC_ROLE": "worker"}
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["RANK"], env["WORLD_SIZE"]) == (
+        "10.0.0.1", "9091", "2", "3")
+    assert env["WORKER_ADDRS"] == "10.0.0.2,10.0.0.3"
+
+
+def test_rank_0_runs_the_tracker_around_its_command_and_the_others_run_theirs() -> None:
+    spec, tasks = xgb_job()
+    wrapped = framework_command(spec, tasks, "master", 0, "python train.py", ctx(port=9091))
+    # The command travels in a variable: on the wrapper's command line `ps` would show it.
+    assert shlex.split(wrapped) == [
+        "TRAINYARD_WRAPPED_COMMAND=python train.py", "exec", "/venv/bin/python", "-I", "-m",
+        "trainyard_launcher.frameworkwrap", "xgboost-tracker",
+        "--dir", "/data/jobs/j/attempt-1/master-0", "--workers", "3", "--host", "10.0.0.1",
+        "--port", "9091"]
+    assert framework_command(spec, tasks, "worker", 0, "python train.py",
+                             ctx(port=9091)) == "python train.py"
+
+
+# --------------------------------------------------------------------------------- MPI
+
+def mpi_job(launcher: str | None = "launcher") -> tuple[JobSpec, list[TaskPlacement]]:
+    roles = [role("worker", 2, ports=[])]
+    roles[0].resources = Resources(gpu=2)
+    tasks = [place("worker", 0, None), place("worker", 1, None)]
+    if launcher is not None:
+        roles.insert(0, role(launcher, 1, ports=[]))
+        tasks.append(place(launcher, 0, None))
+    return JobSpec(name="mpi", kind=JobKind.MPI, roles=roles), tasks
+
+
+def test_the_hostfile_lists_every_worker_with_its_slots() -> None:
+    spec, tasks = mpi_job()
+    layout = mpi_layout(spec, tasks)
+    assert layout is not None and layout.launcher == ("launcher", 0)
+    assert layout.hostfile() == "worker-0 slots=2\nworker-1 slots=2\n"
+
+
+def test_the_launcher_gets_the_agent_and_every_task_the_hostfile() -> None:
+    spec, tasks = mpi_job()
+    launcher = framework_env(spec, tasks, "launcher", 0, ctx("/a/attempt-1/launcher-0"))
+    worker = framework_env(spec, tasks, "worker", 1, ctx("/a/attempt-1/worker-1"))
+    assert launcher["OMPI_MCA_orte_default_hostfile"] == "/a/attempt-1/launcher-0/hostfile"
+    assert launcher["OMPI_MCA_plm_rsh_agent"] == "/a/attempt-1/launcher-0/mpi-agent"
+    assert (launcher["MPI_HOST"], launcher["K_MPI_JOB_ROLE"]) == ("worker-0,worker-1", "launcher")
+    assert worker["OMPI_MCA_orte_default_hostfile"] == "/a/attempt-1/worker-1/hostfile"
+    assert "OMPI_MCA_plm_rsh_agent" not in worker and worker["K_MPI_JOB_ROLE"] == "worker"
+
+
+def test_the_launcher_runs_mpirun_and_workers_wait_for_it() -> None:
+    spec, tasks = mpi_job()
+    launcher = shlex.split(framework_command(
+        spec, tasks, "launcher", 0, "mpirun -np 4 ./prog", ctx("/a/attempt-1/launcher-0")))
+    assert launcher[0] == "TRAINYARD_WRAPPED_COMMAND=mpirun -np 4 ./prog"
+    assert launcher[6:] == ["mpi-launcher", "--dir", "/a/attempt-1/launcher-0",
+                            "--hosts", "worker-0=2,worker-1=2", "--attempt-dir", "/a/attempt-1"]
+    worker = shlex.split(framework_command(spec, tasks, "worker", 0, "/usr/sbin/sshd -De",
+                                           ctx("/a/attempt-1/worker-0")))
+    assert worker[0] == "exec"  # the worker's own command is not run: see docs/frameworks.md
+    assert worker[5:] == ["mpi-worker", "--dir", "/a/attempt-1/worker-0",
+                          "--hosts", "worker-0=2,worker-1=2",
+                          "--until", "/a/attempt-1/launcher-0/exit.json"]
+
+
+def test_volcanos_master_role_is_the_mpi_launcher() -> None:
+    spec, tasks = mpi_job(launcher="master")
+    layout = mpi_layout(spec, tasks)
+    assert layout is not None and layout.launcher == ("master", 0)
+    assert [h[:2] for h in layout.hosts] == [("worker", 0), ("worker", 1)]
+
+
+def test_a_t9k_mpijob_has_worker_0_run_its_cmd_under_mpirun_over_all_workers() -> None:
+    spec = translate_t9k({
+        "apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "MPIJob",
+        "metadata": {"name": "walk"},
+        "spec": {"worker": {"replicas": 2, "cmd": ["./random_walk", "20"], "template": {
+            "spec": {"containers": [{"name": "mpi-worker", "image": "mpi"}]}}}}}).spec
+    tasks = [place("worker", 0, None), place("worker", 1, None)]
+    first = shlex.split(framework_command(spec, tasks, "worker", 0, spec.roles[0].command,
+                                          ctx("/a/attempt-1/worker-0")))
+    assert first[0] == "TRAINYARD_WRAPPED_COMMAND=mpirun bash -c './random_walk 20'"
+    assert first[6:] == ["mpi-launcher", "--dir", "/a/attempt-1/worker-0",
+                         "--hosts", "worker-0=1,worker-1=1", "--attempt-dir", "/a/attempt-1"]
+    second = shlex.split(framework_command(spec, tasks, "worker", 1, spec.roles[0].command,
+                                           ctx("/a/attempt-1/worker-1")))
+    assert second[-2:] == ["--until", "/a/attempt-1/worker-0/exit.json"]
+
+
+def test_a_t9k_mpijobs_extra_mpi_args_go_on_the_mpirun_line() -> None:
+    spec = translate_t9k({
+        "apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "MPIJob",
+        "metadata": {"name": "walk"},
+        "spec": {"mca": {"btl": "^openib"}, "worker": {
+            "replicas": 2, "cmd": ["./random_walk", "20"],
+            "extraMPIArgs": ["-bind-to", "none", "--mca", "pml", "ob1 x"],
+            "template": {"spec": {"containers": [{"name": "mpi-worker", "image": "mpi"}]}}}}}).spec
+    tasks = [place("worker", 0, None), place("worker", 1, None)]
+    first = shlex.split(framework_command(spec, tasks, "worker", 0, spec.roles[0].command,
+                                          ctx("/a/attempt-1/worker-0")))
+    wrapped = first[0].removeprefix("TRAINYARD_WRAPPED_COMMAND=")
+    assert shlex.split(wrapped) == ["mpirun", "-bind-to", "none", "--mca", "pml", "ob1 x",
+                                    "bash", "-c", "./random_walk 20"]

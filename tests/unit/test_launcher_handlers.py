@@ -18,7 +18,15 @@ from trainyard_common.events import (
     derived_id,
 )
 from trainyard_common.jobspec import JobSpec, RoleSpec
-from trainyard_launcher.adapters.local import AlreadyLaunched, LaunchError, Launched, PortClaim, TaskRef, TaskStatus
+from trainyard_launcher.adapters.local import (
+    AlreadyLaunched,
+    LaunchError,
+    Launched,
+    PortClaim,
+    Progress,
+    TaskRef,
+    TaskStatus,
+)
 from trainyard_launcher.adapters.store import JobRecord, MemoryLauncherStore, new_task, task_id
 from trainyard_launcher.handlers import (
     LOST_WHILE_DOWN,
@@ -44,6 +52,9 @@ class ScriptedBackend:
         self.marked: set[str] = set()
         self.killed: list[str] = []
         self.busy_ports: set[int] = set()
+        # Tasks still preparing, with their step (start deadline); what was cleaned up.
+        self.preparing: dict[str, str] = {}
+        self.cleaned: list[str] = []
 
     def task_dir(self, ref: TaskRef) -> Path:
         return Path("/tasks") / ref.key
@@ -52,7 +63,7 @@ class ScriptedBackend:
         return ref.key in self.marked
 
     def launch(self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim],
-               prepare: object = None) -> Launched:
+               prepare: object = None, options: object = None) -> Launched:
         if ref.key in self.marked:
             raise AlreadyLaunched(ref.key)
         for claim in ports:
@@ -75,6 +86,17 @@ class ScriptedBackend:
         if self.status.get(ref.key, RUNNING).running:
             self.status[ref.key] = TaskStatus(running=False, exit_code=143, signal=15)
         return self.status[ref.key]
+
+    def progress(self, ref: TaskRef) -> Progress:
+        return Progress(ref.key not in self.preparing, self.preparing.get(ref.key))
+
+    def clean_task(self, ref: TaskRef) -> list[str]:
+        self.cleaned.append(ref.key)
+        return ["work"]
+
+    def clean_job(self, job_id: str) -> bool:
+        self.cleaned.append(job_id)
+        return True
 
     def exit(self, job: str, role: str, index: int, code: int, at: float = 1.0) -> None:
         self.status[f"{job}:1:{role}:{index}"] = TaskStatus(running=False, exit_code=code, ended_at=at)

@@ -1,4 +1,5 @@
-"""Placement invariants over random clusters and random place/release sequences."""
+"""Placement invariants over random clusters and random sequences of events: place and
+release; and queues with quotas, preemption, backfill, node changes and elastic roles."""
 
 from __future__ import annotations
 
@@ -7,15 +8,19 @@ from collections import Counter, defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainyard_common.cluster import ClusterSpec, NodeSpec
-from trainyard_common.jobspec import JobSpec, PortSpec, Resources, RoleSpec
+from trainyard_common.cluster import ClusterSpec, NodeSpec, QueueQuota, QueueSpec
+from trainyard_common.jobspec import EnvVar, JobSpec, PortSpec, Resources, RoleSpec
 from trainyard_placement.domain import (
+    Decision,
     Placed,
+    Preempt,
     QueuedJob,
+    Rules,
     SchedulerState,
     Waiting,
     gpu_count,
 )
+from trainyard_placement.domain.gpu_share import gpu_request
 
 GPU_TYPES = [None, "V100", "A100"]
 PORT_BASE = 30000
@@ -151,3 +156,169 @@ def test_random_place_and_release_never_overcommits(
         assert [w.position for w in waiting] == list(range(1, len(waiting) + 1))
         assert all(w.reasons for w in waiting)
         assert {w.job_id for w in waiting} == set(state.queued)
+
+
+# --- queues, preemption, backfill, node states and elastic roles ------------------------
+
+QUEUE_NAMES = ["qa", "qb", "qc"]
+
+
+@st.composite
+def queue_specs(draw: st.DrawFn) -> list[str | QueueSpec]:
+    result: list[str | QueueSpec] = []
+    for name in QUEUE_NAMES:
+        if draw(st.booleans()):
+            result.append(name)  # no quota
+            continue
+        result.append(QueueSpec(
+            name=name,
+            quota=QueueQuota(gpus=draw(st.sampled_from([None, 0, 1, 2, 4])),
+                             cpu=draw(st.sampled_from([None, 1, 4, 8]))),
+            borrowing=draw(st.booleans()), preemption=draw(st.booleans()),
+        ))  # fmt: skip
+    return result
+
+
+@st.composite
+def labelled_nodes(draw: st.DrawFn) -> list[NodeSpec]:
+    return [
+        n.model_copy(update={"labels": [EnvVar(name="zone", value=draw(st.sampled_from("ab")))]})
+        for n in draw(nodes())
+    ]
+
+
+@st.composite
+def world_jobs(draw: st.DrawFn) -> JobSpec:
+    rs = []
+    for name in draw(st.lists(st.sampled_from(["worker", "ps"]), min_size=1, max_size=2,
+                              unique=True)):
+        replicas = draw(st.integers(1, 3))
+        elastic = draw(st.booleans())
+        rs.append(RoleSpec(
+            name=name, replicas=replicas, command="true",
+            min_replicas=draw(st.integers(1, replicas)) if elastic else None,
+            max_replicas=replicas + draw(st.integers(0, 2)) if elastic else None,
+            resources=Resources(cpu=draw(st.sampled_from([0.5, 1, 2])),
+                                memory_mb=draw(st.sampled_from([256, 1024])),
+                                gpu=draw(st.sampled_from([0, 0.5, 1, 2]))),
+            node_selector=draw(st.sampled_from([[], [EnvVar(name="zone", value="a")]])),
+            ports=draw(st.one_of(st.just([]), st.just([]), ports)),
+        ))  # fmt: skip
+    return JobSpec(name="j", queue=draw(st.sampled_from(QUEUE_NAMES)),
+                   priority=draw(st.integers(1, 9)), roles=rs)
+
+
+world_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), world_jobs()),
+        st.tuples(st.sampled_from(["end", "interrupted", "drain", "undrain", "remove", "add"]),
+                  st.integers(0, 9)),
+    ),
+    min_size=1,
+    max_size=16,
+)
+
+
+def check_world(state: SchedulerState, decisions: list[Decision]) -> None:
+    nodes_now = {n.name: n for n in state.cluster.nodes}
+    cpu: Counter[str] = Counter()
+    mem: Counter[str] = Counter()
+    milli: Counter[tuple[str, int]] = Counter()
+    used_ports: dict[str, list[int]] = defaultdict(list)
+    for job_id, allocation in state.placed.items():
+        assert job_id not in state.queued  # never both waiting and holding capacity
+        spec = allocation.spec
+        # The gang is whole at the size it was placed, within its elastic bounds.
+        expected = {(r.name, i) for r in spec.roles for i in range(r.replicas)}
+        assert sorted((t.role, t.index) for t in allocation.tasks) == sorted(expected)
+        for r in spec.roles:
+            if r.min_replicas is not None and r.max_replicas is not None:
+                assert min(r.min_replicas, r.max_replicas) <= r.replicas <= r.max_replicas
+        for task in allocation.tasks:
+            if task.node not in nodes_now:
+                continue  # a removed node: its capacity is gone, the job is on its way out
+            role = spec.role(task.role)
+            cpu[task.node] += role.resources.cpu
+            mem[task.node] += role.resources.memory_mb
+            for g in task.gpu_indices:
+                milli[task.node, g] += task.gpu_milli or 1000
+            used_ports[task.node] += [p for group in task.ports for p in group.ports]
+    for name, n in nodes_now.items():
+        assert cpu[name] <= n.cpu + 1e-6
+        assert mem[name] <= n.memory_mb
+        assert all(m <= 1000 and 0 <= g < n.gpus for (nn, g), m in milli.items() if nn == name)
+        assert len(used_ports[name]) == len(set(used_ports[name]))
+    # Quota is never exceeded in a queue that does not borrow.
+    for q in state.cluster.queues:
+        if isinstance(q, str) or q.borrowing:
+            continue
+        held = [a.spec for a in state.placed.values() if a.spec.queue == q.name]
+        gpus = sum(r.replicas * gpu_milli_of(r.resources.gpu) for s in held for r in s.roles)
+        cpus = sum(r.replicas * r.resources.cpu for s in held for r in s.roles)
+        if q.quota.gpus is not None:
+            assert gpus <= q.quota.gpus * 1000
+        if q.quota.cpu is not None:
+            assert cpus <= q.quota.cpu + 1e-6
+    # New placements avoid drained nodes and honour node selectors.
+    for d in decisions:
+        if isinstance(d, Placed):
+            for task in d.allocation.tasks:
+                assert task.node not in state.drained
+                selector = d.allocation.spec.role(task.role).node_selector
+                assert all(label in nodes_now[task.node].labels for label in selector)
+        if isinstance(d, Preempt):
+            assert d.victims and all(v in state.placed for v in d.victims)
+    waiting = [d for d in decisions if isinstance(d, Waiting)]
+    assert [w.position for w in waiting] == list(range(1, len(waiting) + 1))
+    assert {w.job_id for w in waiting} == set(state.queued)
+
+
+def gpu_milli_of(gpu: float) -> int:
+    count, milli = gpu_request(gpu)
+    return count * milli
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster_nodes=labelled_nodes(), queues=queue_specs(), plan=world_steps,
+       max_preemptions=st.integers(0, 2))
+def test_any_interleaving_keeps_the_invariants(
+    cluster_nodes: list[NodeSpec], queues: list[str | QueueSpec], plan: list,  # type: ignore[type-arg]
+    max_preemptions: int,
+) -> None:
+    state = SchedulerState(ClusterSpec(nodes=cluster_nodes, queues=queues),
+                           rules=Rules(max_preemptions=max_preemptions))
+    spare = [n.model_copy(update={"name": f"extra{i}"}) for i, n in enumerate(cluster_nodes)]
+    seq = 0
+    for op, arg in plan:
+        names = [n.name for n in state.cluster.nodes]
+        if op == "submit":
+            seq += 1
+            state.enqueue(QueuedJob(f"job{seq}", arg, arrival_seq=seq))
+        elif op == "end" and state.placed:
+            state.release(sorted(state.placed)[arg % len(state.placed)])
+        elif op == "interrupted" and state.interrupting:
+            victim = sorted(state.interrupting)[arg % len(state.interrupting)]
+            allocation = state.release(victim)
+            assert allocation is not None
+            seq += 1
+            state.enqueue(QueuedJob(victim, allocation.spec, arrival_seq=seq, attempt=2))
+        elif op in ("drain", "undrain", "remove") and names:
+            name = names[arg % len(names)]
+            if op == "drain":
+                state.drain_node(name)
+            elif op == "undrain":
+                state.undrain_node(name)
+            else:
+                for job_id in state.remove_node(name):
+                    state.interrupting.setdefault(job_id, None)
+        elif op == "add" and spare:
+            state.add_node(spare.pop())
+        decisions = state.cycle()
+        for decision in decisions:
+            if isinstance(decision, Placed):
+                state.commit(decision.allocation)
+            elif isinstance(decision, Preempt):
+                for victim in decision.victims:
+                    assert victim not in state.interrupting  # never interrupted twice
+                    state.preempting(victim, decision.job_id)
+        check_world(state, decisions)

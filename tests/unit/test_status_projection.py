@@ -5,7 +5,9 @@ import random
 from trainyard_common.contracts import example_events
 from trainyard_common.events import (
     FailureClass,
+    InterruptCause,
     JobFinished,
+    JobInterrupted,
     JobQueued,
     JobState,
     TaskState,
@@ -159,5 +161,62 @@ def test_two_attempts_end_the_same_in_any_order_and_with_repeats() -> None:
     running = events[:11]
     for _ in range(200):
         shuffled = running + running[:6]
+        rng.shuffle(shuffled)
+        assert fold(shuffled)[:2] == ("RUNNING", 2), shuffled
+
+
+# --- interrupts: pause, preemption, scale ------------------------------------------------
+
+
+def interrupted(attempt: int, cause: InterruptCause, job_id: str = "j") -> JobInterrupted:
+    return JobInterrupted(job_id=job_id, attempt=attempt, cause=cause, reason=f"{cause.value}!")
+
+
+def test_paused_ends_its_attempt_without_ending_the_job() -> None:
+    assert not JobState.PAUSED.terminal
+    # Above every step of its attempt, below every step of the next one.
+    assert job_rank(JobState.RUNNING, 1) < job_rank(JobState.PAUSED, 1) < job_rank(
+        JobState.SUBMITTED, 2)
+    assert job_rank(JobState.PAUSED, 5) < job_rank(JobState.STOPPED, 1)
+    changes = project(interrupted(1, InterruptCause.PAUSED))
+    assert changes.job.state is JobState.PAUSED and changes.job.rank == job_rank(JobState.PAUSED, 1)
+    assert changes.job.with_state["reason"] == "paused!"
+    assert changes.job.add_to_set["attempts"] == {
+        "attempt": 1, "state": "STOPPED", "reason": "paused!", "exit_code": None,
+        "failure_class": None, "interrupted": "paused"}
+    # The attempt's tasks that had not ended are STOPPED; the others keep their end.
+    assert (changes.end_tasks.job_id, changes.end_tasks.attempt) == ("j", 1)
+    assert changes.end_tasks.fields["state"] == "STOPPED"
+
+
+def test_any_other_interrupt_puts_the_job_back_in_line_as_its_next_attempt() -> None:
+    for cause in (InterruptCause.PREEMPTED, InterruptCause.SCALED, InterruptCause.NODE_REMOVED):
+        change = project(interrupted(2, cause)).job
+        assert change.state is JobState.QUEUED and change.with_state["attempt"] == 3
+        assert change.with_state["reason"] == f"{cause.value}!"
+        assert job_rank(JobState.PAUSED, 2) < change.rank < job_rank(JobState.QUEUED, 3)
+        assert change.add_to_set["attempts"]["retried_as"] == 3
+
+
+def paused_and_resumed(job_id: str = "j") -> list:
+    """Attempt 1 runs and is paused; a resume queues, places and runs attempt 2."""
+    events = two_attempts(job_id)
+    first, second = events[:5], events[8:]
+    return [*first, interrupted(1, InterruptCause.PAUSED, job_id),
+            JobQueued(job_id=job_id, attempt=2), *second]
+
+
+def test_pause_and_resume_end_the_same_in_any_order() -> None:
+    events = paused_and_resumed()
+    assert fold(events)[:2] == ("SUCCEEDED", 2)
+    paused = events[:6]
+    rng = random.Random(7)
+    for _ in range(200):
+        shuffled = paused * 2
+        rng.shuffle(shuffled)
+        assert fold(shuffled)[:2] == ("PAUSED", 1), shuffled
+    resumed = events[:-1]
+    for _ in range(200):
+        shuffled = list(resumed)
         rng.shuffle(shuffled)
         assert fold(shuffled)[:2] == ("RUNNING", 2), shuffled

@@ -20,7 +20,7 @@ from trainyard_common.events import (
 )
 from trainyard_common.jobspec import JobSpec, PortSpec, Resources, RoleSpec
 from trainyard_validation.adapters.names import InMemoryNameRegistry
-from trainyard_validation.domain.rules import check_against_cluster, decide
+from trainyard_validation.domain.rules import check_against_cluster, decide, locator
 from trainyard_validation.handlers import EVENT_HANDLERS, Deps, validate_job
 
 from ..seeds import seed_job
@@ -294,14 +294,16 @@ CLUSTER = ClusterSpec(
 )
 
 
-def openpai_spec(*changes: tuple[str, Any]) -> JobSpec:
-    t = translate(with_(*changes))
-    assert t.errors == []
-    return t.spec
+def cluster_issues(*changes: tuple[str, Any], cluster: ClusterSpec = CLUSTER
+                   ) -> list[FieldIssue]:
+    """The cluster checks of the seed job with ``changes``, located in that payload."""
+    event = submitted(with_(*changes))
+    assert event.translation_errors == []
+    return check_against_cluster(event.spec, cluster, locator(event))
 
 
 def test_seed_fits_the_cluster() -> None:
-    assert check_against_cluster(openpai_spec(), CLUSTER, "openpai") == []
+    assert cluster_issues() == []
 
 
 @pytest.mark.parametrize(
@@ -320,7 +322,7 @@ def test_seed_fits_the_cluster() -> None:
     ],
 )
 def test_cluster_rule(changes: tuple[tuple[str, Any], ...], path: str, words: list[str]) -> None:
-    issues = check_against_cluster(openpai_spec(*changes), CLUSTER, "openpai")
+    issues = cluster_issues(*changes)
     assert [i.path for i in issues] == [path], issues
     for word in words:
         assert word in issues[0].message, issues[0].message
@@ -337,22 +339,152 @@ def test_cluster_rule(changes: tuple[tuple[str, Any], ...], path: str, words: li
     ],
 )
 def test_cluster_passing(changes: tuple[tuple[str, Any], ...]) -> None:
-    assert check_against_cluster(openpai_spec(*changes), CLUSTER, "openpai") == []
+    assert cluster_issues(*changes) == []
 
 
 def test_cluster_paths_for_native() -> None:
     spec = good_spec()
     big = spec.roles[0].model_copy(update={"resources": Resources(gpu=1, gpu_type="A100")})
     spec = spec.model_copy(update={"roles": [big], "queue": "q"})
-    assert [i.path for i in check_against_cluster(spec, CLUSTER, "native")] == [
+    event = submitted(spec.model_dump(mode="json"))
+    assert [i.path for i in check_against_cluster(spec, CLUSTER, locator(event))] == [
+        "$.queue", "$.roles[0].resources.gpu_type"]
+    # A producer that sent a bare spec (no original) is located in the spec's own JSON.
+    bare = event.model_copy(update={"original": None})
+    assert [i.path for i in check_against_cluster(spec, CLUSTER, locator(bare))] == [
         "$.queue", "$.roles[0].resources.gpu_type"]
 
 
 def test_empty_cluster() -> None:
-    issues = check_against_cluster(openpai_spec(("gpuType", DELETE)),
-                                   ClusterSpec(nodes=[]), "openpai")
+    issues = cluster_issues(("gpuType", DELETE), cluster=ClusterSpec(nodes=[]))
     assert [i.path for i in issues] == ["$.taskRoles[0]"]
     assert "no nodes" in issues[0].message
+
+
+# ------------------------------------- cluster problems, located in each dialect's payload
+#
+# The cluster checks run on the canonical job; each problem must still point at the
+# field as the user wrote it, in the user's own layout (roles by name, by position in a
+# list, or spread over top-level fields).
+
+
+def _v2_role(gpu: int = 0, memory: int = 1024) -> dict[str, Any]:
+    return {"instances": 1, "dockerImage": "img",
+            "resourcePerInstance": {"cpu": 1, "memoryMB": memory, "gpu": gpu},
+            "commands": ["python train.py"]}
+
+
+def _openpai_v2(**roles: dict[str, Any]) -> dict[str, Any]:
+    return {"protocolVersion": 2, "name": "v2job", "type": "job",
+            "prerequisites": [{"type": "dockerimage", "name": "img", "uri": "python:3.11"}],
+            "taskRoles": roles, "defaults": {"virtualCluster": "default"}}
+
+
+def _ti(**fields: Any) -> dict[str, Any]:
+    return {"name": "tijob", "cluster": "default", "command": ["python", "train.py"],
+            "workerCount": 2, "workerType": "1U2G1P", **fields}
+
+
+def _container(name: str = "main", **resources: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "image": "python:3.11", "command": ["python", "train.py"],
+            "resources": resources}
+
+
+def _t9k_tf(worker: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    chief = _container("tensorflow", requests={"cpu": "1", "memory": "1Gi"})
+    return {"apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "TensorFlowTrainingJob",
+            "metadata": {"name": "tf", "namespace": "demo"},
+            "spec": {"replicaSpecs": [
+                {"type": "chief", "replicas": 1, "template": {"spec": {"containers": [chief]}}},
+                {"type": "worker", "replicas": 2, "template": {"spec": {"containers": worker}}},
+            ], **spec}}
+
+
+def _dlc(*specs: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"DisplayName": "dlc-job", "JobType": "PyTorchJob", "UserCommand": "python t.py",
+            "JobSpecs": list(specs), **fields}
+
+
+def _dlc_spec(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"Type": kind, "Image": "python:3.11", "PodCount": 1,
+            "ResourceConfig": {"CPU": "2", "Memory": "4Gi"}, **fields}
+
+
+LIMITS_GPU = ".template.spec.containers[0].resources.limits['nvidia.com/gpu']"
+
+
+@pytest.mark.parametrize(
+    ("payload", "path", "code"),
+    [
+        # OpenPAI v1: roles in a list, by position
+        (with_(("taskRoles.1", {**SECOND_ROLE, "name": "second", "gpuNumber": 3})),
+         "$.taskRoles[1].gpuNumber",
+         "no_fit"),
+        # OpenPAI v2: task roles are a map keyed by name (the bad one is not the first)
+        (_openpai_v2(ps=_v2_role(), worker=_v2_role(memory=200_000)),
+         "$.taskRoles.worker.resourcePerInstance.memoryMB", "no_fit"),
+        (_openpai_v2(ps=_v2_role(), worker=_v2_role(gpu=8)),
+         "$.taskRoles.worker.resourcePerInstance.gpu", "no_fit"),
+        ({**_openpai_v2(worker=_v2_role()), "defaults": {"virtualCluster": "nope"}},
+         "$.defaults.virtualCluster", "unknown_queue"),
+        # TI: each role's resources come from its own machine-type field
+        (_ti(workerType="1U2G8P"), "$.workerType", "no_fit"),
+        # a master with no parameter servers is the second role; still its own field
+        (_ti(masterType="128U2G0P"), "$.masterType", "no_fit"),
+        (_ti(parameterServerCount=1, parameterServerType="1U200G0P"),
+         "$.parameterServerType", "no_fit"),
+        (_ti(cluster="nope"), "$.cluster", "unknown_queue"),
+        # T9k: the replica spec of that type, the training container, limits or requests
+        (_t9k_tf([_container(limits={"nvidia.com/gpu": 8})]),
+         "$.spec.replicaSpecs[1]" + LIMITS_GPU, "no_fit"),
+        (_t9k_tf([_container(requests={"memory": "200Gi"})]),
+         "$.spec.replicaSpecs[1].template.spec.containers[0].resources.requests.memory",
+         "no_fit"),
+        # the kind's own container (named tensorflow) is the task, not containers[0]
+        (_t9k_tf([_container("sidecar"), _container("tensorflow", limits={"memory": "200Gi"})]),
+         "$.spec.replicaSpecs[1].template.spec.containers[1].resources.limits.memory",
+         "no_fit"),
+        (_t9k_tf([_container()], scheduler={"t9kScheduler": {"queue": "nope"}}),
+         "$.spec.scheduler.t9kScheduler.queue", "unknown_queue"),
+        ({"apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "DeepSpeedJob",
+          "metadata": {"name": "ds"},
+          "spec": {"worker": {"replicas": 2, "template": {"spec": {"containers": [
+              _container("worker", limits={"nvidia.com/gpu": 8})]}}}}},
+         "$.spec.worker" + LIMITS_GPU, "no_fit"),
+        # Kubeflow: replica specs keyed by type
+        ({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "pt"},
+          "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": {
+              "containers": [_container("pytorch", limits={"nvidia.com/gpu": 8})]}}}}}},
+         "$.spec.pytorchReplicaSpecs.Worker" + LIMITS_GPU, "no_fit"),
+        # DLC: the JobSpec of that Type; a figure from the instance type is the EcsSpec
+        (_dlc(_dlc_spec("Master"), _dlc_spec("Worker", ResourceConfig={
+            "CPU": "2", "Memory": "4Gi", "GPU": "8"})),
+         "$.JobSpecs[1].ResourceConfig.GPU", "no_fit"),
+        (_dlc(_dlc_spec("Worker", EcsSpec="ecs.gn6e-c12g1.3xlarge", ResourceConfig={})),
+         "$.JobSpecs[0].EcsSpec", "unknown_gpu_type"),
+        (_dlc(_dlc_spec("Worker"), WorkspaceId="nope"), "$.WorkspaceId", "unknown_queue"),
+        (_dlc(_dlc_spec("Worker"), ResourceId="nope"), "$.ResourceId", "unknown_queue"),
+        # native: roles found by name in the payload's list
+        ({"name": "n", "roles": [
+            {"name": "a", "command": "x"},
+            {"name": "b", "command": "x", "resources": {"gpu": 1, "gpu_type": "A100"}}]},
+         "$.roles[1].resources.gpu_type", "unknown_gpu_type"),
+    ],
+)
+def test_cluster_problems_point_at_the_field_as_written(payload: dict[str, Any], path: str,
+                                                        code: str) -> None:
+    event = submitted(payload)
+    assert event.translation_errors == [], event.translation_errors
+    result = decide(event, CLUSTER)
+    assert isinstance(result, JobRejected), result
+    assert [(e.path, e.code) for e in result.errors] == [(path, code)], result.errors
+
+
+def test_name_taken_points_at_each_dialects_name_field() -> None:
+    from trainyard_validation.domain.rules import name_taken
+    assert name_taken(submitted(_t9k_tf([_container()]))).errors[0].path == "$.metadata.name"
+    assert name_taken(submitted(_ti())).errors[0].path == "$.name"
+    assert name_taken(submitted(base())).errors[0].path == "$.jobName"
 
 
 # ----------------------------------------------------------------------------- decide

@@ -10,6 +10,10 @@ stored before the ack; :class:`PermanentError` terminates the message, anything 
 naks it with a growing delay so JetStream redelivers it. Handlers must be idempotent.
 We use nats-py directly instead of FastStream: it is the cheapest hop (DESIGN §9), and
 the ack policy is visible here rather than a framework default (docs/design/0001).
+
+Key-value: :func:`key_value` opens (or creates) a JetStream KV bucket as a
+:class:`KvBucket`, whose writes are all compare-and-set on a key's revision (placement's
+leader lease is built on it).
 """
 
 from __future__ import annotations
@@ -24,8 +28,23 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
 from opentelemetry import trace
 from pydantic import ValidationError
 
@@ -191,3 +210,78 @@ class Bus:
                 await msg.nak(delay=delay)
                 return
         await msg.ack()
+
+
+# --- key-value buckets -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KvEntry:
+    key: str
+    value: bytes
+    revision: int
+
+
+class RevisionMismatch(Exception):
+    """A revision-checked write lost: the key exists (create) or changed since the
+    revision given (update, delete)."""
+
+
+# JetStream's "wrong last sequence" errors (JSStreamWrongLastSequenceErrF / ...ConstantErr).
+_WRONG_LAST_SEQUENCE = (10071, 10164)
+
+
+class KvBucket:
+    """A JetStream key-value bucket with compare-and-set writes only: every change names
+    the revision it replaces, so two writers can never both win (leases are built on it)."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    async def get(self, key: str) -> KvEntry | None:
+        """The latest value, or None when the key was never written or is deleted."""
+        try:
+            entry = await self._kv.get(key)
+        except KeyNotFoundError:
+            return None
+        return KvEntry(key, entry.value or b"", entry.revision or 0)
+
+    async def create(self, key: str, value: bytes) -> int:
+        """Write a key that does not exist (or was deleted); returns its revision."""
+        try:
+            return await self._kv.create(key, value)
+        except KeyWrongLastSequenceError as exc:
+            raise RevisionMismatch(f"key {key!r} already exists") from exc
+
+    async def update(self, key: str, value: bytes, revision: int) -> int:
+        """Replace the value written at ``revision``; returns the new revision."""
+        try:
+            return await self._kv.update(key, value, last=revision)
+        except KeyWrongLastSequenceError as exc:
+            raise RevisionMismatch(f"key {key!r} is no longer at revision {revision}") from exc
+
+    async def delete(self, key: str, revision: int) -> None:
+        """Delete the key if it is still at ``revision``."""
+        try:
+            await self._kv.delete(key, last=revision)
+        except APIError as exc:
+            if exc.err_code in _WRONG_LAST_SEQUENCE:
+                raise RevisionMismatch(
+                    f"key {key!r} is no longer at revision {revision}") from exc
+            raise
+
+
+async def key_value(bus: Bus, bucket: str) -> KvBucket:
+    """The bucket, created on first use (one revision kept per key, file storage)."""
+    try:
+        return KvBucket(await bus.js.key_value(bucket))
+    except BucketNotFoundError:
+        pass
+    try:
+        kv = await bus.js.create_key_value(
+            KeyValueConfig(bucket=bucket, history=1, storage=StorageType.FILE)
+        )
+    except BadRequestError:
+        # Another process created it between our two calls.
+        kv = await bus.js.key_value(bucket)
+    return KvBucket(kv)

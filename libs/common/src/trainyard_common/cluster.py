@@ -28,12 +28,44 @@ class NodeSpec(Model):
     labels: list[EnvVar] = Field(default_factory=list)
 
 
+class QueueQuota(Model):
+    """What a queue is guaranteed; None in a field means no limit in that resource."""
+
+    cpu: float | None = None
+    memory_mb: int | None = None
+    gpus: float | None = Field(None, description="GPUs; a share of one counts as its fraction.")
+
+
+class QueueSpec(Model):
+    """A queue (OpenPAI virtual cluster, DLC resource group) with its quota."""
+
+    name: str
+    quota: QueueQuota = Field(default_factory=QueueQuota)
+    borrowing: bool = Field(
+        True, description="Jobs may use idle capacity beyond the quota (reclaimable)."
+    )
+    preemption: bool = Field(
+        True, description="A job may preempt lower-priority jobs of this queue."
+    )
+
+
 class ClusterSpec(Model):
     nodes: list[NodeSpec]
-    queues: list[str] = Field(default_factory=lambda: ["default"])
+    # A plain name is a queue without a quota.
+    queues: list[str | QueueSpec] = Field(default_factory=lambda: ["default"])
 
     def gpu_types(self) -> set[str]:
         return {n.gpu_type for n in self.nodes if n.gpu_type and n.gpus > 0}
+
+    def queue_names(self) -> list[str]:
+        return [q if isinstance(q, str) else q.name for q in self.queues]
+
+    def queue(self, name: str) -> QueueSpec:
+        """The queue's spec; a plain name, or a name the file does not list, has no quota."""
+        for q in self.queues:
+            if isinstance(q, QueueSpec) and q.name == name:
+                return q
+        return QueueSpec(name=name)
 
 
 def _memory_mb() -> int:

@@ -94,6 +94,8 @@ class RoleSpec(Model):
     min_replicas: int | None = None
     max_replicas: int | None = None
     resources: Resources = Field(default_factory=Resources)
+    # Only nodes carrying every one of these labels (name and value) may host the role.
+    node_selector: list[EnvVar] = Field(default_factory=list)
     image: str | None = None
     command: str
     ports: list[PortSpec] = Field(default_factory=list)
@@ -158,6 +160,10 @@ class JobSpec(Model):
 
 
 REDACTED = "******"
+
+# A role variable holding extra mpirun arguments (shell words, already quoted) for the
+# mpirun the launcher runs for an MPI job (T9k MPIJob's worker.extraMPIArgs).
+MPIRUN_ARGS_ENV = "TRAINYARD_MPIRUN_ARGS"
 
 
 def env_dict(pairs: list[EnvVar]) -> dict[str, str]:

@@ -39,6 +39,7 @@ STATE_STYLES = {
     "STARTING": "blue",
     "PLACED": "blue",
     "QUEUED": "magenta",
+    "PAUSED": "yellow",
 }
 
 # Envelope fields every event carries; the events table shows what is particular.
@@ -104,6 +105,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
     )
     token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
     app.add_typer(token_app, name="token")
+    app.add_typer(make_nodes_app(), name="nodes")
     app.add_typer(make_ti_app(), name="ti")
 
     @app.callback()
@@ -294,6 +296,29 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
                 os.dup2(devnull, sys.stdout.fileno())
                 raise typer.Exit(0) from None
 
+    @app.command("exec")
+    def exec_cmd(
+        ctx: typer.Context,
+        job_id: JobIdArg,
+        role: Annotated[str, typer.Argument(help="task role")],
+        index: Annotated[int, typer.Argument(min=0, help="task index")],
+        command: Annotated[list[str], typer.Argument(help="the command, after --")],
+        timeout: Annotated[float, typer.Option(help="kill it after this many seconds")] = 60.0,
+    ) -> None:
+        """Run a command in a running task (e.g. a debug-mode job's): `yard exec ID ROLE
+        INDEX -- CMD...`. Exits with the command's exit code (124 when it timed out)."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            answer = client.exec(job_id, role, index, command, timeout=timeout)
+        sys.stdout.write(answer.get("stdout") or "")
+        sys.stdout.flush()
+        sys.stderr.write(answer.get("stderr") or "")
+        if answer.get("timed_out"):
+            s.error(f"the command was killed after {timeout:g}s")
+            raise typer.Exit(124)
+        code = answer.get("exit_code")
+        raise typer.Exit(code if isinstance(code, int) else 1)
+
     @app.command()
     def stop(ctx: typer.Context, job_id: JobIdArg) -> None:
         """Ask for a job to be stopped."""
@@ -301,6 +326,39 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         with reported(s), s.client() as client:
             client.stop(job_id)
         s.out.print(Text(f"stop requested for {job_id}"))
+
+    @app.command()
+    def pause(
+        ctx: typer.Context,
+        job_id: JobIdArg,
+        reason: Annotated[str | None, typer.Option(help="why, shown with the job")] = None,
+    ) -> None:
+        """Pause a job: its tasks end and its capacity is freed until `yard resume`."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            client.pause(job_id, reason=reason)
+        s.out.print(Text(f"pause requested for {job_id}"))
+
+    @app.command()
+    def resume(ctx: typer.Context, job_id: JobIdArg) -> None:
+        """Resume a paused job: it is queued again as its next attempt."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            client.resume(job_id)
+        s.out.print(Text(f"resume requested for {job_id}"))
+
+    @app.command()
+    def scale(
+        ctx: typer.Context,
+        job_id: JobIdArg,
+        role: Annotated[str, typer.Option("--role", "-r", help="an elastic role")],
+        replicas: Annotated[int, typer.Option("--replicas", "-n", help="its new size")],
+    ) -> None:
+        """Resize an elastic role within its min/max; a running job restarts at that size."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            client.scale(job_id, role, replicas)
+        s.out.print(Text(f"scale of {job_id} role {role} to {replicas} requested"))
 
     @token_app.command("create")
     def token_create(
@@ -322,6 +380,116 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
             s.err.print(Text(note, style="dim"))
 
     return app
+
+
+def make_nodes_app() -> typer.Typer:
+    nodes_app = typer.Typer(
+        help="List and administer the nodes placement schedules onto (admin).",
+        invoke_without_command=True,
+    )
+
+    @nodes_app.callback()
+    def nodes_list(ctx: typer.Context, output: OutputOpt = Output.table) -> None:
+        """List the nodes: state, capacity, allocated and free (without a subcommand)."""
+        if ctx.invoked_subcommand is not None:
+            return
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            nodes = client.nodes()
+        if output is Output.json:
+            _print_json(nodes)
+            return
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        for name in ("NAME", "STATE", "CPU", "MEMORY MB", "GPUS", "GPU TYPE", "JOBS"):
+            table.add_column(name, no_wrap=True)
+        table.add_column("LABELS")
+        for node in nodes:
+            capacity, allocated = node.get("capacity") or {}, node.get("allocated") or {}
+            table.add_row(
+                _cell(node.get("name")),
+                Text(str(node.get("state")),
+                     style="yellow" if node.get("state") == "drained" else "green"),
+                _cell(_used(allocated.get("cpu"), capacity.get("cpu"))),
+                _cell(_used(allocated.get("memory_mb"), capacity.get("memory_mb"))),
+                _cell(_used(allocated.get("gpus"), capacity.get("gpus"))),
+                _cell(node.get("gpu_type")),
+                _cell(len(node.get("jobs") or [])),
+                _cell(",".join(f"{k}={v}" for k, v in (node.get("labels") or {}).items())),
+            )
+        s.out.print(table)
+
+    @nodes_app.command("add")
+    def nodes_add(
+        ctx: typer.Context,
+        name: Annotated[str, typer.Option("--name", help="node name")],
+        cpu: Annotated[float, typer.Option("--cpu", help="CPU cores")],
+        memory_mb: Annotated[int, typer.Option("--memory-mb", help="memory in MiB")],
+        gpus: Annotated[int, typer.Option("--gpus", min=0, help="GPU devices")] = 0,
+        gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="GPU model")] = None,
+        host_ip: Annotated[str | None, typer.Option("--host-ip", help="address of the node")] = None,
+        label: Annotated[list[str] | None, typer.Option("--label", help="k=v, repeatable")] = None,
+        output: OutputOpt = Output.table,
+    ) -> None:
+        """Add a node to the cluster."""
+        s: Session = ctx.obj
+        labels = []
+        for item in label or []:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                s.error(f"--label: expected k=v, got {item!r}")
+                raise typer.Exit(2)
+            labels.append({"name": key, "value": value})
+        spec: dict[str, Any] = {"name": name, "cpu": cpu, "memory_mb": memory_mb, "gpus": gpus,
+                                "labels": labels}
+        if gpu_type:
+            spec["gpu_type"] = gpu_type
+        if host_ip:
+            spec["host_ip"] = host_ip
+        with reported(s), s.client() as client:
+            node = client.add_node(spec)
+        if output is Output.json:
+            _print_json(node)
+        else:
+            s.out.print(Text(f"node {node.get('name', name)} added"))
+
+    @nodes_app.command("drain")
+    def nodes_drain(ctx: typer.Context, name: Annotated[str, typer.Argument(help="node")]) -> None:
+        """Place nothing new on the node; what runs there keeps running."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            client.drain_node(name)
+        s.out.print(Text(f"node {name} drained"))
+
+    @nodes_app.command("undrain")
+    def nodes_undrain(
+        ctx: typer.Context, name: Annotated[str, typer.Argument(help="node")]
+    ) -> None:
+        """Let the node take new tasks again."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            client.undrain_node(name)
+        s.out.print(Text(f"node {name} ready"))
+
+    @nodes_app.command("remove")
+    def nodes_remove(
+        ctx: typer.Context, name: Annotated[str, typer.Argument(help="node")]
+    ) -> None:
+        """Remove the node; jobs running on it are interrupted and queued again."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            answer = client.remove_node(name)
+        interrupted = answer.get("interrupted") or []
+        note = f"; interrupted {len(interrupted)} job(s): {', '.join(interrupted)}" if (
+            interrupted) else ""
+        s.out.print(Text(f"node {name} removed{note}"))
+
+    return nodes_app
+
+
+def _used(allocated: Any, capacity: Any) -> str | None:
+    if capacity is None:
+        return None
+    return f"{allocated if allocated is not None else 0:g}/{capacity:g}"
 
 
 # -- helpers ------------------------------------------------------------------

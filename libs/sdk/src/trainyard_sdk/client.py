@@ -201,6 +201,22 @@ class Client:
     def stop(self, job_id: str) -> dict[str, Any]:
         return self._request("POST", f"/v1/jobs/{_seg(job_id)}/stop")
 
+    def pause(self, job_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Gives the job's capacity back and keeps the rest; it waits PAUSED for
+        :meth:`resume` (a running attempt ends; no retry is spent)."""
+        body = {"reason": reason} if reason else None
+        return self._request("POST", f"/v1/jobs/{_seg(job_id)}/pause", json=body)
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        """Queues a paused job again, as its next attempt."""
+        return self._request("POST", f"/v1/jobs/{_seg(job_id)}/resume")
+
+    def scale(self, job_id: str, role: str, replicas: int) -> dict[str, Any]:
+        """Sets an elastic role's replicas (within its min/max); a running job restarts
+        at the new size as its next attempt."""
+        return self._request("POST", f"/v1/placement/jobs/{_seg(job_id)}/scale",
+                             json={"role": role, "replicas": replicas})
+
     def logs(
         self,
         job_id: str,
@@ -232,6 +248,24 @@ class Client:
                 yield from response.iter_text()
         except httpx.TransportError as exc:
             raise UnreachableError(self.base_url, exc) from exc
+
+    def exec(
+        self,
+        job_id: str,
+        role: str,
+        index: int,
+        command: list[str] | str,
+        timeout: float = 60.0,
+    ) -> dict[str, Any]:
+        """Runs ``command`` (argv, or a string for bash) in a running task, with the
+        task's environment and working directory: ``{"exit_code", "stdout", "stderr",
+        "timed_out"}``. The task must be RUNNING (409 otherwise), e.g. in debug mode."""
+        path = f"/v1/jobs/{_seg(job_id)}/tasks/{_seg(role)}/{int(index)}/exec"
+        return self._request(
+            "POST", path, json={"command": command, "timeout_s": timeout},
+            # The answer comes once the command ended: wait for it a little longer.
+            timeout=httpx.Timeout(self._http.timeout.connect, read=timeout + 30),
+        )
 
     def wait(
         self,
@@ -269,6 +303,29 @@ class Client:
             if deadline is not None:
                 pause = max(0.0, min(pause, deadline - time.monotonic()))
             time.sleep(pause)
+
+    # -- nodes (admin) --------------------------------------------------------
+
+    def nodes(self) -> Items:
+        """Every node placement schedules onto: capacity, allocated, free, state
+        (ready or drained), labels and the jobs on it."""
+        return self._request("GET", "/v1/placement/nodes")["nodes"]
+
+    def add_node(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Adds a node (``name``, ``cpu``, ``memory_mb``, ``gpus``, ``gpu_type``,
+        ``host_ip``, ``port_range``, ``labels`` as ``[{"name", "value"}]``)."""
+        return self._request("POST", "/v1/placement/nodes", json=dict(spec))
+
+    def drain_node(self, name: str) -> dict[str, Any]:
+        """No new task goes to the node; what runs there keeps running."""
+        return self._request("POST", f"/v1/placement/nodes/{_seg(name, 'node name')}/drain")
+
+    def undrain_node(self, name: str) -> dict[str, Any]:
+        return self._request("POST", f"/v1/placement/nodes/{_seg(name, 'node name')}/undrain")
+
+    def remove_node(self, name: str) -> dict[str, Any]:
+        """Removes the node; the jobs running on it are interrupted and queued again."""
+        return self._request("DELETE", f"/v1/placement/nodes/{_seg(name, 'node name')}")
 
     # -- tokens ---------------------------------------------------------------
 
@@ -315,10 +372,10 @@ class Client:
         return None
 
 
-def _seg(value: str) -> str:
+def _seg(value: str, what: str = "job id") -> str:
     """A job id as one path segment: an id pasted with a slash must not walk the API."""
     if not value or "/" in value or value in (".", ".."):
-        raise TrainyardError(f"not a job id: {value!r}")
+        raise TrainyardError(f"not a {what}: {value!r}")
     return quote(value, safe="")
 
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx
 
-JOB_PATH = re.compile(r"^/v1/jobs/(?P<id>[^/]+)(?P<rest>/events|/logs|/stop)?$")
+JOB_PATH = re.compile(r"^/v1/jobs/(?P<id>[^/]+)(?P<rest>/events|/logs|/stop|/pause|/resume)?$")
+SCALE_PATH = re.compile(r"^/v1/placement/jobs/(?P<id>[^/]+)/scale$")
 
 
 def _now() -> str:
@@ -36,6 +37,8 @@ class FakeGateway:
         self.payloads: dict[str, dict[str, Any]] = {}
         self.requests: list[httpx.Request] = []
         self.stops: list[str] = []
+        # (job id, "pause" | "resume" | "scale role N"), in the order asked.
+        self.controls: list[tuple[str, str]] = []
         self._scripts: dict[str, list[dict[str, Any]]] = {}
         self._next = 0
         self.transport = httpx.MockTransport(self._handle)
@@ -106,6 +109,8 @@ class FakeGateway:
         if path == "/v1/jobs" and method == "GET":
             return self._list(request, user, admin)
 
+        if (scale := SCALE_PATH.match(path)) and method == "POST":
+            return self._scale(request, scale["id"], user, admin)
         match = JOB_PATH.match(path)
         if not match:
             return _error(404, "Not Found")
@@ -123,9 +128,32 @@ class FakeGateway:
         if rest == "/stop" and method == "POST":
             self.stops.append(job["id"])
             return httpx.Response(202, json={"id": job["id"], "stop": "requested"})
+        if rest in ("/pause", "/resume") and method == "POST":
+            what = rest[1:]
+            self.controls.append((job["id"], what))
+            return httpx.Response(202, json={"id": job["id"], what: "requested"})
         if rest == "/logs" and method == "GET":
             return self._logs(request, job)
         return _error(405, "Method Not Allowed")
+
+    def _scale(self, request: httpx.Request, job_id: str, user: str, admin: bool
+               ) -> httpx.Response:
+        """Checked as placement checks it, against the job's ``spec.roles``."""
+        job = self.jobs.get(job_id)
+        if job is None or not (admin or job["user"] == user):
+            return _error(404, f"no job {job_id}")
+        body = _json(request)
+        role, replicas = body.get("role"), body.get("replicas")
+        found = next((r for r in (job.get("spec") or {}).get("roles") or []
+                      if r.get("name") == role), None)
+        if found is None or found.get("min_replicas") is None:
+            return _field_error("role", f"role: role {role!r} is not an elastic role of the job")
+        if not found["min_replicas"] <= replicas <= found["max_replicas"]:
+            return _field_error("replicas", f"replicas: {replicas} is outside role {role!r}'s "
+                                f"bounds [{found['min_replicas']}, {found['max_replicas']}]")
+        self.controls.append((job_id, f"scale {role} {replicas}"))
+        return httpx.Response(202, json={"id": job_id, "role": role, "replicas": replicas,
+                                         "scale": "requested"})
 
     def _caller(self, request: httpx.Request) -> tuple[str, bool] | None:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -191,3 +219,7 @@ def _json(request: httpx.Request) -> Any:
 
 def _error(status: int, detail: Any) -> httpx.Response:
     return httpx.Response(status, json={"detail": detail})
+
+
+def _field_error(path: str, message: str) -> httpx.Response:
+    return _error(400, {"message": message, "errors": [{"path": path, "message": message}]})

@@ -17,11 +17,14 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     # Trainyard's own API.
     ("POST", re.compile(r"^/v1/jobs:validate$"), "validation"),
     ("POST", re.compile(r"^/v1/jobs$"), "intake"),
-    ("POST", re.compile(r"^/v1/jobs/[^/]+/stop$"), "intake"),
+    ("POST", re.compile(r"^/v1/jobs/[^/]+/(stop|pause|resume)$"), "intake"),
     ("POST", re.compile(r"^/v1/tokens$"), "intake"),
     (WRITE, re.compile(r"^/v1/access-keys(/[^/]+)?$"), "intake"),
     (READ, re.compile(r"^/v1/jobs/[^/]+/logs$"), "launcher"),
+    ("POST", re.compile(r"^/v1/jobs/[^/]+/tasks/[^/]+/[^/]+/exec$"), "launcher"),
     (READ, re.compile(r"^/v1/placement(/.*)?$"), "placement"),
+    ("POST", re.compile(r"^/v1/placement/jobs/[^/]+/scale$"), "placement"),
+    (WRITE, re.compile(r"^/v1/placement/nodes(/[^/]+(/(drain|undrain))?)?$"), "placement"),
     (READ, re.compile(r"^/v1/jobs(/[^/]+(/events)?)?$"), "status"),
     # PAI-DLC (its paths as the official SDK calls them).
     (READ, re.compile(r"^/api/v1/jobs/[^/]+/pods/[^/]+/logs$"), "launcher"),

@@ -16,7 +16,7 @@ from trainyard_common.runtime import health_app
 from trainyard_common.telemetry import tracer
 
 from .dialect_api import ROUTERS, IntakeContext
-from .handlers import Deps, JobNotFound, request_stop, submit_job
+from .handlers import Deps, JobNotFound, request_pause, request_resume, request_stop, submit_job
 
 MAX_BODY = 4 * 1024 * 1024
 
@@ -85,6 +85,26 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
             except JobNotFound as exc:
                 raise HTTPException(404, f"no job {job_id}") from exc
         return {"id": job_id, "stop": "requested"}
+
+    @app.post("/v1/jobs/{job_id}/pause", status_code=202)
+    async def post_pause(
+        job_id: str, body: StopRequest | None = None, identity: Identity = Depends(current)
+    ) -> dict[str, str]:
+        with trace.start_as_current_span("pause job"):
+            try:
+                await request_pause(job_id, identity, deps, body.reason if body else None)
+            except JobNotFound as exc:
+                raise HTTPException(404, f"no job {job_id}") from exc
+        return {"id": job_id, "pause": "requested"}
+
+    @app.post("/v1/jobs/{job_id}/resume", status_code=202)
+    async def post_resume(job_id: str, identity: Identity = Depends(current)) -> dict[str, str]:
+        with trace.start_as_current_span("resume job"):
+            try:
+                await request_resume(job_id, identity, deps)
+            except JobNotFound as exc:
+                raise HTTPException(404, f"no job {job_id}") from exc
+        return {"id": job_id, "resume": "requested"}
 
     @app.post("/v1/tokens", status_code=201)
     async def post_token(body: TokenRequest, identity: Identity = Depends(current)) -> dict[str, str]:

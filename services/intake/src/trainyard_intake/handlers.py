@@ -9,7 +9,16 @@ from typing import Any
 
 from trainyard_common.auth import Identity
 from trainyard_common.dialects import detect, translate
-from trainyard_common.events import Event, FieldIssue, JobSubmitted, StopJob, derived_id, new_id
+from trainyard_common.events import (
+    Event,
+    FieldIssue,
+    JobSubmitted,
+    PauseJob,
+    ResumeJob,
+    StopJob,
+    derived_id,
+    new_id,
+)
 
 from .adapters.owners import OwnerRegistry
 
@@ -68,10 +77,27 @@ async def submit_job(
 
 
 async def request_stop(job_id: str, identity: Identity, deps: Deps, reason: str | None = None) -> None:
+    await _check_owner(job_id, identity, deps)
+    await deps.publish(
+        StopJob(job_id=job_id, requested_by=identity.user, reason=reason or f"stopped by {identity.user}")
+    )
+
+
+async def request_pause(job_id: str, identity: Identity, deps: Deps, reason: str | None = None) -> None:
+    """Placement decides what a pause means where the job is (docs/lifecycle.md)."""
+    await _check_owner(job_id, identity, deps)
+    await deps.publish(
+        PauseJob(job_id=job_id, requested_by=identity.user, reason=reason or f"paused by {identity.user}")
+    )
+
+
+async def request_resume(job_id: str, identity: Identity, deps: Deps) -> None:
+    await _check_owner(job_id, identity, deps)
+    await deps.publish(ResumeJob(job_id=job_id, requested_by=identity.user))
+
+
+async def _check_owner(job_id: str, identity: Identity, deps: Deps) -> None:
     owner = await deps.owners.owner(job_id)
     # Someone else's job is reported exactly like a missing one: ids are not to be probed.
     if owner is None or not identity.can_see(owner):
         raise JobNotFound(job_id)
-    await deps.publish(
-        StopJob(job_id=job_id, requested_by=identity.user, reason=reason or f"stopped by {identity.user}")
-    )

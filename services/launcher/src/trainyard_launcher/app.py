@@ -1,13 +1,16 @@
 """Bootstrap: settings, clients, adoption of running tasks, the consumer, the watcher,
-and the HTTP app with the task-log API."""
+and the HTTP app with the task-log API and ``exec`` in a running task."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shlex
 from pathlib import Path
 from typing import Literal
+
+from pydantic import BaseModel, Field
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -31,17 +34,30 @@ from trainyard_common.runtime import health_app, serve, setup_logging
 from trainyard_common.storage import mongo_client
 from trainyard_common.subjects import commands_of, events_of
 
+from .adapters.limits import find_mechanisms
 from .adapters.local import LocalBackend
 from .adapters.store import LauncherStore, MongoLauncherStore, task_id
 from .domain.failure import BACKOFF_BASE_S
 from .handlers import Deps, adopt, dispatch, watch_tasks
-from .logs import follow, read_from
+from .logs import DEFAULT_MAX_BYTES, follow, older_part, read_from, read_log
+from .taskexec import ExecRefused, exec_in_task
 
 DURABLE = "launcher"
-SUBJECTS = events_of("placed") + commands_of("stop")
+SUBJECTS = events_of("placed") + commands_of("stop", "interrupt")
 
 
-def create_app(store: LauncherStore, tokens: TokenStore) -> FastAPI:
+EXEC_TIMEOUT_S = 60.0
+EXEC_MAX_TIMEOUT_S = 600.0
+
+log = logging.getLogger("trainyard.launcher")
+
+
+class ExecRequest(BaseModel):
+    command: list[str] | str = Field(description="argv, or a string run by bash")
+    timeout_s: float = Field(EXEC_TIMEOUT_S, gt=0, le=EXEC_MAX_TIMEOUT_S)
+
+
+def create_app(store: LauncherStore, tokens: TokenStore, deps: Deps | None = None) -> FastAPI:
     app = health_app("launcher")
     current_identity = identity_dependency(tokens)
 
@@ -77,15 +93,35 @@ def create_app(store: LauncherStore, tokens: TokenStore) -> FastAPI:
             )
         path = Path(task.dir) / f"{stream}.log"
         if not follow_:
+            # The offset counts in the current part (logs.py); from 0 the older part,
+            # if the log was rotated, comes first.
             data = read_from(path, offset)
-            return Response(data, media_type="text/plain; charset=utf-8",
+            older = read_from(older_part(path), 0) if offset == 0 else b""
+            return Response(older + data, media_type="text/plain; charset=utf-8",
                             headers={"X-Log-Offset": str(offset + len(data))})
 
         async def ended() -> bool:
             now = await store.get_task(key)
             return now is None or now.state.terminal
 
-        return StreamingResponse(follow(path, offset, ended), media_type="text/plain; charset=utf-8")
+        return StreamingResponse(follow(path, offset, ended, with_older=offset == 0),
+                                 media_type="text/plain; charset=utf-8")
+
+    if deps is not None:
+        @app.post("/v1/jobs/{job_id}/tasks/{role}/{index}/exec")
+        async def exec_task(
+            job_id: str, role: str, index: int, body: ExecRequest,
+            identity: Identity = Depends(current_identity),
+        ) -> dict:
+            """Run a command in a running task (its environment, working directory and
+            mount namespace): ``{exit_code, stdout, stderr, timed_out}``."""
+            try:
+                result = await exec_in_task(deps, identity, job_id, role, index, body.command,
+                                            body.timeout_s)
+            except ExecRefused as exc:
+                raise HTTPException(exc.status, exc.detail) from None
+            return {"exit_code": result.exit_code, "stdout": result.stdout,
+                    "stderr": result.stderr, "timed_out": result.timed_out}
 
     app.include_router(dlc_pod_logs(store, tokens))
     return app
@@ -116,7 +152,7 @@ def dlc_pod_logs(store: LauncherStore, tokens: TokenStore) -> APIRouter:
             raise AliyunError(404, "PodNotFound", f"job {job_id} has no pod {pod_id}")
         lines: list[str] = []
         for stream in ("stdout", "stderr"):
-            text = read_from(Path(found.dir) / f"{stream}.log", 0).decode("utf-8", "replace")
+            text = read_log(Path(found.dir) / f"{stream}.log").decode("utf-8", "replace")
             lines += text.splitlines()
         if max_lines:
             lines = lines[-max_lines:]
@@ -134,15 +170,26 @@ async def main() -> None:
     try:
         store = MongoLauncherStore(client[settings.db_name()])
         await store.ensure_indexes()
+        mechanisms = find_mechanisms(os.environ.get("YARD_CGROUP_ROOT") or None)
+        log.info("task limits on this machine: cgroup v2 %s; /dev/shm per task %s",
+                 f"at {mechanisms.cgroup} ({', '.join(sorted(mechanisms.controllers))})"
+                 if mechanisms.cgroup else f"not used ({mechanisms.why_no_cgroup}); "
+                 "memory as RLIMIT_DATA per process, cpu and pids not enforced",
+                 "yes" if mechanisms.shm_namespace else f"no ({mechanisms.why_no_shm})")
         deps = Deps(
             store=store,
-            backend=LocalBackend(settings.data_dir / "launcher"),
+            backend=LocalBackend(
+                settings.data_dir / "launcher",
+                log_max_bytes=int(os.environ.get("YARD_LOG_MAX_BYTES") or DEFAULT_MAX_BYTES),
+                mechanisms=mechanisms,
+            ),
             publish=bus.publish,
             default_fs_uri=os.environ.get("YARD_DEFAULT_FS_URI", ""),
             kill_grace_s=float(os.environ.get("YARD_LAUNCHER_KILL_GRACE_S") or 10.0),
             pip_args=tuple(shlex.split(os.environ.get("YARD_PIP_ARGS", ""))),
             minute_s=float(os.environ.get("YARD_LAUNCHER_MINUTE_S") or 60.0),
             retry_backoff_s=float(os.environ.get("YARD_RETRY_BACKOFF_S") or BACKOFF_BASE_S),
+            start_deadline_s=float(os.environ.get("YARD_START_DEADLINE_S") or 600.0),
         )
         # Before consuming: a redelivered JobPlaced must find adopted tasks as they are.
         await adopt(deps)
@@ -157,7 +204,7 @@ async def main() -> None:
         async def watcher(stop: asyncio.Event) -> None:
             await watch_tasks(deps, stop)
 
-        await serve(settings, create_app(store, tokens), [consumer, watcher])
+        await serve(settings, create_app(store, tokens, deps), [consumer, watcher])
     finally:
         await bus.close()
         await client.close()

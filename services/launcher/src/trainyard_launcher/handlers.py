@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,10 @@ from trainyard_common.errors import TransientError
 from trainyard_common.telemetry import continue_trace, current_traceparent
 from trainyard_common.events import (
     Event,
+    InterruptCause,
+    InterruptJob,
     JobFinished,
+    JobInterrupted,
     JobPlaced,
     JobRetrying,
     JobState,
@@ -45,6 +49,7 @@ from .adapters.local import (
     PortClaim,
     PortUnavailable,
     TaskBackend,
+    TaskOptions,
     TaskRef,
     TaskStatus,
     task_env,
@@ -61,8 +66,20 @@ from .adapters.store import (
     now_ms,
 )
 from .domain.completion import TaskOutcome, Verdict, decide, exit_reason
+from .adapters.rendezvous import reserve_port
 from .domain.env import build_task_env, substitute_secrets
+from .domain.frameworks import FrameworkContext, framework_command, port_to_reserve
 from .domain.failure import BACKOFF_BASE_S, EndKind, classify, judge, preparation_kind
+from .domain.lifecycle import (
+    DEBUG_REASON,
+    CleanupView,
+    StartView,
+    is_debug,
+    late_tasks,
+    plan_cleanup,
+    start_deadline,
+    start_deadline_reason,
+)
 from .domain.prepare import (
     PlanProblem,
     PreparePlan,
@@ -103,6 +120,11 @@ class Deps:
     deadlines: dict[tuple[str, int], datetime | None] = field(default_factory=dict)
     # The first backoff between attempts (YARD_RETRY_BACKOFF_S; doubles per attempt).
     retry_backoff_s: float = BACKOFF_BASE_S
+    # Every task must run its command this long after the attempt was placed
+    # (YARD_START_DEADLINE_S; 0: no deadline). Attempts known to have started all.
+    start_deadline_s: float = 600.0
+    # Each watched attempt's start deadline (None: all its tasks started, or no limit).
+    start_deadlines: dict[tuple[str, int], datetime | None] = field(default_factory=dict)
 
     def lock(self, job_id: str) -> asyncio.Lock:
         return self.locks.setdefault(job_id, asyncio.Lock())
@@ -141,8 +163,20 @@ def retrying_event(job: JobRecord) -> JobRetrying:
     )
 
 
-def end_event(job: JobRecord) -> JobFinished | JobRetrying:
-    """What ends this attempt on the bus: the job's end, or its next attempt."""
+def interrupted_event(job: JobRecord) -> JobInterrupted:
+    assert job.interrupt is not None
+    cause, reason = job.interrupt
+    return JobInterrupted(
+        event_id=derived_id(job.job_id, job.attempt, "interrupted"), job_id=job.job_id,
+        attempt=job.attempt, cause=InterruptCause(cause), reason=reason,
+    )
+
+
+def end_event(job: JobRecord) -> JobFinished | JobRetrying | JobInterrupted:
+    """What ends this attempt on the bus: the job's end, its next attempt, or an
+    interruption (placement decides what follows)."""
+    if job.interrupt is not None:
+        return interrupted_event(job)
     return retrying_event(job) if job.retry is not None else finished_event(job)
 
 
@@ -205,7 +239,8 @@ async def _job_for(event: JobPlaced, deps: Deps) -> JobRecord | None:
     about an older attempt than the one here."""
     store = deps.store
     fresh = JobRecord(job_id=event.job_id, attempt=event.attempt, state=JOB_RUNNING,
-                      spec=event.spec, tasks=event.tasks, user=event.spec.user)
+                      spec=event.spec, tasks=event.tasks, user=event.spec.user,
+                      retries_used=event.retries_used)
     job = await store.get_job(event.job_id)
     if job is None:
         if await store.insert_job(fresh):
@@ -253,8 +288,9 @@ async def start_task(
             return await record(deps, task, TaskState.FAILED, reason="no placement for the task",
                                 ended_at=time.time(), **_failure(EndKind.START_FAILED))
         role = job.spec.role(task.role)
+        framework = _framework(deps, job, ref)
         env = build_task_env(job.spec, job.tasks, task.role, task.index, task.attempt,
-                             task.job_id, deps.default_fs_uri)
+                             task.job_id, deps.default_fs_uri, framework)
         claims = [PortClaim(a.label, placement.host_ip, port)
                   for a in placement.ports for port in a.ports]
         plan = _plan_for(deps, job, ref)
@@ -264,7 +300,10 @@ async def start_task(
                                 **_failure(EndKind.UNSUPPORTED))
         try:
             command = substitute_secrets(role.command, {s.name: s.value for s in job.spec.secrets})
-            launched = deps.backend.launch(ref, command, env, claims, prepare=plan)
+            command = framework_command(job.spec, job.tasks, task.role, task.index, command,
+                                        framework)
+            options = TaskOptions(debug=is_debug(job.spec), resources=role.resources)
+            launched = deps.backend.launch(ref, command, env, claims, prepare=plan, options=options)
         except AlreadyLaunched:
             launched = None
         except LaunchError as exc:
@@ -276,8 +315,22 @@ async def start_task(
         if launched is None:
             return await record(deps, task, TaskState.FAILED, reason=LOST_WHILE_STARTING,
                                 ended_at=time.time(), **_failure(EndKind.LOST))
+    notes = [DEBUG_REASON] if is_debug(job.spec) else []
+    notes += [launched.note] if launched.note else []
     return await record(deps, task, TaskState.RUNNING, pid=launched.pid,
-                        start_ticks=launched.start_ticks, started=now_ms())
+                        start_ticks=launched.start_ticks, started=now_ms(),
+                        reason="; ".join(notes) or None)
+
+
+def _framework(deps: Deps, job: JobRecord, ref: TaskRef) -> FrameworkContext:
+    """The task's directory and, when the job's rendezvous task declared no port, the
+    port reserved for the attempt (the same for every task: domain/frameworks.py)."""
+    assert job.spec is not None
+    task_dir = deps.backend.task_dir(ref)
+    port = None
+    if (master := port_to_reserve(job.spec, job.tasks)) is not None:
+        port = reserve_port(task_dir.parent, master.host_ip)
+    return FrameworkContext(str(task_dir), sys.executable, port)
 
 
 def _plan_for(deps: Deps, job: JobRecord, ref: TaskRef) -> PreparePlan | PlanProblem | None:
@@ -293,19 +346,27 @@ def _kept_for_debug(deps: Deps, job: JobRecord | None, task: TaskRecord, reason:
     directory, and the reason says where both are."""
     if job is None or job.spec is None or not job.spec.keep_failed_for_debug:
         return reason
-    try:
-        env = build_task_env(job.spec, job.tasks, task.role, task.index, task.attempt,
-                             task.job_id, deps.default_fs_uri)
-    except KeyError:
-        env = {}
-    plan = _plan_for(deps, job, task_ref(task))
-    full = prepared_env(task_env(env), plan if isinstance(plan, PreparePlan) else None)
+    full = task_full_env(deps, job, task)
     try:
         path = deps.backend.write_debug_env(
             task_ref(task), debug_env_text(full, [s.value for s in job.spec.secrets]))
     except OSError as exc:
         return f"{reason}; its environment could not be kept: {exc}"
     return debug_reason(reason, task.dir, str(path))
+
+
+def task_full_env(deps: Deps, job: JobRecord, task: TaskRecord) -> dict[str, str]:
+    """The environment the task's command got (the machine's, the task's, the prepared
+    virtualenv's): for its debug env file and for commands run in it (exec)."""
+    assert job.spec is not None
+    try:
+        env = build_task_env(job.spec, job.tasks, task.role, task.index, task.attempt,
+                             task.job_id, deps.default_fs_uri,
+                             _framework(deps, job, task_ref(task)))
+    except (KeyError, OSError):
+        env = {}
+    plan = _plan_for(deps, job, task_ref(task))
+    return prepared_env(task_env(env), plan if isinstance(plan, PreparePlan) else None)
 
 
 # --- ending ---------------------------------------------------------------------------
@@ -327,6 +388,10 @@ def _end_of(status: TaskStatus, lost_reason: str) -> tuple[TaskState, dict[str, 
     ok = status.exit_code == 0 and not status.signal
     if ok:
         return TaskState.SUCCEEDED, fields
+    if status.end_kind == EndKind.OUT_OF_MEMORY.value:
+        fields["reason"] = f"{exit_reason(status.exit_code, status.signal)}; {status.reason}"
+        return TaskState.FAILED, {**fields, **_failure(EndKind.OUT_OF_MEMORY, status.exit_code,
+                                                       status.signal)}
     # The wrapper gives a reason only when the preparation failed (the command never ran).
     kind = preparation_kind(status.reason) if status.reason and not status.signal else EndKind.EXITED
     return TaskState.FAILED, {**fields, **_failure(kind, status.exit_code, status.signal)}
@@ -375,8 +440,9 @@ async def _finish_with(deps: Deps, job: JobRecord, verdict: Verdict,
     if verdict.state == JobState.FAILED and job.spec is not None:
         if outcomes is None:
             outcomes = _outcomes(await deps.store.tasks_of(job.job_id, job.attempt))
+        # Attempts started by a pause, a preemption or a scale spent no retry.
         verdict, retry = judge(job.spec, job.attempt, verdict, outcomes, now=now_ms(),
-                               base_s=deps.retry_backoff_s)
+                               base_s=deps.retry_backoff_s, retries_used=job.retries_used)
     if await deps.store.set_verdict(job.job_id, job.attempt, verdict, retry):
         job = dataclasses.replace(job, state=JOB_FINISHED, verdict=verdict, retry=retry)
     else:
@@ -420,6 +486,23 @@ async def finish_job(deps: Deps, job: JobRecord) -> None:
     await asyncio.gather(*(stop_one(t) for t in tasks))
     await deps.publish(end_event(job))
     await deps.store.mark_finished_published(job.job_id, job.attempt)
+    await clean_up(deps, job)
+
+
+async def clean_up(deps: Deps, job: JobRecord) -> None:
+    """The job's clean-up policy, once the attempt's tasks have ended (the logs stay)."""
+    if job.spec is None or job.interrupt is not None:
+        return  # an interrupted attempt (pause, preemption, scale) keeps its directories
+    tasks = await deps.store.tasks_of(job.job_id, job.attempt)
+    plan = plan_cleanup(job.spec.cleanup_policy, job.spec.keep_failed_for_debug,
+                        [CleanupView(t.role, t.index, t.state) for t in tasks],
+                        job_ended=job.retry is None)
+    for role, index in plan.tasks:
+        removed = deps.backend.clean_task(TaskRef(job.job_id, job.attempt, role, index))
+        log.info("clean-up %s of %s: removed %s of %s[%d]", job.spec.cleanup_policy,
+                 job.job_id, ", ".join(removed) or "nothing", role, index)
+    if plan.job_venv and deps.backend.clean_job(job.job_id):
+        log.info("clean-up All of %s: removed the job's virtualenv", job.job_id)
 
 
 # --- stopping -------------------------------------------------------------------------
@@ -438,7 +521,7 @@ async def stop_job(command: StopJob, deps: Deps) -> None:
         if job.state == JOB_FINISHED:
             if not job.finished_published:
                 await finish_job(deps, job)
-            if job.retry is not None:
+            if job.retry is not None or job.interrupt is not None:
                 # Between attempts: placement stops a queued retry itself, but the next
                 # attempt may already be placed; it must not start.
                 await deps.store.note_stop(job.job_id, job.attempt, command.reason)
@@ -446,9 +529,43 @@ async def stop_job(command: StopJob, deps: Deps) -> None:
         await _finish_with(deps, job, Verdict(JobState.STOPPED, command.reason))
 
 
+# --- interrupting ---------------------------------------------------------------------
+
+async def interrupt_job(command: InterruptJob, deps: Deps) -> None:
+    """Placement takes this attempt's capacity back (a pause, a preemption, a scale): its
+    tasks end as STOPPED with their directories kept, the attempt is finished as
+    interrupted — not judged, so no retry is spent and no JobFinished follows — and
+    JobInterrupted (stored first, so a restart publishes it again) answers."""
+    async with deps.lock(command.job_id):
+        job = await deps.store.get_job(command.job_id)
+        if job is None or job.state == JOB_STOP_EARLY or job.attempt < command.attempt:
+            # Placement announces an attempt before it interrupts it: the JobPlaced is
+            # still on its way (or was put back for later); this waits for it.
+            raise TransientError(
+                f"attempt {command.attempt} of {command.job_id} is not known here yet")
+        if job.attempt > command.attempt:
+            return  # an older attempt's interrupt
+        if job.state == JOB_FINISHED:
+            # Ended already (its own end, a stop, or this interrupt delivered again).
+            if not job.finished_published:
+                await finish_job(deps, job)
+            return
+        verdict = Verdict(JobState.STOPPED, command.reason)
+        if await deps.store.set_interrupted(job.job_id, job.attempt, verdict,
+                                            command.cause.value):
+            job = dataclasses.replace(job, state=JOB_FINISHED, verdict=verdict, retry=None,
+                                      interrupt=(command.cause.value, command.reason),
+                                      finished_published=False)
+        else:
+            job = await deps.store.get_job(job.job_id) or job
+        if job.state == JOB_FINISHED and not job.finished_published:
+            await finish_job(deps, job)
+
+
 EVENT_HANDLERS: dict[type[Event], Callable[[Any, Deps], Awaitable[None]]] = {
     JobPlaced: launch_job,
     StopJob: stop_job,
+    InterruptJob: interrupt_job,
 }
 
 
@@ -505,11 +622,65 @@ async def check_deadlines(deps: Deps) -> None:
                     JobState.FAILED, deadline_reason(job.spec.max_running_minutes)))
 
 
+async def check_start_deadlines(deps: Deps) -> None:
+    """Fail the attempts whose tasks did not all start their command within
+    ``start_deadline_s`` of the placement (a hung preparation, a task never spawned): the
+    late tasks are stopped and FAILED as a platform failure, so a retry may follow."""
+    if deps.start_deadline_s <= 0:
+        return
+    watched = {(t.job_id, t.attempt) for t in deps.watching.values()}
+    for key in set(deps.start_deadlines) - watched:
+        del deps.start_deadlines[key]
+    for job_id, attempt in watched:
+        lock = deps.lock(job_id)
+        if lock.locked():
+            continue
+        if (job_id, attempt) not in deps.start_deadlines:
+            # From the stored STARTING times, so a restarted launcher keeps the deadline.
+            tasks = await deps.store.tasks_of(job_id, attempt)
+            placed_at = min((t.transitions[0].at for t in tasks if t.transitions), default=None)
+            deps.start_deadlines[(job_id, attempt)] = start_deadline(placed_at,
+                                                                     deps.start_deadline_s)
+        deadline = deps.start_deadlines[(job_id, attempt)]
+        if deadline is None or now_ms() < deadline:
+            continue
+        async with lock:
+            job = await deps.store.get_job(job_id)
+            if job is None or job.attempt != attempt or job.state != JOB_RUNNING or job.spec is None:
+                continue
+            tasks = await deps.store.tasks_of(job_id, attempt)
+            late = late_tasks([_start_view(deps, t) for t in tasks])
+            if not late:
+                deps.start_deadlines[(job_id, attempt)] = None  # all started: done
+                continue
+            reason = start_deadline_reason(deps.start_deadline_s, late)
+            with continue_trace(tasks[0].traceparent if tasks else None):
+                for view in late:
+                    task = next(t for t in tasks if (t.role, t.index) == (view.role, view.index))
+                    status = await deps.backend.kill(task_ref(task), task.pid, task.start_ticks,
+                                                     deps.kill_grace_s)
+                    await record(deps, task, TaskState.FAILED, reason=reason,
+                                 exit_code=status.exit_code, signal=status.signal,
+                                 ended_at=status.ended_at or time.time(),
+                                 **_failure(EndKind.START_TIMEOUT))
+                    deps.watching.pop(task.id, None)
+                await _finish_with(deps, job, Verdict(JobState.FAILED, reason,
+                                                      task=(late[0].role, late[0].index)))
+
+
+def _start_view(deps: Deps, task: TaskRecord) -> StartView:
+    if task.state != TaskState.RUNNING:
+        return StartView(task.role, task.index, task.state)
+    progress = deps.backend.progress(task_ref(task))
+    return StartView(task.role, task.index, task.state, progress.command_started, progress.step)
+
+
 async def watch_tasks(deps: Deps, stop: asyncio.Event, interval_s: float = 0.3) -> None:
     while not stop.is_set():
         try:
             await check_tasks(deps)
             await check_deadlines(deps)
+            await check_start_deadlines(deps)
         except Exception:  # noqa: BLE001 - a store hiccup must not end the watcher
             log.exception("checking tasks failed; trying again")
         try:

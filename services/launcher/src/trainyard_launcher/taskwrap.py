@@ -1,23 +1,35 @@
 """The process that stands for one task: ``python -m trainyard_launcher.taskwrap
---dir TASKDIR -- COMMAND...``.
+--dir TASKDIR [--prepare PLAN] [--options OPTIONS] -- COMMAND...``.
 
 The launcher starts it in a session of its own, so the task outlives a launcher crash
 and a restarted launcher can adopt it by the pid file. It writes ``pid`` first, runs the
 command as a child in the child's own process group, forwards SIGTERM/SIGINT to that
-group, and when the command ends kills what is left of the group (a container's end
-takes every process with it) and writes ``exit.json`` atomically.
+group, and when the command ends kills what is left of the group — and, as the task's
+child subreaper, every process the command left behind even outside its group or
+session (a container's end takes every process with it) — and writes ``exit.json``
+atomically.
 
 With ``--prepare PLAN`` it first carries out the task's preparation (code checkout, data
 sources, the job's virtualenv, mount paths: :mod:`trainyard_launcher.adapters.prepare`),
 here in the task's own process so a slow install never holds the launcher up. A failed
 preparation ends the task without running the command, with ``reason`` in ``exit.json``.
+
+``--options`` (JSON): ``debug`` runs a keep-alive in place of the command (T9k's debug
+mode: everything prepared, nothing run); ``limits`` is the task's
+:class:`~trainyard_launcher.domain.limits.LimitPlan`, entered by the command's process
+before it runs; ``log_max_bytes`` caps each log stream (:mod:`trainyard_launcher.logs`):
+the command's output reaches its log through a pipe the wrapper copies. ``started`` is
+written once the command (or the keep-alive) runs, for the launcher's start deadline.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,10 +37,20 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from typing import TYPE_CHECKING
+
 from trainyard_launcher.adapters.procfs import start_ticks
+
+if TYPE_CHECKING:
+    from trainyard_launcher.logs import CappedLog
 
 # Written by the preparation when it cannot build the task's view (adapters/prepare.py).
 FAILED_FILE = "prepare-failed"
+# Written when the command (or the debug keep-alive) has started.
+STARTED_FILE = "started"
+OUT_OF_MEMORY = "out_of_memory"  # domain.failure.EndKind.OUT_OF_MEMORY
+_PR_SET_CHILD_SUBREAPER = 36
+_CHUNK = 64 * 1024
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -40,10 +62,25 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class LogText:
+    """A text stream over a capped log, for the preparation's and the wrapper's words."""
+
+    def __init__(self, log: CappedLog) -> None:
+        self.log = log
+
+    def write(self, text: str) -> int:
+        self.log.write(text.encode(errors="replace"))
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainyard_launcher.taskwrap")
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--prepare", type=Path, default=None)
+    parser.add_argument("--options", type=Path, default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -67,6 +104,21 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    _become_subreaper()
+
+    # Imported only now (it loads asyncio): the pid file and the handlers come first.
+    from trainyard_launcher.logs import CappedLog
+
+    options = json.loads(args.options.read_text()) if args.options is not None else {}
+    cap = int(options.get("log_max_bytes") or 0)
+    out_log = CappedLog(task_dir / "stdout.log", cap)
+    err_log = CappedLog(task_dir / "stderr.log", cap)
+    say = LogText(err_log)
+    if options.get("debug"):
+        # T9k's debug mode: the task is made ready, but a keep-alive runs, not the command.
+        command = [shutil.which("sleep") or "/bin/sleep", "infinity"]
+        say.write("trainyard: debug mode: the command is not run; this task stays up until "
+                  "the job is stopped (`yard exec` runs commands in it)\n")
 
     child_env: dict[str, str] | None = None
     links: list[tuple[str, str]] = []
@@ -81,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
 
         plan = PreparePlan.from_json(args.prepare.read_text())
         try:
-            command, links = run_preparation(plan, args.prepare, command, sys.stderr)
+            command, links = run_preparation(plan, args.prepare, command, say)  # type: ignore[arg-type]
         except PrepareFailed as exc:
-            print(f"trainyard: {exc}", file=sys.stderr, flush=True)
+            say.write(f"trainyard: {exc}\n")
             return _end_unstarted(task_dir, pending, str(exc))
         child_env = prepared_env(dict(os.environ), plan)
         if pending:
@@ -91,22 +143,43 @@ def main(argv: list[str] | None = None) -> int:
             remove_links(links)
             return _end_unstarted(task_dir, pending, None)
 
+    limits = None
+    cgroup: str | None = None
+    preexec = None
+    if options.get("limits"):
+        from trainyard_launcher.adapters.limits import enter_limits, make_cgroup
+        from trainyard_launcher.domain.limits import LimitPlan
+
+        limits = LimitPlan(**options["limits"])
+        cgroup = make_cgroup(limits)
+
+        def preexec() -> None:
+            assert limits is not None
+            enter_limits(limits, cgroup)
+
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     try:
         child = subprocess.Popen(
-            command, cwd=task_dir / "work", stdin=subprocess.DEVNULL, process_group=0,
-            env=child_env,
+            command, cwd=task_dir / "work", stdin=subprocess.DEVNULL, stdout=out_w,
+            stderr=err_w, process_group=0, env=child_env, preexec_fn=preexec,
         )
     except OSError as exc:
-        print(f"trainyard: cannot start {command[0]!r}: {exc}", file=sys.stderr, flush=True)
+        say.write(f"trainyard: cannot start {command[0]!r}: {exc}\n")
         write_atomically(
             task_dir / "exit.json",
             json.dumps({"exit_code": 127, "signal": None, "ended_at": time.time()}),
         )
         return 127
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    write_atomically(task_dir / STARTED_FILE, f"{time.time()}\n")
     for signum in pending:
         forward(signum, None)
 
-    returncode = child.wait()
+    pipes = {out_r: out_log, err_r: err_log}
+    returncode = _pump(child, pipes)
     if links:
         from trainyard_launcher.adapters.prepare import remove_links
 
@@ -115,13 +188,139 @@ def main(argv: list[str] | None = None) -> int:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    _sweep(child.pid)
+    _drain(pipes)
     killed_by = -returncode if returncode < 0 else None
     exit_code = 128 + killed_by if killed_by else returncode
     ended: dict[str, object] = {"exit_code": exit_code, "signal": killed_by, "ended_at": time.time()}
     if (failed := task_dir / FAILED_FILE).exists():
         ended["reason"] = failed.read_text().strip()
+    elif limits is not None and exit_code != 0 and _out_of_memory(limits, cgroup, err_log):
+        from trainyard_launcher.domain.limits import out_of_memory_note
+
+        ended.update(end_kind=OUT_OF_MEMORY, reason=out_of_memory_note(limits))
+    if cgroup is not None:
+        from trainyard_launcher.adapters.limits import remove_cgroup
+
+        remove_cgroup(cgroup)
+    out_log.close()
+    err_log.close()
     write_atomically(task_dir / "exit.json", json.dumps(ended))
     return exit_code
+
+
+def _pump(child: subprocess.Popen[bytes], logs: dict[int, CappedLog]) -> int:
+    """Copy the command's output to its logs until it exits; its exit status."""
+    rounds = 0
+    while True:
+        if logs:
+            ready, _, _ = select.select(list(logs), [], [], 0.2)
+            for fd in ready:
+                _copy(fd, logs)
+        elif (code := child.wait()) is not None:
+            return code
+        if (code := child.poll()) is not None:
+            return code
+        rounds += 1
+        if rounds % 25 == 0:
+            _reap_orphans(child.pid)
+
+
+def _copy(fd: int, logs: dict[int, CappedLog]) -> bool:
+    """One read from ``fd`` into its log; False (and the pipe closed) at its end."""
+    data = os.read(fd, _CHUNK)
+    if data:
+        logs[fd].write(data)
+        return True
+    os.close(fd)
+    del logs[fd]
+    return False
+
+
+def _drain(logs: dict[int, CappedLog], quiet_s: float = 1.0) -> None:
+    """What is left in the pipes once every writer is gone (or silent for quiet_s)."""
+    while logs:
+        ready, _, _ = select.select(list(logs), [], [], quiet_s)
+        if not ready:
+            break
+        for fd in ready:
+            _copy(fd, logs)
+    for fd in list(logs):
+        os.close(fd)
+        del logs[fd]
+
+
+def _become_subreaper() -> None:
+    # Orphans of the command (a daemon that left its group and session) become our
+    # children instead of init's, so the task's end can find and end them.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _children() -> list[tuple[int, str]]:
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        rest = raw[raw.rfind(")") + 2:].split()
+        if len(rest) > 1 and int(rest[1]) == me:
+            found.append((int(name), rest[0]))
+    return found
+
+
+def _reap_orphans(child_pid: int) -> None:
+    for pid, state in _children():
+        if state == "Z" and pid != child_pid:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _sweep(child_pid: int) -> None:
+    """End every process the command left behind (our children by now, as subreaper)."""
+    for _ in range(100):
+        alive = [pid for pid, state in _children() if state != "Z"]
+        for pid, state in _children():
+            if state == "Z":
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        if not alive:
+            return
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+
+
+def _out_of_memory(limits: object, cgroup: str | None, err_log: CappedLog) -> bool:
+    from trainyard_launcher.adapters.limits import oom_kills
+    from trainyard_launcher.domain.limits import LimitPlan, memory_exhausted
+
+    assert isinstance(limits, LimitPlan)
+    if not limits.memory_mb:
+        return False
+    if cgroup is not None and limits.memory_by == "cgroup":
+        return oom_kills(cgroup) > 0
+    try:
+        with open(err_log.path, "rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - 16 * 1024, 0))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return memory_exhausted(tail)
 
 
 def _end_unstarted(task_dir: Path, pending: list[int], reason: str | None) -> int:

@@ -89,8 +89,13 @@ def translate(payload: Any, dialect: str | None = None, user: str = "") -> Trans
         return Translation(empty_spec(user=user), chosen.name, [issue])
 
 
-def field_path(dialect_name: str, role_index: int | None, field: str) -> str:
-    """The payload path of a canonical field, for problems found after translation:
-    ("openpai", 0, "gpu") -> "$.taskRoles[0].gpuNumber"."""
+def field_path(dialect_name: str, payload: Any, role: str | None, field: str) -> str:
+    """Where a canonical field is written in ``payload`` (the job as the user sent it),
+    for problems found after translation: ("openpai_v2", job, "worker", "memory_mb") ->
+    "$.taskRoles.worker.resourcePerInstance.memoryMB". ``role`` is the role's name in
+    the spec (None: a job-wide field)."""
     chosen = BY_NAME.get(dialect_name, native.REGISTRATION)
-    return chosen.field_path(role_index, field)
+    try:
+        return chosen.field_path(payload, role, field)
+    except Exception:  # noqa: BLE001 - a path is advice; a bug must not lose the rejection
+        return "$"

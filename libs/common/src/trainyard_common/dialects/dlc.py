@@ -274,23 +274,49 @@ def local_path(uri: str) -> str | None:
 # ---------------------------------------------------------------------- translation
 
 
-def field_path(role_index: int | None, field_name: str) -> str:
-    job_fields = {"name": "DisplayName", "queue": "ResourceId", "priority": "Priority",
-                  "kind": "JobType", "env": "Envs", "roles": "JobSpecs",
-                  "max_running_minutes": "JobMaxRunningTimeMinutes",
-                  "pip_packages": "ThirdpartyLibs", "pip_requirements_dir": "ThirdpartyLibDir",
-                  "data_sources": "DataSources", "code_source": "CodeSource",
-                  "command": "UserCommand"}
-    if role_index is None or field_name == "command":
-        key = job_fields.get(field_name)
+_JOB_FIELDS = {"name": "DisplayName", "queue": "ResourceId", "priority": "Priority",
+               "kind": "JobType", "env": "Envs", "roles": "JobSpecs",
+               "max_running_minutes": "JobMaxRunningTimeMinutes",
+               "pip_packages": "ThirdpartyLibs", "pip_requirements_dir": "ThirdpartyLibDir",
+               "data_sources": "DataSources", "code_source": "CodeSource",
+               "command": "UserCommand"}
+_ROLE_FIELDS = {"name": "Type", "replicas": "PodCount", "image": "Image"}
+# Canonical resource -> its ResourceConfig key; without that key the JobSpec's EcsSpec
+# (an instance type) is where the figure came from.
+_RESOURCE_FIELDS = {"cpu": "CPU", "memory_mb": "Memory", "gpu": "GPU", "gpu_type": "GPUType",
+                    "shm_mb": "SharedMemory"}
+
+
+def _given(obj: Any, key: str) -> bool:
+    return isinstance(obj, dict) and obj.get(key) not in (None, "")
+
+
+def field_path(payload: Any, role: str | None, field_name: str) -> str:
+    """Where a canonical field is written in a CreateJob body: a role is the JobSpec of
+    its Type; a resource is ResourceConfig's figure if given, else the EcsSpec's."""
+    payload = payload if isinstance(payload, dict) else {}
+    if field_name == "queue" and not _given(payload, "ResourceId") and _given(
+            payload, "WorkspaceId"):
+        return "$.WorkspaceId"  # the queue falls back to the workspace
+    if role is None or field_name == "command":
+        key = _JOB_FIELDS.get(field_name)
         return f"$.{key}" if key else "$"
-    spec = f"$.JobSpecs[{role_index}]"
-    role_fields = {"name": "Type", "replicas": "PodCount", "image": "Image",
-                   "cpu": "ResourceConfig.CPU", "memory_mb": "ResourceConfig.Memory",
-                   "gpu": "ResourceConfig.GPU", "gpu_type": "ResourceConfig.GPUType",
-                   "shm_mb": "ResourceConfig.SharedMemory"}
-    key = role_fields.get(field_name)
-    return f"{spec}.{key}" if key else spec
+    specs = payload.get("JobSpecs")
+    index = next((i for i, s in enumerate(specs) if isinstance(s, dict) and isinstance(
+        s.get("Type"), str) and s["Type"].replace("-", "_") == role), None) if isinstance(
+        specs, list) else None
+    if index is None:
+        return "$.JobSpecs"
+    path = f"$.JobSpecs[{index}]"
+    spec = specs[index]
+    if field_name in _ROLE_FIELDS:
+        return f"{path}.{_ROLE_FIELDS[field_name]}"
+    key = _RESOURCE_FIELDS.get(field_name)
+    if key is None:
+        return path
+    if not _given(spec.get("ResourceConfig"), key) and _given(spec, "EcsSpec"):
+        return f"{path}.EcsSpec"
+    return f"{path}.ResourceConfig.{key}"
 
 
 def _unsupported(obj: dict[str, Any], known: frozenset[str], path: str, issues: Issues,
@@ -604,9 +630,12 @@ STATUS = {
     "SUBMITTED": "Creating", "ACCEPTED": "Creating", "QUEUED": "Queuing",
     "PLACED": "EnvPreparing", "RUNNING": "Running", "SUCCEEDED": "Succeeded",
     "FAILED": "Failed", "STOPPED": "Stopped", "REJECTED": "Failed",
+    # DLC has no pause: a paused job holds nothing and waits for a person, as a stopped
+    # one does; its ReasonCode tells the two apart.
+    "PAUSED": "Stopped",
 }
 REASON_CODE = {"REJECTED": "JobRejected", "FAILED": "JobFailed", "STOPPED": "JobStopped",
-               "QUEUED": "JobEnqueued", "SUCCEEDED": "JobSucceeded"}
+               "QUEUED": "JobEnqueued", "SUCCEEDED": "JobSucceeded", "PAUSED": "JobPaused"}
 POD_STATUS = {None: "Pending", "PENDING": "Pending", "STARTING": "Pending",
               "RUNNING": "Running", "SUCCEEDED": "Succeeded", "FAILED": "Failed",
               "STOPPED": "Stopped"}

@@ -4,6 +4,7 @@ as a resource with a status. Pure; problems are recorded on an ``Issues``."""
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import shlex
@@ -12,7 +13,8 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from ..jobspec import EnvVar, Resources
+from ..events import FieldIssue
+from ..jobspec import EnvVar, Resources, RoleSpec
 from .translation import INT_MAX, Issues, join, json_type, show
 
 # Kubernetes object names (metadata.name, namespaces): an RFC 1123 DNS label.
@@ -35,6 +37,16 @@ _SUFFIX = {
     "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
     "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
 }
+
+# Canonical resource -> the Kubernetes resource it is read from.
+RESOURCE_KEYS = {"cpu": "cpu", "memory_mb": "memory", "gpu": GPU_RESOURCE,
+                 "storage_gb": "ephemeral-storage"}
+# Which table a resource's figure is read from first. Requests are what a task is placed
+# by; limits stand in when no request is given (Kubernetes defaults a missing request to
+# the limit). Extended resources such as GPUs are whole numbers, given in limits.
+RESOURCE_ORDER = {"cpu": ("requests", "limits"), "memory": ("requests", "limits"),
+                  GPU_RESOURCE: ("limits", "requests"),
+                  "ephemeral-storage": ("requests", "limits")}
 
 # Container and pod fields that carry meaning Trainyard applies; every other one is
 # kept with the original and reported.
@@ -165,12 +177,7 @@ def pod_template(
         issues.error(containers_path, "containers must be a non-empty list", "type"
                      if not isinstance(containers, list) else "required")
         return task
-    chosen = 0
-    names = [c.get("name") if isinstance(c, dict) else None for c in containers]
-    for wanted in preferred:
-        if wanted in names:
-            chosen = names.index(wanted)
-            break
+    chosen = _training_container(containers, preferred)
     for i in range(len(containers)):
         if i != chosen:
             issues.warn(f"{containers_path}[{i}]", f"only containers[{chosen}] runs as the "
@@ -196,6 +203,47 @@ def pod_template(
         issues.warn(join(cpath, key), f"container field {show(key)} is kept but not "
                     "applied by Trainyard", "not_applied")
     return task
+
+
+def _training_container(containers: list[Any], preferred: tuple[str, ...]) -> int:
+    names = [c.get("name") if isinstance(c, dict) else None for c in containers]
+    return next((names.index(wanted) for wanted in preferred if wanted in names), 0)
+
+
+def template_field_path(template: Any, path: str, field: str,
+                        preferred: tuple[str, ...] = ()) -> str:
+    """Where a canonical role field is written in the pod template at ``path``, read as
+    ``pod_template`` reads it: the training container, and of a resource the table
+    (requests or limits) its figure was taken from. Total: a template it cannot follow
+    gets the nearest enclosing path."""
+    if not isinstance(template, dict):
+        return path
+    pod, spec_path = template.get("spec"), join(path, "spec")
+    if pod is None and "containers" in template:
+        pod, spec_path = template, path
+    containers = pod.get("containers") if isinstance(pod, dict) else None
+    if not isinstance(containers, list) or not containers:
+        return spec_path
+    chosen = _training_container(containers, preferred)
+    cpath = f"{join(spec_path, 'containers')}[{chosen}]"
+    container = containers[chosen]
+    if not isinstance(container, dict):
+        return cpath
+    if field == "command":
+        return join(cpath, "command" if "command" in container or "args" not in container
+                    else "args")
+    if field in ("image", "env"):
+        return join(cpath, field)
+    if field == "shm_mb":
+        return join(spec_path, "volumes")
+    key = RESOURCE_KEYS.get(field)
+    if key is None:
+        return join(cpath, "resources") if field == "gpu_type" else cpath
+    resources = container.get("resources")
+    order = RESOURCE_ORDER[key]
+    part = next((p for p in order if isinstance(resources, dict) and isinstance(
+        resources.get(p), dict) and key in resources[p]), order[0])
+    return join(join(join(cpath, "resources"), part), key)
 
 
 def _env(raw: Any, path: str, issues: Issues) -> list[EnvVar]:
@@ -283,15 +331,13 @@ def _resources(raw: Any, path: str, issues: Issues) -> Resources:
                 return amounts[key][part], join(join(path, part), key)
         return None
 
-    # Requests are what a task is placed by; limits stand in when no request is given
-    # (Kubernetes defaults a missing request to the limit).
-    cpu = pick("cpu", ("requests", "limits"))
+    cpu = pick("cpu", RESOURCE_ORDER["cpu"])
     if cpu is not None:
         if cpu[0] <= 0 or cpu[0] > INT_MAX:
             issues.error(cpu[1], f"cpu must be more than 0, got {cpu[0]}", "range")
         else:
             resources.cpu = float(cpu[0])
-    memory = pick("memory", ("requests", "limits"))
+    memory = pick("memory", RESOURCE_ORDER["memory"])
     if memory is not None:
         mb = math.ceil(memory[0] / MIB) if memory[0] > 0 else 0
         if mb <= 0 or mb > INT_MAX:
@@ -299,15 +345,14 @@ def _resources(raw: Any, path: str, issues: Issues) -> Resources:
                          f"{INT_MAX} MiB", "range")
         else:
             resources.memory_mb = mb
-    # Extended resources such as GPUs are whole numbers, given in limits.
-    gpu = pick(GPU_RESOURCE, ("limits", "requests"))
+    gpu = pick(GPU_RESOURCE, RESOURCE_ORDER[GPU_RESOURCE])
     if gpu is not None:
         if gpu[0] != gpu[0].to_integral_value() or gpu[0] < 0 or gpu[0] > INT_MAX:
             issues.error(gpu[1], f"{GPU_RESOURCE} must be a whole number of GPUs, got "
                          f"{gpu[0]}", "range")
         else:
             resources.gpu = float(gpu[0])
-    storage = pick("ephemeral-storage", ("requests", "limits"))
+    storage = pick("ephemeral-storage", RESOURCE_ORDER["ephemeral-storage"])
     if storage is not None and 0 <= storage[0] <= Decimal(INT_MAX) * GIB:
         resources.storage_gb = math.ceil(storage[0] / GIB)
     return resources
@@ -382,6 +427,17 @@ def restarts(view: dict[str, Any], role: str) -> int:
     return max(0, len({t.get("attempt") for t in tasks}) - 1)
 
 
+def is_paused(view: dict[str, Any]) -> bool:
+    """PAUSED; or submitted to start paused (T9k runMode.pause, Kubeflow suspend) and
+    not yet announced so: a resumed job (a later attempt) is no longer paused."""
+    if view.get("state") == "PAUSED":
+        return True
+    spec = view.get("spec") or {}
+    return (isinstance(spec, dict) and spec.get("run_mode") == "pause"
+            and (view.get("attempt") or 1) == 1
+            and view.get("state") in ("SUBMITTED", "ACCEPTED", "QUEUED"))
+
+
 def resource_metadata(view: dict[str, Any], original: dict[str, Any]) -> dict[str, Any]:
     """The resource's metadata as stored: what the user sent plus the server's fields."""
     meta = original.get("metadata")
@@ -411,3 +467,104 @@ def rejection_message(view: dict[str, Any]) -> str:
     errors = [f"{e.get('path')}: {e.get('message')}" for e in view.get("errors") or []
               if isinstance(e, dict)]
     return "; ".join(errors) or str(view.get("reason") or "rejected")
+
+
+# ------------------------------------------------------------------ PATCH of a submitted job
+
+
+@dataclass
+class Control:
+    """What a PATCH of a submitted job asks for: pause (True) or resume (False), new
+    replica counts of elastic roles, or the reasons it cannot be done."""
+
+    pause: bool | None = None
+    scale: dict[str, int] = field(default_factory=dict)
+    errors: list[FieldIssue] = field(default_factory=list)
+
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON Merge Patch (what ``kubectl patch --type=merge`` sends): objects
+    merge key by key, null deletes a key, anything else (lists too) replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def without(value: Any, path: tuple[str, ...]) -> Any:
+    """``value`` with the field at ``path`` removed ("*": in every item of a list)."""
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if head == "*" and isinstance(value, list):
+        return [without(item, rest) for item in value]
+    if not isinstance(value, dict) or head not in value:
+        return value
+    if not rest:
+        return {k: v for k, v in value.items() if k != head}
+    return {**value, head: without(value[head], rest)}
+
+
+def _hollow(value: Any) -> bool:
+    return isinstance(value, dict) and all(_hollow(v) for v in value.values())
+
+
+def first_difference(old: Any, new: Any, path: str = "$") -> str | None:
+    """The JSON path of the first place ``new`` differs from ``old``, or None. An empty
+    object is no different from none (a merge patch that deletes a field's last key
+    leaves one)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in [*old, *(k for k in new if k not in old)]:
+            if key not in old or key not in new:
+                if _hollow((old if key in old else new)[key]):
+                    continue
+                return join(path, str(key))
+            found = first_difference(old[key], new[key], join(path, str(key)))
+            if found:
+                return found
+        return None
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            found = first_difference(a, b, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    return None if old == new and type(old) is type(new) else path
+
+
+def immutable_change(current: dict[str, Any], patched: dict[str, Any],
+                     changeable: tuple[tuple[str, ...], ...], allowed: str) -> FieldIssue | None:
+    """The first change a PATCH makes outside the ``changeable`` fields, as an error."""
+    old, new = current, patched
+    for path in (("status",), *changeable):
+        old, new = without(old, path), without(new, path)
+    where = first_difference(old, new)
+    if where is None:
+        return None
+    return FieldIssue(path=where, code="immutable", message=(
+        f"{where.removeprefix('$.')} cannot be changed on a submitted job; a PATCH may "
+        f"change {allowed}"))
+
+
+def elastic_scale(role: RoleSpec, replicas: Any, path: str, errors: list[FieldIssue]
+                  ) -> int | None:
+    """``replicas`` for an elastic role, checked against its bounds."""
+    if role.min_replicas is None or role.max_replicas is None:
+        errors.append(FieldIssue(path=path, code="immutable", message=(
+            f"the replicas of role {role.name!r} cannot change: it is not elastic")))
+        return None
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not (
+            role.min_replicas <= replicas <= role.max_replicas):
+        errors.append(FieldIssue(path=path, code="range", message=(
+            f"role {role.name!r} scales between {role.min_replicas} and "
+            f"{role.max_replicas} replicas, not {show(replicas)}")))
+        return None
+    return replicas

@@ -18,12 +18,18 @@ from ..jobspec import JobKind, JobSpec, RestartPolicy, RoleSpec, RunMode, TaskRe
 from .k8s_pod import (
     DNS_LABEL_RE,
     DNS_LABEL_RULE,
+    Control,
     condition,
+    elastic_scale,
+    immutable_change,
+    is_paused,
     latest_tasks,
+    merge_patch,
     pod_template,
     rejection_message,
     resource_metadata,
     shell_command,
+    template_field_path,
     timestamp,
 )
 from .registry import Dialect
@@ -67,12 +73,26 @@ def key_of(namespace: str, plural: str, name: str) -> str:
     return f"{namespace}/{plural}/{name}"
 
 
-def field_path(role_index: int | None, field: str) -> str:
-    if role_index is None:
+def field_path(payload: Any, role: str | None, field: str) -> str:
+    """Where a canonical field is written in a Kubeflow job: a role is its replica spec,
+    keyed by type; its resources are the training container's."""
+    if role is None:
         return {"name": "$.metadata.name",
                 "queue": "$.spec.runPolicy.schedulingPolicy.queue"}.get(field, "$.spec")
-    # Replica specs are keyed by type, which a role index does not name.
-    return "$.spec"
+    payload = payload if isinstance(payload, dict) else {}
+    kind = KINDS.get(payload.get("kind")) if isinstance(payload.get("kind"), str) else None
+    spec = payload.get("spec")
+    replicas = spec.get(kind.replica_key) if kind and isinstance(spec, dict) else None
+    if kind is None or not isinstance(replicas, dict) or role not in replicas:
+        return "$.spec"
+    path = join(join("$.spec", kind.replica_key), role)
+    entry = replicas[role]
+    if field == "role" or field == "name":
+        return path
+    if field == "replicas":
+        return join(path, "replicas")
+    template = entry.get("template") if isinstance(entry, dict) else None
+    return template_field_path(template, join(path, "template"), field, (kind.container,))
 
 
 def _run_policy(spec: dict[str, Any], issues: Issues) -> dict[str, Any]:
@@ -279,6 +299,47 @@ def translate_kubeflow(payload: Any, user: str = "") -> Translation:
                        key=key_of(namespace, kind.plural, name) if name else None)
 
 
+def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
+    """What a merge patch of a submitted Kubeflow job asks for: ``runPolicy.suspend``
+    true pauses it, false (or removing it) resumes it; a new ``replicas`` of an elastic
+    PyTorchJob's Worker (within elasticPolicy's bounds) scales it. Anything else is
+    refused, naming the field."""
+    if not isinstance(patch, dict):
+        return Control(errors=[FieldIssue(path="$", code="type", message=(
+            f"a merge patch must be a JSON object, not {json_type(patch)}"))])
+    patched = merge_patch(current, patch)
+    after = translate_kubeflow(patched)
+    if after.errors:
+        return Control(errors=after.errors)
+    kind = KINDS[patched["kind"]]  # the translation has checked it
+    changeable = (("spec", "runPolicy", "suspend"),
+                  *(("spec", kind.replica_key, t, "replicas") for t in kind.types))
+    changed = immutable_change(current, patched, changeable, "spec.runPolicy.suspend (pause "
+                               "or resume the job) and the replicas of an elastic Worker")
+    if changed is not None:
+        return Control(errors=[changed])
+    control = Control()
+    spec_patch = patch.get("spec") if isinstance(patch.get("spec"), dict) else {}
+    policy = spec_patch.get("runPolicy")
+    if isinstance(policy, dict) and "suspend" in policy:
+        control.pause = after.spec.run_mode is RunMode.PAUSE
+    roles = {r.name: r for r in after.spec.roles}
+
+    def counts(resource: dict[str, Any]) -> dict[str, Any]:
+        specs = resource["spec"].get(kind.replica_key)
+        return {t: e.get("replicas", 1) for t, e in specs.items() if isinstance(e, dict)} \
+            if isinstance(specs, dict) else {}
+
+    before = counts(current) if isinstance(current.get("spec"), dict) else {}
+    for rtype, replicas in counts(patched).items():
+        if rtype in roles and replicas != before.get(rtype):
+            path = join(join(join("$.spec", kind.replica_key), rtype), "replicas")
+            count = elastic_scale(roles[rtype], replicas, path, control.errors)
+            if count is not None:
+                control.scale[rtype] = count
+    return control
+
+
 def validate_kubeflow(payload: Any, spec: JobSpec) -> list[FieldIssue]:
     return translate_kubeflow(payload, spec.user).errors
 
@@ -315,8 +376,7 @@ def render(kind_plural: str, job_view: dict[str, Any]) -> dict[str, Any]:
                "REJECTED": "Rejected"}[state]
         message = rejection_message(view) if state == "REJECTED" else reason
         conditions.append(condition("Failed", True, why, message, finished))
-    if (view.get("spec") or {}).get("run_mode") == RunMode.PAUSE.value and state not in (
-            "SUCCEEDED", "FAILED", "STOPPED", "REJECTED"):
+    if is_paused(view):
         conditions.append(condition("Suspended", True, f"{label}Suspended",
                                     f"{label} {name} is suspended.", updated))
     tasks = latest_tasks(view)

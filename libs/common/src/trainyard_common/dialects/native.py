@@ -31,13 +31,18 @@ DIALECT = "native"
 _RESOURCE_FIELDS = frozenset({"cpu", "memory_mb", "shm_mb", "gpu", "gpu_type", "storage_gb"})
 
 
-def field_path(role_index: int | None, field: str) -> str:
-    if role_index is None:
+def field_path(payload: Any, role: str | None, field: str) -> str:
+    if role is None:
         return f"$.{field}"
-    role = f"$.roles[{role_index}]"
+    raw = payload.get("roles") if isinstance(payload, dict) else None
+    index = next((i for i, r in enumerate(raw) if isinstance(r, dict) and r.get("name") == role),
+                 None) if isinstance(raw, list) else None
+    if index is None:
+        return "$.roles"
+    path = f"$.roles[{index}]"
     if field == "role":
-        return role
-    return f"{role}.resources.{field}" if field in _RESOURCE_FIELDS else f"{role}.{field}"
+        return path
+    return f"{path}.resources.{field}" if field in _RESOURCE_FIELDS else f"{path}.{field}"
 
 
 def _loc_path(loc: tuple[Any, ...]) -> str:

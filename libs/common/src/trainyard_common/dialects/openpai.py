@@ -63,17 +63,23 @@ _ROLE_FIELDS = {
 }
 
 
-def field_path(role_index: int | None, field: str) -> str:
-    """Where a canonical field came from in an OpenPAI payload ("role": the role itself)."""
+def field_path(payload: Any, role: str | None, field: str) -> str:
+    """Where a canonical field is written in an OpenPAI payload ("role": the task role
+    itself, found by its name)."""
     if field == "keep_failed_for_debug":
         return "$.jobEnvs.isDebug"
-    if field in ("gpu_type", "image") or role_index is None:
+    if field in ("gpu_type", "image") or role is None:
         # gpuType and image are job-wide in OpenPAI, whichever role the problem is in.
         key = _JOB_FIELDS.get(field)
         return f"$.{key}" if key else "$"
-    role = f"$.taskRoles[{role_index}]"
+    raw = payload.get("taskRoles") if isinstance(payload, dict) else None
+    index = next((i for i, r in enumerate(raw) if isinstance(r, dict) and r.get("name") == role),
+                 None) if isinstance(raw, list) else None
+    if index is None:
+        return "$.taskRoles"
+    path = f"$.taskRoles[{index}]"
     key = _ROLE_FIELDS.get(field)
-    return f"{role}.{key}" if key else role
+    return f"{path}.{key}" if key else path
 
 
 # --------------------------------------------------------------------------- validation
@@ -359,6 +365,8 @@ _JOB_STATE = {
     "FAILED": ("FAILED", "Completed"),
     "STOPPED": ("STOPPED", "Completed"),
     "REJECTED": ("FAILED", "Completed"),
+    # OpenPAI has no pause: a paused job waits for its next attempt (a resume).
+    "PAUSED": ("WAITING", "AttemptCreationPending"),
 }
 _TASK_STATE = {"STARTING": "WAITING", "RUNNING": "RUNNING", "SUCCEEDED": "SUCCEEDED",
                "FAILED": "FAILED", "STOPPED": "STOPPED"}

@@ -106,15 +106,15 @@ _CANONICAL_JOB_FIELDS = {
 }
 
 
-def field_path(role_index: int | None, field: str) -> str:
-    """The payload path of a canonical field. Task roles are a map in v2 and this hook
-    gets only the role's position, so a role is written ``$.taskRoles[<position>]``."""
-    if role_index is None or field in ("queue", "gpu_type"):
+def field_path(payload: Any, role: str | None, field: str) -> str:
+    """Where a canonical field is written in a v2 payload: task roles are a map, so a
+    role is ``$.taskRoles.<name>``."""
+    if role is None or field in ("queue", "gpu_type"):
         key = _CANONICAL_JOB_FIELDS.get(field)
         return f"$.{key}" if key else "$"
-    role = f"$.taskRoles[{role_index}]"
+    path = join("$.taskRoles", role)
     key = _CANONICAL_ROLE_FIELDS.get(field)
-    return f"{role}.{key}" if key else role
+    return f"{path}.{key}" if key else path
 
 
 # ---------------------------------------------------------------------------- references

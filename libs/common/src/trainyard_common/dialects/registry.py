@@ -31,9 +31,11 @@ class Dialect:
     looks_like: Callable[[dict[str, Any]], bool]
     # Total: never raises; problems become Translation.errors with payload paths.
     translate: Callable[[Any, str], Translation]
-    # The payload path of a canonical field, for problems found after translation
-    # (e.g. against the cluster): (role index or None, canonical field) -> "$.…".
-    field_path: Callable[[int | None, str], str]
+    # Where a canonical field is written in the payload as the user wrote it, for
+    # problems found after translation (e.g. against the cluster): (payload, role name or
+    # None for the job, canonical field; "role" for the role itself) -> "$.…". Total,
+    # like translate: a payload it cannot follow gets the nearest enclosing path.
+    field_path: Callable[[Any, str | None, str], str]
     # The dialect's rules again, run by the validation service on the original payload
     # (so a producer that publishes JobSubmitted itself cannot skip them).
     validate: Callable[[Any, JobSpec], list[FieldIssue]] = _no_issues

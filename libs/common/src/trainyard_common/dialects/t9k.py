@@ -12,23 +12,39 @@ reported as a warning.
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
 from ..events import FieldIssue
-from ..jobspec import JobKind, JobSpec, RestartPolicy, RoleSpec, RunMode, TaskRef
+from ..jobspec import (
+    MPIRUN_ARGS_ENV,
+    EnvVar,
+    JobKind,
+    JobSpec,
+    RestartPolicy,
+    RoleSpec,
+    RunMode,
+    TaskRef,
+)
 from .k8s_pod import (
     DNS_LABEL_RE,
     DNS_LABEL_RULE,
+    Control,
     PodTask,
     condition,
+    elastic_scale,
+    immutable_change,
+    is_paused,
     latest_tasks,
+    merge_patch,
     pod_template,
     rejection_message,
     resource_metadata,
     restarts,
     shell_command,
     string_list,
+    template_field_path,
     timestamp,
 )
 from .registry import Dialect
@@ -103,7 +119,6 @@ _NOT_APPLIED = {
     "service": "replicas reach each other by the host and ports Trainyard gives every "
                "task (TRAINYARD_* and PAI_* variables); no Service is created",
     "tensorboardSpec": "Trainyard starts no TensorBoard",
-    "mca": "tasks run the command directly, not under mpirun",
     "ssh": "tasks are started by Trainyard, not over ssh",
     "mpiHome": "tasks run the command directly, not under mpirun",
     "launcher": "no separate launcher replica runs; every worker runs the command",
@@ -114,16 +129,6 @@ _NOT_APPLIED = {
 
 _RESTART = {p.value: p for p in RestartPolicy}
 
-# Canonical field -> where it is written in a T9k job, for problems found later.
-_ROLE_FIELDS = {
-    "cpu": "template.spec.containers[0].resources.requests.cpu",
-    "memory_mb": "template.spec.containers[0].resources.requests.memory",
-    "gpu": "template.spec.containers[0].resources.limits['nvidia.com/gpu']",
-    "gpu_type": "template.spec.containers[0].resources",
-    "image": "template.spec.containers[0].image",
-    "command": "template.spec.containers[0].command",
-    "replicas": "replicas", "name": "type",
-}
 _JOB_FIELDS = {
     "name": "$.metadata.name", "queue": "$.spec.scheduler.t9kScheduler.queue",
     "priority": "$.spec.scheduler.t9kScheduler.priority",
@@ -133,14 +138,51 @@ _JOB_FIELDS = {
 }
 
 
-def field_path(role_index: int | None, field: str) -> str:
-    if role_index is None:
+def _role_location(kind: Kind | None, spec: dict[str, Any], role: str
+                   ) -> tuple[str, Any, str] | None:
+    """(the role's path, its pod template, the template's path) in a T9k spec."""
+    if kind is not None and kind.layout == "worker":
+        worker = spec.get("worker")
+        template = worker.get("template") if isinstance(worker, dict) else None
+        return "$.spec.worker", template, "$.spec.worker.template"
+    if kind is not None and kind.layout == "beam":
+        job = spec.get("jobTemplate")
+        job = job.get("spec") if isinstance(job, dict) else None
+        template = job.get("template") if isinstance(job, dict) else None
+        return "$.spec.jobTemplate", template, "$.spec.jobTemplate.spec.template"
+    key = "replicasSpec" if "replicaSpecs" not in spec and "replicasSpec" in spec \
+        else "replicaSpecs"
+    entries = spec.get(key)
+    for i, entry in enumerate(entries if isinstance(entries, list) else []):
+        if isinstance(entry, dict) and entry.get("type") == role:
+            path = f"$.spec.{key}[{i}]"
+            return path, entry.get("template"), f"{path}.template"
+    return None
+
+
+def field_path(payload: Any, role: str | None, field: str) -> str:
+    """Where a canonical field is written in a T9k job: a role is its replica spec (by
+    type), the worker, or the Beam job template; its resources are read from the
+    training container's requests or limits, whichever the figure came from."""
+    if role is None:
         return _JOB_FIELDS.get(field, "$.spec")
-    role = f"$.spec.replicaSpecs[{role_index}]"
+    payload = payload if isinstance(payload, dict) else {}
+    spec = payload.get("spec") if isinstance(payload.get("spec"), dict) else {}
+    kind_name = payload.get("kind")
+    kind = KINDS.get(KIND_SPELLINGS.get(kind_name, kind_name)) if isinstance(
+        kind_name, str) else None
+    found = _role_location(kind, spec, role)
+    if found is None:
+        return "$.spec"
+    path, template, template_path = found
     if field == "role":
-        return role
-    sub = _ROLE_FIELDS.get(field)
-    return f"{role}.{sub}" if sub else role
+        return path
+    if field == "replicas":
+        return join(path, "replicas")
+    if field == "name":
+        return join(path, "type") if "[" in path else path
+    return template_field_path(template, template_path, field,
+                               kind.container if kind else ())
 
 
 def key_of(namespace: str, plural: str, name: str) -> str:
@@ -421,12 +463,17 @@ def _worker_role(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Role
                                     f"{path}.template.spec.restartPolicy")
     known = {"replicas", "template", "restartPolicy"}
     command: str | None = None
+    mpi_env: list[EnvVar] = []
     if kind.name == "MPIJob":
         known |= {"cmd", "extraMPIArgs"}
         cmd = string_list(worker, "cmd", path, issues)
-        if "extraMPIArgs" in worker:
-            issues.warn(join(path, "extraMPIArgs"), "extraMPIArgs is kept but not applied: "
-                        "every worker runs cmd directly, not under mpirun", "not_applied")
+        # Worker 0 runs cmd under mpirun across the workers (the launcher's MPI layout):
+        # extra arguments go on that mpirun line, MCA parameters into the environment
+        # Open MPI reads them from.
+        mpi_env.extend(_mca_env(spec.get("mca"), "$.spec.mca", issues))
+        extra_args = string_list(worker, "extraMPIArgs", path, issues)
+        if extra_args:
+            mpi_env.append(EnvVar(name=MPIRUN_ARGS_ENV, value=shlex.join(extra_args)))
         if cmd:
             command = shell_command(cmd)
         elif "cmd" not in worker:
@@ -456,7 +503,28 @@ def _worker_role(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Role
     elif pod.argv:
         issues.warn(pod.container_path, f"the container's command and args are not run: "
                     f"{kind.name} workers run the command its spec gives", "not_applied")
-    return [_Role(_role_spec("worker", replicas or 1, pod, command, policy), path, limit)]
+    role = _role_spec("worker", replicas or 1, pod, command, policy)
+    if mpi_env:
+        role = role.model_copy(update={"env": [*role.env, *mpi_env]})
+    return [_Role(role, path, limit)]
+
+
+def _mca_env(mca: Any, path: str, issues: Issues) -> list[EnvVar]:
+    """T9k's ``spec.mca`` map as the ``OMPI_MCA_<name>`` variables Open MPI reads."""
+    if mca is None:
+        return []
+    if not isinstance(mca, dict):
+        issues.error(path, f"mca must be a map of MCA parameter names to values, not "
+                     f"{json_type(mca)}", "type")
+        return []
+    env = []
+    for name, value in mca.items():
+        if not isinstance(value, str | int | float):
+            issues.error(join(path, str(name)), f"an MCA parameter's value must be a string "
+                         f"or a number, not {json_type(value)}", "type")
+            continue
+        env.append(EnvVar(name=f"OMPI_MCA_{name}", value=str(value)))
+    return env
 
 
 def _beam_role(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Role]:
@@ -865,6 +933,70 @@ def _looks_like(payload: dict[str, Any]) -> bool:
     return isinstance(version, str) and version.startswith(f"{GROUP}/")
 
 
+# ------------------------------------------------------------------------------ PATCH
+
+# What a PATCH may change on a submitted T9k job: the pause run mode, and the size of
+# an elastic job (expectedReplicas, or a replica spec's replicas).
+_CHANGEABLE = (
+    ("spec", "runMode", "pause"),
+    ("spec", "runMode", "elastic", "expectedReplicas"),
+    ("spec", "elastic", "expectedReplicas"),
+    ("spec", "replicaSpecs", "*", "replicas"),
+    ("spec", "replicasSpec", "*", "replicas"),
+)
+_CHANGEABLE_TEXT = ("spec.runMode.pause (pause or resume the job) and, for an elastic job, "
+                    "runMode.elastic.expectedReplicas or a replica spec's replicas")
+
+
+def _replica_counts(resource: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    spec = resource.get("spec") if isinstance(resource.get("spec"), dict) else {}
+    key = "replicasSpec" if "replicaSpecs" not in spec and "replicasSpec" in spec \
+        else "replicaSpecs"
+    entries = spec.get(key)
+    return {entry["type"]: (entry.get("replicas", 1), f"$.spec.{key}[{i}].replicas")
+            for i, entry in enumerate(entries if isinstance(entries, list) else [])
+            if isinstance(entry, dict) and isinstance(entry.get("type"), str)}
+
+
+def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
+    """What a merge patch of a submitted T9k job (``current``, as created) asks for:
+    ``spec.runMode.pause.enabled`` true pauses it, false (or removing ``pause``) resumes
+    it; a new ``expectedReplicas`` scales every elastic role to it, a replica spec's new
+    ``replicas`` scales that role. Anything else is refused, naming the field."""
+    if not isinstance(patch, dict):
+        return Control(errors=[FieldIssue(path="$", code="type", message=(
+            f"a merge patch must be a JSON object, not {json_type(patch)}"))])
+    patched = merge_patch(current, patch)
+    after = translate_t9k(patched)
+    if after.errors:
+        return Control(errors=after.errors)
+    changed = immutable_change(current, patched, _CHANGEABLE, _CHANGEABLE_TEXT)
+    if changed is not None:
+        return Control(errors=[changed])
+    control = Control()
+    spec_patch = patch.get("spec") if isinstance(patch.get("spec"), dict) else {}
+    modes = spec_patch.get("runMode") if isinstance(spec_patch.get("runMode"), dict) else {}
+    if PAUSE in modes:
+        control.pause = after.spec.run_mode is RunMode.PAUSE
+    roles = {r.name: r for r in after.spec.roles}
+    elastic = [r for r in after.spec.roles if r.min_replicas is not None]
+    for part, path in ((modes.get(ELASTIC), "$.spec.runMode.elastic.expectedReplicas"),
+                       (spec_patch.get(ELASTIC), "$.spec.elastic.expectedReplicas")):
+        if isinstance(part, dict) and "expectedReplicas" in part:
+            if not elastic:
+                control.errors.append(FieldIssue(path=path, code="immutable", message=(
+                    "expectedReplicas scales an elastic job; this job is not elastic")))
+            # The translation has checked expectedReplicas against the bounds.
+            control.scale = {r.name: r.replicas for r in elastic}
+    before = _replica_counts(current)
+    for rtype, (replicas, path) in _replica_counts(patched).items():
+        if rtype in roles and replicas != before.get(rtype, (None, ""))[0]:
+            count = elastic_scale(roles[rtype], replicas, path, control.errors)
+            if count is not None:
+                control.scale[rtype] = count
+    return control
+
+
 # ----------------------------------------------------------------------------- render
 
 _TASK_PHASE = {"STARTING": "Pending", "RUNNING": "Running", "SUCCEEDED": "Succeeded",
@@ -874,12 +1006,11 @@ _AGGREGATE = ("creating", "pending", "running", "succeeded", "failed", "unknown"
 
 def job_phase(view: dict[str, Any]) -> str:
     state = view.get("state")
-    spec = view.get("spec") or {}
     if state in ("SUCCEEDED",):
         return "Succeeded"
     if state in ("FAILED", "REJECTED", "STOPPED"):
         return "Failed"
-    if spec.get("run_mode") == RunMode.PAUSE.value:
+    if is_paused(view):
         return "Paused"
     if state == "RUNNING":
         return "Running"
@@ -1008,4 +1139,4 @@ REGISTRATION = Dialect(
 )
 
 __all__ = ["API_VERSION", "GROUP", "KINDS", "PLURALS", "REGISTRATION", "RETRYABLE_EXIT_CODES",
-           "key_of", "render", "translate_t9k", "validate_t9k"]
+           "control_from_patch", "key_of", "render", "translate_t9k", "validate_t9k"]

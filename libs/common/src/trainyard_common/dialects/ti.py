@@ -70,9 +70,8 @@ TF_PORT_LABEL = "tfport"
 MACHINE_TYPE_RE = re.compile(r"(\d+)U(\d+)G(\d+)P")
 MACHINE_TYPE_RULE = "aUbGcP (a CPU units, b GB memory, c GPUs; 0 for the default), e.g. 1U2G1P"
 
-# (role name, machine type key, count key) in the order roles appear in the spec.
-# field_path only learns a role's index, so the order is fixed: worker first (a job
-# always has workers), ps next, master last.
+# (role name, machine type key, count key) in the order roles appear in the spec:
+# worker first (a job always has workers), ps next, master last.
 ROLES = (
     ("worker", "workerType", "workerCount"),
     ("ps", "parameterServerType", "parameterServerCount"),
@@ -198,11 +197,10 @@ def parse_machine_type(value: str, table: Table) -> Machine:
 # -------------------------------------------------------------------------- field paths
 
 
-def field_path(role_index: int | None, field: str) -> str:
-    """Where a canonical field came from in a TI payload. Roles are worker, ps, master in
-    that order; a job with a master and no ps has its master at index 1, which this
-    reads as ps (the message names the role)."""
-    if role_index is None:
+def field_path(payload: Any, role: str | None, field: str) -> str:
+    """Where a canonical field is written in a TI payload: a role's resources all come
+    from its machine type (``workerType``, ``parameterServerType``, ``masterType``)."""
+    if role is None:
         return {
             "name": "$.name", "queue": "$.cluster", "image": "$.runtimeVersion",
             "kind": "$.runtimeVersion", "data_sources": "$.packageDir",
@@ -212,7 +210,8 @@ def field_path(role_index: int | None, field: str) -> str:
         return "$.runtimeVersion"
     if field == "command":
         return "$.command"
-    role = ROLES[role_index][0] if 0 <= role_index < len(ROLES) else "worker"
+    if role not in _TYPE_KEY:
+        return "$"
     if field == "replicas":
         return f"$.{_COUNT_KEY[role]}"
     return f"$.{_TYPE_KEY[role]}"
@@ -447,6 +446,8 @@ STATES = {
     "SUBMITTED": "Created", "ACCEPTED": "Created", "QUEUED": "Created", "PLACED": "Created",
     "RUNNING": "Running", "SUCCEEDED": "Succeeded", "FAILED": "Failed",
     "STOPPED": "Failed", "REJECTED": "Failed",
+    # TI has no pause: a paused job has not ended and runs again once resumed.
+    "PAUSED": "Created",
 }
 
 

@@ -1,5 +1,6 @@
 """T9k jobs and Kubeflow PyTorchJob / TFJob as Kubernetes-style resources: create
-(``POST /apis/<group>/<version>/namespaces/<ns>/<plural>``) and delete (``DELETE .../<name>``).
+(``POST /apis/<group>/<version>/namespaces/<ns>/<plural>``), delete (``DELETE .../<name>``)
+and a merge patch (``PATCH .../<name>``) that pauses, resumes or scales the job.
 
 Trainyard runs a submission asynchronously: the create answers 201 with the resource as
 stored (``metadata.uid`` is the job id) once the job is on the bus, and its translation
@@ -27,8 +28,10 @@ from fastapi.responses import JSONResponse
 from trainyard_common.auth import Identity
 from trainyard_common.dialects import kubeflow, t9k
 from trainyard_common.dialects.translation import UnknownDialect
-from trainyard_common.events import FieldIssue
+from trainyard_common.dialects.k8s_pod import MERGE_PATCH, Control, merge_patch
+from trainyard_common.events import Event, FieldIssue, PauseJob, ResumeJob, ScaleJob
 
+from ..adapters.resources import InMemoryResourceStore, MongoResourceStore, ResourceStore
 from ..handlers import JobNotFound, request_stop, submit_job
 from .context import IntakeContext
 
@@ -42,6 +45,22 @@ APIS: dict[tuple[str, str], tuple[str, dict[str, str], Any]] = {
         kubeflow.DIALECT, {p: k.name for p, k in kubeflow.PLURALS.items()}, kubeflow.render),
 }
 KIND_ALIASES = t9k.KIND_SPELLINGS
+# dialect -> what a merge patch of one of its resources asks for
+CONTROL = {t9k.DIALECT: t9k.control_from_patch, kubeflow.DIALECT: kubeflow.control_from_patch}
+
+
+def control_commands(job_id: str, control: Control, user: str, what: str) -> list[Event]:
+    """The generic commands a PATCH stands for, scaling before pausing (a patch that does
+    both leaves the job paused at its new size) and pausing before resuming."""
+    commands: list[Event] = [
+        ScaleJob(job_id=job_id, requested_by=user, role=role, replicas=replicas)
+        for role, replicas in sorted(control.scale.items())]
+    if control.pause is True:
+        commands.append(PauseJob(job_id=job_id, requested_by=user,
+                                 reason=f"paused by {user} ({what})"))
+    elif control.pause is False:
+        commands.append(ResumeJob(job_id=job_id, requested_by=user))
+    return commands
 
 
 def status(code: int, reason: str, message: str, details: dict[str, Any] | None = None,
@@ -83,6 +102,8 @@ def _causes(errors: list[FieldIssue]) -> list[dict[str, str]]:
 
 def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(tags=["kubernetes-style resources"])
+    resources: ResourceStore = MongoResourceStore(ctx.db["k8s_resources"]) \
+        if ctx.db is not None else InMemoryResourceStore()
 
     def resolve(group: str, version: str, plural: str) -> tuple[str, str, Any] | None:
         found = APIS.get((group, version))
@@ -144,6 +165,8 @@ def router(ctx: IntakeContext) -> APIRouter:
                               {"name": name, "group": group, "kind": kind,
                                "uid": result.job_id, "causes": _causes(result.errors)})
         else:
+            # Kept for a later PATCH, which applies to the resource as created.
+            await resources.keep(identity.user, f"{namespace}/{plural}/{name}", payload)
             view = {
                 "id": result.job_id, "name": name, "state": "SUBMITTED",
                 "submitted_at": datetime.now(UTC), "warnings":
@@ -179,5 +202,46 @@ def router(ctx: IntakeContext) -> APIRouter:
             return status(404, "NotFound", f'{plural}.{group} "{name}" not found', details)
         return status(200, "", f'{plural}.{group} "{name}" deleted: its job is stopped',
                       {**details, "uid": stopped[-1]})
+
+    @api.patch("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")
+    async def patch(group: str, version: str, namespace: str, plural: str, name: str,
+                    request: Request, identity: Identity = Depends(ctx.current)
+                    ) -> JSONResponse:
+        found = resolve(group, version, plural)
+        if found is None:
+            return not_found_resource(group, version, plural)
+        dialect, _, _ = found
+        if request.headers.get("content-type", "").split(";")[0].strip() != MERGE_PATCH:
+            return status(415, "UnsupportedMediaType", "the body of the request was in an "
+                          f"unknown format - accepted media types include: {MERGE_PATCH} "
+                          "(kubectl patch --type=merge)")
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            return status(400, "BadRequest", f"the request body is not valid JSON: {exc}")
+        key = f"{namespace}/{plural}/{name}"
+        details = {"name": name, "group": group, "kind": plural}
+        ids = await ctx.deps.owners.job_ids(identity.user, key)
+        if not ids:
+            return status(404, "NotFound", f'{plural}.{group} "{name}" not found', details)
+        current = await resources.get(identity.user, key)
+        if current is None:
+            # Created with field errors (never kept), or before PATCH existed.
+            return status(409, "Conflict", f'{plural}.{group} "{name}" has no resource to '
+                          "patch: it was rejected when created", details)
+        control = CONTROL[dialect](current, body)
+        if control.errors:
+            return status(422, "Invalid", f"{plural}.{group} {name!r} is invalid: " + "; ".join(
+                f"{e.path}: {e.message}" for e in control.errors),
+                {**details, "causes": _causes(control.errors)})
+        # As a delete does: every job created under the name gets the command; only the
+        # one that was accepted can act on it.
+        for job_id in ids:
+            for command in control_commands(job_id, control, identity.user,
+                                            f"PATCH {plural}/{name}"):
+                await ctx.deps.publish(command)
+        patched = merge_patch(current, body)
+        return JSONResponse(status_code=200, content={**patched, "metadata": {
+            **(patched.get("metadata") or {}), "uid": ids[-1]}})
 
     return api

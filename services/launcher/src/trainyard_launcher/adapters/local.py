@@ -11,10 +11,16 @@ No duplicate launch, ever: the ``launched`` marker is created with O_EXCL before
 spawn, and a task whose marker exists is never spawned again; if its pid file never
 appears it is reported lost rather than started a second time.
 
-Task directories are never removed here: the logs must outlive the job (the log API
-serves them), which also covers OpenPAI's isDebug (``keep_failed_for_debug``, which
-adds the failed task's environment as ``env``). Cleaning old attempts up is left to a
-retention policy.
+Task directories are kept unless the job's clean-up policy says otherwise
+(``clean_task``: everything but the logs and the wrapper's records goes); the logs
+always outlive the job (the log API serves them), which also covers OpenPAI's isDebug
+(``keep_failed_for_debug``, which adds the failed task's environment as ``env``).
+Cleaning old jobs up is left to a retention policy.
+
+Each log stream is capped (``log_max_bytes``, logs.py) and the task is held to its
+resources as far as this machine allows (``mechanisms``, domain/limits.py). ``exec``
+runs a command in a running task: its environment, its working directory, and its
+mount namespace where it has one.
 """
 
 from __future__ import annotations
@@ -33,7 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from trainyard_common.jobspec import Resources
+
+from ..domain.lifecycle import removable
+from ..domain.limits import LimitPlan, Mechanisms, cgroup_name, plan_limits
 from ..domain.prepare import PreparePlan
+from ..logs import DEFAULT_MAX_BYTES
 from .procfs import is_alive, proc_stat, session_members, start_ticks
 
 # Launcher settings that must not reach a task (the admin token above all).
@@ -64,6 +75,34 @@ class PortClaim:
 class Launched:
     pid: int
     start_ticks: int | None
+    # What the task is held to here (domain.limits.LimitPlan.summary), when known.
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """How a task runs besides its command."""
+
+    # T9k's debug mode: prepared, then a keep-alive instead of the command.
+    debug: bool = False
+    # The role's resources, enforced as far as the machine allows.
+    resources: Resources | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a task that is not yet known to run its command got."""
+
+    command_started: bool
+    step: str | None = None  # its preparation's last step
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,8 +114,11 @@ class TaskStatus:
     signal: int | None = None
     lost: bool = False
     ended_at: float | None = None
-    # Why it ended, when the wrapper knows better than the exit code (a failed preparation).
+    # Why it ended, when the wrapper knows better than the exit code (a failed
+    # preparation, an exceeded memory limit).
     reason: str | None = None
+    # How it ended when the wrapper could tell (domain.failure.EndKind: out_of_memory).
+    end_kind: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -104,7 +146,7 @@ class TaskBackend(Protocol):
 
     def launch(
         self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim],
-        prepare: PreparePlan | None = None,
+        prepare: PreparePlan | None = None, options: TaskOptions | None = None,
     ) -> Launched: ...
 
     def write_debug_env(self, ref: TaskRef, text: str) -> Path: ...
@@ -116,6 +158,15 @@ class TaskBackend(Protocol):
     async def kill(
         self, ref: TaskRef, pid: int | None, started: int | None, grace_s: float
     ) -> TaskStatus: ...
+
+    def progress(self, ref: TaskRef) -> Progress: ...
+
+    def clean_task(self, ref: TaskRef) -> list[str]: ...
+
+    def clean_job(self, job_id: str) -> bool: ...
+
+    async def exec(self, ref: TaskRef, command: list[str], env: dict[str, str],
+                   timeout_s: float, pid: int | None = None) -> ExecResult: ...
 
 
 def port_problem(claim: PortClaim) -> str | None:
@@ -148,10 +199,16 @@ def task_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class LocalBackend:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, log_max_bytes: int = DEFAULT_MAX_BYTES,
+                 mechanisms: Mechanisms | None = None) -> None:
         self.root = root
+        self.log_max_bytes = log_max_bytes
+        # What this machine lets tasks be held to; None: no limits are set at all.
+        self.mechanisms = mechanisms
         # Our own children, kept only to collect their exit status (no zombies).
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        # Commands run in tasks (exec), by task key: ended with the task.
+        self._execs: dict[str, set[subprocess.Popen[bytes]]] = {}
 
     def job_dir(self, job_id: str) -> Path:
         return self.root / "jobs" / job_id
@@ -167,7 +224,7 @@ class LocalBackend:
 
     def launch(
         self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim],
-        prepare: PreparePlan | None = None,
+        prepare: PreparePlan | None = None, options: TaskOptions | None = None,
     ) -> Launched:
         directory = self.task_dir(ref)
         (directory / "work").mkdir(parents=True, exist_ok=True)
@@ -189,19 +246,137 @@ class LocalBackend:
             plan_file = directory / "prepare.json"
             plan_file.write_text(prepare.to_json())
             argv += ["--prepare", str(plan_file)]
+        limits = self.limit_plan(ref, options)
+        wrapper_options = {
+            "debug": bool(options and options.debug),
+            "log_max_bytes": self.log_max_bytes,
+            "limits": json.loads(limits.to_json()) if limits is not None else None,
+        }
+        options_file = directory / "task.json"
+        options_file.write_text(json.dumps(wrapper_options))
+        argv += ["--options", str(options_file)]
         # The command goes in a private file, not on the command line: with its secrets
         # substituted it must not show in `ps` to every user of the node.
         argv += ["--", _bash(), str(_write_private(directory / "command.sh", command + "\n"))]
         with open(directory / "stdout.log", "ab") as out, open(directory / "stderr.log", "ab") as err:
             try:
                 proc = subprocess.Popen(
-                    argv, cwd=directory / "work", env=task_env(env), stdin=subprocess.DEVNULL,
-                    stdout=out, stderr=err, start_new_session=True, close_fds=True,
+                    argv, cwd=directory / "work", env=_with_defaults(task_env(env)),
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
+                    close_fds=True,
                 )
             except OSError as exc:
                 raise LaunchError(f"cannot start the task wrapper: {exc}") from exc
         self._children[proc.pid] = proc
-        return Launched(proc.pid, start_ticks(proc.pid))
+        return Launched(proc.pid, start_ticks(proc.pid), limits.summary if limits else None)
+
+    def limit_plan(self, ref: TaskRef, options: TaskOptions | None) -> LimitPlan | None:
+        if self.mechanisms is None or options is None or options.resources is None:
+            return None
+        cgroup = None
+        if self.mechanisms.cgroup is not None:
+            cgroup = os.path.join(self.mechanisms.cgroup,
+                                  cgroup_name(ref.job_id, ref.attempt, ref.role, ref.index))
+        return plan_limits(options.resources, self.mechanisms, cgroup)
+
+    def progress(self, ref: TaskRef) -> Progress:
+        """Whether the task's command (or debug keep-alive) runs, and else the step its
+        preparation is on (the last ``trainyard prepare:`` line of its stderr)."""
+        directory = self.task_dir(ref)
+        if (directory / "started").exists():
+            return Progress(True)
+        step = None
+        try:
+            with open(directory / "stderr.log", "rb") as log:
+                log.seek(max(log.seek(0, os.SEEK_END) - 16 * 1024, 0))
+                tail = log.read().decode(errors="replace")
+        except FileNotFoundError:
+            tail = ""
+        for line in reversed(tail.splitlines()):
+            if line.startswith("trainyard prepare: "):
+                step = line.removeprefix("trainyard prepare: ").strip()[:200]
+                break
+        return Progress(False, step)
+
+    def clean_task(self, ref: TaskRef) -> list[str]:
+        """Remove the task's files but its logs and records (a clean-up policy);
+        returns what was removed. Never crosses into another filesystem (a mount)."""
+        directory = self.task_dir(ref)
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        device = os.lstat(directory).st_dev
+        removed = []
+        for name in removable(names):
+            _remove(directory / name, device)
+            removed.append(name)
+        return removed
+
+    def clean_job(self, job_id: str) -> bool:
+        """Remove the job's virtualenv (a clean-up policy, once the job has ended)."""
+        venv = self.job_dir(job_id) / "venv"
+        if not venv.exists():
+            return False
+        _remove(venv, os.lstat(venv).st_dev)
+        for name in ("venv.json", "venv.lock"):
+            (self.job_dir(job_id) / name).unlink(missing_ok=True)
+        return True
+
+    async def exec(self, ref: TaskRef, command: list[str], env: dict[str, str],
+                   timeout_s: float, pid: int | None = None,
+                   limit_bytes: int = 1024 * 1024) -> ExecResult:
+        """Run ``command`` in the task: its environment, its working directory, and,
+        where the task runs in a mount namespace of its own (mount paths, /dev/shm), in
+        that namespace, so it sees what the task sees. Killed (its whole group) after
+        ``timeout_s``; each output is cut to its last ``limit_bytes``."""
+        argv = list(command)
+        target = self._namespace_target(ref, pid)
+        if target is not None:
+            argv = [*target, "--", *argv]
+        try:
+            proc = subprocess.Popen(
+                argv, cwd=self.task_dir(ref) / "work", env=_with_defaults(task_env(env)),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, close_fds=True,
+            )
+        except OSError as exc:
+            return ExecResult(127, "", f"trainyard: cannot run {command[0]!r}: {exc}\n")
+        self._execs.setdefault(ref.key, set()).add(proc)
+        timed_out = False
+        try:
+            try:
+                out, err = await asyncio.to_thread(proc.communicate, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _signal_group(proc.pid, signal.SIGKILL)
+                out, err = await asyncio.to_thread(proc.communicate)
+        finally:
+            self._execs.get(ref.key, set()).discard(proc)
+        code = proc.returncode
+        exit_code = 128 - code if code is not None and code < 0 else code
+        return ExecResult(exit_code, _tail(out, limit_bytes), _tail(err, limit_bytes), timed_out)
+
+    def _namespace_target(self, ref: TaskRef, pid: int | None) -> list[str] | None:
+        """``nsenter`` into the mount (and user) namespace of the task's command, when
+        it has its own; None when it shares ours."""
+        if pid is None:
+            return None
+        mine = _namespace("self", "mnt")
+        for member in session_members(pid):
+            if member.pid == pid:
+                continue  # the wrapper, in ours
+            theirs = _namespace(str(member.pid), "mnt")
+            if theirs is None or theirs == mine:
+                continue
+            nsenter = shutil.which("nsenter")
+            if nsenter is None:
+                return None
+            argv = [nsenter, "-t", str(member.pid), "-m", "-r", "-w"]
+            if _namespace(str(member.pid), "user") != _namespace("self", "user"):
+                argv.insert(3, "-U")
+            return argv
+        return None
 
     def read_pid(self, ref: TaskRef) -> Launched | None:
         try:
@@ -230,6 +405,7 @@ class LocalBackend:
         return TaskStatus(
             running=False, exit_code=data.get("exit_code"), signal=data.get("signal"),
             ended_at=data.get("ended_at"), reason=data.get("reason"),
+            end_kind=data.get("end_kind"),
         )
 
     def _reap(self, pid: int | None) -> None:
@@ -265,7 +441,10 @@ class LocalBackend:
         self, ref: TaskRef, pid: int | None, started: int | None, grace_s: float
     ) -> TaskStatus:
         """SIGTERM to the task's process group (the wrapper forwards it to the command's
-        group), SIGKILL to every process of the task's session after ``grace_s``."""
+        group), SIGKILL to every process of the task's session after ``grace_s``; the
+        commands run in it by ``exec`` end with it."""
+        for proc in list(self._execs.pop(ref.key, ())):
+            _signal_group(proc.pid, signal.SIGKILL)
         if pid is None:
             launched = self.read_pid(ref)
             if launched is None:
@@ -311,6 +490,44 @@ def _write_private(path: Path, text: str) -> Path:
     with os.fdopen(fd, "w") as out:
         out.write(text)
     return path
+
+
+def _with_defaults(env: dict[str, str]) -> dict[str, str]:
+    # Python's output reaches the log (and `yard logs -f`) as it is printed, not a
+    # block later: its stdout is a pipe. A job that sets the variable keeps its value.
+    return {"PYTHONUNBUFFERED": "1", **env}
+
+
+def _namespace(pid: str, kind: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
+    except OSError:
+        return None
+
+
+def _tail(data: bytes | None, limit: int) -> str:
+    data = data or b""
+    return data[-limit:].decode(errors="replace")
+
+
+def _remove(path: Path, device: int) -> None:
+    """Remove ``path`` (a file, a link, or a tree), leaving alone whatever lies on
+    another filesystem (a mount a task left behind) and never following links."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not os.path.isdir(path) or os.path.islink(path):
+        path.unlink(missing_ok=True)
+        return
+    if info.st_dev != device:
+        return
+    for entry in os.scandir(path):
+        _remove(Path(entry.path), device)
+    try:
+        path.rmdir()
+    except OSError:
+        pass  # something on another filesystem stays, and so does its directory
 
 
 def _bash() -> str:

@@ -9,7 +9,10 @@ launcher therefore never makes a transition twice. ``transitions`` doubles as th
 task's outbox: what is stored but not yet published (seq > published_seq) is published
 again after a crash, under the same derived event id. A failed attempt that will be
 retried keeps its verdict and its ``retry`` (new attempt, not_before) in the same
-document, so the JobRetrying published after a crash is the same event.
+document, so the JobRetrying published after a crash is the same event. An attempt
+interrupted by placement (pause, preemption, scale) is finished with a STOPPED verdict
+and its ``interrupt`` (cause, reason): it ends with JobInterrupted, never judged, and
+``retries_used`` (from JobPlaced) is what the failure judgement counts as spent.
 """
 
 from __future__ import annotations
@@ -111,6 +114,10 @@ class JobRecord:
     retry: Retry | None = None
     finished_published: bool = False
     stop_reason: str | None = None
+    # Set when placement interrupted the attempt: (InterruptCause value, reason).
+    interrupt: tuple[str, str] | None = None
+    # The retry budget spent before this attempt (JobPlaced.retries_used; None: attempt-1).
+    retries_used: int | None = None
 
 
 def new_task(
@@ -134,6 +141,8 @@ class LauncherStore(Protocol):
     async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict,
                           retry: Retry | None = None) -> bool: ...
     async def note_stop(self, job_id: str, attempt: int, reason: str) -> bool: ...
+    async def set_interrupted(self, job_id: str, attempt: int, verdict: Verdict,
+                              cause: str) -> bool: ...
     async def mark_finished_published(self, job_id: str, attempt: int) -> None: ...
     async def unpublished_jobs(self) -> list[JobRecord]: ...
     async def insert_task(self, task: TaskRecord) -> bool: ...
@@ -193,7 +202,13 @@ def job_doc(job: JobRecord) -> dict[str, Any]:
         "retry": _retry_doc(job.retry),
         "finished_published": job.finished_published,
         "stop_reason": job.stop_reason,
+        "interrupt": _interrupt_doc(job.interrupt),
+        "retries_used": job.retries_used,
     }
+
+
+def _interrupt_doc(interrupt: tuple[str, str] | None) -> dict[str, str] | None:
+    return None if interrupt is None else {"cause": interrupt[0], "reason": interrupt[1]}
 
 
 def job_record(doc: dict[str, Any]) -> JobRecord:
@@ -208,6 +223,9 @@ def job_record(doc: dict[str, Any]) -> JobRecord:
         retry=_retry(doc.get("retry")),
         finished_published=bool(doc.get("finished_published")),
         stop_reason=doc.get("stop_reason"),
+        interrupt=(doc["interrupt"]["cause"], doc["interrupt"]["reason"])
+        if doc.get("interrupt") else None,
+        retries_used=doc.get("retries_used"),
     )
 
 
@@ -297,6 +315,18 @@ class MongoLauncherStore:
             {"_id": job_id, "attempt": attempt, "state": JOB_RUNNING},
             {"$set": {"state": JOB_FINISHED, "verdict": _verdict_doc(verdict),
                       "retry": _retry_doc(retry), "finished_published": False}},
+        )
+        return result.modified_count == 1
+
+    async def set_interrupted(self, job_id: str, attempt: int, verdict: Verdict,
+                              cause: str) -> bool:
+        """running -> finished as interrupted (no retry, no judgement); False when the
+        attempt had ended already."""
+        result = await self.jobs.update_one(
+            {"_id": job_id, "attempt": attempt, "state": JOB_RUNNING},
+            {"$set": {"state": JOB_FINISHED, "verdict": _verdict_doc(verdict), "retry": None,
+                      "interrupt": _interrupt_doc((cause, verdict.reason)),
+                      "finished_published": False}},
         )
         return result.modified_count == 1
 
@@ -394,6 +424,15 @@ class MemoryLauncherStore:
             return False
         doc.update(state=JOB_FINISHED, verdict=_verdict_doc(verdict), retry=_retry_doc(retry),
                    finished_published=False)
+        return True
+
+    async def set_interrupted(self, job_id: str, attempt: int, verdict: Verdict,
+                              cause: str) -> bool:
+        doc = self.jobs.get(job_id)
+        if not doc or doc["attempt"] != attempt or doc["state"] != JOB_RUNNING:
+            return False
+        doc.update(state=JOB_FINISHED, verdict=_verdict_doc(verdict), retry=None,
+                   interrupt=_interrupt_doc((cause, verdict.reason)), finished_published=False)
         return True
 
     async def note_stop(self, job_id: str, attempt: int, reason: str) -> bool:

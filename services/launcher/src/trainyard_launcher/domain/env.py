@@ -14,7 +14,7 @@ import re
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec, RoleSpec, env_dict
 
-from .frameworks import framework_env
+from .frameworks import FrameworkContext, framework_env
 
 
 def _number(value: float) -> str:
@@ -57,8 +57,11 @@ def build_task_env(
     attempt: int,
     job_id: str,
     default_fs_uri: str = "",
+    framework: FrameworkContext | None = None,
 ) -> dict[str, str]:
-    """The full environment of task ``role``/``index`` (without the host's variables)."""
+    """The full environment of task ``role``/``index`` (without the host's variables).
+    ``framework``: what the launcher adds for the job's framework (its task directory,
+    a reserved master port); without it only what the spec and placement tell is set."""
     current = next((t for t in tasks if t.role == role and t.index == index), None)
     if current is None:
         raise KeyError(f"no placement for task {role}/{index}")
@@ -102,7 +105,8 @@ def build_task_env(
         )
     system.update(openpai_compat_env(spec, tasks, current, current_role))
 
-    system.update(framework_env(spec, tasks, role, index))  # TF_CONFIG for TensorFlow
+    # TF_CONFIG, MASTER_*/RANK/PET_*, DMLC_*, the MPI hostfile: domain/frameworks.py.
+    system.update(framework_env(spec, tasks, role, index, framework))
 
     # Role variables are more specific than job variables; system ones win over both.
     return {**env_dict(spec.env), **env_dict(current_role.env), **system}

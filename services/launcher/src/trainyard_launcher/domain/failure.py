@@ -49,10 +49,15 @@ class EndKind(StrEnum):
     UNSUPPORTED = "unsupported"  # the spec asks for what this backend cannot do
     PREPARE_USER = "prepare_user"  # preparation failed because of the user's input
     PREPARE_UNKNOWN = "prepare_unknown"  # preparation failed for another reason (network, disk)
+    # The task went past the memory limit the launcher held it to (its memory_mb): the
+    # cgroup's OOM killer ended it, or an allocation failed under its rlimit.
+    OUT_OF_MEMORY = "out_of_memory"
+    START_TIMEOUT = "start_timeout"  # not started within the start deadline
 
 
 _PLATFORM_KINDS = frozenset({EndKind.KILLED_BY_PLATFORM, EndKind.LOST, EndKind.NODE_LOST,
-                             EndKind.PORT_UNAVAILABLE, EndKind.START_FAILED})
+                             EndKind.PORT_UNAVAILABLE, EndKind.START_FAILED,
+                             EndKind.START_TIMEOUT})
 _USER_KINDS = frozenset({EndKind.UNSUPPORTED, EndKind.PREPARE_USER})
 # Raised by the program's own instructions (OpenPAI's job exit spec puts them on the user).
 _FAULT_SIGNALS = frozenset({_signal.SIGSEGV, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL})
@@ -81,6 +86,10 @@ def classify(exit_code: int | None, signal: int | None,
         return FailureClass.USER
     if kind is EndKind.PREPARE_UNKNOWN:
         return FailureClass.UNKNOWN
+    if kind is EndKind.OUT_OF_MEMORY:
+        # Past the memory the job asked for (and was held to): the program's own use.
+        # Not permanent: memory use varies between runs, and a retry is the user's call.
+        return FailureClass.USER
     number = signal_of(exit_code, signal)
     if number is not None:
         if number in _FAULT_SIGNALS:
@@ -224,13 +233,14 @@ def judge(
     used = attempt - 1 if retries_used is None else retries_used
     refusal = _refusal(spec, failure, verdict)
     if refusal is None and used < spec.retry_limit:
-        wait = backoff_s(attempt, base_s)
+        # Counted in failures, not attempts: an interrupted attempt lengthens no backoff.
+        wait = backoff_s(used + 1, base_s)
         reason = (f"attempt {attempt} failed ({failure.failure_class.value} failure): "
                   f"{verdict.reason}; retrying as attempt {attempt + 1} of at most "
                   f"{attempt + spec.retry_limit - used} after {wait:g}s")
         return verdict, Retry(attempt + 1, wait, reason, failure.failure_class,
                               now + timedelta(seconds=wait))
-    if spec.retry_limit == 0 and attempt == 1:
+    if spec.retry_limit == 0 and used == 0:
         return verdict, None  # no retries were asked for: the reason stays as it was
     if refusal is None:
         note = (f"gave up after {attempt} attempt(s): the retry limit of "

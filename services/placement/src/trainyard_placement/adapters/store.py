@@ -7,6 +7,13 @@ JSON string so env names with '.' or '$' never become document keys. Every chang
 restarted process cannot apply a transition twice (no transactions in FerretDB v1). A
 retry moves a placed attempt back to queued as the next attempt (``requeue``), guarded
 by the attempt it leaves; ``not_before`` is when its backoff ends.
+
+Control (docs/lifecycle.md): a placed attempt being interrupted is ``interrupting`` (it
+keeps its allocation, and ``interrupt`` says why, until the launcher's JobInterrupted);
+a paused job is ``paused`` (no allocation) until a resume queues its next attempt.
+``retries_used`` is the retry budget spent (only a JobRetrying spends it); ``next_spec``
+is the spec a placed job's next attempt runs with (a scale), ``stop_reason`` a stop that
+came while the job was interrupting.
 """
 
 from __future__ import annotations
@@ -19,12 +26,12 @@ from typing import Any, Literal, Protocol
 
 from pymongo.asynchronous.collection import AsyncCollection
 
-from trainyard_common.events import TaskPlacement
+from trainyard_common.events import TaskPlacement, utcnow
 from trainyard_common.jobspec import JobSpec
 from trainyard_common.storage import insert_once
 
-JobStoreState = Literal["queued", "placed", "done", "stopped_early"]
-ACTIVE_STATES: tuple[JobStoreState, ...] = ("queued", "placed")
+JobStoreState = Literal["queued", "placed", "done", "stopped_early", "paused", "interrupting"]
+ACTIVE_STATES: tuple[JobStoreState, ...] = ("queued", "placed", "interrupting")
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,18 @@ class JobRecord:
     stopped_in_queue: bool = False
     # A retried attempt is not placed before this time (its backoff).
     not_before: datetime | None = None
+    retries_used: int = 0
+    # While interrupting: (cause, reason) of the InterruptJob sent.
+    interrupt: tuple[str, str] | None = None
+    next_spec: JobSpec | None = None
+    stop_reason: str | None = None
+    # When this attempt was placed (victims are chosen by how long they ran), how often
+    # the job was preempted (kept across attempts), and, while a preemption interrupts
+    # it, the job it was preempted for and whether its InterruptJob went out.
+    placed_at: datetime | None = None
+    preemptions: int = 0
+    preempted_by: str | None = None
+    interrupt_sent: bool = False
 
 
 def record_from_doc(doc: dict[str, Any]) -> JobRecord:
@@ -59,13 +78,26 @@ def record_from_doc(doc: dict[str, Any]) -> JobRecord:
         queued_notices=int(doc.get("queued_notices", 0)),
         stopped_in_queue=bool(doc.get("stopped_in_queue")),
         not_before=doc.get("not_before"),
+        # Records from before retries were counted: every earlier attempt was a retry.
+        retries_used=int(doc.get("retries_used", int(doc.get("attempt", 1)) - 1)),
+        interrupt=(doc["interrupt"]["cause"], doc["interrupt"]["reason"])
+        if doc.get("interrupt") else None,
+        next_spec=JobSpec.model_validate_json(doc["next_spec"]) if doc.get("next_spec") else None,
+        stop_reason=doc.get("stop_reason"),
+        placed_at=doc.get("placed_at"),
+        preemptions=int(doc.get("preemptions", 0)),
+        preempted_by=doc.get("preempted_by"),
+        interrupt_sent=bool(doc.get("interrupt_sent")),
     )
 
 
-def queued_doc(job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec) -> dict[str, Any]:
+def queued_doc(
+    job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec,
+    state: JobStoreState = "queued",
+) -> dict[str, Any]:
     return {
         "_id": job_id,
-        "state": "queued",
+        "state": state,
         "attempt": attempt,
         "arrival_seq": arrival_seq,
         "spec": spec.model_dump_json(),
@@ -74,6 +106,7 @@ def queued_doc(job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec) ->
         "placed_published": False,
         "queued_notices": 0,
         "stopped_in_queue": False,
+        "retries_used": 0,
     }
 
 
@@ -83,9 +116,11 @@ def tombstone_doc(job_id: str, *, attempt: int) -> dict[str, Any]:
 
 class JobStore(Protocol):
     async def add_queued(
-        self, job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec
+        self, job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec,
+        state: JobStoreState = "queued",
     ) -> bool:
-        """Insert a queued job; False when a document for it already exists."""
+        """Insert a queued (or, submitted to start paused, a paused) job; False when a
+        document for it already exists."""
 
     async def add_tombstone(self, job_id: str, *, attempt: int) -> bool:
         """Remember a stop that came before the job; False when the job exists."""
@@ -109,10 +144,18 @@ class JobStore(Protocol):
         """from_state -> done; False when the job was not in from_state."""
 
     async def requeue(
-        self, job_id: str, *, from_attempt: int, attempt: int, not_before: datetime
+        self, job_id: str, *, from_attempt: int, attempt: int, not_before: datetime,
+        retries_used: int | None = None,
     ) -> bool:
-        """placed ``from_attempt`` -> queued ``attempt`` (a retry), without its old
-        allocation; False when the job was not placed in that attempt."""
+        """placed (or interrupting) ``from_attempt`` -> queued ``attempt`` (a retry),
+        without its old allocation; False when the job was not placed in that attempt."""
+
+    async def change(
+        self, job_id: str, *, states: Sequence[JobStoreState], attempt: int,
+        fields: dict[str, Any],
+    ) -> bool:
+        """Set ``fields`` (made by the ``*_fields`` functions below) if the job is in one
+        of ``states`` in ``attempt``; False otherwise."""
 
 
 class MongoJobStore:
@@ -120,9 +163,10 @@ class MongoJobStore:
         self._jobs = collection
 
     async def add_queued(
-        self, job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec
+        self, job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec,
+        state: JobStoreState = "queued",
     ) -> bool:
-        doc = queued_doc(job_id, attempt=attempt, arrival_seq=arrival_seq, spec=spec)
+        doc = queued_doc(job_id, attempt=attempt, arrival_seq=arrival_seq, spec=spec, state=state)
         return bool(await insert_once(self._jobs, doc))
 
     async def add_tombstone(self, job_id: str, *, attempt: int) -> bool:
@@ -143,6 +187,7 @@ class MongoJobStore:
                 "state": "placed",
                 "allocation": [t.model_dump(mode="json") for t in tasks],
                 "placed_published": False,
+                "placed_at": utcnow(),
             }},
         )  # fmt: skip
         return result.modified_count == 1
@@ -168,18 +213,84 @@ class MongoJobStore:
         return result.modified_count == 1
 
     async def requeue(
-        self, job_id: str, *, from_attempt: int, attempt: int, not_before: datetime
+        self, job_id: str, *, from_attempt: int, attempt: int, not_before: datetime,
+        retries_used: int | None = None,
     ) -> bool:
         result = await self._jobs.update_one(
-            {"_id": job_id, "state": "placed", "attempt": from_attempt},
-            {"$set": requeued_fields(attempt, not_before)},
+            {"_id": job_id, "state": {"$in": ["placed", "interrupting"]},
+             "attempt": from_attempt},
+            {"$set": requeued_fields(attempt, not_before, retries_used)},
+        )
+        return result.modified_count == 1
+
+    async def change(
+        self, job_id: str, *, states: Sequence[JobStoreState], attempt: int,
+        fields: dict[str, Any],
+    ) -> bool:
+        result = await self._jobs.update_one(
+            {"_id": job_id, "state": {"$in": list(states)}, "attempt": attempt},
+            {"$set": fields},
         )
         return result.modified_count == 1
 
 
-def requeued_fields(attempt: int, not_before: datetime) -> dict[str, Any]:
-    return {"state": "queued", "attempt": attempt, "not_before": not_before, "allocation": [],
-            "reasons": [], "placed_published": False, "queued_notices": 0}
+def requeued_fields(
+    attempt: int, not_before: datetime, retries_used: int | None = None
+) -> dict[str, Any]:
+    fields = {"state": "queued", "attempt": attempt, "not_before": not_before,
+              "allocation": [], "reasons": [], "placed_published": False, "queued_notices": 0,
+              "interrupt": None}
+    if retries_used is not None:
+        fields["retries_used"] = retries_used
+    return fields
+
+
+def paused_fields(spec: JobSpec | None = None) -> dict[str, Any]:
+    """-> paused, without an allocation (with the spec a scale left for the next attempt)."""
+    fields: dict[str, Any] = {"state": "paused", "allocation": [], "reasons": [],
+                              "placed_published": False, "queued_notices": 0,
+                              "interrupt": None, "next_spec": None, "not_before": None}
+    if spec is not None:
+        fields["spec"] = spec.model_dump_json()
+    return fields
+
+
+def interrupting_fields(cause: str, reason: str) -> dict[str, Any]:
+    return {"state": "interrupting", "interrupt": {"cause": cause, "reason": reason}}
+
+
+def next_attempt_fields(attempt: int, spec: JobSpec | None = None) -> dict[str, Any]:
+    """-> queued as ``attempt``, due now: an interrupt or a resume spends no retry and
+    waits out no backoff (``retries_used`` is left as it is)."""
+    fields: dict[str, Any] = {
+        "state": "queued", "attempt": attempt, "not_before": None, "allocation": [],
+        "reasons": [], "placed_published": False, "queued_notices": 0, "interrupt": None,
+        "next_spec": None, "stop_reason": None}
+    if spec is not None:
+        fields["spec"] = spec.model_dump_json()
+    return fields
+
+
+def spec_fields(spec: JobSpec) -> dict[str, Any]:
+    return {"spec": spec.model_dump_json()}
+
+
+def next_spec_fields(spec: JobSpec) -> dict[str, Any]:
+    return {"next_spec": spec.model_dump_json()}
+
+
+def stop_reason_fields(reason: str) -> dict[str, Any]:
+    return {"stop_reason": reason}
+
+
+def preempted_fields(by: str, preemptions: int) -> dict[str, Any]:
+    """With ``interrupting_fields``: the job preempted it, and the count so far (the
+    no-cycles rule reads it; it outlives the attempt)."""
+    return {"preempted_by": by, "preemptions": preemptions, "interrupt_sent": False}
+
+
+def interrupt_sent_fields() -> dict[str, Any]:
+    return {"interrupt_sent": True}
 
 
 @dataclass
@@ -190,9 +301,11 @@ class MemoryJobStore:
     docs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     async def add_queued(
-        self, job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec
+        self, job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec,
+        state: JobStoreState = "queued",
     ) -> bool:
-        return self._insert(queued_doc(job_id, attempt=attempt, arrival_seq=arrival_seq, spec=spec))
+        return self._insert(queued_doc(job_id, attempt=attempt, arrival_seq=arrival_seq,
+                                       spec=spec, state=state))
 
     async def add_tombstone(self, job_id: str, *, attempt: int) -> bool:
         return self._insert(tombstone_doc(job_id, attempt=attempt))
@@ -213,6 +326,7 @@ class MemoryJobStore:
             "state": "placed",
             "allocation": [t.model_dump(mode="json") for t in tasks],
             "placed_published": False,
+            "placed_at": utcnow(),
         })  # fmt: skip
 
     async def mark_placed_published(self, job_id: str) -> None:
@@ -229,12 +343,24 @@ class MemoryJobStore:
         )
 
     async def requeue(
-        self, job_id: str, *, from_attempt: int, attempt: int, not_before: datetime
+        self, job_id: str, *, from_attempt: int, attempt: int, not_before: datetime,
+        retries_used: int | None = None,
     ) -> bool:
         doc = self.docs.get(job_id)
         if doc is None or doc.get("attempt", 1) != from_attempt:
             return False
-        return self._update(job_id, "placed", requeued_fields(attempt, not_before))
+        return self._update(job_id, doc["state"] if doc["state"] == "interrupting" else "placed",
+                            requeued_fields(attempt, not_before, retries_used))
+
+    async def change(
+        self, job_id: str, *, states: Sequence[JobStoreState], attempt: int,
+        fields: dict[str, Any],
+    ) -> bool:
+        doc = self.docs.get(job_id)
+        if doc is None or doc["state"] not in states or doc.get("attempt", 1) != attempt:
+            return False
+        doc.update(copy.deepcopy(fields))
+        return True
 
     def _insert(self, doc: dict[str, Any]) -> bool:
         if doc["_id"] in self.docs:

@@ -7,8 +7,10 @@ and a restart that reloads the same allocations sees exactly the same free capac
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar, overload
 
 from trainyard_common.cluster import ClusterSpec, NodeSpec
 from trainyard_common.events import TaskPlacement
@@ -38,6 +40,32 @@ def gpu_type_matches(wanted: str | None, node: NodeSpec) -> bool:
     return node.gpu_type is not None and node.gpu_type.lower() == wanted.lower()
 
 
+T = TypeVar("T")
+
+
+class _cached(Generic[T]):  # noqa: N801 - used as a decorator, like cached_property
+    """functools.cached_property without its lock (Python 3.11 takes one on every first
+    read, a third of the cost of grouping a fresh snapshot's nodes). For the frozen
+    NodeFree: a value computed from its fields, kept in its __dict__."""
+
+    def __init__(self, func: Callable[[Any], T]) -> None:
+        self.func = func
+        self.name = func.__name__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _cached[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> T | _cached[T]:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.func(obj)
+        return value
+
+
 @dataclass(frozen=True)
 class Allocation:
     """Everything one placed job holds: its spec (for CPU and memory per role) and the
@@ -63,18 +91,34 @@ class NodeFree:
     def name(self) -> str:
         return self.spec.name
 
-    @property
+    # Cached: the placer's explanations read these for every node of the cluster.
+    @_cached
     def gpus(self) -> tuple[int, ...]:
         """Devices free as a whole: the only ones a whole-GPU task may take."""
         return tuple(i for i, free in enumerate(self.gpu_free) if free == MILLI)
 
-    @property
+    @_cached
     def best_share(self) -> int:
         """The most milli-GPU free on any one device: the largest share that fits."""
         return max(self.gpu_free, default=0)
 
     def state(self) -> NodeState:
         """The node as the scorers see it (integers: milli-CPU, MiB, milli-GPU)."""
+        return self._state
+
+    @_cached
+    def group_key(self) -> GroupKey:
+        """What placement reads of a node besides its name, ports and labels: nodes with
+        equal keys fit the same tasks and score the same (``Snapshot.groups``). The state
+        and the exact free CPU; then, derived from the state for a fast fit check, the
+        devices free as a whole and the most milli free on one device."""
+        free = self.gpu_free
+        return (self._state, self.cpu, free.count(MILLI), max(free, default=0))
+
+    # Computed once per node value: the placer asks for it many times per decision, and a
+    # NodeFree never changes (``take`` returns a new one, without the cache).
+    @_cached
+    def _state(self) -> NodeState:
         spec = self.spec
         return NodeState(
             model=spec.gpu_type.lower() if spec.gpu_type and spec.gpus else None,
@@ -128,11 +172,17 @@ def task_ports(task: TaskPlacement) -> list[int]:
     return [port for group in task.ports for port in group.ports]
 
 
+GroupKey = tuple[NodeState, float, int, int]
+
+
 class Snapshot:
     """Free capacity of every node, in the cluster's node order (first-fit follows it)."""
 
     def __init__(self, nodes: Iterable[NodeFree]) -> None:
         self._nodes = {node.name: node for node in nodes}
+        # Both derived on first use, then carried to the snapshots derived from this one.
+        self._position: dict[str, int] | None = None
+        self._groups: dict[GroupKey, list[str]] | None = None
 
     @classmethod
     def of(cls, cluster: ClusterSpec, allocations: Iterable[Allocation] = ()) -> Snapshot:
@@ -148,6 +198,43 @@ class Snapshot:
 
     def node(self, name: str) -> NodeFree:
         return self._nodes[name]
+
+    def by_name(self) -> Mapping[str, NodeFree]:
+        """Every node by name, in cluster order. Read-only."""
+        return self._nodes
+
+    def position(self, name: str) -> int:
+        """The node's place in cluster order (0 first)."""
+        return self.positions()[name]
+
+    def positions(self) -> Mapping[str, int]:
+        if self._position is None:
+            self._position = {name: i for i, name in enumerate(self._nodes)}
+        return self._position
+
+    def groups(self) -> Mapping[GroupKey, Sequence[str]]:
+        """The nodes grouped by ``NodeFree.group_key``, each group in cluster order. A
+        placer that scores each group once instead of each node does the work of the
+        cluster's distinct states, not of its size; the grouping is built once and then
+        updated for the nodes each derived snapshot changes. Read-only."""
+        if self._groups is None:
+            # First by the fields the key is computed from, which is cheaper than
+            # computing it for every node; then one key per such set of fields.
+            by_fields: dict[tuple[Any, ...], list[str]] = {}
+            for name, node in self._nodes.items():
+                spec = node.spec
+                fields = (node.cpu, node.memory_mb, node.gpu_free,
+                          spec.gpu_type, spec.gpus, spec.cpu, spec.memory_mb)  # fmt: skip
+                by_fields.setdefault(fields, []).append(name)
+            groups: dict[GroupKey, list[str]] = {}
+            position = self.positions()
+            for names in by_fields.values():
+                key = self._nodes[names[0]].group_key
+                if key in groups:  # other fields, same key (a GPU type's case): merge
+                    names = sorted(groups[key] + names, key=position.__getitem__)
+                groups[key] = names
+            self._groups = groups
+        return self._groups
 
     def with_allocation(self, allocation: Allocation) -> Snapshot:
         return self.with_allocations([allocation])
@@ -173,7 +260,42 @@ class Snapshot:
             nodes[name] = nodes[name].take(usage.cpu, usage.memory_mb, usage.gpus, usage.ports)
         snapshot = Snapshot(())
         snapshot._nodes = nodes
+        snapshot._position = self._position
+        if self._groups is not None:
+            snapshot._groups = self._regrouped(nodes, used)
         return snapshot
+
+    def _regrouped(
+        self, nodes: dict[str, NodeFree], changed: Iterable[str]
+    ) -> dict[GroupKey, list[str]]:
+        """This snapshot's groups with the ``changed`` nodes moved to their new keys. The
+        lists are shared with this snapshot, so the ones that change are copied first."""
+        assert self._groups is not None
+        groups = dict(self._groups)
+        copied: set[GroupKey] = set()
+        position = self.positions()
+        for name in changed:
+            old, new = self._nodes[name].group_key, nodes[name].group_key
+            if old == new:
+                continue
+            members = groups[old] if old in copied else list(groups[old])
+            del members[bisect_left(members, position[name], key=position.__getitem__)]
+            if members:
+                groups[old] = members
+                copied.add(old)
+            else:
+                del groups[old]
+                copied.discard(old)
+            members = groups[new] if new in copied else list(groups.get(new, ()))
+            insort(members, name, key=position.__getitem__)
+            groups[new] = members
+            copied.add(new)
+        return groups
+
+    def where(self, keep: Callable[[NodeFree], bool]) -> Snapshot:
+        """Only the nodes ``keep`` accepts, in the same order: what one role may use
+        (node selectors, drained nodes; domain/eligible.py)."""
+        return Snapshot(node for node in self._nodes.values() if keep(node))
 
 
 @dataclass

@@ -62,7 +62,7 @@ def place_gang(
     # A dynamic port of one task must not take a fixed port a later task of the same
     # job needs on the same node.
     job_fixed = frozenset(p for role in spec.roles for p in _fixed_ports(role))
-    nodes = {node.name: node for node in snapshot.nodes}
+    nodes = _Tentative(snapshot)
     tasks = _fit_order(spec)
     placed: list[tuple[_Task, TaskPlacement]] = []
     current: str | None = None
@@ -73,7 +73,7 @@ def place_gang(
             name = _best_node(task, demand, nodes, scorer, ctx, job_fixed)
         if name is None:
             return Unschedulable(
-                _explain(task, list(nodes.values()), job_fixed, len(placed), len(tasks))
+                _explain(task, nodes.all(), job_fixed, len(placed), len(tasks))
             )
         node = nodes[name]
         devices = scorer.devices(node.state(), demand, ctx) if demand.gpu_count else ()
@@ -90,22 +90,87 @@ def place_gang(
     return Plan(tuple(placement for _, placement in placed))
 
 
+class _Tentative:
+    """The snapshot's nodes with this job's tasks placed so far taken off: only the nodes
+    those tasks changed are copies, so a gang costs its own nodes, not the cluster."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self.changed: dict[str, NodeFree] = {}
+
+    def __getitem__(self, name: str) -> NodeFree:
+        node = self.changed.get(name)
+        return node if node is not None else self.snapshot.node(name)
+
+    def __setitem__(self, name: str, node: NodeFree) -> None:
+        self.changed[name] = node
+
+    def all(self) -> list[NodeFree]:
+        """Every node, in cluster order."""
+        changed = self.changed
+        return [changed.get(node.name, node) for node in self.snapshot.nodes]
+
+
 def _best_node(
     task: _Task,
     demand: Demand,
-    nodes: dict[str, NodeFree],
+    nodes: _Tentative,
     scorer: Scorer,
     ctx: ClusterContext,
     job_fixed: frozenset[int],
 ) -> str | None:
+    """The feasible node with the highest score, the earliest in cluster order on ties."""
+    if not scorer.deterministic:
+        # A random policy draws once per feasible node in cluster order; keep the draws.
+        drawn: str | None = None
+        drawn_score = 0.0
+        for node in nodes.all():
+            if not _fits(task, demand, node, job_fixed):
+                continue
+            value = scorer.score(node.state(), demand, ctx)
+            if drawn is None or value > drawn_score:
+                drawn, drawn_score = node.name, value
+        return drawn
+    # A deterministic score is a function of the node's state: score each group of alike
+    # nodes once, at its first node (in cluster order) that fits, which is the one a scan
+    # in cluster order would have met first. Nodes this job already changed are off their
+    # groups and scored on their own.
+    snapshot, changed = nodes.snapshot, nodes.changed
+    by_name, position = snapshot.by_name(), snapshot.positions()
+    score = scorer.score
     best: str | None = None
-    best_score = 0.0
-    for name, node in nodes.items():
+    best_score, best_at = 0.0, 0
+    # _resources_fit on a group's key, inlined: this loop runs over every distinct node
+    # state of the cluster for every task.
+    cpu, memory = task.role.resources.cpu, task.role.resources.memory_mb
+    count, models, share = demand.gpu_count, demand.gpu_models, demand.is_share
+    need = demand.gpu_milli if share else count
+    particular = _node_particular(task)
+    for (state, free_cpu, whole, best_share), names in snapshot.groups().items():
+        if free_cpu + CPU_EPSILON < cpu or state.memory_mib < memory:
+            continue
+        if count and (
+            (models and state.model not in models) or (best_share if share else whole) < need
+        ):
+            continue
+        for name in names:
+            if name not in changed and (
+                not particular or _node_fits(task, by_name[name], job_fixed)
+            ):
+                break
+        else:
+            continue
+        value = score(state, demand, ctx)
+        at = position[name]
+        if best is None or value > best_score or (value == best_score and at < best_at):
+            best, best_score, best_at = name, value, at
+    for name, node in changed.items():
         if not _fits(task, demand, node, job_fixed):
             continue
-        score = scorer.score(node.state(), demand, ctx)
-        if best is None or score > best_score:
-            best, best_score = name, score
+        value = score(node.state(), demand, ctx)
+        at = position[name]
+        if best is None or value > best_score or (value == best_score and at < best_at):
+            best, best_score, best_at = name, value, at
     return best
 
 
@@ -142,11 +207,27 @@ def _fixed_ports_overlap(role: RoleSpec) -> bool:
 def _fits(task: _Task, demand: Demand, node: NodeFree, job_fixed: frozenset[int]) -> bool:
     """Whether the task fits on the node now: CPU (in floats, with slack), memory, GPUs
     (gpu_share's rules) and ports, without choosing any."""
+    return _resources_fit(task, demand, node) and _node_fits(task, node, job_fixed)
+
+
+def _resources_fit(task: _Task, demand: Demand, node: NodeFree) -> bool:
+    """CPU, memory and GPUs: the part of ``_fits`` that reads only ``NodeFree.group_key``
+    (``_best_node`` has it inlined)."""
     resources = task.role.resources
     if node.cpu + CPU_EPSILON < resources.cpu or node.memory_mb < resources.memory_mb:
         return False
-    if not gpus_fit(node.state(), demand):
-        return False
+    return gpus_fit(node.state(), demand)
+
+
+def _node_particular(task: _Task) -> bool:
+    """Whether ``_node_fits`` can say no (the task asks for something alike nodes may not
+    all have); a check added to ``_node_fits`` belongs here too."""
+    return bool(task.role.ports)
+
+
+def _node_fits(task: _Task, node: NodeFree, job_fixed: frozenset[int]) -> bool:
+    """The part of ``_fits`` particular to a node beyond its capacity (its ports): checked
+    node by node even among alike nodes."""
     own: set[int] = set()
     for spec in task.role.ports:
         if spec.begin_at > 0:
@@ -245,9 +326,12 @@ def _explain(
             )
 
     if not found:
-        misfits = [f"{node.name}: {_misfit(role, node, job_fixed)}" for node in nodes]
-        more = len(misfits) - MAX_NODES_EXPLAINED
-        shown = "; ".join(misfits[:MAX_NODES_EXPLAINED]) + (f"; {more} more" if more > 0 else "")
+        misfits = [
+            f"{node.name}: {_misfit(role, node, job_fixed)}"
+            for node in nodes[:MAX_NODES_EXPLAINED]
+        ]
+        more = len(nodes) - MAX_NODES_EXPLAINED
+        shown = "; ".join(misfits) + (f"; {more} more" if more > 0 else "")
         found.append(f"no single node has {_needs_text(role)} free at once ({shown})")
     reasons = [f"role {role.name} task {task.index}: {text}" for text in found]
     if placed:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
+from typing import Any
 
 from trainyard_common.jobspec import Resources
 
@@ -32,6 +33,24 @@ class Demand:
     gpu_count: int = 0
     gpu_milli: int = 0
     gpu_models: frozenset[str] = frozenset()
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    # Demands and node states are the keys of the scorers' memos and of the placer's
+    # groups, looked up millions of times a run: each hashes its fields once, when first
+    # hashed (not when made: most demands the scheduler makes are never hashed).
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            object.__setattr__(self, "_hash", hash(self._fields()))
+            return self._hash
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Made anew from its fields: string hashes differ between processes.
+        return (type(self), self._fields())
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli, self.gpu_models)
 
     @property
     def is_share(self) -> bool:
@@ -77,6 +96,21 @@ class NodeState:
     gpu_free: tuple[int, ...]
     cpu_capacity: int
     memory_capacity: int
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:  # hashed once, as Demand
+        try:
+            return self._hash
+        except AttributeError:
+            object.__setattr__(self, "_hash", hash(self._fields()))
+            return self._hash
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self._fields())
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.model, self.cpu_milli, self.memory_mib, self.gpu_free,
+                self.cpu_capacity, self.memory_capacity)  # fmt: skip
 
     @property
     def gpu_free_total(self) -> int:
@@ -84,7 +118,7 @@ class NodeState:
 
     @property
     def whole_free(self) -> int:
-        return sum(1 for free in self.gpu_free if free == MILLI)
+        return self.gpu_free.count(MILLI)
 
 
 def model_allowed(demand: Demand, model: str | None) -> bool:
@@ -107,8 +141,8 @@ def gpus_fit(node: NodeState, demand: Demand) -> bool:
     if not model_allowed(demand, node.model):
         return False
     if demand.is_share:
-        return any(free >= demand.gpu_milli for free in node.gpu_free)
-    return node.whole_free >= demand.gpu_count
+        return max(node.gpu_free, default=0) >= demand.gpu_milli
+    return node.gpu_free.count(MILLI) >= demand.gpu_count
 
 
 def share_candidates(node: NodeState, demand: Demand) -> list[int]:
@@ -142,21 +176,27 @@ def default_devices(node: NodeState, demand: Demand) -> tuple[int, ...]:
 
 def take(node: NodeState, demand: Demand, devices: Sequence[int]) -> NodeState:
     """The node after ``demand`` is placed on it, holding ``devices``."""
-    return replace(
-        node,
-        cpu_milli=node.cpu_milli - demand.cpu_milli,
-        memory_mib=node.memory_mib - demand.memory_mib,
-        gpu_free=_adjust(node.gpu_free, devices, -demand.gpu_milli),
+    # Made directly, not with dataclasses.replace (several times slower): the scorers
+    # call this for every node state they rate.
+    return NodeState(
+        node.model,
+        node.cpu_milli - demand.cpu_milli,
+        node.memory_mib - demand.memory_mib,
+        _adjust(node.gpu_free, devices, -demand.gpu_milli),
+        node.cpu_capacity,
+        node.memory_capacity,
     )
 
 
 def give_back(node: NodeState, demand: Demand, devices: Sequence[int]) -> NodeState:
     """The node after a task placed with ``take`` is released."""
-    return replace(
-        node,
-        cpu_milli=node.cpu_milli + demand.cpu_milli,
-        memory_mib=node.memory_mib + demand.memory_mib,
-        gpu_free=_adjust(node.gpu_free, devices, demand.gpu_milli),
+    return NodeState(
+        node.model,
+        node.cpu_milli + demand.cpu_milli,
+        node.memory_mib + demand.memory_mib,
+        _adjust(node.gpu_free, devices, demand.gpu_milli),
+        node.cpu_capacity,
+        node.memory_capacity,
     )
 
 

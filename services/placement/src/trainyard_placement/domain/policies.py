@@ -32,7 +32,20 @@ from .gpu_share import (
     take,
     whole_devices,
 )
-from .scoring import ClusterContext, Scorer, Typical, fragmentation, stranded
+from .scoring import (
+    ClusterContext,
+    Measure,
+    Scorer,
+    Typical,
+    fragmentation_measure,
+    stranded_measure,
+)
+
+
+# Entries per memo before it is dropped and refilled: bounds a long-lived scorer's memory
+# in a cluster whose states keep changing under one target workload.
+MEMO_LIMIT = 200_000
+_NOTHING: dict[NodeState, tuple[float, tuple[int, ...]]] = {}
 
 
 class UnknownPolicy(ValueError):
@@ -110,17 +123,50 @@ class Fgd:
     name: str = "fgd"
     deterministic: bool = True
     step: float = 1.0
-    # One entry per distinct node state; dropped whenever the target workload changes.
+    # One entry per distinct node state, and one per (node state, task shape) for the
+    # choice; both dropped whenever the target workload changes (or grows too large).
     _memo: dict[object, float] = field(default_factory=dict, repr=False)
+    # By task shape, then node state: a lookup makes no key tuple (the placer looks up
+    # once per distinct node state for every task).
+    _chosen: dict[Demand, dict[NodeState, tuple[float, tuple[int, ...]]]] = field(
+        default_factory=dict, repr=False
+    )
+    _chosen_count: int = field(default=0, repr=False)
     _memo_for: tuple[Typical, ...] | None = field(default=None, repr=False)
+    _measure: Measure | None = field(default=None, repr=False)
 
     def score(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> float:
+        # choose() inlined for a remembered pair: the placer asks once per distinct node
+        # state for every task.
+        if self._memo_for is ctx.workload:
+            chosen = self._chosen.get(demand, _NOTHING).get(node)
+            if chosen is not None:
+                return chosen[0]
         return self.choose(node, demand, ctx)[0]
 
     def devices(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> tuple[int, ...]:
         return self.choose(node, demand, ctx)[1]
 
     def choose(
+        self, node: NodeState, demand: Demand, ctx: ClusterContext
+    ) -> tuple[float, tuple[int, ...]]:
+        """The score and devices of ``demand`` on ``node``, computed once per pair: the
+        placer asks again for every task while the node is unchanged."""
+        self._follow(ctx.workload)
+        table = self._chosen.get(demand)
+        if table is None:
+            table = self._chosen[demand] = {}
+        chosen = table.get(node)
+        if chosen is None:
+            if self._chosen_count >= MEMO_LIMIT:
+                self._chosen.clear()
+                self._chosen_count = 0
+                table = self._chosen[demand] = {}
+            chosen = table[node] = self._choose(node, demand, ctx)
+            self._chosen_count += 1
+        return chosen
+
+    def _choose(
         self, node: NodeState, demand: Demand, ctx: ClusterContext
     ) -> tuple[float, tuple[int, ...]]:
         before = self.frag(node, ctx)
@@ -143,17 +189,31 @@ class Fgd:
         return float(math.floor(100 / (1 + math.exp(-delta / MILLI)) / self.step))
 
     def frag(self, node: NodeState, ctx: ClusterContext) -> float:
-        if self._memo_for is not ctx.workload:
-            self._memo.clear()
-            self._memo_for = ctx.workload
+        self._follow(ctx.workload)
         key = self._key(node)
         value = self._memo.get(key)
         if value is None:
-            value = self._memo[key] = self.measure(node, ctx.workload)
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()
+            assert self._measure is not None, "set by _follow"
+            value = self._memo[key] = self._measure(node)
         return value
 
-    def measure(self, node: NodeState, workload: tuple[Typical, ...]) -> float:
-        return fragmentation(node, workload)
+    def _follow(self, workload: tuple[Typical, ...]) -> None:
+        """Drop the memos when the target workload is another one; an equal workload
+        in a new context (each scheduling cycle builds one) keeps them."""
+        if self._memo_for is workload:
+            return
+        if self._measure is None or self._memo_for != workload:
+            self._memo.clear()
+            self._chosen.clear()
+            self._chosen_count = 0
+            self._measure = self.measure_for(workload)
+        self._memo_for = workload
+
+    def measure_for(self, workload: tuple[Typical, ...]) -> Measure:
+        """The fragmentation measure the descent follows, against ``workload``."""
+        return fragmentation_measure(workload)
 
     def _key(self, node: NodeState) -> object:
         # The paper's measure ignores memory: one entry serves every node alike in
@@ -171,8 +231,8 @@ class Trainyard(Fgd):
     name: str = "trainyard"
     step: float = 2.0
 
-    def measure(self, node: NodeState, workload: tuple[Typical, ...]) -> float:
-        return stranded(node, workload)
+    def measure_for(self, workload: tuple[Typical, ...]) -> Measure:
+        return stranded_measure(workload)
 
     def _key(self, node: NodeState) -> object:
         return (node.model, node.cpu_milli, node.memory_mib, tuple(sorted(node.gpu_free)))

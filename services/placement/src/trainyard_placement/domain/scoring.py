@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .gpu_share import MILLI, Demand, NodeState
@@ -72,10 +72,12 @@ def typical_workload(
     renormalised to sum to 1. A shape is (CPU, GPUs, milli per GPU, models), as in the
     paper; the memory it carries is the mean over its tasks (the paper's measure ignores
     it, Trainyard's counts it)."""
-    counts: Counter[Demand] = Counter()
-    memory: Counter[Demand] = Counter()
+    # Counted by plain tuples (cpu, GPUs, milli, models): the scheduler derives the target
+    # workload from every task placed and waiting, every cycle.
+    counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+    memory: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
     for d in demands:
-        shape = Demand(d.cpu_milli, 0, d.gpu_count, d.gpu_milli, d.gpu_models)
+        shape = (d.cpu_milli, d.gpu_count, d.gpu_milli, d.gpu_models)
         counts[shape] += 1
         memory[shape] += d.memory_mib
     total = sum(counts.values())
@@ -83,13 +85,13 @@ def typical_workload(
         return ()
     ranked = sorted(
         counts.items(),
-        key=lambda kv: (-kv[1], kv[0].cpu_milli, kv[0].gpu_milli, kv[0].gpu_count,
-                        sorted(kv[0].gpu_models)),
-    )  # fmt: skip
+        key=lambda kv: (-kv[1], kv[0][0], kv[0][2], kv[0][1], sorted(kv[0][3])),
+    )
     chosen: list[tuple[Demand, int]] = []
     covered = 0
-    for shape, count in ranked:
-        chosen.append((replace(shape, memory_mib=memory[shape] // count), count))
+    for (cpu, gpus, milli, models), count in ranked:
+        chosen.append((Demand(cpu, memory[cpu, gpus, milli, models] // count, gpus, milli, models),
+                       count))  # fmt: skip
         covered += count
         if covered >= coverage * total:
             break
@@ -99,29 +101,7 @@ def typical_workload(
 def fragmentation(node: NodeState, workload: Sequence[Typical]) -> float:
     """Expected fragmented milli-GPU of ``node`` for a task drawn from ``workload``
     (the paper's F_n(M)). CPU-only tasks count all free GPU milli: they cannot use it."""
-    free = node.gpu_free
-    total = sum(free)
-    if not total:
-        return 0.0
-    frag = 0.0
-    for typical in workload:
-        d = typical.demand
-        if (
-            not d.gpu_count
-            or node.cpu_milli < d.cpu_milli
-            or (d.gpu_models and node.model not in d.gpu_models)
-        ):
-            frag += typical.freq * total
-            continue
-        usable = 0
-        unusable = 0
-        for f in free:
-            if f >= d.gpu_milli:
-                usable += 1
-            else:
-                unusable += f
-        frag += typical.freq * (unusable if usable >= d.gpu_count else total)
-    return frag
+    return fragmentation_measure(workload)(node)
 
 
 def stranded(node: NodeState, workload: Sequence[Typical]) -> float:
@@ -131,28 +111,92 @@ def stranded(node: NodeState, workload: Sequence[Typical]) -> float:
     take, k limited by the node's devices, CPU and memory together: four free GPUs beside
     CPU for one task are three stranded GPUs, and 1000 milli free hold two 460-milli
     shares, leaving 80."""
-    free = node.gpu_free
-    total = sum(free)
-    if not total:
-        return 0.0
-    frag = 0.0
-    for typical in workload:
-        d = typical.demand
-        if (
-            not d.gpu_count
-            or node.cpu_milli < d.cpu_milli
-            or node.memory_mib < d.memory_mib
-            or (d.gpu_models and node.model not in d.gpu_models)
-        ):
-            frag += typical.freq * total
-            continue
-        if d.is_share:
-            slots = sum(f // d.gpu_milli for f in free)
-        else:
-            slots = sum(1 for f in free if f == MILLI) // d.gpu_count
-        if d.cpu_milli:
-            slots = min(slots, node.cpu_milli // d.cpu_milli)
-        if d.memory_mib:
-            slots = min(slots, node.memory_mib // d.memory_mib)
-        frag += typical.freq * (total - slots * d.total_gpu_milli)
-    return frag
+    return stranded_measure(workload)(node)
+
+
+Measure = Callable[[NodeState], float]
+
+
+def fragmentation_measure(workload: Sequence[Typical]) -> Measure:
+    """``fragmentation`` against one workload, as a function of the node: the shapes are
+    read once, and what depends only on the milli a shape asks per device is counted once
+    per node. (The sum runs in workload order with the same terms, so the floats are
+    the same as summing shape by shape.)"""
+    shapes = tuple(
+        (t.freq, t.demand.gpu_count, t.demand.cpu_milli, t.demand.gpu_models, t.demand.gpu_milli)
+        for t in workload
+    )
+
+    def measure(node: NodeState) -> float:
+        free = node.gpu_free
+        total = sum(free)
+        if not total:
+            return 0.0
+        cpu, model = node.cpu_milli, node.model
+        # milli asked per device -> (devices with that much free, milli on the others)
+        split: dict[int, tuple[int, int]] = {}
+        frag = 0.0
+        for freq, count, cpu_milli, models, milli in shapes:
+            if not count or cpu < cpu_milli or (models and model not in models):
+                frag += freq * total
+                continue
+            found = split.get(milli)
+            if found is None:
+                usable = unusable = 0
+                for f in free:
+                    if f >= milli:
+                        usable += 1
+                    else:
+                        unusable += f
+                found = split[milli] = (usable, unusable)
+            frag += freq * (found[1] if found[0] >= count else total)
+        return frag
+
+    return measure
+
+
+def stranded_measure(workload: Sequence[Typical]) -> Measure:
+    """``stranded`` against one workload, as a function of the node (see
+    ``fragmentation_measure``)."""
+    shapes = tuple(
+        (t.freq, t.demand.gpu_count, t.demand.cpu_milli, t.demand.memory_mib,
+         t.demand.gpu_models, t.demand.gpu_milli if t.demand.is_share else 0,
+         t.demand.total_gpu_milli)
+        for t in workload
+    )  # fmt: skip
+
+    def measure(node: NodeState) -> float:
+        free = node.gpu_free
+        total = sum(free)
+        if not total:
+            return 0.0
+        cpu, memory, model = node.cpu_milli, node.memory_mib, node.model
+        whole = free.count(MILLI)
+        shares: dict[int, int] = {}  # milli of a share -> how many fit on the devices
+        frag = 0.0
+        for freq, count, cpu_milli, memory_mib, models, share, task_milli in shapes:
+            if (
+                not count
+                or cpu < cpu_milli
+                or memory < memory_mib
+                or (models and model not in models)
+            ):
+                frag += freq * total
+                continue
+            if share:
+                slots = shares.get(share)
+                if slots is None:
+                    slots = 0
+                    for f in free:
+                        slots += f // share
+                    shares[share] = slots
+            else:
+                slots = whole // count
+            if cpu_milli and cpu // cpu_milli < slots:
+                slots = cpu // cpu_milli
+            if memory_mib and memory // memory_mib < slots:
+                slots = memory // memory_mib
+            frag += freq * (total - slots * task_milli)
+        return frag
+
+    return measure

@@ -11,11 +11,11 @@ from pymongo import ASCENDING, DESCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
 from trainyard_common.dialects import BY_NAME
-from trainyard_common.events import Event
+from trainyard_common.events import Event, TaskState
 from trainyard_common.jobspec import REDACTED
 from trainyard_common.storage import insert_once
 
-from ..domain.projection import Changes, JobChange, TaskChange
+from ..domain.projection import Changes, EndTasks, JobChange, TaskChange
 
 
 class JobViews:
@@ -52,6 +52,8 @@ class JobViews:
             await self._apply_job(changes.job)
         for task in changes.tasks:
             await self._apply_task(task)
+        if changes.end_tasks is not None:
+            await self._end_tasks(changes.end_tasks)
 
     # Reads by _id are cheap in every store; FerretDB v1's updates cost time in proportion
     # to the collection's size (bench/README.md). So each write is preceded by a read, and
@@ -105,6 +107,13 @@ class JobViews:
         await self.tasks.update_one(
             {"_id": change.task_id, "seq": {"$lt": change.seq}},
             {"$set": {**change.fields, "seq": change.seq}},
+        )
+
+    async def _end_tasks(self, change: EndTasks) -> None:
+        await self.tasks.update_many(
+            {"job_id": change.job_id, "attempt": change.attempt,
+             "state": {"$nin": [s.value for s in TaskState if s.terminal]}},
+            {"$set": change.fields},
         )
 
     # -- reads ----------------------------------------------------------------------------
@@ -183,12 +192,16 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
 def job_view(doc: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any]:
     spec = doc.get("spec_json")
     attempt = doc.get("attempt", 1)
+    attempts = sorted(doc.get("attempts", []), key=lambda a: a.get("attempt", 0))
     return {
         **summary(doc),
         "queue": doc.get("queue"), "priority": doc.get("priority"),
-        "attempt": attempt, "retries": attempt - 1,
+        # Retries are failed attempts run again; an interrupted one (paused, preempted,
+        # scaled) is not one.
+        "attempt": attempt,
+        "retries": sum(1 for a in attempts if a.get("retried_as") and not a.get("interrupted")),
         # How each attempt ended, oldest first (a retried one says when it ran again).
-        "attempts": sorted(doc.get("attempts", []), key=lambda a: a.get("attempt", 0)),
+        "attempts": attempts,
         "failure_class": doc.get("failure_class"),
         "finished_at": doc.get("finished_at"),
         "exit_code": doc.get("exit_code"),

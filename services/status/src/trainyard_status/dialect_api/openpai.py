@@ -28,7 +28,7 @@ from .context import StatusContext
 DIALECTS = (openpai.DIALECT, openpai_v2.DIALECT)
 # OpenPAI's state filter, in our states.
 STATES = {
-    "WAITING": ("SUBMITTED", "ACCEPTED", "QUEUED", "PLACED"),
+    "WAITING": ("SUBMITTED", "ACCEPTED", "QUEUED", "PLACED", "PAUSED"),
     "RUNNING": ("RUNNING",),
     "SUCCEEDED": ("SUCCEEDED",),
     "FAILED": ("FAILED", "REJECTED"),

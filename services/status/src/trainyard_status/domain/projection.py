@@ -14,12 +14,14 @@ from trainyard_common.events import (
     Event,
     JobAccepted,
     JobFinished,
+    JobInterrupted,
     JobPlaced,
     JobQueued,
     JobRejected,
     JobRetrying,
     JobState,
     JobSubmitted,
+    InterruptCause,
     StopJob,
     TaskState,
     TaskStateChanged,
@@ -29,12 +31,15 @@ from trainyard_common.events import (
 # Within an attempt by this order; a later attempt ranks above every step of an earlier
 # one (a retried job goes back from RUNNING to QUEUED, PLACED, RUNNING of its next
 # attempt); a terminal state, which only JobFinished and JobRejected bring, above all.
+# PAUSED ends its attempt without ending the job: above that attempt's every step, below
+# the next attempt's, which a resume starts.
 STATE_RANK: dict[JobState, int] = {
     JobState.SUBMITTED: 0,
     JobState.ACCEPTED: 1,
     JobState.QUEUED: 2,
     JobState.PLACED: 3,
     JobState.RUNNING: 4,
+    JobState.PAUSED: 5,
     JobState.REJECTED: 9,
     JobState.SUCCEEDED: 9,
     JobState.FAILED: 9,
@@ -83,9 +88,20 @@ class TaskChange:
 
 
 @dataclass
+class EndTasks:
+    """Every task of ``attempt`` not yet in a terminal state gets ``fields`` (its seq is
+    kept, so the launcher's own transitions still apply)."""
+
+    job_id: str
+    attempt: int
+    fields: dict[str, Any]
+
+
+@dataclass
 class Changes:
     job: JobChange | None = None
     tasks: list[TaskChange] = field(default_factory=list)
+    end_tasks: EndTasks | None = None
 
 
 def task_id(job_id: str, attempt: int, role: str, index: int) -> str:
@@ -146,7 +162,9 @@ def project(event: Event) -> Changes:
             ]
             return Changes(JobChange(
                 event.job_id, state=JobState.PLACED, attempt=event.attempt,
+                # The attempt's own spec: a scaled job runs at its new size.
                 with_state={"attempt": event.attempt, "reason": None, "queue_reasons": [],
+                            "spec_json": event.spec.redacted().model_dump_json(),
                             "updated_at": at},
             ), tasks)
         case TaskStateChanged():
@@ -189,10 +207,39 @@ def project(event: Event) -> Changes:
                     "failure_class": event.failure_class.value, "ended_at": at,
                     "retried_as": event.attempt, "not_before": event.not_before}},
             ))
+        case JobInterrupted():
+            return _interrupted(event)
         case StopJob():
             return Changes(JobChange(
                 event.job_id, always={"stop_requested_by": event.requested_by}))
     return Changes()
+
+
+def _interrupted(event: JobInterrupted) -> Changes:
+    """An attempt ended without failing: PAUSED until a resume, or (preempted, scaled, a
+    node removed) back in line as the next attempt, ranked as that attempt's ACCEPTED
+    like a retry so placement's JobQueued/JobPlaced of it, in any order, win."""
+    at = event.occurred_at
+    ended = {"attempt": event.attempt, "state": JobState.STOPPED.value, "reason": event.reason,
+             "exit_code": None, "failure_class": None, "interrupted": event.cause.value}
+    tasks = EndTasks(event.job_id, event.attempt, {
+        "state": TaskState.STOPPED.value, "reason": event.reason, "updated_at": at})
+    if event.cause is InterruptCause.PAUSED:
+        job = JobChange(
+            event.job_id, state=JobState.PAUSED, attempt=event.attempt,
+            with_state={"attempt": event.attempt, "reason": event.reason, "queue_reasons": [],
+                        "queue_position": None, "updated_at": at},
+            add_to_set={"attempts": ended},
+        )
+    else:
+        job = JobChange(
+            event.job_id, state=JobState.QUEUED, attempt=event.attempt + 1,
+            rank_state=JobState.ACCEPTED,
+            with_state={"attempt": event.attempt + 1, "reason": event.reason,
+                        "queue_reasons": [], "queue_position": None, "updated_at": at},
+            add_to_set={"attempts": {**ended, "retried_as": event.attempt + 1}},
+        )
+    return Changes(job, end_tasks=tasks)
 
 
 def _original(event: JobSubmitted) -> str | None:

@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from trainyard_common.cluster import ClusterSpec, NodeSpec
 from trainyard_common.dialects import BY_NAME, dedupe, field_path, validate_native
 from trainyard_common.events import FieldIssue, JobAccepted, JobRejected, JobSubmitted, derived_id
 from trainyard_common.jobspec import JobSpec, RoleSpec
+
+# Where a canonical field is written in the user's payload: (role name or None, field).
+Locate = Callable[[str | None, str], str]
 
 
 def result_id(submitted: JobSubmitted) -> str:
@@ -42,12 +46,11 @@ def _ask(role: RoleSpec) -> str:
     return f"{_num(r.cpu)} CPU, {r.memory_mb} MB, {gpu}"
 
 
-def _misfit(spec: JobSpec, i: int, role: RoleSpec, cluster: ClusterSpec, dialect: str
-            ) -> FieldIssue:
+def _misfit(role: RoleSpec, cluster: ClusterSpec, locate: Locate) -> FieldIssue:
     r = role.resources
     need = _gpus_needed(r.gpu)
     if not cluster.nodes:
-        return FieldIssue(path=field_path(dialect, i, "role"), code="no_fit",
+        return FieldIssue(path=locate(role.name, "role"), code="no_fit",
                           message=f"role {role.name!r} cannot run: the cluster has no nodes")
     typed = [n for n in cluster.nodes if r.gpu_type is None or n.gpu_type == r.gpu_type]
     max_cpu = max(n.cpu for n in cluster.nodes)
@@ -57,13 +60,13 @@ def _misfit(spec: JobSpec, i: int, role: RoleSpec, cluster: ClusterSpec, dialect
     # Point at the one field that is too large, if there is one; otherwise the
     # combination is what no node has, and the role itself is the culprit.
     if r.cpu > max_cpu:
-        path = field_path(dialect, i, "cpu")
+        path = locate(role.name, "cpu")
     elif r.memory_mb > max_mem:
-        path = field_path(dialect, i, "memory_mb")
+        path = locate(role.name, "memory_mb")
     elif need > max_gpu:
-        path = field_path(dialect, i, "gpu")
+        path = locate(role.name, "gpu")
     else:
-        path = field_path(dialect, i, "role")
+        path = locate(role.name, "role")
     return FieldIssue(
         path=path, code="no_fit",
         message=(f"role {role.name!r} asks for {_ask(role)} per task; no node has that much: "
@@ -72,25 +75,34 @@ def _misfit(spec: JobSpec, i: int, role: RoleSpec, cluster: ClusterSpec, dialect
     )
 
 
-def check_against_cluster(spec: JobSpec, cluster: ClusterSpec, dialect: str
+def locator(submitted: JobSubmitted) -> Locate:
+    """Paths in the payload as the user wrote it; a bare spec (a producer that sent no
+    original) is located in its own JSON."""
+    if submitted.original is None:
+        payload = submitted.spec.model_dump(mode="json")
+        return lambda role, field: field_path("native", payload, role, field)
+    return lambda role, field: field_path(submitted.dialect, submitted.original, role, field)
+
+
+def check_against_cluster(spec: JobSpec, cluster: ClusterSpec, locate: Locate
                           ) -> list[FieldIssue]:
     issues: list[FieldIssue] = []
     if spec.queue not in cluster.queues:
         issues.append(FieldIssue(
-            path=field_path(dialect, None, "queue"), code="unknown_queue",
+            path=locate(None, "queue"), code="unknown_queue",
             message=f"queue {spec.queue!r} does not exist; queues: "
                     f"{', '.join(cluster.queues) or 'none'}"))
     known_types = cluster.gpu_types()
-    for i, role in enumerate(spec.roles):
+    for role in spec.roles:
         r = role.resources
         if r.gpu > 0 and r.gpu_type is not None and r.gpu_type not in known_types:
             issues.append(FieldIssue(
-                path=field_path(dialect, i, "gpu_type"), code="unknown_gpu_type",
+                path=locate(role.name, "gpu_type"), code="unknown_gpu_type",
                 message=f"GPU type {r.gpu_type!r} is on no node; known types: "
                         f"{', '.join(sorted(known_types)) or 'none'}"))
             continue  # nothing fits an unknown type; one message is enough
         if not any(_node_fits(node, role) for node in cluster.nodes):
-            issues.append(_misfit(spec, i, role, cluster, dialect))
+            issues.append(_misfit(role, cluster, locate))
     return dedupe(issues)
 
 
@@ -114,7 +126,7 @@ def decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRe
     # Cluster checks only on a spec that broke no rule: a broken field was replaced by
     # a default in translation, and checking the default would only mislead.
     if not errors:
-        errors = check_against_cluster(submitted.spec, cluster, submitted.dialect)
+        errors = check_against_cluster(submitted.spec, cluster, locator(submitted))
     if errors:
         return JobRejected(event_id=result_id(submitted), job_id=submitted.job_id,
                            errors=errors)
@@ -131,6 +143,6 @@ def name_taken(submitted: JobSubmitted) -> JobRejected:
     return JobRejected(
         event_id=result_id(submitted), job_id=submitted.job_id,
         errors=[FieldIssue(
-            path=field_path(submitted.dialect, None, "name"), code="name_taken",
+            path=locator(submitted)(None, "name"), code="name_taken",
             message=f"job name {spec.name!r} is already used by another job of "
                     f"{spec.user or 'this user'}; job names are unique per user")])

@@ -1,0 +1,130 @@
+"""The placement speed and replay benchmarks run (--quick) on tiny trace files and report
+what they promise. No timing is asserted: speed goals live in bench/, not in tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NODES = "sn,cpu_milli,memory_mib,gpu,model\n"
+PODS = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase," \
+    "creation_time,deletion_time,scheduled_time\n"  # fmt: skip
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(module: ModuleType, argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    assert module.main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def write_trace(tmp_path: Path, nodes: list[str], pods: list[str]) -> list[str]:
+    (tmp_path / "nodes.csv").write_text(NODES + "\n".join(nodes) + "\n")
+    (tmp_path / "pods.csv").write_text(PODS + "\n".join(pods) + "\n")
+    return ["--nodes", str(tmp_path / "nodes.csv"), "--pods", str(tmp_path / "pods.csv")]
+
+
+def test_speed_reports_each_figure_with_its_goal_and_the_baseline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shapes = ["4000,8192,1,500", "8000,16384,1,1000", "2000,4096,0,0", "16000,32768,2,1000",
+              "64000,131072,8,1000"]  # fmt: skip
+    files = write_trace(
+        tmp_path,
+        ["n0,96000,393216,8,G2", "n1,32000,131072,2,T4", "n2,16000,65536,0,"],
+        [f"p{i:03},{shapes[i % len(shapes)]},,LS,Running,{i},{i + 100},{i}" for i in range(30)],
+    )
+    report = run(
+        load("placement_speed"),
+        [*files, "--quick", "--synthetic-nodes", "16", "--synthetic-pods", "80"],
+        capsys,
+    )
+
+    assert report["policy"] == "trainyard" and report["baseline"] == "first-fit"
+    openb = report["openb"]
+    assert openb["cluster"] == {"nodes": 2, "gpus": 10}
+    for figures in openb["policies"].values():
+        assert figures["decisions"] == 30
+        assert figures["placed"] + figures["refused"] == 30
+        # 8 + 2 GPUs: the 8-GPU pods after the first cannot all fit.
+        assert 0 < figures["placed"] < 30
+        assert figures["decisions_per_s"] > 0
+        assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
+    assert set(openb["policies"]) == {"trainyard", "first-fit"}
+    assert openb["trainyard_vs_first-fit"]["decisions_per_s"] > 0
+
+    synthetic = report["synthetic"]
+    assert synthetic["cluster"] == {"nodes": 16, "gpus": 128}
+    assert synthetic["tasks"] == 80
+    assert 2 <= synthetic["gangs"] <= 40  # 2 to 64 tasks each
+    gang = synthetic["gang_64_tasks"]
+    assert gang["trainyard"]["empty_cluster"]["placed"] is True  # 64 of 128 GPUs free
+    assert gang["trainyard"]["empty_cluster"]["p50_ms"] > 0
+
+    goals = report["goals"]
+    assert set(goals) == {"decisions_per_s", "p99_ms", "gang_64_ms"}
+    assert goals["decisions_per_s"]["goal"] == ">= 1000"
+    assert goals["p99_ms"]["goal"] == "< 5"
+    assert goals["gang_64_ms"]["goal"] == "< 20"
+    for figure in goals.values():
+        assert figure["met"] == (
+            figure["value"] >= 1000 if figure["goal"] == ">= 1000"
+            else figure["value"] < float(figure["goal"][2:])
+        )  # fmt: skip
+    assert report["all_goals_met"] == all(g["met"] for g in goals.values())
+
+
+def test_replay_waits_for_departures_on_the_simulated_clock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One node of two GPUs; p2 arrives at 20 while p0 and p1 hold both GPUs, and starts
+    # when p1 leaves at 10 + 50 = 60: a wait of 40 s under either scheduler.
+    files = write_trace(
+        tmp_path,
+        ["n0,32000,65536,2,T4"],
+        ["p0,4000,8192,1,1000,,LS,Running,0,100,0",
+         "p1,4000,8192,1,1000,,LS,Running,10,60,10",
+         "p2,4000,8192,1,1000,,LS,Running,20,50,20"],
+    )  # fmt: skip
+    report = run(load("placement_replay"), [*files, "--quick"], capsys)
+
+    assert report["cluster"] == {"nodes": 1, "gpus": 2}
+    assert report["pod_count"] == 3
+    assert set(report["schedulers"]) == {"trainyard", "fifo-first-fit"}
+    for result in report["schedulers"].values():
+        assert result["placed"] == 3 and result["never_placed"] == 0
+        # --quick compresses arrivals 300x; durations stay: p2 arrives at 20/300 s and
+        # waits for p1's departure at 10/300 + 50 s.
+        assert result["wait_s"]["waited"] == 1
+        assert result["wait_s"]["max"] == pytest.approx(10 / 300 + 50 - 20 / 300, abs=0.1)
+        assert result["wait_s"]["p50"] == 0
+        series = result["allocation_over_time"]
+        assert series[0]["alloc_pct"] == 50.0 and series[-1]["alloc_pct"] == 100.0
+        assert all(0 <= point["alloc_pct"] <= 100 for point in series)
+        assert 50 <= result["allocation_mean_pct"] <= 100
+    assert report["comparison"]["mean_wait_ratio"] == 1.0
+
+
+def test_replay_refuses_a_pod_list_without_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "nodes.csv").write_text(NODES + "n0,32000,65536,2,T4\n")
+    (tmp_path / "pods.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                                       "p0,4000,8192,1,1000\n")  # fmt: skip
+    replay = load("placement_replay")
+    with pytest.raises(SystemExit):
+        replay.main(["--nodes", str(tmp_path / "nodes.csv"), "--pods", str(tmp_path / "pods.csv")])
+    assert "no creation_time/deletion_time" in capsys.readouterr().err

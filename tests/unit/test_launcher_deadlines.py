@@ -1,0 +1,122 @@
+"""The start deadline: every task must run its command within YARD_START_DEADLINE_S of
+the placement; otherwise the attempt fails as a platform failure (so it is retried while
+the budget lasts), naming the late tasks and what they were doing."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+from trainyard_common.events import (
+    FailureClass,
+    JobFinished,
+    JobPlaced,
+    JobRetrying,
+    JobState,
+    TaskPlacement,
+    TaskState,
+    TaskStateChanged,
+    derived_id,
+)
+from trainyard_common.jobspec import JobSpec, RoleSpec
+from trainyard_launcher.domain.failure import EndKind, classify
+from trainyard_launcher.domain.lifecycle import (
+    StartView,
+    late_tasks,
+    start_deadline,
+    start_deadline_reason,
+)
+from trainyard_launcher.handlers import check_start_deadlines, check_tasks, launch_job
+
+from .test_launcher_handlers import make_deps
+
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+def test_the_deadline_counts_from_the_placement() -> None:
+    assert start_deadline(T0, 600) == T0 + timedelta(seconds=600)
+    assert start_deadline(T0, 0) is None
+    assert start_deadline(None, 600) is None
+
+
+def test_late_tasks_are_those_not_yet_running_their_command() -> None:
+    views = [
+        StartView("w", 1, TaskState.STARTING),
+        StartView("w", 0, TaskState.RUNNING, command_started=False, step="$ pip install torch"),
+        StartView("ps", 0, TaskState.RUNNING, command_started=True),
+        StartView("w", 2, TaskState.FAILED),  # ended on its own: the rules judge it
+    ]
+    late = late_tasks(views)
+    assert [(t.role, t.index) for t in late] == [("w", 0), ("w", 1)]
+    assert start_deadline_reason(600, late) == (
+        "not all tasks started within 600s: w[0] still preparing ($ pip install torch), "
+        "w[1] still STARTING (not spawned yet)")
+
+
+def test_a_start_timeout_is_a_platform_failure() -> None:
+    assert classify(None, None, EndKind.START_TIMEOUT) is FailureClass.PLATFORM
+
+
+async def past_the_deadline() -> None:
+    # Stored times have millisecond precision: let a 1 ms deadline pass for sure.
+    await asyncio.sleep(0.01)
+
+
+def placed(retry_limit: int = 0) -> JobPlaced:
+    spec = JobSpec(name="train", user="alice", retry_limit=retry_limit, roles=[
+        RoleSpec(name="w", replicas=2, command="run")])
+    tasks = [TaskPlacement(role="w", index=i, node="n1", host_ip="127.0.0.1") for i in (0, 1)]
+    return JobPlaced(event_id=derived_id("j1", 1, "placed"), job_id="j1", spec=spec, tasks=tasks)
+
+
+async def test_an_attempt_whose_task_still_prepares_past_the_deadline_fails() -> None:
+    deps, backend, published = make_deps()
+    deps.start_deadline_s = 0.001
+    await launch_job(placed(), deps)
+    backend.preparing["j1:1:w:1"] = "$ pip install torch"
+    await past_the_deadline()
+    await check_start_deadlines(deps)
+
+    [end] = [e for e in published if isinstance(e, JobFinished)]
+    assert end.state is JobState.FAILED and end.failure_class is FailureClass.PLATFORM
+    assert end.reason == ("not all tasks started within 0.001s: w[1] still preparing "
+                          "($ pip install torch)")
+    tasks = {(e.index, e.state): e for e in published if isinstance(e, TaskStateChanged)}
+    assert tasks[(1, TaskState.FAILED)].failure_class is FailureClass.PLATFORM
+    assert (0, TaskState.STOPPED) in tasks  # the one that started is stopped with the job
+    assert "j1:1:w:1" in backend.killed
+
+
+async def test_a_start_timeout_is_retried_while_the_budget_lasts() -> None:
+    deps, backend, published = make_deps()
+    deps.start_deadline_s = 0.001
+    await launch_job(placed(retry_limit=1), deps)
+    backend.preparing["j1:1:w:0"] = "$ git clone repo"
+    await past_the_deadline()
+    await check_start_deadlines(deps)
+    [retry] = [e for e in published if isinstance(e, JobRetrying)]
+    assert retry.failure_class is FailureClass.PLATFORM and retry.attempt == 2
+
+
+async def test_tasks_that_all_started_are_not_failed_and_not_looked_at_again() -> None:
+    deps, backend, published = make_deps()
+    deps.start_deadline_s = 0.001
+    await launch_job(placed(), deps)
+    await past_the_deadline()
+    await check_start_deadlines(deps)
+    assert deps.start_deadlines[("j1", 1)] is None
+    backend.preparing["j1:1:w:1"] = "never looked at"
+    await past_the_deadline()
+    await check_start_deadlines(deps)
+    await check_tasks(deps)
+    assert not [e for e in published if isinstance(e, JobFinished)]
+
+
+async def test_no_deadline_before_its_time() -> None:
+    deps, backend, published = make_deps()
+    deps.start_deadline_s = 600
+    await launch_job(placed(), deps)
+    backend.preparing["j1:1:w:1"] = "$ pip install torch"
+    await past_the_deadline()
+    await check_start_deadlines(deps)
+    assert not [e for e in published if isinstance(e, JobFinished)]

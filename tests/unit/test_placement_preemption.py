@@ -1,0 +1,237 @@
+"""Priority preemption: who may be preempted, the cheapest set that really makes the head
+fit, and no preemption cycles."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainyard_common.events import (
+    InterruptCause,
+    InterruptJob,
+    JobInterrupted,
+    JobPlaced,
+    JobQueued,
+    derived_id,
+)
+from trainyard_common.jobspec import JobSpec, Resources, RoleSpec
+from trainyard_placement.domain import Candidate, LeastWork, LowestPriority, Rules
+
+from .placement_cases import World, gpus, job, node, queue, role
+from .test_placement_handlers import Harness
+
+
+def busy(n_gpus: int = 4) -> World:
+    """One node of ``n_gpus`` GPUs, filled with 1-GPU jobs low0..lowN of priority 1."""
+    w = World.of(node("n", gpus=n_gpus))
+    for i in range(n_gpus):
+        w.submit(f"low{i}", gpus(1, priority=1))
+        w.cycle()
+    return w
+
+
+def test_higher_priority_preempts_the_least_work() -> None:
+    w = busy()
+    w.submit("urgent", gpus(2, priority=9))
+    w.cycle()
+    [preempt] = w.preempts()
+    # The two placed last have run the fewest task-seconds.
+    assert preempt.victims == ("low3", "low2")
+    assert preempt.reason == "preempted by job urgent (priority 9)"
+    assert w.waiting("urgent").reasons == (
+        "waiting for preempted jobs low3, low2 to end: they hold capacity this job needs",)
+    w.interrupted("low3")
+    w.cycle()
+    assert w.preempts() == [] and "urgent" not in w.placed()
+    w.interrupted("low2")
+    w.cycle()
+    assert "urgent" in w.placed()
+    assert w.waiting("low3").position == 1
+
+
+@pytest.mark.parametrize("priority", [1, 5])
+def test_equal_or_lower_priority_never_preempts(priority: int) -> None:
+    w = World.of(node("n", gpus=2))
+    w.submit("running", gpus(2, priority=5))
+    w.cycle()
+    w.submit("new", gpus(2, priority=priority))
+    w.cycle()
+    assert w.preempts() == []
+
+
+def test_smallest_sufficient_set_rather_than_many_small_jobs() -> None:
+    w = World.of(node("n", gpus=4))
+    w.submit("big", gpus(2, priority=1))
+    w.cycle()
+    w.submit("s1", gpus(1, priority=1))
+    w.cycle()
+    w.submit("s2", gpus(1, priority=1))
+    w.cycle()
+    w.submit("urgent", gpus(1, priority=9))
+    w.cycle()
+    [preempt] = w.preempts()
+    assert preempt.victims == ("s2",)
+
+
+def test_no_victims_when_preempting_would_not_make_it_fit() -> None:
+    w = World.of(node("n", gpus=4))
+    w.submit("high", gpus(3, priority=9))
+    w.cycle()
+    w.submit("low", gpus(1, priority=1))
+    w.cycle()
+    w.submit("urgent", gpus(2, priority=9))  # needs 2: only low's 1 GPU may go
+    w.cycle()
+    assert w.preempts() == []
+    assert "no node has 2 free GPUs" in " ".join(w.waiting("urgent").reasons)
+
+
+def test_preemption_stays_within_the_queue() -> None:
+    w = World.of(node("n", gpus=2), queues=["a", "b"])
+    w.submit("a-low", gpus(2, queue="a", priority=1))
+    w.cycle()
+    w.submit("b-high", gpus(2, queue="b", priority=9))
+    w.cycle()
+    assert w.preempts() == []
+
+
+def test_a_queue_may_turn_preemption_off() -> None:
+    w = World.of(node("n", gpus=2), queues=[queue("default", preemption=False)])
+    w.submit("low", gpus(2, priority=1))
+    w.cycle()
+    w.submit("high", gpus(2, priority=9))
+    w.cycle()
+    assert w.preempts() == []
+
+
+def test_preemption_off_in_the_rules() -> None:
+    w = World.of(node("n", gpus=2), rules=Rules(victims=None))
+    w.submit("low", gpus(2, priority=1))
+    w.cycle()
+    w.submit("high", gpus(2, priority=9))
+    w.cycle()
+    assert w.preempts() == []
+
+
+def test_a_job_preempted_max_times_is_no_longer_preempted() -> None:
+    w = World.of(node("n", gpus=2), rules=Rules(max_preemptions=2))
+    w.submit("victim", gpus(2, priority=1))
+    w.cycle()
+    for round_ in range(3):
+        w.submit(f"high{round_}", gpus(2, priority=9))
+        w.cycle()
+        if round_ < 2:
+            [preempt] = w.preempts()
+            assert preempt.victims == ("victim",)
+            w.interrupted("victim")
+            w.cycle()  # high placed
+            w.state.release(f"high{round_}")
+            w.cycle()  # victim placed again
+            assert w.placed() == ["victim"]
+        else:
+            assert w.preempts() == []
+    assert w.state.preemptions["victim"] == 2
+
+
+def test_victims_being_interrupted_are_not_chosen_again() -> None:
+    w = busy(2)
+    w.submit("urgent", gpus(1, priority=9))
+    w.cycle()
+    [first] = w.preempts()
+    w.submit("urgent2", gpus(1, priority=9))
+    w.cycle()
+    # urgent waits for its victim; urgent2 waits behind it: only a queue's head preempts.
+    assert w.preempts() == []
+    assert w.waiting("urgent2").reasons == ("waiting behind job urgent at the head of the queue",)
+    w.interrupted(first.victims[0])
+    w.cycle()
+    assert "urgent" in w.placed()
+    [second] = w.preempts()
+    assert second.job_id == "urgent2"
+    assert set(first.victims).isdisjoint(second.victims)
+
+
+def test_elastic_head_preempts_for_its_minimum_only() -> None:
+    w = busy()
+    w.submit("el", job(role(gpus=1, replicas=4, min_replicas=1, max_replicas=4), priority=9))
+    w.cycle()
+    [preempt] = w.preempts()
+    assert preempt.victims == ("low3",)
+
+
+def candidate(job_id: str, *, priority: int = 1, work: float = 1, placed_at: float = 0,
+              borrowed: bool = False) -> Candidate:
+    return Candidate(job_id, "q", priority, 1, work, placed_at, borrowed)
+
+
+@pytest.mark.parametrize(
+    ("chooser", "expected"),
+    [
+        (LeastWork(), ("borrowed-new", "borrowed-old", "cheap")),
+        (LowestPriority(), ("borrowed-new", "borrowed-old", "lowest")),
+    ],
+)
+def test_choosers_rank_borrowed_capacity_first(chooser: object, expected: tuple[str, ...]) -> None:
+    candidates = [
+        candidate("cheap", priority=4, work=1),
+        candidate("lowest", priority=1, work=50),
+        candidate("borrowed-old", work=100, placed_at=1, borrowed=True),
+        candidate("borrowed-new", work=100, placed_at=5, borrowed=True),
+    ]
+    chosen = chooser.choose(candidates, lambda ids: len(ids) >= 3)  # type: ignore[attr-defined]
+    assert chosen == expected
+
+
+def test_greedy_drops_victims_it_did_not_need() -> None:
+    candidates = [candidate("a", work=1), candidate("b", work=2), candidate("c", work=3)]
+    # Only c matters: a and b were taken on the way and are dropped again.
+    assert LeastWork().choose(candidates, lambda ids: "c" in ids) == ("c",)
+    assert LeastWork().choose(candidates, lambda ids: False) is None
+
+
+# --- the service: InterruptJob once per victim, counted in the store ------------------------
+
+
+def urgent_spec(priority: int) -> JobSpec:
+    return JobSpec(name="train", priority=priority, roles=[RoleSpec(
+        name="worker", command="python train.py",
+        resources=Resources(cpu=1, gpu=2, gpu_type="V100"))])  # fmt: skip
+
+
+async def test_service_interrupts_each_victim_once_and_survives_a_restart() -> None:
+    h = await Harness().boot()
+    await h.accept("low", urgent_spec(1))
+    await h.accept("high", urgent_spec(9))
+    [interrupt] = h.pub.of(InterruptJob)
+    assert isinstance(interrupt, InterruptJob)
+    assert (interrupt.job_id, interrupt.attempt, interrupt.cause) == (
+        "low", 1, InterruptCause.PREEMPTED)
+    assert interrupt.event_id == derived_id("low", 1, "interrupt", "preempted")
+    assert interrupt.reason == "preempted by job high (priority 9)"
+    doc = h.store.docs["low"]
+    assert (doc["state"], doc["preemptions"], doc["preempted_by"], doc["interrupt_sent"]) == (
+        "interrupting", 1, "high", True)
+    [queued] = h.pub.of(JobQueued, "high")
+    assert queued.reasons == [  # type: ignore[attr-defined]
+        "waiting for preempted job low to end: it holds capacity this job needs"]
+    # Another cycle (any event) and a restart send nothing again.
+    await h.accept("other", urgent_spec(1))
+    again = await Harness(h.store, h.seq).boot()
+    assert again.deps.state.interrupting == {"low": "high"}
+    assert again.deps.state.preemptions == {"low": 1}
+    assert again.pub.of(InterruptJob) == [] and len(h.pub.of(InterruptJob)) == 1
+    # The victim ends: its capacity goes to the preemptor, it queues as attempt 2.
+    await again.send(JobInterrupted(job_id="low", attempt=1, cause=InterruptCause.PREEMPTED,
+                                    reason="preempted by job high (priority 9)"))
+    [placed] = again.pub.of(JobPlaced, "high")
+    assert again.store.docs["low"]["state"] == "queued"
+    assert again.store.docs["low"]["preemptions"] == 1
+
+
+async def test_a_crash_before_the_interrupt_went_out_sends_it_at_restart() -> None:
+    h = await Harness().boot()
+    await h.accept("low", urgent_spec(1))
+    await h.accept("high", urgent_spec(9))
+    h.store.docs["low"]["interrupt_sent"] = False  # as if the process died before sending
+    again = await Harness(h.store, h.seq).boot()
+    [interrupt] = again.pub.of(InterruptJob)
+    assert interrupt.event_id == derived_id("low", 1, "interrupt", "preempted")
+    assert again.store.docs["low"]["interrupt_sent"] is True
