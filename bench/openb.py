@@ -63,13 +63,15 @@ def resources(
     memory_mib: int,
     gpus: int = 0,
     gpu_milli: int = MILLI,
-    gpu_type: str | None = None,
+    gpu_types: Sequence[str] = (),
 ) -> Resources:
-    """The trace's integers as a task's Resources; Demand.of gives the same integers back."""
+    """The trace's integers as a task's Resources; Demand.of gives the same integers back.
+    ``gpu_types``: the models the pod may use (any of them; none: any model)."""
     milli = min(gpu_milli or MILLI, MILLI)
     gpu: float = 0 if not gpus or milli <= 0 else (milli / MILLI if milli < MILLI else gpus)
     return Resources(
-        cpu=cpu_milli / MILLI, memory_mb=memory_mib, gpu=gpu, gpu_type=gpu_type if gpu else None
+        cpu=cpu_milli / MILLI, memory_mb=memory_mib, gpu=gpu,
+        gpu_types=list(gpu_types) if gpu else [],
     )
 
 
@@ -80,17 +82,17 @@ def job(name: str, res: Resources, replicas: int = 1) -> JobSpec:
 
 
 def load_pods(path: Path) -> list[TracePod]:
-    """Rows of a pod list, in file order. A ``gpu_spec`` naming one model becomes the
-    task's ``gpu_type``; a job spec holds one GPU type, so a spec allowing several models
-    (a few pods of the gpuspec list) is read as any model."""
+    """Rows of a pod list, in file order. A ``gpu_spec`` ("V100M16|V100M32") lists the
+    models a pod may use, any one of them: the task's ``gpu_types`` (a model listed twice,
+    as a few rows do, once)."""
     pods = []
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
-            models = [m.strip() for m in (row.get("gpu_spec") or "").split("|") if m.strip()]
+            spec = (row.get("gpu_spec") or "").split("|")
+            models = list(dict.fromkeys(m.strip() for m in spec if m.strip()))
             res = resources(
                 int(row["cpu_milli"]), int(row.get("memory_mib") or 0),
-                int(row.get("num_gpu") or 0), int(row.get("gpu_milli") or MILLI),
-                models[0] if len(models) == 1 else None,
+                int(row.get("num_gpu") or 0), int(row.get("gpu_milli") or MILLI), models,
             )  # fmt: skip
             pods.append(TracePod(
                 row["name"], job(row["name"], res),

@@ -1,7 +1,7 @@
-"""Pause, resume and scale through the whole platform: a paused job's tasks end and its
-capacity goes to the next job in line; a resumed job runs as its next attempt without
-spending a retry; a T9k job submitted paused waits for a resume; an elastic job
-restarts at its new size."""
+"""Pause, resume, restart and scale through the whole platform: a paused job's tasks end
+and its capacity goes to the next job in line; a resumed or restarted job runs as its
+next attempt without spending a retry; a T9k job submitted paused waits for a resume; an
+elastic job restarts at its new size."""
 
 from __future__ import annotations
 
@@ -118,11 +118,53 @@ def test_a_queued_job_is_paused_where_it_waits_and_runs_after_a_resume(control_a
     assert (view["state"], view["attempt"], view["retries"]) == ("SUCCEEDED", 2, 0), view
 
 
+def test_a_restarted_job_runs_its_next_attempt_without_spending_a_retry(
+        control_api: Api) -> None:
+    api = control_api
+    # No retries allowed: only a restart that spends none can run attempt 2.
+    job = api.submit(openpai("restarted", 'echo "attempt $TRAINYARD_ATTEMPT"; sleep 300',
+                             retries=0, gpus=0))
+    view = api.wait(job, {"RUNNING"})
+    assert view["attempt"] == 1
+    answer = post(api, f"/v1/jobs/{job}/restart", json={"reason": "new data"})
+    assert answer == {"id": job, "restart": "requested"}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        view = api.job(job)
+        if view["attempt"] == 2 and tasks_of(view, 2) == [("w", 0, "RUNNING")]:
+            break
+        time.sleep(0.2)
+    assert (view["state"], view["attempt"], view["retries"]) == ("RUNNING", 2, 0), view
+    assert tasks_of(view, 1) == [("w", 0, "STOPPED")]
+    assert [(a["attempt"], a["interrupted"], a["reason"]) for a in view["attempts"]] == [
+        (1, "restarted", "new data")]
+    [interrupted] = history(api, job, "JobInterrupted")
+    assert (interrupted["attempt"], interrupted["cause"]) == (1, "restarted")
+    placed = [(p["attempt"], p["retries_used"]) for p in history(api, job, "JobPlaced")]
+    assert placed == [(1, 0), (2, 0)]
+    assert history(api, job, "JobFinished") == [] and history(api, job, "JobRetrying") == []
+    [command] = history(api, job, "RestartJob")
+    assert command["requested_by"] == "admin"
+    # The OpenPAI view counts no retry either.
+    pai = api.http.get(f"/api/v2/jobs/admin~{view['name']}").json()["jobStatus"]
+    assert (pai["retries"], pai["attemptId"]) == (0, 1), pai
+    # The task that runs is attempt 2's own (its log is served for the current attempt).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        logs = api.http.get(f"/v1/jobs/{job}/logs", params={"role": "w", "index": 0})
+        if "attempt 2" in logs.text:
+            break
+        time.sleep(0.2)
+    assert "attempt 2" in logs.text, logs.text
+    api.stop(job)
+    assert api.wait(job)["state"] == "STOPPED"
+
+
 def test_pause_and_resume_answer_404_for_a_job_that_is_not_yours(control_api: Api) -> None:
     api = control_api
     bob = api.as_token(api.http.post("/v1/tokens", json={"user": "bob"}).json()["token"])
     job = api.submit(openpai("mine", "sleep 300", gpus=0))
-    for action in ("pause", "resume"):
+    for action in ("pause", "resume", "restart"):
         assert bob.http.post(f"/v1/jobs/{job}/{action}").status_code == 404
         assert api.http.post(f"/v1/jobs/{uuid.uuid4().hex}/{action}").status_code == 404
     assert bob.http.post(f"/v1/placement/jobs/{job}/scale",

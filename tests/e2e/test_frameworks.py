@@ -277,3 +277,74 @@ def test_pytorch_ddp_over_gloo_across_two_workers(fw_api: Api, out_dir: Path) ->
     assert [r["world"] for r in results] == [2, 2]
     assert results[0]["weight"] == results[1]["weight"]
     assert results[0]["weight"] == pytest.approx([1.0, -2.0, 0.5, 3.0], abs=0.05)
+
+
+# ------------------------------------------------------------- PyTorch DDP, NCCL on GPUs
+
+
+def _gpu_count() -> int:
+    """The GPUs nvidia-smi lists on this machine (0 without a driver)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    proc = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return sum(line.startswith("GPU ") for line in proc.stdout.splitlines())
+
+
+GPUS = _gpu_count()
+
+
+def _nccl_problem() -> str | None:
+    if GPUS == 0:
+        return "no GPU here (nvidia-smi lists none): the NCCL run needs a GPU machine"
+    return _torch_problem()
+
+
+@pytest.fixture(scope="module")
+def gpu_api(tmp_path_factory: pytest.TempPathFactory, wheelhouses: list[Path]) -> Iterator[Api]:
+    # The machine's real GPUs, so CUDA_VISIBLE_DEVICES names devices that exist.
+    root = tmp_path_factory.mktemp("gpu-platform")
+    cluster = root / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"nodes": [
+        {"name": "gpu-node", "cpu": float(os.cpu_count() or 2), "memory_mb": 65536,
+         "gpus": GPUS, "gpu_type": "GPU", "port_range": [33000, 33999]}]}))
+    links = " ".join(f"--find-links {w}" for w in wheelhouses)
+    config = PlatformConfig.with_free_ports(
+        root / "data", cluster_file=cluster, log_level="WARNING",
+        extra_env={"YARD_PIP_ARGS": f"--no-index {links}"})
+    platform = Platform(config).start()
+    yield Api(platform.url, platform.token)
+    platform.stop()
+
+
+GLOO_INIT = 'dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK'
+assert GLOO_INIT in DDP_TRAIN
+NCCL_TRAIN = DDP_TRAIN.replace(GLOO_INIT, """\
+dist.init_process_group("nccl")  # env://, as for gloo
+    # The launcher's CUDA_VISIBLE_DEVICES leaves each task its own placed GPU(s).
+    torch.cuda.set_device(0)
+    assert torch.cuda.device_count() == 1, os.environ.get("CUDA_VISIBLE_DEVICES")""").replace(
+    "torch.nn.Linear(4, 1))", "torch.nn.Linear(4, 1).cuda(), device_ids=[0])").replace(
+    "torch.randn(64, 4)", "torch.randn(64, 4, device='cuda')").replace(
+    "torch.tensor([[1.0, -2.0, 0.5, 3.0]])", "torch.tensor([[1.0, -2.0, 0.5, 3.0]], device='cuda')")
+
+
+@pytest.mark.skipif(_nccl_problem() is not None, reason=_nccl_problem() or "")
+@pytest.mark.timeout(1800)
+def test_pytorch_ddp_over_nccl_on_the_placed_gpus(gpu_api: Api, out_dir: Path) -> None:
+    # NCCL refuses two ranks on one device: with one GPU the world is a single rank (the
+    # launcher's GPU placement and NCCL's init are still real), with two or more, two.
+    world = 2 if GPUS >= 2 else 1
+    train = script(out_dir, "ddp_nccl.py", NCCL_TRAIN)
+    command = f"python {train} {out_dir}"
+    roles = [{**role("master", 1, command, 16384), "resources": {
+        "cpu": 1, "memory_mb": 16384, "gpu": 1}}]
+    if world == 2:
+        roles.append({**role("worker", 1, command, 16384), "resources": {
+            "cpu": 1, "memory_mb": 16384, "gpu": 1}})
+    packages = [] if TORCH_INSTALLED else ["torch"]
+    run_to_end(gpu_api, {"name": unique("ddp-nccl"), "kind": "pytorch",
+                         "pip_packages": packages, "roles": roles}, timeout=1500)
+    results = [json.loads((out_dir / f"ddp-{r}.json").read_text()) for r in range(world)]
+    assert [r["world"] for r in results] == [world] * world
+    assert all(r["weight"] == results[0]["weight"] for r in results)
+    assert results[0]["weight"] == pytest.approx([1.0, -2.0, 0.5, 3.0], abs=0.05)

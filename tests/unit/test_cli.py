@@ -335,6 +335,16 @@ def test_pause_resume_and_scale(yard, gw):
     assert result.exit_code == 1 and "replicas: 3 is outside" in result.stderr
 
 
+def test_restart(yard, gw):
+    job = gw.add_job(state="RUNNING")
+    result = yard(*with_token("restart", job["id"], "--reason", "new data"))
+    assert result.exit_code == 0, result.output
+    assert f"restart requested for {job['id']}" in result.stdout
+    assert gw.controls == [(job["id"], "restart")]
+    assert json.loads(gw.requests[-1].content) == {"reason": "new data"}
+    assert yard(*with_token("restart", "job-9999")).exit_code == 1
+
+
 def test_token_create_prints_the_token(yard, gw):
     result = yard(*with_token("token", "create", "bob", "--admin"))
     assert result.exit_code == 0, result.output

@@ -184,6 +184,19 @@ def test_pause_resume_and_scale(client, gw):
     assert refused.value.status == 400 and refused.value.detail.startswith("replicas: 4")
 
 
+def test_restart(client, gw):
+    job = gw.add_job(state="RUNNING")
+    assert client.restart(job["id"], reason="new data") == {"id": job["id"],
+                                                            "restart": "requested"}
+    assert gw.requests[-1].url.path == f"/v1/jobs/{job['id']}/restart"
+    assert json.loads(gw.requests[-1].content) == {"reason": "new data"}
+    assert client.restart(job["id"])["restart"] == "requested"
+    assert gw.controls == [(job["id"], "restart")] * 2
+    with pytest.raises(ApiError) as missing:
+        client.restart("job-9999")
+    assert missing.value.status == 404
+
+
 def test_create_token(client, gw):
     answer = client.create_token("bob", admin=False)
     assert answer["user"] == "bob"

@@ -430,10 +430,29 @@ def test_states_map_to_openpai_states(state: str, stop: bool, expected: tuple[st
 
 
 def test_unplaced_tasks_are_waiting_and_only_the_latest_attempt_shows() -> None:
-    v = view(state="QUEUED", tasks=[dict(view()["tasks"][0], attempt=1)], attempt=2)
+    v = view(state="QUEUED", tasks=[dict(view()["tasks"][0], attempt=1)], attempt=2,
+             attempts=[{"attempt": 1, "state": "FAILED", "failure_class": "user",
+                        "retried_as": 2}])
     tasks = render_status(v)["taskRoles"]["worker"]["taskStatuses"]
     assert [t["taskState"] for t in tasks] == ["WAITING", "WAITING"]
     assert render_status(v)["jobStatus"]["retries"] == 1
+
+
+def test_only_failed_attempts_run_again_count_as_retries() -> None:
+    # Attempt 1 restarted, 2 paused, 3 lost by the platform, 4 failed (unknown), 5 runs.
+    ended = [{"attempt": 1, "state": "STOPPED", "interrupted": "restarted", "retried_as": 2},
+             {"attempt": 2, "state": "STOPPED", "interrupted": "paused"},
+             {"attempt": 3, "state": "FAILED", "failure_class": "platform", "retried_as": 4},
+             {"attempt": 4, "state": "FAILED", "failure_class": "unknown", "retried_as": 5}]
+    v = view(state="RUNNING", attempt=5, attempts=ended)
+    js = render_status(v)["jobStatus"]
+    assert (js["retries"], js["attemptId"]) == (2, 4)
+    assert js["retryDetails"] == {"user": 1, "platform": 1, "resource": 0}
+    item = render_list_item(v)
+    assert (item["retries"], item["retryDetails"]) == (2, js["retryDetails"])
+    restarted = view(state="QUEUED", attempt=2, attempts=ended[:1])
+    assert render_status(restarted)["jobStatus"]["retries"] == 0
+    assert render_list_item(restarted)["retries"] == 0
 
 
 def test_render_list_item_totals() -> None:

@@ -6,12 +6,13 @@ import pytest
 
 from trainyard_common.auth import Identity
 from trainyard_common.dialects import UnknownDialect
-from trainyard_common.events import Event, JobSubmitted, PauseJob, ResumeJob, StopJob
+from trainyard_common.events import Event, JobSubmitted, PauseJob, RestartJob, ResumeJob, StopJob
 from trainyard_intake.adapters.owners import InMemoryOwnerRegistry
 from trainyard_intake.handlers import (
     Deps,
     JobNotFound,
     request_pause,
+    request_restart,
     request_resume,
     request_stop,
     submit_job,
@@ -82,3 +83,17 @@ async def test_only_the_owner_or_an_admin_can_pause_and_resume(deps: Deps) -> No
         (job_id, "alice", "paused by alice"), (job_id, "root", "maintenance")]
     [resume] = [e for e in deps.publish if isinstance(e, ResumeJob)]
     assert (resume.job_id, resume.requested_by) == (job_id, "alice")
+
+
+async def test_only_the_owner_or_an_admin_can_restart(deps: Deps) -> None:
+    job_id = (await submit_job(JOB, Identity("alice"), deps)).job_id
+    with pytest.raises(JobNotFound):
+        await request_restart(job_id, Identity("bob"), deps)
+    with pytest.raises(JobNotFound):
+        await request_restart("nope", Identity("admin", admin=True), deps)
+    await request_restart(job_id, Identity("alice"), deps)
+    await request_restart(job_id, Identity("root", admin=True), deps, "new data")
+    restarts = [e for e in deps.publish if isinstance(e, RestartJob)]
+    assert [(r.job_id, r.requested_by, r.reason) for r in restarts] == [
+        (job_id, "alice", "restarted by alice"), (job_id, "root", "new data")]
+    assert restarts[0].event_id != restarts[1].event_id  # two asks, two restarts

@@ -7,9 +7,10 @@ worker 0)."""
 from __future__ import annotations
 
 import json
-
 import shlex
 from pathlib import Path
+
+import pytest
 
 from trainyard_common.dialects.t9k import translate_t9k
 from trainyard_common.dialects.ti import translate_ti
@@ -328,3 +329,16 @@ def test_a_t9k_mpijobs_extra_mpi_args_go_on_the_mpirun_line() -> None:
     wrapped = first[0].removeprefix("TRAINYARD_WRAPPED_COMMAND=")
     assert shlex.split(wrapped) == ["mpirun", "-bind-to", "none", "--mca", "pml", "ob1 x",
                                     "bash", "-c", "./random_walk 20"]
+
+
+@pytest.mark.parametrize("host", ["../other-job/attempt-1/worker-0", "a/b", "..", ""])
+def test_the_mpi_agent_refuses_a_host_outside_the_attempt(tmp_path: Path, host: str) -> None:
+    from trainyard_launcher.frameworkwrap import mpi_rsh
+
+    # A saved environment the agent must never reach from this attempt.
+    outside = tmp_path / "other-job" / "attempt-1" / "worker-0"
+    outside.mkdir(parents=True)
+    (outside / "mpi-env.json").write_text('{"cwd": "/", "env": {"SECRET": "x"}}')
+    attempt = tmp_path / "job" / "attempt-1"
+    attempt.mkdir(parents=True)
+    assert mpi_rsh(["--attempt-dir", str(attempt), host, "true"]) == 255

@@ -63,6 +63,7 @@ roles = st.builds(
         memory_mb=st.sampled_from([256, 1024, 4096]),
         gpu=st.sampled_from([0, 0, 0.5, 1, 2]),
         gpu_type=st.sampled_from(GPU_TYPES),
+        gpu_types=st.lists(st.sampled_from(["V100", "a100", "H100"]), max_size=2),
     ),
     ports=ports,
 )
@@ -109,8 +110,8 @@ def check(state: SchedulerState) -> None:
             cpu[task.node] += role.resources.cpu
             mem[task.node] += role.resources.memory_mb
             assert len(task.gpu_indices) == gpu_count(role.resources)
-            if task.gpu_indices and role.resources.gpu_type:
-                assert node.gpu_type == role.resources.gpu_type
+            if task.gpu_indices and (allowed := role.resources.allowed_gpu_types()):
+                assert node.gpu_type and node.gpu_type.lower() in {m.lower() for m in allowed}
             gpus[task.node] += task.gpu_indices
             for g in task.gpu_indices:
                 milli[task.node, g] += task.gpu_milli or 1000

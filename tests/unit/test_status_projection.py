@@ -13,6 +13,7 @@ from trainyard_common.events import (
     TaskState,
     TaskStateChanged,
 )
+from trainyard_status.adapters.views import job_view
 from trainyard_status.domain.projection import STATE_RANK, job_rank, project, task_id
 
 EVENTS = {type(e).__name__: e for e in example_events()}
@@ -218,5 +219,25 @@ def test_pause_and_resume_end_the_same_in_any_order() -> None:
     resumed = events[:-1]
     for _ in range(200):
         shuffled = list(resumed)
+        rng.shuffle(shuffled)
+        assert fold(shuffled)[:2] == ("RUNNING", 2), shuffled
+
+
+def test_a_restart_puts_the_job_back_in_line_and_is_no_retry() -> None:
+    change = project(interrupted(1, InterruptCause.RESTARTED)).job
+    assert change.state is JobState.QUEUED and change.with_state["attempt"] == 2
+    assert change.with_state["reason"] == "restarted!"
+    ended = change.add_to_set["attempts"]
+    assert (ended["state"], ended["interrupted"], ended["retried_as"]) == (
+        "STOPPED", "restarted", 2)
+    view = job_view({"_id": "j", "attempt": 2, "attempts": [ended]}, [])
+    assert (view["attempt"], view["retries"]) == (2, 0)
+    # Attempt 1 runs and is restarted; attempt 2 is placed and runs, in any order.
+    events = two_attempts()
+    restarted = [*events[:5], interrupted(1, InterruptCause.RESTARTED), *events[8:-2]]
+    assert fold(restarted)[:2] == ("RUNNING", 2)
+    rng = random.Random(11)
+    for _ in range(200):
+        shuffled = restarted * 2
         rng.shuffle(shuffled)
         assert fold(shuffled)[:2] == ("RUNNING", 2), shuffled

@@ -34,6 +34,7 @@ from .events import (
     JobSubmitted,
     PauseJob,
     PortAssignment,
+    RestartJob,
     ResumeJob,
     ScaleJob,
     StopJob,
@@ -97,6 +98,8 @@ def example_events() -> list[Event]:
                  replicas=4, **common),
         InterruptJob(event_id=derived_id("example", "interrupt"), attempt=1,
                      cause=InterruptCause.PAUSED, reason="paused by alice", **common),
+        RestartJob(event_id=derived_id("example", "restart"), requested_by="alice",
+                   reason="restarted by alice", **common),
     ]
     return events
 

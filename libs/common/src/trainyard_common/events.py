@@ -161,7 +161,7 @@ class JobPlaced(Event):
     retries_used: int | None = Field(
         None,
         description="Retry budget spent before this attempt (None: attempt - 1). Attempts "
-        "started by a preemption, a resume or a scale do not spend it.",
+        "started by a preemption, a resume, a scale or a restart do not spend it.",
     )
 
 
@@ -224,6 +224,7 @@ class InterruptCause(StrEnum):
     PAUSED = "paused"  # the user paused the job
     SCALED = "scaled"  # an elastic role changes size: the gang restarts at the new size
     NODE_REMOVED = "node_removed"  # an administrator removed a node the job ran on
+    RESTARTED = "restarted"  # the user asked for the job to start over as a new attempt
 
 
 class PauseJob(Event):
@@ -241,6 +242,16 @@ class ResumeJob(Event):
     type: Literal["ResumeJob"] = "ResumeJob"
     subject_suffix: ClassVar[str] = "resume"
     requested_by: str
+
+
+class RestartJob(Event):
+    """Command: end the running attempt (if any) and run the job again as a new attempt
+    that spends no retry; a paused job is resumed, a queued one stays as it is."""
+
+    type: Literal["RestartJob"] = "RestartJob"
+    subject_suffix: ClassVar[str] = "restart"
+    requested_by: str
+    reason: str = "restarted by user"
 
 
 class ScaleJob(Event):
@@ -294,9 +305,11 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ResumeJob,
     ScaleJob,
     InterruptJob,
+    RestartJob,
 )
 AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]
-COMMAND_TYPES: tuple[type[Event], ...] = (StopJob, PauseJob, ResumeJob, ScaleJob, InterruptJob)
+COMMAND_TYPES: tuple[type[Event], ...] = (
+    StopJob, PauseJob, ResumeJob, ScaleJob, InterruptJob, RestartJob)
 
 _adapter: TypeAdapter[Any] = TypeAdapter(AnyEvent)
 

@@ -83,8 +83,26 @@ class Resources(Model):
     memory_mb: int = 1024
     shm_mb: int = 64
     gpu: float = Field(0, description="GPUs per task; a fraction below 1 shares one GPU.")
-    gpu_type: str | None = Field(None, description="Required GPU model; None means any.")
+    gpu_type: str | None = Field(
+        None, description="A required GPU model (the one-model spelling, kept for the jobs "
+        "and dialects that have it); the allowed models are this and ``gpu_types`` together "
+        "(``allowed_gpu_types``).")
+    gpu_types: list[str] = Field(
+        default_factory=list, description="GPU models a task may run on, any one of them "
+        "(all GPUs of one task are on one node, so of one model). Together with "
+        "``gpu_type``: both empty means any model. Matched without regard to case.")
     storage_gb: int | None = None
+
+    def allowed_gpu_types(self) -> list[str]:
+        """The GPU models a task may use: ``gpu_type`` and ``gpu_types`` together, in that
+        order, each once (compared without case); empty means any model."""
+        models: list[str] = []
+        seen: set[str] = set()
+        for model in ([self.gpu_type] if self.gpu_type else []) + self.gpu_types:
+            if model.lower() not in seen:
+                seen.add(model.lower())
+                models.append(model)
+        return models
 
 
 class RoleSpec(Model):

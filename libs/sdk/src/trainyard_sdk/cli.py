@@ -348,6 +348,19 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         s.out.print(Text(f"resume requested for {job_id}"))
 
     @app.command()
+    def restart(
+        ctx: typer.Context,
+        job_id: JobIdArg,
+        reason: Annotated[str | None, typer.Option(help="why, shown with the job")] = None,
+    ) -> None:
+        """Restart a job as its next attempt (no retry spent): a running attempt ends first,
+        a paused job is resumed."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            client.restart(job_id, reason=reason)
+        s.out.print(Text(f"restart requested for {job_id}"))
+
+    @app.command()
     def scale(
         ctx: typer.Context,
         job_id: JobIdArg,

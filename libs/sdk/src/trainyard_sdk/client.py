@@ -211,6 +211,12 @@ class Client:
         """Queues a paused job again, as its next attempt."""
         return self._request("POST", f"/v1/jobs/{_seg(job_id)}/resume")
 
+    def restart(self, job_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Runs the job again from the start as its next attempt, spending no retry: a
+        running attempt ends first; a paused job is resumed; a queued one stays queued."""
+        body = {"reason": reason} if reason else None
+        return self._request("POST", f"/v1/jobs/{_seg(job_id)}/restart", json=body)
+
     def scale(self, job_id: str, role: str, replicas: int) -> dict[str, Any]:
         """Sets an elastic role's replicas (within its min/max); a running job restarts
         at the new size as its next attempt."""

@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx
 
-JOB_PATH = re.compile(r"^/v1/jobs/(?P<id>[^/]+)(?P<rest>/events|/logs|/stop|/pause|/resume)?$")
+JOB_PATH = re.compile(
+    r"^/v1/jobs/(?P<id>[^/]+)(?P<rest>/events|/logs|/stop|/pause|/resume|/restart)?$")
 SCALE_PATH = re.compile(r"^/v1/placement/jobs/(?P<id>[^/]+)/scale$")
 
 
@@ -37,7 +38,7 @@ class FakeGateway:
         self.payloads: dict[str, dict[str, Any]] = {}
         self.requests: list[httpx.Request] = []
         self.stops: list[str] = []
-        # (job id, "pause" | "resume" | "scale role N"), in the order asked.
+        # (job id, "pause" | "resume" | "restart" | "scale role N"), in the order asked.
         self.controls: list[tuple[str, str]] = []
         self._scripts: dict[str, list[dict[str, Any]]] = {}
         self._next = 0
@@ -128,7 +129,7 @@ class FakeGateway:
         if rest == "/stop" and method == "POST":
             self.stops.append(job["id"])
             return httpx.Response(202, json={"id": job["id"], "stop": "requested"})
-        if rest in ("/pause", "/resume") and method == "POST":
+        if rest in ("/pause", "/resume", "/restart") and method == "POST":
             what = rest[1:]
             self.controls.append((job["id"], what))
             return httpx.Response(202, json={"id": job["id"], what: "requested"})

@@ -17,7 +17,7 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     # Trainyard's own API.
     ("POST", re.compile(r"^/v1/jobs:validate$"), "validation"),
     ("POST", re.compile(r"^/v1/jobs$"), "intake"),
-    ("POST", re.compile(r"^/v1/jobs/[^/]+/(stop|pause|resume)$"), "intake"),
+    ("POST", re.compile(r"^/v1/jobs/[^/]+/(stop|pause|resume|restart)$"), "intake"),
     ("POST", re.compile(r"^/v1/tokens$"), "intake"),
     (WRITE, re.compile(r"^/v1/access-keys(/[^/]+)?$"), "intake"),
     (READ, re.compile(r"^/v1/jobs/[^/]+/logs$"), "launcher"),

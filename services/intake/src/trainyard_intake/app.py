@@ -16,7 +16,15 @@ from trainyard_common.runtime import health_app
 from trainyard_common.telemetry import tracer
 
 from .dialect_api import ROUTERS, IntakeContext
-from .handlers import Deps, JobNotFound, request_pause, request_resume, request_stop, submit_job
+from .handlers import (
+    Deps,
+    JobNotFound,
+    request_pause,
+    request_restart,
+    request_resume,
+    request_stop,
+    submit_job,
+)
 
 MAX_BODY = 4 * 1024 * 1024
 
@@ -105,6 +113,17 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
             except JobNotFound as exc:
                 raise HTTPException(404, f"no job {job_id}") from exc
         return {"id": job_id, "resume": "requested"}
+
+    @app.post("/v1/jobs/{job_id}/restart", status_code=202)
+    async def post_restart(
+        job_id: str, body: StopRequest | None = None, identity: Identity = Depends(current)
+    ) -> dict[str, str]:
+        with trace.start_as_current_span("restart job"):
+            try:
+                await request_restart(job_id, identity, deps, body.reason if body else None)
+            except JobNotFound as exc:
+                raise HTTPException(404, f"no job {job_id}") from exc
+        return {"id": job_id, "restart": "requested"}
 
     @app.post("/v1/tokens", status_code=201)
     async def post_token(body: TokenRequest, identity: Identity = Depends(current)) -> dict[str, str]:

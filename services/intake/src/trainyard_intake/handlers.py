@@ -14,6 +14,7 @@ from trainyard_common.events import (
     FieldIssue,
     JobSubmitted,
     PauseJob,
+    RestartJob,
     ResumeJob,
     StopJob,
     derived_id,
@@ -94,6 +95,14 @@ async def request_pause(job_id: str, identity: Identity, deps: Deps, reason: str
 async def request_resume(job_id: str, identity: Identity, deps: Deps) -> None:
     await _check_owner(job_id, identity, deps)
     await deps.publish(ResumeJob(job_id=job_id, requested_by=identity.user))
+
+
+async def request_restart(job_id: str, identity: Identity, deps: Deps, reason: str | None = None) -> None:
+    """Placement decides what a restart means where the job is (docs/lifecycle.md)."""
+    await _check_owner(job_id, identity, deps)
+    await deps.publish(
+        RestartJob(job_id=job_id, requested_by=identity.user, reason=reason or f"restarted by {identity.user}")
+    )
 
 
 async def _check_owner(job_id: str, identity: Identity, deps: Deps) -> None:

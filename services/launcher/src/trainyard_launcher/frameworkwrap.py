@@ -143,6 +143,11 @@ def mpi_rsh(argv: list[str]) -> int:
         say("mpi agent: no host given")
         return 255
     host, words = argv[0], argv[1:]
+    if not host or "/" in host or host in (".", ".."):
+        # Hosts are task directory names of this attempt: nothing may reach outside it
+        # (another job's saved environment holds its secrets).
+        say(f"mpi agent: {host!r} is not a host of this job")
+        return 255
     worker = Path(options["attempt-dir"]) / host
     deadline = time.monotonic() + WORKER_WAIT_S
     env_file = worker / ENV_FILE

@@ -55,7 +55,7 @@ from .node_admin import NodeAdmin, NodeError
 SERVICE = "placement"
 CONSUMER = "placement"
 SUBJECTS = events_of("accepted", "finished", "retrying", "interrupted") + commands_of(
-    "stop", "pause", "resume", "scale")
+    "stop", "pause", "resume", "scale", "restart")
 LEASE_BUCKET = "yard_leases"
 LEASE_KEY = "placement"
 DEFAULT_LEASE_TTL_S = 5.0

@@ -37,6 +37,7 @@ from trainyard_common.events import (
     JobRetrying,
     JobState,
     PauseJob,
+    RestartJob,
     ResumeJob,
     ScaleJob,
     StopJob,
@@ -53,10 +54,11 @@ from .adapters.store import (
     next_attempt_fields,
     next_spec_fields,
     paused_fields,
+    restart_handled_fields,
     spec_fields,
     stop_reason_fields,
 )
-from .adapters.store import interrupt_sent_fields, preempted_fields
+from .adapters.store import interrupt_sent_fields, preempted_fields, requeued_fields
 from .domain import Allocation, Placed, Preempt, QueuedJob, SchedulerState, Waiting
 from .domain.elastic import ScaleProblem, scale_problem, scaled
 from .domain.growth import growth
@@ -198,21 +200,30 @@ async def retry_job(event: JobRetrying, delivery: Delivery, deps: Deps) -> None:
     if record is None or record.attempt < event.previous_attempt:
         return
     if record.attempt == event.previous_attempt and record.state in ("placed", "interrupting"):
-        if not await deps.store.requeue(record.job_id, from_attempt=event.previous_attempt,
-                                        attempt=event.attempt, not_before=event.not_before,
-                                        retries_used=record.retries_used + 1):
+        # One conditional update: the retry and whatever an interrupt under way meant for
+        # it (a stop, a pause, a new size), so no crash can split them.
+        fields = {**requeued_fields(event.attempt, event.not_before, record.retries_used + 1),
+                  **_carried(record)}
+        if not await deps.store.change(record.job_id, states=("placed", "interrupting"),
+                                       attempt=event.previous_attempt, fields=fields):
             log.warning("job %s was not placed in attempt %d in the store; reloading it",
                         record.job_id, event.previous_attempt)
         await _reload(deps, record.job_id)
-        await _carry_interrupt(deps, record, event.attempt)
-    elif record.attempt == event.attempt and record.state == "queued" and (
-            record.job_id not in deps.state.queued and record.job_id not in deps.deferred):
-        # A redelivery after the store moved on but memory did not (a failed handler).
-        await _reload(deps, record.job_id)
+        await _announce_carried(deps, record, event.attempt)
+    elif record.attempt == event.attempt:
+        # A redelivery after the store moved on: memory, or an announcement, may not have.
+        if record.state == "queued" and (
+                record.job_id not in deps.state.queued and record.job_id not in deps.deferred):
+            await _reload(deps, record.job_id)
+        elif record.state == "done" and record.stopped_in_queue:
+            await _announce_stopped(deps, record.job_id, record.attempt, record.stop_reason)
+        elif record.state == "paused":
+            await _announce_paused(deps, record.job_id, record.attempt,
+                                   "paused while its failed attempt was retried")
     await run_cycle(deps)
 
 
-# --- control: pause, resume, scale and interrupts (docs/lifecycle.md) -----------------
+# --- control: pause, resume, restart, scale and interrupts (docs/lifecycle.md) --------
 #
 # A placed attempt is interrupted by placement alone: it stores "interrupting" (keeping
 # the allocation) and sends InterruptJob; the launcher ends the tasks and answers with
@@ -301,6 +312,55 @@ async def resume_job(event: ResumeJob, delivery: Delivery, deps: Deps) -> None:
         return  # running, queued or ended: nothing to resume
     if await deps.store.change(record.job_id, states=("paused",), attempt=record.attempt,
                                fields=next_attempt_fields(record.attempt + 1)):
+        await _reload(deps, record.job_id)
+        await run_cycle(deps)
+
+
+async def restart_job(event: RestartJob, delivery: Delivery, deps: Deps) -> None:
+    """A user's restart: the attempt running now ends (cause restarted) and the next one
+    is queued at once, spending no retry; a paused job is resumed; a queued one (not
+    started yet) or one already leaving for another cause gets its fresh start anyway.
+    The command's id is stored with its effect, so a redelivery can never restart the
+    attempt that the restart itself started."""
+    record = await _known(deps, event.job_id, delivery)
+    if record is None:
+        return
+    if record.state in ("done", "stopped_early") or record.spec is None:
+        log.info("restart of job %s asked for after it ended: nothing to restart",
+                 record.job_id)
+        return
+    if event.event_id in record.restarts:
+        await _restart_again(deps, record, event)
+        return
+    handled = restart_handled_fields(record.restarts, event.event_id)
+    if record.state == "placed":
+        await interrupt_placed(deps, record, InterruptCause.RESTARTED, event.reason, handled)
+    elif record.state == "paused":
+        if await deps.store.change(record.job_id, states=("paused",), attempt=record.attempt,
+                                   fields={**next_attempt_fields(record.attempt + 1), **handled}):
+            await _reload(deps, record.job_id)
+            await run_cycle(deps)
+    elif record.state == "interrupting" and record.interrupt is not None and (
+            record.interrupt[0] == InterruptCause.PAUSED):
+        # Once it is paused, the restart resumes it (as a resume would wait).
+        raise TransientError(f"job {record.job_id} is still being paused; restarting it after")
+    else:
+        # queued: its next start is fresh already; interrupting (preempted, scaled, a
+        # node removed): its next attempt is queued as soon as this one is out.
+        await deps.store.change(record.job_id, states=(record.state,), attempt=record.attempt,
+                                fields=handled)
+
+
+async def _restart_again(deps: Deps, record: JobRecord, event: RestartJob) -> None:
+    """A RestartJob handled already, delivered again: finish what a failure between
+    storing its effect and acting on it may have left undone, and nothing more."""
+    if record.state == "interrupting" and record.restarts[-1] == event.event_id and (
+            record.interrupt is not None and record.interrupt[0] == InterruptCause.RESTARTED):
+        # Stored, maybe not sent: the same InterruptJob id again.
+        await _send_interrupt(deps, record.job_id, record.attempt, *record.interrupt)
+    elif record.state == "queued" and record.job_id not in deps.state.queued and (
+            record.job_id not in deps.deferred):
+        # A resumed job whose store moved on while memory did not (a failed handler).
         await _reload(deps, record.job_id)
         await run_cycle(deps)
 
@@ -396,27 +456,29 @@ async def stop_interrupted(event: StopJob, record: JobRecord, deps: Deps) -> Non
                                 attempt=record.attempt, fields=stop_reason_fields(event.reason))
 
 
-async def _carry_interrupt(deps: Deps, before: JobRecord, attempt: int) -> None:
+def _carried(before: JobRecord) -> dict[str, Any]:
     """The attempt being interrupted failed first (JobRetrying): what the interrupt was
     for applies to the queued retry instead — a stop, a pause, a new size."""
     if before.state != "interrupting":
-        return
-    job_id = before.job_id
+        return {}
     if before.stop_reason is not None:
-        if await deps.store.change(job_id, states=("queued",), attempt=attempt, fields={
-                "state": "done", "stopped_in_queue": True,
-                **stop_reason_fields(before.stop_reason)}):
-            await _reload(deps, job_id)
-            await _announce_stopped(deps, job_id, attempt, before.stop_reason)
-    elif before.interrupt is not None and before.interrupt[0] == InterruptCause.PAUSED:
-        if await deps.store.change(job_id, states=("queued",), attempt=attempt,
-                                   fields=paused_fields(before.next_spec)):
-            await _reload(deps, job_id)
-            await _announce_paused(deps, job_id, attempt, before.interrupt[1])
-    elif before.next_spec is not None:
-        if await deps.store.change(job_id, states=("queued",), attempt=attempt,
-                                   fields=spec_fields(before.next_spec)):
-            await _reload(deps, job_id)
+        return {"state": "done", "stopped_in_queue": True,
+                **stop_reason_fields(before.stop_reason)}
+    if before.interrupt is not None and before.interrupt[0] == InterruptCause.PAUSED:
+        return {**paused_fields(before.next_spec), "not_before": None}
+    if before.next_spec is not None:
+        return spec_fields(before.next_spec)
+    return {}
+
+
+async def _announce_carried(deps: Deps, before: JobRecord, attempt: int) -> None:
+    """Announce the end or the pause :func:`_carried` gave the retry (ids derived from
+    the new attempt, so a redelivery announces the same events)."""
+    carried = _carried(before)
+    if carried.get("state") == "done":
+        await _announce_stopped(deps, before.job_id, attempt, before.stop_reason)
+    elif carried.get("state") == "paused" and before.interrupt is not None:
+        await _announce_paused(deps, before.job_id, attempt, before.interrupt[1])
 
 
 async def _known(deps: Deps, job_id: str, delivery: Delivery) -> JobRecord | None:
@@ -481,6 +543,7 @@ EVENT_HANDLERS: dict[type[Event], EventHandler] = {
     PauseJob: pause_job,
     ResumeJob: resume_job,
     ScaleJob: scale_job,
+    RestartJob: restart_job,
     JobInterrupted: release_interrupted,
 }
 
@@ -586,7 +649,9 @@ def _adopt_preemption(deps: Deps, record: JobRecord) -> None:
     if record.state != "interrupting":
         return
     preempted = record.interrupt is not None and record.interrupt[0] == InterruptCause.PREEMPTED
-    deps.state.interrupting[record.job_id] = record.preempted_by if preempted else None
+    # preempted_by outlives a pause asked for meanwhile (it is cleared with the attempt):
+    # the preemptor still waits for this victim and must not choose another.
+    deps.state.interrupting[record.job_id] = record.preempted_by
     if record.interrupt is not None and not (preempted and record.interrupt_sent):
         # Only preemptions note that their InterruptJob went out: any other interrupt
         # is sent again at start (same event id; the launcher answers a repeat in kind).

@@ -48,11 +48,19 @@ RESOURCE_ORDER = {"cpu": ("requests", "limits"), "memory": ("requests", "limits"
                   GPU_RESOURCE: ("limits", "requests"),
                   "ephemeral-storage": ("requests", "limits")}
 
+# Node labels that name a node's GPU model (NVIDIA GPU feature discovery, GKE, Alibaba
+# ACK, and Trainyard's own). A pod that selects nodes by one of these asks for GPU models,
+# which Trainyard matches against each node's gpu_type (its cluster file), not its labels;
+# a dialect may pass its own keys to ``pod_template``.
+GPU_MODEL_LABELS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator",
+                    "aliyun.accelerator/nvidia_name", "trainyard.dev/gpu-type")
+REQUIRED_NODE_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
+
 # Container and pod fields that carry meaning Trainyard applies; every other one is
 # kept with the original and reported.
 _CONTAINER_USED = frozenset({"name", "image", "command", "args", "env", "resources",
                              "volumeMounts"})
-_POD_USED = frozenset({"containers", "volumes", "restartPolicy"})
+_POD_USED = frozenset({"containers", "volumes", "restartPolicy", "nodeSelector", "affinity"})
 
 
 def quantity(value: Any) -> Decimal | None:
@@ -97,6 +105,8 @@ class PodTask:
     env: list[EnvVar] = field(default_factory=list)
     resources: Resources = field(default_factory=Resources)
     restart_policy: str | None = None  # the pod's own restartPolicy, if any
+    # From nodeSelector and required node affinity; GPU models go to resources.gpu_types.
+    node_selector: list[EnvVar] = field(default_factory=list)
     container_path: str = ""
     container_name: str | None = None
 
@@ -126,9 +136,11 @@ def pod_template(
     *,
     preferred: tuple[str, ...] = (),
     owner: str = "the replica",
+    gpu_labels: tuple[str, ...] = GPU_MODEL_LABELS,
 ) -> PodTask:
     """Read ``template`` (a PodTemplateSpec) at ``path``. The training container is the
-    first one named in ``preferred`` (the kind's rule), else containers[0]."""
+    first one named in ``preferred`` (the kind's rule), else containers[0]. Node labels
+    in ``gpu_labels`` name GPU models (see ``node_constraints``)."""
     task = PodTask()
     if template is None:
         issues.error(path, f"template is required: {owner} needs a pod template with a "
@@ -202,7 +214,144 @@ def pod_template(
     for key in sorted(k for k in container if k not in _CONTAINER_USED):
         issues.warn(join(cpath, key), f"container field {show(key)} is kept but not "
                     "applied by Trainyard", "not_applied")
+    task.node_selector, models = node_constraints(pod, spec_path, issues, gpu_labels)
+    if models:
+        task.resources.gpu_types = models
+        if task.resources.gpu <= 0:
+            issues.warn(join(cpath, "resources"), "the pod selects nodes by GPU model, but "
+                        "the container asks for no GPUs (nvidia.com/gpu); a GPU model binds "
+                        "only tasks that hold GPUs, so it is kept but not applied",
+                        "not_applied")
     return task
+
+
+def node_constraints(pod: dict[str, Any], spec_path: str, issues: Issues,
+                     gpu_labels: tuple[str, ...] = GPU_MODEL_LABELS
+                     ) -> tuple[list[EnvVar], list[str]]:
+    """A pod spec's nodeSelector and required node affinity as Trainyard's node selector
+    (labels a node must carry) and GPU models (any of them). Of the affinity, one
+    nodeSelectorTerm is read: ``In`` on a GPU model label gives the models; ``In`` with one
+    value on any other label is a label the node must carry. Anything else (several terms,
+    other operators, preferences, pod affinity) is kept with a warning naming it."""
+    selector: list[EnvVar] = []
+    models: list[str] | None = None
+    models_path = ""
+
+    def allow(values: list[str], where: str) -> None:
+        nonlocal models, models_path
+        if models is None:
+            models, models_path = list(dict.fromkeys(values)), where
+            return
+        both = [m for m in models if m in values]
+        if not both:
+            issues.error(where, f"no GPU model is allowed both here ({', '.join(values)}) "
+                         f"and at {models_path} ({', '.join(models)})", "conflict")
+        models = both
+
+    raw = pod.get("nodeSelector")
+    npath = join(spec_path, "nodeSelector")
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            if not isinstance(value, str):
+                issues.error(join(npath, str(key)), f"a nodeSelector value must be a string, "
+                             f"not {json_type(value)} (quote it in YAML)", "type")
+            elif key in gpu_labels:
+                allow([value], join(npath, key))
+            else:
+                selector.append(EnvVar(name=str(key), value=value))
+    elif raw is not None:
+        issues.error(npath, f"nodeSelector must be an object of label values, not "
+                     f"{json_type(raw)}", "type")
+
+    for key, values, where in _affinity(pod.get("affinity"), join(spec_path, "affinity"),
+                                        issues, gpu_labels):
+        if key in gpu_labels:
+            allow(values, where)
+        else:
+            selector.append(EnvVar(name=key, value=values[0]))
+    return selector, models or []
+
+
+def _affinity(raw: Any, path: str, issues: Issues, gpu_labels: tuple[str, ...]
+              ) -> list[tuple[str, list[str], str]]:
+    """The ``In`` expressions of a required node affinity that Trainyard can apply, as
+    (label, values, path); warnings for every part it cannot."""
+    if raw is None:
+        return []
+    if not isinstance(raw, dict):
+        issues.error(path, f"affinity must be an object, not {json_type(raw)}", "type")
+        return []
+    for key in sorted(k for k in raw if k != "nodeAffinity"):
+        issues.warn(join(path, key), f"{show(key)} (placement relative to other pods) is "
+                    "kept but not applied by Trainyard", "not_applied")
+    node = raw.get("nodeAffinity")
+    npath = join(path, "nodeAffinity")
+    if node is None:
+        return []
+    if not isinstance(node, dict):
+        issues.error(npath, f"nodeAffinity must be an object, not {json_type(node)}", "type")
+        return []
+    for key in sorted(k for k in node if k != REQUIRED_NODE_AFFINITY):
+        issues.warn(join(npath, key), f"{show(key)} is kept but not applied: Trainyard places "
+                    "by required node constraints only", "not_applied")
+    required = node.get(REQUIRED_NODE_AFFINITY)
+    rpath = join(npath, REQUIRED_NODE_AFFINITY)
+    if required is None:
+        return []
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    tpath = join(rpath, "nodeSelectorTerms")
+    if not isinstance(terms, list):
+        issues.error(tpath if isinstance(required, dict) else rpath,
+                     "a required node affinity needs nodeSelectorTerms (a list)", "type")
+        return []
+    if len(terms) != 1:
+        if terms:
+            issues.warn(tpath, f"{len(terms)} nodeSelectorTerms (any one may match) cannot be "
+                        "written as Trainyard's node selector (every label must match); "
+                        "kept but not applied", "not_applied")
+        return []
+    term, term_path = terms[0], f"{tpath}[0]"
+    if not isinstance(term, dict):
+        issues.error(term_path, f"a nodeSelectorTerm must be an object, not "
+                     f"{json_type(term)}", "type")
+        return []
+    for key in sorted(k for k in term if k != "matchExpressions"):
+        issues.warn(join(term_path, key), f"{show(key)} is kept but not applied: Trainyard "
+                    "selects nodes by their labels only", "not_applied")
+    expressions = term.get("matchExpressions")
+    epath = join(term_path, "matchExpressions")
+    if expressions is None:
+        return []
+    if not isinstance(expressions, list):
+        issues.error(epath, f"matchExpressions must be a list, not {json_type(expressions)}",
+                     "type")
+        return []
+    found: list[tuple[str, list[str], str]] = []
+    for i, expression in enumerate(expressions):
+        where = f"{epath}[{i}]"
+        if not isinstance(expression, dict):
+            issues.error(where, f"a match expression must be an object, not "
+                         f"{json_type(expression)}", "type")
+            continue
+        key = issues.string(expression, "key", where, required=True, non_blank=True)
+        operator = issues.string(expression, "operator", where, required=True,
+                                 non_blank=True)
+        before = len(issues.errors)
+        values = _strings(expression.get("values"), join(where, "values"), "values", issues)
+        if key is None or operator is None or len(issues.errors) > before:
+            continue
+        if operator == "In" and values and (key in gpu_labels or len(values) == 1):
+            found.append((key, values, where))
+            continue
+        if operator == "In" and not values:
+            issues.error(join(where, "values"), "operator In needs at least one value",
+                         "required")
+            continue
+        written = f"{key} {operator} ({', '.join(values)})" if values else f"{key} {operator}"
+        issues.warn(where, f"the node affinity {written} is kept but not applied: Trainyard "
+                    "applies In on a GPU model label (" + ", ".join(gpu_labels) + ") and In "
+                    "with one value on other labels", "not_applied")
+    return found
 
 
 def _training_container(containers: list[Any], preferred: tuple[str, ...]) -> int:
@@ -221,6 +370,8 @@ def template_field_path(template: Any, path: str, field: str,
     pod, spec_path = template.get("spec"), join(path, "spec")
     if pod is None and "containers" in template:
         pod, spec_path = template, path
+    if field in ("node_selector", "gpu_types") and isinstance(pod, dict):
+        return _constraint_path(pod, spec_path, field)
     containers = pod.get("containers") if isinstance(pod, dict) else None
     if not isinstance(containers, list) or not containers:
         return spec_path
@@ -244,6 +395,29 @@ def template_field_path(template: Any, path: str, field: str,
     part = next((p for p in order if isinstance(resources, dict) and isinstance(
         resources.get(p), dict) and key in resources[p]), order[0])
     return join(join(join(cpath, "resources"), part), key)
+
+
+def _constraint_path(pod: dict[str, Any], spec_path: str, field: str,
+                     gpu_labels: tuple[str, ...] = GPU_MODEL_LABELS) -> str:
+    """Where ``node_constraints`` read the role's GPU models or node labels from: the
+    first place that gave one (nodeSelector, then the affinity's expressions)."""
+    gpu = field == "gpu_types"
+    selector = pod.get("nodeSelector")
+    if isinstance(selector, dict):
+        for key in selector:
+            if (key in gpu_labels) == gpu:
+                return join(join(spec_path, "nodeSelector"), str(key))
+    rpath = join(join(join(spec_path, "affinity"), "nodeAffinity"), REQUIRED_NODE_AFFINITY)
+    try:
+        terms = pod["affinity"]["nodeAffinity"][REQUIRED_NODE_AFFINITY]["nodeSelectorTerms"]
+        expressions = terms[0]["matchExpressions"]
+    except (KeyError, IndexError, TypeError):
+        return spec_path
+    epath = f"{join(rpath, 'nodeSelectorTerms')}[0].matchExpressions"
+    for i, expression in enumerate(expressions if isinstance(expressions, list) else []):
+        if isinstance(expression, dict) and (expression.get("key") in gpu_labels) == gpu:
+            return f"{epath}[{i}]"
+    return spec_path
 
 
 def _env(raw: Any, path: str, issues: Issues) -> list[EnvVar]:

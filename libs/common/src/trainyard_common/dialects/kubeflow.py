@@ -201,6 +201,7 @@ def _roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[RoleSpec]:
         roles.append(RoleSpec(
             name=str(rtype), replicas=replicas or 1, resources=pod.resources,
             image=pod.image, command=command, env=pod.env, restart_policy=policy,
+            node_selector=pod.node_selector,
             retryable_exit_codes=list(RETRYABLE_EXIT_CODES)
             if policy is RestartPolicy.EXIT_CODE else [],
         ))

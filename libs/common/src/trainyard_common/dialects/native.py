@@ -28,7 +28,8 @@ from .translation import (
 
 DIALECT = "native"
 
-_RESOURCE_FIELDS = frozenset({"cpu", "memory_mb", "shm_mb", "gpu", "gpu_type", "storage_gb"})
+_RESOURCE_FIELDS = frozenset({"cpu", "memory_mb", "shm_mb", "gpu", "gpu_type", "gpu_types",
+                              "storage_gb"})
 
 
 def field_path(payload: Any, role: str | None, field: str) -> str:
@@ -161,6 +162,14 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
             err(f"{res}.gpu", f"gpu must be at least 0, got {show(r.gpu)}", "range")
         if r.storage_gb is not None and not 0 <= r.storage_gb <= INT_MAX:
             err(f"{res}.storage_gb", "storage_gb must be at least 0", "range")
+        for j, model in enumerate(r.gpu_types):
+            if not model.strip():
+                err(f"{res}.gpu_types[{j}]", "a GPU model must not be empty (an empty list "
+                    "means any model)", "required")
+        for j, label in enumerate(role.node_selector):
+            if not label.name.strip():
+                err(f"{path}.node_selector[{j}].name", "a node label name must not be empty",
+                    "required")
         if not role.command.strip():
             err(f"{path}.command", "command must not be empty", "required")
         for key in ("min_failed", "min_succeeded"):

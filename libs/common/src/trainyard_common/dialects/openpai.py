@@ -413,6 +413,22 @@ def _exit_code(view: dict[str, Any]) -> int | None:
     return code
 
 
+def _retry_details(view: dict[str, Any]) -> dict[str, int]:
+    """OpenPAI's ``retryDetails``: the failed attempts that ran again, by whose failure
+    (unknown ones count as the user's). Not every earlier attempt: a pause, a preemption,
+    a scale or a restart ends one without a retry."""
+    details = {"user": 0, "platform": 0, "resource": 0}
+    attempts = view.get("attempts")
+    if not isinstance(attempts, list):
+        retries = view.get("retries")
+        details["user"] = retries if isinstance(retries, int) else 0
+        return details
+    for ended in attempts:
+        if isinstance(ended, dict) and ended.get("retried_as") and not ended.get("interrupted"):
+            details["platform" if ended.get("failure_class") == "platform" else "user"] += 1
+    return details
+
+
 def _spec_roles(view: dict[str, Any]) -> list[dict[str, Any]]:
     spec = view.get("spec") or {}
     roles = spec.get("roles") if isinstance(spec, dict) else None
@@ -460,6 +476,7 @@ def render_status(view: dict[str, Any]) -> dict[str, Any]:
     WAITING."""
     state, sub, execution = _job_state(view)
     attempt = view.get("attempt") or 1
+    retries = _retry_details(view)
     ended = sub == "Completed"
     reason = view.get("reason")
     tasks = {(t.get("role"), t.get("index")): t for t in view.get("tasks") or []
@@ -485,8 +502,8 @@ def render_status(view: dict[str, Any]) -> dict[str, Any]:
             "state": state,
             "subState": sub,
             "executionType": execution,
-            "retries": attempt - 1,
-            "retryDetails": {"user": attempt - 1, "platform": 0, "resource": 0},
+            "retries": sum(retries.values()),
+            "retryDetails": retries,
             "retryDelayTime": 0,
             "createdTime": submitted,
             "launchedTime": None,
@@ -516,7 +533,7 @@ def render_status(view: dict[str, Any]) -> dict[str, Any]:
 def render_list_item(view: dict[str, Any]) -> dict[str, Any]:
     """One job of ``GET /api/v2/jobs`` as OpenPAI lists it."""
     state, sub, execution = _job_state(view)
-    attempt = view.get("attempt") or 1
+    retries = _retry_details(view)
     roles = _spec_roles(view)
 
     def number(value: Any, default: float) -> float:
@@ -533,8 +550,8 @@ def render_list_item(view: dict[str, Any]) -> dict[str, Any]:
         "subState": sub,
         "executionType": execution,
         "tags": [],
-        "retries": attempt - 1,
-        "retryDetails": {"user": attempt - 1, "platform": 0, "resource": 0},
+        "retries": sum(retries.values()),
+        "retryDetails": retries,
         "retryDelayTime": 0,
         "submissionTime": epoch_ms(view.get("submitted_at")),
         "createdTime": epoch_ms(view.get("submitted_at")),

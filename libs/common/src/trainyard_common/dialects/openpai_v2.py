@@ -79,7 +79,6 @@ CMD_PLUGIN = "com.microsoft.pai.runtimeplugin.cmd"
 EXTRAS_NOT_APPLIED = {
     "com.microsoft.pai.runtimeplugin": "runtime plugins (ssh, storage, tensorboard, ...) "
                                        "are not run",
-    "hivedScheduler": "HiveD scheduling hints are not used",
     "hivedscheduler": "HiveD scheduling hints are not used",
     "storages": "storage mounts are not made",
     "gangAllocation": "tasks are always placed together (gang allocation)",
@@ -100,6 +99,11 @@ _CANONICAL_ROLE_FIELDS = {
     "min_failed": "completion.minFailedInstances",
     "min_succeeded": "completion.minSucceededInstances",
 }
+# HiveD's per-role hints: the SKU (GPU model) a role runs on is the one Trainyard applies,
+# as the role's gpu_type; gpuType is its older spelling.
+HIVED = "hivedScheduler"
+HIVED_SKU_KEYS = ("skuType", "gpuType")
+
 _CANONICAL_JOB_FIELDS = {
     "name": "name", "queue": "defaults.virtualCluster", "retry_limit": "jobRetryCount",
     "roles": "taskRoles", "secrets": "secrets",
@@ -109,12 +113,36 @@ _CANONICAL_JOB_FIELDS = {
 def field_path(payload: Any, role: str | None, field: str) -> str:
     """Where a canonical field is written in a v2 payload: task roles are a map, so a
     role is ``$.taskRoles.<name>``."""
-    if role is None or field in ("queue", "gpu_type"):
+    if role is not None and field in ("gpu_type", "gpu_types"):
+        return _sku_path(payload, role)
+    if role is None or field == "queue":
         key = _CANONICAL_JOB_FIELDS.get(field)
         return f"$.{key}" if key else "$"
     path = join("$.taskRoles", role)
     key = _CANONICAL_ROLE_FIELDS.get(field)
     return f"{path}.{key}" if key else path
+
+
+def _hived_roles(payload: Any) -> dict[str, Any]:
+    extras = payload.get("extras") if isinstance(payload, dict) else None
+    hived = extras.get(HIVED) if isinstance(extras, dict) else None
+    roles = hived.get("taskRoles") if isinstance(hived, dict) else None
+    return roles if isinstance(roles, dict) else {}
+
+
+def hived_sku(payload: Any, role: str) -> tuple[str, str] | None:
+    """The role's HiveD SKU type and the key it is written under, if it names one."""
+    hints = _hived_roles(payload).get(role)
+    for key in HIVED_SKU_KEYS:
+        if isinstance(hints, dict) and isinstance(hints.get(key), str) and hints[key].strip():
+            return hints[key], key
+    return None
+
+
+def _sku_path(payload: Any, role: str) -> str:
+    found = hived_sku(payload, role)
+    path = join(join(join("$.extras", HIVED), "taskRoles"), role)
+    return join(path, found[1]) if found else join("$.taskRoles", role)
 
 
 # ---------------------------------------------------------------------------- references
@@ -380,6 +408,44 @@ class _Walk:
         for key, why in EXTRAS_NOT_APPLIED.items():
             if key in extras:
                 self.issues.warn(join("$.extras", key), f"kept, but {why}", "extras_not_applied")
+        if HIVED in extras:
+            self._hived(extras[HIVED], join("$.extras", HIVED))
+
+    def _hived(self, hived: Any, path: str) -> None:
+        """Warn of every HiveD hint but a role's SKU type, which is applied."""
+        issues = self.issues
+        if not isinstance(hived, dict):
+            issues.error(path, f"{HIVED} must be an object, not {json_type(hived)}", "type")
+            return
+        for key in sorted(k for k in hived if k != "taskRoles"):
+            issues.warn(join(path, key), "kept, but HiveD scheduling hints other than a "
+                        "role's skuType are not used", "extras_not_applied")
+        roles = hived.get("taskRoles")
+        rpath = join(path, "taskRoles")
+        if roles is None:
+            return
+        if not isinstance(roles, dict):
+            issues.error(rpath, f"taskRoles must be an object, not {json_type(roles)}", "type")
+            return
+        declared = self.payload.get("taskRoles")
+        declared = declared if isinstance(declared, dict) else {}
+        for name, hints in roles.items():
+            hpath = join(rpath, str(name))
+            if name not in declared:
+                issues.warn(hpath, f"names no task role ({show(name)}); kept but not used",
+                            "unknown_reference")
+            if not isinstance(hints, dict):
+                issues.error(hpath, f"a role's HiveD hints must be an object, not "
+                             f"{json_type(hints)}", "type")
+                continue
+            for key in HIVED_SKU_KEYS:
+                value = hints.get(key)
+                if value is not None and (not isinstance(value, str) or not value.strip()):
+                    issues.error(join(hpath, key), f"{key} must be a GPU model name (a "
+                                 "non-empty string)", "type")
+            for key in sorted(k for k in hints if k not in HIVED_SKU_KEYS):
+                issues.warn(join(hpath, key), "kept, but HiveD scheduling hints other than "
+                            "skuType are not used", "extras_not_applied")
 
     def _string_list(self, obj: dict[str, Any], key: str, path: str, *,
                      required: bool) -> list[str] | None:
@@ -674,6 +740,7 @@ def translate_openpai_v2(payload: Any, user: str = "") -> Translation:
                 memory_mb=_int(res.get("memoryMB"), 1024, 100),
                 shm_mb=_int(options.get("shmMB"), DEFAULT_SHM_MB, 0),
                 gpu=float(_int(res.get("gpu"), 0, 0)),
+                gpu_type=sku[0] if (sku := hived_sku(p, str(name))) else None,
             ),
             command=_command(walk, str(name), raw, path, parameters, secret_names),
             ports=_ports(res),

@@ -438,7 +438,7 @@ def _role_spec(name: str, replicas: int, pod: PodTask, command: str,
                policy: RestartPolicy) -> RoleSpec:
     return RoleSpec(
         name=name, replicas=replicas, resources=pod.resources, image=pod.image,
-        command=command, env=pod.env, restart_policy=policy,
+        command=command, env=pod.env, restart_policy=policy, node_selector=pod.node_selector,
         retryable_exit_codes=list(RETRYABLE_EXIT_CODES)
         if policy is RestartPolicy.EXIT_CODE else [],
     )

@@ -243,8 +243,9 @@ class LocalBackend:
         # -I: the task's PYTHON* variables must not change how the wrapper starts.
         argv = [sys.executable, "-I", "-m", "trainyard_launcher.taskwrap", "--dir", str(directory)]
         if prepare is not None:
-            plan_file = directory / "prepare.json"
-            plan_file.write_text(prepare.to_json())
+            # Private: the plan holds the task's environment and the repository URL,
+            # which may carry a token.
+            plan_file = _write_private(directory / "prepare.json", prepare.to_json())
             argv += ["--prepare", str(plan_file)]
         limits = self.limit_plan(ref, options)
         wrapper_options = {
@@ -330,7 +331,9 @@ class LocalBackend:
         where the task runs in a mount namespace of its own (mount paths, /dev/shm), in
         that namespace, so it sees what the task sees. Killed (its whole group) after
         ``timeout_s``; each output is cut to its last ``limit_bytes``."""
-        argv = list(command)
+        # coreutils' timeout bounds the command even if this launcher dies meanwhile and
+        # nothing is left to kill it (it runs in a session of its own, not the task's).
+        argv = ["timeout", "-s", "KILL", f"{timeout_s + EXEC_KILL_MARGIN_S:g}", *command]
         target = self._namespace_target(ref, pid)
         if target is not None:
             argv = [*target, "--", *argv]
@@ -482,6 +485,11 @@ class LocalBackend:
                 ended_at=time.time(),
             )
         return status
+
+
+# How long after its own timeout an exec'd command is killed by ``timeout`` (when this
+# process, which kills it at the timeout, is no longer there to).
+EXEC_KILL_MARGIN_S = 5.0
 
 
 def _write_private(path: Path, text: str) -> Path:

@@ -13,7 +13,9 @@ keeps its allocation, and ``interrupt`` says why, until the launcher's JobInterr
 a paused job is ``paused`` (no allocation) until a resume queues its next attempt.
 ``retries_used`` is the retry budget spent (only a JobRetrying spends it); ``next_spec``
 is the spec a placed job's next attempt runs with (a scale), ``stop_reason`` a stop that
-came while the job was interrupting.
+came while the job was interrupting. ``restarts`` holds the ids of the last RestartJobs
+handled, stored with each one's effect, so a redelivered one never restarts the attempt
+that it started itself.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class JobRecord:
     preemptions: int = 0
     preempted_by: str | None = None
     interrupt_sent: bool = False
+    # The ids of the RestartJobs already handled, oldest first (the last RESTARTS_KEPT).
+    restarts: tuple[str, ...] = ()
 
 
 def record_from_doc(doc: dict[str, Any]) -> JobRecord:
@@ -88,6 +92,7 @@ def record_from_doc(doc: dict[str, Any]) -> JobRecord:
         preemptions=int(doc.get("preemptions", 0)),
         preempted_by=doc.get("preempted_by"),
         interrupt_sent=bool(doc.get("interrupt_sent")),
+        restarts=tuple(doc.get("restarts") or ()),
     )
 
 
@@ -237,9 +242,11 @@ class MongoJobStore:
 def requeued_fields(
     attempt: int, not_before: datetime, retries_used: int | None = None
 ) -> dict[str, Any]:
+    # An interrupt's leftovers (a size, a stop, who preempted it) belong to the attempt
+    # that ended; what of them carries over is written in the same update (retry_job).
     fields = {"state": "queued", "attempt": attempt, "not_before": not_before,
               "allocation": [], "reasons": [], "placed_published": False, "queued_notices": 0,
-              "interrupt": None}
+              "interrupt": None, "next_spec": None, "stop_reason": None, "preempted_by": None}
     if retries_used is not None:
         fields["retries_used"] = retries_used
     return fields
@@ -249,7 +256,8 @@ def paused_fields(spec: JobSpec | None = None) -> dict[str, Any]:
     """-> paused, without an allocation (with the spec a scale left for the next attempt)."""
     fields: dict[str, Any] = {"state": "paused", "allocation": [], "reasons": [],
                               "placed_published": False, "queued_notices": 0,
-                              "interrupt": None, "next_spec": None, "not_before": None}
+                              "interrupt": None, "next_spec": None, "not_before": None,
+                              "preempted_by": None}
     if spec is not None:
         fields["spec"] = spec.model_dump_json()
     return fields
@@ -265,7 +273,7 @@ def next_attempt_fields(attempt: int, spec: JobSpec | None = None) -> dict[str, 
     fields: dict[str, Any] = {
         "state": "queued", "attempt": attempt, "not_before": None, "allocation": [],
         "reasons": [], "placed_published": False, "queued_notices": 0, "interrupt": None,
-        "next_spec": None, "stop_reason": None}
+        "next_spec": None, "stop_reason": None, "preempted_by": None}
     if spec is not None:
         fields["spec"] = spec.model_dump_json()
     return fields
@@ -291,6 +299,16 @@ def preempted_fields(by: str, preemptions: int) -> dict[str, Any]:
 
 def interrupt_sent_fields() -> dict[str, Any]:
     return {"interrupt_sent": True}
+
+
+# A redelivery comes within minutes (ack wait, a few naks), long before this many more
+# restarts of the same job.
+RESTARTS_KEPT = 16
+
+
+def restart_handled_fields(restarts: Sequence[str], event_id: str) -> dict[str, Any]:
+    """With the restart's own effect (in the same update): this RestartJob is handled."""
+    return {"restarts": [*restarts, event_id][-RESTARTS_KEPT:]}
 
 
 @dataclass

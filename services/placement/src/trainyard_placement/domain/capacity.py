@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, NamedTuple, TypeVar, overload
 
 from trainyard_common.cluster import ClusterSpec, NodeSpec
 from trainyard_common.events import TaskPlacement
@@ -34,10 +34,12 @@ def gpu_milli(resources: Resources) -> int | None:
     return milli if count == 1 and milli < MILLI else None
 
 
-def gpu_type_matches(wanted: str | None, node: NodeSpec) -> bool:
-    if wanted is None:
+def gpu_type_matches(wanted: Sequence[str], node: NodeSpec) -> bool:
+    """Whether the node's GPU model is one of ``wanted`` (any case); none wanted: any."""
+    if not wanted:
         return True
-    return node.gpu_type is not None and node.gpu_type.lower() == wanted.lower()
+    model = node.gpu_type.lower() if node.gpu_type else None
+    return model is not None and any(model == w.lower() for w in wanted)
 
 
 T = TypeVar("T")
@@ -161,6 +163,13 @@ class NodeFree:
         )
 
 
+def empty_node(spec: NodeSpec) -> NodeFree:
+    """The node with nothing allocated."""
+    return NodeFree(
+        spec=spec, cpu=spec.cpu, memory_mb=spec.memory_mb, gpu_free=(MILLI,) * spec.gpus
+    )
+
+
 def task_gpus(task: TaskPlacement) -> list[tuple[int, int]]:
     """(device, milli-GPU) a placed task holds; placements stored before shares existed
     have no ``gpu_milli`` and held whole devices."""
@@ -175,6 +184,11 @@ def task_ports(task: TaskPlacement) -> list[int]:
 GroupKey = tuple[NodeState, float, int, int]
 
 
+class GpuIndex(NamedTuple):
+    whole: Mapping[str | None, Mapping[int, Sequence[GroupKey]]]
+    share: Mapping[str | None, Mapping[int, Sequence[GroupKey]]]
+
+
 class Snapshot:
     """Free capacity of every node, in the cluster's node order (first-fit follows it)."""
 
@@ -183,13 +197,11 @@ class Snapshot:
         # Both derived on first use, then carried to the snapshots derived from this one.
         self._position: dict[str, int] | None = None
         self._groups: dict[GroupKey, list[str]] | None = None
+        self._by_gpus: GpuIndex | None = None
 
     @classmethod
     def of(cls, cluster: ClusterSpec, allocations: Iterable[Allocation] = ()) -> Snapshot:
-        empty = cls(
-            NodeFree(spec=n, cpu=n.cpu, memory_mb=n.memory_mb, gpu_free=(MILLI,) * n.gpus)
-            for n in cluster.nodes
-        )
+        empty = cls(empty_node(n) for n in cluster.nodes)
         return empty.with_allocations(allocations)
 
     @property
@@ -236,6 +248,20 @@ class Snapshot:
             self._groups = groups
         return self._groups
 
+    def by_gpus(self) -> GpuIndex:
+        """The groups' keys by GPU model (lower case; None: no GPUs) and then by devices
+        free as a whole, and by the most milli free on one device: where a task asking
+        for GPUs may fit, without looking at the groups that cannot hold it. Read-only."""
+        if self._by_gpus is None:
+            whole: dict[str | None, dict[int, list[GroupKey]]] = {}
+            share: dict[str | None, dict[int, list[GroupKey]]] = {}
+            for key in self.groups():
+                model = key[0].model
+                whole.setdefault(model, {}).setdefault(key[2], []).append(key)
+                share.setdefault(model, {}).setdefault(key[3], []).append(key)
+            self._by_gpus = GpuIndex(whole, share)
+        return self._by_gpus
+
     def with_allocation(self, allocation: Allocation) -> Snapshot:
         return self.with_allocations([allocation])
 
@@ -258,11 +284,22 @@ class Snapshot:
         nodes = dict(self._nodes)
         for name, usage in used.items():
             nodes[name] = nodes[name].take(usage.cpu, usage.memory_mb, usage.gpus, usage.ports)
+        return self._derived(nodes, used)
+
+    def with_nodes(self, changed: Mapping[str, NodeFree]) -> Snapshot:
+        """The same cluster with the ``changed`` nodes (all of them in this snapshot) in
+        their new states: how the scheduler's state keeps its snapshot up to date when
+        jobs come and go, instead of deriving it from every allocation."""
+        nodes = dict(self._nodes)
+        nodes.update(changed)
+        return self._derived(nodes, changed)
+
+    def _derived(self, nodes: dict[str, NodeFree], changed: Iterable[str]) -> Snapshot:
         snapshot = Snapshot(())
         snapshot._nodes = nodes
         snapshot._position = self._position
         if self._groups is not None:
-            snapshot._groups = self._regrouped(nodes, used)
+            snapshot._groups = self._regrouped(nodes, changed)
         return snapshot
 
     def _regrouped(

@@ -303,10 +303,11 @@ def _explain(
         total=lambda n: n.spec.memory_mb,
     )
     share = gpu_milli(resources)
+    models = resources.allowed_gpu_types()
     if share is not None:
-        found += _share_shortfall(share, resources.gpu_type, nodes)
+        found += _share_shortfall(share, models, nodes)
     else:
-        found += _gpu_shortfall(gpu_count(resources), resources.gpu_type, nodes)
+        found += _gpu_shortfall(gpu_count(resources), models, nodes)
 
     if _fixed_ports_overlap(role):
         found.append("its fixed port ranges overlap each other")
@@ -351,7 +352,7 @@ def _misfit(role: RoleSpec, node: NodeFree, job_fixed: frozenset[int]) -> str:
     if node.memory_mb < resources.memory_mb:
         return f"{node.memory_mb} MB memory free"
     need_gpus = gpu_count(resources)
-    if need_gpus and not gpu_type_matches(resources.gpu_type, node.spec):
+    if need_gpus and not gpu_type_matches(resources.allowed_gpu_types(), node.spec):
         return f"GPU type {node.spec.gpu_type}" if node.spec.gpus else "no GPUs"
     share = gpu_milli(resources)
     if share is not None and node.best_share < share:
@@ -383,14 +384,14 @@ def _shortfall(
     return []
 
 
-def _gpu_shortfall(need: int, gpu_type: str | None, nodes: list[NodeFree]) -> list[str]:
+def _gpu_shortfall(need: int, models: list[str], nodes: list[NodeFree]) -> list[str]:
     if not need:
         return []
-    of_type = f" of type {gpu_type}" if gpu_type else ""
-    typed = [n for n in nodes if n.spec.gpus > 0 and gpu_type_matches(gpu_type, n.spec)]
+    of_type = _of_type(models)
+    typed = [n for n in nodes if n.spec.gpus > 0 and gpu_type_matches(models, n.spec)]
     if not typed:
-        model = f"{gpu_type} " if gpu_type else ""
-        return [f"no node has {_gpus(need)}{of_type} (the cluster has no {model}GPUs)"]
+        return [f"no node has {_gpus(need)}{of_type} (the cluster has no {_model_text(models)}"
+                "GPUs)"]
     largest = max(typed, key=lambda n: n.spec.gpus)
     if largest.spec.gpus < need:
         total = _gpus(largest.spec.gpus)
@@ -407,12 +408,11 @@ def _gpu_shortfall(need: int, gpu_type: str | None, nodes: list[NodeFree]) -> li
     return []
 
 
-def _share_shortfall(milli: int, gpu_type: str | None, nodes: list[NodeFree]) -> list[str]:
-    of_type = f" of type {gpu_type}" if gpu_type else ""
-    typed = [n for n in nodes if n.spec.gpus > 0 and gpu_type_matches(gpu_type, n.spec)]
+def _share_shortfall(milli: int, models: list[str], nodes: list[NodeFree]) -> list[str]:
+    of_type = _of_type(models)
+    typed = [n for n in nodes if n.spec.gpus > 0 and gpu_type_matches(models, n.spec)]
     if not typed:
-        model = f"{gpu_type} " if gpu_type else ""
-        return [f"no node has a GPU{of_type} (the cluster has no {model}GPUs)"]
+        return [f"no node has a GPU{of_type} (the cluster has no {_model_text(models)}GPUs)"]
     best = max(typed, key=lambda n: n.best_share)
     if best.best_share < milli:
         return [
@@ -420,6 +420,17 @@ def _share_shortfall(milli: int, gpu_type: str | None, nodes: list[NodeFree]) ->
             f"{best.best_share} ({best.name})"
         ]
     return []
+
+
+def _of_type(models: list[str]) -> str:
+    if not models:
+        return ""
+    return f" of type {models[0]}" if len(models) == 1 else f" of types {', '.join(models)}"
+
+
+def _model_text(models: list[str]) -> str:
+    """The models as a noun's modifier, with its space: "A100 ", "A100 or V100 ", ""."""
+    return " or ".join(models) + " " if models else ""
 
 
 def _gpus(n: int) -> str:
@@ -439,11 +450,11 @@ def _port_text(spec: PortSpec) -> str:
 def _needs_text(role: RoleSpec) -> str:
     resources = role.resources
     parts = [f"{_num(resources.cpu)} CPU", f"{resources.memory_mb} MB memory"]
+    of_type = _of_type(resources.allowed_gpu_types())
     if (share := gpu_milli(resources)) is not None:
-        of_type = f" of type {resources.gpu_type}" if resources.gpu_type else ""
         parts.append(f"{share} milli-GPU{of_type}")
     elif gpus := gpu_count(resources):
-        parts.append(_gpus(gpus) + (f" of type {resources.gpu_type}" if resources.gpu_type else ""))
+        parts.append(_gpus(gpus) + of_type)
     if ports := sum(spec.count for spec in role.ports):
         parts.append(f"{ports} port{'s' if ports != 1 else ''}")
     return ", ".join(parts[:-1]) + " and " + parts[-1]

@@ -63,8 +63,11 @@ class Demand:
     @classmethod
     def of(cls, resources: Resources) -> Demand:
         count, milli = gpu_request(resources.gpu)
-        typed = resources.gpu_type and count
-        models = frozenset({resources.gpu_type.lower()}) if typed else frozenset()
+        # A model constraint binds only what the task holds: a task without GPUs goes
+        # anywhere.
+        models = frozenset(
+            m.lower() for m in resources.allowed_gpu_types()
+        ) if count else frozenset()  # fmt: skip
         return cls(
             cpu_milli=math.ceil(resources.cpu * MILLI - 1e-6),
             memory_mib=resources.memory_mb,

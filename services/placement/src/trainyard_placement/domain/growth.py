@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from trainyard_common.jobspec import JobSpec
 
-from .capacity import Allocation, Snapshot
+from .capacity import Allocation
 from .eligible import place_job
 from .gang import Plan
 from .quota import Usage, usage_of, within
@@ -23,10 +23,7 @@ from .state import SchedulerState
 def growth(state: SchedulerState) -> list[tuple[str, str, int]]:
     """(job id, role, replicas) for each elastic role of a placed job that may grow."""
     quota_waits: set[str] = set()
-    used: dict[str, Usage] = {}
-    for allocation in state.placed.values():
-        queue = allocation.spec.queue
-        used[queue] = used.get(queue, Usage()) + usage_of(allocation.spec)
+    used = state.queue_usage()
     for job in state.queued.values():
         queue = job.spec.queue
         qspec = state.cluster.queue(queue)
@@ -38,18 +35,19 @@ def growth(state: SchedulerState) -> list[tuple[str, str, int]]:
         quota_waits.add(queue)
 
     grown: list[tuple[str, str, int]] = []
-    allocations = dict(state.placed)
-    for job_id in sorted(state.placed, key=lambda j: (state.placed_at.get(j, 0.0), j)):
-        allocation = allocations[job_id]
-        spec = allocation.spec
-        if (job_id in state.interrupting or not is_elastic(spec)
-                or spec.queue in quota_waits):
+    # The allocations of the jobs grown so far, in place of what they hold.
+    changed: dict[str, Allocation | None] = {}
+    elastic = [job_id for job_id, allocation in state.placed.items()
+               if is_elastic(allocation.spec) and job_id not in state.interrupting]  # fmt: skip
+    for job_id in sorted(elastic, key=lambda j: (state.placed_at.get(j, 0.0), j)):
+        spec = state.placed[job_id].spec
+        if spec.queue in quota_waits:
             continue
-        bigger = _bigger(state, job_id, spec, allocations, used)
+        bigger = _bigger(state, job_id, spec, changed, used)
         if bigger is None:
             continue
         size, plan = bigger
-        allocations[job_id] = Allocation(job_id, size, plan.tasks)
+        changed[job_id] = Allocation(job_id, size, plan.tasks)
         used[spec.queue] = used.get(spec.queue, Usage()) - usage_of(spec) + usage_of(size)
         grown += [(job_id, new.name, new.replicas)
                   for old, new in zip(spec.roles, size.roles, strict=True)
@@ -61,12 +59,13 @@ def _bigger(
     state: SchedulerState,
     job_id: str,
     spec: JobSpec,
-    allocations: dict[str, Allocation],
+    changed: dict[str, Allocation | None],
     used: dict[str, Usage],
 ) -> tuple[JobSpec, Plan] | None:
     """The largest size above the current one that fits once the job gives back what
-    it holds, within its queue's quota or (if the queue borrows) beyond it."""
-    others = Snapshot.of(state.cluster, [a for j, a in allocations.items() if j != job_id])
+    it holds, within its queue's quota or (if the queue borrows) beyond it. ``changed``:
+    the jobs grown before it, at their new sizes."""
+    others = state.snapshot_with({**changed, job_id: None})
     qspec = state.cluster.queue(spec.queue)
     base = used.get(spec.queue, Usage()) - usage_of(spec)
     may_borrow = qspec.borrowing and (

@@ -1,7 +1,12 @@
 """The scheduler's state: queued jobs, the allocations of placed jobs, and the nodes.
 
-Free capacity is never stored here; :meth:`SchedulerState.snapshot` derives it from the
-allocations each time, so releasing a job is only forgetting its allocation.
+Free capacity is never a counter here: :meth:`SchedulerState.snapshot` is what
+``Snapshot.of`` would derive from the allocations, so releasing a job is only forgetting
+its allocation. What a cycle needs (the snapshot, the target workload, each queue's
+usage and borrowers) is kept between cycles and brought up to date for what changed: a
+node a job came to or left is derived again from the allocations on it, in the order
+they were placed, so it is the same node ``Snapshot.of`` gives (docs/placement.md,
+"Speed"). ``reference_cycle`` derives everything afresh, for tests to compare.
 
 What the service layer calls, besides enqueue / commit / release / cycle:
 
@@ -15,21 +20,26 @@ What the service layer calls, besides enqueue / commit / release / cycle:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from trainyard_common.cluster import ClusterSpec, NodeSpec
+from trainyard_common.jobspec import JobSpec
 
-from .capacity import Allocation, Snapshot
+from .capacity import Allocation, NodeFree, Snapshot, empty_node
 from .gpu_share import MILLI, Demand
 from .plugins import Rules
 from .policies import scorer_named
-from .queue import Decision, QueuedJob, Running, schedule
+from .queue import CycleMemo, Decision, QueuedJob, Running, RunningIndex, schedule
+from .quota import Usage, borrowers, unlimited, usage_of
 from .scoring import (
     MAX_SPEC_CPU_MILLI,
     MAX_SPEC_GPU_MILLI,
+    TYPICAL_COVERAGE,
     ClusterContext,
     Scorer,
+    Typical,
     typical_workload,
 )
 from .sizes import sized_to
@@ -54,32 +64,52 @@ class SchedulerState:
     # Placed jobs whose attempt is being ended: the queued job that preempted each,
     # or None for another cause.
     interrupting: dict[str, str | None] = field(default_factory=dict)
+    # What cycles need, kept up to date by the methods below (None: derive it at the next
+    # use). queued and placed change only through them.
+    _kept: _Kept | None = field(default=None, init=False, repr=False, compare=False)
 
     def snapshot(self) -> Snapshot:
         """Free capacity of every node, drained ones included."""
-        return Snapshot.of(self.cluster, self.placed.values())
+        return self._up_to_date().snapshot()
 
     def enqueue(self, job: QueuedJob) -> None:
+        old = self.queued.get(job.job_id)
         self.queued[job.job_id] = job
+        if self._kept is not None:
+            if old is not None:
+                self._kept.shapes(old.spec, -1)
+            self._kept.shapes(job.spec, 1)
 
     def dequeue(self, job_id: str) -> QueuedJob | None:
-        return self.queued.pop(job_id, None)
+        job = self.queued.pop(job_id, None)
+        if job is not None and self._kept is not None:
+            self._kept.shapes(job.spec, -1)
+            self._kept.memo.forget(job_id)
+        return job
 
     def commit(self, allocation: Allocation, placed_at: float | None = None) -> None:
-        self.queued.pop(allocation.job_id, None)
+        self.dequeue(allocation.job_id)
         # An elastic job's stored allocation may come with the spec as submitted.
         spec = sized_to(allocation.spec, allocation.tasks)
         if spec is not allocation.spec:
             allocation = Allocation(allocation.job_id, spec, allocation.tasks)
-        self.placed[allocation.job_id] = allocation
         if placed_at is None:
             placed_at = max(self.placed_at.values(), default=0.0) + 1
+        old = self.placed.get(allocation.job_id)
+        self.placed[allocation.job_id] = allocation
         self.placed_at[allocation.job_id] = placed_at
+        if self._kept is not None:
+            if old is not None:
+                self._kept.unplace(old)
+            self._kept.place(allocation, placed_at)
 
     def release(self, job_id: str) -> Allocation | None:
         self.placed_at.pop(job_id, None)
         self.interrupting.pop(job_id, None)
-        return self.placed.pop(job_id, None)
+        allocation = self.placed.pop(job_id, None)
+        if allocation is not None and self._kept is not None:
+            self._kept.unplace(allocation, gone=True)
+        return allocation
 
     def preempting(self, victim: str, by: str) -> None:
         """``victim`` is being preempted for queued job ``by``: counted once."""
@@ -93,6 +123,35 @@ class SchedulerState:
         placement."""
         if now is None:
             now = max(self.placed_at.values(), default=0.0) + 1
+        kept = self._up_to_date()
+        running: Mapping[str, Running] = kept.running
+        preempting: dict[str, list[str]] = {}
+        interrupted = [job_id for job_id in self.interrupting if job_id in running]
+        if interrupted:
+            running = dict(running)
+            for job_id in interrupted:
+                by = self.interrupting[job_id]
+                running[job_id] = Running(kept.running[job_id].allocation,
+                                          self.placed_at.get(job_id, 0.0), True, by)  # fmt: skip
+                if by is not None:
+                    preempting.setdefault(by, []).append(job_id)
+        index = RunningIndex(
+            used=kept.used, borrowed=kept.borrowed(), by_priority=kept.by_priority,
+            preempting={by: tuple(sorted(jobs)) for by, jobs in preempting.items()},
+            order=kept.seq, on_node=kept.on_node,
+        )  # fmt: skip
+        return schedule(
+            self.queued.values(), kept.snapshot(), self.scorer, kept.context(),
+            rules=self.rules, running=running, queues=self.cluster.queue,
+            drained=self.drained, preemptions=self.preemptions, now=now, index=index,
+            memo=kept.memo,
+        )  # fmt: skip
+
+    def reference_cycle(self, now: float | None = None) -> list[Decision]:
+        """``cycle`` with everything derived afresh from the placed and queued jobs, as
+        every cycle once did: what ``cycle`` must decide too (a check for tests)."""
+        if now is None:
+            now = max(self.placed_at.values(), default=0.0) + 1
         running = {
             job_id: Running(
                 allocation=allocation,
@@ -102,11 +161,34 @@ class SchedulerState:
             )
             for job_id, allocation in self.placed.items()
         }
+        nodes = self.cluster.nodes
+        context = ClusterContext(
+            workload=typical_workload(self._demands()),
+            max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in nodes)]),
+            max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in nodes)]),
+        )
         return schedule(
-            self.queued.values(), self.snapshot(), self.scorer, self.context(),
-            rules=self.rules, running=running, queues=self.cluster.queue,
-            drained=self.drained, preemptions=self.preemptions, now=now,
+            self.queued.values(), Snapshot.of(self.cluster, self.placed.values()),
+            self.scorer, context, rules=self.rules, running=running,
+            queues=self.cluster.queue, drained=self.drained, preemptions=self.preemptions,
+            now=now,
         )  # fmt: skip
+
+    def snapshot_with(self, changes: Mapping[str, Allocation | None]) -> Snapshot:
+        """The snapshot as if each placed job named in ``changes`` held the allocation
+        given instead (None: nothing), keeping its place in the placement order."""
+        return self._up_to_date().snapshot_with(changes)
+
+    def queue_usage(self) -> dict[str, Usage]:
+        """What each queue's placed jobs use (a key for every queue with one)."""
+        return dict(self._up_to_date().used)
+
+    def _up_to_date(self) -> _Kept:
+        """The kept derivations, made afresh when there are none yet or the cluster is
+        another (a node added or removed)."""
+        if self._kept is None or self._kept.cluster is not self.cluster:
+            self._kept = _Kept(self)
+        return self._kept
 
     # --- nodes --------------------------------------------------------------------
 
@@ -148,13 +230,9 @@ class SchedulerState:
 
     def context(self) -> ClusterContext:
         """What fragmentation-aware policies measure against: the shapes of the tasks
-        placed and waiting now stand for the target workload."""
-        nodes = self.cluster.nodes
-        return ClusterContext(
-            workload=typical_workload(self._demands()),
-            max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in nodes)]),
-            max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in nodes)]),
-        )
+        placed and waiting now stand for the target workload. The same object while
+        they stay the same (the scorers' memos follow it)."""
+        return self._up_to_date().context()
 
     def _demands(self) -> Iterator[Demand]:
         specs = [a.spec for a in self.placed.values()] + [j.spec for j in self.queued.values()]
@@ -163,3 +241,197 @@ class SchedulerState:
                 demand = Demand.of(role.resources)
                 for _ in range(role.replicas):
                     yield demand
+
+
+class _Kept:
+    """What SchedulerState keeps for its cycles, for one cluster: the snapshot (nodes to
+    derive again marked ``dirty``), the target workload's task shapes counted, each
+    queue's usage, jobs and borrowers, the running jobs as a cycle sees them, and the
+    cycles' memo. Built from the state's jobs; then the state tells it each change."""
+
+    def __init__(self, state: SchedulerState) -> None:
+        self.state = state
+        self.cluster = state.cluster
+        nodes = state.cluster.nodes
+        self.empty: dict[str, NodeFree] = {n.name: empty_node(n) for n in nodes}
+        self.limits = (
+            max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in nodes)]),
+            max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in nodes)]),
+        )
+        self._snapshot = Snapshot.of(state.cluster, state.placed.values())
+        self.dirty: set[str] = set()
+        # Placed jobs: their place in the placement order, the jobs on each node.
+        self.seq: dict[str, int] = {}
+        self.next_seq = 0
+        self.on_node: dict[str, dict[str, None]] = {}
+        self.used: dict[str, Usage] = {}
+        self.usage: dict[str, Usage] = {}
+        self.members: dict[str, dict[str, None]] = {}
+        self.by_priority: dict[tuple[str, int], dict[str, None]] = {}
+        self.borrowers: dict[str, list[str]] = {}
+        self.stale_queues: set[str] = set()
+        self._borrowed: set[str] | None = set()
+        self.running: dict[str, Running] = {}
+        self.counts: Counter[Demand] = Counter()
+        self._context: ClusterContext | None = None
+        self.memo = CycleMemo()
+        for allocation in state.placed.values():
+            self.place(allocation, state.placed_at.get(allocation.job_id, 0.0))
+        self.dirty.clear()  # the snapshot was derived from all of them
+        for job in state.queued.values():
+            self.shapes(job.spec, 1)
+
+    # --- changes ------------------------------------------------------------------
+
+    def place(self, allocation: Allocation, placed_at: float) -> None:
+        job_id, spec = allocation.job_id, allocation.spec
+        if job_id not in self.seq:
+            self.seq[job_id] = self.next_seq
+            self.next_seq += 1
+        for task in allocation.tasks:
+            self.on_node.setdefault(task.node, {})[job_id] = None
+            self.dirty.add(task.node)
+        usage = self.usage[job_id] = usage_of(spec)
+        self.used[spec.queue] = self.used.get(spec.queue, Usage()) + usage
+        self.members.setdefault(spec.queue, {})[job_id] = None
+        self.by_priority.setdefault((spec.queue, spec.priority), {})[job_id] = None
+        self.stale_queues.add(spec.queue)
+        self.running[job_id] = Running(allocation=allocation, placed_at=placed_at)
+        self.shapes(spec, 1)
+
+    def unplace(self, allocation: Allocation, *, gone: bool = False) -> None:
+        """Take a placed job's allocation out; ``gone``: the job is no longer placed (a
+        job placed again keeps its place in the order)."""
+        job_id, spec = allocation.job_id, allocation.spec
+        for task in allocation.tasks:
+            jobs = self.on_node.get(task.node)
+            if jobs is not None:
+                jobs.pop(job_id, None)
+                if not jobs:
+                    del self.on_node[task.node]
+            self.dirty.add(task.node)
+        queue = spec.queue
+        self.used[queue] = self.used[queue] - self.usage.pop(job_id)
+        members = self.members[queue]
+        del members[job_id]
+        if not members:
+            del self.members[queue], self.used[queue]
+        key = (queue, spec.priority)
+        del self.by_priority[key][job_id]
+        if not self.by_priority[key]:
+            del self.by_priority[key]
+        self.stale_queues.add(queue)
+        del self.running[job_id]
+        self.shapes(spec, -1)
+        if gone:
+            del self.seq[job_id]
+
+    def shapes(self, spec: JobSpec, sign: int) -> None:
+        """Count a job's tasks in (1) or out (-1) of the target workload."""
+        counts = self.counts
+        for role in spec.roles:
+            if role.replicas:
+                demand = Demand.of(role.resources)
+                count = counts[demand] + sign * role.replicas
+                if count:
+                    counts[demand] = count
+                else:
+                    del counts[demand]
+        self._context = None
+
+    # --- what a cycle reads ---------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        if self.dirty:
+            self._snapshot = self._snapshot.with_nodes(self._derive(self.dirty, {}))
+            self.dirty = set()
+        return self._snapshot
+
+    def snapshot_with(self, changes: Mapping[str, Allocation | None]) -> Snapshot:
+        placed = self.state.placed
+        names: set[str] = set()
+        for job_id, allocation in changes.items():
+            for held in (placed.get(job_id), allocation):
+                if held is not None:
+                    names.update(task.node for task in held.tasks)
+        return self.snapshot().with_nodes(self._derive(names, changes))
+
+    def _derive(
+        self, names: Iterable[str], changes: Mapping[str, Allocation | None]
+    ) -> dict[str, NodeFree]:
+        """The named nodes from nothing allocated, less the allocations on them in the
+        order they were placed (``Snapshot.of``'s sums, so the same floats)."""
+        names = [name for name in names if name in self.empty]
+        jobs: set[str] = set()
+        for name in names:
+            jobs.update(self.on_node.get(name, ()))
+        jobs.update(changes)
+        placed, seq = self.state.placed, self.seq
+        allocations = []
+        for job_id in sorted(jobs, key=seq.__getitem__):
+            allocation = changes[job_id] if job_id in changes else placed[job_id]
+            if allocation is not None:
+                allocations.append(allocation)
+        derived = Snapshot(self.empty[name] for name in names).with_allocations(allocations)
+        return dict(derived.by_name())
+
+    def borrowed(self) -> set[str]:
+        if self.stale_queues:
+            for queue in self.stale_queues:
+                self.borrowers.pop(queue, None)
+                quota = self.cluster.queue(queue).quota
+                if queue not in self.members or unlimited(quota):
+                    continue
+                placed_at = self.state.placed_at
+                jobs = sorted((placed_at.get(j, 0.0), j) for j in self.members[queue])
+                found = borrowers(quota, [(j, self.usage[j]) for _, j in jobs])
+                if found:
+                    self.borrowers[queue] = found
+            self.stale_queues.clear()
+            self._borrowed = None
+        if self._borrowed is None:
+            self._borrowed = {j for found in self.borrowers.values() for j in found}
+        return self._borrowed
+
+    def context(self) -> ClusterContext:
+        if self._context is None:
+            workload = typical_of_counts(self.counts)
+            old = self.memo.workload
+            if old is not None and old == workload:
+                workload = old  # the same object: the scorers' memos need not compare
+            self._context = ClusterContext(
+                workload=workload, max_cpu_milli=self.limits[0], max_gpu_milli=self.limits[1]
+            )
+        return self._context
+
+
+def typical_of_counts(
+    counts: Mapping[Demand, int], coverage: float = TYPICAL_COVERAGE
+) -> tuple[Typical, ...]:
+    """``scoring.typical_workload`` of the tasks counted by shape: the same result from
+    the distinct demands and how many tasks have each, so a cycle does not walk every
+    task (tests/unit/test_placement_cycle_equivalence.py holds them equal)."""
+    shape_counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+    memory: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+    for d, n in counts.items():
+        if n <= 0:
+            continue
+        shape = (d.cpu_milli, d.gpu_count, d.gpu_milli, d.gpu_models)
+        shape_counts[shape] += n
+        memory[shape] += d.memory_mib * n
+    total = sum(shape_counts.values())
+    if not total:
+        return ()
+    ranked = sorted(
+        shape_counts.items(),
+        key=lambda kv: (-kv[1], kv[0][0], kv[0][2], kv[0][1], sorted(kv[0][3])),
+    )
+    chosen: list[tuple[Demand, int]] = []
+    covered = 0
+    for (cpu, gpus, milli, models), count in ranked:
+        chosen.append((Demand(cpu, memory[cpu, gpus, milli, models] // count, gpus, milli, models),
+                       count))  # fmt: skip
+        covered += count
+        if covered >= coverage * total:
+            break
+    return tuple(Typical(demand, count / covered) for demand, count in chosen)

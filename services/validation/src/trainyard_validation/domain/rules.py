@@ -30,20 +30,47 @@ def _gpus_needed(gpu: float) -> int:
     return math.ceil(gpu) if gpu > 0 else 0
 
 
+def _selected(node: NodeSpec, role: RoleSpec) -> bool:
+    """The node carries every label of the role's node selector (placement's rule)."""
+    labels = {(label.name, label.value) for label in node.labels}
+    return all((s.name, s.value) in labels for s in role.node_selector)
+
+
+def _model_allowed(node: NodeSpec, models: list[str]) -> bool:
+    # Without regard to case, as placement matches them.
+    if not models:
+        return True
+    return node.gpu_type is not None and node.gpu_type.lower() in {m.lower() for m in models}
+
+
 def _node_fits(node: NodeSpec, role: RoleSpec) -> bool:
     r = role.resources
-    if node.cpu < r.cpu or node.memory_mb < r.memory_mb:
+    if node.cpu < r.cpu or node.memory_mb < r.memory_mb or not _selected(node, role):
         return False
     need = _gpus_needed(r.gpu)
     if need == 0:
         return True
-    return node.gpus >= need and (r.gpu_type is None or node.gpu_type == r.gpu_type)
+    return node.gpus >= need and _model_allowed(node, r.allowed_gpu_types())
+
+
+def _models_text(models: list[str]) -> str:
+    return " or ".join(models)
 
 
 def _ask(role: RoleSpec) -> str:
     r = role.resources
-    gpu = f"{_num(r.gpu)} GPU" + (f" ({r.gpu_type})" if r.gpu_type and r.gpu > 0 else "")
+    models = r.allowed_gpu_types()
+    gpu = f"{_num(r.gpu)} GPU" + (f" ({_models_text(models)})" if models and r.gpu > 0 else "")
     return f"{_num(r.cpu)} CPU, {r.memory_mb} MB, {gpu}"
+
+
+def _gpu_type_field(role: RoleSpec) -> str:
+    """The canonical field the role's GPU models came from (a list wins: it names more)."""
+    return "gpu_types" if role.resources.gpu_types else "gpu_type"
+
+
+def _selector_text(role: RoleSpec) -> str:
+    return ", ".join(f"{s.name}={s.value}" for s in role.node_selector)
 
 
 def _misfit(role: RoleSpec, cluster: ClusterSpec, locate: Locate) -> FieldIssue:
@@ -52,11 +79,16 @@ def _misfit(role: RoleSpec, cluster: ClusterSpec, locate: Locate) -> FieldIssue:
     if not cluster.nodes:
         return FieldIssue(path=locate(role.name, "role"), code="no_fit",
                           message=f"role {role.name!r} cannot run: the cluster has no nodes")
-    typed = [n for n in cluster.nodes if r.gpu_type is None or n.gpu_type == r.gpu_type]
-    max_cpu = max(n.cpu for n in cluster.nodes)
-    max_mem = max(n.memory_mb for n in cluster.nodes)
+    # Only the nodes the role may use: its node selector has matched some (checked first).
+    nodes = [n for n in cluster.nodes if _selected(n, role)]
+    models = r.allowed_gpu_types()
+    typed = [n for n in nodes if _model_allowed(n, models)]
+    max_cpu = max(n.cpu for n in nodes)
+    max_mem = max(n.memory_mb for n in nodes)
     max_gpu = max((n.gpus for n in typed), default=0)
-    gpu_note = f" ({r.gpu_type})" if r.gpu_type and need else ""
+    gpu_note = f" ({_models_text(models)})" if models and need else ""
+    among = (f" among the nodes its node selector {_selector_text(role)} matches"
+             if role.node_selector else "")
     # Point at the one field that is too large, if there is one; otherwise the
     # combination is what no node has, and the role itself is the culprit.
     if r.cpu > max_cpu:
@@ -64,15 +96,39 @@ def _misfit(role: RoleSpec, cluster: ClusterSpec, locate: Locate) -> FieldIssue:
     elif r.memory_mb > max_mem:
         path = locate(role.name, "memory_mb")
     elif need > max_gpu:
-        path = locate(role.name, "gpu")
+        # A selected set of nodes without the model at all: the model is what is wrong
+        # there (the cluster has it elsewhere, or the type check would have said so).
+        path = locate(role.name, _gpu_type_field(role) if models and not typed else "gpu")
     else:
         path = locate(role.name, "role")
     return FieldIssue(
         path=path, code="no_fit",
-        message=(f"role {role.name!r} asks for {_ask(role)} per task; no node has that much: "
-                 f"the largest node offers {_num(max_cpu)} CPU, the most memory is "
+        message=(f"role {role.name!r} asks for {_ask(role)} per task; no node{among} has "
+                 f"that much: the largest node offers {_num(max_cpu)} CPU, the most memory is "
                  f"{max_mem} MB, the most GPUs{gpu_note} on one node is {max_gpu}"),
     )
+
+
+def _unknown_models(role: RoleSpec, known: set[str], locate: Locate) -> FieldIssue:
+    models = role.resources.allowed_gpu_types()
+    listed = ", ".join(sorted(known)) or "none"
+    if len(models) == 1:
+        message = f"GPU type {models[0]!r} is on no node; known types: {listed}"
+    else:
+        message = (f"none of the GPU types {', '.join(map(repr, models))} is on any node; "
+                   f"known types: {listed}")
+    return FieldIssue(path=locate(role.name, _gpu_type_field(role)), code="unknown_gpu_type",
+                      message=message)
+
+
+def _no_selected_node(role: RoleSpec, cluster: ClusterSpec, locate: Locate) -> FieldIssue:
+    labels = sorted({f"{label.name}={label.value}" for n in cluster.nodes for label in n.labels})
+    shown = ", ".join(labels[:10]) + (f" and {len(labels) - 10} more" if len(labels) > 10
+                                      else "")
+    return FieldIssue(
+        path=locate(role.name, "node_selector"), code="no_matching_node",
+        message=(f"role {role.name!r}: no node carries every label of its node selector "
+                 f"{_selector_text(role)}; the nodes' labels: {shown or 'none'}"))
 
 
 def locator(submitted: JobSubmitted) -> Locate:
@@ -93,14 +149,16 @@ def check_against_cluster(spec: JobSpec, cluster: ClusterSpec, locate: Locate
             message=f"queue {spec.queue!r} does not exist; queues: "
                     f"{', '.join(cluster.queues) or 'none'}"))
     known_types = cluster.gpu_types()
+    known_lower = {t.lower() for t in known_types}
     for role in spec.roles:
         r = role.resources
-        if r.gpu > 0 and r.gpu_type is not None and r.gpu_type not in known_types:
-            issues.append(FieldIssue(
-                path=locate(role.name, "gpu_type"), code="unknown_gpu_type",
-                message=f"GPU type {r.gpu_type!r} is on no node; known types: "
-                        f"{', '.join(sorted(known_types)) or 'none'}"))
+        models = r.allowed_gpu_types()
+        if r.gpu > 0 and models and not any(m.lower() in known_lower for m in models):
+            issues.append(_unknown_models(role, known_types, locate))
             continue  # nothing fits an unknown type; one message is enough
+        if role.node_selector and not any(_selected(n, role) for n in cluster.nodes):
+            issues.append(_no_selected_node(role, cluster, locate))
+            continue  # as above: no node to measure the rest against
         if not any(_node_fits(node, role) for node in cluster.nodes):
             issues.append(_misfit(role, cluster, locate))
     return dedupe(issues)

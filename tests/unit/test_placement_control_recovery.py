@@ -1,0 +1,148 @@
+"""Placement's control verbs across failures: a stop, pause or scale that meets a failed
+attempt's retry, publishes that fail, a crash between writes, a restart while a
+preemption victim is paused (found in review; each failed before its fix)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from trainyard_common.events import (
+    FailureClass,
+    InterruptCause,
+    InterruptJob,
+    JobFinished,
+    JobInterrupted,
+    JobPlaced,
+    JobRetrying,
+    JobState,
+    PauseJob,
+    ResumeJob,
+    ScaleJob,
+    StopJob,
+    derived_id,
+    utcnow,
+)
+from trainyard_common.jobspec import JobSpec, Resources, RoleSpec
+from trainyard_placement.adapters.store import JobStoreState, MemoryJobStore
+from trainyard_placement.handlers import start
+
+from .test_placement_control import elastic, interrupted, pause
+from .test_placement_handlers import Harness
+
+
+def retrying(job_id: str, previous: int = 1, not_before_s: float = 0.0) -> JobRetrying:
+    return JobRetrying(
+        event_id=derived_id(job_id, previous, "retry"), job_id=job_id,
+        attempt=previous + 1, previous_attempt=previous, reason="exit 1",
+        failure_class=FailureClass.USER, not_before=utcnow() + timedelta(seconds=not_before_s),
+    )  # fmt: skip
+
+
+class FlakyChangeStore(MemoryJobStore):
+    """The in-memory store whose next ``change`` calls fail as a lost connection would:
+    the process stops between two writes of one handler."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_changes = 0
+
+    async def change(self, job_id: str, *, states: Any, attempt: int,
+                     fields: dict[str, Any]) -> bool:
+        if self.fail_changes:
+            self.fail_changes -= 1
+            raise ConnectionError("store unavailable")
+        return await super().change(job_id, states=states, attempt=attempt, fields=fields)
+
+
+def finished(h: Harness, job_id: str) -> list[JobFinished]:
+    return h.pub.of(JobFinished, job_id)  # type: ignore[return-value]
+
+
+async def test_a_stop_carried_to_a_retry_is_announced_after_a_failed_publish() -> None:
+    h = await Harness().boot()
+    await h.accept("a")
+    await h.send(pause("a"))  # interrupting
+    await h.send(StopJob(job_id="a", requested_by="alice", reason="enough"))
+    event = retrying("a")  # the attempt failed before the launcher saw the interrupt
+    h.pub.fail_next = 1
+    with pytest.raises(ConnectionError):
+        await h.send(event)  # stored as done, JobFinished lost on the way
+    await h.send(event)  # JetStream redelivers it
+    assert [(f.attempt, f.state) for f in finished(h, "a")] == [(2, JobState.STOPPED)]
+
+
+async def test_a_pause_carried_to_a_retry_is_announced_after_a_failed_publish() -> None:
+    h = await Harness().boot()
+    await h.accept("a")
+    await h.send(pause("a"))
+    event = retrying("a")
+    h.pub.fail_next = 1
+    with pytest.raises(ConnectionError):
+        await h.send(event)  # stored as paused in attempt 2, JobInterrupted lost
+    await h.send(event)
+    announced = h.pub.of(JobInterrupted, "a")
+    assert [(e.attempt, e.cause) for e in announced] == [  # type: ignore[attr-defined]
+        (2, InterruptCause.PAUSED)]
+
+
+async def test_a_stop_carried_to_a_retry_survives_a_failure_between_the_two_writes() -> None:
+    store = FlakyChangeStore()
+    h = await Harness(store).boot()
+    await h.accept("a")
+    await h.send(pause("a"))
+    await h.send(StopJob(job_id="a", requested_by="alice", reason="enough"))
+    event = retrying("a")
+    store.fail_changes = 1
+    with pytest.raises(ConnectionError):
+        await h.send(event)  # requeued as attempt 2; the stop was not applied yet
+    again = await Harness(store, h.seq).boot()  # a restart, then the redelivery
+    await again.send(event)
+    assert [p.attempt for p in again.pub.of(JobPlaced, "a")] == []
+    assert [(f.attempt, f.state) for f in finished(again, "a")] == [(2, JobState.STOPPED)]
+    state: JobStoreState = store.docs["a"]["state"]
+    assert state == "done"
+
+
+async def test_a_scale_of_a_queued_retry_is_not_reverted_by_a_later_pause() -> None:
+    h = await Harness().boot()
+    await h.accept("e", elastic(replicas=1))
+    await h.send(ScaleJob(job_id="e", requested_by="alice", role="worker", replicas=3))
+    # Attempt 1 failed before the scale's interrupt reached it: attempt 2 takes size 3
+    # and waits out a short backoff.
+    await h.send(retrying("e", not_before_s=0.05))
+    # While it waits, the user settles on 2.
+    await h.send(ScaleJob(job_id="e", requested_by="alice", role="worker", replicas=2))
+    await asyncio.sleep(0.1)
+    await start(h.deps)  # the backoff is over: a cycle places it
+    second = h.pub.of(JobPlaced, "e")[-1]
+    assert (second.attempt, len(second.tasks)) == (2, 2)  # type: ignore[attr-defined]
+    await h.send(PauseJob(job_id="e", requested_by="alice", reason="lunch"))
+    await h.send(interrupted("e", attempt=2))
+    await h.send(ResumeJob(job_id="e", requested_by="alice"))
+    third = h.pub.of(JobPlaced, "e")[-1]
+    assert (third.attempt, len(third.tasks)) == (3, 2)  # type: ignore[attr-defined]
+
+
+def one_gpu(priority: int) -> JobSpec:
+    return JobSpec(name="train", priority=priority, roles=[RoleSpec(
+        name="worker", command="python train.py",
+        resources=Resources(cpu=1, gpu=1, gpu_type="V100"))])  # fmt: skip
+
+
+async def test_pausing_a_preempted_victim_does_not_cost_a_second_victim_after_a_restart() -> None:
+    h = await Harness().boot()
+    await h.accept("low1", one_gpu(1))
+    await h.accept("low2", one_gpu(1))
+    await h.accept("high", one_gpu(9))  # one GPU: one victim is enough
+    [first] = h.pub.of(InterruptJob)
+    victim = first.job_id
+    # The user pauses the victim while it is on its way out.
+    await h.send(PauseJob(job_id=victim, requested_by="alice", reason="lunch"))
+    again = await Harness(h.store, h.seq).boot()
+    assert [e.job_id for e in again.pub.of(InterruptJob)
+            if e.cause is InterruptCause.PREEMPTED] == []  # type: ignore[attr-defined]
+    assert again.store.docs["low1" if victim == "low2" else "low2"]["state"] == "placed"

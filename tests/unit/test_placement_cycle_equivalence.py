@@ -1,0 +1,326 @@
+"""The kept state decides as the state derived afresh does.
+
+SchedulerState keeps what its cycles need (the snapshot, the target workload, each
+queue's usage and borrowers, the running jobs, a memo of what the last cycle found) and
+updates it for each change instead of deriving it from every job each cycle. Hypothesis
+drives random event sequences (arrivals, ends, stops, retries of the same job, scale
+changes, preemptions carried out or not, interruptions, drained, added and removed
+nodes, cycles with nothing new) through one state, and after every event compares its
+``cycle`` with ``reference_cycle``, which derives everything from the placed and queued
+jobs as every cycle once did: the same decisions, reasons included. Between events the
+kept snapshot, workload, usage and borrowers equal their fresh derivations, and the
+growth of elastic jobs equals what growth computed from fresh snapshots.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainyard_common.cluster import ClusterSpec, NodeSpec, QueueQuota, QueueSpec
+from trainyard_common.jobspec import EnvVar, JobSpec, PortSpec, Resources, RoleSpec
+from trainyard_placement.domain import (
+    Placed,
+    Preempt,
+    QueuedJob,
+    Rules,
+    SchedulerState,
+    Snapshot,
+    scorer_named,
+)
+from trainyard_placement.domain.eligible import place_job
+from trainyard_placement.domain.gang import Plan
+from trainyard_placement.domain.gpu_share import Demand
+from trainyard_placement.domain.growth import _grown, _room, growth
+from trainyard_placement.domain.plugins import Fifo, LowestPriority
+from trainyard_placement.domain.queue import CycleMemo, RunningIndex, _Cycle
+from trainyard_placement.domain.quota import Usage, usage_of, within
+from trainyard_placement.domain.scoring import typical_workload
+from trainyard_placement.domain.sizes import at_step, is_elastic, last_step
+from trainyard_placement.domain.state import typical_of_counts
+
+QUEUES = ["qa", "qb"]
+PORT_BASE = 30000
+
+
+@st.composite
+def cluster_nodes(draw: st.DrawFn) -> list[NodeSpec]:
+    """A few kinds of node, several nodes of each: alike nodes are where the placer
+    takes shortcuts."""
+    kinds = []
+    for _ in range(draw(st.integers(1, 3))):
+        gpus = draw(st.integers(0, 4))
+        kinds.append(dict(
+            cpu=draw(st.sampled_from([1, 2, 4, 8])),
+            memory_mb=draw(st.sampled_from([1024, 4096, 16384])), gpus=gpus,
+            gpu_type=draw(st.sampled_from([None, "V100", "A100"])) if gpus else None,
+        ))  # fmt: skip
+    return [
+        NodeSpec(name=f"n{i}", **draw(st.sampled_from(kinds)),
+                 port_range=(PORT_BASE, PORT_BASE + draw(st.integers(0, 8))),
+                 labels=[EnvVar(name="zone", value=draw(st.sampled_from("ab")))])
+        for i in range(draw(st.integers(1, 6)))
+    ]  # fmt: skip
+
+
+@st.composite
+def queue_specs(draw: st.DrawFn) -> list[str | QueueSpec]:
+    result: list[str | QueueSpec] = []
+    for name in QUEUES:
+        if draw(st.booleans()):
+            result.append(name)
+            continue
+        result.append(QueueSpec(
+            name=name,
+            quota=QueueQuota(gpus=draw(st.sampled_from([None, 0, 1, 2, 4])),
+                             cpu=draw(st.sampled_from([None, 1, 4, 8]))),
+            borrowing=draw(st.booleans()), preemption=draw(st.booleans()),
+        ))  # fmt: skip
+    return result
+
+
+@st.composite
+def job_specs(draw: st.DrawFn) -> JobSpec:
+    roles = []
+    for name in draw(st.lists(st.sampled_from(["worker", "ps"]), min_size=1, max_size=2,
+                              unique=True)):  # fmt: skip
+        replicas = draw(st.integers(1, 3))
+        elastic = draw(st.booleans())
+        roles.append(RoleSpec(
+            name=name, replicas=replicas, command="true",
+            min_replicas=draw(st.integers(1, replicas)) if elastic else None,
+            max_replicas=replicas + draw(st.integers(0, 2)) if elastic else None,
+            resources=Resources(
+                # 0.1 and 0.2: float sums, so the order capacity is summed in shows.
+                cpu=draw(st.sampled_from([0.1, 0.2, 0.5, 1, 2])),
+                memory_mb=draw(st.sampled_from([256, 1024])),
+                gpu=draw(st.sampled_from([0, 0.3, 0.5, 1, 2])),
+                gpu_type=draw(st.sampled_from([None, None, "V100"])),
+            ),
+            node_selector=draw(st.sampled_from([[], [], [EnvVar(name="zone", value="a")]])),
+            ports=draw(st.one_of(st.just([]), st.just([]), st.lists(st.builds(
+                PortSpec, label=st.sampled_from(["http", "ssh"]),
+                begin_at=st.one_of(st.just(0), st.integers(PORT_BASE, PORT_BASE + 8)),
+                count=st.integers(1, 2)), max_size=1))),
+        ))  # fmt: skip
+    return JobSpec(name="j", queue=draw(st.sampled_from(QUEUES)),
+                   priority=draw(st.integers(1, 4)), roles=roles)  # fmt: skip
+
+
+OPS = ["end", "stop", "retry", "scale", "interrupted", "preempt-later", "drain", "undrain",
+       "remove", "add", "cycle"]  # fmt: skip
+events = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), job_specs()),
+        st.tuples(st.just("submit"), job_specs()),
+        st.tuples(st.sampled_from(OPS), st.integers(0, 9)),
+    ),
+    min_size=1,
+    max_size=24,
+)
+rules = st.sampled_from([
+    Rules(),
+    Rules(max_preemptions=1),
+    Rules(order=Fifo(), victims=LowestPriority()),
+    Rules(victims=None, backfill=False),
+])  # fmt: skip
+policies = st.sampled_from(["trainyard", "fgd", "first-fit", "best-fit", "random"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=cluster_nodes(), queues=queue_specs(), plan=events, rule=rules, policy=policies)
+def test_every_cycle_decides_as_one_derived_afresh(
+    nodes: list[NodeSpec], queues: list[str | QueueSpec], plan: list,  # type: ignore[type-arg]
+    rule: Rules, policy: str,
+) -> None:
+    state = SchedulerState(ClusterSpec(nodes=nodes, queues=queues), scorer=scorer_named(policy),
+                           rules=rule)  # fmt: skip
+    spare = [n.model_copy(update={"name": f"extra{i}"}) for i, n in enumerate(nodes)]
+    seq = 0
+    now = 0.0
+    deferred_victims: list[tuple[str, str]] = []
+    for op, arg in plan:
+        now += 1.0
+        names = [n.name for n in state.cluster.nodes]
+        placed, queued = sorted(state.placed), sorted(state.queued)
+        if op == "submit":
+            seq += 1
+            state.enqueue(QueuedJob(f"job{seq}", arg, arrival_seq=seq))
+        elif op == "end" and placed:
+            state.release(placed[arg % len(placed)])
+        elif op == "stop" and queued:
+            state.dequeue(queued[arg % len(queued)])
+        elif op == "retry" and placed:
+            job_id = placed[arg % len(placed)]
+            allocation = state.release(job_id)
+            assert allocation is not None
+            seq += 1
+            state.enqueue(QueuedJob(job_id, allocation.spec, arrival_seq=seq, attempt=2))
+        elif op == "scale" and queued:
+            # The same job queued again with another size (ScaleJob while it waits).
+            job = state.queued[queued[arg % len(queued)]]
+            role = job.spec.roles[0]
+            bigger = role.model_copy(update={"replicas": role.replicas + 1, "min_replicas": None,
+                                             "max_replicas": None})  # fmt: skip
+            spec = job.spec.model_copy(update={"roles": [bigger, *job.spec.roles[1:]]})
+            state.enqueue(QueuedJob(job.job_id, spec, job.arrival_seq, job.attempt))
+        elif op == "interrupted" and state.interrupting:
+            victim = sorted(state.interrupting)[arg % len(state.interrupting)]
+            allocation = state.release(victim)
+            if allocation is not None:
+                seq += 1
+                state.enqueue(QueuedJob(victim, allocation.spec, arrival_seq=seq, attempt=2))
+        elif op == "preempt-later" and deferred_victims:
+            victim, by = deferred_victims.pop(arg % len(deferred_victims))
+            if victim in state.placed:
+                state.preempting(victim, by)
+        elif op in ("drain", "undrain", "remove") and names:
+            name = names[arg % len(names)]
+            if op == "drain":
+                state.drain_node(name)
+            elif op == "undrain":
+                state.undrain_node(name)
+            else:
+                for job_id in state.remove_node(name):
+                    state.interrupting.setdefault(job_id, None)
+        elif op == "add" and spare:
+            state.add_node(spare.pop())
+
+        assert_kept_equals_fresh(state)
+        assert_shortcuts_reserve_alike(state, now)
+        expected = state.reference_cycle(now)
+        decisions = state.cycle(now)
+        assert decisions == expected
+        assert growth(state) == growth_afresh(state)
+        for decision in decisions:
+            if isinstance(decision, Placed):
+                state.commit(decision.allocation, placed_at=now)
+            elif isinstance(decision, Preempt):
+                for victim in decision.victims:
+                    # Some preemptions are stored at once, some a few events later, as
+                    # the service may (the victims keep their capacity meanwhile).
+                    if len(deferred_victims) % 2 or seq % 3:
+                        state.preempting(victim, decision.job_id)
+                    else:
+                        deferred_victims.append((victim, decision.job_id))
+        # A cycle right after, on what it just decided: the memo's case.
+        assert state.cycle(now) == state.reference_cycle(now)
+
+
+def assert_kept_equals_fresh(state: SchedulerState) -> None:
+    fresh = Snapshot.of(state.cluster, state.placed.values())
+    assert state.snapshot().nodes == fresh.nodes
+    groups = {key: list(names) for key, names in state.snapshot().groups().items()}
+    assert groups == {key: list(names) for key, names in fresh.groups().items()}
+    assert state.context().workload == typical_workload(state._demands())
+    running = state._up_to_date().running
+    assert set(running) == set(state.placed)
+    fresh_index = RunningIndex.of(running, state.cluster.queue)
+    assert state.queue_usage() == fresh_index.used
+    assert state._up_to_date().borrowed() == fresh_index.borrowed
+
+
+def assert_shortcuts_reserve_alike(state: SchedulerState, now: float) -> None:
+    """The heads' reservations (which decide what may be backfilled) and the cluster
+    without some running jobs (what preemption simulates) are the same when the cycle
+    looks only at the nodes a placement can reach or a release changes (``fit_only``)."""
+    found = []
+    for fit_only in (True, False):
+        running = dict(state._up_to_date().running)
+        for job_id, by in state.interrupting.items():
+            if job_id in running:
+                running[job_id] = type(running[job_id])(
+                    running[job_id].allocation, state.placed_at.get(job_id, 0.0), True, by)
+        memo = CycleMemo()
+        snapshot, context = Snapshot.of(state.cluster, state.placed.values()), state.context()
+        memo.start(snapshot, state.scorer, context, state.drained)
+        cycle = _Cycle(
+            snapshot=snapshot, running=running, queues=state.cluster.queue,
+            drained=state.drained, preemptions=state.preemptions, now=now, rules=state.rules,
+            scorer=state.scorer, context=context,
+            index=RunningIndex.of(running, state.cluster.queue), memo=memo, fit_only=fit_only,
+        )  # fmt: skip
+        cycle.run(state.queued.values())
+        placed = sorted(state.placed)
+        gone_sets = [set(), set(placed), *({job_id} for job_id in placed),
+                     set(placed[::2])]  # fmt: skip
+        released = [cycle._released(gone).nodes for gone in gone_sets]
+        found.append((cycle.reserved, cycle.decisions, released))
+    assert found[0] == found[1]
+
+
+def growth_afresh(state: SchedulerState) -> list[tuple[str, str, int]]:
+    """growth.py as it was, every snapshot derived from all the allocations."""
+    quota_waits: set[str] = set()
+    used: dict[str, Usage] = {}
+    for allocation in state.placed.values():
+        queue = allocation.spec.queue
+        used[queue] = used.get(queue, Usage()) + usage_of(allocation.spec)
+    for job in state.queued.values():
+        queue = job.spec.queue
+        qspec = state.cluster.queue(queue)
+        smallest = usage_of(at_step(job.spec, last_step(job.spec)))
+        if within(qspec.quota, used.get(queue, Usage()) + smallest) or (
+                qspec.borrowing
+                and state.preemptions.get(job.job_id, 0) < state.rules.max_preemptions):
+            return []
+        quota_waits.add(queue)
+    grown: list[tuple[str, str, int]] = []
+    allocations = dict(state.placed)
+    for job_id in sorted(state.placed, key=lambda j: (state.placed_at.get(j, 0.0), j)):
+        spec = allocations[job_id].spec
+        if job_id in state.interrupting or not is_elastic(spec) or spec.queue in quota_waits:
+            continue
+        others = Snapshot.of(state.cluster, [a for j, a in allocations.items() if j != job_id])
+        qspec = state.cluster.queue(spec.queue)
+        base = used.get(spec.queue, Usage()) - usage_of(spec)
+        may_borrow = qspec.borrowing and (
+            state.preemptions.get(job_id, 0) < state.rules.max_preemptions)
+        for step in range(_room(spec)):
+            size = _grown(spec, step)
+            if not (within(qspec.quota, base + usage_of(size)) or may_borrow):
+                continue
+            outcome = place_job(size, others, drained=state.drained, job_id=job_id,
+                                scorer=state.scorer, context=state.context())  # fmt: skip
+            if isinstance(outcome, Plan):
+                allocations[job_id] = type(allocations[job_id])(job_id, size, outcome.tasks)
+                used[spec.queue] = base + usage_of(size)
+                grown += [(job_id, new.name, new.replicas)
+                          for old, new in zip(spec.roles, size.roles, strict=True)
+                          if new.replicas > old.replicas]  # fmt: skip
+                break
+    return grown
+
+
+demands = st.builds(
+    Demand,
+    cpu_milli=st.sampled_from([0, 500, 1000, 4000]),
+    memory_mib=st.integers(0, 5000),
+    gpu_count=st.integers(0, 2),
+    gpu_milli=st.sampled_from([0, 300, 500, 1000]),
+    gpu_models=st.sampled_from([frozenset(), frozenset({"v100"}), frozenset({"v100", "a100"})]),
+)
+
+
+@given(st.lists(demands, max_size=40))
+def test_the_workload_from_counts_is_the_workload_from_every_task(tasks: list[Demand]) -> None:
+    assert typical_of_counts(Counter(tasks)) == typical_workload(tasks)
+
+
+def test_an_unchanged_state_keeps_its_snapshot_and_workload() -> None:
+    cluster = ClusterSpec(nodes=[NodeSpec(name="a", cpu=4, memory_mb=4096, gpus=1)])
+    state = SchedulerState(cluster)
+    spec = JobSpec(name="j", roles=[RoleSpec(name="w", replicas=1, command="true",
+                                             resources=Resources(cpu=1, memory_mb=512, gpu=1))])
+    state.enqueue(QueuedJob("a", spec, 1))
+    state.enqueue(QueuedJob("b", spec.model_copy(update={"priority": 1}), 2))
+    (first,) = [d for d in state.cycle(1.0) if isinstance(d, Placed)]
+    state.commit(first.allocation, placed_at=1.0)
+    snapshot, context = state.snapshot(), state.context()
+    state.cycle(2.0)
+    assert state.snapshot() is snapshot and state.context() is context
+    state.release("a")
+    assert state.snapshot() is not snapshot
+    assert state.snapshot().node("a").gpu_free == (1000,)
