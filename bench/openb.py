@@ -8,6 +8,7 @@ placement_replay.py (each puts this directory on sys.path when imported as a fil
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 from collections.abc import Iterable, Sequence
@@ -17,6 +18,7 @@ from pathlib import Path
 from trainyard_common.cluster import ClusterSpec, NodeSpec
 from trainyard_common.jobspec import JobSpec, Resources, RoleSpec
 from trainyard_placement.domain.gpu_share import MILLI, Demand
+from trainyard_placement.domain.policies import POLICIES
 from trainyard_placement.domain.scoring import (
     MAX_SPEC_CPU_MILLI,
     MAX_SPEC_GPU_MILLI,
@@ -125,3 +127,10 @@ def context_for(cluster: ClusterSpec, specs: Sequence[JobSpec]) -> ClusterContex
         max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in cluster.nodes)]),
         max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in cluster.nodes)]),
     )
+
+
+def parse_policy(text: str) -> str:
+    name = text.strip().lower()
+    if name not in POLICIES:
+        raise argparse.ArgumentTypeError(f"unknown policy {name}; known: {', '.join(POLICIES)}")
+    return name

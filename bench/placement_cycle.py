@@ -40,12 +40,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from openb import DEFAULT_NODES, DEFAULT_PODS, job, load_cluster, load_pods, resources  # noqa: E402
+from openb import (  # noqa: E402
+    DEFAULT_NODES,
+    DEFAULT_PODS,
+    job,
+    load_cluster,
+    load_pods,
+    parse_policy,
+    resources,
+)
 from placement_speed import SHAPES, latency_ms, synthetic_cluster  # noqa: E402
 from trainyard_common.cluster import ClusterSpec  # noqa: E402
 from trainyard_common.jobspec import JobSpec  # noqa: E402
 from trainyard_placement.domain.gpu_share import MILLI, gpu_request  # noqa: E402
-from trainyard_placement.domain.policies import DEFAULT_POLICY, POLICIES, scorer_named  # noqa: E402
+from trainyard_placement.domain.policies import DEFAULT_POLICY, scorer_named  # noqa: E402
 from trainyard_placement.domain.queue import Placed, Preempt, QueuedJob  # noqa: E402
 from trainyard_placement.domain.state import SchedulerState  # noqa: E402
 
@@ -202,13 +210,6 @@ def run_case(cluster: ClusterSpec, jobs: Callable[[int], JobSpec],
 
 def summary(samples: Sequence[float]) -> dict[str, float]:
     return {**latency_ms(samples), "mean_ms": round(1000 * sum(samples) / len(samples), 3)}
-
-
-def parse_policy(text: str) -> str:
-    name = text.strip().lower()
-    if name not in POLICIES:
-        raise argparse.ArgumentTypeError(f"unknown policy {name}; known: {', '.join(POLICIES)}")
-    return name
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,12 +48,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from openb import DEFAULT_NODES, DEFAULT_PODS, TracePod, load_cluster, load_pods  # noqa: E402
+from openb import DEFAULT_NODES, DEFAULT_PODS, TracePod, load_cluster, load_pods, parse_policy  # noqa: E402
 from trainyard_common.cluster import ClusterSpec  # noqa: E402
 from trainyard_placement.domain.capacity import Allocation, task_gpus  # noqa: E402
 from trainyard_placement.domain.gpu_share import MILLI  # noqa: E402
 from trainyard_placement.domain.plugins import Fifo, Rules  # noqa: E402
-from trainyard_placement.domain.policies import DEFAULT_POLICY, POLICIES, scorer_named  # noqa: E402
+from trainyard_placement.domain.policies import DEFAULT_POLICY, scorer_named  # noqa: E402
 from trainyard_placement.domain.queue import Placed, Preempt, QueuedJob  # noqa: E402
 from trainyard_placement.domain.state import SchedulerState  # noqa: E402
 
@@ -219,13 +219,6 @@ def thin(
             i += 1
         out.append({"t": round(t, 1), "alloc_pct": round(series[i][1], 2), "queued": series[i][2]})
     return out
-
-
-def parse_policy(text: str) -> str:
-    name = text.strip().lower()
-    if name not in POLICIES:
-        raise argparse.ArgumentTypeError(f"unknown policy {name}; known: {', '.join(POLICIES)}")
-    return name
 
 
 def main(argv: Sequence[str] | None = None) -> int:

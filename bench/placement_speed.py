@@ -40,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from openb import (  # noqa: E402
+    parse_policy,
     DEFAULT_NODES,
     DEFAULT_PODS,
     context_for,
@@ -52,7 +53,7 @@ from trainyard_common.cluster import ClusterSpec, NodeSpec  # noqa: E402
 from trainyard_common.jobspec import JobSpec  # noqa: E402
 from trainyard_placement.domain.capacity import Allocation, Snapshot  # noqa: E402
 from trainyard_placement.domain.gang import Unschedulable, place_gang  # noqa: E402
-from trainyard_placement.domain.policies import DEFAULT_POLICY, POLICIES, scorer_named  # noqa: E402
+from trainyard_placement.domain.policies import DEFAULT_POLICY, scorer_named  # noqa: E402
 from trainyard_placement.domain.scoring import ClusterContext  # noqa: E402
 
 BASELINE = "first-fit"
@@ -270,13 +271,6 @@ def bench_synthetic(args: argparse.Namespace) -> dict[str, Any]:
             "gang_64_ms": goal(worst, GOAL_GANG_MS, at_least=False),
         },
     }
-
-
-def parse_policy(text: str) -> str:
-    name = text.strip().lower()
-    if name not in POLICIES:
-        raise argparse.ArgumentTypeError(f"unknown policy {name}; known: {', '.join(POLICIES)}")
-    return name
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -66,16 +66,20 @@ def wheelhouses(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return [WHEELHOUSE, TORCH_WHEELHOUSE]
 
 
-@pytest.fixture(scope="module")
-def fw_api(tmp_path_factory: pytest.TempPathFactory, wheelhouses: list[Path]) -> Iterator[Api]:
-    root = tmp_path_factory.mktemp("fw-platform")
-    cluster = root / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump(CLUSTER))
+def platform_on(root: Path, cluster: dict[str, Any], wheelhouses: list[Path]) -> Platform:
+    """A whole platform on ``cluster`` whose jobs install packages from the wheelhouses."""
+    cluster_file = root / "cluster.yaml"
+    cluster_file.write_text(yaml.safe_dump(cluster))
     links = " ".join(f"--find-links {w}" for w in wheelhouses)
     config = PlatformConfig.with_free_ports(
-        root / "data", cluster_file=cluster, log_level="WARNING",
+        root / "data", cluster_file=cluster_file, log_level="WARNING",
         extra_env={"YARD_PIP_ARGS": f"--no-index {links}"})
-    platform = Platform(config).start()
+    return Platform(config).start()
+
+
+@pytest.fixture(scope="module")
+def fw_api(tmp_path_factory: pytest.TempPathFactory, wheelhouses: list[Path]) -> Iterator[Api]:
+    platform = platform_on(tmp_path_factory.mktemp("fw-platform"), CLUSTER, wheelhouses)
     yield Api(platform.url, platform.token)
     platform.stop()
 
@@ -302,16 +306,10 @@ def _nccl_problem() -> str | None:
 @pytest.fixture(scope="module")
 def gpu_api(tmp_path_factory: pytest.TempPathFactory, wheelhouses: list[Path]) -> Iterator[Api]:
     # The machine's real GPUs, so CUDA_VISIBLE_DEVICES names devices that exist.
-    root = tmp_path_factory.mktemp("gpu-platform")
-    cluster = root / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump({"nodes": [
-        {"name": "gpu-node", "cpu": float(os.cpu_count() or 2), "memory_mb": 65536,
-         "gpus": GPUS, "gpu_type": "GPU", "port_range": [33000, 33999]}]}))
-    links = " ".join(f"--find-links {w}" for w in wheelhouses)
-    config = PlatformConfig.with_free_ports(
-        root / "data", cluster_file=cluster, log_level="WARNING",
-        extra_env={"YARD_PIP_ARGS": f"--no-index {links}"})
-    platform = Platform(config).start()
+    cluster = {"nodes": [{"name": "gpu-node", "cpu": float(os.cpu_count() or 2),
+                          "memory_mb": 65536, "gpus": GPUS, "gpu_type": "GPU",
+                          "port_range": [33000, 33999]}]}
+    platform = platform_on(tmp_path_factory.mktemp("gpu-platform"), cluster, wheelhouses)
     yield Api(platform.url, platform.token)
     platform.stop()
 

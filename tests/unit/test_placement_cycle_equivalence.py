@@ -39,7 +39,7 @@ from trainyard_placement.domain.queue import CycleMemo, RunningIndex, _Cycle
 from trainyard_placement.domain.quota import Usage, usage_of, within
 from trainyard_placement.domain.scoring import typical_workload
 from trainyard_placement.domain.sizes import at_step, is_elastic, last_step
-from trainyard_placement.domain.state import typical_of_counts
+from trainyard_placement.domain.scoring import typical_of_counts
 
 QUEUES = ["qa", "qb"]
 PORT_BASE = 30000

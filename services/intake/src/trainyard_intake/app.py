@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import yaml
@@ -27,6 +28,8 @@ from .handlers import (
 )
 
 MAX_BODY = 4 * 1024 * 1024
+# A control verb's handler: (job id, who asks, deps, reason) -> its command published.
+ControlRequest = Callable[[str, Identity, Deps, "str | None"], Awaitable[None]]
 
 
 class StopRequest(BaseModel):
@@ -83,47 +86,26 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
             },
         )
 
-    @app.post("/v1/jobs/{job_id}/stop", status_code=202)
-    async def post_stop(
-        job_id: str, body: StopRequest | None = None, identity: Identity = Depends(current)
-    ) -> dict[str, str]:
-        with trace.start_as_current_span("stop job"):
-            try:
-                await request_stop(job_id, identity, deps, body.reason if body else None)
-            except JobNotFound as exc:
-                raise HTTPException(404, f"no job {job_id}") from exc
-        return {"id": job_id, "stop": "requested"}
+    # The control verbs: each publishes its command for the job's owner or an admin.
+    def control(verb: str, request: ControlRequest) -> None:
+        async def post(
+            job_id: str, body: StopRequest | None = None, identity: Identity = Depends(current)
+        ) -> dict[str, str]:
+            with trace.start_as_current_span(f"{verb} job"):
+                try:
+                    await request(job_id, identity, deps, body.reason if body else None)
+                except JobNotFound as exc:
+                    raise HTTPException(404, f"no job {job_id}") from exc
+            return {"id": job_id, verb: "requested"}
 
-    @app.post("/v1/jobs/{job_id}/pause", status_code=202)
-    async def post_pause(
-        job_id: str, body: StopRequest | None = None, identity: Identity = Depends(current)
-    ) -> dict[str, str]:
-        with trace.start_as_current_span("pause job"):
-            try:
-                await request_pause(job_id, identity, deps, body.reason if body else None)
-            except JobNotFound as exc:
-                raise HTTPException(404, f"no job {job_id}") from exc
-        return {"id": job_id, "pause": "requested"}
+        app.post(f"/v1/jobs/{{job_id}}/{verb}", status_code=202, name=f"{verb}_job")(post)
 
-    @app.post("/v1/jobs/{job_id}/resume", status_code=202)
-    async def post_resume(job_id: str, identity: Identity = Depends(current)) -> dict[str, str]:
-        with trace.start_as_current_span("resume job"):
-            try:
-                await request_resume(job_id, identity, deps)
-            except JobNotFound as exc:
-                raise HTTPException(404, f"no job {job_id}") from exc
-        return {"id": job_id, "resume": "requested"}
+    async def resume(job_id: str, identity: Identity, deps: Deps, _reason: str | None) -> None:
+        await request_resume(job_id, identity, deps)
 
-    @app.post("/v1/jobs/{job_id}/restart", status_code=202)
-    async def post_restart(
-        job_id: str, body: StopRequest | None = None, identity: Identity = Depends(current)
-    ) -> dict[str, str]:
-        with trace.start_as_current_span("restart job"):
-            try:
-                await request_restart(job_id, identity, deps, body.reason if body else None)
-            except JobNotFound as exc:
-                raise HTTPException(404, f"no job {job_id}") from exc
-        return {"id": job_id, "restart": "requested"}
+    for verb, request in (("stop", request_stop), ("pause", request_pause),
+                          ("resume", resume), ("restart", request_restart)):
+        control(verb, request)
 
     @app.post("/v1/tokens", status_code=201)
     async def post_token(body: TokenRequest, identity: Identity = Depends(current)) -> dict[str, str]:

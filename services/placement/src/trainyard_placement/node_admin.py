@@ -107,7 +107,7 @@ class NodeAdmin:
             await self.store.put(NodeRecord(spec.name, "ready", spec, utcnow()))
             self.deps.state.add_node(spec)
             await run_cycle(self.deps)
-            return self._view(spec)
+            return self._view(spec, self.deps.state.snapshot())
 
     async def drain(self, name: str) -> dict[str, Any]:
         return await self._set_state(name, "drained")
@@ -142,7 +142,7 @@ class NodeAdmin:
                 self.deps.state.undrain_node(name)
             # Reasons of waiting jobs name free capacity; undrain may place them.
             await run_cycle(self.deps)
-            return self._view(node)
+            return self._view(node, self.deps.state.snapshot())
 
     async def _interrupt(self, node: str, jobs: list[str]) -> list[str]:
         """Interrupt ``jobs`` for the removal of ``node``; returns those told to end."""
@@ -172,13 +172,13 @@ class NodeAdmin:
     # --- views -----------------------------------------------------------------------
 
     def view(self) -> list[dict[str, Any]]:
-        return [self._view(node) for node in self.deps.state.cluster.nodes]
-
-    def _view(self, node: NodeSpec) -> dict[str, Any]:
-        # The whole cluster's snapshot, drained nodes included: allocations stay counted
+        # The scheduler's kept snapshot, drained nodes included: allocations stay counted
         # on a drained node (the scheduler only stops placing there).
-        free = Snapshot.of(self.deps.state.cluster, self.deps.state.placed.values()).node(
-            node.name)
+        snapshot = self.deps.state.snapshot()
+        return [self._view(node, snapshot) for node in self.deps.state.cluster.nodes]
+
+    def _view(self, node: NodeSpec, snapshot: Snapshot) -> dict[str, Any]:
+        free = snapshot.node(node.name)
         gpu_free_milli = sum(free.gpu_free)
         capacity = {"cpu": node.cpu, "memory_mb": node.memory_mb, "gpus": node.gpus}
         return {

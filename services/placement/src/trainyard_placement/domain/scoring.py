@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -72,19 +72,27 @@ def typical_workload(
     renormalised to sum to 1. A shape is (CPU, GPUs, milli per GPU, models), as in the
     paper; the memory it carries is the mean over its tasks (the paper's measure ignores
     it, Trainyard's counts it)."""
-    # Counted by plain tuples (cpu, GPUs, milli, models): the scheduler derives the target
-    # workload from every task placed and waiting, every cycle.
-    counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+    return typical_of_counts(Counter(demands), coverage)
+
+
+def typical_of_counts(
+    counts: Mapping[Demand, int], coverage: float = TYPICAL_COVERAGE
+) -> tuple[Typical, ...]:
+    """:func:`typical_workload` of tasks given as how many have each demand, so the
+    scheduler, which keeps those counts, never walks every task."""
+    shape_counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
     memory: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
-    for d in demands:
+    for d, n in counts.items():
+        if n <= 0:
+            continue
         shape = (d.cpu_milli, d.gpu_count, d.gpu_milli, d.gpu_models)
-        counts[shape] += 1
-        memory[shape] += d.memory_mib
-    total = sum(counts.values())
+        shape_counts[shape] += n
+        memory[shape] += d.memory_mib * n
+    total = sum(shape_counts.values())
     if not total:
         return ()
     ranked = sorted(
-        counts.items(),
+        shape_counts.items(),
         key=lambda kv: (-kv[1], kv[0][0], kv[0][2], kv[0][1], sorted(kv[0][3])),
     )
     chosen: list[tuple[Demand, int]] = []

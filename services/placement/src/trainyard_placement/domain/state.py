@@ -36,10 +36,9 @@ from .quota import Usage, borrowers, unlimited, usage_of
 from .scoring import (
     MAX_SPEC_CPU_MILLI,
     MAX_SPEC_GPU_MILLI,
-    TYPICAL_COVERAGE,
     ClusterContext,
     Scorer,
-    Typical,
+    typical_of_counts,
     typical_workload,
 )
 from .sizes import sized_to
@@ -405,33 +404,3 @@ class _Kept:
         return self._context
 
 
-def typical_of_counts(
-    counts: Mapping[Demand, int], coverage: float = TYPICAL_COVERAGE
-) -> tuple[Typical, ...]:
-    """``scoring.typical_workload`` of the tasks counted by shape: the same result from
-    the distinct demands and how many tasks have each, so a cycle does not walk every
-    task (tests/unit/test_placement_cycle_equivalence.py holds them equal)."""
-    shape_counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
-    memory: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
-    for d, n in counts.items():
-        if n <= 0:
-            continue
-        shape = (d.cpu_milli, d.gpu_count, d.gpu_milli, d.gpu_models)
-        shape_counts[shape] += n
-        memory[shape] += d.memory_mib * n
-    total = sum(shape_counts.values())
-    if not total:
-        return ()
-    ranked = sorted(
-        shape_counts.items(),
-        key=lambda kv: (-kv[1], kv[0][0], kv[0][2], kv[0][1], sorted(kv[0][3])),
-    )
-    chosen: list[tuple[Demand, int]] = []
-    covered = 0
-    for (cpu, gpus, milli, models), count in ranked:
-        chosen.append((Demand(cpu, memory[cpu, gpus, milli, models] // count, gpus, milli, models),
-                       count))  # fmt: skip
-        covered += count
-        if covered >= coverage * total:
-            break
-    return tuple(Typical(demand, count / covered) for demand, count in chosen)
