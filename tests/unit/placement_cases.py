@@ -4,7 +4,10 @@ preemption; a victim is released when the test says it ended)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from hypothesis import strategies as st
 
 from trainyard_common.cluster import ClusterSpec, NodeSpec, QueueQuota, QueueSpec
 from trainyard_common.jobspec import EnvVar, JobSpec, Resources, RoleSpec
@@ -96,3 +99,20 @@ class World:
 
     def nodes_of(self, job_id: str) -> set[str]:
         return {t.node for t in self.state.placed[job_id].tasks}
+
+
+@st.composite
+def queue_specs(draw: st.DrawFn, names: Sequence[str]) -> list[str | QueueSpec]:
+    """Each named queue either plain (no quota) or with a drawn quota and rules."""
+    result: list[str | QueueSpec] = []
+    for name in names:
+        if draw(st.booleans()):
+            result.append(name)  # no quota
+            continue
+        result.append(QueueSpec(
+            name=name,
+            quota=QueueQuota(gpus=draw(st.sampled_from([None, 0, 1, 2, 4])),
+                             cpu=draw(st.sampled_from([None, 1, 4, 8]))),
+            borrowing=draw(st.booleans()), preemption=draw(st.booleans()),
+        ))  # fmt: skip
+    return result

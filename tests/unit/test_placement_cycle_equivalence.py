@@ -19,7 +19,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainyard_common.cluster import ClusterSpec, NodeSpec, QueueQuota, QueueSpec
+from trainyard_common.cluster import ClusterSpec, NodeSpec, QueueSpec
 from trainyard_common.jobspec import EnvVar, JobSpec, PortSpec, Resources, RoleSpec
 from trainyard_placement.domain import (
     Placed,
@@ -37,9 +37,10 @@ from trainyard_placement.domain.growth import _grown, _room, growth
 from trainyard_placement.domain.plugins import Fifo, LowestPriority
 from trainyard_placement.domain.queue import CycleMemo, RunningIndex, _Cycle
 from trainyard_placement.domain.quota import Usage, usage_of, within
-from trainyard_placement.domain.scoring import typical_workload
+from trainyard_placement.domain.scoring import typical_of_counts, typical_workload
 from trainyard_placement.domain.sizes import at_step, is_elastic, last_step
-from trainyard_placement.domain.scoring import typical_of_counts
+
+from .placement_cases import queue_specs
 
 QUEUES = ["qa", "qb"]
 PORT_BASE = 30000
@@ -63,22 +64,6 @@ def cluster_nodes(draw: st.DrawFn) -> list[NodeSpec]:
                  labels=[EnvVar(name="zone", value=draw(st.sampled_from("ab")))])
         for i in range(draw(st.integers(1, 6)))
     ]  # fmt: skip
-
-
-@st.composite
-def queue_specs(draw: st.DrawFn) -> list[str | QueueSpec]:
-    result: list[str | QueueSpec] = []
-    for name in QUEUES:
-        if draw(st.booleans()):
-            result.append(name)
-            continue
-        result.append(QueueSpec(
-            name=name,
-            quota=QueueQuota(gpus=draw(st.sampled_from([None, 0, 1, 2, 4])),
-                             cpu=draw(st.sampled_from([None, 1, 4, 8]))),
-            borrowing=draw(st.booleans()), preemption=draw(st.booleans()),
-        ))  # fmt: skip
-    return result
 
 
 @st.composite
@@ -130,7 +115,7 @@ policies = st.sampled_from(["trainyard", "fgd", "first-fit", "best-fit", "random
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(nodes=cluster_nodes(), queues=queue_specs(), plan=events, rule=rules, policy=policies)
+@given(nodes=cluster_nodes(), queues=queue_specs(QUEUES), plan=events, rule=rules, policy=policies)
 def test_every_cycle_decides_as_one_derived_afresh(
     nodes: list[NodeSpec], queues: list[str | QueueSpec], plan: list,  # type: ignore[type-arg]
     rule: Rules, policy: str,

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainyard_common.cluster import ClusterSpec, NodeSpec, QueueQuota, QueueSpec
+from trainyard_common.cluster import ClusterSpec, NodeSpec, QueueSpec
 from trainyard_common.jobspec import EnvVar, JobSpec, PortSpec, Resources, RoleSpec
 from trainyard_placement.domain import (
     Decision,
@@ -21,6 +21,8 @@ from trainyard_placement.domain import (
     gpu_count,
 )
 from trainyard_placement.domain.gpu_share import gpu_request
+
+from .placement_cases import queue_specs
 
 GPU_TYPES = [None, "V100", "A100"]
 PORT_BASE = 30000
@@ -165,22 +167,6 @@ QUEUE_NAMES = ["qa", "qb", "qc"]
 
 
 @st.composite
-def queue_specs(draw: st.DrawFn) -> list[str | QueueSpec]:
-    result: list[str | QueueSpec] = []
-    for name in QUEUE_NAMES:
-        if draw(st.booleans()):
-            result.append(name)  # no quota
-            continue
-        result.append(QueueSpec(
-            name=name,
-            quota=QueueQuota(gpus=draw(st.sampled_from([None, 0, 1, 2, 4])),
-                             cpu=draw(st.sampled_from([None, 1, 4, 8]))),
-            borrowing=draw(st.booleans()), preemption=draw(st.booleans()),
-        ))  # fmt: skip
-    return result
-
-
-@st.composite
 def labelled_nodes(draw: st.DrawFn) -> list[NodeSpec]:
     return [
         n.model_copy(update={"labels": [EnvVar(name="zone", value=draw(st.sampled_from("ab")))]})
@@ -280,7 +266,7 @@ def gpu_milli_of(gpu: float) -> int:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster_nodes=labelled_nodes(), queues=queue_specs(), plan=world_steps,
+@given(cluster_nodes=labelled_nodes(), queues=queue_specs(QUEUE_NAMES), plan=world_steps,
        max_preemptions=st.integers(0, 2))
 def test_any_interleaving_keeps_the_invariants(
     cluster_nodes: list[NodeSpec], queues: list[str | QueueSpec], plan: list,  # type: ignore[type-arg]

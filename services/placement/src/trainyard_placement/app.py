@@ -18,7 +18,7 @@ import os
 import socket
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -109,37 +109,32 @@ def add_node_routes(app: FastAPI, admin: NodeAdmin, tokens: TokenStore) -> None:
 
     guard = [Depends(admin_only)]
 
+    # Every node operation refuses with a NodeError carrying its HTTP status.
+    async def refused(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, NodeError)
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+    app.add_exception_handler(NodeError, refused)
+
     @app.get("/v1/placement/nodes", dependencies=guard)
     async def list_nodes() -> dict[str, Any]:
         return {"nodes": admin.view()}
 
     @app.post("/v1/placement/nodes", status_code=201, dependencies=guard)
     async def add_node(spec: NodeSpec) -> dict[str, Any]:
-        try:
-            return await admin.add(spec)
-        except NodeError as exc:
-            raise HTTPException(exc.status, str(exc)) from exc
+        return await admin.add(spec)
 
     @app.post("/v1/placement/nodes/{name}/drain", dependencies=guard)
     async def drain_node(name: str) -> dict[str, Any]:
-        try:
-            return await admin.drain(name)
-        except NodeError as exc:
-            raise HTTPException(exc.status, str(exc)) from exc
+        return await admin.drain(name)
 
     @app.post("/v1/placement/nodes/{name}/undrain", dependencies=guard)
     async def undrain_node(name: str) -> dict[str, Any]:
-        try:
-            return await admin.undrain(name)
-        except NodeError as exc:
-            raise HTTPException(exc.status, str(exc)) from exc
+        return await admin.undrain(name)
 
     @app.delete("/v1/placement/nodes/{name}", dependencies=guard)
     async def remove_node(name: str) -> dict[str, Any]:
-        try:
-            return await admin.remove(name)
-        except NodeError as exc:
-            raise HTTPException(exc.status, str(exc)) from exc
+        return await admin.remove(name)
 
 
 # --- replicas --------------------------------------------------------------------------
