@@ -20,9 +20,13 @@ down: ## Stop the platform started by `make up`
 
 ##@ Develop
 
-test: setup ## Install everything and run every test (unit, integration, end-to-end)
-	$(UV) run --frozen lint-imports
+test: setup lint ## Install everything and run every test (unit, integration, end-to-end)
 	$(UV) run --frozen pytest -q -p no:cacheprovider
+
+lint: setup ## The gates: ruff (lint and format) and the import contracts
+	$(UV) run --frozen ruff check .
+	$(UV) run --frozen ruff format --check .
+	$(UV) run --frozen lint-imports
 
 test-unit: setup ## Only the fast pure tests
 	$(UV) run --frozen pytest -q tests/unit
@@ -54,4 +58,4 @@ help: ## List the targets
 	  /^##@/ {printf "\n%s\n", substr($$0, 5)} \
 	  /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-.PHONY: run up down test test-unit bench contracts setup clean help
+.PHONY: run up down test lint test-unit bench contracts setup clean help

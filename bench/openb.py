@@ -72,7 +72,9 @@ def resources(
     milli = min(gpu_milli or MILLI, MILLI)
     gpu: float = 0 if not gpus or milli <= 0 else (milli / MILLI if milli < MILLI else gpus)
     return Resources(
-        cpu=cpu_milli / MILLI, memory_mb=memory_mib, gpu=gpu,
+        cpu=cpu_milli / MILLI,
+        memory_mb=memory_mib,
+        gpu=gpu,
         gpu_types=list(gpu_types) if gpu else [],
     )
 

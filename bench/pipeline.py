@@ -54,9 +54,20 @@ async def bus_floor(messages: int) -> dict[str, float]:
 
 
 def job(i: int) -> dict:
-    return {"jobName": f"bench-{i}-{uuid.uuid4().hex[:6]}", "image": "x", "taskRoles": [
-        {"name": "t", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 100, "gpuNumber": 0,
-         "command": "true"}]}
+    return {
+        "jobName": f"bench-{i}-{uuid.uuid4().hex[:6]}",
+        "image": "x",
+        "taskRoles": [
+            {
+                "name": "t",
+                "taskNumber": 1,
+                "cpuNumber": 1,
+                "memoryMB": 100,
+                "gpuNumber": 0,
+                "command": "true",
+            }
+        ],
+    }
 
 
 async def run_jobs(platform: Platform, jobs: int, concurrency: int) -> dict[str, float]:
@@ -105,10 +116,14 @@ def main() -> None:
     floor = asyncio.run(bus_floor(5000))
     with tempfile.TemporaryDirectory() as tmp:
         cluster = Path(tmp) / "cluster.yaml"
-        cluster.write_text(yaml.safe_dump({"nodes": [
-            {"name": f"n{i}", "cpu": 64, "memory_mb": 262144} for i in range(4)]}))
-        config = PlatformConfig.with_free_ports(Path(tmp) / "data", cluster_file=cluster,
-                                                log_level="WARNING")
+        cluster.write_text(
+            yaml.safe_dump(
+                {"nodes": [{"name": f"n{i}", "cpu": 64, "memory_mb": 262144} for i in range(4)]}
+            )
+        )
+        config = PlatformConfig.with_free_ports(
+            Path(tmp) / "data", cluster_file=cluster, log_level="WARNING"
+        )
         with Platform(config) as platform:
             result = asyncio.run(run_jobs(platform, args.jobs, args.concurrency))
     result["bus_floor"] = floor

@@ -50,6 +50,7 @@ from openb import (  # noqa: E402
     resources,
 )
 from placement_speed import SHAPES, latency_ms, synthetic_cluster  # noqa: E402
+
 from trainyard_common.cluster import ClusterSpec  # noqa: E402
 from trainyard_common.jobspec import JobSpec  # noqa: E402
 from trainyard_placement.domain.gpu_share import MILLI, gpu_request  # noqa: E402
@@ -202,8 +203,10 @@ def run_case(cluster: ClusterSpec, jobs: Callable[[int], JobSpec],
         "cycle_with_commits_ms": summary(driver.with_commit_s),
         # Of the cycles above, those after an arrival and after a departure; then
         # ``events`` / 4 arrivals in a row ("burst", not in the figures above).
-        "cycle_by_event_ms": {event: summary(samples) if samples else None
-                              for event, samples in driver.by_event.items()},
+        "cycle_by_event_ms": {
+            event: summary(samples) if samples else None
+            for event, samples in driver.by_event.items()
+        },
         "fill_seconds": round(filled, 1),
     }
 
@@ -221,8 +224,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=None, help=f"default {EVENTS}")
     parser.add_argument("--policy", type=parse_policy, default=DEFAULT_POLICY)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: 100 synthetic nodes, 50 waiting, 40 events")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 100 synthetic nodes, 50 waiting, 40 events",
+    )
     args = parser.parse_args(argv)
     args.synthetic_nodes = args.synthetic_nodes or (100 if args.quick else 5_000)
     args.waiting = args.waiting or (50 if args.quick else WAITING)
@@ -236,8 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "policy": args.policy,
         "waiting": args.waiting,
         "openb": run_case(load_cluster(args.nodes), openb_jobs(args.pods, args.seed), args),
-        "synthetic": run_case(synthetic_cluster(args.synthetic_nodes),
-                              synthetic_jobs(args.seed), args),  # fmt: skip
+        "synthetic": run_case(
+            synthetic_cluster(args.synthetic_nodes), synthetic_jobs(args.seed), args
+        ),  # fmt: skip
         "seconds": round(time.perf_counter() - started, 1),
         "machine": (
             f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "

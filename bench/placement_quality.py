@@ -56,28 +56,60 @@ ORDER = ("trainyard", *BASELINES)
 # experiments/analysis/expected_results/analysis_allo_discrete.csv).
 PUBLISHED = {
     "openb_pod_list_default": {
-        "alloc_rate_at_100":
-            {"random": 86.30, "dot-product": 90.62, "best-fit": 92.86, "fgd": 95.23},
-        "alloc_rate_at_130":
-            {"random": 87.47, "dot-product": 90.85, "best-fit": 93.08, "fgd": 95.39},
+        "alloc_rate_at_100": {
+            "random": 86.30,
+            "dot-product": 90.62,
+            "best-fit": 92.86,
+            "fgd": 95.23,
+        },
+        "alloc_rate_at_130": {
+            "random": 87.47,
+            "dot-product": 90.85,
+            "best-fit": 93.08,
+            "fgd": 95.39,
+        },
     },
     "openb_pod_list_gpushare100": {
-        "alloc_rate_at_100":
-            {"random": 78.90, "dot-product": 81.98, "best-fit": 84.62, "fgd": 86.64},
-        "alloc_rate_at_130":
-            {"random": 79.44, "dot-product": 82.42, "best-fit": 85.01, "fgd": 86.90},
+        "alloc_rate_at_100": {
+            "random": 78.90,
+            "dot-product": 81.98,
+            "best-fit": 84.62,
+            "fgd": 86.64,
+        },
+        "alloc_rate_at_130": {
+            "random": 79.44,
+            "dot-product": 82.42,
+            "best-fit": 85.01,
+            "fgd": 86.90,
+        },
     },
     "openb_pod_list_multigpu20": {
-        "alloc_rate_at_100":
-            {"random": 86.92, "dot-product": 91.85, "best-fit": 93.73, "fgd": 95.53},
-        "alloc_rate_at_130":
-            {"random": 88.69, "dot-product": 92.06, "best-fit": 93.93, "fgd": 95.65},
+        "alloc_rate_at_100": {
+            "random": 86.92,
+            "dot-product": 91.85,
+            "best-fit": 93.73,
+            "fgd": 95.53,
+        },
+        "alloc_rate_at_130": {
+            "random": 88.69,
+            "dot-product": 92.06,
+            "best-fit": 93.93,
+            "fgd": 95.65,
+        },
     },
     "openb_pod_list_gpuspec10": {
-        "alloc_rate_at_100":
-            {"random": 86.26, "dot-product": 90.17, "best-fit": 93.10, "fgd": 94.66},
-        "alloc_rate_at_130":
-            {"random": 87.43, "dot-product": 90.39, "best-fit": 93.31, "fgd": 94.95},
+        "alloc_rate_at_100": {
+            "random": 86.26,
+            "dot-product": 90.17,
+            "best-fit": 93.10,
+            "fgd": 94.66,
+        },
+        "alloc_rate_at_130": {
+            "random": 87.43,
+            "dot-product": 90.39,
+            "best-fit": 93.31,
+            "fgd": 94.95,
+        },
     },
 }
 
@@ -380,11 +412,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pods", type=Path, default=DEFAULT_PODS)
     parser.add_argument("--seeds", type=parse_seeds, default=None, help="e.g. 42-51 or 42,43")
     parser.add_argument("--inflate", type=float, default=1.3)
-    parser.add_argument("--policy", type=parse_policies, default=None,
-                        help=f"one of {', '.join(POLICIES)} (comma-separated for several)")
+    parser.add_argument(
+        "--policy",
+        type=parse_policies,
+        default=None,
+        help=f"one of {', '.join(POLICIES)} (comma-separated for several)",
+    )
     parser.add_argument("--quick", action="store_true", help="two seeds (42, 43): a smoke run")
-    parser.add_argument("--cpu-nodes", action="store_true",
-                        help="keep the nodes without GPUs (the paper ran on GPU nodes only)")
+    parser.add_argument(
+        "--cpu-nodes",
+        action="store_true",
+        help="keep the nodes without GPUs (the paper ran on GPU nodes only)",
+    )
     args = parser.parse_args(argv)
     seeds = args.seeds or ([42, 43] if args.quick else list(range(42, 52)))
     policies = args.policy or list(ORDER)

@@ -49,6 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from openb import DEFAULT_NODES, DEFAULT_PODS, TracePod, load_cluster, load_pods, parse_policy  # noqa: E402
+
 from trainyard_common.cluster import ClusterSpec  # noqa: E402
 from trainyard_placement.domain.capacity import Allocation, task_gpus  # noqa: E402
 from trainyard_placement.domain.gpu_share import MILLI  # noqa: E402
@@ -156,9 +157,7 @@ def replay(cluster: ClusterSpec, jobs: Sequence[Job], name: str) -> dict[str, An
                         state.preempting(victim, decision.job_id)
                         released = state.release(victim)
                         if released is not None:
-                            allocated -= sum(
-                                m for t in released.tasks for _, m in task_gpus(t)
-                            )
+                            allocated -= sum(m for t in released.tasks for _, m in task_gpus(t))
                             preempted += 1
                             seq += 1
                             heapq.heappush(events, (now, ARRIVE, seq, victim))
@@ -225,17 +224,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=Path, default=DEFAULT_NODES)
     parser.add_argument("--pods", type=Path, default=DEFAULT_PODS)
-    parser.add_argument("--speedup", type=float, default=50.0,
-                        help="arrival times divided by this (1: the trace's own times)")
-    parser.add_argument("--node-fraction", type=float, default=0.05,
-                        help="seeded sample of the GPU nodes (1: all of them)")
+    parser.add_argument(
+        "--speedup",
+        type=float,
+        default=50.0,
+        help="arrival times divided by this (1: the trace's own times)",
+    )
+    parser.add_argument(
+        "--node-fraction",
+        type=float,
+        default=0.05,
+        help="seeded sample of the GPU nodes (1: all of them)",
+    )
     parser.add_argument("--policy", type=parse_policy, default=DEFAULT_POLICY)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--limit", type=int, default=None, help="only the first N pods")
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: the first 300 pods on 1 %% of the nodes, 300x")
-    parser.add_argument("--cpu-nodes", action="store_true",
-                        help="keep the trace's nodes without GPUs")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: the first 300 pods on 1 %% of the nodes, 300x",
+    )
+    parser.add_argument(
+        "--cpu-nodes", action="store_true", help="keep the trace's nodes without GPUs"
+    )
     args = parser.parse_args(argv)
     if args.speedup <= 0:
         parser.error("--speedup: must be above 0")

@@ -40,15 +40,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from openb import (  # noqa: E402
-    parse_policy,
     DEFAULT_NODES,
     DEFAULT_PODS,
     context_for,
     job,
     load_cluster,
     load_pods,
+    parse_policy,
     resources,
 )
+
 from trainyard_common.cluster import ClusterSpec, NodeSpec  # noqa: E402
 from trainyard_common.jobspec import JobSpec  # noqa: E402
 from trainyard_placement.domain.capacity import Allocation, Snapshot  # noqa: E402
@@ -206,7 +207,7 @@ def bench_openb(args: argparse.Namespace) -> dict[str, Any]:
     cluster = load_cluster(args.nodes, cpu_nodes=args.cpu_nodes)
     pods = load_pods(args.pods)
     # Arrival order where the list has creation times; file order otherwise.
-    pods.sort(key=lambda p: (p.creation if p.creation is not None else 0))
+    pods.sort(key=lambda p: p.creation if p.creation is not None else 0)
     if args.openb_pods:
         pods = pods[: args.openb_pods]
     jobs = [p.spec for p in pods]
@@ -220,9 +221,7 @@ def bench_openb(args: argparse.Namespace) -> dict[str, Any]:
         "policies": results,
         f"{args.policy}_vs_{BASELINE}": compare(results, args.policy),
         "goals": {
-            "decisions_per_s": goal(
-                mine["decisions_per_s"], GOAL_DECISIONS_PER_S, at_least=True
-            ),
+            "decisions_per_s": goal(mine["decisions_per_s"], GOAL_DECISIONS_PER_S, at_least=True),
             "p99_ms": goal(mine["p99_ms"], GOAL_P99_MS, at_least=False),
         },
     }
@@ -239,9 +238,7 @@ def bench_synthetic(args: argparse.Namespace) -> dict[str, Any]:
         results[name], placed = run_stream(cluster, jobs, name, ctx)
         gangs[name] = {
             "empty_cluster": gang_latency(cluster, [], gang, name, ctx, args.gang_repeats),
-            "after_the_gangs": gang_latency(
-                cluster, placed, gang, name, ctx, args.gang_repeats
-            ),
+            "after_the_gangs": gang_latency(cluster, placed, gang, name, ctx, args.gang_repeats),
         }
     # The slowest median: either cluster, on a snapshot that has placed before or on the
     # first decision of a cycle (which also groups the nodes).
@@ -278,15 +275,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=Path, default=DEFAULT_NODES, help="the trace's node list")
     parser.add_argument("--pods", type=Path, default=DEFAULT_PODS, help="the trace's pod list")
     parser.add_argument("--policy", type=parse_policy, default=DEFAULT_POLICY)
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: 300 trace pods, 200 synthetic nodes, 600 tasks")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 300 trace pods, 200 synthetic nodes, 600 tasks",
+    )
     parser.add_argument("--openb-pods", type=int, default=None, help="only the first N pods")
     parser.add_argument("--synthetic-nodes", type=int, default=None, help="default 5000")
     parser.add_argument("--synthetic-pods", type=int, default=None, help="default 10000")
     parser.add_argument("--gang-repeats", type=int, default=None, help=f"default {GANG_REPEATS}")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--cpu-nodes", action="store_true",
-                        help="keep the trace's nodes without GPUs")
+    parser.add_argument(
+        "--cpu-nodes", action="store_true", help="keep the trace's nodes without GPUs"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.openb_pods = args.openb_pods or 300

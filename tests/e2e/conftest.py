@@ -20,8 +20,14 @@ TERMINAL = {"REJECTED", "SUCCEEDED", "FAILED", "STOPPED"}
 # one CPU-only. The local backend runs every task on this machine either way.
 CLUSTER = {
     "nodes": [
-        {"name": "node-gpu", "cpu": 8, "memory_mb": 32768, "gpus": 2, "gpu_type": "TITANX",
-         "port_range": [31000, 31999]},
+        {
+            "name": "node-gpu",
+            "cpu": 8,
+            "memory_mb": 32768,
+            "gpus": 2,
+            "gpu_type": "TITANX",
+            "port_range": [31000, 31999],
+        },
         {"name": "node-cpu", "cpu": 8, "memory_mb": 32768, "port_range": [32000, 32999]},
     ],
     "queues": ["default"],
@@ -33,8 +39,9 @@ class Api:
 
     def __init__(self, url: str, token: str) -> None:
         self.url = url
-        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
-                                 timeout=30)
+        self.http = httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
 
     def as_token(self, token: str) -> Api:
         return Api(self.url, token)
@@ -54,7 +61,9 @@ class Api:
         assert answer.status_code == 200, answer.text
         return answer.json()["items"]
 
-    def wait(self, job_id: str, states: set[str] = TERMINAL, timeout: float = 60.0) -> dict[str, Any]:
+    def wait(
+        self, job_id: str, states: set[str] = TERMINAL, timeout: float = 60.0
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         view: dict[str, Any] = {}
         while time.monotonic() < deadline:
@@ -74,7 +83,9 @@ class Api:
 def start_platform(root: Path) -> Platform:
     cluster = root / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(CLUSTER))
-    config = PlatformConfig.with_free_ports(root / "data", cluster_file=cluster, log_level="WARNING")
+    config = PlatformConfig.with_free_ports(
+        root / "data", cluster_file=cluster, log_level="WARNING"
+    )
     return Platform(config).start()
 
 

@@ -18,8 +18,13 @@ pytestmark = pytest.mark.e2e
 
 def yard(platform: Platform, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "YARD_URL": platform.url, "YARD_TOKEN": platform.token}
-    done = subprocess.run([sys.executable, "-m", "trainyard_sdk", *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainyard_sdk", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if check:
         assert done.returncode == 0, done.stderr
     return done
@@ -27,10 +32,24 @@ def yard(platform: Platform, *args: str, check: bool = True) -> subprocess.Compl
 
 def test_submit_yaml_wait_get_events_logs(platform: Platform, tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "jobName": "cli-job", "image": "x",
-        "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128,
-                       "gpuNumber": 0, "command": "echo hello from $PAI_JOB_NAME"}]}))
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "jobName": "cli-job",
+                "image": "x",
+                "taskRoles": [
+                    {
+                        "name": "main",
+                        "taskNumber": 1,
+                        "cpuNumber": 1,
+                        "memoryMB": 128,
+                        "gpuNumber": 0,
+                        "command": "echo hello from $PAI_JOB_NAME",
+                    }
+                ],
+            }
+        )
+    )
     job_id = yard(platform, "submit", str(job), "--wait").stdout.strip().splitlines()[0]
     view = json.loads(yard(platform, "get", job_id, "-o", "json").stdout)
     assert view["id"] == job_id and view["state"] == "SUCCEEDED"
@@ -39,19 +58,40 @@ def test_submit_yaml_wait_get_events_logs(platform: Platform, tmp_path: Path) ->
     assert job_id in yard(platform, "ls").stdout
     events = yard(platform, "events", job_id).stdout
     assert "JobSubmitted" in events and "JobFinished" in events
-    assert yard(platform, "logs", job_id, "--role", "main", "--index", "0").stdout.strip() == "hello from cli-job"
+    assert (
+        yard(platform, "logs", job_id, "--role", "main", "--index", "0").stdout.strip()
+        == "hello from cli-job"
+    )
 
 
 def test_stop_from_the_cli_and_follow_logs_to_the_end(platform: Platform, tmp_path: Path) -> None:
     job = tmp_path / "job.json"
-    job.write_text(json.dumps({
-        "jobName": "cli-stop", "image": "x",
-        "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128,
-                       "gpuNumber": 0, "command": "echo started; sleep 300"}]}))
+    job.write_text(
+        json.dumps(
+            {
+                "jobName": "cli-stop",
+                "image": "x",
+                "taskRoles": [
+                    {
+                        "name": "main",
+                        "taskNumber": 1,
+                        "cpuNumber": 1,
+                        "memoryMB": 128,
+                        "gpuNumber": 0,
+                        "command": "echo started; sleep 300",
+                    }
+                ],
+            }
+        )
+    )
     job_id = yard(platform, "submit", str(job)).stdout.strip()
     env = {**os.environ, "YARD_URL": platform.url, "YARD_TOKEN": platform.token}
-    follower = subprocess.Popen([sys.executable, "-m", "trainyard_sdk", "logs", job_id, "-f"],
-                                env=env, stdout=subprocess.PIPE, text=True)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "trainyard_sdk", "logs", job_id, "-f"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert follower.stdout is not None
     assert follower.stdout.readline().strip() == "started"  # streamed live, before the end
     yard(platform, "stop", job_id)
@@ -63,9 +103,24 @@ def test_stop_from_the_cli_and_follow_logs_to_the_end(platform: Platform, tmp_pa
 
 def test_validate_from_the_cli(platform: Platform, tmp_path: Path) -> None:
     job = tmp_path / "job.json"
-    job.write_text(json.dumps({"jobName": "cli-validate", "image": "x", "taskRoles": [
-        {"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 50, "gpuNumber": 0,
-         "command": "true"}]}))
+    job.write_text(
+        json.dumps(
+            {
+                "jobName": "cli-validate",
+                "image": "x",
+                "taskRoles": [
+                    {
+                        "name": "main",
+                        "taskNumber": 1,
+                        "cpuNumber": 1,
+                        "memoryMB": 50,
+                        "gpuNumber": 0,
+                        "command": "true",
+                    }
+                ],
+            }
+        )
+    )
     done = yard(platform, "validate", str(job), check=False)
     assert done.returncode == 1 and "$.taskRoles[0].memoryMB" in done.stdout
     job.write_text(job.read_text().replace('"memoryMB": 50', '"memoryMB": 500'))

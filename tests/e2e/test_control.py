@@ -28,7 +28,9 @@ def control_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     cluster = root / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(CLUSTER))
     config = PlatformConfig.with_free_ports(
-        root / "data", cluster_file=cluster, log_level="WARNING",
+        root / "data",
+        cluster_file=cluster,
+        log_level="WARNING",
         extra_env={"YARD_RETRY_BACKOFF_S": "0.2", "YARD_LAUNCHER_KILL_GRACE_S": "2"},
     )
     platform = Platform(config).start()
@@ -42,9 +44,21 @@ def unique(prefix: str) -> str:
 
 def openpai(name: str, command: str, retries: int = 0, gpus: int = 2) -> dict[str, Any]:
     # Two GPUs: the whole of the one GPU node, so two such jobs cannot run at once.
-    return {"jobName": unique(name), "image": "x", "retryCount": retries, "taskRoles": [
-        {"name": "w", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": gpus,
-         "command": command}]}
+    return {
+        "jobName": unique(name),
+        "image": "x",
+        "retryCount": retries,
+        "taskRoles": [
+            {
+                "name": "w",
+                "taskNumber": 1,
+                "cpuNumber": 1,
+                "memoryMB": 128,
+                "gpuNumber": gpus,
+                "command": command,
+            }
+        ],
+    }
 
 
 def post(api: Api, path: str, **kwargs: Any) -> Any:
@@ -58,16 +72,22 @@ def history(api: Api, job_id: str, kind: str) -> list[dict[str, Any]]:
 
 
 def tasks_of(view: dict[str, Any], attempt: int) -> list[tuple[str, int, str]]:
-    return sorted((t["role"], t["index"], t["state"]) for t in view["tasks"]
-                  if t["attempt"] == attempt)
+    return sorted(
+        (t["role"], t["index"], t["state"]) for t in view["tasks"] if t["attempt"] == attempt
+    )
 
 
 def test_a_paused_job_frees_its_capacity_and_its_resume_spends_no_retry(control_api: Api) -> None:
     api = control_api
     # One retry allowed: attempt 1 runs until paused, the resumed attempt 2 fails and
     # is still retried (the pause spent nothing), attempt 3 succeeds.
-    first = api.submit(openpai("paused", 'case "$TRAINYARD_ATTEMPT" in 1) sleep 300;; '
-                               '2) exit 3;; *) echo done;; esac', retries=1))
+    first = api.submit(
+        openpai(
+            "paused",
+            'case "$TRAINYARD_ATTEMPT" in 1) sleep 300;; 2) exit 3;; *) echo done;; esac',
+            retries=1,
+        )
+    )
     api.wait(first, {"RUNNING"})
     second = api.submit(openpai("waiting", "sleep 300"))
     assert "GPU" in " ".join(api.wait(second, {"QUEUED"})["queue_reasons"])
@@ -93,7 +113,10 @@ def test_a_paused_job_frees_its_capacity_and_its_resume_spends_no_retry(control_
     retrying = history(api, first, "JobRetrying")
     assert [(r["previous_attempt"], r["attempt"]) for r in retrying] == [(2, 3)]
     assert [(a["attempt"], a.get("interrupted")) for a in view["attempts"]] == [
-        (1, "paused"), (2, None), (3, None)]
+        (1, "paused"),
+        (2, None),
+        (3, None),
+    ]
 
 
 def test_a_queued_job_is_paused_where_it_waits_and_runs_after_a_resume(control_api: Api) -> None:
@@ -118,12 +141,12 @@ def test_a_queued_job_is_paused_where_it_waits_and_runs_after_a_resume(control_a
     assert (view["state"], view["attempt"], view["retries"]) == ("SUCCEEDED", 2, 0), view
 
 
-def test_a_restarted_job_runs_its_next_attempt_without_spending_a_retry(
-        control_api: Api) -> None:
+def test_a_restarted_job_runs_its_next_attempt_without_spending_a_retry(control_api: Api) -> None:
     api = control_api
     # No retries allowed: only a restart that spends none can run attempt 2.
-    job = api.submit(openpai("restarted", 'echo "attempt $TRAINYARD_ATTEMPT"; sleep 300',
-                             retries=0, gpus=0))
+    job = api.submit(
+        openpai("restarted", 'echo "attempt $TRAINYARD_ATTEMPT"; sleep 300', retries=0, gpus=0)
+    )
     view = api.wait(job, {"RUNNING"})
     assert view["attempt"] == 1
     answer = post(api, f"/v1/jobs/{job}/restart", json={"reason": "new data"})
@@ -137,7 +160,8 @@ def test_a_restarted_job_runs_its_next_attempt_without_spending_a_retry(
     assert (view["state"], view["attempt"], view["retries"]) == ("RUNNING", 2, 0), view
     assert tasks_of(view, 1) == [("w", 0, "STOPPED")]
     assert [(a["attempt"], a["interrupted"], a["reason"]) for a in view["attempts"]] == [
-        (1, "restarted", "new data")]
+        (1, "restarted", "new data")
+    ]
     [interrupted] = history(api, job, "JobInterrupted")
     assert (interrupted["attempt"], interrupted["cause"]) == (1, "restarted")
     placed = [(p["attempt"], p["retries_used"]) for p in history(api, job, "JobPlaced")]
@@ -167,27 +191,53 @@ def test_pause_and_resume_answer_404_for_a_job_that_is_not_yours(control_api: Ap
     for action in ("pause", "resume", "restart"):
         assert bob.http.post(f"/v1/jobs/{job}/{action}").status_code == 404
         assert api.http.post(f"/v1/jobs/{uuid.uuid4().hex}/{action}").status_code == 404
-    assert bob.http.post(f"/v1/placement/jobs/{job}/scale",
-                         json={"role": "w", "replicas": 1}).status_code == 404
+    assert (
+        bob.http.post(
+            f"/v1/placement/jobs/{job}/scale", json={"role": "w", "replicas": 1}
+        ).status_code
+        == 404
+    )
     api.stop(job)
     api.wait(job)
 
 
-def t9k_job(kind: str, name: str, command: list[str], replicas: int = 1,
-            **spec: Any) -> dict[str, Any]:
+def t9k_job(
+    kind: str, name: str, command: list[str], replicas: int = 1, **spec: Any
+) -> dict[str, Any]:
     return {
-        "apiVersion": "batch.tensorstack.dev/v1beta1", "kind": kind, "metadata": {"name": name},
-        "spec": {**spec, "replicaSpecs": [{
-            "type": "worker", "replicas": replicas,
-            "template": {"spec": {"containers": [{
-                "name": "main", "image": "python:3.11", "command": command,
-                "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}}}]}}}]},
+        "apiVersion": "batch.tensorstack.dev/v1beta1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": {
+            **spec,
+            "replicaSpecs": [
+                {
+                    "type": "worker",
+                    "replicas": replicas,
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "main",
+                                    "image": "python:3.11",
+                                    "command": command,
+                                    "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}},
+                                }
+                            ]
+                        }
+                    },
+                }
+            ],
+        },
     }
 
 
 def create(api: Api, plural: str, payload: dict[str, Any]) -> str:
-    answer = api.http.post(f"{T9K}/{plural}", content=yaml.safe_dump(payload),
-                           headers={"Content-Type": "application/yaml"})
+    answer = api.http.post(
+        f"{T9K}/{plural}",
+        content=yaml.safe_dump(payload),
+        headers={"Content-Type": "application/yaml"},
+    )
     assert answer.status_code == 201, answer.text
     return answer.json()["metadata"]["uid"]
 
@@ -201,9 +251,16 @@ def phase(api: Api, plural: str, name: str) -> dict[str, Any]:
 def test_a_t9k_job_submitted_paused_runs_only_after_a_resume(control_api: Api) -> None:
     api = control_api
     name = unique("paused-t9k")
-    job = create(api, "genericjobs", t9k_job(
-        "GenericJob", name, ["python3", "-c", "print('resumed')"],
-        runMode={"pause": {"enabled": True}}))
+    job = create(
+        api,
+        "genericjobs",
+        t9k_job(
+            "GenericJob",
+            name,
+            ["python3", "-c", "print('resumed')"],
+            runMode={"pause": {"enabled": True}},
+        ),
+    )
     view = api.wait(job, {"PAUSED"})
     assert view["attempt"] == 1 and view["tasks"] == []
     status = phase(api, "genericjobs", name)
@@ -219,22 +276,35 @@ def test_a_t9k_job_submitted_paused_runs_only_after_a_resume(control_api: Api) -
 def test_an_elastic_job_scales_to_a_new_size_within_its_bounds(control_api: Api) -> None:
     api = control_api
     name = unique("elastic")
-    job = create(api, "pytorchtrainingjobs", t9k_job(
-        "PyTorchTrainingJob", name, ["sleep", "300"],
-        elastic={"enabled": True, "minReplicas": 1, "maxReplicas": 2, "expectedReplicas": 1}))
+    job = create(
+        api,
+        "pytorchtrainingjobs",
+        t9k_job(
+            "PyTorchTrainingJob",
+            name,
+            ["sleep", "300"],
+            elastic={"enabled": True, "minReplicas": 1, "maxReplicas": 2, "expectedReplicas": 1},
+        ),
+    )
     view = api.wait(job, {"RUNNING"})
     assert tasks_of(view, 1) == [("worker", 0, "RUNNING")]
 
     scale = f"/v1/placement/jobs/{job}/scale"
-    for body, field in (({"role": "worker", "replicas": 3}, "replicas"),
-                        ({"role": "worker", "replicas": 0}, "replicas"),
-                        ({"role": "ps", "replicas": 2}, "role")):
+    for body, field in (
+        ({"role": "worker", "replicas": 3}, "replicas"),
+        ({"role": "worker", "replicas": 0}, "replicas"),
+        ({"role": "ps", "replicas": 2}, "role"),
+    ):
         answer = api.http.post(scale, json=body)
         assert answer.status_code == 400, answer.text
         detail = answer.json()["detail"]
         assert detail["errors"][0]["path"] == field and detail["message"].startswith(f"{field}:")
-    assert api.http.post(f"/v1/placement/jobs/{uuid.uuid4().hex}/scale",
-                         json={"role": "worker", "replicas": 2}).status_code == 404
+    assert (
+        api.http.post(
+            f"/v1/placement/jobs/{uuid.uuid4().hex}/scale", json={"role": "worker", "replicas": 2}
+        ).status_code
+        == 404
+    )
 
     assert post(api, scale, json={"role": "worker", "replicas": 2})["replicas"] == 2
     deadline = time.monotonic() + 60

@@ -26,12 +26,25 @@ def crash_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platfor
 
 def job(name: str, out_dir: Path, seconds: float) -> dict:
     launch = f'echo launched >> "{out_dir}/$TRAINYARD_JOB_ID-$PAI_CURRENT_TASK_ROLE_NAME-$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"'
-    return {"jobName": name, "image": "x", "taskRoles": [
-        {"name": "w", "taskNumber": 2, "cpuNumber": 1, "memoryMB": 128,
-         "gpuNumber": 0, "command": f"{launch} && sleep {seconds}"}]}
+    return {
+        "jobName": name,
+        "image": "x",
+        "taskRoles": [
+            {
+                "name": "w",
+                "taskNumber": 2,
+                "cpuNumber": 1,
+                "memoryMB": 128,
+                "gpuNumber": 0,
+                "command": f"{launch} && sleep {seconds}",
+            }
+        ],
+    }
 
 
-def test_every_job_ends_exactly_once_through_service_crashes(crash_platform: Platform, tmp_path: Path) -> None:
+def test_every_job_ends_exactly_once_through_service_crashes(
+    crash_platform: Platform, tmp_path: Path
+) -> None:
     api = Api(crash_platform.url, crash_platform.token)
     jobs: list[str] = []
     counter = 0
@@ -71,13 +84,18 @@ def test_every_job_ends_exactly_once_through_service_crashes(crash_platform: Pla
         counts = collections.Counter(h["type"] for h in history)
         assert counts["JobSubmitted"] == counts["JobAccepted"] == counts["JobPlaced"] == 1, counts
         assert counts["JobFinished"] == 1, counts
-        transitions = [(h["event"]["role"], h["event"]["index"], h["event"]["seq"])
-                       for h in history if h["type"] == "TaskStateChanged"]
+        transitions = [
+            (h["event"]["role"], h["event"]["index"], h["event"]["seq"])
+            for h in history
+            if h["type"] == "TaskStateChanged"
+        ]
         assert len(transitions) == len(set(transitions)) == 6, transitions
         assert len({h["event_id"] for h in history}) == len(history)
 
 
-def settled_history(api: Api, job_id: str, transitions: int = 6, timeout: float = 90.0) -> list[dict]:
+def settled_history(
+    api: Api, job_id: str, transitions: int = 6, timeout: float = 90.0
+) -> list[dict]:
     """The job's history once every event has reached status. Messages a killed
     consumer had fetched but not acked come back only after JetStream's ack wait
     (30 s), so the job view can be final while a few history rows are still on their

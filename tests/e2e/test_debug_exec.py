@@ -23,8 +23,13 @@ pytestmark = pytest.mark.e2e
 
 def yard(platform: Platform, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "YARD_URL": platform.url, "YARD_TOKEN": platform.token}
-    return subprocess.run([sys.executable, "-m", "trainyard_sdk", *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "trainyard_sdk", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def wait_tasks_running(api: Api, job_id: str, count: int, timeout: float = 60) -> dict:
@@ -51,18 +56,28 @@ def wrapper_pids(platform: Platform, job_id: str) -> list[int]:
 
 
 def exec_(api: Api, job_id: str, role: str, index: int, command: object) -> tuple[int, dict]:
-    answer = api.http.post(f"/v1/jobs/{job_id}/tasks/{role}/{index}/exec",
-                           json={"command": command, "timeout_s": 30})
+    answer = api.http.post(
+        f"/v1/jobs/{job_id}/tasks/{role}/{index}/exec", json={"command": command, "timeout_s": 30}
+    )
     return answer.status_code, answer.json()
 
 
 def test_a_debug_job_is_ready_but_runs_no_command_and_exec_runs_in_it(
-        platform: Platform, api: Api, out_dir: Path) -> None:
-    spec = {"name": "debug-me", "run_mode": "debug",
-            "env": [{"name": "OUT", "value": str(out_dir)}, {"name": "MODEL", "value": "tiny"}],
-            "roles": [{"name": "w", "replicas": 2,
-                       "command": 'echo ran > "$OUT/ran-$TRAINYARD_INDEX"',
-                       "resources": {"cpu": 1, "memory_mb": 256}}]}
+    platform: Platform, api: Api, out_dir: Path
+) -> None:
+    spec = {
+        "name": "debug-me",
+        "run_mode": "debug",
+        "env": [{"name": "OUT", "value": str(out_dir)}, {"name": "MODEL", "value": "tiny"}],
+        "roles": [
+            {
+                "name": "w",
+                "replicas": 2,
+                "command": 'echo ran > "$OUT/ran-$TRAINYARD_INDEX"',
+                "resources": {"cpu": 1, "memory_mb": 256},
+            }
+        ],
+    }
     job_id = api.submit(spec)
     view = wait_tasks_running(api, job_id, 2)
     assert view["state"] == "RUNNING"
@@ -70,8 +85,17 @@ def test_a_debug_job_is_ready_but_runs_no_command_and_exec_runs_in_it(
     time.sleep(1)
     assert list(out_dir.iterdir()) == []  # the command never ran
 
-    done = yard(platform, "exec", job_id, "w", "1", "--",
-                "bash", "-c", 'echo "$MODEL $TRAINYARD_INDEX $PAI_JOB_NAME $(basename $PWD)"; exit 3')
+    done = yard(
+        platform,
+        "exec",
+        job_id,
+        "w",
+        "1",
+        "--",
+        "bash",
+        "-c",
+        'echo "$MODEL $TRAINYARD_INDEX $PAI_JOB_NAME $(basename $PWD)"; exit 3',
+    )
     assert done.returncode == 3, done.stderr
     assert done.stdout == "tiny 1 debug-me work\n"
     # The same command, by hand: the task's own command runs when a person says so.
@@ -80,8 +104,12 @@ def test_a_debug_job_is_ready_but_runs_no_command_and_exec_runs_in_it(
 
     assert exec_(api, job_id, "w", 5, ["true"])[0] == 404
     bob = api.http.post("/v1/tokens", json={"user": "bob-debug"}).json()["token"]
-    assert api.as_token(bob).http.post(f"/v1/jobs/{job_id}/tasks/w/0/exec",
-                                       json={"command": ["true"]}).status_code == 404
+    assert (
+        api.as_token(bob)
+        .http.post(f"/v1/jobs/{job_id}/tasks/w/0/exec", json={"command": ["true"]})
+        .status_code
+        == 404
+    )
 
     pids = wrapper_pids(platform, job_id)
     api.stop(job_id)
@@ -92,9 +120,22 @@ def test_a_debug_job_is_ready_but_runs_no_command_and_exec_runs_in_it(
 
 
 def test_exec_in_a_running_normal_task(platform: Platform, api: Api) -> None:
-    job_id = api.submit({"jobName": "exec-normal", "image": "x", "taskRoles": [
-        {"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0,
-         "command": "echo started > here; sleep 300"}]})
+    job_id = api.submit(
+        {
+            "jobName": "exec-normal",
+            "image": "x",
+            "taskRoles": [
+                {
+                    "name": "main",
+                    "taskNumber": 1,
+                    "cpuNumber": 1,
+                    "memoryMB": 128,
+                    "gpuNumber": 0,
+                    "command": "echo started > here; sleep 300",
+                }
+            ],
+        }
+    )
     wait_tasks_running(api, job_id, 1)
     deadline = time.monotonic() + 30
     while True:

@@ -25,17 +25,39 @@ DLC_TERMINAL = {"Succeeded", "Failed", "Stopped"}
 
 def sdk(platform: Platform, key_id: str, secret: str, **config: Any) -> Client:
     endpoint = platform.url.split("://", 1)[1].rstrip("/")
-    return Client(Config(access_key_id=key_id, access_key_secret=secret, endpoint=endpoint,
-                         protocol="http", read_timeout=30_000, **config))
+    return Client(
+        Config(
+            access_key_id=key_id,
+            access_key_secret=secret,
+            endpoint=endpoint,
+            protocol="http",
+            read_timeout=30_000,
+            **config,
+        )
+    )
 
 
-def call(client: Client, action: str, method: str, path: str, body: dict | None = None,
-         query: dict | None = None) -> dict[str, Any]:
+def call(
+    client: Client,
+    action: str,
+    method: str,
+    path: str,
+    body: dict | None = None,
+    query: dict | None = None,
+) -> dict[str, Any]:
     """A DLC action this SDK version has no method for (the data-source and code-source
     APIs of earlier versions), through the SDK's own signed call_api."""
-    params = Params(action=action, version="2020-12-03", protocol="HTTP", pathname=path,
-                    method=method, auth_type="AK", style="ROA", req_body_type="json",
-                    body_type="json")
+    params = Params(
+        action=action,
+        version="2020-12-03",
+        protocol="HTTP",
+        pathname=path,
+        method=method,
+        auth_type="AK",
+        style="ROA",
+        req_body_type="json",
+        body_type="json",
+    )
     answer = client.call_api(params, OpenApiRequest(body=body, query=query), RuntimeOptions())
     return answer["body"]
 
@@ -54,15 +76,24 @@ def client(platform: Platform, access_key: dict[str, str]) -> Client:
 
 def cpu_job(name: str, command: str, **extra: Any) -> dlc_models.CreateJobRequest:
     return dlc_models.CreateJobRequest(
-        display_name=name, job_type="PyTorchJob", user_command=command,
-        job_specs=[dlc_models.JobSpec(
-            type="Worker", image="python:3.11", pod_count=1,
-            resource_config=dlc_models.ResourceConfig(cpu="1", memory="1Gi"))],
-        **extra)
+        display_name=name,
+        job_type="PyTorchJob",
+        user_command=command,
+        job_specs=[
+            dlc_models.JobSpec(
+                type="Worker",
+                image="python:3.11",
+                pod_count=1,
+                resource_config=dlc_models.ResourceConfig(cpu="1", memory="1Gi"),
+            )
+        ],
+        **extra,
+    )
 
 
-def wait_for(client: Client, job_id: str, done: Callable[[Any], bool],
-             timeout: float = 60.0) -> Any:
+def wait_for(
+    client: Client, job_id: str, done: Callable[[Any], bool], timeout: float = 60.0
+) -> Any:
     deadline = time.monotonic() + timeout
     body = None
     while time.monotonic() < deadline:
@@ -95,8 +126,9 @@ def test_job_lifecycle_with_the_official_sdk(client: Client, api: Api) -> None:
     # The AccessKey's user owns the job, in Trainyard's own API too.
     assert api.job(created.job_id)["user"] == "dlc-alice"
 
-    listed = client.list_jobs(dlc_models.ListJobsRequest(display_name="dlc-echo",
-                                                         page_size=10)).body
+    listed = client.list_jobs(
+        dlc_models.ListJobsRequest(display_name="dlc-echo", page_size=10)
+    ).body
     assert created.job_id in [j.job_id for j in listed.jobs]
     assert listed.total_count >= 1
     succeeded = client.list_jobs(dlc_models.ListJobsRequest(status="Succeeded")).body
@@ -109,8 +141,7 @@ def test_job_lifecycle_with_the_official_sdk(client: Client, api: Api) -> None:
     assert any("JobSubmitted" in e for e in events.events)
     assert any("SUCCEEDED" in e for e in events.events)
 
-    logs = client.get_pod_logs(created.job_id, pod.pod_id,
-                               dlc_models.GetPodLogsRequest()).body
+    logs = client.get_pod_logs(created.job_id, pod.pod_id, dlc_models.GetPodLogsRequest()).body
     assert "hello-from-dlc" in logs.logs
 
 
@@ -141,8 +172,9 @@ def test_wrong_secret_is_refused(platform: Platform, access_key: dict[str, str])
 
 
 def test_roa_v2_signatures_work_too(platform: Platform, access_key: dict[str, str]) -> None:
-    old = sdk(platform, access_key["AccessKeyId"], access_key["AccessKeySecret"],
-              signature_algorithm="v2")
+    old = sdk(
+        platform, access_key["AccessKeyId"], access_key["AccessKeySecret"], signature_algorithm="v2"
+    )
     assert old.list_jobs(dlc_models.ListJobsRequest(page_size=1)).body.request_id
 
 
@@ -153,8 +185,9 @@ def test_another_users_job_is_not_found(platform: Platform, api: Api, client: Cl
     with pytest.raises(ClientException) as exc:
         bob.get_job(created.job_id, dlc_models.GetJobRequest())
     assert exc.value.status_code == 404
-    assert created.job_id not in [j.job_id for j in bob.list_jobs(
-        dlc_models.ListJobsRequest()).body.jobs]
+    assert created.job_id not in [
+        j.job_id for j in bob.list_jobs(dlc_models.ListJobsRequest()).body.jobs
+    ]
     # A revoked key signs nothing.
     assert api.http.delete(f"/v1/access-keys/{answer.json()['AccessKeyId']}").status_code == 204
     with pytest.raises(ClientException):
@@ -162,37 +195,67 @@ def test_another_users_job_is_not_found(platform: Platform, api: Api, client: Cl
 
 
 def test_data_and_code_sources(client: Client, tmp_path: Any) -> None:
-    ds = call(client, "CreateDataSource", "POST", "/api/v1/datasources", {
-        "DataSourceType": "local", "DisplayName": "mnist", "Path": str(tmp_path),
-        "MountPath": "/root/data/mnist"})
+    ds = call(
+        client,
+        "CreateDataSource",
+        "POST",
+        "/api/v1/datasources",
+        {
+            "DataSourceType": "local",
+            "DisplayName": "mnist",
+            "Path": str(tmp_path),
+            "MountPath": "/root/data/mnist",
+        },
+    )
     ds_id = ds["DataSourceId"]
     got = call(client, "GetDataSource", "GET", f"/api/v1/datasources/{ds_id}")
     assert got["DisplayName"] == "mnist" and got["Path"] == str(tmp_path)
-    listed = call(client, "ListDataSources", "GET", "/api/v1/datasources",
-                  query={"DisplayName": "mnist", "PageSize": "5"})
+    listed = call(
+        client,
+        "ListDataSources",
+        "GET",
+        "/api/v1/datasources",
+        query={"DisplayName": "mnist", "PageSize": "5"},
+    )
     assert ds_id in [d["DataSourceId"] for d in listed["DataSources"]]
-    call(client, "UpdateDataSource", "PUT", f"/api/v1/datasources/{ds_id}",
-         {"Description": "digits"})
-    assert call(client, "GetDataSource", "GET",
-                f"/api/v1/datasources/{ds_id}")["Description"] == "digits"
+    call(
+        client, "UpdateDataSource", "PUT", f"/api/v1/datasources/{ds_id}", {"Description": "digits"}
+    )
+    assert (
+        call(client, "GetDataSource", "GET", f"/api/v1/datasources/{ds_id}")["Description"]
+        == "digits"
+    )
 
-    cs = call(client, "CreateCodeSource", "POST", "/api/v1/codesources", {
-        "DisplayName": "ops", "CodeRepo": "https://example.com/ops.git", "CodeBranch": "main",
-        "MountPath": "/root/code/ops", "CodeRepoAccessToken": "tok"})
+    cs = call(
+        client,
+        "CreateCodeSource",
+        "POST",
+        "/api/v1/codesources",
+        {
+            "DisplayName": "ops",
+            "CodeRepo": "https://example.com/ops.git",
+            "CodeBranch": "main",
+            "MountPath": "/root/code/ops",
+            "CodeRepoAccessToken": "tok",
+        },
+    )
     cs_id = cs["CodeSourceId"]
     got = call(client, "GetCodeSource", "GET", f"/api/v1/codesources/{cs_id}")
     assert got["CodeRepo"] == "https://example.com/ops.git"
     assert got["CodeRepoAccessToken"] != "tok"
     listed = call(client, "ListCodeSources", "GET", "/api/v1/codesources")
     assert cs_id in [c["CodeSourceId"] for c in listed["CodeSources"]]
-    call(client, "UpdateCodeSource", "PUT", f"/api/v1/codesources/{cs_id}",
-         {"CodeBranch": "dev"})
+    call(client, "UpdateCodeSource", "PUT", f"/api/v1/codesources/{cs_id}", {"CodeBranch": "dev"})
 
     # A job naming them gets them resolved: GetJob shows where the data really is.
-    created = client.create_job(cpu_job(
-        "dlc-sources", "true",
-        data_sources=[dlc_models.CreateJobRequestDataSources(data_source_id=ds_id)],
-        code_source=dlc_models.CreateJobRequestCodeSource(code_source_id=cs_id))).body
+    created = client.create_job(
+        cpu_job(
+            "dlc-sources",
+            "true",
+            data_sources=[dlc_models.CreateJobRequestDataSources(data_source_id=ds_id)],
+            code_source=dlc_models.CreateJobRequestCodeSource(code_source_id=cs_id),
+        )
+    ).body
     job = wait_for(client, created.job_id, lambda b: True)
     assert job.data_sources[0].data_source_id == ds_id
     assert job.data_sources[0].uri == str(tmp_path)
@@ -202,8 +265,13 @@ def test_data_and_code_sources(client: Client, tmp_path: Any) -> None:
 
     # An unknown id is refused at once, naming the field.
     with pytest.raises(ClientException) as exc:
-        client.create_job(cpu_job("dlc-bad", "true", data_sources=[
-            dlc_models.CreateJobRequestDataSources(data_source_id="d-missing")]))
+        client.create_job(
+            cpu_job(
+                "dlc-bad",
+                "true",
+                data_sources=[dlc_models.CreateJobRequestDataSources(data_source_id="d-missing")],
+            )
+        )
     assert exc.value.status_code == 400
     assert "$.DataSources[0].DataSourceId" in exc.value.message
 

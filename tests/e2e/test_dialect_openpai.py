@@ -25,8 +25,9 @@ def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
-def openpai_status(api: Api, framework: str, states: set[str],
-                   timeout: float = 60.0) -> dict[str, Any]:
+def openpai_status(
+    api: Api, framework: str, states: set[str], timeout: float = 60.0
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -42,45 +43,56 @@ def openpai_status(api: Api, framework: str, states: set[str],
 
 
 def v2_job(name: str, out_dir: Path) -> str:
-    return yaml.safe_dump({
-        "protocolVersion": 2,
-        "name": name,
-        "type": "job",
-        "prerequisites": [{"name": "py", "type": "dockerimage", "uri": "python:3.11"}],
-        "parameters": {"greeting": "hello-param"},
-        "secrets": {"token": SECRET},
-        "jobRetryCount": 0,
-        "taskRoles": {
-            "worker": {
-                "instances": 2,
-                "completion": {"minFailedInstances": 1, "minSucceededInstances": -1},
-                "dockerImage": "py",
-                "resourcePerInstance": {"cpu": 1, "memoryMB": 256, "gpu": 0,
-                                        "ports": {"tb": 1}},
-                "commands": [
-                    f"cd {out_dir}",
-                    'echo "<% $parameters.greeting %>" > param-$PAI_TASK_INDEX.txt',
-                    'echo "<% $secrets.token %>" > secret-$PAI_TASK_INDEX.txt',
-                    "env > worker-$PAI_TASK_INDEX.env",
-                ],
+    return yaml.safe_dump(
+        {
+            "protocolVersion": 2,
+            "name": name,
+            "type": "job",
+            "prerequisites": [{"name": "py", "type": "dockerimage", "uri": "python:3.11"}],
+            "parameters": {"greeting": "hello-param"},
+            "secrets": {"token": SECRET},
+            "jobRetryCount": 0,
+            "taskRoles": {
+                "worker": {
+                    "instances": 2,
+                    "completion": {"minFailedInstances": 1, "minSucceededInstances": -1},
+                    "dockerImage": "py",
+                    "resourcePerInstance": {
+                        "cpu": 1,
+                        "memoryMB": 256,
+                        "gpu": 0,
+                        "ports": {"tb": 1},
+                    },
+                    "commands": [
+                        f"cd {out_dir}",
+                        'echo "<% $parameters.greeting %>" > param-$PAI_TASK_INDEX.txt',
+                        'echo "<% $secrets.token %>" > secret-$PAI_TASK_INDEX.txt',
+                        "env > worker-$PAI_TASK_INDEX.env",
+                    ],
+                },
             },
+            "defaults": {"virtualCluster": "default"},
         },
-        "defaults": {"virtualCluster": "default"},
-    }, sort_keys=False)
+        sort_keys=False,
+    )
 
 
 def read_env(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
-def test_v2_yaml_job_runs_with_its_parameter_and_secret_never_shown(api: Api,
-                                                                   out_dir: Path) -> None:
+def test_v2_yaml_job_runs_with_its_parameter_and_secret_never_shown(
+    api: Api, out_dir: Path
+) -> None:
     name = unique("v2-secret")
-    answer = api.http.post("/api/v2/jobs", content=v2_job(name, out_dir),
-                           headers={"Content-Type": "text/yaml"})
+    answer = api.http.post(
+        "/api/v2/jobs", content=v2_job(name, out_dir), headers={"Content-Type": "text/yaml"}
+    )
     assert answer.status_code == 202, answer.text
-    assert answer.json() == {"status": 202,
-                             "message": f"Update job {name} for user admin successfully."}
+    assert answer.json() == {
+        "status": 202,
+        "message": f"Update job {name} for user admin successfully.",
+    }
     job_id = answer.headers["X-Trainyard-Job-Id"]
 
     status = openpai_status(api, f"admin~{name}", {"SUCCEEDED", "FAILED", "STOPPED"})
@@ -119,15 +131,29 @@ def test_v2_yaml_job_runs_with_its_parameter_and_secret_never_shown(api: Api,
     submitted = next(e["event"] for e in events if e["type"] == "JobSubmitted")
     assert submitted["original"]["secrets"] == {"token": "******"}
     config = api.http.get(f"/api/v2/jobs/admin~{name}/config").json()
-    assert config["secrets"] == {"token": "******"} and config["parameters"]["greeting"] == "hello-param"
+    assert (
+        config["secrets"] == {"token": "******"}
+        and config["parameters"]["greeting"] == "hello-param"
+    )
     assert submitted["spec"]["secrets"] == [{"name": "token", "value": "******"}]
 
 
 def test_openpai_rest_flow_submit_status_list(api: Api) -> None:
     name = unique("rest-v1")
-    payload = {"jobName": name, "image": "python:3.11", "taskRoles": [
-        {"name": "main", "taskNumber": 2, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0,
-         "command": "echo hi $PAI_TASK_ROLE_INDEX"}]}
+    payload = {
+        "jobName": name,
+        "image": "python:3.11",
+        "taskRoles": [
+            {
+                "name": "main",
+                "taskNumber": 2,
+                "cpuNumber": 1,
+                "memoryMB": 128,
+                "gpuNumber": 0,
+                "command": "echo hi $PAI_TASK_ROLE_INDEX",
+            }
+        ],
+    }
     answer = api.http.post("/api/v1/user/admin/jobs", json=payload)
     assert answer.status_code == 202, answer.text
     assert answer.json() == {"message": f"update job {name} successfully"}
@@ -136,11 +162,17 @@ def test_openpai_rest_flow_submit_status_list(api: Api) -> None:
     status = openpai_status(api, f"admin~{name}", {"SUCCEEDED", "FAILED", "STOPPED"})
     js = status["jobStatus"]
     assert (status["name"], js["username"], js["state"], js["executionType"]) == (
-        name, "admin", "SUCCEEDED", "START")
+        name,
+        "admin",
+        "SUCCEEDED",
+        "START",
+    )
     assert js["appExitCode"] == 0 and js["completedTime"] >= js["createdTime"] > 0
     tasks = status["taskRoles"]["main"]["taskStatuses"]
     assert [(t["taskIndex"], t["taskState"], t["containerExitCode"]) for t in tasks] == [
-        (0, "SUCCEEDED", 0), (1, "SUCCEEDED", 0)]
+        (0, "SUCCEEDED", 0),
+        (1, "SUCCEEDED", 0),
+    ]
     assert all(t["containerIp"] for t in tasks)
     assert api.http.get(f"/api/v1/user/admin/jobs/{name}").json()["name"] == name
     # The round trip: the config read back is the job as submitted, and means the same job.
@@ -150,10 +182,15 @@ def test_openpai_rest_flow_submit_status_list(api: Api) -> None:
     listed = api.http.get("/api/v2/jobs", params={"username": "admin"}).json()
     mine = [item for item in listed if item["name"] == name]
     assert len(mine) == 1
-    assert (mine[0]["username"], mine[0]["state"], mine[0]["totalTaskNumber"],
-            mine[0]["totalTaskRoleNumber"]) == ("admin", "SUCCEEDED", 2, 1)
-    counted = api.http.get("/api/v2/jobs", params={"withTotalCount": "true",
-                                                   "state": "SUCCEEDED"}).json()
+    assert (
+        mine[0]["username"],
+        mine[0]["state"],
+        mine[0]["totalTaskNumber"],
+        mine[0]["totalTaskRoleNumber"],
+    ) == ("admin", "SUCCEEDED", 2, 1)
+    counted = api.http.get(
+        "/api/v2/jobs", params={"withTotalCount": "true", "state": "SUCCEEDED"}
+    ).json()
     assert counted["totalCount"] >= 1 and {i["state"] for i in counted["data"]} == {"SUCCEEDED"}
     waiting = api.http.get("/api/v2/jobs", params={"state": "WAITING"}).json()
     assert name not in {i["name"] for i in waiting}
@@ -162,8 +199,9 @@ def test_openpai_rest_flow_submit_status_list(api: Api) -> None:
 def test_seed_json_through_api_v2_jobs(api: Api) -> None:
     payload = seed_job("helloworld_16be675e")
     payload["jobName"] = unique("seed")
-    answer = api.http.post("/api/v2/jobs", content=json.dumps(payload),
-                           headers={"Content-Type": "application/json"})
+    answer = api.http.post(
+        "/api/v2/jobs", content=json.dumps(payload), headers={"Content-Type": "application/json"}
+    )
     assert answer.status_code == 202, answer.text
     status = openpai_status(api, f"admin~{payload['jobName']}", {"SUCCEEDED", "FAILED"})
     # minFailedTaskCount null: the job succeeds although nvidia-smi is missing here.
@@ -173,13 +211,27 @@ def test_seed_json_through_api_v2_jobs(api: Api) -> None:
 
 def test_stop_through_execution_type(api: Api) -> None:
     name = unique("sleeper")
-    job = yaml.safe_dump({"protocolVersion": 2, "name": name, "type": "job",
-                          "prerequisites": [{"name": "i", "type": "dockerimage", "uri": "x"}],
-                          "taskRoles": {"w": {"dockerImage": "i", "commands": ["sleep 300"],
-                                              "resourcePerInstance": {"cpu": 1, "memoryMB": 128,
-                                                                      "gpu": 0}}}})
-    assert api.http.post("/api/v2/jobs", content=job,
-                         headers={"Content-Type": "text/yaml"}).status_code == 202
+    job = yaml.safe_dump(
+        {
+            "protocolVersion": 2,
+            "name": name,
+            "type": "job",
+            "prerequisites": [{"name": "i", "type": "dockerimage", "uri": "x"}],
+            "taskRoles": {
+                "w": {
+                    "dockerImage": "i",
+                    "commands": ["sleep 300"],
+                    "resourcePerInstance": {"cpu": 1, "memoryMB": 128, "gpu": 0},
+                }
+            },
+        }
+    )
+    assert (
+        api.http.post(
+            "/api/v2/jobs", content=job, headers={"Content-Type": "text/yaml"}
+        ).status_code
+        == 202
+    )
     openpai_status(api, f"admin~{name}", {"RUNNING"})
     answer = api.http.put(f"/api/v2/jobs/admin~{name}/executionType", json={"value": "STOP"})
     assert answer.status_code == 202, answer.text
@@ -188,24 +240,35 @@ def test_stop_through_execution_type(api: Api) -> None:
     assert status["jobStatus"]["executionType"] == "STOP"
     assert status["jobStatus"]["appExitCode"] == -210
     assert status["taskRoles"]["w"]["taskStatuses"][0]["taskState"] == "STOPPED"
-    missing = api.http.put("/api/v2/jobs/admin~no-such-job/executionType",
-                           json={"value": "STOP"})
+    missing = api.http.put("/api/v2/jobs/admin~no-such-job/executionType", json={"value": "STOP"})
     assert missing.status_code == 404 and missing.json()["code"] == "NoJobError"
     bad = api.http.put(f"/api/v2/jobs/admin~{name}/executionType", json={"value": "PAUSE"})
     assert bad.status_code == 400
 
 
 def test_an_invalid_protocol_is_refused_with_its_field(api: Api) -> None:
-    job = {"protocolVersion": 2, "name": unique("bad"), "type": "job",
-           "taskRoles": {"w": {"instances": 0, "dockerImage": "nope", "commands": ["x"],
-                               "resourcePerInstance": {"cpu": 1, "memoryMB": 128, "gpu": 0}}}}
-    answer = api.http.post("/api/v2/jobs", content=yaml.safe_dump(job),
-                           headers={"Content-Type": "text/yaml"})
+    job = {
+        "protocolVersion": 2,
+        "name": unique("bad"),
+        "type": "job",
+        "taskRoles": {
+            "w": {
+                "instances": 0,
+                "dockerImage": "nope",
+                "commands": ["x"],
+                "resourcePerInstance": {"cpu": 1, "memoryMB": 128, "gpu": 0},
+            }
+        },
+    }
+    answer = api.http.post(
+        "/api/v2/jobs", content=yaml.safe_dump(job), headers={"Content-Type": "text/yaml"}
+    )
     assert answer.status_code == 400
     body = answer.json()
     assert body["code"] == "InvalidProtocolError"
     assert {"$.taskRoles.w.instances", "$.taskRoles.w.dockerImage"} <= {
-        e["path"] for e in body["errors"]}
+        e["path"] for e in body["errors"]
+    }
     garbage = api.http.post("/api/v2/jobs", content="[1, 2", headers={"Content-Type": "text/yaml"})
     assert garbage.status_code == 400
 
@@ -214,9 +277,20 @@ def test_other_users_get_403_on_paths_and_404_on_jobs(api: Api) -> None:
     token = api.http.post("/v1/tokens", json={"user": "paiuser"}).json()["token"]
     user = api.as_token(token)
     name = unique("theirs")
-    payload = {"jobName": name, "image": "x", "taskRoles": [
-        {"name": "m", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0,
-         "command": "true"}]}
+    payload = {
+        "jobName": name,
+        "image": "x",
+        "taskRoles": [
+            {
+                "name": "m",
+                "taskNumber": 1,
+                "cpuNumber": 1,
+                "memoryMB": 128,
+                "gpuNumber": 0,
+                "command": "true",
+            }
+        ],
+    }
     refused = user.http.post("/api/v1/user/admin/jobs", json=payload)
     assert refused.status_code == 403 and refused.json()["code"] == "ForbiddenUserError"
     assert user.http.post("/api/v1/user/paiuser/jobs", json=payload).status_code == 202
@@ -224,8 +298,10 @@ def test_other_users_get_403_on_paths_and_404_on_jobs(api: Api) -> None:
     # An admin sees it; the same name is free for another user.
     assert api.http.get(f"/api/v2/jobs/paiuser~{name}").status_code == 200
     mine = unique("mine")
-    assert api.http.post("/api/v1/user/admin/jobs",
-                         json={**payload, "jobName": mine}).status_code == 202
+    assert (
+        api.http.post("/api/v1/user/admin/jobs", json={**payload, "jobName": mine}).status_code
+        == 202
+    )
     openpai_status(api, f"admin~{mine}", {"SUCCEEDED"})
     assert user.http.get(f"/api/v2/jobs/admin~{mine}").status_code == 404
     stop = user.http.put(f"/api/v2/jobs/admin~{mine}/executionType", json={"value": "STOP"})

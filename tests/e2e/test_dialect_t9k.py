@@ -25,33 +25,55 @@ def unique(prefix: str) -> str:
 
 
 def container(name: str, command: list[str], **extra: Any) -> dict[str, Any]:
-    return {"template": {"spec": {"containers": [
-        {"name": name, "image": "python:3.11", "command": command,
-         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}}, **extra}]}}}
+    return {
+        "template": {
+            "spec": {
+                "containers": [
+                    {
+                        "name": name,
+                        "image": "python:3.11",
+                        "command": command,
+                        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}},
+                        **extra,
+                    }
+                ]
+            }
+        }
+    }
 
 
 def generic_job(name: str, master: list[str], worker: list[str]) -> dict[str, Any]:
     return {
-        "apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "GenericJob",
+        "apiVersion": "batch.tensorstack.dev/v1beta1",
+        "kind": "GenericJob",
         "metadata": {"name": name},
         "spec": {
             "successRules": [{"master": [0]}],
             "failureRules": [{"master": [0]}],
             "replicaSpecs": [
-                {"type": "master", "replicas": 1,
-                 "restartPolicy": {"policy": "Never", "limit": 0},
-                 **container("main", master, imagePullPolicy="IfNotPresent")},
-                {"type": "worker", "replicas": 2,
-                 "restartPolicy": {"policy": "Never", "limit": 0},
-                 **container("main", worker)},
+                {
+                    "type": "master",
+                    "replicas": 1,
+                    "restartPolicy": {"policy": "Never", "limit": 0},
+                    **container("main", master, imagePullPolicy="IfNotPresent"),
+                },
+                {
+                    "type": "worker",
+                    "replicas": 2,
+                    "restartPolicy": {"policy": "Never", "limit": 0},
+                    **container("main", worker),
+                },
             ],
         },
     }
 
 
 def create(api: Api, base: str, plural: str, payload: dict[str, Any]) -> Any:
-    return api.http.post(f"{base}/{plural}", content=yaml.safe_dump(payload),
-                         headers={"Content-Type": "application/yaml"})
+    return api.http.post(
+        f"{base}/{plural}",
+        content=yaml.safe_dump(payload),
+        headers={"Content-Type": "application/yaml"},
+    )
 
 
 def wait_phase(api: Api, path: str, phases: set[str], timeout: float = 60) -> dict[str, Any]:
@@ -69,8 +91,12 @@ def wait_phase(api: Api, path: str, phases: set[str], timeout: float = 60) -> di
 
 def test_generic_job_with_two_replica_types_succeeds_by_its_success_rule(api: Api) -> None:
     name = unique("generic")
-    answer = create(api, T9K, "genericjobs", generic_job(
-        name, ["python3", "-c", "print('master done')"], ["sleep", "30"]))
+    answer = create(
+        api,
+        T9K,
+        "genericjobs",
+        generic_job(name, ["python3", "-c", "print('master done')"], ["sleep", "30"]),
+    )
     assert answer.status_code == 201, answer.text
     created = answer.json()
     assert created["kind"] == "GenericJob"
@@ -79,8 +105,10 @@ def test_generic_job_with_two_replica_types_succeeds_by_its_success_rule(api: Ap
     assert created["metadata"]["creationTimestamp"].endswith("Z")
     # Translation warnings come back as Kubernetes sends them.
     warnings = answer.headers.get_list("warning")
-    assert any(w.startswith('299 - "$.spec.replicaSpecs[0].template.spec.containers[0]'
-                            '.imagePullPolicy') for w in warnings), warnings
+    assert any(
+        w.startswith('299 - "$.spec.replicaSpecs[0].template.spec.containers[0].imagePullPolicy')
+        for w in warnings
+    ), warnings
 
     # The master's success ends the job while its workers still sleep.
     resource = wait_phase(api, f"{T9K}/genericjobs/{name}", {"Succeeded", "Failed"}, 40)
@@ -95,7 +123,10 @@ def test_generic_job_with_two_replica_types_succeeds_by_its_success_rule(api: Ap
     assert set(tasks) == {"master", "worker"}
     [master] = tasks["master"]["replicas"]
     assert (master["phase"], master["exitCode"], master["name"]) == (
-        "Succeeded", 0, f"{name}-master-0")
+        "Succeeded",
+        0,
+        f"{name}-master-0",
+    )
     assert master["node"]
     assert len(tasks["worker"]["replicas"]) == 2
     assert status["replicaStatuses"]["master"]["succeeded"] == 1
@@ -171,12 +202,15 @@ def test_patch_of_expected_replicas_scales_an_elastic_job(api: Api) -> None:
     name = unique("elastic")
     path = f"{T9K}/pytorchtrainingjobs/{name}"
     payload = {
-        "apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "PyTorchTrainingJob",
+        "apiVersion": "batch.tensorstack.dev/v1beta1",
+        "kind": "PyTorchTrainingJob",
         "metadata": {"name": name},
-        "spec": {"elastic": {"enabled": True, "minReplicas": 1, "maxReplicas": 3,
-                             "expectedReplicas": 1},
-                 "replicaSpecs": [{"type": "worker", "replicas": 1,
-                                   **container("python", ["sleep", "60"])}]},
+        "spec": {
+            "elastic": {"enabled": True, "minReplicas": 1, "maxReplicas": 3, "expectedReplicas": 1},
+            "replicaSpecs": [
+                {"type": "worker", "replicas": 1, **container("python", ["sleep", "60"])}
+            ],
+        },
     }
     answer = create(api, T9K, "pytorchtrainingjobs", payload)
     assert answer.status_code == 201, answer.text
@@ -196,8 +230,9 @@ def test_patch_of_expected_replicas_scales_an_elastic_job(api: Api) -> None:
     running: set[tuple[str, int]] = set()
     while running != {("worker", 0), ("worker", 1)} and time.monotonic() < deadline:
         time.sleep(0.2)
-        running = {(t["role"], t["index"]) for t in api.job(uid)["tasks"]
-                   if t["state"] == "RUNNING"}
+        running = {
+            (t["role"], t["index"]) for t in api.job(uid)["tasks"] if t["state"] == "RUNNING"
+        }
     assert running == {("worker", 0), ("worker", 1)}, api.job(uid)
     out_of_bounds = patch(api, path, {"spec": {"elastic": {"expectedReplicas": 9}}})
     assert out_of_bounds.status_code == 422
@@ -211,18 +246,38 @@ def test_patch_refusals_are_kubernetes_statuses(api: Api) -> None:
     assert answer.status_code == 201, answer.text
     uid = answer.json()["metadata"]["uid"]
     # Only merge patches (kubectl patch --type=merge) are understood.
-    wrong = patch(api, path, [{"op": "replace", "path": "/spec/runMode", "value": {}}],
-                  {"Content-Type": "application/json-patch+json"})
+    wrong = patch(
+        api,
+        path,
+        [{"op": "replace", "path": "/spec/runMode", "value": {}}],
+        {"Content-Type": "application/json-patch+json"},
+    )
     assert wrong.status_code == 415 and wrong.json()["reason"] == "UnsupportedMediaType"
     # A job's size is fixed unless it is elastic; the cause names the field.
-    scaled = patch(api, path, {"spec": {"replicaSpecs": [
-        {**r, "replicas": 3} for r in generic_job(name, ["sleep", "60"], ["sleep", "60"])[
-            "spec"]["replicaSpecs"]]}})
+    scaled = patch(
+        api,
+        path,
+        {
+            "spec": {
+                "replicaSpecs": [
+                    {**r, "replicas": 3}
+                    for r in generic_job(name, ["sleep", "60"], ["sleep", "60"])["spec"][
+                        "replicaSpecs"
+                    ]
+                ]
+            }
+        },
+    )
     assert scaled.status_code == 422, scaled.text
     assert [c["field"] for c in scaled.json()["details"]["causes"]] == [
-        "spec.replicaSpecs[0].replicas", "spec.replicaSpecs[1].replicas"]
-    ghost = patch(api, f"{T9K}/genericjobs/{unique('ghost')}",
-                  {"spec": {"runMode": {"pause": {"enabled": True}}}})
+        "spec.replicaSpecs[0].replicas",
+        "spec.replicaSpecs[1].replicas",
+    ]
+    ghost = patch(
+        api,
+        f"{T9K}/genericjobs/{unique('ghost')}",
+        {"spec": {"runMode": {"pause": {"enabled": True}}}},
+    )
     assert ghost.status_code == 404
     assert api.job(uid)["state"] not in ("PAUSED", "STOPPED")
     assert api.http.delete(path).status_code == 200
@@ -231,8 +286,7 @@ def test_patch_refusals_are_kubernetes_statuses(api: Api) -> None:
 def test_invalid_fields_are_a_422_status_naming_them(api: Api) -> None:
     payload = generic_job(unique("bad"), ["true"], ["true"])
     payload["spec"]["replicaSpecs"][1]["replicas"] = 0
-    payload["spec"]["runMode"] = {"elastic": {"enabled": True, "minReplicas": 1,
-                                              "maxReplicas": 2}}
+    payload["spec"]["runMode"] = {"elastic": {"enabled": True, "minReplicas": 1, "maxReplicas": 2}}
     answer = create(api, T9K, "genericjobs", payload)
     assert answer.status_code == 422, answer.text
     body = answer.json()
@@ -240,8 +294,7 @@ def test_invalid_fields_are_a_422_status_naming_them(api: Api) -> None:
     fields = {c["field"] for c in body["details"]["causes"]}
     assert {"spec.replicaSpecs[1].replicas", "spec.runMode.elastic"} <= fields
     # The rejected job is on record and reads back as Failed / Rejected.
-    resource = wait_phase(api, f"{T9K}/genericjobs/{payload['metadata']['name']}",
-                          {"Failed"}, 30)
+    resource = wait_phase(api, f"{T9K}/genericjobs/{payload['metadata']['name']}", {"Failed"}, 30)
     failed = next(c for c in resource["status"]["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "Rejected" and "spec.runMode.elastic" in failed["message"]
 
@@ -283,8 +336,9 @@ spec:
               image: python:3.11
               command: ["python3", "-c", "print('hello from a worker')"]
 """
-    answer = api.http.post(f"{KUBEFLOW}/pytorchjobs", content=text,
-                           headers={"Content-Type": "application/yaml"})
+    answer = api.http.post(
+        f"{KUBEFLOW}/pytorchjobs", content=text, headers={"Content-Type": "application/yaml"}
+    )
     assert answer.status_code == 201, answer.text
     uid = answer.json()["metadata"]["uid"]
     view = api.wait(uid)

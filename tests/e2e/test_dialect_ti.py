@@ -44,8 +44,13 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def ti_job(api: Api, name: str, cluster: str = CLUSTER, timeout: float = 60.0,
-           states: tuple[str, ...] = ("Succeeded", "Failed")) -> dict[str, Any]:
+def ti_job(
+    api: Api,
+    name: str,
+    cluster: str = CLUSTER,
+    timeout: float = 60.0,
+    states: tuple[str, ...] = ("Succeeded", "Failed"),
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     view: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -61,8 +66,11 @@ def ti_job(api: Api, name: str, cluster: str = CLUSTER, timeout: float = 60.0,
 def test_a_two_worker_tensorflow_job_sees_its_cluster_in_tf_config(api: Api) -> None:
     name = unique("tf-config")
     payload = {
-        "name": name, "cluster": CLUSTER, "runtimeVersion": "tf-1.7.0-py3",
-        "workerCount": 2, "workerType": "1U1G0P",
+        "name": name,
+        "cluster": CLUSTER,
+        "runtimeVersion": "tf-1.7.0-py3",
+        "workerCount": 2,
+        "workerType": "1U1G0P",
         "command": ["python3", "-c", CHECK_TF_CONFIG],
     }
     answer = api.http.post("/ti/v1/jobs", json=payload)
@@ -75,8 +83,10 @@ def test_a_two_worker_tensorflow_job_sees_its_cluster_in_tf_config(api: Api) -> 
     assert view["state"] == "Succeeded", view
     for key in ("createTime", "startTime", "endTime"):
         assert RFC3339.match(view[key] or ""), (key, view[key])
-    times = [datetime.fromisoformat(view[k].replace("Z", "+00:00"))
-             for k in ("createTime", "startTime", "endTime")]
+    times = [
+        datetime.fromisoformat(view[k].replace("Z", "+00:00"))
+        for k in ("createTime", "startTime", "endTime")
+    ]
     assert times == sorted(times)
     assert view["runtimeVersion"] == "tf-1.7.0-py3" and view["workerType"] == "1U1G0P"
 
@@ -92,10 +102,17 @@ def test_a_two_worker_tensorflow_job_sees_its_cluster_in_tf_config(api: Api) -> 
 
 
 def test_an_invalid_ti_job_is_answered_at_once_field_by_field(api: Api) -> None:
-    answer = api.http.post("/ti/v1/jobs", json={
-        "name": unique("bad"), "cluster": CLUSTER, "command": ["true"],
-        "runtimeVersion": "tfplus-1.6.0-gpu", "workerType": "1U2G0P",
-        "parameterServerCount": 1})
+    answer = api.http.post(
+        "/ti/v1/jobs",
+        json={
+            "name": unique("bad"),
+            "cluster": CLUSTER,
+            "command": ["true"],
+            "runtimeVersion": "tfplus-1.6.0-gpu",
+            "workerType": "1U2G0P",
+            "parameterServerCount": 1,
+        },
+    )
     assert answer.status_code == 400
     paths = {e["path"] for e in answer.json()["detail"]["errors"]}
     assert paths == {"$.workerType", "$.parameterServerCount"}
@@ -103,8 +120,9 @@ def test_an_invalid_ti_job_is_answered_at_once_field_by_field(api: Api) -> None:
 
 def test_a_job_on_an_unknown_cluster_reads_back_failed_with_the_reason(api: Api) -> None:
     name = unique("nowhere")
-    answer = api.http.post("/ti/v1/jobs", json={"name": name, "cluster": "cls-nowhere",
-                                                "command": ["true"]})
+    answer = api.http.post(
+        "/ti/v1/jobs", json={"name": name, "cluster": "cls-nowhere", "command": ["true"]}
+    )
     assert answer.status_code == 202, answer.text
     view = ti_job(api, name, cluster="cls-nowhere")
     assert view["state"] == "Failed" and "$.cluster" in view["message"]
@@ -113,8 +131,15 @@ def test_a_job_on_an_unknown_cluster_reads_back_failed_with_the_reason(api: Api)
 
 def test_delete_stops_the_job(api: Api) -> None:
     name = unique("sleepy")
-    answer = api.http.post("/ti/v1/jobs", json={
-        "name": name, "cluster": CLUSTER, "command": ["sleep", "300"], "workerType": "1U1G0P"})
+    answer = api.http.post(
+        "/ti/v1/jobs",
+        json={
+            "name": name,
+            "cluster": CLUSTER,
+            "command": ["sleep", "300"],
+            "workerType": "1U1G0P",
+        },
+    )
     assert answer.status_code == 202, answer.text
     ti_job(api, name, states=("Running",))
     deleted = api.http.delete(f"/ti/v1/jobs/{CLUSTER}/{name}")
@@ -127,8 +152,12 @@ def test_delete_stops_the_job(api: Api) -> None:
 
 def test_another_user_does_not_see_the_job(api: Api) -> None:
     name = unique("private")
-    assert api.http.post("/ti/v1/jobs", json={"name": name, "cluster": CLUSTER,
-                                              "command": ["true"]}).status_code == 202
+    assert (
+        api.http.post(
+            "/ti/v1/jobs", json={"name": name, "cluster": CLUSTER, "command": ["true"]}
+        ).status_code
+        == 202
+    )
     ti_job(api, name)
     token = api.http.post("/v1/tokens", json={"user": unique("bob")}).json()["token"]
     bob = api.as_token(token)
@@ -139,8 +168,13 @@ def test_another_user_does_not_see_the_job(api: Api) -> None:
 
 def yard(platform: Platform, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "YARD_URL": platform.url, "YARD_TOKEN": platform.token}
-    done = subprocess.run([sys.executable, "-m", "trainyard_sdk", *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainyard_sdk", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if check:
         assert done.returncode == 0, done.stderr
     return done
@@ -148,10 +182,19 @@ def yard(platform: Platform, *args: str, check: bool = True) -> subprocess.Compl
 
 def test_yard_ti_job_create_get_list(platform: Platform, api: Api) -> None:
     name = unique("cli")
-    created = yard(platform, "ti", "job", "create", name, f"--cluster={CLUSTER}",
-                   "--region=ap-guangzhou",
-                   "--command=python3 -c 'import os; print(os.environ[\"TF_CONFIG\"])'",
-                   "--runtime=tf-1.7.0-py3", "--wcount=1", "--workertype=1U1G0P")
+    created = yard(
+        platform,
+        "ti",
+        "job",
+        "create",
+        name,
+        f"--cluster={CLUSTER}",
+        "--region=ap-guangzhou",
+        "--command=python3 -c 'import os; print(os.environ[\"TF_CONFIG\"])'",
+        "--runtime=tf-1.7.0-py3",
+        "--wcount=1",
+        "--workertype=1U1G0P",
+    )
     assert f"job {name} created in cluster {CLUSTER}: Created" in created.stdout
     view = ti_job(api, name)
     assert view["state"] == "Succeeded" and view["region"] == "ap-guangzhou"
@@ -159,6 +202,5 @@ def test_yard_ti_job_create_get_list(platform: Platform, api: Api) -> None:
     assert re.search(r"state\s+Succeeded", shown)
     listed = yard(platform, "ti", "job", "list", "--cluster", CLUSTER).stdout
     assert name in listed
-    failed = yard(platform, "ti", "job", "get", unique("none"), "--cluster", CLUSTER,
-                  check=False)
+    failed = yard(platform, "ti", "job", "get", unique("none"), "--cluster", CLUSTER, check=False)
     assert failed.returncode == 1 and "no TI job" in failed.stderr

@@ -43,10 +43,23 @@ def _download(packages: list[str], into: Path, work: Path) -> str | None:
     venv = work / "pip-venv"
     # The jobs' own virtualenvs are made the same way, so the wheels fit them.
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "download",
-                           "--disable-pip-version-check", "--progress-bar", "off",
-                           "-d", str(into), *packages],
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "off",
+            "-d",
+            str(into),
+            *packages,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode != 0:
         return f"cannot download {' '.join(packages)}: {proc.stdout[-300:]}{proc.stderr[-500:]}"
     stamp.touch()
@@ -72,8 +85,11 @@ def platform_on(root: Path, cluster: dict[str, Any], wheelhouses: list[Path]) ->
     cluster_file.write_text(yaml.safe_dump(cluster))
     links = " ".join(f"--find-links {w}" for w in wheelhouses)
     config = PlatformConfig.with_free_ports(
-        root / "data", cluster_file=cluster_file, log_level="WARNING",
-        extra_env={"YARD_PIP_ARGS": f"--no-index {links}"})
+        root / "data",
+        cluster_file=cluster_file,
+        log_level="WARNING",
+        extra_env={"YARD_PIP_ARGS": f"--no-index {links}"},
+    )
     return Platform(config).start()
 
 
@@ -106,8 +122,12 @@ def run_to_end(api: Api, spec: dict[str, Any], timeout: float = 300) -> dict[str
 def role(name: str, replicas: int, command: str, memory_mb: int = 2048) -> dict[str, Any]:
     # The launcher holds a task to its memory (as an address-space limit where cgroups
     # are not available), and numpy, xgboost and torch map far more than they use.
-    return {"name": name, "replicas": replicas, "command": command,
-            "resources": {"cpu": 1, "memory_mb": memory_mb}}
+    return {
+        "name": name,
+        "replicas": replicas,
+        "command": command,
+        "resources": {"cpu": 1, "memory_mb": memory_mb},
+    }
 
 
 # ----------------------------------------------------------------------------- XGBoost
@@ -145,8 +165,15 @@ XGBOOST_TRAIN = """
 def test_xgboost_trains_one_model_across_two_workers(fw_api: Api, out_dir: Path) -> None:
     train = script(out_dir, "train.py", XGBOOST_TRAIN)
     command = f"python {train} {out_dir}"
-    run_to_end(fw_api, {"name": unique("xgb"), "kind": "xgboost", "pip_packages": ["xgboost-cpu"],
-                        "roles": [role("master", 1, command), role("worker", 1, command)]})
+    run_to_end(
+        fw_api,
+        {
+            "name": unique("xgb"),
+            "kind": "xgboost",
+            "pip_packages": ["xgboost-cpu"],
+            "roles": [role("master", 1, command), role("worker", 1, command)],
+        },
+    )
 
     results = [json.loads((out_dir / f"result-{r}.json").read_text()) for r in (0, 1)]
     assert [r["world"] for r in results] == [2, 2], results
@@ -163,7 +190,8 @@ def test_xgboost_trains_one_model_across_two_workers(fw_api: Api, out_dir: Path)
 
 needs_mpirun = pytest.mark.skipif(
     shutil.which("mpirun") is None,
-    reason="Open MPI is not installed (tools/setup-system.sh installs openmpi-bin as root)")
+    reason="Open MPI is not installed (tools/setup-system.sh installs openmpi-bin as root)",
+)
 
 MPI_ALLREDUCE = """
     import json, os, sys
@@ -183,13 +211,19 @@ MPI_ALLREDUCE = """
 @needs_mpirun
 def test_mpirun_from_the_launcher_allreduces_across_two_workers(fw_api: Api, out_dir: Path) -> None:
     program = script(out_dir, "allreduce.py", MPI_ALLREDUCE)
-    run_to_end(fw_api, {
-        "name": unique("mpi"), "kind": "mpi", "pip_packages": ["mpi4py"],
-        "roles": [
-            # Kubeflow MPIJob's shape: the launcher runs mpirun, the workers host the ranks.
-            role("launcher", 1, f"mpirun -np 2 python {program} {out_dir}"),
-            role("worker", 2, "/usr/sbin/sshd -De"),
-        ]})
+    run_to_end(
+        fw_api,
+        {
+            "name": unique("mpi"),
+            "kind": "mpi",
+            "pip_packages": ["mpi4py"],
+            "roles": [
+                # Kubeflow MPIJob's shape: the launcher runs mpirun, the workers host the ranks.
+                role("launcher", 1, f"mpirun -np 2 python {program} {out_dir}"),
+                role("worker", 2, "/usr/sbin/sshd -De"),
+            ],
+        },
+    )
 
     ranks = [json.loads((out_dir / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert [(r["size"], r["sum"]) for r in ranks] == [(2, 3), (2, 3)], ranks
@@ -202,20 +236,37 @@ def test_mpirun_from_the_launcher_allreduces_across_two_workers(fw_api: Api, out
 @needs_mpirun
 def test_a_t9k_mpijob_runs_its_cmd_under_mpirun_on_every_worker(fw_api: Api, out_dir: Path) -> None:
     name = unique("t9k-mpi")
-    code = ("import os; open(os.path.join(%r, 'rank-' + os.environ['OMPI_COMM_WORLD_RANK']), 'w')"
-            ".write(os.environ['OMPI_COMM_WORLD_SIZE'] + ' ' + os.environ['TRAINYARD_INDEX'])"
-            % str(out_dir))
+    code = (
+        f"import os; open(os.path.join({str(out_dir)!r}, 'rank-' + os.environ['OMPI_COMM_WORLD_RANK']), 'w')"
+        ".write(os.environ['OMPI_COMM_WORLD_SIZE'] + ' ' + os.environ['TRAINYARD_INDEX'])"
+    )
     payload = {
-        "apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "MPIJob",
+        "apiVersion": "batch.tensorstack.dev/v1beta1",
+        "kind": "MPIJob",
         "metadata": {"name": name},
-        "spec": {"worker": {
-            "replicas": 2, "cmd": ["python3", "-c", code],
-            "template": {"spec": {"containers": [{
-                "name": "mpi-worker", "image": "python:3.11",
-                "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}}}]}}}},
+        "spec": {
+            "worker": {
+                "replicas": 2,
+                "cmd": ["python3", "-c", code],
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "mpi-worker",
+                                "image": "python:3.11",
+                                "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}},
+                            }
+                        ]
+                    }
+                },
+            }
+        },
     }
-    answer = fw_api.http.post(f"{T9K}/mpijobs", content=yaml.safe_dump(payload),
-                              headers={"Content-Type": "application/yaml"})
+    answer = fw_api.http.post(
+        f"{T9K}/mpijobs",
+        content=yaml.safe_dump(payload),
+        headers={"Content-Type": "application/yaml"},
+    )
     assert answer.status_code == 201, answer.text
     job_id = answer.json()["metadata"]["uid"]
     view = fw_api.wait(job_id, timeout=120)
@@ -226,6 +277,7 @@ def test_a_t9k_mpijob_runs_its_cmd_under_mpirun_on_every_worker(fw_api: Api, out
 
 
 # ----------------------------------------------------------------------------- PyTorch
+
 
 def _torch_installed() -> bool:
     """Whether a job's virtualenv sees torch without installing it: the jobs' venvs are
@@ -240,8 +292,10 @@ TORCH_INSTALLED = not TORCH_WANTED and _torch_installed()
 def _torch_problem() -> str | None:
     if TORCH_WANTED or TORCH_INSTALLED:
         return None
-    return ("torch is not installed and YARD_TEST_TORCH is not 1: torch's PyPI wheel brings "
-            "gigabytes of CUDA libraries; set YARD_TEST_TORCH=1 to download it and run this")
+    return (
+        "torch is not installed and YARD_TEST_TORCH is not 1: torch's PyPI wheel brings "
+        "gigabytes of CUDA libraries; set YARD_TEST_TORCH=1 to download it and run this"
+    )
 
 
 DDP_TRAIN = """
@@ -273,10 +327,16 @@ def test_pytorch_ddp_over_gloo_across_two_workers(fw_api: Api, out_dir: Path) ->
     train = script(out_dir, "ddp.py", DDP_TRAIN)
     command = f"python {train} {out_dir}"
     packages = [] if TORCH_INSTALLED else ["torch"]
-    run_to_end(fw_api, {"name": unique("ddp"), "kind": "pytorch", "pip_packages": packages,
-                        "roles": [role("master", 1, command, 8192),
-                                  role("worker", 1, command, 8192)]},
-               timeout=1500)
+    run_to_end(
+        fw_api,
+        {
+            "name": unique("ddp"),
+            "kind": "pytorch",
+            "pip_packages": packages,
+            "roles": [role("master", 1, command, 8192), role("worker", 1, command, 8192)],
+        },
+        timeout=1500,
+    )
     results = [json.loads((out_dir / f"ddp-{r}.json").read_text()) for r in (0, 1)]
     assert [r["world"] for r in results] == [2, 2]
     assert results[0]["weight"] == results[1]["weight"]
@@ -306,9 +366,18 @@ def _nccl_problem() -> str | None:
 @pytest.fixture(scope="module")
 def gpu_api(tmp_path_factory: pytest.TempPathFactory, wheelhouses: list[Path]) -> Iterator[Api]:
     # The machine's real GPUs, so CUDA_VISIBLE_DEVICES names devices that exist.
-    cluster = {"nodes": [{"name": "gpu-node", "cpu": float(os.cpu_count() or 2),
-                          "memory_mb": 65536, "gpus": GPUS, "gpu_type": "GPU",
-                          "port_range": [33000, 33999]}]}
+    cluster = {
+        "nodes": [
+            {
+                "name": "gpu-node",
+                "cpu": float(os.cpu_count() or 2),
+                "memory_mb": 65536,
+                "gpus": GPUS,
+                "gpu_type": "GPU",
+                "port_range": [33000, 33999],
+            }
+        ]
+    }
     platform = platform_on(tmp_path_factory.mktemp("gpu-platform"), cluster, wheelhouses)
     yield Api(platform.url, platform.token)
     platform.stop()
@@ -316,14 +385,22 @@ def gpu_api(tmp_path_factory: pytest.TempPathFactory, wheelhouses: list[Path]) -
 
 GLOO_INIT = 'dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK'
 assert GLOO_INIT in DDP_TRAIN
-NCCL_TRAIN = DDP_TRAIN.replace(GLOO_INIT, """\
+NCCL_TRAIN = (
+    DDP_TRAIN.replace(
+        GLOO_INIT,
+        """\
 dist.init_process_group("nccl")  # env://, as for gloo
     # The launcher's CUDA_VISIBLE_DEVICES leaves each task its own placed GPU(s).
     torch.cuda.set_device(0)
-    assert torch.cuda.device_count() == 1, os.environ.get("CUDA_VISIBLE_DEVICES")""").replace(
-    "torch.nn.Linear(4, 1))", "torch.nn.Linear(4, 1).cuda(), device_ids=[0])").replace(
-    "torch.randn(64, 4)", "torch.randn(64, 4, device='cuda')").replace(
-    "torch.tensor([[1.0, -2.0, 0.5, 3.0]])", "torch.tensor([[1.0, -2.0, 0.5, 3.0]], device='cuda')")
+    assert torch.cuda.device_count() == 1, os.environ.get("CUDA_VISIBLE_DEVICES")""",
+    )
+    .replace("torch.nn.Linear(4, 1))", "torch.nn.Linear(4, 1).cuda(), device_ids=[0])")
+    .replace("torch.randn(64, 4)", "torch.randn(64, 4, device='cuda')")
+    .replace(
+        "torch.tensor([[1.0, -2.0, 0.5, 3.0]])",
+        "torch.tensor([[1.0, -2.0, 0.5, 3.0]], device='cuda')",
+    )
+)
 
 
 @pytest.mark.skipif(_nccl_problem() is not None, reason=_nccl_problem() or "")
@@ -334,14 +411,22 @@ def test_pytorch_ddp_over_nccl_on_the_placed_gpus(gpu_api: Api, out_dir: Path) -
     world = 2 if GPUS >= 2 else 1
     train = script(out_dir, "ddp_nccl.py", NCCL_TRAIN)
     command = f"python {train} {out_dir}"
-    roles = [{**role("master", 1, command, 16384), "resources": {
-        "cpu": 1, "memory_mb": 16384, "gpu": 1}}]
+    roles = [
+        {**role("master", 1, command, 16384), "resources": {"cpu": 1, "memory_mb": 16384, "gpu": 1}}
+    ]
     if world == 2:
-        roles.append({**role("worker", 1, command, 16384), "resources": {
-            "cpu": 1, "memory_mb": 16384, "gpu": 1}})
+        roles.append(
+            {
+                **role("worker", 1, command, 16384),
+                "resources": {"cpu": 1, "memory_mb": 16384, "gpu": 1},
+            }
+        )
     packages = [] if TORCH_INSTALLED else ["torch"]
-    run_to_end(gpu_api, {"name": unique("ddp-nccl"), "kind": "pytorch",
-                         "pip_packages": packages, "roles": roles}, timeout=1500)
+    run_to_end(
+        gpu_api,
+        {"name": unique("ddp-nccl"), "kind": "pytorch", "pip_packages": packages, "roles": roles},
+        timeout=1500,
+    )
     results = [json.loads((out_dir / f"ddp-{r}.json").read_text()) for r in range(world)]
     assert [r["world"] for r in results] == [world] * world
     assert all(r["weight"] == results[0]["weight"] for r in results)

@@ -47,9 +47,13 @@ def prep_api(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator
     cluster = root / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(CLUSTER))
     config = PlatformConfig.with_free_ports(
-        root / "data", cluster_file=cluster, log_level="WARNING",
-        extra_env={"YARD_PIP_ARGS": f"--no-index --find-links {wheels}",
-                   "YARD_LAUNCHER_MINUTE_S": "1"},
+        root / "data",
+        cluster_file=cluster,
+        log_level="WARNING",
+        extra_env={
+            "YARD_PIP_ARGS": f"--no-index --find-links {wheels}",
+            "YARD_LAUNCHER_MINUTE_S": "1",
+        },
     )
     platform = Platform(config).start()
     yield Api(platform.url, platform.token)
@@ -84,13 +88,19 @@ def test_a_job_with_code_data_and_packages_runs(prep_api: Api, repo: Path, tmp_p
     (data / "rows.csv").write_text("a\nb\nc\n")
     code_at = f"/opt/trainyard-e2e-{uuid.uuid4().hex[:8]}/code"
     spec = {
-        "name": "prepared", "kind": "generic",
+        "name": "prepared",
+        "kind": "generic",
         "code_source": {"repo": str(repo), "branch": "release", "mount_path": code_at},
         "data_sources": [{"source": f"file://{data}", "mount_path": "/mnt/trainyard-e2e-data"}],
         "pip_packages": ["tyyard_e2e"],
-        "roles": [{"name": "trainer", "replicas": 1,
-                   "command": f"python {code_at}/train.py /mnt/trainyard-e2e-data",
-                   "resources": {"cpu": 1, "memory_mb": 256}}],
+        "roles": [
+            {
+                "name": "trainer",
+                "replicas": 1,
+                "command": f"python {code_at}/train.py /mnt/trainyard-e2e-data",
+                "resources": {"cpu": 1, "memory_mb": 256},
+            }
+        ],
     }
     job_id = prep_api.submit(spec)
     view = prep_api.wait(job_id, timeout=120)
@@ -102,9 +112,18 @@ def test_a_job_with_code_data_and_packages_runs(prep_api: Api, repo: Path, tmp_p
 
 
 def test_a_job_past_its_maximum_running_time_fails(prep_api: Api) -> None:
-    spec = {"name": "too-long", "max_running_minutes": 2,
-            "roles": [{"name": "sleeper", "replicas": 2, "command": "sleep 300",
-                       "resources": {"cpu": 1, "memory_mb": 128}}]}
+    spec = {
+        "name": "too-long",
+        "max_running_minutes": 2,
+        "roles": [
+            {
+                "name": "sleeper",
+                "replicas": 2,
+                "command": "sleep 300",
+                "resources": {"cpu": 1, "memory_mb": 128},
+            }
+        ],
+    }
     job_id = prep_api.submit(spec)
     # Two "minutes" of one second each (YARD_LAUNCHER_MINUTE_S).
     view = prep_api.wait(job_id, timeout=60)
@@ -113,15 +132,19 @@ def test_a_job_past_its_maximum_running_time_fails(prep_api: Api) -> None:
 
 
 def test_an_unreachable_data_source_fails_with_its_scheme(prep_api: Api) -> None:
-    spec = {"name": "oss-data", "data_sources": [{"source": "oss://bucket/x/", "mount_path": "/mnt/x"}],
-            "roles": [{"name": "t", "command": "true", "resources": {"cpu": 1, "memory_mb": 128}}]}
+    spec = {
+        "name": "oss-data",
+        "data_sources": [{"source": "oss://bucket/x/", "mount_path": "/mnt/x"}],
+        "roles": [{"name": "t", "command": "true", "resources": {"cpu": 1, "memory_mb": 128}}],
+    }
     view = prep_api.wait(prep_api.submit(spec), timeout=60)
     assert view["state"] == "FAILED", view
     assert "'oss://' is not supported by the local backend" in view["reason"], view
 
 
 def test_a_dlc_job_from_the_official_sdk_gets_its_code_data_and_libs(
-        prep_api: Api, repo: Path, tmp_path: Path) -> None:
+    prep_api: Api, repo: Path, tmp_path: Path
+) -> None:
     """The DLC seed's pattern end to end: a code source and a data source registered
     first, CreateJob naming them by id with ThirdpartyLibs, and the UserCommand running
     the checked-out script against the mounted data with the library installed."""
@@ -132,29 +155,66 @@ def test_a_dlc_job_from_the_official_sdk_gets_its_code_data_and_libs(
     from .test_dialect_dlc import call, wait_for
 
     key = prep_api.http.post("/v1/access-keys", json={"user": "dlc-prep"}).json()
-    client = Client(Config(access_key_id=key["AccessKeyId"], access_key_secret=key["AccessKeySecret"],
-                           endpoint=prep_api.url.split("://", 1)[1], protocol="http"))
+    client = Client(
+        Config(
+            access_key_id=key["AccessKeyId"],
+            access_key_secret=key["AccessKeySecret"],
+            endpoint=prep_api.url.split("://", 1)[1],
+            protocol="http",
+        )
+    )
     data = tmp_path / "nas1"
     data.mkdir()
     (data / "rows.csv").write_text("1\n2\n")
     suffix = uuid.uuid4().hex[:8]
-    ds = call(client, "CreateDataSource", "POST", "/api/v1/datasources", {
-        "DataSourceType": "local", "DisplayName": "nas1", "Path": str(data),
-        "MountPath": f"/root/data/nas1-{suffix}"})
-    cs = call(client, "CreateCodeSource", "POST", "/api/v1/codesources", {
-        "DisplayName": "train", "CodeRepo": str(repo), "CodeBranch": "release",
-        "MountPath": f"/root/code/train-{suffix}"})
-    created = client.create_job(dlc.CreateJobRequest(
-        display_name="dlc-prepared", job_type="PyTorchJob",
-        job_specs=[dlc.JobSpec(type="Worker", image="python:3.11", pod_count=1,
-                               resource_config=dlc.ResourceConfig(cpu="1", memory="1Gi"))],
-        user_command=f"python /root/code/train-{suffix}/train.py /root/data/nas1-{suffix}",
-        data_sources=[dlc.CreateJobRequestDataSources(data_source_id=ds["DataSourceId"])],
-        code_source=dlc.CreateJobRequestCodeSource(code_source_id=cs["CodeSourceId"]),
-        thirdparty_libs=["tyyard_e2e"],
-    )).body
-    job = wait_for(client, created.job_id, lambda b: b.status in {"Succeeded", "Failed", "Stopped"},
-                   timeout=120)
+    ds = call(
+        client,
+        "CreateDataSource",
+        "POST",
+        "/api/v1/datasources",
+        {
+            "DataSourceType": "local",
+            "DisplayName": "nas1",
+            "Path": str(data),
+            "MountPath": f"/root/data/nas1-{suffix}",
+        },
+    )
+    cs = call(
+        client,
+        "CreateCodeSource",
+        "POST",
+        "/api/v1/codesources",
+        {
+            "DisplayName": "train",
+            "CodeRepo": str(repo),
+            "CodeBranch": "release",
+            "MountPath": f"/root/code/train-{suffix}",
+        },
+    )
+    created = client.create_job(
+        dlc.CreateJobRequest(
+            display_name="dlc-prepared",
+            job_type="PyTorchJob",
+            job_specs=[
+                dlc.JobSpec(
+                    type="Worker",
+                    image="python:3.11",
+                    pod_count=1,
+                    resource_config=dlc.ResourceConfig(cpu="1", memory="1Gi"),
+                )
+            ],
+            user_command=f"python /root/code/train-{suffix}/train.py /root/data/nas1-{suffix}",
+            data_sources=[dlc.CreateJobRequestDataSources(data_source_id=ds["DataSourceId"])],
+            code_source=dlc.CreateJobRequestCodeSource(code_source_id=cs["CodeSourceId"]),
+            thirdparty_libs=["tyyard_e2e"],
+        )
+    ).body
+    job = wait_for(
+        client,
+        created.job_id,
+        lambda b: b.status in {"Succeeded", "Failed", "Stopped"},
+        timeout=120,
+    )
     pod = job.pods[0].pod_id
     logs = client.get_pod_logs(created.job_id, pod, dlc.GetPodLogsRequest()).body.logs
     assert job.status == "Succeeded", (job.reason_message, logs)

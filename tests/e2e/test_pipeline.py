@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,17 +20,31 @@ HELLOWORLD = seed_job("helloworld_16be675e")
 
 
 def two_role_job(name: str, out_dir: Path) -> dict[str, Any]:
-    dump = 'env > "$OUT_DIR/$PAI_CURRENT_TASK_ROLE_NAME-$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX.env"'
+    dump = (
+        'env > "$OUT_DIR/$PAI_CURRENT_TASK_ROLE_NAME-$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX.env"'
+    )
     return {
         "jobName": name,
         "image": "python:3.11",
         "taskRoles": [
-            {"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 256, "gpuNumber": 0,
-             "command": f"{dump} && python3 -c 'print(sum(i * i for i in range(10**5)))'",
-             "portList": [{"label": "http", "beginAt": 0, "portNumber": 2}]},
-            {"name": "worker", "taskNumber": 2, "cpuNumber": 1, "memoryMB": 256, "gpuNumber": 0,
-             "command": f"{dump} && echo worker $PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX done",
-             "minSucceededTaskCount": None},
+            {
+                "name": "main",
+                "taskNumber": 1,
+                "cpuNumber": 1,
+                "memoryMB": 256,
+                "gpuNumber": 0,
+                "command": f"{dump} && python3 -c 'print(sum(i * i for i in range(10**5)))'",
+                "portList": [{"label": "http", "beginAt": 0, "portNumber": 2}],
+            },
+            {
+                "name": "worker",
+                "taskNumber": 2,
+                "cpuNumber": 1,
+                "memoryMB": 256,
+                "gpuNumber": 0,
+                "command": f"{dump} && echo worker $PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX done",
+                "minSucceededTaskCount": None,
+            },
         ],
         "jobEnvs": {"OUT_DIR": str(out_dir), "PAI_JOB_NAME": "must-not-override"},
     }
@@ -41,7 +54,9 @@ def read_env(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
-def test_two_role_cpu_job_succeeds_and_tasks_see_their_pai_environment(api: Api, out_dir: Path) -> None:
+def test_two_role_cpu_job_succeeds_and_tasks_see_their_pai_environment(
+    api: Api, out_dir: Path
+) -> None:
     job_id = api.submit(two_role_job("two-roles", out_dir))
     view = api.wait(job_id)
     assert view["state"] == "SUCCEEDED", view
@@ -63,7 +78,12 @@ def test_two_role_cpu_job_succeeds_and_tasks_see_their_pai_environment(api: Api,
     assert env["PAI_MIN_SUCCEEDED_TASK_COUNT_worker"] == ""
     assert env["OUT_DIR"] == str(out_dir)
     assert env["TRAINYARD_JOB_ID"] == job_id and env["TRAINYARD_ATTEMPT"] == "1"
-    ports = [p for group in tasks[("main", 0)]["ports"] if group["label"] == "http" for p in group["ports"]]
+    ports = [
+        p
+        for group in tasks[("main", 0)]["ports"]
+        if group["label"] == "http"
+        for p in group["ports"]
+    ]
     assert len(ports) == 2
     assert env["PAI_PORT_LIST_main_0_http"] == ",".join(map(str, ports))
     assert env["PAI_CONTAINER_HOST_http_PORT_LIST"] == ",".join(map(str, ports))
@@ -121,9 +141,20 @@ def test_a_job_breaking_a_rule_is_rejected_with_the_field_named(api: Api) -> Non
 
 def test_stop_ends_a_running_job_and_its_processes(api: Api, out_dir: Path) -> None:
     marker = f"sleep 313.{out_dir.name[-4:].encode().hex()}"
-    payload = {"jobName": "sleeper", "image": "x", "taskRoles": [
-        {"name": "w", "taskNumber": 2, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0,
-         "command": f"bash -c 'exec -a \"{marker}\" sleep 313'"}]}
+    payload = {
+        "jobName": "sleeper",
+        "image": "x",
+        "taskRoles": [
+            {
+                "name": "w",
+                "taskNumber": 2,
+                "cpuNumber": 1,
+                "memoryMB": 128,
+                "gpuNumber": 0,
+                "command": f"bash -c 'exec -a \"{marker}\" sleep 313'",
+            }
+        ],
+    }
     job_id = api.submit(payload)
     api.wait(job_id, {"RUNNING"})
     api.stop(job_id)
@@ -135,12 +166,35 @@ def test_stop_ends_a_running_job_and_its_processes(api: Api, out_dir: Path) -> N
 
 
 def test_capacity_returns_when_a_job_ends(api: Api) -> None:
-    hog = {"jobName": "gpu-hog", "image": "x", "gpuType": "TITANX", "taskRoles": [
-        {"name": "t", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 2,
-         "command": "sleep 120"}]}
-    waiter = {"jobName": "gpu-waiter", "image": "x", "taskRoles": [
-        {"name": "t", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 1,
-         "command": "true"}]}
+    hog = {
+        "jobName": "gpu-hog",
+        "image": "x",
+        "gpuType": "TITANX",
+        "taskRoles": [
+            {
+                "name": "t",
+                "taskNumber": 1,
+                "cpuNumber": 1,
+                "memoryMB": 128,
+                "gpuNumber": 2,
+                "command": "sleep 120",
+            }
+        ],
+    }
+    waiter = {
+        "jobName": "gpu-waiter",
+        "image": "x",
+        "taskRoles": [
+            {
+                "name": "t",
+                "taskNumber": 1,
+                "cpuNumber": 1,
+                "memoryMB": 128,
+                "gpuNumber": 1,
+                "command": "true",
+            }
+        ],
+    }
     hog_id = api.submit(hog)
     api.wait(hog_id, {"RUNNING"})
     waiter_id = api.submit(waiter)
@@ -155,12 +209,38 @@ def test_users_see_only_their_own_jobs(api: Api) -> None:
     answer = api.http.post("/v1/tokens", json={"user": "alice"})
     assert answer.status_code == 201, answer.text
     alice = api.as_token(answer.json()["token"])
-    mine = alice.submit({"jobName": "alices", "image": "x", "taskRoles": [
-        {"name": "t", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0,
-         "command": "echo $PAI_USER_NAME"}]})
-    theirs = api.submit({"jobName": "admins", "image": "x", "taskRoles": [
-        {"name": "t", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0,
-         "command": "true"}]})
+    mine = alice.submit(
+        {
+            "jobName": "alices",
+            "image": "x",
+            "taskRoles": [
+                {
+                    "name": "t",
+                    "taskNumber": 1,
+                    "cpuNumber": 1,
+                    "memoryMB": 128,
+                    "gpuNumber": 0,
+                    "command": "echo $PAI_USER_NAME",
+                }
+            ],
+        }
+    )
+    theirs = api.submit(
+        {
+            "jobName": "admins",
+            "image": "x",
+            "taskRoles": [
+                {
+                    "name": "t",
+                    "taskNumber": 1,
+                    "cpuNumber": 1,
+                    "memoryMB": 128,
+                    "gpuNumber": 0,
+                    "command": "true",
+                }
+            ],
+        }
+    )
     assert alice.wait(mine)["user"] == "alice"
     listed = alice.http.get("/v1/jobs").json()
     assert {j["user"] for j in listed["items"]} == {"alice"}
@@ -174,20 +254,35 @@ def test_users_see_only_their_own_jobs(api: Api) -> None:
 
 
 def test_garbage_is_refused_at_the_door(api: Api) -> None:
-    assert api.http.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}).status_code == 400
+    assert (
+        api.http.post(
+            "/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}
+        ).status_code
+        == 400
+    )
     answer = api.http.post("/v1/jobs", json={"hello": "world"})
     assert answer.status_code == 400 and "openpai" in answer.text.lower()
 
 
 def test_a_native_jobspec_in_yaml_runs(api: Api) -> None:
     spec = {
-        "name": "native-yaml", "kind": "generic",
+        "name": "native-yaml",
+        "kind": "generic",
         "env": [{"name": "GREETING", "value": "hi"}],
-        "roles": [{"name": "solo", "replicas": 2, "command": "echo $GREETING $TRAINYARD_INDEX",
-                   "resources": {"cpu": 1, "memory_mb": 128}}],
+        "roles": [
+            {
+                "name": "solo",
+                "replicas": 2,
+                "command": "echo $GREETING $TRAINYARD_INDEX",
+                "resources": {"cpu": 1, "memory_mb": 128},
+            }
+        ],
     }
-    answer = api.http.post("/v1/jobs", content=yaml.safe_dump(spec).encode(),
-                           headers={"content-type": "application/yaml"})
+    answer = api.http.post(
+        "/v1/jobs",
+        content=yaml.safe_dump(spec).encode(),
+        headers={"content-type": "application/yaml"},
+    )
     assert answer.status_code == 202, answer.text
     assert answer.json()["dialect"] == "native"
     view = api.wait(answer.json()["id"])
@@ -197,8 +292,20 @@ def test_a_native_jobspec_in_yaml_runs(api: Api) -> None:
 
 
 def test_a_retried_submission_with_the_same_idempotency_key_is_one_job(api: Api) -> None:
-    payload = {"jobName": "idempotent", "image": "x", "taskRoles": [
-        {"name": "t", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0, "command": "true"}]}
+    payload = {
+        "jobName": "idempotent",
+        "image": "x",
+        "taskRoles": [
+            {
+                "name": "t",
+                "taskNumber": 1,
+                "cpuNumber": 1,
+                "memoryMB": 128,
+                "gpuNumber": 0,
+                "command": "true",
+            }
+        ],
+    }
     first = api.http.post("/v1/jobs", json=payload, headers={"Idempotency-Key": "retry-1"})
     second = api.http.post("/v1/jobs", json=payload, headers={"Idempotency-Key": "retry-1"})
     assert first.status_code == second.status_code == 202
@@ -209,9 +316,14 @@ def test_a_retried_submission_with_the_same_idempotency_key_is_one_job(api: Api)
 
 
 def test_validate_is_a_dry_run_with_every_problem_and_its_path(api: Api) -> None:
-    good = api.http.post("/v1/jobs:validate", json=copy.deepcopy(HELLOWORLD) | {"jobName": "dry-run-ok"})
+    good = api.http.post(
+        "/v1/jobs:validate", json=copy.deepcopy(HELLOWORLD) | {"jobName": "dry-run-ok"}
+    )
     assert good.status_code == 200, good.text
-    assert good.json()["valid"] and good.json()["spec"]["roles"][0]["resources"]["gpu_type"] == "TITANX"
+    assert (
+        good.json()["valid"]
+        and good.json()["spec"]["roles"][0]["resources"]["gpu_type"] == "TITANX"
+    )
     bad = copy.deepcopy(HELLOWORLD)
     bad["taskRoles"][0]["memoryMB"] = 50
     bad["gpuType"] = "H100"
@@ -219,7 +331,9 @@ def test_validate_is_a_dry_run_with_every_problem_and_its_path(api: Api) -> None
     assert not answer["valid"]
     assert "$.taskRoles[0].memoryMB" in {e["path"] for e in answer["errors"]}
     # Nothing was submitted: the name is still free, and no job carries it.
-    assert api.http.post("/v1/jobs:validate", json=copy.deepcopy(HELLOWORLD) | {"jobName": "dry-run-ok"}).json()["valid"]
+    assert api.http.post(
+        "/v1/jobs:validate", json=copy.deepcopy(HELLOWORLD) | {"jobName": "dry-run-ok"}
+    ).json()["valid"]
     names = {j["name"] for j in api.http.get("/v1/jobs", params={"limit": 500}).json()["items"]}
     assert "dry-run-ok" not in names
     unknown = api.http.post("/v1/jobs:validate", json={"hello": "world"})

@@ -17,17 +17,31 @@ pytestmark = pytest.mark.e2e
 def notebook_job(name: str) -> dict:
     # The seed's JSON, with an HTTP server standing in for `jupyter notebook --port=...`.
     return {
-        "jobName": name, "image": "sitonholy/ai:16.04-9.0-3.5-pmt", "authFile": "",
-        "dataDir": "", "outputDir": "", "codeDir": "", "retryCount": 0,
-        "taskRoles": [{
-            "name": "task_1", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 512, "shmMB": 64,
-            "gpuNumber": 0, "storageGB": 5, "minFailedTaskCount": None,
-            "minSucceededTaskCount": None,
-            "command": "echo notebook > index.html && python3 -m http.server "
-                       "$PAI_CONTAINER_HOST_jupyter_PORT_LIST --bind 0.0.0.0",
-            "portList": [{"label": "jupyter", "beginAt": 0, "portNumber": 1}],
-        }],
-        "jobEnvs": {}, "extras": {},
+        "jobName": name,
+        "image": "sitonholy/ai:16.04-9.0-3.5-pmt",
+        "authFile": "",
+        "dataDir": "",
+        "outputDir": "",
+        "codeDir": "",
+        "retryCount": 0,
+        "taskRoles": [
+            {
+                "name": "task_1",
+                "taskNumber": 1,
+                "cpuNumber": 1,
+                "memoryMB": 512,
+                "shmMB": 64,
+                "gpuNumber": 0,
+                "storageGB": 5,
+                "minFailedTaskCount": None,
+                "minSucceededTaskCount": None,
+                "command": "echo notebook > index.html && python3 -m http.server "
+                "$PAI_CONTAINER_HOST_jupyter_PORT_LIST --bind 0.0.0.0",
+                "portList": [{"label": "jupyter", "beginAt": 0, "portNumber": 1}],
+            }
+        ],
+        "jobEnvs": {},
+        "extras": {},
     }
 
 

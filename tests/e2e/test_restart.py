@@ -16,15 +16,28 @@ pytestmark = pytest.mark.e2e
 
 
 def small_job(name: str) -> dict:
-    return {"jobName": name, "image": "x", "taskRoles": [
-        {"name": "t", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0,
-         "command": "echo $PAI_JOB_NAME"}]}
+    return {
+        "jobName": name,
+        "image": "x",
+        "taskRoles": [
+            {
+                "name": "t",
+                "taskNumber": 1,
+                "cpuNumber": 1,
+                "memoryMB": 128,
+                "gpuNumber": 0,
+                "command": "echo $PAI_JOB_NAME",
+            }
+        ],
+    }
 
 
 def test_a_restart_keeps_history(tmp_path: Path) -> None:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(CLUSTER))
-    config = PlatformConfig.with_free_ports(tmp_path / "data", cluster_file=cluster, log_level="WARNING")
+    config = PlatformConfig.with_free_ports(
+        tmp_path / "data", cluster_file=cluster, log_level="WARNING"
+    )
     with Platform(config) as first:
         api = Api(first.url, first.token)
         before = api.submit(small_job("before-restart"))

@@ -25,7 +25,9 @@ def retry_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     cluster = root / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(CLUSTER))
     config = PlatformConfig.with_free_ports(
-        root / "data", cluster_file=cluster, log_level="WARNING",
+        root / "data",
+        cluster_file=cluster,
+        log_level="WARNING",
         extra_env={"YARD_RETRY_BACKOFF_S": "0.2"},
     )
     platform = Platform(config).start()
@@ -34,9 +36,21 @@ def retry_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
 
 
 def openpai(name: str, command: str, retries: int, tasks: int = 1) -> dict[str, Any]:
-    return {"jobName": name, "image": "x", "retryCount": retries, "taskRoles": [
-        {"name": "w", "taskNumber": tasks, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0,
-         "command": command}]}
+    return {
+        "jobName": name,
+        "image": "x",
+        "retryCount": retries,
+        "taskRoles": [
+            {
+                "name": "w",
+                "taskNumber": tasks,
+                "cpuNumber": 1,
+                "memoryMB": 128,
+                "gpuNumber": 0,
+                "command": command,
+            }
+        ],
+    }
 
 
 def types(api: Api, job_id: str) -> collections.Counter[str]:
@@ -49,7 +63,10 @@ def test_an_openpai_job_failing_twice_succeeds_on_its_third_attempt(retry_api: A
     assert view["state"] == "SUCCEEDED", view
     assert (view["attempt"], view["retries"]) == (3, 2), view
     assert [(a["attempt"], a["state"], a["failure_class"]) for a in view["attempts"]] == [
-        (1, "FAILED", "user"), (2, "FAILED", "user"), (3, "SUCCEEDED", None)], view["attempts"]
+        (1, "FAILED", "user"),
+        (2, "FAILED", "user"),
+        (3, "SUCCEEDED", None),
+    ], view["attempts"]
     assert view["attempts"][0]["retried_as"] == 2
     # Every attempt's tasks stay, each classified.
     ends = collections.defaultdict(set)
@@ -64,7 +81,9 @@ def test_an_openpai_job_failing_twice_succeeds_on_its_third_attempt(retry_api: A
     history = retry_api.events(job_id)
     retrying = [h["event"] for h in history if h["type"] == "JobRetrying"]
     assert [(r["previous_attempt"], r["attempt"], r["failure_class"]) for r in retrying] == [
-        (1, 2, "user"), (2, 3, "user")], retrying
+        (1, 2, "user"),
+        (2, 3, "user"),
+    ], retrying
     assert "retrying as attempt 2 of at most 3 after 0.2s" in retrying[0]["reason"]
     counts = types(retry_api, job_id)
     assert counts["JobPlaced"] == 3 and counts["JobFinished"] == 1, counts
@@ -82,42 +101,61 @@ def test_a_command_not_found_is_not_retried(retry_api: Api) -> None:
     assert view["attempt"] == 1 and view["failure_class"] == "user", view
     assert view["reason"].endswith(
         "; not retried after attempt 1: a user failure that a new attempt would repeat is "
-        "not retried (exit code 127: command not found)"), view["reason"]
+        "not retried (exit code 127: command not found)"
+    ), view["reason"]
     assert view["tasks"][0]["failure_class"] == "user"
     assert types(retry_api, job_id)["JobRetrying"] == 0
 
 
 def test_a_user_failure_is_not_retried_where_the_restart_policy_is_never(retry_api: Api) -> None:
-    spec = {"name": "native-exit-3", "retry_limit": 2,
-            "roles": [{"name": "t", "command": "exit 3", "resources": {"cpu": 1, "memory_mb": 128}}]}
+    spec = {
+        "name": "native-exit-3",
+        "retry_limit": 2,
+        "roles": [{"name": "t", "command": "exit 3", "resources": {"cpu": 1, "memory_mb": 128}}],
+    }
     view = retry_api.wait(retry_api.submit(spec), timeout=60)
     assert view["state"] == "FAILED" and view["attempt"] == 1, view
-    assert "not retried after attempt 1: user failures are not retried with restart policy Never" \
-        in view["reason"], view["reason"]
+    assert (
+        "not retried after attempt 1: user failures are not retried with restart policy Never"
+        in view["reason"]
+    ), view["reason"]
 
 
 def test_a_platform_failure_is_retried_whatever_the_restart_policy(retry_api: Api) -> None:
     # Attempt 1 kills its own wrapper: the task is lost (no exit record), the platform's
     # failure, retried although the role's policy is Never.
     command = 'test "$TRAINYARD_ATTEMPT" = 2 || { kill -9 $PPID; sleep 1; exit 0; }'
-    spec = {"name": "lost-once", "retry_limit": 1,
-            "roles": [{"name": "t", "command": command, "resources": {"cpu": 1, "memory_mb": 128}}]}
+    spec = {
+        "name": "lost-once",
+        "retry_limit": 1,
+        "roles": [{"name": "t", "command": command, "resources": {"cpu": 1, "memory_mb": 128}}],
+    }
     job_id = retry_api.submit(spec)
     view = retry_api.wait(job_id, timeout=60)
     assert view["state"] == "SUCCEEDED" and view["attempt"] == 2, view
     first = view["tasks"][0]
-    assert (first["attempt"], first["state"], first["failure_class"]) == (1, "FAILED", "platform"), first
+    assert (first["attempt"], first["state"], first["failure_class"]) == (
+        1,
+        "FAILED",
+        "platform",
+    ), first
     assert first["reason"].startswith("lost"), first
     retrying = [h["event"] for h in retry_api.events(job_id) if h["type"] == "JobRetrying"]
     assert [r["failure_class"] for r in retrying] == ["platform"]
 
 
-def test_a_job_whose_budget_runs_out_fails_naming_its_attempts(retry_api: Api, tmp_path: Path) -> None:
+def test_a_job_whose_budget_runs_out_fails_naming_its_attempts(
+    retry_api: Api, tmp_path: Path
+) -> None:
     job_id = retry_api.submit(openpai("always-fails", "exit 1", 1))
     view = retry_api.wait(job_id, timeout=60)
     assert view["state"] == "FAILED", view
     assert view["attempt"] == 2 and view["retries"] == 1, view
-    assert view["reason"].endswith("; gave up after 2 attempt(s): the retry limit of 1 is used up"), view
+    assert view["reason"].endswith(
+        "; gave up after 2 attempt(s): the retry limit of 1 is used up"
+    ), view
     assert [(a["attempt"], a["state"]) for a in view["attempts"]] == [(1, "FAILED"), (2, "FAILED")]
     counts = types(retry_api, job_id)
-    assert counts["JobRetrying"] == 1 and counts["JobFinished"] == 1 and counts["JobPlaced"] == 2, counts
+    assert counts["JobRetrying"] == 1 and counts["JobFinished"] == 1 and counts["JobPlaced"] == 2, (
+        counts
+    )

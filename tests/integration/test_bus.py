@@ -17,7 +17,9 @@ from trainyard_common.telemetry import setup_telemetry, tracer
 
 
 def submitted(job_id: str) -> JobSubmitted:
-    return JobSubmitted(job_id=job_id, spec=JobSpec(name="j", roles=[RoleSpec(name="r", command="true")]))
+    return JobSubmitted(
+        job_id=job_id, spec=JobSpec(name="j", roles=[RoleSpec(name="r", command="true")])
+    )
 
 
 @pytest.fixture
@@ -28,8 +30,9 @@ async def bus(nats_url: str):
     await bus.close()
 
 
-async def consume_until(bus: Bus, durable: str, subjects: list[str], handler, done: asyncio.Event,
-                        timeout: float = 15.0) -> None:
+async def consume_until(
+    bus: Bus, durable: str, subjects: list[str], handler, done: asyncio.Event, timeout: float = 15.0
+) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(bus.consume(durable, subjects, handler, stop=stop))
     try:
@@ -77,7 +80,9 @@ async def test_transient_error_is_redelivered_then_acked(bus: Bus) -> None:
         seen.append(delivery.stream_seq)
 
     stop = asyncio.Event()
-    task = asyncio.create_task(bus.consume(f"flaky-{job[:8]}", [f"yard.job.{job}.>"], record, stop=stop))
+    task = asyncio.create_task(
+        bus.consume(f"flaky-{job[:8]}", [f"yard.job.{job}.>"], record, stop=stop)
+    )
     await asyncio.sleep(1.5)
     stop.set()
     await task
@@ -97,7 +102,9 @@ async def test_permanent_error_is_not_redelivered(bus: Bus) -> None:
 
     await consume_until(bus, f"perm-{job[:8]}", [f"yard.job.{job}.>"], broken, first)
     stop = asyncio.Event()
-    task = asyncio.create_task(bus.consume(f"perm-{job[:8]}", [f"yard.job.{job}.>"], broken, stop=stop))
+    task = asyncio.create_task(
+        bus.consume(f"perm-{job[:8]}", [f"yard.job.{job}.>"], broken, stop=stop)
+    )
     await asyncio.sleep(1.5)
     stop.set()
     await task
@@ -133,9 +140,13 @@ async def test_trace_context_follows_the_event_to_the_next_hop(bus: Bus) -> None
             return
         hops.append(delivery.trace_id)
         if isinstance(event, JobSubmitted):
-            await bus.publish(StopJob(job_id=job, requested_by="relay"))  # published inside the consume span
+            await bus.publish(
+                StopJob(job_id=job, requested_by="relay")
+            )  # published inside the consume span
         else:
             done.set()
 
-    await consume_until(bus, f"trace-{job[:8]}", [f"yard.job.{job}.>", f"yard.cmd.{job}.>"], relay, done)
+    await consume_until(
+        bus, f"trace-{job[:8]}", [f"yard.job.{job}.>", f"yard.cmd.{job}.>"], relay, done
+    )
     assert hops == [root_trace, root_trace]

@@ -41,8 +41,9 @@ async def wait_ended(backend: LocalBackend, task: TaskRef, timeout: float = 20.0
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         launched = backend.read_pid(task)
-        status = backend.poll(task, launched.pid if launched else None,
-                              launched.start_ticks if launched else None)
+        status = backend.poll(
+            task, launched.pid if launched else None, launched.start_ticks if launched else None
+        )
         if launched and status.ended:
             return status
         await asyncio.sleep(0.05)
@@ -52,7 +53,9 @@ async def wait_ended(backend: LocalBackend, task: TaskRef, timeout: float = 20.0
 async def test_task_that_exits_zero_writes_logs_and_exit_record(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
     task = ref("ok")
-    launched = backend.launch(task, "echo hello $TRAINYARD_ROLE; echo oops >&2; pwd", {"TRAINYARD_ROLE": "worker"}, [])
+    launched = backend.launch(
+        task, "echo hello $TRAINYARD_ROLE; echo oops >&2; pwd", {"TRAINYARD_ROLE": "worker"}, []
+    )
     status = await wait_ended(backend, task)
     assert (status.exit_code, status.signal, status.lost) == (0, None, False)
     directory = tmp_path / "jobs" / "job-ok" / "attempt-1" / "worker-0"
@@ -84,7 +87,9 @@ async def test_missing_command_is_127_command_not_found(tmp_path: Path) -> None:
     assert "nvidia-smi" in (backend.task_dir(ref()) / "stderr.log").read_text()
 
 
-async def test_the_launcher_settings_do_not_reach_the_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_launcher_settings_do_not_reach_the_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("YARD_TOKEN", "super-secret-value")
     backend = LocalBackend(tmp_path)
     backend.launch(ref(), 'echo "token=${YARD_TOKEN:-none} home=${HOME:+set}"', {}, [])
@@ -131,7 +136,9 @@ async def test_kill_leaves_no_process_of_the_group(tmp_path: Path) -> None:
     launched = backend.launch(task, command, {}, [])
     pids_file = backend.task_dir(task) / "work" / "pids"
     deadline = time.monotonic() + 10
-    while (not pids_file.exists() or len(pids_file.read_text().split()) < 4) and time.monotonic() < deadline:
+    while (
+        not pids_file.exists() or len(pids_file.read_text().split()) < 4
+    ) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     children = [int(p) for p in pids_file.read_text().split()]
     assert len(children) == 4 and all(is_alive(p, None) for p in children)
@@ -181,13 +188,18 @@ async def test_a_reused_pid_is_not_mistaken_for_the_task(tmp_path: Path) -> None
         await backend.kill(ref(), launched.pid, launched.start_ticks, grace_s=2.0)
 
 
-async def test_a_wrapper_killed_from_outside_is_lost_and_its_command_is_cleaned_up(tmp_path: Path) -> None:
+async def test_a_wrapper_killed_from_outside_is_lost_and_its_command_is_cleaned_up(
+    tmp_path: Path,
+) -> None:
     backend = LocalBackend(tmp_path)
     launched = backend.launch(ref(), "sleep 300", {}, [])
     await asyncio.sleep(0.3)
     os.kill(launched.pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while backend.poll(ref(), launched.pid, launched.start_ticks).running and time.monotonic() < deadline:
+    while (
+        backend.poll(ref(), launched.pid, launched.start_ticks).running
+        and time.monotonic() < deadline
+    ):
         await asyncio.sleep(0.05)
     status = backend.poll(ref(), launched.pid, launched.start_ticks)
     assert status.lost
@@ -218,6 +230,7 @@ async def test_the_command_and_its_secrets_stay_off_the_process_list(tmp_path: P
 
 
 # --- logs, debug mode, exec, limits, clean-up ----------------------------------------------
+
 
 def limited(memory_mb: int = 1024, shm_mb: int = 64) -> TaskOptions:
     return TaskOptions(resources=Resources(memory_mb=memory_mb, shm_mb=shm_mb))
@@ -261,20 +274,35 @@ async def test_following_a_log_goes_on_across_its_rotation(tmp_path: Path) -> No
 async def test_a_debug_task_is_prepared_but_runs_a_keep_alive_until_stopped(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
     task = ref("debug")
-    launched = backend.launch(task, "echo ran > ran; exit 3", {"GREETING": "hi"}, [],
-                              options=TaskOptions(debug=True, resources=Resources()))
+    launched = backend.launch(
+        task,
+        "echo ran > ran; exit 3",
+        {"GREETING": "hi"},
+        [],
+        options=TaskOptions(debug=True, resources=Resources()),
+    )
     deadline = time.monotonic() + 10
     while not backend.progress(task).command_started and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)
     assert backend.poll(task, launched.pid, launched.start_ticks).running
     assert not (backend.task_dir(task) / "work" / "ran").exists()
-    assert "debug mode: the command is not run" in (backend.task_dir(task) / "stderr.log").read_text()
+    assert (
+        "debug mode: the command is not run" in (backend.task_dir(task) / "stderr.log").read_text()
+    )
 
-    result = await backend.exec(task, ["bash", "-c", 'echo "$GREETING from $PWD"; exit 7'],
-                                {"GREETING": "hi"}, 10, pid=launched.pid)
+    result = await backend.exec(
+        task,
+        ["bash", "-c", 'echo "$GREETING from $PWD"; exit 7'],
+        {"GREETING": "hi"},
+        10,
+        pid=launched.pid,
+    )
     assert (result.exit_code, result.stdout, result.timed_out) == (
-        7, f"hi from {backend.task_dir(task) / 'work'}\n", False)
+        7,
+        f"hi from {backend.task_dir(task) / 'work'}\n",
+        False,
+    )
 
     # A command still running in the task ends with it, as does the keep-alive.
     hanging = asyncio.create_task(backend.exec(task, ["sleep", "300"], {}, 60, pid=launched.pid))
@@ -289,8 +317,9 @@ async def test_an_exec_past_its_timeout_is_killed(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
     launched = backend.launch(ref(), "sleep 300", {}, [])
     started = time.monotonic()
-    result = await backend.exec(ref(), ["bash", "-c", "echo begun; sleep 300"], {}, 0.5,
-                                pid=launched.pid)
+    result = await backend.exec(
+        ref(), ["bash", "-c", "echo begun; sleep 300"], {}, 0.5, pid=launched.pid
+    )
     assert result.timed_out and result.stdout == "begun\n" and time.monotonic() - started < 5
     await backend.kill(ref(), launched.pid, launched.start_ticks, grace_s=1.0)
 
@@ -307,8 +336,12 @@ async def test_a_process_that_left_the_session_ends_with_the_task(tmp_path: Path
 async def test_a_task_past_its_memory_limit_fails_as_out_of_memory(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
     launched = backend.launch(
-        ref(), "python3 -c 'block = bytearray(512 * 1024 * 1024); print(len(block))'", {}, [],
-        options=limited(memory_mb=128))
+        ref(),
+        "python3 -c 'block = bytearray(512 * 1024 * 1024); print(len(block))'",
+        {},
+        [],
+        options=limited(memory_mb=128),
+    )
     assert launched.note is not None and "memory 128 MiB" in launched.note
     status = await wait_ended(backend, ref())
     assert status.exit_code != 0
@@ -320,13 +353,20 @@ async def test_a_task_past_its_memory_limit_fails_as_out_of_memory(tmp_path: Pat
 
 async def test_a_task_within_its_memory_limit_runs(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
-    backend.launch(ref(), "python3 -c 'block = bytearray(32 * 1024 * 1024); print(len(block))'",
-                   {}, [], options=limited(memory_mb=256))
+    backend.launch(
+        ref(),
+        "python3 -c 'block = bytearray(32 * 1024 * 1024); print(len(block))'",
+        {},
+        [],
+        options=limited(memory_mb=256),
+    )
     status = await wait_ended(backend, ref())
     assert (status.exit_code, status.end_kind) == (0, None)
 
 
-async def test_shared_memory_is_a_tmpfs_of_the_size_asked_where_the_machine_allows(tmp_path: Path) -> None:
+async def test_shared_memory_is_a_tmpfs_of_the_size_asked_where_the_machine_allows(
+    tmp_path: Path,
+) -> None:
     found = find_mechanisms()
     if not found.shm_namespace:
         pytest.skip(f"no per-task /dev/shm here: {found.why_no_shm}")
@@ -344,8 +384,14 @@ async def test_clean_up_keeps_the_logs(tmp_path: Path) -> None:
     removed = backend.clean_task(ref())
     assert "work" in removed and "command.sh" in removed
     directory = backend.task_dir(ref())
-    assert sorted(os.listdir(directory)) == ["exit.json", "launched", "pid", "started",
-                                             "stderr.log", "stdout.log"]
+    assert sorted(os.listdir(directory)) == [
+        "exit.json",
+        "launched",
+        "pid",
+        "started",
+        "stderr.log",
+        "stdout.log",
+    ]
     assert (directory / "stdout.log").read_text() == "out\n"
 
 
@@ -357,8 +403,9 @@ def test_a_delegated_cgroup_gets_the_task_limits_written(tmp_path: Path) -> None
     (base / "cgroup.subtree_control").write_text("cpu memory pids\n")
     found_base, controllers, why = find_cgroup(str(base))
     assert (found_base, controllers, why) == (str(base), frozenset({"memory", "cpu", "pids"}), "")
-    mechanisms = Mechanisms(cgroup=found_base, controllers=controllers, shm_namespace=False,
-                            why_no_shm="test")
+    mechanisms = Mechanisms(
+        cgroup=found_base, controllers=controllers, shm_namespace=False, why_no_shm="test"
+    )
     backend = LocalBackend(tmp_path / "root", mechanisms=mechanisms)
     plan = backend.limit_plan(ref(), limited(memory_mb=300))
     assert plan is not None and plan.cgroup == str(base / "yard-job-t-1-worker-0")

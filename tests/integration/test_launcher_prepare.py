@@ -33,8 +33,9 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the local backe
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -94,17 +95,28 @@ class Harness:
         async def publish(event: Event) -> None:
             self.published.append(event)
 
-        return Deps(self.store, self.backend, publish, kill_grace_s=1.0, pip_args=pip_args,
-                    minute_s=minute_s)
+        return Deps(
+            self.store,
+            self.backend,
+            publish,
+            kill_grace_s=1.0,
+            pip_args=pip_args,
+            minute_s=minute_s,
+        )
 
     async def run(self, spec: JobSpec, job_id: str | None = None) -> str:
         job_id = job_id or f"job-{uuid.uuid4().hex[:8]}"
-        tasks = [TaskPlacement(role=r.name, index=i, node="n1", host_ip="127.0.0.1")
-                 for r in spec.roles for i in range(r.replicas)]
+        tasks = [
+            TaskPlacement(role=r.name, index=i, node="n1", host_ip="127.0.0.1")
+            for r in spec.roles
+            for i in range(r.replicas)
+        ]
         await launch_job(JobPlaced(job_id=job_id, spec=spec, tasks=tasks), self.deps)
         return job_id
 
-    async def finished(self, job_id: str, timeout: float = 120.0, deadlines: bool = False) -> JobFinished:
+    async def finished(
+        self, job_id: str, timeout: float = 120.0, deadlines: bool = False
+    ) -> JobFinished:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         while loop.time() < end:
@@ -118,8 +130,11 @@ class Harness:
         raise AssertionError(f"{job_id} did not finish in {timeout}s")
 
     def task_ends(self, job_id: str) -> list[TaskStateChanged]:
-        return [e for e in self.published if isinstance(e, TaskStateChanged)
-                and e.job_id == job_id and e.state.terminal]
+        return [
+            e
+            for e in self.published
+            if isinstance(e, TaskStateChanged) and e.job_id == job_id and e.state.terminal
+        ]
 
     def task_dir(self, job_id: str, role: str = "worker", index: int = 0) -> Path:
         return self.backend.root / "jobs" / job_id / "attempt-1" / f"{role}-{index}"
@@ -132,8 +147,12 @@ class Harness:
 
 
 def job(command: str, replicas: int = 1, **fields: object) -> JobSpec:
-    return JobSpec(name="prep", user="alice",
-                   roles=[RoleSpec(name="worker", replicas=replicas, command=command)], **fields)
+    return JobSpec(
+        name="prep",
+        user="alice",
+        roles=[RoleSpec(name="worker", replicas=replicas, command=command)],
+        **fields,
+    )
 
 
 def fresh_path(base: str = "/opt") -> str:
@@ -141,12 +160,16 @@ def fresh_path(base: str = "/opt") -> str:
     return f"{base}/trainyard-test-{uuid.uuid4().hex[:8]}/code"
 
 
-async def test_code_source_at_a_branch_is_seen_at_its_mount_path(tmp_path: Path, repo: dict[str, str]) -> None:
+async def test_code_source_at_a_branch_is_seen_at_its_mount_path(
+    tmp_path: Path, repo: dict[str, str]
+) -> None:
     h = Harness(tmp_path)
     mount = fresh_path()
-    spec = job('cat "$TRAINYARD_CODE_DIR/version.txt"; echo "$TRAINYARD_CODE_DIR"; '
-               f'cat {mount}/version.txt; bash {mount}/run.sh',
-               code_source=CodeSource(repo=repo["path"], branch="feature", mount_path=mount))
+    spec = job(
+        'cat "$TRAINYARD_CODE_DIR/version.txt"; echo "$TRAINYARD_CODE_DIR"; '
+        f"cat {mount}/version.txt; bash {mount}/run.sh",
+        code_source=CodeSource(repo=repo["path"], branch="feature", mount_path=mount),
+    )
     job_id = await h.run(spec)
     done = await h.finished(job_id)
     assert done.state == JobState.SUCCEEDED, (done.reason, h.stderr(job_id))
@@ -161,25 +184,35 @@ async def test_code_source_at_a_branch_is_seen_at_its_mount_path(tmp_path: Path,
 
 async def test_code_source_at_a_commit(tmp_path: Path, repo: dict[str, str]) -> None:
     h = Harness(tmp_path)
-    spec = job("cat /opt/code-at-commit/version.txt", code_source=CodeSource(
-        repo=f"file://{repo['path']}", branch="feature", commit=repo["two"],
-        mount_path="/opt/code-at-commit"))
+    spec = job(
+        "cat /opt/code-at-commit/version.txt",
+        code_source=CodeSource(
+            repo=f"file://{repo['path']}",
+            branch="feature",
+            commit=repo["two"],
+            mount_path="/opt/code-at-commit",
+        ),
+    )
     job_id = await h.run(spec)
     done = await h.finished(job_id)
     assert done.state == JobState.SUCCEEDED, (done.reason, h.stderr(job_id))
     assert h.stdout(job_id) == "two\n"
 
 
-async def test_an_unknown_branch_fails_the_task_with_the_git_reason(tmp_path: Path, repo: dict[str, str]) -> None:
+async def test_an_unknown_branch_fails_the_task_with_the_git_reason(
+    tmp_path: Path, repo: dict[str, str]
+) -> None:
     h = Harness(tmp_path)
-    spec = job("echo never", code_source=CodeSource(repo=repo["path"], branch="nope",
-                                                    mount_path="/opt/x"))
+    spec = job(
+        "echo never", code_source=CodeSource(repo=repo["path"], branch="nope", mount_path="/opt/x")
+    )
     job_id = await h.run(spec)
     done = await h.finished(job_id)
     assert done.state == JobState.FAILED
     [end] = h.task_ends(job_id)
     assert end.reason is not None and end.reason.startswith(
-        f"code source: git clone of {repo['path']} at branch nope failed:"), end.reason
+        f"code source: git clone of {repo['path']} at branch nope failed:"
+    ), end.reason
     assert end.exit_code is None
     assert h.stdout(job_id) == ""
 
@@ -194,10 +227,14 @@ async def test_data_sources_are_seen_at_their_mount_paths(tmp_path: Path) -> Non
     existing = tmp_path / "already-here"
     existing.mkdir()
     (existing / "original").write_text("not for the task\n")
-    spec = job(f"cat {mount}/rows.csv; ls {existing}; cat inputs/rows.csv",
-               data_sources=[DataSource(source=f"file://{data}", mount_path=mount),
-                             DataSource(source=str(data), mount_path=str(existing)),
-                             DataSource(source=str(data), mount_path="inputs")])
+    spec = job(
+        f"cat {mount}/rows.csv; ls {existing}; cat inputs/rows.csv",
+        data_sources=[
+            DataSource(source=f"file://{data}", mount_path=mount),
+            DataSource(source=str(data), mount_path=str(existing)),
+            DataSource(source=str(data), mount_path="inputs"),
+        ],
+    )
     job_id = await h.run(spec)
     done = await h.finished(job_id)
     assert done.state == JobState.SUCCEEDED, (done.reason, h.stderr(job_id))
@@ -208,25 +245,31 @@ async def test_data_sources_are_seen_at_their_mount_paths(tmp_path: Path) -> Non
 
 async def test_a_missing_data_path_fails_the_task(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    spec = job("echo never", data_sources=[DataSource(source=str(tmp_path / "absent"),
-                                                      mount_path="/mnt/absent")])
+    spec = job(
+        "echo never",
+        data_sources=[DataSource(source=str(tmp_path / "absent"), mount_path="/mnt/absent")],
+    )
     job_id = await h.run(spec)
     await h.finished(job_id)
     [end] = h.task_ends(job_id)
     assert end.reason is not None and end.reason.startswith(
-        f"data_sources[0]: {tmp_path / 'absent'} does not exist on "), end.reason
+        f"data_sources[0]: {tmp_path / 'absent'} does not exist on "
+    ), end.reason
 
 
 async def test_an_unsupported_scheme_fails_the_task_without_starting_it(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    spec = job("echo never", data_sources=[DataSource(source="oss://bucket/data/",
-                                                      mount_path="/mnt/data")])
+    spec = job(
+        "echo never", data_sources=[DataSource(source="oss://bucket/data/", mount_path="/mnt/data")]
+    )
     job_id = await h.run(spec)
     done = await h.finished(job_id)
     assert done.state == JobState.FAILED
     [end] = h.task_ends(job_id)
-    assert end.reason == ("could not start: data_sources[0].source: data source scheme "
-                          "'oss://' is not supported by the local backend")
+    assert end.reason == (
+        "could not start: data_sources[0].source: data source scheme "
+        "'oss://' is not supported by the local backend"
+    )
     assert not (h.task_dir(job_id) / "launched").exists()
 
 
@@ -234,13 +277,21 @@ async def test_two_tasks_share_one_virtualenv_made_once(
     tmp_path: Path, wheels: Path, repo: dict[str, str]
 ) -> None:
     h = Harness(tmp_path, pip_args=("--no-index", "--find-links", str(wheels)))
-    spec = job('python -c "import tyhello, tyreq, sys; print(tyhello.GREETING, tyreq.FROM, sys.prefix)"',
-               replicas=2, pip_packages=["tyhello"], pip_requirements_dir="/opt/src",
-               code_source=CodeSource(repo=repo["path"], mount_path="/opt/src"))
+    spec = job(
+        'python -c "import tyhello, tyreq, sys; print(tyhello.GREETING, tyreq.FROM, sys.prefix)"',
+        replicas=2,
+        pip_packages=["tyhello"],
+        pip_requirements_dir="/opt/src",
+        code_source=CodeSource(repo=repo["path"], mount_path="/opt/src"),
+    )
     job_id = await h.run(spec)
     done = await h.finished(job_id)
     venv = h.backend.root / "jobs" / job_id / "venv"
-    assert done.state == JobState.SUCCEEDED, (done.reason, h.stderr(job_id), h.stderr(job_id, index=1))
+    assert done.state == JobState.SUCCEEDED, (
+        done.reason,
+        h.stderr(job_id),
+        h.stderr(job_id, index=1),
+    )
     for index in (0, 1):
         assert h.stdout(job_id, index=index) == f"hello from a wheel requirements.txt {venv}\n"
     made = [i for i in (0, 1) if "creating the job's virtualenv" in h.stderr(job_id, index=i)]
@@ -250,7 +301,9 @@ async def test_two_tasks_share_one_virtualenv_made_once(
     assert probe.returncode != 0
 
 
-async def test_a_failed_install_fails_the_task_with_that_reason(tmp_path: Path, wheels: Path) -> None:
+async def test_a_failed_install_fails_the_task_with_that_reason(
+    tmp_path: Path, wheels: Path
+) -> None:
     h = Harness(tmp_path, pip_args=("--no-index", "--find-links", str(wheels)))
     spec = job("echo never", replicas=2, pip_packages=["no-such-package-for-trainyard"])
     job_id = await h.run(spec)
@@ -281,7 +334,10 @@ async def test_the_deadline_stops_a_job_even_after_a_restart(tmp_path: Path) -> 
     assert done.reason == "exceeded its maximum running time of 2 minutes"
     assert asyncio.get_running_loop().time() - started < 10
     ends = h.task_ends(job_id)
-    assert sorted((e.index, e.state) for e in ends) == [(0, TaskState.STOPPED), (1, TaskState.STOPPED)]
+    assert sorted((e.index, e.state) for e in ends) == [
+        (0, TaskState.STOPPED),
+        (1, TaskState.STOPPED),
+    ]
 
 
 async def test_a_job_within_its_deadline_is_left_alone(tmp_path: Path) -> None:
@@ -293,23 +349,32 @@ async def test_a_job_within_its_deadline_is_left_alone(tmp_path: Path) -> None:
 
 async def test_is_debug_keeps_the_environment_of_a_failed_task(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    spec = job("exit 3", keep_failed_for_debug=True,
-               env=[EnvVar(name="API_TOKEN", value="tok-123"), EnvVar(name="URL", value="x://s3cr3t@h")],
-               secrets=[EnvVar(name="pw", value="s3cr3t")])
+    spec = job(
+        "exit 3",
+        keep_failed_for_debug=True,
+        env=[EnvVar(name="API_TOKEN", value="tok-123"), EnvVar(name="URL", value="x://s3cr3t@h")],
+        secrets=[EnvVar(name="pw", value="s3cr3t")],
+    )
     job_id = await h.run(spec)
     await h.finished(job_id)
     [end] = h.task_ends(job_id)
     task_dir = h.task_dir(job_id)
-    assert end.reason == (f"exited with code 3; kept for debugging: task directory {task_dir}, "
-                          f"environment {task_dir / 'env'}")
+    assert end.reason == (
+        f"exited with code 3; kept for debugging: task directory {task_dir}, "
+        f"environment {task_dir / 'env'}"
+    )
     text = (task_dir / "env").read_text()
     assert "export TRAINYARD_JOB_ID=" + job_id in text
     assert "export API_TOKEN='******'" in text and "tok-123" not in text
     assert "export URL='x://******@h'" in text and "s3cr3t" not in text
     assert (task_dir / "env").stat().st_mode & 0o077 == 0
     # Sourcing it gives the task's environment back, for a re-run by hand.
-    shown = subprocess.run(["bash", "-c", f"source {task_dir / 'env'}; echo $TRAINYARD_ROLE"],
-                           capture_output=True, text=True, check=True)
+    shown = subprocess.run(
+        ["bash", "-c", f"source {task_dir / 'env'}; echo $TRAINYARD_ROLE"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert shown.stdout == "worker\n"
 
 

@@ -79,8 +79,10 @@ class LauncherProcess:
     async def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "trainyard_launcher"], env=self.env,
-                stdout=log, stderr=subprocess.STDOUT,
+                [sys.executable, "-m", "trainyard_launcher"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         async with httpx.AsyncClient() as client:
             deadline = time.monotonic() + 30
@@ -113,7 +115,9 @@ class LauncherProcess:
 
 
 @pytest.fixture
-async def launcher(tmp_path: Path, nats: NatsServer, mongo_url: str, db_prefix: str) -> AsyncIterator[LauncherProcess]:
+async def launcher(
+    tmp_path: Path, nats: NatsServer, mongo_url: str, db_prefix: str
+) -> AsyncIterator[LauncherProcess]:
     process = LauncherProcess(tmp_path, nats.url, mongo_url, db_prefix)
     await process.start()
     yield process
@@ -139,7 +143,7 @@ async def stream_events(bus: Bus, job_id: str) -> list[Event]:
 async def eventually(probe: Callable[[], Awaitable[T | None]], timeout: float = 30.0) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (value := await probe()):
+        if value := await probe():
             return value
         await asyncio.sleep(0.1)
     raise AssertionError("condition not reached in time")
@@ -149,6 +153,7 @@ async def job_finished(bus: Bus, job_id: str, timeout: float = 30.0) -> list[Eve
     async def probe() -> list[Event] | None:
         events = await stream_events(bus, job_id)
         return events if any(isinstance(e, JobFinished) for e in events) else None
+
     return await eventually(probe, timeout)
 
 
@@ -166,8 +171,13 @@ def read_env(path: Path) -> dict[str, str]:
 
 
 def placement(role: str, index: int, ports: dict[str, list[int]] | None = None) -> TaskPlacement:
-    return TaskPlacement(role=role, index=index, node="local", host_ip="127.0.0.1",
-                         ports=[PortAssignment(label=k, ports=v) for k, v in (ports or {}).items()])
+    return TaskPlacement(
+        role=role,
+        index=index,
+        node="local",
+        host_ip="127.0.0.1",
+        ports=[PortAssignment(label=k, ports=v) for k, v in (ports or {}).items()],
+    )
 
 
 async def test_two_role_job_runs_with_the_openpai_environment(
@@ -176,16 +186,31 @@ async def test_two_role_job_runs_with_the_openpai_environment(
     out = tmp_path / "out"
     out.mkdir()
     http_port, ssh_port = free_port(), free_port()
-    command = (f'env -0 > "{out}/$PAI_CURRENT_TASK_ROLE_NAME-$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX.env"; '
-               'echo "hello from $TRAINYARD_ROLE $TRAINYARD_INDEX"; echo "to stderr" >&2')
-    spec = JobSpec(name="pai-env", user="alice", env=[EnvVar(name="PAI_JOB_NAME", value="forged")], roles=[
-        RoleSpec(name="master", replicas=1, command=command,
-                 resources=Resources(gpu=0, cpu=1, memory_mb=8192, shm_mb=64),
-                 ports=[PortSpec(label="http"), PortSpec(label="ssh")], min_succeeded=None),
-        RoleSpec(name="worker", replicas=2, command=command, min_failed=None),
-    ])
-    tasks = [placement("master", 0, {"http": [http_port], "ssh": [ssh_port]}),
-             placement("worker", 0), placement("worker", 1)]
+    command = (
+        f'env -0 > "{out}/$PAI_CURRENT_TASK_ROLE_NAME-$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX.env"; '
+        'echo "hello from $TRAINYARD_ROLE $TRAINYARD_INDEX"; echo "to stderr" >&2'
+    )
+    spec = JobSpec(
+        name="pai-env",
+        user="alice",
+        env=[EnvVar(name="PAI_JOB_NAME", value="forged")],
+        roles=[
+            RoleSpec(
+                name="master",
+                replicas=1,
+                command=command,
+                resources=Resources(gpu=0, cpu=1, memory_mb=8192, shm_mb=64),
+                ports=[PortSpec(label="http"), PortSpec(label="ssh")],
+                min_succeeded=None,
+            ),
+            RoleSpec(name="worker", replicas=2, command=command, min_failed=None),
+        ],
+    )
+    tasks = [
+        placement("master", 0, {"http": [http_port], "ssh": [ssh_port]}),
+        placement("worker", 0),
+        placement("worker", 1),
+    ]
     await bus.publish(JobPlaced(job_id="envjob", spec=spec, tasks=tasks))
 
     events = await job_finished(bus, "envjob")
@@ -224,7 +249,10 @@ async def test_two_role_job_runs_with_the_openpai_environment(
         assert "YARD_TOKEN" not in env
     assert master["PAI_CURRENT_TASK_ROLE_NAME"] == "master"
     assert master["PAI_CONTAINER_HOST_http_PORT_LIST"] == str(http_port)
-    assert (worker["PAI_CURRENT_TASK_ROLE_NAME"], worker["PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"]) == ("worker", "1")
+    assert (
+        worker["PAI_CURRENT_TASK_ROLE_NAME"],
+        worker["PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"],
+    ) == ("worker", "1")
     assert "PAI_CONTAINER_HOST_http_PORT_LIST" not in worker
 
     # The task-log API: admin any job, a user only their own.
@@ -240,11 +268,17 @@ async def test_two_role_job_runs_with_the_openpai_environment(
         assert (reply.status_code, reply.text) == (200, "hello from master 0\n")
         assert reply.headers["content-type"].startswith("text/plain")
         assert reply.headers["x-log-offset"] == str(len("hello from master 0\n"))
-        reply = await http.get(url, params={"role": "worker", "index": 1, "offset": 6},
-                               headers={"Authorization": f"Bearer {alice}"})
+        reply = await http.get(
+            url,
+            params={"role": "worker", "index": 1, "offset": 6},
+            headers={"Authorization": f"Bearer {alice}"},
+        )
         assert (reply.status_code, reply.text) == (200, "from worker 1\n")
-        reply = await http.get(url, params={"role": "worker", "index": 0, "stream": "stderr", "follow": "true"},
-                               headers=admin)
+        reply = await http.get(
+            url,
+            params={"role": "worker", "index": 0, "stream": "stderr", "follow": "true"},
+            headers=admin,
+        )
         assert (reply.status_code, reply.text) == (200, "to stderr\n")
         assert (await http.get(url, headers={"Authorization": f"Bearer {bob}"})).status_code == 404
         missing = await http.get(f"{launcher.url}/v1/jobs/nojob/logs", headers=admin)
@@ -258,14 +292,24 @@ async def test_stop_job_ends_a_sleeping_task_with_no_process_left(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    spec = JobSpec(name="sleeper", user="alice", roles=[
-        RoleSpec(name="worker", replicas=1,
-                 command=f'echo $$ > "{out}/shell.pid"; echo started; sleep 60; echo never'),
-    ])
+    spec = JobSpec(
+        name="sleeper",
+        user="alice",
+        roles=[
+            RoleSpec(
+                name="worker",
+                replicas=1,
+                command=f'echo $$ > "{out}/shell.pid"; echo started; sleep 60; echo never',
+            ),
+        ],
+    )
     await bus.publish(JobPlaced(job_id="stopjob", spec=spec, tasks=[placement("worker", 0)]))
 
     async def running() -> bool:
-        return (TaskState.RUNNING, 2) in task_history(await stream_events(bus, "stopjob")).get(("worker", 0), [])
+        return (TaskState.RUNNING, 2) in task_history(await stream_events(bus, "stopjob")).get(
+            ("worker", 0), []
+        )
+
     await eventually(running)
     await eventually(lambda: asyncio.sleep(0, (out / "shell.pid").exists()))
     shell_pid = int((out / "shell.pid").read_text())
@@ -273,12 +317,16 @@ async def test_stop_job_ends_a_sleeping_task_with_no_process_left(
 
     async with httpx.AsyncClient(timeout=30) as http:
         async with http.stream(
-            "GET", f"{launcher.url}/v1/jobs/stopjob/logs", params={"follow": "true"},
+            "GET",
+            f"{launcher.url}/v1/jobs/stopjob/logs",
+            params={"follow": "true"},
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
         ) as followed:
             chunks = followed.aiter_text()
             assert "started" in await anext(chunks)
-            await bus.publish(StopJob(job_id="stopjob", requested_by="alice", reason="user asked to stop"))
+            await bus.publish(
+                StopJob(job_id="stopjob", requested_by="alice", reason="user asked to stop")
+            )
             # The followed stream ends by itself once the task has ended.
             rest = [chunk async for chunk in chunks]
             assert "never" not in "".join(rest)
@@ -287,12 +335,17 @@ async def test_stop_job_ends_a_sleeping_task_with_no_process_left(
     [finished] = [e for e in events if isinstance(e, JobFinished)]
     assert (finished.state, finished.reason) == (JobState.STOPPED, "user asked to stop")
     assert task_history(events)[("worker", 0)] == [
-        (TaskState.STARTING, 1), (TaskState.RUNNING, 2), (TaskState.STOPPED, 3)]
+        (TaskState.STARTING, 1),
+        (TaskState.RUNNING, 2),
+        (TaskState.STOPPED, 3),
+    ]
     assert not is_alive(shell_pid, None)
     assert session_members(wrapper_pid) == []
 
 
-async def test_a_stop_before_placement_means_the_job_never_starts(launcher: LauncherProcess, bus: Bus) -> None:
+async def test_a_stop_before_placement_means_the_job_never_starts(
+    launcher: LauncherProcess, bus: Bus
+) -> None:
     await bus.publish(StopJob(job_id="early", requested_by="alice"))
     spec = JobSpec(name="early", roles=[RoleSpec(name="worker", command="echo ran")])
     await bus.publish(JobPlaced(job_id="early", spec=spec, tasks=[placement("worker", 0)]))
@@ -309,21 +362,27 @@ async def test_sigkilled_launcher_adopts_its_tasks_and_ends_the_job_once(
     out = tmp_path / "out"
     out.mkdir()
     index = "$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"
-    command = (f'echo $$ >> "{out}/runs-{index}"; '
-               f'while [ ! -f "{out}/go-{index}" ]; do sleep 0.1; done; echo done')
+    command = (
+        f'echo $$ >> "{out}/runs-{index}"; '
+        f'while [ ! -f "{out}/go-{index}" ]; do sleep 0.1; done; echo done'
+    )
     spec = JobSpec(name="survivor", roles=[RoleSpec(name="worker", replicas=2, command=command)])
-    await bus.publish(JobPlaced(job_id="adopt", spec=spec,
-                                tasks=[placement("worker", 0), placement("worker", 1)]))
+    await bus.publish(
+        JobPlaced(job_id="adopt", spec=spec, tasks=[placement("worker", 0), placement("worker", 1)])
+    )
 
     async def both_running() -> bool:
         history = task_history(await stream_events(bus, "adopt"))
         return all((TaskState.RUNNING, 2) in history.get(("worker", i), []) for i in (0, 1))
+
     await eventually(both_running)
 
     launcher.kill()
     # worker 0 ends while no launcher is there; worker 1 is still running at the restart.
     (out / "go-0").touch()
-    await eventually(lambda: asyncio.sleep(0, (launcher.task_dir("adopt", "worker", 0) / "exit.json").exists()))
+    await eventually(
+        lambda: asyncio.sleep(0, (launcher.task_dir("adopt", "worker", 0) / "exit.json").exists())
+    )
     await launcher.start()
     await asyncio.sleep(1.0)
     assert not any(isinstance(e, JobFinished) for e in await stream_events(bus, "adopt"))

@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import pytest
-
-from datetime import UTC, datetime
 
 from trainyard_common.events import FailureClass, JobState, TaskPlacement, TaskState
 from trainyard_common.jobspec import EnvVar, JobSpec, RoleSpec
@@ -25,8 +24,12 @@ from trainyard_launcher.adapters.store import (
 from trainyard_launcher.domain.completion import Verdict
 from trainyard_launcher.domain.failure import Retry
 
-SPEC = JobSpec(name="train", user="bob", env=[EnvVar(name="a.b", value="1"), EnvVar(name="$X", value="2")],
-               roles=[RoleSpec(name="worker", replicas=2, command="python train.py")])
+SPEC = JobSpec(
+    name="train",
+    user="bob",
+    env=[EnvVar(name="a.b", value="1"), EnvVar(name="$X", value="2")],
+    roles=[RoleSpec(name="worker", replicas=2, command="python train.py")],
+)
 TASKS = [TaskPlacement(role="worker", index=i, node="n1", host_ip="127.0.0.1") for i in range(2)]
 
 
@@ -44,7 +47,9 @@ async def store(request: pytest.FixtureRequest, db_prefix: str) -> AsyncIterator
 
 
 def running_job(attempt: int = 1) -> JobRecord:
-    return JobRecord(job_id="j1", attempt=attempt, state=JOB_RUNNING, spec=SPEC, tasks=TASKS, user="bob")
+    return JobRecord(
+        job_id="j1", attempt=attempt, state=JOB_RUNNING, spec=SPEC, tasks=TASKS, user="bob"
+    )
 
 
 async def test_job_insert_once_and_round_trip(store: LauncherStore) -> None:
@@ -70,11 +75,18 @@ async def test_verdict_is_set_once_and_publishing_is_tracked(store: LauncherStor
     assert await store.unpublished_jobs() == []
 
 
-async def test_a_retry_is_stored_with_the_verdict_and_a_stop_may_follow(store: LauncherStore) -> None:
+async def test_a_retry_is_stored_with_the_verdict_and_a_stop_may_follow(
+    store: LauncherStore,
+) -> None:
     await store.insert_job(running_job())
     verdict = Verdict(JobState.FAILED, "worker[0] failed", 1, ("worker", 0), FailureClass.USER)
-    retry = Retry(2, 10.0, "retrying as attempt 2", FailureClass.USER,
-                  datetime(2026, 1, 1, 12, 0, 10, tzinfo=UTC))
+    retry = Retry(
+        2,
+        10.0,
+        "retrying as attempt 2",
+        FailureClass.USER,
+        datetime(2026, 1, 1, 12, 0, 10, tzinfo=UTC),
+    )
     assert not await store.note_stop("j1", 1, "too early: still running")
     assert await store.set_verdict("j1", 1, verdict, retry)
     job = await store.get_job("j1")
@@ -91,8 +103,9 @@ async def test_a_retry_is_stored_with_the_verdict_and_a_stop_may_follow(store: L
 async def test_a_failed_transition_keeps_its_class(store: LauncherStore) -> None:
     task = new_task("j1", 1, "worker", 0, "/tmp/t")
     assert await store.insert_task(task)
-    failed = await store.transition(task, TaskState.FAILED, exit_code=127,
-                                    failure_class=FailureClass.USER, end_kind="exited")
+    failed = await store.transition(
+        task, TaskState.FAILED, exit_code=127, failure_class=FailureClass.USER, end_kind="exited"
+    )
     assert failed is not None
     stored = await store.get_task(task.id)
     assert stored is not None
@@ -105,7 +118,11 @@ async def test_tombstone_then_attempts(store: LauncherStore) -> None:
     assert await store.insert_tombstone("j1", "changed my mind")
     assert not await store.insert_tombstone("j1", "again")
     tomb = await store.get_job("j1")
-    assert tomb is not None and (tomb.state, tomb.stop_reason, tomb.spec) == (JOB_STOP_EARLY, "changed my mind", None)
+    assert tomb is not None and (tomb.state, tomb.stop_reason, tomb.spec) == (
+        JOB_STOP_EARLY,
+        "changed my mind",
+        None,
+    )
     # Only from the state and attempt the caller read: a second writer loses.
     assert not await store.start_attempt(running_job(), JOB_RUNNING, 0)
     assert await store.start_attempt(running_job(), JOB_STOP_EARLY, 0)
@@ -128,14 +145,23 @@ async def test_task_transitions_are_guarded_by_seq(store: LauncherStore) -> None
     assert running is not None and (running.seq, running.pid) == (2, 4242)
     # Another writer read the same seq 1: its transition must not happen.
     assert await store.transition(task, TaskState.FAILED, reason="late") is None
-    ended = await store.transition(running, TaskState.SUCCEEDED, exit_code=0, reason="exited with code 0",
-                                   ended_at=12.5)
+    ended = await store.transition(
+        running, TaskState.SUCCEEDED, exit_code=0, reason="exited with code 0", ended_at=12.5
+    )
     assert ended is not None
     again = await store.get_task(task.id)
     assert again is not None
-    assert (again.state, again.seq, again.exit_code, again.ended_at) == (TaskState.SUCCEEDED, 3, 0, 12.5)
+    assert (again.state, again.seq, again.exit_code, again.ended_at) == (
+        TaskState.SUCCEEDED,
+        3,
+        0,
+        12.5,
+    )
     assert [(t.seq, t.state) for t in again.transitions] == [
-        (1, TaskState.STARTING), (2, TaskState.RUNNING), (3, TaskState.SUCCEEDED)]
+        (1, TaskState.STARTING),
+        (2, TaskState.RUNNING),
+        (3, TaskState.SUCCEEDED),
+    ]
     assert [t.seq for t in again.unpublished()] == [2, 3]
     assert [t.id for t in await store.unpublished_tasks()] == [task.id]
     await store.mark_published(task.id, 2)  # not the latest: the outbox stays open

@@ -30,12 +30,9 @@ from trainyard_placement.adapters.nodes import (
 from trainyard_sdk.cli import make_app
 from trainyard_sdk.client import Client
 
-from .test_placement_leader import (  # noqa: F401 - fixtures
+from .placement_replicas import (
     ADMIN_TOKEN,
     Replica,
-    bus,
-    private_nats,
-    replica_env,
     spec,
     wait_placed,
 )
@@ -59,17 +56,27 @@ async def test_node_store_keeps_the_latest_state_per_node_in_a_fixed_order(
 ) -> None:
     early = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
     late = datetime(2026, 1, 1, 12, 0, 5, tzinfo=UTC)
-    added = NodeSpec(name="b-added", cpu=2, memory_mb=512, gpus=1, gpu_type="A100",
-                     labels=[{"name": "zone", "value": "x"}])
-    await store.put(NodeRecord("z-added", "ready", NodeSpec(name="z-added", cpu=1,
-                                                            memory_mb=1), early))
+    added = NodeSpec(
+        name="b-added",
+        cpu=2,
+        memory_mb=512,
+        gpus=1,
+        gpu_type="A100",
+        labels=[{"name": "zone", "value": "x"}],
+    )
+    await store.put(
+        NodeRecord("z-added", "ready", NodeSpec(name="z-added", cpu=1, memory_mb=1), early)
+    )
     await store.put(NodeRecord("b-added", "ready", added, late))
     await store.put(NodeRecord("n1", "drained"))
     await store.put(NodeRecord("b-added", "drained", added, late))
     records = await store.all()
     # Configured nodes' changes first, then the added ones by when they were added.
     assert [(r.name, r.state) for r in records] == [
-        ("n1", "drained"), ("z-added", "ready"), ("b-added", "drained")]
+        ("n1", "drained"),
+        ("z-added", "ready"),
+        ("b-added", "drained"),
+    ]
     assert records[2].spec == added and records[2].added_at == late
     assert await store.get("n1") == NodeRecord("n1", "drained")
     assert await store.get("nope") is None
@@ -82,8 +89,9 @@ def yard(replica: Replica, *args: str, token: str = ADMIN_TOKEN) -> Any:
     def connect(url: str | None, token_: str | None) -> Client:
         return Client(replica.url, token_)
 
-    result = CliRunner().invoke(make_app(connect), ["--token", token, *args],
-                                env={"COLUMNS": "200", "NO_COLOR": "1"})
+    result = CliRunner().invoke(
+        make_app(connect), ["--token", token, *args], env={"COLUMNS": "200", "NO_COLOR": "1"}
+    )
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -92,11 +100,11 @@ def nodes(replica: Replica) -> dict[str, dict[str, Any]]:
     return {node["name"]: node for node in json.loads(yard(replica, "nodes", "-o", "json"))}
 
 
-async def interrupts(bus: Bus, job_id: str) -> list[InterruptJob]:
-    info = await bus.js.stream_info(STREAM)
+async def interrupts(stream: Bus, job_id: str) -> list[InterruptJob]:
+    info = await stream.js.stream_info(STREAM)
     found = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        msg = await bus.js.get_msg(STREAM, seq)
+        msg = await stream.js.get_msg(STREAM, seq)
         if msg.subject == f"yard.cmd.{job_id}.interrupt":
             event = decode(msg.data or b"")
             assert isinstance(event, InterruptJob)
@@ -115,10 +123,29 @@ async def test_nodes_added_drained_and_removed_survive_a_crash(
     try:
         await first.wait_leading()
         assert list(nodes(first)) == ["n1"]
-        assert first.http.get("/v1/placement/nodes",
-                              headers={"Authorization": f"Bearer {bob}"}).status_code == 403
-        out = yard(first, "nodes", "add", "--name", "n2", "--cpu", "4", "--memory-mb", "8000",
-                   "--gpus", "2", "--gpu-type", "V100", "--label", "zone=b")
+        assert (
+            first.http.get(
+                "/v1/placement/nodes", headers={"Authorization": f"Bearer {bob}"}
+            ).status_code
+            == 403
+        )
+        out = yard(
+            first,
+            "nodes",
+            "add",
+            "--name",
+            "n2",
+            "--cpu",
+            "4",
+            "--memory-mb",
+            "8000",
+            "--gpus",
+            "2",
+            "--gpu-type",
+            "V100",
+            "--label",
+            "zone=b",
+        )
         assert "node n2 added" in out
         assert "node n1 drained" in yard(first, "nodes", "drain", "n1")
         a = "a" + uuid.uuid4().hex[:8]
@@ -144,8 +171,9 @@ async def test_nodes_added_drained_and_removed_survive_a_crash(
         assert {n: v["state"] for n, v in nodes(second).items()} == {"n1": "ready"}
         answer = second.http.post("/v1/placement/nodes/n9/drain")
         assert answer.status_code == 404 and "no node n9" in answer.text
-        answer = second.http.post("/v1/placement/nodes", json={"name": "n1", "cpu": 1,
-                                                               "memory_mb": 1})
+        answer = second.http.post(
+            "/v1/placement/nodes", json={"name": "n1", "cpu": 1, "memory_mb": 1}
+        )
         assert answer.status_code == 409, answer.text
         answer = second.http.post("/v1/placement/nodes", json={"name": "x", "cpu": "lots"})
         assert answer.status_code == 422
@@ -153,4 +181,3 @@ async def test_nodes_added_drained_and_removed_survive_a_crash(
         for replica in (first, second):
             if replica is not None:
                 replica.kill()
-

@@ -116,9 +116,17 @@ async def test_store_requeues_a_placed_attempt_as_the_next(store: JobStore) -> N
     record = await store.get("j1")
     assert record is not None
     assert (record.state, record.attempt, record.not_before, record.arrival_seq) == (
-        "queued", 2, not_before, 3)
+        "queued",
+        2,
+        not_before,
+        3,
+    )
     assert (record.allocation, record.reasons, record.placed_published, record.queued_notices) == (
-        (), (), False, 0)
+        (),
+        (),
+        False,
+        0,
+    )
     assert [r.job_id for r in await store.active()] == ["j1"]
 
 
@@ -134,21 +142,30 @@ async def test_store_keeps_a_preemption_across_attempts(store: JobStore) -> None
     await store.mark_placed("v", [TASK])
     placed_at = (await store.get("v")).placed_at  # type: ignore[union-attr]
     assert placed_at is not None and placed_at.tzinfo is not None
-    fields = {**interrupting_fields("preempted", "preempted by job h (priority 9)"),
-              **preempted_fields("h", 1)}
+    fields = {
+        **interrupting_fields("preempted", "preempted by job h (priority 9)"),
+        **preempted_fields("h", 1),
+    }
     assert await store.change("v", states=("placed",), attempt=1, fields=fields)
     assert not await store.change("v", states=("placed",), attempt=1, fields=fields)  # once
     record = await store.get("v")
     assert record is not None
     assert (record.state, record.preempted_by, record.preemptions, record.interrupt_sent) == (
-        "interrupting", "h", 1, False)
+        "interrupting",
+        "h",
+        1,
+        False,
+    )
     await store.change("v", states=("interrupting",), attempt=1, fields=interrupt_sent_fields())
     assert (await store.get("v")).interrupt_sent  # type: ignore[union-attr]
     # The next attempt keeps the count: the no-cycles rule reads it.
     await store.change("v", states=("interrupting",), attempt=1, fields=next_attempt_fields(2))
     record = await store.get("v")
     assert record is not None and (record.state, record.attempt, record.preemptions) == (
-        "queued", 2, 1)
+        "queued",
+        2,
+        1,
+    )
 
 
 # --------------------------------------------------------------------------- the service
@@ -200,8 +217,11 @@ class Service:
             time.sleep(0.1)
 
     def leading(self) -> bool:
-        answer = httpx.get(f"{self.url}/v1/placement/leader", timeout=1,
-                           headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        answer = httpx.get(
+            f"{self.url}/v1/placement/leader",
+            timeout=1,
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
         return answer.status_code == 200 and bool(answer.json()["leading"])
 
     def kill(self) -> None:
@@ -220,8 +240,11 @@ class Service:
         return self.proc.returncode if self.proc else None
 
     def queue(self) -> list[dict[str, object]]:
-        answer = httpx.get(f"{self.url}/v1/placement/queue", timeout=5,
-                           headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        answer = httpx.get(
+            f"{self.url}/v1/placement/queue",
+            timeout=5,
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
         return answer.json()["jobs"]
 
     def queue_status_without_token(self) -> int:
@@ -322,9 +345,17 @@ async def test_service_places_a_retry_after_its_backoff_even_across_a_crash(
     await bus.publish(JobAccepted(job_id=a, spec=spec()))
     assert (await last_event(bus, a, "placed")).attempt == 1  # type: ignore[attr-defined]
     not_before = utcnow() + timedelta(seconds=10)
-    await bus.publish(JobRetrying(event_id=derived_id(a, 1, "retry"), job_id=a, attempt=2,
-                                  previous_attempt=1, reason="attempt 1 failed",
-                                  failure_class=FailureClass.PLATFORM, not_before=not_before))
+    await bus.publish(
+        JobRetrying(
+            event_id=derived_id(a, 1, "retry"),
+            job_id=a,
+            attempt=2,
+            previous_attempt=1,
+            reason="attempt 1 failed",
+            failure_class=FailureClass.PLATFORM,
+            not_before=not_before,
+        )
+    )
     queued = await last_event(bus, a, "queued")
     assert isinstance(queued, JobQueued) and queued.attempt == 2
     until = not_before.isoformat(timespec="milliseconds")

@@ -36,20 +36,33 @@ async def views(mongo_url: str, db_prefix: str):
 def lifecycle(job_id: str):
     """A job's events in stream order: submitted .. placed, two tasks run, job succeeds."""
     by_type = {type(e).__name__: e for e in example_events()}
-    events = [by_type[n].model_copy(update={"job_id": job_id, "event_id": uuid.uuid4().hex})
-              for n in ("JobSubmitted", "JobAccepted", "JobQueued", "JobPlaced")]
+    events = [
+        by_type[n].model_copy(update={"job_id": job_id, "event_id": uuid.uuid4().hex})
+        for n in ("JobSubmitted", "JobAccepted", "JobQueued", "JobPlaced")
+    ]
     for index in range(2):
-        for seq, state in enumerate((TaskState.STARTING, TaskState.RUNNING, TaskState.SUCCEEDED), 1):
-            events.append(TaskStateChanged(job_id=job_id, role="worker", index=index, state=state,
-                                           seq=seq, node="node-0",
-                                           exit_code=0 if state.terminal else None))
-    events.append(JobFinished(job_id=job_id, state=JobState.SUCCEEDED, reason="all tasks ended",
-                              exit_code=0))
+        for seq, state in enumerate(
+            (TaskState.STARTING, TaskState.RUNNING, TaskState.SUCCEEDED), 1
+        ):
+            events.append(
+                TaskStateChanged(
+                    job_id=job_id,
+                    role="worker",
+                    index=index,
+                    state=state,
+                    seq=seq,
+                    node="node-0",
+                    exit_code=0 if state.terminal else None,
+                )
+            )
+    events.append(
+        JobFinished(job_id=job_id, state=JobState.SUCCEEDED, reason="all tasks ended", exit_code=0)
+    )
     return events
 
 
 async def apply_all(views: JobViews, events, seqs) -> None:
-    for event, seq in zip(events, seqs):
+    for event, seq in zip(events, seqs, strict=True):
         await views.record(event, seq, None)
         await views.apply(project(event))
 
@@ -71,7 +84,9 @@ async def test_in_order_projection(views: JobViews) -> None:
     assert view["state"] == "SUCCEEDED" and view["exit_code"] == 0
     assert view["spec"]["name"] == "pi-estimate" and view["user"] == "alice"
     assert [(t["role"], t["index"], t["state"], t["node"]) for t in view["tasks"]] == [
-        ("worker", 0, "SUCCEEDED", "node-0"), ("worker", 1, "SUCCEEDED", "node-0")]
+        ("worker", 0, "SUCCEEDED", "node-0"),
+        ("worker", 1, "SUCCEEDED", "node-0"),
+    ]
     assert view["tasks"][0]["ports"] == [{"label": "http", "ports": [20100]}]
     history = await views.history(job)
     assert [h["type"] for h in history] == [type(e).__name__ for e in events]
@@ -82,8 +97,10 @@ async def test_redelivered_and_shuffled_events_give_the_same_view(views: JobView
     events_a = lifecycle(job_a)
     await apply_all(views, events_a, range(1, len(events_a) + 1))
     # Job b gets the same events with every one delivered twice, in a shuffled order.
-    events_b = [e.model_copy(update={"job_id": job_b, "event_id": uuid.uuid4().hex}) for e in events_a]
-    pairs = list(zip(events_b, range(1, len(events_b) + 1))) * 2
+    events_b = [
+        e.model_copy(update={"job_id": job_b, "event_id": uuid.uuid4().hex}) for e in events_a
+    ]
+    pairs = list(zip(events_b, range(1, len(events_b) + 1), strict=True)) * 2
     random.Random(7).shuffle(pairs)
     await apply_all(views, [p[0] for p in pairs], [p[1] for p in pairs])
     a, b = await snapshot(views, job_a), await snapshot(views, job_b)
@@ -99,9 +116,12 @@ async def test_list_filters_and_pages_newest_first(views: JobViews) -> None:
         job = uuid.uuid4().hex
         ids.append(job)
         submitted = lifecycle(job)[0]
-        submitted = submitted.model_copy(update={
-            "spec": submitted.spec.model_copy(update={"user": user}),
-            "occurred_at": submitted.occurred_at + timedelta(seconds=i)})
+        submitted = submitted.model_copy(
+            update={
+                "spec": submitted.spec.model_copy(update={"user": user}),
+                "occurred_at": submitted.occurred_at + timedelta(seconds=i),
+            }
+        )
         await apply_all(views, [submitted], [i + 1])
     items, total = await views.list_jobs(user=user, state=None, limit=2, offset=1)
     assert total == 5 and [i["id"] for i in items] == [ids[3], ids[2]]
@@ -109,7 +129,9 @@ async def test_list_filters_and_pages_newest_first(views: JobViews) -> None:
     assert total == 0 and items == []
 
 
-async def test_two_attempts_shuffled_and_repeated_give_one_history_of_attempts(views: JobViews) -> None:
+async def test_two_attempts_shuffled_and_repeated_give_one_history_of_attempts(
+    views: JobViews,
+) -> None:
     """A retried job on the real store: the view ends in the last attempt whatever the
     order, every attempt's tasks stay, and each attempt's end is listed once."""
     from trainyard_common.events import FailureClass, JobQueued, JobRetrying
@@ -118,37 +140,61 @@ async def test_two_attempts_shuffled_and_repeated_give_one_history_of_attempts(v
 
     def events_of(job: str) -> list:
         def task(attempt: int, seq: int, state: TaskState, **extra) -> TaskStateChanged:
-            return TaskStateChanged(job_id=job, attempt=attempt, role="worker", index=0,
-                                    seq=seq, state=state, **extra)
+            return TaskStateChanged(
+                job_id=job, attempt=attempt, role="worker", index=0, seq=seq, state=state, **extra
+            )
+
         retry: JobRetrying = by_type["JobRetrying"].model_copy(update={"job_id": job})
         return [
-            *(by_type[n].model_copy(update={"job_id": job, "event_id": uuid.uuid4().hex})
-              for n in ("JobSubmitted", "JobAccepted", "JobPlaced")),
-            task(1, 1, TaskState.STARTING), task(1, 2, TaskState.RUNNING),
+            *(
+                by_type[n].model_copy(update={"job_id": job, "event_id": uuid.uuid4().hex})
+                for n in ("JobSubmitted", "JobAccepted", "JobPlaced")
+            ),
+            task(1, 1, TaskState.STARTING),
+            task(1, 2, TaskState.RUNNING),
             task(1, 3, TaskState.FAILED, exit_code=1, failure_class=FailureClass.USER),
             retry,
             JobQueued(job_id=job, attempt=2, reasons=["retrying attempt 2 after backoff"]),
-            by_type["JobPlaced"].model_copy(update={"job_id": job, "attempt": 2,
-                                                    "event_id": uuid.uuid4().hex}),
-            task(2, 1, TaskState.STARTING), task(2, 2, TaskState.RUNNING),
+            by_type["JobPlaced"].model_copy(
+                update={"job_id": job, "attempt": 2, "event_id": uuid.uuid4().hex}
+            ),
+            task(2, 1, TaskState.STARTING),
+            task(2, 2, TaskState.RUNNING),
             task(2, 3, TaskState.FAILED, exit_code=137, failure_class=FailureClass.UNKNOWN),
-            JobFinished(job_id=job, attempt=2, state=JobState.FAILED, reason="gave up",
-                        exit_code=137, failure_class=FailureClass.UNKNOWN),
+            JobFinished(
+                job_id=job,
+                attempt=2,
+                state=JobState.FAILED,
+                reason="gave up",
+                exit_code=137,
+                failure_class=FailureClass.UNKNOWN,
+            ),
         ]
 
     job_a, job_b = uuid.uuid4().hex, uuid.uuid4().hex
     events_a = events_of(job_a)
     await apply_all(views, events_a, range(1, len(events_a) + 1))
     events_b = [e.model_copy(update={"job_id": job_b}) for e in events_a]
-    pairs = list(zip(events_b, range(1, len(events_b) + 1))) * 2
+    pairs = list(zip(events_b, range(1, len(events_b) + 1), strict=True)) * 2
     random.Random(11).shuffle(pairs)
     await apply_all(views, [p[0] for p in pairs], [p[1] for p in pairs])
     a, b = await snapshot(views, job_a), await snapshot(views, job_b)
-    assert (a["state"], a["attempt"], a["retries"], a["failure_class"]) == ("FAILED", 2, 1, "unknown")
+    assert (a["state"], a["attempt"], a["retries"], a["failure_class"]) == (
+        "FAILED",
+        2,
+        1,
+        "unknown",
+    )
     assert [(x["attempt"], x["state"], x["failure_class"]) for x in a["attempts"]] == [
-        (1, "FAILED", "platform"), (2, "FAILED", "unknown")]
+        (1, "FAILED", "platform"),
+        (2, "FAILED", "unknown"),
+    ]
     assert [(t["attempt"], t["state"], t["failure_class"]) for t in a["tasks"]] == [
-        (1, "FAILED", "user"), (1, "PENDING", None), (2, "FAILED", "unknown"), (2, "PENDING", None)]
+        (1, "FAILED", "user"),
+        (1, "PENDING", None),
+        (2, "FAILED", "unknown"),
+        (2, "PENDING", None),
+    ]
     for key in ("state", "attempt", "retries", "attempts", "failure_class", "tasks", "exit_code"):
         assert a[key] == b[key], key
 
@@ -164,20 +210,30 @@ async def test_two_attempts_shuffled_and_repeated_give_one_history_of_attempts(v
 async def test_an_interrupt_stops_the_attempts_unended_tasks_in_the_view(views: JobViews) -> None:
     job = uuid.uuid4().hex
     events = lifecycle(job)[:4]  # submitted .. placed: two tasks
-    events += [TaskStateChanged(job_id=job, role="worker", index=0, state=TaskState.RUNNING,
-                                seq=2),
-               TaskStateChanged(job_id=job, role="worker", index=1, state=TaskState.FAILED,
-                                seq=2, exit_code=1)]
-    events.append(JobInterrupted(job_id=job, attempt=1, cause=InterruptCause.PAUSED,
-                                 reason="paused by alice"))
+    events += [
+        TaskStateChanged(job_id=job, role="worker", index=0, state=TaskState.RUNNING, seq=2),
+        TaskStateChanged(
+            job_id=job, role="worker", index=1, state=TaskState.FAILED, seq=2, exit_code=1
+        ),
+    ]
+    events.append(
+        JobInterrupted(job_id=job, attempt=1, cause=InterruptCause.PAUSED, reason="paused by alice")
+    )
     await apply_all(views, events, range(1, len(events) + 1))
     view = await snapshot(views, job)
     assert view["state"] == "PAUSED" and view["reason"] == "paused by alice"
     assert [(t["index"], t["state"]) for t in view["tasks"]] == [(0, "STOPPED"), (1, "FAILED")]
     assert view["attempts"][0]["interrupted"] == "paused"
     # The launcher's own STOPPED transition still lands (a higher seq).
-    await apply_all(views, [TaskStateChanged(job_id=job, role="worker", index=0, seq=3,
-                                             state=TaskState.STOPPED, exit_code=143)], [99])
+    await apply_all(
+        views,
+        [
+            TaskStateChanged(
+                job_id=job, role="worker", index=0, seq=3, state=TaskState.STOPPED, exit_code=143
+            )
+        ],
+        [99],
+    )
     view = await snapshot(views, job)
     assert view["tasks"][0]["exit_code"] == 143
     assert [h["type"] for h in await views.history(job)][-2] == "JobInterrupted"

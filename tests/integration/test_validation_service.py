@@ -67,13 +67,13 @@ async def test_claim_is_idempotent_per_job(registry: MongoNameRegistry) -> None:
 
 
 async def test_concurrent_claims_have_one_winner(registry: MongoNameRegistry) -> None:
-    results = await asyncio.gather(*(registry.claim("carol", "race", f"job{i}")
-                                     for i in range(10)))
+    results = await asyncio.gather(*(registry.claim("carol", "race", f"job{i}") for i in range(10)))
     assert sum(results) == 1
 
 
-async def test_claim_document_shape(mongo_url: str, db_prefix: str,
-                                    registry: MongoNameRegistry) -> None:
+async def test_claim_document_shape(
+    mongo_url: str, db_prefix: str, registry: MongoNameRegistry
+) -> None:
     await registry.claim("dave", "exp~1", "job9")
     client = mongo_client(mongo_url)
     try:
@@ -94,13 +94,21 @@ def service(nats_url: str, mongo_url: str, db_prefix: str, tmp_path: Path) -> It
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("YARD_TOKEN", "NATS_URL", "MONGO_URL")}
     env.update(
-        YARD_NATS_URL=nats_url, YARD_MONGO_URL=mongo_url, YARD_DB_PREFIX=db_prefix,
-        YARD_VALIDATION_PORT=str(port), YARD_CLUSTER=str(cluster),
-        YARD_DATA_DIR=str(tmp_path / "data"), YARD_LOG_LEVEL="WARNING",
+        YARD_NATS_URL=nats_url,
+        YARD_MONGO_URL=mongo_url,
+        YARD_DB_PREFIX=db_prefix,
+        YARD_VALIDATION_PORT=str(port),
+        YARD_CLUSTER=str(cluster),
+        YARD_DATA_DIR=str(tmp_path / "data"),
+        YARD_LOG_LEVEL="WARNING",
     )
     log = (tmp_path / "validation.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "trainyard_validation"], env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainyard_validation"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -134,12 +142,18 @@ async def bus(nats_url: str) -> AsyncIterator[Bus]:
 
 def submission(payload: dict[str, Any], user: str) -> JobSubmitted:
     t = translate(payload, user=user)
-    return JobSubmitted(job_id=new_id(), spec=t.spec, dialect=t.dialect, dialect_key=t.key, original=payload,
-                        translation_errors=t.errors, warnings=t.warnings)
+    return JobSubmitted(
+        job_id=new_id(),
+        spec=t.spec,
+        dialect=t.dialect,
+        dialect_key=t.key,
+        original=payload,
+        translation_errors=t.errors,
+        warnings=t.warnings,
+    )
 
 
-async def answers(bus: Bus, job_id: str, count: int = 1, timeout: float = 30.0
-                  ) -> list[Event]:
+async def answers(bus: Bus, job_id: str, count: int = 1, timeout: float = 30.0) -> list[Event]:
     """The first ``count`` validation results of a job, read with an ephemeral consumer."""
     sub = await bus.js.pull_subscribe(f"yard.job.{job_id}.*", stream=STREAM)
     found: list[Event] = []
@@ -148,7 +162,7 @@ async def answers(bus: Bus, job_id: str, count: int = 1, timeout: float = 30.0
         while time.monotonic() < deadline:
             try:
                 msgs = await sub.fetch(10, timeout=1.0)
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 continue
             for msg in msgs:
                 await msg.ack()
@@ -169,8 +183,14 @@ async def answer(bus: Bus, job_id: str) -> Event:
 async def test_service_accepts_rejects_and_guards_names(service: str, bus: Bus) -> None:
     user = "alice" + uuid.uuid4().hex[:6]
     good = submission(HELLOWORLD, user)
-    too_small = submission({**HELLOWORLD, "jobName": "small", "taskRoles": [
-        {**HELLOWORLD["taskRoles"][0], "memoryMB": 50}]}, user)
+    too_small = submission(
+        {
+            **HELLOWORLD,
+            "jobName": "small",
+            "taskRoles": [{**HELLOWORLD["taskRoles"][0], "memoryMB": 50}],
+        },
+        user,
+    )
     wrong_gpu = submission({**HELLOWORLD, "jobName": "v100", "gpuType": "V100"}, user)
     same_name = submission(HELLOWORLD, user)
     for event in (good, too_small, wrong_gpu):

@@ -22,22 +22,47 @@ from trainyard_placement.domain import (
 )
 
 
-def node(name: str, *, gpus: int = 0, cpu: float = 16, memory_mb: int = 65536,
-         labels: dict[str, str] | None = None) -> NodeSpec:
-    return NodeSpec(name=name, cpu=cpu, memory_mb=memory_mb, gpus=gpus,
-                    gpu_type="A100" if gpus else None,
-                    labels=[EnvVar(name=k, value=v) for k, v in (labels or {}).items()])
+def node(
+    name: str,
+    *,
+    gpus: int = 0,
+    cpu: float = 16,
+    memory_mb: int = 65536,
+    labels: dict[str, str] | None = None,
+) -> NodeSpec:
+    return NodeSpec(
+        name=name,
+        cpu=cpu,
+        memory_mb=memory_mb,
+        gpus=gpus,
+        gpu_type="A100" if gpus else None,
+        labels=[EnvVar(name=k, value=v) for k, v in (labels or {}).items()],
+    )
 
 
-def queue(name: str, *, gpus: float | None = None, cpu: float | None = None,
-          borrowing: bool = True, preemption: bool = True) -> QueueSpec:
-    return QueueSpec(name=name, quota=QueueQuota(gpus=gpus, cpu=cpu), borrowing=borrowing,
-                     preemption=preemption)
+def queue(
+    name: str,
+    *,
+    gpus: float | None = None,
+    cpu: float | None = None,
+    borrowing: bool = True,
+    preemption: bool = True,
+) -> QueueSpec:
+    return QueueSpec(
+        name=name, quota=QueueQuota(gpus=gpus, cpu=cpu), borrowing=borrowing, preemption=preemption
+    )
 
 
-def role(name: str = "worker", *, replicas: int = 1, gpus: float = 0, cpu: float = 1,
-         selector: dict[str, str] | None = None, min_replicas: int | None = None,
-         max_replicas: int | None = None) -> RoleSpec:
+def role(
+    name: str = "worker",
+    *,
+    replicas: int = 1,
+    gpus: float = 0,
+    cpu: float = 1,
+    selector: dict[str, str] | None = None,
+    min_replicas: int | None = None,
+    max_replicas: int | None = None,
+) -> RoleSpec:
     return RoleSpec(
         name=name, replicas=replicas, command="train", min_replicas=min_replicas,
         max_replicas=max_replicas, resources=Resources(cpu=cpu, memory_mb=1024, gpu=gpus),
@@ -61,8 +86,12 @@ class World:
     last: list[Decision] = field(default_factory=list)
 
     @classmethod
-    def of(cls, *nodes: NodeSpec, queues: list[str | QueueSpec] | None = None,
-           rules: Rules | None = None) -> World:
+    def of(
+        cls,
+        *nodes: NodeSpec,
+        queues: list[str | QueueSpec] | None = None,
+        rules: Rules | None = None,
+    ) -> World:
         cluster = ClusterSpec(nodes=list(nodes), queues=queues or ["default"])
         return cls(SchedulerState(cluster, rules=rules or Rules()))
 

@@ -26,15 +26,24 @@ AK, SECRET = "LTAI5tTestKeyId00000001", "TestSecretValue0123456789abcde"
 WHEN = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
 
 
-def sdk_request(method: str, path: str, query: dict[str, str] | None = None,
-                body: dict | None = None, *, v2: bool = False) -> DaraRequest:
+def sdk_request(
+    method: str,
+    path: str,
+    query: dict[str, str] | None = None,
+    body: dict | None = None,
+    *,
+    v2: bool = False,
+) -> DaraRequest:
     """A request built and signed the way Client.do_request / do_roarequest do."""
     req = DaraRequest()
     req.protocol, req.method, req.pathname = "http", method, path
     req.query = dict(query or {})
     req.headers = {
-        "host": "127.0.0.1:8080", "x-acs-version": "2020-12-03", "x-acs-action": "GetJob",
-        "user-agent": "AlibabaCloud (Linux) Python/3.11 TeaDSL/2", "accept": "application/json",
+        "host": "127.0.0.1:8080",
+        "x-acs-version": "2020-12-03",
+        "x-acs-action": "GetJob",
+        "user-agent": "AlibabaCloud (Linux) Python/3.11 TeaDSL/2",
+        "accept": "application/json",
         "x-acs-signature-nonce": "5f6a1c2e9d3b4a7f8e0d1c2b3a4f5e6d",
     }
     payload = b""
@@ -43,9 +52,13 @@ def sdk_request(method: str, path: str, query: dict[str, str] | None = None,
         payload = req.body.encode()
         req.headers["content-type"] = "application/json; charset=utf-8"
     if v2:
-        req.headers.update({"date": "Mon, 06 May 2024 07:08:09 GMT",
-                            "x-acs-signature-method": "HMAC-SHA1",
-                            "x-acs-signature-version": "1.0"})
+        req.headers.update(
+            {
+                "date": "Mon, 06 May 2024 07:08:09 GMT",
+                "x-acs-signature-method": "HMAC-SHA1",
+                "x-acs-signature-version": "1.0",
+            }
+        )
         signature = Utils.get_roasignature(Utils.get_string_to_sign(req), SECRET)
         req.headers["authorization"] = f"acs {AK}:{signature}"
     else:
@@ -53,7 +66,8 @@ def sdk_request(method: str, path: str, query: dict[str, str] | None = None,
         digest = hashlib.sha256(payload).hexdigest()
         req.headers["x-acs-content-sha256"] = digest
         req.headers["Authorization"] = Utils.get_authorization(
-            req, "ACS3-HMAC-SHA256", digest, AK, SECRET)
+            req, "ACS3-HMAC-SHA256", digest, AK, SECRET
+        )
     return req
 
 
@@ -61,24 +75,43 @@ def received(req: DaraRequest, *, body: bytes | None = None) -> SignedRequest:
     """What the server sees: the URL as DaraCore.compose_url writes it, parsed back."""
     url = urlsplit(DaraCore.compose_url(req))
     sent = body if body is not None else (req.body.encode() if req.body else b"")
-    return SignedRequest(req.method, url.path, parse_qsl(url.query, keep_blank_values=True),
-                         headers_of(req.headers.items()), sent)
+    return SignedRequest(
+        req.method,
+        url.path,
+        parse_qsl(url.query, keep_blank_values=True),
+        headers_of(req.headers.items()),
+        sent,
+    )
 
 
-LIST_QUERY = {"PageNumber": "1", "PageSize": "10", "DisplayName": "tf mnist/测试~+&",
-              "Status": "Running", "Empty": ""}
+LIST_QUERY = {
+    "PageNumber": "1",
+    "PageSize": "10",
+    "DisplayName": "tf mnist/测试~+&",
+    "Status": "Running",
+    "Empty": "",
+}
 
 
 @pytest.mark.parametrize("v2", [False, True], ids=["acs3", "roa-v2"])
-@pytest.mark.parametrize("method,path,query,body", [
-    ("GET", "/api/v1/jobs/dlc123", None, None),
-    ("GET", "/api/v1/jobs", LIST_QUERY, None),
-    ("POST", "/api/v1/jobs", None, {"DisplayName": "x", "JobType": "TFJob", "Envs": {"A": "é"}}),
-    ("POST", "/api/v1/jobs/dlc123/stop", None, None),
-    ("DELETE", "/api/v1/datasources/d-1", None, None),
-])
-def test_sdk_signatures_verify(v2: bool, method: str, path: str, query: dict | None,
-                               body: dict | None) -> None:
+@pytest.mark.parametrize(
+    "method,path,query,body",
+    [
+        ("GET", "/api/v1/jobs/dlc123", None, None),
+        ("GET", "/api/v1/jobs", LIST_QUERY, None),
+        (
+            "POST",
+            "/api/v1/jobs",
+            None,
+            {"DisplayName": "x", "JobType": "TFJob", "Envs": {"A": "é"}},
+        ),
+        ("POST", "/api/v1/jobs/dlc123/stop", None, None),
+        ("DELETE", "/api/v1/datasources/d-1", None, None),
+    ],
+)
+def test_sdk_signatures_verify(
+    v2: bool, method: str, path: str, query: dict | None, body: dict | None
+) -> None:
     req = sdk_request(method, path, query, body, v2=v2)
     request = received(req)
     assert access_key_id(request.header("authorization")) == AK
@@ -96,9 +129,13 @@ def test_wrong_secret_is_refused(v2: bool) -> None:
 @pytest.mark.parametrize("v2", [False, True], ids=["acs3", "roa-v2"])
 def test_changed_query_is_refused(v2: bool) -> None:
     request = received(sdk_request("GET", "/api/v1/jobs", LIST_QUERY, v2=v2))
-    tampered = SignedRequest(request.method, request.path,
-                             [(k, "99" if k == "PageSize" else v) for k, v in request.query],
-                             request.headers, request.body)
+    tampered = SignedRequest(
+        request.method,
+        request.path,
+        [(k, "99" if k == "PageSize" else v) for k, v in request.query],
+        request.headers,
+        request.body,
+    )
     with pytest.raises(SignatureError):
         verify(tampered, SECRET, now=WHEN)
 
@@ -137,9 +174,11 @@ def test_pinned_vector() -> None:
     """A fixed vector the SDK produced, so a change on either side shows."""
     req = sdk_request("GET", "/api/v1/jobs", {"PageNumber": "2", "PageSize": "5"})
     header = req.headers["Authorization"]
-    assert header.startswith(f"ACS3-HMAC-SHA256 Credential={AK},SignedHeaders=accept;host;"
-                             "user-agent;x-acs-action;x-acs-content-sha256;x-acs-date;"
-                             "x-acs-signature-nonce;x-acs-version,Signature=")
+    assert header.startswith(
+        f"ACS3-HMAC-SHA256 Credential={AK},SignedHeaders=accept;host;"
+        "user-agent;x-acs-action;x-acs-content-sha256;x-acs-date;"
+        "x-acs-signature-nonce;x-acs-version,Signature="
+    )
     assert header.endswith(PINNED_ACS3)
     verify(received(req), SECRET)
 
@@ -152,8 +191,7 @@ def test_unsigned_and_foreign_schemes() -> None:
     assert access_key_id("Bearer abc") is None
     assert access_key_id("acs AK1:c2ln") == "AK1"
     with pytest.raises(SignatureError) as exc:
-        verify(SignedRequest("GET", "/api/v1/jobs", headers={"authorization": ["Basic x"]}),
-               SECRET)
+        verify(SignedRequest("GET", "/api/v1/jobs", headers={"authorization": ["Basic x"]}), SECRET)
     assert exc.value.code == "IncompleteSignature"
 
 

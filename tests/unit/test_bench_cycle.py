@@ -22,8 +22,9 @@ def test_cycle_bench_keeps_the_queue_full_and_times_every_cycle(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
         "p0,4000,8192,1,1000\np1,2000,4096,1,500\np2,8000,16384,2,1000\n"
     )
-    spec = importlib.util.spec_from_file_location("placement_cycle",
-                                                  ROOT / "bench" / "placement_cycle.py")
+    spec = importlib.util.spec_from_file_location(
+        "placement_cycle", ROOT / "bench" / "placement_cycle.py"
+    )
     assert spec and spec.loader
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench

@@ -78,8 +78,15 @@ RICH_JOB = {
     "warnings": ["field jobRetryCount ignored"],
     "tasks": [
         {
-            "role": "worker", "index": 0, "attempt": 1, "state": "SUCCEEDED", "exit_code": 0,
-            "reason": None, "node": "node-a", "host_ip": "10.0.0.1", "gpu_indices": [0, 1],
+            "role": "worker",
+            "index": 0,
+            "attempt": 1,
+            "state": "SUCCEEDED",
+            "exit_code": 0,
+            "reason": None,
+            "node": "node-a",
+            "host_ip": "10.0.0.1",
+            "gpu_indices": [0, 1],
             "ports": [
                 {"label": "http", "ports": [20001]},
                 {"label": "ssh", "ports": [20002, 20003]},
@@ -87,9 +94,17 @@ RICH_JOB = {
             "updated_at": "2025-01-01T00:00:00+00:00",
         },
         {
-            "role": "worker", "index": 1, "attempt": 1, "state": "FAILED", "exit_code": 3,
-            "reason": "exited with code 3", "node": "node-b", "host_ip": "10.0.0.2",
-            "gpu_indices": [], "ports": [], "updated_at": "2025-01-01T00:00:00+00:00",
+            "role": "worker",
+            "index": 1,
+            "attempt": 1,
+            "state": "FAILED",
+            "exit_code": 3,
+            "reason": "exited with code 3",
+            "node": "node-b",
+            "host_ip": "10.0.0.2",
+            "gpu_indices": [],
+            "ports": [],
+            "updated_at": "2025-01-01T00:00:00+00:00",
         },
     ],
 }
@@ -147,11 +162,14 @@ def test_submit_rejected_by_server_shows_detail(yard, tmp_path):
 def test_submit_wait_success_exits_0(yard, gw, tmp_path):
     (tmp_path / "job.json").write_text(json.dumps({"name": "ok", "roles": []}))
     # Ids are sequential in the fake: the job about to be submitted is job-0001.
-    gw.script("job-0001", [
-        {"state": "QUEUED"},
-        {"state": "RUNNING", "tasks": [{"role": "main", "index": 0, "state": "RUNNING"}]},
-        {"state": "SUCCEEDED", "tasks": [{"role": "main", "index": 0, "state": "SUCCEEDED"}]},
-    ])
+    gw.script(
+        "job-0001",
+        [
+            {"state": "QUEUED"},
+            {"state": "RUNNING", "tasks": [{"role": "main", "index": 0, "state": "RUNNING"}]},
+            {"state": "SUCCEEDED", "tasks": [{"role": "main", "index": 0, "state": "SUCCEEDED"}]},
+        ],
+    )
     result = yard(*with_token("submit", "job.json", "--wait"))
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "job-0001"
@@ -162,17 +180,26 @@ def test_submit_wait_success_exits_0(yard, gw, tmp_path):
 @pytest.mark.parametrize("final", ["FAILED", "STOPPED", "REJECTED"])
 def test_wait_exits_1_unless_succeeded(yard, gw, final):
     job = gw.add_job(state="RUNNING")
-    gw.script(job["id"], [
-        {"state": "RUNNING"},
-        {
-            "state": final,
-            "reason": "it went wrong",
-            "errors": [{"path": "$.name", "message": "bad name", "code": "pattern"}],
-            "tasks": [
-                {"role": "main", "index": 0, "state": "FAILED", "exit_code": 7, "reason": "boom"}
-            ],
-        },
-    ])
+    gw.script(
+        job["id"],
+        [
+            {"state": "RUNNING"},
+            {
+                "state": final,
+                "reason": "it went wrong",
+                "errors": [{"path": "$.name", "message": "bad name", "code": "pattern"}],
+                "tasks": [
+                    {
+                        "role": "main",
+                        "index": 0,
+                        "state": "FAILED",
+                        "exit_code": 7,
+                        "reason": "boom",
+                    }
+                ],
+            },
+        ],
+    )
     result = yard(*with_token("wait", job["id"]))
     assert result.exit_code == 1
     assert f"job {job['id']} {final}: it went wrong" in result.stderr
@@ -196,10 +223,22 @@ def test_get_table_shows_job_and_tasks(yard, gw):
     assert result.exit_code == 0, result.output
     out = result.stdout
     for text in (
-        job["id"], "mnist-ddp", "alice", "FAILED", "task worker[1] failed", "openpai",
-        "$.taskRoles.worker.resourcePerInstance.memoryMB", "below 100 MB",
-        "waiting for 2 free GPUs of type v100", "field jobRetryCount ignored",
-        "node-a", "node-b", "http:20001", "ssh:20002,20003", "0,1", "exited with code 3",
+        job["id"],
+        "mnist-ddp",
+        "alice",
+        "FAILED",
+        "task worker[1] failed",
+        "openpai",
+        "$.taskRoles.worker.resourcePerInstance.memoryMB",
+        "below 100 MB",
+        "waiting for 2 free GPUs of type v100",
+        "field jobRetryCount ignored",
+        "node-a",
+        "node-b",
+        "http:20001",
+        "ssh:20002,20003",
+        "0,1",
+        "exited with code 3",
     ):
         assert text in out, text
     worker0 = next(line for line in out.splitlines() if "node-a" in line)
@@ -290,7 +329,10 @@ def test_logs_follow_prints_the_stream(yard, gw):
     assert result.stdout == "step 1\nstep 2\nbye\n"
     params = gw.requests[-1].url.params
     assert (params["role"], params["index"], params["stream"], params["follow"]) == (
-        "worker", "1", "stderr", "true",
+        "worker",
+        "1",
+        "stderr",
+        "true",
     )
 
 
@@ -323,14 +365,20 @@ def test_stop(yard, gw):
 
 
 def test_pause_resume_and_scale(yard, gw):
-    job = gw.add_job(state="RUNNING", spec={"roles": [
-        {"name": "worker", "replicas": 1, "min_replicas": 1, "max_replicas": 2}]})
+    job = gw.add_job(
+        state="RUNNING",
+        spec={"roles": [{"name": "worker", "replicas": 1, "min_replicas": 1, "max_replicas": 2}]},
+    )
     assert yard(*with_token("pause", job["id"])).exit_code == 0
     result = yard(*with_token("resume", job["id"]))
     assert f"resume requested for {job['id']}" in result.stdout
     result = yard(*with_token("scale", job["id"], "--role", "worker", "--replicas", "2"))
     assert result.exit_code == 0, result.output
-    assert gw.controls == [(job["id"], "pause"), (job["id"], "resume"), (job["id"], "scale worker 2")]
+    assert gw.controls == [
+        (job["id"], "pause"),
+        (job["id"], "resume"),
+        (job["id"], "scale worker 2"),
+    ]
     result = yard(*with_token("scale", job["id"], "--role", "worker", "--replicas", "3"))
     assert result.exit_code == 1 and "replicas: 3 is outside" in result.stderr
 

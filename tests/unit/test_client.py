@@ -144,7 +144,10 @@ def test_list_passes_filters_and_paging(client, gw):
     page = client.list(state="RUNNING", user="alice", limit=5, offset=0)
     params = gw.requests[-1].url.params
     assert (params["state"], params["user"], params["limit"], params["offset"]) == (
-        "RUNNING", "alice", "5", "0",
+        "RUNNING",
+        "alice",
+        "5",
+        "0",
     )
     assert page["total"] == 1 and page["items"][0]["state"] == "RUNNING"
 
@@ -171,14 +174,19 @@ def test_events_and_stop(client, gw):
 
 
 def test_pause_resume_and_scale(client, gw):
-    job = gw.add_job(spec={"roles": [{"name": "worker", "replicas": 1, "min_replicas": 1,
-                                      "max_replicas": 3}]})
+    job = gw.add_job(
+        spec={"roles": [{"name": "worker", "replicas": 1, "min_replicas": 1, "max_replicas": 3}]}
+    )
     assert client.pause(job["id"], reason="maintenance") == {"id": job["id"], "pause": "requested"}
     assert json.loads(gw.requests[-1].content) == {"reason": "maintenance"}
     assert client.resume(job["id"]) == {"id": job["id"], "resume": "requested"}
     assert client.scale(job["id"], "worker", 2)["replicas"] == 2
     assert gw.requests[-1].url.path == f"/v1/placement/jobs/{job['id']}/scale"
-    assert gw.controls == [(job["id"], "pause"), (job["id"], "resume"), (job["id"], "scale worker 2")]
+    assert gw.controls == [
+        (job["id"], "pause"),
+        (job["id"], "resume"),
+        (job["id"], "scale worker 2"),
+    ]
     with pytest.raises(ApiError) as refused:
         client.scale(job["id"], "worker", 4)
     assert refused.value.status == 400 and refused.value.detail.startswith("replicas: 4")
@@ -186,8 +194,7 @@ def test_pause_resume_and_scale(client, gw):
 
 def test_restart(client, gw):
     job = gw.add_job(state="RUNNING")
-    assert client.restart(job["id"], reason="new data") == {"id": job["id"],
-                                                            "restart": "requested"}
+    assert client.restart(job["id"], reason="new data") == {"id": job["id"], "restart": "requested"}
     assert gw.requests[-1].url.path == f"/v1/jobs/{job['id']}/restart"
     assert json.loads(gw.requests[-1].content) == {"reason": "new data"}
     assert client.restart(job["id"])["restart"] == "requested"
@@ -212,7 +219,10 @@ def test_logs_follow_streams_chunks(client, gw):
     assert "".join(chunks) == "epoch 1\nepoch 2\ndone\n"
     params = gw.requests[-1].url.params
     assert (params["role"], params["index"], params["stream"], params["follow"]) == (
-        "worker", "1", "stderr", "true",
+        "worker",
+        "1",
+        "stderr",
+        "true",
     )
 
 
@@ -228,13 +238,16 @@ def test_logs_error_is_raised_on_iteration(client, gw):
 
 def test_wait_follows_to_a_terminal_state_and_reports_changes(client, gw):
     job = gw.add_job()
-    gw.script(job["id"], [
-        {"state": "QUEUED"},
-        {"state": "QUEUED"},
-        {"state": "RUNNING", "tasks": [{"role": "w", "index": 0, "state": "STARTING"}]},
-        {"tasks": [{"role": "w", "index": 0, "state": "RUNNING"}]},
-        {"state": "SUCCEEDED", "tasks": [{"role": "w", "index": 0, "state": "SUCCEEDED"}]},
-    ])
+    gw.script(
+        job["id"],
+        [
+            {"state": "QUEUED"},
+            {"state": "QUEUED"},
+            {"state": "RUNNING", "tasks": [{"role": "w", "index": 0, "state": "STARTING"}]},
+            {"tasks": [{"role": "w", "index": 0, "state": "RUNNING"}]},
+            {"state": "SUCCEEDED", "tasks": [{"role": "w", "index": 0, "state": "SUCCEEDED"}]},
+        ],
+    )
     seen: list[tuple[str, str | None]] = []
     final = client.wait(
         job["id"],
@@ -265,14 +278,17 @@ def test_wait_tolerates_a_status_view_that_lags_the_submission(gw):
             return httpx.Response(404, json={"detail": f"no job {job['id']}"})
         return gw.transport.handle_request(request)
 
-    client = Client("http://gw.test", TOKEN, transport=httpx.MockTransport(lagging), poll_interval=0)
+    client = Client(
+        "http://gw.test", TOKEN, transport=httpx.MockTransport(lagging), poll_interval=0
+    )
     assert client.wait(job["id"])["state"] == "SUCCEEDED"
     assert len(misses) == 2
 
 
 def test_wait_gives_up_on_a_job_that_never_appears(gw):
-    client = Client("http://gw.test", TOKEN, transport=gw.transport, poll_interval=0.01,
-                    visibility_grace_s=0.05)
+    client = Client(
+        "http://gw.test", TOKEN, transport=gw.transport, poll_interval=0.01, visibility_grace_s=0.05
+    )
     with pytest.raises(ApiError) as info:
         client.wait("never-submitted")
     assert info.value.status == 404

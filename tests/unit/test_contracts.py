@@ -19,8 +19,11 @@ def test_checked_in_contract_is_current(relative: str, text: str) -> None:
 
 def test_no_stale_extra_contract_files() -> None:
     generated = set(render())
-    on_disk = {str(p.relative_to(CONTRACTS)) for p in CONTRACTS.rglob("*") if p.is_file()
-               and p.suffix in {".json", ".yaml"}}
+    on_disk = {
+        str(p.relative_to(CONTRACTS))
+        for p in CONTRACTS.rglob("*")
+        if p.is_file() and p.suffix in {".json", ".yaml"}
+    }
     assert on_disk <= generated, f"files no model generates: {sorted(on_disk - generated)}"
 
 

@@ -15,33 +15,65 @@ from trainyard_intake.dialect_api.k8s_resources import control_commands
 
 
 def _replica(rtype: str, replicas: int = 1, name: str = "main") -> dict[str, Any]:
-    return {"type": rtype, "replicas": replicas, "template": {"spec": {"containers": [
-        {"name": name, "image": "python:3.11", "command": ["python", "train.py"],
-         "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}}}
+    return {
+        "type": rtype,
+        "replicas": replicas,
+        "template": {
+            "spec": {
+                "containers": [
+                    {
+                        "name": name,
+                        "image": "python:3.11",
+                        "command": ["python", "train.py"],
+                        "resources": {"limits": {"cpu": "1", "memory": "1Gi"}},
+                    }
+                ]
+            }
+        },
+    }
 
 
 def generic() -> dict[str, Any]:
-    return {"apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "GenericJob",
-            "metadata": {"name": "g", "namespace": "demo"},
-            "spec": {"replicaSpecs": [_replica("master"), _replica("worker", 2)]}}
+    return {
+        "apiVersion": "batch.tensorstack.dev/v1beta1",
+        "kind": "GenericJob",
+        "metadata": {"name": "g", "namespace": "demo"},
+        "spec": {"replicaSpecs": [_replica("master"), _replica("worker", 2)]},
+    }
 
 
 def elastic_pytorch(**elastic: Any) -> dict[str, Any]:
-    return {"apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "PyTorchTrainingJob",
-            "metadata": {"name": "p", "namespace": "demo"},
-            "spec": {"elastic": {"enabled": True, "minReplicas": 1, "maxReplicas": 4,
-                                 **elastic},
-                     "replicaSpecs": [_replica("worker", 2, "python")]}}
+    return {
+        "apiVersion": "batch.tensorstack.dev/v1beta1",
+        "kind": "PyTorchTrainingJob",
+        "metadata": {"name": "p", "namespace": "demo"},
+        "spec": {
+            "elastic": {"enabled": True, "minReplicas": 1, "maxReplicas": 4, **elastic},
+            "replicaSpecs": [_replica("worker", 2, "python")],
+        },
+    }
 
 
 def kubeflow_job(elastic: bool = True) -> dict[str, Any]:
-    worker = {"replicas": 2, "template": {"spec": {"containers": [
-        {"name": "pytorch", "image": "python:3.11", "command": ["python", "t.py"]}]}}}
+    worker = {
+        "replicas": 2,
+        "template": {
+            "spec": {
+                "containers": [
+                    {"name": "pytorch", "image": "python:3.11", "command": ["python", "t.py"]}
+                ]
+            }
+        },
+    }
     spec: dict[str, Any] = {"pytorchReplicaSpecs": {"Worker": worker}}
     if elastic:
         spec["elasticPolicy"] = {"minReplicas": 1, "maxReplicas": 3}
-    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-            "metadata": {"name": "k", "namespace": "ml"}, "spec": spec}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "k", "namespace": "ml"},
+        "spec": spec,
+    }
 
 
 def test_merge_patch_is_rfc_7386() -> None:
@@ -55,14 +87,28 @@ def test_merge_patch_is_rfc_7386() -> None:
 # ---------------------------------------------------------------------------------- T9k
 
 
-@pytest.mark.parametrize(("patch", "pause"), [
-    ({"spec": {"runMode": {"pause": {"enabled": True}}}}, True),
-    ({"spec": {"runMode": {"pause": {"enable": True}}}}, True),  # T9k's other spelling
-    ({"spec": {"runMode": {"pause": {"enabled": False}}}}, False),
-    ({"spec": {"runMode": {"pause": None}}}, False),  # removing pause resumes
-    ({"spec": {"runMode": {"pause": {"enabled": True, "resumeSpecs": [
-        {"type": "worker", "command": ["python", "resume.py"]}]}}}}, True),
-])
+@pytest.mark.parametrize(
+    ("patch", "pause"),
+    [
+        ({"spec": {"runMode": {"pause": {"enabled": True}}}}, True),
+        ({"spec": {"runMode": {"pause": {"enable": True}}}}, True),  # T9k's other spelling
+        ({"spec": {"runMode": {"pause": {"enabled": False}}}}, False),
+        ({"spec": {"runMode": {"pause": None}}}, False),  # removing pause resumes
+        (
+            {
+                "spec": {
+                    "runMode": {
+                        "pause": {
+                            "enabled": True,
+                            "resumeSpecs": [{"type": "worker", "command": ["python", "resume.py"]}],
+                        }
+                    }
+                }
+            },
+            True,
+        ),
+    ],
+)
 def test_t9k_pause_and_resume(patch: dict[str, Any], pause: bool) -> None:
     control = t9k.control_from_patch(generic(), patch)
     assert control == Control(pause=pause)
@@ -70,8 +116,9 @@ def test_t9k_pause_and_resume(patch: dict[str, Any], pause: bool) -> None:
 
 def test_t9k_resume_of_a_job_created_paused() -> None:
     job = merge_patch(generic(), {"spec": {"runMode": {"pause": {"enabled": True}}}})
-    assert t9k.control_from_patch(job, {"spec": {"runMode": {"pause": {"enabled": False}}}}
-                                  ) == Control(pause=False)
+    assert t9k.control_from_patch(
+        job, {"spec": {"runMode": {"pause": {"enabled": False}}}}
+    ) == Control(pause=False)
 
 
 def test_t9k_patch_without_a_verb_asks_for_nothing() -> None:
@@ -80,13 +127,30 @@ def test_t9k_patch_without_a_verb_asks_for_nothing() -> None:
 
 
 def test_t9k_expected_replicas_scales_the_elastic_roles() -> None:
-    for where in ({"elastic": {"expectedReplicas": 3}},
-                  {"runMode": {"elastic": {"enabled": True, "minReplicas": 1,
-                                           "maxReplicas": 4, "expectedReplicas": 3}}}):
-        job = elastic_pytorch() if "elastic" in where else {
-            **elastic_pytorch(), "spec": {"replicaSpecs": elastic_pytorch()["spec"][
-                "replicaSpecs"], "runMode": {"elastic": {"enabled": True, "minReplicas": 1,
-                                                         "maxReplicas": 4}}}}
+    for where in (
+        {"elastic": {"expectedReplicas": 3}},
+        {
+            "runMode": {
+                "elastic": {
+                    "enabled": True,
+                    "minReplicas": 1,
+                    "maxReplicas": 4,
+                    "expectedReplicas": 3,
+                }
+            }
+        },
+    ):
+        job = (
+            elastic_pytorch()
+            if "elastic" in where
+            else {
+                **elastic_pytorch(),
+                "spec": {
+                    "replicaSpecs": elastic_pytorch()["spec"]["replicaSpecs"],
+                    "runMode": {"elastic": {"enabled": True, "minReplicas": 1, "maxReplicas": 4}},
+                },
+            }
+        )
         assert t9k.control_from_patch(job, {"spec": where}) == Control(scale={"worker": 3})
 
 
@@ -97,42 +161,102 @@ def test_t9k_replica_count_of_an_elastic_role_scales_it() -> None:
 
 
 def test_t9k_pause_and_scale_together() -> None:
-    patch = {"spec": {"elastic": {"expectedReplicas": 2},
-                      "runMode": {"pause": {"enabled": True}}}}
+    patch = {"spec": {"elastic": {"expectedReplicas": 2}, "runMode": {"pause": {"enabled": True}}}}
     assert t9k.control_from_patch(elastic_pytorch(), patch) == Control(
-        pause=True, scale={"worker": 2})
+        pause=True, scale={"worker": 2}
+    )
 
 
-@pytest.mark.parametrize(("job", "patch", "path", "code"), [
-    # the size of a job that is not elastic is fixed
-    (generic(), {"spec": {"replicaSpecs": [_replica("master"), _replica("worker", 3)]}},
-     "$.spec.replicaSpecs[1].replicas", "immutable"),
-    # outside the elastic bounds: the translation's own rule names the field
-    (elastic_pytorch(), {"spec": {"elastic": {"expectedReplicas": 9}}},
-     "$.spec.elastic.expectedReplicas", "range"),
-    (elastic_pytorch(), {"spec": {"replicaSpecs": [_replica("worker", 9, "python")]}},
-     "$.spec.replicaSpecs[0].replicas", "range"),
-    (generic(), {"spec": {"runMode": {"elastic": {"expectedReplicas": 2}}}},
-     "$.spec.runMode.elastic.expectedReplicas", "immutable"),
-    # anything else is the job as created
-    (generic(), {"spec": {"replicaSpecs": [_replica("master"), {
-        **_replica("worker", 2), "template": {"spec": {"containers": [
-            {"name": "main", "image": "other", "command": ["x"]}]}}}]}},
-     "$.spec.replicaSpecs[1].template.spec.containers[0].image", "immutable"),
-    (generic(), {"spec": {"scheduler": {"t9kScheduler": {"queue": "other"}}}},
-     "$.spec.scheduler", "immutable"),
-    (generic(), {"metadata": {"labels": {"a": "b"}}}, "$.metadata.labels", "immutable"),
-    # a mode the kind does not have
-    ({**generic(), "kind": "BeamJob", "spec": {"jobTemplate": {"spec": {"template": {
-        "spec": {"containers": [{"name": "c", "image": "i", "command": ["x"]}]}}}}}},
-     {"spec": {"runMode": {"pause": {"enabled": True}}}}, "$.spec.runMode.pause",
-     "unsupported_mode"),
-    (generic(), {"spec": {"runMode": {"pause": {"enabled": "yes"}}}},
-     "$.spec.runMode.pause.enabled", "type"),
-    (generic(), ["not", "a", "patch"], "$", "type"),
-])
-def test_t9k_refusals_name_the_field(job: dict[str, Any], patch: Any, path: str,
-                                     code: str) -> None:
+@pytest.mark.parametrize(
+    ("job", "patch", "path", "code"),
+    [
+        # the size of a job that is not elastic is fixed
+        (
+            generic(),
+            {"spec": {"replicaSpecs": [_replica("master"), _replica("worker", 3)]}},
+            "$.spec.replicaSpecs[1].replicas",
+            "immutable",
+        ),
+        # outside the elastic bounds: the translation's own rule names the field
+        (
+            elastic_pytorch(),
+            {"spec": {"elastic": {"expectedReplicas": 9}}},
+            "$.spec.elastic.expectedReplicas",
+            "range",
+        ),
+        (
+            elastic_pytorch(),
+            {"spec": {"replicaSpecs": [_replica("worker", 9, "python")]}},
+            "$.spec.replicaSpecs[0].replicas",
+            "range",
+        ),
+        (
+            generic(),
+            {"spec": {"runMode": {"elastic": {"expectedReplicas": 2}}}},
+            "$.spec.runMode.elastic.expectedReplicas",
+            "immutable",
+        ),
+        # anything else is the job as created
+        (
+            generic(),
+            {
+                "spec": {
+                    "replicaSpecs": [
+                        _replica("master"),
+                        {
+                            **_replica("worker", 2),
+                            "template": {
+                                "spec": {
+                                    "containers": [
+                                        {"name": "main", "image": "other", "command": ["x"]}
+                                    ]
+                                }
+                            },
+                        },
+                    ]
+                }
+            },
+            "$.spec.replicaSpecs[1].template.spec.containers[0].image",
+            "immutable",
+        ),
+        (
+            generic(),
+            {"spec": {"scheduler": {"t9kScheduler": {"queue": "other"}}}},
+            "$.spec.scheduler",
+            "immutable",
+        ),
+        (generic(), {"metadata": {"labels": {"a": "b"}}}, "$.metadata.labels", "immutable"),
+        # a mode the kind does not have
+        (
+            {
+                **generic(),
+                "kind": "BeamJob",
+                "spec": {
+                    "jobTemplate": {
+                        "spec": {
+                            "template": {
+                                "spec": {
+                                    "containers": [{"name": "c", "image": "i", "command": ["x"]}]
+                                }
+                            }
+                        }
+                    }
+                },
+            },
+            {"spec": {"runMode": {"pause": {"enabled": True}}}},
+            "$.spec.runMode.pause",
+            "unsupported_mode",
+        ),
+        (
+            generic(),
+            {"spec": {"runMode": {"pause": {"enabled": "yes"}}}},
+            "$.spec.runMode.pause.enabled",
+            "type",
+        ),
+        (generic(), ["not", "a", "patch"], "$", "type"),
+    ],
+)
+def test_t9k_refusals_name_the_field(job: dict[str, Any], patch: Any, path: str, code: str) -> None:
     control = t9k.control_from_patch(job, patch)
     assert [(e.path, e.code) for e in control.errors] == [(path, code)], control.errors
     assert control.pause is None and not control.scale
@@ -150,10 +274,12 @@ def test_t9k_patch_leaves_the_resource_as_created_alone() -> None:
 
 def test_kubeflow_suspend_pauses_and_resumes() -> None:
     job = kubeflow_job()
-    assert kubeflow.control_from_patch(job, {"spec": {"runPolicy": {"suspend": True}}}
-                                       ) == Control(pause=True)
-    assert kubeflow.control_from_patch(job, {"spec": {"runPolicy": {"suspend": False}}}
-                                       ) == Control(pause=False)
+    assert kubeflow.control_from_patch(job, {"spec": {"runPolicy": {"suspend": True}}}) == Control(
+        pause=True
+    )
+    assert kubeflow.control_from_patch(job, {"spec": {"runPolicy": {"suspend": False}}}) == Control(
+        pause=False
+    )
 
 
 def test_kubeflow_elastic_worker_replicas_scale() -> None:
@@ -161,16 +287,32 @@ def test_kubeflow_elastic_worker_replicas_scale() -> None:
     assert kubeflow.control_from_patch(kubeflow_job(), patch) == Control(scale={"Worker": 3})
 
 
-@pytest.mark.parametrize(("job", "patch", "path", "code"), [
-    (kubeflow_job(), {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 5}}}},
-     "$.spec.pytorchReplicaSpecs.Worker.replicas", "range"),
-    (kubeflow_job(elastic=False), {"spec": {"pytorchReplicaSpecs": {"Worker": {
-        "replicas": 3}}}}, "$.spec.pytorchReplicaSpecs.Worker.replicas", "immutable"),
-    (kubeflow_job(), {"spec": {"elasticPolicy": {"maxReplicas": 9}}},
-     "$.spec.elasticPolicy.maxReplicas", "immutable"),
-])
-def test_kubeflow_refusals_name_the_field(job: dict[str, Any], patch: Any, path: str,
-                                          code: str) -> None:
+@pytest.mark.parametrize(
+    ("job", "patch", "path", "code"),
+    [
+        (
+            kubeflow_job(),
+            {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 5}}}},
+            "$.spec.pytorchReplicaSpecs.Worker.replicas",
+            "range",
+        ),
+        (
+            kubeflow_job(elastic=False),
+            {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 3}}}},
+            "$.spec.pytorchReplicaSpecs.Worker.replicas",
+            "immutable",
+        ),
+        (
+            kubeflow_job(),
+            {"spec": {"elasticPolicy": {"maxReplicas": 9}}},
+            "$.spec.elasticPolicy.maxReplicas",
+            "immutable",
+        ),
+    ],
+)
+def test_kubeflow_refusals_name_the_field(
+    job: dict[str, Any], patch: Any, path: str, code: str
+) -> None:
     control = kubeflow.control_from_patch(job, patch)
     assert [(e.path, e.code) for e in control.errors] == [(path, code)], control.errors
 
@@ -179,8 +321,9 @@ def test_kubeflow_refusals_name_the_field(job: dict[str, Any], patch: Any, path:
 
 
 def test_commands_are_the_generic_ones() -> None:
-    commands = control_commands("job-1", Control(pause=True, scale={"w": 3, "a": 2}),
-                                "alice", "PATCH pytorchtrainingjobs/p")
+    commands = control_commands(
+        "job-1", Control(pause=True, scale={"w": 3, "a": 2}), "alice", "PATCH pytorchtrainingjobs/p"
+    )
     assert [type(c) for c in commands] == [ScaleJob, ScaleJob, PauseJob]
     assert [(c.role, c.replicas) for c in commands[:2]] == [("a", 2), ("w", 3)]  # type: ignore[attr-defined]
     assert all(c.job_id == "job-1" and c.requested_by == "alice" for c in commands)

@@ -13,8 +13,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainyard_common.dialects import detect, translate
-from trainyard_common.dialects import dlc
+from trainyard_common.dialects import detect, dlc, translate
 from trainyard_common.jobspec import JobKind
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "dlc"
@@ -26,9 +25,19 @@ def seed_example() -> dict[str, Any]:
 
 
 def cpu_job(**changes: Any) -> dict[str, Any]:
-    job = {"DisplayName": "cpu-job", "JobType": "PyTorchJob", "UserCommand": "echo hi",
-           "JobSpecs": [{"Type": "Worker", "Image": "python:3.11", "PodCount": 2,
-                         "ResourceConfig": {"CPU": "2", "Memory": "4Gi"}}]}
+    job = {
+        "DisplayName": "cpu-job",
+        "JobType": "PyTorchJob",
+        "UserCommand": "echo hi",
+        "JobSpecs": [
+            {
+                "Type": "Worker",
+                "Image": "python:3.11",
+                "PodCount": 2,
+                "ResourceConfig": {"CPU": "2", "Memory": "4Gi"},
+            }
+        ],
+    }
     job.update(changes)
     return job
 
@@ -57,7 +66,10 @@ def test_seed_example_translates() -> None:
     assert spec.max_running_minutes == 1024
     assert spec.code_source is not None
     assert (spec.code_source.repo, spec.code_source.branch, spec.code_source.commit) == (
-        "code-****", "master", "44da109b5****")
+        "code-****",
+        "master",
+        "44da109b5****",
+    )
     assert [d.source for d in spec.data_sources] == ["d-*****"]
     assert paths(t.warnings) == ["$.UserVpc"]
 
@@ -65,27 +77,43 @@ def test_seed_example_translates() -> None:
 def test_resolved_sources_replace_ids() -> None:
     sources = dlc.Sources(
         data={"d-*****": dlc.ResolvedData("nas://fs-1/data", "/root/data/nas1")},
-        code={"code-****": dlc.ResolvedCode(
-            "https://hub.fastgit.xyz/kubeflow/training-operator.git", "main", None,
-            "/root/code/kubeflow")})
+        code={
+            "code-****": dlc.ResolvedCode(
+                "https://hub.fastgit.xyz/kubeflow/training-operator.git",
+                "main",
+                None,
+                "/root/code/kubeflow",
+            )
+        },
+    )
     spec = dlc.translate_dlc(seed_example(), "alice", sources).spec
     assert [(d.source, d.mount_path) for d in spec.data_sources] == [
-        ("nas://fs-1/data", "/root/data/nas1")]
+        ("nas://fs-1/data", "/root/data/nas1")
+    ]
     code = spec.code_source
     # The job's Branch/Commit win over the registered ones; the mount comes from the source.
     assert (code.repo, code.branch, code.commit, code.mount_path) == (
-        "https://hub.fastgit.xyz/kubeflow/training-operator.git", "master", "44da109b5****",
-        "/root/code/kubeflow")
+        "https://hub.fastgit.xyz/kubeflow/training-operator.git",
+        "master",
+        "44da109b5****",
+        "/root/code/kubeflow",
+    )
     payload = seed_example()
     payload["DataSources"][0]["MountPath"] = "/mnt/x"
     assert dlc.translate_dlc(payload, "a", sources).spec.data_sources[0].mount_path == "/mnt/x"
 
 
-@pytest.mark.parametrize("job_type,kind", [
-    ("TFJob", JobKind.TENSORFLOW), ("PyTorchJob", JobKind.PYTORCH),
-    ("XGBoostJob", JobKind.XGBOOST), ("MPIJob", JobKind.MPI), ("RayJob", JobKind.GENERIC),
-    ("ElasticBatchJob", JobKind.GENERIC),
-])
+@pytest.mark.parametrize(
+    "job_type,kind",
+    [
+        ("TFJob", JobKind.TENSORFLOW),
+        ("PyTorchJob", JobKind.PYTORCH),
+        ("XGBoostJob", JobKind.XGBOOST),
+        ("MPIJob", JobKind.MPI),
+        ("RayJob", JobKind.GENERIC),
+        ("ElasticBatchJob", JobKind.GENERIC),
+    ],
+)
 def test_job_types(job_type: str, kind: JobKind) -> None:
     assert dlc.translate_dlc(cpu_job(JobType=job_type), catalog={}).spec.kind is kind
 
@@ -98,9 +126,18 @@ def test_job_type_is_case_sensitive() -> None:
 
 def test_resource_config_overrides_catalog() -> None:
     job = cpu_job()
-    job["JobSpecs"][0] = {"Type": "Worker", "Image": "i", "EcsSpec": "ecs.gn6e-c12g1.3xlarge",
-                          "ResourceConfig": {"CPU": "4", "Memory": "16Gi", "GPU": "2",
-                                             "SharedMemory": "8Gi", "GPUType": "A100"}}
+    job["JobSpecs"][0] = {
+        "Type": "Worker",
+        "Image": "i",
+        "EcsSpec": "ecs.gn6e-c12g1.3xlarge",
+        "ResourceConfig": {
+            "CPU": "4",
+            "Memory": "16Gi",
+            "GPU": "2",
+            "SharedMemory": "8Gi",
+            "GPUType": "A100",
+        },
+    }
     r = dlc.translate_dlc(job).spec.roles[0].resources
     assert (r.cpu, r.memory_mb, r.gpu, r.shm_mb, r.gpu_type) == (4, 16384, 2, 8192, "A100")
 
@@ -121,33 +158,39 @@ def test_resources_required_and_checked() -> None:
     t = dlc.translate_dlc(job)
     assert t.errors == [] and paths(t.warnings) == ["$.JobSpecs[0].EcsSpec"]
     job["JobSpecs"][0]["ResourceConfig"] = {"CPU": "lots", "Memory": "1Gi"}
-    assert paths(dlc.translate_dlc(job).errors) == ["$.JobSpecs[0].ResourceConfig.CPU",
-                                                    "$.JobSpecs[0].EcsSpec"]
+    assert paths(dlc.translate_dlc(job).errors) == [
+        "$.JobSpecs[0].ResourceConfig.CPU",
+        "$.JobSpecs[0].EcsSpec",
+    ]
 
 
 def test_catalog_file(tmp_path: Path) -> None:
-    catalog = dlc.parse_catalog(yaml.safe_load(
-        "ecs.custom.big: {cpu: 64, memory_gib: 256, gpu: 8, gpu_type: H100}"))
+    catalog = dlc.parse_catalog(
+        yaml.safe_load("ecs.custom.big: {cpu: 64, memory_gib: 256, gpu: 8, gpu_type: H100}")
+    )
     assert catalog["ecs.custom.big"] == dlc.EcsType(64, 256, 8, "H100")
     assert "ecs.gn6e-c12g1.3xlarge" in catalog
     with pytest.raises(ValueError, match="ecs.bad"):
         dlc.parse_catalog({"ecs.bad": {"cpu": "x"}})
 
 
-@pytest.mark.parametrize("key,value,path", [
-    ("DisplayName", None, "$.DisplayName"),
-    ("UserCommand", "  ", "$.UserCommand"),
-    ("JobSpecs", [], "$.JobSpecs"),
-    ("JobSpecs", "Worker", "$.JobSpecs"),
-    ("Priority", 0, "$.Priority"),
-    ("Priority", 10, "$.Priority"),
-    ("Priority", "high", "$.Priority"),
-    ("Envs", ["A=1"], "$.Envs"),
-    ("ThirdpartyLibs", "numpy", "$.ThirdpartyLibs"),
-    ("JobMaxRunningTimeMinutes", -1, "$.JobMaxRunningTimeMinutes"),
-    ("DataSources", [{"MountPath": "/x"}], "$.DataSources[0].DataSourceId"),
-    ("CodeSource", {"Branch": "main"}, "$.CodeSource.CodeSourceId"),
-])
+@pytest.mark.parametrize(
+    "key,value,path",
+    [
+        ("DisplayName", None, "$.DisplayName"),
+        ("UserCommand", "  ", "$.UserCommand"),
+        ("JobSpecs", [], "$.JobSpecs"),
+        ("JobSpecs", "Worker", "$.JobSpecs"),
+        ("Priority", 0, "$.Priority"),
+        ("Priority", 10, "$.Priority"),
+        ("Priority", "high", "$.Priority"),
+        ("Envs", ["A=1"], "$.Envs"),
+        ("ThirdpartyLibs", "numpy", "$.ThirdpartyLibs"),
+        ("JobMaxRunningTimeMinutes", -1, "$.JobMaxRunningTimeMinutes"),
+        ("DataSources", [{"MountPath": "/x"}], "$.DataSources[0].DataSourceId"),
+        ("CodeSource", {"Branch": "main"}, "$.CodeSource.CodeSourceId"),
+    ],
+)
 def test_rule_errors(key: str, value: Any, path: str) -> None:
     t = dlc.translate_dlc(cpu_job(**{key: value}), catalog={})
     assert path in paths(t.errors), t.errors
@@ -159,13 +202,24 @@ def test_job_spec_rules() -> None:
     job["JobSpecs"][0]["PodCount"] = 0
     del job["JobSpecs"][0]["Image"]
     assert paths(dlc.translate_dlc(job).errors) == [
-        "$.JobSpecs[0].Image", "$.JobSpecs[0].PodCount", "$.JobSpecs[1].Type"]
+        "$.JobSpecs[0].Image",
+        "$.JobSpecs[0].PodCount",
+        "$.JobSpecs[1].Type",
+    ]
 
 
 def test_fields_map() -> None:
-    spec = dlc.translate_dlc(cpu_job(
-        Priority=7, ResourceId="rs-1", WorkspaceId="ws-1", Envs={"A": "1", "B": 2},
-        ThirdpartyLibs=["a==1"], ThirdpartyLibDir="/req", JobMaxRunningTimeMinutes=5)).spec
+    spec = dlc.translate_dlc(
+        cpu_job(
+            Priority=7,
+            ResourceId="rs-1",
+            WorkspaceId="ws-1",
+            Envs={"A": "1", "B": 2},
+            ThirdpartyLibs=["a==1"],
+            ThirdpartyLibDir="/req",
+            JobMaxRunningTimeMinutes=5,
+        )
+    ).spec
     assert (spec.priority, spec.queue) == (7, "rs-1")
     assert [(e.name, e.value) for e in spec.env] == [("A", "1"), ("B", "2")]
     assert spec.pip_packages == ["a==1"] and spec.pip_requirements_dir == "/req"
@@ -188,8 +242,10 @@ def test_success_follows_the_leader_role() -> None:
     assert roles["Chief"].min_succeeded == 1 and roles["Worker"].min_succeeded is None
 
 
-@pytest.mark.parametrize("key", ["UserVpc", "Settings", "Options", "ElasticSpec",
-                                 "DebuggerConfigContent", "CredentialConfig"])
+@pytest.mark.parametrize(
+    "key",
+    ["UserVpc", "Settings", "Options", "ElasticSpec", "DebuggerConfigContent", "CredentialConfig"],
+)
 def test_unsupported_fields_warn(key: str) -> None:
     t = dlc.translate_dlc(cpu_job(**{key: {"x": 1}}))
     assert t.errors == [] and paths(t.warnings) == [f"$.{key}"]
@@ -200,8 +256,10 @@ def test_unsupported_job_spec_fields_warn() -> None:
     job["JobSpecs"][0].update(UseSpotInstance=True, ExtraPodSpec={"InitContainers": []})
     job["JobSpecs"][0]["ResourceConfig"]["Disk"] = "10Gi"
     assert paths(dlc.translate_dlc(job).warnings) == [
-        "$.JobSpecs[0].ExtraPodSpec", "$.JobSpecs[0].UseSpotInstance",
-        "$.JobSpecs[0].ResourceConfig.Disk"]
+        "$.JobSpecs[0].ExtraPodSpec",
+        "$.JobSpecs[0].UseSpotInstance",
+        "$.JobSpecs[0].ResourceConfig.Disk",
+    ]
 
 
 def test_role_type_outside_the_job_type_warns() -> None:
@@ -221,8 +279,10 @@ def test_pod_ids_round_trip() -> None:
 def test_data_source_uri() -> None:
     assert dlc.data_source_uri({"Uri": "file:///data"}) == "file:///data"
     assert dlc.data_source_uri({"Path": "/srv/data"}) == "/srv/data"
-    assert dlc.data_source_uri({"DataSourceType": "nas", "FileSystemId": "fs-1",
-                                "Path": "/d"}) == "nas://fs-1/d"
+    assert (
+        dlc.data_source_uri({"DataSourceType": "nas", "FileSystemId": "fs-1", "Path": "/d"})
+        == "nas://fs-1/d"
+    )
     assert dlc.data_source_uri({"DataSourceType": "oss", "Path": "oss://b/p"}) == "oss://b/p"
     assert dlc.local_path("file:///x/y") == "/x/y" and dlc.local_path("oss://b") is None
 
@@ -230,17 +290,37 @@ def test_data_source_uri() -> None:
 def _view(state: str, **extra: Any) -> dict[str, Any]:
     spec = dlc.translate_dlc(seed_example(), "alice").spec.model_dump(mode="json")
     t0 = datetime(2024, 1, 1, 0, 0, 0, tzinfo=UTC)
-    return {"id": "j1", "name": "tf-mnist-test", "user": "alice", "state": state,
-            "priority": 1, "queue": "default", "attempt": 1, "submitted_at": t0,
-            "updated_at": t0, "finished_at": None, "reason": None, "spec": spec,
-            "tasks": [{"role": "Worker", "index": i, "attempt": 1, "state": "RUNNING",
-                       "host_ip": "10.0.0.1", "node": "n1", "updated_at": t0}
-                      for i in range(3)], **extra}
+    return {
+        "id": "j1",
+        "name": "tf-mnist-test",
+        "user": "alice",
+        "state": state,
+        "priority": 1,
+        "queue": "default",
+        "attempt": 1,
+        "submitted_at": t0,
+        "updated_at": t0,
+        "finished_at": None,
+        "reason": None,
+        "spec": spec,
+        "tasks": [
+            {
+                "role": "Worker",
+                "index": i,
+                "attempt": 1,
+                "state": "RUNNING",
+                "host_ip": "10.0.0.1",
+                "node": "n1",
+                "updated_at": t0,
+            }
+            for i in range(3)
+        ],
+        **extra,
+    }
 
 
 def test_render_job() -> None:
-    body = dlc.render_job(_view("RUNNING"), seed_example(),
-                          running_at="2024-01-01T00:00:05+00:00")
+    body = dlc.render_job(_view("RUNNING"), seed_example(), running_at="2024-01-01T00:00:05+00:00")
     assert body["JobId"] == "j1" and body["Status"] == "Running"
     assert body["JobType"] == "TFJob" and body["DisplayName"] == "tf-mnist-test"
     assert body["GmtCreateTime"] == "2024-01-01T00:00:00Z"
@@ -256,11 +336,18 @@ def test_render_job() -> None:
     assert body["RequestGPU"] == 3.0
 
 
-@pytest.mark.parametrize("state,status", [
-    ("SUBMITTED", "Creating"), ("QUEUED", "Queuing"), ("PLACED", "EnvPreparing"),
-    ("SUCCEEDED", "Succeeded"), ("FAILED", "Failed"), ("STOPPED", "Stopped"),
-    ("REJECTED", "Failed"),
-])
+@pytest.mark.parametrize(
+    "state,status",
+    [
+        ("SUBMITTED", "Creating"),
+        ("QUEUED", "Queuing"),
+        ("PLACED", "EnvPreparing"),
+        ("SUCCEEDED", "Succeeded"),
+        ("FAILED", "Failed"),
+        ("STOPPED", "Stopped"),
+        ("REJECTED", "Failed"),
+    ],
+)
 def test_statuses(state: str, status: str) -> None:
     assert dlc.render_job(_view(state))["Status"] == status
     assert state in dlc.states_for(status)
@@ -269,30 +356,36 @@ def test_statuses(state: str, status: str) -> None:
 def test_render_list_and_events() -> None:
     body = dlc.render_list([(_view("SUCCEEDED"), None)], 7)
     assert body["TotalCount"] == 7 and body["Jobs"][0]["JobMaxRunningTimeMinutes"] == 1024
-    lines = dlc.render_events([
-        {"type": "JobSubmitted", "occurred_at": datetime(2024, 1, 1, tzinfo=UTC), "event": {}},
-        {"type": "TaskStateChanged", "occurred_at": "2024-01-01T00:00:01Z",
-         "event": {"role": "Worker", "index": 0, "state": "SUCCEEDED", "exit_code": 0}},
-    ])
-    assert lines == ["2024-01-01T00:00:00Z JobSubmitted",
-                     "2024-01-01T00:00:01Z TaskStateChanged Worker[0] SUCCEEDED (exit 0)"]
+    lines = dlc.render_events(
+        [
+            {"type": "JobSubmitted", "occurred_at": datetime(2024, 1, 1, tzinfo=UTC), "event": {}},
+            {
+                "type": "TaskStateChanged",
+                "occurred_at": "2024-01-01T00:00:01Z",
+                "event": {"role": "Worker", "index": 0, "state": "SUCCEEDED", "exit_code": 0},
+            },
+        ]
+    )
+    assert lines == [
+        "2024-01-01T00:00:00Z JobSubmitted",
+        "2024-01-01T00:00:01Z TaskStateChanged Worker[0] SUCCEEDED (exit 0)",
+    ]
 
 
 def test_code_source_token_hidden() -> None:
-    item = dlc.render_code_source({"_id": "code-1", "CodeRepo": "r",
-                                   "CodeRepoAccessToken": "tok"})
+    item = dlc.render_code_source({"_id": "code-1", "CodeRepo": "r", "CodeRepoAccessToken": "tok"})
     assert item["CodeRepoAccessToken"] == "******" and item["CodeSourceId"] == "code-1"
 
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 dlc_keys = st.sampled_from(sorted(dlc.JOB_KEYS | {"UserVpc", "JobSpecs"}))
-spec_like = st.dictionaries(st.sampled_from(sorted(dlc.SPEC_KEYS | {"X"})), json_values,
-                            max_size=6)
+spec_like = st.dictionaries(st.sampled_from(sorted(dlc.SPEC_KEYS | {"X"})), json_values, max_size=6)
 payloads = st.dictionaries(dlc_keys, json_values | st.lists(spec_like, max_size=3), max_size=10)
 
 
@@ -302,7 +395,19 @@ def test_translate_never_raises(payload: Any) -> None:
     t = dlc.translate_dlc(payload, "u")
     assert t.dialect == "dlc"
     for role in [None, "nobody", *(r.name for r in t.spec.roles)]:
-        for field in ("role", "cpu", "memory_mb", "gpu", "gpu_type", "image", "command", "replicas", "shm_mb", "name", "queue"):
+        for field in (
+            "role",
+            "cpu",
+            "memory_mb",
+            "gpu",
+            "gpu_type",
+            "image",
+            "command",
+            "replicas",
+            "shm_mb",
+            "name",
+            "queue",
+        ):
             assert dlc.field_path(payload, role, field).startswith("$")
     for issue in t.errors + t.warnings:
         assert issue.path.startswith("$")
@@ -319,11 +424,15 @@ def test_sdk_models_read_the_views() -> None:
     body = sdk.GetJobResponseBody().from_map(json.loads(json.dumps(rendered)))
     assert body.pods[1].pod_id == "j1-Worker-1" and body.pods[0].pod_ips[0].ip == "10.0.0.1"
     assert body.job_specs[0].resource_config.gpu == "1"
-    listed = sdk.ListJobsResponseBody().from_map(json.loads(json.dumps(
-        dlc.render_list([(_view("SUCCEEDED"), seed_example())], 1))))
+    listed = sdk.ListJobsResponseBody().from_map(
+        json.loads(json.dumps(dlc.render_list([(_view("SUCCEEDED"), seed_example())], 1)))
+    )
     assert listed.jobs[0].job_id == "j1" and listed.total_count == 1
-    item = sdk.DataSourceItem().from_map(dlc.render_data_source(
-        {"_id": "d-1", "DisplayName": "x", "created_at": datetime(2024, 1, 1, tzinfo=UTC)}))
+    item = sdk.DataSourceItem().from_map(
+        dlc.render_data_source(
+            {"_id": "d-1", "DisplayName": "x", "created_at": datetime(2024, 1, 1, tzinfo=UTC)}
+        )
+    )
     assert item.data_source_id == "d-1" and item.gmt_create_time == "2024-01-01T00:00:00Z"
     code = sdk.CodeSourceItem().from_map(dlc.render_code_source({"_id": "code-1"}))
     assert code.code_source_id == "code-1"

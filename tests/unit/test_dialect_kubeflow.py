@@ -13,8 +13,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainyard_common.dialects import detect, translate
-from trainyard_common.dialects import kubeflow
+from trainyard_common.dialects import detect, kubeflow, translate
 from trainyard_common.dialects.kubeflow import render, translate_kubeflow
 from trainyard_common.jobspec import JobKind, RestartPolicy, RunMode
 
@@ -29,8 +28,15 @@ def rules(spec: Any) -> list[list[tuple[str, int]]]:
     return [[(r.role, r.index) for r in rule] for rule in spec.success_rules]
 
 
-@pytest.mark.parametrize("name", ["pytorchjob-simple.yaml", "tfjob-simple.yaml",
-                                  "pytorchjob-elastic-echo.yaml", "pytorchjob-mnist-gloo.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pytorchjob-simple.yaml",
+        "tfjob-simple.yaml",
+        "pytorchjob-elastic-echo.yaml",
+        "pytorchjob-mnist-gloo.yaml",
+    ],
+)
 def test_training_operator_examples_translate(name: str) -> None:
     payload = load(name)
     assert detect(payload) == "kubeflow"
@@ -44,7 +50,8 @@ def test_training_operator_examples_translate(name: str) -> None:
 def test_an_image_entrypoint_job_is_rejected_at_the_container() -> None:
     result = translate_kubeflow(load("tfjob-distributed-no-command.yaml"))
     assert [e.path for e in result.errors] == [
-        "$.spec.tfReplicaSpecs.Worker.template.spec.containers[0]"]
+        "$.spec.tfReplicaSpecs.Worker.template.spec.containers[0]"
+    ]
     assert result.spec.cleanup_policy == "None"
 
 
@@ -53,10 +60,12 @@ def test_pytorchjob_master_decides_success() -> None:
     assert spec.kind is JobKind.PYTORCH
     assert [(r.name, r.replicas, r.command) for r in spec.roles] == [
         ("Master", 1, "python3 /opt/mnist/src/mnist.py --epochs=1"),
-        ("Worker", 1, "python3 /opt/mnist/src/mnist.py --epochs=1")]
+        ("Worker", 1, "python3 /opt/mnist/src/mnist.py --epochs=1"),
+    ]
     assert rules(spec) == [[("Master", 0)]]
-    assert all(r.min_failed == 1 and r.restart_policy is RestartPolicy.ON_FAILURE
-               for r in spec.roles)
+    assert all(
+        r.min_failed == 1 and r.restart_policy is RestartPolicy.ON_FAILURE for r in spec.roles
+    )
 
 
 def test_tfjob_without_chief_is_decided_by_worker_0_or_all_workers() -> None:
@@ -65,7 +74,8 @@ def test_tfjob_without_chief_is_decided_by_worker_0_or_all_workers() -> None:
     payload["spec"]["successPolicy"] = "AllWorkers"
     assert rules(translate_kubeflow(payload).spec) == [[("Worker", 0), ("Worker", 1)]]
     payload["spec"]["tfReplicaSpecs"]["Chief"] = copy.deepcopy(
-        payload["spec"]["tfReplicaSpecs"]["Worker"]) | {"replicas": 1}
+        payload["spec"]["tfReplicaSpecs"]["Worker"]
+    ) | {"replicas": 1}
     payload["spec"]["successPolicy"] = ""
     assert rules(translate_kubeflow(payload).spec) == [[("Chief", 0)]]
 
@@ -80,27 +90,45 @@ def test_elastic_policy_bounds_the_workers() -> None:
 
 def test_run_policy() -> None:
     payload = load("pytorchjob-simple.yaml")
-    payload["spec"]["runPolicy"] = {"cleanPodPolicy": "Running", "backoffLimit": 3,
-                                    "activeDeadlineSeconds": 600, "suspend": True,
-                                    "schedulingPolicy": {"queue": "gold", "minAvailable": 2}}
+    payload["spec"]["runPolicy"] = {
+        "cleanPodPolicy": "Running",
+        "backoffLimit": 3,
+        "activeDeadlineSeconds": 600,
+        "suspend": True,
+        "schedulingPolicy": {"queue": "gold", "minAvailable": 2},
+    }
     result = translate_kubeflow(payload)
     spec = result.spec
-    assert (spec.cleanup_policy, spec.retry_limit, spec.max_running_minutes, spec.queue,
-            spec.run_mode) == ("Unfinished", 3, 10, "gold", RunMode.PAUSE)
+    assert (
+        spec.cleanup_policy,
+        spec.retry_limit,
+        spec.max_running_minutes,
+        spec.queue,
+        spec.run_mode,
+    ) == ("Unfinished", 3, 10, "gold", RunMode.PAUSE)
     assert "$.spec.runPolicy.schedulingPolicy.minAvailable" in [w.path for w in result.warnings]
 
 
-@pytest.mark.parametrize(("mutate", "path"), [
-    (lambda p: p.update(apiVersion="kubeflow.org/v2"), "$.apiVersion"),
-    (lambda p: p.update(kind="MXJob"), "$.kind"),
-    (lambda p: p["spec"]["pytorchReplicaSpecs"].update(Chief={}),
-     "$.spec.pytorchReplicaSpecs.Chief"),
-    (lambda p: p["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2),
-     "$.spec.pytorchReplicaSpecs.Master.replicas"),
-    (lambda p: p["spec"]["pytorchReplicaSpecs"]["Worker"].update(restartPolicy="Sometimes"),
-     "$.spec.pytorchReplicaSpecs.Worker.restartPolicy"),
-    (lambda p: p["metadata"].update(name="Upper"), "$.metadata.name"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [
+        (lambda p: p.update(apiVersion="kubeflow.org/v2"), "$.apiVersion"),
+        (lambda p: p.update(kind="MXJob"), "$.kind"),
+        (
+            lambda p: p["spec"]["pytorchReplicaSpecs"].update(Chief={}),
+            "$.spec.pytorchReplicaSpecs.Chief",
+        ),
+        (
+            lambda p: p["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2),
+            "$.spec.pytorchReplicaSpecs.Master.replicas",
+        ),
+        (
+            lambda p: p["spec"]["pytorchReplicaSpecs"]["Worker"].update(restartPolicy="Sometimes"),
+            "$.spec.pytorchReplicaSpecs.Worker.restartPolicy",
+        ),
+        (lambda p: p["metadata"].update(name="Upper"), "$.metadata.name"),
+    ],
+)
 def test_errors_have_paths(mutate: Any, path: str) -> None:
     payload = load("pytorchjob-simple.yaml")
     mutate(payload)
@@ -109,10 +137,30 @@ def test_errors_have_paths(mutate: Any, path: str) -> None:
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-        st.sampled_from(["apiVersion", "kind", "metadata", "spec", "pytorchReplicaSpecs",
-                         "Master", "Worker", "template", "containers", "runPolicy",
-                         "restartPolicy", "elasticPolicy", "x"]), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "apiVersion",
+                    "kind",
+                    "metadata",
+                    "spec",
+                    "pytorchReplicaSpecs",
+                    "Master",
+                    "Worker",
+                    "template",
+                    "containers",
+                    "runPolicy",
+                    "restartPolicy",
+                    "elasticPolicy",
+                    "x",
+                ]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
     max_leaves=25,
 )
 
@@ -123,7 +171,19 @@ def test_translate_never_raises(payload: Any) -> None:
     result = translate_kubeflow(payload)
     assert result.dialect == "kubeflow"
     for role in [None, "nobody", *(r.name for r in result.spec.roles)]:
-        for field in ("role", "cpu", "memory_mb", "gpu", "gpu_type", "image", "command", "replicas", "shm_mb", "name", "queue"):
+        for field in (
+            "role",
+            "cpu",
+            "memory_mb",
+            "gpu",
+            "gpu_type",
+            "image",
+            "command",
+            "replicas",
+            "shm_mb",
+            "name",
+            "queue",
+        ):
             assert kubeflow.field_path(payload, role, field).startswith("$")
 
 
@@ -131,17 +191,35 @@ def test_render_kubeflow_status() -> None:
     payload = load("pytorchjob-simple.yaml")
     spec = translate_kubeflow(payload).spec
     now = datetime(2024, 5, 1, tzinfo=UTC)
-    out = render("pytorchjobs", {
-        "id": "j1", "name": "pytorch-simple", "state": "SUCCEEDED", "submitted_at": now,
-        "updated_at": now, "finished_at": now, "spec": spec.model_dump(mode="json"),
-        "original": payload, "reason": "success rule 0 met",
-        "tasks": [{"role": "Master", "index": 0, "attempt": 1, "state": "SUCCEEDED",
-                   "updated_at": now},
-                  {"role": "Worker", "index": 0, "attempt": 1, "state": "RUNNING",
-                   "updated_at": now}]})
+    out = render(
+        "pytorchjobs",
+        {
+            "id": "j1",
+            "name": "pytorch-simple",
+            "state": "SUCCEEDED",
+            "submitted_at": now,
+            "updated_at": now,
+            "finished_at": now,
+            "spec": spec.model_dump(mode="json"),
+            "original": payload,
+            "reason": "success rule 0 met",
+            "tasks": [
+                {
+                    "role": "Master",
+                    "index": 0,
+                    "attempt": 1,
+                    "state": "SUCCEEDED",
+                    "updated_at": now,
+                },
+                {"role": "Worker", "index": 0, "attempt": 1, "state": "RUNNING", "updated_at": now},
+            ],
+        },
+    )
     assert out["kind"] == "PyTorchJob" and out["metadata"]["namespace"] == "kubeflow"
     status = out["status"]
     assert [c["type"] for c in status["conditions"]] == ["Created", "Running", "Succeeded"]
-    assert status["replicaStatuses"] == {"Master": {"active": 0, "succeeded": 1, "failed": 0},
-                                         "Worker": {"active": 1, "succeeded": 0, "failed": 0}}
+    assert status["replicaStatuses"] == {
+        "Master": {"active": 0, "succeeded": 1, "failed": 0},
+        "Worker": {"active": 1, "succeeded": 0, "failed": 0},
+    }
     assert status["completionTime"] == "2024-05-01T00:00:00Z"

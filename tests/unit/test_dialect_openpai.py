@@ -98,25 +98,44 @@ def test_translated_seed_travels_in_an_event() -> None:
 def test_full_mapping_of_optional_fields() -> None:
     payload = helloworld()
     payload.update(
-        authFile="hdfs://auth", dataDir="hdfs://data", outputDir="hdfs://out",
-        codeDir="hdfs://code", virtualCluster="research", retryCount=3,
+        authFile="hdfs://auth",
+        dataDir="hdfs://data",
+        outputDir="hdfs://out",
+        codeDir="hdfs://code",
+        virtualCluster="research",
+        retryCount=3,
         jobEnvs={"isDebug": True, "LR": 0.1, "EPOCHS": 10, "NAME": "x", "OFF": False},
     )
-    payload["taskRoles"].append({
-        "name": "worker", "taskNumber": 4, "cpuNumber": 2, "memoryMB": 4096,
-        "gpuNumber": 2, "command": "python train.py",
-        "portList": [{"label": "ssh", "beginAt": 2222, "portNumber": 2}],
-    })
+    payload["taskRoles"].append(
+        {
+            "name": "worker",
+            "taskNumber": 4,
+            "cpuNumber": 2,
+            "memoryMB": 4096,
+            "gpuNumber": 2,
+            "command": "python train.py",
+            "portList": [{"label": "ssh", "beginAt": 2222, "portNumber": 2}],
+        }
+    )
     t = translate(payload)
     assert t.errors == []
     spec = t.spec
     assert (spec.auth_file, spec.data_dir, spec.output_dir, spec.code_dir) == (
-        "hdfs://auth", "hdfs://data", "hdfs://out", "hdfs://code")
+        "hdfs://auth",
+        "hdfs://data",
+        "hdfs://out",
+        "hdfs://code",
+    )
     assert spec.queue == "research"
     assert spec.retry_limit == 3
     assert spec.keep_failed_for_debug is True
-    assert env_dict(spec.env) == {"isDebug": "true", "LR": "0.1", "EPOCHS": "10", "NAME": "x",
-                                  "OFF": "false"}
+    assert env_dict(spec.env) == {
+        "isDebug": "true",
+        "LR": "0.1",
+        "EPOCHS": "10",
+        "NAME": "x",
+        "OFF": "false",
+    }
     worker = spec.role("worker")
     assert worker.replicas == 4 and worker.resources.cpu == 2
     assert worker.resources.shm_mb == 64  # OpenPAI's default when shmMB is absent
@@ -205,8 +224,10 @@ def test_forced_dialect_on_wrong_shape() -> None:
 # ----------------------------------------------------------------------------- paths
 
 
-_THREE_ROLES = {"jobName": "j", "taskRoles": [{"name": "a"}, "not a role", {"name": "c"},
-                                              {"name": "d"}]}
+_THREE_ROLES = {
+    "jobName": "j",
+    "taskRoles": [{"name": "a"}, "not a role", {"name": "c"}, {"name": "d"}],
+}
 _NATIVE = {"name": "n", "roles": [{"name": "a"}, {"name": "b"}]}
 
 
@@ -235,8 +256,7 @@ _NATIVE = {"name": "n", "roles": [{"name": "a"}, {"name": "b"}]}
         ("native", _NATIVE, None, "name", "$.name"),
     ],
 )
-def test_field_path(dialect: str, payload: Any, role: str | None, field: str, path: str
-                    ) -> None:
+def test_field_path(dialect: str, payload: Any, role: str | None, field: str, path: str) -> None:
     assert field_path(dialect, payload, role, field) == path
 
 
@@ -253,17 +273,17 @@ def test_native_round_trip() -> None:
 
 def test_native_type_errors_have_paths_and_keep_the_valid_part() -> None:
     payload = {
-        "name": "job", "priority": "high", "unknown": 1,
+        "name": "job",
+        "priority": "high",
+        "unknown": 1,
         "roles": [
             {"name": "ok", "command": "run"},
-            {"name": "bad", "command": "run", "replicas": True,
-             "resources": {"gpu": "lots"}},
+            {"name": "bad", "command": "run", "replicas": True, "resources": {"gpu": "lots"}},
         ],
     }
     t = translate(payload)
     paths = {e.path for e in t.errors}
-    assert paths == {"$.priority", "$.unknown", "$.roles[1].replicas",
-                     "$.roles[1].resources.gpu"}
+    assert paths == {"$.priority", "$.unknown", "$.roles[1].replicas", "$.roles[1].resources.gpu"}
     assert t.spec.name == "job" and [r.name for r in t.spec.roles] == ["ok"]
 
 
@@ -275,27 +295,57 @@ def test_native_rules_are_reported_by_translate() -> None:
 # ---------------------------------------------------------------------- totality
 
 _scalars = (
-    st.none() | st.booleans() | st.integers() | st.integers(min_value=-(10**400),
-                                                            max_value=10**400)
-    | st.floats() | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats()
+    | st.text(max_size=20)
 )
 json_like = st.recursive(
     _scalars,
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(st.text(max_size=10), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5)
+    ),
     max_leaves=30,
 )
-_keys = st.sampled_from(sorted({
-    "jobName", "image", "taskRoles", "gpuType", "retryCount", "jobEnvs", "extras", "tmp",
-    "virtualCluster", "name", "roles", "taskNumber", "cpuNumber", "memoryMB", "shmMB",
-    "gpuNumber", "portList", "label", "beginAt", "portNumber", "command", "isDebug",
-    "minFailedTaskCount", "minSucceededTaskCount", "resources", "replicas", "ports",
-})) | st.text(max_size=8)
+_keys = st.sampled_from(
+    sorted(
+        {
+            "jobName",
+            "image",
+            "taskRoles",
+            "gpuType",
+            "retryCount",
+            "jobEnvs",
+            "extras",
+            "tmp",
+            "virtualCluster",
+            "name",
+            "roles",
+            "taskNumber",
+            "cpuNumber",
+            "memoryMB",
+            "shmMB",
+            "gpuNumber",
+            "portList",
+            "label",
+            "beginAt",
+            "portNumber",
+            "command",
+            "isDebug",
+            "minFailedTaskCount",
+            "minSucceededTaskCount",
+            "resources",
+            "replicas",
+            "ports",
+        }
+    )
+) | st.text(max_size=8)
 # Dicts keyed by the dialects' own field names reach deeper than random keys would.
 shaped = st.recursive(
     _scalars,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(_keys, children, max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys, children, max_size=8),
     max_leaves=40,
 )
 
@@ -369,6 +419,7 @@ def test_mutated_seed_never_raises_and_clean_means_valid(payload: dict[str, Any]
     if not t.errors:
         # Whatever OpenPAI's rules let through must meet the canonical rules too.
         assert validate_native(t.spec) == []
-    event = JobSubmitted(job_id="j", spec=t.spec, dialect=t.dialect,
-                         translation_errors=t.errors, warnings=t.warnings)
+    event = JobSubmitted(
+        job_id="j", spec=t.spec, dialect=t.dialect, translation_errors=t.errors, warnings=t.warnings
+    )
     assert decode(encode(event)) == event

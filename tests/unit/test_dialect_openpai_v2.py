@@ -49,8 +49,11 @@ def job(**changes: Any) -> dict[str, Any]:
                 "instances": 2,
                 "dockerImage": "img",
                 "resourcePerInstance": {"cpu": 2, "memoryMB": 1024, "gpu": 0},
-                "commands": ["  echo start  ", "train --epochs <% $parameters.epochs %> "
-                             "--lr=<%$parameters.lr%> --token <% $secrets.token %>"],
+                "commands": [
+                    "  echo start  ",
+                    "train --epochs <% $parameters.epochs %> "
+                    "--lr=<%$parameters.lr%> --token <% $secrets.token %>",
+                ],
             },
         },
     }
@@ -87,28 +90,32 @@ def test_the_protocol_spec_example_maps_every_field() -> None:
     t = translate(example("tensorflow-cifar10.yaml"), user="alice")
     spec = t.spec
     assert spec.retry_limit == 1 and spec.queue == "default"
-    assert env_dict(spec.secrets) == {"docker_password": "password",
-                                      "github_token": "cGFzc3dvcmQ="}
+    assert env_dict(spec.secrets) == {"docker_password": "password", "github_token": "cGFzc3dvcmQ="}
     worker, ps = spec.roles
     assert worker.image == "openpai/pai.example.tensorflow"
-    assert (worker.resources.cpu, worker.resources.memory_mb, worker.resources.gpu,
-            worker.resources.shm_mb) == (2, 16384, 4, 64)
+    assert (
+        worker.resources.cpu,
+        worker.resources.memory_mb,
+        worker.resources.gpu,
+        worker.resources.shm_mb,
+    ) == (2, 16384, 4, 64)
     assert [(p.label, p.count) for p in worker.ports] == [("ssh", 1), ("http", 1)]
     assert (worker.min_failed, worker.min_succeeded) == (1, 1)
     # minSucceededInstances -1: the role alone never succeeds the job.
     assert (ps.min_failed, ps.min_succeeded) == (1, None)
     lines = worker.command.split("\n")
     # The default deployment's preCommands run first, then the role's commands.
-    assert lines[0] == ("wget https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz "
-                        "-P data_cifar10")
+    assert lines[0] == (
+        "wget https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz -P data_cifar10"
+    )
     assert lines[1].startswith("git clone https://MaggieQi:<% $secrets.github_token %>@")
     assert lines[2] == "cd script_tensorflow_cnnbenchmarks/scripts/tf_cnn_benchmarks"
     assert "--model=resnet20 --batch_size=32" in lines[3]
     assert "--data_dir=$PAI_WORK_DIR/data_cifar10" in lines[3]
     # ps_server's postCommands come after its commands; $output renders its uri.
     assert ps.command.split("\n")[-1] == (
-        "hdfs dfs -cp output_tensorflow_cifar10_model "
-        "hdfs://10.151.40.179:9000/core/cifar10_model")
+        "hdfs dfs -cp output_tensorflow_cifar10_model hdfs://10.151.40.179:9000/core/cifar10_model"
+    )
     assert "cGFzc3dvcmQ=" not in worker.command
     warned = {w.code for w in t.warnings}
     assert {"prerequisite_not_fetched", "auth_not_used"} <= warned
@@ -117,9 +124,12 @@ def test_the_protocol_spec_example_maps_every_field() -> None:
 def test_cmd_plugin_prerequisites_run_before_the_commands() -> None:
     spec = translate(example("prerequisites.yaml")).spec
     assert spec.roles[0].command.split("\n") == [
-        "apt update", "apt install -y  git", "mkdir -p /dataset/covid-19",
+        "apt update",
+        "apt install -y  git",
+        "mkdir -p /dataset/covid-19",
         "git clone https://github.com/ieee8023/covid-chestxray-dataset.git /dataset/covid-19",
-        "ls -la /dataset/covid-19"]
+        "ls -la /dataset/covid-19",
+    ]
 
 
 def test_runtime_plugins_in_extras_are_kept_and_warned_about() -> None:
@@ -156,9 +166,11 @@ def test_parameters_are_substituted_and_secrets_are_not() -> None:
 
 
 def test_parameter_values_are_written_as_openpai_writes_them() -> None:
-    text, missing = render("<% $parameters.flag %> <% $parameters.l[1] %> <% $parameters.n.a %>"
-                           " <% $parameters.nope %> <%$data.name%>",
-                           {"$parameters": {"flag": True, "l": [1, 2.0], "n": {"a": None}}})
+    text, missing = render(
+        "<% $parameters.flag %> <% $parameters.l[1] %> <% $parameters.n.a %>"
+        " <% $parameters.nope %> <%$data.name%>",
+        {"$parameters": {"flag": True, "l": [1, 2.0], "n": {"a": None}}},
+    )
     assert text == "true 2 <% $parameters.n.a %> <% $parameters.nope %> <% $data.name %>"
     assert missing == ["$parameters.n.a", "$parameters.nope", "$data.name"]
 
@@ -173,8 +185,12 @@ def test_unknown_references_are_kept_and_warned_about() -> None:
 
 def test_nested_secrets_are_flattened_to_the_names_commands_use() -> None:
     pairs = flatten_secrets({"db": {"user": "root", "ports": [1, 2]}, "flag": False, "n": None})
-    assert env_dict(pairs) == {"db.user": "root", "db.ports.0": "1", "db.ports.1": "2",
-                               "flag": "false"}
+    assert env_dict(pairs) == {
+        "db.user": "root",
+        "db.ports.0": "1",
+        "db.ports.1": "2",
+        "flag": "false",
+    }
 
 
 def test_completion_minus_one_null_and_defaults() -> None:
@@ -190,8 +206,14 @@ def test_completion_minus_one_null_and_defaults() -> None:
 
 
 def test_job_level_fields() -> None:
-    payload = job(jobRetryCount=4, defaults={"virtualCluster": "vc-a"},
-                  version="1.0", contributor="me", description="d", extras={"submitFrom": "x"})
+    payload = job(
+        jobRetryCount=4,
+        defaults={"virtualCluster": "vc-a"},
+        version="1.0",
+        contributor="me",
+        description="d",
+        extras={"submitFrom": "x"},
+    )
     t = translate_openpai_v2(payload, "carol")
     assert t.ok and t.warnings == []
     spec = t.spec
@@ -201,21 +223,42 @@ def test_job_level_fields() -> None:
 
 
 def test_role_resources_ports_and_shm() -> None:
-    payload = role(job(), extraContainerOptions={"shmMB": 256},
-                   resourcePerInstance={"cpu": 3, "memoryMB": 2048, "gpu": 1,
-                                        "ports": {"tb": 2, "http": 1}})
+    payload = role(
+        job(),
+        extraContainerOptions={"shmMB": 256},
+        resourcePerInstance={"cpu": 3, "memoryMB": 2048, "gpu": 1, "ports": {"tb": 2, "http": 1}},
+    )
     r = translate_openpai_v2(payload).spec.roles[0]
-    assert (r.replicas, r.resources.cpu, r.resources.memory_mb, r.resources.gpu,
-            r.resources.shm_mb) == (2, 3, 2048, 1, 256)
+    assert (
+        r.replicas,
+        r.resources.cpu,
+        r.resources.memory_mb,
+        r.resources.gpu,
+        r.resources.shm_mb,
+    ) == (2, 3, 2048, 1, 256)
     assert [(p.label, p.count, p.begin_at) for p in r.ports] == [
-        ("tb", 2, 0), ("http", 1, 0), ("ssh", 1, 0)]
+        ("tb", 2, 0),
+        ("http", 1, 0),
+        ("ssh", 1, 0),
+    ]
     assert translate_openpai_v2(job()).spec.roles[0].resources.shm_mb == 512
 
 
 def test_a_deployment_wraps_the_commands() -> None:
-    payload = job(deployments=[{"name": "prod", "taskRoles": {"worker": {
-        "preCommands": ["echo pre"], "postCommands": ["echo post <% $parameters.epochs %>"]}}}],
-        defaults={"deployment": "prod"})
+    payload = job(
+        deployments=[
+            {
+                "name": "prod",
+                "taskRoles": {
+                    "worker": {
+                        "preCommands": ["echo pre"],
+                        "postCommands": ["echo post <% $parameters.epochs %>"],
+                    }
+                },
+            }
+        ],
+        defaults={"deployment": "prod"},
+    )
     command = translate_openpai_v2(payload).spec.roles[0].command
     assert command.split("\n")[0] == "echo pre" and command.split("\n")[-1] == "echo post 3"
     # Without defaults.deployment no deployment is applied.
@@ -224,55 +267,82 @@ def test_a_deployment_wraps_the_commands() -> None:
 
 
 def test_task_retries_and_infiniband_are_warnings() -> None:
-    payload = role(job(), taskRetryCount=2, extraContainerOptions={"infiniband": True},
-                   surprise=1)
+    payload = role(job(), taskRetryCount=2, extraContainerOptions={"infiniband": True}, surprise=1)
     t = translate_openpai_v2(payload)
     assert t.ok
-    assert paths(t.warnings) == ["$.taskRoles.worker.taskRetryCount",
-                                 "$.taskRoles.worker.extraContainerOptions.infiniband",
-                                 "$.taskRoles.worker.surprise"]
+    assert paths(t.warnings) == [
+        "$.taskRoles.worker.taskRetryCount",
+        "$.taskRoles.worker.extraContainerOptions.infiniband",
+        "$.taskRoles.worker.surprise",
+    ]
 
 
 # ------------------------------------------------------------------------------ the errors
 
 
-@pytest.mark.parametrize(("payload", "path"), [
-    (job(protocolVersion=1), "$.protocolVersion"),
-    (job(name="bad name"), "$.name"),
-    (job(name="a.b"), "$.name"),
-    (job(type="component"), "$.type"),
-    (job(jobRetryCount=-1), "$.jobRetryCount"),
-    (job(parameters=[1]), "$.parameters"),
-    (job(secrets="x"), "$.secrets"),
-    (job(taskRoles={}), "$.taskRoles"),
-    (job(taskRoles=[]), "$.taskRoles"),
-    (job(taskRoles={"1bad": {}}), "$.taskRoles['1bad']"),
-    (role(job(), instances=0), "$.taskRoles.worker.instances"),
-    (role(job(), instances="2"), "$.taskRoles.worker.instances"),
-    (role(job(), dockerImage="nope"), "$.taskRoles.worker.dockerImage"),
-    (role(job(), data="nope"), "$.taskRoles.worker.data"),
-    (role(job(), commands=[]), "$.taskRoles.worker.commands"),
-    (role(job(), commands=["ok", 3]), "$.taskRoles.worker.commands[1]"),
-    (role(job(), commands=["  "]), "$.taskRoles.worker.commands"),
-    (role(job(), completion={"minFailedInstances": 0}),
-     "$.taskRoles.worker.completion.minFailedInstances"),
-    (role(job(), completion={"minSucceededInstances": -2}),
-     "$.taskRoles.worker.completion.minSucceededInstances"),
-    (role(job(), resourcePerInstance={"cpu": 1, "gpu": 0}),
-     "$.taskRoles.worker.resourcePerInstance.memoryMB"),
-    (role(job(), resourcePerInstance={"cpu": 0, "memoryMB": 512, "gpu": 0}),
-     "$.taskRoles.worker.resourcePerInstance.cpu"),
-    (role(job(), resourcePerInstance={"cpu": 1, "memoryMB": 512, "gpu": 0, "ports": {"a-b": 1}}),
-     "$.taskRoles.worker.resourcePerInstance.ports['a-b']"),
-    (role(job(), resourcePerInstance={"cpu": 1, "memoryMB": 512, "gpu": 0, "ports": {"p": 0}}),
-     "$.taskRoles.worker.resourcePerInstance.ports.p"),
-    (job(prerequisites=[{"name": "img", "type": "dockerimage"}]), "$.prerequisites[0].uri"),
-    (job(prerequisites=[{"name": "img", "type": "dockerimage", "uri": "a"},
-                        {"name": "img", "type": "dockerimage", "uri": "b"}]),
-     "$.prerequisites[1].name"),
-    (job(prerequisites=[{"name": "x", "type": "job"}]), "$.prerequisites[0].type"),
-    (job(defaults={"deployment": "none"}), "$.defaults.deployment"),
-])
+@pytest.mark.parametrize(
+    ("payload", "path"),
+    [
+        (job(protocolVersion=1), "$.protocolVersion"),
+        (job(name="bad name"), "$.name"),
+        (job(name="a.b"), "$.name"),
+        (job(type="component"), "$.type"),
+        (job(jobRetryCount=-1), "$.jobRetryCount"),
+        (job(parameters=[1]), "$.parameters"),
+        (job(secrets="x"), "$.secrets"),
+        (job(taskRoles={}), "$.taskRoles"),
+        (job(taskRoles=[]), "$.taskRoles"),
+        (job(taskRoles={"1bad": {}}), "$.taskRoles['1bad']"),
+        (role(job(), instances=0), "$.taskRoles.worker.instances"),
+        (role(job(), instances="2"), "$.taskRoles.worker.instances"),
+        (role(job(), dockerImage="nope"), "$.taskRoles.worker.dockerImage"),
+        (role(job(), data="nope"), "$.taskRoles.worker.data"),
+        (role(job(), commands=[]), "$.taskRoles.worker.commands"),
+        (role(job(), commands=["ok", 3]), "$.taskRoles.worker.commands[1]"),
+        (role(job(), commands=["  "]), "$.taskRoles.worker.commands"),
+        (
+            role(job(), completion={"minFailedInstances": 0}),
+            "$.taskRoles.worker.completion.minFailedInstances",
+        ),
+        (
+            role(job(), completion={"minSucceededInstances": -2}),
+            "$.taskRoles.worker.completion.minSucceededInstances",
+        ),
+        (
+            role(job(), resourcePerInstance={"cpu": 1, "gpu": 0}),
+            "$.taskRoles.worker.resourcePerInstance.memoryMB",
+        ),
+        (
+            role(job(), resourcePerInstance={"cpu": 0, "memoryMB": 512, "gpu": 0}),
+            "$.taskRoles.worker.resourcePerInstance.cpu",
+        ),
+        (
+            role(
+                job(),
+                resourcePerInstance={"cpu": 1, "memoryMB": 512, "gpu": 0, "ports": {"a-b": 1}},
+            ),
+            "$.taskRoles.worker.resourcePerInstance.ports['a-b']",
+        ),
+        (
+            role(
+                job(), resourcePerInstance={"cpu": 1, "memoryMB": 512, "gpu": 0, "ports": {"p": 0}}
+            ),
+            "$.taskRoles.worker.resourcePerInstance.ports.p",
+        ),
+        (job(prerequisites=[{"name": "img", "type": "dockerimage"}]), "$.prerequisites[0].uri"),
+        (
+            job(
+                prerequisites=[
+                    {"name": "img", "type": "dockerimage", "uri": "a"},
+                    {"name": "img", "type": "dockerimage", "uri": "b"},
+                ]
+            ),
+            "$.prerequisites[1].name",
+        ),
+        (job(prerequisites=[{"name": "x", "type": "job"}]), "$.prerequisites[0].type"),
+        (job(defaults={"deployment": "none"}), "$.defaults.deployment"),
+    ],
+)
 def test_each_rule_names_its_field(payload: dict[str, Any], path: str) -> None:
     t = translate_openpai_v2(payload)
     assert path in paths(t.errors), t.errors
@@ -293,21 +363,27 @@ def test_redact_hides_secret_values_and_literal_registry_passwords() -> None:
     payload["secrets"]["nested"] = {"a": ["x", "y"]}
     shown = redact_openpai_v2(payload)
     text = json.dumps(shown)
-    for value in (": \"password\"", "cGFzc3dvcmQ=", "literal-pw", "\"x\""):
+    for value in (': "password"', "cGFzc3dvcmQ=", "literal-pw", '"x"'):
         assert value not in text
     assert shown["secrets"]["docker_password"] == REDACTED
     assert shown["secrets"]["nested"] == {"a": [REDACTED, REDACTED]}
     assert payload["secrets"]["github_token"] == "cGFzc3dvcmQ="  # the input is untouched
     ref = example("tensorflow-cifar10.yaml")
     # A password given as a secret reference is no secret itself.
-    assert redact_openpai_v2(ref)["prerequisites"][0]["auth"]["password"] == \
-        "<% $secrets.docker_password %>"
+    assert (
+        redact_openpai_v2(ref)["prerequisites"][0]["auth"]["password"]
+        == "<% $secrets.docker_password %>"
+    )
 
 
 def test_history_events_show_no_secret_values() -> None:
     t = translate_openpai_v2(job(), "bob")
-    event = {"type": "JobSubmitted", "dialect": "openpai_v2",
-             "spec": json.loads(t.spec.model_dump_json()), "original": job()}
+    event = {
+        "type": "JobSubmitted",
+        "dialect": "openpai_v2",
+        "spec": json.loads(t.spec.model_dump_json()),
+        "original": job(),
+    }
     shown = hide_secrets(copy.deepcopy(event))
     assert "s3cr3t" not in json.dumps(shown)
     assert shown["spec"]["secrets"] == [{"name": "token", "value": REDACTED}]
@@ -321,23 +397,58 @@ def test_history_events_show_no_secret_values() -> None:
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=5)
+    ),
     max_leaves=25,
 )
-_keys = st.sampled_from([
-    "protocolVersion", "name", "type", "prerequisites", "parameters", "secrets",
-    "jobRetryCount", "taskRoles", "deployments", "defaults", "extras", "instances",
-    "completion", "minFailedInstances", "minSucceededInstances", "dockerImage", "data",
-    "commands", "resourcePerInstance", "cpu", "memoryMB", "gpu", "ports", "uri", "auth",
-    "preCommands", "postCommands", "deployment", "virtualCluster", "plugin", "callbacks",
-    "event", "extraContainerOptions", "shmMB", "worker", "img",
-]) | st.text(max_size=6)
+_keys = st.sampled_from(
+    [
+        "protocolVersion",
+        "name",
+        "type",
+        "prerequisites",
+        "parameters",
+        "secrets",
+        "jobRetryCount",
+        "taskRoles",
+        "deployments",
+        "defaults",
+        "extras",
+        "instances",
+        "completion",
+        "minFailedInstances",
+        "minSucceededInstances",
+        "dockerImage",
+        "data",
+        "commands",
+        "resourcePerInstance",
+        "cpu",
+        "memoryMB",
+        "gpu",
+        "ports",
+        "uri",
+        "auth",
+        "preCommands",
+        "postCommands",
+        "deployment",
+        "virtualCluster",
+        "plugin",
+        "callbacks",
+        "event",
+        "extraContainerOptions",
+        "shmMB",
+        "worker",
+        "img",
+    ]
+) | st.text(max_size=6)
 _shaped = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=30)
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.text(max_size=30)
     | st.sampled_from(["<% $parameters.a %>", "<% $secrets.b %>", "dockerimage", "img", 2]),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys, children,
-                                                                      max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys, children, max_size=8),
     max_leaves=40,
 )
 
@@ -374,18 +485,38 @@ def test_mutated_examples_never_raise(data: st.DataObject) -> None:
 def view(**changes: Any) -> dict[str, Any]:
     spec = json.loads(translate_openpai_v2(job(), "bob").spec.redacted().model_dump_json())
     base: dict[str, Any] = {
-        "id": "j1", "name": "train-1", "user": "bob", "state": "SUCCEEDED",
-        "dialect": "openpai_v2", "queue": "default", "priority": 5, "attempt": 1,
+        "id": "j1",
+        "name": "train-1",
+        "user": "bob",
+        "state": "SUCCEEDED",
+        "dialect": "openpai_v2",
+        "queue": "default",
+        "priority": 5,
+        "attempt": 1,
         "submitted_at": datetime(2024, 1, 1, tzinfo=UTC),
-        "finished_at": "2024-01-01T00:01:00+00:00", "exit_code": 0, "reason": "all done",
+        "finished_at": "2024-01-01T00:01:00+00:00",
+        "exit_code": 0,
+        "reason": "all done",
         "spec": spec,
         "tasks": [
-            {"role": "worker", "index": i, "attempt": 1, "state": "SUCCEEDED", "exit_code": 0,
-             "reason": None, "node": "n1", "host_ip": "10.0.0.1", "gpu_indices": [],
-             "ports": [{"label": "http", "ports": [31000 + i]},
-                       {"label": "ssh", "ports": [31010 + i, 31020 + i]}],
-             "updated_at": datetime(2024, 1, 1, 0, 1, tzinfo=UTC)}
-            for i in range(2)],
+            {
+                "role": "worker",
+                "index": i,
+                "attempt": 1,
+                "state": "SUCCEEDED",
+                "exit_code": 0,
+                "reason": None,
+                "node": "n1",
+                "host_ip": "10.0.0.1",
+                "gpu_indices": [],
+                "ports": [
+                    {"label": "http", "ports": [31000 + i]},
+                    {"label": "ssh", "ports": [31010 + i, 31020 + i]},
+                ],
+                "updated_at": datetime(2024, 1, 1, 0, 1, tzinfo=UTC),
+            }
+            for i in range(2)
+        ],
     }
     base.update(changes)
     return base
@@ -396,7 +527,11 @@ def test_render_status_is_openpai_shape() -> None:
     assert status["name"] == "train-1" and status["debugId"] == "bob~train-1"
     js = status["jobStatus"]
     assert (js["username"], js["state"], js["subState"], js["executionType"]) == (
-        "bob", "SUCCEEDED", "Completed", "START")
+        "bob",
+        "SUCCEEDED",
+        "Completed",
+        "START",
+    )
     assert js["createdTime"] == 1704067200000 and js["completedTime"] == 1704067260000
     assert js["appExitCode"] == 0 and js["retries"] == 0 and js["virtualCluster"] == "default"
     tasks = status["taskRoles"]["worker"]["taskStatuses"]
@@ -407,16 +542,19 @@ def test_render_status_is_openpai_shape() -> None:
     assert tasks[1]["containerExitCode"] == 0 and tasks[1]["containerId"] == "j1-1-worker-1"
 
 
-@pytest.mark.parametrize(("state", "stop", "expected"), [
-    ("SUBMITTED", False, ("WAITING", "AttemptCreationPending", "START")),
-    ("QUEUED", False, ("WAITING", "AttemptCreationPending", "START")),
-    ("PLACED", False, ("WAITING", "AttemptPreparing", "START")),
-    ("RUNNING", False, ("RUNNING", "AttemptRunning", "START")),
-    ("RUNNING", True, ("STOPPING", "AttemptDeletionPending", "STOP")),
-    ("STOPPED", True, ("STOPPED", "Completed", "STOP")),
-    ("FAILED", False, ("FAILED", "Completed", "START")),
-    ("REJECTED", False, ("FAILED", "Completed", "START")),
-])
+@pytest.mark.parametrize(
+    ("state", "stop", "expected"),
+    [
+        ("SUBMITTED", False, ("WAITING", "AttemptCreationPending", "START")),
+        ("QUEUED", False, ("WAITING", "AttemptCreationPending", "START")),
+        ("PLACED", False, ("WAITING", "AttemptPreparing", "START")),
+        ("RUNNING", False, ("RUNNING", "AttemptRunning", "START")),
+        ("RUNNING", True, ("STOPPING", "AttemptDeletionPending", "STOP")),
+        ("STOPPED", True, ("STOPPED", "Completed", "STOP")),
+        ("FAILED", False, ("FAILED", "Completed", "START")),
+        ("REJECTED", False, ("FAILED", "Completed", "START")),
+    ],
+)
 def test_states_map_to_openpai_states(state: str, stop: bool, expected: tuple[str, ...]) -> None:
     v = view(state=state, stop_requested=stop, exit_code=None)
     js = render_status(v)["jobStatus"]
@@ -430,9 +568,12 @@ def test_states_map_to_openpai_states(state: str, stop: bool, expected: tuple[st
 
 
 def test_unplaced_tasks_are_waiting_and_only_the_latest_attempt_shows() -> None:
-    v = view(state="QUEUED", tasks=[dict(view()["tasks"][0], attempt=1)], attempt=2,
-             attempts=[{"attempt": 1, "state": "FAILED", "failure_class": "user",
-                        "retried_as": 2}])
+    v = view(
+        state="QUEUED",
+        tasks=[dict(view()["tasks"][0], attempt=1)],
+        attempt=2,
+        attempts=[{"attempt": 1, "state": "FAILED", "failure_class": "user", "retried_as": 2}],
+    )
     tasks = render_status(v)["taskRoles"]["worker"]["taskStatuses"]
     assert [t["taskState"] for t in tasks] == ["WAITING", "WAITING"]
     assert render_status(v)["jobStatus"]["retries"] == 1
@@ -440,10 +581,12 @@ def test_unplaced_tasks_are_waiting_and_only_the_latest_attempt_shows() -> None:
 
 def test_only_failed_attempts_run_again_count_as_retries() -> None:
     # Attempt 1 restarted, 2 paused, 3 lost by the platform, 4 failed (unknown), 5 runs.
-    ended = [{"attempt": 1, "state": "STOPPED", "interrupted": "restarted", "retried_as": 2},
-             {"attempt": 2, "state": "STOPPED", "interrupted": "paused"},
-             {"attempt": 3, "state": "FAILED", "failure_class": "platform", "retried_as": 4},
-             {"attempt": 4, "state": "FAILED", "failure_class": "unknown", "retried_as": 5}]
+    ended = [
+        {"attempt": 1, "state": "STOPPED", "interrupted": "restarted", "retried_as": 2},
+        {"attempt": 2, "state": "STOPPED", "interrupted": "paused"},
+        {"attempt": 3, "state": "FAILED", "failure_class": "platform", "retried_as": 4},
+        {"attempt": 4, "state": "FAILED", "failure_class": "unknown", "retried_as": 5},
+    ]
     v = view(state="RUNNING", attempt=5, attempts=ended)
     js = render_status(v)["jobStatus"]
     assert (js["retries"], js["attemptId"]) == (2, 4)
@@ -459,15 +602,19 @@ def test_render_list_item_totals() -> None:
     payload = role(job(), resourcePerInstance={"cpu": 1, "memoryMB": 512, "gpu": 2})
     spec = json.loads(translate_openpai_v2(payload).spec.model_dump_json())
     item = render_list_item(view(spec=spec))
-    assert (item["name"], item["username"], item["totalTaskNumber"], item["totalGpuNumber"],
-            item["totalTaskRoleNumber"], item["submissionTime"]) == (
-        "train-1", "bob", 2, 4, 1, 1704067200000)
+    assert (
+        item["name"],
+        item["username"],
+        item["totalTaskNumber"],
+        item["totalGpuNumber"],
+        item["totalTaskRoleNumber"],
+        item["submissionTime"],
+    ) == ("train-1", "bob", 2, 4, 1, 1704067200000)
 
 
 def test_views_of_a_broken_view_do_not_raise() -> None:
     assert render_status({})["taskRoles"] == {}
-    assert render_list_item({"spec": {"roles": [None, {"replicas": "x"}]}})[
-        "totalTaskNumber"] == 1
+    assert render_list_item({"spec": {"roles": [None, {"replicas": "x"}]}})["totalTaskNumber"] == 1
 
 
 def test_the_examples_are_there() -> None:

@@ -59,8 +59,9 @@ def test_manual_snippets_are_rejected_only_for_what_they_leave_out(path: Path) -
     result = translate(yaml.safe_load(path.read_text()))
     assert result.errors
     for error in result.errors:
-        assert error.path.endswith((".image", "]", ".cmd", ".command", ".template",
-                                    "$.spec.replicaSpecs")), error
+        assert error.path.endswith(
+            (".image", "]", ".cmd", ".command", ".template", "$.spec.replicaSpecs")
+        ), error
 
 
 def test_generic_job_maps_rules_replicas_and_command() -> None:
@@ -68,10 +69,16 @@ def test_generic_job_maps_rules_replicas_and_command() -> None:
     assert spec.kind is JobKind.GENERIC
     [role] = spec.roles
     assert (role.name, role.replicas, role.command, role.image) == (
-        "worker", 4, "sleep 365", "nginx:latest")
+        "worker",
+        4,
+        "sleep 365",
+        "nginx:latest",
+    )
     assert [[(r.role, r.index) for r in rule] for rule in spec.success_rules] == [[("worker", 0)]]
     assert [[(r.role, r.index) for r in rule] for rule in spec.failure_rules] == [
-        [("worker", 0)], [("worker", 1)]]
+        [("worker", 0)],
+        [("worker", 1)],
+    ]
     # With failureRules, only those rules fail the job.
     assert role.min_failed is None
 
@@ -79,9 +86,11 @@ def test_generic_job_maps_rules_replicas_and_command() -> None:
 def test_pytorch_get_started_example_uses_torchrun_gpus_and_exit_code_policy() -> None:
     spec = translate_t9k(load("pytorchtrainingjob-get-started.yaml")).spec
     [role] = spec.roles
-    assert role.command == ("torchrun --nproc_per_node=4 --max_restarts=3 --rdzv_backend=c10d "
-                            "torch_mnist_trainingjob.py --log_dir log --save_path "
-                            "./model_state_dict.pt --backend nccl")
+    assert role.command == (
+        "torchrun --nproc_per_node=4 --max_restarts=3 --rdzv_backend=c10d "
+        "torch_mnist_trainingjob.py --log_dir log --save_path "
+        "./model_state_dict.pt --backend nccl"
+    )
     assert (role.resources.cpu, role.resources.memory_mb, role.resources.gpu) == (4, 8192, 4)
     assert role.restart_policy is RestartPolicy.EXIT_CODE
     assert role.retryable_exit_codes == RETRYABLE_EXIT_CODES == [130, 137, 138, 143]
@@ -92,11 +101,14 @@ def test_tensorflow_codepack_maps_scheduler_and_run_policy() -> None:
     result = translate_t9k(load("tensorflowtrainingjob-codepack.yaml"))
     spec = result.spec
     assert (spec.queue, spec.priority, spec.retry_limit, spec.cleanup_policy) == (
-        "default", 5, 20, "Unfinished")
+        "default",
+        5,
+        20,
+        "Unfinished",
+    )
     assert spec.roles[0].resources.cpu == 2.0 and spec.roles[0].resources.memory_mb == 2048
     assert "$.spec.tensorboardSpec" in paths(result.warnings)
-    assert "$.spec.replicaSpecs[0].template.spec.containers[0].workingDir" in paths(
-        result.warnings)
+    assert "$.spec.replicaSpecs[0].template.spec.containers[0].workingDir" in paths(result.warnings)
 
 
 def test_worker_kinds_take_their_command_from_their_own_fields() -> None:
@@ -110,7 +122,8 @@ def test_worker_kinds_take_their_command_from_their_own_fields() -> None:
     env = {e.name: e.value for e in mpi.spec.roles[0].env}
     assert env["OMPI_MCA_btl"] == "^openib"
     assert env[MPIRUN_ARGS_ENV] == (
-        "-N 3 --enable-recovery --max-restarts 100 --allow-run-as-root -bind-to none")
+        "-N 3 --enable-recovery --max-restarts 100 --allow-run-as-root -bind-to none"
+    )
     assert mpi.spec.cleanup_policy == "All"  # runPolicy.cleanUpWorkers: true
     colossal = translate_t9k(load("colossalaijob-1.yaml")).spec.roles[0]
     assert colossal.command == "torchrun --nproc_per_node=1 train.py arg1"
@@ -120,7 +133,8 @@ def test_worker_kinds_take_their_command_from_their_own_fields() -> None:
     assert deepspeed.spec.roles[0].command == "python /t9k/mnt/train.py"
     beam = translate_t9k(load("beamjob-1.yaml")).spec
     assert beam.roles[0].name == "job" and beam.roles[0].command.startswith(
-        "python3 -m apache_beam.examples.wordcount")
+        "python3 -m apache_beam.examples.wordcount"
+    )
 
 
 # ------------------------------------------------------------------------- spellings
@@ -147,8 +161,7 @@ def with_spec(name: str, **changes: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("word", ["enable", "enabled"])
 def test_enable_and_enabled_both_turn_a_mode_on(word: str) -> None:
-    result = translate_t9k(with_spec("pytorchtrainingjob-1.yaml",
-                                     runMode={"debug": {word: True}}))
+    result = translate_t9k(with_spec("pytorchtrainingjob-1.yaml", runMode={"debug": {word: True}}))
     assert result.errors == [] and result.spec.run_mode is RunMode.DEBUG
     warned = spelling(result)
     if word == "enable":
@@ -197,10 +210,13 @@ MATRIX = {
     "BeamJob": set(),
 }
 EXAMPLE_OF = {
-    "GenericJob": "genericjob-1.yaml", "PyTorchTrainingJob": "pytorchtrainingjob-1.yaml",
+    "GenericJob": "genericjob-1.yaml",
+    "PyTorchTrainingJob": "pytorchtrainingjob-1.yaml",
     "TensorFlowTrainingJob": "tensorflowtrainingjob-1.yaml",
-    "XGBoostTrainingJob": "xgboosttrainingjob-1.yaml", "MPIJob": "mpijob-1.yaml",
-    "ColossalAIJob": "colossalaijob-1.yaml", "DeepSpeedJob": "deepspeedjob-1.yaml",
+    "XGBoostTrainingJob": "xgboosttrainingjob-1.yaml",
+    "MPIJob": "mpijob-1.yaml",
+    "ColossalAIJob": "colossalaijob-1.yaml",
+    "DeepSpeedJob": "deepspeedjob-1.yaml",
     "BeamJob": "beamjob-1.yaml",
 }
 MODES = {
@@ -239,19 +255,36 @@ def test_immediate_is_the_default_and_a_disabled_unsupported_mode_only_warns() -
 
 
 def test_pytorch_spec_elastic_is_t9ks_own_spelling_of_the_elastic_mode() -> None:
-    result = translate_t9k(with_spec("pytorchtrainingjob-1.yaml", elastic={
-        "enabled": True, "minReplicas": 4, "maxReplicas": 10, "expectedReplicas": 7}))
+    result = translate_t9k(
+        with_spec(
+            "pytorchtrainingjob-1.yaml",
+            elastic={"enabled": True, "minReplicas": 4, "maxReplicas": 10, "expectedReplicas": 7},
+        )
+    )
     assert result.errors == [] and result.spec.run_mode is RunMode.ELASTIC
     role = result.spec.roles[0]
     assert (role.min_replicas, role.max_replicas, role.replicas) == (4, 10, 7)
-    bad = translate_t9k(with_spec("pytorchtrainingjob-1.yaml", elastic={
-        "enabled": True, "minReplicas": 4, "maxReplicas": 10, "expectedReplicas": 11}))
+    bad = translate_t9k(
+        with_spec(
+            "pytorchtrainingjob-1.yaml",
+            elastic={"enabled": True, "minReplicas": 4, "maxReplicas": 10, "expectedReplicas": 11},
+        )
+    )
     assert paths(bad.errors) == ["$.spec.elastic.expectedReplicas"]
 
 
 def test_pause_keeps_resume_specs_and_checks_their_types() -> None:
-    payload = with_spec("genericjob-1.yaml", runMode={"pause": {"enabled": True, "resumeSpecs": [
-        {"type": "worker", "skipInitContainer": True, "command": ["/usr/bin/sshd"]}]}})
+    payload = with_spec(
+        "genericjob-1.yaml",
+        runMode={
+            "pause": {
+                "enabled": True,
+                "resumeSpecs": [
+                    {"type": "worker", "skipInitContainer": True, "command": ["/usr/bin/sshd"]}
+                ],
+            }
+        },
+    )
     result = translate_t9k(payload)
     assert result.errors == [] and result.spec.run_mode is RunMode.PAUSE
     payload["spec"]["runMode"]["pause"]["resumeSpecs"][0]["type"] = "chief"
@@ -261,34 +294,65 @@ def test_pause_keeps_resume_specs_and_checks_their_types() -> None:
 # ----------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize(("mutate", "path"), [
-    (lambda p: p.update(apiVersion="batch.tensorstack.dev/v1"), "$.apiVersion"),
-    (lambda p: p.update(kind="SparkJob"), "$.kind"),
-    (lambda p: p["metadata"].update(name="Bad_Name"), "$.metadata.name"),
-    (lambda p: p["metadata"].pop("name"), "$.metadata.name"),
-    (lambda p: p["metadata"].update(namespace="NS!"), "$.metadata.namespace"),
-    (lambda p: p["spec"]["replicaSpecs"][0].update(replicas=0),
-     "$.spec.replicaSpecs[0].replicas"),
-    (lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].pop("image"),
-     "$.spec.replicaSpecs[0].template.spec.containers[0].image"),
-    (lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].pop("command"),
-     "$.spec.replicaSpecs[0].template.spec.containers[0]"),
-    (lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].update(
-        resources={"requests": {"cpu": "lots"}}),
-     "$.spec.replicaSpecs[0].template.spec.containers[0].resources.requests.cpu"),
-    (lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].update(
-        resources={"limits": {"nvidia.com/gpu": "0.5"}}),
-     "$.spec.replicaSpecs[0].template.spec.containers[0].resources.limits['nvidia.com/gpu']"),
-    (lambda p: p["spec"]["successRules"].append({"worker": [4]}), "$.spec.successRules[1].worker[0]"),
-    (lambda p: p["spec"]["failureRules"].append({"chief": [0]}), "$.spec.failureRules[2].chief"),
-    (lambda p: p["spec"].update(cleanUpPolicy="Some"), "$.spec.cleanUpPolicy"),
-    (lambda p: p["spec"].update(scheduler={"t9kScheduler": {"priority": 101}}),
-     "$.spec.scheduler.t9kScheduler.priority"),
-    (lambda p: p["spec"]["replicaSpecs"][0].update(restartPolicy="Sometimes"),
-     "$.spec.replicaSpecs[0].restartPolicy"),
-    (lambda p: p["spec"]["replicaSpecs"].append(copy.deepcopy(p["spec"]["replicaSpecs"][0])),
-     "$.spec.replicaSpecs[1].type"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [
+        (lambda p: p.update(apiVersion="batch.tensorstack.dev/v1"), "$.apiVersion"),
+        (lambda p: p.update(kind="SparkJob"), "$.kind"),
+        (lambda p: p["metadata"].update(name="Bad_Name"), "$.metadata.name"),
+        (lambda p: p["metadata"].pop("name"), "$.metadata.name"),
+        (lambda p: p["metadata"].update(namespace="NS!"), "$.metadata.namespace"),
+        (
+            lambda p: p["spec"]["replicaSpecs"][0].update(replicas=0),
+            "$.spec.replicaSpecs[0].replicas",
+        ),
+        (
+            lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].pop(
+                "image"
+            ),
+            "$.spec.replicaSpecs[0].template.spec.containers[0].image",
+        ),
+        (
+            lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].pop(
+                "command"
+            ),
+            "$.spec.replicaSpecs[0].template.spec.containers[0]",
+        ),
+        (
+            lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].update(
+                resources={"requests": {"cpu": "lots"}}
+            ),
+            "$.spec.replicaSpecs[0].template.spec.containers[0].resources.requests.cpu",
+        ),
+        (
+            lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].update(
+                resources={"limits": {"nvidia.com/gpu": "0.5"}}
+            ),
+            "$.spec.replicaSpecs[0].template.spec.containers[0].resources.limits['nvidia.com/gpu']",
+        ),
+        (
+            lambda p: p["spec"]["successRules"].append({"worker": [4]}),
+            "$.spec.successRules[1].worker[0]",
+        ),
+        (
+            lambda p: p["spec"]["failureRules"].append({"chief": [0]}),
+            "$.spec.failureRules[2].chief",
+        ),
+        (lambda p: p["spec"].update(cleanUpPolicy="Some"), "$.spec.cleanUpPolicy"),
+        (
+            lambda p: p["spec"].update(scheduler={"t9kScheduler": {"priority": 101}}),
+            "$.spec.scheduler.t9kScheduler.priority",
+        ),
+        (
+            lambda p: p["spec"]["replicaSpecs"][0].update(restartPolicy="Sometimes"),
+            "$.spec.replicaSpecs[0].restartPolicy",
+        ),
+        (
+            lambda p: p["spec"]["replicaSpecs"].append(copy.deepcopy(p["spec"]["replicaSpecs"][0])),
+            "$.spec.replicaSpecs[1].type",
+        ),
+    ],
+)
 def test_invalid_fields_are_errors_at_their_path(mutate: Any, path: str) -> None:
     payload = load("genericjob-1.yaml")
     mutate(payload)
@@ -297,8 +361,12 @@ def test_invalid_fields_are_errors_at_their_path(mutate: Any, path: str) -> None
 
 
 def test_run_policy_maps_to_retry_deadline_and_cleanup() -> None:
-    result = translate_t9k(with_spec("pytorchtrainingjob-1.yaml", runPolicy={
-        "backoffLimit": 2, "activeDeadlineSeconds": 61, "cleanUpPolicy": "All"}))
+    result = translate_t9k(
+        with_spec(
+            "pytorchtrainingjob-1.yaml",
+            runPolicy={"backoffLimit": 2, "activeDeadlineSeconds": 61, "cleanUpPolicy": "All"},
+        )
+    )
     spec = result.spec
     assert (spec.retry_limit, spec.max_running_minutes, spec.cleanup_policy) == (2, 2, "All")
 
@@ -306,22 +374,41 @@ def test_run_policy_maps_to_retry_deadline_and_cleanup() -> None:
 def test_resources_env_and_shared_memory() -> None:
     payload = load("genericjob-1.yaml")
     container = payload["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]
-    container["resources"] = {"requests": {"cpu": "500m", "memory": "512Mi"},
-                              "limits": {"cpu": 2, "memory": "8Gi", "nvidia.com/gpu": 2}}
+    container["resources"] = {
+        "requests": {"cpu": "500m", "memory": "512Mi"},
+        "limits": {"cpu": 2, "memory": "8Gi", "nvidia.com/gpu": 2},
+    }
     container["env"] = [{"name": "A", "value": "1"}, {"name": "B"}]
     container["volumeMounts"] = [{"mountPath": "/dev/shm", "name": "dshm"}]
     payload["spec"]["replicaSpecs"][0]["template"]["spec"]["volumes"] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}
+    ]
     role = translate_t9k(payload).spec.roles[0]
-    assert (role.resources.cpu, role.resources.memory_mb, role.resources.gpu,
-            role.resources.shm_mb) == (0.5, 512, 2, 1024)
+    assert (
+        role.resources.cpu,
+        role.resources.memory_mb,
+        role.resources.gpu,
+        role.resources.shm_mb,
+    ) == (0.5, 512, 2, 1024)
     assert [(e.name, e.value) for e in role.env] == [("A", "1"), ("B", "")]
 
 
-@pytest.mark.parametrize(("text", "value"), [
-    ("500m", 0.5), ("2", 2), (4, 4), ("8Gi", 8 * 2**30), ("512Mi", 512 * 2**20),
-    ("1G", 10**9), ("1e3", 1000), ("1.5", 1.5), ("-1", None), ("1Zi", None), (True, None),
-])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("500m", 0.5),
+        ("2", 2),
+        (4, 4),
+        ("8Gi", 8 * 2**30),
+        ("512Mi", 512 * 2**20),
+        ("1G", 10**9),
+        ("1e3", 1000),
+        ("1.5", 1.5),
+        ("-1", None),
+        ("1Zi", None),
+        (True, None),
+    ],
+)
 def test_quantities(text: Any, value: float | None) -> None:
     got = quantity(text)
     assert (float(got) if got is not None else None) == value
@@ -330,20 +417,40 @@ def test_quantities(text: Any, value: float | None) -> None:
 def test_commands_are_quoted_word_by_word() -> None:
     payload = load("genericjob-1.yaml")
     payload["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].update(
-        command=["sh", "-c"], args=["echo 'hi there' $HOME"])
+        command=["sh", "-c"], args=["echo 'hi there' $HOME"]
+    )
     assert translate_t9k(payload).spec.roles[0].command == (
-        "sh -c 'echo '\"'\"'hi there'\"'\"' $HOME'")
+        "sh -c 'echo '\"'\"'hi there'\"'\"' $HOME'"
+    )
 
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                 max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=30,
 )
-KEYS = st.sampled_from(["apiVersion", "kind", "metadata", "spec", "replicaSpecs", "worker",
-                        "template", "containers", "runMode", "elastic", "successRules",
-                        "restartPolicy", "resources", "requests", "limits", "replicas"])
+KEYS = st.sampled_from(
+    [
+        "apiVersion",
+        "kind",
+        "metadata",
+        "spec",
+        "replicaSpecs",
+        "worker",
+        "template",
+        "containers",
+        "runMode",
+        "elastic",
+        "successRules",
+        "restartPolicy",
+        "resources",
+        "requests",
+        "limits",
+        "replicas",
+    ]
+)
 
 
 def mutations(base: dict[str, Any]) -> st.SearchStrategy[Any]:
@@ -355,14 +462,31 @@ def mutations(base: dict[str, Any]) -> st.SearchStrategy[Any]:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(JSON, mutations(load("genericjob-1.yaml")), mutations(
-    {"apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "PyTorchTrainingJob"})))
+@given(
+    st.one_of(
+        JSON,
+        mutations(load("genericjob-1.yaml")),
+        mutations({"apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "PyTorchTrainingJob"}),
+    )
+)
 def test_translate_never_raises(payload: Any) -> None:
     result = translate_t9k(payload)
     assert result.dialect == "t9k"
     render("pytorchtrainingjob", {"original": payload, "state": "RUNNING", "tasks": []})
     for role in [None, "nobody", *(r.name for r in result.spec.roles)]:
-        for field in ("role", "cpu", "memory_mb", "gpu", "gpu_type", "image", "command", "replicas", "shm_mb", "name", "queue"):
+        for field in (
+            "role",
+            "cpu",
+            "memory_mb",
+            "gpu",
+            "gpu_type",
+            "image",
+            "command",
+            "replicas",
+            "shm_mb",
+            "name",
+            "queue",
+        ):
             assert field_path(payload, role, field).startswith("$")
 
 
@@ -374,20 +498,39 @@ NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 def view(state: str, tasks: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     payload = load("genericjob-1.yaml")
     spec = translate_t9k(payload).spec
-    return {"id": "job-1", "name": "generic-example", "state": state, "submitted_at": NOW,
-            "updated_at": NOW, "finished_at": None, "spec": spec.model_dump(mode="json"),
-            "tasks": tasks, "warnings": [], "errors": [], "original": payload, **extra}
+    return {
+        "id": "job-1",
+        "name": "generic-example",
+        "state": state,
+        "submitted_at": NOW,
+        "updated_at": NOW,
+        "finished_at": None,
+        "spec": spec.model_dump(mode="json"),
+        "tasks": tasks,
+        "warnings": [],
+        "errors": [],
+        "original": payload,
+        **extra,
+    }
 
 
 def task(index: int, state: str, exit_code: int | None = None) -> dict[str, Any]:
-    return {"role": "worker", "index": index, "attempt": 1, "state": state,
-            "exit_code": exit_code, "node": "node-cpu", "reason": None}
+    return {
+        "role": "worker",
+        "index": index,
+        "attempt": 1,
+        "state": state,
+        "exit_code": exit_code,
+        "node": "node-cpu",
+        "reason": None,
+    }
 
 
 def test_render_shows_the_resource_as_submitted_with_a_t9k_status() -> None:
     tasks = [task(0, "SUCCEEDED", 0), task(1, "RUNNING"), task(2, "FAILED", 3)]
-    out = render("genericjobs", view("SUCCEEDED", tasks, finished_at=NOW,
-                                     reason="success rule 0 met"))
+    out = render(
+        "genericjobs", view("SUCCEEDED", tasks, finished_at=NOW, reason="success rule 0 met")
+    )
     assert out["apiVersion"] == "batch.tensorstack.dev/v1beta1" and out["kind"] == "GenericJob"
     assert out["spec"] == load("genericjob-1.yaml")["spec"]
     assert out["metadata"]["uid"] == "job-1"
@@ -402,7 +545,10 @@ def test_render_shows_the_resource_as_submitted_with_a_t9k_status() -> None:
     [worker] = status["tasks"]
     replicas = {r["index"]: r for r in worker["replicas"]}
     assert (replicas[0]["phase"], replicas[0]["exitCode"], replicas[0]["node"]) == (
-        "Succeeded", 0, "node-cpu")
+        "Succeeded",
+        0,
+        "node-cpu",
+    )
     assert replicas[2]["phase"] == "Failed" and replicas[2]["exitCode"] == 3
     assert replicas[3]["phase"] == "Deleted"  # never started; the job is over
     assert replicas[0]["name"] == "generic-example-worker-0"
@@ -410,18 +556,31 @@ def test_render_shows_the_resource_as_submitted_with_a_t9k_status() -> None:
     assert status["aggregate"]["running"] == 1 and status["aggregate"]["succeeded"] == 1
 
 
-@pytest.mark.parametrize(("state", "phase"), [
-    ("SUBMITTED", "Pending"), ("QUEUED", "Pending"), ("PLACED", "Pending"),
-    ("RUNNING", "Running"), ("SUCCEEDED", "Succeeded"), ("FAILED", "Failed"),
-    ("STOPPED", "Failed"), ("REJECTED", "Failed"),
-])
+@pytest.mark.parametrize(
+    ("state", "phase"),
+    [
+        ("SUBMITTED", "Pending"),
+        ("QUEUED", "Pending"),
+        ("PLACED", "Pending"),
+        ("RUNNING", "Running"),
+        ("SUCCEEDED", "Succeeded"),
+        ("FAILED", "Failed"),
+        ("STOPPED", "Failed"),
+        ("REJECTED", "Failed"),
+    ],
+)
 def test_render_phase(state: str, phase: str) -> None:
     assert render("genericjobs", view(state, []))["status"]["phase"] == phase
 
 
 def test_render_rejected_job_names_the_field_errors() -> None:
-    errors = [{"path": "$.spec.scheduler.t9kScheduler.queue", "message": "queue 'gold' does "
-               "not exist", "code": "unknown_queue"}]
+    errors = [
+        {
+            "path": "$.spec.scheduler.t9kScheduler.queue",
+            "message": "queue 'gold' does not exist",
+            "code": "unknown_queue",
+        }
+    ]
     out = render("genericjobs", view("REJECTED", [], errors=errors, finished_at=NOW))
     failed = next(c for c in out["status"]["conditions"] if c["type"] == "Failed")
     assert failed["status"] == "True" and failed["reason"] == "Rejected"

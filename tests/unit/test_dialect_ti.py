@@ -12,8 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainyard_common.dialects import detect, field_path, translate
-from trainyard_common.dialects import ti
+from trainyard_common.dialects import detect, field_path, ti, translate
 from trainyard_common.dialects.ti import (
     Machine,
     TableError,
@@ -50,8 +49,9 @@ SEED_MACHINE_TYPES = [
 
 
 @pytest.mark.parametrize(("text", "cpu", "memory_gb", "gpu"), SEED_MACHINE_TYPES)
-def test_machine_types_of_the_seed_table(text: str, cpu: int | None, memory_gb: int | None,
-                                         gpu: int) -> None:
+def test_machine_types_of_the_seed_table(
+    text: str, cpu: int | None, memory_gb: int | None, gpu: int
+) -> None:
     machine = parse_machine_type(text, TABLE)
     assert machine == Machine(
         cpu=TABLE.default_cpu if cpu is None else float(cpu),
@@ -70,8 +70,20 @@ def test_a_missing_type_is_the_empty_type() -> None:
     assert (res.cpu, res.memory_mb, res.gpu) == (1.0, 2048, 0)
 
 
-@pytest.mark.parametrize("bad", ["1U2G", "U2G1P", "1u2g1p", "1U2G1P ", "-1U2G1P", "1.5U2G1P",
-                                 "1U2G1P1U", "abc", "99999999999U1G1P"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "1U2G",
+        "U2G1P",
+        "1u2g1p",
+        "1U2G1P ",
+        "-1U2G1P",
+        "1.5U2G1P",
+        "1U2G1P1U",
+        "abc",
+        "99999999999U1G1P",
+    ],
+)
 def test_a_malformed_machine_type_is_an_error_naming_the_field(bad: str) -> None:
     t = translate_ti(job(workerType=bad, masterType="1U2G0P"), table=TABLE)
     assert paths(t.errors) == ["$.workerType"]
@@ -103,8 +115,9 @@ def test_the_table_holds_exactly_the_seed_runtimes() -> None:
 @pytest.mark.parametrize("version", SEED_TRAINING_RUNTIMES)
 def test_every_training_runtime_resolves(version: str) -> None:
     gpu = "-gpu" in version
-    t = translate_ti(job(runtimeVersion=version, workerType="1U2G1P" if gpu else "1U2G0P"),
-                     table=TABLE)
+    t = translate_ti(
+        job(runtimeVersion=version, workerType="1U2G1P" if gpu else "1U2G0P"), table=TABLE
+    )
     assert t.errors == [] and t.warnings == []
     runtime = TABLE.runtimes[version]
     assert t.spec.image == runtime.image and t.spec.image
@@ -137,8 +150,9 @@ def test_no_runtime_means_the_cluster_image_and_tensorflow() -> None:
 def test_a_gpu_runtime_without_gpus_is_a_warning() -> None:
     t = translate_ti(job(runtimeVersion="tf-1.6.0-gpu", workerType="1U2G0P"), table=TABLE)
     assert t.errors == []
-    assert [(i.path, i.code) for i in t.warnings] == [("$.runtimeVersion",
-                                                       "gpu_runtime_without_gpu")]
+    assert [(i.path, i.code) for i in t.warnings] == [
+        ("$.runtimeVersion", "gpu_runtime_without_gpu")
+    ]
 
 
 def test_a_cpu_runtime_with_gpus_is_a_warning_naming_the_gpu_build() -> None:
@@ -147,14 +161,16 @@ def test_a_cpu_runtime_with_gpus_is_a_warning_naming_the_gpu_build() -> None:
     assert "tf-1.6.0-gpu-py3" in t.warnings[0].message
 
 
-def test_an_override_table_replaces_the_shipped_one(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_override_table_replaces_the_shipped_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "runtimes.yaml"
     path.write_text(
         "machine_defaults: {cpu: 4, memory_mb: 8192}\n"
         "runtimes:\n"
         "  tf-1.7.0-py3: {image: registry.local/tf:1.7-py3, kind: tensorflow, python: '3.6',"
-        " gpu: false}\n")
+        " gpu: false}\n"
+    )
     monkeypatch.setenv(ti.RUNTIMES_ENV, str(path))
     ti.configured_table.cache_clear()
     try:
@@ -163,7 +179,8 @@ def test_an_override_table_replaces_the_shipped_one(tmp_path: Path,
         res = t.spec.role("worker").resources
         assert (res.cpu, res.memory_mb) == (4.0, 8192)
         assert paths(translate(job(runtimeVersion="tf-1.6.0"), dialect="ti").errors) == [
-            "$.runtimeVersion"]
+            "$.runtimeVersion"
+        ]
         path.write_text("runtimes: [not, a, mapping]\n")
         ti.configured_table.cache_clear()
         broken = translate(job(), dialect="ti")
@@ -208,12 +225,15 @@ def test_tfplus_master_needs_a_gpu_too() -> None:
 
 
 def test_tfplus_has_no_parameter_servers() -> None:
-    t = translate_ti(tfplus(workerType="0U0G1P", parameterServerCount=2,
-                            parameterServerType="1U2G0P"), table=TABLE)
+    t = translate_ti(
+        tfplus(workerType="0U0G1P", parameterServerCount=2, parameterServerType="1U2G0P"),
+        table=TABLE,
+    )
     assert sorted(paths(t.errors)) == ["$.parameterServerCount", "$.parameterServerType"]
     assert {i.code for i in t.errors} == {"tfplus_ps"}
-    assert translate_ti(tfplus(workerType="0U0G1P", parameterServerCount=0),
-                        table=TABLE).errors == []
+    assert (
+        translate_ti(tfplus(workerType="0U0G1P", parameterServerCount=0), table=TABLE).errors == []
+    )
 
 
 def test_tfplus_workers_as_many_as_workerCount() -> None:
@@ -232,12 +252,17 @@ def test_the_seed_tfplus_job() -> None:
     assert t.key == "cls-rgaisoe4/test73"
     spec = t.spec
     assert (spec.name, spec.user, spec.queue, spec.kind) == (
-        "test73", "alice", "cls-rgaisoe4", JobKind.TENSORFLOW)
+        "test73",
+        "alice",
+        "cls-rgaisoe4",
+        JobKind.TENSORFLOW,
+    )
     assert [(r.name, r.replicas, r.resources.gpu) for r in spec.roles] == [("worker", 3, 2)]
-    assert [(label.name, label.value) for label in spec.labels] == [("ti.region",
-                                                                     "ap-guangzhou")]
-    assert spec.roles[0].command == ("python /scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py "
-                                     "--model resnet50 --batch_size 32 --variable_update tfplus")
+    assert [(label.name, label.value) for label in spec.labels] == [("ti.region", "ap-guangzhou")]
+    assert spec.roles[0].command == (
+        "python /scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py "
+        "--model resnet50 --batch_size 32 --variable_update tfplus"
+    )
     assert [p.label for p in spec.roles[0].ports] == ["tfport"]
 
 
@@ -245,16 +270,29 @@ def test_the_seed_tfplus_job() -> None:
 
 
 def test_master_worker_and_ps_roles() -> None:
-    t = translate_ti(job(masterType="2U4G1P", workerType="4U8G1P", workerCount=3,
-                         parameterServerType="2U16G0P", parameterServerCount=2,
-                         runtimeVersion="tf-1.7.0-gpu-py3"), table=TABLE)
+    t = translate_ti(
+        job(
+            masterType="2U4G1P",
+            workerType="4U8G1P",
+            workerCount=3,
+            parameterServerType="2U16G0P",
+            parameterServerCount=2,
+            runtimeVersion="tf-1.7.0-gpu-py3",
+        ),
+        table=TABLE,
+    )
     assert t.errors == [] and t.warnings == []
-    got = {r.name: (r.replicas, r.resources.cpu, r.resources.memory_mb, r.resources.gpu)
-           for r in t.spec.roles}
+    got = {
+        r.name: (r.replicas, r.resources.cpu, r.resources.memory_mb, r.resources.gpu)
+        for r in t.spec.roles
+    }
     assert got == {"worker": (3, 4, 8192, 1), "ps": (2, 2, 16384, 0), "master": (1, 2, 4096, 1)}
     # Parameter servers never exit: the master's success is the job's.
     assert {r.name: r.min_succeeded for r in t.spec.roles} == {
-        "worker": None, "ps": None, "master": 1}
+        "worker": None,
+        "ps": None,
+        "master": 1,
+    }
     assert all(r.min_failed == 1 for r in t.spec.roles)
 
 
@@ -274,10 +312,16 @@ def test_a_ps_type_without_a_ps_count_is_a_warning() -> None:
     assert paths(t.warnings) == ["$.parameterServerType"]
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("workerCount", 0), ("workerCount", "3"), ("workerCount", 1.5), ("workerCount", True),
-    ("parameterServerCount", -1),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("workerCount", 0),
+        ("workerCount", "3"),
+        ("workerCount", 1.5),
+        ("workerCount", True),
+        ("parameterServerCount", -1),
+    ],
+)
 def test_counts_are_checked(field: str, value: Any) -> None:
     assert paths(translate_ti(job(**{field: value}), table=TABLE).errors) == [f"$.{field}"]
 
@@ -291,8 +335,9 @@ def test_tia_jobs_are_generic_and_get_no_tf_port() -> None:
 
 
 def test_command_and_args_become_one_quoted_shell_command() -> None:
-    t = translate_ti(job(command=["python3", "-c", "print('a b')"],
-                         args=["--name", "x y", "$HOME"]), table=TABLE)
+    t = translate_ti(
+        job(command=["python3", "-c", "print('a b')"], args=["--name", "x y", "$HOME"]), table=TABLE
+    )
     assert t.spec.roles[0].command == "python3 -c 'print('\"'\"'a b'\"'\"')' --name 'x y' '$HOME'"
 
 
@@ -301,37 +346,58 @@ def test_a_command_line_in_one_item_is_a_warning() -> None:
     assert paths(t.warnings) == ["$.command[0]"]
 
 
-@pytest.mark.parametrize(("payload", "where"), [
-    (job(command=None), "$.command"),
-    (job(command=[]), "$.command"),
-    (job(command="python t.py"), "$.command"),
-    (job(command=["python", 3]), "$.command[1]"),
-    (job(args="x"), "$.args"),
-    (job(packageDir="cos://b/x"), "$.packageDir"),
-    (job(name=None), "$.name"),
-    (job(name="bad name"), "$.name"),
-    (job(cluster=None), "$.cluster"),
-    (job(cluster="a/b"), "$.cluster"),
-    (job(region=5), "$.region"),
-])
+@pytest.mark.parametrize(
+    ("payload", "where"),
+    [
+        (job(command=None), "$.command"),
+        (job(command=[]), "$.command"),
+        (job(command="python t.py"), "$.command"),
+        (job(command=["python", 3]), "$.command[1]"),
+        (job(args="x"), "$.args"),
+        (job(packageDir="cos://b/x"), "$.packageDir"),
+        (job(name=None), "$.name"),
+        (job(name="bad name"), "$.name"),
+        (job(cluster=None), "$.cluster"),
+        (job(cluster="a/b"), "$.cluster"),
+        (job(region=5), "$.region"),
+    ],
+)
 def test_field_errors_name_the_field(payload: dict[str, Any], where: str) -> None:
     assert paths(translate_ti(payload, table=TABLE).errors) == [where]
 
 
 def test_package_dirs_become_data_sources_in_order() -> None:
-    spec = translate_ti(job(packageDir=["cos://bucket/code", "/data/mnist", "out"]),
-                        table=TABLE).spec
+    spec = translate_ti(
+        job(packageDir=["cos://bucket/code", "/data/mnist", "out"]), table=TABLE
+    ).spec
     assert [(d.source, d.mount_path) for d in spec.data_sources] == [
-        ("cos://bucket/code", "/ti/packages/0"), ("/data/mnist", "/data/mnist"),
-        ("out", "/ti/packages/2")]
+        ("cos://bucket/code", "/ti/packages/0"),
+        ("/data/mnist", "/data/mnist"),
+        ("out", "/ti/packages/2"),
+    ]
 
 
 def test_output_only_and_unknown_fields_are_warnings() -> None:
-    t = translate_ti(job(state="Running", createTime="2018-01-01T00:00:00Z", message="x",
-                         startTime="2018-01-01T00:00:01Z", endTime="", queue="q"), table=TABLE)
+    t = translate_ti(
+        job(
+            state="Running",
+            createTime="2018-01-01T00:00:00Z",
+            message="x",
+            startTime="2018-01-01T00:00:01Z",
+            endTime="",
+            queue="q",
+        ),
+        table=TABLE,
+    )
     assert t.errors == []
-    assert sorted(paths(t.warnings)) == ["$.createTime", "$.endTime", "$.message", "$.queue",
-                                         "$.startTime", "$.state"]
+    assert sorted(paths(t.warnings)) == [
+        "$.createTime",
+        "$.endTime",
+        "$.message",
+        "$.queue",
+        "$.startTime",
+        "$.state",
+    ]
     assert {i.code for i in t.warnings} == {"output_only", "unknown_field"}
 
 
@@ -370,16 +436,19 @@ def test_validate_and_warnings_hooks_repeat_the_rules() -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 ti_fields = st.sampled_from(sorted(ti.INPUT_KEYS | set(ti.OUTPUT_ONLY) | {"region"}))
 machine_text = st.from_regex(r"\d{1,3}U\d{1,3}G\d{1,2}P", fullmatch=True) | st.text(max_size=8)
 ti_payloads = st.dictionaries(
     ti_fields,
-    json_values | machine_text | st.sampled_from(sorted(TABLE.runtimes)) | st.lists(
-        st.text(max_size=10), max_size=4),
+    json_values
+    | machine_text
+    | st.sampled_from(sorted(TABLE.runtimes))
+    | st.lists(st.text(max_size=10), max_size=4),
     max_size=12,
 )
 
@@ -402,12 +471,18 @@ def test_translate_never_raises(payload: Any) -> None:
 
 def canonical_view(**fields: Any) -> dict[str, Any]:
     view: dict[str, Any] = {
-        "id": "j1", "name": "test73", "user": "alice", "state": "SUCCEEDED", "reason": None,
-        "dialect": "ti", "queue": "cls-rgaisoe4",
+        "id": "j1",
+        "name": "test73",
+        "user": "alice",
+        "state": "SUCCEEDED",
+        "reason": None,
+        "dialect": "ti",
+        "queue": "cls-rgaisoe4",
         "submitted_at": datetime(2024, 5, 1, 12, 0, 0, 123000),  # naive: MongoDB's UTC
         "started_at": "2024-05-01T12:00:05+00:00",
         "finished_at": datetime(2024, 5, 1, 14, 0, 0, tzinfo=UTC),
-        "errors": [], "spec": {"queue": "cls-rgaisoe4"},
+        "errors": [],
+        "spec": {"queue": "cls-rgaisoe4"},
         "original": json.loads((EXAMPLES / "test73.json").read_text()),
     }
     view.update(fields)
@@ -418,17 +493,29 @@ def test_the_ti_view_of_a_finished_job() -> None:
     out = render(canonical_view())
     assert out["state"] == "Succeeded"
     assert (out["createTime"], out["startTime"], out["endTime"]) == (
-        "2024-05-01T12:00:00.123Z", "2024-05-01T12:00:05.000Z", "2024-05-01T14:00:00.000Z")
+        "2024-05-01T12:00:00.123Z",
+        "2024-05-01T12:00:05.000Z",
+        "2024-05-01T14:00:00.000Z",
+    )
     assert out["name"] == "test73" and out["cluster"] == "cls-rgaisoe4"
     assert out["workerType"] == "0U0G2P" and out["workerCount"] == 3
     assert out["runtimeVersion"] == "tfplus-1.6.0-gpu" and out["message"] == ""
 
 
-@pytest.mark.parametrize(("state", "ti_state"), [
-    ("SUBMITTED", "Created"), ("ACCEPTED", "Created"), ("QUEUED", "Created"),
-    ("PLACED", "Created"), ("RUNNING", "Running"), ("SUCCEEDED", "Succeeded"),
-    ("FAILED", "Failed"), ("STOPPED", "Failed"), ("REJECTED", "Failed"),
-])
+@pytest.mark.parametrize(
+    ("state", "ti_state"),
+    [
+        ("SUBMITTED", "Created"),
+        ("ACCEPTED", "Created"),
+        ("QUEUED", "Created"),
+        ("PLACED", "Created"),
+        ("RUNNING", "Running"),
+        ("SUCCEEDED", "Succeeded"),
+        ("FAILED", "Failed"),
+        ("STOPPED", "Failed"),
+        ("REJECTED", "Failed"),
+    ],
+)
 def test_states_map_to_the_four_ti_states(state: str, ti_state: str) -> None:
     assert render(canonical_view(state=state))["state"] == ti_state
 
@@ -436,8 +523,11 @@ def test_states_map_to_the_four_ti_states(state: str, ti_state: str) -> None:
 def test_messages_say_why() -> None:
     stopped = render(canonical_view(state="STOPPED", reason="stopped by alice"))
     assert stopped["message"] == "stopped: stopped by alice"
-    rejected = render(canonical_view(state="REJECTED", errors=[
-        {"path": "$.cluster", "message": "queue 'x' does not exist"}]))
+    rejected = render(
+        canonical_view(
+            state="REJECTED", errors=[{"path": "$.cluster", "message": "queue 'x' does not exist"}]
+        )
+    )
     assert rejected["message"] == "rejected: $.cluster: queue 'x' does not exist"
     queued = render(canonical_view(state="QUEUED", reason="waiting for 2 GPUs"))
     assert queued["message"] == "waiting for 2 GPUs"

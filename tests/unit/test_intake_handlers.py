@@ -18,8 +18,20 @@ from trainyard_intake.handlers import (
     submit_job,
 )
 
-JOB = {"jobName": "j1", "image": "img", "taskRoles": [
-    {"name": "r", "taskNumber": 2, "cpuNumber": 1, "memoryMB": 256, "gpuNumber": 0, "command": "true"}]}
+JOB = {
+    "jobName": "j1",
+    "image": "img",
+    "taskRoles": [
+        {
+            "name": "r",
+            "taskNumber": 2,
+            "cpuNumber": 1,
+            "memoryMB": 256,
+            "gpuNumber": 0,
+            "command": "true",
+        }
+    ],
+}
 
 
 class Published(list):
@@ -80,7 +92,9 @@ async def test_only_the_owner_or_an_admin_can_pause_and_resume(deps: Deps) -> No
     await request_resume(job_id, Identity("alice"), deps)
     pauses = [e for e in deps.publish if isinstance(e, PauseJob)]
     assert [(p.job_id, p.requested_by, p.reason) for p in pauses] == [
-        (job_id, "alice", "paused by alice"), (job_id, "root", "maintenance")]
+        (job_id, "alice", "paused by alice"),
+        (job_id, "root", "maintenance"),
+    ]
     [resume] = [e for e in deps.publish if isinstance(e, ResumeJob)]
     assert (resume.job_id, resume.requested_by) == (job_id, "alice")
 
@@ -95,5 +109,7 @@ async def test_only_the_owner_or_an_admin_can_restart(deps: Deps) -> None:
     await request_restart(job_id, Identity("root", admin=True), deps, "new data")
     restarts = [e for e in deps.publish if isinstance(e, RestartJob)]
     assert [(r.job_id, r.requested_by, r.reason) for r in restarts] == [
-        (job_id, "alice", "restarted by alice"), (job_id, "root", "new data")]
+        (job_id, "alice", "restarted by alice"),
+        (job_id, "root", "new data"),
+    ]
     assert restarts[0].event_id != restarts[1].event_id  # two asks, two restarts

@@ -47,16 +47,40 @@ def test_a_task_still_running_is_never_cleaned() -> None:
 
 
 def test_the_logs_and_the_records_stay() -> None:
-    names = ["stdout.log", "stderr.log", "stdout.log.1", "exit.json", "launched", "pid",
-             "started", "work", "mounts", "root", "env", "command.sh", "prepare.json",
-             "task.json"]
-    assert removable(names) == ["command.sh", "env", "mounts", "prepare.json", "root",
-                                "task.json", "work"]
+    names = [
+        "stdout.log",
+        "stderr.log",
+        "stdout.log.1",
+        "exit.json",
+        "launched",
+        "pid",
+        "started",
+        "work",
+        "mounts",
+        "root",
+        "env",
+        "command.sh",
+        "prepare.json",
+        "task.json",
+    ]
+    assert removable(names) == [
+        "command.sh",
+        "env",
+        "mounts",
+        "prepare.json",
+        "root",
+        "task.json",
+        "work",
+    ]
 
 
 def placed(policy: str | None, min_failed: int | None = None) -> JobPlaced:
-    spec = JobSpec(name="train", user="alice", cleanup_policy=policy, roles=[
-        RoleSpec(name="w", replicas=2, command="run", min_failed=min_failed)])
+    spec = JobSpec(
+        name="train",
+        user="alice",
+        cleanup_policy=policy,
+        roles=[RoleSpec(name="w", replicas=2, command="run", min_failed=min_failed)],
+    )
     tasks = [TaskPlacement(role="w", index=i, node="n1", host_ip="127.0.0.1") for i in (0, 1)]
     return JobPlaced(event_id=derived_id("j1", 1, "placed"), job_id="j1", spec=spec, tasks=tasks)
 

@@ -13,10 +13,13 @@ S, F, R, X = TaskState.SUCCEEDED, TaskState.FAILED, TaskState.RUNNING, TaskState
 
 
 def job(*roles: tuple[str, int, int | None, int | None]) -> JobSpec:
-    return JobSpec(name="j", roles=[
-        RoleSpec(name=name, replicas=n, command="true", min_failed=mf, min_succeeded=ms)
-        for name, n, mf, ms in roles
-    ])
+    return JobSpec(
+        name="j",
+        roles=[
+            RoleSpec(name=name, replicas=n, command="true", min_failed=mf, min_succeeded=ms)
+            for name, n, mf, ms in roles
+        ],
+    )
 
 
 def outcomes(**tasks: TaskState) -> dict[tuple[str, int], TaskOutcome]:
@@ -25,7 +28,9 @@ def outcomes(**tasks: TaskState) -> dict[tuple[str, int], TaskOutcome]:
     for order, (key, state) in enumerate(tasks.items()):
         role, index = key.rsplit("_", 1)
         code = {S: 0, F: 1}.get(state)
-        result[(role, int(index))] = TaskOutcome(state, code, f"exited with code {code}", float(order))
+        result[(role, int(index))] = TaskOutcome(
+            state, code, f"exited with code {code}", float(order)
+        )
     return result
 
 
@@ -46,8 +51,12 @@ CASES = [
     ([("w", 3, 2, None)], dict(w_0=F, w_1=S, w_2=F), JobState.FAILED, ("w", 2)),
     ([("w", 3, 2, None)], dict(w_0=F, w_1=S, w_2=S), JobState.SUCCEEDED, ("w", 2)),
     # min_succeeded: early success while other tasks still run
-    ([("chief", 1, 1, 1), ("ps", 2, 1, None)], dict(chief_0=S, ps_0=R, ps_1=R),
-     JobState.SUCCEEDED, ("chief", 0)),
+    (
+        [("chief", 1, 1, 1), ("ps", 2, 1, None)],
+        dict(chief_0=S, ps_0=R, ps_1=R),
+        JobState.SUCCEEDED,
+        ("chief", 0),
+    ),
     ([("w", 4, None, 2)], dict(w_0=S, w_1=R, w_2=R, w_3=R), None, None),
     ([("w", 4, None, 2)], dict(w_0=S, w_1=F, w_2=S, w_3=R), JobState.SUCCEEDED, ("w", 2)),
     # a role with no min_succeeded never succeeds the job on its own
@@ -55,8 +64,12 @@ CASES = [
     # failure rule of one role while another role succeeds early: failure wins
     ([("chief", 1, 1, 1), ("w", 1, 1, None)], dict(chief_0=S, w_0=F), JobState.FAILED, ("w", 0)),
     # a failed task in a tolerant role does not block success by another role's rule
-    ([("chief", 1, 1, 1), ("w", 2, None, None)], dict(w_0=F, chief_0=S), JobState.SUCCEEDED,
-     ("chief", 0)),
+    (
+        [("chief", 1, 1, 1), ("w", 2, None, None)],
+        dict(w_0=F, chief_0=S),
+        JobState.SUCCEEDED,
+        ("chief", 0),
+    ),
     # every task ended, one stopped, no failure rule reached
     ([("w", 2, 1, None)], dict(w_0=S, w_1=X), JobState.SUCCEEDED, ("w", 1)),
     # nothing reported yet
@@ -86,8 +99,10 @@ def test_failure_reason_names_role_counts_rule_and_task() -> None:
 
 def test_deciding_task_follows_the_order_tasks_ended() -> None:
     spec = job(("w", 2, 1, None))
-    states = {("w", 0): TaskOutcome(F, 3, "exited with code 3", ended_at=20.0),
-              ("w", 1): TaskOutcome(F, 7, "exited with code 7", ended_at=10.0)}
+    states = {
+        ("w", 0): TaskOutcome(F, 3, "exited with code 3", ended_at=20.0),
+        ("w", 1): TaskOutcome(F, 7, "exited with code 7", ended_at=10.0),
+    }
     verdict = decide(spec, states)
     assert verdict is not None and (verdict.task, verdict.exit_code) == (("w", 1), 7)
 
@@ -106,18 +121,21 @@ def test_all_done_reason_lists_counts_per_role() -> None:
     assert "b: 1 succeeded, 0 failed" in verdict.reason
 
 
-@pytest.mark.parametrize(("code", "sig", "text"), [
-    (0, None, "exited with code 0"),
-    (3, None, "exited with code 3"),
-    (127, None, "command not found (exit code 127)"),
-    (126, None, "command not executable (exit code 126)"),
-    (137, 9, "killed by SIGKILL"),
-    (143, 15, "killed by SIGTERM"),
-    (None, 2, "killed by SIGINT"),
-    (137, None, "exited with code 137 (killed by SIGKILL)"),
-    (255, None, "exited with code 255"),
-    (None, None, "ended without an exit code"),
-])
+@pytest.mark.parametrize(
+    ("code", "sig", "text"),
+    [
+        (0, None, "exited with code 0"),
+        (3, None, "exited with code 3"),
+        (127, None, "command not found (exit code 127)"),
+        (126, None, "command not executable (exit code 126)"),
+        (137, 9, "killed by SIGKILL"),
+        (143, 15, "killed by SIGTERM"),
+        (None, 2, "killed by SIGINT"),
+        (137, None, "exited with code 137 (killed by SIGKILL)"),
+        (255, None, "exited with code 255"),
+        (None, None, "ended without an exit code"),
+    ],
+)
 def test_exit_reason(code: int | None, sig: int | None, text: str) -> None:
     assert exit_reason(code, sig) == text
 
@@ -125,49 +143,108 @@ def test_exit_reason(code: int | None, sig: int | None, text: str) -> None:
 # --- a job's own rules: T9k successRules / failureRules, Kubeflow's master rule --------
 
 
-def ruled(success: list[list[tuple[str, int]]], failure: list[list[tuple[str, int]]],
-          *roles: tuple[str, int, int | None, int | None]) -> JobSpec:
+def ruled(
+    success: list[list[tuple[str, int]]],
+    failure: list[list[tuple[str, int]]],
+    *roles: tuple[str, int, int | None, int | None],
+) -> JobSpec:
     spec = job(*roles)
     as_refs = lambda rules: [[TaskRef(role=r, index=i) for r, i in rule] for rule in rules]  # noqa: E731
-    return spec.model_copy(update={"success_rules": as_refs(success),
-                                   "failure_rules": as_refs(failure)})
+    return spec.model_copy(
+        update={"success_rules": as_refs(success), "failure_rules": as_refs(failure)}
+    )
 
 
 # (success rules, failure rules, roles, task states, expected, deciding task)
 RULE_CASES = [
     # T9k's GenericJob example: success on worker 0, failure on worker 0 or worker 1
-    ([[("w", 0)]], [[("w", 0)], [("w", 1)]], [("w", 4, None, None)],
-     dict(w_0=S, w_1=R, w_2=R, w_3=R), JobState.SUCCEEDED, ("w", 0)),
-    ([[("w", 0)]], [[("w", 0)], [("w", 1)]], [("w", 4, None, None)],
-     dict(w_1=F, w_0=R), JobState.FAILED, ("w", 1)),
+    (
+        [[("w", 0)]],
+        [[("w", 0)], [("w", 1)]],
+        [("w", 4, None, None)],
+        dict(w_0=S, w_1=R, w_2=R, w_3=R),
+        JobState.SUCCEEDED,
+        ("w", 0),
+    ),
+    (
+        [[("w", 0)]],
+        [[("w", 0)], [("w", 1)]],
+        [("w", 4, None, None)],
+        dict(w_1=F, w_0=R),
+        JobState.FAILED,
+        ("w", 1),
+    ),
     # a failure outside every failure rule does not end the job
-    ([[("w", 0)]], [[("w", 0)], [("w", 1)]], [("w", 4, None, None)],
-     dict(w_2=F, w_3=F), None, None),
+    (
+        [[("w", 0)]],
+        [[("w", 0)], [("w", 1)]],
+        [("w", 4, None, None)],
+        dict(w_2=F, w_3=F),
+        None,
+        None,
+    ),
     # a rule needs every task it names
-    ([[("m", 2), ("w", 0), ("w", 1)]], [], [("m", 3, None, None), ("w", 2, None, None)],
-     dict(m_2=S, w_0=S), None, None),
-    ([[("m", 2), ("w", 0), ("w", 1)]], [], [("m", 3, None, None), ("w", 2, None, None)],
-     dict(m_2=S, w_0=S, w_1=S), JobState.SUCCEEDED, ("w", 1)),
+    (
+        [[("m", 2), ("w", 0), ("w", 1)]],
+        [],
+        [("m", 3, None, None), ("w", 2, None, None)],
+        dict(m_2=S, w_0=S),
+        None,
+        None,
+    ),
+    (
+        [[("m", 2), ("w", 0), ("w", 1)]],
+        [],
+        [("m", 3, None, None), ("w", 2, None, None)],
+        dict(m_2=S, w_0=S, w_1=S),
+        JobState.SUCCEEDED,
+        ("w", 1),
+    ),
     # any one rule is enough
-    ([[("m", 0)], [("w", 0), ("w", 1)]], [], [("m", 1, None, None), ("w", 2, None, None)],
-     dict(w_0=S, w_1=S), JobState.SUCCEEDED, ("w", 1)),
+    (
+        [[("m", 0)], [("w", 0), ("w", 1)]],
+        [],
+        [("m", 1, None, None), ("w", 2, None, None)],
+        dict(w_0=S, w_1=S),
+        JobState.SUCCEEDED,
+        ("w", 1),
+    ),
     # failure rules before success rules in one snapshot
-    ([[("w", 0)]], [[("w", 1)]], [("w", 2, None, None)], dict(w_0=S, w_1=F),
-     JobState.FAILED, ("w", 1)),
+    (
+        [[("w", 0)]],
+        [[("w", 1)]],
+        [("w", 2, None, None)],
+        dict(w_0=S, w_1=F),
+        JobState.FAILED,
+        ("w", 1),
+    ),
     # rules come before the role counts: the master's success ends a job whose worker
     # failed in the same snapshot (Kubeflow / T9k training kinds: the master decides)
-    ([[("Master", 0)]], [], [("Master", 1, 1, None), ("Worker", 2, 1, None)],
-     dict(Worker_1=F, Master_0=S), JobState.SUCCEEDED, ("Master", 0)),
+    (
+        [[("Master", 0)]],
+        [],
+        [("Master", 1, 1, None), ("Worker", 2, 1, None)],
+        dict(Worker_1=F, Master_0=S),
+        JobState.SUCCEEDED,
+        ("Master", 0),
+    ),
     # ... while a worker failure alone still fails it by min_failed
-    ([[("Master", 0)]], [], [("Master", 1, 1, None), ("Worker", 2, 1, None)],
-     dict(Worker_1=F), JobState.FAILED, ("Worker", 1)),
+    (
+        [[("Master", 0)]],
+        [],
+        [("Master", 1, 1, None), ("Worker", 2, 1, None)],
+        dict(Worker_1=F),
+        JobState.FAILED,
+        ("Worker", 1),
+    ),
     # every task ended and no success rule met: failed
     ([[("w", 0)]], [], [("w", 2, None, None)], dict(w_0=F, w_1=S), JobState.FAILED, ("w", 1)),
 ]
 
 
-@pytest.mark.parametrize(("success", "failure", "roles", "states", "expected", "deciding"),
-                         RULE_CASES)
+@pytest.mark.parametrize(
+    ("success", "failure", "roles", "states", "expected", "deciding"), RULE_CASES
+)
 def test_completion_rules_table(success, failure, roles, states, expected, deciding) -> None:
     verdict = decide(ruled(success, failure, *roles), outcomes(**states))
     if expected is None:
@@ -178,8 +255,7 @@ def test_completion_rules_table(success, failure, roles, states, expected, decid
 
 
 def test_rule_reason_names_the_rule_and_its_tasks() -> None:
-    verdict = decide(ruled([], [[("w", 0)], [("w", 1)]], ("w", 2, None, None)),
-                     outcomes(w_1=F))
+    verdict = decide(ruled([], [[("w", 0)], [("w", 1)]], ("w", 2, None, None)), outcomes(w_1=F))
     assert verdict is not None
     assert verdict.reason == "failure rule 1 met: w[1] failed; w[1]: exited with code 1"
     assert verdict.exit_code == 1

@@ -50,7 +50,8 @@ def test_late_tasks_are_those_not_yet_running_their_command() -> None:
     assert [(t.role, t.index) for t in late] == [("w", 0), ("w", 1)]
     assert start_deadline_reason(600, late) == (
         "not all tasks started within 600s: w[0] still preparing ($ pip install torch), "
-        "w[1] still STARTING (not spawned yet)")
+        "w[1] still STARTING (not spawned yet)"
+    )
 
 
 def test_a_start_timeout_is_a_platform_failure() -> None:
@@ -63,8 +64,12 @@ async def past_the_deadline() -> None:
 
 
 def placed(retry_limit: int = 0) -> JobPlaced:
-    spec = JobSpec(name="train", user="alice", retry_limit=retry_limit, roles=[
-        RoleSpec(name="w", replicas=2, command="run")])
+    spec = JobSpec(
+        name="train",
+        user="alice",
+        retry_limit=retry_limit,
+        roles=[RoleSpec(name="w", replicas=2, command="run")],
+    )
     tasks = [TaskPlacement(role="w", index=i, node="n1", host_ip="127.0.0.1") for i in (0, 1)]
     return JobPlaced(event_id=derived_id("j1", 1, "placed"), job_id="j1", spec=spec, tasks=tasks)
 
@@ -79,8 +84,9 @@ async def test_an_attempt_whose_task_still_prepares_past_the_deadline_fails() ->
 
     [end] = [e for e in published if isinstance(e, JobFinished)]
     assert end.state is JobState.FAILED and end.failure_class is FailureClass.PLATFORM
-    assert end.reason == ("not all tasks started within 0.001s: w[1] still preparing "
-                          "($ pip install torch)")
+    assert end.reason == (
+        "not all tasks started within 0.001s: w[1] still preparing ($ pip install torch)"
+    )
     tasks = {(e.index, e.state): e for e in published if isinstance(e, TaskStateChanged)}
     assert tasks[(1, TaskState.FAILED)].failure_class is FailureClass.PLATFORM
     assert (0, TaskState.STOPPED) in tasks  # the one that started is stopped with the job

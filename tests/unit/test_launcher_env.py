@@ -19,41 +19,71 @@ def two_role_job() -> tuple[JobSpec, list[TaskPlacement]]:
     spec = JobSpec(
         name="mnist-dist",
         user="alice",
-        env=[EnvVar(name="LR", value="0.1"), EnvVar(name="PAI_JOB_NAME", value="forged"),
-             EnvVar(name="SHARED", value="job")],
+        env=[
+            EnvVar(name="LR", value="0.1"),
+            EnvVar(name="PAI_JOB_NAME", value="forged"),
+            EnvVar(name="SHARED", value="job"),
+        ],
         roles=[
             RoleSpec(
-                name="master", replicas=1, command="python master.py",
+                name="master",
+                replicas=1,
+                command="python master.py",
                 resources=Resources(gpu=1, cpu=1, memory_mb=8192, shm_mb=64),
                 ports=[PortSpec(label="jupyter"), PortSpec(label="ssh", count=2)],
-                min_failed=1, min_succeeded=1,
-                env=[EnvVar(name="SHARED", value="role"),
-                     EnvVar(name="CUDA_VISIBLE_DEVICES", value="0,1,2,3")],
+                min_failed=1,
+                min_succeeded=1,
+                env=[
+                    EnvVar(name="SHARED", value="role"),
+                    EnvVar(name="CUDA_VISIBLE_DEVICES", value="0,1,2,3"),
+                ],
             ),
             RoleSpec(
-                name="worker", replicas=2, command="python worker.py",
+                name="worker",
+                replicas=2,
+                command="python worker.py",
                 resources=Resources(gpu=0, cpu=2.5, memory_mb=4096, shm_mb=128),
                 ports=[PortSpec(label="http")],
-                min_failed=None, min_succeeded=None,
+                min_failed=None,
+                min_succeeded=None,
             ),
         ],
     )
     tasks = [
-        TaskPlacement(role="master", index=0, node="n1", host_ip="10.0.0.1", gpu_indices=[3],
-                      ports=[PortAssignment(label="jupyter", ports=[20001]),
-                             PortAssignment(label="ssh", ports=[20002, 20003])]),
-        TaskPlacement(role="worker", index=0, node="n2", host_ip="10.0.0.2",
-                      ports=[PortAssignment(label="http", ports=[21000])]),
-        TaskPlacement(role="worker", index=1, node="n2", host_ip="10.0.0.2",
-                      ports=[PortAssignment(label="http", ports=[21001])]),
+        TaskPlacement(
+            role="master",
+            index=0,
+            node="n1",
+            host_ip="10.0.0.1",
+            gpu_indices=[3],
+            ports=[
+                PortAssignment(label="jupyter", ports=[20001]),
+                PortAssignment(label="ssh", ports=[20002, 20003]),
+            ],
+        ),
+        TaskPlacement(
+            role="worker",
+            index=0,
+            node="n2",
+            host_ip="10.0.0.2",
+            ports=[PortAssignment(label="http", ports=[21000])],
+        ),
+        TaskPlacement(
+            role="worker",
+            index=1,
+            node="n2",
+            host_ip="10.0.0.2",
+            ports=[PortAssignment(label="http", ports=[21001])],
+        ),
     ]
     return spec, tasks
 
 
 def test_every_pai_variable_for_the_master_task() -> None:
     spec, tasks = two_role_job()
-    env = build_task_env(spec, tasks, "master", 0, attempt=2, job_id="job-42",
-                         default_fs_uri="hdfs://nn:9000")
+    env = build_task_env(
+        spec, tasks, "master", 0, attempt=2, job_id="job-42", default_fs_uri="hdfs://nn:9000"
+    )
     expected_system = {
         "TRAINYARD_JOB_ID": "job-42",
         "TRAINYARD_ROLE": "master",
@@ -131,7 +161,9 @@ def test_several_gpus_are_comma_joined() -> None:
 
 
 def test_resource_string_formats_fractions_and_integers() -> None:
-    role = RoleSpec(name="r", command="x", resources=Resources(gpu=0.5, cpu=4.0, memory_mb=100, shm_mb=0))
+    role = RoleSpec(
+        name="r", command="x", resources=Resources(gpu=0.5, cpu=4.0, memory_mb=100, shm_mb=0)
+    )
     assert resource_string(role) == "0.5,4,100,0"
 
 
@@ -144,9 +176,14 @@ def test_unknown_task_is_an_error() -> None:
 def test_openpai_back_compatible_and_runtime_aliases() -> None:
     spec, tasks = two_role_job()
     spec = spec.model_copy(update={"queue": "vc1", "data_dir": "hdfs://d", "code_dir": None})
-    tasks[1] = tasks[1].model_copy(update={"ports": [
-        PortAssignment(label="http", ports=[21000]), PortAssignment(label="ssh", ports=[22000]),
-    ]})
+    tasks[1] = tasks[1].model_copy(
+        update={
+            "ports": [
+                PortAssignment(label="http", ports=[21000]),
+                PortAssignment(label="ssh", ports=[22000]),
+            ]
+        }
+    )
     env = build_task_env(spec, tasks, "worker", 0, attempt=1, job_id="j")
     expected = {
         # rest-server runtime-env.js (job level and its backward compatibility block)
@@ -211,14 +248,17 @@ def test_job_env_cannot_replace_an_alias() -> None:
     assert build_task_env(spec, tasks, "worker", 1, 1, "j")["PAI_TASK_INDEX"] == "1"
 
 
-@pytest.mark.parametrize(("command", "expected"), [
-    ("echo <% $secrets.token %>", "echo s3cr3t"),
-    ("echo <%$secrets.token%>;<%   $secrets.token   %>", "echo s3cr3t;s3cr3t"),
-    ("login <% $secrets.db.user %>:<% $secrets.list[1] %>", "login root:b"),
-    ("echo <% $secrets.unknown %>", "echo <% $secrets.unknown %>"),
-    ("echo <% $parameters.token %>", "echo <% $parameters.token %>"),
-    ("no references", "no references"),
-])
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("echo <% $secrets.token %>", "echo s3cr3t"),
+        ("echo <%$secrets.token%>;<%   $secrets.token   %>", "echo s3cr3t;s3cr3t"),
+        ("login <% $secrets.db.user %>:<% $secrets.list[1] %>", "login root:b"),
+        ("echo <% $secrets.unknown %>", "echo <% $secrets.unknown %>"),
+        ("echo <% $parameters.token %>", "echo <% $parameters.token %>"),
+        ("no references", "no references"),
+    ],
+)
 def test_substitute_secrets(command: str, expected: str) -> None:
     secrets = {"token": "s3cr3t", "db.user": "root", "list.0": "a", "list.1": "b"}
     assert substitute_secrets(command, secrets) == expected
@@ -230,5 +270,7 @@ def test_substitute_secrets_without_secrets_leaves_the_command() -> None:
 
 def test_a_secret_value_is_not_re_expanded() -> None:
     # A value that itself looks like a reference is inserted as it is.
-    assert substitute_secrets("<% $secrets.a %>", {"a": "<% $secrets.b %>", "b": "x"}) == \
-        "<% $secrets.b %>"
+    assert (
+        substitute_secrets("<% $secrets.a %>", {"a": "<% $secrets.b %>", "b": "x"})
+        == "<% $secrets.b %>"
+    )

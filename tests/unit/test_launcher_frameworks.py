@@ -29,22 +29,32 @@ from trainyard_launcher.domain.frameworks import (
 
 
 def role(name: str, replicas: int, ports: list[PortSpec] | None = None) -> RoleSpec:
-    return RoleSpec(name=name, replicas=replicas, command="python train.py",
-                    ports=[PortSpec(label="tfport")] if ports is None else ports)
+    return RoleSpec(
+        name=name,
+        replicas=replicas,
+        command="python train.py",
+        ports=[PortSpec(label="tfport")] if ports is None else ports,
+    )
 
 
-def place(name: str, index: int, port: int | None, host: str = "10.0.0.1",
-          label: str = "tfport") -> TaskPlacement:
+def place(
+    name: str, index: int, port: int | None, host: str = "10.0.0.1", label: str = "tfport"
+) -> TaskPlacement:
     ports = [PortAssignment(label=label, ports=[port])] if port is not None else []
     return TaskPlacement(role=name, index=index, node="n1", host_ip=host, ports=ports)
 
 
 def tf_job() -> tuple[JobSpec, list[TaskPlacement]]:
-    spec = JobSpec(name="tf", kind=JobKind.TENSORFLOW, roles=[
-        role("Chief", 1), role("Worker", 2), role("PS", 1), role("Evaluator", 1)])
+    spec = JobSpec(
+        name="tf",
+        kind=JobKind.TENSORFLOW,
+        roles=[role("Chief", 1), role("Worker", 2), role("PS", 1), role("Evaluator", 1)],
+    )
     tasks = [
-        place("Worker", 1, 2002, host="10.0.0.2"), place("Worker", 0, 2001),
-        place("Chief", 0, 2000), place("PS", 0, 2003, host="10.0.0.3"),
+        place("Worker", 1, 2002, host="10.0.0.2"),
+        place("Worker", 0, 2001),
+        place("Chief", 0, 2000),
+        place("PS", 0, 2003, host="10.0.0.3"),
         place("Evaluator", 0, 2004),
     ]
     return spec, tasks
@@ -52,8 +62,11 @@ def tf_job() -> tuple[JobSpec, list[TaskPlacement]]:
 
 def test_every_task_gets_the_same_cluster_and_its_own_task() -> None:
     spec, tasks = tf_job()
-    cluster = {"chief": ["10.0.0.1:2000"], "worker": ["10.0.0.1:2001", "10.0.0.2:2002"],
-               "ps": ["10.0.0.3:2003"]}
+    cluster = {
+        "chief": ["10.0.0.1:2000"],
+        "worker": ["10.0.0.1:2001", "10.0.0.2:2002"],
+        "ps": ["10.0.0.3:2003"],
+    }
     for t in tasks:
         config = json.loads(framework_env(spec, tasks, t.role, t.index)["TF_CONFIG"])
         assert config["cluster"] == cluster
@@ -68,25 +81,41 @@ def test_the_evaluator_is_a_task_but_not_in_the_cluster() -> None:
 
 
 def test_master_is_kept_as_master() -> None:
-    spec = JobSpec(name="tf", kind=JobKind.TENSORFLOW, roles=[role("master", 1),
-                                                             role("worker", 1)])
+    spec = JobSpec(name="tf", kind=JobKind.TENSORFLOW, roles=[role("master", 1), role("worker", 1)])
     tasks = [place("master", 0, 3000), place("worker", 0, 3001)]
     config = json.loads(tf_config(spec, tasks, "master", 0) or "")
-    assert config == {"cluster": {"master": ["10.0.0.1:3000"], "worker": ["10.0.0.1:3001"]},
-                      "task": {"type": "master", "index": 0}}
+    assert config == {
+        "cluster": {"master": ["10.0.0.1:3000"], "worker": ["10.0.0.1:3001"]},
+        "task": {"type": "master", "index": 0},
+    }
 
 
 def test_tfport_wins_over_other_ports_and_any_port_will_do() -> None:
-    spec = JobSpec(name="tf", kind=JobKind.TENSORFLOW, roles=[
-        role("worker", 1, ports=[PortSpec(label="http"), PortSpec(label="tfport")]),
-        role("ps", 1, ports=[PortSpec(label="grpc")])])
+    spec = JobSpec(
+        name="tf",
+        kind=JobKind.TENSORFLOW,
+        roles=[
+            role("worker", 1, ports=[PortSpec(label="http"), PortSpec(label="tfport")]),
+            role("ps", 1, ports=[PortSpec(label="grpc")]),
+        ],
+    )
     tasks = [
-        TaskPlacement(role="worker", index=0, node="n1", host_ip="h", ports=[
-            PortAssignment(label="http", ports=[80]), PortAssignment(label="tfport", ports=[81])]),
+        TaskPlacement(
+            role="worker",
+            index=0,
+            node="n1",
+            host_ip="h",
+            ports=[
+                PortAssignment(label="http", ports=[80]),
+                PortAssignment(label="tfport", ports=[81]),
+            ],
+        ),
         place("ps", 0, 90, host="h", label="grpc"),
     ]
     assert json.loads(tf_config(spec, tasks, "ps", 0) or "")["cluster"] == {
-        "worker": ["h:81"], "ps": ["h:90"]}
+        "worker": ["h:81"],
+        "ps": ["h:90"],
+    }
 
 
 def test_no_tf_config_when_a_task_has_no_port() -> None:
@@ -102,39 +131,72 @@ def test_other_kinds_get_no_tf_config() -> None:
 
 
 def test_build_task_env_carries_tf_config_and_the_job_cannot_forge_it() -> None:
-    translated = translate_ti({"name": "n", "cluster": "c", "command": ["true"],
-                               "workerCount": 2, "parameterServerCount": 1})
+    translated = translate_ti(
+        {
+            "name": "n",
+            "cluster": "c",
+            "command": ["true"],
+            "workerCount": 2,
+            "parameterServerCount": 1,
+        }
+    )
     spec = translated.spec.model_copy(update={"env": [EnvVar(name="TF_CONFIG", value="forged")]})
     tasks = [place("worker", 0, 4000), place("worker", 1, 4001), place("ps", 0, 4002)]
     env = build_task_env(spec, tasks, "worker", 1, attempt=1, job_id="j")
     assert json.loads(env["TF_CONFIG"]) == {
         "cluster": {"worker": ["10.0.0.1:4000", "10.0.0.1:4001"], "ps": ["10.0.0.1:4002"]},
-        "task": {"type": "worker", "index": 1}}
+        "task": {"type": "worker", "index": 1},
+    }
     assert env["PAI_CONTAINER_HOST_tfport_PORT_LIST"] == "4001"
 
 
 def test_the_ti_translation_asks_placement_for_a_tf_port_per_role() -> None:
-    spec = translate_ti({"name": "n", "cluster": "c", "command": ["true"], "workerCount": 2,
-                         "parameterServerCount": 1, "masterType": "1U2G0P"}).spec
+    spec = translate_ti(
+        {
+            "name": "n",
+            "cluster": "c",
+            "command": ["true"],
+            "workerCount": 2,
+            "parameterServerCount": 1,
+            "masterType": "1U2G0P",
+        }
+    ).spec
     assert {r.name: [p.label for p in r.ports] for r in spec.roles} == {
-        "worker": ["tfport"], "ps": ["tfport"], "master": ["tfport"]}
+        "worker": ["tfport"],
+        "ps": ["tfport"],
+        "master": ["tfport"],
+    }
 
 
 # ---------------------------------------------------------------- PyTorch and friends
 
-def ctx(task_dir: str = "/data/jobs/j/attempt-1/master-0", port: int | None = None
-        ) -> FrameworkContext:
+
+def ctx(
+    task_dir: str = "/data/jobs/j/attempt-1/master-0", port: int | None = None
+) -> FrameworkContext:
     return FrameworkContext(task_dir=task_dir, python="/venv/bin/python", master_port=port)
 
 
-def torch_job(kind: JobKind = JobKind.PYTORCH, master_ports: list[PortSpec] | None = None
-              ) -> tuple[JobSpec, list[TaskPlacement]]:
-    spec = JobSpec(name="ddp", kind=kind, roles=[
-        role("worker", 2, ports=[]),
-        role("master", 1, ports=[PortSpec(label="pytorchjob-port")] if master_ports is None
-             else master_ports)])
-    tasks = [place("worker", 1, None, host="10.0.0.3"), place("worker", 0, None, host="10.0.0.2"),
-             place("master", 0, 23456, label="pytorchjob-port")]
+def torch_job(
+    kind: JobKind = JobKind.PYTORCH, master_ports: list[PortSpec] | None = None
+) -> tuple[JobSpec, list[TaskPlacement]]:
+    spec = JobSpec(
+        name="ddp",
+        kind=kind,
+        roles=[
+            role("worker", 2, ports=[]),
+            role(
+                "master",
+                1,
+                ports=[PortSpec(label="pytorchjob-port")] if master_ports is None else master_ports,
+            ),
+        ],
+    )
+    tasks = [
+        place("worker", 1, None, host="10.0.0.3"),
+        place("worker", 0, None, host="10.0.0.2"),
+        place("master", 0, 23456, label="pytorchjob-port"),
+    ]
     return spec, tasks
 
 
@@ -142,12 +204,21 @@ def test_torch_tasks_rank_the_master_first_and_share_its_address() -> None:
     spec, tasks = torch_job()
     envs = {(t.role, t.index): framework_env(spec, tasks, t.role, t.index) for t in tasks}
     assert {k: e["RANK"] for k, e in envs.items()} == {
-        ("master", 0): "0", ("worker", 0): "1", ("worker", 1): "2"}
+        ("master", 0): "0",
+        ("worker", 0): "1",
+        ("worker", 1): "2",
+    }
     for env in envs.values():
         assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"]) == (
-            "10.0.0.1", "23456", "3")
+            "10.0.0.1",
+            "23456",
+            "3",
+        )
         assert (env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"], env["PET_NNODES"]) == (
-            "10.0.0.1", "23456", "3")
+            "10.0.0.1",
+            "23456",
+            "3",
+        )
         assert env["PET_NODE_RANK"] == env["RANK"]
         assert env["LOCAL_RANK"] == "0"
         assert "PET_RDZV_BACKEND" not in env
@@ -186,14 +257,23 @@ def test_workers_only_make_worker_0_the_master() -> None:
 
 
 def test_elastic_roles_rendezvous_over_c10d_at_the_master() -> None:
-    spec = JobSpec(name="elastic", kind=JobKind.PYTORCH, roles=[
-        RoleSpec(name="worker", replicas=2, min_replicas=1, max_replicas=4, command="train")])
+    spec = JobSpec(
+        name="elastic",
+        kind=JobKind.PYTORCH,
+        roles=[
+            RoleSpec(name="worker", replicas=2, min_replicas=1, max_replicas=4, command="train")
+        ],
+    )
     tasks = [place("worker", 0, None), place("worker", 1, None, host="10.0.0.2")]
     first = framework_env(spec, tasks, "worker", 0, ctx(port=29400))
     second = framework_env(spec, tasks, "worker", 1, ctx(port=29400))
     for env in (first, second):
-        assert (env["PET_RDZV_BACKEND"], env["PET_RDZV_ENDPOINT"], env["PET_RDZV_ID"],
-                env["PET_NNODES"]) == ("c10d", "10.0.0.1:29400", "elastic", "1:4")
+        assert (
+            env["PET_RDZV_BACKEND"],
+            env["PET_RDZV_ENDPOINT"],
+            env["PET_RDZV_ID"],
+            env["PET_NNODES"],
+        ) == ("c10d", "10.0.0.1:29400", "elastic", "1:4")
         assert "PET_NODE_RANK" not in env
     assert (first["PET_RDZV_CONF"], second["PET_RDZV_CONF"]) == ("is_host=true", "is_host=false")
 
@@ -214,11 +294,18 @@ def test_the_reserved_port_is_chosen_once_per_attempt(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- XGBoost
 
+
 def xgb_job() -> tuple[JobSpec, list[TaskPlacement]]:
-    spec = JobSpec(name="xgb", kind=JobKind.XGBOOST, roles=[
-        role("master", 1, ports=[]), role("worker", 2, ports=[])])
-    tasks = [place("master", 0, None), place("worker", 0, None, host="10.0.0.2"),
-             place("worker", 1, None, host="10.0.0.3")]
+    spec = JobSpec(
+        name="xgb",
+        kind=JobKind.XGBOOST,
+        roles=[role("master", 1, ports=[]), role("worker", 2, ports=[])],
+    )
+    tasks = [
+        place("master", 0, None),
+        place("worker", 0, None, host="10.0.0.2"),
+        place("worker", 1, None, host="10.0.0.3"),
+    ]
     return spec, tasks
 
 
@@ -226,10 +313,19 @@ def test_xgboost_workers_get_the_trackers_address_and_their_task_ids() -> None:
     spec, tasks = xgb_job()
     env = framework_env(spec, tasks, "worker", 1, ctx(port=9091))
     assert {k: v for k, v in env.items() if k.startswith("DMLC_")} == {
-        "DMLC_TRACKER_URI": "10.0.0.1", "DMLC_TRACKER_PORT": "9091", "DMLC_NUM_WORKER": "3",
-        "DMLC_NUM_SERVER": "0", "DMLC_TASK_ID": "2", "DMLC_ROLE": "worker"}
+        "DMLC_TRACKER_URI": "10.0.0.1",
+        "DMLC_TRACKER_PORT": "9091",
+        "DMLC_NUM_WORKER": "3",
+        "DMLC_NUM_SERVER": "0",
+        "DMLC_TASK_ID": "2",
+        "DMLC_ROLE": "worker",
+    }
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["RANK"], env["WORLD_SIZE"]) == (
-        "10.0.0.1", "9091", "2", "3")
+        "10.0.0.1",
+        "9091",
+        "2",
+        "3",
+    )
     assert env["WORKER_ADDRS"] == "10.0.0.2,10.0.0.3"
 
 
@@ -238,15 +334,30 @@ def test_rank_0_runs_the_tracker_around_its_command_and_the_others_run_theirs() 
     wrapped = framework_command(spec, tasks, "master", 0, "python train.py", ctx(port=9091))
     # The command travels in a variable: on the wrapper's command line `ps` would show it.
     assert shlex.split(wrapped) == [
-        "TRAINYARD_WRAPPED_COMMAND=python train.py", "exec", "/venv/bin/python", "-I", "-m",
-        "trainyard_launcher.frameworkwrap", "xgboost-tracker",
-        "--dir", "/data/jobs/j/attempt-1/master-0", "--workers", "3", "--host", "10.0.0.1",
-        "--port", "9091"]
-    assert framework_command(spec, tasks, "worker", 0, "python train.py",
-                             ctx(port=9091)) == "python train.py"
+        "TRAINYARD_WRAPPED_COMMAND=python train.py",
+        "exec",
+        "/venv/bin/python",
+        "-I",
+        "-m",
+        "trainyard_launcher.frameworkwrap",
+        "xgboost-tracker",
+        "--dir",
+        "/data/jobs/j/attempt-1/master-0",
+        "--workers",
+        "3",
+        "--host",
+        "10.0.0.1",
+        "--port",
+        "9091",
+    ]
+    assert (
+        framework_command(spec, tasks, "worker", 0, "python train.py", ctx(port=9091))
+        == "python train.py"
+    )
 
 
 # --------------------------------------------------------------------------------- MPI
+
 
 def mpi_job(launcher: str | None = "launcher") -> tuple[JobSpec, list[TaskPlacement]]:
     roles = [role("worker", 2, ports=[])]
@@ -278,17 +389,36 @@ def test_the_launcher_gets_the_agent_and_every_task_the_hostfile() -> None:
 
 def test_the_launcher_runs_mpirun_and_workers_wait_for_it() -> None:
     spec, tasks = mpi_job()
-    launcher = shlex.split(framework_command(
-        spec, tasks, "launcher", 0, "mpirun -np 4 ./prog", ctx("/a/attempt-1/launcher-0")))
+    launcher = shlex.split(
+        framework_command(
+            spec, tasks, "launcher", 0, "mpirun -np 4 ./prog", ctx("/a/attempt-1/launcher-0")
+        )
+    )
     assert launcher[0] == "TRAINYARD_WRAPPED_COMMAND=mpirun -np 4 ./prog"
-    assert launcher[6:] == ["mpi-launcher", "--dir", "/a/attempt-1/launcher-0",
-                            "--hosts", "worker-0=2,worker-1=2", "--attempt-dir", "/a/attempt-1"]
-    worker = shlex.split(framework_command(spec, tasks, "worker", 0, "/usr/sbin/sshd -De",
-                                           ctx("/a/attempt-1/worker-0")))
+    assert launcher[6:] == [
+        "mpi-launcher",
+        "--dir",
+        "/a/attempt-1/launcher-0",
+        "--hosts",
+        "worker-0=2,worker-1=2",
+        "--attempt-dir",
+        "/a/attempt-1",
+    ]
+    worker = shlex.split(
+        framework_command(
+            spec, tasks, "worker", 0, "/usr/sbin/sshd -De", ctx("/a/attempt-1/worker-0")
+        )
+    )
     assert worker[0] == "exec"  # the worker's own command is not run: see docs/frameworks.md
-    assert worker[5:] == ["mpi-worker", "--dir", "/a/attempt-1/worker-0",
-                          "--hosts", "worker-0=2,worker-1=2",
-                          "--until", "/a/attempt-1/launcher-0/exit.json"]
+    assert worker[5:] == [
+        "mpi-worker",
+        "--dir",
+        "/a/attempt-1/worker-0",
+        "--hosts",
+        "worker-0=2,worker-1=2",
+        "--until",
+        "/a/attempt-1/launcher-0/exit.json",
+    ]
 
 
 def test_volcanos_master_role_is_the_mpi_launcher() -> None:
@@ -299,36 +429,79 @@ def test_volcanos_master_role_is_the_mpi_launcher() -> None:
 
 
 def test_a_t9k_mpijob_has_worker_0_run_its_cmd_under_mpirun_over_all_workers() -> None:
-    spec = translate_t9k({
-        "apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "MPIJob",
-        "metadata": {"name": "walk"},
-        "spec": {"worker": {"replicas": 2, "cmd": ["./random_walk", "20"], "template": {
-            "spec": {"containers": [{"name": "mpi-worker", "image": "mpi"}]}}}}}).spec
+    spec = translate_t9k(
+        {
+            "apiVersion": "batch.tensorstack.dev/v1beta1",
+            "kind": "MPIJob",
+            "metadata": {"name": "walk"},
+            "spec": {
+                "worker": {
+                    "replicas": 2,
+                    "cmd": ["./random_walk", "20"],
+                    "template": {"spec": {"containers": [{"name": "mpi-worker", "image": "mpi"}]}},
+                }
+            },
+        }
+    ).spec
     tasks = [place("worker", 0, None), place("worker", 1, None)]
-    first = shlex.split(framework_command(spec, tasks, "worker", 0, spec.roles[0].command,
-                                          ctx("/a/attempt-1/worker-0")))
+    first = shlex.split(
+        framework_command(
+            spec, tasks, "worker", 0, spec.roles[0].command, ctx("/a/attempt-1/worker-0")
+        )
+    )
     assert first[0] == "TRAINYARD_WRAPPED_COMMAND=mpirun bash -c './random_walk 20'"
-    assert first[6:] == ["mpi-launcher", "--dir", "/a/attempt-1/worker-0",
-                         "--hosts", "worker-0=1,worker-1=1", "--attempt-dir", "/a/attempt-1"]
-    second = shlex.split(framework_command(spec, tasks, "worker", 1, spec.roles[0].command,
-                                           ctx("/a/attempt-1/worker-1")))
+    assert first[6:] == [
+        "mpi-launcher",
+        "--dir",
+        "/a/attempt-1/worker-0",
+        "--hosts",
+        "worker-0=1,worker-1=1",
+        "--attempt-dir",
+        "/a/attempt-1",
+    ]
+    second = shlex.split(
+        framework_command(
+            spec, tasks, "worker", 1, spec.roles[0].command, ctx("/a/attempt-1/worker-1")
+        )
+    )
     assert second[-2:] == ["--until", "/a/attempt-1/worker-0/exit.json"]
 
 
 def test_a_t9k_mpijobs_extra_mpi_args_go_on_the_mpirun_line() -> None:
-    spec = translate_t9k({
-        "apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "MPIJob",
-        "metadata": {"name": "walk"},
-        "spec": {"mca": {"btl": "^openib"}, "worker": {
-            "replicas": 2, "cmd": ["./random_walk", "20"],
-            "extraMPIArgs": ["-bind-to", "none", "--mca", "pml", "ob1 x"],
-            "template": {"spec": {"containers": [{"name": "mpi-worker", "image": "mpi"}]}}}}}).spec
+    spec = translate_t9k(
+        {
+            "apiVersion": "batch.tensorstack.dev/v1beta1",
+            "kind": "MPIJob",
+            "metadata": {"name": "walk"},
+            "spec": {
+                "mca": {"btl": "^openib"},
+                "worker": {
+                    "replicas": 2,
+                    "cmd": ["./random_walk", "20"],
+                    "extraMPIArgs": ["-bind-to", "none", "--mca", "pml", "ob1 x"],
+                    "template": {"spec": {"containers": [{"name": "mpi-worker", "image": "mpi"}]}},
+                },
+            },
+        }
+    ).spec
     tasks = [place("worker", 0, None), place("worker", 1, None)]
-    first = shlex.split(framework_command(spec, tasks, "worker", 0, spec.roles[0].command,
-                                          ctx("/a/attempt-1/worker-0")))
+    first = shlex.split(
+        framework_command(
+            spec, tasks, "worker", 0, spec.roles[0].command, ctx("/a/attempt-1/worker-0")
+        )
+    )
     wrapped = first[0].removeprefix("TRAINYARD_WRAPPED_COMMAND=")
-    assert shlex.split(wrapped) == ["mpirun", "-bind-to", "none", "--mca", "pml", "ob1 x",
-                                    "bash", "-c", "./random_walk 20"]
+    assert shlex.split(wrapped) == [
+        "mpirun",
+        "-bind-to",
+        "none",
+        "--mca",
+        "pml",
+        "ob1 x",
+        "bash",
+        "-c",
+        "./random_walk 20",
+    ]
 
 
 @pytest.mark.parametrize("host", ["../other-job/attempt-1/worker-0", "a/b", "..", ""])

@@ -20,8 +20,8 @@ from trainyard_common.events import (
 from trainyard_common.jobspec import JobSpec, RoleSpec
 from trainyard_launcher.adapters.local import (
     AlreadyLaunched,
-    LaunchError,
     Launched,
+    LaunchError,
     PortClaim,
     Progress,
     TaskRef,
@@ -62,8 +62,15 @@ class ScriptedBackend:
     def was_launched(self, ref: TaskRef) -> bool:
         return ref.key in self.marked
 
-    def launch(self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim],
-               prepare: object = None, options: object = None) -> Launched:
+    def launch(
+        self,
+        ref: TaskRef,
+        command: str,
+        env: dict[str, str],
+        ports: list[PortClaim],
+        prepare: object = None,
+        options: object = None,
+    ) -> Launched:
         if ref.key in self.marked:
             raise AlreadyLaunched(ref.key)
         for claim in ports:
@@ -81,7 +88,9 @@ class ScriptedBackend:
     def poll(self, ref: TaskRef, pid: int | None, started: int | None) -> TaskStatus:
         return self.status.get(ref.key, TaskStatus(running=False, lost=True))
 
-    async def kill(self, ref: TaskRef, pid: int | None, started: int | None, grace_s: float) -> TaskStatus:
+    async def kill(
+        self, ref: TaskRef, pid: int | None, started: int | None, grace_s: float
+    ) -> TaskStatus:
         self.killed.append(ref.key)
         if self.status.get(ref.key, RUNNING).running:
             self.status[ref.key] = TaskStatus(running=False, exit_code=143, signal=15)
@@ -99,7 +108,9 @@ class ScriptedBackend:
         return True
 
     def exit(self, job: str, role: str, index: int, code: int, at: float = 1.0) -> None:
-        self.status[f"{job}:1:{role}:{index}"] = TaskStatus(running=False, exit_code=code, ended_at=at)
+        self.status[f"{job}:1:{role}:{index}"] = TaskStatus(
+            running=False, exit_code=code, ended_at=at
+        )
 
 
 def make_deps() -> tuple[Deps, ScriptedBackend, list[Event]]:
@@ -113,13 +124,22 @@ def make_deps() -> tuple[Deps, ScriptedBackend, list[Event]]:
 
 
 def placed(job_id: str = "j1", min_failed: int | None = 1) -> JobPlaced:
-    spec = JobSpec(name="train", user="alice", roles=[
-        RoleSpec(name="ps", replicas=1, command="run-ps"),
-        RoleSpec(name="worker", replicas=2, command="run-worker", min_failed=min_failed),
-    ])
+    spec = JobSpec(
+        name="train",
+        user="alice",
+        roles=[
+            RoleSpec(name="ps", replicas=1, command="run-ps"),
+            RoleSpec(name="worker", replicas=2, command="run-worker", min_failed=min_failed),
+        ],
+    )
     tasks = [
-        TaskPlacement(role="ps", index=0, node="n1", host_ip="127.0.0.1",
-                      ports=[PortAssignment(label="grpc", ports=[30001])]),
+        TaskPlacement(
+            role="ps",
+            index=0,
+            node="n1",
+            host_ip="127.0.0.1",
+            ports=[PortAssignment(label="grpc", ports=[30001])],
+        ),
         TaskPlacement(role="worker", index=0, node="n1", host_ip="127.0.0.1"),
         TaskPlacement(role="worker", index=1, node="n1", host_ip="127.0.0.1"),
     ]
@@ -144,7 +164,11 @@ async def test_launch_publishes_starting_then_running_with_derived_ids() -> None
     for event in published:
         assert isinstance(event, TaskStateChanged)
         assert event.event_id == derived_id("j1", 1, event.role, event.index, event.seq)
-    assert [key for key, _, _ in backend.launches] == ["j1:1:ps:0", "j1:1:worker:0", "j1:1:worker:1"]
+    assert [key for key, _, _ in backend.launches] == [
+        "j1:1:ps:0",
+        "j1:1:worker:0",
+        "j1:1:worker:1",
+    ]
     key, command, env = backend.launches[0]
     assert command == "run-ps"
     assert env["PAI_CONTAINER_HOST_grpc_PORT_LIST"] == "30001"
@@ -176,8 +200,11 @@ async def test_all_tasks_succeed_then_one_job_finished() -> None:
     assert done.event_id == derived_id("j1", 1, "finished")
     assert done.exit_code == 0
     ends = [(r, i, s, q) for r, i, s, q in task_events(published) if q == 3]
-    assert sorted(ends) == [("ps", 0, TaskState.SUCCEEDED, 3), ("worker", 0, TaskState.SUCCEEDED, 3),
-                            ("worker", 1, TaskState.SUCCEEDED, 3)]
+    assert sorted(ends) == [
+        ("ps", 0, TaskState.SUCCEEDED, 3),
+        ("worker", 0, TaskState.SUCCEEDED, 3),
+        ("worker", 1, TaskState.SUCCEEDED, 3),
+    ]
     assert deps.watching == {}
 
 
@@ -190,8 +217,11 @@ async def test_a_failure_ends_the_job_and_stops_the_others() -> None:
     assert (done.state, done.exit_code) == (JobState.FAILED, 3)
     assert "worker[1] failed: exited with code 3" in done.reason
     assert sorted(backend.killed) == ["j1:1:ps:0", "j1:1:worker:0"]
-    stopped = {(e.role, e.index): e for e in published
-               if isinstance(e, TaskStateChanged) and e.state == TaskState.STOPPED}
+    stopped = {
+        (e.role, e.index): e
+        for e in published
+        if isinstance(e, TaskStateChanged) and e.state == TaskState.STOPPED
+    }
     assert set(stopped) == {("ps", 0), ("worker", 0)}
     assert stopped[("ps", 0)].reason.startswith("stopped because the job ended")
     # The job's end was published after every task's last transition.
@@ -246,8 +276,11 @@ async def test_a_task_that_cannot_start_fails_the_job_without_launching_the_rest
     assert done.state == JobState.FAILED
     assert "could not start: port 30001 (grpc)" in done.reason
     states = {(r, i): s for r, i, s, q in task_events(published) if q == 2}
-    assert states == {("ps", 0): TaskState.FAILED, ("worker", 0): TaskState.STOPPED,
-                      ("worker", 1): TaskState.STOPPED}
+    assert states == {
+        ("ps", 0): TaskState.FAILED,
+        ("worker", 0): TaskState.STOPPED,
+        ("worker", 1): TaskState.STOPPED,
+    }
 
 
 async def test_adopt_records_ends_lost_tasks_and_keeps_running_ones() -> None:
@@ -274,8 +307,16 @@ async def test_adopt_records_ends_lost_tasks_and_keeps_running_ones() -> None:
 async def test_adopt_fails_a_task_launched_before_that_never_showed_a_pid() -> None:
     deps, backend, published = make_deps()
     event = placed()
-    await deps.store.insert_job(JobRecord(job_id="j1", attempt=1, state="running",
-                                          spec=event.spec, tasks=event.tasks, user="alice"))
+    await deps.store.insert_job(
+        JobRecord(
+            job_id="j1",
+            attempt=1,
+            state="running",
+            spec=event.spec,
+            tasks=event.tasks,
+            user="alice",
+        )
+    )
     for p in event.tasks:
         await deps.store.insert_task(new_task("j1", 1, p.role, p.index, "/tasks", p.node))
     backend.marked.add("j1:1:ps:0")  # launched marker, but no pid ever

@@ -30,17 +30,35 @@ from .test_launcher_handlers import make_deps
 
 
 def placed(attempt: int = 1, retry_limit: int = 1, retries_used: int | None = None) -> JobPlaced:
-    spec = JobSpec(name="train", user="alice", retry_limit=retry_limit, roles=[
-        RoleSpec(name="worker", replicas=2, command="run",
-                 restart_policy=RestartPolicy.ON_FAILURE)])
+    spec = JobSpec(
+        name="train",
+        user="alice",
+        retry_limit=retry_limit,
+        roles=[
+            RoleSpec(
+                name="worker", replicas=2, command="run", restart_policy=RestartPolicy.ON_FAILURE
+            )
+        ],
+    )
     tasks = [TaskPlacement(role="worker", index=i, node="n1", host_ip="127.0.0.1") for i in (0, 1)]
-    return JobPlaced(event_id=derived_id("j1", attempt, "placed"), job_id="j1", attempt=attempt,
-                     spec=spec, tasks=tasks, retries_used=retries_used)
+    return JobPlaced(
+        event_id=derived_id("j1", attempt, "placed"),
+        job_id="j1",
+        attempt=attempt,
+        spec=spec,
+        tasks=tasks,
+        retries_used=retries_used,
+    )
 
 
 def interrupt(attempt: int = 1, cause: InterruptCause = InterruptCause.PAUSED) -> InterruptJob:
-    return InterruptJob(event_id=derived_id("j1", attempt, "interrupt", cause.value),
-                        job_id="j1", attempt=attempt, cause=cause, reason="paused by alice")
+    return InterruptJob(
+        event_id=derived_id("j1", attempt, "interrupt", cause.value),
+        job_id="j1",
+        attempt=attempt,
+        cause=cause,
+        reason="paused by alice",
+    )
 
 
 def of(published, kind):
@@ -54,11 +72,16 @@ async def test_an_interrupt_stops_the_tasks_and_answers_with_job_interrupted() -
     assert sorted(backend.killed) == ["j1:1:worker:0", "j1:1:worker:1"]
     stopped = [e for e in of(published, TaskStateChanged) if e.state is TaskState.STOPPED]
     assert sorted((e.index, e.reason, e.failure_class) for e in stopped) == [
-        (0, "paused by alice", None), (1, "paused by alice", None)]
+        (0, "paused by alice", None),
+        (1, "paused by alice", None),
+    ]
     [event] = of(published, JobInterrupted)
     assert event.event_id == derived_id("j1", 1, "interrupted")
-    assert (event.attempt, event.cause, event.reason) == (1, InterruptCause.PAUSED,
-                                                          "paused by alice")
+    assert (event.attempt, event.cause, event.reason) == (
+        1,
+        InterruptCause.PAUSED,
+        "paused by alice",
+    )
     # Not judged: no end of the job, no retry.
     assert of(published, JobFinished) == [] and of(published, JobRetrying) == []
     job = await deps.store.get_job("j1")

@@ -19,10 +19,17 @@ from trainyard_launcher.domain.limits import (
 from trainyard_launcher.handlers import _end_of
 
 RES = Resources(cpu=1.5, memory_mb=512, shm_mb=128)
-CGROUP = Mechanisms(cgroup="/sys/fs/cgroup/yard", controllers=frozenset({"memory", "cpu", "pids"}),
-                    why_no_cgroup="", shm_namespace=True)
-BARE = Mechanisms(why_no_cgroup="no cgroup v2 hierarchy is mounted", shm_namespace=False,
-                  why_no_shm="a private mount namespace for it needs root")
+CGROUP = Mechanisms(
+    cgroup="/sys/fs/cgroup/yard",
+    controllers=frozenset({"memory", "cpu", "pids"}),
+    why_no_cgroup="",
+    shm_namespace=True,
+)
+BARE = Mechanisms(
+    why_no_cgroup="no cgroup v2 hierarchy is mounted",
+    shm_namespace=False,
+    why_no_shm="a private mount namespace for it needs root",
+)
 
 
 def test_with_a_cgroup_the_whole_task_is_held_to_memory_cpu_and_pids() -> None:
@@ -36,12 +43,18 @@ def test_with_a_cgroup_the_whole_task_is_held_to_memory_cpu_and_pids() -> None:
 def test_without_one_memory_is_an_rlimit_and_the_rest_is_said_to_be_unenforced() -> None:
     plan = plan_limits(RES, BARE, None)
     assert (plan.memory_by, plan.cpu_max, plan.pids_max, plan.cgroup, plan.shm_mb) == (
-        "rlimit", None, None, None, None)
+        "rlimit",
+        None,
+        None,
+        None,
+        None,
+    )
     assert plan.summary == (
         "limits: memory 512 MiB (RLIMIT_DATA, per process); cpu 1.5 not enforced; "
         "shm 128 MiB not enforced: the machine's /dev/shm (a private mount namespace for "
         "it needs root); open files 65536, no core dumps; no cgroup: no cgroup v2 "
-        "hierarchy is mounted")
+        "hierarchy is mounted"
+    )
 
 
 def test_a_cgroup_without_the_cpu_controller_limits_memory_only() -> None:
@@ -75,9 +88,12 @@ def test_out_of_memory_is_the_users_failure_and_may_be_retried() -> None:
 
 def test_a_task_that_ran_out_of_memory_fails_saying_so() -> None:
     note = out_of_memory_note(plan_limits(RES, BARE, None))
-    state, fields = _end_of(TaskStatus(running=False, exit_code=1, reason=note,
-                                       end_kind="out_of_memory"), "lost")
+    state, fields = _end_of(
+        TaskStatus(running=False, exit_code=1, reason=note, end_kind="out_of_memory"), "lost"
+    )
     assert fields["failure_class"] is FailureClass.USER
     assert fields["end_kind"] == "out_of_memory"
-    assert fields["reason"] == ("exited with code 1; out of memory: the task's limit of 512 MiB "
-                                "was reached (RLIMIT_DATA per process, an allocation failed)")
+    assert fields["reason"] == (
+        "exited with code 1; out of memory: the task's limit of 512 MiB "
+        "was reached (RLIMIT_DATA per process, an allocation failed)"
+    )

@@ -14,9 +14,9 @@ from trainyard_launcher.domain.prepare import (
     PipInstall,
     PlanProblem,
     PreparePlan,
+    deadline_reason,
     debug_env_text,
     debug_reason,
-    deadline_reason,
     local_path,
     needs_preparation,
     plan_preparation,
@@ -44,8 +44,11 @@ def test_nothing_to_prepare() -> None:
 
 
 def test_code_source_is_cloned_into_the_task_and_shown_at_its_mount_path() -> None:
-    p = plan(code_source=CodeSource(repo="https://git/x.git", branch="dev", commit="abc",
-                                    mount_path="/root/code/"))
+    p = plan(
+        code_source=CodeSource(
+            repo="https://git/x.git", branch="dev", commit="abc", mount_path="/root/code/"
+        )
+    )
     dest = f"{TASK}/mounts/root/code"
     assert p.checkout == Checkout(repo="https://git/x.git", dest=dest, branch="dev", commit="abc")
     assert p.mounts == (Mount("/root/code", dest, "code source"),)
@@ -55,59 +58,95 @@ def test_code_source_is_cloned_into_the_task_and_shown_at_its_mount_path() -> No
 
 
 def test_a_relative_mount_path_is_in_the_working_directory_and_needs_no_namespace() -> None:
-    p = plan(code_source=CodeSource(repo="/src/repo", mount_path="code"),
-             data_sources=[DataSource(source="/datasets/a", mount_path="./in/../data")])
+    p = plan(
+        code_source=CodeSource(repo="/src/repo", mount_path="code"),
+        data_sources=[DataSource(source="/datasets/a", mount_path="./in/../data")],
+    )
     assert p.checkout is not None and p.checkout.dest == f"{TASK}/work/code"
-    assert p.mounts == (Mount(f"{TASK}/work/code", f"{TASK}/work/code", "code source"),
-                        Mount(f"{TASK}/work/data", "/datasets/a", "data_sources[0]"))
+    assert p.mounts == (
+        Mount(f"{TASK}/work/code", f"{TASK}/work/code", "code source"),
+        Mount(f"{TASK}/work/data", "/datasets/a", "data_sources[0]"),
+    )
     assert p.outside_mounts == ()
 
 
-@pytest.mark.parametrize(("source", "expected"), [
-    ("/datasets/mnist/", "/datasets/mnist"),
-    ("file:///datasets/mnist", "/datasets/mnist"),
-    ("file://localhost/datasets/a/../b", "/datasets/b"),
-])
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("/datasets/mnist/", "/datasets/mnist"),
+        ("file:///datasets/mnist", "/datasets/mnist"),
+        ("file://localhost/datasets/a/../b", "/datasets/b"),
+    ],
+)
 def test_local_data_sources(source: str, expected: str) -> None:
     assert local_path(source) == expected
     p = plan(data_sources=[DataSource(source=source, mount_path="/mnt/data")])
     assert p.mounts == (Mount("/mnt/data", expected, "data_sources[0]"),)
 
 
-@pytest.mark.parametrize(("source", "reason"), [
-    ("oss://bucket/path/", "data source scheme 'oss://' is not supported by the local backend"),
-    ("nas://fs-1/dir", "data source scheme 'nas://' is not supported by the local backend"),
-    ("S3://bucket/key", "data source scheme 's3://' is not supported by the local backend"),
-    ("file://otherhost/data", "data source 'file://otherhost/data' names another host, not supported by the local backend"),
-    ("d-abc123", "data source 'd-abc123' is neither a path nor a file:// URI; registered data source ids are not supported by the local backend"),
-])
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("oss://bucket/path/", "data source scheme 'oss://' is not supported by the local backend"),
+        ("nas://fs-1/dir", "data source scheme 'nas://' is not supported by the local backend"),
+        ("S3://bucket/key", "data source scheme 's3://' is not supported by the local backend"),
+        (
+            "file://otherhost/data",
+            "data source 'file://otherhost/data' names another host, not supported by the local backend",
+        ),
+        (
+            "d-abc123",
+            "data source 'd-abc123' is neither a path nor a file:// URI; registered data source ids are not supported by the local backend",
+        ),
+    ],
+)
 def test_sources_the_local_backend_cannot_reach(source: str, reason: str) -> None:
-    result = plan_preparation(spec(data_sources=[
-        DataSource(source="/ok", mount_path="/a"), DataSource(source=source, mount_path="/b"),
-    ]), TASK, JOB)
+    result = plan_preparation(
+        spec(
+            data_sources=[
+                DataSource(source="/ok", mount_path="/a"),
+                DataSource(source=source, mount_path="/b"),
+            ]
+        ),
+        TASK,
+        JOB,
+    )
     assert result == PlanProblem(f"data_sources[1].source: {reason}")
 
 
 def test_two_sources_at_one_mount_path() -> None:
-    result = plan_preparation(spec(
-        code_source=CodeSource(repo="/r", mount_path="/work/x/"),
-        data_sources=[DataSource(source="/d", mount_path="/work/x")],
-    ), TASK, JOB)
-    assert result == PlanProblem("two sources are mounted at /work/x (data_sources[0] and code source)")
+    result = plan_preparation(
+        spec(
+            code_source=CodeSource(repo="/r", mount_path="/work/x/"),
+            data_sources=[DataSource(source="/d", mount_path="/work/x")],
+        ),
+        TASK,
+        JOB,
+    )
+    assert result == PlanProblem(
+        "two sources are mounted at /work/x (data_sources[0] and code source)"
+    )
 
 
 def test_pip_packages_go_into_the_jobs_virtualenv() -> None:
     p = plan(pip_packages=["numpy==1.26", "tqdm"])
-    assert p.pip == PipInstall(venv=f"{JOB}/venv", lock=f"{JOB}/venv.lock",
-                               packages=("numpy==1.26", "tqdm"), pip_args=("--no-index",), attempt=2)
+    assert p.pip == PipInstall(
+        venv=f"{JOB}/venv",
+        lock=f"{JOB}/venv.lock",
+        packages=("numpy==1.26", "tqdm"),
+        pip_args=("--no-index",),
+        attempt=2,
+    )
     assert dict(p.env) == {"VIRTUAL_ENV": f"{JOB}/venv"}
     other = plan(pip_packages=["numpy==1.26"])
     assert p.pip is not None and other.pip is not None and p.pip.digest != other.pip.digest
 
 
 def test_requirements_inside_the_code_mount_are_read_from_the_checkout() -> None:
-    p = plan(code_source=CodeSource(repo="/r", mount_path="/root/code"),
-             pip_requirements_dir="/root/code/deps")
+    p = plan(
+        code_source=CodeSource(repo="/r", mount_path="/root/code"),
+        pip_requirements_dir="/root/code/deps",
+    )
     assert p.pip is not None
     assert p.pip.requirements == f"{TASK}/mounts/root/code/deps/requirements.txt"
     outside = plan(pip_requirements_dir="/opt/reqs/")
@@ -115,16 +154,23 @@ def test_requirements_inside_the_code_mount_are_read_from_the_checkout() -> None
 
 
 def test_the_plan_survives_its_file() -> None:
-    p = plan(code_source=CodeSource(repo="/r", branch="b", mount_path="/c"),
-             data_sources=[DataSource(source="/d", mount_path="/m")], pip_packages=["x"])
+    p = plan(
+        code_source=CodeSource(repo="/r", branch="b", mount_path="/c"),
+        data_sources=[DataSource(source="/d", mount_path="/m")],
+        pip_packages=["x"],
+    )
     assert PreparePlan.from_json(p.to_json()) == p
 
 
 def test_prepared_env_puts_the_virtualenv_first_on_path() -> None:
     p = plan(pip_packages=["x"], code_source=CodeSource(repo="/r", mount_path="/c"))
     env = prepared_env({"PATH": "/usr/bin:/bin", "HOME": "/root"}, p)
-    assert env == {"PATH": f"{JOB}/venv/bin:/usr/bin:/bin", "HOME": "/root",
-                   "VIRTUAL_ENV": f"{JOB}/venv", "TRAINYARD_CODE_DIR": "/c"}
+    assert env == {
+        "PATH": f"{JOB}/venv/bin:/usr/bin:/bin",
+        "HOME": "/root",
+        "VIRTUAL_ENV": f"{JOB}/venv",
+        "TRAINYARD_CODE_DIR": "/c",
+    }
     assert prepared_env({"PATH": "/bin"}, None) == {"PATH": "/bin"}
 
 
@@ -141,8 +187,14 @@ def test_run_deadline() -> None:
 
 def test_debug_env_masks_secrets_and_can_be_sourced() -> None:
     text = debug_env_text(
-        {"B": "it's", "DB_PASSWORD": "hunter2", "AWS_SECRET_ACCESS_KEY": "k", "URL": "u:pw1@h",
-         "MONKEY": "banana", "SSH_KEY_PATH": "/k"},
+        {
+            "B": "it's",
+            "DB_PASSWORD": "hunter2",
+            "AWS_SECRET_ACCESS_KEY": "k",
+            "URL": "u:pw1@h",
+            "MONKEY": "banana",
+            "SSH_KEY_PATH": "/k",
+        },
         ["pw1", ""],
     )
     assert text.splitlines() == [
@@ -158,5 +210,9 @@ def test_debug_env_masks_secrets_and_can_be_sourced() -> None:
 
 def test_debug_reason() -> None:
     assert debug_reason("exited with code 3", "/t", "/t/env") == (
-        "exited with code 3; kept for debugging: task directory /t, environment /t/env")
-    assert debug_reason(None, "/t", "/t/env") == "kept for debugging: task directory /t, environment /t/env"
+        "exited with code 3; kept for debugging: task directory /t, environment /t/env"
+    )
+    assert (
+        debug_reason(None, "/t", "/t/env")
+        == "kept for debugging: task directory /t, environment /t/env"
+    )

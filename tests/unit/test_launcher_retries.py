@@ -26,17 +26,29 @@ from trainyard_launcher.handlers import adopt, check_tasks, launch_job, stop_job
 from .test_launcher_handlers import make_deps
 
 
-def placed(attempt: int = 1, retry_limit: int = 2,
-           policy: RestartPolicy = RestartPolicy.ON_FAILURE) -> JobPlaced:
-    spec = JobSpec(name="train", user="alice", retry_limit=retry_limit, roles=[
-        RoleSpec(name="worker", replicas=2, command="run", restart_policy=policy)])
+def placed(
+    attempt: int = 1, retry_limit: int = 2, policy: RestartPolicy = RestartPolicy.ON_FAILURE
+) -> JobPlaced:
+    spec = JobSpec(
+        name="train",
+        user="alice",
+        retry_limit=retry_limit,
+        roles=[RoleSpec(name="worker", replicas=2, command="run", restart_policy=policy)],
+    )
     tasks = [TaskPlacement(role="worker", index=i, node="n1", host_ip="127.0.0.1") for i in (0, 1)]
-    return JobPlaced(event_id=derived_id("j1", attempt, "placed"), job_id="j1", attempt=attempt,
-                     spec=spec, tasks=tasks)
+    return JobPlaced(
+        event_id=derived_id("j1", attempt, "placed"),
+        job_id="j1",
+        attempt=attempt,
+        spec=spec,
+        tasks=tasks,
+    )
 
 
 def end(backend, attempt: int, index: int, **status) -> None:
-    backend.status[f"j1:{attempt}:worker:{index}"] = TaskStatus(running=False, ended_at=1.0, **status)
+    backend.status[f"j1:{attempt}:worker:{index}"] = TaskStatus(
+        running=False, ended_at=1.0, **status
+    )
 
 
 def of(published, kind):

@@ -74,7 +74,8 @@ def test_backfill_respects_the_quota_kept_for_the_head() -> None:
     # small fits the quota on its own (2 + 2 of 4) but not beside the head's 4.
     assert w.placed() == ["a1"]
     assert w.waiting("head").reasons == (
-        "queue a uses 2 of its 4 GPUs quota; this job needs 4 (its queue does not borrow)",)
+        "queue a uses 2 of its 4 GPUs quota; this job needs 4 (its queue does not borrow)",
+    )
 
 
 def test_other_queues_within_quota_are_not_held_up_by_a_head() -> None:

@@ -52,16 +52,33 @@ def resume(job_id: str) -> ResumeJob:
     return ResumeJob(job_id=job_id, requested_by="alice")
 
 
-def interrupted(job_id: str, attempt: int = 1,
-                cause: InterruptCause = InterruptCause.PAUSED) -> JobInterrupted:
-    return JobInterrupted(event_id=derived_id(job_id, attempt, "interrupted"), job_id=job_id,
-                          attempt=attempt, cause=cause, reason=f"{cause.value} by test")
+def interrupted(
+    job_id: str, attempt: int = 1, cause: InterruptCause = InterruptCause.PAUSED
+) -> JobInterrupted:
+    return JobInterrupted(
+        event_id=derived_id(job_id, attempt, "interrupted"),
+        job_id=job_id,
+        attempt=attempt,
+        cause=cause,
+        reason=f"{cause.value} by test",
+    )
 
 
 def elastic(replicas: int = 1, user: str = "alice") -> JobSpec:
-    return JobSpec(name="elastic", user=user, roles=[RoleSpec(
-        name="worker", replicas=replicas, min_replicas=1, max_replicas=3, command="train",
-        resources=Resources(cpu=2))])
+    return JobSpec(
+        name="elastic",
+        user=user,
+        roles=[
+            RoleSpec(
+                name="worker",
+                replicas=replicas,
+                min_replicas=1,
+                max_replicas=3,
+                command="train",
+                resources=Resources(cpu=2),
+            )
+        ],
+    )
 
 
 def placed(h: Harness, job_id: str) -> list[JobPlaced]:
@@ -74,8 +91,11 @@ async def test_pausing_a_placed_job_frees_its_capacity_only_when_the_launcher_sa
     await h.accept("b")  # needs the same two GPUs: waits
     await h.send(pause("a"))
     [command] = h.pub.of(InterruptJob, "a")
-    assert (command.attempt, command.cause, command.reason) == (1, InterruptCause.PAUSED,
-                                                                "paused by alice")
+    assert (command.attempt, command.cause, command.reason) == (
+        1,
+        InterruptCause.PAUSED,
+        "paused by alice",
+    )
     assert command.event_id == derived_id("a", 1, "interrupt", "paused")
     assert h.store.docs["a"]["state"] == "interrupting"
     assert placed(h, "b") == []  # the tasks may still run: the GPUs are not free yet
@@ -110,13 +130,20 @@ async def test_a_resumed_job_runs_as_its_next_attempt_without_spending_a_retry()
 async def test_only_a_retry_spends_the_budget_and_any_interrupt_cause_requeues() -> None:
     h = await Harness().boot()
     await h.accept("a")
-    await h.send(JobRetrying(job_id="a", attempt=2, previous_attempt=1, reason="failed",
-                             failure_class=FailureClass.USER, not_before=utcnow()))
+    await h.send(
+        JobRetrying(
+            job_id="a",
+            attempt=2,
+            previous_attempt=1,
+            reason="failed",
+            failure_class=FailureClass.USER,
+            not_before=utcnow(),
+        )
+    )
     # Preempted (sent by placement core) or a node removed: queued again at once.
     await h.send(interrupted("a", attempt=2, cause=InterruptCause.PREEMPTED))
     await h.send(interrupted("a", attempt=3, cause=InterruptCause.NODE_REMOVED))
-    assert [(p.attempt, p.retries_used) for p in placed(h, "a")] == [(1, 0), (2, 1), (3, 1),
-                                                                     (4, 1)]
+    assert [(p.attempt, p.retries_used) for p in placed(h, "a")] == [(1, 0), (2, 1), (3, 1), (4, 1)]
     # A late event of an older attempt changes nothing.
     await h.send(interrupted("a", attempt=2, cause=InterruptCause.PREEMPTED))
     assert len(placed(h, "a")) == 4
@@ -133,7 +160,10 @@ async def test_pausing_a_queued_job_announces_the_pause_itself() -> None:
     await h.send(pause("b"))
     [event] = h.pub.of(JobInterrupted, "b")
     assert (event.attempt, event.cause, event.event_id) == (
-        1, InterruptCause.PAUSED, derived_id("b", 1, "interrupted"))
+        1,
+        InterruptCause.PAUSED,
+        derived_id("b", 1, "interrupted"),
+    )
     assert h.store.docs["b"]["state"] == "paused" and queue_view(h.deps) == []
     assert h.pub.of(InterruptJob, "b") == []
     # Its own event comes back to it: nothing changes.
@@ -150,8 +180,11 @@ async def test_a_job_submitted_to_start_paused_waits_for_a_resume() -> None:
     accepted = await h.accept("a", spec().model_copy(update={"run_mode": RunMode.PAUSE}))
     assert placed(h, "a") == []
     [event] = h.pub.of(JobInterrupted, "a")
-    assert (event.attempt, event.cause, event.reason) == (1, InterruptCause.PAUSED,
-                                                          SUBMITTED_PAUSED)
+    assert (event.attempt, event.cause, event.reason) == (
+        1,
+        InterruptCause.PAUSED,
+        SUBMITTED_PAUSED,
+    )
     await h.send(accepted, seq=1)  # redelivered: the same announcement, nothing placed
     assert {e.event_id for e in h.pub.of(JobInterrupted, "a")} == {event.event_id}
     assert placed(h, "a") == []
@@ -203,9 +236,16 @@ async def test_an_attempt_that_fails_while_being_paused_is_paused_as_its_retry()
     h = await Harness().boot()
     await h.accept("a")
     await h.send(pause("a"))
-    await h.send(JobRetrying(job_id="a", attempt=2, previous_attempt=1, reason="failed",
-                             failure_class=FailureClass.USER,
-                             not_before=utcnow() + timedelta(seconds=60)))
+    await h.send(
+        JobRetrying(
+            job_id="a",
+            attempt=2,
+            previous_attempt=1,
+            reason="failed",
+            failure_class=FailureClass.USER,
+            not_before=utcnow() + timedelta(seconds=60),
+        )
+    )
     doc = h.store.docs["a"]
     assert (doc["state"], doc["attempt"], doc["retries_used"]) == ("paused", 2, 1)
     [event] = h.pub.of(JobInterrupted, "a")
@@ -256,8 +296,11 @@ async def test_scaling_a_placed_job_restarts_it_at_the_new_size() -> None:
     await h.accept("e", elastic())
     command = await request_scale("e", "worker", 2, Identity("alice"), h.deps)
     [sent] = h.pub.of(ScaleJob, "e")
-    assert sent == command and (sent.role, sent.replicas, sent.requested_by) == ("worker", 2,
-                                                                                "alice")
+    assert sent == command and (sent.role, sent.replicas, sent.requested_by) == (
+        "worker",
+        2,
+        "alice",
+    )
     await h.send(command)
     [interrupt] = h.pub.of(InterruptJob, "e")
     assert interrupt.cause is InterruptCause.SCALED
@@ -285,8 +328,9 @@ async def test_scaling_a_queued_or_paused_job_changes_the_size_it_starts_with() 
 async def test_a_scale_request_is_checked_against_the_roles_bounds() -> None:
     h = await Harness().boot()
     await h.accept("e", elastic())
-    await h.accept("fixed", JobSpec(name="f", user="alice", roles=[
-        RoleSpec(name="worker", command="x")]))
+    await h.accept(
+        "fixed", JobSpec(name="f", user="alice", roles=[RoleSpec(name="worker", command="x")])
+    )
     alice = Identity("alice")
     with pytest.raises(ScaleRefused) as refused:
         await request_scale("e", "worker", 4, alice, h.deps)
@@ -314,8 +358,11 @@ async def test_a_scale_request_is_checked_against_the_roles_bounds() -> None:
 async def test_scaling_a_queued_job_changes_what_waits() -> None:
     h = await Harness().boot()
     await h.accept("a")
-    big = elastic().model_copy(update={"roles": [
-        elastic().roles[0].model_copy(update={"resources": Resources(cpu=1, gpu=1)})]})
+    big = elastic().model_copy(
+        update={
+            "roles": [elastic().roles[0].model_copy(update={"resources": Resources(cpu=1, gpu=1)})]
+        }
+    )
     await h.accept("e", big)
     assert placed(h, "e") == []
     await h.send(ScaleJob(job_id="e", requested_by="alice", role="worker", replicas=2))
@@ -334,9 +381,20 @@ async def test_a_command_for_a_job_that_never_comes_is_dropped_after_a_while() -
 
 
 def elastic_gpus(replicas: int) -> JobSpec:
-    return JobSpec(name="elastic", user="alice", roles=[RoleSpec(
-        name="worker", replicas=replicas, min_replicas=1, max_replicas=3, command="train",
-        resources=Resources(cpu=1, gpu=1, gpu_type="V100"))])
+    return JobSpec(
+        name="elastic",
+        user="alice",
+        roles=[
+            RoleSpec(
+                name="worker",
+                replicas=replicas,
+                min_replicas=1,
+                max_replicas=3,
+                command="train",
+                resources=Resources(cpu=1, gpu=1, gpu_type="V100"),
+            )
+        ],
+    )
 
 
 async def test_an_elastic_job_placed_small_grows_to_its_size_when_capacity_frees() -> None:

@@ -50,8 +50,9 @@ class FlakyChangeStore(MemoryJobStore):
         super().__init__()
         self.fail_changes = 0
 
-    async def change(self, job_id: str, *, states: Any, attempt: int,
-                     fields: dict[str, Any]) -> bool:
+    async def change(
+        self, job_id: str, *, states: Any, attempt: int, fields: dict[str, Any]
+    ) -> bool:
         if self.fail_changes:
             self.fail_changes -= 1
             raise ConnectionError("store unavailable")
@@ -86,7 +87,8 @@ async def test_a_pause_carried_to_a_retry_is_announced_after_a_failed_publish() 
     await h.send(event)
     announced = h.pub.of(JobInterrupted, "a")
     assert [(e.attempt, e.cause) for e in announced] == [  # type: ignore[attr-defined]
-        (2, InterruptCause.PAUSED)]
+        (2, InterruptCause.PAUSED)
+    ]
 
 
 async def test_a_stop_carried_to_a_retry_survives_a_failure_between_the_two_writes() -> None:
@@ -143,6 +145,7 @@ async def test_pausing_a_preempted_victim_does_not_cost_a_second_victim_after_a_
     # The user pauses the victim while it is on its way out.
     await h.send(PauseJob(job_id=victim, requested_by="alice", reason="lunch"))
     again = await Harness(h.store, h.seq).boot()
-    assert [e.job_id for e in again.pub.of(InterruptJob)
-            if e.cause is InterruptCause.PREEMPTED] == []  # type: ignore[attr-defined]
+    assert [
+        e.job_id for e in again.pub.of(InterruptJob) if e.cause is InterruptCause.PREEMPTED
+    ] == []  # type: ignore[attr-defined]
     assert again.store.docs["low1" if victim == "low2" else "low2"]["state"] == "placed"

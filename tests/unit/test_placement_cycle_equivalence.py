@@ -117,8 +117,11 @@ policies = st.sampled_from(["trainyard", "fgd", "first-fit", "best-fit", "random
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes=cluster_nodes(), queues=queue_specs(QUEUES), plan=events, rule=rules, policy=policies)
 def test_every_cycle_decides_as_one_derived_afresh(
-    nodes: list[NodeSpec], queues: list[str | QueueSpec], plan: list,  # type: ignore[type-arg]
-    rule: Rules, policy: str,
+    nodes: list[NodeSpec],
+    queues: list[str | QueueSpec],
+    plan: list,  # type: ignore[type-arg]
+    rule: Rules,
+    policy: str,
 ) -> None:
     state = SchedulerState(ClusterSpec(nodes=nodes, queues=queues), scorer=scorer_named(policy),
                            rules=rule)  # fmt: skip
@@ -217,7 +220,8 @@ def assert_shortcuts_reserve_alike(state: SchedulerState, now: float) -> None:
         for job_id, by in state.interrupting.items():
             if job_id in running:
                 running[job_id] = type(running[job_id])(
-                    running[job_id].allocation, state.placed_at.get(job_id, 0.0), True, by)
+                    running[job_id].allocation, state.placed_at.get(job_id, 0.0), True, by
+                )
         memo = CycleMemo()
         snapshot, context = Snapshot.of(state.cluster, state.placed.values()), state.context()
         memo.start(snapshot, state.scorer, context, state.drained)
@@ -248,8 +252,8 @@ def growth_afresh(state: SchedulerState) -> list[tuple[str, str, int]]:
         qspec = state.cluster.queue(queue)
         smallest = usage_of(at_step(job.spec, last_step(job.spec)))
         if within(qspec.quota, used.get(queue, Usage()) + smallest) or (
-                qspec.borrowing
-                and state.preemptions.get(job.job_id, 0) < state.rules.max_preemptions):
+            qspec.borrowing and state.preemptions.get(job.job_id, 0) < state.rules.max_preemptions
+        ):
             return []
         quota_waits.add(queue)
     grown: list[tuple[str, str, int]] = []
@@ -262,7 +266,8 @@ def growth_afresh(state: SchedulerState) -> list[tuple[str, str, int]]:
         qspec = state.cluster.queue(spec.queue)
         base = used.get(spec.queue, Usage()) - usage_of(spec)
         may_borrow = qspec.borrowing and (
-            state.preemptions.get(job_id, 0) < state.rules.max_preemptions)
+            state.preemptions.get(job_id, 0) < state.rules.max_preemptions
+        )
         for step in range(_room(spec)):
             size = _grown(spec, step)
             if not (within(qspec.quota, base + usage_of(size)) or may_borrow):
@@ -297,8 +302,17 @@ def test_the_workload_from_counts_is_the_workload_from_every_task(tasks: list[De
 def test_an_unchanged_state_keeps_its_snapshot_and_workload() -> None:
     cluster = ClusterSpec(nodes=[NodeSpec(name="a", cpu=4, memory_mb=4096, gpus=1)])
     state = SchedulerState(cluster)
-    spec = JobSpec(name="j", roles=[RoleSpec(name="w", replicas=1, command="true",
-                                             resources=Resources(cpu=1, memory_mb=512, gpu=1))])
+    spec = JobSpec(
+        name="j",
+        roles=[
+            RoleSpec(
+                name="w",
+                replicas=1,
+                command="true",
+                resources=Resources(cpu=1, memory_mb=512, gpu=1),
+            )
+        ],
+    )
     state.enqueue(QueuedJob("a", spec, 1))
     state.enqueue(QueuedJob("b", spec.model_copy(update={"priority": 1}), 2))
     (first,) = [d for d in state.cycle(1.0) if isinstance(d, Placed)]

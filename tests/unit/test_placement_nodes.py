@@ -72,8 +72,7 @@ class Harness:
 
     async def send(self, event: Event) -> None:
         self.seq += 1
-        await handle(event, Delivery(stream_seq=self.seq, num_delivered=1, subject="x"),
-                     self.deps)
+        await handle(event, Delivery(stream_seq=self.seq, num_delivered=1, subject="x"), self.deps)
 
     async def accept(self, job_id: str, gpus: int = 2) -> None:
         await self.send(JobAccepted(event_id=f"acc-{job_id}", job_id=job_id, spec=spec(gpus)))
@@ -126,8 +125,7 @@ async def test_an_added_node_places_a_waiting_job_and_names_are_unique(h: Harnes
     await h.accept("b")
     await h.accept("c")
     assert not h.pub.of(JobPlaced, "c")
-    added = await h.admin.add(NodeSpec(name="n3", cpu=4, memory_mb=8192, gpus=2,
-                                       gpu_type="V100"))
+    added = await h.admin.add(NodeSpec(name="n3", cpu=4, memory_mb=8192, gpus=2, gpu_type="V100"))
     assert added["name"] == "n3" and added["jobs"] == ["c"]
     assert h.node_of("c") == "n3"
     with pytest.raises(NodeError) as taken:
@@ -154,9 +152,15 @@ async def test_removing_a_node_interrupts_its_jobs_and_they_run_again_elsewhere(
     assert held.value.status == 409 and "a" in str(held.value)
 
     # The launcher ended the attempt: the job runs again on what is left.
-    await h.send(JobInterrupted(event_id=derived_id("a", 1, "interrupted"), job_id="a",
-                                attempt=1, cause=InterruptCause.NODE_REMOVED,
-                                reason=interrupt.reason))
+    await h.send(
+        JobInterrupted(
+            event_id=derived_id("a", 1, "interrupted"),
+            job_id="a",
+            attempt=1,
+            cause=InterruptCause.NODE_REMOVED,
+            reason=interrupt.reason,
+        )
+    )
     placed = h.pub.of(JobPlaced, "a")
     assert [p.attempt for p in placed] == [1, 2]  # type: ignore[attr-defined]
     assert h.node_of("a") == "n2"

@@ -38,7 +38,8 @@ def test_higher_priority_preempts_the_least_work() -> None:
     assert preempt.victims == ("low3", "low2")
     assert preempt.reason == "preempted by job urgent (priority 9)"
     assert w.waiting("urgent").reasons == (
-        "waiting for preempted jobs low3, low2 to end: they hold capacity this job needs",)
+        "waiting for preempted jobs low3, low2 to end: they hold capacity this job needs",
+    )
     w.interrupted("low3")
     w.cycle()
     assert w.preempts() == [] and "urgent" not in w.placed()
@@ -157,8 +158,9 @@ def test_elastic_head_preempts_for_its_minimum_only() -> None:
     assert preempt.victims == ("low3",)
 
 
-def candidate(job_id: str, *, priority: int = 1, work: float = 1, placed_at: float = 0,
-              borrowed: bool = False) -> Candidate:
+def candidate(
+    job_id: str, *, priority: int = 1, work: float = 1, placed_at: float = 0, borrowed: bool = False
+) -> Candidate:
     return Candidate(job_id, "q", priority, 1, work, placed_at, borrowed)
 
 
@@ -203,15 +205,23 @@ async def test_service_interrupts_each_victim_once_and_survives_a_restart() -> N
     [interrupt] = h.pub.of(InterruptJob)
     assert isinstance(interrupt, InterruptJob)
     assert (interrupt.job_id, interrupt.attempt, interrupt.cause) == (
-        "low", 1, InterruptCause.PREEMPTED)
+        "low",
+        1,
+        InterruptCause.PREEMPTED,
+    )
     assert interrupt.event_id == derived_id("low", 1, "interrupt", "preempted")
     assert interrupt.reason == "preempted by job high (priority 9)"
     doc = h.store.docs["low"]
     assert (doc["state"], doc["preemptions"], doc["preempted_by"], doc["interrupt_sent"]) == (
-        "interrupting", 1, "high", True)
+        "interrupting",
+        1,
+        "high",
+        True,
+    )
     [queued] = h.pub.of(JobQueued, "high")
     assert queued.reasons == [  # type: ignore[attr-defined]
-        "waiting for preempted job low to end: it holds capacity this job needs"]
+        "waiting for preempted job low to end: it holds capacity this job needs"
+    ]
     # Another cycle (any event) and a restart send nothing again.
     await h.accept("other", urgent_spec(1))
     again = await Harness(h.store, h.seq).boot()
@@ -219,8 +229,14 @@ async def test_service_interrupts_each_victim_once_and_survives_a_restart() -> N
     assert again.deps.state.preemptions == {"low": 1}
     assert again.pub.of(InterruptJob) == [] and len(h.pub.of(InterruptJob)) == 1
     # The victim ends: its capacity goes to the preemptor, it queues as attempt 2.
-    await again.send(JobInterrupted(job_id="low", attempt=1, cause=InterruptCause.PREEMPTED,
-                                    reason="preempted by job high (priority 9)"))
+    await again.send(
+        JobInterrupted(
+            job_id="low",
+            attempt=1,
+            cause=InterruptCause.PREEMPTED,
+            reason="preempted by job high (priority 9)",
+        )
+    )
     [placed] = again.pub.of(JobPlaced, "high")
     assert again.store.docs["low"]["state"] == "queued"
     assert again.store.docs["low"]["preemptions"] == 1

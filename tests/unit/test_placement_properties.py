@@ -177,8 +177,9 @@ def labelled_nodes(draw: st.DrawFn) -> list[NodeSpec]:
 @st.composite
 def world_jobs(draw: st.DrawFn) -> JobSpec:
     rs = []
-    for name in draw(st.lists(st.sampled_from(["worker", "ps"]), min_size=1, max_size=2,
-                              unique=True)):
+    for name in draw(
+        st.lists(st.sampled_from(["worker", "ps"]), min_size=1, max_size=2, unique=True)
+    ):
         replicas = draw(st.integers(1, 3))
         elastic = draw(st.booleans())
         rs.append(RoleSpec(
@@ -191,15 +192,21 @@ def world_jobs(draw: st.DrawFn) -> JobSpec:
             node_selector=draw(st.sampled_from([[], [EnvVar(name="zone", value="a")]])),
             ports=draw(st.one_of(st.just([]), st.just([]), ports)),
         ))  # fmt: skip
-    return JobSpec(name="j", queue=draw(st.sampled_from(QUEUE_NAMES)),
-                   priority=draw(st.integers(1, 9)), roles=rs)
+    return JobSpec(
+        name="j",
+        queue=draw(st.sampled_from(QUEUE_NAMES)),
+        priority=draw(st.integers(1, 9)),
+        roles=rs,
+    )
 
 
 world_steps = st.lists(
     st.one_of(
         st.tuples(st.just("submit"), world_jobs()),
-        st.tuples(st.sampled_from(["end", "interrupted", "drain", "undrain", "remove", "add"]),
-                  st.integers(0, 9)),
+        st.tuples(
+            st.sampled_from(["end", "interrupted", "drain", "undrain", "remove", "add"]),
+            st.integers(0, 9),
+        ),
     ),
     min_size=1,
     max_size=16,
@@ -266,14 +273,22 @@ def gpu_milli_of(gpu: float) -> int:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster_nodes=labelled_nodes(), queues=queue_specs(QUEUE_NAMES), plan=world_steps,
-       max_preemptions=st.integers(0, 2))
+@given(
+    cluster_nodes=labelled_nodes(),
+    queues=queue_specs(QUEUE_NAMES),
+    plan=world_steps,
+    max_preemptions=st.integers(0, 2),
+)
 def test_any_interleaving_keeps_the_invariants(
-    cluster_nodes: list[NodeSpec], queues: list[str | QueueSpec], plan: list,  # type: ignore[type-arg]
+    cluster_nodes: list[NodeSpec],
+    queues: list[str | QueueSpec],
+    plan: list,  # type: ignore[type-arg]
     max_preemptions: int,
 ) -> None:
-    state = SchedulerState(ClusterSpec(nodes=cluster_nodes, queues=queues),
-                           rules=Rules(max_preemptions=max_preemptions))
+    state = SchedulerState(
+        ClusterSpec(nodes=cluster_nodes, queues=queues),
+        rules=Rules(max_preemptions=max_preemptions),
+    )
     spare = [n.model_copy(update={"name": f"extra{i}"}) for i, n in enumerate(cluster_nodes)]
     seq = 0
     for op, arg in plan:

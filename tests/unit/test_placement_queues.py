@@ -69,7 +69,8 @@ def test_queue_below_quota_reclaims_newest_borrowed_first() -> None:
     # The victim keeps its capacity until it ends; b1 waits, naming it.
     assert "a4" in w.placed() and "b1" not in w.placed()
     assert w.waiting("b1").reasons == (
-        "waiting for preempted job a4 to end: it holds capacity this job needs",)
+        "waiting for preempted job a4 to end: it holds capacity this job needs",
+    )
     w.cycle()
     assert w.preempts() == []  # not preempted twice
     w.interrupted("a4")
@@ -99,8 +100,11 @@ def test_a_borrower_may_not_reclaim() -> None:
 
 
 def test_a_job_reclaimed_too_often_stops_borrowing() -> None:
-    w = World.of(node("n", gpus=4), queues=[queue("a", gpus=0), queue("b", gpus=4)],
-                 rules=Rules(max_preemptions=1))
+    w = World.of(
+        node("n", gpus=4),
+        queues=[queue("a", gpus=0), queue("b", gpus=4)],
+        rules=Rules(max_preemptions=1),
+    )
     w.submit("a1", gpus(2, queue="a"))
     w.cycle()
     w.submit("b1", gpus(4, queue="b"))

@@ -48,8 +48,9 @@ CLUSTER = ClusterSpec(nodes=[
              port_range=(30000, 30003))
     for i in (1, 2)
 ])  # fmt: skip
-EXTRA = NodeSpec(name="n3", cpu=2, memory_mb=4096, gpus=1, gpu_type="V100",
-                 port_range=(30000, 30003))
+EXTRA = NodeSpec(
+    name="n3", cpu=2, memory_mb=4096, gpus=1, gpu_type="V100", port_range=(30000, 30003)
+)
 NODES = {n.name: n for n in [*CLUSTER.nodes, EXTRA]}
 JOBS = [f"j{i}" for i in range(6)]
 
@@ -118,21 +119,33 @@ class Rebuild(RuleBasedStateMachine):
 
     # --- what the outside world does --------------------------------------------------
 
-    @rule(job_id=st.sampled_from(JOBS), gpu=st.sampled_from([0, 0.5, 1, 2]),
-          replicas=st.integers(1, 2))
+    @rule(
+        job_id=st.sampled_from(JOBS),
+        gpu=st.sampled_from([0, 0.5, 1, 2]),
+        replicas=st.integers(1, 2),
+    )
     def accept(self, job_id: str, gpu: float, replicas: int) -> None:
         # A job accepted twice is a redelivery: the same event again.
-        self.send(JobAccepted(event_id=f"acc-{job_id}", job_id=job_id,
-                              spec=job_spec(gpu, replicas)))
+        self.send(
+            JobAccepted(event_id=f"acc-{job_id}", job_id=job_id, spec=job_spec(gpu, replicas))
+        )
 
-    @rule(job_id=st.sampled_from(JOBS), state=st.sampled_from([JobState.SUCCEEDED,
-                                                               JobState.FAILED]))
+    @rule(
+        job_id=st.sampled_from(JOBS), state=st.sampled_from([JobState.SUCCEEDED, JobState.FAILED])
+    )
     def finish(self, job_id: str, state: JobState) -> None:
         doc = self.doc(job_id)
         if doc is None or doc["state"] not in ("placed", "interrupting"):
             return
-        self.send(JobFinished(event_id=derived_id(job_id, doc["attempt"], "finished"),
-                              job_id=job_id, attempt=doc["attempt"], state=state, reason="end"))
+        self.send(
+            JobFinished(
+                event_id=derived_id(job_id, doc["attempt"], "finished"),
+                job_id=job_id,
+                attempt=doc["attempt"],
+                state=state,
+                reason="end",
+            )
+        )
 
     @rule(job_id=st.sampled_from(JOBS), due=st.booleans())
     def retry(self, job_id: str, due: bool) -> None:
@@ -141,10 +154,17 @@ class Rebuild(RuleBasedStateMachine):
             return
         attempt = doc["attempt"]
         not_before = utcnow() + (timedelta(seconds=-1) if due else timedelta(hours=1))
-        self.send(JobRetrying(event_id=derived_id(job_id, attempt, "retry"), job_id=job_id,
-                              attempt=attempt + 1, previous_attempt=attempt,
-                              reason="failed", failure_class=FailureClass.PLATFORM,
-                              not_before=not_before))
+        self.send(
+            JobRetrying(
+                event_id=derived_id(job_id, attempt, "retry"),
+                job_id=job_id,
+                attempt=attempt + 1,
+                previous_attempt=attempt,
+                reason="failed",
+                failure_class=FailureClass.PLATFORM,
+                not_before=not_before,
+            )
+        )
 
     @rule(job_id=st.sampled_from(JOBS))
     def stop(self, job_id: str) -> None:
@@ -156,10 +176,15 @@ class Rebuild(RuleBasedStateMachine):
         if doc is None or doc["state"] != "interrupting":
             return
         attempt = doc["attempt"]
-        self.send(JobInterrupted(event_id=derived_id(job_id, attempt, "interrupted"),
-                                 job_id=job_id, attempt=attempt,
-                                 cause=InterruptCause(doc["interrupt"]["cause"]),
-                                 reason="ended"))
+        self.send(
+            JobInterrupted(
+                event_id=derived_id(job_id, attempt, "interrupted"),
+                job_id=job_id,
+                attempt=attempt,
+                cause=InterruptCause(doc["interrupt"]["cause"]),
+                reason="ended",
+            )
+        )
 
     @rule(name=st.sampled_from(["n1", "n2", "n3"]), drain=st.booleans())
     def drain(self, name: str, drain: bool) -> None:
@@ -203,13 +228,15 @@ class Rebuild(RuleBasedStateMachine):
         rebuilt = deps.state
         assert rebuilt.placed == live.state.placed
         assert set(rebuilt.queued) | set(deps.deferred) == set(live.state.queued) | set(
-            live.deferred)
+            live.deferred
+        )
         assert [n.name for n in rebuilt.cluster.nodes] == [n.name for n in live.state.cluster.nodes]
         assert rebuilt.drained == live.state.drained
         # (The live process also remembers attempts of jobs that ended; only those that
         # hold capacity matter.)
         assert {j: deps.attempts[j] for j in rebuilt.placed} == {
-            j: live.attempts[j] for j in live.state.placed}
+            j: live.attempts[j] for j in live.state.placed
+        }
         self.deps, self.admin = deps, admin
         self.run(start(deps))
 
@@ -217,8 +244,11 @@ class Rebuild(RuleBasedStateMachine):
 
     @invariant()
     def memory_matches_the_store(self) -> None:
-        held = {job_id: doc for job_id, doc in self.jobs.docs.items()
-                if doc["state"] in ("placed", "interrupting")}
+        held = {
+            job_id: doc
+            for job_id, doc in self.jobs.docs.items()
+            if doc["state"] in ("placed", "interrupting")
+        }
         assert set(self.deps.state.placed) == set(held)
         for job_id, allocation in self.deps.state.placed.items():
             stored = [t["node"] for t in held[job_id]["allocation"]]
@@ -250,7 +280,9 @@ class Rebuild(RuleBasedStateMachine):
 
 
 Rebuild.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None,
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestRebuild = Rebuild.TestCase

@@ -27,8 +27,12 @@ from .test_placement_handlers import Harness
 
 
 def restart(job_id: str, event_id: str | None = None) -> RestartJob:
-    return RestartJob(event_id=event_id or f"restart-{job_id}", job_id=job_id,
-                      requested_by="alice", reason="restarted by alice")
+    return RestartJob(
+        event_id=event_id or f"restart-{job_id}",
+        job_id=job_id,
+        requested_by="alice",
+        reason="restarted by alice",
+    )
 
 
 async def redeliver(h: Harness, event: RestartJob, times: int = 2) -> None:
@@ -43,14 +47,25 @@ async def test_restarting_a_placed_job_runs_its_next_attempt_on_the_same_budget(
     h = await Harness().boot()
     await h.accept("a")
     # One retry spent first: the restart must neither spend another nor give it back.
-    await h.send(JobRetrying(job_id="a", attempt=2, previous_attempt=1, reason="failed",
-                             failure_class=FailureClass.USER, not_before=utcnow()))
+    await h.send(
+        JobRetrying(
+            job_id="a",
+            attempt=2,
+            previous_attempt=1,
+            reason="failed",
+            failure_class=FailureClass.USER,
+            not_before=utcnow(),
+        )
+    )
     await h.accept("b")  # needs the same two GPUs: waits
     command = restart("a")
     await h.send(command)
     [sent] = h.pub.of(InterruptJob, "a")
-    assert (sent.attempt, sent.cause, sent.reason) == (2, InterruptCause.RESTARTED,  # type: ignore[attr-defined]
-                                                       "restarted by alice")
+    assert (sent.attempt, sent.cause, sent.reason) == (
+        2,
+        InterruptCause.RESTARTED,  # type: ignore[attr-defined]
+        "restarted by alice",
+    )
     assert sent.event_id == derived_id("a", 2, "interrupt", "restarted")
     doc = h.store.docs["a"]
     assert (doc["state"], doc["restarts"]) == ("interrupting", ["restart-a"])
@@ -213,6 +228,5 @@ async def test_only_the_last_restarts_are_remembered() -> None:
         await h.send(interrupted("a", attempt=attempt, cause=InterruptCause.RESTARTED))
     doc = h.store.docs["a"]
     assert doc["restarts"] == [f"r{n}" for n in range(2, RESTARTS_KEPT + 2)]
-    assert (doc["state"], doc["attempt"], doc["retries_used"]) == (
-        "placed", RESTARTS_KEPT + 3, 0)
+    assert (doc["state"], doc["attempt"], doc["retries_used"]) == ("placed", RESTARTS_KEPT + 3, 0)
     assert placed(h, "b") == []

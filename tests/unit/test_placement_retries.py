@@ -23,10 +23,15 @@ from .test_placement_handlers import Harness, spec
 
 
 def retrying(job_id: str, attempt: int = 2, wait_s: float = 0.0) -> JobRetrying:
-    return JobRetrying(event_id=derived_id(job_id, attempt - 1, "retry"), job_id=job_id,
-                       attempt=attempt, previous_attempt=attempt - 1, reason="attempt failed",
-                       failure_class=FailureClass.PLATFORM,
-                       not_before=utcnow() + timedelta(seconds=wait_s))
+    return JobRetrying(
+        event_id=derived_id(job_id, attempt - 1, "retry"),
+        job_id=job_id,
+        attempt=attempt,
+        previous_attempt=attempt - 1,
+        reason="attempt failed",
+        failure_class=FailureClass.PLATFORM,
+        not_before=utcnow() + timedelta(seconds=wait_s),
+    )
 
 
 async def test_a_retry_is_placed_again_as_its_next_attempt() -> None:
@@ -36,7 +41,9 @@ async def test_a_retry_is_placed_again_as_its_next_attempt() -> None:
     await h.send(event)
     placed = h.pub.of(JobPlaced, "a")
     assert [(p.attempt, p.event_id) for p in placed] == [
-        (1, derived_id("a", 1, "placed")), (2, derived_id("a", 2, "placed"))]
+        (1, derived_id("a", 1, "placed")),
+        (2, derived_id("a", 2, "placed")),
+    ]
     assert placed[1].tasks[0].gpu_indices == [0, 1]  # the old allocation was given back
     doc = h.store.docs["a"]
     assert (doc["state"], doc["attempt"], doc["placed_published"]) == ("placed", 2, True)
@@ -82,7 +89,11 @@ async def test_a_stop_during_the_backoff_ends_the_new_attempt() -> None:
     await h.send(retrying("a", wait_s=60))
     await h.stop("a")
     [done] = h.pub.of(JobFinished, "a")
-    assert (done.attempt, done.state, done.event_id) == (2, JobState.STOPPED, derived_id("a", 2, "finished"))
+    assert (done.attempt, done.state, done.event_id) == (
+        2,
+        JobState.STOPPED,
+        derived_id("a", 2, "finished"),
+    )
     assert "a" not in h.deps.deferred and queue_view(h.deps) == []
 
 

@@ -34,22 +34,27 @@ def test_role_goes_only_to_matching_nodes() -> None:
 
 
 def test_roles_with_different_selectors_in_one_gang() -> None:
-    w = World.of(node("cpu", labels={"kind": "cpu"}),
-                 node("gpu", gpus=2, labels={"kind": "gpu"}))
-    spec = job(role("ps", cpu=2, selector={"kind": "cpu"}),
-               role("worker", gpus=1, replicas=2, selector={"kind": "gpu"}))
+    w = World.of(node("cpu", labels={"kind": "cpu"}), node("gpu", gpus=2, labels={"kind": "gpu"}))
+    spec = job(
+        role("ps", cpu=2, selector={"kind": "cpu"}),
+        role("worker", gpus=1, replicas=2, selector={"kind": "gpu"}),
+    )
     w.submit("j", spec)
     w.cycle()
     tasks = w.state.placed["j"].tasks
     assert [(t.role, t.index, t.node) for t in tasks] == [
-        ("ps", 0, "cpu"), ("worker", 0, "gpu"), ("worker", 1, "gpu")]
+        ("ps", 0, "cpu"),
+        ("worker", 0, "gpu"),
+        ("worker", 1, "gpu"),
+    ]
 
 
 def test_gang_is_whole_or_absent_across_selector_groups() -> None:
-    w = World.of(node("cpu", labels={"kind": "cpu"}),
-                 node("gpu", gpus=1, labels={"kind": "gpu"}))
-    spec = job(role("ps", selector={"kind": "cpu"}),
-               role("worker", gpus=1, replicas=2, selector={"kind": "gpu"}))
+    w = World.of(node("cpu", labels={"kind": "cpu"}), node("gpu", gpus=1, labels={"kind": "gpu"}))
+    spec = job(
+        role("ps", selector={"kind": "cpu"}),
+        role("worker", gpus=1, replicas=2, selector={"kind": "gpu"}),
+    )
     w.submit("j", spec)
     w.cycle()
     assert w.placed() == []

@@ -20,7 +20,13 @@ EVENTS = {type(e).__name__: e for e in example_events()}
 
 
 def test_job_states_rank_forward_and_terminal_states_rank_last() -> None:
-    order = [JobState.SUBMITTED, JobState.ACCEPTED, JobState.QUEUED, JobState.PLACED, JobState.RUNNING]
+    order = [
+        JobState.SUBMITTED,
+        JobState.ACCEPTED,
+        JobState.QUEUED,
+        JobState.PLACED,
+        JobState.RUNNING,
+    ]
     assert [STATE_RANK[s] for s in order] == sorted(STATE_RANK[s] for s in order)
     assert all(STATE_RANK[s] > STATE_RANK[JobState.RUNNING] for s in JobState if s.terminal)
 
@@ -49,7 +55,8 @@ def test_placed_creates_each_task_with_its_node_and_ports() -> None:
     changes = project(EVENTS["JobPlaced"])
     assert changes.job.state is JobState.PLACED
     assert [t.task_id for t in changes.tasks] == [
-        task_id(EVENTS["JobPlaced"].job_id, 1, "worker", i) for i in (0, 1)]
+        task_id(EVENTS["JobPlaced"].job_id, 1, "worker", i) for i in (0, 1)
+    ]
     assert all(t.seq is None for t in changes.tasks)  # placement fields never race a transition
     assert changes.tasks[1].fields["ports"] == [{"label": "http", "ports": [20101]}]
 
@@ -77,6 +84,7 @@ def test_stop_command_is_recorded_without_moving_the_state() -> None:
 
 # --- attempts ----------------------------------------------------------------------------
 
+
 def two_attempts(job_id: str = "j") -> list:
     """Attempt 1 runs and fails, is retried; attempt 2 is queued, placed, runs, succeeds."""
     by_type = {type(e).__name__: e for e in example_events()}
@@ -84,18 +92,22 @@ def two_attempts(job_id: str = "j") -> list:
     placed, retry = by_type["JobPlaced"], by_type["JobRetrying"]
 
     def task(attempt: int, seq: int, state: TaskState, **extra) -> TaskStateChanged:
-        return TaskStateChanged(job_id=job_id, attempt=attempt, role="worker", index=0, seq=seq,
-                                state=state, **extra)
+        return TaskStateChanged(
+            job_id=job_id, attempt=attempt, role="worker", index=0, seq=seq, state=state, **extra
+        )
 
     return [
-        sub.model_copy(update={"job_id": job_id}), acc.model_copy(update={"job_id": job_id}),
+        sub.model_copy(update={"job_id": job_id}),
+        acc.model_copy(update={"job_id": job_id}),
         placed.model_copy(update={"job_id": job_id}),
-        task(1, 1, TaskState.STARTING), task(1, 2, TaskState.RUNNING),
+        task(1, 1, TaskState.STARTING),
+        task(1, 2, TaskState.RUNNING),
         task(1, 3, TaskState.FAILED, exit_code=1, failure_class=FailureClass.USER),
         retry.model_copy(update={"job_id": job_id}),
         JobQueued(job_id=job_id, attempt=2, reasons=["retrying attempt 2 after backoff until x"]),
         placed.model_copy(update={"job_id": job_id, "attempt": 2}),
-        task(2, 1, TaskState.STARTING), task(2, 2, TaskState.RUNNING),
+        task(2, 1, TaskState.STARTING),
+        task(2, 2, TaskState.RUNNING),
         task(2, 3, TaskState.SUCCEEDED, exit_code=0),
         JobFinished(job_id=job_id, attempt=2, state=JobState.SUCCEEDED, reason="ok", exit_code=0),
     ]
@@ -116,9 +128,17 @@ def fold(events: list) -> tuple[str | None, int, int]:
 
 
 def test_a_later_attempt_ranks_above_every_step_of_an_earlier_one() -> None:
-    steps = [(JobState.SUBMITTED, 1), (JobState.ACCEPTED, 1), (JobState.QUEUED, 1),
-             (JobState.PLACED, 1), (JobState.RUNNING, 1), (JobState.QUEUED, 2),
-             (JobState.PLACED, 2), (JobState.RUNNING, 2), (JobState.QUEUED, 3)]
+    steps = [
+        (JobState.SUBMITTED, 1),
+        (JobState.ACCEPTED, 1),
+        (JobState.QUEUED, 1),
+        (JobState.PLACED, 1),
+        (JobState.RUNNING, 1),
+        (JobState.QUEUED, 2),
+        (JobState.PLACED, 2),
+        (JobState.RUNNING, 2),
+        (JobState.QUEUED, 3),
+    ]
     ranks = [job_rank(state, attempt) for state, attempt in steps]
     assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
     assert all(job_rank(s, 1) > job_rank(JobState.RUNNING, 99) for s in JobState if s.terminal)
@@ -132,18 +152,32 @@ def test_retrying_puts_the_job_back_in_line_as_its_next_attempt() -> None:
     assert job_rank(JobState.RUNNING, 1) < change.rank < job_rank(JobState.QUEUED, 2)
     assert change.with_state["reason"] == event.reason
     assert change.add_to_set["attempts"] == {
-        "attempt": 1, "state": "FAILED", "reason": event.reason, "exit_code": None,
-        "failure_class": "platform", "ended_at": event.occurred_at, "retried_as": 2,
-        "not_before": event.not_before}
+        "attempt": 1,
+        "state": "FAILED",
+        "reason": event.reason,
+        "exit_code": None,
+        "failure_class": "platform",
+        "ended_at": event.occurred_at,
+        "retried_as": 2,
+        "not_before": event.not_before,
+    }
 
 
 def test_a_failed_task_and_a_failed_job_carry_their_failure_class() -> None:
-    failed = TaskStateChanged(job_id="j", role="w", index=0, seq=3, state=TaskState.FAILED,
-                              exit_code=127, failure_class=FailureClass.USER)
+    failed = TaskStateChanged(
+        job_id="j",
+        role="w",
+        index=0,
+        seq=3,
+        state=TaskState.FAILED,
+        exit_code=127,
+        failure_class=FailureClass.USER,
+    )
     assert project(failed).tasks[0].fields["failure_class"] == "user"
     assert project(EVENTS["TaskStateChanged"]).tasks[0].fields["failure_class"] is None
-    finished = JobFinished(job_id="j", attempt=2, state=JobState.FAILED, reason="r",
-                           failure_class=FailureClass.UNKNOWN)
+    finished = JobFinished(
+        job_id="j", attempt=2, state=JobState.FAILED, reason="r", failure_class=FailureClass.UNKNOWN
+    )
     change = project(finished).job
     assert change.with_state["failure_class"] == "unknown"
     assert change.add_to_set["attempts"]["attempt"] == 2
@@ -176,15 +210,23 @@ def interrupted(attempt: int, cause: InterruptCause, job_id: str = "j") -> JobIn
 def test_paused_ends_its_attempt_without_ending_the_job() -> None:
     assert not JobState.PAUSED.terminal
     # Above every step of its attempt, below every step of the next one.
-    assert job_rank(JobState.RUNNING, 1) < job_rank(JobState.PAUSED, 1) < job_rank(
-        JobState.SUBMITTED, 2)
+    assert (
+        job_rank(JobState.RUNNING, 1)
+        < job_rank(JobState.PAUSED, 1)
+        < job_rank(JobState.SUBMITTED, 2)
+    )
     assert job_rank(JobState.PAUSED, 5) < job_rank(JobState.STOPPED, 1)
     changes = project(interrupted(1, InterruptCause.PAUSED))
     assert changes.job.state is JobState.PAUSED and changes.job.rank == job_rank(JobState.PAUSED, 1)
     assert changes.job.with_state["reason"] == "paused!"
     assert changes.job.add_to_set["attempts"] == {
-        "attempt": 1, "state": "STOPPED", "reason": "paused!", "exit_code": None,
-        "failure_class": None, "interrupted": "paused"}
+        "attempt": 1,
+        "state": "STOPPED",
+        "reason": "paused!",
+        "exit_code": None,
+        "failure_class": None,
+        "interrupted": "paused",
+    }
     # The attempt's tasks that had not ended are STOPPED; the others keep their end.
     assert (changes.end_tasks.job_id, changes.end_tasks.attempt) == ("j", 1)
     assert changes.end_tasks.fields["state"] == "STOPPED"
@@ -203,8 +245,12 @@ def paused_and_resumed(job_id: str = "j") -> list:
     """Attempt 1 runs and is paused; a resume queues, places and runs attempt 2."""
     events = two_attempts(job_id)
     first, second = events[:5], events[8:]
-    return [*first, interrupted(1, InterruptCause.PAUSED, job_id),
-            JobQueued(job_id=job_id, attempt=2), *second]
+    return [
+        *first,
+        interrupted(1, InterruptCause.PAUSED, job_id),
+        JobQueued(job_id=job_id, attempt=2),
+        *second,
+    ]
 
 
 def test_pause_and_resume_end_the_same_in_any_order() -> None:
@@ -229,7 +275,10 @@ def test_a_restart_puts_the_job_back_in_line_and_is_no_retry() -> None:
     assert change.with_state["reason"] == "restarted!"
     ended = change.add_to_set["attempts"]
     assert (ended["state"], ended["interrupted"], ended["retried_as"]) == (
-        "STOPPED", "restarted", 2)
+        "STOPPED",
+        "restarted",
+        2,
+    )
     view = job_view({"_id": "j", "attempt": 2, "attempts": [ended]}, [])
     assert (view["attempt"], view["retries"]) == (2, 0)
     # Attempt 1 runs and is restarted; attempt 2 is placed and runs, in any order.

@@ -24,8 +24,15 @@ from trainyard_sdk.ti_cli import job_payload
 
 SEED_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ti" / "tictl-job-create.txt"
 TOKEN = "ti-token"
-ENV = {"COLUMNS": "220", "NO_COLOR": "1", "FORCE_COLOR": None, "TTY_COMPATIBLE": None,
-       "YARD_TOKEN": None, "YARD_URL": None, "YARD_DATA_DIR": None}
+ENV = {
+    "COLUMNS": "220",
+    "NO_COLOR": "1",
+    "FORCE_COLOR": None,
+    "TTY_COMPATIBLE": None,
+    "YARD_TOKEN": None,
+    "YARD_URL": None,
+    "YARD_DATA_DIR": None,
+}
 JOB_PATH = re.compile(r"^/ti/v1/jobs/(?P<cluster>[^/]+)/(?P<name>[^/]+)$")
 
 
@@ -48,19 +55,41 @@ class FakeTi:
             payload = json.loads(request.content)
             checked = translate_ti(payload)
             if checked.errors:
-                return httpx.Response(400, json={"detail": {
-                    "message": "invalid TI job",
-                    "errors": [e.model_dump() for e in checked.errors]}})
+                return httpx.Response(
+                    400,
+                    json={
+                        "detail": {
+                            "message": "invalid TI job",
+                            "errors": [e.model_dump() for e in checked.errors],
+                        }
+                    },
+                )
             self.jobs[(payload["cluster"], payload["name"])] = payload
-            view = render({"id": "job-1", "name": payload["name"], "state": "SUBMITTED",
-                           "submitted_at": "2024-05-01T12:00:00Z", "original": payload})
+            view = render(
+                {
+                    "id": "job-1",
+                    "name": payload["name"],
+                    "state": "SUBMITTED",
+                    "submitted_at": "2024-05-01T12:00:00Z",
+                    "original": payload,
+                }
+            )
             view["warnings"] = [w.model_dump() for w in checked.warnings]
             return httpx.Response(202, json=view)
         if path == "/ti/v1/jobs" and request.method == "GET":
             cluster = request.url.params.get("cluster")
-            views = [render({"name": n, "state": "RUNNING", "original": p,
-                             "submitted_at": "2024-05-01T12:00:00Z"})
-                     for (c, n), p in self.jobs.items() if cluster in (None, c)]
+            views = [
+                render(
+                    {
+                        "name": n,
+                        "state": "RUNNING",
+                        "original": p,
+                        "submitted_at": "2024-05-01T12:00:00Z",
+                    }
+                )
+                for (c, n), p in self.jobs.items()
+                if cluster in (None, c)
+            ]
             return httpx.Response(200, json={"jobs": views, "total": len(views)})
         match = JOB_PATH.match(path)
         if match:
@@ -70,9 +99,18 @@ class FakeTi:
             if request.method == "DELETE":
                 self.deleted.append(key)
                 return httpx.Response(202, json={"stop": "requested"})
-            return httpx.Response(200, json=render({
-                "name": key[1], "state": "SUCCEEDED", "original": self.jobs[key],
-                "submitted_at": "2024-05-01T12:00:00Z", "finished_at": "2024-05-01T13:00:00Z"}))
+            return httpx.Response(
+                200,
+                json=render(
+                    {
+                        "name": key[1],
+                        "state": "SUCCEEDED",
+                        "original": self.jobs[key],
+                        "submitted_at": "2024-05-01T12:00:00Z",
+                        "finished_at": "2024-05-01T13:00:00Z",
+                    }
+                ),
+            )
         return httpx.Response(404, json={"detail": "Not Found"})
 
     def payloads(self) -> list[dict[str, Any]]:
@@ -114,10 +152,22 @@ def test_the_seed_tictl_example_verbatim(yard, fake: FakeTi) -> None:
     assert "job test73 created in cluster cls-rgaisoe4: Created" in done.output
     [payload] = fake.payloads()
     assert payload == {
-        "name": "test73", "cluster": "cls-rgaisoe4", "region": "ap-guangzhou",
-        "command": ["python", "/scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py", "--model",
-                    "resnet50", "--batch_size", "32", "--variable_update", "tfplus"],
-        "runtimeVersion": "tfplus-1.6.0-gpu", "workerCount": 3, "workerType": "0U0G2P",
+        "name": "test73",
+        "cluster": "cls-rgaisoe4",
+        "region": "ap-guangzhou",
+        "command": [
+            "python",
+            "/scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py",
+            "--model",
+            "resnet50",
+            "--batch_size",
+            "32",
+            "--variable_update",
+            "tfplus",
+        ],
+        "runtimeVersion": "tfplus-1.6.0-gpu",
+        "workerCount": 3,
+        "workerType": "0U0G2P",
     }
     t = translate(payload)
     assert t.dialect == "ti" and t.errors == [] and t.key == "cls-rgaisoe4/test73"
@@ -126,18 +176,50 @@ def test_the_seed_tictl_example_verbatim(yard, fake: FakeTi) -> None:
 
 
 def test_every_flag_lands_in_its_field(yard, fake: FakeTi) -> None:
-    done = yard("ti", "job", "create", "dist", "--cluster", "c1", "--command", "python t.py",
-                "--args=--lr 0.1", "--args", "--name 'a b'", "--runtime", "tf-1.7.0-gpu-py3",
-                "--wcount", "2", "--workertype", "2U4G1P", "--pscount", "1",
-                "--pstype", "1U8G0P", "--mastertype", "1U2G1P",
-                "--package-dir", "cos://b/code,cos://b/data", "--package-dir", "/out", "-o", "json")
+    done = yard(
+        "ti",
+        "job",
+        "create",
+        "dist",
+        "--cluster",
+        "c1",
+        "--command",
+        "python t.py",
+        "--args=--lr 0.1",
+        "--args",
+        "--name 'a b'",
+        "--runtime",
+        "tf-1.7.0-gpu-py3",
+        "--wcount",
+        "2",
+        "--workertype",
+        "2U4G1P",
+        "--pscount",
+        "1",
+        "--pstype",
+        "1U8G0P",
+        "--mastertype",
+        "1U2G1P",
+        "--package-dir",
+        "cos://b/code,cos://b/data",
+        "--package-dir",
+        "/out",
+        "-o",
+        "json",
+    )
     assert done.exit_code == 0, done.output
     [payload] = fake.payloads()
     assert payload == {
-        "name": "dist", "cluster": "c1", "command": ["python", "t.py"],
-        "args": ["--lr", "0.1", "--name", "a b"], "runtimeVersion": "tf-1.7.0-gpu-py3",
-        "workerCount": 2, "workerType": "2U4G1P", "parameterServerCount": 1,
-        "parameterServerType": "1U8G0P", "masterType": "1U2G1P",
+        "name": "dist",
+        "cluster": "c1",
+        "command": ["python", "t.py"],
+        "args": ["--lr", "0.1", "--name", "a b"],
+        "runtimeVersion": "tf-1.7.0-gpu-py3",
+        "workerCount": 2,
+        "workerType": "2U4G1P",
+        "parameterServerCount": 1,
+        "parameterServerType": "1U8G0P",
+        "masterType": "1U2G1P",
         "packageDir": ["cos://b/code", "cos://b/data", "/out"],
     }
     view = json.loads(done.stdout)
@@ -145,15 +227,37 @@ def test_every_flag_lands_in_its_field(yard, fake: FakeTi) -> None:
 
 
 def test_a_rejected_job_prints_the_field_errors(yard) -> None:
-    done = yard("ti", "job", "create", "bad", "--cluster", "c1", "--command", "python t.py",
-                "--runtime", "tfplus-1.6.0-gpu", "--workertype", "1U2G0P")
+    done = yard(
+        "ti",
+        "job",
+        "create",
+        "bad",
+        "--cluster",
+        "c1",
+        "--command",
+        "python t.py",
+        "--runtime",
+        "tfplus-1.6.0-gpu",
+        "--workertype",
+        "1U2G0P",
+    )
     assert done.exit_code == 1
     assert "$.workerType" in done.output and "GPU" in done.output
 
 
 def test_warnings_are_shown(yard) -> None:
-    done = yard("ti", "job", "create", "w", "--cluster", "c1", "--command", "python t.py",
-                "--runtime", "tf-1.7.0-gpu")
+    done = yard(
+        "ti",
+        "job",
+        "create",
+        "w",
+        "--cluster",
+        "c1",
+        "--command",
+        "python t.py",
+        "--runtime",
+        "tf-1.7.0-gpu",
+    )
     assert done.exit_code == 0, done.output
     assert "warning: $.runtimeVersion" in done.output
 
@@ -192,4 +296,7 @@ def test_names_with_a_slash_never_reach_the_api(yard, fake: FakeTi) -> None:
 
 def test_job_payload_leaves_out_flags_not_given() -> None:
     assert job_payload("n", cluster="c", command="run.sh") == {
-        "name": "n", "cluster": "c", "command": ["run.sh"]}
+        "name": "n",
+        "cluster": "c",
+        "command": ["run.sh"],
+    }

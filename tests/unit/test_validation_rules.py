@@ -55,17 +55,26 @@ def with_(*changes: tuple[str, Any]) -> dict[str, Any]:
 ROLE = "$.taskRoles[0]"
 PORT = "$.taskRoles[0].portList[0]"
 JUPYTER_PORT = [{"label": "jupyter", "beginAt": 0, "portNumber": 1}]
-SECOND_ROLE = {"name": "task_1", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 100,
-               "gpuNumber": 0, "command": "x"}
+SECOND_ROLE = {
+    "name": "task_1",
+    "taskNumber": 1,
+    "cpuNumber": 1,
+    "memoryMB": 100,
+    "gpuNumber": 0,
+    "command": "x",
+}
 
 # (rule, failing payload, expected error path, passing payload)
 OPENPAI_RULES = [
     ("jobName required", with_(("jobName", DELETE)), "$.jobName", base()),
     ("jobName string", with_(("jobName", 42)), "$.jobName", with_(("jobName", "job"))),
-    ("jobName regex", with_(("jobName", "my job!")), "$.jobName",
-     with_(("jobName", "a-b.c_d~E9"))),
-    ("jobName no trailing newline", with_(("jobName", "job\n")), "$.jobName",
-     with_(("jobName", "job"))),
+    ("jobName regex", with_(("jobName", "my job!")), "$.jobName", with_(("jobName", "a-b.c_d~E9"))),
+    (
+        "jobName no trailing newline",
+        with_(("jobName", "job\n")),
+        "$.jobName",
+        with_(("jobName", "job")),
+    ),
     ("image required", with_(("image", DELETE)), "$.image", base()),
     ("image non-empty", with_(("image", "")), "$.image", with_(("image", "busybox"))),
     ("image string", with_(("image", ["busybox"])), "$.image", base()),
@@ -73,106 +82,230 @@ OPENPAI_RULES = [
     ("dataDir string", with_(("dataDir", {})), "$.dataDir", with_(("dataDir", DELETE))),
     ("outputDir string", with_(("outputDir", True)), "$.outputDir", with_(("outputDir", "o"))),
     ("codeDir string", with_(("codeDir", 0)), "$.codeDir", with_(("codeDir", "c"))),
-    ("virtualCluster string", with_(("virtualCluster", 3)), "$.virtualCluster",
-     with_(("virtualCluster", "vc1"))),
+    (
+        "virtualCluster string",
+        with_(("virtualCluster", 3)),
+        "$.virtualCluster",
+        with_(("virtualCluster", "vc1")),
+    ),
     ("taskRoles required", with_(("taskRoles", DELETE)), "$.taskRoles", base()),
     ("taskRoles list", with_(("taskRoles", {"name": "x"})), "$.taskRoles", base()),
     ("taskRoles at least one", with_(("taskRoles", [])), "$.taskRoles", base()),
     ("taskRole object", with_(("taskRoles", ["task_1"])), ROLE, base()),
     ("taskRole.name required", with_(("taskRoles.0.name", DELETE)), f"{ROLE}.name", base()),
-    ("taskRole.name regex", with_(("taskRoles.0.name", "task-1")), f"{ROLE}.name",
-     with_(("taskRoles.0.name", "task.1~x_Y"))),
-    ("taskRole.name unique", with_(("taskRoles.1", SECOND_ROLE)), "$.taskRoles[1].name",
-     with_(("taskRoles.1", {**SECOND_ROLE, "name": "task_2"}))),
-    ("taskNumber required", with_(("taskRoles.0.taskNumber", DELETE)), f"{ROLE}.taskNumber",
-     base()),
-    ("taskNumber >= 1", with_(("taskRoles.0.taskNumber", 0)), f"{ROLE}.taskNumber",
-     with_(("taskRoles.0.taskNumber", 1))),
-    ("taskNumber not boolean", with_(("taskRoles.0.taskNumber", True)), f"{ROLE}.taskNumber",
-     with_(("taskRoles.0.taskNumber", 2))),
-    ("taskNumber integral", with_(("taskRoles.0.taskNumber", 2.5)), f"{ROLE}.taskNumber",
-     with_(("taskRoles.0.taskNumber", 2.0))),
-    ("taskNumber not a string", with_(("taskRoles.0.taskNumber", "2")), f"{ROLE}.taskNumber",
-     base()),
-    ("taskNumber not huge", with_(("taskRoles.0.taskNumber", 10**30)), f"{ROLE}.taskNumber",
-     with_(("taskRoles.0.taskNumber", 1000))),
-    ("cpuNumber required", with_(("taskRoles.0.cpuNumber", DELETE)), f"{ROLE}.cpuNumber",
-     base()),
-    ("cpuNumber >= 1", with_(("taskRoles.0.cpuNumber", 0)), f"{ROLE}.cpuNumber",
-     with_(("taskRoles.0.cpuNumber", 4))),
+    (
+        "taskRole.name regex",
+        with_(("taskRoles.0.name", "task-1")),
+        f"{ROLE}.name",
+        with_(("taskRoles.0.name", "task.1~x_Y")),
+    ),
+    (
+        "taskRole.name unique",
+        with_(("taskRoles.1", SECOND_ROLE)),
+        "$.taskRoles[1].name",
+        with_(("taskRoles.1", {**SECOND_ROLE, "name": "task_2"})),
+    ),
+    (
+        "taskNumber required",
+        with_(("taskRoles.0.taskNumber", DELETE)),
+        f"{ROLE}.taskNumber",
+        base(),
+    ),
+    (
+        "taskNumber >= 1",
+        with_(("taskRoles.0.taskNumber", 0)),
+        f"{ROLE}.taskNumber",
+        with_(("taskRoles.0.taskNumber", 1)),
+    ),
+    (
+        "taskNumber not boolean",
+        with_(("taskRoles.0.taskNumber", True)),
+        f"{ROLE}.taskNumber",
+        with_(("taskRoles.0.taskNumber", 2)),
+    ),
+    (
+        "taskNumber integral",
+        with_(("taskRoles.0.taskNumber", 2.5)),
+        f"{ROLE}.taskNumber",
+        with_(("taskRoles.0.taskNumber", 2.0)),
+    ),
+    (
+        "taskNumber not a string",
+        with_(("taskRoles.0.taskNumber", "2")),
+        f"{ROLE}.taskNumber",
+        base(),
+    ),
+    (
+        "taskNumber not huge",
+        with_(("taskRoles.0.taskNumber", 10**30)),
+        f"{ROLE}.taskNumber",
+        with_(("taskRoles.0.taskNumber", 1000)),
+    ),
+    ("cpuNumber required", with_(("taskRoles.0.cpuNumber", DELETE)), f"{ROLE}.cpuNumber", base()),
+    (
+        "cpuNumber >= 1",
+        with_(("taskRoles.0.cpuNumber", 0)),
+        f"{ROLE}.cpuNumber",
+        with_(("taskRoles.0.cpuNumber", 4)),
+    ),
     ("memoryMB required", with_(("taskRoles.0.memoryMB", DELETE)), f"{ROLE}.memoryMB", base()),
-    ("memoryMB >= 100", with_(("taskRoles.0.memoryMB", 99)), f"{ROLE}.memoryMB",
-     with_(("taskRoles.0.memoryMB", 100), ("taskRoles.0.shmMB", 64))),
+    (
+        "memoryMB >= 100",
+        with_(("taskRoles.0.memoryMB", 99)),
+        f"{ROLE}.memoryMB",
+        with_(("taskRoles.0.memoryMB", 100), ("taskRoles.0.shmMB", 64)),
+    ),
     ("memoryMB integer", with_(("taskRoles.0.memoryMB", None)), f"{ROLE}.memoryMB", base()),
-    ("shmMB >= 0", with_(("taskRoles.0.shmMB", -1)), f"{ROLE}.shmMB",
-     with_(("taskRoles.0.shmMB", DELETE))),
-    ("shmMB integer", with_(("taskRoles.0.shmMB", "64")), f"{ROLE}.shmMB",
-     with_(("taskRoles.0.shmMB", 0))),
-    ("gpuNumber required", with_(("taskRoles.0.gpuNumber", DELETE)), f"{ROLE}.gpuNumber",
-     base()),
-    ("gpuNumber >= 0", with_(("taskRoles.0.gpuNumber", -1)), f"{ROLE}.gpuNumber",
-     with_(("taskRoles.0.gpuNumber", 0))),
-    ("storageGB >= 0", with_(("taskRoles.0.storageGB", -5)), f"{ROLE}.storageGB",
-     with_(("taskRoles.0.storageGB", DELETE))),
-    ("portList list", with_(("taskRoles.0.portList", {"label": "x"})), f"{ROLE}.portList",
-     with_(("taskRoles.0.portList", DELETE))),
-    ("portList entry object", with_(("taskRoles.0.portList", [7])), PORT,
-     with_(("taskRoles.0.portList", JUPYTER_PORT))),
-    ("port label required", with_(("taskRoles.0.portList", [{"beginAt": 0, "portNumber": 1}])),
-     f"{PORT}.label", with_(("taskRoles.0.portList", JUPYTER_PORT))),
-    ("port label regex",
-     with_(("taskRoles.0.portList", [{"label": "my port", "beginAt": 0, "portNumber": 1}])),
-     f"{PORT}.label",
-     with_(("taskRoles.0.portList", [{"label": "a.b_c~1", "beginAt": 0, "portNumber": 1}]))),
-    ("port label unique", with_(("taskRoles.0.portList", JUPYTER_PORT * 2)),
-     "$.taskRoles[0].portList[1].label",
-     with_(("taskRoles.0.portList", [*JUPYTER_PORT, {**JUPYTER_PORT[0], "label": "ssh"}]))),
-    ("beginAt required", with_(("taskRoles.0.portList", [{"label": "a", "portNumber": 1}])),
-     f"{PORT}.beginAt", with_(("taskRoles.0.portList", JUPYTER_PORT))),
-    ("beginAt >= 0",
-     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": -1, "portNumber": 1}])),
-     f"{PORT}.beginAt",
-     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 8080, "portNumber": 1}]))),
-    ("beginAt a port",
-     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 70000, "portNumber": 1}])),
-     f"{PORT}.beginAt",
-     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 65535, "portNumber": 1}]))),
-    ("portNumber required", with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 0}])),
-     f"{PORT}.portNumber", with_(("taskRoles.0.portList", JUPYTER_PORT))),
-    ("portNumber >= 1",
-     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 0, "portNumber": 0}])),
-     f"{PORT}.portNumber",
-     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 0, "portNumber": 3}]))),
-    ("fixed range below 65536",
-     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 65535, "portNumber": 2}])),
-     f"{PORT}.portNumber",
-     with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 65534, "portNumber": 2}]))),
+    (
+        "shmMB >= 0",
+        with_(("taskRoles.0.shmMB", -1)),
+        f"{ROLE}.shmMB",
+        with_(("taskRoles.0.shmMB", DELETE)),
+    ),
+    (
+        "shmMB integer",
+        with_(("taskRoles.0.shmMB", "64")),
+        f"{ROLE}.shmMB",
+        with_(("taskRoles.0.shmMB", 0)),
+    ),
+    ("gpuNumber required", with_(("taskRoles.0.gpuNumber", DELETE)), f"{ROLE}.gpuNumber", base()),
+    (
+        "gpuNumber >= 0",
+        with_(("taskRoles.0.gpuNumber", -1)),
+        f"{ROLE}.gpuNumber",
+        with_(("taskRoles.0.gpuNumber", 0)),
+    ),
+    (
+        "storageGB >= 0",
+        with_(("taskRoles.0.storageGB", -5)),
+        f"{ROLE}.storageGB",
+        with_(("taskRoles.0.storageGB", DELETE)),
+    ),
+    (
+        "portList list",
+        with_(("taskRoles.0.portList", {"label": "x"})),
+        f"{ROLE}.portList",
+        with_(("taskRoles.0.portList", DELETE)),
+    ),
+    (
+        "portList entry object",
+        with_(("taskRoles.0.portList", [7])),
+        PORT,
+        with_(("taskRoles.0.portList", JUPYTER_PORT)),
+    ),
+    (
+        "port label required",
+        with_(("taskRoles.0.portList", [{"beginAt": 0, "portNumber": 1}])),
+        f"{PORT}.label",
+        with_(("taskRoles.0.portList", JUPYTER_PORT)),
+    ),
+    (
+        "port label regex",
+        with_(("taskRoles.0.portList", [{"label": "my port", "beginAt": 0, "portNumber": 1}])),
+        f"{PORT}.label",
+        with_(("taskRoles.0.portList", [{"label": "a.b_c~1", "beginAt": 0, "portNumber": 1}])),
+    ),
+    (
+        "port label unique",
+        with_(("taskRoles.0.portList", JUPYTER_PORT * 2)),
+        "$.taskRoles[0].portList[1].label",
+        with_(("taskRoles.0.portList", [*JUPYTER_PORT, {**JUPYTER_PORT[0], "label": "ssh"}])),
+    ),
+    (
+        "beginAt required",
+        with_(("taskRoles.0.portList", [{"label": "a", "portNumber": 1}])),
+        f"{PORT}.beginAt",
+        with_(("taskRoles.0.portList", JUPYTER_PORT)),
+    ),
+    (
+        "beginAt >= 0",
+        with_(("taskRoles.0.portList", [{"label": "a", "beginAt": -1, "portNumber": 1}])),
+        f"{PORT}.beginAt",
+        with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 8080, "portNumber": 1}])),
+    ),
+    (
+        "beginAt a port",
+        with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 70000, "portNumber": 1}])),
+        f"{PORT}.beginAt",
+        with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 65535, "portNumber": 1}])),
+    ),
+    (
+        "portNumber required",
+        with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 0}])),
+        f"{PORT}.portNumber",
+        with_(("taskRoles.0.portList", JUPYTER_PORT)),
+    ),
+    (
+        "portNumber >= 1",
+        with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 0, "portNumber": 0}])),
+        f"{PORT}.portNumber",
+        with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 0, "portNumber": 3}])),
+    ),
+    (
+        "fixed range below 65536",
+        with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 65535, "portNumber": 2}])),
+        f"{PORT}.portNumber",
+        with_(("taskRoles.0.portList", [{"label": "a", "beginAt": 65534, "portNumber": 2}])),
+    ),
     ("command required", with_(("taskRoles.0.command", DELETE)), f"{ROLE}.command", base()),
-    ("command not blank", with_(("taskRoles.0.command", "  \n")), f"{ROLE}.command",
-     with_(("taskRoles.0.command", "python train.py"))),
+    (
+        "command not blank",
+        with_(("taskRoles.0.command", "  \n")),
+        f"{ROLE}.command",
+        with_(("taskRoles.0.command", "python train.py")),
+    ),
     ("command string", with_(("taskRoles.0.command", ["python"])), f"{ROLE}.command", base()),
-    ("minFailedTaskCount >= 1", with_(("taskRoles.0.minFailedTaskCount", 0)),
-     f"{ROLE}.minFailedTaskCount", with_(("taskRoles.0.minFailedTaskCount", 1))),
-    ("minFailedTaskCount integer", with_(("taskRoles.0.minFailedTaskCount", "1")),
-     f"{ROLE}.minFailedTaskCount", with_(("taskRoles.0.minFailedTaskCount", DELETE))),
-    ("minSucceededTaskCount >= 1", with_(("taskRoles.0.minSucceededTaskCount", -2)),
-     f"{ROLE}.minSucceededTaskCount", with_(("taskRoles.0.minSucceededTaskCount", 1))),
-    ("minSucceededTaskCount integer", with_(("taskRoles.0.minSucceededTaskCount", False)),
-     f"{ROLE}.minSucceededTaskCount", with_(("taskRoles.0.minSucceededTaskCount", None))),
+    (
+        "minFailedTaskCount >= 1",
+        with_(("taskRoles.0.minFailedTaskCount", 0)),
+        f"{ROLE}.minFailedTaskCount",
+        with_(("taskRoles.0.minFailedTaskCount", 1)),
+    ),
+    (
+        "minFailedTaskCount integer",
+        with_(("taskRoles.0.minFailedTaskCount", "1")),
+        f"{ROLE}.minFailedTaskCount",
+        with_(("taskRoles.0.minFailedTaskCount", DELETE)),
+    ),
+    (
+        "minSucceededTaskCount >= 1",
+        with_(("taskRoles.0.minSucceededTaskCount", -2)),
+        f"{ROLE}.minSucceededTaskCount",
+        with_(("taskRoles.0.minSucceededTaskCount", 1)),
+    ),
+    (
+        "minSucceededTaskCount integer",
+        with_(("taskRoles.0.minSucceededTaskCount", False)),
+        f"{ROLE}.minSucceededTaskCount",
+        with_(("taskRoles.0.minSucceededTaskCount", None)),
+    ),
     ("gpuType string", with_(("gpuType", ["TITANX"])), "$.gpuType", with_(("gpuType", DELETE))),
     ("retryCount >= 0", with_(("retryCount", -1)), "$.retryCount", with_(("retryCount", 5))),
-    ("retryCount integer", with_(("retryCount", "3")), "$.retryCount",
-     with_(("retryCount", DELETE))),
-    ("jobEnvs object", with_(("jobEnvs", ["A=1"])), "$.jobEnvs",
-     with_(("jobEnvs", {"A": 1, "B": "x"}))),
-    ("jobEnvs.isDebug boolean", with_(("jobEnvs", {"isDebug": "yes"})), "$.jobEnvs.isDebug",
-     with_(("jobEnvs", {"isDebug": True}))),
+    (
+        "retryCount integer",
+        with_(("retryCount", "3")),
+        "$.retryCount",
+        with_(("retryCount", DELETE)),
+    ),
+    (
+        "jobEnvs object",
+        with_(("jobEnvs", ["A=1"])),
+        "$.jobEnvs",
+        with_(("jobEnvs", {"A": 1, "B": "x"})),
+    ),
+    (
+        "jobEnvs.isDebug boolean",
+        with_(("jobEnvs", {"isDebug": "yes"})),
+        "$.jobEnvs.isDebug",
+        with_(("jobEnvs", {"isDebug": True})),
+    ),
     ("extras object", with_(("extras", "x")), "$.extras", with_(("extras", {"a": [1]}))),
 ]
 
 
-@pytest.mark.parametrize(("rule", "bad", "path", "good"), OPENPAI_RULES,
-                         ids=[r[0] for r in OPENPAI_RULES])
+@pytest.mark.parametrize(
+    ("rule", "bad", "path", "good"), OPENPAI_RULES, ids=[r[0] for r in OPENPAI_RULES]
+)
 def test_openpai_rule(rule: str, bad: dict[str, Any], path: str, good: dict[str, Any]) -> None:
     errors = validate_openpai(bad)
     assert [e.path for e in errors] == [path], errors
@@ -205,15 +338,20 @@ def test_openpai_warnings_are_not_errors(payload: dict[str, Any], path: str) -> 
 def test_many_errors_are_all_reported() -> None:
     payload = with_(("jobName", ""), ("taskRoles.0.memoryMB", 1), ("taskRoles.0.command", ""))
     assert {e.path for e in validate_openpai(payload)} == {
-        "$.jobName", "$.taskRoles[0].memoryMB", "$.taskRoles[0].command"}
+        "$.jobName",
+        "$.taskRoles[0].memoryMB",
+        "$.taskRoles[0].command",
+    }
 
 
 # ---------------------------------------------------------------------- native rules
 
 
 def good_spec() -> JobSpec:
-    return JobSpec(name="train", roles=[RoleSpec(name="worker", command="python t.py",
-                                                 ports=[PortSpec(label="http")])])
+    return JobSpec(
+        name="train",
+        roles=[RoleSpec(name="worker", command="python t.py", ports=[PortSpec(label="http")])],
+    )
 
 
 def spec_with(**changes: Any) -> JobSpec:
@@ -234,36 +372,75 @@ NATIVE_RULES = [
     ("at least one role", {"roles": []}, "$.roles", {}),
     ("role name regex", {"roles__0__name": "w-1"}, f"{R0}.name", {"roles__0__name": "w.1"}),
     ("replicas >= 1", {"roles__0__replicas": 0}, f"{R0}.replicas", {"roles__0__replicas": 1}),
-    ("cpu > 0", {"roles__0__resources__cpu": 0}, f"{R0}.resources.cpu",
-     {"roles__0__resources__cpu": 0.5}),
-    ("cpu finite", {"roles__0__resources__cpu": float("inf")}, f"{R0}.resources.cpu",
-     {"roles__0__resources__cpu": 64}),
-    ("memory_mb >= 100", {"roles__0__resources__memory_mb": 99}, f"{R0}.resources.memory_mb",
-     {"roles__0__resources__memory_mb": 100}),
-    ("gpu >= 0", {"roles__0__resources__gpu": -1}, f"{R0}.resources.gpu",
-     {"roles__0__resources__gpu": 0.5}),
-    ("command non-empty", {"roles__0__command": " "}, f"{R0}.command",
-     {"roles__0__command": "x"}),
-    ("min_failed null or >= 1", {"roles__0__min_failed": 0}, f"{R0}.min_failed",
-     {"roles__0__min_failed": None}),
-    ("min_succeeded null or >= 1", {"roles__0__min_succeeded": 0}, f"{R0}.min_succeeded",
-     {"roles__0__min_succeeded": 2}),
+    (
+        "cpu > 0",
+        {"roles__0__resources__cpu": 0},
+        f"{R0}.resources.cpu",
+        {"roles__0__resources__cpu": 0.5},
+    ),
+    (
+        "cpu finite",
+        {"roles__0__resources__cpu": float("inf")},
+        f"{R0}.resources.cpu",
+        {"roles__0__resources__cpu": 64},
+    ),
+    (
+        "memory_mb >= 100",
+        {"roles__0__resources__memory_mb": 99},
+        f"{R0}.resources.memory_mb",
+        {"roles__0__resources__memory_mb": 100},
+    ),
+    (
+        "gpu >= 0",
+        {"roles__0__resources__gpu": -1},
+        f"{R0}.resources.gpu",
+        {"roles__0__resources__gpu": 0.5},
+    ),
+    ("command non-empty", {"roles__0__command": " "}, f"{R0}.command", {"roles__0__command": "x"}),
+    (
+        "min_failed null or >= 1",
+        {"roles__0__min_failed": 0},
+        f"{R0}.min_failed",
+        {"roles__0__min_failed": None},
+    ),
+    (
+        "min_succeeded null or >= 1",
+        {"roles__0__min_succeeded": 0},
+        f"{R0}.min_succeeded",
+        {"roles__0__min_succeeded": 2},
+    ),
     ("priority 1..9", {"priority": 10}, "$.priority", {"priority": 9}),
     ("priority 1..9 low", {"priority": 0}, "$.priority", {"priority": 1}),
-    ("port label regex", {"roles__0__ports__0__label": "a b"}, f"{R0}.ports[0].label",
-     {"roles__0__ports__0__label": "ab"}),
-    ("port begin_at range", {"roles__0__ports__0__begin_at": 70000},
-     f"{R0}.ports[0].begin_at", {"roles__0__ports__0__begin_at": 8080}),
-    ("port count >= 1", {"roles__0__ports__0__count": 0}, f"{R0}.ports[0].count",
-     {"roles__0__ports__0__count": 2}),
-    ("port range fits", {"roles__0__ports__0__begin_at": 65535, "roles__0__ports__0__count": 2},
-     f"{R0}.ports[0].count",
-     {"roles__0__ports__0__begin_at": 65534, "roles__0__ports__0__count": 2}),
+    (
+        "port label regex",
+        {"roles__0__ports__0__label": "a b"},
+        f"{R0}.ports[0].label",
+        {"roles__0__ports__0__label": "ab"},
+    ),
+    (
+        "port begin_at range",
+        {"roles__0__ports__0__begin_at": 70000},
+        f"{R0}.ports[0].begin_at",
+        {"roles__0__ports__0__begin_at": 8080},
+    ),
+    (
+        "port count >= 1",
+        {"roles__0__ports__0__count": 0},
+        f"{R0}.ports[0].count",
+        {"roles__0__ports__0__count": 2},
+    ),
+    (
+        "port range fits",
+        {"roles__0__ports__0__begin_at": 65535, "roles__0__ports__0__count": 2},
+        f"{R0}.ports[0].count",
+        {"roles__0__ports__0__begin_at": 65534, "roles__0__ports__0__count": 2},
+    ),
 ]
 
 
-@pytest.mark.parametrize(("rule", "bad", "path", "good"), NATIVE_RULES,
-                         ids=[r[0] for r in NATIVE_RULES])
+@pytest.mark.parametrize(
+    ("rule", "bad", "path", "good"), NATIVE_RULES, ids=[r[0] for r in NATIVE_RULES]
+)
 def test_native_rule(rule: str, bad: dict[str, Any], path: str, good: dict[str, Any]) -> None:
     errors = validate_native(spec_with(**bad))
     assert [e.path for e in errors] == [path], errors
@@ -277,7 +454,8 @@ def test_native_unique_names() -> None:
     assert [e.path for e in validate_native(dup)] == ["$.roles[1].name"]
     ports = role.model_copy(update={"ports": [PortSpec(label="a"), PortSpec(label="a")]})
     assert [e.path for e in validate_native(spec.model_copy(update={"roles": [ports]}))] == [
-        "$.roles[0].ports[1].label"]
+        "$.roles[0].ports[1].label"
+    ]
     renamed = role.model_copy(update={"name": "other"})
     assert validate_native(spec.model_copy(update={"roles": [role, renamed]})) == []
 
@@ -294,8 +472,7 @@ CLUSTER = ClusterSpec(
 )
 
 
-def cluster_issues(*changes: tuple[str, Any], cluster: ClusterSpec = CLUSTER
-                   ) -> list[FieldIssue]:
+def cluster_issues(*changes: tuple[str, Any], cluster: ClusterSpec = CLUSTER) -> list[FieldIssue]:
     """The cluster checks of the seed job with ``changes``, located in that payload."""
     event = submitted(with_(*changes))
     assert event.translation_errors == []
@@ -311,12 +488,13 @@ def test_seed_fits_the_cluster() -> None:
     [
         ((("virtualCluster", "nope"),), "$.virtualCluster", ["nope", "default, research"]),
         ((("gpuType", "V100"),), "$.gpuType", ["V100", "P100, TITANX"]),
-        ((("taskRoles.0.cpuNumber", 100),), "$.taskRoles[0].cpuNumber",
-         ["100 CPU", "64 CPU"]),
-        ((("taskRoles.0.memoryMB", 200_000),), "$.taskRoles[0].memoryMB",
-         ["200000 MB", "100000 MB"]),
-        ((("taskRoles.0.gpuNumber", 3),), "$.taskRoles[0].gpuNumber",
-         ["3 GPU (TITANX)", "is 2"]),
+        ((("taskRoles.0.cpuNumber", 100),), "$.taskRoles[0].cpuNumber", ["100 CPU", "64 CPU"]),
+        (
+            (("taskRoles.0.memoryMB", 200_000),),
+            "$.taskRoles[0].memoryMB",
+            ["200000 MB", "100000 MB"],
+        ),
+        ((("taskRoles.0.gpuNumber", 3),), "$.taskRoles[0].gpuNumber", ["3 GPU (TITANX)", "is 2"]),
         # each part fits some node, the combination none: 33 CPUs only on the CPU node
         ((("taskRoles.0.cpuNumber", 33),), "$.taskRoles[0]", ["33 CPU, 8192 MB, 1 GPU (TITANX)"]),
     ],
@@ -348,11 +526,15 @@ def test_cluster_paths_for_native() -> None:
     spec = spec.model_copy(update={"roles": [big], "queue": "q"})
     event = submitted(spec.model_dump(mode="json"))
     assert [i.path for i in check_against_cluster(spec, CLUSTER, locator(event))] == [
-        "$.queue", "$.roles[0].resources.gpu_type"]
+        "$.queue",
+        "$.roles[0].resources.gpu_type",
+    ]
     # A producer that sent a bare spec (no original) is located in the spec's own JSON.
     bare = event.model_copy(update={"original": None})
     assert [i.path for i in check_against_cluster(spec, CLUSTER, locator(bare))] == [
-        "$.queue", "$.roles[0].resources.gpu_type"]
+        "$.queue",
+        "$.roles[0].resources.gpu_type",
+    ]
 
 
 def test_empty_cluster() -> None:
@@ -369,45 +551,79 @@ def test_empty_cluster() -> None:
 
 
 def _v2_role(gpu: int = 0, memory: int = 1024) -> dict[str, Any]:
-    return {"instances": 1, "dockerImage": "img",
-            "resourcePerInstance": {"cpu": 1, "memoryMB": memory, "gpu": gpu},
-            "commands": ["python train.py"]}
+    return {
+        "instances": 1,
+        "dockerImage": "img",
+        "resourcePerInstance": {"cpu": 1, "memoryMB": memory, "gpu": gpu},
+        "commands": ["python train.py"],
+    }
 
 
 def _openpai_v2(**roles: dict[str, Any]) -> dict[str, Any]:
-    return {"protocolVersion": 2, "name": "v2job", "type": "job",
-            "prerequisites": [{"type": "dockerimage", "name": "img", "uri": "python:3.11"}],
-            "taskRoles": roles, "defaults": {"virtualCluster": "default"}}
+    return {
+        "protocolVersion": 2,
+        "name": "v2job",
+        "type": "job",
+        "prerequisites": [{"type": "dockerimage", "name": "img", "uri": "python:3.11"}],
+        "taskRoles": roles,
+        "defaults": {"virtualCluster": "default"},
+    }
 
 
 def _ti(**fields: Any) -> dict[str, Any]:
-    return {"name": "tijob", "cluster": "default", "command": ["python", "train.py"],
-            "workerCount": 2, "workerType": "1U2G1P", **fields}
+    return {
+        "name": "tijob",
+        "cluster": "default",
+        "command": ["python", "train.py"],
+        "workerCount": 2,
+        "workerType": "1U2G1P",
+        **fields,
+    }
 
 
 def _container(name: str = "main", **resources: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "image": "python:3.11", "command": ["python", "train.py"],
-            "resources": resources}
+    return {
+        "name": name,
+        "image": "python:3.11",
+        "command": ["python", "train.py"],
+        "resources": resources,
+    }
 
 
 def _t9k_tf(worker: dict[str, Any], **spec: Any) -> dict[str, Any]:
     chief = _container("tensorflow", requests={"cpu": "1", "memory": "1Gi"})
-    return {"apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "TensorFlowTrainingJob",
-            "metadata": {"name": "tf", "namespace": "demo"},
-            "spec": {"replicaSpecs": [
+    return {
+        "apiVersion": "batch.tensorstack.dev/v1beta1",
+        "kind": "TensorFlowTrainingJob",
+        "metadata": {"name": "tf", "namespace": "demo"},
+        "spec": {
+            "replicaSpecs": [
                 {"type": "chief", "replicas": 1, "template": {"spec": {"containers": [chief]}}},
                 {"type": "worker", "replicas": 2, "template": {"spec": {"containers": worker}}},
-            ], **spec}}
+            ],
+            **spec,
+        },
+    }
 
 
 def _dlc(*specs: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    return {"DisplayName": "dlc-job", "JobType": "PyTorchJob", "UserCommand": "python t.py",
-            "JobSpecs": list(specs), **fields}
+    return {
+        "DisplayName": "dlc-job",
+        "JobType": "PyTorchJob",
+        "UserCommand": "python t.py",
+        "JobSpecs": list(specs),
+        **fields,
+    }
 
 
 def _dlc_spec(kind: str, **fields: Any) -> dict[str, Any]:
-    return {"Type": kind, "Image": "python:3.11", "PodCount": 1,
-            "ResourceConfig": {"CPU": "2", "Memory": "4Gi"}, **fields}
+    return {
+        "Type": kind,
+        "Image": "python:3.11",
+        "PodCount": 1,
+        "ResourceConfig": {"CPU": "2", "Memory": "4Gi"},
+        **fields,
+    }
 
 
 LIMITS_GPU = ".template.spec.containers[0].resources.limits['nvidia.com/gpu']"
@@ -417,62 +633,135 @@ LIMITS_GPU = ".template.spec.containers[0].resources.limits['nvidia.com/gpu']"
     ("payload", "path", "code"),
     [
         # OpenPAI v1: roles in a list, by position
-        (with_(("taskRoles.1", {**SECOND_ROLE, "name": "second", "gpuNumber": 3})),
-         "$.taskRoles[1].gpuNumber",
-         "no_fit"),
+        (
+            with_(("taskRoles.1", {**SECOND_ROLE, "name": "second", "gpuNumber": 3})),
+            "$.taskRoles[1].gpuNumber",
+            "no_fit",
+        ),
         # OpenPAI v2: task roles are a map keyed by name (the bad one is not the first)
-        (_openpai_v2(ps=_v2_role(), worker=_v2_role(memory=200_000)),
-         "$.taskRoles.worker.resourcePerInstance.memoryMB", "no_fit"),
-        (_openpai_v2(ps=_v2_role(), worker=_v2_role(gpu=8)),
-         "$.taskRoles.worker.resourcePerInstance.gpu", "no_fit"),
-        ({**_openpai_v2(worker=_v2_role()), "defaults": {"virtualCluster": "nope"}},
-         "$.defaults.virtualCluster", "unknown_queue"),
+        (
+            _openpai_v2(ps=_v2_role(), worker=_v2_role(memory=200_000)),
+            "$.taskRoles.worker.resourcePerInstance.memoryMB",
+            "no_fit",
+        ),
+        (
+            _openpai_v2(ps=_v2_role(), worker=_v2_role(gpu=8)),
+            "$.taskRoles.worker.resourcePerInstance.gpu",
+            "no_fit",
+        ),
+        (
+            {**_openpai_v2(worker=_v2_role()), "defaults": {"virtualCluster": "nope"}},
+            "$.defaults.virtualCluster",
+            "unknown_queue",
+        ),
         # TI: each role's resources come from its own machine-type field
         (_ti(workerType="1U2G8P"), "$.workerType", "no_fit"),
         # a master with no parameter servers is the second role; still its own field
         (_ti(masterType="128U2G0P"), "$.masterType", "no_fit"),
-        (_ti(parameterServerCount=1, parameterServerType="1U200G0P"),
-         "$.parameterServerType", "no_fit"),
+        (
+            _ti(parameterServerCount=1, parameterServerType="1U200G0P"),
+            "$.parameterServerType",
+            "no_fit",
+        ),
         (_ti(cluster="nope"), "$.cluster", "unknown_queue"),
         # T9k: the replica spec of that type, the training container, limits or requests
-        (_t9k_tf([_container(limits={"nvidia.com/gpu": 8})]),
-         "$.spec.replicaSpecs[1]" + LIMITS_GPU, "no_fit"),
-        (_t9k_tf([_container(requests={"memory": "200Gi"})]),
-         "$.spec.replicaSpecs[1].template.spec.containers[0].resources.requests.memory",
-         "no_fit"),
+        (
+            _t9k_tf([_container(limits={"nvidia.com/gpu": 8})]),
+            "$.spec.replicaSpecs[1]" + LIMITS_GPU,
+            "no_fit",
+        ),
+        (
+            _t9k_tf([_container(requests={"memory": "200Gi"})]),
+            "$.spec.replicaSpecs[1].template.spec.containers[0].resources.requests.memory",
+            "no_fit",
+        ),
         # the kind's own container (named tensorflow) is the task, not containers[0]
-        (_t9k_tf([_container("sidecar"), _container("tensorflow", limits={"memory": "200Gi"})]),
-         "$.spec.replicaSpecs[1].template.spec.containers[1].resources.limits.memory",
-         "no_fit"),
-        (_t9k_tf([_container()], scheduler={"t9kScheduler": {"queue": "nope"}}),
-         "$.spec.scheduler.t9kScheduler.queue", "unknown_queue"),
-        ({"apiVersion": "batch.tensorstack.dev/v1beta1", "kind": "DeepSpeedJob",
-          "metadata": {"name": "ds"},
-          "spec": {"worker": {"replicas": 2, "template": {"spec": {"containers": [
-              _container("worker", limits={"nvidia.com/gpu": 8})]}}}}},
-         "$.spec.worker" + LIMITS_GPU, "no_fit"),
+        (
+            _t9k_tf([_container("sidecar"), _container("tensorflow", limits={"memory": "200Gi"})]),
+            "$.spec.replicaSpecs[1].template.spec.containers[1].resources.limits.memory",
+            "no_fit",
+        ),
+        (
+            _t9k_tf([_container()], scheduler={"t9kScheduler": {"queue": "nope"}}),
+            "$.spec.scheduler.t9kScheduler.queue",
+            "unknown_queue",
+        ),
+        (
+            {
+                "apiVersion": "batch.tensorstack.dev/v1beta1",
+                "kind": "DeepSpeedJob",
+                "metadata": {"name": "ds"},
+                "spec": {
+                    "worker": {
+                        "replicas": 2,
+                        "template": {
+                            "spec": {
+                                "containers": [_container("worker", limits={"nvidia.com/gpu": 8})]
+                            }
+                        },
+                    }
+                },
+            },
+            "$.spec.worker" + LIMITS_GPU,
+            "no_fit",
+        ),
         # Kubeflow: replica specs keyed by type
-        ({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "pt"},
-          "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": {
-              "containers": [_container("pytorch", limits={"nvidia.com/gpu": 8})]}}}}}},
-         "$.spec.pytorchReplicaSpecs.Worker" + LIMITS_GPU, "no_fit"),
+        (
+            {
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "PyTorchJob",
+                "metadata": {"name": "pt"},
+                "spec": {
+                    "pytorchReplicaSpecs": {
+                        "Worker": {
+                            "replicas": 2,
+                            "template": {
+                                "spec": {
+                                    "containers": [
+                                        _container("pytorch", limits={"nvidia.com/gpu": 8})
+                                    ]
+                                }
+                            },
+                        }
+                    }
+                },
+            },
+            "$.spec.pytorchReplicaSpecs.Worker" + LIMITS_GPU,
+            "no_fit",
+        ),
         # DLC: the JobSpec of that Type; a figure from the instance type is the EcsSpec
-        (_dlc(_dlc_spec("Master"), _dlc_spec("Worker", ResourceConfig={
-            "CPU": "2", "Memory": "4Gi", "GPU": "8"})),
-         "$.JobSpecs[1].ResourceConfig.GPU", "no_fit"),
-        (_dlc(_dlc_spec("Worker", EcsSpec="ecs.gn6e-c12g1.3xlarge", ResourceConfig={})),
-         "$.JobSpecs[0].EcsSpec", "unknown_gpu_type"),
+        (
+            _dlc(
+                _dlc_spec("Master"),
+                _dlc_spec("Worker", ResourceConfig={"CPU": "2", "Memory": "4Gi", "GPU": "8"}),
+            ),
+            "$.JobSpecs[1].ResourceConfig.GPU",
+            "no_fit",
+        ),
+        (
+            _dlc(_dlc_spec("Worker", EcsSpec="ecs.gn6e-c12g1.3xlarge", ResourceConfig={})),
+            "$.JobSpecs[0].EcsSpec",
+            "unknown_gpu_type",
+        ),
         (_dlc(_dlc_spec("Worker"), WorkspaceId="nope"), "$.WorkspaceId", "unknown_queue"),
         (_dlc(_dlc_spec("Worker"), ResourceId="nope"), "$.ResourceId", "unknown_queue"),
         # native: roles found by name in the payload's list
-        ({"name": "n", "roles": [
-            {"name": "a", "command": "x"},
-            {"name": "b", "command": "x", "resources": {"gpu": 1, "gpu_type": "A100"}}]},
-         "$.roles[1].resources.gpu_type", "unknown_gpu_type"),
+        (
+            {
+                "name": "n",
+                "roles": [
+                    {"name": "a", "command": "x"},
+                    {"name": "b", "command": "x", "resources": {"gpu": 1, "gpu_type": "A100"}},
+                ],
+            },
+            "$.roles[1].resources.gpu_type",
+            "unknown_gpu_type",
+        ),
     ],
 )
-def test_cluster_problems_point_at_the_field_as_written(payload: dict[str, Any], path: str,
-                                                        code: str) -> None:
+def test_cluster_problems_point_at_the_field_as_written(
+    payload: dict[str, Any], path: str, code: str
+) -> None:
     event = submitted(payload)
     assert event.translation_errors == [], event.translation_errors
     result = decide(event, CLUSTER)
@@ -482,6 +771,7 @@ def test_cluster_problems_point_at_the_field_as_written(payload: dict[str, Any],
 
 def test_name_taken_points_at_each_dialects_name_field() -> None:
     from trainyard_validation.domain.rules import name_taken
+
     assert name_taken(submitted(_t9k_tf([_container()]))).errors[0].path == "$.metadata.name"
     assert name_taken(submitted(_ti())).errors[0].path == "$.name"
     assert name_taken(submitted(base())).errors[0].path == "$.jobName"
@@ -490,12 +780,20 @@ def test_name_taken_points_at_each_dialects_name_field() -> None:
 # ----------------------------------------------------------------------------- decide
 
 
-def submitted(payload: Any, user: str = "alice", job_id: str = "job1",
-              event_id: str = "ev1") -> JobSubmitted:
+def submitted(
+    payload: Any, user: str = "alice", job_id: str = "job1", event_id: str = "ev1"
+) -> JobSubmitted:
     t = translate(payload, user=user)
-    return JobSubmitted(event_id=event_id, job_id=job_id, spec=t.spec, dialect=t.dialect, dialect_key=t.key,
-                        original=payload if isinstance(payload, dict) else None,
-                        translation_errors=t.errors, warnings=t.warnings)
+    return JobSubmitted(
+        event_id=event_id,
+        job_id=job_id,
+        spec=t.spec,
+        dialect=t.dialect,
+        dialect_key=t.key,
+        original=payload if isinstance(payload, dict) else None,
+        translation_errors=t.errors,
+        warnings=t.warnings,
+    )
 
 
 def test_decide_accepts_the_seed() -> None:
@@ -516,8 +814,7 @@ def test_decide_is_deterministic() -> None:
 
 
 def test_decide_rejects_rule_errors_without_cluster_noise() -> None:
-    result = decide(submitted(with_(("taskRoles.0.memoryMB", 50), ("gpuType", "V100"))),
-                    CLUSTER)
+    result = decide(submitted(with_(("taskRoles.0.memoryMB", 50), ("gpuType", "V100"))), CLUSTER)
     assert isinstance(result, JobRejected)
     assert result.event_id == derived_id("ev1", "validated")
     assert [e.path for e in result.errors] == ["$.taskRoles[0].memoryMB"]
@@ -551,8 +848,7 @@ def test_decide_native() -> None:
 
 
 def test_decide_keeps_warnings() -> None:
-    result = decide(submitted(with_(("taskRoles.0.shmMB", 9000), ("tmp", {}), ("x", 1))),
-                    CLUSTER)
+    result = decide(submitted(with_(("taskRoles.0.shmMB", 9000), ("tmp", {}), ("x", 1))), CLUSTER)
     assert isinstance(result, JobAccepted)
     assert [w.path for w in result.warnings] == ["$.x", "$.taskRoles[0].shmMB"]
 
@@ -610,8 +906,9 @@ async def test_handler_rejects_a_taken_name_with_the_dialect_path() -> None:
     accepted, taken, accepted_native, taken_native = published.events
     assert isinstance(accepted, JobAccepted) and isinstance(accepted_native, JobAccepted)
     assert isinstance(taken, JobRejected) and isinstance(taken_native, JobRejected)
-    assert taken.errors == [FieldIssue(path="$.jobName", code="name_taken",
-                                       message=taken.errors[0].message)]
+    assert taken.errors == [
+        FieldIssue(path="$.jobName", code="name_taken", message=taken.errors[0].message)
+    ]
     assert "helloworld_16be675e" in taken.errors[0].message
     assert [e.path for e in taken_native.errors] == ["$.name"]
     assert taken.event_id == derived_id("e2", "validated")

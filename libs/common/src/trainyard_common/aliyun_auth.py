@@ -104,13 +104,16 @@ def canonical_headers(headers: dict[str, list[str]], signed: list[str]) -> str:
     return "".join(lines)
 
 
-def acs3_signature(request: SignedRequest, signed: list[str], payload_hash: str,
-                   secret: str) -> str:
+def acs3_signature(
+    request: SignedRequest, signed: list[str], payload_hash: str, secret: str
+) -> str:
     """``Utils.get_authorization``'s signature for ``request``."""
-    canonical = (f"{request.method.upper()}\n{request.path or '/'}\n"
-                 f"{canonical_query(request.query)}\n"
-                 f"{canonical_headers(request.headers, signed)}\n"
-                 f"{';'.join(signed)}\n{payload_hash}")
+    canonical = (
+        f"{request.method.upper()}\n{request.path or '/'}\n"
+        f"{canonical_query(request.query)}\n"
+        f"{canonical_headers(request.headers, signed)}\n"
+        f"{';'.join(signed)}\n{payload_hash}"
+    )
     to_sign = f"{ACS3}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
     return hmac.new(secret.encode(), to_sign.encode(), hashlib.sha256).hexdigest()
 
@@ -120,18 +123,24 @@ def acs3_signature(request: SignedRequest, signed: list[str], payload_hash: str,
 
 def roa_string_to_sign(request: SignedRequest) -> str:
     """``Utils.get_string_to_sign``."""
+
     def one(name: str) -> str:
         return request.header(name) or ""
 
-    head = (f"{request.method.upper()}\n{one('accept')}\n{one('content-md5')}\n"
-            f"{one('content-type')}\n{one('date')}\n")
-    acs = "".join(f"{name}:{request.header(name)}\n"
-                  for name in sorted(n for n in request.headers if n.startswith("x-acs-")))
+    head = (
+        f"{request.method.upper()}\n{one('accept')}\n{one('content-md5')}\n"
+        f"{one('content-type')}\n{one('date')}\n"
+    )
+    acs = "".join(
+        f"{name}:{request.header(name)}\n"
+        for name in sorted(n for n in request.headers if n.startswith("x-acs-"))
+    )
     merged = dict(request.query)
     resource = request.path
     if merged:
-        resource += "?" + "&".join(key if merged[key] == "" else f"{key}={merged[key]}"
-                                   for key in sorted(merged))
+        resource += "?" + "&".join(
+            key if merged[key] == "" else f"{key}={merged[key]}" for key in sorted(merged)
+        )
     return head + acs + resource
 
 
@@ -165,18 +174,26 @@ def _check_time(request: SignedRequest, now: datetime | None, max_skew_s: float)
         return
     at = _request_time(request)
     if at is None:
-        raise SignatureError("MissingTimestamp",
-                             "the request carries no valid x-acs-date or Date header")
+        raise SignatureError(
+            "MissingTimestamp", "the request carries no valid x-acs-date or Date header"
+        )
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
     if abs((now - at).total_seconds()) > max_skew_s:
-        raise SignatureError("InvalidTimeStamp.Expired",
-                             f"the request was signed at {at.isoformat()}, more than "
-                             f"{int(max_skew_s)} s away from the server's time")
+        raise SignatureError(
+            "InvalidTimeStamp.Expired",
+            f"the request was signed at {at.isoformat()}, more than "
+            f"{int(max_skew_s)} s away from the server's time",
+        )
 
 
-def verify(request: SignedRequest, secret: str, *, now: datetime | None = None,
-           max_skew_s: float = MAX_SKEW_S) -> None:
+def verify(
+    request: SignedRequest,
+    secret: str,
+    *,
+    now: datetime | None = None,
+    max_skew_s: float = MAX_SKEW_S,
+) -> None:
     """Raise SignatureError unless ``request`` was signed with ``secret``. ``now``
     (when given) also bounds how old the request may be."""
     authorization = (request.header("authorization") or "").strip()
@@ -186,16 +203,19 @@ def verify(request: SignedRequest, secret: str, *, now: datetime | None = None,
         body_hash = hashlib.sha256(request.body).hexdigest()
         claimed = request.header("x-acs-content-sha256")
         if claimed is not None and claimed.lower() != body_hash:
-            raise SignatureError("ContentSHA256Mismatch",
-                                 "x-acs-content-sha256 is not the SHA-256 of the body")
+            raise SignatureError(
+                "ContentSHA256Mismatch", "x-acs-content-sha256 is not the SHA-256 of the body"
+            )
         signed = [name for name in acs3.group("signed").lower().split(";") if name]
         if "x-acs-content-sha256" not in signed and request.body:
-            raise SignatureError("IncompleteSignature",
-                                 "a request with a body must sign x-acs-content-sha256")
+            raise SignatureError(
+                "IncompleteSignature", "a request with a body must sign x-acs-content-sha256"
+            )
         expected = acs3_signature(request, signed, body_hash, secret)
         if not hmac.compare_digest(expected, acs3.group("sig").lower()):
-            raise SignatureError("SignatureDoesNotMatch",
-                                 "the request signature does not match (ACS3-HMAC-SHA256)")
+            raise SignatureError(
+                "SignatureDoesNotMatch", "the request signature does not match (ACS3-HMAC-SHA256)"
+            )
         return
     roa = _ROA_RE.match(authorization)
     if roa:
@@ -203,13 +223,18 @@ def verify(request: SignedRequest, secret: str, *, now: datetime | None = None,
         if request.body:
             # ROA v2 does not sign the body; content-md5 is how it would be bound.
             md5 = request.header("content-md5")
-            if md5 is not None and md5 != base64.b64encode(
-                    hashlib.md5(request.body).digest()).decode():  # noqa: S324 - the protocol's
+            if (
+                md5 is not None
+                and md5 != base64.b64encode(hashlib.md5(request.body).digest()).decode()
+            ):  # noqa: S324 - the protocol's
                 raise SignatureError("ContentMD5Mismatch", "Content-MD5 is not the body's")
         if not hmac.compare_digest(roa_signature(request, secret), roa.group("sig")):
-            raise SignatureError("SignatureDoesNotMatch",
-                                 "the request signature does not match (ROA HMAC-SHA1)")
+            raise SignatureError(
+                "SignatureDoesNotMatch", "the request signature does not match (ROA HMAC-SHA1)"
+            )
         return
-    raise SignatureError("IncompleteSignature",
-                         "Authorization must be 'ACS3-HMAC-SHA256 Credential=...' or "
-                         "'acs <AccessKeyId>:<signature>'")
+    raise SignatureError(
+        "IncompleteSignature",
+        "Authorization must be 'ACS3-HMAC-SHA256 Credential=...' or "
+        "'acs <AccessKeyId>:<signature>'",
+    )

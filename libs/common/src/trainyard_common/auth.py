@@ -66,7 +66,12 @@ class TokenStore:
             raise RuntimeError("this service has no token store")
         token = new_token()
         await self._tokens.insert_one(
-            {"_id": token_hash(token), "user": user, "admin": admin, "created_at": datetime.now(UTC)}
+            {
+                "_id": token_hash(token),
+                "user": user,
+                "admin": admin,
+                "created_at": datetime.now(UTC),
+            }
         )
         return token
 
@@ -91,8 +96,11 @@ def bearer(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise HTTPException(401, "missing bearer token (Authorization: Bearer <token>)",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401,
+            "missing bearer token (Authorization: Bearer <token>)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     return token.strip()
 
 
@@ -142,8 +150,10 @@ def parse_access_keys(text: str | None) -> dict[str, AccessKey]:
             raise ValueError(f"{ACCESS_KEYS_ENV} entry {n + 1} must be id:secret:user")
         key_id, secret, user = (p.strip() for p in parts)
         if not USER_NAME.match(user):
-            raise ValueError(f"{ACCESS_KEYS_ENV} entry {n + 1}: user name {user!r} must "
-                             f"match {USER_NAME.pattern}")
+            raise ValueError(
+                f"{ACCESS_KEYS_ENV} entry {n + 1}: user name {user!r} must "
+                f"match {USER_NAME.pattern}"
+            )
         keys[key_id] = AccessKey(key_id, secret, user)
     return keys
 
@@ -151,14 +161,14 @@ def parse_access_keys(text: str | None) -> dict[str, AccessKey]:
 class AccessKeyStore:
     """AccessKeys from the environment and from the auth database."""
 
-    def __init__(self, collection: AsyncCollection | None,
-                 configured: dict[str, AccessKey] | None = None) -> None:
+    def __init__(
+        self, collection: AsyncCollection | None, configured: dict[str, AccessKey] | None = None
+    ) -> None:
         self._keys = collection
         self._configured = configured or {}
 
     @classmethod
-    def beside(cls, tokens: TokenStore, environ: dict[str, str] | None = None
-               ) -> AccessKeyStore:
+    def beside(cls, tokens: TokenStore, environ: dict[str, str] | None = None) -> AccessKeyStore:
         """The store in the same auth database as ``tokens``, plus YARD_ACCESS_KEYS."""
         env = os.environ if environ is None else environ
         collection = None
@@ -173,8 +183,9 @@ class AccessKeyStore:
             raise RuntimeError("this service has no access key store")
         # Alibaba Cloud's shapes: LTAI + 20 characters, a 30-character secret.
         key = AccessKey("LTAI" + secrets.token_hex(10), secrets.token_urlsafe(22)[:30], user)
-        await self._keys.insert_one({"_id": key.id, "secret": key.secret, "user": user,
-                                     "created_at": datetime.now(UTC)})
+        await self._keys.insert_one(
+            {"_id": key.id, "secret": key.secret, "user": user, "created_at": datetime.now(UTC)}
+        )
         return key
 
     async def revoke(self, key_id: str) -> bool:
@@ -203,8 +214,10 @@ class AliyunError(Exception):
         self.message = message
 
     def response(self, request_id: str) -> JSONResponse:
-        return JSONResponse({"Code": self.code, "Message": self.message,
-                             "RequestId": request_id}, status_code=self.status)
+        return JSONResponse(
+            {"Code": self.code, "Message": self.message, "RequestId": request_id},
+            status_code=self.status,
+        )
 
 
 def request_id(request: Request) -> str:
@@ -231,14 +244,18 @@ class AliyunRoute(APIRoute):
             except RequestValidationError as exc:
                 where = "; ".join(
                     f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: "
-                    f"{e.get('msg', 'invalid')}" for e in exc.errors())
+                    f"{e.get('msg', 'invalid')}"
+                    for e in exc.errors()
+                )
                 return AliyunError(400, "InvalidParameter", where).response(request_id(request))
             except HTTPException as exc:
                 code = {401: "InvalidAccessKeyId", 403: "Forbidden", 404: "NotFound"}.get(
-                    exc.status_code, "InvalidParameter" if exc.status_code < 500 else
-                    "InternalError")
+                    exc.status_code,
+                    "InvalidParameter" if exc.status_code < 500 else "InternalError",
+                )
                 return AliyunError(exc.status_code, code, str(exc.detail)).response(
-                    request_id(request))
+                    request_id(request)
+                )
 
         return handler
 
@@ -267,15 +284,20 @@ def aliyun_identity_dependency(keys: AccessKeyStore, tokens: TokenStore):
             return identity
         key_id = access_key_id(authorization)
         if key_id is None:
-            raise AliyunError(401, "MissingAuthorization",
-                              "the request is not signed (no Alibaba Cloud Authorization)")
+            raise AliyunError(
+                401,
+                "MissingAuthorization",
+                "the request is not signed (no Alibaba Cloud Authorization)",
+            )
         key = await keys.lookup(key_id)
         if key is None:
-            raise AliyunError(401, "InvalidAccessKeyId.NotFound",
-                              f"AccessKey {key_id} does not exist")
+            raise AliyunError(
+                401, "InvalidAccessKeyId.NotFound", f"AccessKey {key_id} does not exist"
+            )
         try:
-            verify(_signed_request(request, await request.body()), key.secret,
-                   now=datetime.now(UTC))
+            verify(
+                _signed_request(request, await request.body()), key.secret, now=datetime.now(UTC)
+            )
         except SignatureError as exc:
             raise AliyunError(403, exc.code, exc.message) from exc
         return Identity(key.user, admin=False)

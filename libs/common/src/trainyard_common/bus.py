@@ -87,9 +87,7 @@ class Bus:
 
     @classmethod
     async def connect(cls, url: str, name: str = "trainyard") -> Bus:
-        nc = await nats.connect(
-            url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5
-        )
+        nc = await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
         bus = cls(nc, nc.jetstream(timeout=10))
         await bus.ensure_stream()
         return bus
@@ -116,7 +114,9 @@ class Bus:
             await self.nc.drain()
 
     def _headers(self, event: Event) -> dict[str, str]:
-        return inject_headers({"Nats-Msg-Id": event.event_id, "Trainyard-Type": type(event).__name__})
+        return inject_headers(
+            {"Nats-Msg-Id": event.event_id, "Trainyard-Type": type(event).__name__}
+        )
 
     async def publish(self, event: Event) -> int:
         """Publish and wait for JetStream's ack; returns the stream sequence."""
@@ -168,7 +168,7 @@ class Bus:
             while not stop.is_set():
                 try:
                     msgs = await sub.fetch(batch, timeout=1.0)
-                except (NatsTimeoutError, asyncio.TimeoutError):
+                except (TimeoutError, NatsTimeoutError):
                     continue
                 for msg in msgs:
                     await self._handle(msg, handler)
@@ -205,7 +205,10 @@ class Bus:
                 delay = nak_delay(meta.num_delivered)
                 log.warning(
                     "transient error on %s (delivery %d), redelivering in %.1fs: %r",
-                    msg.subject, meta.num_delivered, delay, exc,
+                    msg.subject,
+                    meta.num_delivered,
+                    delay,
+                    exc,
                 )
                 await msg.nak(delay=delay)
                 return
@@ -266,8 +269,7 @@ class KvBucket:
             await self._kv.delete(key, last=revision)
         except APIError as exc:
             if exc.err_code in _WRONG_LAST_SEQUENCE:
-                raise RevisionMismatch(
-                    f"key {key!r} is no longer at revision {revision}") from exc
+                raise RevisionMismatch(f"key {key!r} is no longer at revision {revision}") from exc
             raise
 
 

@@ -82,8 +82,13 @@ def _memory_mb() -> int:
 def local_cluster() -> ClusterSpec:
     """This machine as one node (GPUs are declared in a cluster file, not guessed)."""
     return ClusterSpec(
-        nodes=[NodeSpec(name=socket.gethostname() or "local", cpu=float(os.cpu_count() or 1),
-                        memory_mb=_memory_mb())]
+        nodes=[
+            NodeSpec(
+                name=socket.gethostname() or "local",
+                cpu=float(os.cpu_count() or 1),
+                memory_mb=_memory_mb(),
+            )
+        ]
     )
 
 

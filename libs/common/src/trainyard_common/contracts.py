@@ -54,52 +54,113 @@ def example_spec() -> JobSpec:
     return JobSpec(
         name="pi-estimate",
         user="alice",
-        roles=[RoleSpec(
-            name="worker", replicas=2, command="python3 train.py",
-            resources=Resources(cpu=1, memory_mb=512),
-            ports=[PortSpec(label="http", begin_at=0, count=1)],
-        )],
+        roles=[
+            RoleSpec(
+                name="worker",
+                replicas=2,
+                command="python3 train.py",
+                resources=Resources(cpu=1, memory_mb=512),
+                ports=[PortSpec(label="http", begin_at=0, count=1)],
+            )
+        ],
     )
 
 
 def example_events() -> list[Event]:
     spec = example_spec()
     common = {"job_id": EXAMPLE_JOB_ID, "occurred_at": EXAMPLE_TIME}
-    tasks = [TaskPlacement(role="worker", index=i, node="node-0", host_ip="127.0.0.1",
-                           ports=[PortAssignment(label="http", ports=[20100 + i])]) for i in range(2)]
+    tasks = [
+        TaskPlacement(
+            role="worker",
+            index=i,
+            node="node-0",
+            host_ip="127.0.0.1",
+            ports=[PortAssignment(label="http", ports=[20100 + i])],
+        )
+        for i in range(2)
+    ]
     events: list[Event] = [
-        JobSubmitted(event_id=derived_id("example", "submitted"), spec=spec, dialect="native", **common),
+        JobSubmitted(
+            event_id=derived_id("example", "submitted"), spec=spec, dialect="native", **common
+        ),
         JobAccepted(event_id=derived_id("example", "accepted"), spec=spec, **common),
-        JobRejected(event_id=derived_id("example", "rejected"), errors=[FieldIssue(
-            path="$.taskRoles[0].memoryMB", message="must be at least 100 (got 50)", code="minimum")],
-            **common),
-        JobQueued(event_id=derived_id("example", "queued"), position=1,
-                  reasons=["needs 4 CPU, most free on any node is 2"], **common),
+        JobRejected(
+            event_id=derived_id("example", "rejected"),
+            errors=[
+                FieldIssue(
+                    path="$.taskRoles[0].memoryMB",
+                    message="must be at least 100 (got 50)",
+                    code="minimum",
+                )
+            ],
+            **common,
+        ),
+        JobQueued(
+            event_id=derived_id("example", "queued"),
+            position=1,
+            reasons=["needs 4 CPU, most free on any node is 2"],
+            **common,
+        ),
         JobPlaced(event_id=derived_id("example", "placed"), spec=spec, tasks=tasks, **common),
-        TaskStateChanged(event_id=derived_id("example", "task"), role="worker", index=0,
-                         state=TaskState.SUCCEEDED, seq=3, node="node-0", exit_code=0,
-                         reason="exited with code 0", **common),
-        JobFinished(event_id=derived_id("example", "finished"), state=JobState.SUCCEEDED,
-                    reason="all tasks ended", exit_code=0, **common),
-        JobRetrying(event_id=derived_id("example", "retrying"), attempt=2, previous_attempt=1,
-                    reason="attempt 1 failed (platform failure): 1 of 2 worker task(s) failed, "
-                           "reaching minFailedTaskCount=1; worker[1] failed: lost while the "
-                           "launcher was down; retrying as attempt 2 of at most 3 after 10s",
-                    failure_class=FailureClass.PLATFORM,
-                    not_before=datetime(2026, 1, 1, 12, 0, 10, tzinfo=UTC), **common),
-        JobInterrupted(event_id=derived_id("example", "interrupted"), attempt=1,
-                       cause=InterruptCause.PREEMPTED,
-                       reason="preempted by job 3a7bd3e2360a3d29eea436fcfb7e44c7 (priority 8)",
-                       **common),
+        TaskStateChanged(
+            event_id=derived_id("example", "task"),
+            role="worker",
+            index=0,
+            state=TaskState.SUCCEEDED,
+            seq=3,
+            node="node-0",
+            exit_code=0,
+            reason="exited with code 0",
+            **common,
+        ),
+        JobFinished(
+            event_id=derived_id("example", "finished"),
+            state=JobState.SUCCEEDED,
+            reason="all tasks ended",
+            exit_code=0,
+            **common,
+        ),
+        JobRetrying(
+            event_id=derived_id("example", "retrying"),
+            attempt=2,
+            previous_attempt=1,
+            reason="attempt 1 failed (platform failure): 1 of 2 worker task(s) failed, "
+            "reaching minFailedTaskCount=1; worker[1] failed: lost while the "
+            "launcher was down; retrying as attempt 2 of at most 3 after 10s",
+            failure_class=FailureClass.PLATFORM,
+            not_before=datetime(2026, 1, 1, 12, 0, 10, tzinfo=UTC),
+            **common,
+        ),
+        JobInterrupted(
+            event_id=derived_id("example", "interrupted"),
+            attempt=1,
+            cause=InterruptCause.PREEMPTED,
+            reason="preempted by job 3a7bd3e2360a3d29eea436fcfb7e44c7 (priority 8)",
+            **common,
+        ),
         StopJob(event_id=derived_id("example", "stop"), requested_by="alice", **common),
         PauseJob(event_id=derived_id("example", "pause"), requested_by="alice", **common),
         ResumeJob(event_id=derived_id("example", "resume"), requested_by="alice", **common),
-        ScaleJob(event_id=derived_id("example", "scale"), requested_by="alice", role="worker",
-                 replicas=4, **common),
-        InterruptJob(event_id=derived_id("example", "interrupt"), attempt=1,
-                     cause=InterruptCause.PAUSED, reason="paused by alice", **common),
-        RestartJob(event_id=derived_id("example", "restart"), requested_by="alice",
-                   reason="restarted by alice", **common),
+        ScaleJob(
+            event_id=derived_id("example", "scale"),
+            requested_by="alice",
+            role="worker",
+            replicas=4,
+            **common,
+        ),
+        InterruptJob(
+            event_id=derived_id("example", "interrupt"),
+            attempt=1,
+            cause=InterruptCause.PAUSED,
+            reason="paused by alice",
+            **common,
+        ),
+        RestartJob(
+            event_id=derived_id("example", "restart"),
+            requested_by="alice",
+            reason="restarted by alice",
+            **common,
+        ),
     ]
     return events
 
@@ -132,7 +193,10 @@ def asyncapi() -> dict:
             "headers": {
                 "type": "object",
                 "properties": {
-                    "Nats-Msg-Id": {"type": "string", "description": "= event_id (JetStream dedup)"},
+                    "Nats-Msg-Id": {
+                        "type": "string",
+                        "description": "= event_id (JetStream dedup)",
+                    },
                     "traceparent": {"type": "string", "description": "W3C trace context"},
                 },
             },

@@ -12,7 +12,7 @@ import json
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, TypeAdapter
 
@@ -307,9 +307,15 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     InterruptJob,
     RestartJob,
 )
-AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]
+AnyEvent = Annotated[EVENT_TYPES, Field(discriminator="type")]  # type: ignore[valid-type]
 COMMAND_TYPES: tuple[type[Event], ...] = (
-    StopJob, PauseJob, ResumeJob, ScaleJob, InterruptJob, RestartJob)
+    StopJob,
+    PauseJob,
+    ResumeJob,
+    ScaleJob,
+    InterruptJob,
+    RestartJob,
+)
 
 _adapter: TypeAdapter[Any] = TypeAdapter(AnyEvent)
 

@@ -84,13 +84,17 @@ class Resources(Model):
     shm_mb: int = 64
     gpu: float = Field(0, description="GPUs per task; a fraction below 1 shares one GPU.")
     gpu_type: str | None = Field(
-        None, description="A required GPU model (the one-model spelling, kept for the jobs "
+        None,
+        description="A required GPU model (the one-model spelling, kept for the jobs "
         "and dialects that have it); the allowed models are this and ``gpu_types`` together "
-        "(``allowed_gpu_types``).")
+        "(``allowed_gpu_types``).",
+    )
     gpu_types: list[str] = Field(
-        default_factory=list, description="GPU models a task may run on, any one of them "
+        default_factory=list,
+        description="GPU models a task may run on, any one of them "
         "(all GPUs of one task are on one node, so of one model). Together with "
-        "``gpu_type``: both empty means any model. Matched without regard to case.")
+        "``gpu_type``: both empty means any model. Matched without regard to case.",
+    )
     storage_gb: int | None = None
 
     def allowed_gpu_types(self) -> list[str]:

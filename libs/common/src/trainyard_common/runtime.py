@@ -34,14 +34,20 @@ async def serve(settings: Settings, app: FastAPI, workers: list[Worker]) -> None
         loop.add_signal_handler(sig, stop.set)
 
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
         lifespan="off",
     )
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
 
-    tasks = [asyncio.create_task(worker(stop), name=getattr(worker, "__name__", "worker"))
-             for worker in workers]
+    tasks = [
+        asyncio.create_task(worker(stop), name=getattr(worker, "__name__", "worker"))
+        for worker in workers
+    ]
     http = asyncio.create_task(server.serve(), name="http")
     stopper = asyncio.create_task(stop.wait(), name="stop")
     done, _ = await asyncio.wait([*tasks, http, stopper], return_when=asyncio.FIRST_COMPLETED)

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -46,7 +46,7 @@ STATE_STYLES = {
 EVENT_ENVELOPE = {"event_id", "job_id", "occurred_at", "schema_version", "type", "seq"}
 
 
-class Output(str, Enum):
+class Output(StrEnum):
     table = "table"
     json = "json"
 
@@ -420,8 +420,10 @@ def make_nodes_app() -> typer.Typer:
             capacity, allocated = node.get("capacity") or {}, node.get("allocated") or {}
             table.add_row(
                 _cell(node.get("name")),
-                Text(str(node.get("state")),
-                     style="yellow" if node.get("state") == "drained" else "green"),
+                Text(
+                    str(node.get("state")),
+                    style="yellow" if node.get("state") == "drained" else "green",
+                ),
                 _cell(_used(allocated.get("cpu"), capacity.get("cpu"))),
                 _cell(_used(allocated.get("memory_mb"), capacity.get("memory_mb"))),
                 _cell(_used(allocated.get("gpus"), capacity.get("gpus"))),
@@ -439,7 +441,9 @@ def make_nodes_app() -> typer.Typer:
         memory_mb: Annotated[int, typer.Option("--memory-mb", help="memory in MiB")],
         gpus: Annotated[int, typer.Option("--gpus", min=0, help="GPU devices")] = 0,
         gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="GPU model")] = None,
-        host_ip: Annotated[str | None, typer.Option("--host-ip", help="address of the node")] = None,
+        host_ip: Annotated[
+            str | None, typer.Option("--host-ip", help="address of the node")
+        ] = None,
         label: Annotated[list[str] | None, typer.Option("--label", help="k=v, repeatable")] = None,
         output: OutputOpt = Output.table,
     ) -> None:
@@ -452,8 +456,13 @@ def make_nodes_app() -> typer.Typer:
                 s.error(f"--label: expected k=v, got {item!r}")
                 raise typer.Exit(2)
             labels.append({"name": key, "value": value})
-        spec: dict[str, Any] = {"name": name, "cpu": cpu, "memory_mb": memory_mb, "gpus": gpus,
-                                "labels": labels}
+        spec: dict[str, Any] = {
+            "name": name,
+            "cpu": cpu,
+            "memory_mb": memory_mb,
+            "gpus": gpus,
+            "labels": labels,
+        }
         if gpu_type:
             spec["gpu_type"] = gpu_type
         if host_ip:
@@ -484,16 +493,17 @@ def make_nodes_app() -> typer.Typer:
         s.out.print(Text(f"node {name} ready"))
 
     @nodes_app.command("remove")
-    def nodes_remove(
-        ctx: typer.Context, name: Annotated[str, typer.Argument(help="node")]
-    ) -> None:
+    def nodes_remove(ctx: typer.Context, name: Annotated[str, typer.Argument(help="node")]) -> None:
         """Remove the node; jobs running on it are interrupted and queued again."""
         s: Session = ctx.obj
         with reported(s), s.client() as client:
             answer = client.remove_node(name)
         interrupted = answer.get("interrupted") or []
-        note = f"; interrupted {len(interrupted)} job(s): {', '.join(interrupted)}" if (
-            interrupted) else ""
+        note = (
+            f"; interrupted {len(interrupted)} job(s): {', '.join(interrupted)}"
+            if (interrupted)
+            else ""
+        )
         s.out.print(Text(f"node {name} removed{note}"))
 
     return nodes_app
@@ -532,9 +542,7 @@ def _follow(s: Session, client: Client, job_id: str, timeout: float | None) -> N
         return
     for issue in job.get("errors") or ():
         s.err.print(Text("  - ") + Text(_issue_text(issue)))
-    failed = [
-        t for t in job.get("tasks") or () if t.get("state") == "FAILED"
-    ]
+    failed = [t for t in job.get("tasks") or () if t.get("state") == "FAILED"]
     for task in failed:
         s.err.print(
             Text(
@@ -572,8 +580,12 @@ def _print_job(out: Console, job: Job) -> None:
     errors = job.get("errors") or []
     if errors:
         table = Table(
-            title="Errors", title_justify="left", title_style="bold red", header_style="bold",
-            box=None, pad_edge=False,
+            title="Errors",
+            title_justify="left",
+            title_style="bold red",
+            header_style="bold",
+            box=None,
+            pad_edge=False,
         )
         table.add_column("PATH", overflow="fold")
         table.add_column("MESSAGE", overflow="fold")
@@ -598,8 +610,12 @@ def _print_job(out: Console, job: Job) -> None:
         out.print(Text("no tasks yet", style="dim"))
         return
     table = Table(
-        title="Tasks", title_justify="left", title_style="bold", header_style="bold",
-        box=None, pad_edge=False,
+        title="Tasks",
+        title_justify="left",
+        title_style="bold",
+        header_style="bold",
+        box=None,
+        pad_edge=False,
     )
     for name in ("ROLE", "INDEX", "ATTEMPT", "STATE", "EXIT", "NODE", "GPUS"):
         numeric = name in ("INDEX", "ATTEMPT", "EXIT")

@@ -65,9 +65,7 @@ class UnreachableError(TrainyardError):
 class WaitTimeout(TrainyardError):
     def __init__(self, job: Job, timeout: float) -> None:
         self.job = job
-        super().__init__(
-            f"job {job.get('id')} still {job.get('state')} after {timeout:g}s"
-        )
+        super().__init__(f"job {job.get('id')} still {job.get('state')} after {timeout:g}s")
 
 
 def is_terminal(state: str | None) -> bool:
@@ -220,8 +218,11 @@ class Client:
     def scale(self, job_id: str, role: str, replicas: int) -> dict[str, Any]:
         """Sets an elastic role's replicas (within its min/max); a running job restarts
         at the new size as its next attempt."""
-        return self._request("POST", f"/v1/placement/jobs/{_seg(job_id)}/scale",
-                             json={"role": role, "replicas": replicas})
+        return self._request(
+            "POST",
+            f"/v1/placement/jobs/{_seg(job_id)}/scale",
+            json={"role": role, "replicas": replicas},
+        )
 
     def logs(
         self,
@@ -268,7 +269,9 @@ class Client:
         "timed_out"}``. The task must be RUNNING (409 otherwise), e.g. in debug mode."""
         path = f"/v1/jobs/{_seg(job_id)}/tasks/{_seg(role)}/{int(index)}/exec"
         return self._request(
-            "POST", path, json={"command": command, "timeout_s": timeout},
+            "POST",
+            path,
+            json={"command": command, "timeout_s": timeout},
             # The answer comes once the command ended: wait for it a little longer.
             timeout=httpx.Timeout(self._http.timeout.connect, read=timeout + 30),
         )
@@ -409,7 +412,5 @@ def load_payload(path: Path | str, text: str | None = None) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise TrainyardError(f"{name}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
-        raise TrainyardError(
-            f"{name}: a job must be a JSON/YAML object, not {type(data).__name__}"
-        )
+        raise TrainyardError(f"{name}: a job must be a JSON/YAML object, not {type(data).__name__}")
     return data

@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 
 JOB_PATH = re.compile(
-    r"^/v1/jobs/(?P<id>[^/]+)(?P<rest>/events|/logs|/stop|/pause|/resume|/restart)?$")
+    r"^/v1/jobs/(?P<id>[^/]+)(?P<rest>/events|/logs|/stop|/pause|/resume|/restart)?$"
+)
 SCALE_PATH = re.compile(r"^/v1/placement/jobs/(?P<id>[^/]+)/scale$")
 
 
@@ -100,7 +101,7 @@ class FakeGateway:
                 return _error(403, "issuing tokens needs an admin token")
             body = _json(request)
             if not isinstance(body, dict) or not body.get("user"):
-                return _error(400, "body must be {\"user\": ..., \"admin\": bool}")
+                return _error(400, 'body must be {"user": ..., "admin": bool}')
             token = f"tok-{body['user']}-{len(self.tokens)}"
             self.tokens[token] = (body["user"], bool(body.get("admin")))
             return httpx.Response(200, json={"user": body["user"], "token": token})
@@ -137,24 +138,28 @@ class FakeGateway:
             return self._logs(request, job)
         return _error(405, "Method Not Allowed")
 
-    def _scale(self, request: httpx.Request, job_id: str, user: str, admin: bool
-               ) -> httpx.Response:
+    def _scale(self, request: httpx.Request, job_id: str, user: str, admin: bool) -> httpx.Response:
         """Checked as placement checks it, against the job's ``spec.roles``."""
         job = self.jobs.get(job_id)
         if job is None or not (admin or job["user"] == user):
             return _error(404, f"no job {job_id}")
         body = _json(request)
         role, replicas = body.get("role"), body.get("replicas")
-        found = next((r for r in (job.get("spec") or {}).get("roles") or []
-                      if r.get("name") == role), None)
+        found = next(
+            (r for r in (job.get("spec") or {}).get("roles") or [] if r.get("name") == role), None
+        )
         if found is None or found.get("min_replicas") is None:
             return _field_error("role", f"role: role {role!r} is not an elastic role of the job")
         if not found["min_replicas"] <= replicas <= found["max_replicas"]:
-            return _field_error("replicas", f"replicas: {replicas} is outside role {role!r}'s "
-                                f"bounds [{found['min_replicas']}, {found['max_replicas']}]")
+            return _field_error(
+                "replicas",
+                f"replicas: {replicas} is outside role {role!r}'s "
+                f"bounds [{found['min_replicas']}, {found['max_replicas']}]",
+            )
         self.controls.append((job_id, f"scale {role} {replicas}"))
-        return httpx.Response(202, json={"id": job_id, "role": role, "replicas": replicas,
-                                         "scale": "requested"})
+        return httpx.Response(
+            202, json={"id": job_id, "role": role, "replicas": replicas, "scale": "requested"}
+        )
 
     def _caller(self, request: httpx.Request) -> tuple[str, bool] | None:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")

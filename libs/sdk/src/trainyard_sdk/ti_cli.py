@@ -17,7 +17,7 @@ import json
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -33,7 +33,7 @@ ClusterOpt = Annotated[
 NameArg = Annotated[str, typer.Argument(metavar="NAME", help="job name (unique per cluster)")]
 
 
-class Output(str, Enum):
+class Output(StrEnum):
     table = "table"
     json = "json"
 
@@ -44,9 +44,24 @@ OutputOpt = Annotated[
 
 # TI's view fields in the order tictl shows them.
 VIEW_FIELDS = (
-    "name", "cluster", "state", "message", "createTime", "startTime", "endTime",
-    "runtimeVersion", "masterType", "workerType", "workerCount", "parameterServerType",
-    "parameterServerCount", "packageDir", "command", "args", "region", "id",
+    "name",
+    "cluster",
+    "state",
+    "message",
+    "createTime",
+    "startTime",
+    "endTime",
+    "runtimeVersion",
+    "masterType",
+    "workerType",
+    "workerCount",
+    "parameterServerType",
+    "parameterServerCount",
+    "packageDir",
+    "command",
+    "args",
+    "region",
+    "id",
 )
 
 
@@ -76,12 +91,19 @@ def job_payload(
     package_dir: list[str] | None = None,
 ) -> dict[str, Any]:
     """The TI Job object tictl's flags describe (flags not given are left out)."""
-    payload: dict[str, Any] = {"name": name, "cluster": cluster,
-                               "command": _split([command], "--command")}
+    payload: dict[str, Any] = {
+        "name": name,
+        "cluster": cluster,
+        "command": _split([command], "--command"),
+    }
     optional = {
-        "region": region, "runtimeVersion": runtime, "workerCount": wcount,
-        "workerType": workertype, "parameterServerCount": pscount,
-        "parameterServerType": pstype, "masterType": mastertype,
+        "region": region,
+        "runtimeVersion": runtime,
+        "workerCount": wcount,
+        "workerType": workertype,
+        "parameterServerCount": pscount,
+        "parameterServerType": pstype,
+        "masterType": mastertype,
     }
     payload.update({k: v for k, v in optional.items() if v is not None})
     if args:
@@ -151,14 +173,18 @@ def _print_view(session: Any, view: dict[str, Any]) -> None:
 
 def _warn(session: Any, answer: dict[str, Any]) -> None:
     for warning in answer.get("warnings") or ():
-        text = f"{warning.get('path')}: {warning.get('message')}" if isinstance(
-            warning, dict) else str(warning)
+        text = (
+            f"{warning.get('path')}: {warning.get('message')}"
+            if isinstance(warning, dict)
+            else str(warning)
+        )
         session.err.print(Text("warning: ", style="yellow") + Text(text))
 
 
 def make_ti_app() -> typer.Typer:
-    ti_app = typer.Typer(help="Tencent TI jobs, with tictl's commands and flags.",
-                         no_args_is_help=True)
+    ti_app = typer.Typer(
+        help="Tencent TI jobs, with tictl's commands and flags.", no_args_is_help=True
+    )
     job_app = typer.Typer(help="Create, show, list and delete TI jobs.", no_args_is_help=True)
     ti_app.add_typer(job_app, name="job")
 
@@ -169,43 +195,69 @@ def make_ti_app() -> typer.Typer:
         cluster: ClusterOpt,
         command: Annotated[str, typer.Option("--command", help="the command line to run")],
         region: Annotated[str | None, typer.Option("--region", help="e.g. ap-guangzhou")] = None,
-        args: Annotated[list[str] | None, typer.Option(
-            "--args", help="arguments appended to the command (repeatable)")] = None,
-        runtime: Annotated[str | None, typer.Option(
-            "--runtime", help="runtimeVersion, e.g. tf-1.7.0-py3, tfplus-1.6.0-gpu")] = None,
+        args: Annotated[
+            list[str] | None,
+            typer.Option("--args", help="arguments appended to the command (repeatable)"),
+        ] = None,
+        runtime: Annotated[
+            str | None,
+            typer.Option("--runtime", help="runtimeVersion, e.g. tf-1.7.0-py3, tfplus-1.6.0-gpu"),
+        ] = None,
         wcount: Annotated[int | None, typer.Option("--wcount", help="workerCount")] = None,
-        workertype: Annotated[str | None, typer.Option(
-            "--workertype", help="workerType, aUbGcP e.g. 1U2G1P")] = None,
-        pscount: Annotated[int | None, typer.Option(
-            "--pscount", help="parameterServerCount")] = None,
-        pstype: Annotated[str | None, typer.Option(
-            "--pstype", help="parameterServerType, aUbGcP")] = None,
-        mastertype: Annotated[str | None, typer.Option(
-            "--mastertype", help="masterType, aUbGcP (adds a master)")] = None,
-        package_dir: Annotated[list[str] | None, typer.Option(
-            "--package-dir", help="code/data/output paths, comma-separated or repeated")] = None,
+        workertype: Annotated[
+            str | None, typer.Option("--workertype", help="workerType, aUbGcP e.g. 1U2G1P")
+        ] = None,
+        pscount: Annotated[
+            int | None, typer.Option("--pscount", help="parameterServerCount")
+        ] = None,
+        pstype: Annotated[
+            str | None, typer.Option("--pstype", help="parameterServerType, aUbGcP")
+        ] = None,
+        mastertype: Annotated[
+            str | None, typer.Option("--mastertype", help="masterType, aUbGcP (adds a master)")
+        ] = None,
+        package_dir: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--package-dir", help="code/data/output paths, comma-separated or repeated"
+            ),
+        ] = None,
         output: OutputOpt = Output.table,
     ) -> None:
         """Create a TI job (tictl job create)."""
         s = ctx.obj
         payload = job_payload(
-            name, cluster=cluster, command=command, region=region, args=args,
-            runtime=runtime, wcount=wcount, workertype=workertype, pscount=pscount,
-            pstype=pstype, mastertype=mastertype, package_dir=package_dir,
+            name,
+            cluster=cluster,
+            command=command,
+            region=region,
+            args=args,
+            runtime=runtime,
+            wcount=wcount,
+            workertype=workertype,
+            pscount=pscount,
+            pstype=pstype,
+            mastertype=mastertype,
+            package_dir=package_dir,
         )
         with _reported(s), s.client() as client:
             answer = TiApi(client).create(payload)
         if output is Output.json:
             typer.echo(json.dumps(answer, indent=2, ensure_ascii=False))
         else:
-            s.out.print(Text(f"job {answer.get('name', name)} created in cluster "
-                             f"{answer.get('cluster', cluster)}: {answer.get('state')}"
-                             f" (id {answer.get('id')})"))
+            s.out.print(
+                Text(
+                    f"job {answer.get('name', name)} created in cluster "
+                    f"{answer.get('cluster', cluster)}: {answer.get('state')}"
+                    f" (id {answer.get('id')})"
+                )
+            )
         _warn(s, answer)
 
     @job_app.command("get")
-    def get(ctx: typer.Context, name: NameArg, cluster: ClusterOpt,
-            output: OutputOpt = Output.table) -> None:
+    def get(
+        ctx: typer.Context, name: NameArg, cluster: ClusterOpt, output: OutputOpt = Output.table
+    ) -> None:
         """Show a TI job (tictl job get)."""
         s = ctx.obj
         with _reported(s), s.client() as client:
@@ -234,12 +286,25 @@ def make_ti_app() -> typer.Typer:
             table.add_column(column, no_wrap=True)
         table.add_column("MESSAGE")
         for job in page.get("jobs") or ():
-            table.add_row(*(_show(job.get(k)) for k in (
-                "name", "cluster", "state", "createTime", "startTime", "endTime", "message")))
+            table.add_row(
+                *(
+                    _show(job.get(k))
+                    for k in (
+                        "name",
+                        "cluster",
+                        "state",
+                        "createTime",
+                        "startTime",
+                        "endTime",
+                        "message",
+                    )
+                )
+            )
         if page.get("jobs"):
             s.out.print(table)
-        s.err.print(Text(f"{len(page.get('jobs') or [])} of {page.get('total', 0)} job(s)",
-                         style="dim"))
+        s.err.print(
+            Text(f"{len(page.get('jobs') or [])} of {page.get('total', 0)} job(s)", style="dim")
+        )
 
     @job_app.command("delete")
     def delete(ctx: typer.Context, name: NameArg, cluster: ClusterOpt) -> None:

@@ -62,7 +62,8 @@ def say(text: str) -> None:
 
 def _usage(platform: Platform) -> str:
     token_note = (
-        "YARD_TOKEN (as you set it)" if os.environ.get("YARD_TOKEN")
+        "YARD_TOKEN (as you set it)"
+        if os.environ.get("YARD_TOKEN")
         else f"the admin token in {platform.data_dir / 'admin-token'} (the CLI finds it)"
     )
     return (
@@ -86,10 +87,15 @@ def show_job(platform: Platform, job_id: str, stopper: Stopper, timeout: float =
         if job.status_code == 200:
             view = job.json()
             state = view["state"]
-            lines = {"job": f"job {view['name']}: {state}" + (f" ({view['reason']})" if view.get("reason") else "")}
+            lines = {
+                "job": f"job {view['name']}: {state}"
+                + (f" ({view['reason']})" if view.get("reason") else "")
+            }
             for task in view["tasks"]:
                 key = f"{task['role']}-{task['index']}"
-                exit_note = f" exit {task['exit_code']}" if task.get("exit_code") is not None else ""
+                exit_note = (
+                    f" exit {task['exit_code']}" if task.get("exit_code") is not None else ""
+                )
                 lines[key] = f"  task {key} on {task.get('node')}: {task['state']}{exit_note}"
             for key, line in lines.items():
                 if seen.get(key) != line:
@@ -111,16 +117,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         example = json.loads((repo_root() / "examples" / "openpai-pi.json").read_text())
         # OpenPAI job names are unique per user: suffix it, as the seed's own examples do.
         example["jobName"] = f"{example['jobName']}_{secrets.token_hex(4)}"
-        answer = httpx.post(f"{platform.url}/v1/jobs", json=example,
-                            headers={"Authorization": f"Bearer {platform.token}"}, timeout=30)
+        answer = httpx.post(
+            f"{platform.url}/v1/jobs",
+            json=example,
+            headers={"Authorization": f"Bearer {platform.token}"},
+            timeout=30,
+        )
         answer.raise_for_status()
         job_id = answer.json()["id"]
         say(f"submitted the example job {example['jobName']} as {job_id}")
         state = show_job(platform, job_id, stopper)
         for index in range(2):
-            logs = httpx.get(f"{platform.url}/v1/jobs/{job_id}/logs",
-                             params={"role": "worker", "index": index},
-                             headers={"Authorization": f"Bearer {platform.token}"}, timeout=10)
+            logs = httpx.get(
+                f"{platform.url}/v1/jobs/{job_id}/logs",
+                params={"role": "worker", "index": index},
+                headers={"Authorization": f"Bearer {platform.token}"},
+                timeout=10,
+            )
             if logs.status_code == 200 and logs.text.strip():
                 say(f"  worker-{index} says: {logs.text.strip()}")
         say(_usage(platform))
@@ -155,12 +168,25 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     (data_dir / "logs").mkdir(parents=True, exist_ok=True)
     log = open(data_dir / "logs" / "supervisor.log", "ab")  # noqa: SIM115
-    command = [sys.executable, "-m", "trainyard_stack.cli", "serve", "--data-dir", str(data_dir),
-               "--log-level", args.log_level]
+    command = [
+        sys.executable,
+        "-m",
+        "trainyard_stack.cli",
+        "serve",
+        "--data-dir",
+        str(data_dir),
+        "--log-level",
+        args.log_level,
+    ]
     if args.cluster:
         command += ["--cluster", str(Path(args.cluster).resolve())]
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -170,7 +196,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             url = json.loads(_state_file(data_dir).read_text())["url"]
             try:
                 if httpx.get(f"{url}/healthz/all", timeout=2).status_code == 200:
-                    print(f"Trainyard is up at {url} (supervisor pid {proc.pid}); `make down` stops it")
+                    print(
+                        f"Trainyard is up at {url} (supervisor pid {proc.pid}); `make down` stops it"
+                    )
                     return 0
             except httpx.HTTPError:
                 pass
@@ -210,8 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--cluster", default=None, help="cluster YAML (default: this machine)")
     common.add_argument("--log-level", default=os.environ.get("YARD_LOG_LEVEL", "INFO"))
     common.add_argument("--timeout", type=float, default=120.0)
-    parser = argparse.ArgumentParser(prog="trainyard-stack", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="trainyard-stack",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("run", "serve", "up", "down"):
         sub.add_parser(name, parents=[common])

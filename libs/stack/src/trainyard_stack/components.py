@@ -198,7 +198,10 @@ class _ManagedProcess:
         # Own session: a Ctrl-C in the terminal reaches only the supervisor, which stops
         # the services first and the servers they depend on last.
         self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         _live.add(self)

@@ -88,7 +88,9 @@ class Platform:
         if url := os.environ.get("MONGO_URL"):
             self.mongo = ExternalService(url)
         else:
-            self.mongo = FerretDB(self.data_dir / "ferretdb", log_path=self.logs / "ferretdb.log").start()
+            self.mongo = FerretDB(
+                self.data_dir / "ferretdb", log_path=self.logs / "ferretdb.log"
+            ).start()
         for name in SERVICES:
             self.start_service(name)
         self.wait_healthy(timeout)
@@ -121,8 +123,11 @@ class Platform:
         # the services in order instead of all dying at once mid-write.
         self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", f"trainyard_{name}"],
-            env=self.service_env(), stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            env=self.service_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def kill_service(self, name: str) -> None:
@@ -153,7 +158,9 @@ class Platform:
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise ComponentError(f"{name} not healthy after {timeout:.0f}s:\n{self.log_tail(name)}")
+                raise ComponentError(
+                    f"{name} not healthy after {timeout:.0f}s:\n{self.log_tail(name)}"
+                )
             time.sleep(0.1)
 
     def log_tail(self, name: str, max_bytes: int = 4000) -> str:
@@ -193,10 +200,15 @@ class Platform:
         run = self.data_dir / "run"
         run.mkdir(parents=True, exist_ok=True)
         assert self.nats is not None and self.mongo is not None
-        (run / "platform.json").write_text(json.dumps({
-            "supervisor_pid": os.getpid(),
-            "url": self.url,
-            "nats_url": self.nats.url,
-            "mongo_url": self.mongo.url,
-            "services": {name: proc.pid for name, proc in self.procs.items()},
-        }, indent=2))
+        (run / "platform.json").write_text(
+            json.dumps(
+                {
+                    "supervisor_pid": os.getpid(),
+                    "url": self.url,
+                    "nats_url": self.nats.url,
+                    "mongo_url": self.mongo.url,
+                    "services": {name: proc.pid for name, proc in self.procs.items()},
+                },
+                indent=2,
+            )
+        )

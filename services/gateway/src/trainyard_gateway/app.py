@@ -16,8 +16,18 @@ from trainyard_common.runtime import health_app
 from .routes import BACKENDS, route
 
 # Hop-by-hop headers are the connection's, not the message's (RFC 9110 §7.6.1).
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
-              "proxy-authorization", "proxy-authenticate", "host", "content-length"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "host",
+    "content-length",
+}
 
 
 def create_app(backends: dict[str, str]) -> FastAPI:
@@ -41,20 +51,27 @@ def create_app(backends: dict[str, str]) -> FastAPI:
     async def forward(request: Request, path: str) -> Response:
         service = route(request.method, request.url.path)
         if service is None or service not in backends:
-            return JSONResponse({"detail": f"no route for {request.method} {request.url.path}"}, 404)
+            return JSONResponse(
+                {"detail": f"no route for {request.method} {request.url.path}"}, 404
+            )
         url = httpx.URL(backends[service] + request.url.path, query=request.url.query.encode())
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         # The Host the client used, for signatures that cover it (Alibaba Cloud's ACS3).
         headers["x-forwarded-host"] = request.headers.get("host", "")
-        upstream = client.build_request(request.method, url, headers=headers,
-                                        content=await request.body())
+        upstream = client.build_request(
+            request.method, url, headers=headers, content=await request.body()
+        )
         try:
             answer = await client.send(upstream, stream=True)
         except httpx.HTTPError as exc:
             return JSONResponse({"detail": f"{service} service unavailable: {exc!r}"}, 503)
         out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP}
-        return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code,
-                                 headers=out_headers, background=_closer(answer))
+        return StreamingResponse(
+            answer.aiter_raw(),
+            status_code=answer.status_code,
+            headers=out_headers,
+            background=_closer(answer),
+        )
 
     return app
 

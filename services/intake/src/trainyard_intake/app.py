@@ -103,12 +103,18 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
     async def resume(job_id: str, identity: Identity, deps: Deps, _reason: str | None) -> None:
         await request_resume(job_id, identity, deps)
 
-    for verb, request in (("stop", request_stop), ("pause", request_pause),
-                          ("resume", resume), ("restart", request_restart)):
+    for verb, request in (
+        ("stop", request_stop),
+        ("pause", request_pause),
+        ("resume", resume),
+        ("restart", request_restart),
+    ):
         control(verb, request)
 
     @app.post("/v1/tokens", status_code=201)
-    async def post_token(body: TokenRequest, identity: Identity = Depends(current)) -> dict[str, str]:
+    async def post_token(
+        body: TokenRequest, identity: Identity = Depends(current)
+    ) -> dict[str, str]:
         if not identity.admin:
             raise HTTPException(403, "only an admin can issue tokens")
         try:

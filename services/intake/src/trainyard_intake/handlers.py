@@ -77,18 +77,28 @@ async def submit_job(
     return Submitted(job_id, translation.dialect, translation.warnings, translation.errors)
 
 
-async def request_stop(job_id: str, identity: Identity, deps: Deps, reason: str | None = None) -> None:
+async def request_stop(
+    job_id: str, identity: Identity, deps: Deps, reason: str | None = None
+) -> None:
     await _check_owner(job_id, identity, deps)
     await deps.publish(
-        StopJob(job_id=job_id, requested_by=identity.user, reason=reason or f"stopped by {identity.user}")
+        StopJob(
+            job_id=job_id,
+            requested_by=identity.user,
+            reason=reason or f"stopped by {identity.user}",
+        )
     )
 
 
-async def request_pause(job_id: str, identity: Identity, deps: Deps, reason: str | None = None) -> None:
+async def request_pause(
+    job_id: str, identity: Identity, deps: Deps, reason: str | None = None
+) -> None:
     """Placement decides what a pause means where the job is (docs/lifecycle.md)."""
     await _check_owner(job_id, identity, deps)
     await deps.publish(
-        PauseJob(job_id=job_id, requested_by=identity.user, reason=reason or f"paused by {identity.user}")
+        PauseJob(
+            job_id=job_id, requested_by=identity.user, reason=reason or f"paused by {identity.user}"
+        )
     )
 
 
@@ -97,11 +107,17 @@ async def request_resume(job_id: str, identity: Identity, deps: Deps) -> None:
     await deps.publish(ResumeJob(job_id=job_id, requested_by=identity.user))
 
 
-async def request_restart(job_id: str, identity: Identity, deps: Deps, reason: str | None = None) -> None:
+async def request_restart(
+    job_id: str, identity: Identity, deps: Deps, reason: str | None = None
+) -> None:
     """Placement decides what a restart means where the job is (docs/lifecycle.md)."""
     await _check_owner(job_id, identity, deps)
     await deps.publish(
-        RestartJob(job_id=job_id, requested_by=identity.user, reason=reason or f"restarted by {identity.user}")
+        RestartJob(
+            job_id=job_id,
+            requested_by=identity.user,
+            reason=reason or f"restarted by {identity.user}",
+        )
     )
 
 

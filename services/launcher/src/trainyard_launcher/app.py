@@ -10,10 +10,9 @@ import shlex
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
-
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, Field
 
 from trainyard_common.auth import (
     AccessKeyStore,
@@ -76,7 +75,9 @@ def create_app(store: LauncherStore, tokens: TokenStore, deps: Deps | None = Non
         if job is None or job.spec is None:
             raise HTTPException(404, f"job {job_id} has no tasks on this launcher")
         if not identity.can_see(job.user):
-            raise HTTPException(404, f"no job {job_id}")  # as status answers: ids are not to be probed
+            raise HTTPException(
+                404, f"no job {job_id}"
+            )  # as status answers: ids are not to be probed
         if role is None:
             if not job.tasks:
                 raise HTTPException(404, f"job {job_id} has no tasks")
@@ -97,31 +98,45 @@ def create_app(store: LauncherStore, tokens: TokenStore, deps: Deps | None = Non
             # if the log was rotated, comes first.
             data = read_from(path, offset)
             older = read_from(older_part(path), 0) if offset == 0 else b""
-            return Response(older + data, media_type="text/plain; charset=utf-8",
-                            headers={"X-Log-Offset": str(offset + len(data))})
+            return Response(
+                older + data,
+                media_type="text/plain; charset=utf-8",
+                headers={"X-Log-Offset": str(offset + len(data))},
+            )
 
         async def ended() -> bool:
             now = await store.get_task(key)
             return now is None or now.state.terminal
 
-        return StreamingResponse(follow(path, offset, ended, with_older=offset == 0),
-                                 media_type="text/plain; charset=utf-8")
+        return StreamingResponse(
+            follow(path, offset, ended, with_older=offset == 0),
+            media_type="text/plain; charset=utf-8",
+        )
 
     if deps is not None:
+
         @app.post("/v1/jobs/{job_id}/tasks/{role}/{index}/exec")
         async def exec_task(
-            job_id: str, role: str, index: int, body: ExecRequest,
+            job_id: str,
+            role: str,
+            index: int,
+            body: ExecRequest,
             identity: Identity = Depends(current_identity),
         ) -> dict:
             """Run a command in a running task (its environment, working directory and
             mount namespace): ``{exit_code, stdout, stderr, timed_out}``."""
             try:
-                result = await exec_in_task(deps, identity, job_id, role, index, body.command,
-                                            body.timeout_s)
+                result = await exec_in_task(
+                    deps, identity, job_id, role, index, body.command, body.timeout_s
+                )
             except ExecRefused as exc:
                 raise HTTPException(exc.status, exc.detail) from None
-            return {"exit_code": result.exit_code, "stdout": result.stdout,
-                    "stderr": result.stderr, "timed_out": result.timed_out}
+            return {
+                "exit_code": result.exit_code,
+                "stdout": result.stdout,
+                "stderr": result.stderr,
+                "timed_out": result.timed_out,
+            }
 
     app.include_router(dlc_pod_logs(store, tokens))
     return app
@@ -136,7 +151,10 @@ def dlc_pod_logs(store: LauncherStore, tokens: TokenStore) -> APIRouter:
 
     @api.get("/api/v1/jobs/{job_id}/pods/{pod_id}/logs")
     async def get_pod_logs(
-        job_id: str, pod_id: str, request: Request, identity: Identity = Depends(signed),
+        job_id: str,
+        pod_id: str,
+        request: Request,
+        identity: Identity = Depends(signed),
         max_lines: int | None = Query(None, alias="MaxLines", ge=1),
         pod_uid: str | None = Query(None, alias="PodUid"),
     ) -> dict:
@@ -156,8 +174,13 @@ def dlc_pod_logs(store: LauncherStore, tokens: TokenStore) -> APIRouter:
             lines += text.splitlines()
         if max_lines:
             lines = lines[-max_lines:]
-        return {"JobId": job_id, "PodId": pod_id, "PodUid": f"{pod_id}-{attempt}",
-                "Logs": lines, "RequestId": request_id(request)}
+        return {
+            "JobId": job_id,
+            "PodId": pod_id,
+            "PodUid": f"{pod_id}-{attempt}",
+            "Logs": lines,
+            "RequestId": request_id(request),
+        }
 
     return api
 
@@ -171,11 +194,14 @@ async def main() -> None:
         store = MongoLauncherStore(client[settings.db_name()])
         await store.ensure_indexes()
         mechanisms = find_mechanisms(os.environ.get("YARD_CGROUP_ROOT") or None)
-        log.info("task limits on this machine: cgroup v2 %s; /dev/shm per task %s",
-                 f"at {mechanisms.cgroup} ({', '.join(sorted(mechanisms.controllers))})"
-                 if mechanisms.cgroup else f"not used ({mechanisms.why_no_cgroup}); "
-                 "memory as RLIMIT_DATA per process, cpu and pids not enforced",
-                 "yes" if mechanisms.shm_namespace else f"no ({mechanisms.why_no_shm})")
+        log.info(
+            "task limits on this machine: cgroup v2 %s; /dev/shm per task %s",
+            f"at {mechanisms.cgroup} ({', '.join(sorted(mechanisms.controllers))})"
+            if mechanisms.cgroup
+            else f"not used ({mechanisms.why_no_cgroup}); "
+            "memory as RLIMIT_DATA per process, cpu and pids not enforced",
+            "yes" if mechanisms.shm_namespace else f"no ({mechanisms.why_no_shm})",
+        )
         deps = Deps(
             store=store,
             backend=LocalBackend(

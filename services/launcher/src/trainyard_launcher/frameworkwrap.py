@@ -74,7 +74,7 @@ def _options(argv: list[str]) -> dict[str, str]:
     """``--name value`` pairs."""
     if len(argv) % 2 or any(not name.startswith("--") for name in argv[::2]):
         raise SystemExit(f"frameworkwrap: expected --name value pairs, got {argv}")
-    return {name[2:]: value for name, value in zip(argv[::2], argv[1::2])}
+    return {name[2:]: value for name, value in zip(argv[::2], argv[1::2], strict=True)}
 
 
 def _wrapped_command(task_dir: Path) -> list[str]:
@@ -90,26 +90,37 @@ def _wrapped_command(task_dir: Path) -> list[str]:
 
 # --------------------------------------------------------------------------------- MPI
 
+
 def _hosts(spec: str) -> list[tuple[str, int]]:
-    return [(name, int(slots)) for name, _, slots in
-            (item.partition("=") for item in spec.split(",") if item)]
+    return [
+        (name, int(slots))
+        for name, _, slots in (item.partition("=") for item in spec.split(",") if item)
+    ]
 
 
 def _mpi_files(task_dir: Path, hosts: list[tuple[str, int]]) -> None:
     _write(task_dir / HOSTFILE, "".join(f"{name} slots={slots}\n" for name, slots in hosts))
     if task_dir.name in {name for name, _ in hosts}:
         # What a rank started on this "host" runs with: this task's own environment.
-        _write(task_dir / ENV_FILE, json.dumps({"env": dict(os.environ), "cwd": os.getcwd()}),
-               0o600)
+        _write(
+            task_dir / ENV_FILE, json.dumps({"env": dict(os.environ), "cwd": os.getcwd()}), 0o600
+        )
 
 
 def mpi_launcher(options: dict[str, str]) -> int:
     task_dir = Path(options["dir"])
     command = _wrapped_command(task_dir)
     _mpi_files(task_dir, _hosts(options["hosts"]))
-    agent = [sys.executable, "-I", "-m", "trainyard_launcher.frameworkwrap", "mpi-rsh",
-             "--attempt-dir", options["attempt-dir"]]
-    _write(task_dir / AGENT, f"#!/bin/sh\nexec {shlex.join(agent)} \"$@\"\n", 0o755)
+    agent = [
+        sys.executable,
+        "-I",
+        "-m",
+        "trainyard_launcher.frameworkwrap",
+        "mpi-rsh",
+        "--attempt-dir",
+        options["attempt-dir"],
+    ]
+    _write(task_dir / AGENT, f'#!/bin/sh\nexec {shlex.join(agent)} "$@"\n', 0o755)
     env = dict(os.environ)
     if os.geteuid() == 0:
         # Open MPI refuses to run as root without both.
@@ -125,8 +136,10 @@ def mpi_worker(options: dict[str, str]) -> int:
     task_dir = Path(options["dir"])
     _mpi_files(task_dir, _hosts(options["hosts"]))
     until = Path(options["until"])
-    say(f"MPI worker {task_dir.name}: ranks arrive through mpirun; waiting until "
-        f"{until.parent.name} ends")
+    say(
+        f"MPI worker {task_dir.name}: ranks arrive through mpirun; waiting until "
+        f"{until.parent.name} ends"
+    )
     while not until.exists():
         time.sleep(0.2)
     return 0
@@ -164,21 +177,27 @@ def mpi_rsh(argv: list[str]) -> int:
 
 # ----------------------------------------------------------------------------- XGBoost
 
+
 def xgboost_tracker(options: dict[str, str]) -> int:
     command = _wrapped_command(Path(options["dir"]))
     python = shutil.which("python", path=os.environ.get("PATH")) or "python3"
     tracker = subprocess.Popen(
         [python, "-c", TRACKER, options["workers"], options["host"], options["port"]],
-        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
     assert tracker.stdout is not None
     ready, _, _ = select.select([tracker.stdout], [], [], TRACKER_START_S)
     line = tracker.stdout.readline().strip() if ready else ""
     if line != "ready":
         tracker.kill()
         tracker.wait()
-        say(f"the XGBoost tracker did not start with {python} on "
+        say(
+            f"the XGBoost tracker did not start with {python} on "
             f"{options['host']}:{options['port']} (is xgboost installed in the job's "
-            "environment?)")
+            "environment?)"
+        )
         return 1
     say(f"XGBoost tracker for {options['workers']} workers on {options['host']}:{options['port']}")
     stdout = tracker.stdout

@@ -26,7 +26,6 @@ from typing import Any
 
 from trainyard_common.bus import Delivery
 from trainyard_common.errors import TransientError
-from trainyard_common.telemetry import continue_trace, current_traceparent
 from trainyard_common.events import (
     Event,
     InterruptCause,
@@ -42,6 +41,7 @@ from trainyard_common.events import (
     TaskStateChanged,
     derived_id,
 )
+from trainyard_common.telemetry import continue_trace, current_traceparent
 
 from .adapters.local import (
     AlreadyLaunched,
@@ -54,6 +54,7 @@ from .adapters.local import (
     TaskStatus,
     task_env,
 )
+from .adapters.rendezvous import reserve_port
 from .adapters.store import (
     JOB_FINISHED,
     JOB_RUNNING,
@@ -66,10 +67,9 @@ from .adapters.store import (
     now_ms,
 )
 from .domain.completion import TaskOutcome, Verdict, decide, exit_reason
-from .adapters.rendezvous import reserve_port
 from .domain.env import build_task_env, substitute_secrets
-from .domain.frameworks import FrameworkContext, framework_command, port_to_reserve
 from .domain.failure import BACKOFF_BASE_S, EndKind, classify, judge, preparation_kind
+from .domain.frameworks import FrameworkContext, framework_command, port_to_reserve
 from .domain.lifecycle import (
     DEBUG_REASON,
     CleanupView,
@@ -83,9 +83,9 @@ from .domain.lifecycle import (
 from .domain.prepare import (
     PlanProblem,
     PreparePlan,
+    deadline_reason,
     debug_env_text,
     debug_reason,
-    deadline_reason,
     needs_preparation,
     plan_preparation,
     prepared_env,
@@ -137,29 +137,45 @@ def task_ref(task: TaskRecord) -> TaskRef:
 def task_event(task: TaskRecord, step: Transition) -> TaskStateChanged:
     return TaskStateChanged(
         event_id=derived_id(task.job_id, task.attempt, task.role, task.index, step.seq),
-        job_id=task.job_id, occurred_at=step.at, attempt=task.attempt, role=task.role,
-        index=task.index, state=step.state, seq=step.seq, node=task.node,
-        exit_code=step.exit_code, reason=step.reason, failure_class=step.failure_class,
+        job_id=task.job_id,
+        occurred_at=step.at,
+        attempt=task.attempt,
+        role=task.role,
+        index=task.index,
+        state=step.state,
+        seq=step.seq,
+        node=task.node,
+        exit_code=step.exit_code,
+        reason=step.reason,
+        failure_class=step.failure_class,
     )
 
 
 def finished_event(job: JobRecord) -> JobFinished:
     assert job.verdict is not None
     return JobFinished(
-        event_id=derived_id(job.job_id, job.attempt, "finished"), job_id=job.job_id,
-        attempt=job.attempt, state=job.verdict.state, reason=job.verdict.reason,
-        exit_code=job.verdict.exit_code, failure_class=job.verdict.failure_class,
+        event_id=derived_id(job.job_id, job.attempt, "finished"),
+        job_id=job.job_id,
+        attempt=job.attempt,
+        state=job.verdict.state,
+        reason=job.verdict.reason,
+        exit_code=job.verdict.exit_code,
+        failure_class=job.verdict.failure_class,
     )
 
 
 def retrying_event(job: JobRecord) -> JobRetrying:
     assert job.retry is not None and job.retry.not_before is not None
     return JobRetrying(
-        event_id=derived_id(job.job_id, job.attempt, "retry"), job_id=job.job_id,
+        event_id=derived_id(job.job_id, job.attempt, "retry"),
+        job_id=job.job_id,
         # When the retry was decided (stored), so a re-publish is the same event.
         occurred_at=job.retry.not_before - timedelta(seconds=job.retry.backoff_s),
-        attempt=job.retry.attempt, previous_attempt=job.attempt, reason=job.retry.reason,
-        failure_class=job.retry.failure_class, not_before=job.retry.not_before,
+        attempt=job.retry.attempt,
+        previous_attempt=job.attempt,
+        reason=job.retry.reason,
+        failure_class=job.retry.failure_class,
+        not_before=job.retry.not_before,
     )
 
 
@@ -167,8 +183,11 @@ def interrupted_event(job: JobRecord) -> JobInterrupted:
     assert job.interrupt is not None
     cause, reason = job.interrupt
     return JobInterrupted(
-        event_id=derived_id(job.job_id, job.attempt, "interrupted"), job_id=job.job_id,
-        attempt=job.attempt, cause=InterruptCause(cause), reason=reason,
+        event_id=derived_id(job.job_id, job.attempt, "interrupted"),
+        job_id=job.job_id,
+        attempt=job.attempt,
+        cause=InterruptCause(cause),
+        reason=reason,
     )
 
 
@@ -192,7 +211,9 @@ async def publish_pending(deps: Deps, task: TaskRecord) -> TaskRecord:
     return dataclasses.replace(task, published_seq=task.seq, outbox=False)
 
 
-async def record(deps: Deps, task: TaskRecord, state: TaskState, **fields: Any) -> TaskRecord | None:
+async def record(
+    deps: Deps, task: TaskRecord, state: TaskState, **fields: Any
+) -> TaskRecord | None:
     """Store a transition, then publish it; None when the task moved on meanwhile."""
     new = await deps.store.transition(task, state, **fields)
     if new is None:
@@ -201,6 +222,7 @@ async def record(deps: Deps, task: TaskRecord, state: TaskState, **fields: Any) 
 
 
 # --- launching ------------------------------------------------------------------------
+
 
 async def launch_job(event: JobPlaced, deps: Deps) -> None:
     async with deps.lock(event.job_id):
@@ -217,9 +239,15 @@ async def launch_job(event: JobPlaced, deps: Deps) -> None:
         # early (a task that cannot start) finds and stops all of them.
         for placement in event.tasks:
             ref = TaskRef(event.job_id, event.attempt, placement.role, placement.index)
-            task = new_task(event.job_id, event.attempt, placement.role, placement.index,
-                            str(deps.backend.task_dir(ref)), placement.node,
-                            traceparent=current_traceparent())
+            task = new_task(
+                event.job_id,
+                event.attempt,
+                placement.role,
+                placement.index,
+                str(deps.backend.task_dir(ref)),
+                placement.node,
+                traceparent=current_traceparent(),
+            )
             if not await deps.store.insert_task(task):
                 task = await deps.store.get_task(task.id) or task
             started.append((await publish_pending(deps, task), placement))
@@ -229,7 +257,9 @@ async def launch_job(event: JobPlaced, deps: Deps) -> None:
                 task = await start_task(deps, job, task, placement) or task
             if task.state == TaskState.RUNNING:
                 deps.watching[task.id] = task
-            elif task.state == TaskState.FAILED and await evaluate_job(deps, job.job_id, job.attempt):
+            elif task.state == TaskState.FAILED and await evaluate_job(
+                deps, job.job_id, job.attempt
+            ):
                 return
         await evaluate_job(deps, job.job_id, job.attempt)
 
@@ -238,9 +268,15 @@ async def _job_for(event: JobPlaced, deps: Deps) -> JobRecord | None:
     """This attempt's job record, created or moved on as needed; None when the event is
     about an older attempt than the one here."""
     store = deps.store
-    fresh = JobRecord(job_id=event.job_id, attempt=event.attempt, state=JOB_RUNNING,
-                      spec=event.spec, tasks=event.tasks, user=event.spec.user,
-                      retries_used=event.retries_used)
+    fresh = JobRecord(
+        job_id=event.job_id,
+        attempt=event.attempt,
+        state=JOB_RUNNING,
+        spec=event.spec,
+        tasks=event.tasks,
+        user=event.spec.user,
+        retries_used=event.retries_used,
+    )
     job = await store.get_job(event.job_id)
     if job is None:
         if await store.insert_job(fresh):
@@ -265,7 +301,8 @@ async def _job_for(event: JobPlaced, deps: Deps) -> JobRecord | None:
         if job.stop_reason is not None:
             # Stopped while it waited for this retry: the attempt ends before it starts.
             fresh = dataclasses.replace(
-                fresh, state=JOB_FINISHED, verdict=Verdict(JobState.STOPPED, job.stop_reason))
+                fresh, state=JOB_FINISHED, verdict=Verdict(JobState.STOPPED, job.stop_reason)
+            )
         if await store.start_attempt(fresh, JOB_FINISHED, job.attempt):
             return fresh
         return await store.get_job(event.job_id)
@@ -285,41 +322,85 @@ async def start_task(
     launched = None
     if not deps.backend.was_launched(ref):
         if placement is None:
-            return await record(deps, task, TaskState.FAILED, reason="no placement for the task",
-                                ended_at=time.time(), **_failure(EndKind.START_FAILED))
+            return await record(
+                deps,
+                task,
+                TaskState.FAILED,
+                reason="no placement for the task",
+                ended_at=time.time(),
+                **_failure(EndKind.START_FAILED),
+            )
         role = job.spec.role(task.role)
         framework = _framework(deps, job, ref)
-        env = build_task_env(job.spec, job.tasks, task.role, task.index, task.attempt,
-                             task.job_id, deps.default_fs_uri, framework)
-        claims = [PortClaim(a.label, placement.host_ip, port)
-                  for a in placement.ports for port in a.ports]
+        env = build_task_env(
+            job.spec,
+            job.tasks,
+            task.role,
+            task.index,
+            task.attempt,
+            task.job_id,
+            deps.default_fs_uri,
+            framework,
+        )
+        claims = [
+            PortClaim(a.label, placement.host_ip, port) for a in placement.ports for port in a.ports
+        ]
         plan = _plan_for(deps, job, ref)
         if isinstance(plan, PlanProblem):
             reason = _kept_for_debug(deps, job, task, f"could not start: {plan.reason}")
-            return await record(deps, task, TaskState.FAILED, reason=reason, ended_at=time.time(),
-                                **_failure(EndKind.UNSUPPORTED))
+            return await record(
+                deps,
+                task,
+                TaskState.FAILED,
+                reason=reason,
+                ended_at=time.time(),
+                **_failure(EndKind.UNSUPPORTED),
+            )
         try:
             command = substitute_secrets(role.command, {s.name: s.value for s in job.spec.secrets})
-            command = framework_command(job.spec, job.tasks, task.role, task.index, command,
-                                        framework)
+            command = framework_command(
+                job.spec, job.tasks, task.role, task.index, command, framework
+            )
             options = TaskOptions(debug=is_debug(job.spec), resources=role.resources)
             launched = deps.backend.launch(ref, command, env, claims, prepare=plan, options=options)
         except AlreadyLaunched:
             launched = None
         except LaunchError as exc:
-            kind = EndKind.PORT_UNAVAILABLE if isinstance(exc, PortUnavailable) else EndKind.START_FAILED
-            return await record(deps, task, TaskState.FAILED, reason=f"could not start: {exc}",
-                                ended_at=time.time(), **_failure(kind))
+            kind = (
+                EndKind.PORT_UNAVAILABLE
+                if isinstance(exc, PortUnavailable)
+                else EndKind.START_FAILED
+            )
+            return await record(
+                deps,
+                task,
+                TaskState.FAILED,
+                reason=f"could not start: {exc}",
+                ended_at=time.time(),
+                **_failure(kind),
+            )
     if launched is None:
         launched = await deps.backend.wait_started(ref, deps.start_wait_s)
         if launched is None:
-            return await record(deps, task, TaskState.FAILED, reason=LOST_WHILE_STARTING,
-                                ended_at=time.time(), **_failure(EndKind.LOST))
+            return await record(
+                deps,
+                task,
+                TaskState.FAILED,
+                reason=LOST_WHILE_STARTING,
+                ended_at=time.time(),
+                **_failure(EndKind.LOST),
+            )
     notes = [DEBUG_REASON] if is_debug(job.spec) else []
     notes += [launched.note] if launched.note else []
-    return await record(deps, task, TaskState.RUNNING, pid=launched.pid,
-                        start_ticks=launched.start_ticks, started=now_ms(),
-                        reason="; ".join(notes) or None)
+    return await record(
+        deps,
+        task,
+        TaskState.RUNNING,
+        pid=launched.pid,
+        start_ticks=launched.start_ticks,
+        started=now_ms(),
+        reason="; ".join(notes) or None,
+    )
 
 
 def _framework(deps: Deps, job: JobRecord, ref: TaskRef) -> FrameworkContext:
@@ -337,8 +418,13 @@ def _plan_for(deps: Deps, job: JobRecord, ref: TaskRef) -> PreparePlan | PlanPro
     assert job.spec is not None
     if not needs_preparation(job.spec):
         return None
-    return plan_preparation(job.spec, str(deps.backend.task_dir(ref)),
-                            str(deps.backend.job_dir(ref.job_id)), ref.attempt, deps.pip_args)
+    return plan_preparation(
+        job.spec,
+        str(deps.backend.task_dir(ref)),
+        str(deps.backend.job_dir(ref.job_id)),
+        ref.attempt,
+        deps.pip_args,
+    )
 
 
 def _kept_for_debug(deps: Deps, job: JobRecord | None, task: TaskRecord, reason: str) -> str:
@@ -349,7 +435,8 @@ def _kept_for_debug(deps: Deps, job: JobRecord | None, task: TaskRecord, reason:
     full = task_full_env(deps, job, task)
     try:
         path = deps.backend.write_debug_env(
-            task_ref(task), debug_env_text(full, [s.value for s in job.spec.secrets]))
+            task_ref(task), debug_env_text(full, [s.value for s in job.spec.secrets])
+        )
     except OSError as exc:
         return f"{reason}; its environment could not be kept: {exc}"
     return debug_reason(reason, task.dir, str(path))
@@ -360,9 +447,16 @@ def task_full_env(deps: Deps, job: JobRecord, task: TaskRecord) -> dict[str, str
     virtualenv's): for its debug env file and for commands run in it (exec)."""
     assert job.spec is not None
     try:
-        env = build_task_env(job.spec, job.tasks, task.role, task.index, task.attempt,
-                             task.job_id, deps.default_fs_uri,
-                             _framework(deps, job, task_ref(task)))
+        env = build_task_env(
+            job.spec,
+            job.tasks,
+            task.role,
+            task.index,
+            task.attempt,
+            task.job_id,
+            deps.default_fs_uri,
+            _framework(deps, job, task_ref(task)),
+        )
     except (KeyError, OSError):
         env = {}
     plan = _plan_for(deps, job, task_ref(task))
@@ -371,8 +465,10 @@ def task_full_env(deps: Deps, job: JobRecord, task: TaskRecord) -> dict[str, str
 
 # --- ending ---------------------------------------------------------------------------
 
-def _failure(kind: EndKind, exit_code: int | None = None,
-             signal: int | None = None) -> dict[str, Any]:
+
+def _failure(
+    kind: EndKind, exit_code: int | None = None, signal: int | None = None
+) -> dict[str, Any]:
     """The fields that classify a failed end (domain/failure.py)."""
     return {"failure_class": classify(exit_code, signal, kind), "end_kind": kind.value}
 
@@ -380,20 +476,30 @@ def _failure(kind: EndKind, exit_code: int | None = None,
 def _end_of(status: TaskStatus, lost_reason: str) -> tuple[TaskState, dict[str, Any]]:
     ended_at = status.ended_at or time.time()
     if status.lost:
-        return TaskState.FAILED, {"reason": lost_reason, "ended_at": ended_at,
-                                  **_failure(EndKind.LOST)}
-    fields = {"exit_code": status.exit_code, "signal": status.signal,
-              "reason": status.reason or exit_reason(status.exit_code, status.signal),
-              "ended_at": ended_at}
+        return TaskState.FAILED, {
+            "reason": lost_reason,
+            "ended_at": ended_at,
+            **_failure(EndKind.LOST),
+        }
+    fields = {
+        "exit_code": status.exit_code,
+        "signal": status.signal,
+        "reason": status.reason or exit_reason(status.exit_code, status.signal),
+        "ended_at": ended_at,
+    }
     ok = status.exit_code == 0 and not status.signal
     if ok:
         return TaskState.SUCCEEDED, fields
     if status.end_kind == EndKind.OUT_OF_MEMORY.value:
         fields["reason"] = f"{exit_reason(status.exit_code, status.signal)}; {status.reason}"
-        return TaskState.FAILED, {**fields, **_failure(EndKind.OUT_OF_MEMORY, status.exit_code,
-                                                       status.signal)}
+        return TaskState.FAILED, {
+            **fields,
+            **_failure(EndKind.OUT_OF_MEMORY, status.exit_code, status.signal),
+        }
     # The wrapper gives a reason only when the preparation failed (the command never ran).
-    kind = preparation_kind(status.reason) if status.reason and not status.signal else EndKind.EXITED
+    kind = (
+        preparation_kind(status.reason) if status.reason and not status.signal else EndKind.EXITED
+    )
     return TaskState.FAILED, {**fields, **_failure(kind, status.exit_code, status.signal)}
 
 
@@ -428,12 +534,20 @@ async def evaluate_job(deps: Deps, job_id: str, attempt: int) -> bool:
 
 
 def _outcomes(tasks: list[TaskRecord]) -> dict[tuple[str, int], TaskOutcome]:
-    return {(t.role, t.index): TaskOutcome(t.state, t.exit_code, t.reason, t.ended_at, t.signal,
-                                           t.failure_class, t.end_kind) for t in tasks}
+    return {
+        (t.role, t.index): TaskOutcome(
+            t.state, t.exit_code, t.reason, t.ended_at, t.signal, t.failure_class, t.end_kind
+        )
+        for t in tasks
+    }
 
 
-async def _finish_with(deps: Deps, job: JobRecord, verdict: Verdict,
-                       outcomes: dict[tuple[str, int], TaskOutcome] | None = None) -> None:
+async def _finish_with(
+    deps: Deps,
+    job: JobRecord,
+    verdict: Verdict,
+    outcomes: dict[tuple[str, int], TaskOutcome] | None = None,
+) -> None:
     """Store the attempt's end (and, for a failure that runs again, its retry), then
     publish it. A retry's not_before is fixed here, once, so a re-publish is the same."""
     retry = None
@@ -441,8 +555,15 @@ async def _finish_with(deps: Deps, job: JobRecord, verdict: Verdict,
         if outcomes is None:
             outcomes = _outcomes(await deps.store.tasks_of(job.job_id, job.attempt))
         # Attempts started by a pause, a preemption or a scale spent no retry.
-        verdict, retry = judge(job.spec, job.attempt, verdict, outcomes, now=now_ms(),
-                               base_s=deps.retry_backoff_s, retries_used=job.retries_used)
+        verdict, retry = judge(
+            job.spec,
+            job.attempt,
+            verdict,
+            outcomes,
+            now=now_ms(),
+            base_s=deps.retry_backoff_s,
+            retries_used=job.retries_used,
+        )
     if await deps.store.set_verdict(job.job_id, job.attempt, verdict, retry):
         job = dataclasses.replace(job, state=JOB_FINISHED, verdict=verdict, retry=retry)
     else:
@@ -476,9 +597,15 @@ async def finish_job(deps: Deps, job: JobRecord) -> None:
         status = await deps.backend.kill(ref, pid, started, deps.kill_grace_s)
         current: TaskRecord | None = task
         while current is not None and not current.state.terminal:
-            if await record(deps, current, TaskState.STOPPED, exit_code=status.exit_code,
-                            signal=status.signal, reason=reason,
-                            ended_at=status.ended_at or time.time()):
+            if await record(
+                deps,
+                current,
+                TaskState.STOPPED,
+                exit_code=status.exit_code,
+                signal=status.signal,
+                reason=reason,
+                ended_at=status.ended_at or time.time(),
+            ):
                 break
             current = await deps.store.get_task(task.id)
         deps.watching.pop(task.id, None)
@@ -494,18 +621,28 @@ async def clean_up(deps: Deps, job: JobRecord) -> None:
     if job.spec is None or job.interrupt is not None:
         return  # an interrupted attempt (pause, preemption, scale) keeps its directories
     tasks = await deps.store.tasks_of(job.job_id, job.attempt)
-    plan = plan_cleanup(job.spec.cleanup_policy, job.spec.keep_failed_for_debug,
-                        [CleanupView(t.role, t.index, t.state) for t in tasks],
-                        job_ended=job.retry is None)
+    plan = plan_cleanup(
+        job.spec.cleanup_policy,
+        job.spec.keep_failed_for_debug,
+        [CleanupView(t.role, t.index, t.state) for t in tasks],
+        job_ended=job.retry is None,
+    )
     for role, index in plan.tasks:
         removed = deps.backend.clean_task(TaskRef(job.job_id, job.attempt, role, index))
-        log.info("clean-up %s of %s: removed %s of %s[%d]", job.spec.cleanup_policy,
-                 job.job_id, ", ".join(removed) or "nothing", role, index)
+        log.info(
+            "clean-up %s of %s: removed %s of %s[%d]",
+            job.spec.cleanup_policy,
+            job.job_id,
+            ", ".join(removed) or "nothing",
+            role,
+            index,
+        )
     if plan.job_venv and deps.backend.clean_job(job.job_id):
         log.info("clean-up All of %s: removed the job's virtualenv", job.job_id)
 
 
 # --- stopping -------------------------------------------------------------------------
+
 
 async def stop_job(command: StopJob, deps: Deps) -> None:
     async with deps.lock(command.job_id):
@@ -531,6 +668,7 @@ async def stop_job(command: StopJob, deps: Deps) -> None:
 
 # --- interrupting ---------------------------------------------------------------------
 
+
 async def interrupt_job(command: InterruptJob, deps: Deps) -> None:
     """Placement takes this attempt's capacity back (a pause, a preemption, a scale): its
     tasks end as STOPPED with their directories kept, the attempt is finished as
@@ -542,7 +680,8 @@ async def interrupt_job(command: InterruptJob, deps: Deps) -> None:
             # Placement announces an attempt before it interrupts it: the JobPlaced is
             # still on its way (or was put back for later); this waits for it.
             raise TransientError(
-                f"attempt {command.attempt} of {command.job_id} is not known here yet")
+                f"attempt {command.attempt} of {command.job_id} is not known here yet"
+            )
         if job.attempt > command.attempt:
             return  # an older attempt's interrupt
         if job.state == JOB_FINISHED:
@@ -551,11 +690,15 @@ async def interrupt_job(command: InterruptJob, deps: Deps) -> None:
                 await finish_job(deps, job)
             return
         verdict = Verdict(JobState.STOPPED, command.reason)
-        if await deps.store.set_interrupted(job.job_id, job.attempt, verdict,
-                                            command.cause.value):
-            job = dataclasses.replace(job, state=JOB_FINISHED, verdict=verdict, retry=None,
-                                      interrupt=(command.cause.value, command.reason),
-                                      finished_published=False)
+        if await deps.store.set_interrupted(job.job_id, job.attempt, verdict, command.cause.value):
+            job = dataclasses.replace(
+                job,
+                state=JOB_FINISHED,
+                verdict=verdict,
+                retry=None,
+                interrupt=(command.cause.value, command.reason),
+                finished_published=False,
+            )
         else:
             job = await deps.store.get_job(job.job_id) or job
         if job.state == JOB_FINISHED and not job.finished_published:
@@ -576,6 +719,7 @@ async def dispatch(deps: Deps, event: Event, _delivery: Delivery | None = None) 
 
 
 # --- watching and adopting ------------------------------------------------------------
+
 
 async def check_tasks(deps: Deps) -> None:
     """One look at every watched task; record the ends and apply the rules."""
@@ -606,20 +750,30 @@ async def check_deadlines(deps: Deps) -> None:
             job = await deps.store.get_job(job_id)
             limit = job.spec.max_running_minutes if job and job.spec else None
             starts = [t.started for t in await deps.store.tasks_of(job_id, attempt) if t.started]
-            deps.deadlines[(job_id, attempt)] = run_deadline(limit, min(starts, default=None),
-                                                             deps.minute_s)
+            deps.deadlines[(job_id, attempt)] = run_deadline(
+                limit, min(starts, default=None), deps.minute_s
+            )
         deadline = deps.deadlines[(job_id, attempt)]
         if deadline is None or now_ms() < deadline:
             continue
         async with lock:
             job = await deps.store.get_job(job_id)
-            if job is None or job.attempt != attempt or job.state != JOB_RUNNING or job.spec is None:
+            if (
+                job is None
+                or job.attempt != attempt
+                or job.state != JOB_RUNNING
+                or job.spec is None
+            ):
                 continue
             assert job.spec.max_running_minutes is not None
-            with continue_trace(next((t.traceparent for t in deps.watching.values()
-                                      if t.job_id == job_id), None)):
-                await _finish_with(deps, job, Verdict(
-                    JobState.FAILED, deadline_reason(job.spec.max_running_minutes)))
+            with continue_trace(
+                next((t.traceparent for t in deps.watching.values() if t.job_id == job_id), None)
+            ):
+                await _finish_with(
+                    deps,
+                    job,
+                    Verdict(JobState.FAILED, deadline_reason(job.spec.max_running_minutes)),
+                )
 
 
 async def check_start_deadlines(deps: Deps) -> None:
@@ -639,14 +793,20 @@ async def check_start_deadlines(deps: Deps) -> None:
             # From the stored STARTING times, so a restarted launcher keeps the deadline.
             tasks = await deps.store.tasks_of(job_id, attempt)
             placed_at = min((t.transitions[0].at for t in tasks if t.transitions), default=None)
-            deps.start_deadlines[(job_id, attempt)] = start_deadline(placed_at,
-                                                                     deps.start_deadline_s)
+            deps.start_deadlines[(job_id, attempt)] = start_deadline(
+                placed_at, deps.start_deadline_s
+            )
         deadline = deps.start_deadlines[(job_id, attempt)]
         if deadline is None or now_ms() < deadline:
             continue
         async with lock:
             job = await deps.store.get_job(job_id)
-            if job is None or job.attempt != attempt or job.state != JOB_RUNNING or job.spec is None:
+            if (
+                job is None
+                or job.attempt != attempt
+                or job.state != JOB_RUNNING
+                or job.spec is None
+            ):
                 continue
             tasks = await deps.store.tasks_of(job_id, attempt)
             late = late_tasks([_start_view(deps, t) for t in tasks])
@@ -657,15 +817,23 @@ async def check_start_deadlines(deps: Deps) -> None:
             with continue_trace(tasks[0].traceparent if tasks else None):
                 for view in late:
                     task = next(t for t in tasks if (t.role, t.index) == (view.role, view.index))
-                    status = await deps.backend.kill(task_ref(task), task.pid, task.start_ticks,
-                                                     deps.kill_grace_s)
-                    await record(deps, task, TaskState.FAILED, reason=reason,
-                                 exit_code=status.exit_code, signal=status.signal,
-                                 ended_at=status.ended_at or time.time(),
-                                 **_failure(EndKind.START_TIMEOUT))
+                    status = await deps.backend.kill(
+                        task_ref(task), task.pid, task.start_ticks, deps.kill_grace_s
+                    )
+                    await record(
+                        deps,
+                        task,
+                        TaskState.FAILED,
+                        reason=reason,
+                        exit_code=status.exit_code,
+                        signal=status.signal,
+                        ended_at=status.ended_at or time.time(),
+                        **_failure(EndKind.START_TIMEOUT),
+                    )
                     deps.watching.pop(task.id, None)
-                await _finish_with(deps, job, Verdict(JobState.FAILED, reason,
-                                                      task=(late[0].role, late[0].index)))
+                await _finish_with(
+                    deps, job, Verdict(JobState.FAILED, reason, task=(late[0].role, late[0].index))
+                )
 
 
 def _start_view(deps: Deps, task: TaskRecord) -> StartView:

@@ -99,7 +99,10 @@ def _rotated(f: BinaryIO, path: Path) -> bool:
 
 
 async def follow(
-    path: Path, offset: int, ended: Callable[[], Awaitable[bool]], poll_s: float = 0.3,
+    path: Path,
+    offset: int,
+    ended: Callable[[], Awaitable[bool]],
+    poll_s: float = 0.3,
     with_older: bool = False,
 ) -> AsyncIterator[bytes]:
     """New bytes of ``path`` from ``offset`` as they come, across the wrapper's

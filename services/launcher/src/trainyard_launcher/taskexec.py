@@ -32,8 +32,15 @@ def exec_argv(command: list[str] | str) -> list[str]:
     return list(command)
 
 
-async def exec_in_task(deps: Deps, identity: Identity, job_id: str, role: str, index: int,
-                       command: list[str] | str, timeout_s: float) -> ExecResult:
+async def exec_in_task(
+    deps: Deps,
+    identity: Identity,
+    job_id: str,
+    role: str,
+    index: int,
+    command: list[str] | str,
+    timeout_s: float,
+) -> ExecResult:
     argv = exec_argv(command)
     job = await deps.store.get_job(job_id)
     if job is None or job.spec is None or not identity.can_see(job.user):
@@ -43,7 +50,11 @@ async def exec_in_task(deps: Deps, identity: Identity, job_id: str, role: str, i
     if task is None:
         raise ExecRefused(404, f"job {job_id} has no task {role}[{index}] in attempt {job.attempt}")
     if task.state != TaskState.RUNNING:
-        raise ExecRefused(409, f"task {role}[{index}] of job {job_id} is {task.state.value}, "
-                               "not RUNNING: commands run only in a running task")
-    return await deps.backend.exec(task_ref(task), argv, task_full_env(deps, job, task),
-                                   timeout_s, pid=task.pid)
+        raise ExecRefused(
+            409,
+            f"task {role}[{index}] of job {job_id} is {task.state.value}, "
+            "not RUNNING: commands run only in a running task",
+        )
+    return await deps.backend.exec(
+        task_ref(task), argv, task_full_env(deps, job, task), timeout_s, pid=task.pid
+    )

@@ -36,7 +36,6 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-
 from typing import TYPE_CHECKING
 
 from trainyard_launcher.adapters.procfs import start_ticks
@@ -117,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     if options.get("debug"):
         # T9k's debug mode: the task is made ready, but a keep-alive runs, not the command.
         command = [shutil.which("sleep") or "/bin/sleep", "infinity"]
-        say.write("trainyard: debug mode: the command is not run; this task stays up until "
-                  "the job is stopped (`yard exec` runs commands in it)\n")
+        say.write(
+            "trainyard: debug mode: the command is not run; this task stays up until "
+            "the job is stopped (`yard exec` runs commands in it)\n"
+        )
 
     child_env: dict[str, str] | None = None
     links: list[tuple[str, str]] = []
@@ -161,8 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     err_r, err_w = os.pipe()
     try:
         child = subprocess.Popen(
-            command, cwd=task_dir / "work", stdin=subprocess.DEVNULL, stdout=out_w,
-            stderr=err_w, process_group=0, env=child_env, preexec_fn=preexec,
+            command,
+            cwd=task_dir / "work",
+            stdin=subprocess.DEVNULL,
+            stdout=out_w,
+            stderr=err_w,
+            process_group=0,
+            env=child_env,
+            preexec_fn=preexec,
         )
     except OSError as exc:
         say.write(f"trainyard: cannot start {command[0]!r}: {exc}\n")
@@ -192,7 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     _drain(pipes)
     killed_by = -returncode if returncode < 0 else None
     exit_code = 128 + killed_by if killed_by else returncode
-    ended: dict[str, object] = {"exit_code": exit_code, "signal": killed_by, "ended_at": time.time()}
+    ended: dict[str, object] = {
+        "exit_code": exit_code,
+        "signal": killed_by,
+        "ended_at": time.time(),
+    }
     if (failed := task_dir / FAILED_FILE).exists():
         ended["reason"] = failed.read_text().strip()
     elif limits is not None and exit_code != 0 and _out_of_memory(limits, cgroup, err_log):
@@ -270,7 +281,7 @@ def _children() -> list[tuple[int, str]]:
                 raw = f.read().decode(errors="replace")
         except OSError:
             continue
-        rest = raw[raw.rfind(")") + 2:].split()
+        rest = raw[raw.rfind(")") + 2 :].split()
         if len(rest) > 1 and int(rest[1]) == me:
             found.append((int(name), rest[0]))
     return found
@@ -327,7 +338,11 @@ def _end_unstarted(task_dir: Path, pending: list[int], reason: str | None) -> in
     killed_by = pending[0] if pending else None
     # No exit code when the command never ran: the reason says what happened instead.
     exit_code = 128 + killed_by if killed_by else None
-    ended: dict[str, object] = {"exit_code": exit_code, "signal": killed_by, "ended_at": time.time()}
+    ended: dict[str, object] = {
+        "exit_code": exit_code,
+        "signal": killed_by,
+        "ended_at": time.time(),
+    }
     if reason is not None and not killed_by:
         ended["reason"] = reason
     write_atomically(task_dir / "exit.json", json.dumps(ended))

@@ -55,7 +55,8 @@ from .node_admin import NodeAdmin, NodeError
 SERVICE = "placement"
 CONSUMER = "placement"
 SUBJECTS = events_of("accepted", "finished", "retrying", "interrupted") + commands_of(
-    "stop", "pause", "resume", "scale", "restart")
+    "stop", "pause", "resume", "scale", "restart"
+)
 LEASE_BUCKET = "yard_leases"
 LEASE_KEY = "placement"
 DEFAULT_LEASE_TTL_S = 5.0
@@ -90,10 +91,15 @@ def build_app(deps: Deps, tokens: TokenStore) -> FastAPI:
         except JobEnded as exc:
             raise HTTPException(409, f"job {job_id} has ended; it cannot be scaled") from exc
         except ScaleRefused as exc:
-            raise HTTPException(400, {"message": str(exc), "errors": [
-                {"path": exc.field, "message": str(exc)}]}) from exc
-        return {"id": job_id, "role": command.role, "replicas": command.replicas,
-                "scale": "requested"}
+            raise HTTPException(
+                400, {"message": str(exc), "errors": [{"path": exc.field, "message": str(exc)}]}
+            ) from exc
+        return {
+            "id": job_id,
+            "role": command.role,
+            "replicas": command.replicas,
+            "scale": "requested",
+        }
 
     return app
 
@@ -154,8 +160,11 @@ class Front:
 
         @self.app.get(LEADER_PATH)
         async def leader(identity: Identity = Depends(current)) -> dict[str, Any]:
-            return {"replica": lease.replica, "leading": self.leader_app is not None,
-                    "leader": await lease.holder()}
+            return {
+                "replica": lease.replica,
+                "leading": self.leader_app is not None,
+                "leader": await lease.holder(),
+            }
 
         self.app.add_middleware(LeaderSwitch, front=self)
 
@@ -250,15 +259,17 @@ async def main() -> None:
                     await handle(event, delivery, deps)
 
                 workers = [
-                    asyncio.create_task(bus.consume(CONSUMER, SUBJECTS, on_message, stop=stop),
-                                        name="consume"),
+                    asyncio.create_task(
+                        bus.consume(CONSUMER, SUBJECTS, on_message, stop=stop), name="consume"
+                    ),
                     asyncio.create_task(wake_retries(deps, stop), name="wake"),
                 ]
                 app = build_app(deps, tokens)
                 add_node_routes(app, admin, tokens)
                 front.leader_app = app
-                done, _ = await asyncio.wait([keeper, *workers],
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    [keeper, *workers], return_when=asyncio.FIRST_COMPLETED
+                )
                 for task in done:
                     task.result()  # LeaseLost: follow again; a worker's failure ends the process
                 await asyncio.gather(*workers)
@@ -282,8 +293,9 @@ async def main() -> None:
                 try:
                     await lead_once(stop)
                 except LeaseLost:
-                    log.warning("placement replica %s lost the lease; following again",
-                                lease.replica)
+                    log.warning(
+                        "placement replica %s lost the lease; following again", lease.replica
+                    )
 
         await serve(settings, front.app, [lead])
     finally:

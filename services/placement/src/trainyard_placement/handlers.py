@@ -50,15 +50,17 @@ from .adapters.store import (
     ACTIVE_STATES,
     JobRecord,
     JobStore,
+    interrupt_sent_fields,
     interrupting_fields,
     next_attempt_fields,
     next_spec_fields,
     paused_fields,
+    preempted_fields,
+    requeued_fields,
     restart_handled_fields,
     spec_fields,
     stop_reason_fields,
 )
-from .adapters.store import interrupt_sent_fields, preempted_fields, requeued_fields
 from .domain import Allocation, Placed, Preempt, QueuedJob, SchedulerState, Waiting
 from .domain.elastic import ScaleProblem, scale_problem, scaled
 from .domain.growth import growth
@@ -127,7 +129,10 @@ async def queue_job(event: JobAccepted, delivery: Delivery, deps: Deps) -> None:
     # T9k runMode.pause (Kubeflow suspend): the job waits paused for a ResumeJob.
     paused = job.spec.run_mode == RunMode.PAUSE
     inserted = await deps.store.add_queued(
-        job.job_id, attempt=job.attempt, arrival_seq=job.arrival_seq, spec=job.spec,
+        job.job_id,
+        attempt=job.attempt,
+        arrival_seq=job.arrival_seq,
+        spec=job.spec,
         state="paused" if paused else "queued",
     )
     if inserted and paused:
@@ -202,24 +207,35 @@ async def retry_job(event: JobRetrying, delivery: Delivery, deps: Deps) -> None:
     if record.attempt == event.previous_attempt and record.state in ("placed", "interrupting"):
         # One conditional update: the retry and whatever an interrupt under way meant for
         # it (a stop, a pause, a new size), so no crash can split them.
-        fields = {**requeued_fields(event.attempt, event.not_before, record.retries_used + 1),
-                  **_carried(record)}
-        if not await deps.store.change(record.job_id, states=("placed", "interrupting"),
-                                       attempt=event.previous_attempt, fields=fields):
-            log.warning("job %s was not placed in attempt %d in the store; reloading it",
-                        record.job_id, event.previous_attempt)
+        fields = {
+            **requeued_fields(event.attempt, event.not_before, record.retries_used + 1),
+            **_carried(record),
+        }
+        if not await deps.store.change(
+            record.job_id,
+            states=("placed", "interrupting"),
+            attempt=event.previous_attempt,
+            fields=fields,
+        ):
+            log.warning(
+                "job %s was not placed in attempt %d in the store; reloading it",
+                record.job_id,
+                event.previous_attempt,
+            )
         await _reload(deps, record.job_id)
         await _announce_carried(deps, record, event.attempt)
     elif record.attempt == event.attempt:
         # A redelivery after the store moved on: memory, or an announcement, may not have.
         if record.state == "queued" and (
-                record.job_id not in deps.state.queued and record.job_id not in deps.deferred):
+            record.job_id not in deps.state.queued and record.job_id not in deps.deferred
+        ):
             await _reload(deps, record.job_id)
         elif record.state == "done" and record.stopped_in_queue:
             await _announce_stopped(deps, record.job_id, record.attempt, record.stop_reason)
         elif record.state == "paused":
-            await _announce_paused(deps, record.job_id, record.attempt,
-                                   "paused while its failed attempt was retried")
+            await _announce_paused(
+                deps, record.job_id, record.attempt, "paused while its failed attempt was retried"
+            )
     await run_cycle(deps)
 
 
@@ -257,7 +273,10 @@ def interrupted_id(job_id: str, attempt: int) -> str:
 
 
 async def interrupt_placed(
-    deps: Deps, record: JobRecord, cause: InterruptCause, reason: str,
+    deps: Deps,
+    record: JobRecord,
+    cause: InterruptCause,
+    reason: str,
     fields: dict[str, Any] | None = None,
 ) -> bool:
     """placed -> interrupting (plus ``fields``), then InterruptJob to the launcher. Call
@@ -267,8 +286,11 @@ async def interrupt_placed(
         # The launcher must know the attempt before it is told to end it.
         await _announce_placed(deps, deps.state.placed[record.job_id])
     changed = await deps.store.change(
-        record.job_id, states=("placed",), attempt=record.attempt,
-        fields={**interrupting_fields(cause.value, reason), **(fields or {})})
+        record.job_id,
+        states=("placed",),
+        attempt=record.attempt,
+        fields={**interrupting_fields(cause.value, reason), **(fields or {})},
+    )
     if changed:
         await _send_interrupt(deps, record.job_id, record.attempt, cause, reason)
     return changed
@@ -279,8 +301,9 @@ async def pause_job(event: PauseJob, delivery: Delivery, deps: Deps) -> None:
     if record is None:
         return
     if record.state == "queued":
-        if await deps.store.change(record.job_id, states=("queued",), attempt=record.attempt,
-                                   fields=paused_fields()):
+        if await deps.store.change(
+            record.job_id, states=("queued",), attempt=record.attempt, fields=paused_fields()
+        ):
             await _reload(deps, record.job_id)
             await _announce_paused(deps, record.job_id, record.attempt, event.reason)
             await run_cycle(deps)
@@ -293,8 +316,11 @@ async def pause_job(event: PauseJob, delivery: Delivery, deps: Deps) -> None:
         if record.interrupt[0] != InterruptCause.PAUSED:
             # Already on its way out (preempted, scaled): it is paused once it is out.
             await deps.store.change(
-                record.job_id, states=("interrupting",), attempt=record.attempt,
-                fields=interrupting_fields(InterruptCause.PAUSED.value, event.reason))
+                record.job_id,
+                states=("interrupting",),
+                attempt=record.attempt,
+                fields=interrupting_fields(InterruptCause.PAUSED.value, event.reason),
+            )
         else:
             # A redelivery after a crash between storing and sending: the same id again.
             await _send_interrupt(deps, record.job_id, record.attempt, *record.interrupt)
@@ -305,13 +331,20 @@ async def resume_job(event: ResumeJob, delivery: Delivery, deps: Deps) -> None:
     record = await _known(deps, event.job_id, delivery)
     if record is None:
         return
-    if record.state == "interrupting" and record.interrupt is not None and (
-            record.interrupt[0] == InterruptCause.PAUSED):
+    if (
+        record.state == "interrupting"
+        and record.interrupt is not None
+        and (record.interrupt[0] == InterruptCause.PAUSED)
+    ):
         raise TransientError(f"job {record.job_id} is still being paused; resuming it after")
     if record.state != "paused":
         return  # running, queued or ended: nothing to resume
-    if await deps.store.change(record.job_id, states=("paused",), attempt=record.attempt,
-                               fields=next_attempt_fields(record.attempt + 1)):
+    if await deps.store.change(
+        record.job_id,
+        states=("paused",),
+        attempt=record.attempt,
+        fields=next_attempt_fields(record.attempt + 1),
+    ):
         await _reload(deps, record.job_id)
         await run_cycle(deps)
 
@@ -326,8 +359,7 @@ async def restart_job(event: RestartJob, delivery: Delivery, deps: Deps) -> None
     if record is None:
         return
     if record.state in ("done", "stopped_early") or record.spec is None:
-        log.info("restart of job %s asked for after it ended: nothing to restart",
-                 record.job_id)
+        log.info("restart of job %s asked for after it ended: nothing to restart", record.job_id)
         return
     if event.event_id in record.restarts:
         await _restart_again(deps, record, event)
@@ -336,30 +368,44 @@ async def restart_job(event: RestartJob, delivery: Delivery, deps: Deps) -> None
     if record.state == "placed":
         await interrupt_placed(deps, record, InterruptCause.RESTARTED, event.reason, handled)
     elif record.state == "paused":
-        if await deps.store.change(record.job_id, states=("paused",), attempt=record.attempt,
-                                   fields={**next_attempt_fields(record.attempt + 1), **handled}):
+        if await deps.store.change(
+            record.job_id,
+            states=("paused",),
+            attempt=record.attempt,
+            fields={**next_attempt_fields(record.attempt + 1), **handled},
+        ):
             await _reload(deps, record.job_id)
             await run_cycle(deps)
-    elif record.state == "interrupting" and record.interrupt is not None and (
-            record.interrupt[0] == InterruptCause.PAUSED):
+    elif (
+        record.state == "interrupting"
+        and record.interrupt is not None
+        and (record.interrupt[0] == InterruptCause.PAUSED)
+    ):
         # Once it is paused, the restart resumes it (as a resume would wait).
         raise TransientError(f"job {record.job_id} is still being paused; restarting it after")
     else:
         # queued: its next start is fresh already; interrupting (preempted, scaled, a
         # node removed): its next attempt is queued as soon as this one is out.
-        await deps.store.change(record.job_id, states=(record.state,), attempt=record.attempt,
-                                fields=handled)
+        await deps.store.change(
+            record.job_id, states=(record.state,), attempt=record.attempt, fields=handled
+        )
 
 
 async def _restart_again(deps: Deps, record: JobRecord, event: RestartJob) -> None:
     """A RestartJob handled already, delivered again: finish what a failure between
     storing its effect and acting on it may have left undone, and nothing more."""
-    if record.state == "interrupting" and record.restarts[-1] == event.event_id and (
-            record.interrupt is not None and record.interrupt[0] == InterruptCause.RESTARTED):
+    if (
+        record.state == "interrupting"
+        and record.restarts[-1] == event.event_id
+        and (record.interrupt is not None and record.interrupt[0] == InterruptCause.RESTARTED)
+    ):
         # Stored, maybe not sent: the same InterruptJob id again.
         await _send_interrupt(deps, record.job_id, record.attempt, *record.interrupt)
-    elif record.state == "queued" and record.job_id not in deps.state.queued and (
-            record.job_id not in deps.deferred):
+    elif (
+        record.state == "queued"
+        and record.job_id not in deps.state.queued
+        and (record.job_id not in deps.deferred)
+    ):
         # A resumed job whose store moved on while memory did not (a failed handler).
         await _reload(deps, record.job_id)
         await run_cycle(deps)
@@ -378,20 +424,29 @@ async def scale_job(event: ScaleJob, delivery: Delivery, deps: Deps) -> None:
     target = scaled(current, event.role, event.replicas)
     reason = f"scaled by {event.requested_by}: role {event.role} to {event.replicas} replica(s)"
     if record.state in ("queued", "paused"):
-        if await deps.store.change(record.job_id, states=(record.state,),
-                                   attempt=record.attempt, fields=spec_fields(target)):
+        if await deps.store.change(
+            record.job_id,
+            states=(record.state,),
+            attempt=record.attempt,
+            fields=spec_fields(target),
+        ):
             await _reload(deps, record.job_id)
             await run_cycle(deps)
     elif record.state == "placed":
         if target == record.spec:
             return  # already at that size
-        await interrupt_placed(deps, record, InterruptCause.SCALED, reason,
-                               next_spec_fields(target))
+        await interrupt_placed(
+            deps, record, InterruptCause.SCALED, reason, next_spec_fields(target)
+        )
     elif record.state == "interrupting" and record.interrupt is not None:
         # Its next attempt (or its pause) takes the new size.
         if target != record.next_spec:
-            await deps.store.change(record.job_id, states=("interrupting",),
-                                    attempt=record.attempt, fields=next_spec_fields(target))
+            await deps.store.change(
+                record.job_id,
+                states=("interrupting",),
+                attempt=record.attempt,
+                fields=next_spec_fields(target),
+            )
         else:
             await _send_interrupt(deps, record.job_id, record.attempt, *record.interrupt)
 
@@ -408,8 +463,11 @@ async def release_interrupted(event: JobInterrupted, delivery: Delivery, deps: D
     elif record.attempt == event.attempt and record.state == "done" and record.stopped_in_queue:
         # A redelivery after a crash between storing the stop and announcing it.
         await _announce_stopped(deps, record.job_id, record.attempt, record.stop_reason)
-    elif record.attempt == event.attempt + 1 and record.state == "paused" and (
-            event.cause != InterruptCause.PAUSED):
+    elif (
+        record.attempt == event.attempt + 1
+        and record.state == "paused"
+        and (event.cause != InterruptCause.PAUSED)
+    ):
         # Likewise for a job paused while it was on its way out for another cause.
         await _announce_paused(deps, record.job_id, record.attempt, event.reason)
 
@@ -419,26 +477,39 @@ async def _end_interrupted(deps: Deps, record: JobRecord, event: JobInterrupted)
     cause, reason = record.interrupt or (event.cause.value, event.reason)
     states = ("placed", "interrupting")
     if record.stop_reason is not None:
-        if await deps.store.change(job_id, states=states, attempt=attempt,
-                                   fields={"state": "done", "stopped_in_queue": True}):
+        if await deps.store.change(
+            job_id,
+            states=states,
+            attempt=attempt,
+            fields={"state": "done", "stopped_in_queue": True},
+        ):
             await _reload(deps, job_id)
             await _announce_stopped(deps, job_id, attempt, record.stop_reason)
             return
     elif cause == InterruptCause.PAUSED and event.cause == InterruptCause.PAUSED:
         # The launcher's JobInterrupted already says PAUSED.
-        await deps.store.change(job_id, states=states, attempt=attempt,
-                                fields=paused_fields(record.next_spec))
+        await deps.store.change(
+            job_id, states=states, attempt=attempt, fields=paused_fields(record.next_spec)
+        )
     elif cause == InterruptCause.PAUSED:
         # Paused while it was leaving for another cause: paused as its next attempt,
         # which this service announces (the launcher's event said it would be queued).
-        if await deps.store.change(job_id, states=states, attempt=attempt, fields={
-                **paused_fields(record.next_spec), "attempt": attempt + 1}):
+        if await deps.store.change(
+            job_id,
+            states=states,
+            attempt=attempt,
+            fields={**paused_fields(record.next_spec), "attempt": attempt + 1},
+        ):
             await _reload(deps, job_id)
             await _announce_paused(deps, job_id, attempt + 1, reason)
             return
     else:
-        await deps.store.change(job_id, states=states, attempt=attempt,
-                                fields=next_attempt_fields(attempt + 1, record.next_spec))
+        await deps.store.change(
+            job_id,
+            states=states,
+            attempt=attempt,
+            fields=next_attempt_fields(attempt + 1, record.next_spec),
+        )
     await _reload(deps, job_id)
 
 
@@ -446,14 +517,21 @@ async def stop_interrupted(event: StopJob, record: JobRecord, deps: Deps) -> Non
     """StopJob for a job that holds no running attempt: a paused job ends here; one
     being interrupted ends when its JobInterrupted comes (the launcher is ending it)."""
     if record.state == "paused":
-        if await deps.store.change(record.job_id, states=("paused",), attempt=record.attempt,
-                                   fields={"state": "done", "stopped_in_queue": True,
-                                           **stop_reason_fields(PAUSED_STOP)}):
+        if await deps.store.change(
+            record.job_id,
+            states=("paused",),
+            attempt=record.attempt,
+            fields={"state": "done", "stopped_in_queue": True, **stop_reason_fields(PAUSED_STOP)},
+        ):
             await _announce_stopped(deps, record.job_id, record.attempt, PAUSED_STOP)
             await run_cycle(deps)
     elif record.state == "interrupting":
-        await deps.store.change(record.job_id, states=("interrupting",),
-                                attempt=record.attempt, fields=stop_reason_fields(event.reason))
+        await deps.store.change(
+            record.job_id,
+            states=("interrupting",),
+            attempt=record.attempt,
+            fields=stop_reason_fields(event.reason),
+        )
 
 
 def _carried(before: JobRecord) -> dict[str, Any]:
@@ -462,8 +540,7 @@ def _carried(before: JobRecord) -> dict[str, Any]:
     if before.state != "interrupting":
         return {}
     if before.stop_reason is not None:
-        return {"state": "done", "stopped_in_queue": True,
-                **stop_reason_fields(before.stop_reason)}
+        return {"state": "done", "stopped_in_queue": True, **stop_reason_fields(before.stop_reason)}
     if before.interrupt is not None and before.interrupt[0] == InterruptCause.PAUSED:
         return {**paused_fields(before.next_spec), "not_before": None}
     if before.next_spec is not None:
@@ -492,8 +569,9 @@ async def _known(deps: Deps, job_id: str, delivery: Delivery) -> JobRecord | Non
     return record
 
 
-async def _send_interrupt(deps: Deps, job_id: str, attempt: int,
-                          cause: InterruptCause | str, reason: str) -> None:
+async def _send_interrupt(
+    deps: Deps, job_id: str, attempt: int, cause: InterruptCause | str, reason: str
+) -> None:
     await deps.publisher.publish(InterruptJob(
         event_id=interrupt_id(job_id, attempt, cause), job_id=job_id, attempt=attempt,
         cause=InterruptCause(cause), reason=reason,
@@ -514,8 +592,9 @@ async def _announce_stopped(deps: Deps, job_id: str, attempt: int, reason: str |
     ))  # fmt: skip
 
 
-async def request_scale(job_id: str, role: str, replicas: int, identity: Identity,
-                        deps: Deps) -> ScaleJob:
+async def request_scale(
+    job_id: str, role: str, replicas: int, identity: Identity, deps: Deps
+) -> ScaleJob:
     """The HTTP side of a scale: check it against the job's spec here (so a bad request
     is told why at once), then publish ScaleJob for the consumer to apply."""
     record = await deps.store.get(job_id)
@@ -585,11 +664,16 @@ async def run_cycle(deps: Deps) -> None:
         else:
             waiting[decision.job_id] = decision
     for job_id, (job, not_before) in sorted(deps.deferred.items(), key=lambda d: d[1][1]):
-        waiting[job_id] = Waiting(job_id, len(waiting) + 1, (
-            # Milliseconds, as the store keeps them: the same words after a restart.
-            f"retrying attempt {job.attempt} after backoff until "
-            f"{not_before.isoformat(timespec='milliseconds')}",
-        ), job.attempt)
+        waiting[job_id] = Waiting(
+            job_id,
+            len(waiting) + 1,
+            (
+                # Milliseconds, as the store keeps them: the same words after a restart.
+                f"retrying attempt {job.attempt} after backoff until "
+                f"{not_before.isoformat(timespec='milliseconds')}",
+            ),
+            job.attempt,
+        )
     deps.waiting = waiting
     # 4. Explain the wait, only when the explanation changed.
     for decision in waiting.values():
@@ -613,15 +697,18 @@ async def _grow(deps: Deps, now: float) -> None:
         if record is None or record.state != "placed" or record.spec is None:
             continue
         running = deps.state.placed[job_id].spec
-        grown = {name: min(replicas, record.spec.role(name).replicas)
-                 for name, replicas in roles.items()}
+        grown = {
+            name: min(replicas, record.spec.role(name).replicas) for name, replicas in roles.items()
+        }
         grown = {name: n for name, n in grown.items() if n > running.role(name).replicas}
         if not grown:
             continue  # already at the size asked for
-        words = ", ".join(f"{name} {running.role(name).replicas} -> {n}"
-                          for name, n in sorted(grown.items()))
-        await interrupt_placed(deps, record, InterruptCause.SCALED,
-                               f"growing into freed capacity: {words} replica(s)")
+        words = ", ".join(
+            f"{name} {running.role(name).replicas} -> {n}" for name, n in sorted(grown.items())
+        )
+        await interrupt_placed(
+            deps, record, InterruptCause.SCALED, f"growing into freed capacity: {words} replica(s)"
+        )
 
 
 async def _preempt(deps: Deps, decision: Preempt) -> None:
@@ -636,11 +723,20 @@ async def _preempt(deps: Deps, decision: Preempt) -> None:
                 deps.state.interrupting.setdefault(victim, None)
             continue
         count = deps.state.preemptions.get(victim, 0) + 1
-        if await interrupt_placed(deps, record, InterruptCause.PREEMPTED, decision.reason,
-                                  preempted_fields(decision.job_id, count)):
+        if await interrupt_placed(
+            deps,
+            record,
+            InterruptCause.PREEMPTED,
+            decision.reason,
+            preempted_fields(decision.job_id, count),
+        ):
             deps.state.preempting(victim, decision.job_id)
-            await deps.store.change(victim, states=("interrupting",), attempt=record.attempt,
-                                    fields=interrupt_sent_fields())
+            await deps.store.change(
+                victim,
+                states=("interrupting",),
+                attempt=record.attempt,
+                fields=interrupt_sent_fields(),
+            )
 
 
 def _adopt_preemption(deps: Deps, record: JobRecord) -> None:
@@ -664,8 +760,9 @@ async def _resend_preemption(deps: Deps, job_id: str) -> None:
     if record is None or record.state != "interrupting" or record.interrupt is None:
         return
     await _send_interrupt(deps, job_id, record.attempt, *record.interrupt)
-    await deps.store.change(job_id, states=("interrupting",), attempt=record.attempt,
-                            fields=interrupt_sent_fields())
+    await deps.store.change(
+        job_id, states=("interrupting",), attempt=record.attempt, fields=interrupt_sent_fields()
+    )
 
 
 async def _commit_placement(deps: Deps, decision: Placed) -> None:
@@ -759,8 +856,10 @@ def _adopt(deps: Deps, record: JobRecord) -> None:
         _adopt_preemption(deps, record)
     elif record.state in ("placed", "interrupting"):
         # An interrupting job holds its allocation until the launcher lets it go.
-        deps.state.commit(Allocation(record.job_id, record.spec, record.allocation),
-                          placed_at=record.placed_at.timestamp() if record.placed_at else None)
+        deps.state.commit(
+            Allocation(record.job_id, record.spec, record.allocation),
+            placed_at=record.placed_at.timestamp() if record.placed_at else None,
+        )
         _adopt_preemption(deps, record)
         deps.attempts[record.job_id] = record.attempt
         if not record.placed_published:

@@ -48,8 +48,11 @@ class NodeError(Exception):
 
 def jobs_on(deps: Deps, node: str) -> list[str]:
     """Placed jobs with at least one task on ``node``."""
-    return sorted(job_id for job_id, allocation in deps.state.placed.items()
-                  if any(task.node == node for task in allocation.tasks))
+    return sorted(
+        job_id
+        for job_id, allocation in deps.state.placed.items()
+        if any(task.node == node for task in allocation.tasks)
+    )
 
 
 class NodeAdmin:
@@ -87,8 +90,11 @@ class NodeAdmin:
                 state.remove_node(record.name)
             state.add_node(record.spec)
         elif not known:
-            log.warning("node %s has a recorded state %r but is no longer in the cluster "
-                        "file; ignored", record.name, record.state)
+            log.warning(
+                "node %s has a recorded state %r but is no longer in the cluster file; ignored",
+                record.name,
+                record.state,
+            )
             return
         if record.state == "drained":
             state.drain_node(record.name)
@@ -101,9 +107,12 @@ class NodeAdmin:
                 raise NodeError(409, f"name: node {spec.name} already exists")
             holding = jobs_on(self.deps, spec.name)
             if holding:
-                raise NodeError(409, f"name: node {spec.name} was removed and "
-                                     f"{len(holding)} job(s) still hold it until their "
-                                     f"interruption ends: {', '.join(holding)}")
+                raise NodeError(
+                    409,
+                    f"name: node {spec.name} was removed and "
+                    f"{len(holding)} job(s) still hold it until their "
+                    f"interruption ends: {', '.join(holding)}",
+                )
             await self.store.put(NodeRecord(spec.name, "ready", spec, utcnow()))
             self.deps.state.add_node(spec)
             await run_cycle(self.deps)
@@ -156,8 +165,11 @@ class NodeAdmin:
             if record.state == "placed":
                 if await interrupt_placed(self.deps, record, cause, reason):
                     interrupted.append(job_id)
-            elif record.state == "interrupting" and record.interrupt is not None and (
-                    record.interrupt[0] == cause):
+            elif (
+                record.state == "interrupting"
+                and record.interrupt is not None
+                and (record.interrupt[0] == cause)
+            ):
                 # Stored as interrupting, the InterruptJob maybe never sent: again, with
                 # the same id (JetStream drops a repeat; the launcher ignores an attempt
                 # that already ended).

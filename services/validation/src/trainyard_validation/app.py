@@ -32,8 +32,9 @@ async def run() -> None:
     cluster = load_cluster()
     bus = await Bus.connect(settings.nats_url, name=f"trainyard-{SERVICE}")
     client = mongo_client(settings.mongo_url)
-    deps = Deps(cluster=cluster, names=MongoNameRegistry(client[settings.db_name()]),
-                publish=bus.publish)
+    deps = Deps(
+        cluster=cluster, names=MongoNameRegistry(client[settings.db_name()]), publish=bus.publish
+    )
 
     async def dispatch(event: Event, delivery: Delivery) -> None:
         handler = EVENT_HANDLERS.get(type(event))

@@ -32,8 +32,11 @@ def router(cluster: ClusterSpec, names: NameRegistry, current: Any) -> APIRouter
     ) -> dict[str, Any]:
         raw = await request.body()
         try:
-            payload = yaml.safe_load(raw) if "yaml" in request.headers.get("content-type", "") \
+            payload = (
+                yaml.safe_load(raw)
+                if "yaml" in request.headers.get("content-type", "")
                 else json.loads(raw)
+            )
         except (ValueError, yaml.YAMLError) as exc:
             raise HTTPException(400, f"request body is not valid JSON or YAML: {exc}") from exc
         try:
@@ -42,9 +45,13 @@ def router(cluster: ClusterSpec, names: NameRegistry, current: Any) -> APIRouter
             raise HTTPException(400, str(exc)) from exc
         translation = translate(payload, dialect=chosen, user=identity.user)
         submitted = JobSubmitted(
-            job_id="dry-run", spec=translation.spec, dialect=translation.dialect,
-            dialect_key=translation.key, original=payload if isinstance(payload, dict) else None,
-            translation_errors=translation.errors, warnings=translation.warnings,
+            job_id="dry-run",
+            spec=translation.spec,
+            dialect=translation.dialect,
+            dialect_key=translation.key,
+            original=payload if isinstance(payload, dict) else None,
+            translation_errors=translation.errors,
+            warnings=translation.warnings,
         )
         result = decide(submitted, cluster)
         if isinstance(result, JobAccepted) and translation.key is not None:
@@ -58,7 +65,9 @@ def router(cluster: ClusterSpec, names: NameRegistry, current: Any) -> APIRouter
             "dialect": translation.dialect,
             "spec": json.loads(spec.redacted().model_dump_json()),
             "errors": [] if accepted else [e.model_dump() for e in result.errors],  # type: ignore[union-attr]
-            "warnings": [w.model_dump() for w in (result.warnings if accepted else translation.warnings)],  # type: ignore[union-attr]
+            "warnings": [
+                w.model_dump() for w in (result.warnings if accepted else translation.warnings)
+            ],  # type: ignore[union-attr]
         }
 
     return api

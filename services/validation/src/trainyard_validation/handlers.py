@@ -27,8 +27,11 @@ async def validate_job(event: JobSubmitted, deps: Deps) -> None:
     # The name is claimed only for a job that passed every other rule, so a rejected
     # job never holds a name; the claim (the stored effect) comes before the publish.
     # Dialects that name jobs only by id (DLC) have no key and nothing to claim.
-    if (isinstance(result, JobAccepted) and event.dialect_key is not None
-            and not await deps.names.claim(result.spec.user, event.dialect_key, event.job_id)):
+    if (
+        isinstance(result, JobAccepted)
+        and event.dialect_key is not None
+        and not await deps.names.claim(result.spec.user, event.dialect_key, event.job_id)
+    ):
         result = name_taken(event)
     await deps.publish(result)
 

@@ -78,14 +78,18 @@ def translate(payload: Any, dialect: str | None = None, user: str = "") -> Trans
         issue = FieldIssue(path="$", message=str(exc), code="unknown_dialect")
         return Translation(empty_spec(user=user), "unknown", [issue])
     if chosen is None:
-        issue = FieldIssue(path="$", message=f"unknown dialect {dialect!r}; known: "
-                           f"{', '.join(DIALECTS)}", code="unknown_dialect")
+        issue = FieldIssue(
+            path="$",
+            message=f"unknown dialect {dialect!r}; known: {', '.join(DIALECTS)}",
+            code="unknown_dialect",
+        )
         return Translation(empty_spec(user=user), str(dialect), [issue])
     try:
         return chosen.translate(payload, user)
     except Exception as exc:  # noqa: BLE001 - promised total; a bug must not drop the job
-        issue = FieldIssue(path="$", message=f"the job could not be translated: {exc!r}",
-                           code="internal")
+        issue = FieldIssue(
+            path="$", message=f"the job could not be translated: {exc!r}", code="internal"
+        )
         return Translation(empty_spec(user=user), chosen.name, [issue])
 
 

@@ -53,8 +53,12 @@ JOB_TYPES: dict[str, JobKind] = {
     "RayJob": JobKind.GENERIC,
     "DataJuicerJob": JobKind.GENERIC,
 }
-KIND_TO_TYPE = {JobKind.TENSORFLOW: "TFJob", JobKind.PYTORCH: "PyTorchJob",
-                JobKind.XGBOOST: "XGBoostJob", JobKind.MPI: "MPIJob"}
+KIND_TO_TYPE = {
+    JobKind.TENSORFLOW: "TFJob",
+    JobKind.PYTORCH: "PyTorchJob",
+    JobKind.XGBOOST: "XGBoostJob",
+    JobKind.MPI: "MPIJob",
+}
 
 # The node types each job type has (the SDK's JobSpec.Type documentation). Another
 # type is run as asked, with a warning: DLC itself would refuse it.
@@ -71,11 +75,23 @@ ROLE_TYPES: dict[str, tuple[str, ...]] = {
 # operators: a TFJob with a Chief ends with the Chief; without one, with its Workers).
 LEADER_ROLES = ("Chief", "Master", "Launcher", "Head")
 
-JOB_KEYS = frozenset({
-    "DisplayName", "JobType", "JobSpecs", "UserCommand", "DataSources", "CodeSource",
-    "ThirdpartyLibs", "ThirdpartyLibDir", "Envs", "JobMaxRunningTimeMinutes",
-    "WorkspaceId", "ResourceId", "Priority",
-})
+JOB_KEYS = frozenset(
+    {
+        "DisplayName",
+        "JobType",
+        "JobSpecs",
+        "UserCommand",
+        "DataSources",
+        "CodeSource",
+        "ThirdpartyLibs",
+        "ThirdpartyLibDir",
+        "Envs",
+        "JobMaxRunningTimeMinutes",
+        "WorkspaceId",
+        "ResourceId",
+        "Priority",
+    }
+)
 SPEC_KEYS = frozenset({"Type", "Image", "PodCount", "EcsSpec", "ResourceConfig"})
 RESOURCE_KEYS = frozenset({"CPU", "GPU", "Memory", "SharedMemory", "GPUType"})
 DATA_SOURCE_KEYS = frozenset({"DataSourceId", "MountPath", "Uri"})
@@ -136,8 +152,9 @@ BUILTIN_CATALOG: dict[str, EcsType] = {
 }
 
 
-def parse_catalog(document: Any, base: Mapping[str, EcsType] = BUILTIN_CATALOG
-                  ) -> dict[str, EcsType]:
+def parse_catalog(
+    document: Any, base: Mapping[str, EcsType] = BUILTIN_CATALOG
+) -> dict[str, EcsType]:
     """A catalog file's entries over ``base``. The file maps instance types to
     ``{cpu, memory_gib, gpu, gpu_type}``; ValueError names a bad entry."""
     catalog = dict(base)
@@ -150,11 +167,15 @@ def parse_catalog(document: Any, base: Mapping[str, EcsType] = BUILTIN_CATALOG
             raise ValueError(f"{CATALOG_ENV}: {name!r} must be a mapping")
         try:
             catalog[str(name)] = EcsType(
-                cpu=float(entry["cpu"]), memory_gib=float(entry["memory_gib"]),
-                gpu=float(entry.get("gpu", 0) or 0), gpu_type=entry.get("gpu_type"))
+                cpu=float(entry["cpu"]),
+                memory_gib=float(entry["memory_gib"]),
+                gpu=float(entry.get("gpu", 0) or 0),
+                gpu_type=entry.get("gpu_type"),
+            )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{CATALOG_ENV}: {name!r} needs numeric cpu and memory_gib "
-                             f"({exc!r})") from None
+            raise ValueError(
+                f"{CATALOG_ENV}: {name!r} needs numeric cpu and memory_gib ({exc!r})"
+            ) from None
     return catalog
 
 
@@ -172,9 +193,16 @@ def catalog_from_env() -> dict[str, EcsType]:
 
 _QUANTITY = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
 _MEMORY_UNITS_MB = {
-    "": 1 / 2**20, "b": 1 / 2**20,
-    "k": 1000 / 2**20, "ki": 1 / 1024, "m": 10**6 / 2**20, "mi": 1, "g": 10**9 / 2**20,
-    "gi": 1024, "t": 10**12 / 2**20, "ti": 1024**2,
+    "": 1 / 2**20,
+    "b": 1 / 2**20,
+    "k": 1000 / 2**20,
+    "ki": 1 / 1024,
+    "m": 10**6 / 2**20,
+    "mi": 1,
+    "g": 10**9 / 2**20,
+    "gi": 1024,
+    "t": 10**12 / 2**20,
+    "ti": 1024**2,
 }
 
 
@@ -267,24 +295,37 @@ def data_source_uri(item: Mapping[str, Any]) -> str:
 
 def local_path(uri: str) -> str | None:
     if uri.startswith("file://"):
-        return uri[len("file://"):] or "/"
+        return uri[len("file://") :] or "/"
     return uri if uri.startswith("/") else None
 
 
 # ---------------------------------------------------------------------- translation
 
 
-_JOB_FIELDS = {"name": "DisplayName", "queue": "ResourceId", "priority": "Priority",
-               "kind": "JobType", "env": "Envs", "roles": "JobSpecs",
-               "max_running_minutes": "JobMaxRunningTimeMinutes",
-               "pip_packages": "ThirdpartyLibs", "pip_requirements_dir": "ThirdpartyLibDir",
-               "data_sources": "DataSources", "code_source": "CodeSource",
-               "command": "UserCommand"}
+_JOB_FIELDS = {
+    "name": "DisplayName",
+    "queue": "ResourceId",
+    "priority": "Priority",
+    "kind": "JobType",
+    "env": "Envs",
+    "roles": "JobSpecs",
+    "max_running_minutes": "JobMaxRunningTimeMinutes",
+    "pip_packages": "ThirdpartyLibs",
+    "pip_requirements_dir": "ThirdpartyLibDir",
+    "data_sources": "DataSources",
+    "code_source": "CodeSource",
+    "command": "UserCommand",
+}
 _ROLE_FIELDS = {"name": "Type", "replicas": "PodCount", "image": "Image"}
 # Canonical resource -> its ResourceConfig key; without that key the JobSpec's EcsSpec
 # (an instance type) is where the figure came from.
-_RESOURCE_FIELDS = {"cpu": "CPU", "memory_mb": "Memory", "gpu": "GPU", "gpu_type": "GPUType",
-                    "shm_mb": "SharedMemory"}
+_RESOURCE_FIELDS = {
+    "cpu": "CPU",
+    "memory_mb": "Memory",
+    "gpu": "GPU",
+    "gpu_type": "GPUType",
+    "shm_mb": "SharedMemory",
+}
 
 
 def _given(obj: Any, key: str) -> bool:
@@ -295,16 +336,30 @@ def field_path(payload: Any, role: str | None, field_name: str) -> str:
     """Where a canonical field is written in a CreateJob body: a role is the JobSpec of
     its Type; a resource is ResourceConfig's figure if given, else the EcsSpec's."""
     payload = payload if isinstance(payload, dict) else {}
-    if field_name == "queue" and not _given(payload, "ResourceId") and _given(
-            payload, "WorkspaceId"):
+    if (
+        field_name == "queue"
+        and not _given(payload, "ResourceId")
+        and _given(payload, "WorkspaceId")
+    ):
         return "$.WorkspaceId"  # the queue falls back to the workspace
     if role is None or field_name == "command":
         key = _JOB_FIELDS.get(field_name)
         return f"$.{key}" if key else "$"
     specs = payload.get("JobSpecs")
-    index = next((i for i, s in enumerate(specs) if isinstance(s, dict) and isinstance(
-        s.get("Type"), str) and s["Type"].replace("-", "_") == role), None) if isinstance(
-        specs, list) else None
+    index = (
+        next(
+            (
+                i
+                for i, s in enumerate(specs)
+                if isinstance(s, dict)
+                and isinstance(s.get("Type"), str)
+                and s["Type"].replace("-", "_") == role
+            ),
+            None,
+        )
+        if isinstance(specs, list)
+        else None
+    )
     if index is None:
         return "$.JobSpecs"
     path = f"$.JobSpecs[{index}]"
@@ -319,22 +374,28 @@ def field_path(payload: Any, role: str | None, field_name: str) -> str:
     return f"{path}.ResourceConfig.{key}"
 
 
-def _unsupported(obj: dict[str, Any], known: frozenset[str], path: str, issues: Issues,
-                 what: str) -> None:
+def _unsupported(
+    obj: dict[str, Any], known: frozenset[str], path: str, issues: Issues, what: str
+) -> None:
     for key in sorted((k for k in obj if k not in known), key=str):
-        issues.warn(join(path, str(key)),
-                    f"{what} field {show(key)} is not supported by Trainyard; it is kept "
-                    "with the job but has no effect", "unsupported_field")
+        issues.warn(
+            join(path, str(key)),
+            f"{what} field {show(key)} is not supported by Trainyard; it is kept "
+            "with the job but has no effect",
+            "unsupported_field",
+        )
 
 
-def _resources(raw: dict[str, Any], path: str, catalog: Mapping[str, EcsType],
-               issues: Issues) -> Resources:
+def _resources(
+    raw: dict[str, Any], path: str, catalog: Mapping[str, EcsType], issues: Issues
+) -> Resources:
     ecs_name = issues.string(raw, "EcsSpec", path, required=False)
     config = raw.get("ResourceConfig")
     config_path = f"{path}.ResourceConfig"
     if config is not None and not isinstance(config, dict):
-        issues.error(config_path, f"ResourceConfig must be an object, not {json_type(config)}",
-                     "type")
+        issues.error(
+            config_path, f"ResourceConfig must be an object, not {json_type(config)}", "type"
+        )
         config = None
     config = config or {}
     if config:
@@ -345,8 +406,9 @@ def _resources(raw: dict[str, Any], path: str, catalog: Mapping[str, EcsType],
             return None
         value = parse(config[key])
         if value is None:
-            issues.error(f"{config_path}.{key}",
-                         f"{key} {show(config[key])} must be {rule}", "invalid")
+            issues.error(
+                f"{config_path}.{key}", f"{key} {show(config[key])} must be {rule}", "invalid"
+            )
         return value
 
     cpu = given("CPU", parse_cpu, 'a CPU count such as "4" or "500m"')
@@ -360,40 +422,55 @@ def _resources(raw: dict[str, Any], path: str, catalog: Mapping[str, EcsType],
     base = catalog.get(ecs_name) if ecs_name else None
     if ecs_name and base is None:
         known = ", ".join(sorted(catalog)[:12])
-        message = (f"EcsSpec {show(ecs_name)} is not in the instance-type catalog "
-                   f"({CATALOG_ENV} adds types); known: {known}, ...")
+        message = (
+            f"EcsSpec {show(ecs_name)} is not in the instance-type catalog "
+            f"({CATALOG_ENV} adds types); known: {known}, ..."
+        )
         if cpu is not None and memory is not None:
             issues.warn(f"{path}.EcsSpec", message + "; ResourceConfig decides", "unknown_ecs")
         else:
             issues.error(f"{path}.EcsSpec", message, "unknown_ecs")
-    if base is None and not ecs_name and (cpu is None or memory is None) and not any(
-            e.path.startswith(config_path) for e in issues.errors):
-        issues.error(path, "each JobSpec needs an EcsSpec or a ResourceConfig with CPU and "
-                     "Memory", "required")
+    if (
+        base is None
+        and not ecs_name
+        and (cpu is None or memory is None)
+        and not any(e.path.startswith(config_path) for e in issues.errors)
+    ):
+        issues.error(
+            path,
+            "each JobSpec needs an EcsSpec or a ResourceConfig with CPU and Memory",
+            "required",
+        )
     if cpu is not None and cpu <= 0:
         issues.error(f"{config_path}.CPU", "CPU must be more than 0", "range")
     if memory is not None and memory < 100:
         issues.error(f"{config_path}.Memory", "Memory must be at least 100Mi", "range")
     return Resources(
         cpu=cpu if cpu and cpu > 0 else (base.cpu if base else 1.0),
-        memory_mb=memory if memory and memory >= 100 else (
-            math.ceil(base.memory_gib * 1024) if base else 1024),
+        memory_mb=memory
+        if memory and memory >= 100
+        else (math.ceil(base.memory_gib * 1024) if base else 1024),
         gpu=gpu if gpu is not None else (base.gpu if base else 0),
         gpu_type=gpu_type or (base.gpu_type if base else None),
         shm_mb=shm if shm is not None else DEFAULT_SHM_MB,
     )
 
 
-def _roles(payload: dict[str, Any], job_type: str | None, command: str,
-           catalog: Mapping[str, EcsType], issues: Issues) -> list[RoleSpec]:
+def _roles(
+    payload: dict[str, Any],
+    job_type: str | None,
+    command: str,
+    catalog: Mapping[str, EcsType],
+    issues: Issues,
+) -> list[RoleSpec]:
     raw_specs = payload.get("JobSpecs")
     if raw_specs is None:
-        issues.error("$.JobSpecs", "JobSpecs is required (a list with at least one JobSpec)",
-                     "required")
+        issues.error(
+            "$.JobSpecs", "JobSpecs is required (a list with at least one JobSpec)", "required"
+        )
         return []
     if not isinstance(raw_specs, list):
-        issues.error("$.JobSpecs", f"JobSpecs must be a list, not {json_type(raw_specs)}",
-                     "type")
+        issues.error("$.JobSpecs", f"JobSpecs must be a list, not {json_type(raw_specs)}", "type")
         return []
     if not raw_specs:
         issues.error("$.JobSpecs", "JobSpecs must hold at least one JobSpec", "required")
@@ -410,31 +487,49 @@ def _roles(payload: dict[str, Any], job_type: str | None, command: str,
         # RayJob's "Worker-<group>" types: a role name holds no "-" (task ids join on it).
         name = kind.replace("-", "_") if kind else ""
         if kind and not ROLE_NAME_RE.fullmatch(name):
-            issues.error(f"{path}.Type", f"Type {show(kind)} must be a node type such as "
-                         "Worker, PS, Chief or Master", "pattern")
+            issues.error(
+                f"{path}.Type",
+                f"Type {show(kind)} must be a node type such as Worker, PS, Chief or Master",
+                "pattern",
+            )
             name = ""
         elif name in first_use:
-            issues.error(f"{path}.Type", f"Type {show(kind)} is already used by "
-                         f"JobSpecs[{first_use[name]}]; one JobSpec per node type", "duplicate")
+            issues.error(
+                f"{path}.Type",
+                f"Type {show(kind)} is already used by "
+                f"JobSpecs[{first_use[name]}]; one JobSpec per node type",
+                "duplicate",
+            )
         elif name:
             first_use[name] = i
             base_type = kind.split("-")[0] if kind else ""
             if allowed is not None and base_type not in allowed:
-                issues.warn(f"{path}.Type", f"{job_type} has no {show(kind)} nodes (it has "
-                            f"{', '.join(allowed)}); the role runs as written", "role_type")
+                issues.warn(
+                    f"{path}.Type",
+                    f"{job_type} has no {show(kind)} nodes (it has "
+                    f"{', '.join(allowed)}); the role runs as written",
+                    "role_type",
+                )
         image = issues.string(raw, "Image", path, required=True, non_blank=True)
         replicas = issues.integer(raw, "PodCount", path, required=False, minimum=1)
-        roles.append(RoleSpec(
-            name=name, replicas=replicas or 1, image=image,
-            resources=_resources(raw, path, catalog, issues), command=command,
-        ))
+        roles.append(
+            RoleSpec(
+                name=name,
+                replicas=replicas or 1,
+                image=image,
+                resources=_resources(raw, path, catalog, issues),
+                command=command,
+            )
+        )
     leaders = [r for r in roles if r.name in LEADER_ROLES]
     succeeding = leaders[:1] or [r for r in roles if r.name == "Worker"]
     if job_type in ROLE_TYPES and succeeding:
         # Kubeflow's rule: the leader's (or else the Workers') success is the job's;
         # parameter servers and evaluators never end by themselves.
-        roles = [r.model_copy(update={"min_succeeded": r.replicas if r in succeeding else None})
-                 for r in roles]
+        roles = [
+            r.model_copy(update={"min_succeeded": r.replicas if r in succeeding else None})
+            for r in roles
+        ]
     return roles
 
 
@@ -443,14 +538,18 @@ def _envs(payload: dict[str, Any], issues: Issues) -> dict[str, str]:
     if envs is None:
         return {}
     if not isinstance(envs, dict):
-        issues.error("$.Envs", f"Envs must be an object of names to values, not "
-                     f"{json_type(envs)}", "type")
+        issues.error(
+            "$.Envs", f"Envs must be an object of names to values, not {json_type(envs)}", "type"
+        )
         return {}
     out: dict[str, str] = {}
     for key, value in envs.items():
         if isinstance(value, dict | list):
-            issues.error(join("$.Envs", str(key)), f"Envs value {show(key)} must be a "
-                         f"string, not {json_type(value)}", "type")
+            issues.error(
+                join("$.Envs", str(key)),
+                f"Envs value {show(key)} must be a string, not {json_type(value)}",
+                "type",
+            )
             continue
         if isinstance(value, float) and not math.isfinite(value):
             issues.error(join("$.Envs", str(key)), "Envs values must be finite", "type")
@@ -459,25 +558,25 @@ def _envs(payload: dict[str, Any], issues: Issues) -> dict[str, str]:
     return out
 
 
-def _data_sources(payload: dict[str, Any], sources: Sources | None, issues: Issues
-                  ) -> list[DataSource]:
+def _data_sources(
+    payload: dict[str, Any], sources: Sources | None, issues: Issues
+) -> list[DataSource]:
     raw = payload.get("DataSources")
     if raw is None:
         return []
     if not isinstance(raw, list):
-        issues.error("$.DataSources", f"DataSources must be a list, not {json_type(raw)}",
-                     "type")
+        issues.error("$.DataSources", f"DataSources must be a list, not {json_type(raw)}", "type")
         return []
     out = []
     for i, entry in enumerate(raw):
         path = f"$.DataSources[{i}]"
         if not isinstance(entry, dict):
-            issues.error(path, f"a data source must be an object, not {json_type(entry)}",
-                         "type")
+            issues.error(path, f"a data source must be an object, not {json_type(entry)}", "type")
             continue
         _unsupported(entry, DATA_SOURCE_KEYS, path, issues, "DataSources")
-        ds_id = issues.string(entry, "DataSourceId", path, required="Uri" not in entry,
-                              non_blank=True)
+        ds_id = issues.string(
+            entry, "DataSourceId", path, required="Uri" not in entry, non_blank=True
+        )
         uri = issues.string(entry, "Uri", path, required=False, non_blank=True)
         mount = issues.string(entry, "MountPath", path, required=False, non_blank=True)
         resolved = sources.data.get(ds_id) if sources and ds_id else None
@@ -489,14 +588,14 @@ def _data_sources(payload: dict[str, Any], sources: Sources | None, issues: Issu
     return out
 
 
-def _code_source(payload: dict[str, Any], sources: Sources | None, issues: Issues
-                 ) -> CodeSource | None:
+def _code_source(
+    payload: dict[str, Any], sources: Sources | None, issues: Issues
+) -> CodeSource | None:
     raw = payload.get("CodeSource")
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        issues.error("$.CodeSource", f"CodeSource must be an object, not {json_type(raw)}",
-                     "type")
+        issues.error("$.CodeSource", f"CodeSource must be an object, not {json_type(raw)}", "type")
         return None
     _unsupported(raw, CODE_SOURCE_KEYS, "$.CodeSource", issues, "CodeSource")
     code_id = issues.string(raw, "CodeSourceId", "$.CodeSource", required=True, non_blank=True)
@@ -519,8 +618,7 @@ def _string_list(payload: dict[str, Any], key: str, issues: Issues) -> list[str]
     if raw is None:
         return []
     if not isinstance(raw, list):
-        issues.error(f"$.{key}", f"{key} must be a list of strings, not {json_type(raw)}",
-                     "type")
+        issues.error(f"$.{key}", f"{key} must be a list of strings, not {json_type(raw)}", "type")
         return []
     out = []
     for i, item in enumerate(raw):
@@ -531,14 +629,19 @@ def _string_list(payload: dict[str, Any], key: str, issues: Issues) -> list[str]
     return out
 
 
-def translate_dlc(payload: Any, user: str = "", sources: Sources | None = None,
-                  catalog: Mapping[str, EcsType] | None = None) -> Translation:
+def translate_dlc(
+    payload: Any,
+    user: str = "",
+    sources: Sources | None = None,
+    catalog: Mapping[str, EcsType] | None = None,
+) -> Translation:
     """Any input to a JobSpec plus errors and warnings at CreateJob paths; never raises
     on any JSON-like input."""
     issues = Issues()
     if not isinstance(payload, dict):
-        issues.error("$", f"a CreateJob body must be a JSON object, not {json_type(payload)}",
-                     "type")
+        issues.error(
+            "$", f"a CreateJob body must be a JSON object, not {json_type(payload)}", "type"
+        )
         return Translation(empty_spec(user=user), DIALECT, issues.errors, issues.warnings)
     catalog = catalog_from_env() if catalog is None else catalog
 
@@ -546,14 +649,18 @@ def translate_dlc(payload: Any, user: str = "", sources: Sources | None = None,
     job_type = issues.string(payload, "JobType", "$", required=True, non_blank=True)
     if job_type is not None and job_type not in JOB_TYPES:
         hint = next((t for t in JOB_TYPES if t.lower() == job_type.lower()), None)
-        issues.error("$.JobType", f"JobType {show(job_type)} is not one of "
-                     f"{', '.join(JOB_TYPES)}" + (f" (JobType is case-sensitive: "
-                                                  f"{hint})" if hint else ""), "enum")
+        issues.error(
+            "$.JobType",
+            f"JobType {show(job_type)} is not one of "
+            f"{', '.join(JOB_TYPES)}" + (f" (JobType is case-sensitive: {hint})" if hint else ""),
+            "enum",
+        )
         job_type = None
     command = issues.string(payload, "UserCommand", "$", required=True, non_blank=True)
     priority = issues.integer(payload, "Priority", "$", required=False, minimum=1, maximum=9)
-    max_minutes = issues.integer(payload, "JobMaxRunningTimeMinutes", "$", required=False,
-                                 minimum=0)
+    max_minutes = issues.integer(
+        payload, "JobMaxRunningTimeMinutes", "$", required=False, minimum=0
+    )
     resource_id = issues.string(payload, "ResourceId", "$", required=False)
     workspace_id = issues.string(payload, "WorkspaceId", "$", required=False)
     lib_dir = issues.string(payload, "ThirdpartyLibDir", "$", required=False)
@@ -617,7 +724,7 @@ def parse_pod_id(job_id: str, pod: str) -> tuple[str, int] | None:
     prefix = f"{job_id}-"
     if not pod.startswith(prefix):
         return None
-    role, sep, index = pod[len(prefix):].rpartition("-")
+    role, sep, index = pod[len(prefix) :].rpartition("-")
     if not sep or not role or not index.isdigit() or len(index) > 9:
         return None
     return role, int(index)
@@ -627,18 +734,36 @@ def parse_pod_id(job_id: str, pod: str) -> tuple[str, int] | None:
 
 # Canonical job state -> DLC job Status (GetJob's values).
 STATUS = {
-    "SUBMITTED": "Creating", "ACCEPTED": "Creating", "QUEUED": "Queuing",
-    "PLACED": "EnvPreparing", "RUNNING": "Running", "SUCCEEDED": "Succeeded",
-    "FAILED": "Failed", "STOPPED": "Stopped", "REJECTED": "Failed",
+    "SUBMITTED": "Creating",
+    "ACCEPTED": "Creating",
+    "QUEUED": "Queuing",
+    "PLACED": "EnvPreparing",
+    "RUNNING": "Running",
+    "SUCCEEDED": "Succeeded",
+    "FAILED": "Failed",
+    "STOPPED": "Stopped",
+    "REJECTED": "Failed",
     # DLC has no pause: a paused job holds nothing and waits for a person, as a stopped
     # one does; its ReasonCode tells the two apart.
     "PAUSED": "Stopped",
 }
-REASON_CODE = {"REJECTED": "JobRejected", "FAILED": "JobFailed", "STOPPED": "JobStopped",
-               "QUEUED": "JobEnqueued", "SUCCEEDED": "JobSucceeded", "PAUSED": "JobPaused"}
-POD_STATUS = {None: "Pending", "PENDING": "Pending", "STARTING": "Pending",
-              "RUNNING": "Running", "SUCCEEDED": "Succeeded", "FAILED": "Failed",
-              "STOPPED": "Stopped"}
+REASON_CODE = {
+    "REJECTED": "JobRejected",
+    "FAILED": "JobFailed",
+    "STOPPED": "JobStopped",
+    "QUEUED": "JobEnqueued",
+    "SUCCEEDED": "JobSucceeded",
+    "PAUSED": "JobPaused",
+}
+POD_STATUS = {
+    None: "Pending",
+    "PENDING": "Pending",
+    "STARTING": "Pending",
+    "RUNNING": "Running",
+    "SUCCEEDED": "Succeeded",
+    "FAILED": "Failed",
+    "STOPPED": "Stopped",
+}
 
 
 def states_for(status: str) -> list[str]:
@@ -686,10 +811,12 @@ def _job_specs(spec: dict[str, Any], original: dict[str, Any] | None) -> list[di
         res = role.get("resources", {})
         raw = by_type.get(role.get("name"), {})
         item: dict[str, Any] = {
-            "Type": raw.get("Type", role.get("name")), "Image": role.get("image"),
+            "Type": raw.get("Type", role.get("name")),
+            "Image": role.get("image"),
             "PodCount": role.get("replicas"),
             "ResourceConfig": {
-                "CPU": _num(res.get("cpu", 1)), "Memory": format_memory(res.get("memory_mb", 1024)),
+                "CPU": _num(res.get("cpu", 1)),
+                "Memory": format_memory(res.get("memory_mb", 1024)),
                 "GPU": _num(res.get("gpu", 0)),
                 "SharedMemory": format_memory(res.get("shm_mb", DEFAULT_SHM_MB)),
                 **({"GPUType": res["gpu_type"]} if res.get("gpu_type") else {}),
@@ -701,8 +828,9 @@ def _job_specs(spec: dict[str, Any], original: dict[str, Any] | None) -> list[di
     return out
 
 
-def render_job(view: Mapping[str, Any], original: Mapping[str, Any] | None = None,
-               running_at: Any = None) -> dict[str, Any]:
+def render_job(
+    view: Mapping[str, Any], original: Mapping[str, Any] | None = None, running_at: Any = None
+) -> dict[str, Any]:
     """GetJob's response body (the SDK's GetJobResponseBody, less RequestId) for a
     canonical job view (status's ``job_view``); ``original`` is the CreateJob body, for
     the fields the canonical job does not keep (EcsSpec, source ids)."""
@@ -716,16 +844,22 @@ def render_job(view: Mapping[str, Any], original: Mapping[str, Any] | None = Non
         pid = pod_id(job_id, task.get("role", ""), task.get("index", 0))
         status = POD_STATUS.get(task.get("state"), "Pending")
         ended = status in ("Succeeded", "Failed", "Stopped")
-        pods.append({
-            "PodId": pid, "PodUid": f"{pid}-{task.get('attempt') or 1}",
-            "Type": task.get("role"), "Status": status,
-            "Ip": task.get("host_ip") or "", "NodeName": task.get("node") or "",
-            "PodIps": [{"InterfaceName": "eth0", "Ip": task["host_ip"]}]
-            if task.get("host_ip") else [],
-            "GmtCreateTime": gmt(view.get("submitted_at")),
-            "GmtStartTime": gmt(running_at) if running_at else None,
-            "GmtFinishTime": gmt(task.get("updated_at")) if ended else None,
-        })
+        pods.append(
+            {
+                "PodId": pid,
+                "PodUid": f"{pid}-{task.get('attempt') or 1}",
+                "Type": task.get("role"),
+                "Status": status,
+                "Ip": task.get("host_ip") or "",
+                "NodeName": task.get("node") or "",
+                "PodIps": [{"InterfaceName": "eth0", "Ip": task["host_ip"]}]
+                if task.get("host_ip")
+                else [],
+                "GmtCreateTime": gmt(view.get("submitted_at")),
+                "GmtStartTime": gmt(running_at) if running_at else None,
+                "GmtFinishTime": gmt(task.get("updated_at")) if ended else None,
+            }
+        )
     finished = gmt(view.get("finished_at"))
     created = gmt(view.get("submitted_at"))
     roles = spec.get("roles", [])
@@ -734,12 +868,20 @@ def render_job(view: Mapping[str, Any], original: Mapping[str, Any] | None = Non
     raw_ds = original.get("DataSources") if isinstance(original.get("DataSources"), list) else []
     for i, ds in enumerate(spec.get("data_sources", [])):
         raw = raw_ds[i] if i < len(raw_ds) and isinstance(raw_ds[i], dict) else {}
-        data_sources.append({"DataSourceId": raw.get("DataSourceId"), "MountPath": ds.get(
-            "mount_path"), "Uri": ds.get("source")})
+        data_sources.append(
+            {
+                "DataSourceId": raw.get("DataSourceId"),
+                "MountPath": ds.get("mount_path"),
+                "Uri": ds.get("source"),
+            }
+        )
     code = spec.get("code_source")
     raw_code = original.get("CodeSource") if isinstance(original.get("CodeSource"), dict) else {}
-    job_type = original.get("JobType") if isinstance(original.get("JobType"), str) else (
-        KIND_TO_TYPE.get(spec.get("kind"), spec.get("kind")))
+    job_type = (
+        original.get("JobType")
+        if isinstance(original.get("JobType"), str)
+        else (KIND_TO_TYPE.get(spec.get("kind"), spec.get("kind")))
+    )
     body: dict[str, Any] = {
         "JobId": job_id,
         "DisplayName": view.get("name") or spec.get("name"),
@@ -755,36 +897,46 @@ def render_job(view: Mapping[str, Any], original: Mapping[str, Any] | None = Non
         "GmtSuccessedTime": finished if state == "SUCCEEDED" else None,
         "GmtFailedTime": finished if state in ("FAILED", "REJECTED") else None,
         "GmtStoppedTime": finished if state == "STOPPED" else None,
-        "Duration": _seconds_between(running_at or view.get("submitted_at"),
-                                     view.get("finished_at") or view.get("updated_at")),
+        "Duration": _seconds_between(
+            running_at or view.get("submitted_at"),
+            view.get("finished_at") or view.get("updated_at"),
+        ),
         "Pods": pods,
         "JobSpecs": _job_specs(spec, original),
         "UserCommand": roles[0].get("command") if roles else original.get("UserCommand"),
         "Envs": env,
-        "Priority": view.get("priority") if view.get("priority") is not None else spec.get(
-            "priority"),
+        "Priority": view.get("priority")
+        if view.get("priority") is not None
+        else spec.get("priority"),
         "ResourceId": original.get("ResourceId") or spec.get("queue"),
         "WorkspaceId": original.get("WorkspaceId"),
         "DataSources": data_sources,
         "ThirdpartyLibs": spec.get("pip_packages", []),
         "ThirdpartyLibDir": spec.get("pip_requirements_dir"),
-        "RequestCPU": int(sum(r.get("resources", {}).get("cpu", 0) * r.get("replicas", 1)
-                              for r in roles)),
-        "RequestGPU": float(sum(r.get("resources", {}).get("gpu", 0) * r.get("replicas", 1)
-                                for r in roles)),
-        "RequestMemory": format_memory(sum(r.get("resources", {}).get("memory_mb", 0)
-                                           * r.get("replicas", 1) for r in roles)),
+        "RequestCPU": int(
+            sum(r.get("resources", {}).get("cpu", 0) * r.get("replicas", 1) for r in roles)
+        ),
+        "RequestGPU": float(
+            sum(r.get("resources", {}).get("gpu", 0) * r.get("replicas", 1) for r in roles)
+        ),
+        "RequestMemory": format_memory(
+            sum(r.get("resources", {}).get("memory_mb", 0) * r.get("replicas", 1) for r in roles)
+        ),
         "RestartTimes": str(max(0, (view.get("attempt") or 1) - 1)),
     }
     if code:
-        body["CodeSource"] = {"CodeSourceId": raw_code.get("CodeSourceId") or code.get("repo"),
-                              "Branch": code.get("branch"), "Commit": code.get("commit"),
-                              "MountPath": code.get("mount_path")}
+        body["CodeSource"] = {
+            "CodeSourceId": raw_code.get("CodeSourceId") or code.get("repo"),
+            "Branch": code.get("branch"),
+            "Commit": code.get("commit"),
+            "MountPath": code.get("mount_path"),
+        }
     return {k: v for k, v in body.items() if v is not None}
 
 
-def render_list(items: Iterable[tuple[Mapping[str, Any], Mapping[str, Any] | None]],
-                total: int) -> dict[str, Any]:
+def render_list(
+    items: Iterable[tuple[Mapping[str, Any], Mapping[str, Any] | None]], total: int
+) -> dict[str, Any]:
     """ListJobs' body (less RequestId): each job as a JobItem."""
     jobs = []
     for view, original in items:
@@ -805,41 +957,65 @@ def render_events(history: Iterable[Mapping[str, Any]], limit: int | None = None
         event = row.get("event") or {}
         detail = ""
         if row.get("type") == "TaskStateChanged":
-            detail = (f" {event.get('role')}[{event.get('index')}] {event.get('state')}"
-                      + (f" (exit {event['exit_code']})" if event.get("exit_code") is not None
-                         else ""))
+            detail = f" {event.get('role')}[{event.get('index')}] {event.get('state')}" + (
+                f" (exit {event['exit_code']})" if event.get("exit_code") is not None else ""
+            )
         elif event.get("reason"):
             detail = f" {event['reason']}"
         elif event.get("errors"):
-            detail = " " + "; ".join(f"{e.get('path')}: {e.get('message')}"
-                                     for e in event["errors"])
+            detail = " " + "; ".join(
+                f"{e.get('path')}: {e.get('message')}" for e in event["errors"]
+            )
         elif row.get("type") == "JobQueued" and event.get("reasons"):
             detail = " " + "; ".join(event["reasons"])
         lines.append(f"{gmt(row.get('occurred_at'))} {row.get('type')}{detail}")
     return lines[-limit:] if limit else lines
 
 
-DATA_SOURCE_FIELDS = ("DataSourceType", "DisplayName", "Description", "FileSystemId", "Path",
-                      "Endpoint", "MountPath", "Options", "Uri")
-CODE_SOURCE_FIELDS = ("DisplayName", "Description", "CodeRepo", "CodeBranch", "CodeCommit",
-                      "CodeRepoUserName", "CodeRepoAccessToken", "MountPath")
+DATA_SOURCE_FIELDS = (
+    "DataSourceType",
+    "DisplayName",
+    "Description",
+    "FileSystemId",
+    "Path",
+    "Endpoint",
+    "MountPath",
+    "Options",
+    "Uri",
+)
+CODE_SOURCE_FIELDS = (
+    "DisplayName",
+    "Description",
+    "CodeRepo",
+    "CodeBranch",
+    "CodeCommit",
+    "CodeRepoUserName",
+    "CodeRepoAccessToken",
+    "MountPath",
+)
 
 
 def render_data_source(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A registered data source as the SDK's DataSourceItem."""
-    item = {"DataSourceId": doc.get("_id"), "UserId": doc.get("user"),
-            **{k: doc.get(k) for k in DATA_SOURCE_FIELDS},
-            "GmtCreateTime": gmt(doc.get("created_at")), "GmtModifyTime": gmt(doc.get(
-                "modified_at"))}
+    item = {
+        "DataSourceId": doc.get("_id"),
+        "UserId": doc.get("user"),
+        **{k: doc.get(k) for k in DATA_SOURCE_FIELDS},
+        "GmtCreateTime": gmt(doc.get("created_at")),
+        "GmtModifyTime": gmt(doc.get("modified_at")),
+    }
     return {k: v for k, v in item.items() if v is not None}
 
 
 def render_code_source(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A registered code source as the SDK's CodeSourceItem; the access token hidden."""
-    item = {"CodeSourceId": doc.get("_id"), "UserId": doc.get("user"),
-            **{k: doc.get(k) for k in CODE_SOURCE_FIELDS},
-            "GmtCreateTime": gmt(doc.get("created_at")), "GmtModifyTime": gmt(doc.get(
-                "modified_at"))}
+    item = {
+        "CodeSourceId": doc.get("_id"),
+        "UserId": doc.get("user"),
+        **{k: doc.get(k) for k in CODE_SOURCE_FIELDS},
+        "GmtCreateTime": gmt(doc.get("created_at")),
+        "GmtModifyTime": gmt(doc.get("modified_at")),
+    }
     if item.get("CodeRepoAccessToken"):
         item["CodeRepoAccessToken"] = "******"
     return {k: v for k, v in item.items() if v is not None}
@@ -850,6 +1026,9 @@ def resolved_data(doc: Mapping[str, Any]) -> ResolvedData:
 
 
 def resolved_code(doc: Mapping[str, Any]) -> ResolvedCode:
-    return ResolvedCode(repo=str(doc.get("CodeRepo") or ""), branch=doc.get("CodeBranch") or None,
-                        commit=doc.get("CodeCommit") or None,
-                        mount_path=doc.get("MountPath") or None)
+    return ResolvedCode(
+        repo=str(doc.get("CodeRepo") or ""),
+        branch=doc.get("CodeBranch") or None,
+        commit=doc.get("CodeCommit") or None,
+        mount_path=doc.get("MountPath") or None,
+    )

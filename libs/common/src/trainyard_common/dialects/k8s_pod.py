@@ -19,7 +19,9 @@ from .translation import INT_MAX, Issues, join, json_type, show
 
 # Kubernetes object names (metadata.name, namespaces): an RFC 1123 DNS label.
 DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-DNS_LABEL_RULE = "a lowercase RFC 1123 label: ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$, at most 63 characters"
+DNS_LABEL_RULE = (
+    "a lowercase RFC 1123 label: ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$, at most 63 characters"
+)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHM_PATH = "/dev/shm"
@@ -31,35 +33,58 @@ _QUANTITY = re.compile(
     r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
 )
 _SUFFIX = {
-    None: Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
-    "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+    None: Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
 }
 
 # Canonical resource -> the Kubernetes resource it is read from.
-RESOURCE_KEYS = {"cpu": "cpu", "memory_mb": "memory", "gpu": GPU_RESOURCE,
-                 "storage_gb": "ephemeral-storage"}
+RESOURCE_KEYS = {
+    "cpu": "cpu",
+    "memory_mb": "memory",
+    "gpu": GPU_RESOURCE,
+    "storage_gb": "ephemeral-storage",
+}
 # Which table a resource's figure is read from first. Requests are what a task is placed
 # by; limits stand in when no request is given (Kubernetes defaults a missing request to
 # the limit). Extended resources such as GPUs are whole numbers, given in limits.
-RESOURCE_ORDER = {"cpu": ("requests", "limits"), "memory": ("requests", "limits"),
-                  GPU_RESOURCE: ("limits", "requests"),
-                  "ephemeral-storage": ("requests", "limits")}
+RESOURCE_ORDER = {
+    "cpu": ("requests", "limits"),
+    "memory": ("requests", "limits"),
+    GPU_RESOURCE: ("limits", "requests"),
+    "ephemeral-storage": ("requests", "limits"),
+}
 
 # Node labels that name a node's GPU model (NVIDIA GPU feature discovery, GKE, Alibaba
 # ACK, and Trainyard's own). A pod that selects nodes by one of these asks for GPU models,
 # which Trainyard matches against each node's gpu_type (its cluster file), not its labels;
 # a dialect may pass its own keys to ``pod_template``.
-GPU_MODEL_LABELS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator",
-                    "aliyun.accelerator/nvidia_name", "trainyard.dev/gpu-type")
+GPU_MODEL_LABELS = (
+    "nvidia.com/gpu.product",
+    "cloud.google.com/gke-accelerator",
+    "aliyun.accelerator/nvidia_name",
+    "trainyard.dev/gpu-type",
+)
 REQUIRED_NODE_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
 
 # Container and pod fields that carry meaning Trainyard applies; every other one is
 # kept with the original and reported.
-_CONTAINER_USED = frozenset({"name", "image", "command", "args", "env", "resources",
-                             "volumeMounts"})
+_CONTAINER_USED = frozenset(
+    {"name", "image", "command", "args", "env", "resources", "volumeMounts"}
+)
 _POD_USED = frozenset({"containers", "volumes", "restartPolicy", "nodeSelector", "affinity"})
 
 
@@ -119,8 +144,13 @@ def _strings(value: Any, path: str, key: str, issues: Issues) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        issues.error(path, f"{key} must be a list of strings, not {json_type(value)}"
-                     if not isinstance(value, list) else f"{key} must hold only strings", "type")
+        issues.error(
+            path,
+            f"{key} must be a list of strings, not {json_type(value)}"
+            if not isinstance(value, list)
+            else f"{key} must hold only strings",
+            "type",
+        )
         return []
     return list(value)
 
@@ -143,8 +173,9 @@ def pod_template(
     in ``gpu_labels`` name GPU models (see ``node_constraints``)."""
     task = PodTask()
     if template is None:
-        issues.error(path, f"template is required: {owner} needs a pod template with a "
-                     "container", "required")
+        issues.error(
+            path, f"template is required: {owner} needs a pod template with a container", "required"
+        )
         return task
     if not isinstance(template, dict):
         issues.error(path, f"template must be an object, not {json_type(template)}", "type")
@@ -153,56 +184,79 @@ def pod_template(
     pod = template.get("spec")
     if pod is None and "containers" in template:
         # T9k's own XGBoost example writes template.containers, without spec.
-        issues.warn(join(path, "containers"), "template.containers is read as "
-                    "template.spec.containers (a PodTemplateSpec keeps containers under "
-                    "spec)", "spelling")
+        issues.warn(
+            join(path, "containers"),
+            "template.containers is read as "
+            "template.spec.containers (a PodTemplateSpec keeps containers under "
+            "spec)",
+            "spelling",
+        )
         pod, spec_path = template, path
     for key in sorted(k for k in template if k not in ("spec", "metadata", "containers")):
-        issues.warn(join(path, key), f"unknown template field {show(key)} is kept but not "
-                    "used", "unknown_field")
+        issues.warn(
+            join(path, key),
+            f"unknown template field {show(key)} is kept but not used",
+            "unknown_field",
+        )
     if "metadata" in template:
-        issues.warn(join(path, "metadata"), "pod labels and annotations are kept but not "
-                    "applied to tasks", "not_applied")
+        issues.warn(
+            join(path, "metadata"),
+            "pod labels and annotations are kept but not applied to tasks",
+            "not_applied",
+        )
     if not isinstance(pod, dict):
-        issues.error(spec_path, "template.spec is required (an object with containers)"
-                     if pod is None else f"template.spec must be an object, not "
-                     f"{json_type(pod)}", "required" if pod is None else "type")
+        issues.error(
+            spec_path,
+            "template.spec is required (an object with containers)"
+            if pod is None
+            else f"template.spec must be an object, not {json_type(pod)}",
+            "required" if pod is None else "type",
+        )
         return task
     restart = pod.get("restartPolicy")
     if restart is not None:
         if isinstance(restart, str):
             task.restart_policy = restart
         else:
-            issues.error(join(spec_path, "restartPolicy"), "restartPolicy must be a string",
-                         "type")
+            issues.error(join(spec_path, "restartPolicy"), "restartPolicy must be a string", "type")
     for key in sorted(k for k in pod if k not in _POD_USED):
-        issues.warn(join(spec_path, key), f"pod field {show(key)} is kept but not applied "
-                    "by Trainyard", "not_applied")
+        issues.warn(
+            join(spec_path, key),
+            f"pod field {show(key)} is kept but not applied by Trainyard",
+            "not_applied",
+        )
 
     containers_path = join(spec_path, "containers")
     containers = pod.get("containers")
     if containers is None:
-        issues.error(containers_path, "containers is required (a list with at least one "
-                     "container)", "required")
+        issues.error(
+            containers_path,
+            "containers is required (a list with at least one container)",
+            "required",
+        )
         return task
     if not isinstance(containers, list) or not containers:
-        issues.error(containers_path, "containers must be a non-empty list", "type"
-                     if not isinstance(containers, list) else "required")
+        issues.error(
+            containers_path,
+            "containers must be a non-empty list",
+            "type" if not isinstance(containers, list) else "required",
+        )
         return task
     chosen = _training_container(containers, preferred)
     for i in range(len(containers)):
         if i != chosen:
-            issues.warn(f"{containers_path}[{i}]", f"only containers[{chosen}] runs as the "
-                        f"task; containers[{i}] is kept but not run", "not_applied")
+            issues.warn(
+                f"{containers_path}[{i}]",
+                f"only containers[{chosen}] runs as the task; containers[{i}] is kept but not run",
+                "not_applied",
+            )
     cpath = f"{containers_path}[{chosen}]"
     task.container_path = cpath
     container = containers[chosen]
     if not isinstance(container, dict):
-        issues.error(cpath, f"a container must be an object, not {json_type(container)}",
-                     "type")
+        issues.error(cpath, f"a container must be an object, not {json_type(container)}", "type")
         return task
-    task.container_name = container.get("name") if isinstance(container.get("name"),
-                                                                 str) else None
+    task.container_name = container.get("name") if isinstance(container.get("name"), str) else None
     task.image = issues.string(container, "image", cpath, required=True, non_blank=True)
     task.command = string_list(container, "command", cpath, issues)
     task.args = string_list(container, "args", cpath, issues)
@@ -212,22 +266,31 @@ def pod_template(
     if shm is not None:
         task.resources.shm_mb = shm
     for key in sorted(k for k in container if k not in _CONTAINER_USED):
-        issues.warn(join(cpath, key), f"container field {show(key)} is kept but not "
-                    "applied by Trainyard", "not_applied")
+        issues.warn(
+            join(cpath, key),
+            f"container field {show(key)} is kept but not applied by Trainyard",
+            "not_applied",
+        )
     task.node_selector, models = node_constraints(pod, spec_path, issues, gpu_labels)
     if models:
         task.resources.gpu_types = models
         if task.resources.gpu <= 0:
-            issues.warn(join(cpath, "resources"), "the pod selects nodes by GPU model, but "
-                        "the container asks for no GPUs (nvidia.com/gpu); a GPU model binds "
-                        "only tasks that hold GPUs, so it is kept but not applied",
-                        "not_applied")
+            issues.warn(
+                join(cpath, "resources"),
+                "the pod selects nodes by GPU model, but "
+                "the container asks for no GPUs (nvidia.com/gpu); a GPU model binds "
+                "only tasks that hold GPUs, so it is kept but not applied",
+                "not_applied",
+            )
     return task
 
 
-def node_constraints(pod: dict[str, Any], spec_path: str, issues: Issues,
-                     gpu_labels: tuple[str, ...] = GPU_MODEL_LABELS
-                     ) -> tuple[list[EnvVar], list[str]]:
+def node_constraints(
+    pod: dict[str, Any],
+    spec_path: str,
+    issues: Issues,
+    gpu_labels: tuple[str, ...] = GPU_MODEL_LABELS,
+) -> tuple[list[EnvVar], list[str]]:
     """A pod spec's nodeSelector and required node affinity as Trainyard's node selector
     (labels a node must carry) and GPU models (any of them). Of the affinity, one
     nodeSelectorTerm is read: ``In`` on a GPU model label gives the models; ``In`` with one
@@ -244,8 +307,12 @@ def node_constraints(pod: dict[str, Any], spec_path: str, issues: Issues,
             return
         both = [m for m in models if m in values]
         if not both:
-            issues.error(where, f"no GPU model is allowed both here ({', '.join(values)}) "
-                         f"and at {models_path} ({', '.join(models)})", "conflict")
+            issues.error(
+                where,
+                f"no GPU model is allowed both here ({', '.join(values)}) "
+                f"and at {models_path} ({', '.join(models)})",
+                "conflict",
+            )
         models = both
 
     raw = pod.get("nodeSelector")
@@ -253,18 +320,24 @@ def node_constraints(pod: dict[str, Any], spec_path: str, issues: Issues,
     if isinstance(raw, dict):
         for key, value in raw.items():
             if not isinstance(value, str):
-                issues.error(join(npath, str(key)), f"a nodeSelector value must be a string, "
-                             f"not {json_type(value)} (quote it in YAML)", "type")
+                issues.error(
+                    join(npath, str(key)),
+                    f"a nodeSelector value must be a string, "
+                    f"not {json_type(value)} (quote it in YAML)",
+                    "type",
+                )
             elif key in gpu_labels:
                 allow([value], join(npath, key))
             else:
                 selector.append(EnvVar(name=str(key), value=value))
     elif raw is not None:
-        issues.error(npath, f"nodeSelector must be an object of label values, not "
-                     f"{json_type(raw)}", "type")
+        issues.error(
+            npath, f"nodeSelector must be an object of label values, not {json_type(raw)}", "type"
+        )
 
-    for key, values, where in _affinity(pod.get("affinity"), join(spec_path, "affinity"),
-                                        issues, gpu_labels):
+    for key, values, where in _affinity(
+        pod.get("affinity"), join(spec_path, "affinity"), issues, gpu_labels
+    ):
         if key in gpu_labels:
             allow(values, where)
         else:
@@ -272,8 +345,9 @@ def node_constraints(pod: dict[str, Any], spec_path: str, issues: Issues,
     return selector, models or []
 
 
-def _affinity(raw: Any, path: str, issues: Issues, gpu_labels: tuple[str, ...]
-              ) -> list[tuple[str, list[str], str]]:
+def _affinity(
+    raw: Any, path: str, issues: Issues, gpu_labels: tuple[str, ...]
+) -> list[tuple[str, list[str], str]]:
     """The ``In`` expressions of a required node affinity that Trainyard can apply, as
     (label, values, path); warnings for every part it cannot."""
     if raw is None:
@@ -282,8 +356,11 @@ def _affinity(raw: Any, path: str, issues: Issues, gpu_labels: tuple[str, ...]
         issues.error(path, f"affinity must be an object, not {json_type(raw)}", "type")
         return []
     for key in sorted(k for k in raw if k != "nodeAffinity"):
-        issues.warn(join(path, key), f"{show(key)} (placement relative to other pods) is "
-                    "kept but not applied by Trainyard", "not_applied")
+        issues.warn(
+            join(path, key),
+            f"{show(key)} (placement relative to other pods) is kept but not applied by Trainyard",
+            "not_applied",
+        )
     node = raw.get("nodeAffinity")
     npath = join(path, "nodeAffinity")
     if node is None:
@@ -292,8 +369,12 @@ def _affinity(raw: Any, path: str, issues: Issues, gpu_labels: tuple[str, ...]
         issues.error(npath, f"nodeAffinity must be an object, not {json_type(node)}", "type")
         return []
     for key in sorted(k for k in node if k != REQUIRED_NODE_AFFINITY):
-        issues.warn(join(npath, key), f"{show(key)} is kept but not applied: Trainyard places "
-                    "by required node constraints only", "not_applied")
+        issues.warn(
+            join(npath, key),
+            f"{show(key)} is kept but not applied: Trainyard places "
+            "by required node constraints only",
+            "not_applied",
+        )
     required = node.get(REQUIRED_NODE_AFFINITY)
     rpath = join(npath, REQUIRED_NODE_AFFINITY)
     if required is None:
@@ -301,41 +382,53 @@ def _affinity(raw: Any, path: str, issues: Issues, gpu_labels: tuple[str, ...]
     terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
     tpath = join(rpath, "nodeSelectorTerms")
     if not isinstance(terms, list):
-        issues.error(tpath if isinstance(required, dict) else rpath,
-                     "a required node affinity needs nodeSelectorTerms (a list)", "type")
+        issues.error(
+            tpath if isinstance(required, dict) else rpath,
+            "a required node affinity needs nodeSelectorTerms (a list)",
+            "type",
+        )
         return []
     if len(terms) != 1:
         if terms:
-            issues.warn(tpath, f"{len(terms)} nodeSelectorTerms (any one may match) cannot be "
-                        "written as Trainyard's node selector (every label must match); "
-                        "kept but not applied", "not_applied")
+            issues.warn(
+                tpath,
+                f"{len(terms)} nodeSelectorTerms (any one may match) cannot be "
+                "written as Trainyard's node selector (every label must match); "
+                "kept but not applied",
+                "not_applied",
+            )
         return []
     term, term_path = terms[0], f"{tpath}[0]"
     if not isinstance(term, dict):
-        issues.error(term_path, f"a nodeSelectorTerm must be an object, not "
-                     f"{json_type(term)}", "type")
+        issues.error(
+            term_path, f"a nodeSelectorTerm must be an object, not {json_type(term)}", "type"
+        )
         return []
     for key in sorted(k for k in term if k != "matchExpressions"):
-        issues.warn(join(term_path, key), f"{show(key)} is kept but not applied: Trainyard "
-                    "selects nodes by their labels only", "not_applied")
+        issues.warn(
+            join(term_path, key),
+            f"{show(key)} is kept but not applied: Trainyard selects nodes by their labels only",
+            "not_applied",
+        )
     expressions = term.get("matchExpressions")
     epath = join(term_path, "matchExpressions")
     if expressions is None:
         return []
     if not isinstance(expressions, list):
-        issues.error(epath, f"matchExpressions must be a list, not {json_type(expressions)}",
-                     "type")
+        issues.error(
+            epath, f"matchExpressions must be a list, not {json_type(expressions)}", "type"
+        )
         return []
     found: list[tuple[str, list[str], str]] = []
     for i, expression in enumerate(expressions):
         where = f"{epath}[{i}]"
         if not isinstance(expression, dict):
-            issues.error(where, f"a match expression must be an object, not "
-                         f"{json_type(expression)}", "type")
+            issues.error(
+                where, f"a match expression must be an object, not {json_type(expression)}", "type"
+            )
             continue
         key = issues.string(expression, "key", where, required=True, non_blank=True)
-        operator = issues.string(expression, "operator", where, required=True,
-                                 non_blank=True)
+        operator = issues.string(expression, "operator", where, required=True, non_blank=True)
         before = len(issues.errors)
         values = _strings(expression.get("values"), join(where, "values"), "values", issues)
         if key is None or operator is None or len(issues.errors) > before:
@@ -344,13 +437,16 @@ def _affinity(raw: Any, path: str, issues: Issues, gpu_labels: tuple[str, ...]
             found.append((key, values, where))
             continue
         if operator == "In" and not values:
-            issues.error(join(where, "values"), "operator In needs at least one value",
-                         "required")
+            issues.error(join(where, "values"), "operator In needs at least one value", "required")
             continue
         written = f"{key} {operator} ({', '.join(values)})" if values else f"{key} {operator}"
-        issues.warn(where, f"the node affinity {written} is kept but not applied: Trainyard "
-                    "applies In on a GPU model label (" + ", ".join(gpu_labels) + ") and In "
-                    "with one value on other labels", "not_applied")
+        issues.warn(
+            where,
+            f"the node affinity {written} is kept but not applied: Trainyard "
+            "applies In on a GPU model label (" + ", ".join(gpu_labels) + ") and In "
+            "with one value on other labels",
+            "not_applied",
+        )
     return found
 
 
@@ -359,8 +455,9 @@ def _training_container(containers: list[Any], preferred: tuple[str, ...]) -> in
     return next((names.index(wanted) for wanted in preferred if wanted in names), 0)
 
 
-def template_field_path(template: Any, path: str, field: str,
-                        preferred: tuple[str, ...] = ()) -> str:
+def template_field_path(
+    template: Any, path: str, field: str, preferred: tuple[str, ...] = ()
+) -> str:
     """Where a canonical role field is written in the pod template at ``path``, read as
     ``pod_template`` reads it: the training container, and of a resource the table
     (requests or limits) its figure was taken from. Total: a template it cannot follow
@@ -381,8 +478,9 @@ def template_field_path(template: Any, path: str, field: str,
     if not isinstance(container, dict):
         return cpath
     if field == "command":
-        return join(cpath, "command" if "command" in container or "args" not in container
-                    else "args")
+        return join(
+            cpath, "command" if "command" in container or "args" not in container else "args"
+        )
     if field in ("image", "env"):
         return join(cpath, field)
     if field == "shm_mb":
@@ -392,13 +490,22 @@ def template_field_path(template: Any, path: str, field: str,
         return join(cpath, "resources") if field == "gpu_type" else cpath
     resources = container.get("resources")
     order = RESOURCE_ORDER[key]
-    part = next((p for p in order if isinstance(resources, dict) and isinstance(
-        resources.get(p), dict) and key in resources[p]), order[0])
+    part = next(
+        (
+            p
+            for p in order
+            if isinstance(resources, dict)
+            and isinstance(resources.get(p), dict)
+            and key in resources[p]
+        ),
+        order[0],
+    )
     return join(join(join(cpath, "resources"), part), key)
 
 
-def _constraint_path(pod: dict[str, Any], spec_path: str, field: str,
-                     gpu_labels: tuple[str, ...] = GPU_MODEL_LABELS) -> str:
+def _constraint_path(
+    pod: dict[str, Any], spec_path: str, field: str, gpu_labels: tuple[str, ...] = GPU_MODEL_LABELS
+) -> str:
     """Where ``node_constraints`` read the role's GPU models or node labels from: the
     first place that gave one (nodeSelector, then the affinity's expressions)."""
     gpu = field == "gpu_types"
@@ -430,21 +537,27 @@ def _env(raw: Any, path: str, issues: Issues) -> list[EnvVar]:
     for i, entry in enumerate(raw):
         epath = f"{path}[{i}]"
         if not isinstance(entry, dict):
-            issues.error(epath, f"an env entry must be an object, not {json_type(entry)}",
-                         "type")
+            issues.error(epath, f"an env entry must be an object, not {json_type(entry)}", "type")
             continue
         name = issues.string(entry, "name", epath, required=True, non_blank=True)
         if "valueFrom" in entry:
-            issues.warn(join(epath, "valueFrom"), f"env {show(name)} takes its value from "
-                        "another resource (valueFrom); Trainyard cannot resolve it, so the "
-                        "variable is not set", "not_applied")
+            issues.warn(
+                join(epath, "valueFrom"),
+                f"env {show(name)} takes its value from "
+                "another resource (valueFrom); Trainyard cannot resolve it, so the "
+                "variable is not set",
+                "not_applied",
+            )
             continue
         value = entry.get("value", "")
         if value is None:
             value = ""
         if not isinstance(value, str):
-            issues.error(join(epath, "value"), f"env value must be a string, not "
-                         f"{json_type(value)} (quote it in YAML)", "type")
+            issues.error(
+                join(epath, "value"),
+                f"env value must be a string, not {json_type(value)} (quote it in YAML)",
+                "type",
+            )
             continue
         if name is not None:
             out.append(EnvVar(name=name, value=value))
@@ -456,8 +569,11 @@ def _amount(raw: dict[str, Any], key: str, path: str, issues: Issues) -> Decimal
         return None
     value = quantity(raw[key])
     if value is None:
-        issues.error(join(path, key), f"{key} {show(raw[key])} is not a Kubernetes quantity "
-                     "(e.g. 500m, 2, 512Mi, 8Gi)", "type")
+        issues.error(
+            join(path, key),
+            f"{key} {show(raw[key])} is not a Kubernetes quantity (e.g. 500m, 2, 512Mi, 8Gi)",
+            "type",
+        )
         return None
     return value
 
@@ -479,25 +595,33 @@ def _resources(raw: Any, path: str, issues: Issues) -> Resources:
             continue
         tables[part] = table
     for key in sorted(k for k in raw if k not in ("requests", "limits")):
-        issues.warn(join(path, key), f"resources field {show(key)} is kept but not applied",
-                    "not_applied")
+        issues.warn(
+            join(path, key), f"resources field {show(key)} is kept but not applied", "not_applied"
+        )
     known = {"cpu", "memory", GPU_RESOURCE, "ephemeral-storage"}
     amounts: dict[str, dict[str, Decimal]] = {}
     for part, table in tables.items():
         ppath = join(path, part)
         for key in table:
             if key not in known:
-                issues.warn(join(ppath, key), f"resource {show(key)} is not one Trainyard "
-                            "schedules (cpu, memory, nvidia.com/gpu, ephemeral-storage); it "
-                            "is kept but not reserved", "not_applied")
+                issues.warn(
+                    join(ppath, key),
+                    f"resource {show(key)} is not one Trainyard "
+                    "schedules (cpu, memory, nvidia.com/gpu, ephemeral-storage); it "
+                    "is kept but not reserved",
+                    "not_applied",
+                )
                 continue
             value = _amount(table, key, ppath, issues)
             if value is not None:
                 amounts.setdefault(key, {})[part] = value
     for key, parts in amounts.items():
         if "requests" in parts and "limits" in parts and parts["limits"] < parts["requests"]:
-            issues.error(join(join(path, "limits"), key), f"limits {key} must not be less "
-                         f"than requests {key}", "range")
+            issues.error(
+                join(join(path, "limits"), key),
+                f"limits {key} must not be less than requests {key}",
+                "range",
+            )
 
     def pick(key: str, order: tuple[str, str]) -> tuple[Decimal, str] | None:
         for part in order:
@@ -515,15 +639,17 @@ def _resources(raw: Any, path: str, issues: Issues) -> Resources:
     if memory is not None:
         mb = math.ceil(memory[0] / MIB) if memory[0] > 0 else 0
         if mb <= 0 or mb > INT_MAX:
-            issues.error(memory[1], "memory must be more than 0 and at most "
-                         f"{INT_MAX} MiB", "range")
+            issues.error(
+                memory[1], f"memory must be more than 0 and at most {INT_MAX} MiB", "range"
+            )
         else:
             resources.memory_mb = mb
     gpu = pick(GPU_RESOURCE, RESOURCE_ORDER[GPU_RESOURCE])
     if gpu is not None:
         if gpu[0] != gpu[0].to_integral_value() or gpu[0] < 0 or gpu[0] > INT_MAX:
-            issues.error(gpu[1], f"{GPU_RESOURCE} must be a whole number of GPUs, got "
-                         f"{gpu[0]}", "range")
+            issues.error(
+                gpu[1], f"{GPU_RESOURCE} must be a whole number of GPUs, got {gpu[0]}", "range"
+            )
         else:
             resources.gpu = float(gpu[0])
     storage = pick("ephemeral-storage", RESOURCE_ORDER["ephemeral-storage"])
@@ -532,8 +658,9 @@ def _resources(raw: Any, path: str, issues: Issues) -> Resources:
     return resources
 
 
-def _shm(pod: dict[str, Any], container: dict[str, Any], spec_path: str, cpath: str,
-         issues: Issues) -> int | None:
+def _shm(
+    pod: dict[str, Any], container: dict[str, Any], spec_path: str, cpath: str, issues: Issues
+) -> int | None:
     """The size of a memory-backed emptyDir mounted at /dev/shm (T9k's and Kubeflow's
     documented way to give a task shared memory), in MB."""
     volumes = pod.get("volumes")
@@ -562,8 +689,12 @@ def _shm(pod: dict[str, Any], container: dict[str, Any], spec_path: str, cpath: 
                 size = min(math.ceil(limit / MIB), INT_MAX)
             continue
         kinds = ", ".join(sorted(k for k in volume if k != "name")) or "no source"
-        issues.warn(vpath, f"volume {show(name)} ({kinds}) is kept but not mounted: "
-                    "Trainyard tasks see the node's file system", "not_applied")
+        issues.warn(
+            vpath,
+            f"volume {show(name)} ({kinds}) is kept but not mounted: "
+            "Trainyard tasks see the node's file system",
+            "not_applied",
+        )
     return size
 
 
@@ -591,8 +722,11 @@ def latest_tasks(view: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
     """Each task of the job's latest attempt (the view lists every attempt)."""
     tasks = [t for t in view.get("tasks") or [] if isinstance(t, dict)]
     attempt = max((t.get("attempt") or 1 for t in tasks), default=1)
-    return {(str(t.get("role")), int(t.get("index") or 0)): t for t in tasks
-            if (t.get("attempt") or 1) == attempt}
+    return {
+        (str(t.get("role")), int(t.get("index") or 0)): t
+        for t in tasks
+        if (t.get("attempt") or 1) == attempt
+    }
 
 
 def restarts(view: dict[str, Any], role: str) -> int:
@@ -607,9 +741,12 @@ def is_paused(view: dict[str, Any]) -> bool:
     if view.get("state") == "PAUSED":
         return True
     spec = view.get("spec") or {}
-    return (isinstance(spec, dict) and spec.get("run_mode") == "pause"
-            and (view.get("attempt") or 1) == 1
-            and view.get("state") in ("SUBMITTED", "ACCEPTED", "QUEUED"))
+    return (
+        isinstance(spec, dict)
+        and spec.get("run_mode") == "pause"
+        and (view.get("attempt") or 1) == 1
+        and view.get("state") in ("SUBMITTED", "ACCEPTED", "QUEUED")
+    )
 
 
 def resource_metadata(view: dict[str, Any], original: dict[str, Any]) -> dict[str, Any]:
@@ -621,8 +758,11 @@ def resource_metadata(view: dict[str, Any], original: dict[str, Any]) -> dict[st
     if created:
         meta["creationTimestamp"] = created
     meta.setdefault("namespace", "default")
-    warnings = [f"{w.get('path')}: {w.get('message')}" for w in view.get("warnings") or []
-                if isinstance(w, dict)]
+    warnings = [
+        f"{w.get('path')}: {w.get('message')}"
+        for w in view.get("warnings") or []
+        if isinstance(w, dict)
+    ]
     if warnings:
         annotations = meta.get("annotations")
         annotations = dict(annotations) if isinstance(annotations, dict) else {}
@@ -631,15 +771,22 @@ def resource_metadata(view: dict[str, Any], original: dict[str, Any]) -> dict[st
     return meta
 
 
-def condition(kind: str, status: bool, reason: str, message: str,
-              at: str | None) -> dict[str, Any]:
-    return {"type": kind, "status": "True" if status else "False", "reason": reason,
-            "message": message, "lastTransitionTime": at}
+def condition(kind: str, status: bool, reason: str, message: str, at: str | None) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": at,
+    }
 
 
 def rejection_message(view: dict[str, Any]) -> str:
-    errors = [f"{e.get('path')}: {e.get('message')}" for e in view.get("errors") or []
-              if isinstance(e, dict)]
+    errors = [
+        f"{e.get('path')}: {e.get('message')}"
+        for e in view.get("errors") or []
+        if isinstance(e, dict)
+    ]
     return "; ".join(errors) or str(view.get("reason") or "rejected")
 
 
@@ -714,8 +861,12 @@ def first_difference(old: Any, new: Any, path: str = "$") -> str | None:
     return None if old == new and type(old) is type(new) else path
 
 
-def immutable_change(current: dict[str, Any], patched: dict[str, Any],
-                     changeable: tuple[tuple[str, ...], ...], allowed: str) -> FieldIssue | None:
+def immutable_change(
+    current: dict[str, Any],
+    patched: dict[str, Any],
+    changeable: tuple[tuple[str, ...], ...],
+    allowed: str,
+) -> FieldIssue | None:
     """The first change a PATCH makes outside the ``changeable`` fields, as an error."""
     old, new = current, patched
     for path in (("status",), *changeable):
@@ -723,22 +874,41 @@ def immutable_change(current: dict[str, Any], patched: dict[str, Any],
     where = first_difference(old, new)
     if where is None:
         return None
-    return FieldIssue(path=where, code="immutable", message=(
-        f"{where.removeprefix('$.')} cannot be changed on a submitted job; a PATCH may "
-        f"change {allowed}"))
+    return FieldIssue(
+        path=where,
+        code="immutable",
+        message=(
+            f"{where.removeprefix('$.')} cannot be changed on a submitted job; a PATCH may "
+            f"change {allowed}"
+        ),
+    )
 
 
-def elastic_scale(role: RoleSpec, replicas: Any, path: str, errors: list[FieldIssue]
-                  ) -> int | None:
+def elastic_scale(role: RoleSpec, replicas: Any, path: str, errors: list[FieldIssue]) -> int | None:
     """``replicas`` for an elastic role, checked against its bounds."""
     if role.min_replicas is None or role.max_replicas is None:
-        errors.append(FieldIssue(path=path, code="immutable", message=(
-            f"the replicas of role {role.name!r} cannot change: it is not elastic")))
+        errors.append(
+            FieldIssue(
+                path=path,
+                code="immutable",
+                message=(f"the replicas of role {role.name!r} cannot change: it is not elastic"),
+            )
+        )
         return None
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or not (
-            role.min_replicas <= replicas <= role.max_replicas):
-        errors.append(FieldIssue(path=path, code="range", message=(
-            f"role {role.name!r} scales between {role.min_replicas} and "
-            f"{role.max_replicas} replicas, not {show(replicas)}")))
+    if (
+        isinstance(replicas, bool)
+        or not isinstance(replicas, int)
+        or not (role.min_replicas <= replicas <= role.max_replicas)
+    ):
+        errors.append(
+            FieldIssue(
+                path=path,
+                code="range",
+                message=(
+                    f"role {role.name!r} scales between {role.min_replicas} and "
+                    f"{role.max_replicas} replicas, not {show(replicas)}"
+                ),
+            )
+        )
         return None
     return replicas

@@ -56,14 +56,31 @@ class Kind:
     fields: frozenset[str]
 
 
-KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind("PyTorchJob", "pytorchjobs", JobKind.PYTORCH, "pytorchReplicaSpecs",
-         ("Master", "Worker"), "pytorch", RestartPolicy.ON_FAILURE,
-         frozenset({"pytorchReplicaSpecs", "runPolicy", "elasticPolicy", "nprocPerNode"})),
-    Kind("TFJob", "tfjobs", JobKind.TENSORFLOW, "tfReplicaSpecs",
-         ("Chief", "Master", "Worker", "PS", "Evaluator"), "tensorflow", RestartPolicy.NEVER,
-         frozenset({"tfReplicaSpecs", "runPolicy", "successPolicy", "enableDynamicWorker"})),
-)}
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind(
+            "PyTorchJob",
+            "pytorchjobs",
+            JobKind.PYTORCH,
+            "pytorchReplicaSpecs",
+            ("Master", "Worker"),
+            "pytorch",
+            RestartPolicy.ON_FAILURE,
+            frozenset({"pytorchReplicaSpecs", "runPolicy", "elasticPolicy", "nprocPerNode"}),
+        ),
+        Kind(
+            "TFJob",
+            "tfjobs",
+            JobKind.TENSORFLOW,
+            "tfReplicaSpecs",
+            ("Chief", "Master", "Worker", "PS", "Evaluator"),
+            "tensorflow",
+            RestartPolicy.NEVER,
+            frozenset({"tfReplicaSpecs", "runPolicy", "successPolicy", "enableDynamicWorker"}),
+        ),
+    )
+}
 PLURALS: dict[str, Kind] = {k.plural: k for k in KINDS.values()}
 _RESTART = {p.value: p for p in RestartPolicy}
 _CLEAN_POD = {"None": "None", "All": "All", "Running": "Unfinished"}
@@ -77,8 +94,9 @@ def field_path(payload: Any, role: str | None, field: str) -> str:
     """Where a canonical field is written in a Kubeflow job: a role is its replica spec,
     keyed by type; its resources are the training container's."""
     if role is None:
-        return {"name": "$.metadata.name",
-                "queue": "$.spec.runPolicy.schedulingPolicy.queue"}.get(field, "$.spec")
+        return {"name": "$.metadata.name", "queue": "$.spec.runPolicy.schedulingPolicy.queue"}.get(
+            field, "$.spec"
+        )
     payload = payload if isinstance(payload, dict) else {}
     kind = KINDS.get(payload.get("kind")) if isinstance(payload.get("kind"), str) else None
     spec = payload.get("spec")
@@ -113,8 +131,11 @@ def _run_policy(spec: dict[str, Any], issues: Issues) -> dict[str, Any]:
     if "cleanPodPolicy" in raw:
         policy = raw["cleanPodPolicy"]
         if not isinstance(policy, str) or policy not in _CLEAN_POD:
-            issues.error(join(path, "cleanPodPolicy"), f"cleanPodPolicy {show(policy)} must "
-                         "be one of None, Running, All", "enum")
+            issues.error(
+                join(path, "cleanPodPolicy"),
+                f"cleanPodPolicy {show(policy)} must be one of None, Running, All",
+                "enum",
+            )
         else:
             out["cleanup_policy"] = _CLEAN_POD[policy]
     if "suspend" in raw:
@@ -129,16 +150,27 @@ def _run_policy(spec: dict[str, Any], issues: Issues) -> dict[str, Any]:
         if queue is not None:
             out["queue"] = queue
         for extra in sorted(k for k in scheduling if k != "queue"):
-            issues.warn(join(spath, extra), f"schedulingPolicy.{extra} is kept but not "
-                        "applied: Trainyard's placement is gang scheduling already",
-                        "not_applied")
+            issues.warn(
+                join(spath, extra),
+                f"schedulingPolicy.{extra} is kept but not "
+                "applied: Trainyard's placement is gang scheduling already",
+                "not_applied",
+            )
     elif scheduling is not None:
         issues.error(spath, "schedulingPolicy must be an object", "type")
-    for extra in sorted(k for k in raw if k not in (
-            "backoffLimit", "activeDeadlineSeconds", "cleanPodPolicy", "suspend",
-            "schedulingPolicy")):
-        issues.warn(join(path, extra), f"runPolicy.{extra} is kept but not applied",
-                    "not_applied")
+    for extra in sorted(
+        k
+        for k in raw
+        if k
+        not in (
+            "backoffLimit",
+            "activeDeadlineSeconds",
+            "cleanPodPolicy",
+            "suspend",
+            "schedulingPolicy",
+        )
+    ):
+        issues.warn(join(path, extra), f"runPolicy.{extra} is kept but not applied", "not_applied")
     return out
 
 
@@ -146,8 +178,11 @@ def _restart(raw: Any, path: str, kind: Kind, issues: Issues) -> RestartPolicy:
     if raw is None:
         return kind.default_restart
     if not isinstance(raw, str) or raw not in _RESTART:
-        issues.error(path, f"restartPolicy {show(raw)} must be one of Always, OnFailure, "
-                     "Never, ExitCode", "enum")
+        issues.error(
+            path,
+            f"restartPolicy {show(raw)} must be one of Always, OnFailure, Never, ExitCode",
+            "enum",
+        )
         return kind.default_restart
     return _RESTART[raw]
 
@@ -156,55 +191,87 @@ def _roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[RoleSpec]:
     path = join("$.spec", kind.replica_key)
     raw = spec.get(kind.replica_key)
     if not isinstance(raw, dict) or not raw:
-        issues.error(path, f"{kind.replica_key} is required (an object of replica specs by "
-                     f"type: {', '.join(kind.types)})" if raw is None else
-                     f"{kind.replica_key} must be a non-empty object", "required"
-                     if raw is None else "type")
+        issues.error(
+            path,
+            f"{kind.replica_key} is required (an object of replica specs by "
+            f"type: {', '.join(kind.types)})"
+            if raw is None
+            else f"{kind.replica_key} must be a non-empty object",
+            "required" if raw is None else "type",
+        )
         return []
     roles: list[RoleSpec] = []
     for rtype, entry in raw.items():
         rpath = join(path, str(rtype))
         if rtype not in kind.types:
-            issues.error(rpath, f"replica type {show(rtype)} must be one of "
-                         f"{', '.join(kind.types)}", "enum")
+            issues.error(
+                rpath, f"replica type {show(rtype)} must be one of {', '.join(kind.types)}", "enum"
+            )
             continue
         if not isinstance(entry, dict):
-            issues.error(rpath, f"a replica spec must be an object, not {json_type(entry)}",
-                         "type")
+            issues.error(rpath, f"a replica spec must be an object, not {json_type(entry)}", "type")
             continue
         replicas = issues.integer(entry, "replicas", rpath, required=False, minimum=1)
         if rtype in ("Master", "Chief") and replicas is not None and replicas > 1:
-            issues.error(join(rpath, "replicas"), f"{rtype} must have exactly 1 replica, got "
-                         f"{replicas}", "range")
-        policy = _restart(entry.get("restartPolicy"), join(rpath, "restartPolicy"), kind,
-                          issues)
-        pod = pod_template(entry.get("template"), join(rpath, "template"), issues,
-                           preferred=(kind.container,), owner=f"replica type {rtype}")
+            issues.error(
+                join(rpath, "replicas"),
+                f"{rtype} must have exactly 1 replica, got {replicas}",
+                "range",
+            )
+        policy = _restart(entry.get("restartPolicy"), join(rpath, "restartPolicy"), kind, issues)
+        pod = pod_template(
+            entry.get("template"),
+            join(rpath, "template"),
+            issues,
+            preferred=(kind.container,),
+            owner=f"replica type {rtype}",
+        )
         if pod.container_name not in (None, kind.container) and pod.container_path:
-            issues.warn(join(pod.container_path, "name"), f"Kubeflow runs the container "
-                        f"named {kind.container!r}; none is, so {pod.container_name!r} is "
-                        "run", "spelling")
-        for extra in sorted(k for k in entry if k not in (
-                "replicas", "restartPolicy", "template")):
-            issues.warn(join(rpath, extra), f"unknown replica spec field {show(extra)} is "
-                        "kept but not used", "unknown_field")
+            issues.warn(
+                join(pod.container_path, "name"),
+                f"Kubeflow runs the container "
+                f"named {kind.container!r}; none is, so {pod.container_name!r} is "
+                "run",
+                "spelling",
+            )
+        for extra in sorted(k for k in entry if k not in ("replicas", "restartPolicy", "template")):
+            issues.warn(
+                join(rpath, extra),
+                f"unknown replica spec field {show(extra)} is kept but not used",
+                "unknown_field",
+            )
         command = ""
         if pod.argv:
             command = shell_command(pod.argv)
             if not pod.command:
-                issues.warn(join(pod.container_path, "args"), "the container has args but "
-                            "no command; the args are run as the command (an image's "
-                            "entrypoint is not known to Trainyard)", "not_applied")
+                issues.warn(
+                    join(pod.container_path, "args"),
+                    "the container has args but "
+                    "no command; the args are run as the command (an image's "
+                    "entrypoint is not known to Trainyard)",
+                    "not_applied",
+                )
         elif pod.container_path:
-            issues.error(pod.container_path, "the container needs a command or args: "
-                         "Trainyard runs no image entrypoint", "required")
-        roles.append(RoleSpec(
-            name=str(rtype), replicas=replicas or 1, resources=pod.resources,
-            image=pod.image, command=command, env=pod.env, restart_policy=policy,
-            node_selector=pod.node_selector,
-            retryable_exit_codes=list(RETRYABLE_EXIT_CODES)
-            if policy is RestartPolicy.EXIT_CODE else [],
-        ))
+            issues.error(
+                pod.container_path,
+                "the container needs a command or args: Trainyard runs no image entrypoint",
+                "required",
+            )
+        roles.append(
+            RoleSpec(
+                name=str(rtype),
+                replicas=replicas or 1,
+                resources=pod.resources,
+                image=pod.image,
+                command=command,
+                env=pod.env,
+                restart_policy=policy,
+                node_selector=pod.node_selector,
+                retryable_exit_codes=list(RETRYABLE_EXIT_CODES)
+                if policy is RestartPolicy.EXIT_CODE
+                else [],
+            )
+        )
     return roles
 
 
@@ -219,29 +286,39 @@ def _elastic(spec: dict[str, Any], roles: list[RoleSpec], issues: Issues) -> boo
     lo = issues.integer(raw, "minReplicas", path, required=False, minimum=1)
     hi = issues.integer(raw, "maxReplicas", path, required=False, minimum=1)
     for extra in sorted(k for k in raw if k not in ("minReplicas", "maxReplicas")):
-        issues.warn(join(path, extra), f"elasticPolicy.{extra} is kept but not applied",
-                    "not_applied")
+        issues.warn(
+            join(path, extra), f"elasticPolicy.{extra} is kept but not applied", "not_applied"
+        )
     if lo is not None and hi is not None and lo > hi:
-        issues.error(join(path, "minReplicas"), f"minReplicas ({lo}) must not exceed "
-                     f"maxReplicas ({hi})", "range")
+        issues.error(
+            join(path, "minReplicas"),
+            f"minReplicas ({lo}) must not exceed maxReplicas ({hi})",
+            "range",
+        )
         return False
     for i, role in enumerate(roles):
         if role.name == "Worker":
             low = lo if lo is not None else role.replicas
             high = hi if hi is not None else max(role.replicas, low)
-            roles[i] = role.model_copy(update={
-                "min_replicas": low, "max_replicas": high,
-                "replicas": min(max(role.replicas, low), high)})
+            roles[i] = role.model_copy(
+                update={
+                    "min_replicas": low,
+                    "max_replicas": high,
+                    "replicas": min(max(role.replicas, low), high),
+                }
+            )
     return True
 
 
-def _success(kind: Kind, spec: dict[str, Any], roles: list[RoleSpec], issues: Issues
-             ) -> list[list[TaskRef]]:
+def _success(
+    kind: Kind, spec: dict[str, Any], roles: list[RoleSpec], issues: Issues
+) -> list[list[TaskRef]]:
     by_name = {r.name: r for r in roles}
     policy = spec.get("successPolicy") if kind.name == "TFJob" else None
     if policy not in (None, "", "AllWorkers"):
-        issues.error("$.spec.successPolicy", f"successPolicy {show(policy)} must be \"\" or "
-                     "AllWorkers", "enum")
+        issues.error(
+            "$.spec.successPolicy", f'successPolicy {show(policy)} must be "" or AllWorkers', "enum"
+        )
     if policy == "AllWorkers" and "Worker" in by_name:
         return [[TaskRef(role="Worker", index=i) for i in range(by_name["Worker"].replicas)]]
     for main in ("Chief", "Master", "Worker"):
@@ -253,24 +330,40 @@ def _success(kind: Kind, spec: dict[str, Any], roles: list[RoleSpec], issues: Is
 def translate_kubeflow(payload: Any, user: str = "") -> Translation:
     issues = Issues()
     if not isinstance(payload, dict):
-        issues.error("$", f"a Kubeflow job must be an object, not {json_type(payload)}",
-                     "type")
+        issues.error("$", f"a Kubeflow job must be an object, not {json_type(payload)}", "type")
         return Translation(empty_spec(user=user), DIALECT, issues.errors, issues.warnings)
     version = payload.get("apiVersion")
     if version != API_VERSION:
-        issues.error("$.apiVersion", f"apiVersion must be {API_VERSION!r}, got {show(version)}",
-                     "invalid" if version is not None else "required")
+        issues.error(
+            "$.apiVersion",
+            f"apiVersion must be {API_VERSION!r}, got {show(version)}",
+            "invalid" if version is not None else "required",
+        )
     kind = KINDS.get(payload.get("kind")) if isinstance(payload.get("kind"), str) else None
     if kind is None:
-        issues.error("$.kind", f"kind {show(payload.get('kind'))} must be one of "
-                     f"{', '.join(KINDS)}", "enum")
+        issues.error(
+            "$.kind", f"kind {show(payload.get('kind'))} must be one of {', '.join(KINDS)}", "enum"
+        )
     meta = payload.get("metadata")
     name, namespace = "", "default"
     if isinstance(meta, dict):
-        name = issues.string(meta, "name", "$.metadata", required=True, pattern=DNS_LABEL_RE,
-                             rule=DNS_LABEL_RULE) or ""
-        namespace = issues.string(meta, "namespace", "$.metadata", required=False,
-                                  pattern=DNS_LABEL_RE, rule=DNS_LABEL_RULE) or "default"
+        name = (
+            issues.string(
+                meta, "name", "$.metadata", required=True, pattern=DNS_LABEL_RE, rule=DNS_LABEL_RULE
+            )
+            or ""
+        )
+        namespace = (
+            issues.string(
+                meta,
+                "namespace",
+                "$.metadata",
+                required=False,
+                pattern=DNS_LABEL_RE,
+                rule=DNS_LABEL_RULE,
+            )
+            or "default"
+        )
     else:
         issues.error("$.metadata", "metadata is required (an object with a name)", "required")
     spec = payload.get("spec")
@@ -278,26 +371,41 @@ def translate_kubeflow(payload: Any, user: str = "") -> Translation:
         issues.error("$.spec", "spec is required (an object)", "required")
     if kind is None or not isinstance(spec, dict):
         key = key_of(namespace, kind.plural, name) if kind and name else None
-        return Translation(empty_spec(name, user), DIALECT, issues.errors, issues.warnings,
-                           key=key)
+        return Translation(empty_spec(name, user), DIALECT, issues.errors, issues.warnings, key=key)
     for extra in sorted(k for k in spec if k not in kind.fields):
-        issues.warn(join("$.spec", extra), f"{extra} is not a field of {kind.name}; it is "
-                    "kept but not used", "unknown_field")
+        issues.warn(
+            join("$.spec", extra),
+            f"{extra} is not a field of {kind.name}; it is kept but not used",
+            "unknown_field",
+        )
     for extra in ("nprocPerNode", "enableDynamicWorker"):
         if extra in spec and extra in kind.fields:
-            issues.warn(join("$.spec", extra), f"{extra} is kept but not applied: each task "
-                        "runs its command once", "not_applied")
+            issues.warn(
+                join("$.spec", extra),
+                f"{extra} is kept but not applied: each task runs its command once",
+                "not_applied",
+            )
     roles = _roles(kind, spec, issues)
     fields = _run_policy(spec, issues)
     elastic = kind.name == "PyTorchJob" and _elastic(spec, roles, issues)
     run_mode = fields.pop("run_mode", RunMode.ELASTIC if elastic else RunMode.IMMEDIATE)
     job = JobSpec(
-        name=name, kind=kind.job_kind, user=user, run_mode=run_mode, roles=roles,
+        name=name,
+        kind=kind.job_kind,
+        user=user,
+        run_mode=run_mode,
+        roles=roles,
         success_rules=_success(kind, spec, roles, issues),
-        image=next((r.image for r in roles if r.image), None), **fields,
+        image=next((r.image for r in roles if r.image), None),
+        **fields,
     )
-    return Translation(job, DIALECT, issues.errors, issues.warnings,
-                       key=key_of(namespace, kind.plural, name) if name else None)
+    return Translation(
+        job,
+        DIALECT,
+        issues.errors,
+        issues.warnings,
+        key=key_of(namespace, kind.plural, name) if name else None,
+    )
 
 
 def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
@@ -306,17 +414,30 @@ def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
     PyTorchJob's Worker (within elasticPolicy's bounds) scales it. Anything else is
     refused, naming the field."""
     if not isinstance(patch, dict):
-        return Control(errors=[FieldIssue(path="$", code="type", message=(
-            f"a merge patch must be a JSON object, not {json_type(patch)}"))])
+        return Control(
+            errors=[
+                FieldIssue(
+                    path="$",
+                    code="type",
+                    message=(f"a merge patch must be a JSON object, not {json_type(patch)}"),
+                )
+            ]
+        )
     patched = merge_patch(current, patch)
     after = translate_kubeflow(patched)
     if after.errors:
         return Control(errors=after.errors)
     kind = KINDS[patched["kind"]]  # the translation has checked it
-    changeable = (("spec", "runPolicy", "suspend"),
-                  *(("spec", kind.replica_key, t, "replicas") for t in kind.types))
-    changed = immutable_change(current, patched, changeable, "spec.runPolicy.suspend (pause "
-                               "or resume the job) and the replicas of an elastic Worker")
+    changeable = (
+        ("spec", "runPolicy", "suspend"),
+        *(("spec", kind.replica_key, t, "replicas") for t in kind.types),
+    )
+    changed = immutable_change(
+        current,
+        patched,
+        changeable,
+        "spec.runPolicy.suspend (pause or resume the job) and the replicas of an elastic Worker",
+    )
     if changed is not None:
         return Control(errors=[changed])
     control = Control()
@@ -328,8 +449,11 @@ def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
 
     def counts(resource: dict[str, Any]) -> dict[str, Any]:
         specs = resource["spec"].get(kind.replica_key)
-        return {t: e.get("replicas", 1) for t, e in specs.items() if isinstance(e, dict)} \
-            if isinstance(specs, dict) else {}
+        return (
+            {t: e.get("replicas", 1) for t, e in specs.items() if isinstance(e, dict)}
+            if isinstance(specs, dict)
+            else {}
+        )
 
     before = counts(current) if isinstance(current.get("spec"), dict) else {}
     for rtype, replicas in counts(patched).items():
@@ -363,23 +487,41 @@ def render(kind_plural: str, job_view: dict[str, Any]) -> dict[str, Any]:
     name = view.get("name") or ""
     label = kind.name if kind else "Job"
     reason = str(view.get("reason") or "")
-    conditions = [condition("Created", True, f"{label}Created",
-                            f"{label} {name} is created.", created)]
+    conditions = [
+        condition("Created", True, f"{label}Created", f"{label} {name} is created.", created)
+    ]
     if state in ("RUNNING", "SUCCEEDED", "FAILED", "STOPPED"):
-        conditions.append(condition("Running", state == "RUNNING", f"{label}Running",
-                                    f"{label} {name} is running.", updated))
+        conditions.append(
+            condition(
+                "Running",
+                state == "RUNNING",
+                f"{label}Running",
+                f"{label} {name} is running.",
+                updated,
+            )
+        )
     if state == "SUCCEEDED":
-        conditions.append(condition("Succeeded", True, f"{label}Succeeded",
-                                    reason or f"{label} {name} successfully completed.",
-                                    finished))
+        conditions.append(
+            condition(
+                "Succeeded",
+                True,
+                f"{label}Succeeded",
+                reason or f"{label} {name} successfully completed.",
+                finished,
+            )
+        )
     elif state in ("FAILED", "STOPPED", "REJECTED"):
-        why = {"FAILED": f"{label}Failed", "STOPPED": f"{label}Stopped",
-               "REJECTED": "Rejected"}[state]
+        why = {"FAILED": f"{label}Failed", "STOPPED": f"{label}Stopped", "REJECTED": "Rejected"}[
+            state
+        ]
         message = rejection_message(view) if state == "REJECTED" else reason
         conditions.append(condition("Failed", True, why, message, finished))
     if is_paused(view):
-        conditions.append(condition("Suspended", True, f"{label}Suspended",
-                                    f"{label} {name} is suspended.", updated))
+        conditions.append(
+            condition(
+                "Suspended", True, f"{label}Suspended", f"{label} {name} is suspended.", updated
+            )
+        )
     tasks = latest_tasks(view)
     replica_statuses: dict[str, dict[str, int]] = {}
     for role in (view.get("spec") or {}).get("roles") or []:

@@ -28,16 +28,20 @@ from .translation import (
 
 DIALECT = "native"
 
-_RESOURCE_FIELDS = frozenset({"cpu", "memory_mb", "shm_mb", "gpu", "gpu_type", "gpu_types",
-                              "storage_gb"})
+_RESOURCE_FIELDS = frozenset(
+    {"cpu", "memory_mb", "shm_mb", "gpu", "gpu_type", "gpu_types", "storage_gb"}
+)
 
 
 def field_path(payload: Any, role: str | None, field: str) -> str:
     if role is None:
         return f"$.{field}"
     raw = payload.get("roles") if isinstance(payload, dict) else None
-    index = next((i for i, r in enumerate(raw) if isinstance(r, dict) and r.get("name") == role),
-                 None) if isinstance(raw, list) else None
+    index = (
+        next((i for i, r in enumerate(raw) if isinstance(r, dict) and r.get("name") == role), None)
+        if isinstance(raw, list)
+        else None
+    )
     if index is None:
         return "$.roles"
     path = f"$.roles[{index}]"
@@ -62,8 +66,9 @@ def _issues_from(exc: ValidationError) -> list[FieldIssue]:
             message = f"{field} is not a field of a native job"
         else:
             message = f"{field}: {err.get('msg', 'invalid')}"
-        issues.append(FieldIssue(path=_loc_path(loc), message=message,
-                                 code=str(err.get("type", "invalid"))))
+        issues.append(
+            FieldIssue(path=_loc_path(loc), message=message, code=str(err.get("type", "invalid")))
+        )
     return issues
 
 
@@ -92,14 +97,18 @@ def _salvage(payload: dict[str, Any], bad: set[str], user: str) -> JobSpec:
 
 def translate_native(payload: Any, user: str = "") -> Translation:
     if not isinstance(payload, dict):
-        issue = FieldIssue(path="$", message=f"a job must be a JSON object, not "
-                           f"{json_type(payload)}", code="type")
+        issue = FieldIssue(
+            path="$", message=f"a job must be a JSON object, not {json_type(payload)}", code="type"
+        )
         return Translation(empty_spec(user=user), DIALECT, [issue])
     try:
         text = json.dumps(payload, allow_nan=False)
     except (ValueError, TypeError, RecursionError):
-        issue = FieldIssue(path="$", message="the job is not valid JSON (NaN, Infinity or "
-                           "nesting too deep)", code="type")
+        issue = FieldIssue(
+            path="$",
+            message="the job is not valid JSON (NaN, Infinity or nesting too deep)",
+            code="type",
+        )
         return Translation(empty_spec(payload.get("name"), user), DIALECT, [issue])
     try:
         spec = _strict(JobSpec, text)
@@ -128,8 +137,11 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
     if not 1 <= spec.priority <= 9:
         err("$.priority", f"priority must be between 1 and 9, got {show(spec.priority)}", "range")
     if not 0 <= spec.retry_limit <= INT_MAX:
-        err("$.retry_limit", f"retry_limit must be between 0 and {INT_MAX}, "
-            f"got {show(spec.retry_limit)}", "range")
+        err(
+            "$.retry_limit",
+            f"retry_limit must be between 0 and {INT_MAX}, got {show(spec.retry_limit)}",
+            "range",
+        )
     if spec.max_running_minutes is not None and not 1 <= spec.max_running_minutes <= INT_MAX:
         err("$.max_running_minutes", "max_running_minutes must be at least 1", "range")
     if not spec.roles:
@@ -140,22 +152,35 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
         path = f"$.roles[{i}]"
         res = f"{path}.resources"
         if not ROLE_NAME_RE.fullmatch(role.name):
-            err(f"{path}.name", f"role name {show(role.name)} must match {ROLE_NAME_RULE}",
-                "pattern")
+            err(
+                f"{path}.name",
+                f"role name {show(role.name)} must match {ROLE_NAME_RULE}",
+                "pattern",
+            )
         elif role.name in first_use:
-            err(f"{path}.name", f"role name {show(role.name)} is already used by "
-                f"roles[{first_use[role.name]}]; names must be unique in a job", "duplicate")
+            err(
+                f"{path}.name",
+                f"role name {show(role.name)} is already used by "
+                f"roles[{first_use[role.name]}]; names must be unique in a job",
+                "duplicate",
+            )
         else:
             first_use[role.name] = i
         if not 1 <= role.replicas <= INT_MAX:
-            err(f"{path}.replicas", f"replicas must be at least 1, got {show(role.replicas)}",
-                "range")
+            err(
+                f"{path}.replicas",
+                f"replicas must be at least 1, got {show(role.replicas)}",
+                "range",
+            )
         r = role.resources
         if not (_finite(r.cpu) and 0 < r.cpu <= INT_MAX):
             err(f"{res}.cpu", f"cpu must be more than 0, got {show(r.cpu)}", "range")
         if not 100 <= r.memory_mb <= INT_MAX:
-            err(f"{res}.memory_mb", f"memory_mb must be at least 100, got {show(r.memory_mb)}",
-                "range")
+            err(
+                f"{res}.memory_mb",
+                f"memory_mb must be at least 100, got {show(r.memory_mb)}",
+                "range",
+            )
         if not 0 <= r.shm_mb <= INT_MAX:
             err(f"{res}.shm_mb", f"shm_mb must be at least 0, got {show(r.shm_mb)}", "range")
         if not (_finite(r.gpu) and 0 <= r.gpu <= INT_MAX):
@@ -164,38 +189,59 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
             err(f"{res}.storage_gb", "storage_gb must be at least 0", "range")
         for j, model in enumerate(r.gpu_types):
             if not model.strip():
-                err(f"{res}.gpu_types[{j}]", "a GPU model must not be empty (an empty list "
-                    "means any model)", "required")
+                err(
+                    f"{res}.gpu_types[{j}]",
+                    "a GPU model must not be empty (an empty list means any model)",
+                    "required",
+                )
         for j, label in enumerate(role.node_selector):
             if not label.name.strip():
-                err(f"{path}.node_selector[{j}].name", "a node label name must not be empty",
-                    "required")
+                err(
+                    f"{path}.node_selector[{j}].name",
+                    "a node label name must not be empty",
+                    "required",
+                )
         if not role.command.strip():
             err(f"{path}.command", "command must not be empty", "required")
         for key in ("min_failed", "min_succeeded"):
             value = getattr(role, key)
             if value is not None and not 1 <= value <= INT_MAX:
-                err(f"{path}.{key}", f"{key} must be null or at least 1, got {show(value)}",
-                    "range")
+                err(
+                    f"{path}.{key}", f"{key} must be null or at least 1, got {show(value)}", "range"
+                )
         labels: dict[str, int] = {}
         for j, port in enumerate(role.ports):
             pp = f"{path}.ports[{j}]"
             if not ROLE_NAME_RE.fullmatch(port.label):
-                err(f"{pp}.label", f"port label {show(port.label)} must match {ROLE_NAME_RULE}",
-                    "pattern")
+                err(
+                    f"{pp}.label",
+                    f"port label {show(port.label)} must match {ROLE_NAME_RULE}",
+                    "pattern",
+                )
             elif port.label in labels:
-                err(f"{pp}.label", f"port label {show(port.label)} is already used by "
-                    f"ports[{labels[port.label]}]; labels must be unique in a role", "duplicate")
+                err(
+                    f"{pp}.label",
+                    f"port label {show(port.label)} is already used by "
+                    f"ports[{labels[port.label]}]; labels must be unique in a role",
+                    "duplicate",
+                )
             else:
                 labels[port.label] = j
             if not 0 <= port.begin_at <= PORT_MAX:
-                err(f"{pp}.begin_at", f"begin_at must be between 0 and {PORT_MAX}, "
-                    f"got {show(port.begin_at)}", "range")
+                err(
+                    f"{pp}.begin_at",
+                    f"begin_at must be between 0 and {PORT_MAX}, got {show(port.begin_at)}",
+                    "range",
+                )
             elif not 1 <= port.count <= PORT_MAX:
                 err(f"{pp}.count", f"count must be at least 1, got {show(port.count)}", "range")
             elif port.begin_at and port.begin_at + port.count - 1 > PORT_MAX:
-                err(f"{pp}.count", f"ports {port.begin_at}..{port.begin_at + port.count - 1} "
-                    "do not fit below 65536", "range")
+                err(
+                    f"{pp}.count",
+                    f"ports {port.begin_at}..{port.begin_at + port.count - 1} "
+                    "do not fit below 65536",
+                    "range",
+                )
     return errors
 
 

@@ -17,7 +17,6 @@ from ..events import FieldIssue
 from ..jobspec import JobSpec, PortSpec, Resources, RestartPolicy, RoleSpec, env_list
 from .registry import Dialect
 from .translation import (
-    bounded_int,
     JOB_NAME_RE,
     JOB_NAME_RULE,
     PORT_MAX,
@@ -25,6 +24,7 @@ from .translation import (
     ROLE_NAME_RULE,
     Issues,
     Translation,
+    bounded_int,
     empty_spec,
     join,
     json_type,
@@ -33,32 +33,69 @@ from .translation import (
 
 DIALECT = "openpai"
 
-JOB_KEYS = frozenset({
-    "jobName", "image", "authFile", "dataDir", "outputDir", "codeDir", "virtualCluster",
-    "taskRoles", "gpuType", "retryCount", "jobEnvs", "extras",
-})
+JOB_KEYS = frozenset(
+    {
+        "jobName",
+        "image",
+        "authFile",
+        "dataDir",
+        "outputDir",
+        "codeDir",
+        "virtualCluster",
+        "taskRoles",
+        "gpuType",
+        "retryCount",
+        "jobEnvs",
+        "extras",
+    }
+)
 # Kept with the original payload but never warned about: ``extras`` is OpenPAI's free
 # slot, and ``tmp`` is what the SCM web form adds (both seed examples carry it).
 QUIET_KEYS = frozenset({"extras", "tmp"})
-ROLE_KEYS = frozenset({
-    "name", "taskNumber", "cpuNumber", "memoryMB", "shmMB", "gpuNumber", "storageGB",
-    "portList", "command", "minFailedTaskCount", "minSucceededTaskCount",
-})
+ROLE_KEYS = frozenset(
+    {
+        "name",
+        "taskNumber",
+        "cpuNumber",
+        "memoryMB",
+        "shmMB",
+        "gpuNumber",
+        "storageGB",
+        "portList",
+        "command",
+        "minFailedTaskCount",
+        "minSucceededTaskCount",
+    }
+)
 PORT_KEYS = frozenset({"label", "beginAt", "portNumber"})
 
 DEFAULT_SHM_MB = 64
 
 # Canonical field -> OpenPAI key, for errors found after translation (cluster checks).
 _JOB_FIELDS = {
-    "name": "jobName", "image": "image", "auth_file": "authFile", "data_dir": "dataDir",
-    "output_dir": "outputDir", "code_dir": "codeDir", "queue": "virtualCluster",
-    "gpu_type": "gpuType", "retry_limit": "retryCount", "env": "jobEnvs",
+    "name": "jobName",
+    "image": "image",
+    "auth_file": "authFile",
+    "data_dir": "dataDir",
+    "output_dir": "outputDir",
+    "code_dir": "codeDir",
+    "queue": "virtualCluster",
+    "gpu_type": "gpuType",
+    "retry_limit": "retryCount",
+    "env": "jobEnvs",
     "roles": "taskRoles",
 }
 _ROLE_FIELDS = {
-    "name": "name", "replicas": "taskNumber", "cpu": "cpuNumber", "memory_mb": "memoryMB",
-    "shm_mb": "shmMB", "gpu": "gpuNumber", "storage_gb": "storageGB", "command": "command",
-    "ports": "portList", "min_failed": "minFailedTaskCount",
+    "name": "name",
+    "replicas": "taskNumber",
+    "cpu": "cpuNumber",
+    "memory_mb": "memoryMB",
+    "shm_mb": "shmMB",
+    "gpu": "gpuNumber",
+    "storage_gb": "storageGB",
+    "command": "command",
+    "ports": "portList",
+    "min_failed": "minFailedTaskCount",
     "min_succeeded": "minSucceededTaskCount",
 }
 
@@ -73,8 +110,11 @@ def field_path(payload: Any, role: str | None, field: str) -> str:
         key = _JOB_FIELDS.get(field)
         return f"$.{key}" if key else "$"
     raw = payload.get("taskRoles") if isinstance(payload, dict) else None
-    index = next((i for i, r in enumerate(raw) if isinstance(r, dict) and r.get("name") == role),
-                 None) if isinstance(raw, list) else None
+    index = (
+        next((i for i, r in enumerate(raw) if isinstance(r, dict) and r.get("name") == role), None)
+        if isinstance(raw, list)
+        else None
+    )
     if index is None:
         return "$.taskRoles"
     path = f"$.taskRoles[{index}]"
@@ -89,22 +129,23 @@ def check_openpai(payload: Any) -> Issues:
     """Every rule of the §4 table, as errors, plus advisory warnings."""
     issues = Issues()
     if not isinstance(payload, dict):
-        issues.error("$", f"an OpenPAI job must be a JSON object, not {json_type(payload)}",
-                     "type")
+        issues.error("$", f"an OpenPAI job must be a JSON object, not {json_type(payload)}", "type")
         return issues
 
-    issues.string(payload, "jobName", "$", required=True, pattern=JOB_NAME_RE,
-                  rule=JOB_NAME_RULE)
+    issues.string(payload, "jobName", "$", required=True, pattern=JOB_NAME_RE, rule=JOB_NAME_RULE)
     issues.string(payload, "image", "$", required=True, non_blank=True)
     for key in ("authFile", "dataDir", "outputDir", "codeDir", "virtualCluster", "gpuType"):
         issues.string(payload, key, "$", required=False)
     issues.integer(payload, "retryCount", "$", required=False, minimum=0)
     _check_job_envs(payload, issues)
-    if "extras" in payload and payload["extras"] is not None and not isinstance(
-        payload["extras"], dict
+    if (
+        "extras" in payload
+        and payload["extras"] is not None
+        and not isinstance(payload["extras"], dict)
     ):
-        issues.error("$.extras", f"extras must be an object, not {json_type(payload['extras'])}",
-                     "type")
+        issues.error(
+            "$.extras", f"extras must be an object, not {json_type(payload['extras'])}", "type"
+        )
 
     unknown = sorted(k for k in payload if k not in JOB_KEYS and k not in QUIET_KEYS)
     for key in unknown:
@@ -112,8 +153,9 @@ def check_openpai(payload: Any) -> Issues:
 
     roles = payload.get("taskRoles")
     if roles is None:
-        issues.error("$.taskRoles", "taskRoles is required (a list with at least one role)",
-                     "required")
+        issues.error(
+            "$.taskRoles", "taskRoles is required (a list with at least one role)", "required"
+        )
         return issues
     if not isinstance(roles, list):
         issues.error("$.taskRoles", f"taskRoles must be a list, not {json_type(roles)}", "type")
@@ -129,10 +171,12 @@ def check_openpai(payload: Any) -> Issues:
         name = _check_role(role, path, issues)
         if name is not None:
             if name in first_use:
-                issues.error(f"{path}.name",
-                             f"task role name {show(name)} is already used by "
-                             f"taskRoles[{first_use[name]}]; names must be unique in a job",
-                             "duplicate")
+                issues.error(
+                    f"{path}.name",
+                    f"task role name {show(name)} is already used by "
+                    f"taskRoles[{first_use[name]}]; names must be unique in a job",
+                    "duplicate",
+                )
             else:
                 first_use[name] = i
     return issues
@@ -146,40 +190,52 @@ def _check_job_envs(payload: dict[str, Any], issues: Issues) -> None:
         issues.error("$.jobEnvs", f"jobEnvs must be an object, not {json_type(envs)}", "type")
         return
     if "isDebug" in envs and not isinstance(envs["isDebug"], bool):
-        issues.error("$.jobEnvs.isDebug",
-                     f"jobEnvs.isDebug must be a boolean, not {json_type(envs['isDebug'])}",
-                     "type")
+        issues.error(
+            "$.jobEnvs.isDebug",
+            f"jobEnvs.isDebug must be a boolean, not {json_type(envs['isDebug'])}",
+            "type",
+        )
     for key, value in envs.items():
         if isinstance(value, dict | list):
-            issues.warn(join("$.jobEnvs", key),
-                        f"jobEnvs value {show(key)} is {json_type(value)}; it is passed "
-                        "to the job as JSON text", "env_not_scalar")
+            issues.warn(
+                join("$.jobEnvs", key),
+                f"jobEnvs value {show(key)} is {json_type(value)}; it is passed "
+                "to the job as JSON text",
+                "env_not_scalar",
+            )
 
 
 def _check_role(role: dict[str, Any], path: str, issues: Issues) -> str | None:
-    name = issues.string(role, "name", path, required=True, pattern=ROLE_NAME_RE,
-                         rule=ROLE_NAME_RULE)
+    name = issues.string(
+        role, "name", path, required=True, pattern=ROLE_NAME_RE, rule=ROLE_NAME_RULE
+    )
     tasks = issues.integer(role, "taskNumber", path, required=True, minimum=1)
     issues.integer(role, "cpuNumber", path, required=True, minimum=1)
     memory = issues.integer(role, "memoryMB", path, required=True, minimum=100)
     shm = issues.integer(role, "shmMB", path, required=False, minimum=0)
     if shm is not None and memory is not None and shm > memory:
-        issues.warn(f"{path}.shmMB",
-                    f"shmMB ({shm}) is larger than memoryMB ({memory}); shared memory "
-                    "counts against the task's memory", "shm_above_memory")
+        issues.warn(
+            f"{path}.shmMB",
+            f"shmMB ({shm}) is larger than memoryMB ({memory}); shared memory "
+            "counts against the task's memory",
+            "shm_above_memory",
+        )
     issues.integer(role, "gpuNumber", path, required=True, minimum=0)
     issues.integer(role, "storageGB", path, required=False, minimum=0)
     issues.string(role, "command", path, required=True, non_blank=True)
     for key in ("minFailedTaskCount", "minSucceededTaskCount"):
         count = issues.integer(role, key, path, required=False, minimum=1, nullable=True)
         if count is not None and tasks is not None and count > tasks:
-            issues.warn(join(path, key),
-                        f"{key} ({count}) is larger than taskNumber ({tasks}); the rule can "
-                        "never trigger", "count_above_tasks")
+            issues.warn(
+                join(path, key),
+                f"{key} ({count}) is larger than taskNumber ({tasks}); the rule can never trigger",
+                "count_above_tasks",
+            )
     _check_ports(role, path, issues)
     for key in sorted(k for k in role if k not in ROLE_KEYS):
-        issues.warn(join(path, key), f"unknown task role field {show(key)} is ignored",
-                    "unknown_field")
+        issues.warn(
+            join(path, key), f"unknown task role field {show(key)} is ignored", "unknown_field"
+        )
     return name
 
 
@@ -195,30 +251,42 @@ def _check_ports(role: dict[str, Any], path: str, issues: Issues) -> None:
     for j, port in enumerate(ports):
         port_path = f"{list_path}[{j}]"
         if not isinstance(port, dict):
-            issues.error(port_path, f"a portList entry must be an object, not {json_type(port)}",
-                         "type")
+            issues.error(
+                port_path, f"a portList entry must be an object, not {json_type(port)}", "type"
+            )
             continue
-        label = issues.string(port, "label", port_path, required=True, pattern=ROLE_NAME_RE,
-                              rule=ROLE_NAME_RULE)
+        label = issues.string(
+            port, "label", port_path, required=True, pattern=ROLE_NAME_RE, rule=ROLE_NAME_RULE
+        )
         if label is not None:
             if label in first_use:
-                issues.error(f"{port_path}.label",
-                             f"port label {show(label)} is already used by "
-                             f"portList[{first_use[label]}]; labels must be unique in a role",
-                             "duplicate")
+                issues.error(
+                    f"{port_path}.label",
+                    f"port label {show(label)} is already used by "
+                    f"portList[{first_use[label]}]; labels must be unique in a role",
+                    "duplicate",
+                )
             else:
                 first_use[label] = j
-        begin = issues.integer(port, "beginAt", port_path, required=True, minimum=0,
-                               maximum=PORT_MAX)
-        count = issues.integer(port, "portNumber", port_path, required=True, minimum=1,
-                               maximum=PORT_MAX)
+        begin = issues.integer(
+            port, "beginAt", port_path, required=True, minimum=0, maximum=PORT_MAX
+        )
+        count = issues.integer(
+            port, "portNumber", port_path, required=True, minimum=1, maximum=PORT_MAX
+        )
         if begin and count is not None and begin + count - 1 > PORT_MAX:
-            issues.error(f"{port_path}.portNumber",
-                         f"ports {begin}..{begin + count - 1} do not fit below 65536 "
-                         "(beginAt + portNumber - 1 must be at most 65535)", "range")
+            issues.error(
+                f"{port_path}.portNumber",
+                f"ports {begin}..{begin + count - 1} do not fit below 65536 "
+                "(beginAt + portNumber - 1 must be at most 65535)",
+                "range",
+            )
         for key in sorted(k for k in port if k not in PORT_KEYS):
-            issues.warn(join(port_path, key), f"unknown portList field {show(key)} is ignored",
-                        "unknown_field")
+            issues.warn(
+                join(port_path, key),
+                f"unknown portList field {show(key)} is ignored",
+                "unknown_field",
+            )
 
 
 def validate_openpai(payload: Any) -> list[FieldIssue]:
@@ -270,11 +338,13 @@ def _ports(raw: Any) -> list[PortSpec]:
     ports = []
     for entry in raw:
         if isinstance(entry, dict) and isinstance(entry.get("label"), str):
-            ports.append(PortSpec(
-                label=entry["label"],
-                begin_at=_int(entry.get("beginAt"), 0, 0),
-                count=_int(entry.get("portNumber"), 1, 1),
-            ))
+            ports.append(
+                PortSpec(
+                    label=entry["label"],
+                    begin_at=_int(entry.get("beginAt"), 0, 0),
+                    count=_int(entry.get("portNumber"), 1, 1),
+                )
+            )
     return ports
 
 
@@ -310,8 +380,11 @@ def translate_openpai(payload: Any, user: str = "") -> Translation:
 
     gpu_type = _text(payload.get("gpuType"))
     raw_roles = payload.get("taskRoles")
-    roles = [_role(r, gpu_type) for r in raw_roles if isinstance(r, dict)] if isinstance(
-        raw_roles, list) else []
+    roles = (
+        [_role(r, gpu_type) for r in raw_roles if isinstance(r, dict)]
+        if isinstance(raw_roles, list)
+        else []
+    )
     envs = payload.get("jobEnvs")
     envs = envs if isinstance(envs, dict) else {}
     name = payload.get("jobName")
@@ -368,8 +441,13 @@ _JOB_STATE = {
     # OpenPAI has no pause: a paused job waits for its next attempt (a resume).
     "PAUSED": ("WAITING", "AttemptCreationPending"),
 }
-_TASK_STATE = {"STARTING": "WAITING", "RUNNING": "RUNNING", "SUCCEEDED": "SUCCEEDED",
-               "FAILED": "FAILED", "STOPPED": "STOPPED"}
+_TASK_STATE = {
+    "STARTING": "WAITING",
+    "RUNNING": "RUNNING",
+    "SUCCEEDED": "SUCCEEDED",
+    "FAILED": "FAILED",
+    "STOPPED": "STOPPED",
+}
 # OpenPAI's exit code for a job stopped by its user (runtime exit spec).
 STOPPED_EXIT_CODE = -210
 
@@ -435,8 +513,9 @@ def _spec_roles(view: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in roles if isinstance(r, dict)] if isinstance(roles, list) else []
 
 
-def _task_status(view: dict[str, Any], role: str, index: int, task: dict[str, Any] | None,
-                 attempt: int) -> dict[str, Any]:
+def _task_status(
+    view: dict[str, Any], role: str, index: int, task: dict[str, Any] | None, attempt: int
+) -> dict[str, Any]:
     task = task or {}
     state = _TASK_STATE.get(task.get("state") or "", "WAITING")
     ended = state in ("SUCCEEDED", "FAILED", "STOPPED")
@@ -449,9 +528,11 @@ def _task_status(view: dict[str, Any], role: str, index: int, task: dict[str, An
         "containerId": f"{job_id}-{attempt}-{role}-{index}" if task else None,
         "containerIp": task.get("host_ip"),
         "containerNodeName": task.get("node"),
-        "containerPorts": {p["label"]: ",".join(str(n) for n in p.get("ports", []))
-                           for p in task.get("ports") or [] if isinstance(p, dict)
-                           and "label" in p},
+        "containerPorts": {
+            p["label"]: ",".join(str(n) for n in p.get("ports", []))
+            for p in task.get("ports") or []
+            if isinstance(p, dict) and "label" in p
+        },
         "containerGpus": None,
         "containerLog": f"/v1/jobs/{job_id}/logs?role={role}&index={index}",
         "containerExitCode": task.get("exit_code"),
@@ -479,16 +560,20 @@ def render_status(view: dict[str, Any]) -> dict[str, Any]:
     retries = _retry_details(view)
     ended = sub == "Completed"
     reason = view.get("reason")
-    tasks = {(t.get("role"), t.get("index")): t for t in view.get("tasks") or []
-             if (t.get("attempt") or 1) == attempt}
+    tasks = {
+        (t.get("role"), t.get("index")): t
+        for t in view.get("tasks") or []
+        if (t.get("attempt") or 1) == attempt
+    }
     task_roles: dict[str, Any] = {}
     for role in _spec_roles(view):
         name = str(role.get("name", ""))
         count = role.get("replicas") if isinstance(role.get("replicas"), int) else 1
         task_roles[name] = {
             "taskRoleStatus": {"name": name},
-            "taskStatuses": [_task_status(view, name, i, tasks.get((name, i)), attempt)
-                             for i in range(count)],
+            "taskStatuses": [
+                _task_status(view, name, i, tasks.get((name, i)), attempt) for i in range(count)
+            ],
         }
     submitted = epoch_ms(view.get("submitted_at"))
     completed = epoch_ms(view.get("finished_at")) if ended else None
@@ -537,11 +622,12 @@ def render_list_item(view: dict[str, Any]) -> dict[str, Any]:
     roles = _spec_roles(view)
 
     def number(value: Any, default: float) -> float:
-        return value if isinstance(value, int | float) and not isinstance(value, bool) \
-            else default
+        return value if isinstance(value, int | float) and not isinstance(value, bool) else default
 
-    gpus = sum(number(r.get("replicas"), 1) * number((r.get("resources") or {}).get("gpu"), 0)
-               for r in roles)
+    gpus = sum(
+        number(r.get("replicas"), 1) * number((r.get("resources") or {}).get("gpu"), 0)
+        for r in roles
+    )
     return {
         "debugId": framework_name(view),
         "name": view.get("name"),

@@ -33,11 +33,11 @@ from ..events import FieldIssue
 from ..jobspec import REDACTED, EnvVar, JobSpec, PortSpec, Resources, RestartPolicy, RoleSpec
 from .registry import Dialect
 from .translation import (
-    bounded_int,
     INT_MAX,
     Issues,
     Translation,
     as_int,
+    bounded_int,
     empty_spec,
     join,
     json_type,
@@ -55,30 +55,70 @@ IDENT_RULE = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 
 PREREQUISITE_TYPES = ("data", "script", "output", "dockerimage")
 # The task role field that selects a prerequisite, by prerequisite type.
-ROLE_REFERENCE = {"dockerimage": "dockerImage", "data": "data", "script": "script",
-                  "output": "output"}
+ROLE_REFERENCE = {
+    "dockerimage": "dockerImage",
+    "data": "data",
+    "script": "script",
+    "output": "output",
+}
 
-JOB_KEYS = frozenset({
-    "protocolVersion", "name", "type", "version", "contributor", "description",
-    "prerequisites", "parameters", "secrets", "jobRetryCount", "taskRoles", "deployments",
-    "defaults", "extras",
-})
-ROLE_KEYS = frozenset({
-    "protocolVersion", "instances", "completion", "taskRetryCount", "prerequisites",
-    "dockerImage", "data", "output", "script", "extraContainerOptions",
-    "resourcePerInstance", "commands",
-})
-PREREQUISITE_KEYS = frozenset({
-    "protocolVersion", "name", "type", "version", "contributor", "description", "auth",
-    "uri", "plugin", "require", "failurePolicy", "callbacks",
-})
+JOB_KEYS = frozenset(
+    {
+        "protocolVersion",
+        "name",
+        "type",
+        "version",
+        "contributor",
+        "description",
+        "prerequisites",
+        "parameters",
+        "secrets",
+        "jobRetryCount",
+        "taskRoles",
+        "deployments",
+        "defaults",
+        "extras",
+    }
+)
+ROLE_KEYS = frozenset(
+    {
+        "protocolVersion",
+        "instances",
+        "completion",
+        "taskRetryCount",
+        "prerequisites",
+        "dockerImage",
+        "data",
+        "output",
+        "script",
+        "extraContainerOptions",
+        "resourcePerInstance",
+        "commands",
+    }
+)
+PREREQUISITE_KEYS = frozenset(
+    {
+        "protocolVersion",
+        "name",
+        "type",
+        "version",
+        "contributor",
+        "description",
+        "auth",
+        "uri",
+        "plugin",
+        "require",
+        "failurePolicy",
+        "callbacks",
+    }
+)
 # The one prerequisite plugin OpenPAI documents: its taskStarts callbacks run before the
 # task's commands (how-to-use-advanced-job-settings.md, "Use Prerequisites").
 CMD_PLUGIN = "com.microsoft.pai.runtimeplugin.cmd"
 # extras keys whose effect in OpenPAI this platform does not have: kept, and said so.
 EXTRAS_NOT_APPLIED = {
     "com.microsoft.pai.runtimeplugin": "runtime plugins (ssh, storage, tensorboard, ...) "
-                                       "are not run",
+    "are not run",
     "hivedscheduler": "HiveD scheduling hints are not used",
     "storages": "storage mounts are not made",
     "gangAllocation": "tasks are always placed together (gang allocation)",
@@ -92,10 +132,14 @@ _REFERENCE = re.compile(r"<%\s*(.*?)\s*%>", re.DOTALL)
 _INDEX = re.compile(r"\[(\d+)\]")
 
 _CANONICAL_ROLE_FIELDS = {
-    "replicas": "instances", "cpu": "resourcePerInstance.cpu",
-    "memory_mb": "resourcePerInstance.memoryMB", "gpu": "resourcePerInstance.gpu",
-    "shm_mb": "extraContainerOptions.shmMB", "ports": "resourcePerInstance.ports",
-    "command": "commands", "image": "dockerImage",
+    "replicas": "instances",
+    "cpu": "resourcePerInstance.cpu",
+    "memory_mb": "resourcePerInstance.memoryMB",
+    "gpu": "resourcePerInstance.gpu",
+    "shm_mb": "extraContainerOptions.shmMB",
+    "ports": "resourcePerInstance.ports",
+    "command": "commands",
+    "image": "dockerImage",
     "min_failed": "completion.minFailedInstances",
     "min_succeeded": "completion.minSucceededInstances",
 }
@@ -105,8 +149,11 @@ HIVED = "hivedScheduler"
 HIVED_SKU_KEYS = ("skuType", "gpuType")
 
 _CANONICAL_JOB_FIELDS = {
-    "name": "name", "queue": "defaults.virtualCluster", "retry_limit": "jobRetryCount",
-    "roles": "taskRoles", "secrets": "secrets",
+    "name": "name",
+    "queue": "defaults.virtualCluster",
+    "retry_limit": "jobRetryCount",
+    "roles": "taskRoles",
+    "secrets": "secrets",
 }
 
 
@@ -201,8 +248,9 @@ def flatten_secrets(secrets: Any, prefix: str = "") -> list[EnvVar]:
     elif isinstance(secrets, list):
         items = [(str(i), v) for i, v in enumerate(secrets)]
     else:
-        return [EnvVar(name=prefix, value=_js_text(secrets))] if prefix and secrets is not None \
-            else []
+        return (
+            [EnvVar(name=prefix, value=_js_text(secrets))] if prefix and secrets is not None else []
+        )
     for key, value in items:
         name = f"{prefix}.{key}" if prefix else key
         if isinstance(value, dict | list):
@@ -223,7 +271,8 @@ class _Walk:
         self.payload = payload
         self.issues = Issues()
         self.prerequisites: dict[str, dict[str, dict[str, Any]]] = {
-            t: {} for t in PREREQUISITE_TYPES}
+            t: {} for t in PREREQUISITE_TYPES
+        }
         self.deployment: dict[str, Any] | None = None
 
     def run(self) -> None:
@@ -232,8 +281,9 @@ class _Walk:
         if "protocolVersion" not in p:
             issues.error("$.protocolVersion", "protocolVersion is required (2)", "required")
         elif version not in (2, "2") or isinstance(version, bool):
-            issues.error("$.protocolVersion",
-                         f"protocolVersion must be 2, not {show(version)}", "invalid")
+            issues.error(
+                "$.protocolVersion", f"protocolVersion must be 2, not {show(version)}", "invalid"
+            )
         name = issues.string(p, "name", "$", required=True, pattern=NAME_RE, rule=NAME_RULE)
         if name is not None and len(name) > NAME_MAX:
             issues.error("$.name", f"name must be at most {NAME_MAX} characters", "range")
@@ -243,22 +293,25 @@ class _Walk:
         for key in ("contributor", "description"):
             issues.string(p, key, "$", required=False)
         version_field = p.get("version")
-        if version_field is not None and (isinstance(version_field, bool) or not isinstance(
-                version_field, str | int | float)):
+        if version_field is not None and (
+            isinstance(version_field, bool) or not isinstance(version_field, str | int | float)
+        ):
             issues.error("$.version", "version must be a string or a number", "type")
         issues.integer(p, "jobRetryCount", "$", required=False, minimum=0)
         for key in ("parameters", "secrets", "extras", "defaults"):
             if p.get(key) is not None and not isinstance(p[key], dict):
-                issues.error(join("$", key), f"{key} must be an object, not "
-                             f"{json_type(p[key])}", "type")
+                issues.error(
+                    join("$", key), f"{key} must be an object, not {json_type(p[key])}", "type"
+                )
         self._parameters()
         self._prerequisites()
         self._deployments()
         self._defaults()
         self._extras()
         for key in sorted((k for k in p if k not in JOB_KEYS), key=str):
-            issues.warn(join("$", str(key)), f"unknown field {show(key)} is ignored",
-                        "unknown_field")
+            issues.warn(
+                join("$", str(key)), f"unknown field {show(key)} is ignored", "unknown_field"
+            )
         self._task_roles()
 
     def _parameters(self) -> None:
@@ -266,10 +319,12 @@ class _Walk:
         if isinstance(params, dict):
             for key, value in params.items():
                 if isinstance(value, dict | list):
-                    self.issues.warn(join("$.parameters", str(key)),
-                                     f"parameter {show(key)} is {json_type(value)}; "
-                                     "reference its members (<% $parameters.a.b %>)",
-                                     "parameter_not_scalar")
+                    self.issues.warn(
+                        join("$.parameters", str(key)),
+                        f"parameter {show(key)} is {json_type(value)}; "
+                        "reference its members (<% $parameters.a.b %>)",
+                        "parameter_not_scalar",
+                    )
 
     def _prerequisites(self) -> None:
         raw = self.payload.get("prerequisites")
@@ -277,20 +332,25 @@ class _Walk:
             return
         issues = self.issues
         if not isinstance(raw, list):
-            issues.error("$.prerequisites", f"prerequisites must be a list, not "
-                         f"{json_type(raw)}", "type")
+            issues.error(
+                "$.prerequisites", f"prerequisites must be a list, not {json_type(raw)}", "type"
+            )
             return
         for i, item in enumerate(raw):
             path = f"$.prerequisites[{i}]"
             if not isinstance(item, dict):
-                issues.error(path, f"a prerequisite must be an object, not {json_type(item)}",
-                             "type")
+                issues.error(
+                    path, f"a prerequisite must be an object, not {json_type(item)}", "type"
+                )
                 continue
             name = issues.string(item, "name", path, required=True, non_blank=True)
             kind = issues.string(item, "type", path, required=True)
             if kind is not None and kind not in PREREQUISITE_TYPES:
-                issues.error(f"{path}.type", f"type must be one of "
-                             f"{', '.join(PREREQUISITE_TYPES)}, not {show(kind)}", "invalid")
+                issues.error(
+                    f"{path}.type",
+                    f"type must be one of {', '.join(PREREQUISITE_TYPES)}, not {show(kind)}",
+                    "invalid",
+                )
                 continue
             if kind == "dockerimage":
                 issues.string(item, "uri", path, required=True, non_blank=True)
@@ -299,35 +359,56 @@ class _Walk:
                     if not isinstance(auth, dict):
                         issues.error(f"{path}.auth", "auth must be an object", "type")
                     else:
-                        issues.warn(f"{path}.auth", "registry credentials are kept but not "
-                                    "used: images are pulled without them", "auth_not_used")
+                        issues.warn(
+                            f"{path}.auth",
+                            "registry credentials are kept but not "
+                            "used: images are pulled without them",
+                            "auth_not_used",
+                        )
             elif kind is not None:
                 uri = item.get("uri")
-                if kind == "data" and uri is not None and not (
-                        isinstance(uri, str) or isinstance(uri, list)
-                        and all(isinstance(u, str) for u in uri)):
-                    issues.error(f"{path}.uri", "uri must be a string or a list of strings",
-                                 "type")
+                if (
+                    kind == "data"
+                    and uri is not None
+                    and not (
+                        isinstance(uri, str)
+                        or isinstance(uri, list)
+                        and all(isinstance(u, str) for u in uri)
+                    )
+                ):
+                    issues.error(f"{path}.uri", "uri must be a string or a list of strings", "type")
                 elif kind != "data" and uri is not None and not isinstance(uri, str):
-                    issues.error(f"{path}.uri", f"uri must be a string, not {json_type(uri)}",
-                                 "type")
+                    issues.error(
+                        f"{path}.uri", f"uri must be a string, not {json_type(uri)}", "type"
+                    )
                 if item.get("plugin") != CMD_PLUGIN:
-                    issues.warn(path, f"{kind} prerequisite {show(name)} is kept and can be "
-                                f"referenced as <% ${kind}.… %>, but nothing is fetched or "
-                                "copied for it", "prerequisite_not_fetched")
+                    issues.warn(
+                        path,
+                        f"{kind} prerequisite {show(name)} is kept and can be "
+                        f"referenced as <% ${kind}.… %>, but nothing is fetched or "
+                        "copied for it",
+                        "prerequisite_not_fetched",
+                    )
             if item.get("plugin") not in (None, CMD_PLUGIN):
-                issues.warn(f"{path}.plugin", f"plugin {show(item.get('plugin'))} is not run; "
-                            f"only {CMD_PLUGIN} is", "plugin_not_applied")
+                issues.warn(
+                    f"{path}.plugin",
+                    f"plugin {show(item.get('plugin'))} is not run; only {CMD_PLUGIN} is",
+                    "plugin_not_applied",
+                )
             self._callbacks(item, path)
             if name is not None and kind in self.prerequisites:
                 if name in self.prerequisites[kind]:
-                    issues.error(f"{path}.name", f"duplicate {kind} prerequisite {show(name)}",
-                                 "duplicate")
+                    issues.error(
+                        f"{path}.name", f"duplicate {kind} prerequisite {show(name)}", "duplicate"
+                    )
                 else:
                     self.prerequisites[kind][name] = item
             for key in sorted((k for k in item if k not in PREREQUISITE_KEYS), key=str):
-                issues.warn(join(path, str(key)), f"unknown prerequisite field {show(key)} "
-                            "is ignored", "unknown_field")
+                issues.warn(
+                    join(path, str(key)),
+                    f"unknown prerequisite field {show(key)} is ignored",
+                    "unknown_field",
+                )
 
     def _callbacks(self, item: dict[str, Any], path: str) -> None:
         callbacks = item.get("callbacks")
@@ -344,16 +425,20 @@ class _Walk:
             event = callback.get("event")
             self._string_list(callback, "commands", f"{cpath}[{k}]", required=True)
             if event != "taskStarts":
-                self.issues.warn(f"{cpath}[{k}].event", f"callbacks on {show(event)} are not "
-                                 "run; only taskStarts is", "callback_not_applied")
+                self.issues.warn(
+                    f"{cpath}[{k}].event",
+                    f"callbacks on {show(event)} are not run; only taskStarts is",
+                    "callback_not_applied",
+                )
 
     def _deployments(self) -> None:
         raw = self.payload.get("deployments")
         if raw is None:
             return
         if not isinstance(raw, list):
-            self.issues.error("$.deployments", f"deployments must be a list, not "
-                              f"{json_type(raw)}", "type")
+            self.issues.error(
+                "$.deployments", f"deployments must be a list, not {json_type(raw)}", "type"
+            )
             return
         seen: set[str] = set()
         for i, item in enumerate(raw):
@@ -364,26 +449,35 @@ class _Walk:
             name = self.issues.string(item, "name", path, required=True, non_blank=True)
             if name is not None:
                 if name in seen:
-                    self.issues.error(f"{path}.name", f"duplicate deployment {show(name)}",
-                                      "duplicate")
+                    self.issues.error(
+                        f"{path}.name", f"duplicate deployment {show(name)}", "duplicate"
+                    )
                 seen.add(name)
             roles = item.get("taskRoles")
             if not isinstance(roles, dict):
-                self.issues.error(f"{path}.taskRoles", "taskRoles is required (an object of "
-                                  "task role names)", "required" if roles is None else "type")
+                self.issues.error(
+                    f"{path}.taskRoles",
+                    "taskRoles is required (an object of task role names)",
+                    "required" if roles is None else "type",
+                )
                 continue
             for role, hooks in roles.items():
                 rpath = join(f"{path}.taskRoles", str(role))
                 if not isinstance(hooks, dict):
-                    self.issues.error(rpath, "must be an object with preCommands / "
-                                      "postCommands", "type")
+                    self.issues.error(
+                        rpath, "must be an object with preCommands / postCommands", "type"
+                    )
                     continue
                 for key in ("preCommands", "postCommands"):
                     self._string_list(hooks, key, rpath, required=False)
-                for key in sorted((k for k in hooks if k not in ("preCommands",
-                                                                  "postCommands")), key=str):
-                    self.issues.warn(join(rpath, str(key)), f"unknown field {show(key)} is "
-                                     "ignored", "unknown_field")
+                for key in sorted(
+                    (k for k in hooks if k not in ("preCommands", "postCommands")), key=str
+                ):
+                    self.issues.warn(
+                        join(rpath, str(key)),
+                        f"unknown field {show(key)} is ignored",
+                        "unknown_field",
+                    )
 
     def _defaults(self) -> None:
         defaults = self.payload.get("defaults")
@@ -393,11 +487,17 @@ class _Walk:
         chosen = self.issues.string(defaults, "deployment", "$.defaults", required=False)
         if chosen is not None:
             deployments = self.payload.get("deployments")
-            found = [d for d in deployments if isinstance(d, dict) and d.get("name") == chosen
-                     ] if isinstance(deployments, list) else []
+            found = (
+                [d for d in deployments if isinstance(d, dict) and d.get("name") == chosen]
+                if isinstance(deployments, list)
+                else []
+            )
             if not found:
-                self.issues.error("$.defaults.deployment",
-                                  f"deployment {show(chosen)} is not in deployments", "reference")
+                self.issues.error(
+                    "$.defaults.deployment",
+                    f"deployment {show(chosen)} is not in deployments",
+                    "reference",
+                )
             else:
                 self.deployment = found[0]
 
@@ -418,8 +518,11 @@ class _Walk:
             issues.error(path, f"{HIVED} must be an object, not {json_type(hived)}", "type")
             return
         for key in sorted(k for k in hived if k != "taskRoles"):
-            issues.warn(join(path, key), "kept, but HiveD scheduling hints other than a "
-                        "role's skuType are not used", "extras_not_applied")
+            issues.warn(
+                join(path, key),
+                "kept, but HiveD scheduling hints other than a role's skuType are not used",
+                "extras_not_applied",
+            )
         roles = hived.get("taskRoles")
         rpath = join(path, "taskRoles")
         if roles is None:
@@ -432,23 +535,34 @@ class _Walk:
         for name, hints in roles.items():
             hpath = join(rpath, str(name))
             if name not in declared:
-                issues.warn(hpath, f"names no task role ({show(name)}); kept but not used",
-                            "unknown_reference")
+                issues.warn(
+                    hpath,
+                    f"names no task role ({show(name)}); kept but not used",
+                    "unknown_reference",
+                )
             if not isinstance(hints, dict):
-                issues.error(hpath, f"a role's HiveD hints must be an object, not "
-                             f"{json_type(hints)}", "type")
+                issues.error(
+                    hpath, f"a role's HiveD hints must be an object, not {json_type(hints)}", "type"
+                )
                 continue
             for key in HIVED_SKU_KEYS:
                 value = hints.get(key)
                 if value is not None and (not isinstance(value, str) or not value.strip()):
-                    issues.error(join(hpath, key), f"{key} must be a GPU model name (a "
-                                 "non-empty string)", "type")
+                    issues.error(
+                        join(hpath, key),
+                        f"{key} must be a GPU model name (a non-empty string)",
+                        "type",
+                    )
             for key in sorted(k for k in hints if k not in HIVED_SKU_KEYS):
-                issues.warn(join(hpath, key), "kept, but HiveD scheduling hints other than "
-                            "skuType are not used", "extras_not_applied")
+                issues.warn(
+                    join(hpath, key),
+                    "kept, but HiveD scheduling hints other than skuType are not used",
+                    "extras_not_applied",
+                )
 
-    def _string_list(self, obj: dict[str, Any], key: str, path: str, *,
-                     required: bool) -> list[str] | None:
+    def _string_list(
+        self, obj: dict[str, Any], key: str, path: str, *, required: bool
+    ) -> list[str] | None:
         where = join(path, key)
         value = obj.get(key)
         if value is None:
@@ -461,8 +575,9 @@ class _Walk:
         good = True
         for j, item in enumerate(value):
             if not isinstance(item, str):
-                self.issues.error(f"{where}[{j}]", f"must be a string, not {json_type(item)}",
-                                  "type")
+                self.issues.error(
+                    f"{where}[{j}]", f"must be a string, not {json_type(item)}", "type"
+                )
                 good = False
         return value if good else None
 
@@ -470,24 +585,29 @@ class _Walk:
         issues = self.issues
         roles = self.payload.get("taskRoles")
         if roles is None:
-            issues.error("$.taskRoles", "taskRoles is required (an object with at least one "
-                         "task role)", "required")
+            issues.error(
+                "$.taskRoles",
+                "taskRoles is required (an object with at least one task role)",
+                "required",
+            )
             return
         if not isinstance(roles, dict):
-            issues.error("$.taskRoles", f"taskRoles must be an object of task roles by name, "
-                         f"not {json_type(roles)}", "type")
+            issues.error(
+                "$.taskRoles",
+                f"taskRoles must be an object of task roles by name, not {json_type(roles)}",
+                "type",
+            )
             return
         if not roles:
-            issues.error("$.taskRoles", "taskRoles must hold at least one task role",
-                         "required")
+            issues.error("$.taskRoles", "taskRoles must hold at least one task role", "required")
         for name, role in roles.items():
             path = join("$.taskRoles", str(name))
             if not isinstance(name, str) or not IDENT_RE.fullmatch(name):
-                issues.error(path, f"task role name {show(name)} must match {IDENT_RULE}",
-                             "pattern")
+                issues.error(
+                    path, f"task role name {show(name)} must match {IDENT_RULE}", "pattern"
+                )
             if not isinstance(role, dict):
-                issues.error(path, f"a task role must be an object, not {json_type(role)}",
-                             "type")
+                issues.error(path, f"a task role must be an object, not {json_type(role)}", "type")
                 continue
             self._task_role(role, path)
 
@@ -498,37 +618,59 @@ class _Walk:
         if completion is not None:
             cpath = f"{path}.completion"
             if not isinstance(completion, dict):
-                issues.error(cpath, f"completion must be an object, not "
-                             f"{json_type(completion)}", "type")
+                issues.error(
+                    cpath, f"completion must be an object, not {json_type(completion)}", "type"
+                )
             else:
                 for key in ("minFailedInstances", "minSucceededInstances"):
-                    _completion_count(completion.get(key), key in completion, key, cpath,
-                                      instances, issues)
-                for key in sorted((k for k in completion if k not in (
-                        "minFailedInstances", "minSucceededInstances")), key=str):
-                    issues.warn(join(cpath, str(key)), f"unknown completion field {show(key)} "
-                                "is ignored", "unknown_field")
+                    _completion_count(
+                        completion.get(key), key in completion, key, cpath, instances, issues
+                    )
+                for key in sorted(
+                    (
+                        k
+                        for k in completion
+                        if k not in ("minFailedInstances", "minSucceededInstances")
+                    ),
+                    key=str,
+                ):
+                    issues.warn(
+                        join(cpath, str(key)),
+                        f"unknown completion field {show(key)} is ignored",
+                        "unknown_field",
+                    )
         retries = issues.integer(role, "taskRetryCount", path, required=False, minimum=0)
         if retries:
-            issues.warn(f"{path}.taskRetryCount", "tasks are not retried one by one; the job "
-                        "is retried as a whole (jobRetryCount)", "task_retry_not_applied")
+            issues.warn(
+                f"{path}.taskRetryCount",
+                "tasks are not retried one by one; the job is retried as a whole (jobRetryCount)",
+                "task_retry_not_applied",
+            )
         for kind, key in ROLE_REFERENCE.items():
-            ref = issues.string(role, key, path, required=key == "dockerImage",
-                                non_blank=key == "dockerImage")
+            ref = issues.string(
+                role, key, path, required=key == "dockerImage", non_blank=key == "dockerImage"
+            )
             if ref is not None and ref not in self.prerequisites[kind]:
-                issues.error(join(path, key), f"{key} {show(ref)} names no {kind} "
-                             "prerequisite", "reference")
+                issues.error(
+                    join(path, key), f"{key} {show(ref)} names no {kind} prerequisite", "reference"
+                )
         listed = role.get("prerequisites")
         if listed is not None:
             known = {n for by_name in self.prerequisites.values() for n in by_name}
             if not isinstance(listed, list):
-                issues.error(f"{path}.prerequisites", "prerequisites must be a list of "
-                             "prerequisite names", "type")
+                issues.error(
+                    f"{path}.prerequisites",
+                    "prerequisites must be a list of prerequisite names",
+                    "type",
+                )
             else:
                 for j, ref in enumerate(listed):
                     if not isinstance(ref, str) or ref not in known:
-                        issues.error(f"{path}.prerequisites[{j}]", f"prerequisite "
-                                     f"{show(ref)} does not exist", "reference")
+                        issues.error(
+                            f"{path}.prerequisites[{j}]",
+                            f"prerequisite {show(ref)} does not exist",
+                            "reference",
+                        )
         options = role.get("extraContainerOptions")
         if options is not None:
             opath = f"{path}.extraContainerOptions"
@@ -537,34 +679,45 @@ class _Walk:
             else:
                 issues.integer(options, "shmMB", opath, required=False, minimum=0)
                 if options.get("infiniband") is not None and not isinstance(
-                        options["infiniband"], bool):
+                    options["infiniband"], bool
+                ):
                     issues.error(f"{opath}.infiniband", "infiniband must be a boolean", "type")
                 elif options.get("infiniband"):
-                    issues.warn(f"{opath}.infiniband", "InfiniBand devices are not given to "
-                                "tasks", "infiniband_not_applied")
-                for key in sorted((k for k in options if k not in ("shmMB", "infiniband")),
-                                  key=str):
-                    issues.warn(join(opath, str(key)), f"unknown field {show(key)} is ignored",
-                                "unknown_field")
+                    issues.warn(
+                        f"{opath}.infiniband",
+                        "InfiniBand devices are not given to tasks",
+                        "infiniband_not_applied",
+                    )
+                for key in sorted(
+                    (k for k in options if k not in ("shmMB", "infiniband")), key=str
+                ):
+                    issues.warn(
+                        join(opath, str(key)),
+                        f"unknown field {show(key)} is ignored",
+                        "unknown_field",
+                    )
         self._resources(role, path)
         commands = self._string_list(role, "commands", path, required=True)
         if commands is not None and not "".join(commands).strip():
             issues.error(f"{path}.commands", "commands must not all be empty", "required")
         for key in sorted((k for k in role if k not in ROLE_KEYS), key=str):
-            issues.warn(join(path, str(key)), f"unknown task role field {show(key)} is ignored",
-                        "unknown_field")
+            issues.warn(
+                join(path, str(key)),
+                f"unknown task role field {show(key)} is ignored",
+                "unknown_field",
+            )
 
     def _resources(self, role: dict[str, Any], path: str) -> None:
         issues = self.issues
         res = role.get("resourcePerInstance")
         rpath = f"{path}.resourcePerInstance"
         if res is None:
-            issues.error(rpath, "resourcePerInstance is required (cpu, memoryMB, gpu)",
-                         "required")
+            issues.error(rpath, "resourcePerInstance is required (cpu, memoryMB, gpu)", "required")
             return
         if not isinstance(res, dict):
-            issues.error(rpath, f"resourcePerInstance must be an object, not {json_type(res)}",
-                         "type")
+            issues.error(
+                rpath, f"resourcePerInstance must be an object, not {json_type(res)}", "type"
+            )
             return
         issues.integer(res, "cpu", rpath, required=True, minimum=1)
         issues.integer(res, "memoryMB", rpath, required=True, minimum=100)
@@ -573,44 +726,54 @@ class _Walk:
         if ports is not None:
             ppath = f"{rpath}.ports"
             if not isinstance(ports, dict) or not ports:
-                issues.error(ppath, "ports must be an object of port label: count with at "
-                             "least one label", "type")
+                issues.error(
+                    ppath,
+                    "ports must be an object of port label: count with at least one label",
+                    "type",
+                )
             else:
                 for label in ports:
                     if not isinstance(label, str) or not IDENT_RE.fullmatch(label):
-                        issues.error(join(ppath, str(label)), f"port label {show(label)} must "
-                                     f"match {IDENT_RULE}", "pattern")
+                        issues.error(
+                            join(ppath, str(label)),
+                            f"port label {show(label)} must match {IDENT_RULE}",
+                            "pattern",
+                        )
                     else:
-                        issues.integer(ports, label, ppath, required=True, minimum=1,
-                                       maximum=65535)
-        for key in sorted((k for k in res if k not in ("cpu", "memoryMB", "gpu", "ports")),
-                          key=str):
-            issues.warn(join(rpath, str(key)), f"unknown resource {show(key)} is ignored",
-                        "unknown_field")
+                        issues.integer(ports, label, ppath, required=True, minimum=1, maximum=65535)
+        for key in sorted(
+            (k for k in res if k not in ("cpu", "memoryMB", "gpu", "ports")), key=str
+        ):
+            issues.warn(
+                join(rpath, str(key)), f"unknown resource {show(key)} is ignored", "unknown_field"
+            )
 
 
-def _completion_count(value: Any, present: bool, key: str, path: str,
-                      instances: int | None, issues: Issues) -> None:
+def _completion_count(
+    value: Any, present: bool, key: str, path: str, instances: int | None, issues: Issues
+) -> None:
     where = f"{path}.{key}"
     if not present or value is None:
         return
     number = as_int(value)
     if number is None:
-        issues.error(where, f"{key} must be an integer (-1 or at least 1), not "
-                     f"{json_type(value)}", "type")
+        issues.error(
+            where, f"{key} must be an integer (-1 or at least 1), not {json_type(value)}", "type"
+        )
     elif number == 0 or number < -1 or number > INT_MAX:
-        issues.error(where, f"{key} must be -1 (off) or at least 1, got {show(number)}",
-                     "range")
+        issues.error(where, f"{key} must be -1 (off) or at least 1, got {show(number)}", "range")
     elif instances is not None and number > instances:
-        issues.warn(where, f"{key} ({number}) is larger than instances ({instances}); the "
-                    "rule can never trigger", "count_above_tasks")
+        issues.warn(
+            where,
+            f"{key} ({number}) is larger than instances ({instances}); the rule can never trigger",
+            "count_above_tasks",
+        )
 
 
 def check_openpai_v2(payload: Any) -> _Walk | Issues:
     if not isinstance(payload, dict):
         issues = Issues()
-        issues.error("$", f"an OpenPAI v2 job must be an object, not {json_type(payload)}",
-                     "type")
+        issues.error("$", f"an OpenPAI v2 job must be an object, not {json_type(payload)}", "type")
         return issues
     walk = _Walk(payload)
     walk.run()
@@ -649,10 +812,15 @@ def _min_count(completion: Any, key: str, default: int | None) -> int | None:
 
 def _ports(res: dict[str, Any]) -> list[PortSpec]:
     raw = res.get("ports")
-    ports = [PortSpec(label=label, begin_at=0, count=_int(count, 1, 1))
-             for label, count in raw.items()
-             if isinstance(label, str) and IDENT_RE.fullmatch(label)] if isinstance(
-        raw, dict) else []
+    ports = (
+        [
+            PortSpec(label=label, begin_at=0, count=_int(count, 1, 1))
+            for label, count in raw.items()
+            if isinstance(label, str) and IDENT_RE.fullmatch(label)
+        ]
+        if isinstance(raw, dict)
+        else []
+    )
     named = {p.label for p in ports}
     return ports + [PortSpec(label=label) for label in DEFAULT_PORTS if label not in named]
 
@@ -664,27 +832,41 @@ def _start_callbacks(walk: _Walk, role: dict[str, Any]) -> list[str]:
     commands: list[str] = []
     for ref in listed if isinstance(listed, list) else []:
         item = by_name.get(ref) if isinstance(ref, str) else None
-        if not item or item.get("plugin") != CMD_PLUGIN or not isinstance(
-                item.get("callbacks"), list):
+        if (
+            not item
+            or item.get("plugin") != CMD_PLUGIN
+            or not isinstance(item.get("callbacks"), list)
+        ):
             continue
         for callback in item["callbacks"]:
-            if isinstance(callback, dict) and callback.get("event") == "taskStarts" and \
-                    isinstance(callback.get("commands"), list):
+            if (
+                isinstance(callback, dict)
+                and callback.get("event") == "taskStarts"
+                and isinstance(callback.get("commands"), list)
+            ):
                 commands += [c for c in callback["commands"] if isinstance(c, str)]
     return commands
 
 
-def _command(walk: _Walk, name: str, role: dict[str, Any], path: str,
-             parameters: dict[str, Any], secret_names: set[str]) -> str:
+def _command(
+    walk: _Walk,
+    name: str,
+    role: dict[str, Any],
+    path: str,
+    parameters: dict[str, Any],
+    secret_names: set[str],
+) -> str:
     commands = role.get("commands")
     commands = [c for c in commands if isinstance(c, str)] if isinstance(commands, list) else []
     hooks = walk.deployment.get("taskRoles") if walk.deployment else None
     hooks = hooks.get(name) if isinstance(hooks, dict) else None
     if isinstance(hooks, dict):
         pre, post = hooks.get("preCommands"), hooks.get("postCommands")
-        commands = ([c for c in pre if isinstance(c, str)] if isinstance(pre, list) else []) \
-            + commands + ([c for c in post if isinstance(c, str)] if isinstance(post, list)
-                          else [])
+        commands = (
+            ([c for c in pre if isinstance(c, str)] if isinstance(pre, list) else [])
+            + commands
+            + ([c for c in post if isinstance(c, str)] if isinstance(post, list) else [])
+        )
     commands = _start_callbacks(walk, role) + commands
     script = "\n".join(c.strip() for c in commands)
 
@@ -692,18 +874,28 @@ def _command(walk: _Walk, name: str, role: dict[str, Any], path: str,
         ref = role.get(ROLE_REFERENCE[kind])
         return walk.prerequisites[kind].get(ref) if isinstance(ref, str) else None
 
-    context = {"$parameters": parameters, "$script": selected("script"),
-               "$output": selected("output"), "$data": selected("data")}
+    context = {
+        "$parameters": parameters,
+        "$script": selected("script"),
+        "$output": selected("output"),
+        "$data": selected("data"),
+    }
     rendered, missing = render(script, context)
     for token in dict.fromkeys(missing):
         if token.startswith("$secrets."):
-            secret = _INDEX.sub(r".\1", token[len("$secrets."):])
+            secret = _INDEX.sub(r".\1", token[len("$secrets.") :])
             if secret not in secret_names:
-                walk.issues.warn(f"{path}.commands", f"<% {token} %> names no secret; it is "
-                                 "left as written", "unknown_reference")
+                walk.issues.warn(
+                    f"{path}.commands",
+                    f"<% {token} %> names no secret; it is left as written",
+                    "unknown_reference",
+                )
         else:
-            walk.issues.warn(f"{path}.commands", f"<% {token} %> names nothing defined; it "
-                             "is left as written", "unknown_reference")
+            walk.issues.warn(
+                f"{path}.commands",
+                f"<% {token} %> names nothing defined; it is left as written",
+                "unknown_reference",
+            )
     return rendered.strip()
 
 
@@ -719,7 +911,7 @@ def translate_openpai_v2(payload: Any, user: str = "") -> Translation:
     images = walk.prerequisites["dockerimage"]
     roles: list[RoleSpec] = []
     raw_roles = p.get("taskRoles")
-    for name, raw in (raw_roles.items() if isinstance(raw_roles, dict) else []):
+    for name, raw in raw_roles.items() if isinstance(raw_roles, dict) else []:
         if not isinstance(raw, dict):
             continue
         path = join("$.taskRoles", str(name))
@@ -727,28 +919,31 @@ def translate_openpai_v2(payload: Any, user: str = "") -> Translation:
         res = res if isinstance(res, dict) else {}
         options = raw.get("extraContainerOptions")
         options = options if isinstance(options, dict) else {}
-        image = images.get(raw.get("dockerImage")) if isinstance(raw.get("dockerImage"),
-                                                                 str) else None
+        image = (
+            images.get(raw.get("dockerImage")) if isinstance(raw.get("dockerImage"), str) else None
+        )
         uri = image.get("uri") if image else None
         replicas = _int(raw.get("instances"), 1, 1)
-        roles.append(RoleSpec(
-            name=str(name),
-            replicas=replicas,
-            image=uri if isinstance(uri, str) and uri else None,
-            resources=Resources(
-                cpu=float(_int(res.get("cpu"), 1, 1)),
-                memory_mb=_int(res.get("memoryMB"), 1024, 100),
-                shm_mb=_int(options.get("shmMB"), DEFAULT_SHM_MB, 0),
-                gpu=float(_int(res.get("gpu"), 0, 0)),
-                gpu_type=sku[0] if (sku := hived_sku(p, str(name))) else None,
-            ),
-            command=_command(walk, str(name), raw, path, parameters, secret_names),
-            ports=_ports(res),
-            min_failed=_min_count(raw.get("completion"), "minFailedInstances", 1),
-            min_succeeded=_min_count(raw.get("completion"), "minSucceededInstances", replicas),
-            # jobRetryCount retries a failed command as v1's retryCount (docs/lifecycle.md).
-            restart_policy=RestartPolicy.ON_FAILURE,
-        ))
+        roles.append(
+            RoleSpec(
+                name=str(name),
+                replicas=replicas,
+                image=uri if isinstance(uri, str) and uri else None,
+                resources=Resources(
+                    cpu=float(_int(res.get("cpu"), 1, 1)),
+                    memory_mb=_int(res.get("memoryMB"), 1024, 100),
+                    shm_mb=_int(options.get("shmMB"), DEFAULT_SHM_MB, 0),
+                    gpu=float(_int(res.get("gpu"), 0, 0)),
+                    gpu_type=sku[0] if (sku := hived_sku(p, str(name))) else None,
+                ),
+                command=_command(walk, str(name), raw, path, parameters, secret_names),
+                ports=_ports(res),
+                min_failed=_min_count(raw.get("completion"), "minFailedInstances", 1),
+                min_succeeded=_min_count(raw.get("completion"), "minSucceededInstances", replicas),
+                # jobRetryCount retries a failed command as v1's retryCount (docs/lifecycle.md).
+                restart_policy=RestartPolicy.ON_FAILURE,
+            )
+        )
     defaults = p.get("defaults") if isinstance(p.get("defaults"), dict) else {}
     queue = defaults.get("virtualCluster")
     name = p.get("name")
@@ -788,8 +983,11 @@ def redact_openpai_v2(payload: Any) -> Any:
     prerequisites = shown.get("prerequisites")
     for item in prerequisites if isinstance(prerequisites, list) else []:
         auth = item.get("auth") if isinstance(item, dict) else None
-        if isinstance(auth, dict) and "password" in auth and not (
-                isinstance(auth["password"], str) and _REFERENCE.fullmatch(auth["password"])):
+        if (
+            isinstance(auth, dict)
+            and "password" in auth
+            and not (isinstance(auth["password"], str) and _REFERENCE.fullmatch(auth["password"]))
+        ):
             auth["password"] = REDACTED
     return shown
 
@@ -812,4 +1010,3 @@ REGISTRATION = Dialect(
     warnings=lambda payload, spec: openpai_v2_warnings(payload),
     redact=redact_openpai_v2,
 )
-

@@ -89,26 +89,81 @@ class Kind:
 
 
 _ALL = frozenset({IMMEDIATE, DEBUG, PAUSE})
-KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind("GenericJob", "genericjobs", JobKind.GENERIC, _ALL, "replicas",
-         frozenset({"successRules", "failureRules", "service", "cleanUpPolicy"})),
-    Kind("PyTorchTrainingJob", "pytorchtrainingjobs", JobKind.PYTORCH, _ALL | {ELASTIC},
-         "replicas", frozenset({"runPolicy", "elastic", "torchrunConfig", "tensorboardSpec"}),
-         ("python",)),
-    Kind("TensorFlowTrainingJob", "tensorflowtrainingjobs", JobKind.TENSORFLOW, _ALL,
-         "replicas", frozenset({"runPolicy", "tensorboardSpec"}), ("tensorflow",)),
-    Kind("XGBoostTrainingJob", "xgboosttrainingjobs", JobKind.XGBOOST, _ALL, "replicas",
-         frozenset({"runPolicy"}), ("xgboost",)),
-    Kind("MPIJob", "mpijobs", JobKind.MPI, _ALL, "worker",
-         frozenset({"runPolicy", "worker", "mca", "ssh", "mpiHome"}), ("mpi-worker",)),
-    Kind("ColossalAIJob", "colossalaijobs", JobKind.COLOSSALAI, _ALL, "worker",
-         frozenset({"runPolicy", "worker", "launcher", "ssh"}), ("worker",)),
-    Kind("DeepSpeedJob", "deepspeedjobs", JobKind.DEEPSPEED, _ALL | {ELASTIC}, "worker",
-         frozenset({"runPolicy", "worker", "config", "elastic", "disableCustomEnv"}),
-         ("worker",)),
-    Kind("BeamJob", "beamjobs", JobKind.BEAM, frozenset({IMMEDIATE}), "beam",
-         frozenset({"runPolicy", "flinkClusterTemplate", "jobTemplate"})),
-)}
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind(
+            "GenericJob",
+            "genericjobs",
+            JobKind.GENERIC,
+            _ALL,
+            "replicas",
+            frozenset({"successRules", "failureRules", "service", "cleanUpPolicy"}),
+        ),
+        Kind(
+            "PyTorchTrainingJob",
+            "pytorchtrainingjobs",
+            JobKind.PYTORCH,
+            _ALL | {ELASTIC},
+            "replicas",
+            frozenset({"runPolicy", "elastic", "torchrunConfig", "tensorboardSpec"}),
+            ("python",),
+        ),
+        Kind(
+            "TensorFlowTrainingJob",
+            "tensorflowtrainingjobs",
+            JobKind.TENSORFLOW,
+            _ALL,
+            "replicas",
+            frozenset({"runPolicy", "tensorboardSpec"}),
+            ("tensorflow",),
+        ),
+        Kind(
+            "XGBoostTrainingJob",
+            "xgboosttrainingjobs",
+            JobKind.XGBOOST,
+            _ALL,
+            "replicas",
+            frozenset({"runPolicy"}),
+            ("xgboost",),
+        ),
+        Kind(
+            "MPIJob",
+            "mpijobs",
+            JobKind.MPI,
+            _ALL,
+            "worker",
+            frozenset({"runPolicy", "worker", "mca", "ssh", "mpiHome"}),
+            ("mpi-worker",),
+        ),
+        Kind(
+            "ColossalAIJob",
+            "colossalaijobs",
+            JobKind.COLOSSALAI,
+            _ALL,
+            "worker",
+            frozenset({"runPolicy", "worker", "launcher", "ssh"}),
+            ("worker",),
+        ),
+        Kind(
+            "DeepSpeedJob",
+            "deepspeedjobs",
+            JobKind.DEEPSPEED,
+            _ALL | {ELASTIC},
+            "worker",
+            frozenset({"runPolicy", "worker", "config", "elastic", "disableCustomEnv"}),
+            ("worker",),
+        ),
+        Kind(
+            "BeamJob",
+            "beamjobs",
+            JobKind.BEAM,
+            frozenset({IMMEDIATE}),
+            "beam",
+            frozenset({"runPolicy", "flinkClusterTemplate", "jobTemplate"}),
+        ),
+    )
+}
 PLURALS: dict[str, Kind] = {k.plural: k for k in KINDS.values()}
 # Spellings of a kind found in T9k's own documentation.
 KIND_SPELLINGS = {"DeepspeedJob": "DeepSpeedJob"}
@@ -117,20 +172,21 @@ _COMMON_SPEC = frozenset({"runMode", "scheduler", "replicaSpecs", "replicasSpec"
 # Which spec fields are kept but have no effect in Trainyard, and why.
 _NOT_APPLIED = {
     "service": "replicas reach each other by the host and ports Trainyard gives every "
-               "task (TRAINYARD_* and PAI_* variables); no Service is created",
+    "task (TRAINYARD_* and PAI_* variables); no Service is created",
     "tensorboardSpec": "Trainyard starts no TensorBoard",
     "ssh": "tasks are started by Trainyard, not over ssh",
     "mpiHome": "tasks run the command directly, not under mpirun",
     "launcher": "no separate launcher replica runs; every worker runs the command",
     "disableCustomEnv": "every task gets its environment directly",
     "flinkClusterTemplate": "Trainyard runs no Flink cluster; the Beam pipeline runs with "
-                            "the runner its own options name",
+    "the runner its own options name",
 }
 
 _RESTART = {p.value: p for p in RestartPolicy}
 
 _JOB_FIELDS = {
-    "name": "$.metadata.name", "queue": "$.spec.scheduler.t9kScheduler.queue",
+    "name": "$.metadata.name",
+    "queue": "$.spec.scheduler.t9kScheduler.queue",
     "priority": "$.spec.scheduler.t9kScheduler.priority",
     "retry_limit": "$.spec.runPolicy.backoffLimit",
     "max_running_minutes": "$.spec.runPolicy.activeDeadlineSeconds",
@@ -138,8 +194,9 @@ _JOB_FIELDS = {
 }
 
 
-def _role_location(kind: Kind | None, spec: dict[str, Any], role: str
-                   ) -> tuple[str, Any, str] | None:
+def _role_location(
+    kind: Kind | None, spec: dict[str, Any], role: str
+) -> tuple[str, Any, str] | None:
     """(the role's path, its pod template, the template's path) in a T9k spec."""
     if kind is not None and kind.layout == "worker":
         worker = spec.get("worker")
@@ -150,8 +207,9 @@ def _role_location(kind: Kind | None, spec: dict[str, Any], role: str
         job = job.get("spec") if isinstance(job, dict) else None
         template = job.get("template") if isinstance(job, dict) else None
         return "$.spec.jobTemplate", template, "$.spec.jobTemplate.spec.template"
-    key = "replicasSpec" if "replicaSpecs" not in spec and "replicasSpec" in spec \
-        else "replicaSpecs"
+    key = (
+        "replicasSpec" if "replicaSpecs" not in spec and "replicasSpec" in spec else "replicaSpecs"
+    )
     entries = spec.get(key)
     for i, entry in enumerate(entries if isinstance(entries, list) else []):
         if isinstance(entry, dict) and entry.get("type") == role:
@@ -169,8 +227,9 @@ def field_path(payload: Any, role: str | None, field: str) -> str:
     payload = payload if isinstance(payload, dict) else {}
     spec = payload.get("spec") if isinstance(payload.get("spec"), dict) else {}
     kind_name = payload.get("kind")
-    kind = KINDS.get(KIND_SPELLINGS.get(kind_name, kind_name)) if isinstance(
-        kind_name, str) else None
+    kind = (
+        KINDS.get(KIND_SPELLINGS.get(kind_name, kind_name)) if isinstance(kind_name, str) else None
+    )
     found = _role_location(kind, spec, role)
     if found is None:
         return "$.spec"
@@ -181,8 +240,7 @@ def field_path(payload: Any, role: str | None, field: str) -> str:
         return join(path, "replicas")
     if field == "name":
         return join(path, "type") if "[" in path else path
-    return template_field_path(template, template_path, field,
-                               kind.container if kind else ())
+    return template_field_path(template, template_path, field, kind.container if kind else ())
 
 
 def key_of(namespace: str, plural: str, name: str) -> str:
@@ -209,56 +267,83 @@ def _enabled(obj: dict[str, Any], path: str, issues: Issues) -> bool:
     key = "enabled"
     if "enabled" not in obj and "enable" in obj:
         key = "enable"
-        issues.warn(join(path, "enable"), "'enable' is read as 'enabled' (the API field's "
-                    "name; parts of T9k's documentation write 'enable')", "spelling")
+        issues.warn(
+            join(path, "enable"),
+            "'enable' is read as 'enabled' (the API field's "
+            "name; parts of T9k's documentation write 'enable')",
+            "spelling",
+        )
     value = obj.get(key, False)
     if value is None:
         return False
     if not isinstance(value, bool):
-        issues.error(join(path, key), f"{key} must be a boolean, not {json_type(value)}",
-                     "type")
+        issues.error(join(path, key), f"{key} must be a boolean, not {json_type(value)}", "type")
         return False
     return value
 
 
-def _restart_policy(raw: Any, path: str, kind: Kind, issues: Issues,
-                    pod_policy: str | None, pod_path: str) -> tuple[RestartPolicy, int | None]:
+def _restart_policy(
+    raw: Any, path: str, kind: Kind, issues: Issues, pod_policy: str | None, pod_path: str
+) -> tuple[RestartPolicy, int | None]:
     if raw is None and pod_policy is not None:
         # T9k overrides the pod's own policy; its DeepSpeed and ColossalAI examples still
         # set only that one, so it is taken as the replica's policy.
-        issues.warn(pod_path, "the pod template's restartPolicy is used as the replica's "
-                    "restartPolicy (T9k sets pods to Never and restarts replicas itself)",
-                    "spelling")
+        issues.warn(
+            pod_path,
+            "the pod template's restartPolicy is used as the replica's "
+            "restartPolicy (T9k sets pods to Never and restarts replicas itself)",
+            "spelling",
+        )
         raw, path = pod_policy, pod_path
     if raw is None:
         return RestartPolicy.ON_FAILURE, None  # T9k's default for every kind
     limit: int | None = None
     if isinstance(raw, dict):
         if kind.name != "GenericJob":
-            issues.warn(path, f"restartPolicy is written as an object {{policy, limit}} "
-                        f"(GenericJob's form); {kind.name} documents a string", "spelling")
+            issues.warn(
+                path,
+                f"restartPolicy is written as an object {{policy, limit}} "
+                f"(GenericJob's form); {kind.name} documents a string",
+                "spelling",
+            )
         policy = raw.get("policy")
         limit = issues.integer(raw, "limit", path, required=False, minimum=0)
         for key in sorted(k for k in raw if k not in ("policy", "limit")):
-            issues.warn(join(path, key), f"unknown restartPolicy field {show(key)} is "
-                        "ignored", "unknown_field")
+            issues.warn(
+                join(path, key),
+                f"unknown restartPolicy field {show(key)} is ignored",
+                "unknown_field",
+            )
         ppath = join(path, "policy")
     elif isinstance(raw, str):
         if kind.name == "GenericJob":
-            issues.warn(path, "restartPolicy is written as a string; GenericJob documents "
-                        "an object {policy, limit}", "spelling")
+            issues.warn(
+                path,
+                "restartPolicy is written as a string; GenericJob documents "
+                "an object {policy, limit}",
+                "spelling",
+            )
         policy, ppath = raw, path
     else:
-        issues.error(path, f"restartPolicy must be a string or an object {{policy, limit}}, "
-                     f"not {json_type(raw)}", "type")
+        issues.error(
+            path,
+            f"restartPolicy must be a string or an object {{policy, limit}}, not {json_type(raw)}",
+            "type",
+        )
         return RestartPolicy.ON_FAILURE, None
     if policy is None:
-        issues.error(ppath, "restartPolicy.policy is required (Never, OnFailure, Always "
-                     "or ExitCode)", "required")
+        issues.error(
+            ppath,
+            "restartPolicy.policy is required (Never, OnFailure, Always or ExitCode)",
+            "required",
+        )
         return RestartPolicy.ON_FAILURE, limit
     if not isinstance(policy, str) or policy not in _RESTART:
-        issues.error(ppath, f"restartPolicy {show(policy)} must be one of Never, OnFailure, "
-                     "Always, ExitCode", "enum")
+        issues.error(
+            ppath,
+            f"restartPolicy {show(policy)} must be one of Never, OnFailure, Always, ExitCode",
+            "enum",
+        )
         return RestartPolicy.ON_FAILURE, limit
     return _RESTART[policy], limit
 
@@ -274,13 +359,20 @@ def _command(pod: PodTask, kind: Kind, spec: dict[str, Any], issues: Issues) -> 
     if not pod.container_path:
         return ""  # the template itself is missing or broken, and said so
     if not argv:
-        issues.error(pod.container_path, "the container needs a command or "
-                     "args: Trainyard runs no image entrypoint", "required")
+        issues.error(
+            pod.container_path,
+            "the container needs a command or args: Trainyard runs no image entrypoint",
+            "required",
+        )
         return ""
     if not pod.command:
-        issues.warn(join(pod.container_path, "args"), "the container has args but no "
-                    "command; the args are run as the command (an image's entrypoint is "
-                    "not known to Trainyard)", "not_applied")
+        issues.warn(
+            join(pod.container_path, "args"),
+            "the container has args but no "
+            "command; the args are run as the command (an image's entrypoint is "
+            "not known to Trainyard)",
+            "not_applied",
+        )
     return shell_command(argv)
 
 
@@ -299,15 +391,24 @@ def _torchrun(config: dict[str, Any], pod: PodTask, issues: Issues) -> list[str]
     if isinstance(backend, str) and backend:
         argv.append(f"--rdzv_backend={backend}")
     argv += string_list(config, "extraOptions", path, issues)
-    for key in sorted(k for k in config if k not in (
-            "enabled", "enable", "procPerNode", "maxRestarts", "rdzvBackend",
-            "extraOptions")):
-        issues.warn(join(path, key), f"torchrunConfig.{key} is kept but not passed to "
-                    "torchrun", "not_applied")
+    for key in sorted(
+        k
+        for k in config
+        if k
+        not in ("enabled", "enable", "procPerNode", "maxRestarts", "rdzvBackend", "extraOptions")
+    ):
+        issues.warn(
+            join(path, key),
+            f"torchrunConfig.{key} is kept but not passed to torchrun",
+            "not_applied",
+        )
     if not pod.args:
-        issues.error(join(pod.container_path, "args"), "with torchrunConfig enabled the "
-                     "training script and its arguments come from args, which is empty",
-                     "required")
+        issues.error(
+            join(pod.container_path, "args"),
+            "with torchrunConfig enabled the "
+            "training script and its arguments come from args, which is empty",
+            "required",
+        )
     return argv + pod.args
 
 
@@ -320,19 +421,26 @@ def _deepspeed_command(spec: dict[str, Any], pod: PodTask, issues: Issues) -> st
         issues.error(path, f"config must be an object, not {json_type(config)}", "type")
         return None
     if "slotPerWorker" in config and "slotsPerWorker" not in config:
-        issues.warn(join(path, "slotPerWorker"), "'slotPerWorker' is read as "
-                    "'slotsPerWorker' (the API field; T9k's example writes slotPerWorker)",
-                    "spelling")
+        issues.warn(
+            join(path, "slotPerWorker"),
+            "'slotPerWorker' is read as "
+            "'slotsPerWorker' (the API field; T9k's example writes slotPerWorker)",
+            "spelling",
+        )
     for key in ("slotsPerWorker", "slotPerWorker", "localRank", "autotune", "otherArgs"):
         if key in config:
-            issues.warn(join(path, key), f"config.{key} is kept but not applied: each "
-                        "worker runs the program once, without the deepspeed launcher",
-                        "not_applied")
+            issues.warn(
+                join(path, key),
+                f"config.{key} is kept but not applied: each "
+                "worker runs the program once, without the deepspeed launcher",
+                "not_applied",
+            )
     custom = config.get("customCommand")
     if custom is not None:
         if not isinstance(custom, str) or not custom.strip():
-            issues.error(join(path, "customCommand"), "customCommand must be a non-empty "
-                         "string", "type")
+            issues.error(
+                join(path, "customCommand"), "customCommand must be a non-empty string", "type"
+            )
             return ""
         return custom
     run = config.get("run")
@@ -344,20 +452,26 @@ def _deepspeed_command(spec: dict[str, Any], pod: PodTask, issues: Issues) -> st
         return ""
     given = [k for k in ("python", "module", "exec") if k in run]
     if len(given) != 1:
-        issues.error(rpath, "run needs exactly one of python, module or exec, got "
-                     f"{', '.join(given) or 'none'}", "invalid")
+        issues.error(
+            rpath,
+            f"run needs exactly one of python, module or exec, got {', '.join(given) or 'none'}",
+            "invalid",
+        )
         return ""
     words = run[given[0]]
     if isinstance(words, str):
         # T9k's DeepSpeedJob example writes run.python as one string, not a list.
-        issues.warn(join(rpath, given[0]), f"run.{given[0]} is a string; it is read as a "
-                    "one-item list (the API field is a list of strings)", "spelling")
+        issues.warn(
+            join(rpath, given[0]),
+            f"run.{given[0]} is a string; it is read as a "
+            "one-item list (the API field is a list of strings)",
+            "spelling",
+        )
         words = [words] if words.strip() else []
     else:
         words = string_list(run, given[0], rpath, issues)
     if not words:
-        issues.error(join(rpath, given[0]), f"run.{given[0]} must name what to run",
-                     "required")
+        issues.error(join(rpath, given[0]), f"run.{given[0]} must name what to run", "required")
         return ""
     prefix = {"python": ["python"], "module": ["python", "-m"], "exec": []}[given[0]]
     return shell_command(prefix + words)
@@ -367,80 +481,134 @@ def _replica_roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Ro
     key = "replicaSpecs"
     if "replicaSpecs" not in spec and "replicasSpec" in spec:
         key = "replicasSpec"
-        issues.warn("$.spec.replicasSpec", "'replicasSpec' is read as 'replicaSpecs' (the "
-                    "API field's name)", "spelling")
+        issues.warn(
+            "$.spec.replicasSpec",
+            "'replicasSpec' is read as 'replicaSpecs' (the API field's name)",
+            "spelling",
+        )
     path = join("$.spec", key)
     raw = spec.get(key)
     if raw is None:
-        issues.error("$.spec.replicaSpecs", "replicaSpecs is required (a list with at least "
-                     "one replica spec)", "required")
+        issues.error(
+            "$.spec.replicaSpecs",
+            "replicaSpecs is required (a list with at least one replica spec)",
+            "required",
+        )
         return []
     if not isinstance(raw, list) or not raw:
-        issues.error(path, "replicaSpecs must be a non-empty list", "type"
-                     if not isinstance(raw, list) else "required")
+        issues.error(
+            path,
+            "replicaSpecs must be a non-empty list",
+            "type" if not isinstance(raw, list) else "required",
+        )
         return []
     roles: list[_Role] = []
     seen: dict[str, int] = {}
     for i, entry in enumerate(raw):
         rpath = f"{path}[{i}]"
         if not isinstance(entry, dict):
-            issues.error(rpath, f"a replica spec must be an object, not {json_type(entry)}",
-                         "type")
+            issues.error(rpath, f"a replica spec must be an object, not {json_type(entry)}", "type")
             continue
-        rtype = issues.string(entry, "type", rpath, required=True, pattern=ROLE_NAME_RE,
-                              rule=ROLE_NAME_RULE)
+        rtype = issues.string(
+            entry, "type", rpath, required=True, pattern=ROLE_NAME_RE, rule=ROLE_NAME_RULE
+        )
         if rtype is not None:
             if rtype in seen:
-                issues.error(join(rpath, "type"), f"type {show(rtype)} is already used by "
-                             f"{key}[{seen[rtype]}]; replica types must be unique", "duplicate")
+                issues.error(
+                    join(rpath, "type"),
+                    f"type {show(rtype)} is already used by "
+                    f"{key}[{seen[rtype]}]; replica types must be unique",
+                    "duplicate",
+                )
             else:
                 seen[rtype] = i
-        if kind.name == "TensorFlowTrainingJob" and rtype is not None and rtype not in (
-                "chief", "worker", "ps", "evaluator"):
-            issues.error(join(rpath, "type"), f"type {show(rtype)} must be one of chief, "
-                         "worker, ps, evaluator", "enum")
-        if kind.name == "XGBoostTrainingJob" and rtype is not None and rtype not in (
-                "master", "worker"):
-            issues.error(join(rpath, "type"), f"type {show(rtype)} must be master or worker",
-                         "enum")
+        if (
+            kind.name == "TensorFlowTrainingJob"
+            and rtype is not None
+            and rtype not in ("chief", "worker", "ps", "evaluator")
+        ):
+            issues.error(
+                join(rpath, "type"),
+                f"type {show(rtype)} must be one of chief, worker, ps, evaluator",
+                "enum",
+            )
+        if (
+            kind.name == "XGBoostTrainingJob"
+            and rtype is not None
+            and rtype not in ("master", "worker")
+        ):
+            issues.error(
+                join(rpath, "type"), f"type {show(rtype)} must be master or worker", "enum"
+            )
         replicas = issues.integer(entry, "replicas", rpath, required=False, minimum=1)
-        pod = pod_template(entry.get("template"), join(rpath, "template"), issues,
-                           preferred=kind.container, owner=f"replica type {show(rtype)}")
-        policy, limit = _restart_policy(entry.get("restartPolicy"),
-                                        join(rpath, "restartPolicy"), kind, issues,
-                                        pod.restart_policy,
-                                        f"{rpath}.template.spec.restartPolicy")
+        pod = pod_template(
+            entry.get("template"),
+            join(rpath, "template"),
+            issues,
+            preferred=kind.container,
+            owner=f"replica type {show(rtype)}",
+        )
+        policy, limit = _restart_policy(
+            entry.get("restartPolicy"),
+            join(rpath, "restartPolicy"),
+            kind,
+            issues,
+            pod.restart_policy,
+            f"{rpath}.template.spec.restartPolicy",
+        )
         if "scalingWeight" in entry:
-            issues.warn(join(rpath, "scalingWeight"), "scalingWeight is kept but not "
-                        "applied: elastic roles scale between their own bounds",
-                        "not_applied")
-        for extra in sorted(k for k in entry if k not in (
-                "type", "replicas", "template", "restartPolicy", "scalingWeight")):
-            issues.warn(join(rpath, extra), f"unknown replica spec field {show(extra)} is "
-                        "kept but not used", "unknown_field")
+            issues.warn(
+                join(rpath, "scalingWeight"),
+                "scalingWeight is kept but not "
+                "applied: elastic roles scale between their own bounds",
+                "not_applied",
+            )
+        for extra in sorted(
+            k
+            for k in entry
+            if k not in ("type", "replicas", "template", "restartPolicy", "scalingWeight")
+        ):
+            issues.warn(
+                join(rpath, extra),
+                f"unknown replica spec field {show(extra)} is kept but not used",
+                "unknown_field",
+            )
         command = _command(pod, kind, spec, issues)
         _substitutions(pod, issues)
-        roles.append(_Role(_role_spec(rtype or "", replicas or 1, pod, command, policy),
-                           rpath, limit))
+        roles.append(
+            _Role(_role_spec(rtype or "", replicas or 1, pod, command, policy), rpath, limit)
+        )
     return roles
 
 
 def _substitutions(pod: PodTask, issues: Issues) -> None:
     words = [*pod.argv, *(e.value for e in pod.env)]
     if pod.container_path and any("$(" in w for w in words):
-        issues.warn(pod.container_path, "T9k's variable substitution ($(type), $(rank), "
-                    "$(replicas[...]), $(service...)) is not performed; Trainyard gives "
-                    "each task TRAINYARD_ROLE, TRAINYARD_INDEX and the PAI_* variables "
-                    "instead", "not_applied")
+        issues.warn(
+            pod.container_path,
+            "T9k's variable substitution ($(type), $(rank), "
+            "$(replicas[...]), $(service...)) is not performed; Trainyard gives "
+            "each task TRAINYARD_ROLE, TRAINYARD_INDEX and the PAI_* variables "
+            "instead",
+            "not_applied",
+        )
 
 
-def _role_spec(name: str, replicas: int, pod: PodTask, command: str,
-               policy: RestartPolicy) -> RoleSpec:
+def _role_spec(
+    name: str, replicas: int, pod: PodTask, command: str, policy: RestartPolicy
+) -> RoleSpec:
     return RoleSpec(
-        name=name, replicas=replicas, resources=pod.resources, image=pod.image,
-        command=command, env=pod.env, restart_policy=policy, node_selector=pod.node_selector,
+        name=name,
+        replicas=replicas,
+        resources=pod.resources,
+        image=pod.image,
+        command=command,
+        env=pod.env,
+        restart_policy=policy,
+        node_selector=pod.node_selector,
         retryable_exit_codes=list(RETRYABLE_EXIT_CODES)
-        if policy is RestartPolicy.EXIT_CODE else [],
+        if policy is RestartPolicy.EXIT_CODE
+        else [],
     )
 
 
@@ -448,19 +616,31 @@ def _worker_role(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Role
     path = "$.spec.worker"
     worker = spec.get("worker")
     if worker is None:
-        issues.error(path, f"worker is required: a {kind.name} runs its replicas from "
-                     "spec.worker", "required")
+        issues.error(
+            path,
+            f"worker is required: a {kind.name} runs its replicas from spec.worker",
+            "required",
+        )
         return []
     if not isinstance(worker, dict):
         issues.error(path, f"worker must be an object, not {json_type(worker)}", "type")
         return []
     replicas = issues.integer(worker, "replicas", path, required=False, minimum=1)
-    pod = pod_template(worker.get("template"), join(path, "template"), issues,
-                       preferred=kind.container, owner="the worker")
-    policy, limit = _restart_policy(worker.get("restartPolicy"),
-                                    join(path, "restartPolicy"), kind, issues,
-                                    pod.restart_policy,
-                                    f"{path}.template.spec.restartPolicy")
+    pod = pod_template(
+        worker.get("template"),
+        join(path, "template"),
+        issues,
+        preferred=kind.container,
+        owner="the worker",
+    )
+    policy, limit = _restart_policy(
+        worker.get("restartPolicy"),
+        join(path, "restartPolicy"),
+        kind,
+        issues,
+        pod.restart_policy,
+        f"{path}.template.spec.restartPolicy",
+    )
     known = {"replicas", "template", "restartPolicy"}
     command: str | None = None
     mpi_env: list[EnvVar] = []
@@ -477,8 +657,9 @@ def _worker_role(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Role
         if cmd:
             command = shell_command(cmd)
         elif "cmd" not in worker:
-            issues.error(join(path, "cmd"), "cmd is required: the MPI program every worker "
-                         "runs", "required")
+            issues.error(
+                join(path, "cmd"), "cmd is required: the MPI program every worker runs", "required"
+            )
             command = ""
     elif kind.name == "ColossalAIJob":
         known |= {"command", "procPerWorker", "torchArgs"}
@@ -487,22 +668,33 @@ def _worker_role(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Role
         torch_args = string_list(worker, "torchArgs", path, issues)
         if script:
             # ColossalAI's launcher starts the script under torchrun on every worker.
-            command = shell_command(["torchrun", f"--nproc_per_node={procs or 1}",
-                                     *torch_args, *script])
+            command = shell_command(
+                ["torchrun", f"--nproc_per_node={procs or 1}", *torch_args, *script]
+            )
         else:
-            issues.error(join(path, "command"), "command is required: the training script "
-                         "and its arguments", "required")
+            issues.error(
+                join(path, "command"),
+                "command is required: the training script and its arguments",
+                "required",
+            )
             command = ""
     elif kind.name == "DeepSpeedJob":
         command = _deepspeed_command(spec, pod, issues)
     for extra in sorted(k for k in worker if k not in known):
-        issues.warn(join(path, extra), f"unknown worker field {show(extra)} is kept but not "
-                    "used", "unknown_field")
+        issues.warn(
+            join(path, extra),
+            f"unknown worker field {show(extra)} is kept but not used",
+            "unknown_field",
+        )
     if command is None:
         command = _command(pod, kind, spec, issues)
     elif pod.argv:
-        issues.warn(pod.container_path, f"the container's command and args are not run: "
-                    f"{kind.name} workers run the command its spec gives", "not_applied")
+        issues.warn(
+            pod.container_path,
+            f"the container's command and args are not run: "
+            f"{kind.name} workers run the command its spec gives",
+            "not_applied",
+        )
     role = _role_spec("worker", replicas or 1, pod, command, policy)
     if mpi_env:
         role = role.model_copy(update={"env": [*role.env, *mpi_env]})
@@ -514,14 +706,20 @@ def _mca_env(mca: Any, path: str, issues: Issues) -> list[EnvVar]:
     if mca is None:
         return []
     if not isinstance(mca, dict):
-        issues.error(path, f"mca must be a map of MCA parameter names to values, not "
-                     f"{json_type(mca)}", "type")
+        issues.error(
+            path,
+            f"mca must be a map of MCA parameter names to values, not {json_type(mca)}",
+            "type",
+        )
         return []
     env = []
     for name, value in mca.items():
         if not isinstance(value, str | int | float):
-            issues.error(join(path, str(name)), f"an MCA parameter's value must be a string "
-                         f"or a number, not {json_type(value)}", "type")
+            issues.error(
+                join(path, str(name)),
+                f"an MCA parameter's value must be a string or a number, not {json_type(value)}",
+                "type",
+            )
             continue
         env.append(EnvVar(name=f"OMPI_MCA_{name}", value=str(value)))
     return env
@@ -531,24 +729,34 @@ def _beam_role(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Role]:
     path = "$.spec.jobTemplate"
     template = spec.get("jobTemplate")
     if not isinstance(template, dict):
-        issues.error(path, "jobTemplate is required (a batch/v1 JobTemplateSpec whose pod "
-                     "submits the Beam pipeline)" if template is None else
-                     f"jobTemplate must be an object, not {json_type(template)}",
-                     "required" if template is None else "type")
+        issues.error(
+            path,
+            "jobTemplate is required (a batch/v1 JobTemplateSpec whose pod "
+            "submits the Beam pipeline)"
+            if template is None
+            else f"jobTemplate must be an object, not {json_type(template)}",
+            "required" if template is None else "type",
+        )
         return []
     job = template.get("spec")
     jpath = join(path, "spec")
     if not isinstance(job, dict):
-        issues.error(jpath, "jobTemplate.spec is required (an object with a pod template)",
-                     "required")
+        issues.error(
+            jpath, "jobTemplate.spec is required (an object with a pod template)", "required"
+        )
         return []
     for extra in sorted(k for k in job if k != "template"):
-        issues.warn(join(jpath, extra), f"batch/v1 Job field {show(extra)} is kept but not "
-                    "applied", "not_applied")
-    pod = pod_template(job.get("template"), join(jpath, "template"), issues,
-                       owner="the Beam submit job")
-    policy, _ = _restart_policy(None, "", kind, issues, pod.restart_policy,
-                                f"{jpath}.template.spec.restartPolicy")
+        issues.warn(
+            join(jpath, extra),
+            f"batch/v1 Job field {show(extra)} is kept but not applied",
+            "not_applied",
+        )
+    pod = pod_template(
+        job.get("template"), join(jpath, "template"), issues, owner="the Beam submit job"
+    )
+    policy, _ = _restart_policy(
+        None, "", kind, issues, pod.restart_policy, f"{jpath}.template.spec.restartPolicy"
+    )
     command = _command(pod, kind, spec, issues)
     return [_Role(_role_spec("job", 1, pod, command, policy), path)]
 
@@ -568,8 +776,13 @@ def _run_policy(kind: Kind, spec: dict[str, Any], issues: Issues) -> dict[str, A
     if not isinstance(raw, dict):
         issues.error(path, f"runPolicy must be an object, not {json_type(raw)}", "type")
         return out
-    known = {"backoffLimit", "activeDeadlineSeconds", "cleanUpPolicy", "cleanUpWorkers",
-             "cleanUpCluster"}
+    known = {
+        "backoffLimit",
+        "activeDeadlineSeconds",
+        "cleanUpPolicy",
+        "cleanUpWorkers",
+        "cleanUpCluster",
+    }
     backoff = issues.integer(raw, "backoffLimit", path, required=False, minimum=0)
     if backoff is not None:
         out["retry_limit"] = backoff
@@ -577,8 +790,7 @@ def _run_policy(kind: Kind, spec: dict[str, Any], issues: Issues) -> dict[str, A
     if deadline is not None:
         out["max_running_minutes"] = math.ceil(deadline / 60)
     if "cleanUpPolicy" in raw:
-        out["cleanup_policy"] = _cleanup(raw["cleanUpPolicy"], join(path, "cleanUpPolicy"),
-                                         issues)
+        out["cleanup_policy"] = _cleanup(raw["cleanUpPolicy"], join(path, "cleanUpPolicy"), issues)
     for flag in ("cleanUpWorkers", "cleanUpCluster"):
         if flag in raw:
             value = raw[flag]
@@ -587,15 +799,19 @@ def _run_policy(kind: Kind, spec: dict[str, Any], issues: Issues) -> dict[str, A
             else:
                 out["cleanup_policy"] = "All" if value else "None"
     for extra in sorted(k for k in raw if k not in known):
-        issues.warn(join(path, extra), f"unknown runPolicy field {show(extra)} is kept but "
-                    "not used", "unknown_field")
+        issues.warn(
+            join(path, extra),
+            f"unknown runPolicy field {show(extra)} is kept but not used",
+            "unknown_field",
+        )
     return out
 
 
 def _cleanup(value: Any, path: str, issues: Issues) -> str | None:
     if value not in ("None", "All", "Unfinished"):
-        issues.error(path, f"cleanUpPolicy {show(value)} must be one of None, All, "
-                     "Unfinished", "enum")
+        issues.error(
+            path, f"cleanUpPolicy {show(value)} must be one of None, All, Unfinished", "enum"
+        )
         return None
     return str(value)
 
@@ -609,8 +825,12 @@ def _scheduler(spec: dict[str, Any], issues: Issues) -> dict[str, Any]:
         issues.error(path, f"scheduler must be an object, not {json_type(raw)}", "type")
         return {}
     for extra in sorted(k for k in raw if k != "t9kScheduler"):
-        issues.warn(join(path, extra), f"scheduler {show(extra)} is kept but not used: "
-                    "Trainyard's placement schedules every job", "unknown_field")
+        issues.warn(
+            join(path, extra),
+            f"scheduler {show(extra)} is kept but not used: "
+            "Trainyard's placement schedules every job",
+            "unknown_field",
+        )
     t9k = raw.get("t9kScheduler")
     tpath = join(path, "t9kScheduler")
     if t9k is None:
@@ -626,8 +846,11 @@ def _scheduler(spec: dict[str, Any], issues: Issues) -> dict[str, Any]:
     if priority is not None:
         out["priority"] = t9k_priority(priority)
     for extra in sorted(k for k in t9k if k not in ("queue", "priority")):
-        issues.warn(join(tpath, extra), f"unknown t9kScheduler field {show(extra)} is kept "
-                    "but not used", "unknown_field")
+        issues.warn(
+            join(tpath, extra),
+            f"unknown t9kScheduler field {show(extra)} is kept but not used",
+            "unknown_field",
+        )
     return out
 
 
@@ -645,13 +868,18 @@ def _mode_specs(entries: Any, path: str, types: set[str], item: str, issues: Iss
             continue
         rtype = issues.string(entry, "type", epath, required=True)
         if rtype is not None and types and rtype not in types:
-            issues.error(join(epath, "type"), f"type {show(rtype)} is not a replica type of "
-                         f"this job ({', '.join(sorted(types))})", "unknown_reference")
+            issues.error(
+                join(epath, "type"),
+                f"type {show(rtype)} is not a replica type of "
+                f"this job ({', '.join(sorted(types))})",
+                "unknown_reference",
+            )
         string_list(entry, "command", epath, issues)
         string_list(entry, "args", epath, issues)
         if "skipInitContainer" in entry and not isinstance(entry["skipInitContainer"], bool):
-            issues.error(join(epath, "skipInitContainer"), "skipInitContainer must be a "
-                         "boolean", "type")
+            issues.error(
+                join(epath, "skipInitContainer"), "skipInitContainer must be a boolean", "type"
+            )
 
 
 def _elastic(raw: Any, path: str, issues: Issues) -> tuple[bool, dict[str, int]]:
@@ -662,25 +890,36 @@ def _elastic(raw: Any, path: str, issues: Issues) -> tuple[bool, dict[str, int]]
     lo = issues.integer(raw, "minReplicas", path, required=on, minimum=1)
     hi = issues.integer(raw, "maxReplicas", path, required=on, minimum=1)
     want = issues.integer(raw, "expectedReplicas", path, required=False, minimum=1)
-    for extra in sorted(k for k in raw if k not in (
-            "enabled", "enable", "minReplicas", "maxReplicas", "expectedReplicas")):
-        issues.warn(join(path, extra), f"unknown elastic field {show(extra)} is ignored",
-                    "unknown_field")
+    for extra in sorted(
+        k
+        for k in raw
+        if k not in ("enabled", "enable", "minReplicas", "maxReplicas", "expectedReplicas")
+    ):
+        issues.warn(
+            join(path, extra), f"unknown elastic field {show(extra)} is ignored", "unknown_field"
+        )
     if not on or lo is None or hi is None:
         return on, {}
     if lo > hi:
-        issues.error(join(path, "minReplicas"), f"minReplicas ({lo}) must not exceed "
-                     f"maxReplicas ({hi})", "range")
+        issues.error(
+            join(path, "minReplicas"),
+            f"minReplicas ({lo}) must not exceed maxReplicas ({hi})",
+            "range",
+        )
         return on, {}
     if want is not None and not lo <= want <= hi:
-        issues.error(join(path, "expectedReplicas"), f"expectedReplicas ({want}) must lie "
-                     f"between minReplicas ({lo}) and maxReplicas ({hi})", "range")
+        issues.error(
+            join(path, "expectedReplicas"),
+            f"expectedReplicas ({want}) must lie between minReplicas ({lo}) and maxReplicas ({hi})",
+            "range",
+        )
         return on, {}
     return on, {"min_replicas": lo, "max_replicas": hi, "replicas": want or lo}
 
 
-def _run_mode(kind: Kind, spec: dict[str, Any], types: set[str], issues: Issues
-              ) -> tuple[RunMode, dict[str, int]]:
+def _run_mode(
+    kind: Kind, spec: dict[str, Any], types: set[str], issues: Issues
+) -> tuple[RunMode, dict[str, int]]:
     """The run mode, enforcing the seed's matrix, and the elastic bounds if any."""
     enabled: list[tuple[str, str]] = []
     bounds: dict[str, int] = {}
@@ -692,37 +931,62 @@ def _run_mode(kind: Kind, spec: dict[str, Any], types: set[str], issues: Issues
     for mode, value in (raw or {}).items():
         mpath = join(path, str(mode))
         if mode not in (DEBUG, PAUSE, ELASTIC):
-            issues.error(mpath, f"unknown run mode {show(mode)}; T9k's are debug, pause and "
-                         "elastic (immediate is the default)", "enum")
+            issues.error(
+                mpath,
+                f"unknown run mode {show(mode)}; T9k's are debug, pause and "
+                "elastic (immediate is the default)",
+                "enum",
+            )
             continue
         if mode == ELASTIC:
             on, found = _elastic(value, mpath, issues)
             bounds = found or bounds
         elif not isinstance(value, dict):
-            issues.error(mpath, f"runMode.{mode} must be an object, not {json_type(value)}",
-                         "type")
+            issues.error(mpath, f"runMode.{mode} must be an object, not {json_type(value)}", "type")
             continue
         else:
             on = _enabled(value, mpath, issues)
             if mode == DEBUG:
-                _mode_specs(value.get("replicaSpecs"), join(mpath, "replicaSpecs"), types,
-                            "replicaSpecs", issues)
+                _mode_specs(
+                    value.get("replicaSpecs"),
+                    join(mpath, "replicaSpecs"),
+                    types,
+                    "replicaSpecs",
+                    issues,
+                )
                 if value.get("replicaSpecs"):
-                    issues.warn(join(mpath, "replicaSpecs"), "debug replicaSpecs are kept "
-                                "with the job; Trainyard's debug mode starts the roles "
-                                "without running their commands", "not_applied")
+                    issues.warn(
+                        join(mpath, "replicaSpecs"),
+                        "debug replicaSpecs are kept "
+                        "with the job; Trainyard's debug mode starts the roles "
+                        "without running their commands",
+                        "not_applied",
+                    )
             else:
-                _mode_specs(value.get("resumeSpecs"), join(mpath, "resumeSpecs"), types,
-                            "resumeSpecs", issues)
-            for extra in sorted(k for k in value if k not in (
-                    "enabled", "enable", "replicaSpecs", "resumeSpecs")):
-                issues.warn(join(mpath, extra), f"unknown runMode.{mode} field "
-                            f"{show(extra)} is ignored", "unknown_field")
+                _mode_specs(
+                    value.get("resumeSpecs"),
+                    join(mpath, "resumeSpecs"),
+                    types,
+                    "resumeSpecs",
+                    issues,
+                )
+            for extra in sorted(
+                k for k in value if k not in ("enabled", "enable", "replicaSpecs", "resumeSpecs")
+            ):
+                issues.warn(
+                    join(mpath, extra),
+                    f"unknown runMode.{mode} field {show(extra)} is ignored",
+                    "unknown_field",
+                )
         if on:
             enabled.append((mode, mpath))
         elif mode not in kind.modes:
-            issues.warn(mpath, f"runMode.{mode} is not supported by {kind.name}; it is "
-                        "disabled here, so it is ignored", "unsupported_mode")
+            issues.warn(
+                mpath,
+                f"runMode.{mode} is not supported by {kind.name}; it is "
+                "disabled here, so it is ignored",
+                "unsupported_mode",
+            )
     if "elastic" in spec and "elastic" in kind.fields:
         # PyTorchTrainingJob and DeepSpeedJob write elastic training as spec.elastic.
         on, found = _elastic(spec["elastic"], "$.spec.elastic", issues)
@@ -731,10 +995,13 @@ def _run_mode(kind: Kind, spec: dict[str, Any], types: set[str], issues: Issues
             enabled.append((ELASTIC, "$.spec.elastic"))
     for mode, mpath in enabled:
         if mode not in kind.modes:
-            supported = ", ".join(m for m in (IMMEDIATE, DEBUG, PAUSE, ELASTIC)
-                                  if m in kind.modes)
-            issues.error(mpath, f"$.spec.runMode.{mode}: {kind.name} does not support the "
-                         f"{mode} run mode (it supports: {supported})", "unsupported_mode")
+            supported = ", ".join(m for m in (IMMEDIATE, DEBUG, PAUSE, ELASTIC) if m in kind.modes)
+            issues.error(
+                mpath,
+                f"$.spec.runMode.{mode}: {kind.name} does not support the "
+                f"{mode} run mode (it supports: {supported})",
+                "unsupported_mode",
+            )
     modes = {mode for mode, _ in enabled}
     if DEBUG in modes and PAUSE in modes:
         issues.error(path, "debug and pause cannot both be enabled", "conflict")
@@ -752,33 +1019,40 @@ def _rules(raw: Any, path: str, roles: dict[str, int], issues: Issues) -> list[l
     if raw is None:
         return []
     if not isinstance(raw, list):
-        issues.error(path, f"{path.rsplit('.', 1)[-1]} must be a list of objects "
-                     "{type: [indices]}", "type")
+        issues.error(
+            path, f"{path.rsplit('.', 1)[-1]} must be a list of objects {{type: [indices]}}", "type"
+        )
         return []
     rules: list[list[TaskRef]] = []
     for i, rule in enumerate(raw):
         rpath = f"{path}[{i}]"
         if not isinstance(rule, dict) or not rule:
-            issues.error(rpath, "a rule must be a non-empty object {type: [indices]}",
-                         "type")
+            issues.error(rpath, "a rule must be a non-empty object {type: [indices]}", "type")
             continue
         refs: list[TaskRef] = []
         for rtype, indices in rule.items():
             tpath = join(rpath, str(rtype))
             if rtype not in roles:
-                issues.error(tpath, f"replica type {show(rtype)} is not in replicaSpecs "
-                             f"({', '.join(sorted(roles)) or 'none'})", "unknown_reference")
+                issues.error(
+                    tpath,
+                    f"replica type {show(rtype)} is not in replicaSpecs "
+                    f"({', '.join(sorted(roles)) or 'none'})",
+                    "unknown_reference",
+                )
                 continue
             if not isinstance(indices, list) or not indices:
-                issues.error(tpath, "a rule lists the replica indices as a non-empty list",
-                             "type")
+                issues.error(tpath, "a rule lists the replica indices as a non-empty list", "type")
                 continue
             for j, index in enumerate(indices):
                 number = as_int(index)
                 if number is None or not 0 <= number < roles[rtype]:
-                    issues.error(f"{tpath}[{j}]", f"index {show(index)} must be an integer "
-                                 f"from 0 to {roles[rtype] - 1} ({rtype} has "
-                                 f"{roles[rtype]} replica(s))", "range")
+                    issues.error(
+                        f"{tpath}[{j}]",
+                        f"index {show(index)} must be an integer "
+                        f"from 0 to {roles[rtype] - 1} ({rtype} has "
+                        f"{roles[rtype]} replica(s))",
+                        "range",
+                    )
                     continue
                 refs.append(TaskRef(role=str(rtype), index=number))
         if refs:
@@ -789,42 +1063,57 @@ def _rules(raw: Any, path: str, roles: dict[str, int], issues: Issues) -> list[l
 def _metadata(payload: dict[str, Any], issues: Issues) -> tuple[str, str]:
     meta = payload.get("metadata")
     if not isinstance(meta, dict):
-        issues.error("$.metadata", "metadata is required (an object with a name)"
-                     if meta is None else f"metadata must be an object, not "
-                     f"{json_type(meta)}", "required" if meta is None else "type")
+        issues.error(
+            "$.metadata",
+            "metadata is required (an object with a name)"
+            if meta is None
+            else f"metadata must be an object, not {json_type(meta)}",
+            "required" if meta is None else "type",
+        )
         return "", "default"
-    name = issues.string(meta, "name", "$.metadata", required=True, pattern=DNS_LABEL_RE,
-                         rule=DNS_LABEL_RULE)
+    name = issues.string(
+        meta, "name", "$.metadata", required=True, pattern=DNS_LABEL_RE, rule=DNS_LABEL_RULE
+    )
     if name is not None and len(name) > 63:
         issues.error("$.metadata.name", "name must be at most 63 characters", "pattern")
-    namespace = issues.string(meta, "namespace", "$.metadata", required=False,
-                              pattern=DNS_LABEL_RE, rule=DNS_LABEL_RULE)
-    for extra in sorted(k for k in meta if k not in ("name", "namespace", "labels",
-                                                      "annotations")):
-        issues.warn(join("$.metadata", extra), f"metadata.{extra} is kept but not used",
-                    "unknown_field")
+    namespace = issues.string(
+        meta, "namespace", "$.metadata", required=False, pattern=DNS_LABEL_RE, rule=DNS_LABEL_RULE
+    )
+    for extra in sorted(k for k in meta if k not in ("name", "namespace", "labels", "annotations")):
+        issues.warn(
+            join("$.metadata", extra), f"metadata.{extra} is kept but not used", "unknown_field"
+        )
     return name or "", namespace or "default"
 
 
 def check_kind(payload: dict[str, Any], issues: Issues) -> Kind | None:
     version = payload.get("apiVersion")
     if version != API_VERSION:
-        issues.error("$.apiVersion", f"apiVersion must be {API_VERSION!r}, got "
-                     f"{show(version)}" if version is not None else
-                     f"apiVersion is required ({API_VERSION!r})",
-                     "invalid" if version is not None else "required")
+        issues.error(
+            "$.apiVersion",
+            f"apiVersion must be {API_VERSION!r}, got {show(version)}"
+            if version is not None
+            else f"apiVersion is required ({API_VERSION!r})",
+            "invalid" if version is not None else "required",
+        )
     kind_name = payload.get("kind")
     if isinstance(kind_name, str) and kind_name in KIND_SPELLINGS:
-        issues.warn("$.kind", f"kind {kind_name!r} is read as "
-                    f"{KIND_SPELLINGS[kind_name]!r} (T9k's documentation writes both)",
-                    "spelling")
+        issues.warn(
+            "$.kind",
+            f"kind {kind_name!r} is read as "
+            f"{KIND_SPELLINGS[kind_name]!r} (T9k's documentation writes both)",
+            "spelling",
+        )
         kind_name = KIND_SPELLINGS[kind_name]
     kind = KINDS.get(kind_name) if isinstance(kind_name, str) else None
     if kind is None:
-        issues.error("$.kind", f"kind {show(kind_name)} is not a T9k job kind; kinds: "
-                     f"{', '.join(KINDS)}" if kind_name is not None else
-                     f"kind is required (one of {', '.join(KINDS)})",
-                     "enum" if kind_name is not None else "required")
+        issues.error(
+            "$.kind",
+            f"kind {show(kind_name)} is not a T9k job kind; kinds: {', '.join(KINDS)}"
+            if kind_name is not None
+            else f"kind is required (one of {', '.join(KINDS)})",
+            "enum" if kind_name is not None else "required",
+        )
     return kind
 
 
@@ -836,28 +1125,37 @@ def translate_t9k(payload: Any, user: str = "") -> Translation:
         return Translation(empty_spec(user=user), DIALECT, issues.errors, issues.warnings)
     kind = check_kind(payload, issues)
     name, namespace = _metadata(payload, issues)
-    for extra in sorted(k for k in payload if k not in ("apiVersion", "kind", "metadata",
-                                                         "spec", "status")):
-        issues.warn(join("$", extra), f"unknown field {show(extra)} is ignored",
-                    "unknown_field")
+    for extra in sorted(
+        k for k in payload if k not in ("apiVersion", "kind", "metadata", "spec", "status")
+    ):
+        issues.warn(join("$", extra), f"unknown field {show(extra)} is ignored", "unknown_field")
     spec = payload.get("spec")
     if not isinstance(spec, dict):
-        issues.error("$.spec", "spec is required (an object)" if spec is None else
-                     f"spec must be an object, not {json_type(spec)}",
-                     "required" if spec is None else "type")
+        issues.error(
+            "$.spec",
+            "spec is required (an object)"
+            if spec is None
+            else f"spec must be an object, not {json_type(spec)}",
+            "required" if spec is None else "type",
+        )
         spec = None
     if kind is None or spec is None:
         key = key_of(namespace, kind.plural, name) if kind and name else None
-        return Translation(empty_spec(name, user), DIALECT, issues.errors, issues.warnings,
-                           key=key)
+        return Translation(empty_spec(name, user), DIALECT, issues.errors, issues.warnings, key=key)
 
     for extra in sorted(k for k in spec if k not in _COMMON_SPEC | kind.fields):
-        issues.warn(join("$.spec", extra), f"{extra} is not a field of {kind.name}; it is "
-                    "kept but not used", "unknown_field")
+        issues.warn(
+            join("$.spec", extra),
+            f"{extra} is not a field of {kind.name}; it is kept but not used",
+            "unknown_field",
+        )
     for field_name, why in _NOT_APPLIED.items():
         if field_name in spec and field_name in kind.fields:
-            issues.warn(join("$.spec", field_name), f"{field_name} is kept but not "
-                        f"applied: {why}", "not_applied")
+            issues.warn(
+                join("$.spec", field_name),
+                f"{field_name} is kept but not applied: {why}",
+                "not_applied",
+            )
 
     if kind.layout == "replicas":
         roles = _replica_roles(kind, spec, issues)
@@ -879,9 +1177,13 @@ def translate_t9k(payload: Any, user: str = "") -> Translation:
         # job, so the largest one stands for all.
         fields["retry_limit"] = max(limits)
         if len(set(limits)) > 1:
-            issues.warn("$.spec.replicaSpecs", f"restartPolicy limits differ per replica "
-                        f"type ({', '.join(map(str, limits))}); the job's retry limit is "
-                        f"the largest, {max(limits)}", "not_applied")
+            issues.warn(
+                "$.spec.replicaSpecs",
+                f"restartPolicy limits differ per replica "
+                f"type ({', '.join(map(str, limits))}); the job's retry limit is "
+                f"the largest, {max(limits)}",
+                "not_applied",
+            )
 
     success: list[list[TaskRef]] = []
     failure: list[list[TaskRef]] = []
@@ -893,18 +1195,32 @@ def translate_t9k(payload: Any, user: str = "") -> Translation:
             # With failureRules only those rules fail the job, as in T9k.
             role_specs = [r.model_copy(update={"min_failed": None}) for r in role_specs]
     elif role_specs and kind.name == "XGBoostTrainingJob" and "master" not in counts:
-        issues.error("$.spec.replicaSpecs", "an XGBoostTrainingJob needs a replica spec of "
-                     "type master", "required")
+        issues.error(
+            "$.spec.replicaSpecs",
+            "an XGBoostTrainingJob needs a replica spec of type master",
+            "required",
+        )
     else:
         success = _default_success(kind, role_specs)
 
     job = JobSpec(
-        name=name, kind=kind.job_kind, user=user, run_mode=run_mode, roles=role_specs,
-        success_rules=success, failure_rules=failure,
-        image=next((r.image for r in role_specs if r.image), None), **fields,
+        name=name,
+        kind=kind.job_kind,
+        user=user,
+        run_mode=run_mode,
+        roles=role_specs,
+        success_rules=success,
+        failure_rules=failure,
+        image=next((r.image for r in role_specs if r.image), None),
+        **fields,
     )
-    return Translation(job, DIALECT, issues.errors, issues.warnings,
-                       key=key_of(namespace, kind.plural, name) if name else None)
+    return Translation(
+        job,
+        DIALECT,
+        issues.errors,
+        issues.warnings,
+        key=key_of(namespace, kind.plural, name) if name else None,
+    )
 
 
 def _default_success(kind: Kind, roles: list[RoleSpec]) -> list[list[TaskRef]]:
@@ -944,18 +1260,23 @@ _CHANGEABLE = (
     ("spec", "replicaSpecs", "*", "replicas"),
     ("spec", "replicasSpec", "*", "replicas"),
 )
-_CHANGEABLE_TEXT = ("spec.runMode.pause (pause or resume the job) and, for an elastic job, "
-                    "runMode.elastic.expectedReplicas or a replica spec's replicas")
+_CHANGEABLE_TEXT = (
+    "spec.runMode.pause (pause or resume the job) and, for an elastic job, "
+    "runMode.elastic.expectedReplicas or a replica spec's replicas"
+)
 
 
 def _replica_counts(resource: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     spec = resource.get("spec") if isinstance(resource.get("spec"), dict) else {}
-    key = "replicasSpec" if "replicaSpecs" not in spec and "replicasSpec" in spec \
-        else "replicaSpecs"
+    key = (
+        "replicasSpec" if "replicaSpecs" not in spec and "replicasSpec" in spec else "replicaSpecs"
+    )
     entries = spec.get(key)
-    return {entry["type"]: (entry.get("replicas", 1), f"$.spec.{key}[{i}].replicas")
-            for i, entry in enumerate(entries if isinstance(entries, list) else [])
-            if isinstance(entry, dict) and isinstance(entry.get("type"), str)}
+    return {
+        entry["type"]: (entry.get("replicas", 1), f"$.spec.{key}[{i}].replicas")
+        for i, entry in enumerate(entries if isinstance(entries, list) else [])
+        if isinstance(entry, dict) and isinstance(entry.get("type"), str)
+    }
 
 
 def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
@@ -964,8 +1285,15 @@ def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
     it; a new ``expectedReplicas`` scales every elastic role to it, a replica spec's new
     ``replicas`` scales that role. Anything else is refused, naming the field."""
     if not isinstance(patch, dict):
-        return Control(errors=[FieldIssue(path="$", code="type", message=(
-            f"a merge patch must be a JSON object, not {json_type(patch)}"))])
+        return Control(
+            errors=[
+                FieldIssue(
+                    path="$",
+                    code="type",
+                    message=(f"a merge patch must be a JSON object, not {json_type(patch)}"),
+                )
+            ]
+        )
     patched = merge_patch(current, patch)
     after = translate_t9k(patched)
     if after.errors:
@@ -980,12 +1308,19 @@ def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
         control.pause = after.spec.run_mode is RunMode.PAUSE
     roles = {r.name: r for r in after.spec.roles}
     elastic = [r for r in after.spec.roles if r.min_replicas is not None]
-    for part, path in ((modes.get(ELASTIC), "$.spec.runMode.elastic.expectedReplicas"),
-                       (spec_patch.get(ELASTIC), "$.spec.elastic.expectedReplicas")):
+    for part, path in (
+        (modes.get(ELASTIC), "$.spec.runMode.elastic.expectedReplicas"),
+        (spec_patch.get(ELASTIC), "$.spec.elastic.expectedReplicas"),
+    ):
         if isinstance(part, dict) and "expectedReplicas" in part:
             if not elastic:
-                control.errors.append(FieldIssue(path=path, code="immutable", message=(
-                    "expectedReplicas scales an elastic job; this job is not elastic")))
+                control.errors.append(
+                    FieldIssue(
+                        path=path,
+                        code="immutable",
+                        message=("expectedReplicas scales an elastic job; this job is not elastic"),
+                    )
+                )
             # The translation has checked expectedReplicas against the bounds.
             control.scale = {r.name: r.replicas for r in elastic}
     before = _replica_counts(current)
@@ -999,8 +1334,13 @@ def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
 
 # ----------------------------------------------------------------------------- render
 
-_TASK_PHASE = {"STARTING": "Pending", "RUNNING": "Running", "SUCCEEDED": "Succeeded",
-               "FAILED": "Failed", "STOPPED": "Deleted"}
+_TASK_PHASE = {
+    "STARTING": "Pending",
+    "RUNNING": "Running",
+    "SUCCEEDED": "Succeeded",
+    "FAILED": "Failed",
+    "STOPPED": "Deleted",
+}
 _AGGREGATE = ("creating", "pending", "running", "succeeded", "failed", "unknown", "deleted")
 
 
@@ -1056,12 +1396,18 @@ def t9k_status(view: dict[str, Any]) -> dict[str, Any]:
         for index in range(int(role.get("replicas") or 0)):
             task = tasks.get((rname, index))
             if task is None:
-                tphase = "Pending" if state not in ("REJECTED", "STOPPED", "FAILED",
-                                                    "SUCCEEDED") else "Deleted"
+                tphase = (
+                    "Pending"
+                    if state not in ("REJECTED", "STOPPED", "FAILED", "SUCCEEDED")
+                    else "Deleted"
+                )
                 tphase = "Creating" if state == "PLACED" else tphase
             else:
-                tphase = _TASK_PHASE.get(str(task.get("state")), "Unknown") \
-                    if task.get("state") else "Creating"
+                tphase = (
+                    _TASK_PHASE.get(str(task.get("state")), "Unknown")
+                    if task.get("state")
+                    else "Creating"
+                )
             aggregate[tphase.lower()] = aggregate.get(tphase.lower(), 0) + 1
             if tphase in ("Pending", "Running", "Creating"):
                 counts["active"] += 1
@@ -1071,58 +1417,92 @@ def t9k_status(view: dict[str, Any]) -> dict[str, Any]:
                 counts["failed"] += 1
             exit_code = task.get("exit_code") if task else None
             replica: dict[str, Any] = {
-                "name": f"{name}-{rname}-{index}", "index": index, "phase": tphase,
-                "exitCode": exit_code, "node": task.get("node") if task else None,
+                "name": f"{name}-{rname}-{index}",
+                "index": index,
+                "phase": tphase,
+                "exitCode": exit_code,
+                "node": task.get("node") if task else None,
             }
             if task and task.get("state") in ("SUCCEEDED", "FAILED", "STOPPED"):
-                replica["containers"] = [{"exitCode": exit_code, "state": "Terminated",
-                                          "reason": task.get("reason")}]
+                replica["containers"] = [
+                    {"exitCode": exit_code, "state": "Terminated", "reason": task.get("reason")}
+                ]
             replicas.append(replica)
         per_role[rname] = counts
-        task_list.append({"type": rname, "restartCount": restarts(view, rname),
-                          "replicas": replicas, **counts})
+        task_list.append(
+            {"type": rname, "restartCount": restarts(view, rname), "replicas": replicas, **counts}
+        )
 
-    conditions = [condition("Initialized", state not in ("SUBMITTED", "ACCEPTED",
-                                                         "QUEUED", "REJECTED"),
-                            "-" if state != "REJECTED" else "Rejected",
-                            "The job has been initialized successfully."
-                            if state not in ("SUBMITTED", "ACCEPTED", "QUEUED", "REJECTED")
-                            else "The job is waiting for resources: " + reason
-                            if state == "QUEUED" and reason else "The job is not initialized.",
-                            created)]
+    conditions = [
+        condition(
+            "Initialized",
+            state not in ("SUBMITTED", "ACCEPTED", "QUEUED", "REJECTED"),
+            "-" if state != "REJECTED" else "Rejected",
+            "The job has been initialized successfully."
+            if state not in ("SUBMITTED", "ACCEPTED", "QUEUED", "REJECTED")
+            else "The job is waiting for resources: " + reason
+            if state == "QUEUED" and reason
+            else "The job is not initialized.",
+            created,
+        )
+    ]
     failed_tasks = sum(c["failed"] for c in per_role.values())
     if state == "REJECTED":
         message = rejection_message(view)
-        conditions += [condition("Running", False, "Rejected", message, finished),
-                       condition("Completed", False, "Rejected", message, finished),
-                       condition("Failed", True, "Rejected", message, finished)]
+        conditions += [
+            condition("Running", False, "Rejected", message, finished),
+            condition("Completed", False, "Rejected", message, finished),
+            condition("Failed", True, "Rejected", message, finished),
+        ]
     elif state in ("SUCCEEDED", "FAILED", "STOPPED"):
         outcome = {"SUCCEEDED": "Succeeded", "FAILED": "Failed", "STOPPED": "Stopped"}[state]
-        message = reason or ("The job has finished successfully." if state == "SUCCEEDED"
-                             else "The job has failed.")
+        message = reason or (
+            "The job has finished successfully." if state == "SUCCEEDED" else "The job has failed."
+        )
         conditions += [
             condition("Running", False, outcome, message, finished),
-            condition("ReplicaFailure", failed_tasks > 0, "-" if not failed_tasks
-                      else "ReplicaFailed", f"{failed_tasks} replica(s) failed"
-                      if failed_tasks else "All pods are running normally.", finished),
+            condition(
+                "ReplicaFailure",
+                failed_tasks > 0,
+                "-" if not failed_tasks else "ReplicaFailed",
+                f"{failed_tasks} replica(s) failed"
+                if failed_tasks
+                else "All pods are running normally.",
+                finished,
+            ),
             condition("Completed", state == "SUCCEEDED", outcome, message, finished),
             condition("Failed", state != "SUCCEEDED", outcome, message, finished),
         ]
     else:
         running = state == "RUNNING"
         conditions += [
-            condition("Running", running, "-", "All pods are running normally." if running
-                      else (reason or "The job is waiting to run."), updated),
-            condition("ReplicaFailure", failed_tasks > 0, "-", f"{failed_tasks} replica(s) "
-                      "failed" if failed_tasks else "All pods are running normally.",
-                      updated),
+            condition(
+                "Running",
+                running,
+                "-",
+                "All pods are running normally."
+                if running
+                else (reason or "The job is waiting to run."),
+                updated,
+            ),
+            condition(
+                "ReplicaFailure",
+                failed_tasks > 0,
+                "-",
+                f"{failed_tasks} replica(s) failed"
+                if failed_tasks
+                else "All pods are running normally.",
+                updated,
+            ),
         ]
     if phase == "Paused":
-        conditions.append(condition("Paused", True, "Paused", "The job is in pause mode.",
-                                    updated))
+        conditions.append(condition("Paused", True, "Paused", "The job is in pause mode.", updated))
     status: dict[str, Any] = {
-        "phase": phase, "conditions": conditions, "tasks": task_list,
-        "aggregate": aggregate, "replicaStatuses": per_role,
+        "phase": phase,
+        "conditions": conditions,
+        "tasks": task_list,
+        "aggregate": aggregate,
+        "replicaStatuses": per_role,
     }
     if view.get("queue_position") is not None and state == "QUEUED":
         status["queuePosition"] = view.get("queue_position")
@@ -1138,5 +1518,16 @@ REGISTRATION = Dialect(
     validate=validate_t9k,
 )
 
-__all__ = ["API_VERSION", "GROUP", "KINDS", "PLURALS", "REGISTRATION", "RETRYABLE_EXIT_CODES",
-           "control_from_patch", "key_of", "render", "translate_t9k", "validate_t9k"]
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KINDS",
+    "PLURALS",
+    "REGISTRATION",
+    "RETRYABLE_EXIT_CODES",
+    "control_from_patch",
+    "key_of",
+    "render",
+    "translate_t9k",
+    "validate_t9k",
+]

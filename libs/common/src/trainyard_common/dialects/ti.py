@@ -48,20 +48,38 @@ from .translation import (
 DIALECT = "ti"
 RUNTIMES_ENV = "YARD_TI_RUNTIMES"
 
-INPUT_KEYS = frozenset({
-    "name", "masterType", "workerType", "parameterServerType", "workerCount",
-    "parameterServerCount", "packageDir", "command", "args", "cluster", "runtimeVersion",
-})
+INPUT_KEYS = frozenset(
+    {
+        "name",
+        "masterType",
+        "workerType",
+        "parameterServerType",
+        "workerCount",
+        "parameterServerCount",
+        "packageDir",
+        "command",
+        "args",
+        "cluster",
+        "runtimeVersion",
+    }
+)
 OUTPUT_ONLY = ("createTime", "startTime", "endTime", "state", "message")
 # tictl's --region is no field of the Job object; the CLI sends it here and it is kept
 # as a label so the job still says where it was meant to run.
 REGION_KEY = "region"
 REGION_LABEL = "ti.region"
 # Keys only a TI job has: detection needs one of them, or a cluster beside a name.
-_SIGNATURE_KEYS = frozenset({
-    "masterType", "workerType", "parameterServerType", "workerCount", "parameterServerCount",
-    "packageDir", "runtimeVersion",
-})
+_SIGNATURE_KEYS = frozenset(
+    {
+        "masterType",
+        "workerType",
+        "parameterServerType",
+        "workerCount",
+        "parameterServerCount",
+        "packageDir",
+        "runtimeVersion",
+    }
+)
 
 # The port every TensorFlow task is given, so placement assigns real ports and the
 # launcher can write TF_CONFIG (launcher domain/frameworks.py reads this label).
@@ -202,8 +220,11 @@ def field_path(payload: Any, role: str | None, field: str) -> str:
     from its machine type (``workerType``, ``parameterServerType``, ``masterType``)."""
     if role is None:
         return {
-            "name": "$.name", "queue": "$.cluster", "image": "$.runtimeVersion",
-            "kind": "$.runtimeVersion", "data_sources": "$.packageDir",
+            "name": "$.name",
+            "queue": "$.cluster",
+            "image": "$.runtimeVersion",
+            "kind": "$.runtimeVersion",
+            "data_sources": "$.packageDir",
             "labels": f"$.{REGION_KEY}",
         }.get(field, "$")
     if field == "image":
@@ -220,8 +241,9 @@ def field_path(payload: Any, role: str | None, field: str) -> str:
 # -------------------------------------------------------------------------- translation
 
 
-def _string_list(payload: dict[str, Any], key: str, issues: Issues, *, required: bool
-                 ) -> list[str] | None:
+def _string_list(
+    payload: dict[str, Any], key: str, issues: Issues, *, required: bool
+) -> list[str] | None:
     where = f"$.{key}"
     value = payload.get(key)
     if value is None:
@@ -234,8 +256,9 @@ def _string_list(payload: dict[str, Any], key: str, issues: Issues, *, required:
     items: list[str] = []
     for i, item in enumerate(value):
         if not isinstance(item, str):
-            issues.error(f"{where}[{i}]", f"{key}[{i}] must be a string, not {json_type(item)}",
-                         "type")
+            issues.error(
+                f"{where}[{i}]", f"{key}[{i}] must be a string, not {json_type(item)}", "type"
+            )
         else:
             items.append(item)
     return items
@@ -246,8 +269,11 @@ def _machine(payload: dict[str, Any], key: str, table: Table, issues: Issues) ->
     if value is None:
         return parse_machine_type("", table)
     if not isinstance(value, str):
-        issues.error(f"$.{key}", f"{key} must be a string ({MACHINE_TYPE_RULE}), "
-                     f"not {json_type(value)}", "type")
+        issues.error(
+            f"$.{key}",
+            f"{key} must be a string ({MACHINE_TYPE_RULE}), not {json_type(value)}",
+            "type",
+        )
         return parse_machine_type("", table)
     try:
         return parse_machine_type(value, table)
@@ -261,20 +287,27 @@ def _runtime(payload: dict[str, Any], table: Table, issues: Issues) -> Runtime |
     if value is None or value == "":
         return table.runtimes.get(table.default_runtime) if table.default_runtime else None
     if not isinstance(value, str):
-        issues.error("$.runtimeVersion", f"runtimeVersion must be a string, not "
-                     f"{json_type(value)}", "type")
+        issues.error(
+            "$.runtimeVersion", f"runtimeVersion must be a string, not {json_type(value)}", "type"
+        )
         return None
     runtime = table.runtimes.get(value)
     if runtime is None:
         training = sorted(n for n, r in table.runtimes.items() if r.purpose == "training")
-        issues.error("$.runtimeVersion", f"runtimeVersion {show(value)} is unknown; training "
-                     f"runtimes: {', '.join(training)}", "unknown_runtime")
+        issues.error(
+            "$.runtimeVersion",
+            f"runtimeVersion {show(value)} is unknown; training runtimes: {', '.join(training)}",
+            "unknown_runtime",
+        )
         return None
     if runtime.purpose != "training":
         # A Job trains; a serving image has no training entrypoint to run the command in.
-        issues.error("$.runtimeVersion", f"runtimeVersion {show(value)} is a {runtime.purpose} "
-                     "runtime; a job needs a training runtime (tf-*, tia-* or tfplus-*)",
-                     "serving_runtime")
+        issues.error(
+            "$.runtimeVersion",
+            f"runtimeVersion {show(value)} is a {runtime.purpose} "
+            "runtime; a job needs a training runtime (tf-*, tia-* or tfplus-*)",
+            "serving_runtime",
+        )
         return None
     return runtime
 
@@ -298,15 +331,24 @@ def translate_ti(payload: Any, user: str = "", table: Table | None = None) -> Tr
         try:
             table = configured_table()
         except TableError as exc:
-            issues.error("$.runtimeVersion", f"the TI runtime table could not be read: {exc}",
-                         "config")
+            issues.error(
+                "$.runtimeVersion", f"the TI runtime table could not be read: {exc}", "config"
+            )
             return Translation(empty_spec(payload.get("name"), user), DIALECT, issues.errors)
 
-    name = issues.string(payload, "name", "$", required=True, non_blank=True,
-                         pattern=JOB_NAME_RE, rule=JOB_NAME_RULE)
+    name = issues.string(
+        payload, "name", "$", required=True, non_blank=True, pattern=JOB_NAME_RE, rule=JOB_NAME_RULE
+    )
     # A slash would make "<cluster>/<name>" keys ambiguous.
-    cluster = issues.string(payload, "cluster", "$", required=True, non_blank=True,
-                            pattern=JOB_NAME_RE, rule=JOB_NAME_RULE)
+    cluster = issues.string(
+        payload,
+        "cluster",
+        "$",
+        required=True,
+        non_blank=True,
+        pattern=JOB_NAME_RE,
+        rule=JOB_NAME_RULE,
+    )
     region = issues.string(payload, REGION_KEY, "$", required=False)
     command = _string_list(payload, "command", issues, required=True)
     if command is not None and not command:
@@ -314,21 +356,29 @@ def translate_ti(payload: Any, user: str = "", table: Table | None = None) -> Tr
     args = _string_list(payload, "args", issues, required=False) or []
     dirs = _string_list(payload, "packageDir", issues, required=False) or []
     if command and re.search(r"\s", command[0]):
-        issues.warn("$.command[0]", f"command[0] {show(command[0])} holds spaces; it is run "
-                    "as one program name. Split it into items (tictl splits --command)",
-                    "command_spaces")
+        issues.warn(
+            "$.command[0]",
+            f"command[0] {show(command[0])} holds spaces; it is run "
+            "as one program name. Split it into items (tictl splits --command)",
+            "command_spaces",
+        )
     runtime = _runtime(payload, table, issues)
     workers = issues.integer(payload, "workerCount", "$", required=False, minimum=1)
     ps_count = issues.integer(payload, "parameterServerCount", "$", required=False, minimum=0)
-    machines = {role: _machine(payload, type_key, table, issues)
-                for role, type_key, _ in ROLES}
+    machines = {role: _machine(payload, type_key, table, issues) for role, type_key, _ in ROLES}
 
     for key in OUTPUT_ONLY:
         if key in payload:
-            issues.warn(f"$.{key}", f"{key} is output only (set by the platform); the value "
-                        "given is ignored", "output_only")
-    for key in sorted(k for k in map(str, payload)
-                      if k not in INPUT_KEYS and k not in OUTPUT_ONLY and k != REGION_KEY):
+            issues.warn(
+                f"$.{key}",
+                f"{key} is output only (set by the platform); the value given is ignored",
+                "output_only",
+            )
+    for key in sorted(
+        k
+        for k in map(str, payload)
+        if k not in INPUT_KEYS and k not in OUTPUT_ONLY and k != REGION_KEY
+    ):
         issues.warn(join("$", key), f"unknown field {show(key)} is ignored", "unknown_field")
 
     replicas = {
@@ -336,17 +386,24 @@ def translate_ti(payload: Any, user: str = "", table: Table | None = None) -> Tr
         "ps": ps_count or 0,
         "master": 1 if _given(payload.get("masterType")) else 0,
     }
-    if replicas["ps"] == 0 and _given(payload.get("parameterServerType")) and (
-            runtime is None or not runtime.tfplus):
-        issues.warn("$.parameterServerType", "parameterServerType is ignored: "
-                    "parameterServerCount is 0 or not given", "unused_type")
+    if (
+        replicas["ps"] == 0
+        and _given(payload.get("parameterServerType"))
+        and (runtime is None or not runtime.tfplus)
+    ):
+        issues.warn(
+            "$.parameterServerType",
+            "parameterServerType is ignored: parameterServerCount is 0 or not given",
+            "unused_type",
+        )
     _runtime_rules(runtime, payload, replicas, machines, issues)
 
     kind = runtime.kind if runtime is not None else JobKind.TENSORFLOW
     shell = shlex.join([*(command or []), *args])
     roles = [
         _role(role, replicas[role], machines[role], shell, kind, runtime, replicas)
-        for role, _, _ in ROLES if replicas[role] > 0
+        for role, _, _ in ROLES
+        if replicas[role] > 0
     ]
     spec = JobSpec(
         name=name or "",
@@ -367,8 +424,13 @@ def _given(value: Any) -> bool:
     return value is not None and value != ""
 
 
-def _runtime_rules(runtime: Runtime | None, payload: dict[str, Any], replicas: dict[str, int],
-                   machines: dict[str, Machine], issues: Issues) -> None:
+def _runtime_rules(
+    runtime: Runtime | None,
+    payload: dict[str, Any],
+    replicas: dict[str, int],
+    machines: dict[str, Machine],
+    issues: Issues,
+) -> None:
     if runtime is None:
         return
     used = [role for role, _, _ in ROLES if replicas[role] > 0]
@@ -377,32 +439,57 @@ def _runtime_rules(runtime: Runtime | None, payload: dict[str, Any], replicas: d
         for role in used:
             if role != "ps" and machines[role].gpu < 1:  # a ps is an error of its own
                 key = _TYPE_KEY[role]
-                issues.error(f"$.{key}", f"{runtime.name} runs on GPUs only: {key} must ask "
-                             f"for at least one GPU per {role} (e.g. 0U0G1P), got "
-                             f"{show(payload.get(key, ''))}", "tfplus_gpu")
+                issues.error(
+                    f"$.{key}",
+                    f"{runtime.name} runs on GPUs only: {key} must ask "
+                    f"for at least one GPU per {role} (e.g. 0U0G1P), got "
+                    f"{show(payload.get(key, ''))}",
+                    "tfplus_gpu",
+                )
         if ps_given := payload.get("parameterServerCount"):
-            issues.error("$.parameterServerCount", f"{runtime.name} has no parameter servers; "
-                         f"parameterServerCount must be 0, got {show(ps_given)}", "tfplus_ps")
+            issues.error(
+                "$.parameterServerCount",
+                f"{runtime.name} has no parameter servers; "
+                f"parameterServerCount must be 0, got {show(ps_given)}",
+                "tfplus_ps",
+            )
         if _given(payload.get("parameterServerType")):
-            issues.error("$.parameterServerType", f"{runtime.name} has no parameter servers; "
-                         "leave parameterServerType out", "tfplus_ps")
+            issues.error(
+                "$.parameterServerType",
+                f"{runtime.name} has no parameter servers; leave parameterServerType out",
+                "tfplus_ps",
+            )
         return
     if runtime.gpu and not any(machines[role].gpu for role in used):
-        issues.warn("$.runtimeVersion", f"{runtime.name} is a GPU build but no machine type "
-                    "asks for a GPU; the job runs on CPU only", "gpu_runtime_without_gpu")
+        issues.warn(
+            "$.runtimeVersion",
+            f"{runtime.name} is a GPU build but no machine type "
+            "asks for a GPU; the job runs on CPU only",
+            "gpu_runtime_without_gpu",
+        )
     if not runtime.gpu:
         for role in used:
             if machines[role].gpu:
                 key = _TYPE_KEY[role]
-                issues.warn(f"$.{key}", f"{runtime.name} is a CPU build; the "
-                            f"{machines[role].gpu} GPU(s) {key} asks for go unused "
-                            f"(use {runtime.name.replace('-py3', '')}-gpu"
-                            f"{'-py3' if runtime.name.endswith('-py3') else ''})",
-                            "cpu_runtime_with_gpu")
+                issues.warn(
+                    f"$.{key}",
+                    f"{runtime.name} is a CPU build; the "
+                    f"{machines[role].gpu} GPU(s) {key} asks for go unused "
+                    f"(use {runtime.name.replace('-py3', '')}-gpu"
+                    f"{'-py3' if runtime.name.endswith('-py3') else ''})",
+                    "cpu_runtime_with_gpu",
+                )
 
 
-def _role(name: str, replicas: int, machine: Machine, shell: str, kind: JobKind,
-          runtime: Runtime | None, all_replicas: dict[str, int]) -> RoleSpec:
+def _role(
+    name: str,
+    replicas: int,
+    machine: Machine,
+    shell: str,
+    kind: JobKind,
+    runtime: Runtime | None,
+    all_replicas: dict[str, int],
+) -> RoleSpec:
     # Parameter servers serve until killed: the job succeeds when the master does, or
     # when every worker did (Kubeflow TFJob's rule), and a failed ps fails it.
     if all_replicas["master"]:
@@ -412,8 +499,7 @@ def _role(name: str, replicas: int, machine: Machine, shell: str, kind: JobKind,
     return RoleSpec(
         name=name,
         replicas=replicas,
-        resources=Resources(cpu=machine.cpu, memory_mb=machine.memory_mb,
-                            gpu=float(machine.gpu)),
+        resources=Resources(cpu=machine.cpu, memory_mb=machine.memory_mb, gpu=float(machine.gpu)),
         image=runtime.image if runtime is not None else None,
         command=shell,
         ports=[PortSpec(label=TF_PORT_LABEL, count=1)] if kind is JobKind.TENSORFLOW else [],
@@ -443,9 +529,15 @@ def _looks_like(payload: dict[str, Any]) -> bool:
 # Canonical state -> TI's four. Everything before a task runs is Created; a stopped or
 # rejected job did not succeed, so it is Failed and the message says why.
 STATES = {
-    "SUBMITTED": "Created", "ACCEPTED": "Created", "QUEUED": "Created", "PLACED": "Created",
-    "RUNNING": "Running", "SUCCEEDED": "Succeeded", "FAILED": "Failed",
-    "STOPPED": "Failed", "REJECTED": "Failed",
+    "SUBMITTED": "Created",
+    "ACCEPTED": "Created",
+    "QUEUED": "Created",
+    "PLACED": "Created",
+    "RUNNING": "Running",
+    "SUCCEEDED": "Succeeded",
+    "FAILED": "Failed",
+    "STOPPED": "Failed",
+    "REJECTED": "Failed",
     # TI has no pause: a paused job has not ended and runs again once resumed.
     "PAUSED": "Created",
 }
@@ -453,8 +545,17 @@ STATES = {
 
 # The input fields a view echoes back, in the seed's order.
 INPUT_ORDER = (
-    "name", "masterType", "workerType", "parameterServerType", "workerCount",
-    "parameterServerCount", "packageDir", "command", "args", "cluster", "runtimeVersion",
+    "name",
+    "masterType",
+    "workerType",
+    "parameterServerType",
+    "workerCount",
+    "parameterServerCount",
+    "packageDir",
+    "command",
+    "args",
+    "cluster",
+    "runtimeVersion",
     REGION_KEY,
 )
 
@@ -484,8 +585,9 @@ def _message(view: dict[str, Any]) -> str:
         return f"stopped: {reason}" if reason else "stopped"
     if state == "REJECTED":
         errors = view.get("errors") or []
-        text = "; ".join(f"{e.get('path')}: {e.get('message')}" for e in errors
-                         if isinstance(e, dict))
+        text = "; ".join(
+            f"{e.get('path')}: {e.get('message')}" for e in errors if isinstance(e, dict)
+        )
         return f"rejected: {text or reason or 'invalid job'}"
     return reason
 
@@ -495,9 +597,7 @@ def render(view: dict[str, Any]) -> dict[str, Any]:
     ``original`` (the payload as submitted) and ``started_at`` when known."""
     original = view.get("original") if isinstance(view.get("original"), dict) else {}
     spec = view.get("spec") if isinstance(view.get("spec"), dict) else {}
-    out: dict[str, Any] = {
-        key: original[key] for key in INPUT_ORDER if key in original
-    }
+    out: dict[str, Any] = {key: original[key] for key in INPUT_ORDER if key in original}
     out["name"] = view.get("name") if view.get("name") is not None else original.get("name")
     out["cluster"] = original.get("cluster", view.get("queue") or spec.get("queue"))
     out["createTime"] = rfc3339(view.get("submitted_at"))
@@ -512,7 +612,7 @@ def render(view: dict[str, Any]) -> dict[str, Any]:
 REGISTRATION = Dialect(
     name=DIALECT,
     signature="ti (an object with runtimeVersion, workerType, workerCount, packageDir, ... "
-              "or with cluster and name)",
+    "or with cluster and name)",
     looks_like=_looks_like,
     translate=lambda payload, user: translate_ti(payload, user),
     field_path=field_path,

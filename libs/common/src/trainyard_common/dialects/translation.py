@@ -132,8 +132,9 @@ class Issues:
         where = join(path, key)
         if key not in obj or (obj[key] is None and not nullable):
             if required:
-                self.error(where, f"{key} is required (an integer of at least {minimum})",
-                           "required")
+                self.error(
+                    where, f"{key} is required (an integer of at least {minimum})", "required"
+                )
             return None
         value = obj[key]
         if value is None:

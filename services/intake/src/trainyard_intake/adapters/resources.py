@@ -32,8 +32,9 @@ class MongoResourceStore:
     async def keep(self, user: str, key: str, resource: dict[str, Any]) -> bool:
         # As JSON text: resource names such as nvidia.com/gpu are keys, and a document
         # store may refuse dotted keys.
-        return await insert_once(self._resources, {"_id": _id(user, key),
-                                                   "resource_json": json.dumps(resource)})
+        return await insert_once(
+            self._resources, {"_id": _id(user, key), "resource_json": json.dumps(resource)}
+        )
 
     async def get(self, user: str, key: str) -> dict[str, Any] | None:
         doc = await self._resources.find_one({"_id": _id(user, key)})

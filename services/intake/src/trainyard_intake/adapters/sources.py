@@ -22,12 +22,21 @@ PREFIX: dict[Kind, str] = {"data": "d-", "code": "code-"}
 class SourceRegistry(Protocol):
     async def create(self, kind: Kind, user: str, fields: dict[str, Any]) -> dict[str, Any]: ...
     async def get(self, kind: Kind, user: str | None, source_id: str) -> dict[str, Any] | None: ...
-    async def update(self, kind: Kind, user: str | None, source_id: str,
-                     fields: dict[str, Any]) -> dict[str, Any] | None: ...
+    async def update(
+        self, kind: Kind, user: str | None, source_id: str, fields: dict[str, Any]
+    ) -> dict[str, Any] | None: ...
     async def delete(self, kind: Kind, user: str | None, source_id: str) -> bool: ...
-    async def list(self, kind: Kind, user: str | None, *, where: dict[str, Any],
-                   offset: int, limit: int, ascending: bool, sort_by: str
-                   ) -> tuple[list[dict[str, Any]], int]: ...
+    async def list(
+        self,
+        kind: Kind,
+        user: str | None,
+        *,
+        where: dict[str, Any],
+        offset: int,
+        limit: int,
+        ascending: bool,
+        sort_by: str,
+    ) -> tuple[list[dict[str, Any]], int]: ...
 
 
 def new_source_id(kind: Kind, now: datetime) -> str:
@@ -54,19 +63,26 @@ class MongoSourceRegistry:
 
     async def create(self, kind: Kind, user: str, fields: dict[str, Any]) -> dict[str, Any]:
         now = datetime.now(UTC)
-        doc = {"_id": new_source_id(kind, now), "user": user, "created_at": now,
-               "modified_at": now, **fields}
+        doc = {
+            "_id": new_source_id(kind, now),
+            "user": user,
+            "created_at": now,
+            "modified_at": now,
+            **fields,
+        }
         await self._col(kind).insert_one(doc)
         return doc
 
     async def get(self, kind: Kind, user: str | None, source_id: str) -> dict[str, Any] | None:
         return await self._col(kind).find_one(self._owned(user, source_id))
 
-    async def update(self, kind: Kind, user: str | None, source_id: str,
-                     fields: dict[str, Any]) -> dict[str, Any] | None:
+    async def update(
+        self, kind: Kind, user: str | None, source_id: str, fields: dict[str, Any]
+    ) -> dict[str, Any] | None:
         query = self._owned(user, source_id)
         result = await self._col(kind).update_one(
-            query, {"$set": {**fields, "modified_at": datetime.now(UTC)}})
+            query, {"$set": {**fields, "modified_at": datetime.now(UTC)}}
+        )
         if result.matched_count == 0:
             return None
         return await self._col(kind).find_one(query)
@@ -75,12 +91,25 @@ class MongoSourceRegistry:
         result = await self._col(kind).delete_one(self._owned(user, source_id))
         return result.deleted_count > 0
 
-    async def list(self, kind: Kind, user: str | None, *, where: dict[str, Any],
-                   offset: int, limit: int, ascending: bool, sort_by: str
-                   ) -> tuple[list[dict[str, Any]], int]:
+    async def list(
+        self,
+        kind: Kind,
+        user: str | None,
+        *,
+        where: dict[str, Any],
+        offset: int,
+        limit: int,
+        ascending: bool,
+        sort_by: str,
+    ) -> tuple[list[dict[str, Any]], int]:
         query = {**where, **({"user": user} if user is not None else {})}
         total = await self._col(kind).count_documents(query)
         order = ASCENDING if ascending else DESCENDING
-        cursor = self._col(kind).find(query).sort([(sort_by, order), ("_id", order)]).skip(
-            offset).limit(limit)
+        cursor = (
+            self._col(kind)
+            .find(query)
+            .sort([(sort_by, order), ("_id", order)])
+            .skip(offset)
+            .limit(limit)
+        )
         return [doc async for doc in cursor], total

@@ -31,13 +31,20 @@ from .context import IntakeContext
 
 MAX_BODY = 4 * 1024 * 1024
 
-SORT_FIELDS = {"GmtCreateTime": "created_at", "GmtModifyTime": "modified_at",
-               "DisplayName": "DisplayName"}
+SORT_FIELDS = {
+    "GmtCreateTime": "created_at",
+    "GmtModifyTime": "modified_at",
+    "DisplayName": "DisplayName",
+}
 _ID_FIELD: dict[Kind, str] = {"data": "DataSourceId", "code": "CodeSourceId"}
-_FIELDS: dict[Kind, tuple[str, ...]] = {"data": dlc.DATA_SOURCE_FIELDS,
-                                        "code": dlc.CODE_SOURCE_FIELDS}
-_REQUIRED: dict[Kind, tuple[str, ...]] = {"data": ("DisplayName",),
-                                          "code": ("DisplayName", "CodeRepo")}
+_FIELDS: dict[Kind, tuple[str, ...]] = {
+    "data": dlc.DATA_SOURCE_FIELDS,
+    "code": dlc.CODE_SOURCE_FIELDS,
+}
+_REQUIRED: dict[Kind, tuple[str, ...]] = {
+    "data": ("DisplayName",),
+    "code": ("DisplayName", "CodeRepo"),
+}
 _LIST_KEY: dict[Kind, str] = {"data": "DataSources", "code": "CodeSources"}
 _NOUN: dict[Kind, str] = {"data": "data source", "code": "code source"}
 
@@ -55,8 +62,9 @@ async def _json_body(request: Request) -> Any:
     try:
         return json.loads(raw)
     except ValueError as exc:
-        raise AliyunError(400, "InvalidParameter", f"request body is not valid JSON: {exc}"
-                          ) from exc
+        raise AliyunError(
+            400, "InvalidParameter", f"request body is not valid JSON: {exc}"
+        ) from exc
 
 
 def _fields(kind: Kind, body: Any, *, creating: bool) -> dict[str, Any]:
@@ -88,16 +96,24 @@ async def _resolve(payload: Any, user: str | None, sources: SourceRegistry) -> d
             continue
         doc = await sources.get("data", user, ds_id)
         if doc is None:
-            raise AliyunError(400, "InvalidParameter", f"$.DataSources[{i}].DataSourceId: no "
-                              f"data source {ds_id!r} (create it with CreateDataSource)")
+            raise AliyunError(
+                400,
+                "InvalidParameter",
+                f"$.DataSources[{i}].DataSourceId: no "
+                f"data source {ds_id!r} (create it with CreateDataSource)",
+            )
         resolved.data[ds_id] = dlc.resolved_data(doc)
     code = payload.get("CodeSource")
     code_id = code.get("CodeSourceId") if isinstance(code, dict) else None
     if isinstance(code_id, str) and code_id:
         doc = await sources.get("code", user, code_id)
         if doc is None:
-            raise AliyunError(400, "InvalidParameter", f"$.CodeSource.CodeSourceId: no code "
-                              f"source {code_id!r} (create it with CreateCodeSource)")
+            raise AliyunError(
+                400,
+                "InvalidParameter",
+                f"$.CodeSource.CodeSourceId: no code "
+                f"source {code_id!r} (create it with CreateCodeSource)",
+            )
         resolved.code[code_id] = dlc.resolved_code(doc)
     return resolved
 
@@ -113,8 +129,9 @@ def router(ctx: IntakeContext) -> APIRouter:
     # -- AccessKeys (Trainyard's admin API, bearer tokens) ---------------------------------
 
     @outer.post("/v1/access-keys", status_code=201)
-    async def create_access_key(body: AccessKeyRequest,
-                                identity: Identity = Depends(ctx.current)) -> dict[str, str]:
+    async def create_access_key(
+        body: AccessKeyRequest, identity: Identity = Depends(ctx.current)
+    ) -> dict[str, str]:
         if not identity.admin:
             raise HTTPException(403, "only an admin can issue access keys")
         try:
@@ -124,8 +141,7 @@ def router(ctx: IntakeContext) -> APIRouter:
         return {"AccessKeyId": key.id, "AccessKeySecret": key.secret, "user": key.user}
 
     @outer.delete("/v1/access-keys/{key_id}", status_code=204)
-    async def delete_access_key(key_id: str,
-                                identity: Identity = Depends(ctx.current)) -> Response:
+    async def delete_access_key(key_id: str, identity: Identity = Depends(ctx.current)) -> Response:
         if not identity.admin:
             raise HTTPException(403, "only an admin can revoke access keys")
         if not await keys.revoke(key_id):
@@ -143,14 +159,23 @@ def router(ctx: IntakeContext) -> APIRouter:
             translation = dlc.translate_dlc(payload, identity.user, resolved)
             if translation.errors:
                 # DLC refuses a bad CreateJob at once; no job id is handed out for it.
-                raise AliyunError(400, "InvalidParameter", "; ".join(
-                    f"{e.path}: {e.message}" for e in translation.errors))
+                raise AliyunError(
+                    400,
+                    "InvalidParameter",
+                    "; ".join(f"{e.path}: {e.message}" for e in translation.errors),
+                )
             job_id = new_id()
             await ctx.deps.owners.record(job_id, identity.user)
-            await ctx.deps.publish(JobSubmitted(
-                job_id=job_id, spec=translation.spec, dialect=dlc.DIALECT, dialect_key=None,
-                original=payload, warnings=translation.warnings,
-            ))
+            await ctx.deps.publish(
+                JobSubmitted(
+                    job_id=job_id,
+                    spec=translation.spec,
+                    dialect=dlc.DIALECT,
+                    dialect_key=None,
+                    original=payload,
+                    warnings=translation.warnings,
+                )
+            )
         return {"JobId": job_id, "RequestId": request_id(request)}
 
     async def _stop(job_id: str, identity: Identity, reason: str) -> None:
@@ -160,14 +185,14 @@ def router(ctx: IntakeContext) -> APIRouter:
             raise AliyunError(404, "JobNotFound", f"job {job_id} does not exist") from exc
 
     @api.post("/api/v1/jobs/{job_id}/stop")
-    async def stop_job(job_id: str, request: Request,
-                       identity: Identity = Depends(signed)) -> dict:
+    async def stop_job(job_id: str, request: Request, identity: Identity = Depends(signed)) -> dict:
         await _stop(job_id, identity, f"StopJob by {identity.user}")
         return {"JobId": job_id, "RequestId": request_id(request)}
 
     @api.delete("/api/v1/jobs/{job_id}")
-    async def delete_job(job_id: str, request: Request,
-                         identity: Identity = Depends(signed)) -> dict:
+    async def delete_job(
+        job_id: str, request: Request, identity: Identity = Depends(signed)
+    ) -> dict:
         # Trainyard keeps every job's history: DeleteJob stops the job (a no-op for one
         # that has ended) and the record stays readable.
         await _stop(job_id, identity, f"DeleteJob by {identity.user}")
@@ -205,8 +230,9 @@ def router(ctx: IntakeContext) -> APIRouter:
             source_type: str | None = Query(None, alias="DataSourceType"),
         ) -> dict:
             if sort_by not in SORT_FIELDS:
-                raise AliyunError(400, "InvalidParameter",
-                                  f"SortBy must be one of {', '.join(SORT_FIELDS)}")
+                raise AliyunError(
+                    400, "InvalidParameter", f"SortBy must be one of {', '.join(SORT_FIELDS)}"
+                )
             if order.lower() not in ("asc", "desc"):
                 raise AliyunError(400, "InvalidParameter", "Order must be asc or desc")
             where: dict[str, Any] = {}
@@ -215,20 +241,30 @@ def router(ctx: IntakeContext) -> APIRouter:
             if source_type and kind == "data":
                 where["DataSourceType"] = source_type
             docs, total = await sources.list(
-                kind, None if identity.admin else identity.user, where=where,
-                offset=(page_number - 1) * page_size, limit=page_size,
-                ascending=order.lower() == "asc", sort_by=SORT_FIELDS[sort_by])
-            return {_LIST_KEY[kind]: [render(d) for d in docs], "TotalCount": total,
-                    "RequestId": request_id(request)}
+                kind,
+                None if identity.admin else identity.user,
+                where=where,
+                offset=(page_number - 1) * page_size,
+                limit=page_size,
+                ascending=order.lower() == "asc",
+                sort_by=SORT_FIELDS[sort_by],
+            )
+            return {
+                _LIST_KEY[kind]: [render(d) for d in docs],
+                "TotalCount": total,
+                "RequestId": request_id(request),
+            }
 
         @api.get(f"{path}/{{source_id}}", name=f"get_{kind}_source")
-        async def get(source_id: str, request: Request,
-                      identity: Identity = Depends(signed)) -> dict:
+        async def get(
+            source_id: str, request: Request, identity: Identity = Depends(signed)
+        ) -> dict:
             return {**render(await found(identity, source_id)), "RequestId": request_id(request)}
 
         @api.put(f"{path}/{{source_id}}", name=f"update_{kind}_source")
-        async def update(source_id: str, request: Request,
-                         identity: Identity = Depends(signed)) -> dict:
+        async def update(
+            source_id: str, request: Request, identity: Identity = Depends(signed)
+        ) -> dict:
             fields = _fields(kind, await _json_body(request), creating=False)
             await found(identity, source_id)
             owner = None if identity.admin else identity.user
@@ -237,8 +273,9 @@ def router(ctx: IntakeContext) -> APIRouter:
             return {id_field: source_id, "RequestId": request_id(request)}
 
         @api.delete(f"{path}/{{source_id}}", name=f"delete_{kind}_source")
-        async def delete(source_id: str, request: Request,
-                         identity: Identity = Depends(signed)) -> dict:
+        async def delete(
+            source_id: str, request: Request, identity: Identity = Depends(signed)
+        ) -> dict:
             owner = None if identity.admin else identity.user
             if not await sources.delete(kind, owner, source_id):
                 raise AliyunError(404, "NotFound", f"{_NOUN[kind]} {source_id} does not exist")

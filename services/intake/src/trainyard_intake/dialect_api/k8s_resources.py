@@ -27,8 +27,8 @@ from fastapi.responses import JSONResponse
 
 from trainyard_common.auth import Identity
 from trainyard_common.dialects import kubeflow, t9k
-from trainyard_common.dialects.translation import UnknownDialect
 from trainyard_common.dialects.k8s_pod import MERGE_PATCH, Control, merge_patch
+from trainyard_common.dialects.translation import UnknownDialect
 from trainyard_common.events import Event, FieldIssue, PauseJob, ResumeJob, ScaleJob
 
 from ..adapters.resources import InMemoryResourceStore, MongoResourceStore, ResourceStore
@@ -39,10 +39,16 @@ MAX_BODY = 4 * 1024 * 1024
 
 # (group, version) -> (dialect name, plural -> kind name, render)
 APIS: dict[tuple[str, str], tuple[str, dict[str, str], Any]] = {
-    (t9k.GROUP, t9k.VERSION): (t9k.DIALECT, {p: k.name for p, k in t9k.PLURALS.items()},
-                               t9k.render),
+    (t9k.GROUP, t9k.VERSION): (
+        t9k.DIALECT,
+        {p: k.name for p, k in t9k.PLURALS.items()},
+        t9k.render,
+    ),
     (kubeflow.GROUP, kubeflow.VERSION): (
-        kubeflow.DIALECT, {p: k.name for p, k in kubeflow.PLURALS.items()}, kubeflow.render),
+        kubeflow.DIALECT,
+        {p: k.name for p, k in kubeflow.PLURALS.items()},
+        kubeflow.render,
+    ),
 }
 KIND_ALIASES = t9k.KIND_SPELLINGS
 # dialect -> what a merge patch of one of its resources asks for
@@ -54,22 +60,33 @@ def control_commands(job_id: str, control: Control, user: str, what: str) -> lis
     both leaves the job paused at its new size) and pausing before resuming."""
     commands: list[Event] = [
         ScaleJob(job_id=job_id, requested_by=user, role=role, replicas=replicas)
-        for role, replicas in sorted(control.scale.items())]
+        for role, replicas in sorted(control.scale.items())
+    ]
     if control.pause is True:
-        commands.append(PauseJob(job_id=job_id, requested_by=user,
-                                 reason=f"paused by {user} ({what})"))
+        commands.append(
+            PauseJob(job_id=job_id, requested_by=user, reason=f"paused by {user} ({what})")
+        )
     elif control.pause is False:
         commands.append(ResumeJob(job_id=job_id, requested_by=user))
     return commands
 
 
-def status(code: int, reason: str, message: str, details: dict[str, Any] | None = None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
+def status(
+    code: int,
+    reason: str,
+    message: str,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     """A Kubernetes ``Status`` object, the body of every API error."""
     body: dict[str, Any] = {
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Success" if code < 400 else "Failure", "message": message,
-        "reason": reason, "code": code,
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success" if code < 400 else "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
     }
     if details is not None:
         body["details"] = details
@@ -96,14 +113,19 @@ def warning_header(issue: FieldIssue) -> str:
 
 
 def _causes(errors: list[FieldIssue]) -> list[dict[str, str]]:
-    return [{"reason": "FieldValueInvalid", "message": e.message,
-             "field": e.path.removeprefix("$.")} for e in errors]
+    return [
+        {"reason": "FieldValueInvalid", "message": e.message, "field": e.path.removeprefix("$.")}
+        for e in errors
+    ]
 
 
 def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(tags=["kubernetes-style resources"])
-    resources: ResourceStore = MongoResourceStore(ctx.db["k8s_resources"]) \
-        if ctx.db is not None else InMemoryResourceStore()
+    resources: ResourceStore = (
+        MongoResourceStore(ctx.db["k8s_resources"])
+        if ctx.db is not None
+        else InMemoryResourceStore()
+    )
 
     def resolve(group: str, version: str, plural: str) -> tuple[str, str, Any] | None:
         found = APIS.get((group, version))
@@ -113,13 +135,21 @@ def router(ctx: IntakeContext) -> APIRouter:
         return dialect, kinds[plural], render
 
     def not_found_resource(group: str, version: str, plural: str) -> JSONResponse:
-        return status(404, "NotFound", f"the server could not find the requested resource "
-                      f"({group}/{version}, {plural})")
+        return status(
+            404,
+            "NotFound",
+            f"the server could not find the requested resource ({group}/{version}, {plural})",
+        )
 
     @api.post("/apis/{group}/{version}/namespaces/{namespace}/{plural}")
-    async def create(group: str, version: str, namespace: str, plural: str,
-                     request: Request, identity: Identity = Depends(ctx.current)
-                     ) -> JSONResponse:
+    async def create(
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        request: Request,
+        identity: Identity = Depends(ctx.current),
+    ) -> JSONResponse:
         found = resolve(group, version, plural)
         if found is None:
             return not_found_resource(group, version, plural)
@@ -127,32 +157,44 @@ def router(ctx: IntakeContext) -> APIRouter:
         try:
             payload = _decode(await request.body(), request.headers.get("content-type", ""))
         except (ValueError, yaml.YAMLError) as exc:
-            return status(400, "BadRequest", f"the request body is not valid JSON or YAML: "
-                          f"{exc}")
+            return status(400, "BadRequest", f"the request body is not valid JSON or YAML: {exc}")
         if not isinstance(payload, dict):
             return status(400, "BadRequest", "the request body must be a single object")
         payload = copy.deepcopy(payload)
         sent_kind = payload.get("kind")
         if not isinstance(sent_kind, str) or KIND_ALIASES.get(sent_kind, sent_kind) != kind:
-            return status(400, "BadRequest", f"the body's kind {sent_kind!r} does not match "
-                          f"the resource {plural!r} (kind {kind})")
+            return status(
+                400,
+                "BadRequest",
+                f"the body's kind {sent_kind!r} does not match "
+                f"the resource {plural!r} (kind {kind})",
+            )
         if payload.get("apiVersion") != f"{group}/{version}":
-            return status(400, "BadRequest", f"the body's apiVersion "
-                          f"{payload.get('apiVersion')!r} does not match the path's "
-                          f"{group}/{version}")
+            return status(
+                400,
+                "BadRequest",
+                f"the body's apiVersion "
+                f"{payload.get('apiVersion')!r} does not match the path's "
+                f"{group}/{version}",
+            )
         meta = payload.get("metadata")
         if meta is None:
             meta = payload["metadata"] = {}
         if not isinstance(meta, dict):
             return status(400, "BadRequest", "metadata must be an object")
         if meta.get("namespace") not in (None, namespace):
-            return status(400, "BadRequest", "the namespace of the provided object does not "
-                          "match the namespace sent on the request")
+            return status(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not "
+                "match the namespace sent on the request",
+            )
         meta["namespace"] = namespace
         if not meta.get("name") and isinstance(meta.get("generateName"), str):
             alphabet = string.ascii_lowercase + string.digits
             meta["name"] = meta["generateName"] + "".join(
-                secrets.choice(alphabet) for _ in range(5))
+                secrets.choice(alphabet) for _ in range(5)
+            )
         try:
             result = await submit_job(payload, identity, ctx.deps, dialect=dialect)
         except UnknownDialect as exc:
@@ -160,17 +202,30 @@ def router(ctx: IntakeContext) -> APIRouter:
         name = meta.get("name") if isinstance(meta.get("name"), str) else ""
         headers = [("Warning", warning_header(w)) for w in result.warnings]
         if result.errors:
-            response = status(422, "Invalid", f"{kind}.{group} {name!r} is invalid: "
-                              + "; ".join(f"{e.path}: {e.message}" for e in result.errors),
-                              {"name": name, "group": group, "kind": kind,
-                               "uid": result.job_id, "causes": _causes(result.errors)})
+            response = status(
+                422,
+                "Invalid",
+                f"{kind}.{group} {name!r} is invalid: "
+                + "; ".join(f"{e.path}: {e.message}" for e in result.errors),
+                {
+                    "name": name,
+                    "group": group,
+                    "kind": kind,
+                    "uid": result.job_id,
+                    "causes": _causes(result.errors),
+                },
+            )
         else:
             # Kept for a later PATCH, which applies to the resource as created.
             await resources.keep(identity.user, f"{namespace}/{plural}/{name}", payload)
             view = {
-                "id": result.job_id, "name": name, "state": "SUBMITTED",
-                "submitted_at": datetime.now(UTC), "warnings":
-                [w.model_dump() for w in result.warnings], "tasks": [], "spec": None,
+                "id": result.job_id,
+                "name": name,
+                "state": "SUBMITTED",
+                "submitted_at": datetime.now(UTC),
+                "warnings": [w.model_dump() for w in result.warnings],
+                "tasks": [],
+                "spec": None,
                 "original": payload,
             }
             response = JSONResponse(status_code=201, content=jsonable_encoder(render(plural, view)))
@@ -179,8 +234,14 @@ def router(ctx: IntakeContext) -> APIRouter:
         return response
 
     @api.delete("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")
-    async def delete(group: str, version: str, namespace: str, plural: str, name: str,
-                     identity: Identity = Depends(ctx.current)) -> JSONResponse:
+    async def delete(
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        identity: Identity = Depends(ctx.current),
+    ) -> JSONResponse:
         found = resolve(group, version, plural)
         if found is None:
             return not_found_resource(group, version, plural)
@@ -193,28 +254,43 @@ def router(ctx: IntakeContext) -> APIRouter:
             # running (names are unique per user); the others are finished or were
             # rejected, and a stop changes nothing for them.
             try:
-                await request_stop(job_id, identity, ctx.deps,
-                                   f"deleted by {identity.user} ({plural}/{name})")
+                await request_stop(
+                    job_id, identity, ctx.deps, f"deleted by {identity.user} ({plural}/{name})"
+                )
             except JobNotFound:
                 continue
             stopped.append(job_id)
         if not stopped:
             return status(404, "NotFound", f'{plural}.{group} "{name}" not found', details)
-        return status(200, "", f'{plural}.{group} "{name}" deleted: its job is stopped',
-                      {**details, "uid": stopped[-1]})
+        return status(
+            200,
+            "",
+            f'{plural}.{group} "{name}" deleted: its job is stopped',
+            {**details, "uid": stopped[-1]},
+        )
 
     @api.patch("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")
-    async def patch(group: str, version: str, namespace: str, plural: str, name: str,
-                    request: Request, identity: Identity = Depends(ctx.current)
-                    ) -> JSONResponse:
+    async def patch(
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        request: Request,
+        identity: Identity = Depends(ctx.current),
+    ) -> JSONResponse:
         found = resolve(group, version, plural)
         if found is None:
             return not_found_resource(group, version, plural)
         dialect, _, _ = found
         if request.headers.get("content-type", "").split(";")[0].strip() != MERGE_PATCH:
-            return status(415, "UnsupportedMediaType", "the body of the request was in an "
-                          f"unknown format - accepted media types include: {MERGE_PATCH} "
-                          "(kubectl patch --type=merge)")
+            return status(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an "
+                f"unknown format - accepted media types include: {MERGE_PATCH} "
+                "(kubectl patch --type=merge)",
+            )
         try:
             body = json.loads(await request.body())
         except ValueError as exc:
@@ -227,21 +303,32 @@ def router(ctx: IntakeContext) -> APIRouter:
         current = await resources.get(identity.user, key)
         if current is None:
             # Created with field errors (never kept), or before PATCH existed.
-            return status(409, "Conflict", f'{plural}.{group} "{name}" has no resource to '
-                          "patch: it was rejected when created", details)
+            return status(
+                409,
+                "Conflict",
+                f'{plural}.{group} "{name}" has no resource to patch: it was rejected when created',
+                details,
+            )
         control = CONTROL[dialect](current, body)
         if control.errors:
-            return status(422, "Invalid", f"{plural}.{group} {name!r} is invalid: " + "; ".join(
-                f"{e.path}: {e.message}" for e in control.errors),
-                {**details, "causes": _causes(control.errors)})
+            return status(
+                422,
+                "Invalid",
+                f"{plural}.{group} {name!r} is invalid: "
+                + "; ".join(f"{e.path}: {e.message}" for e in control.errors),
+                {**details, "causes": _causes(control.errors)},
+            )
         # As a delete does: every job created under the name gets the command; only the
         # one that was accepted can act on it.
         for job_id in ids:
-            for command in control_commands(job_id, control, identity.user,
-                                            f"PATCH {plural}/{name}"):
+            for command in control_commands(
+                job_id, control, identity.user, f"PATCH {plural}/{name}"
+            ):
                 await ctx.deps.publish(command)
         patched = merge_patch(current, body)
-        return JSONResponse(status_code=200, content={**patched, "metadata": {
-            **(patched.get("metadata") or {}), "uid": ids[-1]}})
+        return JSONResponse(
+            status_code=200,
+            content={**patched, "metadata": {**(patched.get("metadata") or {}), "uid": ids[-1]}},
+        )
 
     return api

@@ -58,8 +58,9 @@ def _split(framework_name: str) -> tuple[str, str] | None:
 def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(tags=["openpai"])
 
-    async def submit(request: Request, identity: Identity, idempotency_key: str | None,
-                     v1_only: bool) -> tuple[Any, str] | JSONResponse:
+    async def submit(
+        request: Request, identity: Identity, idempotency_key: str | None, v1_only: bool
+    ) -> tuple[Any, str] | JSONResponse:
         try:
             payload = _decode(await request.body(), request.headers.get("content-type", ""))
         except (ValueError, yaml.YAMLError) as exc:
@@ -69,36 +70,58 @@ def router(ctx: IntakeContext) -> APIRouter:
         elif isinstance(payload, dict) and ("jobName" in payload or "taskRoles" in payload):
             dialect = openpai.REGISTRATION
         else:
-            expected = "an OpenPAI v1 job (jobName, taskRoles)" if v1_only else \
-                "an OpenPAI job (protocolVersion 2, or a v1 jobName and taskRoles)"
+            expected = (
+                "an OpenPAI v1 job (jobName, taskRoles)"
+                if v1_only
+                else "an OpenPAI job (protocolVersion 2, or a v1 jobName and taskRoles)"
+            )
             return error(400, "InvalidProtocolError", f"the body is not {expected}")
         checked = dialect.translate(payload, identity.user)
         if checked.errors:
             summary = "; ".join(f"{e.path}: {e.message}" for e in checked.errors)
-            return error(400, "InvalidProtocolError", summary,
-                         errors=[e.model_dump() for e in checked.errors])
-        result = await submit_job(payload, identity, ctx.deps, dialect=dialect.name,
-                                  idempotency_key=idempotency_key)
+            return error(
+                400,
+                "InvalidProtocolError",
+                summary,
+                errors=[e.model_dump() for e in checked.errors],
+            )
+        result = await submit_job(
+            payload, identity, ctx.deps, dialect=dialect.name, idempotency_key=idempotency_key
+        )
         return result.job_id, checked.spec.name
 
     @api.post("/api/v2/jobs", status_code=202)
-    async def submit_v2(request: Request, identity: Identity = Depends(ctx.current),
-                        idempotency_key: str | None = Header(None)) -> JSONResponse:
+    async def submit_v2(
+        request: Request,
+        identity: Identity = Depends(ctx.current),
+        idempotency_key: str | None = Header(None),
+    ) -> JSONResponse:
         done = await submit(request, identity, idempotency_key, v1_only=False)
         if isinstance(done, JSONResponse):
             return done
         job_id, name = done
-        return JSONResponse(status_code=202, headers={"X-Trainyard-Job-Id": job_id}, content={
-            "status": 202,
-            "message": f"Update job {name} for user {identity.user} successfully.",
-        })
+        return JSONResponse(
+            status_code=202,
+            headers={"X-Trainyard-Job-Id": job_id},
+            content={
+                "status": 202,
+                "message": f"Update job {name} for user {identity.user} successfully.",
+            },
+        )
 
     @api.post("/api/v1/user/{user}/jobs", status_code=202)
-    async def submit_v1(user: str, request: Request, identity: Identity = Depends(ctx.current),
-                        idempotency_key: str | None = Header(None)) -> JSONResponse:
+    async def submit_v1(
+        user: str,
+        request: Request,
+        identity: Identity = Depends(ctx.current),
+        idempotency_key: str | None = Header(None),
+    ) -> JSONResponse:
         if user != identity.user and not identity.admin:
-            return error(403, "ForbiddenUserError",
-                         f"User {identity.user} is not allowed to add job to {user}.")
+            return error(
+                403,
+                "ForbiddenUserError",
+                f"User {identity.user} is not allowed to add job to {user}.",
+            )
         # An admin submitting under another user's path submits as that user (v1 keeps
         # the job under the path's user).
         owner = identity if user == identity.user else Identity(user=user, admin=False)
@@ -106,47 +129,67 @@ def router(ctx: IntakeContext) -> APIRouter:
         if isinstance(done, JSONResponse):
             return done
         job_id, name = done
-        return JSONResponse(status_code=202, headers={
-            "Location": f"/api/v1/user/{user}/jobs/{name}", "X-Trainyard-Job-Id": job_id,
-        }, content={"message": f"update job {name} successfully"})
+        return JSONResponse(
+            status_code=202,
+            headers={
+                "Location": f"/api/v1/user/{user}/jobs/{name}",
+                "X-Trainyard-Job-Id": job_id,
+            },
+            content={"message": f"update job {name} successfully"},
+        )
 
     @api.put("/api/v2/jobs/{framework_name}/executionType", status_code=202)
-    async def execute(framework_name: str, request: Request,
-                      identity: Identity = Depends(ctx.current)) -> JSONResponse:
+    async def execute(
+        framework_name: str, request: Request, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
         try:
             body = json.loads(await request.body() or b"{}")
         except ValueError:
             body = None
         value = body.get("value") if isinstance(body, dict) else None
         if value not in ("STOP", "START"):
-            return error(400, "InvalidParametersError",
-                         'executionType must be {"value": "STOP"} or {"value": "START"}')
+            return error(
+                400,
+                "InvalidParametersError",
+                'executionType must be {"value": "STOP"} or {"value": "START"}',
+            )
         parts = _split(framework_name)
         if parts is None:
             return error(404, "NoJobError", f"Job {framework_name} is not found.")
         user, name = parts
         if user != identity.user and not identity.admin:
-            return error(403, "ForbiddenUserError",
-                         f"User {identity.user} is not allowed to execute job {framework_name}.")
+            return error(
+                403,
+                "ForbiddenUserError",
+                f"User {identity.user} is not allowed to execute job {framework_name}.",
+            )
         job_ids = await ctx.deps.owners.job_ids(user, name)
         if not job_ids:
             return error(404, "NoJobError", f"Job {framework_name} is not found.")
         if value == "START":
             # A stopped OpenPAI job can be started again; a Trainyard job runs once.
-            return error(400, "InvalidParametersError",
-                         "START is not supported: submit the job again under a new name")
+            return error(
+                400,
+                "InvalidParametersError",
+                "START is not supported: submit the job again under a new name",
+            )
         stopped = 0
         for job_id in job_ids:
             try:
-                await request_stop(job_id, identity, ctx.deps, f"stopped by {identity.user} "
-                                   "(executionType STOP)")
+                await request_stop(
+                    job_id, identity, ctx.deps, f"stopped by {identity.user} (executionType STOP)"
+                )
                 stopped += 1
             except JobNotFound:
                 pass
         if not stopped:
             return error(404, "NoJobError", f"Job {framework_name} is not found.")
-        return JSONResponse(status_code=202, content={
-            "status": 202, "message": f"Execute job {framework_name} successfully.",
-        })
+        return JSONResponse(
+            status_code=202,
+            content={
+                "status": 202,
+                "message": f"Execute job {framework_name} successfully.",
+            },
+        )
 
     return api

@@ -32,29 +32,41 @@ def router(ctx: IntakeContext) -> APIRouter:
         # checks against the cluster (queue, capacity, name taken) come later.
         checked = translate_ti(payload, identity.user)
         if checked.errors:
-            raise HTTPException(400, {
-                "message": "invalid TI job",
-                "errors": [e.model_dump() for e in checked.errors],
-                "warnings": [w.model_dump() for w in checked.warnings],
-            })
-        result = await submit_job(payload, identity, ctx.deps, dialect=DIALECT,
-                                  idempotency_key=idempotency_key)
-        view = render({
-            "id": result.job_id, "name": checked.spec.name, "queue": checked.spec.queue,
-            "state": "SUBMITTED", "submitted_at": datetime.now(UTC), "original": payload,
-        })
+            raise HTTPException(
+                400,
+                {
+                    "message": "invalid TI job",
+                    "errors": [e.model_dump() for e in checked.errors],
+                    "warnings": [w.model_dump() for w in checked.warnings],
+                },
+            )
+        result = await submit_job(
+            payload, identity, ctx.deps, dialect=DIALECT, idempotency_key=idempotency_key
+        )
+        view = render(
+            {
+                "id": result.job_id,
+                "name": checked.spec.name,
+                "queue": checked.spec.queue,
+                "state": "SUBMITTED",
+                "submitted_at": datetime.now(UTC),
+                "original": payload,
+            }
+        )
         view["warnings"] = [w.model_dump() for w in result.warnings]
         return JSONResponse(status_code=202, content=view)
 
     @api.delete("/jobs/{cluster}/{name}", status_code=202)
-    async def delete_job(cluster: str, name: str,
-                         identity: Identity = Depends(ctx.current)) -> dict[str, Any]:
+    async def delete_job(
+        cluster: str, name: str, identity: Identity = Depends(ctx.current)
+    ) -> dict[str, Any]:
         job_ids = await ctx.deps.owners.job_ids(identity.user, f"{cluster}/{name}")
         stopped = []
         for job_id in job_ids:
             try:
-                await request_stop(job_id, identity, ctx.deps,
-                                   f"deleted through the TI API by {identity.user}")
+                await request_stop(
+                    job_id, identity, ctx.deps, f"deleted through the TI API by {identity.user}"
+                )
             except JobNotFound:
                 continue
             stopped.append(job_id)

@@ -27,6 +27,7 @@ _MS_PRIVATE = 1 << 18
 
 # --- what this machine allows --------------------------------------------------------
 
+
 def _cgroup2_mount() -> str | None:
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
@@ -66,18 +67,32 @@ def find_cgroup(configured: str | None = None) -> tuple[str | None, frozenset[st
             return None, frozenset(), "this process is in no cgroup v2 group"
         base = Path(mount) / own.lstrip("/")
         if own not in ("", "/"):
-            return None, frozenset(), (
-                f"the launcher's cgroup {base} holds processes, so its children get no "
-                "controllers; set YARD_CGROUP_ROOT to a cgroup v2 directory delegated to it")
+            return (
+                None,
+                frozenset(),
+                (
+                    f"the launcher's cgroup {base} holds processes, so its children get no "
+                    "controllers; set YARD_CGROUP_ROOT to a cgroup v2 directory delegated to it"
+                ),
+            )
     try:
         available = set((base / "cgroup.controllers").read_text().split())
     except OSError as exc:
-        return None, frozenset(), f"cgroup v2 directory {base} cannot be read: {exc.strerror or exc}"
+        return (
+            None,
+            frozenset(),
+            f"cgroup v2 directory {base} cannot be read: {exc.strerror or exc}",
+        )
     wanted = [c for c in CGROUP_CONTROLLERS if c in available]
     if "memory" not in wanted:
-        return None, frozenset(), (
-            f"cgroup v2 at {base} offers no memory controller "
-            f"(it has: {' '.join(sorted(available)) or 'none'})")
+        return (
+            None,
+            frozenset(),
+            (
+                f"cgroup v2 at {base} offers no memory controller "
+                f"(it has: {' '.join(sorted(available)) or 'none'})"
+            ),
+        )
     control = base / "cgroup.subtree_control"
     try:
         enabled = set(control.read_text().split())
@@ -86,9 +101,14 @@ def find_cgroup(configured: str | None = None) -> tuple[str | None, frozenset[st
             control.write_text(" ".join(f"+{c}" for c in missing))
             enabled = set(control.read_text().split())
     except OSError as exc:
-        return None, frozenset(), (
-            f"cannot enable {', '.join(wanted)} for the children of {base}: "
-            f"{exc.strerror or exc}")
+        return (
+            None,
+            frozenset(),
+            (
+                f"cannot enable {', '.join(wanted)} for the children of {base}: "
+                f"{exc.strerror or exc}"
+            ),
+        )
     if not os.access(base, os.W_OK):
         return None, frozenset(), f"cgroup v2 directory {base} is not writable"
     return str(base), frozenset(c for c in wanted if c in enabled), ""
@@ -101,19 +121,29 @@ def shm_problem() -> str | None:
         return "a private mount namespace for it needs root"
     proc = subprocess.run(
         [sys.executable, "-I", "-m", "trainyard_launcher.adapters.limits", "probe-shm"],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
     )
-    return None if proc.returncode == 0 else (proc.stderr.strip() or f"probe exited {proc.returncode}")
+    return (
+        None if proc.returncode == 0 else (proc.stderr.strip() or f"probe exited {proc.returncode}")
+    )
 
 
 def find_mechanisms(cgroup_root: str | None = None) -> Mechanisms:
     base, controllers, why = find_cgroup(cgroup_root)
     no_shm = shm_problem()
-    return Mechanisms(cgroup=base, controllers=controllers, why_no_cgroup=why,
-                      shm_namespace=no_shm is None, why_no_shm=no_shm or "")
+    return Mechanisms(
+        cgroup=base,
+        controllers=controllers,
+        why_no_cgroup=why,
+        shm_namespace=no_shm is None,
+        why_no_shm=no_shm or "",
+    )
 
 
 # --- a task's cgroup --------------------------------------------------------------------
+
 
 def make_cgroup(plan: LimitPlan) -> str | None:
     """The task's cgroup with its limits written; None (and why, on stderr) when it
@@ -132,8 +162,12 @@ def make_cgroup(plan: LimitPlan) -> str | None:
         if plan.pids_max:
             (path / "pids.max").write_text(str(plan.pids_max))
     except OSError as exc:
-        print(f"trainyard: the task's cgroup {path} cannot be used ({exc.strerror or exc}); "
-              "its memory is limited per process instead", file=sys.stderr, flush=True)
+        print(
+            f"trainyard: the task's cgroup {path} cannot be used ({exc.strerror or exc}); "
+            "its memory is limited per process instead",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     return str(path)
 
@@ -195,7 +229,10 @@ def _mount_shm(size_mb: int) -> None:
     if _libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None) != 0:
         raise OSError(ctypes.get_errno(), "making / private")
     data = f"size={size_mb}m,mode=1777".encode()
-    if _libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV), data) != 0:
+    if (
+        _libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV), data)
+        != 0
+    ):
         raise OSError(ctypes.get_errno(), "mounting a tmpfs at /dev/shm")
 
 
@@ -230,8 +267,10 @@ def enter_limits(plan: LimitPlan, cgroup: str | None) -> None:
         try:
             _mount_shm(plan.shm_mb)
         except OSError as exc:
-            _say(f"/dev/shm is the machine's, not limited to {plan.shm_mb} MiB: "
-                 f"{exc.strerror or os.strerror(exc.errno or 0)}")
+            _say(
+                f"/dev/shm is the machine's, not limited to {plan.shm_mb} MiB: "
+                f"{exc.strerror or os.strerror(exc.errno or 0)}"
+            )
 
 
 def _probe_shm() -> int:
@@ -240,12 +279,18 @@ def _probe_shm() -> int:
             raise OSError(ctypes.get_errno(), "unshare")
         if _libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None) != 0:
             raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
-        if _libc.mount(b"tmpfs", tempfile.gettempdir().encode(), b"tmpfs", ctypes.c_ulong(0),
-                       b"size=1m") != 0:
+        if (
+            _libc.mount(
+                b"tmpfs", tempfile.gettempdir().encode(), b"tmpfs", ctypes.c_ulong(0), b"size=1m"
+            )
+            != 0
+        ):
             raise OSError(ctypes.get_errno(), "mount tmpfs")
     except OSError as exc:
-        print(f"no private mount namespace: {exc.args[1]}: {os.strerror(exc.args[0])}",
-              file=sys.stderr)
+        print(
+            f"no private mount namespace: {exc.args[1]}: {os.strerror(exc.args[0])}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -145,8 +145,13 @@ class TaskBackend(Protocol):
     def was_launched(self, ref: TaskRef) -> bool: ...
 
     def launch(
-        self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim],
-        prepare: PreparePlan | None = None, options: TaskOptions | None = None,
+        self,
+        ref: TaskRef,
+        command: str,
+        env: dict[str, str],
+        ports: list[PortClaim],
+        prepare: PreparePlan | None = None,
+        options: TaskOptions | None = None,
     ) -> Launched: ...
 
     def write_debug_env(self, ref: TaskRef, text: str) -> Path: ...
@@ -165,8 +170,14 @@ class TaskBackend(Protocol):
 
     def clean_job(self, job_id: str) -> bool: ...
 
-    async def exec(self, ref: TaskRef, command: list[str], env: dict[str, str],
-                   timeout_s: float, pid: int | None = None) -> ExecResult: ...
+    async def exec(
+        self,
+        ref: TaskRef,
+        command: list[str],
+        env: dict[str, str],
+        timeout_s: float,
+        pid: int | None = None,
+    ) -> ExecResult: ...
 
 
 def port_problem(claim: PortClaim) -> str | None:
@@ -192,15 +203,20 @@ def task_env(env: dict[str, str]) -> dict[str, str]:
     """This machine's environment (PATH, HOME, ...) without the launcher's own
     settings, under the task's."""
     base = {
-        k: v for k, v in os.environ.items()
+        k: v
+        for k, v in os.environ.items()
         if not k.startswith(_PRIVATE_ENV_PREFIXES) and k not in _PRIVATE_ENV_NAMES
     }
     return {**base, **env}
 
 
 class LocalBackend:
-    def __init__(self, root: Path, log_max_bytes: int = DEFAULT_MAX_BYTES,
-                 mechanisms: Mechanisms | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        log_max_bytes: int = DEFAULT_MAX_BYTES,
+        mechanisms: Mechanisms | None = None,
+    ) -> None:
         self.root = root
         self.log_max_bytes = log_max_bytes
         # What this machine lets tasks be held to; None: no limits are set at all.
@@ -223,8 +239,13 @@ class LocalBackend:
         return (self.task_dir(ref) / "launched").exists()
 
     def launch(
-        self, ref: TaskRef, command: str, env: dict[str, str], ports: list[PortClaim],
-        prepare: PreparePlan | None = None, options: TaskOptions | None = None,
+        self,
+        ref: TaskRef,
+        command: str,
+        env: dict[str, str],
+        ports: list[PortClaim],
+        prepare: PreparePlan | None = None,
+        options: TaskOptions | None = None,
     ) -> Launched:
         directory = self.task_dir(ref)
         (directory / "work").mkdir(parents=True, exist_ok=True)
@@ -259,11 +280,19 @@ class LocalBackend:
         # The command goes in a private file, not on the command line: with its secrets
         # substituted it must not show in `ps` to every user of the node.
         argv += ["--", _bash(), str(_write_private(directory / "command.sh", command + "\n"))]
-        with open(directory / "stdout.log", "ab") as out, open(directory / "stderr.log", "ab") as err:
+        with (
+            open(directory / "stdout.log", "ab") as out,
+            open(directory / "stderr.log", "ab") as err,
+        ):
             try:
                 proc = subprocess.Popen(
-                    argv, cwd=directory / "work", env=_with_defaults(task_env(env)),
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
+                    argv,
+                    cwd=directory / "work",
+                    env=_with_defaults(task_env(env)),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
                     close_fds=True,
                 )
             except OSError as exc:
@@ -276,8 +305,9 @@ class LocalBackend:
             return None
         cgroup = None
         if self.mechanisms.cgroup is not None:
-            cgroup = os.path.join(self.mechanisms.cgroup,
-                                  cgroup_name(ref.job_id, ref.attempt, ref.role, ref.index))
+            cgroup = os.path.join(
+                self.mechanisms.cgroup, cgroup_name(ref.job_id, ref.attempt, ref.role, ref.index)
+            )
         return plan_limits(options.resources, self.mechanisms, cgroup)
 
     def progress(self, ref: TaskRef) -> Progress:
@@ -324,9 +354,15 @@ class LocalBackend:
             (self.job_dir(job_id) / name).unlink(missing_ok=True)
         return True
 
-    async def exec(self, ref: TaskRef, command: list[str], env: dict[str, str],
-                   timeout_s: float, pid: int | None = None,
-                   limit_bytes: int = 1024 * 1024) -> ExecResult:
+    async def exec(
+        self,
+        ref: TaskRef,
+        command: list[str],
+        env: dict[str, str],
+        timeout_s: float,
+        pid: int | None = None,
+        limit_bytes: int = 1024 * 1024,
+    ) -> ExecResult:
         """Run ``command`` in the task: its environment, its working directory, and,
         where the task runs in a mount namespace of its own (mount paths, /dev/shm), in
         that namespace, so it sees what the task sees. Killed (its whole group) after
@@ -339,9 +375,14 @@ class LocalBackend:
             argv = [*target, "--", *argv]
         try:
             proc = subprocess.Popen(
-                argv, cwd=self.task_dir(ref) / "work", env=_with_defaults(task_env(env)),
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, close_fds=True,
+                argv,
+                cwd=self.task_dir(ref) / "work",
+                env=_with_defaults(task_env(env)),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
             )
         except OSError as exc:
             return ExecResult(127, "", f"trainyard: cannot run {command[0]!r}: {exc}\n")
@@ -406,8 +447,11 @@ class LocalBackend:
         except FileNotFoundError:
             return None
         return TaskStatus(
-            running=False, exit_code=data.get("exit_code"), signal=data.get("signal"),
-            ended_at=data.get("ended_at"), reason=data.get("reason"),
+            running=False,
+            exit_code=data.get("exit_code"),
+            signal=data.get("signal"),
+            ended_at=data.get("ended_at"),
+            reason=data.get("reason"),
             end_kind=data.get("end_kind"),
         )
 
@@ -481,7 +525,9 @@ class LocalBackend:
         if status.lost and forced:
             # The wrapper died with the rest and could not write exit.json.
             return TaskStatus(
-                running=False, exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL,
+                running=False,
+                exit_code=128 + signal.SIGKILL,
+                signal=signal.SIGKILL,
                 ended_at=time.time(),
             )
         return status

@@ -67,8 +67,15 @@ def _run(argv: list[str], log: IO[str], env: dict[str, str] | None = None) -> tu
     last lines of its output (for the reason)."""
     _say(log, "$ " + " ".join(_hide_credentials(a) for a in argv))
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, text=True, errors="replace")
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            errors="replace",
+        )
     except OSError as exc:
         return 127, str(exc)
     tail: list[str] = []
@@ -81,6 +88,7 @@ def _run(argv: list[str], log: IO[str], env: dict[str, str] | None = None) -> tu
 
 
 # --- code source --------------------------------------------------------------------------
+
 
 def clone(checkout: Checkout, log: IO[str]) -> None:
     dest = Path(checkout.dest)
@@ -97,8 +105,21 @@ def clone(checkout: Checkout, log: IO[str]) -> None:
     if code != 0:
         raise PrepareFailed(f"code source: git clone of {repo}{at} failed: {output}")
     if checkout.commit:
-        code, output = _run(["git", "-C", str(dest), "-c", "advice.detachedHead=false",
-                             "checkout", "--quiet", "--detach", checkout.commit], log, env)
+        code, output = _run(
+            [
+                "git",
+                "-C",
+                str(dest),
+                "-c",
+                "advice.detachedHead=false",
+                "checkout",
+                "--quiet",
+                "--detach",
+                checkout.commit,
+            ],
+            log,
+            env,
+        )
         if code != 0:
             raise PrepareFailed(
                 f"code source: commit {checkout.commit} of {repo}{at} cannot be checked out: {output}"
@@ -106,6 +127,7 @@ def clone(checkout: Checkout, log: IO[str]) -> None:
 
 
 # --- the job's virtualenv -------------------------------------------------------------------
+
 
 def _state_path(pip: PipInstall) -> Path:
     return Path(pip.lock).with_suffix(".json")
@@ -126,13 +148,20 @@ def install(pip: PipInstall, log: IO[str], created_by: str) -> None:
             state = {}
         if state.get("digest") == pip.digest:
             if state.get("ok"):
-                _say(log, f"the job's virtualenv {venv} is ready (made by {state.get('created_by')})")
+                _say(
+                    log, f"the job's virtualenv {venv} is ready (made by {state.get('created_by')})"
+                )
                 return
             if state.get("attempt") == pip.attempt:
                 raise PrepareFailed(state["reason"])
         reason = _install_locked(pip, venv, log)
-        state = {"digest": pip.digest, "ok": reason is None, "reason": reason,
-                 "attempt": pip.attempt, "created_by": created_by}
+        state = {
+            "digest": pip.digest,
+            "ok": reason is None,
+            "reason": reason,
+            "attempt": pip.attempt,
+            "created_by": created_by,
+        }
         tmp = state_path.with_name(f".{state_path.name}.tmp")
         tmp.write_text(json.dumps(state))
         os.replace(tmp, state_path)
@@ -146,11 +175,23 @@ def _install_locked(pip: PipInstall, venv: Path, log: IO[str]) -> str | None:
         _say(log, f"creating the job's virtualenv {venv}")
         # The launcher's own interpreter: one known to have venv and ensurepip, which a
         # distribution's python3 may lack.
-        code, output = _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], log)
+        code, output = _run(
+            [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], log
+        )
         if code != 0:
             return f"{DEPENDENCY_FAILED}: cannot create the virtualenv {venv}: {output}"
-    argv = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-            "--progress-bar", "off", *pip.pip_args, *pip.packages]
+    argv = [
+        str(python),
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--progress-bar",
+        "off",
+        *pip.pip_args,
+        *pip.packages,
+    ]
     if pip.requirements:
         if not Path(pip.requirements).is_file():
             return f"{DEPENDENCY_FAILED}: no requirements file at {pip.requirements}"
@@ -218,9 +259,22 @@ def run_preparation(
         return command, links
     problem = namespace_problem()
     if problem is None:
-        _say(log, "mount paths " + ", ".join(m.view for m in outside) + " in the task's own mount namespace")
-        return [sys.executable, "-I", "-m", "trainyard_launcher.adapters.prepare", "enter",
-                str(plan_file), "--", *command], links
+        _say(
+            log,
+            "mount paths "
+            + ", ".join(m.view for m in outside)
+            + " in the task's own mount namespace",
+        )
+        return [
+            sys.executable,
+            "-I",
+            "-m",
+            "trainyard_launcher.adapters.prepare",
+            "enter",
+            str(plan_file),
+            "--",
+            *command,
+        ], links
     _say(log, f"no mount namespace ({problem}); symlinks at the mount paths instead")
     try:
         for mount in outside:
@@ -235,9 +289,13 @@ def namespace_problem() -> str | None:
     """None when this machine lets a task have its own mount namespace, else why not."""
     proc = subprocess.run(
         [sys.executable, "-I", "-m", "trainyard_launcher.adapters.prepare", "probe"],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
     )
-    return None if proc.returncode == 0 else (proc.stderr.strip() or f"probe exited {proc.returncode}")
+    return (
+        None if proc.returncode == 0 else (proc.stderr.strip() or f"probe exited {proc.returncode}")
+    )
 
 
 # --- inside the namespace -----------------------------------------------------------------
@@ -258,12 +316,16 @@ def _check(result: int, what: str) -> None:
         raise OSError(number, f"{what}: {os.strerror(number)}")
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+def _mount(
+    source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None
+) -> None:
     def enc(value: str | None) -> bytes | None:
         return None if value is None else os.fsencode(value)
 
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-           f"mount {source or fstype} on {target}")
+    _check(
+        _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+        f"mount {source or fstype} on {target}",
+    )
 
 
 def _own_namespace() -> None:
@@ -371,8 +433,10 @@ def main(argv: list[str] | None = None) -> int:
             (Path(plan.task_dir) / FAILED_FILE).write_text(reason)
             print(f"trainyard prepare: {reason}", file=sys.stderr, flush=True)
             return ENTER_FAILED_EXIT
-    print("usage: python -m trainyard_launcher.adapters.prepare probe | enter PLAN -- COMMAND...",
-          file=sys.stderr)
+    print(
+        "usage: python -m trainyard_launcher.adapters.prepare probe | enter PLAN -- COMMAND...",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -26,10 +26,13 @@ def proc_stat(pid: int) -> ProcStat | None:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # The command name (field 2) is in parentheses and may hold spaces or ')'.
-    rest = raw[raw.rfind(")") + 2:].split()
+    rest = raw[raw.rfind(")") + 2 :].split()
     # rest[0] is field 3 (state); field N is rest[N - 3].
     return ProcStat(
-        pid=pid, state=rest[0], pgid=int(rest[2]), session=int(rest[3]),
+        pid=pid,
+        state=rest[0],
+        pgid=int(rest[2]),
+        session=int(rest[3]),
         start_ticks=int(rest[19]),
     )
 

@@ -121,13 +121,25 @@ class JobRecord:
 
 
 def new_task(
-    job_id: str, attempt: int, role: str, index: int, dir: str, node: str | None = None,
+    job_id: str,
+    attempt: int,
+    role: str,
+    index: int,
+    dir: str,
+    node: str | None = None,
     traceparent: str | None = None,
 ) -> TaskRecord:
     """A task's first record: STARTING, seq 1, its transition waiting to be published."""
     return TaskRecord(
-        job_id=job_id, attempt=attempt, role=role, index=index, state=TaskState.STARTING,
-        seq=1, dir=dir, node=node, traceparent=traceparent,
+        job_id=job_id,
+        attempt=attempt,
+        role=role,
+        index=index,
+        state=TaskState.STARTING,
+        seq=1,
+        dir=dir,
+        node=node,
+        traceparent=traceparent,
         transitions=(Transition(1, TaskState.STARTING, now_ms()),),
     )
 
@@ -137,30 +149,39 @@ class LauncherStore(Protocol):
     async def insert_job(self, job: JobRecord) -> bool: ...
     async def get_job(self, job_id: str) -> JobRecord | None: ...
     async def insert_tombstone(self, job_id: str, reason: str) -> bool: ...
-    async def start_attempt(self, job: JobRecord, expected_state: str, expected_attempt: int) -> bool: ...
-    async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict,
-                          retry: Retry | None = None) -> bool: ...
+    async def start_attempt(
+        self, job: JobRecord, expected_state: str, expected_attempt: int
+    ) -> bool: ...
+    async def set_verdict(
+        self, job_id: str, attempt: int, verdict: Verdict, retry: Retry | None = None
+    ) -> bool: ...
     async def note_stop(self, job_id: str, attempt: int, reason: str) -> bool: ...
-    async def set_interrupted(self, job_id: str, attempt: int, verdict: Verdict,
-                              cause: str) -> bool: ...
+    async def set_interrupted(
+        self, job_id: str, attempt: int, verdict: Verdict, cause: str
+    ) -> bool: ...
     async def mark_finished_published(self, job_id: str, attempt: int) -> None: ...
     async def unpublished_jobs(self) -> list[JobRecord]: ...
     async def insert_task(self, task: TaskRecord) -> bool: ...
     async def get_task(self, id: str) -> TaskRecord | None: ...
     async def tasks_of(self, job_id: str, attempt: int) -> list[TaskRecord]: ...
     async def active_tasks(self) -> list[TaskRecord]: ...
-    async def transition(self, task: TaskRecord, state: TaskState, **fields: Any) -> TaskRecord | None: ...
+    async def transition(
+        self, task: TaskRecord, state: TaskState, **fields: Any
+    ) -> TaskRecord | None: ...
     async def mark_published(self, id: str, seq: int) -> None: ...
     async def unpublished_tasks(self) -> list[TaskRecord]: ...
 
 
 # --- documents ------------------------------------------------------------------------
 
+
 def _verdict_doc(verdict: Verdict | None) -> dict[str, Any] | None:
     if verdict is None:
         return None
     return {
-        "state": verdict.state.value, "reason": verdict.reason, "exit_code": verdict.exit_code,
+        "state": verdict.state.value,
+        "reason": verdict.reason,
+        "exit_code": verdict.exit_code,
         "task": list(verdict.task) if verdict.task else None,
         "failure_class": verdict.failure_class.value if verdict.failure_class else None,
     }
@@ -171,23 +192,37 @@ def _verdict(doc: dict[str, Any] | None) -> Verdict | None:
         return None
     task = doc.get("task")
     cls = doc.get("failure_class")
-    return Verdict(JobState(doc["state"]), doc["reason"], doc.get("exit_code"),
-                   (task[0], int(task[1])) if task else None,
-                   FailureClass(cls) if cls else None)
+    return Verdict(
+        JobState(doc["state"]),
+        doc["reason"],
+        doc.get("exit_code"),
+        (task[0], int(task[1])) if task else None,
+        FailureClass(cls) if cls else None,
+    )
 
 
 def _retry_doc(retry: Retry | None) -> dict[str, Any] | None:
     if retry is None:
         return None
-    return {"attempt": retry.attempt, "backoff_s": retry.backoff_s, "reason": retry.reason,
-            "failure_class": retry.failure_class.value, "not_before": retry.not_before}
+    return {
+        "attempt": retry.attempt,
+        "backoff_s": retry.backoff_s,
+        "reason": retry.reason,
+        "failure_class": retry.failure_class.value,
+        "not_before": retry.not_before,
+    }
 
 
 def _retry(doc: dict[str, Any] | None) -> Retry | None:
     if not doc:
         return None
-    return Retry(int(doc["attempt"]), float(doc["backoff_s"]), doc["reason"],
-                 FailureClass(doc["failure_class"]), doc.get("not_before"))
+    return Retry(
+        int(doc["attempt"]),
+        float(doc["backoff_s"]),
+        doc["reason"],
+        FailureClass(doc["failure_class"]),
+        doc.get("not_before"),
+    )
 
 
 def job_doc(job: JobRecord) -> dict[str, Any]:
@@ -224,15 +259,21 @@ def job_record(doc: dict[str, Any]) -> JobRecord:
         finished_published=bool(doc.get("finished_published")),
         stop_reason=doc.get("stop_reason"),
         interrupt=(doc["interrupt"]["cause"], doc["interrupt"]["reason"])
-        if doc.get("interrupt") else None,
+        if doc.get("interrupt")
+        else None,
         retries_used=doc.get("retries_used"),
     )
 
 
 def _transition_doc(t: Transition) -> dict[str, Any]:
-    return {"seq": t.seq, "state": t.state.value, "at": t.at, "exit_code": t.exit_code,
-            "reason": t.reason,
-            "failure_class": t.failure_class.value if t.failure_class else None}
+    return {
+        "seq": t.seq,
+        "state": t.state.value,
+        "at": t.at,
+        "exit_code": t.exit_code,
+        "reason": t.reason,
+        "failure_class": t.failure_class.value if t.failure_class else None,
+    }
 
 
 def task_doc(task: TaskRecord) -> dict[str, Any]:
@@ -250,8 +291,14 @@ def task_record(doc: dict[str, Any]) -> TaskRecord:
     values["state"] = TaskState(doc["state"])
     values["failure_class"] = _failure_class(doc.get("failure_class"))
     values["transitions"] = tuple(
-        Transition(t["seq"], TaskState(t["state"]), t["at"], t.get("exit_code"), t.get("reason"),
-                   _failure_class(t.get("failure_class")))
+        Transition(
+            t["seq"],
+            TaskState(t["state"]),
+            t["at"],
+            t.get("exit_code"),
+            t.get("reason"),
+            _failure_class(t.get("failure_class")),
+        )
         for t in doc.get("transitions", [])
     )
     return TaskRecord(**values)
@@ -266,13 +313,21 @@ def _set_fields(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.value if isinstance(v, FailureClass) else v) for k, v in fields.items()}
 
 
-def _advance(task: TaskRecord, state: TaskState, fields: dict[str, Any]) -> tuple[TaskRecord, Transition]:
+def _advance(
+    task: TaskRecord, state: TaskState, fields: dict[str, Any]
+) -> tuple[TaskRecord, Transition]:
     unknown = set(fields) - {f.name for f in dataclasses.fields(TaskRecord)}
     if unknown or {"seq", "state", "transitions", "outbox", "published_seq"} & set(fields):
         raise ValueError(f"not a task field to set: {sorted(unknown or fields)}")
     seq = task.seq + 1
-    step = Transition(seq, state, now_ms(), fields.get("exit_code"), fields.get("reason"),
-                      fields.get("failure_class"))
+    step = Transition(
+        seq,
+        state,
+        now_ms(),
+        fields.get("exit_code"),
+        fields.get("reason"),
+        fields.get("failure_class"),
+    )
     new = dataclasses.replace(
         task, state=state, seq=seq, transitions=(*task.transitions, step), outbox=True, **fields
     )
@@ -280,6 +335,7 @@ def _advance(task: TaskRecord, state: TaskState, fields: dict[str, Any]) -> tupl
 
 
 # --- MongoDB --------------------------------------------------------------------------
+
 
 class MongoLauncherStore:
     def __init__(self, db: AsyncDatabase) -> None:
@@ -303,30 +359,46 @@ class MongoLauncherStore:
             JobRecord(job_id=job_id, attempt=0, state=JOB_STOP_EARLY, stop_reason=reason)
         )
 
-    async def start_attempt(self, job: JobRecord, expected_state: str, expected_attempt: int) -> bool:
+    async def start_attempt(
+        self, job: JobRecord, expected_state: str, expected_attempt: int
+    ) -> bool:
         result = await self.jobs.replace_one(
             {"_id": job.job_id, "state": expected_state, "attempt": expected_attempt}, job_doc(job)
         )
         return result.modified_count == 1
 
-    async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict,
-                          retry: Retry | None = None) -> bool:
+    async def set_verdict(
+        self, job_id: str, attempt: int, verdict: Verdict, retry: Retry | None = None
+    ) -> bool:
         result = await self.jobs.update_one(
             {"_id": job_id, "attempt": attempt, "state": JOB_RUNNING},
-            {"$set": {"state": JOB_FINISHED, "verdict": _verdict_doc(verdict),
-                      "retry": _retry_doc(retry), "finished_published": False}},
+            {
+                "$set": {
+                    "state": JOB_FINISHED,
+                    "verdict": _verdict_doc(verdict),
+                    "retry": _retry_doc(retry),
+                    "finished_published": False,
+                }
+            },
         )
         return result.modified_count == 1
 
-    async def set_interrupted(self, job_id: str, attempt: int, verdict: Verdict,
-                              cause: str) -> bool:
+    async def set_interrupted(
+        self, job_id: str, attempt: int, verdict: Verdict, cause: str
+    ) -> bool:
         """running -> finished as interrupted (no retry, no judgement); False when the
         attempt had ended already."""
         result = await self.jobs.update_one(
             {"_id": job_id, "attempt": attempt, "state": JOB_RUNNING},
-            {"$set": {"state": JOB_FINISHED, "verdict": _verdict_doc(verdict), "retry": None,
-                      "interrupt": _interrupt_doc((cause, verdict.reason)),
-                      "finished_published": False}},
+            {
+                "$set": {
+                    "state": JOB_FINISHED,
+                    "verdict": _verdict_doc(verdict),
+                    "retry": None,
+                    "interrupt": _interrupt_doc((cause, verdict.reason)),
+                    "finished_published": False,
+                }
+            },
         )
         return result.modified_count == 1
 
@@ -363,14 +435,23 @@ class MongoLauncherStore:
         cursor = self.tasks.find({"state": {"$in": [s.value for s in ACTIVE_TASK_STATES]}})
         return [task_record(doc) async for doc in cursor]
 
-    async def transition(self, task: TaskRecord, state: TaskState, **fields: Any) -> TaskRecord | None:
+    async def transition(
+        self, task: TaskRecord, state: TaskState, **fields: Any
+    ) -> TaskRecord | None:
         """Move ``task`` to ``state`` from the seq it was read at; None when another
         writer moved it first (re-read and decide again)."""
         new, step = _advance(task, state, fields)
         result = await self.tasks.update_one(
             {"_id": task.id, "seq": task.seq},
-            {"$set": {"state": state.value, "seq": new.seq, "outbox": True, **_set_fields(fields)},
-             "$push": {"transitions": _transition_doc(step)}},
+            {
+                "$set": {
+                    "state": state.value,
+                    "seq": new.seq,
+                    "outbox": True,
+                    **_set_fields(fields),
+                },
+                "$push": {"transitions": _transition_doc(step)},
+            },
         )
         return new if result.modified_count == 1 else None
 
@@ -386,6 +467,7 @@ class MongoLauncherStore:
 
 
 # --- in memory, for unit tests of the handlers ----------------------------------------
+
 
 class MemoryLauncherStore:
     def __init__(self) -> None:
@@ -410,29 +492,42 @@ class MemoryLauncherStore:
             JobRecord(job_id=job_id, attempt=0, state=JOB_STOP_EARLY, stop_reason=reason)
         )
 
-    async def start_attempt(self, job: JobRecord, expected_state: str, expected_attempt: int) -> bool:
+    async def start_attempt(
+        self, job: JobRecord, expected_state: str, expected_attempt: int
+    ) -> bool:
         doc = self.jobs.get(job.job_id)
         if not doc or doc["state"] != expected_state or doc["attempt"] != expected_attempt:
             return False
         self.jobs[job.job_id] = job_doc(job)
         return True
 
-    async def set_verdict(self, job_id: str, attempt: int, verdict: Verdict,
-                          retry: Retry | None = None) -> bool:
+    async def set_verdict(
+        self, job_id: str, attempt: int, verdict: Verdict, retry: Retry | None = None
+    ) -> bool:
         doc = self.jobs.get(job_id)
         if not doc or doc["attempt"] != attempt or doc["state"] != JOB_RUNNING:
             return False
-        doc.update(state=JOB_FINISHED, verdict=_verdict_doc(verdict), retry=_retry_doc(retry),
-                   finished_published=False)
+        doc.update(
+            state=JOB_FINISHED,
+            verdict=_verdict_doc(verdict),
+            retry=_retry_doc(retry),
+            finished_published=False,
+        )
         return True
 
-    async def set_interrupted(self, job_id: str, attempt: int, verdict: Verdict,
-                              cause: str) -> bool:
+    async def set_interrupted(
+        self, job_id: str, attempt: int, verdict: Verdict, cause: str
+    ) -> bool:
         doc = self.jobs.get(job_id)
         if not doc or doc["attempt"] != attempt or doc["state"] != JOB_RUNNING:
             return False
-        doc.update(state=JOB_FINISHED, verdict=_verdict_doc(verdict), retry=None,
-                   interrupt=_interrupt_doc((cause, verdict.reason)), finished_published=False)
+        doc.update(
+            state=JOB_FINISHED,
+            verdict=_verdict_doc(verdict),
+            retry=None,
+            interrupt=_interrupt_doc((cause, verdict.reason)),
+            finished_published=False,
+        )
         return True
 
     async def note_stop(self, job_id: str, attempt: int, reason: str) -> bool:
@@ -448,8 +543,11 @@ class MemoryLauncherStore:
             doc["finished_published"] = True
 
     async def unpublished_jobs(self) -> list[JobRecord]:
-        return [job_record(copy.deepcopy(d)) for d in self.jobs.values()
-                if d["state"] == JOB_FINISHED and not d["finished_published"]]
+        return [
+            job_record(copy.deepcopy(d))
+            for d in self.jobs.values()
+            if d["state"] == JOB_FINISHED and not d["finished_published"]
+        ]
 
     async def insert_task(self, task: TaskRecord) -> bool:
         if task.id in self.tasks:
@@ -462,15 +560,23 @@ class MemoryLauncherStore:
         return task_record(copy.deepcopy(doc)) if doc else None
 
     async def tasks_of(self, job_id: str, attempt: int) -> list[TaskRecord]:
-        found = [task_record(copy.deepcopy(d)) for d in self.tasks.values()
-                 if d["job_id"] == job_id and d["attempt"] == attempt]
+        found = [
+            task_record(copy.deepcopy(d))
+            for d in self.tasks.values()
+            if d["job_id"] == job_id and d["attempt"] == attempt
+        ]
         return sorted(found, key=lambda t: (t.role, t.index))
 
     async def active_tasks(self) -> list[TaskRecord]:
-        return [task_record(copy.deepcopy(d)) for d in self.tasks.values()
-                if d["state"] in {s.value for s in ACTIVE_TASK_STATES}]
+        return [
+            task_record(copy.deepcopy(d))
+            for d in self.tasks.values()
+            if d["state"] in {s.value for s in ACTIVE_TASK_STATES}
+        ]
 
-    async def transition(self, task: TaskRecord, state: TaskState, **fields: Any) -> TaskRecord | None:
+    async def transition(
+        self, task: TaskRecord, state: TaskState, **fields: Any
+    ) -> TaskRecord | None:
         doc = self.tasks.get(task.id)
         if doc is None or doc["seq"] != task.seq:
             return None

@@ -58,9 +58,7 @@ def _ended_order(item: tuple[TaskKey, TaskOutcome]) -> tuple[float, str, int]:
     return (outcome.ended_at if outcome.ended_at is not None else 0.0, key[0], key[1])
 
 
-def _nth_ended(
-    items: list[tuple[TaskKey, TaskOutcome]], n: int
-) -> tuple[TaskKey, TaskOutcome]:
+def _nth_ended(items: list[tuple[TaskKey, TaskOutcome]], n: int) -> tuple[TaskKey, TaskOutcome]:
     return sorted(items, key=_ended_order)[n - 1]
 
 
@@ -74,7 +72,9 @@ def decide(spec: JobSpec, states: dict[TaskKey, TaskOutcome]) -> Verdict | None:
     per_role: dict[str, dict[TaskState, list[tuple[TaskKey, TaskOutcome]]]] = {}
     for role in spec.roles:
         buckets: dict[TaskState, list[tuple[TaskKey, TaskOutcome]]] = {
-            TaskState.SUCCEEDED: [], TaskState.FAILED: [], TaskState.STOPPED: [],
+            TaskState.SUCCEEDED: [],
+            TaskState.FAILED: [],
+            TaskState.STOPPED: [],
         }
         for index in range(role.replicas):
             outcome = states.get((role.name, index))
@@ -120,12 +120,14 @@ def decide(spec: JobSpec, states: dict[TaskKey, TaskOutcome]) -> Verdict | None:
         for role in spec.roles
     )
     if spec.success_rules:
-        reason = (f"all {spec.task_count()} task(s) ended and no success rule was met "
-                  f"({counts})")
-        key, outcome = _nth_ended(ended, len(ended)) if ended else (None, TaskOutcome(
-            TaskState.FAILED))
+        reason = f"all {spec.task_count()} task(s) ended and no success rule was met ({counts})"
+        key, outcome = (
+            _nth_ended(ended, len(ended)) if ended else (None, TaskOutcome(TaskState.FAILED))
+        )
         return Verdict(JobState.FAILED, reason, outcome.exit_code, key)
-    reason = f"all {spec.task_count()} task(s) ended and no minFailedTaskCount was reached ({counts})"
+    reason = (
+        f"all {spec.task_count()} task(s) ended and no minFailedTaskCount was reached ({counts})"
+    )
     if not ended:
         return Verdict(JobState.SUCCEEDED, reason)
     # The last task to end is the one that decided.
@@ -147,11 +149,19 @@ def _by_rules(spec: JobSpec, states: dict[TaskKey, TaskOutcome]) -> Verdict | No
             if rule and all(o is not None and o.state is wanted for _, o in items):
                 met = [(k, o) for k, o in items if o is not None]
                 key, outcome = _nth_ended(met, len(met))
-                detail = f"; {_task_name(key)}: {outcome.reason}" if (
-                    outcome.reason and wanted is TaskState.FAILED) else ""
-                return Verdict(verdict, f"{label} rule {i} met: {_rule_text(rule)} "
-                               f"{'failed' if wanted is TaskState.FAILED else 'succeeded'}"
-                               f"{detail}", outcome.exit_code, key)
+                detail = (
+                    f"; {_task_name(key)}: {outcome.reason}"
+                    if (outcome.reason and wanted is TaskState.FAILED)
+                    else ""
+                )
+                return Verdict(
+                    verdict,
+                    f"{label} rule {i} met: {_rule_text(rule)} "
+                    f"{'failed' if wanted is TaskState.FAILED else 'succeeded'}"
+                    f"{detail}",
+                    outcome.exit_code,
+                    key,
+                )
     return None
 
 

@@ -40,9 +40,7 @@ def _ports(placement: TaskPlacement, label: str) -> str:
 def resource_string(role: RoleSpec) -> str:
     """OpenPAI's "gpuNumber,cpuNumber,memMB,shmMB" for a role."""
     res = role.resources
-    return ",".join(
-        (_number(res.gpu), _number(res.cpu), str(res.memory_mb), str(res.shm_mb))
-    )
+    return ",".join((_number(res.gpu), _number(res.cpu), str(res.memory_mb), str(res.shm_mb)))
 
 
 def container_id(job_id: str, attempt: int, role: str, index: int) -> str:
@@ -172,7 +170,8 @@ def openpai_compat_env(
         "PAI_CONTAINER_HOST_PORT": _first_port(current, "http"),
         "PAI_CONTAINER_SSH_PORT": _first_port(current, "ssh"),
         "PAI_CONTAINER_HOST_PORT_LIST": "".join(
-            f"{a.label}:{','.join(str(p) for p in a.ports)};" for a in current.ports),
+            f"{a.label}:{','.join(str(p) for p in a.ports)};" for a in current.ports
+        ),
         "PAI_TASK_ROLE_INSTANCES": ",".join(f"{t.role}:{t.index}" for t in tasks),
     }
     hosts: dict[str, list[str]] = {r.name: [] for r in spec.roles}
@@ -181,7 +180,8 @@ def openpai_compat_env(
         hosts.setdefault(t.role, []).append(f"{t.host_ip}:{http}" if http else t.host_ip)
         for assignment in t.ports:
             env[f"PAI_{t.role}_{t.index}_{assignment.label}_PORT"] = ",".join(
-                str(port) for port in assignment.ports)
+                str(port) for port in assignment.ports
+            )
     for name, host_list in hosts.items():
         env[f"PAI_TASK_ROLE_{name}_HOST_LIST"] = ",".join(host_list)
     return env

@@ -55,9 +55,16 @@ class EndKind(StrEnum):
     START_TIMEOUT = "start_timeout"  # not started within the start deadline
 
 
-_PLATFORM_KINDS = frozenset({EndKind.KILLED_BY_PLATFORM, EndKind.LOST, EndKind.NODE_LOST,
-                             EndKind.PORT_UNAVAILABLE, EndKind.START_FAILED,
-                             EndKind.START_TIMEOUT})
+_PLATFORM_KINDS = frozenset(
+    {
+        EndKind.KILLED_BY_PLATFORM,
+        EndKind.LOST,
+        EndKind.NODE_LOST,
+        EndKind.PORT_UNAVAILABLE,
+        EndKind.START_FAILED,
+        EndKind.START_TIMEOUT,
+    }
+)
 _USER_KINDS = frozenset({EndKind.UNSUPPORTED, EndKind.PREPARE_USER})
 # Raised by the program's own instructions (OpenPAI's job exit spec puts them on the user).
 _FAULT_SIGNALS = frozenset({_signal.SIGSEGV, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL})
@@ -77,8 +84,9 @@ def signal_of(exit_code: int | None, signal: int | None) -> int | None:
     return None
 
 
-def classify(exit_code: int | None, signal: int | None,
-             kind: EndKind = EndKind.EXITED) -> FailureClass | None:
+def classify(
+    exit_code: int | None, signal: int | None, kind: EndKind = EndKind.EXITED
+) -> FailureClass | None:
     """Whose failure a task's end was; None for a success (exit code 0, no signal)."""
     if kind in _PLATFORM_KINDS:
         return FailureClass.PLATFORM
@@ -110,8 +118,11 @@ def permanent(exit_code: int | None, signal: int | None, kind: EndKind = EndKind
     """A failure a new attempt of the same job would only repeat."""
     if kind in _USER_KINDS:
         return True
-    return (kind is EndKind.EXITED and signal_of(exit_code, signal) is None
-            and exit_code in (COMMAND_NOT_FOUND, COMMAND_NOT_EXECUTABLE))
+    return (
+        kind is EndKind.EXITED
+        and signal_of(exit_code, signal) is None
+        and exit_code in (COMMAND_NOT_FOUND, COMMAND_NOT_EXECUTABLE)
+    )
 
 
 # What git, pip and the data mounts say when the user's input is wrong (a package that
@@ -142,8 +153,9 @@ class Retry:
     not_before: datetime | None = None
 
 
-def backoff_s(failed_attempt: int, base_s: float = BACKOFF_BASE_S,
-              cap_s: float = BACKOFF_CAP_S) -> float:
+def backoff_s(
+    failed_attempt: int, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S
+) -> float:
     """Exponential: base, 2×base, 4×base, ... after attempts 1, 2, 3, ..., capped."""
     return min(base_s * 2 ** max(failed_attempt - 1, 0), cap_s)
 
@@ -167,16 +179,22 @@ def deciding_failure(verdict: Verdict, outcomes: dict[TaskKey, TaskOutcome]) -> 
     if outcome is None or outcome.state is not TaskState.FAILED:
         # A success rule that was not met decides with the last task to end; the
         # failure, if any, is the first one that failed.
-        failed = sorted(((k, o) for k, o in outcomes.items() if o.state is TaskState.FAILED),
-                        key=lambda item: (item[1].ended_at or 0.0, item[0]))
+        failed = sorted(
+            ((k, o) for k, o in outcomes.items() if o.state is TaskState.FAILED),
+            key=lambda item: (item[1].ended_at or 0.0, item[0]),
+        )
         if not failed:
             # Every task did what it does and none was what a success rule asks for.
             return Deciding(FailureClass.USER, verdict.exit_code, True, key[0])
         key, outcome = failed[0]
     kind = EndKind(outcome.kind) if outcome.kind else EndKind.EXITED
     cls = outcome.failure_class or classify(outcome.exit_code, outcome.signal, kind)
-    return Deciding(cls or FailureClass.UNKNOWN, outcome.exit_code,
-                    permanent(outcome.exit_code, outcome.signal, kind), key[0])
+    return Deciding(
+        cls or FailureClass.UNKNOWN,
+        outcome.exit_code,
+        permanent(outcome.exit_code, outcome.signal, kind),
+        key[0],
+    )
 
 
 def _refusal(spec: JobSpec, failure: Deciding, verdict: Verdict) -> str | None:
@@ -194,13 +212,17 @@ def _refusal(spec: JobSpec, failure: Deciding, verdict: Verdict) -> str | None:
     if failure.failure_class is FailureClass.PLATFORM:
         return None
     if failure.permanent:
-        return (f"a {failure.failure_class.value} failure that a new attempt would repeat "
-                f"is not retried{_code_text(failure.exit_code)}")
+        return (
+            f"a {failure.failure_class.value} failure that a new attempt would repeat "
+            f"is not retried{_code_text(failure.exit_code)}"
+        )
     if policy is RestartPolicy.EXIT_CODE:
         if failure.exit_code in codes:
             return None
-        return (f"exit code {failure.exit_code} is not one of the retryable exit codes "
-                f"{sorted(codes)} of role {failure.role}")
+        return (
+            f"exit code {failure.exit_code} is not one of the retryable exit codes "
+            f"{sorted(codes)} of role {failure.role}"
+        )
     if failure.failure_class is FailureClass.UNKNOWN:
         return None
     if policy in (RestartPolicy.ON_FAILURE, RestartPolicy.ALWAYS):
@@ -217,8 +239,14 @@ def _code_text(exit_code: int | None) -> str:
 
 
 def judge(
-    spec: JobSpec, attempt: int, verdict: Verdict, outcomes: dict[TaskKey, TaskOutcome], *,
-    now: datetime, base_s: float = BACKOFF_BASE_S, retries_used: int | None = None,
+    spec: JobSpec,
+    attempt: int,
+    verdict: Verdict,
+    outcomes: dict[TaskKey, TaskOutcome],
+    *,
+    now: datetime,
+    base_s: float = BACKOFF_BASE_S,
+    retries_used: int | None = None,
 ) -> tuple[Verdict, Retry | None]:
     """The attempt's verdict as it is stored (with its failure class, and for a job that
     fails for good a reason saying why it was not retried) and the retry, if any.
@@ -235,25 +263,36 @@ def judge(
     if refusal is None and used < spec.retry_limit:
         # Counted in failures, not attempts: an interrupted attempt lengthens no backoff.
         wait = backoff_s(used + 1, base_s)
-        reason = (f"attempt {attempt} failed ({failure.failure_class.value} failure): "
-                  f"{verdict.reason}; retrying as attempt {attempt + 1} of at most "
-                  f"{attempt + spec.retry_limit - used} after {wait:g}s")
-        return verdict, Retry(attempt + 1, wait, reason, failure.failure_class,
-                              now + timedelta(seconds=wait))
+        reason = (
+            f"attempt {attempt} failed ({failure.failure_class.value} failure): "
+            f"{verdict.reason}; retrying as attempt {attempt + 1} of at most "
+            f"{attempt + spec.retry_limit - used} after {wait:g}s"
+        )
+        return verdict, Retry(
+            attempt + 1, wait, reason, failure.failure_class, now + timedelta(seconds=wait)
+        )
     if spec.retry_limit == 0 and used == 0:
         return verdict, None  # no retries were asked for: the reason stays as it was
     if refusal is None:
-        note = (f"gave up after {attempt} attempt(s): the retry limit of "
-                f"{spec.retry_limit} is used up")
+        note = (
+            f"gave up after {attempt} attempt(s): the retry limit of {spec.retry_limit} is used up"
+        )
     else:
         note = f"not retried after attempt {attempt}: {refusal}"
     return dataclasses.replace(verdict, reason=f"{verdict.reason}; {note}"), None
 
 
 def retry_decision(
-    spec: JobSpec, attempt: int, verdict: Verdict, outcomes: dict[TaskKey, TaskOutcome], *,
-    now: datetime, base_s: float = BACKOFF_BASE_S, retries_used: int | None = None,
+    spec: JobSpec,
+    attempt: int,
+    verdict: Verdict,
+    outcomes: dict[TaskKey, TaskOutcome],
+    *,
+    now: datetime,
+    base_s: float = BACKOFF_BASE_S,
+    retries_used: int | None = None,
 ) -> Retry | None:
     """The new attempt a failed one gets, or None when the job ends with it."""
-    return judge(spec, attempt, verdict, outcomes, now=now, base_s=base_s,
-                 retries_used=retries_used)[1]
+    return judge(
+        spec, attempt, verdict, outcomes, now=now, base_s=base_s, retries_used=retries_used
+    )[1]

@@ -87,8 +87,10 @@ def tf_config(spec: JobSpec, tasks: list[TaskPlacement], role: str, index: int) 
     """The TF_CONFIG JSON of task ``role``/``index``; None when some task has no port."""
     cluster: dict[str, list[str]] = {}
     # Roles in the spec's order, tasks by index: every task writes the same cluster.
-    by_role = {r.name: sorted((t for t in tasks if t.role == r.name), key=lambda t: t.index)
-               for r in spec.roles}
+    by_role = {
+        r.name: sorted((t for t in tasks if t.role == r.name), key=lambda t: t.index)
+        for r in spec.roles
+    }
     for name, members in by_role.items():
         task_type = tf_task_type(name)
         if task_type == EVALUATOR:
@@ -104,6 +106,7 @@ def tf_config(spec: JobSpec, tasks: list[TaskPlacement], role: str, index: int) 
 
 
 # --------------------------------------------------------------------- the rendezvous
+
 
 def _role_named(spec: JobSpec, names: tuple[str, ...]) -> str | None:
     lowered = {r.name.lower(): r.name for r in spec.roles}
@@ -147,8 +150,9 @@ def port_to_reserve(spec: JobSpec, tasks: list[TaskPlacement]) -> TaskPlacement 
     return master
 
 
-def _master_port(spec: JobSpec, tasks: list[TaskPlacement],
-                 context: FrameworkContext | None) -> tuple[TaskPlacement, int] | None:
+def _master_port(
+    spec: JobSpec, tasks: list[TaskPlacement], context: FrameworkContext | None
+) -> tuple[TaskPlacement, int] | None:
     master = rendezvous_task(spec, tasks)
     if master is None:
         return None
@@ -160,11 +164,17 @@ def _master_port(spec: JobSpec, tasks: list[TaskPlacement],
 
 def _is_elastic(spec: JobSpec) -> bool:
     return spec.run_mode is RunMode.ELASTIC or any(
-        r.min_replicas is not None or r.max_replicas is not None for r in spec.roles)
+        r.min_replicas is not None or r.max_replicas is not None for r in spec.roles
+    )
 
 
-def torch_env(spec: JobSpec, tasks: list[TaskPlacement], role: str, index: int,
-              context: FrameworkContext | None = None) -> dict[str, str]:
+def torch_env(
+    spec: JobSpec,
+    tasks: list[TaskPlacement],
+    role: str,
+    index: int,
+    context: FrameworkContext | None = None,
+) -> dict[str, str]:
     """torch.distributed's env:// variables and torchrun's options (``PET_<OPTION>``,
     which torchrun reads for each of its command-line options), one node per task."""
     found = _master_port(spec, tasks, context)
@@ -189,27 +199,32 @@ def torch_env(spec: JobSpec, tasks: list[TaskPlacement], role: str, index: int,
         "PET_NPROC_PER_NODE": str(nproc),
     }
     if _is_elastic(spec):
-        low = sum(r.min_replicas if r.min_replicas is not None else r.replicas
-                  for r in spec.roles)
-        high = sum(r.max_replicas if r.max_replicas is not None else r.replicas
-                   for r in spec.roles)
+        low = sum(r.min_replicas if r.min_replicas is not None else r.replicas for r in spec.roles)
+        high = sum(r.max_replicas if r.max_replicas is not None else r.replicas for r in spec.roles)
         is_master = master.role == role and master.index == index
-        env.update({
-            "PET_RDZV_BACKEND": "c10d",
-            "PET_RDZV_ENDPOINT": f"{master.host_ip}:{port}",
-            "PET_RDZV_ID": spec.name,
-            # torchrun's --nnodes=MIN:MAX: the elastic range of the whole job.
-            "PET_NNODES": f"{low}:{high}",
-            # The master's agent hosts the c10d store; on one machine every agent would
-            # otherwise take the endpoint's host for its own.
-            "PET_RDZV_CONF": f"is_host={'true' if is_master else 'false'}",
-        })
+        env.update(
+            {
+                "PET_RDZV_BACKEND": "c10d",
+                "PET_RDZV_ENDPOINT": f"{master.host_ip}:{port}",
+                "PET_RDZV_ID": spec.name,
+                # torchrun's --nnodes=MIN:MAX: the elastic range of the whole job.
+                "PET_NNODES": f"{low}:{high}",
+                # The master's agent hosts the c10d store; on one machine every agent would
+                # otherwise take the endpoint's host for its own.
+                "PET_RDZV_CONF": f"is_host={'true' if is_master else 'false'}",
+            }
+        )
         del env["PET_NODE_RANK"]  # the rendezvous assigns node ranks
     return env
 
 
-def xgboost_env(spec: JobSpec, tasks: list[TaskPlacement], role: str, index: int,
-                context: FrameworkContext | None = None) -> dict[str, str]:
+def xgboost_env(
+    spec: JobSpec,
+    tasks: list[TaskPlacement],
+    role: str,
+    index: int,
+    context: FrameworkContext | None = None,
+) -> dict[str, str]:
     """The Rabit tracker's DMLC_* (rank 0's wrapper runs the tracker on MASTER_PORT) and
     Kubeflow XGBoostJob's MASTER_*/WORKER_* variables."""
     found = _master_port(spec, tasks, context)
@@ -237,6 +252,7 @@ def xgboost_env(spec: JobSpec, tasks: list[TaskPlacement], role: str, index: int
 
 # ------------------------------------------------------------------------------- MPI
 
+
 @dataclass(frozen=True)
 class MpiLayout:
     """Who runs mpirun, and the hosts (tasks) its ranks run on."""
@@ -263,8 +279,9 @@ def mpi_layout(spec: JobSpec, tasks: list[TaskPlacement]) -> MpiLayout | None:
         return None
     launcher_role = _role_named(spec, MPI_LAUNCHER_ROLES)
     position = {r.name: i for i, r in enumerate(spec.roles)}
-    ordered = sorted((t for t in tasks if t.role in position),
-                     key=lambda t: (position[t.role], t.index))
+    ordered = sorted(
+        (t for t in tasks if t.role in position), key=lambda t: (position[t.role], t.index)
+    )
     if not ordered:
         return None
     members = [t for t in ordered if t.role != launcher_role]
@@ -281,8 +298,7 @@ def _slots(spec: JobSpec, role: str) -> int:
     return max(1, int(spec.role(role).resources.gpu))
 
 
-def mpi_env(layout: MpiLayout, role: str, index: int, context: FrameworkContext
-            ) -> dict[str, str]:
+def mpi_env(layout: MpiLayout, role: str, index: int, context: FrameworkContext) -> dict[str, str]:
     hostfile = f"{context.task_dir}/{HOSTFILE}"
     env = {
         # Open MPI 4 (ORTE) and 5 (PRRTE), MPICH / Intel MPI's Hydra: the same hostfile.
@@ -291,27 +307,39 @@ def mpi_env(layout: MpiLayout, role: str, index: int, context: FrameworkContext
         "HYDRA_HOST_FILE": hostfile,
         "I_MPI_HYDRA_HOST_FILE": hostfile,
         "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+        # Open MPI 4.1's orted maps its hwloc topology into the "biggest" hole of its
+        # address space, which can be next to the stack and segfaults there (seen in
+        # the e2e MPI test): without a hole the topology is simply not shared.
+        "OMPI_MCA_rtc_hwloc_vmhole": "none",
         "TRAINYARD_MPI_HOSTFILE": hostfile,
         "K_MPI_JOB_ROLE": "worker",
     }
     if (role, index) == layout.launcher:
         agent = f"{context.task_dir}/{RSH_AGENT}"
-        env.update({
-            "OMPI_MCA_plm_rsh_agent": agent,
-            "PRTE_MCA_plm_ssh_agent": agent,
-            "HYDRA_LAUNCHER_EXEC": agent,
-            "I_MPI_HYDRA_BOOTSTRAP_EXEC": agent,
-            # Volcano's mpi plugin: the worker hosts, comma-separated.
-            "MPI_HOST": ",".join(layout.host_name(r, i) for r, i, _ in layout.hosts),
-            "K_MPI_JOB_ROLE": "launcher",
-        })
+        env.update(
+            {
+                "OMPI_MCA_plm_rsh_agent": agent,
+                "PRTE_MCA_plm_ssh_agent": agent,
+                "HYDRA_LAUNCHER_EXEC": agent,
+                "I_MPI_HYDRA_BOOTSTRAP_EXEC": agent,
+                # Volcano's mpi plugin: the worker hosts, comma-separated.
+                "MPI_HOST": ",".join(layout.host_name(r, i) for r, i, _ in layout.hosts),
+                "K_MPI_JOB_ROLE": "launcher",
+            }
+        )
     return env
 
 
 # ----------------------------------------------------------------------- entry points
 
-def framework_env(spec: JobSpec, tasks: list[TaskPlacement], role: str, index: int,
-                  context: FrameworkContext | None = None) -> dict[str, str]:
+
+def framework_env(
+    spec: JobSpec,
+    tasks: list[TaskPlacement],
+    role: str,
+    index: int,
+    context: FrameworkContext | None = None,
+) -> dict[str, str]:
     """The framework variables of one task (empty for kinds that need none here)."""
     if spec.kind is JobKind.TENSORFLOW:
         config = tf_config(spec, tasks, role, index)
@@ -327,24 +355,41 @@ def framework_env(spec: JobSpec, tasks: list[TaskPlacement], role: str, index: i
 
 
 def _wrap(context: FrameworkContext, mode: str, args: list[str], command: str | None) -> str:
-    words = shlex.join([context.python, "-I", "-m", WRAPPER_MODULE, mode,
-                        "--dir", context.task_dir, *args])
+    words = shlex.join(
+        [context.python, "-I", "-m", WRAPPER_MODULE, mode, "--dir", context.task_dir, *args]
+    )
     if command is None:
         return f"exec {words}"
     return f"{COMMAND_VAR}={shlex.quote(command)} exec {words}"
 
 
-def framework_command(spec: JobSpec, tasks: list[TaskPlacement], role: str, index: int,
-                      command: str, context: FrameworkContext) -> str:
+def framework_command(
+    spec: JobSpec,
+    tasks: list[TaskPlacement],
+    role: str,
+    index: int,
+    command: str,
+    context: FrameworkContext,
+) -> str:
     """The command the task runs: ``command`` itself, or the framework wrapper around it
     (the XGBoost tracker next to rank 0; MPI's hostfile, rsh agent and waiting workers)."""
     if spec.kind is JobKind.XGBOOST:
         found = _master_port(spec, tasks, context)
         if found is not None and (found[0].role, found[0].index) == (role, index):
             master, port = found
-            return _wrap(context, "xgboost-tracker", [
-                "--workers", str(len(ranked_tasks(spec, tasks))), "--host", master.host_ip,
-                "--port", str(port)], command)
+            return _wrap(
+                context,
+                "xgboost-tracker",
+                [
+                    "--workers",
+                    str(len(ranked_tasks(spec, tasks))),
+                    "--host",
+                    master.host_ip,
+                    "--port",
+                    str(port),
+                ],
+                command,
+            )
         return command
     if spec.kind is JobKind.MPI:
         layout = mpi_layout(spec, tasks)
@@ -356,10 +401,12 @@ def framework_command(spec: JobSpec, tasks: list[TaskPlacement], role: str, inde
             if _role_named(spec, MPI_LAUNCHER_ROLES) is None:
                 # T9k's MPIJob names the MPI program; worker 0 runs it under mpirun.
                 extra = env_dict(spec.role(role).env).get(MPIRUN_ARGS_ENV, "")
-                command = " ".join(filter(None, ["mpirun", extra, "bash", "-c",
-                                                 shlex.quote(command)]))
-            return _wrap(context, "mpi-launcher", [*common, "--attempt-dir", str(attempt_dir)],
-                         command)
+                command = " ".join(
+                    filter(None, ["mpirun", extra, "bash", "-c", shlex.quote(command)])
+                )
+            return _wrap(
+                context, "mpi-launcher", [*common, "--attempt-dir", str(attempt_dir)], command
+            )
         until = attempt_dir / layout.host_name(*layout.launcher) / EXIT_FILE
         return _wrap(context, "mpi-worker", [*common, "--until", str(until)], None)
     return command

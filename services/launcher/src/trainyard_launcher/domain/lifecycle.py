@@ -30,8 +30,18 @@ CLEANUP_UNFINISHED = "Unfinished"
 
 # What a clean-up leaves in a task's directory: the logs (every part of them), the
 # wrapper's records, and the markers that keep a task from being launched twice.
-KEPT_FILES = frozenset({"stdout.log", "stderr.log", "stdout.log.1", "stderr.log.1",
-                        "exit.json", "pid", "launched", "started"})
+KEPT_FILES = frozenset(
+    {
+        "stdout.log",
+        "stderr.log",
+        "stdout.log.1",
+        "stderr.log.1",
+        "exit.json",
+        "pid",
+        "launched",
+        "started",
+    }
+)
 
 
 def is_debug(spec: JobSpec) -> bool:
@@ -39,6 +49,7 @@ def is_debug(spec: JobSpec) -> bool:
 
 
 # --- start deadline -----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class StartView:
@@ -86,6 +97,7 @@ def start_deadline_reason(limit_s: float, late: list[StartView]) -> str:
 
 # --- clean-up ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class CleanupView:
     role: str
@@ -103,8 +115,9 @@ def normal_policy(policy: str | None) -> str:
     return policy if policy in (CLEANUP_ALL, CLEANUP_UNFINISHED) else CLEANUP_NONE
 
 
-def plan_cleanup(policy: str | None, keep_failed_for_debug: bool, tasks: list[CleanupView],
-                 job_ended: bool) -> CleanupPlan:
+def plan_cleanup(
+    policy: str | None, keep_failed_for_debug: bool, tasks: list[CleanupView], job_ended: bool
+) -> CleanupPlan:
     """What the end of an attempt removes. ``job_ended``: the job ends with this attempt
     (a retried attempt keeps the virtualenv for the next one)."""
     policy = normal_policy(policy)

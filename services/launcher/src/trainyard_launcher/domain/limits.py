@@ -108,14 +108,19 @@ def plan_limits(resources: Resources, found: Mechanisms, cgroup_dir: str | None)
     if shm is not None:
         said.append(f"shm {shm} MiB (tmpfs at /dev/shm)")
     else:
-        said.append(f"shm {resources.shm_mb} MiB not enforced: the machine's /dev/shm "
-                    f"({found.why_no_shm})")
+        said.append(
+            f"shm {resources.shm_mb} MiB not enforced: the machine's /dev/shm ({found.why_no_shm})"
+        )
     said.append(f"open files {NOFILE}, no core dumps")
     if not cg:
         said.append(f"no cgroup: {found.why_no_cgroup}")
     return LimitPlan(
-        memory_mb=memory, memory_by=memory_by, cpu_max=cpu, pids_max=pids,
-        cgroup=cgroup_dir if cg else None, shm_mb=shm,
+        memory_mb=memory,
+        memory_by=memory_by,
+        cpu_max=cpu,
+        pids_max=pids,
+        cgroup=cgroup_dir if cg else None,
+        shm_mb=shm,
         summary="limits: " + "; ".join(said),
     )
 
@@ -134,6 +139,9 @@ def memory_exhausted(stderr_tail: str) -> bool:
 
 
 def out_of_memory_note(plan: LimitPlan) -> str:
-    how = ("cgroup v2 memory.max, the OOM killer ended it" if plan.memory_by == "cgroup"
-           else "RLIMIT_DATA per process, an allocation failed")
+    how = (
+        "cgroup v2 memory.max, the OOM killer ended it"
+        if plan.memory_by == "cgroup"
+        else "RLIMIT_DATA per process, an allocation failed"
+    )
     return f"out of memory: the task's limit of {plan.memory_mb} MiB was reached ({how})"

@@ -37,8 +37,9 @@ UNSUPPORTED_SOURCE = "not supported by the local backend"
 
 # Environment variable names whose values a debug dump hides even when the spec does
 # not list them as secrets (tokens and passwords handed in through jobEnvs).
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|(^|_)KEY($|_)|ACCESS_?KEY",
-                          re.IGNORECASE)
+_SECRET_NAME = re.compile(
+    r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|(^|_)KEY($|_)|ACCESS_?KEY", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,17 @@ class PreparePlan:
             task_dir=data["task_dir"],
             checkout=Checkout(**data["checkout"]) if data.get("checkout") else None,
             mounts=tuple(Mount(**m) for m in data.get("mounts") or ()),
-            pip=(PipInstall(**{**data["pip"], "packages": tuple(data["pip"]["packages"]),
-                               "pip_args": tuple(data["pip"]["pip_args"])})
-                 if data.get("pip") else None),
+            pip=(
+                PipInstall(
+                    **{
+                        **data["pip"],
+                        "packages": tuple(data["pip"]["packages"]),
+                        "pip_args": tuple(data["pip"]["pip_args"]),
+                    }
+                )
+                if data.get("pip")
+                else None
+            ),
             env=tuple((k, v) for k, v in data.get("env") or ()),
         )
 
@@ -148,7 +157,10 @@ def _normal(path: PurePosixPath) -> PurePosixPath:
 
 
 def _under(path: str, directory: str) -> bool:
-    return PurePosixPath(path) == PurePosixPath(directory) or PurePosixPath(directory) in PurePosixPath(path).parents
+    return (
+        PurePosixPath(path) == PurePosixPath(directory)
+        or PurePosixPath(directory) in PurePosixPath(path).parents
+    )
 
 
 def local_path(source: str) -> str | PlanProblem:
@@ -157,10 +169,10 @@ def local_path(source: str) -> str | PlanProblem:
         scheme = match.group(1).lower()
         if scheme not in LOCAL_SCHEMES:
             return PlanProblem(f"data source scheme '{scheme}://' is {UNSUPPORTED_SOURCE}")
-        path = source[match.end():]
+        path = source[match.end() :]
         # file://host/path is a remote file; file:///path and file://localhost/path are ours.
         if path.startswith("localhost/"):
-            path = path[len("localhost"):]
+            path = path[len("localhost") :]
         if not path.startswith("/"):
             return PlanProblem(f"data source '{source}' names another host, {UNSUPPORTED_SOURCE}")
         return str(_normal(PurePosixPath(path)))
@@ -173,12 +185,16 @@ def local_path(source: str) -> str | PlanProblem:
 
 
 def needs_preparation(spec: JobSpec) -> bool:
-    return bool(spec.code_source or spec.data_sources or spec.pip_packages
-                or spec.pip_requirements_dir)
+    return bool(
+        spec.code_source or spec.data_sources or spec.pip_packages or spec.pip_requirements_dir
+    )
 
 
 def plan_preparation(
-    spec: JobSpec, task_dir: str, job_dir: str, attempt: int = 1,
+    spec: JobSpec,
+    task_dir: str,
+    job_dir: str,
+    attempt: int = 1,
     pip_args: tuple[str, ...] = (),
 ) -> PreparePlan | PlanProblem | None:
     """The preparation of one task of ``spec``; None when there is nothing to prepare."""
@@ -201,24 +217,34 @@ def plan_preparation(
     views = [m.view for m in mounts]
     for i, view in enumerate(views):
         if view in views[:i]:
-            return PlanProblem(f"two sources are mounted at {view} ({mounts[i].what} and "
-                               f"{mounts[views.index(view)].what})")
+            return PlanProblem(
+                f"two sources are mounted at {view} ({mounts[i].what} and "
+                f"{mounts[views.index(view)].what})"
+            )
 
     pip = None
     if spec.pip_packages or spec.pip_requirements_dir:
         requirements = None
         if spec.pip_requirements_dir:
-            requirements = str(_host_path(paths, mounts, spec.pip_requirements_dir) / "requirements.txt")
+            requirements = str(
+                _host_path(paths, mounts, spec.pip_requirements_dir) / "requirements.txt"
+            )
         venv = paths.job_dir / "venv"
-        pip = PipInstall(venv=str(venv), lock=str(paths.job_dir / "venv.lock"),
-                         packages=tuple(spec.pip_packages), requirements=requirements,
-                         pip_args=tuple(pip_args), attempt=attempt)
+        pip = PipInstall(
+            venv=str(venv),
+            lock=str(paths.job_dir / "venv.lock"),
+            packages=tuple(spec.pip_packages),
+            requirements=requirements,
+            pip_args=tuple(pip_args),
+            attempt=attempt,
+        )
         env.append((VENV_VAR, str(venv)))
 
     if checkout is None and not mounts and pip is None:
         return None
-    return PreparePlan(task_dir=task_dir, checkout=checkout, mounts=tuple(mounts), pip=pip,
-                       env=tuple(env))
+    return PreparePlan(
+        task_dir=task_dir, checkout=checkout, mounts=tuple(mounts), pip=pip, env=tuple(env)
+    )
 
 
 def _host_path(paths: _Paths, mounts: list[Mount], directory: str) -> PurePosixPath:
@@ -246,6 +272,7 @@ def prepared_env(env: dict[str, str], plan: PreparePlan | None) -> dict[str, str
 
 # --- the run deadline ---------------------------------------------------------------------
 
+
 def run_deadline(
     max_running_minutes: int | None, first_started: datetime | None, minute_s: float = 60.0
 ) -> datetime | None:
@@ -262,6 +289,7 @@ def deadline_reason(max_running_minutes: int) -> str:
 
 
 # --- debugging a failed task ----------------------------------------------------------------
+
 
 def debug_env_text(env: dict[str, str], secret_values: list[str]) -> str:
     """``env`` as a file a person can read and ``source`` to re-run the task, with the
@@ -285,7 +313,19 @@ def debug_reason(reason: str | None, task_dir: str, env_file: str) -> str:
 
 
 __all__ = [
-    "CODE_DIR_VAR", "DEPENDENCY_FAILED", "Checkout", "Mount", "PipInstall", "PlanProblem",
-    "PreparePlan", "debug_env_text", "debug_reason", "deadline_reason", "local_path",
-    "needs_preparation", "plan_preparation", "prepared_env", "run_deadline",
+    "CODE_DIR_VAR",
+    "DEPENDENCY_FAILED",
+    "Checkout",
+    "Mount",
+    "PipInstall",
+    "PlanProblem",
+    "PreparePlan",
+    "debug_env_text",
+    "debug_reason",
+    "deadline_reason",
+    "local_path",
+    "needs_preparation",
+    "plan_preparation",
+    "prepared_env",
+    "run_deadline",
 ]

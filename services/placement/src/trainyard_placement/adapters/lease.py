@@ -101,8 +101,12 @@ class Lease:
                 return False
             if seen_at - self._seen[1] < self.ttl_s:
                 return False
-            log.warning("lease %s: %s did not renew for %.1fs; taking over",
-                        self.key, holder_of(entry), seen_at - self._seen[1])
+            log.warning(
+                "lease %s: %s did not renew for %.1fs; taking over",
+                self.key,
+                holder_of(entry),
+                seen_at - self._seen[1],
+            )
         sent = self._clock()
         try:
             if entry is None:
@@ -143,8 +147,7 @@ class Lease:
             entry = await self.kv.get(self.key)
             if entry is None or holder_of(entry) != self.replica:
                 self._lose()
-                raise LeaseLost(
-                    f"lease {self.key} is held by {holder_of(entry)} now") from None
+                raise LeaseLost(f"lease {self.key} is held by {holder_of(entry)} now") from None
             revision = await self.kv.update(self.key, self._value, entry.revision)
         if self._revision is None:
             raise LeaseLost(f"lease {self.key} was given up while renewing")
@@ -163,8 +166,12 @@ class Lease:
             except LeaseLost:
                 raise
             except Exception as exc:  # noqa: BLE001 - retried until the held time runs out
-                log.warning("lease %s: renewal failed (%r); %.1fs left", self.key, exc,
-                            self._valid_until - self._clock())
+                log.warning(
+                    "lease %s: renewal failed (%r); %.1fs left",
+                    self.key,
+                    exc,
+                    self._valid_until - self._clock(),
+                )
                 await _wait(stop, min(self.renew_every_s / 3, max(remaining, 0.01)))
                 continue
             await _wait(stop, self.renew_every_s)

@@ -85,7 +85,8 @@ def record_from_doc(doc: dict[str, Any]) -> JobRecord:
         # Records from before retries were counted: every earlier attempt was a retry.
         retries_used=int(doc.get("retries_used", int(doc.get("attempt", 1)) - 1)),
         interrupt=(doc["interrupt"]["cause"], doc["interrupt"]["reason"])
-        if doc.get("interrupt") else None,
+        if doc.get("interrupt")
+        else None,
         next_spec=JobSpec.model_validate_json(doc["next_spec"]) if doc.get("next_spec") else None,
         stop_reason=doc.get("stop_reason"),
         placed_at=doc.get("placed_at"),
@@ -97,7 +98,11 @@ def record_from_doc(doc: dict[str, Any]) -> JobRecord:
 
 
 def queued_doc(
-    job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec,
+    job_id: str,
+    *,
+    attempt: int,
+    arrival_seq: int,
+    spec: JobSpec,
     state: JobStoreState = "queued",
 ) -> dict[str, Any]:
     return {
@@ -121,7 +126,12 @@ def tombstone_doc(job_id: str, *, attempt: int) -> dict[str, Any]:
 
 class JobStore(Protocol):
     async def add_queued(
-        self, job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec,
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        arrival_seq: int,
+        spec: JobSpec,
         state: JobStoreState = "queued",
     ) -> bool:
         """Insert a queued (or, submitted to start paused, a paused) job; False when a
@@ -149,14 +159,23 @@ class JobStore(Protocol):
         """from_state -> done; False when the job was not in from_state."""
 
     async def requeue(
-        self, job_id: str, *, from_attempt: int, attempt: int, not_before: datetime,
+        self,
+        job_id: str,
+        *,
+        from_attempt: int,
+        attempt: int,
+        not_before: datetime,
         retries_used: int | None = None,
     ) -> bool:
         """placed (or interrupting) ``from_attempt`` -> queued ``attempt`` (a retry),
         without its old allocation; False when the job was not placed in that attempt."""
 
     async def change(
-        self, job_id: str, *, states: Sequence[JobStoreState], attempt: int,
+        self,
+        job_id: str,
+        *,
+        states: Sequence[JobStoreState],
+        attempt: int,
         fields: dict[str, Any],
     ) -> bool:
         """Set ``fields`` (made by the ``*_fields`` functions below) if the job is in one
@@ -168,7 +187,12 @@ class MongoJobStore:
         self._jobs = collection
 
     async def add_queued(
-        self, job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec,
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        arrival_seq: int,
+        spec: JobSpec,
         state: JobStoreState = "queued",
     ) -> bool:
         doc = queued_doc(job_id, attempt=attempt, arrival_seq=arrival_seq, spec=spec, state=state)
@@ -218,18 +242,26 @@ class MongoJobStore:
         return result.modified_count == 1
 
     async def requeue(
-        self, job_id: str, *, from_attempt: int, attempt: int, not_before: datetime,
+        self,
+        job_id: str,
+        *,
+        from_attempt: int,
+        attempt: int,
+        not_before: datetime,
         retries_used: int | None = None,
     ) -> bool:
         result = await self._jobs.update_one(
-            {"_id": job_id, "state": {"$in": ["placed", "interrupting"]},
-             "attempt": from_attempt},
+            {"_id": job_id, "state": {"$in": ["placed", "interrupting"]}, "attempt": from_attempt},
             {"$set": requeued_fields(attempt, not_before, retries_used)},
         )
         return result.modified_count == 1
 
     async def change(
-        self, job_id: str, *, states: Sequence[JobStoreState], attempt: int,
+        self,
+        job_id: str,
+        *,
+        states: Sequence[JobStoreState],
+        attempt: int,
         fields: dict[str, Any],
     ) -> bool:
         result = await self._jobs.update_one(
@@ -244,9 +276,19 @@ def requeued_fields(
 ) -> dict[str, Any]:
     # An interrupt's leftovers (a size, a stop, who preempted it) belong to the attempt
     # that ended; what of them carries over is written in the same update (retry_job).
-    fields = {"state": "queued", "attempt": attempt, "not_before": not_before,
-              "allocation": [], "reasons": [], "placed_published": False, "queued_notices": 0,
-              "interrupt": None, "next_spec": None, "stop_reason": None, "preempted_by": None}
+    fields = {
+        "state": "queued",
+        "attempt": attempt,
+        "not_before": not_before,
+        "allocation": [],
+        "reasons": [],
+        "placed_published": False,
+        "queued_notices": 0,
+        "interrupt": None,
+        "next_spec": None,
+        "stop_reason": None,
+        "preempted_by": None,
+    }
     if retries_used is not None:
         fields["retries_used"] = retries_used
     return fields
@@ -254,10 +296,17 @@ def requeued_fields(
 
 def paused_fields(spec: JobSpec | None = None) -> dict[str, Any]:
     """-> paused, without an allocation (with the spec a scale left for the next attempt)."""
-    fields: dict[str, Any] = {"state": "paused", "allocation": [], "reasons": [],
-                              "placed_published": False, "queued_notices": 0,
-                              "interrupt": None, "next_spec": None, "not_before": None,
-                              "preempted_by": None}
+    fields: dict[str, Any] = {
+        "state": "paused",
+        "allocation": [],
+        "reasons": [],
+        "placed_published": False,
+        "queued_notices": 0,
+        "interrupt": None,
+        "next_spec": None,
+        "not_before": None,
+        "preempted_by": None,
+    }
     if spec is not None:
         fields["spec"] = spec.model_dump_json()
     return fields
@@ -271,9 +320,18 @@ def next_attempt_fields(attempt: int, spec: JobSpec | None = None) -> dict[str, 
     """-> queued as ``attempt``, due now: an interrupt or a resume spends no retry and
     waits out no backoff (``retries_used`` is left as it is)."""
     fields: dict[str, Any] = {
-        "state": "queued", "attempt": attempt, "not_before": None, "allocation": [],
-        "reasons": [], "placed_published": False, "queued_notices": 0, "interrupt": None,
-        "next_spec": None, "stop_reason": None, "preempted_by": None}
+        "state": "queued",
+        "attempt": attempt,
+        "not_before": None,
+        "allocation": [],
+        "reasons": [],
+        "placed_published": False,
+        "queued_notices": 0,
+        "interrupt": None,
+        "next_spec": None,
+        "stop_reason": None,
+        "preempted_by": None,
+    }
     if spec is not None:
         fields["spec"] = spec.model_dump_json()
     return fields
@@ -319,11 +377,17 @@ class MemoryJobStore:
     docs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     async def add_queued(
-        self, job_id: str, *, attempt: int, arrival_seq: int, spec: JobSpec,
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        arrival_seq: int,
+        spec: JobSpec,
         state: JobStoreState = "queued",
     ) -> bool:
-        return self._insert(queued_doc(job_id, attempt=attempt, arrival_seq=arrival_seq,
-                                       spec=spec, state=state))
+        return self._insert(
+            queued_doc(job_id, attempt=attempt, arrival_seq=arrival_seq, spec=spec, state=state)
+        )
 
     async def add_tombstone(self, job_id: str, *, attempt: int) -> bool:
         return self._insert(tombstone_doc(job_id, attempt=attempt))
@@ -361,17 +425,29 @@ class MemoryJobStore:
         )
 
     async def requeue(
-        self, job_id: str, *, from_attempt: int, attempt: int, not_before: datetime,
+        self,
+        job_id: str,
+        *,
+        from_attempt: int,
+        attempt: int,
+        not_before: datetime,
         retries_used: int | None = None,
     ) -> bool:
         doc = self.docs.get(job_id)
         if doc is None or doc.get("attempt", 1) != from_attempt:
             return False
-        return self._update(job_id, doc["state"] if doc["state"] == "interrupting" else "placed",
-                            requeued_fields(attempt, not_before, retries_used))
+        return self._update(
+            job_id,
+            doc["state"] if doc["state"] == "interrupting" else "placed",
+            requeued_fields(attempt, not_before, retries_used),
+        )
 
     async def change(
-        self, job_id: str, *, states: Sequence[JobStoreState], attempt: int,
+        self,
+        job_id: str,
+        *,
+        states: Sequence[JobStoreState],
+        attempt: int,
         fields: dict[str, Any],
     ) -> bool:
         doc = self.docs.get(job_id)

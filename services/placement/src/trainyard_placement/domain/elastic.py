@@ -25,16 +25,19 @@ def scale_problem(spec: JobSpec, role: str, replicas: int) -> ScaleProblem | Non
         return ScaleProblem("role", f"role: job has no role {role!r} (its roles: {names})")
     low, high = found.min_replicas, found.max_replicas
     if low is None or high is None:
-        return ScaleProblem("role", f"role: role {role!r} is not elastic: it has no "
-                                    "min_replicas/max_replicas")
+        return ScaleProblem(
+            "role", f"role: role {role!r} is not elastic: it has no min_replicas/max_replicas"
+        )
     if not low <= replicas <= high:
-        return ScaleProblem("replicas", f"replicas: {replicas} is outside role {role!r}'s "
-                                        f"bounds [{low}, {high}]")
+        return ScaleProblem(
+            "replicas", f"replicas: {replicas} is outside role {role!r}'s bounds [{low}, {high}]"
+        )
     return None
 
 
 def scaled(spec: JobSpec, role: str, replicas: int) -> JobSpec:
     """The spec with ``role`` at ``replicas`` (checked with :func:`scale_problem` first)."""
-    roles = [r.model_copy(update={"replicas": replicas}) if r.name == role else r
-             for r in spec.roles]
+    roles = [
+        r.model_copy(update={"replicas": replicas}) if r.name == role else r for r in spec.roles
+    ]
     return spec.model_copy(update={"roles": roles})

@@ -72,9 +72,7 @@ def place_gang(
         if name is None or not _fits(task, demand, nodes[name], job_fixed):
             name = _best_node(task, demand, nodes, scorer, ctx, job_fixed)
         if name is None:
-            return Unschedulable(
-                _explain(task, nodes.all(), job_fixed, len(placed), len(tasks))
-            )
+            return Unschedulable(_explain(task, nodes.all(), job_fixed, len(placed), len(tasks)))
         node = nodes[name]
         devices = scorer.devices(node.state(), demand, ctx) if demand.gpu_count else ()
         placement = _placement(task, demand, node, devices, rng, job_fixed)
@@ -328,8 +326,7 @@ def _explain(
 
     if not found:
         misfits = [
-            f"{node.name}: {_misfit(role, node, job_fixed)}"
-            for node in nodes[:MAX_NODES_EXPLAINED]
+            f"{node.name}: {_misfit(role, node, job_fixed)}" for node in nodes[:MAX_NODES_EXPLAINED]
         ]
         more = len(nodes) - MAX_NODES_EXPLAINED
         shown = "; ".join(misfits) + (f"; {more} more" if more > 0 else "")
@@ -390,8 +387,9 @@ def _gpu_shortfall(need: int, models: list[str], nodes: list[NodeFree]) -> list[
     of_type = _of_type(models)
     typed = [n for n in nodes if n.spec.gpus > 0 and gpu_type_matches(models, n.spec)]
     if not typed:
-        return [f"no node has {_gpus(need)}{of_type} (the cluster has no {_model_text(models)}"
-                "GPUs)"]
+        return [
+            f"no node has {_gpus(need)}{of_type} (the cluster has no {_model_text(models)}GPUs)"
+        ]
     largest = max(typed, key=lambda n: n.spec.gpus)
     if largest.spec.gpus < need:
         total = _gpus(largest.spec.gpus)

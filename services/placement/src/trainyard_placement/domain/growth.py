@@ -29,8 +29,8 @@ def growth(state: SchedulerState) -> list[tuple[str, str, int]]:
         qspec = state.cluster.queue(queue)
         smallest = usage_of(at_step(job.spec, last_step(job.spec)))
         if within(qspec.quota, used.get(queue, Usage()) + smallest) or (
-                qspec.borrowing
-                and state.preemptions.get(job.job_id, 0) < state.rules.max_preemptions):
+            qspec.borrowing and state.preemptions.get(job.job_id, 0) < state.rules.max_preemptions
+        ):
             return []  # it waits for capacity: freed capacity is its first
         quota_waits.add(queue)
 
@@ -69,7 +69,8 @@ def _bigger(
     qspec = state.cluster.queue(spec.queue)
     base = used.get(spec.queue, Usage()) - usage_of(spec)
     may_borrow = qspec.borrowing and (
-        state.preemptions.get(job_id, 0) < state.rules.max_preemptions)
+        state.preemptions.get(job_id, 0) < state.rules.max_preemptions
+    )
     context = state.context()
     for step in range(_room(spec)):
         size = _grown(spec, step)

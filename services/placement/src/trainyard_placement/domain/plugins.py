@@ -24,9 +24,7 @@ T = TypeVar("T")
 
 class UnknownSetting(ValueError):
     def __init__(self, variable: str, value: str, known: Iterable[str]) -> None:
-        super().__init__(
-            f"{variable}: unknown value {value!r}; known: {', '.join(sorted(known))}"
-        )
+        super().__init__(f"{variable}: unknown value {value!r}; known: {', '.join(sorted(known))}")
 
 
 class QueueOrder(Protocol):

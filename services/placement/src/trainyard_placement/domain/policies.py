@@ -41,7 +41,6 @@ from .scoring import (
     stranded_measure,
 )
 
-
 # Entries per memo before it is dropped and refilled: bounds a long-lived scorer's memory
 # in a cluster whose states keep changing under one target workload.
 MEMO_LIMIT = 200_000

@@ -108,9 +108,7 @@ class RunningIndex:
     on_node: Mapping[str, Collection[str]]
 
     @classmethod
-    def of(
-        cls, running: Mapping[str, Running], queues: Callable[[str], QueueSpec]
-    ) -> RunningIndex:
+    def of(cls, running: Mapping[str, Running], queues: Callable[[str], QueueSpec]) -> RunningIndex:
         used: dict[str, Usage] = {}
         by_priority: dict[tuple[str, int], list[str]] = {}
         preempting: dict[str, list[str]] = {}
@@ -130,9 +128,7 @@ class RunningIndex:
         )  # fmt: skip
 
 
-def borrowers_of(
-    running: Mapping[str, Running], queues: Callable[[str], QueueSpec]
-) -> set[str]:
+def borrowers_of(running: Mapping[str, Running], queues: Callable[[str], QueueSpec]) -> set[str]:
     """Every queue's borrowers (quota.borrowers), its jobs in the order they were placed."""
     by_queue: dict[str, list[tuple[float, str, Usage]]] = {}
     for job_id, r in running.items():
@@ -190,7 +186,8 @@ class CycleMemo:
     views: list[tuple[str | None, list[Allocation], Snapshot]] = field(default_factory=list)
     misfits: dict[tuple[Snapshot, tuple[str, ...]], Unschedulable] = field(default_factory=dict)
     gang_misfits: dict[tuple[Snapshot, tuple[str, ...]], Unschedulable] = field(
-        default_factory=dict)
+        default_factory=dict
+    )
     reservations: dict[str, tuple[QueuedJob, Allocation | None]] = field(default_factory=dict)
 
     def start(
@@ -424,9 +421,7 @@ class _Cycle:
             qspec = self._qspecs[queue] = self.queues(queue)
         return qspec
 
-    def _try(
-        self, job: QueuedJob, size: _Size, base: Snapshot, *, reasons: bool
-    ) -> _Fit | _Misfit:
+    def _try(self, job: QueuedJob, size: _Size, base: Snapshot, *, reasons: bool) -> _Fit | _Misfit:
         queue = job.spec.queue
         qspec = self._qspec(queue)
         spec, ask = size.spec, size.ask
@@ -566,13 +561,10 @@ class _Cycle:
         staying = [self.running[job_id].allocation
                    for job_id in sorted(jobs - gone, key=self.index.order.__getitem__)]  # fmt: skip
         empty = self._empty().by_name()
-        derived = Snapshot(empty[name] for name in names).with_allocations(
-            [*staying, *self.extra])
+        derived = Snapshot(empty[name] for name in names).with_allocations([*staying, *self.extra])
         return self.current.with_nodes(derived.by_name())
 
-    def _with_released(
-        self, job: QueuedJob, spec: JobSpec, gone: tuple[str, ...]
-    ) -> Plan | None:
+    def _with_released(self, job: QueuedJob, spec: JobSpec, gone: tuple[str, ...]) -> Plan | None:
         """Where the job (at ``spec``) would go once ``gone`` ended, if it fits then —
         quota counted without the gone jobs of its queue too."""
         queue = job.spec.queue
@@ -623,7 +615,8 @@ class _Cycle:
         state_of = self.memo.empty_state
         if state_of is None:
             state_of = self.memo.empty_state = {
-                name: key for key, names in empty.groups().items() for name in names}
+                name: key for key, names in empty.groups().items() for name in names
+            }
         drained, position = self.drained, self.current.positions()
         selectors = list({tuple((s.name, s.value) for s in role.node_selector): role.node_selector
                           for role in spec.roles}.values())  # fmt: skip
@@ -696,13 +689,15 @@ class _Cycle:
         # Reclaimed this often, a job stops borrowing: it could otherwise be lent idle
         # capacity and reclaimed again forever.
         return qspec.borrowing and (
-            self.preemptions.get(job.job_id, 0) < self.rules.max_preemptions)
+            self.preemptions.get(job.job_id, 0) < self.rules.max_preemptions
+        )
 
     def _preempt_reason(self, job: QueuedJob, victims: tuple[str, ...]) -> str:
         reason = f"preempted by job {job.job_id} (priority {job.spec.priority})"
         queue = job.spec.queue
-        if any(v in self.borrowed and self.running[v].allocation.spec.queue != queue
-               for v in victims):
+        if any(
+            v in self.borrowed and self.running[v].allocation.spec.queue != queue for v in victims
+        ):
             reason += f" to reclaim queue {queue}'s quota"
         return reason
 

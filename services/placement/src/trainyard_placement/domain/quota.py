@@ -93,9 +93,7 @@ def over_quota_text(
     return lines
 
 
-def borrowers(
-    quota: QueueQuota, jobs: Iterable[tuple[str, Usage]]
-) -> list[str]:
+def borrowers(quota: QueueQuota, jobs: Iterable[tuple[str, Usage]]) -> list[str]:
     """The queue's jobs beyond its quota, given its jobs in the order they were placed:
     from the first one that takes the running sum past the quota on."""
     if unlimited(quota):
@@ -109,9 +107,7 @@ def borrowers(
     return found
 
 
-def queue_usage(
-    queue_of: Mapping[str, str], usage: Mapping[str, Usage]
-) -> dict[str, Usage]:
+def queue_usage(queue_of: Mapping[str, str], usage: Mapping[str, Usage]) -> dict[str, Usage]:
     """Usage summed per queue, from each job's queue and usage."""
     result: dict[str, Usage] = {}
     for job_id, queue in queue_of.items():

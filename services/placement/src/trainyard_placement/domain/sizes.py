@@ -48,8 +48,9 @@ def at_step(spec: JobSpec, step: int) -> JobSpec:
     for role in spec.roles:
         b = bounds(role)
         replicas = role.replicas if b is None else max(b[0], _top(role, *b) - step)
-        roles.append(role if replicas == role.replicas
-                     else role.model_copy(update={"replicas": replicas}))
+        roles.append(
+            role if replicas == role.replicas else role.model_copy(update={"replicas": replicas})
+        )
     return spec.model_copy(update={"roles": roles})
 
 

@@ -214,7 +214,8 @@ class SchedulerState:
         the caller interrupts (cause node_removed). Until they are released they keep
         what they hold on their other nodes; capacity on the removed node is gone."""
         self.cluster = self.cluster.model_copy(
-            update={"nodes": [n for n in self.cluster.nodes if n.name != name]})
+            update={"nodes": [n for n in self.cluster.nodes if n.name != name]}
+        )
         self.drained.discard(name)
         return sorted(job_id for job_id, allocation in self.placed.items()
                       if any(task.node == name for task in allocation.tasks))  # fmt: skip
@@ -402,5 +403,3 @@ class _Kept:
                 workload=workload, max_cpu_milli=self.limits[0], max_gpu_milli=self.limits[1]
             )
         return self._context
-
-

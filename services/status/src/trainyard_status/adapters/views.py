@@ -36,16 +36,19 @@ class JobViews:
 
     async def record(self, event: Event, seq: int, trace_id: str | None) -> bool:
         """Append to the history; False when this event is already there."""
-        return await insert_once(self.events, {
-            "_id": event.event_id,
-            "job_id": event.job_id,
-            "seq": seq,
-            "type": type(event).__name__,
-            "occurred_at": event.occurred_at,
-            "trace_id": trace_id,
-            # Stored without secret values: history is for reading.
-            "event_json": json.dumps(hide_secrets(json.loads(event.model_dump_json()))),
-        })
+        return await insert_once(
+            self.events,
+            {
+                "_id": event.event_id,
+                "job_id": event.job_id,
+                "seq": seq,
+                "type": type(event).__name__,
+                "occurred_at": event.occurred_at,
+                "trace_id": trace_id,
+                # Stored without secret values: history is for reading.
+                "event_json": json.dumps(hide_secrets(json.loads(event.model_dump_json()))),
+            },
+        )
 
     async def apply(self, changes: Changes) -> None:
         if changes.job is not None:
@@ -64,13 +67,21 @@ class JobViews:
     async def _apply_job(self, change: JobChange) -> None:
         state_set: dict[str, Any] = {}
         if change.state is not None:
-            state_set = {"state": change.state.value, "state_rank": change.rank,
-                         **change.with_state}
+            state_set = {
+                "state": change.state.value,
+                "state_rank": change.rank,
+                **change.with_state,
+            }
         current = await self.jobs.find_one({"_id": change.job_id}, {"state_rank": 1})
         if current is None:
-            document = {"_id": change.job_id, "state_rank": -1, "state": None,
-                        **change.always, **state_set,
-                        **{key: [value] for key, value in change.add_to_set.items()}}
+            document = {
+                "_id": change.job_id,
+                "state_rank": -1,
+                "state": None,
+                **change.always,
+                **state_set,
+                **{key: [value] for key, value in change.add_to_set.items()},
+            }
             if await insert_once(self.jobs, document):
                 return
             current = await self.jobs.find_one({"_id": change.job_id}, {"state_rank": 1}) or {}
@@ -85,7 +96,8 @@ class JobViews:
             return
         op = "$lte" if change.same_rank_ok else "$lt"
         await self.jobs.update_one(
-            {"_id": change.job_id, "state_rank": {op: change.rank}}, {"$set": state_set})
+            {"_id": change.job_id, "state_rank": {op: change.rank}}, {"$set": state_set}
+        )
 
     async def _apply_task(self, change: TaskChange) -> None:
         current = await self.tasks.find_one({"_id": change.task_id}, {"seq": 1})
@@ -111,16 +123,25 @@ class JobViews:
 
     async def _end_tasks(self, change: EndTasks) -> None:
         await self.tasks.update_many(
-            {"job_id": change.job_id, "attempt": change.attempt,
-             "state": {"$nin": [s.value for s in TaskState if s.terminal]}},
+            {
+                "job_id": change.job_id,
+                "attempt": change.attempt,
+                "state": {"$nin": [s.value for s in TaskState if s.terminal]},
+            },
             {"$set": change.fields},
         )
 
     # -- reads ----------------------------------------------------------------------------
 
     async def list_jobs(
-        self, *, user: str | None, state: str | None, limit: int, offset: int,
-        where: dict[str, Any] | None = None, full: bool = False,
+        self,
+        *,
+        user: str | None,
+        state: str | None,
+        limit: int,
+        offset: int,
+        where: dict[str, Any] | None = None,
+        full: bool = False,
     ) -> tuple[list[dict[str, Any]], int]:
         """Jobs newest first. ``where`` adds equality filters on stored fields (a
         dialect's API narrows by dialect or queue); ``full`` returns whole documents."""
@@ -131,12 +152,17 @@ class JobViews:
             query["state"] = state
         total = await self.jobs.count_documents(query)
         projection = None if full else {"spec_json": 0, "original_json": 0}
-        cursor = self.jobs.find(query, projection).sort(
-            [("submitted_at", DESCENDING), ("_id", DESCENDING)]
-        ).skip(offset).limit(limit)
+        cursor = (
+            self.jobs.find(query, projection)
+            .sort([("submitted_at", DESCENDING), ("_id", DESCENDING)])
+            .skip(offset)
+            .limit(limit)
+        )
         return [doc if full else summary(doc) async for doc in cursor], total
 
-    async def find_by_key(self, user: str, key: str, dialect: str | None = None) -> dict[str, Any] | None:
+    async def find_by_key(
+        self, user: str, key: str, dialect: str | None = None
+    ) -> dict[str, Any] | None:
         """The job a dialect's API names by ``key`` (e.g. OpenPAI's user~jobName): the
         newest one that was not rejected, since a rejected copy may share its name."""
         query: dict[str, Any] = {"user": user, "dialect_key": key, "state": {"$ne": None}}
@@ -161,9 +187,14 @@ class JobViews:
     async def history(self, job_id: str) -> list[dict[str, Any]]:
         cursor = self.events.find({"job_id": job_id}).sort([("seq", ASCENDING)])
         return [
-            {"seq": doc["seq"], "type": doc["type"], "event_id": doc["_id"],
-             "occurred_at": doc["occurred_at"], "trace_id": doc.get("trace_id"),
-             "event": hide_secrets(json.loads(doc["event_json"]))}
+            {
+                "seq": doc["seq"],
+                "type": doc["type"],
+                "event_id": doc["_id"],
+                "occurred_at": doc["occurred_at"],
+                "trace_id": doc.get("trace_id"),
+                "event": hide_secrets(json.loads(doc["event_json"])),
+            }
             async for doc in cursor
         ]
 
@@ -182,9 +213,13 @@ def hide_secrets(event: dict[str, Any]) -> dict[str, Any]:
 
 def summary(doc: dict[str, Any]) -> dict[str, Any]:
     return {
-        "id": doc["_id"], "name": doc.get("name"), "user": doc.get("user"),
-        "state": doc.get("state"), "dialect": doc.get("dialect"),
-        "submitted_at": doc.get("submitted_at"), "updated_at": doc.get("updated_at"),
+        "id": doc["_id"],
+        "name": doc.get("name"),
+        "user": doc.get("user"),
+        "state": doc.get("state"),
+        "dialect": doc.get("dialect"),
+        "submitted_at": doc.get("submitted_at"),
+        "updated_at": doc.get("updated_at"),
         "reason": doc.get("reason"),
     }
 
@@ -195,7 +230,8 @@ def job_view(doc: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any]
     attempts = sorted(doc.get("attempts", []), key=lambda a: a.get("attempt", 0))
     return {
         **summary(doc),
-        "queue": doc.get("queue"), "priority": doc.get("priority"),
+        "queue": doc.get("queue"),
+        "priority": doc.get("priority"),
         # Retries are failed attempts run again; an interrupted one (paused, preempted,
         # scaled) is not one.
         "attempt": attempt,
@@ -205,7 +241,8 @@ def job_view(doc: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any]
         "failure_class": doc.get("failure_class"),
         "finished_at": doc.get("finished_at"),
         "exit_code": doc.get("exit_code"),
-        "errors": doc.get("errors", []), "warnings": doc.get("warnings", []),
+        "errors": doc.get("errors", []),
+        "warnings": doc.get("warnings", []),
         "queue_reasons": doc.get("queue_reasons", []),
         "queue_position": doc.get("queue_position"),
         "spec": json.loads(spec) if spec else None,
@@ -215,10 +252,16 @@ def job_view(doc: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any]
 
 def task_view(doc: dict[str, Any]) -> dict[str, Any]:
     return {
-        "role": doc.get("role"), "index": doc.get("index"), "attempt": doc.get("attempt"),
-        "state": doc.get("state"), "exit_code": doc.get("exit_code"),
-        "reason": doc.get("reason"), "failure_class": doc.get("failure_class"),
-        "node": doc.get("node"), "host_ip": doc.get("host_ip"),
-        "gpu_indices": doc.get("gpu_indices", []), "ports": doc.get("ports", []),
+        "role": doc.get("role"),
+        "index": doc.get("index"),
+        "attempt": doc.get("attempt"),
+        "state": doc.get("state"),
+        "exit_code": doc.get("exit_code"),
+        "reason": doc.get("reason"),
+        "failure_class": doc.get("failure_class"),
+        "node": doc.get("node"),
+        "host_ip": doc.get("host_ip"),
+        "gpu_indices": doc.get("gpu_indices", []),
+        "ports": doc.get("ports", []),
         "updated_at": doc.get("updated_at"),
     }

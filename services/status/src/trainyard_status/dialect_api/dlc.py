@@ -54,8 +54,12 @@ def router(ctx: StatusContext) -> APIRouter:
         return doc
 
     @api.get("/api/v1/jobs/{job_id}")
-    async def get_job(job_id: str, request: Request, identity: Identity = Depends(signed),
-                      need_detail: bool | None = Query(None, alias="NeedDetail")) -> dict:
+    async def get_job(
+        job_id: str,
+        request: Request,
+        identity: Identity = Depends(signed),
+        need_detail: bool | None = Query(None, alias="NeedDetail"),
+    ) -> dict:
         doc = await visible(job_id, identity)
         view = job_view(doc, await ctx.views.job_tasks(job_id))
         history = await ctx.views.history(job_id)
@@ -64,7 +68,9 @@ def router(ctx: StatusContext) -> APIRouter:
 
     @api.get("/api/v1/jobs/{job_id}/events")
     async def get_job_events(
-        job_id: str, request: Request, identity: Identity = Depends(signed),
+        job_id: str,
+        request: Request,
+        identity: Identity = Depends(signed),
         max_events: int = Query(2000, alias="MaxEventsNum", ge=1),
     ) -> dict:
         await visible(job_id, identity)
@@ -86,8 +92,9 @@ def router(ctx: StatusContext) -> APIRouter:
         show_own: bool | None = Query(None, alias="ShowOwn"),
     ) -> dict:
         if sort_by not in SORT_BY:
-            raise AliyunError(400, "InvalidParameter",
-                              f"SortBy must be one of {', '.join(sorted(SORT_BY))}")
+            raise AliyunError(
+                400, "InvalidParameter", f"SortBy must be one of {', '.join(sorted(SORT_BY))}"
+            )
         if order.lower() not in ("asc", "desc"):
             raise AliyunError(400, "InvalidParameter", "Order must be asc or desc")
         where: dict[str, Any] = {"dialect": dlc.DIALECT}
@@ -100,26 +107,38 @@ def router(ctx: StatusContext) -> APIRouter:
         if status:
             states = sorted({s for part in status.split(",") for s in dlc.states_for(part)})
             if not states:
-                raise AliyunError(400, "InvalidParameter", f"Status {status!r} is not one of "
-                                  f"{', '.join(sorted(set(dlc.STATUS.values())))}")
+                raise AliyunError(
+                    400,
+                    "InvalidParameter",
+                    f"Status {status!r} is not one of "
+                    f"{', '.join(sorted(set(dlc.STATUS.values())))}",
+                )
             where["state"] = {"$in": states}
         user = identity.user if (not identity.admin or show_own) else None
         offset = (page_number - 1) * page_size
         if order.lower() == "asc":
             # The store lists newest first: the asc page is a reversed slice from the end.
-            _, total = await ctx.views.list_jobs(user=user, state=None, limit=1, offset=0,
-                                                 where=where)
+            _, total = await ctx.views.list_jobs(
+                user=user, state=None, limit=1, offset=0, where=where
+            )
             end = max(0, total - offset)
             start = max(0, end - page_size)
             docs, total = await ctx.views.list_jobs(
-                user=user, state=None, limit=max(1, end - start), offset=start, where=where,
-                full=True)
+                user=user,
+                state=None,
+                limit=max(1, end - start),
+                offset=start,
+                where=where,
+                full=True,
+            )
             docs = list(reversed(docs[: end - start]))
         else:
-            docs, total = await ctx.views.list_jobs(user=user, state=None, limit=page_size,
-                                                    offset=offset, where=where, full=True)
-        items = [(job_view(doc, await ctx.views.job_tasks(doc["_id"])), _original(doc))
-                 for doc in docs]
+            docs, total = await ctx.views.list_jobs(
+                user=user, state=None, limit=page_size, offset=offset, where=where, full=True
+            )
+        items = [
+            (job_view(doc, await ctx.views.job_tasks(doc["_id"])), _original(doc)) for doc in docs
+        ]
         return {**dlc.render_list(items, total), "RequestId": request_id(request)}
 
     return api

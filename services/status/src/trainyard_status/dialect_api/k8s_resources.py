@@ -25,19 +25,32 @@ from .context import StatusContext
 
 # (group, version) -> (dialect name, plural -> kind name, render)
 APIS: dict[tuple[str, str], tuple[str, dict[str, str], Any]] = {
-    (t9k.GROUP, t9k.VERSION): (t9k.DIALECT, {p: k.name for p, k in t9k.PLURALS.items()},
-                               t9k.render),
+    (t9k.GROUP, t9k.VERSION): (
+        t9k.DIALECT,
+        {p: k.name for p, k in t9k.PLURALS.items()},
+        t9k.render,
+    ),
     (kubeflow.GROUP, kubeflow.VERSION): (
-        kubeflow.DIALECT, {p: k.name for p, k in kubeflow.PLURALS.items()}, kubeflow.render),
+        kubeflow.DIALECT,
+        {p: k.name for p, k in kubeflow.PLURALS.items()},
+        kubeflow.render,
+    ),
 }
 PAGE = 500
 
 
-def status(code: int, reason: str, message: str,
-           details: dict[str, Any] | None = None) -> JSONResponse:
-    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                            "status": "Failure", "message": message, "reason": reason,
-                            "code": code}
+def status(
+    code: int, reason: str, message: str, details: dict[str, Any] | None = None
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
     if details is not None:
         body["details"] = details
     return JSONResponse(status_code=code, content=body)
@@ -59,20 +72,29 @@ def router(ctx: StatusContext) -> APIRouter:
         dialect, kinds, render = found
         return dialect, kinds[plural], render
 
-    async def listing(group: str, version: str, plural: str, namespace: str | None,
-                      identity: Identity) -> JSONResponse:
+    async def listing(
+        group: str, version: str, plural: str, namespace: str | None, identity: Identity
+    ) -> JSONResponse:
         found = resolve(group, version, plural)
         if found is None:
-            return status(404, "NotFound", "the server could not find the requested "
-                          f"resource ({group}/{version}, {plural})")
+            return status(
+                404,
+                "NotFound",
+                f"the server could not find the requested resource ({group}/{version}, {plural})",
+            )
         dialect, kind, render = found
         prefix = f"{namespace}/{plural}/" if namespace else None
         chosen: dict[tuple[str, str], dict[str, Any]] = {}
         offset = 0
         while True:
             docs, total = await ctx.views.list_jobs(
-                user=None if identity.admin else identity.user, state=None, limit=PAGE,
-                offset=offset, where={"dialect": dialect}, full=True)
+                user=None if identity.admin else identity.user,
+                state=None,
+                limit=PAGE,
+                offset=offset,
+                where={"dialect": dialect},
+                full=True,
+            )
             for doc in docs:
                 key = doc.get("dialect_key") or ""
                 if key.split("/")[1:2] != [plural] or (prefix and not key.startswith(prefix)):
@@ -81,39 +103,64 @@ def router(ctx: StatusContext) -> APIRouter:
                 # rejected (a rejected copy may share its name).
                 slot = (str(doc.get("user")), key)
                 held = chosen.get(slot)
-                if held is None or (held.get("state") == "REJECTED"
-                                    and doc.get("state") != "REJECTED"):
+                if held is None or (
+                    held.get("state") == "REJECTED" and doc.get("state") != "REJECTED"
+                ):
                     chosen[slot] = doc
             offset += PAGE
             if offset >= total or not docs:
                 break
         items = [await resource(doc, plural, render) for doc in chosen.values()]
-        return JSONResponse({"apiVersion": f"{group}/{version}", "kind": f"{kind}List",
-                             "metadata": {"resourceVersion": ""}, "items": items})
+        return JSONResponse(
+            {
+                "apiVersion": f"{group}/{version}",
+                "kind": f"{kind}List",
+                "metadata": {"resourceVersion": ""},
+                "items": items,
+            }
+        )
 
     @api.get("/apis/{group}/{version}/namespaces/{namespace}/{plural}")
-    async def list_namespaced(group: str, version: str, namespace: str, plural: str,
-                              identity: Identity = Depends(ctx.current)) -> JSONResponse:
+    async def list_namespaced(
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        identity: Identity = Depends(ctx.current),
+    ) -> JSONResponse:
         return await listing(group, version, plural, namespace, identity)
 
     @api.get("/apis/{group}/{version}/{plural}")
-    async def list_all(group: str, version: str, plural: str,
-                       identity: Identity = Depends(ctx.current)) -> JSONResponse:
+    async def list_all(
+        group: str, version: str, plural: str, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
         return await listing(group, version, plural, None, identity)
 
     @api.get("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")
-    async def get(group: str, version: str, namespace: str, plural: str, name: str,
-                  identity: Identity = Depends(ctx.current)) -> JSONResponse:
+    async def get(
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        identity: Identity = Depends(ctx.current),
+    ) -> JSONResponse:
         found = resolve(group, version, plural)
         if found is None:
-            return status(404, "NotFound", "the server could not find the requested "
-                          f"resource ({group}/{version}, {plural})")
+            return status(
+                404,
+                "NotFound",
+                f"the server could not find the requested resource ({group}/{version}, {plural})",
+            )
         dialect, _kind, render = found
-        doc = await ctx.views.find_by_key(identity.user, f"{namespace}/{plural}/{name}",
-                                          dialect)
+        doc = await ctx.views.find_by_key(identity.user, f"{namespace}/{plural}/{name}", dialect)
         if doc is None:
-            return status(404, "NotFound", f'{plural}.{group} "{name}" not found',
-                          {"name": name, "group": group, "kind": plural})
+            return status(
+                404,
+                "NotFound",
+                f'{plural}.{group} "{name}" not found',
+                {"name": name, "group": group, "kind": plural},
+            )
         return JSONResponse(await resource(doc, plural, render))
 
     return api

@@ -59,16 +59,18 @@ def router(ctx: StatusContext) -> APIRouter:
         return JSONResponse(render_status(_with_stop(await ctx.full_view(doc), doc)))
 
     @api.get("/api/v2/jobs/{framework_name}")
-    async def get_job(framework_name: str,
-                      identity: Identity = Depends(ctx.current)) -> JSONResponse:
+    async def get_job(
+        framework_name: str, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
         user, sep, name = framework_name.partition("~")
         if not sep:
             return error(404, "NoJobError", f"Job {framework_name} is not found.")
         return await status_of(user, name, identity)
 
     @api.get("/api/v2/jobs/{framework_name}/config")
-    async def get_config(framework_name: str,
-                         identity: Identity = Depends(ctx.current)) -> JSONResponse:
+    async def get_config(
+        framework_name: str, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
         """The job as it was submitted (OpenPAI's job config), secrets hidden: what a
         user resubmits or edits, and what the round trip through this dialect keeps."""
         user, sep, name = framework_name.partition("~")
@@ -81,8 +83,9 @@ def router(ctx: StatusContext) -> APIRouter:
         return JSONResponse(json.loads(doc["original_json"]))
 
     @api.get("/api/v1/user/{user}/jobs/{name}")
-    async def get_job_v1(user: str, name: str,
-                         identity: Identity = Depends(ctx.current)) -> JSONResponse:
+    async def get_job_v1(
+        user: str, name: str, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
         return await status_of(user, name, identity)
 
     @api.get("/api/v2/jobs")
@@ -100,8 +103,11 @@ def router(ctx: StatusContext) -> APIRouter:
         users = [u for u in (username or "").split(",") if u]
         if not identity.admin:
             if any(u != identity.user for u in users):
-                return error(403, "ForbiddenUserError",
-                             f"User {identity.user} is not allowed to list other users' jobs.")
+                return error(
+                    403,
+                    "ForbiddenUserError",
+                    f"User {identity.user} is not allowed to list other users' jobs.",
+                )
             users = [identity.user]
         where: dict[str, Any] = {"dialect": {"$in": list(DIALECTS)}}
         if users:
@@ -111,8 +117,9 @@ def router(ctx: StatusContext) -> APIRouter:
         if state:
             wanted = [ours for s in state.split(",") for ours in STATES.get(s.upper(), ())]
             where["state"] = {"$in": wanted}
-        docs, total = await ctx.views.list_jobs(user=None, state=None, limit=limit,
-                                                offset=offset, where=where, full=True)
+        docs, total = await ctx.views.list_jobs(
+            user=None, state=None, limit=limit, offset=offset, where=where, full=True
+        )
         items = [render_list_item(_with_stop(job_view(doc, []), doc)) for doc in docs]
         return {"totalCount": total, "data": items} if withTotalCount else items
 

@@ -51,14 +51,24 @@ def router(ctx: StatusContext) -> APIRouter:
             where["queue"] = cluster
         # An admin sees every user's jobs, as on /v1/jobs.
         docs, total = await ctx.views.list_jobs(
-            user=None if identity.admin else identity.user, state=None, limit=limit,
-            offset=offset, where=where, full=True)
-        return {"jobs": [await ti_view(ctx, doc) for doc in docs], "total": total,
-                "limit": limit, "offset": offset}
+            user=None if identity.admin else identity.user,
+            state=None,
+            limit=limit,
+            offset=offset,
+            where=where,
+            full=True,
+        )
+        return {
+            "jobs": [await ti_view(ctx, doc) for doc in docs],
+            "total": total,
+            "limit": limit,
+            "offset": offset,
+        }
 
     @api.get("/jobs/{cluster}/{name}")
-    async def get_job(cluster: str, name: str,
-                      identity: Identity = Depends(ctx.current)) -> dict[str, Any]:
+    async def get_job(
+        cluster: str, name: str, identity: Identity = Depends(ctx.current)
+    ) -> dict[str, Any]:
         doc = await ctx.views.find_by_key(identity.user, f"{cluster}/{name}", dialect=DIALECT)
         if doc is None:
             raise HTTPException(404, f"no TI job {name!r} in cluster {cluster!r}")

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainyard_common.dialects import BY_NAME
-
 from trainyard_common.events import (
     Event,
+    InterruptCause,
     JobAccepted,
     JobFinished,
     JobInterrupted,
@@ -21,7 +21,6 @@ from trainyard_common.events import (
     JobRetrying,
     JobState,
     JobSubmitted,
-    InterruptCause,
     StopJob,
     TaskState,
     TaskStateChanged,
@@ -117,101 +116,186 @@ def project(event: Event) -> Changes:
     match event:
         case JobSubmitted():
             spec = event.spec
-            return Changes(JobChange(
-                event.job_id,
-                always={
-                    "name": spec.name, "user": spec.user, "dialect": event.dialect,
-                    "dialect_key": event.dialect_key,
-                    "queue": spec.queue, "priority": spec.priority, "submitted_at": at,
-                    "spec_json": spec.redacted().model_dump_json(),
-                    "original_json": _original(event),
-                    "warnings": _issues(event.warnings),
-                },
-                state=JobState.SUBMITTED, with_state={"updated_at": at},
-            ))
+            return Changes(
+                JobChange(
+                    event.job_id,
+                    always={
+                        "name": spec.name,
+                        "user": spec.user,
+                        "dialect": event.dialect,
+                        "dialect_key": event.dialect_key,
+                        "queue": spec.queue,
+                        "priority": spec.priority,
+                        "submitted_at": at,
+                        "spec_json": spec.redacted().model_dump_json(),
+                        "original_json": _original(event),
+                        "warnings": _issues(event.warnings),
+                    },
+                    state=JobState.SUBMITTED,
+                    with_state={"updated_at": at},
+                )
+            )
         case JobAccepted():
-            return Changes(JobChange(
-                event.job_id,
-                always={"spec_json": event.spec.redacted().model_dump_json(),
-                        "warnings": _issues(event.warnings)},
-                state=JobState.ACCEPTED, with_state={"updated_at": at},
-            ))
+            return Changes(
+                JobChange(
+                    event.job_id,
+                    always={
+                        "spec_json": event.spec.redacted().model_dump_json(),
+                        "warnings": _issues(event.warnings),
+                    },
+                    state=JobState.ACCEPTED,
+                    with_state={"updated_at": at},
+                )
+            )
         case JobRejected():
             reason = "; ".join(f"{e.path}: {e.message}" for e in event.errors) or "rejected"
-            return Changes(JobChange(
-                event.job_id, always={"errors": _issues(event.errors)},
-                state=JobState.REJECTED,
-                with_state={"reason": reason, "updated_at": at, "finished_at": at},
-            ))
+            return Changes(
+                JobChange(
+                    event.job_id,
+                    always={"errors": _issues(event.errors)},
+                    state=JobState.REJECTED,
+                    with_state={"reason": reason, "updated_at": at, "finished_at": at},
+                )
+            )
         case JobQueued():
-            return Changes(JobChange(
-                event.job_id, state=JobState.QUEUED, same_rank_ok=True, attempt=event.attempt,
-                with_state={"queue_reasons": list(event.reasons), "queue_position": event.position,
-                            "reason": "; ".join(event.reasons) or None, "attempt": event.attempt,
-                            "updated_at": at},
-            ))
+            return Changes(
+                JobChange(
+                    event.job_id,
+                    state=JobState.QUEUED,
+                    same_rank_ok=True,
+                    attempt=event.attempt,
+                    with_state={
+                        "queue_reasons": list(event.reasons),
+                        "queue_position": event.position,
+                        "reason": "; ".join(event.reasons) or None,
+                        "attempt": event.attempt,
+                        "updated_at": at,
+                    },
+                )
+            )
         case JobPlaced():
             tasks = [
-                TaskChange(task_id(event.job_id, event.attempt, t.role, t.index), {
-                    "job_id": event.job_id, "attempt": event.attempt, "role": t.role,
-                    "index": t.index, "node": t.node, "host_ip": t.host_ip,
-                    "gpu_indices": list(t.gpu_indices),
-                    "ports": [p.model_dump() for p in t.ports],
-                })
+                TaskChange(
+                    task_id(event.job_id, event.attempt, t.role, t.index),
+                    {
+                        "job_id": event.job_id,
+                        "attempt": event.attempt,
+                        "role": t.role,
+                        "index": t.index,
+                        "node": t.node,
+                        "host_ip": t.host_ip,
+                        "gpu_indices": list(t.gpu_indices),
+                        "ports": [p.model_dump() for p in t.ports],
+                    },
+                )
                 for t in event.tasks
             ]
-            return Changes(JobChange(
-                event.job_id, state=JobState.PLACED, attempt=event.attempt,
-                # The attempt's own spec: a scaled job runs at its new size.
-                with_state={"attempt": event.attempt, "reason": None, "queue_reasons": [],
-                            "spec_json": event.spec.redacted().model_dump_json(),
-                            "updated_at": at},
-            ), tasks)
+            return Changes(
+                JobChange(
+                    event.job_id,
+                    state=JobState.PLACED,
+                    attempt=event.attempt,
+                    # The attempt's own spec: a scaled job runs at its new size.
+                    with_state={
+                        "attempt": event.attempt,
+                        "reason": None,
+                        "queue_reasons": [],
+                        "spec_json": event.spec.redacted().model_dump_json(),
+                        "updated_at": at,
+                    },
+                ),
+                tasks,
+            )
         case TaskStateChanged():
-            task = TaskChange(task_id(event.job_id, event.attempt, event.role, event.index), {
-                "job_id": event.job_id, "attempt": event.attempt, "role": event.role,
-                "index": event.index, "state": event.state.value, "exit_code": event.exit_code,
-                "reason": event.reason, "updated_at": at,
-                "failure_class": event.failure_class.value if event.failure_class else None,
-                **({"node": event.node} if event.node else {}),
-            }, seq=event.seq)
+            task = TaskChange(
+                task_id(event.job_id, event.attempt, event.role, event.index),
+                {
+                    "job_id": event.job_id,
+                    "attempt": event.attempt,
+                    "role": event.role,
+                    "index": event.index,
+                    "state": event.state.value,
+                    "exit_code": event.exit_code,
+                    "reason": event.reason,
+                    "updated_at": at,
+                    "failure_class": event.failure_class.value if event.failure_class else None,
+                    **({"node": event.node} if event.node else {}),
+                },
+                seq=event.seq,
+            )
             job = None
             if event.state is TaskState.RUNNING:
-                job = JobChange(event.job_id, state=JobState.RUNNING, attempt=event.attempt,
-                                with_state={"attempt": event.attempt, "updated_at": at})
+                job = JobChange(
+                    event.job_id,
+                    state=JobState.RUNNING,
+                    attempt=event.attempt,
+                    with_state={"attempt": event.attempt, "updated_at": at},
+                )
             return Changes(job, [task])
         case JobFinished():
             cls = event.failure_class.value if event.failure_class else None
-            return Changes(JobChange(
-                event.job_id, state=event.state, attempt=event.attempt,
-                with_state={"reason": event.reason, "exit_code": event.exit_code,
-                            "attempt": event.attempt, "failure_class": cls,
-                            "updated_at": at, "finished_at": at},
-                add_to_set={"attempts": {
-                    "attempt": event.attempt, "state": event.state.value,
-                    "reason": event.reason, "exit_code": event.exit_code,
-                    "failure_class": cls, "ended_at": at}},
-            ))
+            return Changes(
+                JobChange(
+                    event.job_id,
+                    state=event.state,
+                    attempt=event.attempt,
+                    with_state={
+                        "reason": event.reason,
+                        "exit_code": event.exit_code,
+                        "attempt": event.attempt,
+                        "failure_class": cls,
+                        "updated_at": at,
+                        "finished_at": at,
+                    },
+                    add_to_set={
+                        "attempts": {
+                            "attempt": event.attempt,
+                            "state": event.state.value,
+                            "reason": event.reason,
+                            "exit_code": event.exit_code,
+                            "failure_class": cls,
+                            "ended_at": at,
+                        }
+                    },
+                )
+            )
         case JobRetrying():
             # The job is back in line as its next attempt; ranked as that attempt's
             # ACCEPTED so that placement's JobQueued/JobPlaced of it, in any order, win.
-            return Changes(JobChange(
-                event.job_id, state=JobState.QUEUED, attempt=event.attempt,
-                rank_state=JobState.ACCEPTED,
-                with_state={"attempt": event.attempt, "reason": event.reason,
-                            "queue_reasons": [], "queue_position": None,
-                            "not_before": event.not_before, "updated_at": at},
-                add_to_set={"attempts": {
-                    "attempt": event.previous_attempt, "state": JobState.FAILED.value,
-                    "reason": event.reason, "exit_code": None,
-                    "failure_class": event.failure_class.value, "ended_at": at,
-                    "retried_as": event.attempt, "not_before": event.not_before}},
-            ))
+            return Changes(
+                JobChange(
+                    event.job_id,
+                    state=JobState.QUEUED,
+                    attempt=event.attempt,
+                    rank_state=JobState.ACCEPTED,
+                    with_state={
+                        "attempt": event.attempt,
+                        "reason": event.reason,
+                        "queue_reasons": [],
+                        "queue_position": None,
+                        "not_before": event.not_before,
+                        "updated_at": at,
+                    },
+                    add_to_set={
+                        "attempts": {
+                            "attempt": event.previous_attempt,
+                            "state": JobState.FAILED.value,
+                            "reason": event.reason,
+                            "exit_code": None,
+                            "failure_class": event.failure_class.value,
+                            "ended_at": at,
+                            "retried_as": event.attempt,
+                            "not_before": event.not_before,
+                        }
+                    },
+                )
+            )
         case JobInterrupted():
             return _interrupted(event)
         case StopJob():
-            return Changes(JobChange(
-                event.job_id, always={"stop_requested_by": event.requested_by}))
+            return Changes(
+                JobChange(event.job_id, always={"stop_requested_by": event.requested_by})
+            )
     return Changes()
 
 
@@ -220,23 +304,46 @@ def _interrupted(event: JobInterrupted) -> Changes:
     node removed) back in line as the next attempt, ranked as that attempt's ACCEPTED
     like a retry so placement's JobQueued/JobPlaced of it, in any order, win."""
     at = event.occurred_at
-    ended = {"attempt": event.attempt, "state": JobState.STOPPED.value, "reason": event.reason,
-             "exit_code": None, "failure_class": None, "interrupted": event.cause.value}
-    tasks = EndTasks(event.job_id, event.attempt, {
-        "state": TaskState.STOPPED.value, "reason": event.reason, "updated_at": at})
+    ended = {
+        "attempt": event.attempt,
+        "state": JobState.STOPPED.value,
+        "reason": event.reason,
+        "exit_code": None,
+        "failure_class": None,
+        "interrupted": event.cause.value,
+    }
+    tasks = EndTasks(
+        event.job_id,
+        event.attempt,
+        {"state": TaskState.STOPPED.value, "reason": event.reason, "updated_at": at},
+    )
     if event.cause is InterruptCause.PAUSED:
         job = JobChange(
-            event.job_id, state=JobState.PAUSED, attempt=event.attempt,
-            with_state={"attempt": event.attempt, "reason": event.reason, "queue_reasons": [],
-                        "queue_position": None, "updated_at": at},
+            event.job_id,
+            state=JobState.PAUSED,
+            attempt=event.attempt,
+            with_state={
+                "attempt": event.attempt,
+                "reason": event.reason,
+                "queue_reasons": [],
+                "queue_position": None,
+                "updated_at": at,
+            },
             add_to_set={"attempts": ended},
         )
     else:
         job = JobChange(
-            event.job_id, state=JobState.QUEUED, attempt=event.attempt + 1,
+            event.job_id,
+            state=JobState.QUEUED,
+            attempt=event.attempt + 1,
             rank_state=JobState.ACCEPTED,
-            with_state={"attempt": event.attempt + 1, "reason": event.reason,
-                        "queue_reasons": [], "queue_position": None, "updated_at": at},
+            with_state={
+                "attempt": event.attempt + 1,
+                "reason": event.reason,
+                "queue_reasons": [],
+                "queue_position": None,
+                "updated_at": at,
+            },
             add_to_set={"attempts": {**ended, "retried_as": event.attempt + 1}},
         )
     return Changes(job, end_tasks=tasks)

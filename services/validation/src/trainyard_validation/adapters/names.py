@@ -37,8 +37,13 @@ class MongoNameRegistry:
         # Two rounds: a claim seen by the insert may be gone by the find (an operator
         # freed the name), and then the name is free again.
         for _ in range(2):
-            document = {"_id": key, "user": user, "name": name, "job_id": job_id,
-                        "claimed_at": utcnow()}
+            document = {
+                "_id": key,
+                "user": user,
+                "name": name,
+                "job_id": job_id,
+                "claimed_at": utcnow(),
+            }
             if await insert_once(self._names, document):
                 return True
             holder = await self._names.find_one({"_id": key}, {"job_id": 1})

@@ -77,8 +77,11 @@ def _misfit(role: RoleSpec, cluster: ClusterSpec, locate: Locate) -> FieldIssue:
     r = role.resources
     need = _gpus_needed(r.gpu)
     if not cluster.nodes:
-        return FieldIssue(path=locate(role.name, "role"), code="no_fit",
-                          message=f"role {role.name!r} cannot run: the cluster has no nodes")
+        return FieldIssue(
+            path=locate(role.name, "role"),
+            code="no_fit",
+            message=f"role {role.name!r} cannot run: the cluster has no nodes",
+        )
     # Only the nodes the role may use: its node selector has matched some (checked first).
     nodes = [n for n in cluster.nodes if _selected(n, role)]
     models = r.allowed_gpu_types()
@@ -87,8 +90,11 @@ def _misfit(role: RoleSpec, cluster: ClusterSpec, locate: Locate) -> FieldIssue:
     max_mem = max(n.memory_mb for n in nodes)
     max_gpu = max((n.gpus for n in typed), default=0)
     gpu_note = f" ({_models_text(models)})" if models and need else ""
-    among = (f" among the nodes its node selector {_selector_text(role)} matches"
-             if role.node_selector else "")
+    among = (
+        f" among the nodes its node selector {_selector_text(role)} matches"
+        if role.node_selector
+        else ""
+    )
     # Point at the one field that is too large, if there is one; otherwise the
     # combination is what no node has, and the role itself is the culprit.
     if r.cpu > max_cpu:
@@ -102,10 +108,13 @@ def _misfit(role: RoleSpec, cluster: ClusterSpec, locate: Locate) -> FieldIssue:
     else:
         path = locate(role.name, "role")
     return FieldIssue(
-        path=path, code="no_fit",
-        message=(f"role {role.name!r} asks for {_ask(role)} per task; no node{among} has "
-                 f"that much: the largest node offers {_num(max_cpu)} CPU, the most memory is "
-                 f"{max_mem} MB, the most GPUs{gpu_note} on one node is {max_gpu}"),
+        path=path,
+        code="no_fit",
+        message=(
+            f"role {role.name!r} asks for {_ask(role)} per task; no node{among} has "
+            f"that much: the largest node offers {_num(max_cpu)} CPU, the most memory is "
+            f"{max_mem} MB, the most GPUs{gpu_note} on one node is {max_gpu}"
+        ),
     )
 
 
@@ -115,20 +124,26 @@ def _unknown_models(role: RoleSpec, known: set[str], locate: Locate) -> FieldIss
     if len(models) == 1:
         message = f"GPU type {models[0]!r} is on no node; known types: {listed}"
     else:
-        message = (f"none of the GPU types {', '.join(map(repr, models))} is on any node; "
-                   f"known types: {listed}")
-    return FieldIssue(path=locate(role.name, _gpu_type_field(role)), code="unknown_gpu_type",
-                      message=message)
+        message = (
+            f"none of the GPU types {', '.join(map(repr, models))} is on any node; "
+            f"known types: {listed}"
+        )
+    return FieldIssue(
+        path=locate(role.name, _gpu_type_field(role)), code="unknown_gpu_type", message=message
+    )
 
 
 def _no_selected_node(role: RoleSpec, cluster: ClusterSpec, locate: Locate) -> FieldIssue:
     labels = sorted({f"{label.name}={label.value}" for n in cluster.nodes for label in n.labels})
-    shown = ", ".join(labels[:10]) + (f" and {len(labels) - 10} more" if len(labels) > 10
-                                      else "")
+    shown = ", ".join(labels[:10]) + (f" and {len(labels) - 10} more" if len(labels) > 10 else "")
     return FieldIssue(
-        path=locate(role.name, "node_selector"), code="no_matching_node",
-        message=(f"role {role.name!r}: no node carries every label of its node selector "
-                 f"{_selector_text(role)}; the nodes' labels: {shown or 'none'}"))
+        path=locate(role.name, "node_selector"),
+        code="no_matching_node",
+        message=(
+            f"role {role.name!r}: no node carries every label of its node selector "
+            f"{_selector_text(role)}; the nodes' labels: {shown or 'none'}"
+        ),
+    )
 
 
 def locator(submitted: JobSubmitted) -> Locate:
@@ -140,14 +155,17 @@ def locator(submitted: JobSubmitted) -> Locate:
     return lambda role, field: field_path(submitted.dialect, submitted.original, role, field)
 
 
-def check_against_cluster(spec: JobSpec, cluster: ClusterSpec, locate: Locate
-                          ) -> list[FieldIssue]:
+def check_against_cluster(spec: JobSpec, cluster: ClusterSpec, locate: Locate) -> list[FieldIssue]:
     issues: list[FieldIssue] = []
     if spec.queue not in cluster.queues:
-        issues.append(FieldIssue(
-            path=locate(None, "queue"), code="unknown_queue",
-            message=f"queue {spec.queue!r} does not exist; queues: "
-                    f"{', '.join(cluster.queues) or 'none'}"))
+        issues.append(
+            FieldIssue(
+                path=locate(None, "queue"),
+                code="unknown_queue",
+                message=f"queue {spec.queue!r} does not exist; queues: "
+                f"{', '.join(cluster.queues) or 'none'}",
+            )
+        )
     known_types = cluster.gpu_types()
     known_lower = {t.lower() for t in known_types}
     for role in spec.roles:
@@ -166,8 +184,9 @@ def check_against_cluster(spec: JobSpec, cluster: ClusterSpec, locate: Locate
 
 def _with_defaults(spec: JobSpec) -> JobSpec:
     """What later services may rely on: every role names its image."""
-    roles = [role if role.image else role.model_copy(update={"image": spec.image})
-             for role in spec.roles]
+    roles = [
+        role if role.image else role.model_copy(update={"image": spec.image}) for role in spec.roles
+    ]
     return spec.model_copy(update={"roles": roles})
 
 
@@ -186,21 +205,30 @@ def decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRe
     if not errors:
         errors = check_against_cluster(submitted.spec, cluster, locator(submitted))
     if errors:
-        return JobRejected(event_id=result_id(submitted), job_id=submitted.job_id,
-                           errors=errors)
+        return JobRejected(event_id=result_id(submitted), job_id=submitted.job_id, errors=errors)
     warnings = list(submitted.warnings)
     chosen = BY_NAME.get(submitted.dialect)
     if chosen is not None and submitted.original is not None:
         warnings += chosen.warnings(submitted.original, submitted.spec)
-    return JobAccepted(event_id=result_id(submitted), job_id=submitted.job_id,
-                       spec=_with_defaults(submitted.spec), warnings=dedupe(warnings))
+    return JobAccepted(
+        event_id=result_id(submitted),
+        job_id=submitted.job_id,
+        spec=_with_defaults(submitted.spec),
+        warnings=dedupe(warnings),
+    )
 
 
 def name_taken(submitted: JobSubmitted) -> JobRejected:
     spec = submitted.spec
     return JobRejected(
-        event_id=result_id(submitted), job_id=submitted.job_id,
-        errors=[FieldIssue(
-            path=locator(submitted)(None, "name"), code="name_taken",
-            message=f"job name {spec.name!r} is already used by another job of "
-                    f"{spec.user or 'this user'}; job names are unique per user")])
+        event_id=result_id(submitted),
+        job_id=submitted.job_id,
+        errors=[
+            FieldIssue(
+                path=locator(submitted)(None, "name"),
+                code="name_taken",
+                message=f"job name {spec.name!r} is already used by another job of "
+                f"{spec.user or 'this user'}; job names are unique per user",
+            )
+        ],
+    )

@@ -1,0 +1,146 @@
+"""Placement replicas as real processes, for the leadership and node-admin tests: each a
+``python -m trainyard_placement`` with its own port, on a NATS server of the test's own."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from trainyard_common.bus import Bus
+from trainyard_common.events import JobPlaced, JobQueued, decode
+from trainyard_common.jobspec import JobSpec, Resources, RoleSpec
+from trainyard_common.subjects import STREAM
+from trainyard_stack.components import free_port
+
+ADMIN_TOKEN = "placement-leader-test-admin-token"
+TTL_S = 1.5
+
+CLUSTER = {
+    "nodes": [
+        {
+            "name": "n1",
+            "cpu": 8,
+            "memory_mb": 16000,
+            "gpus": 2,
+            "gpu_type": "V100",
+            "port_range": [31000, 31999],
+        }
+    ]
+}
+
+
+def spec(name: str) -> JobSpec:
+    return JobSpec(
+        name=name,
+        roles=[
+            RoleSpec(
+                name="worker", command="true", resources=Resources(cpu=1, gpu=1, gpu_type="V100")
+            )
+        ],
+    )
+
+
+class Replica:
+    """One ``python -m trainyard_placement`` process."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.port = free_port()
+        self.env = {**env, "YARD_PLACEMENT_PORT": str(self.port)}
+        self.log_path = log
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.http = httpx.Client(
+            base_url=self.url, timeout=5, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
+
+    def start(self) -> Replica:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "trainyard_placement"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while True:
+            assert self.proc.poll() is None, self.log()
+            try:
+                if self.http.get("/healthz").status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "placement did not become healthy"
+            time.sleep(0.1)
+
+    def lease(self) -> dict[str, object]:
+        answer = self.http.get("/v1/placement/leader")
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    async def wait_leading(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.lease()["leading"]:
+            assert self.proc is not None and self.proc.poll() is None, self.log()
+            assert time.monotonic() < deadline, f"{self.url} never led:\n{self.log()}"
+            await asyncio.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> int | None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.http.close()
+        return self.proc.returncode if self.proc else None
+
+
+async def placed_events(bus: Bus) -> list[JobPlaced]:
+    """Every JobPlaced in the stream, duplicates included (read by sequence)."""
+    info = await bus.js.stream_info(STREAM)
+    events = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        msg = await bus.js.get_msg(STREAM, seq)
+        if msg.subject.endswith(".placed"):
+            event = decode(msg.data or b"")
+            assert isinstance(event, JobPlaced)
+            events.append(event)
+    return events
+
+
+async def wait_placed(bus: Bus, job_id: str, timeout: float = 20.0) -> JobPlaced:
+    deadline = time.monotonic() + timeout
+    while True:
+        for event in await placed_events(bus):
+            if event.job_id == job_id:
+                return event
+        assert time.monotonic() < deadline, f"{job_id} was not placed within {timeout}s"
+        await asyncio.sleep(0.1)
+
+
+async def wait_queued(bus: Bus, job_id: str, timeout: float = 20.0) -> JobQueued:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            msg = await bus.js.get_last_msg(STREAM, f"yard.job.{job_id}.queued")
+            event = decode(msg.data or b"")
+            assert isinstance(event, JobQueued)
+            return event
+        except Exception:  # noqa: BLE001 - not there yet
+            assert time.monotonic() < deadline, f"{job_id} was not queued within {timeout}s"
+            await asyncio.sleep(0.1)
