@@ -8,7 +8,9 @@ Decoding goes through :func:`decode`, the one place where old versions are upcas
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -307,7 +309,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     InterruptJob,
     RestartJob,
 )
-AnyEvent = Annotated[EVENT_TYPES, Field(discriminator="type")]  # type: ignore[valid-type]
+# Union[EVENT_TYPES] spelled for a tuple built at run time (X | Y over the tuple).
+AnyEvent = Annotated[functools.reduce(operator.or_, EVENT_TYPES), Field(discriminator="type")]  # type: ignore[valid-type]
 COMMAND_TYPES: tuple[type[Event], ...] = (
     StopJob,
     PauseJob,
