@@ -16,7 +16,6 @@ from .placement_replicas import ADMIN_TOKEN, CLUSTER, TTL_S
 
 
 @pytest.fixture
-@pytest.fixture
 def private_nats(tmp_path: Path) -> Iterator[str]:
     # Its own server: the durable "placement" consumer replays the whole stream, and the
     # shared one holds other tests' JobAccepted events.
