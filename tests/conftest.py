@@ -14,6 +14,26 @@ import pytest
 from trainyard_stack.components import FerretDB, NatsServer, ensure_ferretdb_binary
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tasks_reach_test_directories(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A platform run as root runs each user's tasks under the user's own uid, and they
+    must reach their directories under a test's data directory, as they reach them
+    under a real one: every test directory is traversable (never listable) by others."""
+    base = tmp_path_factory.getbasetemp()
+    for directory in (base.parent, base):  # pytest-of-<user>/pytest-<n>
+        os.chmod(directory, 0o711)
+    original = pytest.TempPathFactory.mktemp
+
+    def mktemp(self: pytest.TempPathFactory, basename: str, numbered: bool = True) -> Path:
+        path = original(self, basename, numbered)
+        os.chmod(path, 0o711)
+        return path
+
+    pytest.TempPathFactory.mktemp = mktemp  # type: ignore[method-assign]
+    yield
+    pytest.TempPathFactory.mktemp = original  # type: ignore[method-assign]
+
+
 @pytest.fixture(scope="session")
 def servers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("servers")

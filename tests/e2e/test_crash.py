@@ -43,7 +43,7 @@ def job(name: str, out_dir: Path, seconds: float) -> dict:
 
 
 def test_every_job_ends_exactly_once_through_service_crashes(
-    crash_platform: Platform, tmp_path: Path
+    crash_platform: Platform, out_dir: Path
 ) -> None:
     api = Api(crash_platform.url, crash_platform.token)
     jobs: list[str] = []
@@ -53,7 +53,7 @@ def test_every_job_ends_exactly_once_through_service_crashes(
         nonlocal counter
         for _ in range(n):
             counter += 1
-            jobs.append(api.submit(job(f"crash-{counter}", tmp_path, 1.5)))
+            jobs.append(api.submit(job(f"crash-{counter}", out_dir, 1.5)))
 
     submit(4)
     for name in SERVICES:
@@ -78,7 +78,7 @@ def test_every_job_ends_exactly_once_through_service_crashes(
 
     for job_id in jobs:
         for index in (0, 1):
-            launches = (tmp_path / f"{job_id}-w-{index}").read_text().splitlines()
+            launches = (out_dir / f"{job_id}-w-{index}").read_text().splitlines()
             assert launches == ["launched"], f"{job_id} task {index} launched {len(launches)} times"
         history = settled_history(api, job_id)
         counts = collections.Counter(h["type"] for h in history)

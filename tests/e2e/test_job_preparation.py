@@ -5,6 +5,7 @@ imports the package and reads the data; a job past max_running_minutes is stoppe
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 import zipfile
@@ -37,6 +38,7 @@ def write_wheel(directory: Path, name: str, body: str) -> None:
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("wheels")
+    os.chmod(directory, 0o755)  # a package index: the tasks' users list it
     write_wheel(directory, "tyyard_e2e", "def greet(who):\n    return f'hello {who}'\n")
     return directory
 

@@ -16,21 +16,24 @@ import pytest
 
 from trainyard_common.events import FailureClass, TaskState
 from trainyard_common.jobspec import Resources
-from trainyard_launcher.adapters.limits import find_cgroup, find_mechanisms, make_cgroup, oom_kills
-from trainyard_launcher.adapters.local import (
+from trainyard_launcher.adapters.backend import (
     AlreadyLaunched,
     LaunchError,
-    LocalBackend,
     PortClaim,
+    TaskHandle,
     TaskOptions,
     TaskRef,
     TaskStatus,
 )
+from trainyard_launcher.adapters.limits import find_cgroup, find_mechanisms, make_cgroup, oom_kills
+from trainyard_launcher.adapters.local import LocalBackend
 from trainyard_launcher.adapters.procfs import is_alive, session_members
 from trainyard_launcher.domain.completion import exit_reason
 from trainyard_launcher.domain.limits import Mechanisms
 from trainyard_launcher.handlers import _end_of
 from trainyard_launcher.logs import CappedLog, follow, older_part, read_log
+
+from ..support.launcher import launch
 
 
 def ref(name: str = "t") -> TaskRef:
@@ -41,9 +44,7 @@ async def wait_ended(backend: LocalBackend, task: TaskRef, timeout: float = 20.0
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         launched = backend.read_pid(task)
-        status = backend.poll(
-            task, launched.pid if launched else None, launched.start_ticks if launched else None
-        )
+        status = await backend.poll(task, launched.handle if launched else TaskHandle())
         if launched and status.ended:
             return status
         await asyncio.sleep(0.05)
@@ -53,8 +54,12 @@ async def wait_ended(backend: LocalBackend, task: TaskRef, timeout: float = 20.0
 async def test_task_that_exits_zero_writes_logs_and_exit_record(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
     task = ref("ok")
-    launched = backend.launch(
-        task, "echo hello $TRAINYARD_ROLE; echo oops >&2; pwd", {"TRAINYARD_ROLE": "worker"}, []
+    launched = await launch(
+        backend,
+        task,
+        "echo hello $TRAINYARD_ROLE; echo oops >&2; pwd",
+        {"TRAINYARD_ROLE": "worker"},
+        [],
     )
     status = await wait_ended(backend, task)
     assert (status.exit_code, status.signal, status.lost) == (0, None, False)
@@ -69,7 +74,7 @@ async def test_task_that_exits_zero_writes_logs_and_exit_record(tmp_path: Path) 
 
 async def test_task_that_exits_three(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
-    backend.launch(ref(), "exit 3", {}, [])
+    await launch(backend, ref(), "exit 3", {}, [])
     status = await wait_ended(backend, ref())
     assert status.exit_code == 3
     assert exit_reason(status.exit_code, status.signal) == "exited with code 3"
@@ -80,7 +85,7 @@ async def test_missing_command_is_127_command_not_found(tmp_path: Path) -> None:
     empty = tmp_path / "empty-path"
     empty.mkdir()
     # An empty PATH makes nvidia-smi missing even on a machine that has one.
-    backend.launch(ref(), "nvidia-smi", {"PATH": str(empty)}, [])
+    await launch(backend, ref(), "nvidia-smi", {"PATH": str(empty)}, [])
     status = await wait_ended(backend, ref())
     assert status.exit_code == 127
     assert "command not found" in exit_reason(status.exit_code, status.signal)
@@ -92,19 +97,19 @@ async def test_the_launcher_settings_do_not_reach_the_task(
 ) -> None:
     monkeypatch.setenv("YARD_TOKEN", "super-secret-value")
     backend = LocalBackend(tmp_path)
-    backend.launch(ref(), 'echo "token=${YARD_TOKEN:-none} home=${HOME:+set}"', {}, [])
+    await launch(backend, ref(), 'echo "token=${YARD_TOKEN:-none} home=${HOME:+set}"', {}, [])
     await wait_ended(backend, ref())
     assert (backend.task_dir(ref()) / "stdout.log").read_text() == "token=none home=set\n"
 
 
 async def test_no_second_launch(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
-    backend.launch(ref(), "echo once >> ../../runs.txt", {}, [])
-    assert backend.was_launched(ref())
+    await launch(backend, ref(), "echo once >> ../../runs.txt", {}, [])
+    assert await backend.was_launched(ref())
     with pytest.raises(AlreadyLaunched):
-        backend.launch(ref(), "echo once >> ../../runs.txt", {}, [])
+        await launch(backend, ref(), "echo once >> ../../runs.txt", {}, [])
     with pytest.raises(AlreadyLaunched):
-        LocalBackend(tmp_path).launch(ref(), "echo once >> ../../runs.txt", {}, [])
+        await launch(LocalBackend(tmp_path), ref(), "echo once >> ../../runs.txt", {}, [])
     await wait_ended(backend, ref())
     assert (backend.task_dir(ref()).parent / "runs.txt").read_text() == "once\n"
 
@@ -116,10 +121,10 @@ async def test_a_port_in_use_fails_the_launch_naming_the_port(tmp_path: Path) ->
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(LaunchError, match=f"port {port} \\(http\\) on 127.0.0.1"):
-            backend.launch(ref(), "true", {}, [PortClaim("http", "127.0.0.1", port)])
+            await launch(backend, ref(), "true", {}, [PortClaim("http", "127.0.0.1", port)])
     # Nothing was started, so nothing blocks a later, successful launch.
-    assert not backend.was_launched(ref())
-    backend.launch(ref(), "true", {}, [PortClaim("http", "127.0.0.1", port)])
+    assert not await backend.was_launched(ref())
+    await launch(backend, ref(), "true", {}, [PortClaim("http", "127.0.0.1", port)])
     assert (await wait_ended(backend, ref())).exit_code == 0
 
 
@@ -133,7 +138,7 @@ async def test_kill_leaves_no_process_of_the_group(tmp_path: Path) -> None:
         "wait"
     )
     task = ref("kill")
-    launched = backend.launch(task, command, {}, [])
+    launched = await launch(backend, task, command, {}, [])
     pids_file = backend.task_dir(task) / "work" / "pids"
     deadline = time.monotonic() + 10
     while (
@@ -144,26 +149,26 @@ async def test_kill_leaves_no_process_of_the_group(tmp_path: Path) -> None:
     assert len(children) == 4 and all(is_alive(p, None) for p in children)
 
     started = time.monotonic()
-    status = await backend.kill(task, launched.pid, launched.start_ticks, grace_s=1.0)
+    status = await backend.kill(task, launched.handle, grace_s=1.0)
     assert time.monotonic() - started < 8
     assert status.ended
     assert session_members(launched.pid) == []
     assert not any(is_alive(p, None) for p in children)
-    assert not is_alive(launched.pid, launched.start_ticks)
+    assert not is_alive(launched.pid, launched.handle.start_ticks)
 
 
 async def test_kill_with_sigterm_lets_the_wrapper_record_the_signal(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
-    launched = backend.launch(ref(), "sleep 300", {}, [])
+    launched = await launch(backend, ref(), "sleep 300", {}, [])
     await asyncio.sleep(0.3)
-    status = await backend.kill(ref(), launched.pid, launched.start_ticks, grace_s=5.0)
+    status = await backend.kill(ref(), launched.handle, grace_s=5.0)
     assert (status.exit_code, status.signal) == (128 + signal.SIGTERM, signal.SIGTERM)
     assert exit_reason(status.exit_code, status.signal) == "killed by SIGTERM"
 
 
 async def test_adoption_after_the_popen_handle_is_dropped(tmp_path: Path) -> None:
     first = LocalBackend(tmp_path)
-    launched = first.launch(ref(), "sleep 1; exit 5", {}, [])
+    launched = await launch(first, ref(), "sleep 1; exit 5", {}, [])
     del first
     gc.collect()
 
@@ -171,41 +176,43 @@ async def test_adoption_after_the_popen_handle_is_dropped(tmp_path: Path) -> Non
     # The wrapper writes its pid file as it starts; a loaded machine may take a moment.
     from_file = await adopter.wait_started(ref(), 5.0)
     assert from_file is not None
-    assert (from_file.pid, from_file.start_ticks) == (launched.pid, launched.start_ticks)
-    assert adopter.poll(ref(), from_file.pid, from_file.start_ticks).running
+    assert (from_file.pid, from_file.handle.start_ticks) == (
+        launched.pid,
+        launched.handle.start_ticks,
+    )
+    assert (await adopter.poll(ref(), from_file.handle)).running
     status = await wait_ended(adopter, ref())
     assert (status.exit_code, status.lost) == (5, False)
 
 
 async def test_a_reused_pid_is_not_mistaken_for_the_task(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
-    launched = backend.launch(ref(), "sleep 300", {}, [])
-    assert launched.start_ticks is not None
+    launched = await launch(backend, ref(), "sleep 300", {}, [])
+    assert launched.handle.start_ticks is not None
     try:
-        status = backend.poll(ref(), launched.pid, launched.start_ticks + 1)
+        status = await backend.poll(
+            ref(), TaskHandle(pid=launched.pid, start_ticks=launched.handle.start_ticks + 1)
+        )
         assert status.lost
     finally:
-        await backend.kill(ref(), launched.pid, launched.start_ticks, grace_s=2.0)
+        await backend.kill(ref(), launched.handle, grace_s=2.0)
 
 
 async def test_a_wrapper_killed_from_outside_is_lost_and_its_command_is_cleaned_up(
     tmp_path: Path,
 ) -> None:
     backend = LocalBackend(tmp_path)
-    launched = backend.launch(ref(), "sleep 300", {}, [])
+    launched = await launch(backend, ref(), "sleep 300", {}, [])
     await asyncio.sleep(0.3)
     os.kill(launched.pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while (
-        backend.poll(ref(), launched.pid, launched.start_ticks).running
-        and time.monotonic() < deadline
-    ):
+    while (await backend.poll(ref(), launched.handle)).running and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    status = backend.poll(ref(), launched.pid, launched.start_ticks)
+    status = await backend.poll(ref(), launched.handle)
     assert status.lost
     # The command outlived its wrapper; a kill still finds it through the session.
     assert [m.pid for m in session_members(launched.pid)]
-    await backend.kill(ref(), launched.pid, launched.start_ticks, grace_s=1.0)
+    await backend.kill(ref(), launched.handle, grace_s=1.0)
     assert session_members(launched.pid) == []
 
 
@@ -213,7 +220,7 @@ async def test_the_command_and_its_secrets_stay_off_the_process_list(tmp_path: P
     backend = LocalBackend(tmp_path)
     task = ref("private")
     secret = "s3cr3t-" + os.urandom(4).hex()
-    launched = backend.launch(task, f"echo {secret} > seen; sleep 300", {}, [])
+    launched = await launch(backend, task, f"echo {secret} > seen; sleep 300", {}, [])
     seen = backend.task_dir(task) / "work" / "seen"
     deadline = time.monotonic() + 10
     while not seen.exists() and time.monotonic() < deadline:
@@ -226,7 +233,7 @@ async def test_the_command_and_its_secrets_stay_off_the_process_list(tmp_path: P
     assert command_lines and not any(secret in line for line in command_lines), command_lines
     script = backend.task_dir(task) / "command.sh"
     assert script.stat().st_mode & 0o777 == 0o600
-    await backend.kill(task, launched.pid, launched.start_ticks, grace_s=1.0)
+    await backend.kill(task, launched.handle, grace_s=1.0)
 
 
 # --- logs, debug mode, exec, limits, clean-up ----------------------------------------------
@@ -238,7 +245,7 @@ def limited(memory_mb: int = 1024, shm_mb: int = 64) -> TaskOptions:
 
 async def test_a_log_is_capped_keeping_its_newest_part(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path, log_max_bytes=4000)
-    backend.launch(ref(), "for i in $(seq 1 2000); do echo line $i; done", {}, [])
+    await launch(backend, ref(), "for i in $(seq 1 2000); do echo line $i; done", {}, [])
     assert (await wait_ended(backend, ref())).exit_code == 0
     log = backend.task_dir(ref()) / "stdout.log"
     kept = read_log(log)
@@ -274,7 +281,8 @@ async def test_following_a_log_goes_on_across_its_rotation(tmp_path: Path) -> No
 async def test_a_debug_task_is_prepared_but_runs_a_keep_alive_until_stopped(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
     task = ref("debug")
-    launched = backend.launch(
+    launched = await launch(
+        backend,
         task,
         "echo ran > ran; exit 3",
         {"GREETING": "hi"},
@@ -282,10 +290,13 @@ async def test_a_debug_task_is_prepared_but_runs_a_keep_alive_until_stopped(tmp_
         options=TaskOptions(debug=True, resources=Resources()),
     )
     deadline = time.monotonic() + 10
-    while not backend.progress(task).command_started and time.monotonic() < deadline:
+    while (
+        not (await backend.progress(task, launched.handle)).command_started
+        and time.monotonic() < deadline
+    ):
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)
-    assert backend.poll(task, launched.pid, launched.start_ticks).running
+    assert (await backend.poll(task, launched.handle)).running
     assert not (backend.task_dir(task) / "work" / "ran").exists()
     assert (
         "debug mode: the command is not run" in (backend.task_dir(task) / "stderr.log").read_text()
@@ -293,10 +304,10 @@ async def test_a_debug_task_is_prepared_but_runs_a_keep_alive_until_stopped(tmp_
 
     result = await backend.exec(
         task,
+        launched.handle,
         ["bash", "-c", 'echo "$GREETING from $PWD"; exit 7'],
         {"GREETING": "hi"},
         10,
-        pid=launched.pid,
     )
     assert (result.exit_code, result.stdout, result.timed_out) == (
         7,
@@ -305,9 +316,9 @@ async def test_a_debug_task_is_prepared_but_runs_a_keep_alive_until_stopped(tmp_
     )
 
     # A command still running in the task ends with it, as does the keep-alive.
-    hanging = asyncio.create_task(backend.exec(task, ["sleep", "300"], {}, 60, pid=launched.pid))
+    hanging = asyncio.create_task(backend.exec(task, launched.handle, ["sleep", "300"], {}, 60))
     await asyncio.sleep(0.3)
-    status = await backend.kill(task, launched.pid, launched.start_ticks, grace_s=2.0)
+    status = await backend.kill(task, launched.handle, grace_s=2.0)
     assert status.ended
     assert (await asyncio.wait_for(hanging, 5)).exit_code == 128 + signal.SIGKILL
     assert session_members(launched.pid) == []
@@ -315,19 +326,19 @@ async def test_a_debug_task_is_prepared_but_runs_a_keep_alive_until_stopped(tmp_
 
 async def test_an_exec_past_its_timeout_is_killed(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
-    launched = backend.launch(ref(), "sleep 300", {}, [])
+    launched = await launch(backend, ref(), "sleep 300", {}, [])
     started = time.monotonic()
     result = await backend.exec(
-        ref(), ["bash", "-c", "echo begun; sleep 300"], {}, 0.5, pid=launched.pid
+        ref(), launched.handle, ["bash", "-c", "echo begun; sleep 300"], {}, 0.5
     )
     assert result.timed_out and result.stdout == "begun\n" and time.monotonic() - started < 5
-    await backend.kill(ref(), launched.pid, launched.start_ticks, grace_s=1.0)
+    await backend.kill(ref(), launched.handle, grace_s=1.0)
 
 
 async def test_a_process_that_left_the_session_ends_with_the_task(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
     # setsid puts the sleep in a session of its own: a session kill would miss it.
-    backend.launch(ref(), "setsid sleep 300 & echo $! > daemon; sleep 0.3; exit 0", {}, [])
+    await launch(backend, ref(), "setsid sleep 300 & echo $! > daemon; sleep 0.3; exit 0", {}, [])
     assert (await wait_ended(backend, ref())).exit_code == 0
     daemon = int((backend.task_dir(ref()) / "work" / "daemon").read_text())
     assert not is_alive(daemon, None)
@@ -335,7 +346,8 @@ async def test_a_process_that_left_the_session_ends_with_the_task(tmp_path: Path
 
 async def test_a_task_past_its_memory_limit_fails_as_out_of_memory(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
-    launched = backend.launch(
+    launched = await launch(
+        backend,
         ref(),
         "python3 -c 'block = bytearray(512 * 1024 * 1024); print(len(block))'",
         {},
@@ -353,7 +365,8 @@ async def test_a_task_past_its_memory_limit_fails_as_out_of_memory(tmp_path: Pat
 
 async def test_a_task_within_its_memory_limit_runs(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
-    backend.launch(
+    await launch(
+        backend,
         ref(),
         "python3 -c 'block = bytearray(32 * 1024 * 1024); print(len(block))'",
         {},
@@ -371,7 +384,7 @@ async def test_shared_memory_is_a_tmpfs_of_the_size_asked_where_the_machine_allo
     if not found.shm_namespace:
         pytest.skip(f"no per-task /dev/shm here: {found.why_no_shm}")
     backend = LocalBackend(tmp_path, mechanisms=found)
-    backend.launch(ref(), "stat -f -c '%b %S' /dev/shm", {}, [], options=limited(shm_mb=16))
+    await launch(backend, ref(), "stat -f -c '%b %S' /dev/shm", {}, [], options=limited(shm_mb=16))
     assert (await wait_ended(backend, ref())).exit_code == 0
     blocks, size = (backend.task_dir(ref()) / "stdout.log").read_text().split()
     assert int(blocks) * int(size) == 16 * 1024 * 1024
@@ -379,9 +392,11 @@ async def test_shared_memory_is_a_tmpfs_of_the_size_asked_where_the_machine_allo
 
 async def test_clean_up_keeps_the_logs(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
-    backend.launch(ref(), "echo out; echo err >&2; mkdir -p deep/er; echo x > deep/er/f", {}, [])
+    await launch(
+        backend, ref(), "echo out; echo err >&2; mkdir -p deep/er; echo x > deep/er/f", {}, []
+    )
     await wait_ended(backend, ref())
-    removed = backend.clean_task(ref())
+    removed = await backend.clean_task(ref())
     assert "work" in removed and "command.sh" in removed
     directory = backend.task_dir(ref())
     assert sorted(os.listdir(directory)) == [

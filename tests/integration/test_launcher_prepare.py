@@ -88,21 +88,14 @@ class Harness:
     def __init__(self, root: Path, pip_args: tuple[str, ...] = (), minute_s: float = 60.0) -> None:
         self.published: list[Event] = []
         self.store = MemoryLauncherStore()
-        self.backend = LocalBackend(root)
-        self.deps = self.new_deps(pip_args, minute_s)
+        self.backend = LocalBackend(root, pip_args=pip_args)
+        self.deps = self.new_deps(minute_s)
 
-    def new_deps(self, pip_args: tuple[str, ...] = (), minute_s: float = 60.0) -> Deps:
+    def new_deps(self, minute_s: float = 60.0) -> Deps:
         async def publish(event: Event) -> None:
             self.published.append(event)
 
-        return Deps(
-            self.store,
-            self.backend,
-            publish,
-            kill_grace_s=1.0,
-            pip_args=pip_args,
-            minute_s=minute_s,
-        )
+        return Deps(self.store, self.backend, publish, kill_grace_s=1.0, minute_s=minute_s)
 
     async def run(self, spec: JobSpec, job_id: str | None = None) -> str:
         job_id = job_id or f"job-{uuid.uuid4().hex[:8]}"

@@ -185,6 +185,7 @@ async def test_two_role_job_runs_with_the_openpai_environment(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
+    out.chmod(0o777)  # the tasks run as their user and write here
     http_port, ssh_port = free_port(), free_port()
     command = (
         f'env -0 > "{out}/$PAI_CURRENT_TASK_ROLE_NAME-$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX.env"; '
@@ -292,6 +293,7 @@ async def test_stop_job_ends_a_sleeping_task_with_no_process_left(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
+    out.chmod(0o777)  # the tasks run as their user and write here
     spec = JobSpec(
         name="sleeper",
         user="alice",
@@ -361,6 +363,7 @@ async def test_sigkilled_launcher_adopts_its_tasks_and_ends_the_job_once(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
+    out.chmod(0o777)  # the tasks run as their user and write here
     index = "$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"
     command = (
         f'echo $$ >> "{out}/runs-{index}"; '

@@ -313,12 +313,6 @@ def test_pause_keeps_resume_specs_and_checks_their_types() -> None:
             "$.spec.replicaSpecs[0].template.spec.containers[0].image",
         ),
         (
-            lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].pop(
-                "command"
-            ),
-            "$.spec.replicaSpecs[0].template.spec.containers[0]",
-        ),
-        (
             lambda p: p["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0].update(
                 resources={"requests": {"cpu": "lots"}}
             ),

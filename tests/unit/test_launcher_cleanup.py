@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from trainyard_common.events import JobFinished, JobPlaced, TaskPlacement, TaskState, derived_id
 from trainyard_common.jobspec import JobSpec, RoleSpec
-from trainyard_launcher.adapters.local import TaskStatus
+from trainyard_launcher.adapters.backend import TaskStatus
 from trainyard_launcher.domain.lifecycle import CleanupView, plan_cleanup, removable
 from trainyard_launcher.handlers import check_tasks, launch_job
 
-from .test_launcher_handlers import make_deps
+from ..support.launcher import make_deps
 
 ENDED = [
     CleanupView("w", 0, TaskState.SUCCEEDED),

@@ -28,7 +28,7 @@ from trainyard_launcher.domain.lifecycle import (
 )
 from trainyard_launcher.handlers import check_start_deadlines, check_tasks, launch_job
 
-from .test_launcher_handlers import make_deps
+from ..support.launcher import make_deps
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 

@@ -6,6 +6,7 @@ worker 0)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -174,7 +175,8 @@ def test_the_ti_translation_asks_placement_for_a_tf_port_per_role() -> None:
 def ctx(
     task_dir: str = "/data/jobs/j/attempt-1/master-0", port: int | None = None
 ) -> FrameworkContext:
-    return FrameworkContext(task_dir=task_dir, python="/venv/bin/python", master_port=port)
+    # The local backend's layout: a task's framework files in its directory's fw/.
+    return FrameworkContext(files_dir=f"{task_dir}/fw", python="/venv/bin/python", master_port=port)
 
 
 def torch_job(
@@ -342,7 +344,7 @@ def test_rank_0_runs_the_tracker_around_its_command_and_the_others_run_theirs() 
         "trainyard_launcher.frameworkwrap",
         "xgboost-tracker",
         "--dir",
-        "/data/jobs/j/attempt-1/master-0",
+        "/data/jobs/j/attempt-1/master-0/fw",
         "--workers",
         "3",
         "--host",
@@ -354,6 +356,10 @@ def test_rank_0_runs_the_tracker_around_its_command_and_the_others_run_theirs() 
         framework_command(spec, tasks, "worker", 0, "python train.py", ctx(port=9091))
         == "python train.py"
     )
+    # Where the helper is a script the task's user can read, it runs by its path.
+    scripted = dataclasses.replace(ctx(port=9091), wrapper="/data/bin/frameworkwrap.py")
+    words = shlex.split(framework_command(spec, tasks, "master", 0, "true", scripted))
+    assert words[2:6] == ["/venv/bin/python", "-I", "/data/bin/frameworkwrap.py", "xgboost-tracker"]
 
 
 # --------------------------------------------------------------------------------- MPI
@@ -380,10 +386,10 @@ def test_the_launcher_gets_the_agent_and_every_task_the_hostfile() -> None:
     spec, tasks = mpi_job()
     launcher = framework_env(spec, tasks, "launcher", 0, ctx("/a/attempt-1/launcher-0"))
     worker = framework_env(spec, tasks, "worker", 1, ctx("/a/attempt-1/worker-1"))
-    assert launcher["OMPI_MCA_orte_default_hostfile"] == "/a/attempt-1/launcher-0/hostfile"
-    assert launcher["OMPI_MCA_plm_rsh_agent"] == "/a/attempt-1/launcher-0/mpi-agent"
+    assert launcher["OMPI_MCA_orte_default_hostfile"] == "/a/attempt-1/launcher-0/fw/hostfile"
+    assert launcher["OMPI_MCA_plm_rsh_agent"] == "/a/attempt-1/launcher-0/fw/mpi-agent"
     assert (launcher["MPI_HOST"], launcher["K_MPI_JOB_ROLE"]) == ("worker-0,worker-1", "launcher")
-    assert worker["OMPI_MCA_orte_default_hostfile"] == "/a/attempt-1/worker-1/hostfile"
+    assert worker["OMPI_MCA_orte_default_hostfile"] == "/a/attempt-1/worker-1/fw/hostfile"
     assert "OMPI_MCA_plm_rsh_agent" not in worker and worker["K_MPI_JOB_ROLE"] == "worker"
 
 
@@ -398,7 +404,7 @@ def test_the_launcher_runs_mpirun_and_workers_wait_for_it() -> None:
     assert launcher[6:] == [
         "mpi-launcher",
         "--dir",
-        "/a/attempt-1/launcher-0",
+        "/a/attempt-1/launcher-0/fw",
         "--hosts",
         "worker-0=2,worker-1=2",
         "--attempt-dir",
@@ -413,7 +419,7 @@ def test_the_launcher_runs_mpirun_and_workers_wait_for_it() -> None:
     assert worker[5:] == [
         "mpi-worker",
         "--dir",
-        "/a/attempt-1/worker-0",
+        "/a/attempt-1/worker-0/fw",
         "--hosts",
         "worker-0=2,worker-1=2",
         "--until",
@@ -453,7 +459,7 @@ def test_a_t9k_mpijob_has_worker_0_run_its_cmd_under_mpirun_over_all_workers() -
     assert first[6:] == [
         "mpi-launcher",
         "--dir",
-        "/a/attempt-1/worker-0",
+        "/a/attempt-1/worker-0/fw",
         "--hosts",
         "worker-0=1,worker-1=1",
         "--attempt-dir",
@@ -510,8 +516,8 @@ def test_the_mpi_agent_refuses_a_host_outside_the_attempt(tmp_path: Path, host: 
 
     # A saved environment the agent must never reach from this attempt.
     outside = tmp_path / "other-job" / "attempt-1" / "worker-0"
-    outside.mkdir(parents=True)
-    (outside / "mpi-env.json").write_text('{"cwd": "/", "env": {"SECRET": "x"}}')
+    (outside / "fw").mkdir(parents=True)
+    (outside / "fw" / "mpi-env.json").write_text('{"cwd": "/", "env": {"SECRET": "x"}}')
     attempt = tmp_path / "job" / "attempt-1"
     attempt.mkdir(parents=True)
     assert mpi_rsh(["--attempt-dir", str(attempt), host, "true"]) == 255

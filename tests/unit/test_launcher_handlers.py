@@ -3,8 +3,6 @@ sequences, derived ids, idempotent redelivery, stop, tombstones and adoption."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from trainyard_common.events import (
     Event,
     JobFinished,
@@ -18,16 +16,7 @@ from trainyard_common.events import (
     derived_id,
 )
 from trainyard_common.jobspec import JobSpec, RoleSpec
-from trainyard_launcher.adapters.local import (
-    AlreadyLaunched,
-    Launched,
-    LaunchError,
-    PortClaim,
-    Progress,
-    TaskRef,
-    TaskStatus,
-)
-from trainyard_launcher.adapters.store import JobRecord, MemoryLauncherStore, new_task, task_id
+from trainyard_launcher.adapters.store import JobRecord, new_task, task_id
 from trainyard_launcher.handlers import (
     LOST_WHILE_DOWN,
     LOST_WHILE_STARTING,
@@ -39,88 +28,7 @@ from trainyard_launcher.handlers import (
     stop_job,
 )
 
-RUNNING = TaskStatus(running=True)
-
-
-class ScriptedBackend:
-    """Processes whose fate the test decides."""
-
-    def __init__(self) -> None:
-        self.launches: list[tuple[str, str, dict[str, str]]] = []
-        self.status: dict[str, TaskStatus] = {}
-        self.pids: dict[str, Launched] = {}
-        self.marked: set[str] = set()
-        self.killed: list[str] = []
-        self.busy_ports: set[int] = set()
-        # Tasks still preparing, with their step (start deadline); what was cleaned up.
-        self.preparing: dict[str, str] = {}
-        self.cleaned: list[str] = []
-
-    def task_dir(self, ref: TaskRef) -> Path:
-        return Path("/tasks") / ref.key
-
-    def was_launched(self, ref: TaskRef) -> bool:
-        return ref.key in self.marked
-
-    def launch(
-        self,
-        ref: TaskRef,
-        command: str,
-        env: dict[str, str],
-        ports: list[PortClaim],
-        prepare: object = None,
-        options: object = None,
-    ) -> Launched:
-        if ref.key in self.marked:
-            raise AlreadyLaunched(ref.key)
-        for claim in ports:
-            if claim.port in self.busy_ports:
-                raise LaunchError(f"port {claim.port} ({claim.label}) on {claim.host_ip} is in use")
-        self.marked.add(ref.key)
-        self.launches.append((ref.key, command, env))
-        self.pids[ref.key] = Launched(1000 + len(self.launches), 7)
-        self.status[ref.key] = RUNNING
-        return self.pids[ref.key]
-
-    async def wait_started(self, ref: TaskRef, timeout_s: float) -> Launched | None:
-        return self.pids.get(ref.key)
-
-    def poll(self, ref: TaskRef, pid: int | None, started: int | None) -> TaskStatus:
-        return self.status.get(ref.key, TaskStatus(running=False, lost=True))
-
-    async def kill(
-        self, ref: TaskRef, pid: int | None, started: int | None, grace_s: float
-    ) -> TaskStatus:
-        self.killed.append(ref.key)
-        if self.status.get(ref.key, RUNNING).running:
-            self.status[ref.key] = TaskStatus(running=False, exit_code=143, signal=15)
-        return self.status[ref.key]
-
-    def progress(self, ref: TaskRef) -> Progress:
-        return Progress(ref.key not in self.preparing, self.preparing.get(ref.key))
-
-    def clean_task(self, ref: TaskRef) -> list[str]:
-        self.cleaned.append(ref.key)
-        return ["work"]
-
-    def clean_job(self, job_id: str) -> bool:
-        self.cleaned.append(job_id)
-        return True
-
-    def exit(self, job: str, role: str, index: int, code: int, at: float = 1.0) -> None:
-        self.status[f"{job}:1:{role}:{index}"] = TaskStatus(
-            running=False, exit_code=code, ended_at=at
-        )
-
-
-def make_deps() -> tuple[Deps, ScriptedBackend, list[Event]]:
-    published: list[Event] = []
-
-    async def publish(event: Event) -> None:
-        published.append(event)
-
-    backend = ScriptedBackend()
-    return Deps(MemoryLauncherStore(), backend, publish, kill_grace_s=0.1), backend, published
+from ..support.launcher import make_deps
 
 
 def placed(job_id: str = "j1", min_failed: int | None = 1) -> JobPlaced:

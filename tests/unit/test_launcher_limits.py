@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trainyard_common.events import FailureClass
 from trainyard_common.jobspec import Resources
-from trainyard_launcher.adapters.local import TaskStatus
+from trainyard_launcher.adapters.backend import TaskStatus
 from trainyard_launcher.domain.failure import EndKind, classify, permanent
 from trainyard_launcher.domain.limits import (
     LimitPlan,

@@ -19,11 +19,11 @@ from trainyard_common.events import (
     derived_id,
 )
 from trainyard_common.jobspec import JobSpec, RestartPolicy, RoleSpec
-from trainyard_launcher.adapters.local import TaskStatus
+from trainyard_launcher.adapters.backend import TaskStatus
 from trainyard_launcher.adapters.store import JOB_FINISHED
 from trainyard_launcher.handlers import adopt, check_tasks, launch_job, stop_job
 
-from .test_launcher_handlers import make_deps
+from ..support.launcher import make_deps
 
 
 def placed(

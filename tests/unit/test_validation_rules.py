@@ -850,7 +850,7 @@ def test_decide_native() -> None:
 def test_decide_keeps_warnings() -> None:
     result = decide(submitted(with_(("taskRoles.0.shmMB", 9000), ("tmp", {}), ("x", 1))), CLUSTER)
     assert isinstance(result, JobAccepted)
-    assert [w.path for w in result.warnings] == ["$.x", "$.taskRoles[0].shmMB"]
+    assert [w.path for w in result.warnings] == ["$.x", "$.taskRoles[0].shmMB", "$.image"]
 
 
 def test_decide_rejects_garbage() -> None:
@@ -945,3 +945,40 @@ async def test_handler_publish_failure_propagates_for_redelivery() -> None:
     published = Published()
     await validate_job(event, Deps(cluster=CLUSTER, names=names, publish=published))
     assert [type(e) for e in published.events] == [JobAccepted]
+
+
+# ------------------------------------------------------------------- the runtime
+
+
+def _kubeflow(name: str) -> dict[str, Any]:
+    import yaml
+
+    from ..seeds import EXAMPLES
+
+    return yaml.safe_load((EXAMPLES / "kubeflow" / name).read_text())
+
+
+def test_a_container_without_a_command_runs_only_where_images_run() -> None:
+    event = submitted(_kubeflow("tfjob-distributed-no-command.yaml"))
+    assert event.translation_errors == []
+    big = ClusterSpec(nodes=[NodeSpec(name="n", cpu=64, memory_mb=100_000)])
+    local = decide(event, big)
+    assert isinstance(local, JobRejected)
+    assert [(e.path, e.code) for e in local.errors] == [
+        ("$.spec.tfReplicaSpecs.Worker.template.spec.containers[0].command", "needs_image")
+    ]
+    assert "distributed_worker:v20181031-513e107c" in local.errors[0].message
+    on_kubernetes = decide(event, big.model_copy(update={"runtime": "kubernetes"}))
+    assert isinstance(on_kubernetes, JobAccepted), on_kubernetes
+
+
+def test_the_local_backend_says_once_that_it_uses_no_image() -> None:
+    event = submitted(_kubeflow("pytorchjob-simple.yaml"))
+    big = ClusterSpec(nodes=[NodeSpec(name="n", cpu=64, memory_mb=100_000)])
+    local = decide(event, big)
+    assert isinstance(local, JobAccepted), local
+    unused = [w for w in local.warnings if w.code == "image_not_used"]
+    assert len(unused) == 1 and "kubeflowkatib/pytorch-mnist:v1beta1-45c5727" in unused[0].message
+    on_kubernetes = decide(event, big.model_copy(update={"runtime": "kubernetes"}))
+    assert isinstance(on_kubernetes, JobAccepted)
+    assert not [w for w in on_kubernetes.warnings if w.code == "image_not_used"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import Field
@@ -51,6 +52,9 @@ class QueueSpec(Model):
 
 class ClusterSpec(Model):
     nodes: list[NodeSpec]
+    # What runs the tasks (YARD_LAUNCHER): processes on the nodes, which cannot run an
+    # image, or pods on Kubernetes.
+    runtime: Literal["local", "kubernetes"] = "local"
     # A plain name is a queue without a quota.
     queues: list[str | QueueSpec] = Field(default_factory=lambda: ["default"])
 
@@ -95,6 +99,10 @@ def local_cluster() -> ClusterSpec:
 def load_cluster(path: str | Path | None = None) -> ClusterSpec:
     path = path or os.environ.get("YARD_CLUSTER")
     if not path:
-        return local_cluster()
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    return ClusterSpec.model_validate(data)
+        cluster = local_cluster()
+    else:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        cluster = ClusterSpec.model_validate(data)
+    if os.environ.get("YARD_LAUNCHER") == "kubernetes":
+        cluster = cluster.model_copy(update={"runtime": "kubernetes"})
+    return cluster

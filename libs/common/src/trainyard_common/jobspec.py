@@ -119,7 +119,20 @@ class RoleSpec(Model):
     # Only nodes carrying every one of these labels (name and value) may host the role.
     node_selector: list[EnvVar] = Field(default_factory=list)
     image: str | None = None
+    # A shell command line (OpenPAI, PAI-DLC, TI), run by ``sh -c``. For a container
+    # given as argv (``entrypoint`` / ``args``) it is that argv shown as one line.
     command: str
+    # A container's argv as Kubernetes means it (Kubeflow, T9k pod templates): the
+    # container's ``command`` replaces the image's entrypoint, ``args`` alone run the
+    # image's entrypoint with them, and ``$(VAR)`` in either is expanded from the task's
+    # environment (``$$(VAR)`` stays literal). Both None: ``command`` is a shell line.
+    entrypoint: list[str] | None = Field(
+        None, description="The container's command (replaces the image's entrypoint)."
+    )
+    args: list[str] | None = Field(None, description="The container's args.")
+    # The pod template's annotations (T9k, Kubeflow): the Kubernetes backend puts them
+    # on the role's pods.
+    annotations: list[EnvVar] = Field(default_factory=list)
     ports: list[PortSpec] = Field(default_factory=list)
     env: list[EnvVar] = Field(default_factory=list)
     restart_policy: RestartPolicy = RestartPolicy.NEVER
@@ -130,6 +143,17 @@ class RoleSpec(Model):
     min_failed: int | None = 1
     min_succeeded: int | None = None
 
+    @property
+    def container_form(self) -> bool:
+        """Whether the role is a container argv (``entrypoint`` / ``args``), not a
+        shell command line."""
+        return self.entrypoint is not None or self.args is not None
+
+    @property
+    def uses_image_entrypoint(self) -> bool:
+        """A container without a command of its own runs its image's entrypoint."""
+        return self.container_form and not self.entrypoint
+
 
 class JobSpec(Model):
     name: str
@@ -139,6 +163,9 @@ class JobSpec(Model):
     priority: int = 5
     run_mode: RunMode = RunMode.IMMEDIATE
     image: str | None = None
+    # The namespace a Kubernetes-style submission names (T9k, Kubeflow): the Kubernetes
+    # backend creates the job's pods there when it is allowed to.
+    namespace: str | None = None
     env: list[EnvVar] = Field(default_factory=list)
     labels: list[EnvVar] = Field(default_factory=list)
     code_dir: str | None = None

@@ -58,6 +58,21 @@ def ensure_admin_token(data_dir: Path) -> str:
     return token
 
 
+# What may be under the data directory besides the launcher's task root, each private
+# to the services' user (docs/security.md): tasks pass through the data directory to
+# their own directories and see nothing else of it.
+PRIVATE_ENTRIES = ("nats", "ferretdb", "logs", "run", "kube")
+
+
+def protect_data_dir(data_dir: Path) -> None:
+    """The data directory traversable (not readable) by others, its entries private."""
+    os.chmod(data_dir, 0o711)
+    for name in PRIVATE_ENTRIES:
+        path = data_dir / name
+        path.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)
+
+
 class Platform:
     def __init__(self, config: PlatformConfig) -> None:
         self.config = config
@@ -80,6 +95,7 @@ class Platform:
 
     def start(self, timeout: float = 60.0) -> Platform:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        protect_data_dir(self.data_dir)
         self.token = ensure_admin_token(self.data_dir)
         if url := os.environ.get("NATS_URL"):
             self.nats = ExternalService(url)

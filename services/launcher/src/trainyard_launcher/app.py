@@ -7,12 +7,12 @@ import asyncio
 import logging
 import os
 import shlex
-from pathlib import Path
 from typing import Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
+from pymongo.asynchronous.database import AsyncDatabase
 
 from trainyard_common.auth import (
     AccessKeyStore,
@@ -33,12 +33,14 @@ from trainyard_common.runtime import health_app, serve, setup_logging
 from trainyard_common.storage import mongo_client
 from trainyard_common.subjects import commands_of, events_of
 
+from .adapters.backend import Stream, TaskBackend, TaskRef
 from .adapters.limits import find_mechanisms
-from .adapters.local import LocalBackend
+from .adapters.local import IsolationError, LocalBackend
 from .adapters.store import LauncherStore, MongoLauncherStore, task_id
+from .adapters.uids import DEFAULT_BASE, MongoTaskUids
 from .domain.failure import BACKOFF_BASE_S
 from .handlers import Deps, adopt, dispatch, watch_tasks
-from .logs import DEFAULT_MAX_BYTES, follow, older_part, read_from, read_log
+from .logs import DEFAULT_MAX_BYTES
 from .taskexec import ExecRefused, exec_in_task
 
 DURABLE = "launcher"
@@ -56,7 +58,9 @@ class ExecRequest(BaseModel):
     timeout_s: float = Field(EXEC_TIMEOUT_S, gt=0, le=EXEC_MAX_TIMEOUT_S)
 
 
-def create_app(store: LauncherStore, tokens: TokenStore, deps: Deps | None = None) -> FastAPI:
+def create_app(
+    store: LauncherStore, tokens: TokenStore, backend: TaskBackend, deps: Deps | None = None
+) -> FastAPI:
     app = health_app("launcher")
     current_identity = identity_dependency(tokens)
 
@@ -92,16 +96,13 @@ def create_app(store: LauncherStore, tokens: TokenStore, deps: Deps | None = Non
             raise HTTPException(
                 404, f"job {job_id} has no task {role}[{index}] in attempt {attempt}"
             )
-        path = Path(task.dir) / f"{stream}.log"
+        ref = TaskRef(job_id, attempt, role, index)
         if not follow_:
-            # The offset counts in the current part (logs.py); from 0 the older part,
-            # if the log was rotated, comes first.
-            data = read_from(path, offset)
-            older = read_from(older_part(path), 0) if offset == 0 else b""
+            chunk = await backend.read_log(ref, stream, offset)
             return Response(
-                older + data,
+                chunk.data,
                 media_type="text/plain; charset=utf-8",
-                headers={"X-Log-Offset": str(offset + len(data))},
+                headers={"X-Log-Offset": str(chunk.next_offset)},
             )
 
         async def ended() -> bool:
@@ -109,7 +110,7 @@ def create_app(store: LauncherStore, tokens: TokenStore, deps: Deps | None = Non
             return now is None or now.state.terminal
 
         return StreamingResponse(
-            follow(path, offset, ended, with_older=offset == 0),
+            backend.follow_log(ref, stream, offset, ended),
             media_type="text/plain; charset=utf-8",
         )
 
@@ -138,11 +139,11 @@ def create_app(store: LauncherStore, tokens: TokenStore, deps: Deps | None = Non
                 "timed_out": result.timed_out,
             }
 
-    app.include_router(dlc_pod_logs(store, tokens))
+    app.include_router(dlc_pod_logs(store, tokens, backend))
     return app
 
 
-def dlc_pod_logs(store: LauncherStore, tokens: TokenStore) -> APIRouter:
+def dlc_pod_logs(store: LauncherStore, tokens: TokenStore, backend: TaskBackend) -> APIRouter:
     """PAI-DLC's GetPodLogs at the SDK's path: a pod is one task (its PodId is
     ``dialects.dlc.pod_id``, the one GetJob shows), its log the task's stdout then
     stderr, as lines."""
@@ -166,12 +167,14 @@ def dlc_pod_logs(store: LauncherStore, tokens: TokenStore) -> APIRouter:
         if pod_uid and pod_uid.startswith(f"{pod_id}-") and pod_uid.rpartition("-")[2].isdigit():
             attempt = int(pod_uid.rpartition("-")[2])
         found = await store.get_task(task_id(job_id, attempt, *task)) if task else None
-        if found is None:
+        if found is None or task is None:
             raise AliyunError(404, "PodNotFound", f"job {job_id} has no pod {pod_id}")
         lines: list[str] = []
-        for stream in ("stdout", "stderr"):
-            text = read_log(Path(found.dir) / f"{stream}.log").decode("utf-8", "replace")
-            lines += text.splitlines()
+        ref = TaskRef(job_id, attempt, *task)
+        streams: tuple[Stream, ...] = ("stdout", "stderr")
+        for stream in streams:
+            chunk = await backend.read_log(ref, stream, 0)
+            lines += chunk.data.decode("utf-8", "replace").splitlines()
         if max_lines:
             lines = lines[-max_lines:]
         return {
@@ -183,6 +186,30 @@ def dlc_pod_logs(store: LauncherStore, tokens: TokenStore) -> APIRouter:
         }
 
     return api
+
+
+def task_uids(db: AsyncDatabase) -> MongoTaskUids | None:
+    """Where each user's tasks run as (YARD_TASK_ISOLATION: ``auto``, the default, when
+    the launcher is root; ``on``: refuse to start without; ``off``: tasks run as the
+    launcher, for a single-user machine only)."""
+    mode = os.environ.get("YARD_TASK_ISOLATION", "auto")
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"YARD_TASK_ISOLATION={mode!r}: must be auto, on or off")
+    root = os.geteuid() == 0
+    if mode == "on" and not root:
+        raise IsolationError(
+            "YARD_TASK_ISOLATION=on: tasks run under their users' own uids, which needs "
+            "the launcher to run as root"
+        )
+    if mode == "off" or not root:
+        log.warning(
+            "tasks are NOT isolated: they run as the launcher's own user and can read what "
+            "it can (%s)",
+            "YARD_TASK_ISOLATION=off" if mode == "off" else "the launcher is not root",
+        )
+        return None
+    base = int(os.environ.get("YARD_TASK_UID_BASE") or DEFAULT_BASE)
+    return MongoTaskUids(db, base=base)
 
 
 async def main() -> None:
@@ -202,17 +229,20 @@ async def main() -> None:
             "memory as RLIMIT_DATA per process, cpu and pids not enforced",
             "yes" if mechanisms.shm_namespace else f"no ({mechanisms.why_no_shm})",
         )
+        backend = LocalBackend(
+            settings.data_dir / "launcher",
+            log_max_bytes=int(os.environ.get("YARD_LOG_MAX_BYTES") or DEFAULT_MAX_BYTES),
+            mechanisms=mechanisms,
+            pip_args=tuple(shlex.split(os.environ.get("YARD_PIP_ARGS", ""))),
+            uids=task_uids(client[settings.db_name()]),
+        )
+        await backend.start()
         deps = Deps(
             store=store,
-            backend=LocalBackend(
-                settings.data_dir / "launcher",
-                log_max_bytes=int(os.environ.get("YARD_LOG_MAX_BYTES") or DEFAULT_MAX_BYTES),
-                mechanisms=mechanisms,
-            ),
+            backend=backend,
             publish=bus.publish,
             default_fs_uri=os.environ.get("YARD_DEFAULT_FS_URI", ""),
             kill_grace_s=float(os.environ.get("YARD_LAUNCHER_KILL_GRACE_S") or 10.0),
-            pip_args=tuple(shlex.split(os.environ.get("YARD_PIP_ARGS", ""))),
             minute_s=float(os.environ.get("YARD_LAUNCHER_MINUTE_S") or 60.0),
             retry_backoff_s=float(os.environ.get("YARD_RETRY_BACKOFF_S") or BACKOFF_BASE_S),
             start_deadline_s=float(os.environ.get("YARD_START_DEADLINE_S") or 600.0),
@@ -230,7 +260,8 @@ async def main() -> None:
         async def watcher(stop: asyncio.Event) -> None:
             await watch_tasks(deps, stop)
 
-        await serve(settings, create_app(store, tokens, deps), [consumer, watcher])
+        await serve(settings, create_app(store, tokens, backend, deps), [consumer, watcher])
+        await backend.close()
     finally:
         await bus.close()
         await client.close()

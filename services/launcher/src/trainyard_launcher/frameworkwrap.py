@@ -1,19 +1,22 @@
 """The helpers a framework's tasks run around (or instead of) their command, inside the
-task: ``python -I -m trainyard_launcher.frameworkwrap MODE ...`` (the command a task
-gets from ``domain/frameworks.framework_command``). Modes:
+task and as the task's user: ``python -I .../frameworkwrap.py MODE --dir FW ...`` (the
+command a task gets from ``domain/frameworks.framework_command``). ``FW`` is the task's
+own framework directory, ``<attempt>/<role>-<index>/fw``: the task's directory (its
+records, the launcher's) is its parent and names the "host". Modes:
 
 - ``xgboost-tracker``: rank 0 of an XGBoost job starts xgboost's ``RabitTracker`` with
   the task's own ``python`` (the job's virtualenv, where xgboost is installed), waits
   until it listens on MASTER_PORT, runs the command, then waits briefly for the tracker
   to see every worker finish. What Kubeflow's XGBoostJob leaves to the master's code.
-- ``mpi-launcher``: writes the hostfile and the rsh agent into the task's directory and
-  runs the command (which runs ``mpirun``); as root, with Open MPI's consent variables.
+- ``mpi-launcher``: writes the hostfile and the rsh agent into the framework directory
+  and runs the command (which runs ``mpirun``); as root (only where the launcher runs
+  tasks as root), with Open MPI's consent variables.
 - ``mpi-worker``: writes the hostfile and this task's environment (``mpi-env.json``),
   then stays until the launcher task has ended: mpirun's ranks on this "host" are
   started through the agent, as sshd would start them in Kubeflow's worker pods.
 - ``mpi-rsh HOST COMMAND...``: the agent mpirun calls instead of ssh. On the local
-  backend every "host" is a task directory of the attempt; the remote command runs on
-  this machine with that worker's environment and working directory.
+  backend every "host" is a task of the attempt; the remote command runs on this
+  machine with that worker's environment and working directory.
 
 The command a mode runs around comes in ``TRAINYARD_WRAPPED_COMMAND`` (not on the
 command line, where ``ps`` would show its secrets to every user); it is written to a
@@ -41,6 +44,7 @@ ENV_FILE = "mpi-env.json"
 EXIT_FILE = "exit.json"
 COMMAND_VAR = "TRAINYARD_WRAPPED_COMMAND"
 COMMAND_FILE = "framework-command.sh"
+FILES_DIR = "fw"  # a task's framework directory, in its task directory
 # How long mpirun's agent waits for a worker that is still preparing (its virtualenv).
 WORKER_WAIT_S = 900.0
 TRACKER_START_S = 120.0
@@ -77,13 +81,13 @@ def _options(argv: list[str]) -> dict[str, str]:
     return {name[2:]: value for name, value in zip(argv[::2], argv[1::2], strict=True)}
 
 
-def _wrapped_command(task_dir: Path) -> list[str]:
+def _wrapped_command(files_dir: Path) -> list[str]:
     """The command this mode runs around, from its variable into a private file (and
     out of the environment the command itself sees)."""
     command = os.environ.pop(COMMAND_VAR, None)
     if command is None:
         raise SystemExit(f"frameworkwrap: no command in {COMMAND_VAR}")
-    path = task_dir / COMMAND_FILE
+    path = files_dir / COMMAND_FILE
     _write(path, command + "\n", 0o600)
     return [shutil.which("bash") or "/bin/bash", str(path)]
 
@@ -98,29 +102,28 @@ def _hosts(spec: str) -> list[tuple[str, int]]:
     ]
 
 
-def _mpi_files(task_dir: Path, hosts: list[tuple[str, int]]) -> None:
-    _write(task_dir / HOSTFILE, "".join(f"{name} slots={slots}\n" for name, slots in hosts))
-    if task_dir.name in {name for name, _ in hosts}:
+def _host_of(files_dir: Path) -> str:
+    # <attempt>/<role>-<index>/fw: the task's directory names the host.
+    return files_dir.parent.name
+
+
+def _mpi_files(files_dir: Path, hosts: list[tuple[str, int]]) -> None:
+    _write(files_dir / HOSTFILE, "".join(f"{name} slots={slots}\n" for name, slots in hosts))
+    if _host_of(files_dir) in {name for name, _ in hosts}:
         # What a rank started on this "host" runs with: this task's own environment.
         _write(
-            task_dir / ENV_FILE, json.dumps({"env": dict(os.environ), "cwd": os.getcwd()}), 0o600
+            files_dir / ENV_FILE, json.dumps({"env": dict(os.environ), "cwd": os.getcwd()}), 0o600
         )
 
 
 def mpi_launcher(options: dict[str, str]) -> int:
-    task_dir = Path(options["dir"])
-    command = _wrapped_command(task_dir)
-    _mpi_files(task_dir, _hosts(options["hosts"]))
-    agent = [
-        sys.executable,
-        "-I",
-        "-m",
-        "trainyard_launcher.frameworkwrap",
-        "mpi-rsh",
-        "--attempt-dir",
-        options["attempt-dir"],
-    ]
-    _write(task_dir / AGENT, f'#!/bin/sh\nexec {shlex.join(agent)} "$@"\n', 0o755)
+    files_dir = Path(options["dir"])
+    command = _wrapped_command(files_dir)
+    _mpi_files(files_dir, _hosts(options["hosts"]))
+    # This very script, with the interpreter that runs it: both readable by the task.
+    agent = [sys.executable, "-I", os.path.abspath(__file__), "mpi-rsh"]
+    agent += ["--attempt-dir", options["attempt-dir"]]
+    _write(files_dir / AGENT, f'#!/bin/sh\nexec {shlex.join(agent)} "$@"\n', 0o755)
     env = dict(os.environ)
     if os.geteuid() == 0:
         # Open MPI refuses to run as root without both.
@@ -133,11 +136,11 @@ def mpi_launcher(options: dict[str, str]) -> int:
 
 
 def mpi_worker(options: dict[str, str]) -> int:
-    task_dir = Path(options["dir"])
-    _mpi_files(task_dir, _hosts(options["hosts"]))
+    files_dir = Path(options["dir"])
+    _mpi_files(files_dir, _hosts(options["hosts"]))
     until = Path(options["until"])
     say(
-        f"MPI worker {task_dir.name}: ranks arrive through mpirun; waiting until "
+        f"MPI worker {_host_of(files_dir)}: ranks arrive through mpirun; waiting until "
         f"{until.parent.name} ends"
     )
     while not until.exists():
@@ -163,7 +166,7 @@ def mpi_rsh(argv: list[str]) -> int:
         return 255
     worker = Path(options["attempt-dir"]) / host
     deadline = time.monotonic() + WORKER_WAIT_S
-    env_file = worker / ENV_FILE
+    env_file = worker / FILES_DIR / ENV_FILE
     while not env_file.exists():
         if (worker / EXIT_FILE).exists() or time.monotonic() > deadline:
             say(f"mpi agent: host {host} is not a running task of this job ({worker})")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -43,18 +42,21 @@ from trainyard_common.events import (
 )
 from trainyard_common.telemetry import continue_trace, current_traceparent
 
-from .adapters.local import (
+from .adapters.backend import (
     AlreadyLaunched,
+    AttemptEnd,
+    AttemptSpec,
     LaunchError,
+    LaunchRefused,
     PortClaim,
     PortUnavailable,
     TaskBackend,
+    TaskHandle,
+    TaskLaunch,
     TaskOptions,
     TaskRef,
     TaskStatus,
-    task_env,
 )
-from .adapters.rendezvous import reserve_port
 from .adapters.store import (
     JOB_FINISHED,
     JOB_RUNNING,
@@ -67,9 +69,10 @@ from .adapters.store import (
     now_ms,
 )
 from .domain.completion import TaskOutcome, Verdict, decide, exit_reason
+from .domain.containers import container_command_line
 from .domain.env import build_task_env, substitute_secrets
 from .domain.failure import BACKOFF_BASE_S, EndKind, classify, judge, preparation_kind
-from .domain.frameworks import FrameworkContext, framework_command, port_to_reserve
+from .domain.frameworks import framework_command
 from .domain.lifecycle import (
     DEBUG_REASON,
     CleanupView,
@@ -80,17 +83,7 @@ from .domain.lifecycle import (
     start_deadline,
     start_deadline_reason,
 )
-from .domain.prepare import (
-    PlanProblem,
-    PreparePlan,
-    deadline_reason,
-    debug_env_text,
-    debug_reason,
-    needs_preparation,
-    plan_preparation,
-    prepared_env,
-    run_deadline,
-)
+from .domain.prepare import deadline_reason, debug_env_text, debug_reason, run_deadline
 
 log = logging.getLogger("trainyard.launcher")
 
@@ -112,8 +105,6 @@ class Deps:
     # Tasks the watcher polls, by task id (an index of the store's RUNNING tasks).
     watching: dict[str, TaskRecord] = field(default_factory=dict)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    # Extra ``pip install`` arguments for the jobs' virtualenvs (YARD_PIP_ARGS).
-    pip_args: tuple[str, ...] = ()
     # Seconds in a "minute" of max_running_minutes (YARD_LAUNCHER_MINUTE_S, for tests).
     minute_s: float = 60.0
     # Each watched job's run deadline (None: none), computed once from stored times.
@@ -132,6 +123,15 @@ class Deps:
 
 def task_ref(task: TaskRecord) -> TaskRef:
     return TaskRef(task.job_id, task.attempt, task.role, task.index)
+
+
+def handle_of(task: TaskRecord) -> TaskHandle:
+    return TaskHandle(pid=task.pid, start_ticks=task.start_ticks, uid=task.uid)
+
+
+def attempt_of(job: JobRecord) -> AttemptSpec:
+    assert job.spec is not None
+    return AttemptSpec(job.job_id, job.attempt, job.spec, tuple(job.tasks))
 
 
 def task_event(task: TaskRecord, step: Transition) -> TaskStateChanged:
@@ -244,13 +244,16 @@ async def launch_job(event: JobPlaced, deps: Deps) -> None:
                 event.attempt,
                 placement.role,
                 placement.index,
-                str(deps.backend.task_dir(ref)),
+                deps.backend.location(ref),
                 placement.node,
                 traceparent=current_traceparent(),
             )
             if not await deps.store.insert_task(task):
                 task = await deps.store.get_task(task.id) or task
             started.append((await publish_pending(deps, task), placement))
+        if any(task.state == TaskState.STARTING for task, _ in started):
+            # What the attempt's tasks share (a Service, an owner object) comes first.
+            await deps.backend.open_attempt(attempt_of(job))
 
         for task, placement in started:
             if task.state == TaskState.STARTING:
@@ -320,7 +323,7 @@ async def start_task(
     assert job.spec is not None
     ref = task_ref(task)
     launched = None
-    if not deps.backend.was_launched(ref):
+    if not await deps.backend.was_launched(ref):
         if placement is None:
             return await record(
                 deps,
@@ -330,24 +333,12 @@ async def start_task(
                 ended_at=time.time(),
                 **_failure(EndKind.START_FAILED),
             )
-        role = job.spec.role(task.role)
-        framework = _framework(deps, job, ref)
-        env = build_task_env(
-            job.spec,
-            job.tasks,
-            task.role,
-            task.index,
-            task.attempt,
-            task.job_id,
-            deps.default_fs_uri,
-            framework,
-        )
-        claims = [
-            PortClaim(a.label, placement.host_ip, port) for a in placement.ports for port in a.ports
-        ]
-        plan = _plan_for(deps, job, ref)
-        if isinstance(plan, PlanProblem):
-            reason = _kept_for_debug(deps, job, task, f"could not start: {plan.reason}")
+        try:
+            launched = await deps.backend.launch(task_launch(deps, job, ref, placement))
+        except AlreadyLaunched:
+            launched = None
+        except LaunchRefused as exc:
+            reason = await _kept_for_debug(deps, job, task, f"could not start: {exc}")
             return await record(
                 deps,
                 task,
@@ -356,15 +347,6 @@ async def start_task(
                 ended_at=time.time(),
                 **_failure(EndKind.UNSUPPORTED),
             )
-        try:
-            command = substitute_secrets(role.command, {s.name: s.value for s in job.spec.secrets})
-            command = framework_command(
-                job.spec, job.tasks, task.role, task.index, command, framework
-            )
-            options = TaskOptions(debug=is_debug(job.spec), resources=role.resources)
-            launched = deps.backend.launch(ref, command, env, claims, prepare=plan, options=options)
-        except AlreadyLaunched:
-            launched = None
         except LaunchError as exc:
             kind = (
                 EndKind.PORT_UNAVAILABLE
@@ -396,50 +378,66 @@ async def start_task(
         deps,
         task,
         TaskState.RUNNING,
-        pid=launched.pid,
-        start_ticks=launched.start_ticks,
+        pid=launched.handle.pid,
+        start_ticks=launched.handle.start_ticks,
+        uid=launched.handle.uid,
         started=now_ms(),
         reason="; ".join(notes) or None,
     )
 
 
-def _framework(deps: Deps, job: JobRecord, ref: TaskRef) -> FrameworkContext:
-    """The task's directory and, when the job's rendezvous task declared no port, the
-    port reserved for the attempt (the same for every task: domain/frameworks.py)."""
-    assert job.spec is not None
-    task_dir = deps.backend.task_dir(ref)
-    port = None
-    if (master := port_to_reserve(job.spec, job.tasks)) is not None:
-        port = reserve_port(task_dir.parent, master.host_ip)
-    return FrameworkContext(str(task_dir), sys.executable, port)
-
-
-def _plan_for(deps: Deps, job: JobRecord, ref: TaskRef) -> PreparePlan | PlanProblem | None:
-    assert job.spec is not None
-    if not needs_preparation(job.spec):
-        return None
-    return plan_preparation(
-        job.spec,
-        str(deps.backend.task_dir(ref)),
-        str(deps.backend.job_dir(ref.job_id)),
-        ref.attempt,
-        deps.pip_args,
+def task_launch(
+    deps: Deps, job: JobRecord, ref: TaskRef, placement: TaskPlacement | None = None
+) -> TaskLaunch:
+    """What the backend needs to start the task (or to know what it got): its
+    environment, its command, its ports. Pure but for the backend's addressing and the
+    port it may reserve for the attempt."""
+    attempt = attempt_of(job)
+    spec = attempt.spec
+    tasks = list(deps.backend.addressed(attempt))
+    if placement is None:
+        placement = next(p for p in job.tasks if (p.role, p.index) == (ref.role, ref.index))
+    framework = deps.backend.framework_context(ref, attempt)
+    env = build_task_env(
+        spec, tasks, ref.role, ref.index, ref.attempt, ref.job_id, deps.default_fs_uri, framework
+    )
+    role = spec.role(ref.role)
+    secrets = {s.name: s.value for s in spec.secrets}
+    command = role.command
+    if role.container_form:
+        # A container's argv, $(VAR) expanded from its environment as Kubernetes would.
+        command = container_command_line(role, env)
+    command = substitute_secrets(command, secrets)
+    if framework.python is not None:
+        command = framework_command(spec, tasks, ref.role, ref.index, command, framework)
+    claims = [
+        PortClaim(a.label, placement.host_ip, port) for a in placement.ports for port in a.ports
+    ]
+    return TaskLaunch(
+        ref=ref,
+        attempt=attempt,
+        placement=placement,
+        env=env,
+        command=command,
+        ports=claims,
+        options=TaskOptions(debug=is_debug(spec), resources=role.resources),
+        secret_values=tuple(secrets.values()),
     )
 
 
-def _kept_for_debug(deps: Deps, job: JobRecord | None, task: TaskRecord, reason: str) -> str:
+async def _kept_for_debug(deps: Deps, job: JobRecord | None, task: TaskRecord, reason: str) -> str:
     """OpenPAI isDebug: a failed task's environment is written next to its kept
     directory, and the reason says where both are."""
     if job is None or job.spec is None or not job.spec.keep_failed_for_debug:
         return reason
     full = task_full_env(deps, job, task)
     try:
-        path = deps.backend.write_debug_env(
+        path = await deps.backend.write_debug_env(
             task_ref(task), debug_env_text(full, [s.value for s in job.spec.secrets])
         )
     except OSError as exc:
         return f"{reason}; its environment could not be kept: {exc}"
-    return debug_reason(reason, task.dir, str(path))
+    return debug_reason(reason, task.dir, path)
 
 
 def task_full_env(deps: Deps, job: JobRecord, task: TaskRecord) -> dict[str, str]:
@@ -447,20 +445,10 @@ def task_full_env(deps: Deps, job: JobRecord, task: TaskRecord) -> dict[str, str
     virtualenv's): for its debug env file and for commands run in it (exec)."""
     assert job.spec is not None
     try:
-        env = build_task_env(
-            job.spec,
-            job.tasks,
-            task.role,
-            task.index,
-            task.attempt,
-            task.job_id,
-            deps.default_fs_uri,
-            _framework(deps, job, task_ref(task)),
-        )
-    except (KeyError, OSError):
-        env = {}
-    plan = _plan_for(deps, job, task_ref(task))
-    return prepared_env(task_env(env), plan if isinstance(plan, PreparePlan) else None)
+        launch = task_launch(deps, job, task_ref(task))
+    except (KeyError, OSError, StopIteration):
+        return {}
+    return deps.backend.task_env(launch)
 
 
 # --- ending ---------------------------------------------------------------------------
@@ -509,7 +497,7 @@ async def end_task(deps: Deps, task_id: str, status: TaskStatus, lost_reason: st
         state, fields = _end_of(status, lost_reason)
         if state == TaskState.FAILED:
             job = await deps.store.get_job(task.job_id)
-            fields["reason"] = _kept_for_debug(deps, job, task, fields["reason"])
+            fields["reason"] = await _kept_for_debug(deps, job, task, fields["reason"])
         await record(deps, task, state, **fields)
     deps.watching.pop(task_id, None)
 
@@ -585,16 +573,16 @@ async def finish_job(deps: Deps, job: JobRecord) -> None:
 
     async def stop_one(task: TaskRecord) -> None:
         ref = task_ref(task)
-        pid, started = task.pid, task.start_ticks
-        if pid is None and deps.backend.was_launched(ref):
-            # Spawned by an earlier run that died before recording the pid.
+        handle = handle_of(task)
+        if handle == TaskHandle() and await deps.backend.was_launched(ref):
+            # Spawned by an earlier run that died before recording its handle.
             if (launched := await deps.backend.wait_started(ref, deps.start_wait_s)) is not None:
-                pid, started = launched.pid, launched.start_ticks
-        status = deps.backend.poll(ref, pid, started) if pid else None
+                handle = launched.handle
+        status = await deps.backend.poll(ref, handle) if handle != TaskHandle() else None
         if status is not None and status.ended and not status.lost:
             await end_task(deps, task.id, status)  # it ended on its own meanwhile
             return
-        status = await deps.backend.kill(ref, pid, started, deps.kill_grace_s)
+        status = await deps.backend.kill(ref, handle, deps.kill_grace_s)
         current: TaskRecord | None = task
         while current is not None and not current.state.terminal:
             if await record(
@@ -611,9 +599,21 @@ async def finish_job(deps: Deps, job: JobRecord) -> None:
         deps.watching.pop(task.id, None)
 
     await asyncio.gather(*(stop_one(t) for t in tasks))
+    if job.spec is not None:
+        await deps.backend.close_attempt(attempt_of(job), attempt_end(job))
     await deps.publish(end_event(job))
     await deps.store.mark_finished_published(job.job_id, job.attempt)
     await clean_up(deps, job)
+
+
+def attempt_end(job: JobRecord) -> AttemptEnd:
+    if job.interrupt is not None:
+        return AttemptEnd.INTERRUPTED
+    if job.retry is not None:
+        return AttemptEnd.RETRYING
+    if job.verdict is not None and job.verdict.state == JobState.STOPPED:
+        return AttemptEnd.STOPPED
+    return AttemptEnd.FINISHED
 
 
 async def clean_up(deps: Deps, job: JobRecord) -> None:
@@ -628,7 +628,7 @@ async def clean_up(deps: Deps, job: JobRecord) -> None:
         job_ended=job.retry is None,
     )
     for role, index in plan.tasks:
-        removed = deps.backend.clean_task(TaskRef(job.job_id, job.attempt, role, index))
+        removed = await deps.backend.clean_task(TaskRef(job.job_id, job.attempt, role, index))
         log.info(
             "clean-up %s of %s: removed %s of %s[%d]",
             job.spec.cleanup_policy,
@@ -637,7 +637,7 @@ async def clean_up(deps: Deps, job: JobRecord) -> None:
             role,
             index,
         )
-    if plan.job_venv and deps.backend.clean_job(job.job_id):
+    if plan.job_venv and await deps.backend.clean_job(job.job_id):
         log.info("clean-up All of %s: removed the job's virtualenv", job.job_id)
 
 
@@ -723,16 +723,16 @@ async def dispatch(deps: Deps, event: Event, _delivery: Delivery | None = None) 
 
 async def check_tasks(deps: Deps) -> None:
     """One look at every watched task; record the ends and apply the rules."""
-    for task_id, task in list(deps.watching.items()):
+    for key, task in list(deps.watching.items()):
         lock = deps.lock(task.job_id)
         if lock.locked():
             continue  # being launched or stopped right now; look again next round
-        status = deps.backend.poll(task_ref(task), task.pid, task.start_ticks)
+        status = await deps.backend.poll(task_ref(task), handle_of(task))
         if status.running:
             continue
         async with lock:
             with continue_trace(task.traceparent):
-                await end_task(deps, task_id, status)
+                await end_task(deps, key, status)
                 await evaluate_job(deps, task.job_id, task.attempt)
 
 
@@ -809,7 +809,7 @@ async def check_start_deadlines(deps: Deps) -> None:
             ):
                 continue
             tasks = await deps.store.tasks_of(job_id, attempt)
-            late = late_tasks([_start_view(deps, t) for t in tasks])
+            late = late_tasks([await _start_view(deps, t) for t in tasks])
             if not late:
                 deps.start_deadlines[(job_id, attempt)] = None  # all started: done
                 continue
@@ -818,7 +818,7 @@ async def check_start_deadlines(deps: Deps) -> None:
                 for view in late:
                     task = next(t for t in tasks if (t.role, t.index) == (view.role, view.index))
                     status = await deps.backend.kill(
-                        task_ref(task), task.pid, task.start_ticks, deps.kill_grace_s
+                        task_ref(task), handle_of(task), deps.kill_grace_s
                     )
                     await record(
                         deps,
@@ -836,14 +836,16 @@ async def check_start_deadlines(deps: Deps) -> None:
                 )
 
 
-def _start_view(deps: Deps, task: TaskRecord) -> StartView:
+async def _start_view(deps: Deps, task: TaskRecord) -> StartView:
     if task.state != TaskState.RUNNING:
         return StartView(task.role, task.index, task.state)
-    progress = deps.backend.progress(task_ref(task))
+    progress = await deps.backend.progress(task_ref(task), handle_of(task))
     return StartView(task.role, task.index, task.state, progress.command_started, progress.step)
 
 
 async def watch_tasks(deps: Deps, stop: asyncio.Event, interval_s: float = 0.3) -> None:
+    """Look at the watched tasks whenever the backend says one may have changed, and at
+    least every ``interval_s`` (deadlines are the watcher's own to notice)."""
     while not stop.is_set():
         try:
             await check_tasks(deps)
@@ -851,10 +853,13 @@ async def watch_tasks(deps: Deps, stop: asyncio.Event, interval_s: float = 0.3) 
             await check_start_deadlines(deps)
         except Exception:  # noqa: BLE001 - a store hiccup must not end the watcher
             log.exception("checking tasks failed; trying again")
+        changed = asyncio.ensure_future(deps.backend.changes(interval_s))
+        stopped = asyncio.ensure_future(stop.wait())
         try:
-            await asyncio.wait_for(stop.wait(), timeout=interval_s)
-        except TimeoutError:
-            pass
+            await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (changed, stopped):
+                waiter.cancel()
 
 
 async def adopt(deps: Deps) -> None:
@@ -875,11 +880,12 @@ async def adopt(deps: Deps) -> None:
                 if new is not None and new.state == TaskState.RUNNING:
                     deps.watching[new.id] = new
                 continue
-            status = deps.backend.poll(task_ref(task), task.pid, task.start_ticks)
+            status = await deps.backend.poll(task_ref(task), handle_of(task))
             if status.running:
                 deps.watching[task.id] = task
             else:
                 await end_task(deps, task.id, status, LOST_WHILE_DOWN)
+    await _remove_strays(deps)
     for job_id, attempt in sorted(jobs):
         async with deps.lock(job_id):
             await evaluate_job(deps, job_id, attempt)
@@ -887,3 +893,19 @@ async def adopt(deps: Deps) -> None:
         async with deps.lock(job.job_id):
             await finish_job(deps, job)
     log.info("adopted %d running task(s) of %d job(s)", len(deps.watching), len(jobs))
+
+
+async def _remove_strays(deps: Deps) -> None:
+    """Stop what the backend runs that the store does not know as running: a task a
+    crash left behind, or a duplicate of one (the backend's inventory, where it keeps
+    one: none is left behind, and no (job, attempt, role, index) runs twice)."""
+    inventory = await deps.backend.inventory()
+    if inventory is None:
+        return
+    for ref, handle in inventory.items():
+        task = await deps.store.get_task(ref.key)
+        known = task is not None and not task.state.terminal
+        if known and task is not None and task.uid in (None, handle.uid):
+            continue
+        log.warning("stopping %s: the store does not know it as running", ref.key)
+        await deps.backend.kill(ref, handle, deps.kill_grace_s)

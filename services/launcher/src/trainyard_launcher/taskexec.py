@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from trainyard_common.auth import Identity
 from trainyard_common.events import TaskState
 
-from .adapters.local import ExecResult
+from .adapters.backend import ExecResult, ExecUnavailable
 from .adapters.store import task_id
-from .handlers import Deps, task_full_env, task_ref
+from .handlers import Deps, handle_of, task_full_env, task_ref
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,9 @@ async def exec_in_task(
             f"task {role}[{index}] of job {job_id} is {task.state.value}, "
             "not RUNNING: commands run only in a running task",
         )
-    return await deps.backend.exec(
-        task_ref(task), argv, task_full_env(deps, job, task), timeout_s, pid=task.pid
-    )
+    try:
+        return await deps.backend.exec(
+            task_ref(task), handle_of(task), argv, task_full_env(deps, job, task), timeout_s
+        )
+    except ExecUnavailable as exc:
+        raise ExecRefused(409, f"cannot run commands in task {role}[{index}]: {exc}") from None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib
 import json
 import os
 import select
@@ -36,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainyard_launcher.adapters.procfs import start_ticks
 
@@ -146,17 +147,28 @@ def main(argv: list[str] | None = None) -> int:
 
     limits = None
     cgroup: str | None = None
-    preexec = None
+    run_as = tuple(options["run_as"]) if options.get("run_as") else None
+    if run_as is not None and args.prepare is not None and _enters(command):
+        run_as = None  # the view's builder becomes the task's user after its mounts
     if options.get("limits"):
-        from trainyard_launcher.adapters.limits import enter_limits, make_cgroup
+        from trainyard_launcher.adapters.limits import make_cgroup
         from trainyard_launcher.domain.limits import LimitPlan
 
         limits = LimitPlan(**options["limits"])
         cgroup = make_cgroup(limits)
 
-        def preexec() -> None:
-            assert limits is not None
-            enter_limits(limits, cgroup)
+    # Imported before the fork (the child between fork and exec only calls), and only
+    # when needed: a plain task's command starts without loading them.
+    enter = _importer("trainyard_launcher.adapters.limits", "enter_limits") if limits else None
+    demote = _importer("trainyard_launcher.adapters.prepare", "demote") if run_as else None
+
+    def preexec() -> None:
+        # The limits first (a cgroup and /dev/shm need the wrapper's rights), then the
+        # task's own user for good.
+        if enter is not None:
+            enter(limits, cgroup)
+        if demote is not None and run_as is not None:
+            demote((int(run_as[0]), int(run_as[1])))
 
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -169,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             stderr=err_w,
             process_group=0,
             env=child_env,
-            preexec_fn=preexec,
+            preexec_fn=preexec if limits is not None or run_as is not None else None,
         )
     except OSError as exc:
         say.write(f"trainyard: cannot start {command[0]!r}: {exc}\n")
@@ -332,6 +344,16 @@ def _out_of_memory(limits: object, cgroup: str | None, err_log: CappedLog) -> bo
     except OSError:
         return False
     return memory_exhausted(tail)
+
+
+def _importer(module: str, name: str) -> Any:
+    return getattr(importlib.import_module(module), name)
+
+
+def _enters(command: list[str]) -> bool:
+    from trainyard_launcher.adapters.prepare import ENTER_ARGV
+
+    return command[: len(ENTER_ARGV)] == ENTER_ARGV
 
 
 def _end_unstarted(task_dir: Path, pending: list[int], reason: str | None) -> int:

@@ -134,10 +134,35 @@ class PodTask:
     node_selector: list[EnvVar] = field(default_factory=list)
     container_path: str = ""
     container_name: str | None = None
+    # The template's annotations: the Kubernetes backend puts them on the pods.
+    annotations: list[EnvVar] = field(default_factory=list)
 
     @property
     def argv(self) -> list[str]:
         return [*self.command, *self.args]
+
+
+def _annotations(meta: Any, path: str, issues: Issues) -> list[EnvVar]:
+    """A pod template's annotations (kept for the pods the Kubernetes backend makes);
+    its labels and other metadata are the platform's to set, so they are not applied."""
+    if not isinstance(meta, dict):
+        issues.error(path, f"metadata must be an object, not {json_type(meta)}", "type")
+        return []
+    for key in sorted(k for k in meta if k != "annotations"):
+        issues.warn(
+            join(path, key),
+            f"pod template metadata {show(key)} is kept but not applied to tasks",
+            "not_applied",
+        )
+    raw = meta.get("annotations")
+    if raw is None:
+        return []
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        issues.error(join(path, "annotations"), "annotations must map strings to strings", "type")
+        return []
+    return [EnvVar(name=k, value=v) for k, v in raw.items()]
 
 
 def _strings(value: Any, path: str, key: str, issues: Issues) -> list[str]:
@@ -199,11 +224,7 @@ def pod_template(
             "unknown_field",
         )
     if "metadata" in template:
-        issues.warn(
-            join(path, "metadata"),
-            "pod labels and annotations are kept but not applied to tasks",
-            "not_applied",
-        )
+        task.annotations = _annotations(template["metadata"], join(path, "metadata"), issues)
     if not isinstance(pod, dict):
         issues.error(
             spec_path,

@@ -240,23 +240,9 @@ def _roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[RoleSpec]:
                 f"unknown replica spec field {show(extra)} is kept but not used",
                 "unknown_field",
             )
-        command = ""
-        if pod.argv:
-            command = shell_command(pod.argv)
-            if not pod.command:
-                issues.warn(
-                    join(pod.container_path, "args"),
-                    "the container has args but "
-                    "no command; the args are run as the command (an image's "
-                    "entrypoint is not known to Trainyard)",
-                    "not_applied",
-                )
-        elif pod.container_path:
-            issues.error(
-                pod.container_path,
-                "the container needs a command or args: Trainyard runs no image entrypoint",
-                "required",
-            )
+        # The container runs as Kubernetes runs it: its command replaces the image's
+        # entrypoint, its args alone keep it (the backend decides whether it can).
+        command = shell_command(pod.argv)
         roles.append(
             RoleSpec(
                 name=str(rtype),
@@ -264,6 +250,9 @@ def _roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[RoleSpec]:
                 resources=pod.resources,
                 image=pod.image,
                 command=command,
+                entrypoint=pod.command or None,
+                args=pod.args,
+                annotations=pod.annotations,
                 env=pod.env,
                 restart_policy=policy,
                 node_selector=pod.node_selector,
@@ -397,6 +386,7 @@ def translate_kubeflow(payload: Any, user: str = "") -> Translation:
         roles=roles,
         success_rules=_success(kind, spec, roles, issues),
         image=next((r.image for r in roles if r.image), None),
+        namespace=namespace,
         **fields,
     )
     return Translation(

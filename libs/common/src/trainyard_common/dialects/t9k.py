@@ -358,21 +358,8 @@ def _command(pod: PodTask, kind: Kind, spec: dict[str, Any], issues: Issues) -> 
             return shell_command(_torchrun(torchrun, pod, issues))
     if not pod.container_path:
         return ""  # the template itself is missing or broken, and said so
-    if not argv:
-        issues.error(
-            pod.container_path,
-            "the container needs a command or args: Trainyard runs no image entrypoint",
-            "required",
-        )
-        return ""
-    if not pod.command:
-        issues.warn(
-            join(pod.container_path, "args"),
-            "the container has args but no "
-            "command; the args are run as the command (an image's entrypoint is "
-            "not known to Trainyard)",
-            "not_applied",
-        )
+    # The container runs as Kubernetes runs it (its command replaces the image's
+    # entrypoint, its args alone keep it): _role_spec keeps the argv for the backend.
     return shell_command(argv)
 
 
@@ -597,12 +584,18 @@ def _substitutions(pod: PodTask, issues: Issues) -> None:
 def _role_spec(
     name: str, replicas: int, pod: PodTask, command: str, policy: RestartPolicy
 ) -> RoleSpec:
+    # Where the command is the container's own argv, the role keeps it as a container's
+    # command and args; a command the kind builds (torchrun, mpirun) is a shell line.
+    container = pod.container_path and command == shell_command(pod.argv)
     return RoleSpec(
         name=name,
         replicas=replicas,
         resources=pod.resources,
         image=pod.image,
         command=command,
+        entrypoint=(pod.command or None) if container else None,
+        args=pod.args if container else None,
+        annotations=pod.annotations,
         env=pod.env,
         restart_policy=policy,
         node_selector=pod.node_selector,
@@ -1212,6 +1205,7 @@ def translate_t9k(payload: Any, user: str = "") -> Translation:
         success_rules=success,
         failure_rules=failure,
         image=next((r.image for r in role_specs if r.image), None),
+        namespace=namespace,
         **fields,
     )
     return Translation(

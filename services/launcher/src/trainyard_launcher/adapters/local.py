@@ -26,158 +26,62 @@ mount namespace where it has one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import json
 import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Protocol
 
-from trainyard_common.jobspec import Resources
+from trainyard_common.events import TaskPlacement
 
+from .. import frameworkwrap
+from ..domain.frameworks import FrameworkContext, port_to_reserve
 from ..domain.lifecycle import removable
 from ..domain.limits import LimitPlan, Mechanisms, cgroup_name, plan_limits
-from ..domain.prepare import PreparePlan
-from ..logs import DEFAULT_MAX_BYTES
+from ..domain.prepare import (
+    PlanProblem,
+    PreparePlan,
+    needs_preparation,
+    plan_preparation,
+    prepared_env,
+)
+from ..logs import DEFAULT_MAX_BYTES, follow, older_part, read_from
+from .backend import (
+    AlreadyLaunched,
+    AttemptEnd,
+    AttemptSpec,
+    ExecResult,
+    Launched,
+    LaunchError,
+    LaunchRefused,
+    LogChunk,
+    PortClaim,
+    PortUnavailable,
+    Progress,
+    Stream,
+    TaskHandle,
+    TaskLaunch,
+    TaskOptions,
+    TaskRef,
+    TaskStatus,
+)
 from .procfs import is_alive, proc_stat, session_members, start_ticks
+from .rendezvous import reserve_port
+from .uids import TaskUids, UidsExhausted
+
+FILES_DIR = frameworkwrap.FILES_DIR
 
 # Launcher settings that must not reach a task (the admin token above all).
 _PRIVATE_ENV_PREFIXES = ("YARD_",)
 _PRIVATE_ENV_NAMES = {"NATS_URL", "MONGO_URL"}
-
-
-@dataclass(frozen=True)
-class TaskRef:
-    job_id: str
-    attempt: int
-    role: str
-    index: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.job_id}:{self.attempt}:{self.role}:{self.index}"
-
-
-@dataclass(frozen=True)
-class PortClaim:
-    label: str
-    host_ip: str
-    port: int
-
-
-@dataclass(frozen=True)
-class Launched:
-    pid: int
-    start_ticks: int | None
-    # What the task is held to here (domain.limits.LimitPlan.summary), when known.
-    note: str | None = None
-
-
-@dataclass(frozen=True)
-class TaskOptions:
-    """How a task runs besides its command."""
-
-    # T9k's debug mode: prepared, then a keep-alive instead of the command.
-    debug: bool = False
-    # The role's resources, enforced as far as the machine allows.
-    resources: Resources | None = None
-
-
-@dataclass(frozen=True)
-class Progress:
-    """How far a task that is not yet known to run its command got."""
-
-    command_started: bool
-    step: str | None = None  # its preparation's last step
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    timed_out: bool = False
-
-
-@dataclass(frozen=True)
-class TaskStatus:
-    """How a task's process stands. ``lost``: it is gone and left no exit record."""
-
-    running: bool
-    exit_code: int | None = None
-    signal: int | None = None
-    lost: bool = False
-    ended_at: float | None = None
-    # Why it ended, when the wrapper knows better than the exit code (a failed
-    # preparation, an exceeded memory limit).
-    reason: str | None = None
-    # How it ended when the wrapper could tell (domain.failure.EndKind: out_of_memory).
-    end_kind: str | None = None
-
-    @property
-    def ended(self) -> bool:
-        return not self.running
-
-
-class LaunchError(Exception):
-    """The task could not be started; ``str(exc)`` is the reason a person reads."""
-
-
-class PortUnavailable(LaunchError):
-    """A port the placement gave the task cannot be bound on this machine."""
-
-
-class AlreadyLaunched(LaunchError):
-    """The task was launched before; starting it again would run it twice."""
-
-
-class TaskBackend(Protocol):
-    def task_dir(self, ref: TaskRef) -> Path: ...
-
-    def job_dir(self, job_id: str) -> Path: ...
-
-    def was_launched(self, ref: TaskRef) -> bool: ...
-
-    def launch(
-        self,
-        ref: TaskRef,
-        command: str,
-        env: dict[str, str],
-        ports: list[PortClaim],
-        prepare: PreparePlan | None = None,
-        options: TaskOptions | None = None,
-    ) -> Launched: ...
-
-    def write_debug_env(self, ref: TaskRef, text: str) -> Path: ...
-
-    async def wait_started(self, ref: TaskRef, timeout_s: float) -> Launched | None: ...
-
-    def poll(self, ref: TaskRef, pid: int | None, started: int | None) -> TaskStatus: ...
-
-    async def kill(
-        self, ref: TaskRef, pid: int | None, started: int | None, grace_s: float
-    ) -> TaskStatus: ...
-
-    def progress(self, ref: TaskRef) -> Progress: ...
-
-    def clean_task(self, ref: TaskRef) -> list[str]: ...
-
-    def clean_job(self, job_id: str) -> bool: ...
-
-    async def exec(
-        self,
-        ref: TaskRef,
-        command: list[str],
-        env: dict[str, str],
-        timeout_s: float,
-        pid: int | None = None,
-    ) -> ExecResult: ...
 
 
 def port_problem(claim: PortClaim) -> str | None:
@@ -199,7 +103,7 @@ def port_problem(claim: PortClaim) -> str | None:
     return None
 
 
-def task_env(env: dict[str, str]) -> dict[str, str]:
+def machine_env(env: dict[str, str]) -> dict[str, str]:
     """This machine's environment (PATH, HOME, ...) without the launcher's own
     settings, under the task's."""
     base = {
@@ -211,20 +115,73 @@ def task_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class LocalBackend:
+    """Tasks as process groups on this machine (see the module's docstring)."""
+
+    name = "local"
+
     def __init__(
         self,
         root: Path,
         log_max_bytes: int = DEFAULT_MAX_BYTES,
         mechanisms: Mechanisms | None = None,
+        pip_args: tuple[str, ...] = (),
+        poll_interval_s: float = 0.3,
+        uids: TaskUids | None = None,
+        task_python: str | None = None,
     ) -> None:
         self.root = root
         self.log_max_bytes = log_max_bytes
         # What this machine lets tasks be held to; None: no limits are set at all.
         self.mechanisms = mechanisms
+        # Extra ``pip install`` arguments for the jobs' virtualenvs (YARD_PIP_ARGS).
+        self.pip_args = pip_args
+        # Processes are looked at, not watched: how often the watcher looks.
+        self.poll_interval_s = poll_interval_s
         # Our own children, kept only to collect their exit status (no zombies).
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         # Commands run in tasks (exec), by task key: ended with the task.
         self._execs: dict[str, set[subprocess.Popen[bytes]]] = {}
+        # Where each user's tasks run as (docs/security.md); None: as this process.
+        self.uids = uids
+        # The interpreter and the framework helper a task's user can run (start()).
+        self.task_python = task_python or sys.executable
+        self.wrapper = str(Path(frameworkwrap.__file__).resolve())
+
+    @property
+    def isolated(self) -> bool:
+        return self.uids is not None
+
+    async def start(self) -> None:
+        """With isolation: make the task root reachable by the tasks' users (and only
+        that: every directory on the way is traversable, not readable), and install the
+        framework helper and pick an interpreter that they can run."""
+        if not self.isolated:
+            return
+        jobs = self.root / "jobs"
+        jobs.mkdir(parents=True, exist_ok=True)
+        for directory in (self.root, jobs):
+            os.chmod(directory, 0o711)
+        if (blocked := untraversable(self.root)) is not None:
+            raise IsolationError(
+                f"tasks could not reach their directories under {self.root}: {blocked} is "
+                "not traversable by other users (chmod o+x it, or put the data directory "
+                "elsewhere)"
+            )
+        helpers = self.root / "bin"
+        helpers.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(helpers, 0o755)
+        installed = helpers / "frameworkwrap.py"
+        tmp = helpers / ".frameworkwrap.py.tmp"
+        shutil.copyfile(frameworkwrap.__file__, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, installed)
+        self.wrapper = str(installed)
+        self.task_python = runnable_python(self.task_python)
+
+    async def close(self) -> None:
+        return None
+
+    # --- where things are ---------------------------------------------------------
 
     def job_dir(self, job_id: str) -> Path:
         return self.root / "jobs" / job_id
@@ -232,26 +189,87 @@ class LocalBackend:
     def task_dir(self, ref: TaskRef) -> Path:
         return self.job_dir(ref.job_id) / f"attempt-{ref.attempt}" / f"{ref.role}-{ref.index}"
 
-    def write_debug_env(self, ref: TaskRef, text: str) -> Path:
-        return _write_private(self.task_dir(ref) / "env", text)
+    def location(self, ref: TaskRef) -> str:
+        return str(self.task_dir(ref))
 
-    def was_launched(self, ref: TaskRef) -> bool:
+    def addressed(self, attempt: AttemptSpec) -> tuple[TaskPlacement, ...]:
+        # Tasks reach each other at their node's address (127.0.0.1 for this machine).
+        return attempt.tasks
+
+    def framework_context(self, ref: TaskRef, attempt: AttemptSpec) -> FrameworkContext:
+        """The task's directory and, when the job's rendezvous task declared no port, the
+        port reserved for the attempt (the same for every task: domain/frameworks.py)."""
+        task_dir = self.task_dir(ref)
+        port = None
+        if (master := port_to_reserve(attempt.spec, list(attempt.tasks))) is not None:
+            port = reserve_port(task_dir.parent, master.host_ip)
+        return FrameworkContext(
+            str(task_dir / FILES_DIR), self.task_python, port, wrapper=self.wrapper
+        )
+
+    def _plan(self, task: TaskLaunch) -> PreparePlan | PlanProblem | None:
+        if not needs_preparation(task.spec):
+            return None
+        ref = task.ref
+        return plan_preparation(
+            task.spec,
+            str(self.task_dir(ref)),
+            str(self.job_dir(ref.job_id)),
+            ref.attempt,
+            self.pip_args,
+            python=self.task_python,
+        )
+
+    def _base_env(self, task: TaskLaunch) -> dict[str, str]:
+        if not self.isolated:
+            return machine_env(task.env)
+        # Only what describes the machine: nothing of the services reaches the task.
+        work = str(self.task_dir(task.ref) / "work")
+        user = task.spec.user or "nobody"
+        identity = {"HOME": work, "USER": user, "LOGNAME": user}
+        return {**host_env(), **identity, **task.env}
+
+    def task_env(self, task: TaskLaunch) -> dict[str, str]:
+        plan = self._plan(task)
+        return prepared_env(self._base_env(task), plan if isinstance(plan, PreparePlan) else None)
+
+    async def write_debug_env(self, ref: TaskRef, text: str) -> str:
+        return str(_write_private(self.task_dir(ref) / "env", text))
+
+    # --- an attempt ---------------------------------------------------------------
+
+    async def open_attempt(self, attempt: AttemptSpec) -> None:
+        return None  # nothing is shared by an attempt's processes but their directories
+
+    async def close_attempt(self, attempt: AttemptSpec, end: AttemptEnd) -> None:
+        return None  # the clean-up policy decides what goes (clean_task, clean_job)
+
+    async def was_launched(self, ref: TaskRef) -> bool:
         return (self.task_dir(ref) / "launched").exists()
 
-    def launch(
-        self,
-        ref: TaskRef,
-        command: str,
-        env: dict[str, str],
-        ports: list[PortClaim],
-        prepare: PreparePlan | None = None,
-        options: TaskOptions | None = None,
-    ) -> Launched:
+    async def launch(self, task: TaskLaunch) -> Launched:
+        ref = task.ref
+        role = task.spec.role(ref.role)
+        if role.uses_image_entrypoint:
+            raise LaunchRefused(
+                f"the container of role {role.name!r} has no command of its own, so it "
+                f"would run its image's entrypoint ({role.image or 'no image named'}); "
+                "the local backend runs no images: give the container a command"
+            )
+        plan = self._plan(task)
+        if isinstance(plan, PlanProblem):
+            raise LaunchRefused(plan.reason)
+        run_as = await self._run_as(task)
         directory = self.task_dir(ref)
-        (directory / "work").mkdir(parents=True, exist_ok=True)
-        if self.was_launched(ref):
+        for name in ("work", FILES_DIR):
+            (directory / name).mkdir(parents=True, exist_ok=True)
+        if run_as is not None:
+            self._hand_over(ref, run_as, plan)
+            if plan is not None:
+                plan = dataclasses.replace(plan, run_as=run_as)
+        if await self.was_launched(ref):
             raise AlreadyLaunched(f"task {ref.key} was launched before")
-        for claim in ports:
+        for claim in task.ports:
             if (problem := port_problem(claim)) is not None:
                 raise PortUnavailable(problem)
         try:
@@ -263,23 +281,29 @@ class LocalBackend:
 
         # -I: the task's PYTHON* variables must not change how the wrapper starts.
         argv = [sys.executable, "-I", "-m", "trainyard_launcher.taskwrap", "--dir", str(directory)]
-        if prepare is not None:
+        if plan is not None:
             # Private: the plan holds the task's environment and the repository URL,
             # which may carry a token.
-            plan_file = _write_private(directory / "prepare.json", prepare.to_json())
+            plan_file = _write_private(directory / "prepare.json", plan.to_json())
             argv += ["--prepare", str(plan_file)]
-        limits = self.limit_plan(ref, options)
+        limits = self.limit_plan(ref, task.options)
         wrapper_options = {
-            "debug": bool(options and options.debug),
+            "debug": task.options.debug,
             "log_max_bytes": self.log_max_bytes,
             "limits": json.loads(limits.to_json()) if limits is not None else None,
+            "run_as": list(run_as) if run_as is not None else None,
         }
         options_file = directory / "task.json"
         options_file.write_text(json.dumps(wrapper_options))
         argv += ["--options", str(options_file)]
         # The command goes in a private file, not on the command line: with its secrets
         # substituted it must not show in `ps` to every user of the node.
-        argv += ["--", _bash(), str(_write_private(directory / "command.sh", command + "\n"))]
+        command_file = _write_private(directory / "command.sh", task.command + "\n")
+        if run_as is not None:
+            # Readable by the task's own group (its user), by no other task.
+            os.chown(command_file, 0, run_as[1])
+            os.chmod(command_file, 0o640)
+        argv += ["--", _bash(), str(command_file)]
         with (
             open(directory / "stdout.log", "ab") as out,
             open(directory / "stderr.log", "ab") as err,
@@ -288,7 +312,7 @@ class LocalBackend:
                 proc = subprocess.Popen(
                     argv,
                     cwd=directory / "work",
-                    env=_with_defaults(task_env(env)),
+                    env=_with_defaults(self._base_env(task)),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
@@ -298,7 +322,40 @@ class LocalBackend:
             except OSError as exc:
                 raise LaunchError(f"cannot start the task wrapper: {exc}") from exc
         self._children[proc.pid] = proc
-        return Launched(proc.pid, start_ticks(proc.pid), limits.summary if limits else None)
+        handle = TaskHandle(pid=proc.pid, start_ticks=start_ticks(proc.pid))
+        notes = [limits.summary] if limits else []
+        if run_as is not None:
+            notes.append(f"runs as uid {run_as[0]}")
+        return Launched(handle, "; ".join(notes) or None)
+
+    async def _run_as(self, task: TaskLaunch) -> tuple[int, int] | None:
+        if self.uids is None:
+            return None
+        try:
+            uid = await self.uids.uid_for(task.spec.user or "nobody")
+        except UidsExhausted as exc:
+            raise LaunchError(str(exc)) from exc
+        return uid, uid
+
+    def _hand_over(self, ref: TaskRef, run_as: tuple[int, int], plan: object) -> None:
+        """The directories on the way to the task's are the platform's, traversable by
+        the task's group alone; what the task writes (its working directory, its
+        framework files, its staged mounts, the job's virtualenv) is its user's."""
+        uid, gid = run_as
+        task_dir = self.task_dir(ref)
+        for directory in (self.job_dir(ref.job_id), task_dir.parent, task_dir):
+            os.chown(directory, 0, gid)
+            os.chmod(directory, 0o710)
+        owned = [task_dir / "work", task_dir / FILES_DIR]
+        if isinstance(plan, PreparePlan):
+            if plan.checkout is not None:
+                owned.append(task_dir / "mounts")
+            if plan.pip is not None:
+                owned.append(Path(plan.pip.venv))
+        for directory in owned:
+            directory.mkdir(parents=True, exist_ok=True)
+            os.chown(directory, uid, gid)
+            os.chmod(directory, 0o700)
 
     def limit_plan(self, ref: TaskRef, options: TaskOptions | None) -> LimitPlan | None:
         if self.mechanisms is None or options is None or options.resources is None:
@@ -310,7 +367,7 @@ class LocalBackend:
             )
         return plan_limits(options.resources, self.mechanisms, cgroup)
 
-    def progress(self, ref: TaskRef) -> Progress:
+    async def progress(self, ref: TaskRef, handle: TaskHandle) -> Progress:
         """Whether the task's command (or debug keep-alive) runs, and else the step its
         preparation is on (the last ``trainyard prepare:`` line of its stderr)."""
         directory = self.task_dir(ref)
@@ -329,7 +386,7 @@ class LocalBackend:
                 break
         return Progress(False, step)
 
-    def clean_task(self, ref: TaskRef) -> list[str]:
+    async def clean_task(self, ref: TaskRef) -> list[str]:
         """Remove the task's files but its logs and records (a clean-up policy);
         returns what was removed. Never crosses into another filesystem (a mount)."""
         directory = self.task_dir(ref)
@@ -344,7 +401,7 @@ class LocalBackend:
             removed.append(name)
         return removed
 
-    def clean_job(self, job_id: str) -> bool:
+    async def clean_job(self, job_id: str) -> bool:
         """Remove the job's virtualenv (a clean-up policy, once the job has ended)."""
         venv = self.job_dir(job_id) / "venv"
         if not venv.exists():
@@ -354,13 +411,31 @@ class LocalBackend:
             (self.job_dir(job_id) / name).unlink(missing_ok=True)
         return True
 
+    # --- logs ---------------------------------------------------------------------
+
+    async def read_log(self, ref: TaskRef, stream: Stream, offset: int) -> LogChunk:
+        # The offset counts in the current part (logs.py); from 0 the older part, if
+        # the log was rotated, comes first.
+        path = self.task_dir(ref) / f"{stream}.log"
+        data = read_from(path, offset)
+        older = read_from(older_part(path), 0) if offset == 0 else b""
+        return LogChunk(older + data, offset + len(data))
+
+    def follow_log(
+        self, ref: TaskRef, stream: Stream, offset: int, ended: Callable[[], Awaitable[bool]]
+    ) -> AsyncIterator[bytes]:
+        path = self.task_dir(ref) / f"{stream}.log"
+        return follow(path, offset, ended, with_older=offset == 0)
+
+    # --- running commands in a task ------------------------------------------------
+
     async def exec(
         self,
         ref: TaskRef,
+        handle: TaskHandle,
         command: list[str],
         env: dict[str, str],
         timeout_s: float,
-        pid: int | None = None,
         limit_bytes: int = 1024 * 1024,
     ) -> ExecResult:
         """Run ``command`` in the task: its environment, its working directory, and,
@@ -370,14 +445,17 @@ class LocalBackend:
         # coreutils' timeout bounds the command even if this launcher dies meanwhile and
         # nothing is left to kill it (it runs in a session of its own, not the task's).
         argv = ["timeout", "-s", "KILL", f"{timeout_s + EXEC_KILL_MARGIN_S:g}", *command]
-        target = self._namespace_target(ref, pid)
+        if (run_as := self._recorded_run_as(ref)) is not None:
+            # As the task's own user, whatever namespace it is entered through.
+            argv = [*drop_to(run_as), *argv]
+        target = self._namespace_target(ref, handle.pid)
         if target is not None:
             argv = [*target, "--", *argv]
         try:
             proc = subprocess.Popen(
                 argv,
                 cwd=self.task_dir(ref) / "work",
-                env=_with_defaults(task_env(env)),
+                env=_with_defaults(env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -401,6 +479,14 @@ class LocalBackend:
         exit_code = 128 - code if code is not None and code < 0 else code
         return ExecResult(exit_code, _tail(out, limit_bytes), _tail(err, limit_bytes), timed_out)
 
+    def _recorded_run_as(self, ref: TaskRef) -> tuple[int, int] | None:
+        try:
+            options = json.loads((self.task_dir(ref) / "task.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        run_as = options.get("run_as")
+        return (int(run_as[0]), int(run_as[1])) if run_as else None
+
     def _namespace_target(self, ref: TaskRef, pid: int | None) -> list[str] | None:
         """``nsenter`` into the mount (and user) namespace of the task's command, when
         it has its own; None when it shares ours."""
@@ -422,6 +508,8 @@ class LocalBackend:
             return argv
         return None
 
+    # --- watching -----------------------------------------------------------------
+
     def read_pid(self, ref: TaskRef) -> Launched | None:
         try:
             fields = (self.task_dir(ref) / "pid").read_text().split()
@@ -430,7 +518,7 @@ class LocalBackend:
         if not fields:
             return None
         started = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-        return Launched(int(fields[0]), started)
+        return Launched(TaskHandle(pid=int(fields[0]), start_ticks=started))
 
     async def wait_started(self, ref: TaskRef, timeout_s: float) -> Launched | None:
         deadline = time.monotonic() + timeout_s
@@ -460,7 +548,10 @@ class LocalBackend:
         if proc is not None and proc.poll() is not None:
             del self._children[proc.pid]
 
-    def poll(self, ref: TaskRef, pid: int | None, started: int | None) -> TaskStatus:
+    async def poll(self, ref: TaskRef, handle: TaskHandle) -> TaskStatus:
+        return self._poll(ref, handle.pid, handle.start_ticks)
+
+    def _poll(self, ref: TaskRef, pid: int | None, started: int | None) -> TaskStatus:
         self._reap(pid)
         if (ended := self.read_exit(ref)) is not None:
             return ended
@@ -468,13 +559,21 @@ class LocalBackend:
             launched = self.read_pid(ref)
             if launched is None:
                 return TaskStatus(running=False, lost=True, ended_at=time.time())
-            pid, started = launched.pid, launched.start_ticks
-        if is_alive(pid, started):
+            pid, started = launched.handle.pid, launched.handle.start_ticks
+        if pid is not None and is_alive(pid, started):
             return TaskStatus(running=True)
         # The wrapper may have written exit.json between the first look and its exit.
         if (ended := self.read_exit(ref)) is not None:
             return ended
         return TaskStatus(running=False, lost=True, ended_at=time.time())
+
+    async def inventory(self) -> dict[TaskRef, TaskHandle] | None:
+        # Every process this backend started is in the store first (STARTING before
+        # its spawn), so the store's records are the inventory.
+        return None
+
+    async def changes(self, timeout_s: float) -> None:
+        await asyncio.sleep(min(timeout_s, self.poll_interval_s))
 
     def _members(self, pid: int, started: int | None) -> list[int]:
         leader = proc_stat(pid)
@@ -484,19 +583,19 @@ class LocalBackend:
             return []
         return [member.pid for member in session_members(pid)]
 
-    async def kill(
-        self, ref: TaskRef, pid: int | None, started: int | None, grace_s: float
-    ) -> TaskStatus:
+    async def kill(self, ref: TaskRef, handle: TaskHandle, grace_s: float) -> TaskStatus:
         """SIGTERM to the task's process group (the wrapper forwards it to the command's
         group), SIGKILL to every process of the task's session after ``grace_s``; the
         commands run in it by ``exec`` end with it."""
         for proc in list(self._execs.pop(ref.key, ())):
             _signal_group(proc.pid, signal.SIGKILL)
+        pid, started = handle.pid, handle.start_ticks
         if pid is None:
             launched = self.read_pid(ref)
             if launched is None:
-                return self.poll(ref, None, None)
-            pid, started = launched.pid, launched.start_ticks
+                return self._poll(ref, None, None)
+            pid, started = launched.handle.pid, launched.handle.start_ticks
+            assert pid is not None
         if is_alive(pid, started):
             _signal_group(pid, signal.SIGTERM)
         else:
@@ -521,7 +620,7 @@ class LocalBackend:
                     pass
             await asyncio.sleep(0.02)
         self._reap(pid)
-        status = self.poll(ref, pid, started)
+        status = self._poll(ref, pid, started)
         if status.lost and forced:
             # The wrapper died with the rest and could not write exit.json.
             return TaskStatus(
@@ -582,6 +681,76 @@ def _remove(path: Path, device: int) -> None:
         path.rmdir()
     except OSError:
         pass  # something on another filesystem stays, and so does its directory
+
+
+class IsolationError(RuntimeError):
+    """Tasks cannot be run under their users' uids here (``str(exc)`` says why)."""
+
+
+# What a task started under its own uid gets of this machine's environment: what
+# describes the machine (its paths, locale, GPU libraries), nothing of the services.
+HOST_ENV_NAMES = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH"})
+HOST_ENV_PREFIXES = ("LC_", "CUDA_", "NCCL_", "NVIDIA_")
+
+
+def host_env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k in HOST_ENV_NAMES or k.startswith(HOST_ENV_PREFIXES)
+    }
+    if "PATH" in env:
+        # Without the services' private directories (a home the task may not enter):
+        # a command found nowhere else is "not found" (127), not "permission denied".
+        env["PATH"] = ":".join(
+            d for d in env["PATH"].split(":") if d and untraversable(Path(d)) is None
+        )
+    return env
+
+
+def drop_to(run_as: tuple[int, int]) -> list[str]:
+    """The argv prefix that runs a command as ``run_as`` with no supplementary groups
+    and no way back up (no setuid binary can raise it again)."""
+    uid, gid = run_as
+    setpriv = shutil.which("setpriv") or "setpriv"
+    return [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
+
+
+def untraversable(path: Path) -> Path | None:
+    """The first directory from ``/`` down to ``path`` that other users cannot pass."""
+    current = Path("/")
+    for part in path.resolve().parts[1:]:
+        current = current / part
+        try:
+            mode = os.stat(current).st_mode
+        except OSError:
+            return current
+        if not mode & stat.S_IXOTH:
+            return current
+    return None
+
+
+def runnable_python(preferred: str) -> str:
+    """``preferred`` when every user may run it, else a ``python3`` of this machine that
+    they may (the services' own interpreter may live in a private home)."""
+    for candidate in (preferred, shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")):
+        if candidate and _runnable_by_others(Path(candidate)):
+            return candidate
+    raise IsolationError(
+        f"no Python that other users may run: {preferred} is not, nor is a python3 in "
+        "/usr/local/bin, /usr/bin or /bin; framework helpers and job virtualenvs need one"
+    )
+
+
+def _runnable_by_others(path: Path) -> bool:
+    try:
+        real = path.resolve(strict=True)
+        mode = os.stat(real).st_mode
+    except OSError:
+        return False
+    # Every directory on the way to the link and to its target must be passable.
+    blocked = untraversable(path.parent) or untraversable(real.parent)
+    return blocked is None and bool(mode & stat.S_IXOTH) and bool(mode & stat.S_IROTH)
 
 
 def _bash() -> str:

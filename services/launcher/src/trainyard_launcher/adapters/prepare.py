@@ -21,6 +21,7 @@ otherwise the task fails with a reason naming the path.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -32,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -47,6 +49,9 @@ from ..domain.prepare import (
 # the task's reason (taskwrap keeps the same name without importing this module).
 FAILED_FILE = "prepare-failed"
 ENTER_FAILED_EXIT = 125
+# The command prefix that builds the task's view and runs the command in it; it becomes
+# the task's user itself (after its mounts), so its caller must not.
+ENTER_ARGV = [sys.executable, "-I", "-m", "trainyard_launcher.adapters.prepare", "enter"]
 
 
 class PrepareFailed(Exception):
@@ -62,9 +67,44 @@ def _hide_credentials(url: str) -> str:
     return re.sub(r"//[^/@]+@", "//***@", url)
 
 
-def _run(argv: list[str], log: IO[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run ``argv`` with its output in the task's log; returns the exit code and the
-    last lines of its output (for the reason)."""
+RunAs = tuple[int, int] | None
+_PR_SET_NO_NEW_PRIVS = 38
+
+
+def demote(run_as: RunAs) -> None:
+    """Become the task's user for good (between fork and exec, or before exec): no
+    supplementary groups, and no setuid program can raise it again."""
+    if run_as is None:
+        return
+    uid, gid = run_as
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def as_user(run_as: RunAs) -> Iterator[None]:
+    """Act as the task's user for a while (file operations in what it controls: a path
+    in a checkout it cloned may be a symlink anywhere), then be the wrapper again."""
+    if run_as is None:
+        yield
+        return
+    os.setegid(run_as[1])
+    os.seteuid(run_as[0])
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
+def _run(
+    argv: list[str], log: IO[str], env: dict[str, str] | None = None, run_as: RunAs = None
+) -> tuple[int, str]:
+    """Run ``argv`` with its output in the task's log (as the task's user, with
+    ``run_as``); returns the exit code and the last lines of its output (for the
+    reason)."""
     _say(log, "$ " + " ".join(_hide_credentials(a) for a in argv))
     try:
         proc = subprocess.Popen(
@@ -75,6 +115,7 @@ def _run(argv: list[str], log: IO[str], env: dict[str, str] | None = None) -> tu
             env=env,
             text=True,
             errors="replace",
+            preexec_fn=(lambda: demote(run_as)) if run_as is not None else None,
         )
     except OSError as exc:
         return 127, str(exc)
@@ -90,17 +131,27 @@ def _run(argv: list[str], log: IO[str], env: dict[str, str] | None = None) -> tu
 # --- code source --------------------------------------------------------------------------
 
 
-def clone(checkout: Checkout, log: IO[str]) -> None:
+def clone(
+    checkout: Checkout, log: IO[str], run_as: RunAs = None, task_dir: str | None = None
+) -> None:
     dest = Path(checkout.dest)
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    with as_user(run_as):
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    if run_as is not None:
+        env["HOME"] = str(dest.parent)
+        # The task's user clones a repository it may not own (a path on the machine):
+        # what runs of it runs as that user, so git's ownership guard has nothing to
+        # protect. git takes that only from a global configuration, so one of the
+        # task's own (written here, by the wrapper, where the task can read it).
+        env["GIT_CONFIG_GLOBAL"] = _git_config(Path(task_dir or dest.parent))
     repo = _hide_credentials(checkout.repo)
     argv = ["git", "clone", "--quiet"]
     if checkout.branch:
         argv += ["--branch", checkout.branch]
-    code, output = _run([*argv, "--", checkout.repo, str(dest)], log, env)
+    code, output = _run([*argv, "--", checkout.repo, str(dest)], log, env, run_as)
     at = f" at branch {checkout.branch}" if checkout.branch else ""
     if code != 0:
         raise PrepareFailed(f"code source: git clone of {repo}{at} failed: {output}")
@@ -119,11 +170,19 @@ def clone(checkout: Checkout, log: IO[str]) -> None:
             ],
             log,
             env,
+            run_as,
         )
         if code != 0:
             raise PrepareFailed(
                 f"code source: commit {checkout.commit} of {repo}{at} cannot be checked out: {output}"
             )
+
+
+def _git_config(task_dir: Path) -> str:
+    path = task_dir / "gitconfig"
+    path.write_text("[safe]\n\tdirectory = *\n")
+    os.chmod(path, 0o644)
+    return str(path)
 
 
 # --- the job's virtualenv -------------------------------------------------------------------
@@ -133,7 +192,7 @@ def _state_path(pip: PipInstall) -> Path:
     return Path(pip.lock).with_suffix(".json")
 
 
-def install(pip: PipInstall, log: IO[str], created_by: str) -> None:
+def install(pip: PipInstall, log: IO[str], created_by: str, run_as: RunAs = None) -> None:
     """Create the job's virtualenv and install into it, once: the lock makes the other
     tasks of the job wait, and the state file tells them it is done (or how it failed,
     so an attempt's tasks do not all repeat a failing install)."""
@@ -154,7 +213,7 @@ def install(pip: PipInstall, log: IO[str], created_by: str) -> None:
                 return
             if state.get("attempt") == pip.attempt:
                 raise PrepareFailed(state["reason"])
-        reason = _install_locked(pip, venv, log)
+        reason = _install_locked(pip, venv, log, run_as)
         state = {
             "digest": pip.digest,
             "ok": reason is None,
@@ -169,14 +228,17 @@ def install(pip: PipInstall, log: IO[str], created_by: str) -> None:
             raise PrepareFailed(reason)
 
 
-def _install_locked(pip: PipInstall, venv: Path, log: IO[str]) -> str | None:
+def _install_locked(pip: PipInstall, venv: Path, log: IO[str], run_as: RunAs) -> str | None:
     python = venv / "bin" / "python"
+    # As the task's user: a package's build runs its own code.
+    env = {**os.environ, "HOME": str(venv)} if run_as is not None else None
     if not python.exists():
         _say(log, f"creating the job's virtualenv {venv}")
-        # The launcher's own interpreter: one known to have venv and ensurepip, which a
-        # distribution's python3 may lack.
+        # The launcher's own interpreter (or one the task's user may run): one known to
+        # have venv and ensurepip, which a distribution's python3 may lack.
+        maker = pip.python or sys.executable
         code, output = _run(
-            [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], log
+            [maker, "-m", "venv", "--system-site-packages", str(venv)], log, env, run_as
         )
         if code != 0:
             return f"{DEPENDENCY_FAILED}: cannot create the virtualenv {venv}: {output}"
@@ -196,7 +258,7 @@ def _install_locked(pip: PipInstall, venv: Path, log: IO[str]) -> str | None:
         if not Path(pip.requirements).is_file():
             return f"{DEPENDENCY_FAILED}: no requirements file at {pip.requirements}"
         argv += ["-r", pip.requirements]
-    code, output = _run(argv, log)
+    code, output = _run(argv, log, env, run_as)
     if code != 0:
         what = " ".join(pip.packages) or pip.requirements
         return f"{DEPENDENCY_FAILED}: pip install of {what} exited with code {code}: {output}"
@@ -243,18 +305,20 @@ def run_preparation(
     the symlinks to remove when it ends. Raises :class:`PrepareFailed`."""
     hostname = socket.gethostname()
     if plan.checkout is not None:
-        clone(plan.checkout, log)
-    for mount in plan.mounts:
-        if not os.path.exists(mount.host):
-            raise PrepareFailed(f"{mount.what}: {mount.host} does not exist on {hostname}")
+        clone(plan.checkout, log, plan.run_as, plan.task_dir)
+    with as_user(plan.run_as):
+        for mount in plan.mounts:
+            if not os.path.exists(mount.host):
+                raise PrepareFailed(f"{mount.what}: {mount.host} does not exist on {hostname}")
     if plan.pip is not None:
-        install(plan.pip, log, created_by=plan.task_dir)
+        install(plan.pip, log, created_by=plan.task_dir, run_as=plan.run_as)
 
     links: list[Link] = []
     outside = plan.outside_mounts
-    for mount in plan.mounts:
-        if mount not in outside and mount.host != mount.view:
-            links.append(_link(mount, plan.task_dir, None))
+    with as_user(plan.run_as):
+        for mount in plan.mounts:
+            if mount not in outside and mount.host != mount.view:
+                links.append(_link(mount, plan.task_dir, None))
     if not outside:
         return command, links
     problem = namespace_problem()
@@ -265,16 +329,13 @@ def run_preparation(
             + ", ".join(m.view for m in outside)
             + " in the task's own mount namespace",
         )
-        return [
-            sys.executable,
-            "-I",
-            "-m",
-            "trainyard_launcher.adapters.prepare",
-            "enter",
-            str(plan_file),
-            "--",
-            *command,
-        ], links
+        return [*ENTER_ARGV, str(plan_file), "--", *command], links
+    if plan.run_as is not None:
+        # A symlink on the machine would be made for another user's task: no.
+        raise PrepareFailed(
+            "mount paths " + ", ".join(m.view for m in outside) + " need a mount namespace "
+            f"of the task's own, which this machine does not give ({problem})"
+        )
     _say(log, f"no mount namespace ({problem}); symlinks at the mount paths instead")
     try:
         for mount in outside:
@@ -404,6 +465,7 @@ def enter(plan: PreparePlan, command: list[str]) -> None:
         _mount(mount.host, target, None, _MS_BIND | _MS_REC)
     os.chroot(root)
     os.chdir(cwd)
+    demote(plan.run_as)
     os.execvp(command[0], command)
 
 

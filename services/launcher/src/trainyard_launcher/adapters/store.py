@@ -73,8 +73,11 @@ class TaskRecord:
     seq: int
     dir: str
     node: str | None = None
+    # How the backend finds the task again (adapters.backend.TaskHandle): the wrapper's
+    # pid and start time here, the pod's uid on Kubernetes.
     pid: int | None = None
     start_ticks: int | None = None
+    uid: str | None = None
     started: datetime | None = None
     exit_code: int | None = None
     signal: int | None = None

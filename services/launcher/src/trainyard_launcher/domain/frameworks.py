@@ -66,11 +66,18 @@ COMMAND_VAR = "TRAINYARD_WRAPPED_COMMAND"
 class FrameworkContext:
     """What the launcher knows about a task beyond the spec and the placement."""
 
-    task_dir: str
-    # The interpreter that runs trainyard_launcher.frameworkwrap (the launcher's own).
-    python: str
+    # Where the task's framework files are (the MPI hostfile), as the task sees it: on
+    # the local backend the task's own ``fw`` directory, whose parent is the task's
+    # directory and whose grandparent the attempt's, each task's named ``role-index``.
+    files_dir: str
+    # The interpreter that runs the helper (frameworkwrap), one the task's user may run;
+    # None where the backend runs no helper next to the task (Kubernetes: the image
+    # runs the command itself, and the framework gets only its variables and files).
+    python: str | None
     # Reserved by the launcher for the attempt when the rendezvous task declares no port.
     master_port: int | None = None
+    # The helper's script (trainyard_launcher/frameworkwrap.py, where the task can read it).
+    wrapper: str | None = None
 
 
 def tf_task_type(role: str) -> str:
@@ -299,7 +306,7 @@ def _slots(spec: JobSpec, role: str) -> int:
 
 
 def mpi_env(layout: MpiLayout, role: str, index: int, context: FrameworkContext) -> dict[str, str]:
-    hostfile = f"{context.task_dir}/{HOSTFILE}"
+    hostfile = f"{context.files_dir}/{HOSTFILE}"
     env = {
         # Open MPI 4 (ORTE) and 5 (PRRTE), MPICH / Intel MPI's Hydra: the same hostfile.
         "OMPI_MCA_orte_default_hostfile": hostfile,
@@ -314,17 +321,24 @@ def mpi_env(layout: MpiLayout, role: str, index: int, context: FrameworkContext)
         "TRAINYARD_MPI_HOSTFILE": hostfile,
         "K_MPI_JOB_ROLE": "worker",
     }
-    if (role, index) == layout.launcher:
-        agent = f"{context.task_dir}/{RSH_AGENT}"
+    if (role, index) != layout.launcher:
+        return env
+    env.update(
+        {
+            # Volcano's mpi plugin: the worker hosts, comma-separated.
+            "MPI_HOST": ",".join(layout.host_name(r, i) for r, i, _ in layout.hosts),
+            "K_MPI_JOB_ROLE": "launcher",
+        }
+    )
+    if context.python is not None:
+        # mpirun's remote starts go through the wrapper's agent, not ssh.
+        agent = f"{context.files_dir}/{RSH_AGENT}"
         env.update(
             {
                 "OMPI_MCA_plm_rsh_agent": agent,
                 "PRTE_MCA_plm_ssh_agent": agent,
                 "HYDRA_LAUNCHER_EXEC": agent,
                 "I_MPI_HYDRA_BOOTSTRAP_EXEC": agent,
-                # Volcano's mpi plugin: the worker hosts, comma-separated.
-                "MPI_HOST": ",".join(layout.host_name(r, i) for r, i, _ in layout.hosts),
-                "K_MPI_JOB_ROLE": "launcher",
             }
         )
     return env
@@ -355,9 +369,9 @@ def framework_env(
 
 
 def _wrap(context: FrameworkContext, mode: str, args: list[str], command: str | None) -> str:
-    words = shlex.join(
-        [context.python, "-I", "-m", WRAPPER_MODULE, mode, "--dir", context.task_dir, *args]
-    )
+    assert context.python is not None, "a backend without helpers wraps no command"
+    helper = [context.wrapper] if context.wrapper else ["-m", WRAPPER_MODULE]
+    words = shlex.join([context.python, "-I", *helper, mode, "--dir", context.files_dir, *args])
     if command is None:
         return f"exec {words}"
     return f"{COMMAND_VAR}={shlex.quote(command)} exec {words}"
@@ -395,7 +409,7 @@ def framework_command(
         layout = mpi_layout(spec, tasks)
         if layout is None:
             return command
-        attempt_dir = PurePosixPath(context.task_dir).parent
+        attempt_dir = PurePosixPath(context.files_dir).parent.parent
         common = ["--hosts", layout.hosts_arg()]
         if (role, index) == layout.launcher:
             if _role_named(spec, MPI_LAUNCHER_ROLES) is None:

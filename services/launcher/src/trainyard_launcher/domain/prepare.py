@@ -70,6 +70,8 @@ class PipInstall:
     requirements: str | None = None
     pip_args: tuple[str, ...] = ()
     attempt: int = 1
+    # The interpreter the virtualenv is made from ("": the wrapper's own).
+    python: str = ""
 
     @property
     def digest(self) -> str:
@@ -84,6 +86,9 @@ class PreparePlan:
     mounts: tuple[Mount, ...] = ()
     pip: PipInstall | None = None
     env: tuple[tuple[str, str], ...] = ()
+    # The (uid, gid) the task runs as: every step that touches what the user supplied
+    # (a clone, an install, a mount path) runs as that user, never as the wrapper.
+    run_as: tuple[int, int] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -107,6 +112,7 @@ class PreparePlan:
                 else None
             ),
             env=tuple((k, v) for k, v in data.get("env") or ()),
+            run_as=(int(data["run_as"][0]), int(data["run_as"][1])) if data.get("run_as") else None,
         )
 
     @property
@@ -196,6 +202,7 @@ def plan_preparation(
     job_dir: str,
     attempt: int = 1,
     pip_args: tuple[str, ...] = (),
+    python: str = "",
 ) -> PreparePlan | PlanProblem | None:
     """The preparation of one task of ``spec``; None when there is nothing to prepare."""
     paths = _Paths(PurePosixPath(task_dir), PurePosixPath(job_dir))
@@ -237,6 +244,7 @@ def plan_preparation(
             requirements=requirements,
             pip_args=tuple(pip_args),
             attempt=attempt,
+            python=python,
         )
         env.append((VENV_VAR, str(venv)))
 

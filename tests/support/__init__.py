@@ -1,0 +1,1 @@
+"""Harnesses shared by the test tiers (one copy each, imported from here)."""
