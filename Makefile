@@ -15,8 +15,8 @@ run: setup ## Install everything, start the platform, run an example job, stay u
 up: setup ## Start the platform in the background; returns once every service is healthy
 	$(UV) run --frozen trainyard-stack up --data-dir $(DATA_DIR)
 
-down: ## Stop the platform started by `make up`
-	@if [ -x .venv/bin/trainyard-stack ]; then .venv/bin/trainyard-stack down --data-dir $(DATA_DIR); else echo "not running"; fi
+down: ## Stop the platform started by `make up` and the jobs' tasks (KEEP_TASKS=1: leave them for the next start to adopt)
+	@if [ -x .venv/bin/trainyard-stack ]; then .venv/bin/trainyard-stack down --data-dir $(DATA_DIR) $(if $(KEEP_TASKS),--keep-tasks); else echo "not running"; fi
 
 ##@ Develop
 

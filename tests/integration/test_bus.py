@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from trainyard_common.bus import Bus, Delivery
+from trainyard_common.bus import Bus, DeadLetters, Delivery
 from trainyard_common.errors import PermanentError
-from trainyard_common.events import Event, JobSubmitted, StopJob
+from trainyard_common.events import Event, JobSubmitted, StopJob, decode
 from trainyard_common.jobspec import JobSpec, RoleSpec
 from trainyard_common.subjects import commands_of, events_of
 from trainyard_common.telemetry import setup_telemetry, tracer
@@ -150,3 +150,60 @@ async def test_trace_context_follows_the_event_to_the_next_hop(bus: Bus) -> None
         bus, f"trace-{job[:8]}", [f"yard.job.{job}.>", f"yard.cmd.{job}.>"], relay, done
     )
     assert hops == [root_trace, root_trace]
+
+
+async def test_a_message_that_keeps_failing_ends_in_the_dead_letters_and_can_be_replayed(
+    bus: Bus,
+) -> None:
+    job = uuid.uuid4().hex
+    durable = f"dead-{job[:8]}"
+    await bus.publish(submitted(job))
+    bus.max_deliver = 3
+    calls: list[int] = []
+    healed = False
+    done = asyncio.Event()
+
+    async def buggy(event: Event, delivery: Delivery) -> None:
+        calls.append(delivery.num_delivered)
+        if not healed:
+            if delivery.num_delivered == 3:
+                done.set()
+            raise RuntimeError("a handler bug")
+        done.set()
+
+    await consume_until(bus, durable, [f"yard.job.{job}.>"], buggy, done)
+    await asyncio.sleep(0.3)  # the third delivery's dead letter is kept after the raise
+    assert calls == [1, 2, 3] and bus.dead_lettered[durable] == 1
+    letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
+    assert len(letters) == 1
+    letter = letters[0]
+    assert letter.subject == f"yard.job.{job}.submitted" and letter.deliveries == 3
+    assert "a handler bug" in letter.error and decode(letter.data).job_id == job
+
+    # Fixed, and replayed by an admin: it comes back to the same durable, once.
+    healed, done = True, asyncio.Event()
+    assert await DeadLetters(bus).replay(letter.seq) is not None
+    await consume_until(bus, durable, [f"yard.job.{job}.>"], buggy, done)
+    assert calls[-1] == 1 and len(calls) == 4
+    assert await DeadLetters(bus).get(letter.seq) is None
+    assert await DeadLetters(bus).replay(letter.seq) is None
+
+
+async def test_a_permanent_error_and_an_undecodable_message_are_dead_letters_at_once(
+    bus: Bus,
+) -> None:
+    job = uuid.uuid4().hex
+    durable = f"perm-dead-{job[:8]}"
+    await bus.publish(submitted(job))
+    await bus.publish_raw(f"yard.job.{job}.task", b"{not json", {"Nats-Msg-Id": job})
+    seen = asyncio.Event()
+
+    async def refuse(event: Event, delivery: Delivery) -> None:
+        seen.set()
+        raise PermanentError("never")
+
+    await consume_until(bus, durable, [f"yard.job.{job}.>"], refuse, seen)
+    await asyncio.sleep(0.5)
+    letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
+    assert sorted(d.error.split(":")[0] for d in letters) == ["permanent error", "undecodable"]
+    assert all(d.deliveries == 1 for d in letters)

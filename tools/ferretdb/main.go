@@ -18,7 +18,8 @@ import (
 )
 
 func main() {
-	listenAddr := flag.String("listen-addr", "127.0.0.1:27017", "TCP address to listen on")
+	listenAddr := flag.String("listen-addr", "127.0.0.1:27017", "TCP address to listen on (empty: none)")
+	listenUnix := flag.String("listen-unix", "", "Unix socket to listen on (empty: none)")
 	sqliteDir := flag.String("sqlite-dir", "data", "directory holding the SQLite database files")
 	logLevel := flag.String("log-level", "warn", "log level: debug, info, warn, error")
 	flag.Parse()
@@ -33,20 +34,20 @@ func main() {
 	// FerretDB internals sometimes log via slog.Default(); keep them equally quiet.
 	slog.SetDefault(logger)
 
-	if err := run(*listenAddr, *sqliteDir, logger); err != nil {
+	if err := run(*listenAddr, *listenUnix, *sqliteDir, logger); err != nil {
 		logger.Error("ferretdb failed", "error", err)
 		os.Exit(1)
 	}
 }
 
-func run(listenAddr, sqliteDir string, logger *slog.Logger) error {
+func run(listenAddr, listenUnix, sqliteDir string, logger *slog.Logger) error {
 	dir, err := filepath.Abs(sqliteDir)
 	if err != nil {
 		return fmt.Errorf("resolve sqlite dir: %w", err)
 	}
 
 	// The SQLite backend refuses to start if the directory does not exist.
-	if err = os.MkdirAll(dir, 0o755); err != nil {
+	if err = os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create sqlite dir: %w", err)
 	}
 
@@ -55,7 +56,9 @@ func run(listenAddr, sqliteDir string, logger *slog.Logger) error {
 
 	// The SQLite URL must name a directory and end with a slash.
 	f, err := ferretdb.New(&ferretdb.Config{
-		Listener:  ferretdb.ListenerConfig{TCP: listenAddr},
+		// A Unix socket in a directory only the services' user can enter is how the
+		// store stays theirs alone (docs/security.md): no TCP port for anyone on the host.
+		Listener:  ferretdb.ListenerConfig{TCP: listenAddr, Unix: listenUnix},
 		Logger:    logger,
 		Handler:   "sqlite",
 		SQLiteURL: "file:" + dir + "/",

@@ -26,6 +26,7 @@ from fastapi.routing import APIRoute
 from pymongo.asynchronous.collection import AsyncCollection
 
 from .aliyun_auth import SignatureError, SignedRequest, access_key_id, headers_of, verify
+from .secrets_box import SecretBox, SecretsUnavailable, open_value
 
 USER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # no "~": it joins user~jobName keys
 ADMIN_USER = "admin"
@@ -159,13 +160,19 @@ def parse_access_keys(text: str | None) -> dict[str, AccessKey]:
 
 
 class AccessKeyStore:
-    """AccessKeys from the environment and from the auth database."""
+    """AccessKeys from the environment and from the auth database. A secret cannot be
+    stored as a hash (each request's HMAC is computed from it), so it is stored sealed
+    with the platform's key (secrets_box.py): the store alone reveals none."""
 
     def __init__(
-        self, collection: AsyncCollection | None, configured: dict[str, AccessKey] | None = None
+        self,
+        collection: AsyncCollection | None,
+        configured: dict[str, AccessKey] | None = None,
+        box: SecretBox | None = None,
     ) -> None:
         self._keys = collection
         self._configured = configured or {}
+        self._box = box if box is not None else SecretBox.from_env()
 
     @classmethod
     def beside(cls, tokens: TokenStore, environ: dict[str, str] | None = None) -> AccessKeyStore:
@@ -183,8 +190,9 @@ class AccessKeyStore:
             raise RuntimeError("this service has no access key store")
         # Alibaba Cloud's shapes: LTAI + 20 characters, a 30-character secret.
         key = AccessKey("LTAI" + secrets.token_hex(10), secrets.token_urlsafe(22)[:30], user)
+        stored = self._box.seal(key.secret, key.id) if self._box is not None else key.secret
         await self._keys.insert_one(
-            {"_id": key.id, "secret": key.secret, "user": user, "created_at": datetime.now(UTC)}
+            {"_id": key.id, "secret": stored, "user": user, "created_at": datetime.now(UTC)}
         )
         return key
 
@@ -200,7 +208,13 @@ class AccessKeyStore:
         if self._keys is None:
             return None
         doc = await self._keys.find_one({"_id": key_id})
-        return None if doc is None else AccessKey(key_id, doc["secret"], doc["user"])
+        if doc is None:
+            return None
+        try:
+            secret = open_value(self._box, doc["secret"], key_id)
+        except SecretsUnavailable:
+            return None  # sealed with another key: as good as unknown
+        return AccessKey(key_id, secret, doc["user"])
 
 
 class AliyunError(Exception):

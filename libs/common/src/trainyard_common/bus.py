@@ -6,8 +6,15 @@ current W3C trace context in ``traceparent``. ``publish`` returns only after Jet
 stored the message.
 
 Consuming: durable pull consumers with an explicit ack policy. A handler's effect is
-stored before the ack; :class:`PermanentError` terminates the message, anything else
-naks it with a growing delay so JetStream redelivers it. Handlers must be idempotent.
+stored before the ack; anything but :class:`PermanentError` naks the message with a
+growing delay so JetStream redelivers it. Handlers must be idempotent. A message that
+cannot be processed (undecodable, a permanent error, or still failing on its last
+delivery) is never dropped silently: it goes to the dead-letter stream with its error,
+is counted and logged, then terminated; an admin can replay it (status's admin API),
+and it comes back to the same durable on ``yard.replay.<durable>.…``.
+
+Identity: a URL with a user (``nats://intake:…@host``) connects as that service, whose
+replies arrive on its own inbox prefix (bus_access.py).
 We use nats-py directly instead of FastStream: it is the cheapest hop (DESIGN §9), and
 the ack policy is visible here rather than a framework default (docs/design/0001).
 
@@ -22,6 +29,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -48,9 +57,20 @@ from nats.js.kv import KeyValue
 from opentelemetry import trace
 from pydantic import ValidationError
 
+from .bus_access import inbox_prefix
 from .errors import PermanentError
 from .events import Event, decode, encode
-from .subjects import STREAM, STREAM_SUBJECTS, subject_for
+from .subjects import (
+    DEAD_LETTER_PREFIX,
+    DEAD_LETTER_STREAM,
+    REPLAY_PREFIX,
+    STREAM,
+    STREAM_SUBJECTS,
+    dead_letter_subject,
+    replay_subject,
+    replays_of,
+    subject_for,
+)
 from .telemetry import extract_context, inject_headers, trace_id_of, tracer
 
 log = logging.getLogger("trainyard.bus")
@@ -71,7 +91,13 @@ class Delivery:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-Handler = Callable[[Event, Delivery], Awaitable[None]]
+Handler = Callable[[Any, Delivery], Awaitable[None]]
+# What a consumer makes of a message's bytes (an event, by default).
+Decoder = Callable[[bytes, str, dict[str, str]], Any]
+
+
+def decode_event(data: bytes, _subject: str, _headers: dict[str, str]) -> Event:
+    return decode(data)
 
 
 def nak_delay(num_delivered: int) -> float:
@@ -84,30 +110,57 @@ class Bus:
         self.nc = nc
         self.js = js
         self._tracer = tracer("trainyard.bus")
+        # Deliveries before a failing message goes to the dead letters.
+        self.max_deliver = MAX_DELIVER
+        # Dead letters kept by this process, by durable (for metrics and tests).
+        self.dead_lettered: dict[str, int] = {}
 
     @classmethod
     async def connect(cls, url: str, name: str = "trainyard") -> Bus:
-        nc = await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+        user = urlsplit(url).username
+        options: dict[str, Any] = {}
+        if user:
+            # Replies to this identity arrive where only it may listen.
+            options["inbox_prefix"] = inbox_prefix(unquote(user)).encode()
+        nc = await nats.connect(
+            url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **options
+        )
         bus = cls(nc, nc.jetstream(timeout=10))
-        await bus.ensure_stream()
+        await bus.ensure_streams()
         return bus
 
-    async def ensure_stream(self) -> None:
-        config = StreamConfig(
-            name=STREAM,
-            subjects=STREAM_SUBJECTS,
-            storage=StorageType.FILE,
-            duplicate_window=DUPLICATE_WINDOW_S,
+    async def ensure_streams(self) -> None:
+        """The event stream and the dead letters' exist (made here by an identity that
+        may: the platform's own at start, or any client of an open server)."""
+        await self._ensure(
+            StreamConfig(
+                name=STREAM,
+                subjects=STREAM_SUBJECTS,
+                storage=StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_S,
+            )
         )
+        await self._ensure(
+            StreamConfig(
+                name=DEAD_LETTER_STREAM,
+                subjects=[f"{DEAD_LETTER_PREFIX}.>"],
+                storage=StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_S,
+            )
+        )
+
+    async def _ensure(self, config: StreamConfig) -> None:
+        assert config.name is not None
         try:
-            await self.js.stream_info(STREAM)
+            info = await self.js.stream_info(config.name)
         except NotFoundError:
             try:
                 await self.js.add_stream(config)
                 return
-            except nats.js.errors.BadRequestError:
-                pass  # another service created it between our two calls
-        await self.js.update_stream(config)
+            except BadRequestError:
+                info = await self.js.stream_info(config.name)  # made meanwhile
+        if sorted(info.config.subjects or []) != sorted(config.subjects or []):
+            await self.js.update_stream(config)
 
     async def close(self) -> None:
         if not self.nc.is_closed:
@@ -121,6 +174,12 @@ class Bus:
     async def publish(self, event: Event) -> int:
         """Publish and wait for JetStream's ack; returns the stream sequence."""
         ack = await self.js.publish(subject_for(event), encode(event), headers=self._headers(event))
+        return ack.seq
+
+    async def publish_raw(self, subject: str, data: bytes, headers: dict[str, str]) -> int:
+        """Publish bytes as they are (a submission, a replayed dead letter); ``headers``
+        should carry a ``Nats-Msg-Id`` so a retried publish is stored once."""
+        ack = await self.js.publish(subject, data, headers=inject_headers(dict(headers)))
         return ack.seq
 
     async def publish_all(self, events: Iterable[Event]) -> list[int]:
@@ -140,7 +199,7 @@ class Bus:
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=ACK_WAIT_S,
-            max_deliver=MAX_DELIVER,
+            max_deliver=self.max_deliver,
             max_ack_pending=1000,
         )
         if len(subjects) == 1:
@@ -158,9 +217,11 @@ class Bus:
         stop: asyncio.Event,
         batch: int = 64,
         ready: asyncio.Event | None = None,
+        decoder: Decoder = decode_event,
     ) -> None:
-        """Run ``handler`` for every message of the durable consumer until ``stop``."""
-        await self.ensure_consumer(durable, subjects)
+        """Run ``handler`` for every message of the durable consumer until ``stop``
+        (its subjects and the dead letters an admin sends back to it)."""
+        await self.ensure_consumer(durable, [*subjects, replays_of(durable)])
         sub = await self.js.pull_subscribe_bind(durable=durable, stream=STREAM)
         if ready is not None:
             ready.set()
@@ -171,23 +232,26 @@ class Bus:
                 except (TimeoutError, NatsTimeoutError):
                     continue
                 for msg in msgs:
-                    await self._handle(msg, handler)
+                    await self._handle(msg, handler, decoder)
         finally:
             await sub.unsubscribe()
 
-    async def _handle(self, msg: Msg, handler: Handler) -> None:
+    async def _handle(self, msg: Msg, handler: Handler, decoder: Decoder) -> None:
         meta = msg.metadata
         headers = dict(msg.headers or {})
+        durable = meta.consumer or "unknown"
+        subject = msg.subject
+        if subject.startswith(f"{REPLAY_PREFIX}.{durable}."):
+            subject = subject.removeprefix(f"{REPLAY_PREFIX}.{durable}.")
         try:
-            event = decode(msg.data)
+            event = decoder(msg.data, subject, headers)
         except (ValidationError, ValueError) as exc:
-            log.error("terminating undecodable message on %s: %s", msg.subject, exc)
-            await msg.term()
+            await self._dead_letter(msg, durable, f"undecodable: {exc}")
             return
         delivery = Delivery(
             stream_seq=meta.sequence.stream,
             num_delivered=meta.num_delivered,
-            subject=msg.subject,
+            subject=subject,
             trace_id=trace_id_of(headers),
             headers=headers,
         )
@@ -198,10 +262,14 @@ class Bus:
             try:
                 await handler(event, delivery)
             except PermanentError as exc:
-                log.warning("permanent error on %s (%s): %s", msg.subject, event.event_id, exc)
-                await msg.term()
+                await self._dead_letter(msg, durable, f"permanent error: {exc}")
                 return
             except Exception as exc:  # noqa: BLE001 - anything else may pass on redelivery
+                if meta.num_delivered >= self.max_deliver:
+                    await self._dead_letter(
+                        msg, durable, f"failed on all {meta.num_delivered} deliveries: {exc!r}"
+                    )
+                    return
                 delay = nak_delay(meta.num_delivered)
                 log.warning(
                     "transient error on %s (delivery %d), redelivering in %.1fs: %r",
@@ -213,6 +281,112 @@ class Bus:
                 await msg.nak(delay=delay)
                 return
         await msg.ack()
+
+    async def _dead_letter(self, msg: Msg, durable: str, error: str) -> None:
+        """Keep ``msg`` in the dead letters with why, count it, then drop it from the
+        consumer. Not stored (the dead-letter stream unreachable): redelivered later."""
+        meta = msg.metadata
+        original = msg.subject
+        if original.startswith(f"{REPLAY_PREFIX}.{durable}."):
+            original = original.removeprefix(f"{REPLAY_PREFIX}.{durable}.")
+        headers = {
+            **{k: v for k, v in (msg.headers or {}).items() if k != "Nats-Msg-Id"},
+            # One dead letter per message and delivery that gave up on it.
+            "Nats-Msg-Id": f"dead-{durable}-{meta.sequence.stream}-{meta.num_delivered}",
+            DEAD_ERROR: error[:2000],
+            DEAD_SUBJECT: original,
+            DEAD_DURABLE: durable,
+            DEAD_SEQ: str(meta.sequence.stream),
+            DEAD_DELIVERIES: str(meta.num_delivered),
+        }
+        try:
+            await self.js.publish(dead_letter_subject(durable, original), msg.data, headers=headers)
+        except Exception as exc:  # noqa: BLE001 - keep the message rather than lose it
+            log.error(
+                "cannot keep a dead letter of %s (%s); redelivering: %r", original, error, exc
+            )
+            await msg.nak(delay=nak_delay(meta.num_delivered))
+            return
+        self.dead_lettered[durable] = self.dead_lettered.get(durable, 0) + 1
+        log.error(
+            "dead letter: %s (stream seq %d, delivery %d) of %s: %s",
+            original,
+            meta.sequence.stream,
+            meta.num_delivered,
+            durable,
+            error,
+        )
+        await msg.term()
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    seq: int  # in the dead-letter stream
+    durable: str
+    subject: str  # where the message was first published
+    error: str
+    deliveries: int
+    original_seq: int
+    data: bytes
+    headers: dict[str, str]
+
+
+class DeadLetters:
+    """The dead-letter stream, read and replayed by an admin (status's admin API)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.js = bus.js
+
+    async def list(self, limit: int = 100) -> list[DeadLetter]:
+        info = await self.js.stream_info(DEAD_LETTER_STREAM)
+        found: list[DeadLetter] = []
+        seq = info.state.first_seq
+        while seq and seq <= info.state.last_seq and len(found) < limit:
+            letter = await self.get(seq)
+            if letter is not None:
+                found.append(letter)
+            seq += 1
+        return found
+
+    async def get(self, seq: int) -> DeadLetter | None:
+        try:
+            msg = await self.js.get_msg(DEAD_LETTER_STREAM, seq)
+        except NotFoundError:
+            return None
+        headers = dict(msg.headers or {})
+        return DeadLetter(
+            seq=seq,
+            durable=headers.get(DEAD_DURABLE, ""),
+            subject=headers.get(DEAD_SUBJECT, ""),
+            error=headers.get(DEAD_ERROR, ""),
+            deliveries=int(headers.get(DEAD_DELIVERIES) or 0),
+            original_seq=int(headers.get(DEAD_SEQ) or 0),
+            data=msg.data or b"",
+            headers=headers,
+        )
+
+    async def replay(self, seq: int) -> DeadLetter | None:
+        """Send the dead letter back to the durable that gave up on it (its handlers
+        are idempotent, so a replay of what was half done finishes it), then forget it.
+        None: no such dead letter (replayed already)."""
+        letter = await self.get(seq)
+        if letter is None:
+            return None
+        headers = {k: v for k, v in letter.headers.items() if not k.startswith("Trainyard-Dead-")}
+        headers["Nats-Msg-Id"] = f"replay-{seq}"
+        await self.js.publish(
+            replay_subject(letter.durable, letter.subject), letter.data, headers=headers
+        )
+        await self.js.delete_msg(DEAD_LETTER_STREAM, seq)
+        return letter
+
+
+# Headers of a dead letter: why, and where it came from.
+DEAD_ERROR = "Trainyard-Dead-Error"
+DEAD_SUBJECT = "Trainyard-Dead-Subject"
+DEAD_DURABLE = "Trainyard-Dead-Durable"
+DEAD_SEQ = "Trainyard-Dead-Seq"
+DEAD_DELIVERIES = "Trainyard-Dead-Deliveries"
 
 
 # --- key-value buckets -----------------------------------------------------------------

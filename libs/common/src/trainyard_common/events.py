@@ -227,6 +227,7 @@ class InterruptCause(StrEnum):
     SCALED = "scaled"  # an elastic role changes size: the gang restarts at the new size
     NODE_REMOVED = "node_removed"  # an administrator removed a node the job ran on
     RESTARTED = "restarted"  # the user asked for the job to start over as a new attempt
+    SHUTDOWN = "shutdown"  # the platform was shut down: the job runs again when it is back
 
 
 class PauseJob(Event):

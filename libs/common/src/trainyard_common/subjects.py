@@ -1,6 +1,10 @@
 """Subject names. Every subject carries the job id, so consumers can filter and order
 per job: ``yard.job.<job_id>.<event>`` for events, ``yard.cmd.<job_id>.<command>`` for
-control commands."""
+control commands. Besides: ``yard.submit.<user>.<submission id>``, an external
+producer's submission (any dialect's payload, the user taken from the subject, which
+only that producer may publish to); ``yard.replay.<durable>.<rest>``, a dead letter an
+admin sends back to the consumer that gave up on it; and, in a stream of their own,
+``yard.dead.<durable>.<original subject>``, the dead letters."""
 
 from __future__ import annotations
 
@@ -9,7 +13,11 @@ import re
 from .events import COMMAND_TYPES, Event
 
 STREAM = "YARD"
-STREAM_SUBJECTS = ["yard.job.>", "yard.cmd.>"]
+SUBMIT_PREFIX = "yard.submit"
+REPLAY_PREFIX = "yard.replay"
+STREAM_SUBJECTS = ["yard.job.>", "yard.cmd.>", f"{SUBMIT_PREFIX}.>", f"{REPLAY_PREFIX}.>"]
+DEAD_LETTER_STREAM = "YARD_DEAD"
+DEAD_LETTER_PREFIX = "yard.dead"
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -29,6 +37,29 @@ def events_of(*suffixes: str) -> list[str]:
 
 def commands_of(*suffixes: str) -> list[str]:
     return [f"yard.cmd.*.{suffix}" for suffix in suffixes]
+
+
+def submissions() -> list[str]:
+    return [f"{SUBMIT_PREFIX}.*.*"]
+
+
+def submit_subject(user: str, submission_id: str) -> str:
+    for token in (user, submission_id):
+        if not _TOKEN.match(token):
+            raise ValueError(f"{token!r} is not a valid subject token")
+    return f"{SUBMIT_PREFIX}.{user}.{submission_id}"
+
+
+def replay_subject(durable: str, rest: str) -> str:
+    return f"{REPLAY_PREFIX}.{durable}.{rest}"
+
+
+def replays_of(durable: str) -> str:
+    return replay_subject(durable, ">")
+
+
+def dead_letter_subject(durable: str, original: str) -> str:
+    return f"{DEAD_LETTER_PREFIX}.{durable}.{original}"
 
 
 ALL_EVENTS = "yard.job.>"

@@ -4,7 +4,9 @@
   platform up until Ctrl-C (``make run``).
 - ``serve``: start everything and keep it up until SIGTERM or Ctrl-C.
 - ``up`` / ``down``: ``serve`` in the background, returning once every service answers
-  its health check / stopping it cleanly (``make up`` / ``make down``).
+  its health check / stopping it cleanly (``make up`` / ``make down``). ``down`` stops
+  the jobs' tasks first (they run again at the next start, no retry spent); with
+  ``--keep-tasks`` it leaves them running for the next start to adopt.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import httpx
 from trainyard_common.config import default_data_dir
 
 from .components import ComponentError, repo_root
-from .platform import Platform, PlatformConfig
+from .platform import Platform, PlatformConfig, ensure_admin_token, stop_tasks
 
 TERMINAL = {"REJECTED", "SUCCEEDED", "FAILED", "STOPPED"}
 
@@ -151,9 +153,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     stopper = Stopper()
-    with Platform(_config(args)) as platform:
+    platform = Platform(_config(args)).start()
+    try:
         say(_usage(platform))
         stopper.wait()
+    finally:
+        # `down` has stopped the tasks (or chose to keep them): leave them as they are.
+        platform.stop(keep_tasks=True)
     return 0
 
 
@@ -209,11 +215,21 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    state = _state_file(Path(args.data_dir).resolve())
+    data_dir = Path(args.data_dir).resolve()
+    state = _state_file(data_dir)
     if not state.exists():
         print("not running")
         return 0
-    pid = json.loads(state.read_text())["supervisor_pid"]
+    running = json.loads(state.read_text())
+    pid = running["supervisor_pid"]
+    if args.keep_tasks:
+        print("leaving the jobs' tasks running: the next start adopts them")
+    else:
+        jobs, left = stop_tasks(running["url"], ensure_admin_token(data_dir))
+        if left == 0:
+            print(f"stopped the tasks of {jobs} job(s); they run again at the next start")
+        else:
+            print("could not confirm that every task stopped (the platform did not answer)")
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -245,7 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("run", "serve", "up", "down"):
-        sub.add_parser(name, parents=[common])
+        command = sub.add_parser(name, parents=[common])
+        if name == "down":
+            command.add_argument(
+                "--keep-tasks",
+                action="store_true",
+                help="leave the jobs' tasks running for the next start to adopt",
+            )
     args = parser.parse_args(argv)
     return {"run": cmd_run, "serve": cmd_serve, "up": cmd_up, "down": cmd_down}[args.command](args)
 

@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import functools
 import importlib.metadata
+import json
 import os
 import shutil
 import signal
@@ -21,13 +22,18 @@ import sys
 import sysconfig
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, ClassVar, Protocol, Self
+from urllib.parse import quote
 
+import bcrypt
 import httpx
 import pymongo
 import pymongo.errors
+
+from trainyard_common.bus_access import ServerPermissions
 
 __all__ = [
     "ComponentError",
@@ -174,6 +180,9 @@ class _ManagedProcess:
     def _is_ready(self) -> bool:
         raise NotImplementedError
 
+    def _listening(self) -> bool:
+        return _port_open(self.port)
+
     def _prepare(self) -> None:
         """Hook run before spawning (create dirs, build binaries)."""
 
@@ -222,7 +231,7 @@ class _ManagedProcess:
                     f"{self.name} exited with code {self._proc.returncode} during start; "
                     f"log {self.log_path}:\n{self._log_tail()}"
                 )
-            if _port_open(self.port) and self._is_ready():
+            if self._listening() and self._is_ready():
                 return
             if time.monotonic() > deadline:
                 raise ComponentError(
@@ -285,8 +294,17 @@ def _port_open(port: int) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class BusUser:
+    """One identity of the bus: its password, and its permissions (None: all)."""
+
+    password: str
+    permissions: ServerPermissions | None = None
+
+
 class NatsServer(_ManagedProcess):
-    """nats-server with JetStream file storage under `store_dir`."""
+    """nats-server with JetStream file storage under `store_dir`; with ``users``, only
+    they may connect, each within its permissions (bus_access.py)."""
 
     name = "nats-server"
 
@@ -296,16 +314,27 @@ class NatsServer(_ManagedProcess):
         port: int | None = None,
         log_path: Path | None = None,
         monitor_port: int | None = None,
+        users: dict[str, BusUser] | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         super().__init__(port, log_path or self.store_dir.parent / "logs" / "nats.log")
         self.monitor_port: int = monitor_port if monitor_port is not None else free_port()
+        self.users = users
+
+    @property
+    def config_path(self) -> Path:
+        return self.store_dir / "server.json"
 
     def _prepare(self) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        if self.users is not None:
+            # Passwords only as bcrypt hashes on disk, in a file only we may read.
+            fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(nats_config(self.users), out, indent=1)
 
     def _command(self) -> list[str]:
-        return [
+        command = [
             str(nats_server_binary()),
             "-js",
             "-sd", str(self.store_dir),
@@ -315,9 +344,18 @@ class NatsServer(_ManagedProcess):
             # A fixed server name keeps JetStream's identity stable across restarts.
             "-n", "trainyard",
         ]  # fmt: skip
+        if self.users is not None:
+            command += ["-c", str(self.config_path)]
+        return command
 
     def _url(self) -> str:
         return f"nats://{_LOCALHOST}:{self.port}"
+
+    def url_for(self, user: str) -> str:
+        """The URL ``user`` connects with (its password in it: keep it private)."""
+        assert self.users is not None and user in self.users, user
+        password = quote(self.users[user].password, safe="")
+        return f"nats://{quote(user, safe='')}:{password}@{_LOCALHOST}:{self.port}"
 
     @property
     def monitor_url(self) -> str:
@@ -333,6 +371,23 @@ class NatsServer(_ManagedProcess):
         return r.status_code == 200
 
 
+def nats_config(users: dict[str, BusUser]) -> dict[str, object]:
+    """nats-server's configuration (its format takes JSON) for ``users``."""
+    entries = []
+    for name, user in sorted(users.items()):
+        entry: dict[str, object] = {
+            "user": name,
+            "password": bcrypt.hashpw(user.password.encode(), bcrypt.gensalt(rounds=10)).decode(),
+        }
+        if user.permissions is not None:
+            entry["permissions"] = {
+                "publish": {"allow": user.permissions.publish},
+                "subscribe": {"allow": user.permissions.subscribe},
+            }
+        entries.append(entry)
+    return {"authorization": {"users": entries}}
+
+
 class FerretDB(_ManagedProcess):
     """Our embedded FerretDB build (tools/ferretdb) on SQLite files in `sqlite_dir`."""
 
@@ -344,10 +399,13 @@ class FerretDB(_ManagedProcess):
         port: int | None = None,
         log_path: Path | None = None,
         log_level: str = "warn",
+        unix_socket: Path | None = None,
     ) -> None:
         self.sqlite_dir = Path(sqlite_dir)
         super().__init__(port, log_path or self.sqlite_dir.parent / "logs" / "ferretdb.log")
         self.log_level = log_level
+        # Only a socket (in a directory only the services' user may enter), no TCP port.
+        self.unix_socket = unix_socket
         self._binary: Path | None = None
 
     def _prepare(self) -> None:
@@ -357,15 +415,27 @@ class FerretDB(_ManagedProcess):
 
     def _command(self) -> list[str]:
         assert self._binary is not None
+        if self.unix_socket is not None:
+            self.unix_socket.unlink(missing_ok=True)  # a crashed run's
+            listen = ["-listen-addr", "", "-listen-unix", str(self.unix_socket)]
+        else:
+            listen = ["-listen-addr", f"{_LOCALHOST}:{self.port}"]
         return [
             str(self._binary),
-            "-listen-addr", f"{_LOCALHOST}:{self.port}",
+            *listen,
             "-sqlite-dir", str(self.sqlite_dir),
             "-log-level", self.log_level,
         ]  # fmt: skip
 
     def _url(self) -> str:
+        if self.unix_socket is not None:
+            return f"mongodb://{quote(str(self.unix_socket), safe='')}/"
         return f"mongodb://{_LOCALHOST}:{self.port}/"
+
+    def _listening(self) -> bool:
+        if self.unix_socket is not None:
+            return self.unix_socket.exists()
+        return _port_open(self.port)
 
     def _is_ready(self) -> bool:
         client: pymongo.MongoClient[dict[str, object]] = pymongo.MongoClient(

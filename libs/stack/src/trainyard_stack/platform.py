@@ -7,8 +7,10 @@ restart single services through it to prove that no job is lost or doubled.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,9 +22,24 @@ from typing import IO
 import httpx
 
 from trainyard_common.auth import new_token
+from trainyard_common.bus import Bus
+from trainyard_common.bus_access import (
+    GRANTS,
+    producer_grant,
+    producer_identity,
+    server_permissions,
+)
 from trainyard_common.config import DEFAULT_PORTS, admin_token_path
+from trainyard_common.secrets_box import SECRETS_KEY_ENV, new_key
 
-from .components import ComponentError, ExternalService, FerretDB, NatsServer, free_port
+from .components import (
+    BusUser,
+    ComponentError,
+    ExternalService,
+    FerretDB,
+    NatsServer,
+    free_port,
+)
 
 # Consumers first, front door last: by the time intake answers, every consumer is up.
 SERVICES = ("validation", "placement", "launcher", "status", "intake", "gateway")
@@ -58,10 +75,98 @@ def ensure_admin_token(data_dir: Path) -> str:
     return token
 
 
+PLATFORM_IDENTITY = "platform"
+# Intake seals job secrets, the launcher opens them; DLC signatures are verified by
+# intake, status and the launcher from sealed AccessKey secrets (secrets_box.py).
+SECRET_HOLDERS = frozenset({"intake", "launcher", "status"})
+
+
+def ensure_secrets_key(data_dir: Path) -> str:
+    """The platform's secrets key: ``YARD_SECRETS_KEY``, else made once under the data
+    directory (mode 600): a restart must open what was sealed before it."""
+    if key := os.environ.get(SECRETS_KEY_ENV):
+        return key
+    path = data_dir / "secrets.key"
+    if path.exists():
+        return path.read_text().strip()
+    key = new_key()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(key + "\n")
+    return key
+
+
+def stop_tasks(url: str, token: str, timeout: float = 60.0) -> tuple[int, int]:
+    """End every running task through the platform itself: placement places nothing
+    more and interrupts each running job (cause ``shutdown``), the launcher stops their
+    tasks; waits until none runs. Returns (jobs interrupted, tasks still running)."""
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        answer = httpx.post(f"{url}/v1/placement/shutdown", headers=headers, timeout=30)
+        jobs = len(answer.json().get("interrupted", [])) if answer.status_code == 200 else 0
+    except (httpx.HTTPError, ValueError):
+        return 0, -1  # the platform is not answering: nothing to ask
+    deadline = time.monotonic() + timeout
+    running = -1
+    while time.monotonic() < deadline:
+        try:
+            answer = httpx.get(f"{url}/v1/admin/tasks", headers=headers, timeout=5)
+            running = int(answer.json()["running"]) if answer.status_code == 200 else -1
+        except (httpx.HTTPError, ValueError, KeyError):
+            running = -1
+        if running == 0:
+            break
+        time.sleep(0.2)
+    return jobs, running
+
+
+async def ensure_streams(url: str) -> None:
+    bus = await Bus.connect(url, name="trainyard-stack")
+    await bus.close()
+
+
+def producers() -> list[str]:
+    """The users whose systems publish submissions onto the bus (YARD_PRODUCERS)."""
+    return [name for name in os.environ.get("YARD_PRODUCERS", "").split(",") if name.strip()]
+
+
+def bus_users(data_dir: Path, producer_names: list[str]) -> dict[str, BusUser]:
+    """Every identity of the bus: each service within its grant, a fresh password per
+    start; the platform's own (the stack, for the streams); and each producer, whose
+    credentials persist under ``<data>/producers/<user>.json`` (mode 600) for its
+    operator to hand over (docs/security.md)."""
+    users = {
+        name: BusUser(secrets.token_urlsafe(24), server_permissions(name, grant))
+        for name, grant in GRANTS.items()
+    }
+    users[PLATFORM_IDENTITY] = BusUser(secrets.token_urlsafe(24))
+    for user in producer_names:
+        identity = producer_identity(user)
+        users[identity] = BusUser(
+            producer_password(data_dir, user),
+            server_permissions(identity, producer_grant(user)),
+        )
+    return users
+
+
+def producer_password(data_dir: Path, user: str) -> str:
+    path = data_dir / "producers" / f"{user}.json"
+    if path.exists():
+        return str(json.loads(path.read_text())["password"])
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    password = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        identity = producer_identity(user)
+        json.dump({"user": identity, "password": password, "inbox_prefix": f"_INBOX_{identity}",
+                   "subject": f"yard.submit.{user}.<submission id>"}, out, indent=1)  # fmt: skip
+    return password
+
+
 # What may be under the data directory besides the launcher's task root, each private
 # to the services' user (docs/security.md): tasks pass through the data directory to
 # their own directories and see nothing else of it.
-PRIVATE_ENTRIES = ("nats", "ferretdb", "logs", "run", "kube")
+PRIVATE_ENTRIES = ("nats", "ferretdb", "logs", "run", "kube", "producers")
 
 
 def protect_data_dir(data_dir: Path) -> None:
@@ -79,6 +184,7 @@ class Platform:
         self.data_dir = config.data_dir.resolve()
         self.logs = self.data_dir / "logs"
         self.token = ""
+        self.secrets_key = ""
         self.nats: NatsServer | ExternalService | None = None
         self.mongo: FerretDB | ExternalService | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -97,27 +203,45 @@ class Platform:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         protect_data_dir(self.data_dir)
         self.token = ensure_admin_token(self.data_dir)
+        self.secrets_key = ensure_secrets_key(self.data_dir)
         if url := os.environ.get("NATS_URL"):
             self.nats = ExternalService(url)
         else:
-            self.nats = NatsServer(self.data_dir / "nats", log_path=self.logs / "nats.log").start()
+            self.nats = NatsServer(
+                self.data_dir / "nats",
+                log_path=self.logs / "nats.log",
+                users=bus_users(self.data_dir, producers()),
+            ).start()
         if url := os.environ.get("MONGO_URL"):
             self.mongo = ExternalService(url)
         else:
+            store = self.data_dir / "ferretdb"
             self.mongo = FerretDB(
-                self.data_dir / "ferretdb", log_path=self.logs / "ferretdb.log"
+                store, log_path=self.logs / "ferretdb.log", unix_socket=store / "ferretdb.sock"
             ).start()
+        # The streams are the platform's to make: a service may only look at them.
+        asyncio.run(ensure_streams(self.bus_url()))
         for name in SERVICES:
             self.start_service(name)
         self.wait_healthy(timeout)
         self._write_state()
         return self
 
-    def service_env(self) -> dict[str, str]:
+    def bus_url(self, identity: str = PLATFORM_IDENTITY) -> str:
+        """The URL ``identity`` connects to the bus with (the platform's own: every
+        right, for the stack and its tests)."""
+        assert self.nats is not None
+        if isinstance(self.nats, NatsServer) and self.nats.users is not None:
+            return self.nats.url_for(identity)
+        return self.nats.url
+
+    def service_env(self, name: str) -> dict[str, str]:
         assert self.nats is not None and self.mongo is not None
         env = {
             **os.environ,
-            "YARD_NATS_URL": self.nats.url,
+            "YARD_NATS_URL": self.bus_url(name) if name in GRANTS else "",
+            # Only those that open what it seals hold the platform's secrets key.
+            SECRETS_KEY_ENV: self.secrets_key if name in SECRET_HOLDERS else "",
             "YARD_MONGO_URL": self.mongo.url,
             "YARD_DATA_DIR": str(self.data_dir),
             "YARD_DB_PREFIX": self.config.db_prefix,
@@ -139,7 +263,7 @@ class Platform:
         # the services in order instead of all dying at once mid-write.
         self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", f"trainyard_{name}"],
-            env=self.service_env(),
+            env=self.service_env(name),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -185,7 +309,11 @@ class Platform:
         except OSError:
             return "<no log>"
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, keep_tasks: bool = False) -> None:
+        """Stop everything: first the jobs' tasks (their jobs run again at the next
+        start), unless ``keep_tasks`` leaves them running for that start to adopt."""
+        if not keep_tasks and self.procs:
+            stop_tasks(self.url, self.token)
         for name in reversed(SERVICES):
             proc = self.procs.get(name)
             if proc and proc.poll() is None:

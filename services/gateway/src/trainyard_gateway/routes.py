@@ -24,8 +24,11 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     ("POST", re.compile(r"^/v1/jobs/[^/]+/tasks/[^/]+/[^/]+/exec$"), "launcher"),
     (READ, re.compile(r"^/v1/placement(/.*)?$"), "placement"),
     ("POST", re.compile(r"^/v1/placement/jobs/[^/]+/scale$"), "placement"),
+    ("POST", re.compile(r"^/v1/placement/shutdown$"), "placement"),
+    (READ, re.compile(r"^/v1/admin/tasks$"), "launcher"),
     (WRITE, re.compile(r"^/v1/placement/nodes(/[^/]+(/(drain|undrain))?)?$"), "placement"),
     (READ, re.compile(r"^/v1/jobs(/[^/]+(/events)?)?$"), "status"),
+    (ANY, re.compile(r"^/v1/admin/dead-letters(/[0-9]+/replay)?$"), "status"),
     # PAI-DLC (its paths as the official SDK calls them).
     (READ, re.compile(r"^/api/v1/jobs/[^/]+/pods/[^/]+/logs$"), "launcher"),
     (ANY, re.compile(r"^/api/v1/(datasources|codesources)(/.*)?$"), "intake"),

@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 
 from trainyard_common.auth import TokenStore, tokens_collection
-from trainyard_common.bus import Bus
+from trainyard_common.bus import Bus, Delivery
 from trainyard_common.config import Settings
 from trainyard_common.runtime import serve, setup_logging
+from trainyard_common.secrets_box import SecretBox
 from trainyard_common.storage import mongo_client
+from trainyard_common.subjects import submissions
 from trainyard_common.telemetry import setup_telemetry
 
 from .adapters.owners import MongoOwnerRegistry
 from .app import create_app
 from .handlers import Deps
+from .producers import DURABLE, Submission, decode_submission, submit_published
 
 
 async def main() -> None:
@@ -25,9 +28,17 @@ async def main() -> None:
     owners = MongoOwnerRegistry(client[settings.db_name()]["owners"])
     await owners.ensure_indexes()
     tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
-    app = create_app(Deps(publish=bus.publish, owners=owners), tokens, client[settings.db_name()])
+    deps = Deps(publish=bus.publish, owners=owners, box=SecretBox.from_env())
+    app = create_app(deps, tokens, client[settings.db_name()])
+
+    async def handle(submission: Submission, delivery: Delivery) -> None:
+        await submit_published(submission, delivery, deps)
+
+    async def producers(stop: asyncio.Event) -> None:
+        await bus.consume(DURABLE, submissions(), handle, stop=stop, decoder=decode_submission)
+
     try:
-        await serve(settings, app, [])
+        await serve(settings, app, [producers])
     finally:
         await bus.close()
         await client.close()

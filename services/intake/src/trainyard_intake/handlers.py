@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainyard_common.auth import Identity
-from trainyard_common.dialects import detect, translate
+from trainyard_common.dialects import BY_NAME, detect, translate
 from trainyard_common.events import (
     Event,
     FieldIssue,
@@ -20,6 +20,8 @@ from trainyard_common.events import (
     derived_id,
     new_id,
 )
+from trainyard_common.jobspec import JobSpec
+from trainyard_common.secrets_box import SecretBox
 
 from .adapters.owners import OwnerRegistry
 
@@ -32,6 +34,9 @@ class JobNotFound(LookupError):
 class Deps:
     publish: Callable[[Event], Awaitable[int]]
     owners: OwnerRegistry
+    # Seals a job's secret values before they are published (None: they travel in
+    # clear, which only a platform without YARD_SECRETS_KEY does).
+    box: SecretBox | None = None
 
 
 @dataclass
@@ -63,18 +68,29 @@ async def submit_job(
     else:
         job_id, event_id = new_id(), new_id()
     await deps.owners.record(job_id, identity.user, translation.key)
+    chosen = BY_NAME.get(translation.dialect)
+    original = payload if isinstance(payload, dict) else {"payload": payload}
     event = JobSubmitted(
         event_id=event_id,
         job_id=job_id,
-        spec=translation.spec,
+        # Nothing secret travels in clear: the spec's secret values sealed for the
+        # launcher, the payload as the dialect shows it back (its secrets hidden).
+        spec=seal_secrets(translation.spec, deps.box, job_id),
         dialect=translation.dialect,
         dialect_key=translation.key,
-        original=payload if isinstance(payload, dict) else {"payload": payload},
+        original=chosen.redact(original) if chosen is not None else original,
         translation_errors=translation.errors,
         warnings=translation.warnings,
     )
     await deps.publish(event)
     return Submitted(job_id, translation.dialect, translation.warnings, translation.errors)
+
+
+def seal_secrets(spec: JobSpec, box: SecretBox | None, job_id: str) -> JobSpec:
+    if box is None or not spec.secrets:
+        return spec
+    sealed = [s.model_copy(update={"value": box.seal(s.value, job_id)}) for s in spec.secrets]
+    return spec.model_copy(update={"secrets": sealed})
 
 
 async def request_stop(

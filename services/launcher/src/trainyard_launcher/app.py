@@ -30,6 +30,7 @@ from trainyard_common.config import Settings
 from trainyard_common.dialects import dlc
 from trainyard_common.events import Event
 from trainyard_common.runtime import health_app, serve, setup_logging
+from trainyard_common.secrets_box import SecretBox
 from trainyard_common.storage import mongo_client
 from trainyard_common.subjects import commands_of, events_of
 
@@ -115,6 +116,13 @@ def create_app(
         )
 
     if deps is not None:
+
+        @app.get("/v1/admin/tasks")
+        async def running_tasks(identity: Identity = Depends(current_identity)) -> dict:
+            """The tasks this launcher watches (for the platform's shutdown)."""
+            if not identity.admin:
+                raise HTTPException(403, "only an admin can list every task")
+            return {"running": len(deps.watching), "tasks": sorted(deps.watching)}
 
         @app.post("/v1/jobs/{job_id}/tasks/{role}/{index}/exec")
         async def exec_task(
@@ -241,6 +249,7 @@ async def main() -> None:
             store=store,
             backend=backend,
             publish=bus.publish,
+            box=SecretBox.from_env(),
             default_fs_uri=os.environ.get("YARD_DEFAULT_FS_URI", ""),
             kill_grace_s=float(os.environ.get("YARD_LAUNCHER_KILL_GRACE_S") or 10.0),
             minute_s=float(os.environ.get("YARD_LAUNCHER_MINUTE_S") or 60.0),

@@ -40,6 +40,7 @@ from trainyard_common.events import (
     TaskStateChanged,
     derived_id,
 )
+from trainyard_common.secrets_box import SecretBox, SecretsUnavailable, open_value
 from trainyard_common.telemetry import continue_trace, current_traceparent
 
 from .adapters.backend import (
@@ -114,6 +115,8 @@ class Deps:
     # Every task must run its command this long after the attempt was placed
     # (YARD_START_DEADLINE_S; 0: no deadline). Attempts known to have started all.
     start_deadline_s: float = 600.0
+    # Opens the job's sealed secrets (YARD_SECRETS_KEY); None: they come in clear.
+    box: SecretBox | None = None
     # Each watched attempt's start deadline (None: all its tasks started, or no limit).
     start_deadlines: dict[tuple[str, int], datetime | None] = field(default_factory=dict)
 
@@ -402,7 +405,11 @@ def task_launch(
         spec, tasks, ref.role, ref.index, ref.attempt, ref.job_id, deps.default_fs_uri, framework
     )
     role = spec.role(ref.role)
-    secrets = {s.name: s.value for s in spec.secrets}
+    try:
+        # Sealed by intake for this job; in clear only here, at launch.
+        secrets = {s.name: open_value(deps.box, s.value, ref.job_id) for s in spec.secrets}
+    except SecretsUnavailable as exc:
+        raise LaunchRefused(f"the job's secrets: {exc}") from exc
     command = role.command
     if role.container_form:
         # A container's argv, $(VAR) expanded from its environment as Kubernetes would.
@@ -430,10 +437,14 @@ async def _kept_for_debug(deps: Deps, job: JobRecord | None, task: TaskRecord, r
     directory, and the reason says where both are."""
     if job is None or job.spec is None or not job.spec.keep_failed_for_debug:
         return reason
-    full = task_full_env(deps, job, task)
+    try:
+        launch = task_launch(deps, job, task_ref(task))
+    except (KeyError, OSError, StopIteration, LaunchError):
+        return reason
+    full = deps.backend.task_env(launch)
     try:
         path = await deps.backend.write_debug_env(
-            task_ref(task), debug_env_text(full, [s.value for s in job.spec.secrets])
+            task_ref(task), debug_env_text(full, list(launch.secret_values))
         )
     except OSError as exc:
         return f"{reason}; its environment could not be kept: {exc}"
@@ -446,7 +457,7 @@ def task_full_env(deps: Deps, job: JobRecord, task: TaskRecord) -> dict[str, str
     assert job.spec is not None
     try:
         launch = task_launch(deps, job, task_ref(task))
-    except (KeyError, OSError, StopIteration):
+    except (KeyError, OSError, StopIteration, LaunchError):
         return {}
     return deps.backend.task_env(launch)
 

@@ -47,6 +47,7 @@ from .handlers import (
     load,
     queue_view,
     request_scale,
+    shut_down,
     start,
     wake_retries,
 )
@@ -100,6 +101,14 @@ def build_app(deps: Deps, tokens: TokenStore) -> FastAPI:
             "replicas": command.replicas,
             "scale": "requested",
         }
+
+    @app.post("/v1/placement/shutdown")
+    async def shutdown(identity: Identity = Depends(current)) -> dict[str, Any]:
+        """For the platform's own shutdown (``make down``): place nothing more and end
+        every running attempt; the next start runs them again."""
+        if not identity.admin:
+            raise HTTPException(403, "only an admin can shut placement down")
+        return {"draining": True, "interrupted": await shut_down(deps)}
 
     return app
 

@@ -103,6 +103,8 @@ class Deps:
     # An elastic job grows only after running this long at its size, so capacity that
     # frees in bursts does not restart it again and again.
     growth_after_s: float = 30.0
+    # The platform is shutting down: nothing more is placed by this process.
+    draining: bool = False
 
 
 def finished_id(job_id: str, attempt: int) -> str:
@@ -638,6 +640,24 @@ async def handle(event: Event, delivery: Delivery, deps: Deps) -> None:
 # --- the scheduling cycle --------------------------------------------------------------
 
 
+SHUTDOWN_REASON = "the platform was shut down; the job runs again when it is back"
+
+
+async def shut_down(deps: Deps) -> list[str]:
+    """Place nothing more, and end every running attempt as interrupted (cause
+    ``shutdown``): its tasks stop, and the next start of the platform queues the job's
+    next attempt, spending no retry. Returns the jobs told to end."""
+    async with deps.lock:
+        deps.draining = True
+        interrupted = []
+        for job_id in sorted(deps.state.placed):
+            record = await deps.store.get(job_id)
+            if record is not None and record.state == "placed":
+                if await interrupt_placed(deps, record, InterruptCause.SHUTDOWN, SHUTDOWN_REASON):
+                    interrupted.append(job_id)
+        return interrupted
+
+
 async def run_cycle(deps: Deps) -> None:
     """Place what fits now and tell waiting jobs why they wait. Call with the lock held."""
     # 1. Announce placements a crash or a failed publish left unannounced.
@@ -645,6 +665,8 @@ async def run_cycle(deps: Deps) -> None:
         await _announce_placed(deps, deps.state.placed[job_id])
     for job_id in sorted(deps.unsent_preemptions):
         await _resend_preemption(deps, job_id)
+    if deps.draining:
+        return  # shutting down: the next start places what waits
     # 2. Decide, on a snapshot derived from the placed jobs' allocations; retries whose
     #    backoff ended join the queue first.
     now = utcnow()

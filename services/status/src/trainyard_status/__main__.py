@@ -6,7 +6,7 @@ import asyncio
 from functools import partial
 
 from trainyard_common.auth import TokenStore, tokens_collection
-from trainyard_common.bus import Bus
+from trainyard_common.bus import Bus, DeadLetters
 from trainyard_common.config import Settings
 from trainyard_common.runtime import serve, setup_logging
 from trainyard_common.storage import mongo_client
@@ -33,7 +33,7 @@ async def main() -> None:
         await bus.consume("status", [ALL_EVENTS, ALL_COMMANDS], handler, stop=stop)
 
     try:
-        await serve(settings, create_app(views, tokens), [consume])
+        await serve(settings, create_app(views, tokens, DeadLetters(bus)), [consume])
     finally:
         await bus.close()
         await client.close()

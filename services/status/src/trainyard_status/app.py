@@ -5,19 +5,25 @@ from __future__ import annotations
 from fastapi import Depends, FastAPI, HTTPException, Query
 
 from trainyard_common.auth import Identity, TokenStore, identity_dependency
+from trainyard_common.bus import DeadLetters
 from trainyard_common.events import JobState
 from trainyard_common.runtime import health_app
 
 from .adapters.views import JobViews, job_view
+from .dead_letters import router as dead_letter_api
 from .dialect_api import ROUTERS, StatusContext
 
 
-def create_app(views: JobViews, tokens: TokenStore) -> FastAPI:
+def create_app(
+    views: JobViews, tokens: TokenStore, dead_letters: DeadLetters | None = None
+) -> FastAPI:
     app = health_app("status")
     current = identity_dependency(tokens)
     context = StatusContext(views=views, tokens=tokens, current=current)
     for make_router in ROUTERS:
         app.include_router(make_router(context))
+    if dead_letters is not None:
+        app.include_router(dead_letter_api(dead_letters, current))
 
     async def visible_job(job_id: str, identity: Identity) -> dict:
         doc = await views.get_job(job_id)

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..events import FieldIssue
-from ..jobspec import JobSpec, RoleSpec
+from ..jobspec import REDACTED, JobSpec, RoleSpec
 from .registry import Dialect
 from .translation import (
     INT_MAX,
@@ -245,6 +245,17 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
     return errors
 
 
+def redact_native(payload: Any) -> Any:
+    """The payload as it may be shown back: each secret's value hidden."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("secrets"), list):
+        return payload
+    hidden = [
+        {**item, "value": REDACTED} if isinstance(item, dict) and "value" in item else item
+        for item in payload["secrets"]
+    ]
+    return {**payload, "secrets": hidden}
+
+
 REGISTRATION = Dialect(
     name=DIALECT,
     signature="native (an object with name and roles)",
@@ -252,4 +263,5 @@ REGISTRATION = Dialect(
     translate=translate_native,
     field_path=field_path,
     validate=lambda payload, spec: validate_native(spec),
+    redact=redact_native,
 )
