@@ -18,6 +18,12 @@ up: setup ## Start the platform in the background; returns once every service is
 down: ## Stop the platform started by `make up` and the jobs' tasks (KEEP_TASKS=1: leave them for the next start to adopt)
 	@if [ -x .venv/bin/trainyard-stack ]; then .venv/bin/trainyard-stack down --data-dir $(DATA_DIR) $(if $(KEEP_TASKS),--keep-tasks); else echo "not running"; fi
 
+kube-up: setup ## A Kubernetes control plane with KWOK nodes (kubeconfig: .data/kube/kubeconfig); YARD_LAUNCHER=kubernetes make up runs Trainyard on it
+	$(UV) run --frozen trainyard-stack kube-up --data-dir $(DATA_DIR)
+
+kube-down: ## Stop the cluster `make kube-up` started
+	@if [ -x .venv/bin/trainyard-stack ]; then .venv/bin/trainyard-stack kube-down --data-dir $(DATA_DIR); else echo "not running"; fi
+
 ##@ Develop
 
 test: setup lint ## Install everything and run every test (unit, integration, end-to-end)
@@ -39,7 +45,7 @@ bench: setup ## Benchmarks (print JSON): the pipeline against the bus floor, pla
 contracts: setup ## Regenerate contracts/ (JSON Schemas, AsyncAPI, examples) from the models
 	$(UV) run --frozen python -m trainyard_common.contracts contracts
 
-setup: $(STAMP) .cache/bin/trainyard-ferretdb ## Install uv, the Python workspace, build the embedded store, Open MPI (as root)
+setup: $(STAMP) .cache/bin/trainyard-ferretdb .cache/bin/.kube-built ## Install uv, the Python workspace, build the embedded store and the test cluster, Open MPI (as root)
 	@bash tools/setup-system.sh
 
 $(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml services/*/pyproject.toml
@@ -50,6 +56,11 @@ $(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml services/*/pyproject.toml
 .cache/bin/trainyard-ferretdb: tools/ferretdb/main.go tools/ferretdb/go.mod tools/ferretdb/go.sum tools/ferretdb/build.sh
 	@if [ -z "$$MONGO_URL" ]; then bash tools/ferretdb/build.sh >/dev/null; else echo "MONGO_URL set: not building FerretDB"; fi
 
+# Kubernetes v1.34.4 (etcd, apiserver, controller manager, scheduler, kubectl), KWOK and
+# helm: a cold build takes 15-30 minutes on 2 cores; Go's caches make rebuilds relinks.
+.cache/bin/.kube-built: tools/kube/main.go tools/kube/urls.go tools/kube/go.mod tools/kube/go.sum tools/kube/build.sh
+	@bash tools/kube/build.sh >/dev/null && touch $@
+
 clean: ## Remove the virtual environment, build cache and local data
 	rm -rf .venv .cache .data
 
@@ -58,4 +69,4 @@ help: ## List the targets
 	  /^##@/ {printf "\n%s\n", substr($$0, 5)} \
 	  /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-.PHONY: run up down test lint test-unit bench contracts setup clean help
+.PHONY: run up down kube-up kube-down test lint test-unit bench contracts setup clean help

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from trainyard_common.cluster import NodeSpec
 from trainyard_stack.components import FerretDB, NatsServer, ensure_ferretdb_binary
+from trainyard_stack.kube import KubeCluster
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -69,3 +71,22 @@ def mongo_url(servers_dir: Path) -> Iterator[str]:
 def db_prefix() -> str:
     """A database prefix of this test's own, so tests never see each other's data."""
     return "t" + uuid.uuid4().hex[:10]
+
+
+# A cluster file's nodes, for the Kubernetes test cluster: one node with GPUs, one without.
+KUBE_NODES = [
+    NodeSpec(name="kwok-gpu-0", cpu=16, memory_mb=65536, gpus=4, gpu_type="A100",
+             port_range=(31000, 31999)),
+    NodeSpec(name="kwok-gpu-1", cpu=16, memory_mb=65536, gpus=2, gpu_type="TITANX",
+             port_range=(31000, 31999)),
+    NodeSpec(name="kwok-cpu-0", cpu=16, memory_mb=65536, port_range=(32000, 32999)),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
+    """A real control plane (the project's build of Kubernetes) with KWOK nodes, started
+    once for the tests that ask for it."""
+    cluster = KubeCluster(tmp_path_factory.mktemp("kube"), nodes=list(KUBE_NODES)).start()
+    yield cluster
+    cluster.stop()

@@ -54,11 +54,13 @@ def test_stopping_the_platform_stops_the_tasks_or_keeps_them_for_adoption(
         tmp_path / "data", cluster_file=cluster, log_level="WARNING"
     )
     first = Platform(config).start()
-    api = Api(first.url, first.token)
-    job_id = api.submit(sleeper("outlives-nothing"))
-    wait_running(api, job_id, 1)
-    pid = task_pid(first, job_id, 1)
-    first.stop()
+    try:
+        api = Api(first.url, first.token)
+        job_id = api.submit(sleeper("outlives-nothing"))
+        wait_running(api, job_id, 1)
+        pid = task_pid(first, job_id, 1)
+    finally:
+        first.stop()
     assert not is_alive(pid, None), "the task outlived the platform"
 
     second = Platform(config).start()

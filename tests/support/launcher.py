@@ -109,7 +109,7 @@ class ScriptedBackend:
     async def close(self) -> None:
         return None
 
-    def location(self, ref: TaskRef) -> str:
+    def location(self, ref: TaskRef, spec: JobSpec | None = None) -> str:
         return f"/tasks/{ref.key}"
 
     def addressed(self, attempt: AttemptSpec) -> tuple[TaskPlacement, ...]:

@@ -103,6 +103,9 @@ def load_cluster(path: str | Path | None = None) -> ClusterSpec:
     else:
         data = yaml.safe_load(Path(path).read_text()) or {}
         cluster = ClusterSpec.model_validate(data)
-    if os.environ.get("YARD_LAUNCHER") == "kubernetes":
-        cluster = cluster.model_copy(update={"runtime": "kubernetes"})
-    return cluster
+    return cluster.model_copy(update={"runtime": current_runtime()})
+
+
+def current_runtime() -> Literal["local", "kubernetes"]:
+    """What runs this platform's tasks (YARD_LAUNCHER)."""
+    return "kubernetes" if os.environ.get("YARD_LAUNCHER") == "kubernetes" else "local"

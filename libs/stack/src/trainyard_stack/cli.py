@@ -3,6 +3,9 @@
 - ``run``: start everything, submit the example job, show it until it ends, then keep the
   platform up until Ctrl-C (``make run``).
 - ``serve``: start everything and keep it up until SIGTERM or Ctrl-C.
+- ``kube-up`` / ``kube-down``: the project's own Kubernetes control plane with KWOK
+  nodes (``make kube-up``), its kubeconfig in ``<data>/kube/kubeconfig``; with
+  ``YARD_LAUNCHER=kubernetes`` the platform then runs its tasks as pods there.
 - ``up`` / ``down``: ``serve`` in the background, returning once every service answers
   its health check / stopping it cleanly (``make up`` / ``make down``). ``down`` stops
   the jobs' tasks first (they run again at the next start, no retry spent); with
@@ -24,9 +27,11 @@ from pathlib import Path
 
 import httpx
 
+from trainyard_common.cluster import NodeSpec, load_cluster
 from trainyard_common.config import default_data_dir
 
 from .components import ComponentError, repo_root
+from .kube import KubeCluster
 from .platform import Platform, PlatformConfig, ensure_admin_token, stop_tasks
 
 TERMINAL = {"REJECTED", "SUCCEEDED", "FAILED", "STOPPED"}
@@ -248,6 +253,67 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 1
 
 
+# The test cluster's nodes when no cluster file names them: one with GPUs, one without.
+DEFAULT_KUBE_NODES = [
+    NodeSpec(name="kwok-gpu-0", cpu=16, memory_mb=65536, gpus=4, gpu_type="A100",
+             port_range=(31000, 31999)),
+    NodeSpec(name="kwok-cpu-0", cpu=16, memory_mb=65536, port_range=(32000, 32999)),
+]  # fmt: skip
+
+
+def _kube_dir(args: argparse.Namespace) -> Path:
+    return Path(args.data_dir).resolve() / "kube"
+
+
+def cmd_kube_up(args: argparse.Namespace) -> int:
+    directory = _kube_dir(args)
+    if (directory / "cluster.json").exists():
+        print(f"already up ({directory / 'cluster.json'}); `make kube-down` first", file=sys.stderr)
+        return 1
+    cluster_file = args.cluster or os.environ.get("YARD_CLUSTER")
+    nodes = load_cluster(cluster_file).nodes if cluster_file else DEFAULT_KUBE_NODES
+    try:
+        cluster = KubeCluster(directory, nodes=list(nodes)).start()
+    except ComponentError as exc:
+        print(f"the cluster failed to start: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"Kubernetes {cluster.url} with {len(nodes)} KWOK node(s) is up\n"
+        f"  kubeconfig: {cluster.kubeconfig}\n"
+        f"  try:        .cache/bin/trainyard-kube kubectl --kubeconfig {cluster.kubeconfig} get nodes\n"
+        f"  Trainyard on it: YARD_LAUNCHER=kubernetes make up"
+    )
+    return 0
+
+
+def cmd_kube_down(args: argparse.Namespace) -> int:
+    state = _kube_dir(args) / "cluster.json"
+    if not state.exists():
+        print("not running")
+        return 0
+    pids = list(json.loads(state.read_text())["pids"].values())
+    for pid in reversed(pids):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.2)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    state.unlink(missing_ok=True)
+    print("stopped")
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data-dir", default=str(default_data_dir()))
@@ -260,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("run", "serve", "up", "down"):
+    for name in ("run", "serve", "up", "down", "kube-up", "kube-down"):
         command = sub.add_parser(name, parents=[common])
         if name == "down":
             command.add_argument(
@@ -269,7 +335,15 @@ def main(argv: list[str] | None = None) -> int:
                 help="leave the jobs' tasks running for the next start to adopt",
             )
     args = parser.parse_args(argv)
-    return {"run": cmd_run, "serve": cmd_serve, "up": cmd_up, "down": cmd_down}[args.command](args)
+    commands = {
+        "run": cmd_run,
+        "serve": cmd_serve,
+        "up": cmd_up,
+        "down": cmd_down,
+        "kube-up": cmd_kube_up,
+        "kube-down": cmd_kube_down,
+    }
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -253,6 +253,9 @@ class Platform:
         }
         if self.config.cluster_file:
             env["YARD_CLUSTER"] = str(Path(self.config.cluster_file).resolve())
+        if env.get("YARD_LAUNCHER") == "kubernetes" and not env.get("KUBECONFIG"):
+            # The test cluster `make kube-up` starts beside the platform's data.
+            env["KUBECONFIG"] = str(self.data_dir / "kube" / "kubeconfig")
         return env
 
     def start_service(self, name: str) -> None:

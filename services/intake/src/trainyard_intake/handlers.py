@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainyard_common.auth import Identity
-from trainyard_common.dialects import BY_NAME, detect, translate
+from trainyard_common.cluster import current_runtime
+from trainyard_common.dialects import BY_NAME, dedupe, detect, field_path, translate
 from trainyard_common.events import (
     Event,
     FieldIssue,
@@ -21,6 +22,7 @@ from trainyard_common.events import (
     new_id,
 )
 from trainyard_common.jobspec import JobSpec
+from trainyard_common.runtimes import runtime_warnings
 from trainyard_common.secrets_box import SecretBox
 
 from .adapters.owners import OwnerRegistry
@@ -69,6 +71,17 @@ async def submit_job(
         job_id, event_id = new_id(), new_id()
     await deps.owners.record(job_id, identity.user, translation.key)
     chosen = BY_NAME.get(translation.dialect)
+    # What this platform's runtime makes of the job, said at once (validation too).
+    warnings = dedupe(
+        [
+            *translation.warnings,
+            *runtime_warnings(
+                translation.spec,
+                current_runtime(),
+                lambda role, name: field_path(translation.dialect, payload, role, name),
+            ),
+        ]
+    )
     original = payload if isinstance(payload, dict) else {"payload": payload}
     event = JobSubmitted(
         event_id=event_id,
@@ -80,10 +93,10 @@ async def submit_job(
         dialect_key=translation.key,
         original=chosen.redact(original) if chosen is not None else original,
         translation_errors=translation.errors,
-        warnings=translation.warnings,
+        warnings=warnings,
     )
     await deps.publish(event)
-    return Submitted(job_id, translation.dialect, translation.warnings, translation.errors)
+    return Submitted(job_id, translation.dialect, warnings, translation.errors)
 
 
 def seal_secrets(spec: JobSpec, box: SecretBox | None, job_id: str) -> JobSpec:

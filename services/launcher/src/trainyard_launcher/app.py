@@ -35,6 +35,7 @@ from trainyard_common.storage import mongo_client
 from trainyard_common.subjects import commands_of, events_of
 
 from .adapters.backend import Stream, TaskBackend, TaskRef
+from .adapters.kubernetes import KubernetesBackend, KubeSettings
 from .adapters.limits import find_mechanisms
 from .adapters.local import IsolationError, LocalBackend
 from .adapters.store import LauncherStore, MongoLauncherStore, task_id
@@ -196,6 +197,33 @@ def dlc_pod_logs(store: LauncherStore, tokens: TokenStore, backend: TaskBackend)
     return api
 
 
+def make_backend(settings: Settings, db: AsyncDatabase) -> TaskBackend:
+    """The backend YARD_LAUNCHER names: ``local`` (the default) or ``kubernetes``."""
+    chosen = os.environ.get("YARD_LAUNCHER", "local")
+    if chosen == "kubernetes":
+        kube = KubeSettings.from_env()
+        log.info("tasks run as pods on Kubernetes, in namespace %s", kube.namespace)
+        return KubernetesBackend(kube)
+    if chosen != "local":
+        raise ValueError(f"YARD_LAUNCHER={chosen!r}: must be local or kubernetes")
+    mechanisms = find_mechanisms(os.environ.get("YARD_CGROUP_ROOT") or None)
+    log.info(
+        "task limits on this machine: cgroup v2 %s; /dev/shm per task %s",
+        f"at {mechanisms.cgroup} ({', '.join(sorted(mechanisms.controllers))})"
+        if mechanisms.cgroup
+        else f"not used ({mechanisms.why_no_cgroup}); "
+        "memory as RLIMIT_DATA per process, cpu and pids not enforced",
+        "yes" if mechanisms.shm_namespace else f"no ({mechanisms.why_no_shm})",
+    )
+    return LocalBackend(
+        settings.data_dir / "launcher",
+        log_max_bytes=int(os.environ.get("YARD_LOG_MAX_BYTES") or DEFAULT_MAX_BYTES),
+        mechanisms=mechanisms,
+        pip_args=tuple(shlex.split(os.environ.get("YARD_PIP_ARGS", ""))),
+        uids=task_uids(db),
+    )
+
+
 def task_uids(db: AsyncDatabase) -> MongoTaskUids | None:
     """Where each user's tasks run as (YARD_TASK_ISOLATION: ``auto``, the default, when
     the launcher is root; ``on``: refuse to start without; ``off``: tasks run as the
@@ -228,22 +256,7 @@ async def main() -> None:
     try:
         store = MongoLauncherStore(client[settings.db_name()])
         await store.ensure_indexes()
-        mechanisms = find_mechanisms(os.environ.get("YARD_CGROUP_ROOT") or None)
-        log.info(
-            "task limits on this machine: cgroup v2 %s; /dev/shm per task %s",
-            f"at {mechanisms.cgroup} ({', '.join(sorted(mechanisms.controllers))})"
-            if mechanisms.cgroup
-            else f"not used ({mechanisms.why_no_cgroup}); "
-            "memory as RLIMIT_DATA per process, cpu and pids not enforced",
-            "yes" if mechanisms.shm_namespace else f"no ({mechanisms.why_no_shm})",
-        )
-        backend = LocalBackend(
-            settings.data_dir / "launcher",
-            log_max_bytes=int(os.environ.get("YARD_LOG_MAX_BYTES") or DEFAULT_MAX_BYTES),
-            mechanisms=mechanisms,
-            pip_args=tuple(shlex.split(os.environ.get("YARD_PIP_ARGS", ""))),
-            uids=task_uids(client[settings.db_name()]),
-        )
+        backend = make_backend(settings, client[settings.db_name()])
         await backend.start()
         deps = Deps(
             store=store,

@@ -247,7 +247,7 @@ async def launch_job(event: JobPlaced, deps: Deps) -> None:
                 event.attempt,
                 placement.role,
                 placement.index,
-                deps.backend.location(ref),
+                deps.backend.location(ref, event.spec),
                 placement.node,
                 traceparent=current_traceparent(),
             )
@@ -415,8 +415,7 @@ def task_launch(
         # A container's argv, $(VAR) expanded from its environment as Kubernetes would.
         command = container_command_line(role, env)
     command = substitute_secrets(command, secrets)
-    if framework.python is not None:
-        command = framework_command(spec, tasks, ref.role, ref.index, command, framework)
+    command = framework_command(spec, tasks, ref.role, ref.index, command, framework)
     claims = [
         PortClaim(a.label, placement.host_ip, port) for a in placement.ports for port in a.ports
     ]
@@ -472,6 +471,18 @@ def _failure(
     return {"failure_class": classify(exit_code, signal, kind), "end_kind": kind.value}
 
 
+_BACKEND_KINDS = frozenset(
+    k.value
+    for k in (
+        EndKind.KILLED_BY_PLATFORM,
+        EndKind.NODE_LOST,
+        EndKind.START_FAILED,
+        EndKind.UNSUPPORTED,
+        EndKind.PREPARE_USER,
+    )
+)
+
+
 def _end_of(status: TaskStatus, lost_reason: str) -> tuple[TaskState, dict[str, Any]]:
     ended_at = status.ended_at or time.time()
     if status.lost:
@@ -486,9 +497,14 @@ def _end_of(status: TaskStatus, lost_reason: str) -> tuple[TaskState, dict[str, 
         "reason": status.reason or exit_reason(status.exit_code, status.signal),
         "ended_at": ended_at,
     }
-    ok = status.exit_code == 0 and not status.signal
+    ok = status.exit_code == 0 and not status.signal and status.end_kind is None
     if ok:
         return TaskState.SUCCEEDED, fields
+    if status.end_kind in _BACKEND_KINDS:
+        # The backend knows how it ended (a pod evicted, its node gone, its image not
+        # pullable, its preparation refused): the reason is the backend's.
+        kind = EndKind(status.end_kind)
+        return TaskState.FAILED, {**fields, **_failure(kind, status.exit_code, status.signal)}
     if status.end_kind == EndKind.OUT_OF_MEMORY.value:
         fields["reason"] = f"{exit_reason(status.exit_code, status.signal)}; {status.reason}"
         return TaskState.FAILED, {

@@ -28,6 +28,7 @@ from trainyard_common.bus import Bus, Delivery, key_value
 from trainyard_common.cluster import NodeSpec, load_cluster
 from trainyard_common.config import Settings
 from trainyard_common.events import Event
+from trainyard_common.kube_nodes import KubeNode, NodeWatch, cluster_from_nodes
 from trainyard_common.runtime import health_app, serve, setup_logging
 from trainyard_common.storage import mongo_client
 from trainyard_common.subjects import commands_of, events_of
@@ -209,6 +210,13 @@ class NotLeading(Exception):
     """A message reached a replica whose lease ran out: nak it for the next leader."""
 
 
+async def follow_nodes(admin: NodeAdmin, stop: asyncio.Event) -> None:
+    async def changed(nodes: dict[str, KubeNode]) -> None:
+        await admin.sync({name: (n.spec, n.schedulable) for name, n in nodes.items()})
+
+    await NodeWatch(changed).run(stop)
+
+
 def replica_id() -> str:
     return f"{socket.gethostname() or 'localhost'}:{os.getpid()}"
 
@@ -233,6 +241,8 @@ async def main() -> None:
     setup_logging(SERVICE)
     setup_telemetry(SERVICE)
     cluster = load_cluster()
+    if cluster.runtime == "kubernetes":
+        cluster = await cluster_from_nodes(cluster)
     # An unknown policy name or a bad lease ttl stops the service here, before it
     # takes any job.
     scorer = scorer_named(os.environ.get("YARD_PLACEMENT_POLICY"))
@@ -273,6 +283,9 @@ async def main() -> None:
                     ),
                     asyncio.create_task(wake_retries(deps, stop), name="wake"),
                 ]
+                if cluster.runtime == "kubernetes":
+                    # The cluster's own Nodes, followed as they come and go.
+                    workers.append(asyncio.create_task(follow_nodes(admin, stop), name="nodes"))
                 app = build_app(deps, tokens)
                 add_node_routes(app, admin, tokens)
                 front.leader_app = app

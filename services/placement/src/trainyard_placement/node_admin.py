@@ -124,6 +124,40 @@ class NodeAdmin:
     async def undrain(self, name: str) -> dict[str, Any]:
         return await self._set_state(name, "ready")
 
+    async def forget(self, name: str) -> dict[str, Any]:
+        """The node is gone (Kubernetes deleted it): nothing more goes there, and the
+        jobs it ran are not interrupted: their tasks went with it, and the launcher ends
+        them as lost with their node (a platform failure, retried as such)."""
+        async with self.deps.lock:
+            if self._node(name) is None:
+                return {"name": name, "state": "removed", "interrupted": []}
+            record = await self.store.get(name)
+            added_at = record.added_at if record else None
+            await self.store.put(NodeRecord(name, "removed", None, added_at))
+            self.deps.state.remove_node(name)
+            await run_cycle(self.deps)
+            return {"name": name, "state": "removed", "interrupted": []}
+
+    async def sync(self, nodes: dict[str, tuple[NodeSpec, bool]]) -> None:
+        """Follow the cluster's own nodes (name -> spec, schedulable): new ones added,
+        gone ones forgotten, cordoned ones drained and uncordoned ones undrained."""
+        current = {node["name"]: node for node in self.view()}
+        for name, (spec, schedulable) in sorted(nodes.items()):
+            if name not in current:
+                try:
+                    await self.add(spec)
+                except NodeError as exc:
+                    log.warning("node %s from the cluster: %s", name, exc)
+                    continue
+                if not schedulable:
+                    await self.drain(name)
+            elif not schedulable and current[name]["state"] != "drained":
+                await self.drain(name)
+            elif schedulable and current[name]["state"] == "drained":
+                await self.undrain(name)
+        for name in sorted(set(current) - set(nodes)):
+            await self.forget(name)
+
     async def remove(self, name: str) -> dict[str, Any]:
         async with self.deps.lock:
             record = await self.store.get(name)

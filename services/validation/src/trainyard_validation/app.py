@@ -10,6 +10,7 @@ from trainyard_common.bus import Bus, Delivery
 from trainyard_common.cluster import load_cluster
 from trainyard_common.config import Settings
 from trainyard_common.events import Event
+from trainyard_common.kube_nodes import KubeNode, NodeWatch, cluster_from_nodes
 from trainyard_common.runtime import health_app, serve, setup_logging
 from trainyard_common.storage import mongo_client
 from trainyard_common.subjects import events_of
@@ -30,6 +31,8 @@ async def run() -> None:
     setup_telemetry(SERVICE)
     settings = Settings.from_env(SERVICE)
     cluster = load_cluster()
+    if cluster.runtime == "kubernetes":
+        cluster = await cluster_from_nodes(cluster)
     bus = await Bus.connect(settings.nats_url, name=f"trainyard-{SERVICE}")
     client = mongo_client(settings.mongo_url)
     deps = Deps(
@@ -44,12 +47,25 @@ async def run() -> None:
     async def consume_submitted(stop: asyncio.Event) -> None:
         await bus.consume(DURABLE, events_of("submitted"), dispatch, stop=stop)
 
+    async def follow_nodes(stop: asyncio.Event) -> None:
+        async def changed(nodes: dict[str, KubeNode]) -> None:
+            # A cordoned node takes no new task: what fits is checked against the others.
+            ready = [n.spec for n in nodes.values() if n.schedulable]
+            deps.cluster = deps.cluster.model_copy(update={"nodes": ready})
+
+        await NodeWatch(changed).run(stop)
+
+    workers = [consume_submitted]
+    if cluster.runtime == "kubernetes":
+        workers.append(follow_nodes)
+
     log.info("validating against %d nodes, queues %s", len(cluster.nodes), cluster.queues)
     try:
         app = health_app(SERVICE)
         tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
-        app.include_router(dry_run.router(cluster, deps.names, identity_dependency(tokens)))
-        await serve(settings, app, [consume_submitted])
+        current = identity_dependency(tokens)
+        app.include_router(dry_run.router(lambda: deps.cluster, deps.names, current))
+        await serve(settings, app, workers)
     finally:
         await bus.close()
         await client.close()

@@ -7,6 +7,7 @@ nothing."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -21,7 +22,8 @@ from .adapters.names import NameRegistry
 from .domain.rules import decide, name_taken
 
 
-def router(cluster: ClusterSpec, names: NameRegistry, current: Any) -> APIRouter:
+def router(cluster: Callable[[], ClusterSpec], names: NameRegistry, current: Any) -> APIRouter:
+    """The dry run, against the cluster as it is at each request (``cluster()``)."""
     api = APIRouter()
 
     @api.post("/v1/jobs:validate")
@@ -53,7 +55,7 @@ def router(cluster: ClusterSpec, names: NameRegistry, current: Any) -> APIRouter
             translation_errors=translation.errors,
             warnings=translation.warnings,
         )
-        result = decide(submitted, cluster)
+        result = decide(submitted, cluster())
         if isinstance(result, JobAccepted) and translation.key is not None:
             holder = await names.holder(identity.user, translation.key)
             if holder is not None:

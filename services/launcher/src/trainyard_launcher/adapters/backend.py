@@ -197,7 +197,7 @@ class TaskBackend(Protocol):
 
     async def close(self) -> None: ...
 
-    def location(self, ref: TaskRef) -> str:
+    def location(self, ref: TaskRef, spec: JobSpec) -> str:
         """Where the task is, for people and the task record (a directory, a pod)."""
         ...
 

@@ -41,6 +41,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from trainyard_common.events import TaskPlacement
+from trainyard_common.jobspec import JobSpec
 
 from .. import frameworkwrap
 from ..domain.frameworks import FrameworkContext, port_to_reserve
@@ -189,7 +190,7 @@ class LocalBackend:
     def task_dir(self, ref: TaskRef) -> Path:
         return self.job_dir(ref.job_id) / f"attempt-{ref.attempt}" / f"{ref.role}-{ref.index}"
 
-    def location(self, ref: TaskRef) -> str:
+    def location(self, ref: TaskRef, spec: JobSpec | None = None) -> str:
         return str(self.task_dir(ref))
 
     def addressed(self, attempt: AttemptSpec) -> tuple[TaskPlacement, ...]:

@@ -386,7 +386,11 @@ def framework_command(
     context: FrameworkContext,
 ) -> str:
     """The command the task runs: ``command`` itself, or the framework wrapper around it
-    (the XGBoost tracker next to rank 0; MPI's hostfile, rsh agent and waiting workers)."""
+    (the XGBoost tracker next to rank 0; MPI's hostfile, rsh agent and waiting workers).
+    Where no helper runs (Kubernetes), MPI is as Kubeflow's and T9k's operators run it:
+    the launcher runs mpirun over ssh and the workers run sshd."""
+    if context.python is None:
+        return _unwrapped_command(spec, tasks, role, index, command)
     if spec.kind is JobKind.XGBOOST:
         found = _master_port(spec, tasks, context)
         if found is not None and (found[0].role, found[0].index) == (role, index):
@@ -424,3 +428,23 @@ def framework_command(
         until = attempt_dir / layout.host_name(*layout.launcher) / EXIT_FILE
         return _wrap(context, "mpi-worker", [*common, "--until", str(until)], None)
     return command
+
+
+# The ssh daemon a worker of an MPI job runs where ranks arrive over ssh (the images
+# Kubeflow's MPI operator and T9k run have it there).
+SSHD = "/usr/sbin/sshd -De"
+
+
+def _unwrapped_command(
+    spec: JobSpec, tasks: list[TaskPlacement], role: str, index: int, command: str
+) -> str:
+    if spec.kind is not JobKind.MPI or _role_named(spec, MPI_LAUNCHER_ROLES) is not None:
+        return command  # a Launcher role runs its own mpirun; workers their own command
+    layout = mpi_layout(spec, tasks)
+    if layout is None:
+        return command
+    if (role, index) == layout.launcher:
+        # T9k's MPIJob names the MPI program; worker 0 runs it under mpirun over ssh.
+        extra = env_dict(spec.role(role).env).get(MPIRUN_ARGS_ENV, "")
+        return " ".join(filter(None, ["mpirun", extra, "bash", "-c", shlex.quote(command)]))
+    return SSHD

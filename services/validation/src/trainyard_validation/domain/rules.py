@@ -10,6 +10,7 @@ from trainyard_common.cluster import ClusterSpec, NodeSpec
 from trainyard_common.dialects import BY_NAME, dedupe, field_path, validate_native
 from trainyard_common.events import FieldIssue, JobAccepted, JobRejected, JobSubmitted, derived_id
 from trainyard_common.jobspec import JobSpec, RoleSpec
+from trainyard_common.runtimes import runtime_errors, runtime_warnings
 
 # Where a canonical field is written in the user's payload: (role name or None, field).
 Locate = Callable[[str | None, str], str]
@@ -182,51 +183,6 @@ def check_against_cluster(spec: JobSpec, cluster: ClusterSpec, locate: Locate) -
     return dedupe(issues)
 
 
-def runtime_errors(spec: JobSpec, cluster: ClusterSpec, locate: Locate) -> list[FieldIssue]:
-    """What the cluster's runtime cannot run: on the local backend, a container that
-    relies on its image's entrypoint (no image runs there)."""
-    if cluster.runtime != "local":
-        return []
-    return [
-        FieldIssue(
-            path=locate(role.name, "command"),
-            code="needs_image",
-            message=(
-                f"role {role.name!r}: the container has no command of its own, so it "
-                f"would run the entrypoint of its image {_image_of(spec, role)}; tasks run "
-                "as processes on this cluster's nodes (the local backend) and no image is "
-                "run: give the container a command, or run Trainyard on Kubernetes"
-            ),
-        )
-        for role in spec.roles
-        if role.uses_image_entrypoint
-    ]
-
-
-def _image_of(spec: JobSpec, role: RoleSpec) -> str:
-    return repr(role.image or spec.image) if role.image or spec.image else "(none named)"
-
-
-def runtime_warnings(spec: JobSpec, cluster: ClusterSpec, locate: Locate) -> list[FieldIssue]:
-    """Once per job: the images the local backend does not use."""
-    if cluster.runtime != "local":
-        return []
-    images = sorted({image for image in [spec.image, *(r.image for r in spec.roles)] if image})
-    if not images:
-        return []
-    named = ", ".join(images)
-    return [
-        FieldIssue(
-            path=locate(None, "image"),
-            code="image_not_used",
-            message=(
-                f"image {named} is not used: on this cluster tasks run as processes on the "
-                "nodes (the local backend), with the nodes' own software, not in containers"
-            ),
-        )
-    ]
-
-
 def _with_defaults(spec: JobSpec) -> JobSpec:
     """What later services may rely on: every role names its image."""
     roles = [
@@ -249,7 +205,7 @@ def decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRe
     # a default in translation, and checking the default would only mislead.
     if not errors:
         locate = locator(submitted)
-        errors = runtime_errors(submitted.spec, cluster, locate) or check_against_cluster(
+        errors = runtime_errors(submitted.spec, cluster.runtime, locate) or check_against_cluster(
             submitted.spec, cluster, locate
         )
     if errors:
@@ -258,7 +214,7 @@ def decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRe
     chosen = BY_NAME.get(submitted.dialect)
     if chosen is not None and submitted.original is not None:
         warnings += chosen.warnings(submitted.original, submitted.spec)
-    warnings += runtime_warnings(submitted.spec, cluster, locator(submitted))
+    warnings += runtime_warnings(submitted.spec, cluster.runtime, locator(submitted))
     return JobAccepted(
         event_id=result_id(submitted),
         job_id=submitted.job_id,

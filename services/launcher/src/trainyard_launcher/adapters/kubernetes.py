@@ -1,0 +1,700 @@
+"""The Kubernetes backend: every task a Pod bound to the node placement chose.
+
+Per job a headless Service (the tasks' DNS names); per attempt an owner ConfigMap
+(with the MPI hostfile) that each of the attempt's pods names as its owner, so deleting
+it deletes them; per task a Pod (domain/pods.py builds them). One watch per namespace
+with our label selector keeps a cache of our pods, resumed from the last
+resourceVersion after a disconnect and relisted when that version is gone (410); a
+watch of the Nodes marks the tasks of a node that disappears as lost with it. Anything
+the watches see wakes the launcher's watcher (``changes``).
+
+Adoption: ``start`` lists every pod of ours before the launcher adopts, and
+``inventory`` hands them over, so a pod the store does not know as running is deleted
+and none is created twice (a pod's name is its task's: a second create answers 409).
+
+Logs come from ``pods/log`` (stdout and stderr together, as Kubernetes keeps them),
+followed live on request; ``exec`` uses the exec subresource where the cluster allows.
+Settings (``YARD_K8S_*``) are the operator's: the namespace, which namespaces jobs may
+name, the pods' service account and security context (never the platform's own), image
+pull secrets, the git image, whether node paths may be mounted. docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.stream import WsApiClient
+
+from trainyard_common.events import TaskPlacement
+from trainyard_common.jobspec import JobSpec
+
+from ..domain.failure import EndKind
+from ..domain.frameworks import FrameworkContext, mpi_layout, rendezvous_task
+from ..domain.pods import (
+    CONTAINER,
+    HOSTFILE_KEY,
+    MANAGED_BY,
+    MANAGER,
+    MPI_DIR,
+    PodProblem,
+    PodSettings,
+    PodState,
+    mpi_hostfile,
+    owner_manifest,
+    owner_name,
+    pod_manifest,
+    pod_name,
+    pod_state,
+    pod_task,
+    service_manifest,
+    service_name,
+    task_address,
+)
+from .backend import (
+    AlreadyLaunched,
+    AttemptEnd,
+    AttemptSpec,
+    ExecResult,
+    ExecUnavailable,
+    Launched,
+    LaunchError,
+    LaunchRefused,
+    LogChunk,
+    Progress,
+    Stream,
+    TaskHandle,
+    TaskLaunch,
+    TaskRef,
+    TaskStatus,
+)
+
+log = logging.getLogger("trainyard.launcher.kubernetes")
+
+SELECTOR = f"{MANAGED_BY}={MANAGER}"
+WATCH_TIMEOUT_S = 240
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    namespace: str = "trainyard"
+    # Namespaces a job may name (T9k, Kubeflow); "*": any. Others run in ``namespace``.
+    allowed_namespaces: frozenset[str] = frozenset()
+    kubeconfig: str | None = None
+    pods: PodSettings = field(default_factory=PodSettings)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> KubeSettings:
+        env = dict(os.environ if env is None else env)
+        context = env.get("YARD_K8S_SECURITY_CONTEXT")
+        return cls(
+            namespace=env.get("YARD_K8S_NAMESPACE") or "trainyard",
+            allowed_namespaces=frozenset(
+                n.strip() for n in env.get("YARD_K8S_NAMESPACES", "").split(",") if n.strip()
+            ),
+            kubeconfig=env.get("KUBECONFIG") or None,
+            pods=PodSettings(
+                service_account=env.get("YARD_K8S_SERVICE_ACCOUNT") or "default",
+                security_context=json.loads(context) if context else None,
+                image_pull_secrets=tuple(
+                    s.strip() for s in env.get("YARD_K8S_IMAGE_PULL_SECRETS", "").split(",")
+                    if s.strip()
+                ),
+                git_image=env.get("YARD_K8S_GIT_IMAGE") or PodSettings.git_image,
+                host_paths=env.get("YARD_K8S_HOST_PATHS", "") == "1",
+                annotations=tuple(
+                    sorted(json.loads(env.get("YARD_K8S_POD_ANNOTATIONS") or "{}").items())
+                ),
+            ),
+        )  # fmt: skip
+
+    def namespace_for(self, wanted: str | None) -> str:
+        if wanted and ("*" in self.allowed_namespaces or wanted in self.allowed_namespaces):
+            return wanted
+        return self.namespace
+
+
+@dataclass
+class _Pod:
+    namespace: str
+    name: str
+    uid: str
+    node: str | None
+    body: dict[str, Any]
+
+
+class KubernetesBackend:
+    name = "kubernetes"
+
+    def __init__(self, settings: KubeSettings | None = None) -> None:
+        self.settings = settings or KubeSettings.from_env()
+        self.api: client.ApiClient | None = None
+        self._pods: dict[TaskRef, _Pod] = {}
+        # Tasks of nodes that disappeared (their pods may linger until collected).
+        self._lost_nodes: set[str] = set()
+        self._node_of_lost: dict[TaskRef, str] = {}
+        self._namespaces: dict[str, asyncio.Task[None]] = {}
+        self._job_namespace: dict[str, str] = {}
+        self._owner_uids: dict[tuple[str, int], str] = {}
+        self._changed = asyncio.Event()
+        self._node_watch: asyncio.Task[None] | None = None
+        self._listed: dict[str, asyncio.Event] = {}
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.settings.kubeconfig or os.environ.get("KUBECONFIG"):
+            await config.load_kube_config(config_file=self.settings.kubeconfig)
+        else:
+            config.load_incluster_config()
+        self.api = client.ApiClient()
+        await self._ensure_namespace(self.settings.namespace)
+        # Every namespace with pods of ours, so adoption sees them all.
+        pods = await self.core.list_pod_for_all_namespaces(label_selector=SELECTOR)
+        for namespace in {p.metadata.namespace for p in pods.items}:
+            await self._watch(namespace)
+        self._node_watch = asyncio.create_task(self._watch_nodes(), name="node watch")
+
+    async def close(self) -> None:
+        tasks = [*self._namespaces.values(), *([self._node_watch] if self._node_watch else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.api is not None:
+            await self.api.close()
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        assert self.api is not None, "start() first"
+        return client.CoreV1Api(self.api)
+
+    def _serialize(self, obj: Any) -> dict[str, Any]:
+        assert self.api is not None
+        return self.api.sanitize_for_serialization(obj)
+
+    async def _ensure_namespace(self, namespace: str) -> None:
+        try:
+            await self.core.read_namespace(namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            try:
+                await self.core.create_namespace({"metadata": {"name": namespace}})
+            except ApiException as again:
+                if again.status != 409:
+                    raise LaunchError(f"namespace {namespace}: {again.reason}") from again
+        await self._watch(namespace)
+
+    async def _watch(self, namespace: str) -> None:
+        if namespace in self._namespaces:
+            await self._listed[namespace].wait()
+            return
+        self._listed[namespace] = asyncio.Event()
+        self._namespaces[namespace] = asyncio.create_task(
+            self._watch_pods(namespace), name=f"pod watch {namespace}"
+        )
+        await self._listed[namespace].wait()
+
+    # --- the watches ----------------------------------------------------------------
+
+    async def _relist(self, namespace: str) -> str:
+        listed = await self.core.list_namespaced_pod(namespace, label_selector=SELECTOR)
+        seen = set()
+        for item in listed.items:
+            body = self._serialize(item)
+            ref = self._remember(namespace, body)
+            if ref is not None:
+                seen.add(ref)
+        for ref in [r for r, p in self._pods.items() if p.namespace == namespace and r not in seen]:
+            self._forget(ref)
+        self._changed.set()
+        return listed.metadata.resource_version
+
+    def _remember(self, namespace: str, body: dict[str, Any]) -> TaskRef | None:
+        task = pod_task(body)
+        if task is None:
+            return None
+        ref = TaskRef(task.job_id, task.attempt, task.role, task.index)
+        meta = body.get("metadata") or {}
+        node = (body.get("spec") or {}).get("nodeName")
+        self._pods[ref] = _Pod(namespace, meta.get("name", ""), meta.get("uid", ""), node, body)
+        if node in self._lost_nodes:
+            self._node_of_lost[ref] = node
+        return ref
+
+    def _forget(self, ref: TaskRef) -> None:
+        self._pods.pop(ref, None)
+
+    async def _watch_pods(self, namespace: str) -> None:
+        version: str | None = None
+        while True:
+            try:
+                if version is None:
+                    version = await self._relist(namespace)
+                    self._listed[namespace].set()
+                stream = watch.Watch().stream(
+                    self.core.list_namespaced_pod,
+                    namespace,
+                    label_selector=SELECTOR,
+                    resource_version=version,
+                    timeout_seconds=WATCH_TIMEOUT_S,
+                    allow_watch_bookmarks=True,
+                )
+                async for event in stream:
+                    kind = event["type"]
+                    body = event["raw_object"]
+                    version = (body.get("metadata") or {}).get("resourceVersion") or version
+                    if kind == "BOOKMARK":
+                        continue
+                    if kind == "ERROR":
+                        if body.get("code") == 410:
+                            version = None  # too old: list again
+                        break
+                    ref = self._remember(namespace, body)
+                    if kind == "DELETED" and ref is not None:
+                        self._forget(ref)
+                    self._changed.set()
+            except asyncio.CancelledError:
+                raise
+            except ApiException as exc:
+                if exc.status == 410:
+                    version = None
+                else:
+                    log.warning("pod watch of %s: %s; resuming", namespace, exc.reason)
+                    await asyncio.sleep(1.0)
+            except Exception as exc:  # noqa: BLE001 - a dropped connection: resume
+                log.warning("pod watch of %s: %r; resuming", namespace, exc)
+                await asyncio.sleep(1.0)
+
+    async def _watch_nodes(self) -> None:
+        version: str | None = None
+        while True:
+            try:
+                if version is None:
+                    nodes = await self.core.list_node()
+                    names = {n.metadata.name for n in nodes.items}
+                    for node in {p.node for p in self._pods.values() if p.node} - names:
+                        self._lost(node)
+                    version = nodes.metadata.resource_version
+                async for event in watch.Watch().stream(
+                    self.core.list_node, resource_version=version, timeout_seconds=WATCH_TIMEOUT_S
+                ):
+                    body = event["raw_object"]
+                    version = (body.get("metadata") or {}).get("resourceVersion") or version
+                    if event["type"] == "ERROR":
+                        version = None
+                        break
+                    name = (body.get("metadata") or {}).get("name")
+                    if event["type"] == "DELETED" and name:
+                        self._lost(name)
+                    elif event["type"] == "ADDED" and name:
+                        self._lost_nodes.discard(name)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - resume
+                log.warning("node watch: %r; resuming", exc)
+                version = None
+                await asyncio.sleep(1.0)
+
+    def _lost(self, node: str) -> None:
+        self._lost_nodes.add(node)
+        for ref, pod in self._pods.items():
+            if pod.node == node:
+                self._node_of_lost[ref] = node
+        self._changed.set()
+
+    async def changes(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        self._changed.clear()
+
+    # --- where things are -------------------------------------------------------------
+
+    def namespace_of(self, job_id: str, wanted: str | None = None) -> str:
+        return self._job_namespace.get(job_id) or self.settings.namespace_for(wanted)
+
+    def location(self, ref: TaskRef, spec: JobSpec | None = None) -> str:
+        namespace = self.namespace_of(ref.job_id, spec.namespace if spec else None)
+        return f"{namespace}/{pod_name(ref.job_id, ref.attempt, ref.role, ref.index)}"
+
+    def addressed(self, attempt: AttemptSpec) -> tuple[TaskPlacement, ...]:
+        namespace = self.namespace_of(attempt.job_id, attempt.spec.namespace)
+        return tuple(
+            t.model_copy(
+                update={
+                    "host_ip": task_address(
+                        attempt.job_id, attempt.attempt, t.role, t.index, namespace
+                    )
+                }
+            )
+            for t in attempt.tasks
+        )
+
+    def framework_context(self, ref: TaskRef, attempt: AttemptSpec) -> FrameworkContext:
+        # No helper runs next to a pod's command: the framework gets its variables, and
+        # MPI its hostfile from the attempt's ConfigMap. A rendezvous task that declared
+        # no port meets its peers on the framework's default (29500, as torchrun's).
+        port = None
+        if rendezvous_task(attempt.spec, list(attempt.tasks)) is not None:
+            port = 29500
+        return FrameworkContext(MPI_DIR, None, port)
+
+    # --- an attempt ---------------------------------------------------------------------
+
+    async def open_attempt(self, attempt: AttemptSpec) -> None:
+        namespace = self.settings.namespace_for(attempt.spec.namespace)
+        self._job_namespace[attempt.job_id] = namespace
+        await self._ensure_namespace(namespace)
+        await self._create(self.core.create_namespaced_service, namespace,
+                           service_manifest(attempt.job_id, namespace))  # fmt: skip
+        hostfile = self._hostfile(attempt, namespace)
+        owner = owner_manifest(attempt.job_id, attempt.attempt, namespace, hostfile)
+        await self._create(self.core.create_namespaced_config_map, namespace, owner)
+        made = await self.core.read_namespaced_config_map(
+            owner_name(attempt.job_id, attempt.attempt), namespace
+        )
+        uid = made.metadata.uid
+        self._owner_uids[(attempt.job_id, attempt.attempt)] = uid
+        if hostfile is not None:
+            await self._create(self.core.create_namespaced_secret, namespace,
+                               ssh_secret(attempt, namespace, uid))  # fmt: skip
+
+    def _hostfile(self, attempt: AttemptSpec, namespace: str) -> str | None:
+        layout = mpi_layout(attempt.spec, list(attempt.tasks))
+        if layout is None:
+            return None
+        return mpi_hostfile(
+            [
+                (task_address(attempt.job_id, attempt.attempt, role, index, namespace), slots)
+                for role, index, slots in layout.hosts
+            ]
+        )
+
+    async def _create(
+        self, call: Callable[..., Awaitable[Any]], namespace: str, body: dict
+    ) -> None:
+        try:
+            await call(namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise LaunchError(
+                    f"{body['kind']} {body['metadata']['name']} in {namespace}: {_why(exc)}"
+                ) from exc
+
+    async def close_attempt(self, attempt: AttemptSpec, end: AttemptEnd) -> None:
+        namespace = self.namespace_of(attempt.job_id, attempt.spec.namespace)
+        if end in (AttemptEnd.STOPPED, AttemptEnd.INTERRUPTED):
+            # Its owner goes, and every pod and the hostfile and keys with it.
+            await self._delete(
+                self.core.delete_namespaced_config_map,
+                owner_name(attempt.job_id, attempt.attempt),
+                namespace,
+            )
+        if end in (AttemptEnd.STOPPED, AttemptEnd.FINISHED):
+            await self._delete(
+                self.core.delete_namespaced_service, service_name(attempt.job_id), namespace
+            )
+
+    async def _delete(
+        self,
+        call: Callable[..., Awaitable[Any]],
+        name: str,
+        namespace: str,
+        grace: int | None = None,
+    ) -> None:
+        body = {"propagationPolicy": "Background"}
+        if grace is not None:
+            body["gracePeriodSeconds"] = grace
+        try:
+            await call(name, namespace, body=body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # --- a task -----------------------------------------------------------------------
+
+    async def was_launched(self, ref: TaskRef) -> bool:
+        return await self._read(ref) is not None
+
+    async def _read(self, ref: TaskRef) -> _Pod | None:
+        if (cached := self._pods.get(ref)) is not None:
+            return cached
+        namespace = self._job_namespace.get(ref.job_id, self.settings.namespace)
+        try:
+            pod = await self.core.read_namespaced_pod(
+                pod_name(ref.job_id, ref.attempt, ref.role, ref.index), namespace
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        self._remember(namespace, self._serialize(pod))
+        return self._pods.get(ref)
+
+    async def launch(self, task: TaskLaunch) -> Launched:
+        ref = task.ref
+        spec = task.spec
+        namespace = self.namespace_of(ref.job_id, spec.namespace)
+        owner = self._owner_uids.get((ref.job_id, ref.attempt))
+        if owner is None:
+            await self.open_attempt(task.attempt)
+            owner = self._owner_uids[(ref.job_id, ref.attempt)]
+        mpi = mpi_layout(spec, list(task.attempt.tasks)) is not None
+        try:
+            body = pod_manifest(
+                spec=spec, job_id=ref.job_id, attempt=ref.attempt, placement=task.placement,
+                env=task.env, command=task.command, namespace=namespace, owner_uid=owner,
+                settings=self.settings.pods, mpi=mpi,
+            )  # fmt: skip
+        except PodProblem as exc:
+            raise LaunchRefused(str(exc)) from exc
+        try:
+            made = await self.core.create_namespaced_pod(namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise AlreadyLaunched(f"pod {body['metadata']['name']} exists") from exc
+            if exc.status in (400, 403, 422):
+                raise LaunchRefused(f"the cluster refused the pod: {_why(exc)}") from exc
+            raise LaunchError(f"the pod could not be created: {_why(exc)}") from exc
+        self._remember(namespace, self._serialize(made))
+        note = f"pod {namespace}/{made.metadata.name} on node {task.placement.node}"
+        return Launched(TaskHandle(uid=made.metadata.uid), note)
+
+    async def wait_started(self, ref: TaskRef, timeout_s: float) -> Launched | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if (pod := await self._read(ref)) is not None:
+                return Launched(TaskHandle(uid=pod.uid))
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(0.1)
+
+    def _status(self, ref: TaskRef, handle: TaskHandle) -> TaskStatus:
+        pod = self._pods.get(ref)
+        if pod is not None and handle.uid and pod.uid != handle.uid:
+            pod = None  # a pod of the same name made later is another pod
+        if ref in self._node_of_lost:
+            node = self._node_of_lost[ref]
+            state = pod_state(pod.body) if pod is not None else None
+            if state is None or state.running:
+                return TaskStatus(
+                    running=False,
+                    reason=f"node {node} disappeared from the cluster",
+                    end_kind=EndKind.NODE_LOST.value,
+                    ended_at=time.time(),
+                )
+        if pod is None:
+            return TaskStatus(running=False, lost=True, ended_at=time.time())
+        state = pod_state(pod.body)
+        return _task_status(state)
+
+    async def poll(self, ref: TaskRef, handle: TaskHandle) -> TaskStatus:
+        return self._status(ref, handle)
+
+    async def progress(self, ref: TaskRef, handle: TaskHandle) -> Progress:
+        pod = self._pods.get(ref)
+        if pod is None:
+            return Progress(False, "no pod yet")
+        state = pod_state(pod.body)
+        return Progress(state.started or not state.running, state.step)
+
+    async def kill(self, ref: TaskRef, handle: TaskHandle, grace_s: float) -> TaskStatus:
+        before = self._status(ref, handle)
+        pod = self._pods.get(ref) or await self._read(ref)
+        if pod is None:
+            return before
+        await self._delete(self.core.delete_namespaced_pod, pod.name, pod.namespace,
+                           grace=max(int(grace_s), 0))  # fmt: skip
+        deadline = time.monotonic() + grace_s + 30
+        while ref in self._pods and self._pods[ref].uid == pod.uid and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if before.ended and not before.lost:
+            return before
+        # Ended by us: as a process sent SIGTERM would read.
+        return TaskStatus(running=False, exit_code=143, signal=15, ended_at=time.time())
+
+    async def clean_task(self, ref: TaskRef) -> list[str]:
+        """The clean-up policy removes the task's pod (its logs go with it)."""
+        pod = self._pods.get(ref)
+        if pod is None:
+            return []
+        await self._delete(self.core.delete_namespaced_pod, pod.name, pod.namespace)
+        return [f"pod {pod.namespace}/{pod.name}"]
+
+    async def clean_job(self, job_id: str) -> bool:
+        return False  # nothing of a job outlives its attempts' objects
+
+    def task_env(self, task: TaskLaunch) -> dict[str, str]:
+        return dict(task.env)
+
+    async def write_debug_env(self, ref: TaskRef, text: str) -> str:
+        # OpenPAI's isDebug: the failed task's pod is kept; its environment is the pod's.
+        return self.location(ref)
+
+    # --- logs and exec ----------------------------------------------------------------
+
+    async def read_log(self, ref: TaskRef, stream: Stream, offset: int) -> LogChunk:
+        pod = self._pods.get(ref) or await self._read(ref)
+        if pod is None or stream == "stderr":
+            # Kubernetes keeps one log per container: stderr is in stdout's.
+            return LogChunk(b"", offset)
+        try:
+            text = await self.core.read_namespaced_pod_log(
+                pod.name, pod.namespace, container=CONTAINER
+            )
+        except ApiException as exc:
+            if exc.status in (400, 404):
+                return LogChunk(b"", offset)  # not started yet, or gone
+            raise
+        data = (text or "").encode()
+        return LogChunk(data[offset:], max(len(data), offset))
+
+    def follow_log(
+        self, ref: TaskRef, stream: Stream, offset: int, ended: Callable[[], Awaitable[bool]]
+    ) -> AsyncIterator[bytes]:
+        return self._follow(ref, stream, offset, ended)
+
+    async def _follow(
+        self, ref: TaskRef, stream: Stream, offset: int, ended: Callable[[], Awaitable[bool]]
+    ) -> AsyncIterator[bytes]:
+        if stream == "stderr":
+            return
+        pod = self._pods.get(ref) or await self._read(ref)
+        while pod is not None and not pod_state(pod.body).started and not await ended():
+            await asyncio.sleep(0.5)
+            pod = self._pods.get(ref)
+        if pod is None:
+            return
+        try:
+            response = await self.core.read_namespaced_pod_log(
+                pod.name, pod.namespace, container=CONTAINER, follow=True,
+                _preload_content=False,
+            )  # fmt: skip
+        except ApiException:
+            return
+        skipped = 0
+        async with response:
+            async for chunk in response.content.iter_any():
+                if skipped < offset:
+                    cut = min(offset - skipped, len(chunk))
+                    skipped += cut
+                    chunk = chunk[cut:]
+                if chunk:
+                    yield chunk
+
+    async def exec(
+        self,
+        ref: TaskRef,
+        handle: TaskHandle,
+        command: list[str],
+        env: dict[str, str],
+        timeout_s: float,
+    ) -> ExecResult:
+        pod = self._pods.get(ref) or await self._read(ref)
+        if pod is None:
+            raise ExecUnavailable("the task has no pod")
+        ws = WsApiClient()
+        api = client.CoreV1Api(api_client=ws)
+        out: list[str] = []
+        err: list[str] = []
+        code: int | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                context = await api.connect_get_namespaced_pod_exec(
+                    pod.name, pod.namespace, container=CONTAINER, command=command,
+                    stderr=True, stdout=True, stdin=False, tty=False, _preload_content=False,
+                )  # fmt: skip
+                async with context as socket:
+                    async for message in socket:
+                        data = message.data
+                        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+                        if len(text) < 1:
+                            continue
+                        channel, body = ord(text[0]), text[1:]
+                        if channel == 1:
+                            out.append(body)
+                        elif channel == 2:
+                            err.append(body)
+                        elif channel == 3 and body:
+                            code = WsApiClient.parse_error_data(body)
+        except TimeoutError:
+            return ExecResult(None, "".join(out), "".join(err), timed_out=True)
+        except Exception as exc:  # noqa: BLE001 - the cluster does not exec (no kubelet)
+            raise ExecUnavailable(f"the cluster cannot exec in pod {pod.name}: {exc!r}") from exc
+        finally:
+            await ws.close()
+        return ExecResult(code if code is not None else 0, "".join(out), "".join(err))
+
+    async def inventory(self) -> dict[TaskRef, TaskHandle] | None:
+        return {ref: TaskHandle(uid=pod.uid) for ref, pod in self._pods.items()}
+
+
+def _task_status(state: PodState) -> TaskStatus:
+    if state.running:
+        return TaskStatus(running=True)
+    return TaskStatus(
+        running=False,
+        exit_code=state.exit_code,
+        signal=state.signal,
+        reason=state.reason,
+        end_kind=state.end_kind,
+        ended_at=state.ended_at or time.time(),
+    )
+
+
+def _why(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body).get("message") or exc.reason)
+    except (TypeError, ValueError):
+        return str(exc.reason)
+
+
+def ssh_secret(attempt: AttemptSpec, namespace: str, owner_uid: str) -> dict[str, Any]:
+    """The keys mpirun's ssh uses between the attempt's pods, as Kubeflow's MPI
+    operator gives them: one key pair, authorized everywhere, owned by the attempt."""
+    key = ed25519.Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+    name = owner_name(attempt.job_id, attempt.attempt)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": f"{name}-ssh",
+            "namespace": namespace,
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": owner_uid}
+            ],
+        },
+        "type": "Opaque",
+        "stringData": {
+            "id_ed25519": private,
+            "id_ed25519.pub": public,
+            "authorized_keys": public,
+            "config": "StrictHostKeyChecking no\nUserKnownHostsFile /dev/null\n",
+        },
+    }
+
+
+HOSTFILE_PATH = f"{MPI_DIR}/{HOSTFILE_KEY}"

@@ -1,0 +1,553 @@
+"""What a task is on Kubernetes, as plain data: names, labels, the Pod of a task, the
+per-job headless Service, the per-attempt owner object, and how a Pod's status reads as
+a task's (docs/kubernetes.md). No I/O: adapters/kubernetes.py sends and watches these.
+
+Names. A job's objects are named from its id (an RFC 1123 label, at most 63
+characters): the Service ``ty-<job id>`` (every job's pods resolve as
+``<pod>.<service>.<namespace>.svc``), the attempt's owner ConfigMap
+``ty-<job id>-a<attempt>`` (it holds the MPI hostfile, and every pod of the attempt
+names it as owner, so deleting it deletes them), and each task's Pod
+``ty-<job id>-a<attempt>-<role>-<index>``.
+
+Commands. A container argv (``entrypoint``/``args``: Kubeflow, T9k) is the Pod's
+``command``/``args`` as written: ``args`` alone keep the image's entrypoint, and the
+kubelet expands ``$(VAR)``. A shell command line (OpenPAI, PAI-DLC, TI) runs as
+``sh -c`` with every ``$`` doubled, so the kubelet's expansion leaves the shell's text
+as the user wrote it.
+
+GPUs. Whole GPUs are ``nvidia.com/gpu`` requests and limits: the device plugin picks
+them on the node placement chose, and the container sees them as 0..n-1, so the host
+indices placement picked are not passed. A share of one GPU (gpu < 1, placement's
+GPU-sharing) cannot be an extended-resource request (those are whole numbers), so such a
+task requests none and gets ``NVIDIA_VISIBLE_DEVICES`` set to the GPU placement gave it
+(the NVIDIA container runtime honours it) with the share as an annotation: the
+device plugin does not know of it, which is why placement, not the Kubernetes
+scheduler, decides every node's GPUs (pods are bound by ``nodeName``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from trainyard_common.events import TaskPlacement
+from trainyard_common.jobspec import JobSpec, RoleSpec
+
+from .failure import EndKind
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "trainyard"
+JOB_LABEL = "trainyard.dev/job"
+ATTEMPT_LABEL = "trainyard.dev/attempt"
+ROLE_LABEL = "trainyard.dev/role"
+INDEX_LABEL = "trainyard.dev/index"
+ROLE_ANNOTATION = "trainyard.dev/role-name"  # the role as written (labels are restricted)
+GPU_SHARE_ANNOTATION = "trainyard.dev/gpu-share"
+GPU_RESOURCE = "nvidia.com/gpu"
+CONTAINER = "task"
+MPI_DIR = "/etc/mpi"
+HOSTFILE_KEY = "hostfile"
+SHM_VOLUME = "dshm"
+
+_NOT_LABEL = re.compile(r"[^a-z0-9-]+")
+
+# Container states that mean the task can never start as asked.
+START_FAILURES = {
+    "ImagePullBackOff": "its image cannot be pulled",
+    "ErrImagePull": "its image cannot be pulled",
+    "InvalidImageName": "its image name is not valid",
+    "ErrImageNeverPull": "its image is not on the node and may not be pulled",
+    "CreateContainerConfigError": "its container cannot be configured",
+    "CreateContainerError": "its container cannot be created",
+    "RunContainerError": "its container cannot be run",
+}
+
+
+def _label(text: str, limit: int) -> str:
+    """``text`` as part of a DNS label: lower case, [a-z0-9-], at most ``limit``; a
+    digest keeps two different texts apart when cutting or changing made them alike."""
+    cleaned = _NOT_LABEL.sub("-", text.lower()).strip("-") or "x"
+    if cleaned == text and len(cleaned) <= limit:
+        return cleaned
+    digest = hashlib.sha256(text.encode()).hexdigest()[:6]
+    return f"{cleaned[: max(limit - 7, 1)].strip('-')}-{digest}"
+
+
+_NOT_LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _label_value(text: str) -> str:
+    """``text`` as a label value (at most 63 of [A-Za-z0-9._-], alphanumeric at both
+    ends); the annotations keep the exact text."""
+    cleaned = _NOT_LABEL_VALUE.sub("-", text).strip("-._")
+    if cleaned == text and len(cleaned) <= 63:
+        return cleaned
+    digest = hashlib.sha256(text.encode()).hexdigest()[:6]
+    return f"{cleaned[:56].strip('-._')}-{digest}".strip("-")
+
+
+def service_name(job_id: str) -> str:
+    return f"ty-{_label(job_id, 40)}"
+
+
+def owner_name(job_id: str, attempt: int) -> str:
+    return f"{service_name(job_id)}-a{attempt}"
+
+
+def pod_name(job_id: str, attempt: int, role: str, index: int) -> str:
+    return f"{owner_name(job_id, attempt)}-{_label(role, 10)}-{index}"
+
+
+def task_address(job_id: str, attempt: int, role: str, index: int, namespace: str) -> str:
+    """The DNS name other tasks reach this one at (the job's headless Service)."""
+    return f"{pod_name(job_id, attempt, role, index)}.{service_name(job_id)}.{namespace}.svc"
+
+
+def job_labels(job_id: str) -> dict[str, str]:
+    return {MANAGED_BY: MANAGER, JOB_LABEL: _label_value(job_id)}
+
+
+def task_labels(job_id: str, attempt: int, role: str, index: int) -> dict[str, str]:
+    return {
+        **job_labels(job_id),
+        ATTEMPT_LABEL: str(attempt),
+        ROLE_LABEL: _label_value(role),
+        INDEX_LABEL: str(index),
+    }
+
+
+@dataclass(frozen=True)
+class PodTask:
+    """Which task a pod of ours is, read from its labels and annotations."""
+
+    job_id: str
+    attempt: int
+    role: str
+    index: int
+
+
+def pod_task(pod: dict[str, Any]) -> PodTask | None:
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    if labels.get(MANAGED_BY) != MANAGER:
+        return None
+    try:
+        return PodTask(
+            job_id=annotations.get(JOB_LABEL) or labels[JOB_LABEL],
+            attempt=int(labels[ATTEMPT_LABEL]),
+            role=annotations.get(ROLE_ANNOTATION) or labels[ROLE_LABEL],
+            index=int(labels[INDEX_LABEL]),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- objects
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    """What the operator decides for every pod (the launcher's settings)."""
+
+    service_account: str = "default"
+    # The pod's securityContext, as the operator configures it (never the platform's).
+    security_context: dict[str, Any] | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    # The image that clones a job's code source in an init container.
+    git_image: str = "alpine/git:2.47.2"
+    # Whether a data source may be a path on the node (hostPath: the node's files).
+    host_paths: bool = False
+    # Annotations every pod gets unless its template sets them (the operator's: a
+    # sidecar opt-out; on a KWOK test cluster, how long tasks "run").
+    annotations: tuple[tuple[str, str], ...] = ()
+
+
+class PodProblem(ValueError):
+    """The task cannot be a pod as asked; ``str(exc)`` names the field and why."""
+
+
+def escape_shell(command: str) -> str:
+    """A shell command line the kubelet's ``$(VAR)`` expansion leaves as it is."""
+    return command.replace("$", "$$")
+
+
+def container_command(role: RoleSpec, command: str) -> dict[str, Any]:
+    if role.container_form:
+        argv: dict[str, Any] = {}
+        if role.entrypoint:
+            argv["command"] = list(role.entrypoint)
+        if role.args:
+            argv["args"] = list(role.args)
+        return argv
+    return {"command": ["/bin/sh", "-c", escape_shell(command)]}
+
+
+def _quantity_cpu(cpu: float) -> str:
+    return f"{round(cpu * 1000)}m"
+
+
+def resources(role: RoleSpec, placement: TaskPlacement) -> tuple[dict[str, Any], dict[str, str]]:
+    """The container's resources and the environment a GPU share adds."""
+    r = role.resources
+    requests: dict[str, str] = {"cpu": _quantity_cpu(r.cpu), "memory": f"{r.memory_mb}Mi"}
+    env: dict[str, str] = {}
+    if r.gpu >= 1:
+        requests[GPU_RESOURCE] = str(int(r.gpu))
+    elif r.gpu > 0 and placement.gpu_indices:
+        env["NVIDIA_VISIBLE_DEVICES"] = ",".join(str(g) for g in placement.gpu_indices)
+        env["CUDA_VISIBLE_DEVICES"] = "0"
+    return {"requests": dict(requests), "limits": dict(requests)}, env
+
+
+def _env_list(env: dict[str, str]) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def task_env_for_pod(env: dict[str, str], role: RoleSpec) -> dict[str, str]:
+    """The task's environment as a pod gets it: host GPU indices mean nothing inside a
+    container (the device plugin's GPUs are 0..n-1 there). A task without GPUs keeps
+    CUDA_VISIBLE_DEVICES empty, which hides any GPU a runtime might show it."""
+    out = dict(env)
+    if role.resources.gpu > 0:
+        out.pop("CUDA_VISIBLE_DEVICES", None)
+    return out
+
+
+def data_volume(source: str, index: int, settings: PodSettings) -> dict[str, Any]:
+    """A data source as a pod volume: ``pvc://<claim>[/<sub path>]`` or, where the
+    operator allows it, a node path (``/path``, ``file:///path``)."""
+    where = f"data_sources[{index}].source"
+    if source.startswith("pvc://"):
+        claim, _, sub = source.removeprefix("pvc://").partition("/")
+        if not claim:
+            raise PodProblem(f"{where}: pvc:// names no claim")
+        return {"persistentVolumeClaim": {"claimName": claim, "readOnly": True}, "subPath": sub}
+    path = source.removeprefix("file://") if source.startswith("file:///") else source
+    if path.startswith("/"):
+        if not settings.host_paths:
+            raise PodProblem(
+                f"{where}: {source} is a path on the node, which this cluster does not mount "
+                "into pods; use a PersistentVolumeClaim (pvc://<claim>)"
+            )
+        return {"hostPath": {"path": path, "type": "Directory"}, "subPath": ""}
+    raise PodProblem(f"{where}: {source} cannot be mounted on Kubernetes here; use pvc://<claim>")
+
+
+def pod_manifest(
+    *,
+    spec: JobSpec,
+    job_id: str,
+    attempt: int,
+    placement: TaskPlacement,
+    env: dict[str, str],
+    command: str,
+    namespace: str,
+    owner_uid: str,
+    settings: PodSettings,
+    mpi: bool = False,
+) -> dict[str, Any]:
+    """The Pod of one task, bound to the node placement chose."""
+    role = spec.role(placement.role)
+    image = role.image or spec.image
+    if not image:
+        raise PodProblem(f"role {role.name!r}: no image to run (set the role's or the job's)")
+    name = pod_name(job_id, attempt, placement.role, placement.index)
+    res, gpu_env = resources(role, placement)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image,
+        **container_command(role, command),
+        "env": _env_list({**task_env_for_pod(env, role), **gpu_env}),
+        "resources": res,
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+    }
+    ports = [
+        {"name": _label(a.label, 15), "containerPort": port, "protocol": "TCP"}
+        for a in placement.ports
+        for i, port in enumerate(a.ports)
+        if i == 0
+    ] + [
+        {"containerPort": port, "protocol": "TCP"}
+        for a in placement.ports
+        for i, port in enumerate(a.ports)
+        if i > 0
+    ]
+    if ports:
+        container["ports"] = ports
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": SHM_VOLUME,
+            "emptyDir": {"medium": "Memory", "sizeLimit": f"{role.resources.shm_mb}Mi"},
+        }
+    ]
+    init: list[dict[str, Any]] = []
+    if mpi:
+        volumes.append({"name": "mpi", "configMap": {"name": owner_name(job_id, attempt)}})
+        container["volumeMounts"].append({"name": "mpi", "mountPath": MPI_DIR, "readOnly": True})
+        volumes.append(
+            {
+                "name": "ssh",
+                "secret": {
+                    "secretName": f"{owner_name(job_id, attempt)}-ssh",
+                    "defaultMode": 0o600,
+                },
+            }
+        )
+        container["volumeMounts"].append(
+            {"name": "ssh", "mountPath": "/root/.ssh", "readOnly": True}
+        )
+    if spec.code_source is not None:
+        code = spec.code_source
+        volumes.append({"name": "code", "emptyDir": {}})
+        container["volumeMounts"].append({"name": "code", "mountPath": code.mount_path})
+        clone = ["git", "clone", "--quiet"]
+        clone += ["--branch", code.branch] if code.branch else []
+        clone += ["--", code.repo, "/code"]
+        script = " ".join(_sh(w) for w in clone)
+        if code.commit:
+            script += f" && git -C /code checkout --quiet --detach {_sh(code.commit)}"
+        init.append(
+            {
+                "name": "code-source",
+                "image": settings.git_image,
+                "command": ["/bin/sh", "-c", escape_shell(script)],
+                "volumeMounts": [{"name": "code", "mountPath": "/code"}],
+            }
+        )
+    for i, data in enumerate(spec.data_sources):
+        volume = data_volume(data.source, i, settings)
+        sub = volume.pop("subPath")
+        volumes.append({"name": f"data-{i}", **volume})
+        mount: dict[str, Any] = {
+            "name": f"data-{i}",
+            "mountPath": data.mount_path,
+            "readOnly": True,
+        }
+        if sub:
+            mount["subPath"] = sub
+        container["volumeMounts"].append(mount)
+    if spec.pip_packages:
+        volumes.append({"name": "packages", "emptyDir": {}})
+        container["volumeMounts"].append(
+            {"name": "packages", "mountPath": "/opt/trainyard/packages"}
+        )
+        install = ["pip", "install", "--no-input", "--target", "/opt/trainyard/packages"]
+        install += list(spec.pip_packages)
+        init.append(
+            {
+                "name": "pip-packages",
+                "image": image,
+                "command": install,
+                "volumeMounts": [{"name": "packages", "mountPath": "/opt/trainyard/packages"}],
+            }
+        )
+        python_path = "/opt/trainyard/packages"
+        if env.get("PYTHONPATH"):
+            python_path += ":" + env["PYTHONPATH"]
+        container["env"].append({"name": "PYTHONPATH", "value": python_path})
+    pod_spec: dict[str, Any] = {
+        "nodeName": placement.node,
+        "hostname": name,
+        "subdomain": service_name(job_id),
+        "restartPolicy": "Never",
+        "serviceAccountName": settings.service_account,
+        # A task gets no credentials of the cluster unless the operator's account says.
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": 30,
+    }
+    if init:
+        pod_spec["initContainers"] = init
+    if settings.security_context:
+        pod_spec["securityContext"] = dict(settings.security_context)
+    if settings.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
+    annotations = dict(settings.annotations)
+    annotations.update({a.name: a.value for a in role.annotations})
+    annotations[JOB_LABEL] = job_id
+    annotations[ROLE_ANNOTATION] = placement.role
+    if 0 < role.resources.gpu < 1:
+        annotations[GPU_SHARE_ANNOTATION] = f"{role.resources.gpu:g}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": task_labels(job_id, attempt, placement.role, placement.index),
+            "annotations": annotations,
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "name": owner_name(job_id, attempt),
+                    "uid": owner_uid,
+                    "blockOwnerDeletion": True,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": pod_spec,
+    }
+
+
+def _sh(word: str) -> str:
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+def service_manifest(job_id: str, namespace: str) -> dict[str, Any]:
+    """The job's headless Service: DNS names for its pods, ready or not."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(job_id),
+            "namespace": namespace,
+            "labels": job_labels(job_id),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": job_labels(job_id),
+            "publishNotReadyAddresses": True,
+        },
+    }
+
+
+def owner_manifest(
+    job_id: str, attempt: int, namespace: str, hostfile: str | None
+) -> dict[str, Any]:
+    """The attempt's owner (and its MPI hostfile): deleting it deletes every pod."""
+    data = {HOSTFILE_KEY: hostfile} if hostfile is not None else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": owner_name(job_id, attempt),
+            "namespace": namespace,
+            "labels": {**job_labels(job_id), ATTEMPT_LABEL: str(attempt)},
+            "annotations": {JOB_LABEL: job_id},
+        },
+        "data": data,
+    }
+
+
+def mpi_hostfile(hosts: list[tuple[str, int]]) -> str:
+    return "".join(f"{host} slots={slots}\n" for host, slots in hosts)
+
+
+# --------------------------------------------------------------------------- status
+
+
+@dataclass(frozen=True)
+class PodState:
+    """How a task's pod stands, in the launcher's terms."""
+
+    running: bool  # not ended (Pending counts: the task has not ended)
+    started: bool = False  # its container runs (or ran)
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    end_kind: str | None = None
+    ended_at: float | None = None
+    step: str | None = None  # what a pending pod waits for
+
+
+def _time(value: Any) -> float | None:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _task_container(pod: dict[str, Any]) -> dict[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return next(
+        (c for c in statuses if c.get("name") == CONTAINER), statuses[0] if statuses else {}
+    )
+
+
+def pod_state(pod: dict[str, Any]) -> PodState:
+    """The task as its pod shows it (a dict as the API serves it)."""
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    container = _task_container(pod)
+    state = container.get("state") or {}
+    if status.get("reason") == "Evicted" or (
+        phase == "Failed" and status.get("reason") in ("Preempting", "Terminated", "Shutdown")
+    ):
+        return PodState(
+            running=False,
+            reason=f"the pod was {status.get('reason', 'evicted').lower()} by its node: "
+            f"{status.get('message') or 'no message'}",
+            end_kind=EndKind.KILLED_BY_PLATFORM.value,
+        )
+    for init in status.get("initContainerStatuses") or []:
+        terminated = (init.get("state") or {}).get("terminated")
+        if terminated and terminated.get("exitCode", 0) != 0:
+            return PodState(
+                running=False,
+                exit_code=None,
+                reason=f"preparing the task ({init.get('name')}) failed: exit code "
+                f"{terminated.get('exitCode')}, {terminated.get('reason') or 'no reason'}",
+                end_kind=EndKind.PREPARE_USER.value,
+                ended_at=_time(terminated.get("finishedAt")),
+            )
+        waiting = (init.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in START_FAILURES:
+            return _start_failure(waiting, init.get("image"))
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in START_FAILURES:
+        return _start_failure(waiting, container.get("image"))
+    terminated = state.get("terminated")
+    if phase in ("Succeeded", "Failed") or terminated:
+        terminated = terminated or {}
+        code = terminated.get("exitCode")
+        if code is None:
+            code = 0 if phase == "Succeeded" else 1
+        signal = terminated.get("signal")
+        reason = terminated.get("reason")
+        kind = None
+        text = None
+        if reason == "OOMKilled":
+            kind = EndKind.OUT_OF_MEMORY.value
+            text = "killed for going past its memory limit (OOMKilled)"
+        elif reason not in (None, "Completed", "Error"):
+            text = f"{reason}: {terminated.get('message') or ''}".strip(": ")
+        return PodState(
+            running=False,
+            started=True,
+            exit_code=int(code),
+            signal=int(signal) if signal else None,
+            reason=text,
+            end_kind=kind,
+            ended_at=_time(terminated.get("finishedAt")),
+        )
+    if phase == "Running" and state.get("running") is not None:
+        return PodState(running=True, started=True)
+    step = waiting.get("reason") or (
+        "scheduled on its node" if pod.get("spec", {}).get("nodeName") else "waiting for a node"
+    )
+    if waiting.get("message"):
+        step = f"{step}: {waiting['message']}"
+    return PodState(running=True, started=False, step=step[:200])
+
+
+def _start_failure(waiting: dict[str, Any], image: str | None) -> PodState:
+    why = START_FAILURES[waiting["reason"]]
+    return PodState(
+        running=False,
+        reason=f"could not start: {why} ({waiting['reason']}"
+        + (f", image {image}" if image else "")
+        + (f"): {waiting.get('message')}" if waiting.get("message") else ")"),
+        end_kind=EndKind.START_FAILED.value,
+    )

@@ -1,0 +1,292 @@
+"""The platform on a real Kubernetes control plane (the project's build, KWOK nodes):
+every dialect's job runs as pods to SUCCEEDED; the pods carry the node placement chose,
+the limits, the environment and the DNS names (read back); a failing task retries as a
+new attempt with new pods; pause deletes the pods and resume makes them again; stop
+leaves no pod and no Service; a SIGKILLed launcher adopts its pods (one per task); a
+node deleted mid-run fails its tasks as lost with their node."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from trainyard_stack.kube import EXIT_CODE, RUN_DURATION, KubeCluster
+from trainyard_stack.platform import Platform, PlatformConfig
+
+from .conftest import Api
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SHORT = "1500ms"  # how long a task "runs" on KWOK unless its template says otherwise
+
+
+@pytest.fixture(scope="module")
+def kube_platform(
+    kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Platform]:
+    root = tmp_path_factory.mktemp("kube-platform")
+    cluster = root / "cluster.yaml"
+    # Only the queues come from the file: the nodes are the cluster's own.
+    cluster.write_text(yaml.safe_dump({"nodes": [], "queues": ["default"]}))
+    config = PlatformConfig.with_free_ports(
+        root / "data",
+        cluster_file=cluster,
+        log_level="WARNING",
+        extra_env={
+            "YARD_LAUNCHER": "kubernetes",
+            "KUBECONFIG": str(kube_cluster.kubeconfig),
+            "YARD_K8S_NAMESPACE": "trainyard",
+            "YARD_K8S_NAMESPACES": "*",
+            "YARD_K8S_POD_ANNOTATIONS": json.dumps({RUN_DURATION: SHORT}),
+            "YARD_START_DEADLINE_S": "120",
+        },
+    )
+    platform = Platform(config).start()
+    yield platform
+    platform.stop()
+
+
+@pytest.fixture(scope="module")
+def api(kube_platform: Platform) -> Api:
+    return Api(kube_platform.url, kube_platform.token)
+
+
+def pods(kube: KubeCluster, job_id: str, namespace: str | None = None) -> list[dict]:
+    path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+    with kube.client() as http:
+        items = http.get(path, params={"labelSelector": "app.kubernetes.io/managed-by=trainyard"})
+    return [
+        p for p in items.json()["items"]
+        if (p["metadata"].get("annotations") or {}).get("trainyard.dev/job") == job_id
+    ]  # fmt: skip
+
+
+def services(kube: KubeCluster, job_id: str) -> list[dict]:
+    with kube.client() as http:
+        items = http.get("/api/v1/services").json()["items"]
+    return [s for s in items if s["metadata"]["name"] == f"ty-{job_id}"]
+
+
+def wait_for(check: Any, timeout: float = 60.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
+        time.sleep(0.3)
+
+
+def view(api: Api, job_id: str) -> dict | None:
+    answer = api.http.get(f"/v1/jobs/{job_id}")
+    return answer.json() if answer.status_code == 200 else None
+
+
+def running(api: Api, job_id: str, attempt: int = 1) -> dict:
+    return wait_for(
+        lambda: (v := view(api, job_id)) and v["state"] == "RUNNING" and v["attempt"] == attempt
+        and all(t["state"] == "RUNNING" for t in v["tasks"] if t["attempt"] == attempt) and v,
+        what=f"{job_id} running in attempt {attempt}",
+    )  # fmt: skip
+
+
+def load(relative: str) -> Any:
+    text = (EXAMPLES / relative).read_text()
+    return json.loads(text) if relative.endswith(".json") else yaml.safe_load(text)
+
+
+def renamed(payload: dict, key: str) -> dict:
+    """The example under a name of its own (names are unique per user)."""
+    payload = copy.deepcopy(payload)
+    suffix = uuid.uuid4().hex[:6]
+    if key == "metadata":
+        payload["metadata"]["name"] = f"{payload['metadata']['name']}-{suffix}"
+    else:
+        payload[key] = (
+            f"{payload[key]}_{suffix}" if key == "jobName" else f"{payload[key]}-{suffix}"
+        )
+    return payload
+
+
+EXAMPLE_JOBS = [
+    ("openpai v1", "openpai/helloworld_16be675e.json", "jobName"),
+    ("openpai v2", "openpai/v2/hello-world-job.yaml", "name"),
+    ("kubeflow pytorchjob", "kubeflow/pytorchjob-simple.yaml", "metadata"),
+    ("kubeflow tfjob", "kubeflow/tfjob-simple.yaml", "metadata"),
+    ("t9k pytorchtrainingjob", "t9k/pytorchtrainingjob-1.yaml", "metadata"),
+    ("t9k genericjob", "t9k/genericjob-1.yaml", "metadata"),
+    ("ti", "ti/test73.json", "name"),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "relative", "key"), EXAMPLE_JOBS, ids=[e[0] for e in EXAMPLE_JOBS]
+)
+def test_every_dialects_example_runs_as_pods(
+    api: Api, kube_cluster: KubeCluster, what: str, relative: str, key: str
+) -> None:
+    payload = renamed(load(relative), key)
+    if relative.startswith("ti/"):
+        payload["cluster"] = "default"
+    job_id = api.submit(payload)
+    done = api.wait(job_id, timeout=120)
+    assert done["state"] == "SUCCEEDED", (what, done)
+    # A succeeded task's pod stays (with its log); a task stopped because the job ended
+    # (a Kubeflow worker once its master succeeded) has its pod deleted.
+    made = pods(kube_cluster, job_id)
+    tasks = [t for t in done["tasks"] if t["attempt"] == done["attempt"]]
+    assert len(made) == sum(1 for t in tasks if t["state"] == "SUCCEEDED") > 0
+    assert all(p["status"]["phase"] == "Succeeded" for p in made)
+
+
+def test_a_pod_is_what_placement_and_the_dialect_said(api: Api, kube_cluster: KubeCluster) -> None:
+    payload = renamed(load("kubeflow/pytorchjob-simple.yaml"), "metadata")
+    payload["metadata"]["namespace"] = "team-ml"
+    for spec in payload["spec"]["pytorchReplicaSpecs"].values():
+        template = spec["template"]
+        template.setdefault("metadata", {})["annotations"] = {RUN_DURATION: "60s"}
+        container = template["spec"]["containers"][0]
+        container["resources"] = {"limits": {"nvidia.com/gpu": 1, "cpu": "2", "memory": "4Gi"}}
+        container["args"] = ["--master=$(MASTER_ADDR)"]
+    job_id = api.submit(payload)
+    job = running(api, job_id)
+    made = {
+        p["metadata"]["labels"]["trainyard.dev/role"]: p
+        for p in pods(kube_cluster, job_id, "team-ml")
+    }
+    assert set(made) == {"Master", "Worker"}
+    master, worker = made["Master"], made["Worker"]
+    tasks = {(t["role"], t["index"]): t for t in job["tasks"]}
+    assert master["spec"]["nodeName"] == tasks[("Master", 0)]["node"]
+    assert worker["spec"]["nodeName"] == tasks[("Worker", 0)]["node"]
+    container = worker["spec"]["containers"][0]
+    limits = container["resources"]["limits"]
+    # The API server writes quantities its canonical way (4096Mi is 4Gi).
+    assert (limits["nvidia.com/gpu"], limits["cpu"], limits["memory"]) == ("1", "2", "4Gi")
+    assert container["command"] == ["python3", "/opt/mnist/src/mnist.py", "--epochs=1"]
+    assert container["args"] == ["--master=$(MASTER_ADDR)"]  # the kubelet expands it
+    env = {e["name"]: e.get("value", "") for e in container["env"]}
+    service = f"ty-{job_id}"
+    assert env["MASTER_ADDR"] == f"{master['metadata']['name']}.{service}.team-ml.svc"
+    assert (env["WORLD_SIZE"], env["RANK"], env["TRAINYARD_JOB_ID"]) == ("2", "1", job_id)
+    assert env["PAI_HOST_IP_Master_0"] == env["MASTER_ADDR"]
+    assert worker["spec"]["subdomain"] == service and worker["spec"]["hostname"]
+    labels = worker["metadata"]["labels"]
+    assert (labels["trainyard.dev/attempt"], labels["trainyard.dev/index"]) == ("1", "0")
+    assert worker["metadata"]["ownerReferences"][0]["kind"] == "ConfigMap"
+    assert worker["metadata"]["annotations"][RUN_DURATION] == "60s"
+    assert services(kube_cluster, job_id)[0]["spec"]["clusterIP"] == "None"
+    api.stop(job_id)
+    assert api.wait(job_id)["state"] == "STOPPED"
+    # Stopped: no pod and no Service left.
+    wait_for(lambda: not pods(kube_cluster, job_id) and not services(kube_cluster, job_id),
+             what="the job's pods and Service gone")  # fmt: skip
+
+
+def test_a_failing_task_retries_as_a_new_attempt_with_new_pods(
+    api: Api, kube_cluster: KubeCluster
+) -> None:
+    spec = {
+        "name": f"fails-once-{uuid.uuid4().hex[:6]}",
+        "image": "busybox",
+        "retry_limit": 1,
+        "roles": [
+            {
+                "name": "w",
+                "command": "exit 7",
+                "restart_policy": "OnFailure",  # a user failure runs again
+                "annotations": [{"name": EXIT_CODE, "value": "7"}],
+            }
+        ],
+    }
+    job_id = api.submit(spec)
+    done = api.wait(job_id, timeout=120)
+    # Both attempts fail (the annotation makes every pod exit 7): the retry was made.
+    assert done["state"] == "FAILED" and done["attempt"] == 2, done
+    attempts = sorted(
+        int(p["metadata"]["labels"]["trainyard.dev/attempt"]) for p in pods(kube_cluster, job_id)
+    )
+    assert attempts == [1, 2]
+    first = [t for t in done["tasks"] if t["attempt"] == 1][0]
+    assert first["exit_code"] == 7 and first["failure_class"] == "user"
+
+
+def test_pause_deletes_the_pods_and_resume_makes_them_again(
+    api: Api, kube_cluster: KubeCluster
+) -> None:
+    spec = {
+        "name": f"pausable-{uuid.uuid4().hex[:6]}",
+        "image": "busybox",
+        "roles": [{"name": "w", "replicas": 2, "command": "sleep 1000",
+                   "annotations": [{"name": RUN_DURATION, "value": "300s"}]}],
+    }  # fmt: skip
+    job_id = api.submit(spec)
+    running(api, job_id)
+    assert len(pods(kube_cluster, job_id)) == 2
+    assert api.http.post(f"/v1/jobs/{job_id}/pause").status_code == 202
+    wait_for(lambda: (v := view(api, job_id)) and v["state"] == "PAUSED", what="paused")
+    wait_for(lambda: not pods(kube_cluster, job_id), what="the paused job's pods deleted")
+    assert api.http.post(f"/v1/jobs/{job_id}/resume").status_code == 202
+    running(api, job_id, attempt=2)
+    again = pods(kube_cluster, job_id)
+    assert len(again) == 2 and {
+        p["metadata"]["labels"]["trainyard.dev/attempt"] for p in again
+    } == {"2"}
+    api.stop(job_id)
+    api.wait(job_id)
+
+
+def test_a_killed_launcher_adopts_its_pods(
+    kube_platform: Platform, api: Api, kube_cluster: KubeCluster
+) -> None:
+    spec = {
+        "name": f"adopted-{uuid.uuid4().hex[:6]}",
+        "image": "busybox",
+        "roles": [{"name": "w", "replicas": 3, "command": "train",
+                   "annotations": [{"name": RUN_DURATION, "value": "12s"}]}],
+    }  # fmt: skip
+    job_id = api.submit(spec)
+    running(api, job_id)
+    before = {p["metadata"]["uid"] for p in pods(kube_cluster, job_id)}
+    kube_platform.kill_service("launcher")
+    time.sleep(1.0)
+    kube_platform.restart_service("launcher")
+    done = api.wait(job_id, timeout=90)
+    assert done["state"] == "SUCCEEDED", done
+    after = pods(kube_cluster, job_id)
+    # The same pods ran to the end: none made twice, none left behind.
+    assert {p["metadata"]["uid"] for p in after} == before and len(after) == 3
+
+
+def test_a_node_deleted_mid_run_fails_its_tasks_as_lost_with_it(
+    api: Api, kube_cluster: KubeCluster
+) -> None:
+    spec = {
+        "name": f"on-a-doomed-node-{uuid.uuid4().hex[:6]}",
+        "image": "busybox",
+        "roles": [{"name": "w", "command": "train",
+                   "resources": {"gpu": 1, "gpu_type": "TITANX"},
+                   "annotations": [{"name": RUN_DURATION, "value": "300s"}]}],
+    }  # fmt: skip
+    job_id = api.submit(spec)
+    job = running(api, job_id)
+    node = job["tasks"][0]["node"]
+    assert node == "kwok-gpu-1"
+    spec_of_node = next(n for n in kube_cluster.nodes if n.name == node)
+    kube_cluster.delete_node(node)
+    try:
+        done = api.wait(job_id, timeout=60)
+        task = done["tasks"][0]
+        assert done["state"] == "FAILED" and task["failure_class"] == "platform", done
+        assert f"node {node}" in task["reason"]
+    finally:
+        kube_cluster.add_node(spec_of_node)

@@ -1,0 +1,200 @@
+"""A task as a Pod (domain/pods.py): names, the manifest the Kubernetes backend sends,
+and how a pod's status reads as the task's."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from trainyard_common.events import PortAssignment, TaskPlacement
+from trainyard_common.jobspec import (
+    CodeSource,
+    DataSource,
+    EnvVar,
+    JobSpec,
+    Resources,
+    RoleSpec,
+)
+from trainyard_launcher.domain.failure import EndKind
+from trainyard_launcher.domain.pods import (
+    GPU_RESOURCE,
+    PodProblem,
+    PodSettings,
+    escape_shell,
+    owner_name,
+    pod_manifest,
+    pod_name,
+    pod_state,
+    pod_task,
+    service_manifest,
+    service_name,
+    task_address,
+)
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+JOB = "0123456789abcdef0123456789abcdef"
+
+
+def manifest(role: RoleSpec, placement: TaskPlacement | None = None, **kw: object) -> dict:
+    spec = JobSpec(name="j", image="pytorch:2", roles=[role], **kw)  # type: ignore[arg-type]
+    placement = placement or TaskPlacement(role=role.name, index=0, node="gpu-1", host_ip="x")
+    return pod_manifest(
+        spec=spec,
+        job_id=JOB,
+        attempt=2,
+        placement=placement,
+        env={"MASTER_ADDR": "m.svc", "CUDA_VISIBLE_DEVICES": "3,5"},
+        command=role.command,
+        namespace="team-a",
+        owner_uid="uid-1",
+        settings=PodSettings(security_context={"runAsNonRoot": True, "runAsUser": 1000}),
+    )
+
+
+@pytest.mark.parametrize("role", ["worker", "Master", "PS", "a_very_long_role_name_indeed", "Ünï"])
+def test_names_are_dns_labels_and_tell_roles_apart(role: str) -> None:
+    name = pod_name(JOB, 3, role, 12)
+    assert DNS_LABEL.match(name) and len(name) <= 63
+    assert DNS_LABEL.match(service_name(JOB)) and DNS_LABEL.match(owner_name(JOB, 3))
+    assert pod_name(JOB, 3, "master", 0) != pod_name(JOB, 3, "Master", 0)
+    assert task_address(JOB, 1, role, 0, "ns") == f"{pod_name(JOB, 1, role, 0)}.ty-{JOB}.ns.svc"
+
+
+def test_the_pod_is_bound_to_its_node_and_named_for_the_headless_service() -> None:
+    pod = manifest(RoleSpec(name="Worker", command="python train.py"))
+    spec = pod["spec"]
+    assert spec["nodeName"] == "gpu-1" and spec["subdomain"] == service_name(JOB)
+    assert spec["hostname"] == pod["metadata"]["name"] == pod_name(JOB, 2, "Worker", 0)
+    assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000}
+    owner = pod["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "ConfigMap",
+        owner_name(JOB, 2),
+        "uid-1",
+    )
+    task = pod_task(pod)
+    assert task is not None and (task.job_id, task.attempt, task.role, task.index) == (
+        JOB, 2, "Worker", 0
+    )  # fmt: skip
+
+
+def test_a_shell_command_runs_by_sh_with_its_dollars_kept_from_the_kubelet() -> None:
+    pod = manifest(RoleSpec(name="w", command="echo $(hostname) ${HOME} $$"))
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["/bin/sh", "-c", "echo $$(hostname) $${HOME} $$$$"]
+    assert "args" not in container and container["image"] == "pytorch:2"
+    assert escape_shell("a$b") == "a$$b"
+
+
+def test_a_container_argv_is_kept_as_kubernetes_means_it() -> None:
+    args_only = manifest(RoleSpec(name="w", command="x", args=["--addr=$(MASTER_ADDR)"]))
+    container = args_only["spec"]["containers"][0]
+    assert "command" not in container  # the image's entrypoint runs
+    assert container["args"] == ["--addr=$(MASTER_ADDR)"]  # the kubelet expands it
+    both = manifest(RoleSpec(name="w", command="x", entrypoint=["python"], args=["t.py"]))
+    assert both["spec"]["containers"][0]["command"] == ["python"]
+
+
+def test_resources_whole_gpus_shared_gpus_shm_and_ports() -> None:
+    role = RoleSpec(
+        name="w", command="x", resources=Resources(cpu=2.5, memory_mb=4096, gpu=2, shm_mb=512)
+    )
+    placement = TaskPlacement(
+        role="w", index=0, node="gpu-1", host_ip="x", gpu_indices=[3, 5],
+        ports=[PortAssignment(label="ssh", ports=[31000]), PortAssignment(label="http", ports=[31001, 31002])],
+    )  # fmt: skip
+    container = manifest(role, placement)["spec"]["containers"][0]
+    want = {"cpu": "2500m", "memory": "4096Mi", GPU_RESOURCE: "2"}
+    assert container["resources"] == {"requests": want, "limits": want}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    # The device plugin's GPUs are 0..n-1 in the container: host indices would mislead.
+    assert "CUDA_VISIBLE_DEVICES" not in env and env["MASTER_ADDR"] == "m.svc"
+    volumes = {v["name"]: v for v in manifest(role, placement)["spec"]["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "512Mi"}
+    assert [p["containerPort"] for p in container["ports"]] == [31000, 31001, 31002]
+
+    shared = RoleSpec(name="w", command="x", resources=Resources(gpu=0.5))
+    placed = TaskPlacement(role="w", index=0, node="n", host_ip="x", gpu_indices=[1], gpu_milli=500)
+    pod = manifest(shared, placed)
+    container = pod["spec"]["containers"][0]
+    assert GPU_RESOURCE not in container["resources"]["limits"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["CUDA_VISIBLE_DEVICES"]) == ("1", "0")
+    assert pod["metadata"]["annotations"]["trainyard.dev/gpu-share"] == "0.5"
+
+
+def test_template_annotations_pass_through_to_the_pod() -> None:
+    role = RoleSpec(
+        name="w", command="x",
+        annotations=[EnvVar(name="kwok.trainyard.dev/run-duration", value="2s")],
+    )  # fmt: skip
+    assert manifest(role)["metadata"]["annotations"]["kwok.trainyard.dev/run-duration"] == "2s"
+
+
+def test_code_data_and_packages_become_init_containers_and_volumes() -> None:
+    role = RoleSpec(name="w", command="python /code/t.py")
+    pod = manifest(
+        role,
+        code_source=CodeSource(repo="https://git/x.git", branch="main", mount_path="/code"),
+        data_sources=[DataSource(source="pvc://datasets/imagenet", mount_path="/data")],
+        pip_packages=["einops"],
+    )
+    init = {c["name"]: c for c in pod["spec"]["initContainers"]}
+    assert "git' 'clone'" in init["code-source"]["command"][2]
+    assert init["pip-packages"]["command"][-1] == "einops"
+    mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["/data"]["subPath"] == "imagenet" and mounts["/data"]["readOnly"]
+    with pytest.raises(PodProblem, match=r"data_sources\[0\].source.*path on the node"):
+        manifest(role, data_sources=[DataSource(source="/mnt/x", mount_path="/d")])
+    with pytest.raises(PodProblem, match="oss://b/k cannot be mounted"):
+        manifest(role, data_sources=[DataSource(source="oss://b/k", mount_path="/d")])
+
+
+def test_a_pod_needs_an_image() -> None:
+    spec = JobSpec(name="j", roles=[RoleSpec(name="w", command="x")])
+    with pytest.raises(PodProblem, match="no image"):
+        pod_manifest(
+            spec=spec, job_id=JOB, attempt=1,
+            placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),
+            env={}, command="x", namespace="ns", owner_uid="u", settings=PodSettings(),
+        )  # fmt: skip
+
+
+def test_the_service_is_headless_and_answers_before_readiness() -> None:
+    svc = service_manifest(JOB, "team-a")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+
+
+def pod(phase: str, **status: object) -> dict:
+    return {"spec": {"nodeName": "n"}, "status": {"phase": phase, **status}}
+
+
+def container(state: dict) -> dict:
+    return {"containerStatuses": [{"name": "task", "image": "img:1", "state": state}]}
+
+
+@pytest.mark.parametrize(
+    ("body", "running", "started", "exit_code", "end_kind"),
+    [
+        (pod("Pending"), True, False, None, None),
+        (pod("Pending", **container({"waiting": {"reason": "ContainerCreating"}})), True, False, None, None),
+        (pod("Running", **container({"running": {}})), True, True, None, None),
+        (pod("Succeeded", **container({"terminated": {"exitCode": 0, "reason": "Completed"}})), False, True, 0, None),
+        (pod("Failed", **container({"terminated": {"exitCode": 3, "reason": "Error"}})), False, True, 3, None),
+        (pod("Failed", **container({"terminated": {"exitCode": 137, "reason": "OOMKilled"}})), False, True, 137, EndKind.OUT_OF_MEMORY),
+        (pod("Failed", reason="Evicted", message="low on memory"), False, False, None, EndKind.KILLED_BY_PLATFORM),
+        (pod("Pending", **container({"waiting": {"reason": "ImagePullBackOff", "message": "no"}})), False, False, None, EndKind.START_FAILED),
+        (pod("Pending", **container({"waiting": {"reason": "CreateContainerConfigError"}})), False, False, None, EndKind.START_FAILED),
+        (pod("Pending", initContainerStatuses=[{"name": "code-source", "state": {"terminated": {"exitCode": 128}}}]), False, False, None, EndKind.PREPARE_USER),
+    ],
+)  # fmt: skip
+def test_a_pods_status_reads_as_the_tasks(
+    body: dict, running: bool, started: bool, exit_code: int | None, end_kind: EndKind | None
+) -> None:
+    state = pod_state(body)
+    assert (state.running, state.started, state.exit_code) == (running, started, exit_code)
+    assert state.end_kind == (end_kind.value if end_kind else None)
+    if not running and exit_code is None:
+        assert state.reason
