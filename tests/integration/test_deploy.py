@@ -1,0 +1,114 @@
+"""deploy/: the Helm chart renders (helm from the project's build) into manifests the
+test cluster's API server accepts (server-side dry run), with a Deployment and Service
+per service on its real port and probes, the gateway wired to the others by their
+Service names, and the launcher's RBAC; and the Dockerfile's install step, done as the
+image does it, gives every service and the CLI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from trainyard_stack.kube import KubeCluster, ensure_kube_binaries
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "trainyard"
+PORTS = {"gateway": 8080, "intake": 8081, "status": 8082, "launcher": 8083,
+         "validation": 8084, "placement": 8085}  # fmt: skip
+
+
+def render(*flags: str) -> list[dict]:
+    helm = ensure_kube_binaries() / "helm"
+    out = subprocess.run(
+        [str(helm), "template", "ty", str(CHART), "--namespace", "trainyard-system", *flags],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def test_the_chart_renders_every_service_wired_and_probed() -> None:
+    docs = render("--set", "tasks.allowedNamespaces={team-a,team-b}")
+    by_kind: dict[str, dict[str, dict]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], {})[doc["metadata"]["name"]] = doc
+    for service, port in PORTS.items():
+        deployment = by_kind["Deployment"][f"ty-{service}"]
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"] == ["python", "-m", f"trainyard_{service}"]
+        assert container["ports"] == [{"name": "http", "containerPort": port}]
+        assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+        env = {e["name"]: e for e in container["env"]}
+        assert env[f"YARD_{service.upper()}_PORT"]["value"] == str(port)
+        svc = by_kind["Service"][f"ty-{service}"]
+        assert svc["spec"]["ports"][0]["port"] == port
+        if service != "gateway":
+            assert env["YARD_NATS_URL"]["valueFrom"]["secretKeyRef"]["key"] == service
+    gateway = by_kind["Deployment"]["ty-gateway"]["spec"]["template"]["spec"]["containers"][0]
+    urls = {e["name"]: e.get("value") for e in gateway["env"]}
+    assert urls["YARD_INTAKE_URL"] == "http://ty-intake:8081"
+    assert urls["YARD_PLACEMENT_URL"] == "http://ty-placement:8085"
+    launcher = by_kind["Deployment"]["ty-launcher"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in launcher["containers"][0]["env"]}
+    assert env["YARD_LAUNCHER"] == "kubernetes" and env["YARD_K8S_NAMESPACES"] == "team-a,team-b"
+    rules = by_kind["ClusterRole"]["ty-launcher"]["rules"]
+    assert {"pods", "pods/log", "pods/exec", "nodes"} <= {
+        r for rule in rules for r in rule["resources"]
+    }
+    # Only the three that talk to the Kubernetes API get a token.
+    for service in PORTS:
+        spec = by_kind["Deployment"][f"ty-{service}"]["spec"]["template"]["spec"]
+        assert spec["automountServiceAccountToken"] is (
+            service in ("launcher", "placement", "validation")
+        )
+    assert {"ty-cluster"} <= set(by_kind["ConfigMap"])
+    assert {"trainyard-admin-token", "trainyard-secrets-key"} <= set(by_kind["Secret"])
+
+
+def test_the_api_server_accepts_the_rendered_chart(
+    kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
+    kube_cluster.kubectl("create", "namespace", "trainyard-system", check=False)
+    manifests = tmp_path / "trainyard.yaml"
+    manifests.write_text(yaml.safe_dump_all(render()))
+    applied = kube_cluster.kubectl(
+        "apply", "--dry-run=server", "--namespace", "trainyard-system", "-f", str(manifests),
+        check=False,
+    )  # fmt: skip
+    assert applied.returncode == 0, applied.stderr
+    lines = applied.stdout.splitlines()
+    assert len(lines) == len(render()) and all("(server dry run)" in line for line in lines)
+
+
+def test_the_image_install_gives_every_service_and_the_cli(tmp_path: Path) -> None:
+    # The Dockerfile's build stage: the lock file's packages without the dev group,
+    # the workspace copied in (not editable).
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "uv.lock"):
+        shutil.copy(ROOT / name, source / name)
+    for tree in ("libs", "services"):
+        shutil.copytree(ROOT / tree, source / tree, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "UV_PROJECT_ENVIRONMENT": str(tmp_path / "image"), "UV_LINK_MODE": "copy"}
+    # uv as the Makefile installs it (python3 -m uv), or one on PATH.
+    uv = [found] if (found := shutil.which("uv")) else ["python3", "-m", "uv"]
+    subprocess.run(
+        [*uv, "sync", "--frozen", "--no-dev", "--no-editable", "--quiet"],
+        cwd=source, env=env, check=True, timeout=600,
+    )  # fmt: skip
+    python = tmp_path / "image" / "bin" / "python"
+    modules = ", ".join(f"trainyard_{s}" for s in PORTS)
+    probe = subprocess.run(
+        [str(python), "-c", f"import {modules}; import pytest"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    # Every service imports; the dev tools are not in the image.
+    assert "No module named 'pytest'" in probe.stderr, probe.stderr
+    assert "trainyard" not in probe.stderr.replace("No module named 'pytest'", "")
+    cli = subprocess.run(
+        [str(tmp_path / "image" / "bin" / "yard"), "--help"], capture_output=True, text=True
+    )
+    assert cli.returncode == 0 and "submit" in cli.stdout
