@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import hashlib
 import json
 from datetime import UTC, datetime, timedelta
@@ -18,9 +20,10 @@ from trainyard_common.aliyun_auth import (
     SignedRequest,
     access_key_id,
     headers_of,
+    nonce_key,
     verify,
 )
-from trainyard_common.auth import parse_access_keys
+from trainyard_common.auth import MemoryNonces, parse_access_keys
 
 AK, SECRET = "LTAI5tTestKeyId00000001", "TestSecretValue0123456789abcde"
 WHEN = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
@@ -33,6 +36,7 @@ def sdk_request(
     body: dict | None = None,
     *,
     v2: bool = False,
+    content_md5: bool = False,
 ) -> DaraRequest:
     """A request built and signed the way Client.do_request / do_roarequest do."""
     req = DaraRequest()
@@ -51,6 +55,8 @@ def sdk_request(
         req.body = DaraCore.to_json_string(body)
         payload = req.body.encode()
         req.headers["content-type"] = "application/json; charset=utf-8"
+    if content_md5 and payload:
+        req.headers["content-md5"] = base64.b64encode(hashlib.md5(payload).digest()).decode()
     if v2:
         req.headers.update(
             {
@@ -115,6 +121,19 @@ def test_sdk_signatures_verify(
     req = sdk_request(method, path, query, body, v2=v2)
     request = received(req)
     assert access_key_id(request.header("authorization")) == AK
+    if v2 and body is not None:
+        # The SDK's ROA v2 does not bind the body (no Content-MD5): a captured request's
+        # body could be swapped, so such a request is refused; with Content-MD5 it holds.
+        with pytest.raises(SignatureError) as exc:
+            verify(request, SECRET, now=WHEN + timedelta(minutes=3))
+        assert exc.value.code == "IncompleteSignature"
+        bound_request = sdk_request(method, path, query, body, v2=True, content_md5=True)
+        verify(received(bound_request), SECRET, now=WHEN + timedelta(minutes=3))
+        swapped = received(bound_request, body=b'{"DisplayName": "swapped"}')
+        with pytest.raises(SignatureError) as exc:
+            verify(swapped, SECRET, now=WHEN)
+        assert exc.value.code == "ContentMD5Mismatch"
+        return
     verify(request, SECRET, now=WHEN + timedelta(minutes=3))
 
 
@@ -167,7 +186,27 @@ def test_old_request_is_refused(v2: bool) -> None:
     with pytest.raises(SignatureError) as exc:
         verify(request, SECRET, now=WHEN + timedelta(minutes=16))
     assert exc.value.code == "InvalidTimeStamp.Expired"
-    verify(request, SECRET, now=WHEN - timedelta(minutes=14))
+    verify(request, SECRET, now=WHEN + timedelta(minutes=14))
+    # Dated in the future: only a minute of clock drift, as Alibaba Cloud wants the
+    # date to be within the 15 minutes *before* the request.
+    verify(request, SECRET, now=WHEN - timedelta(seconds=50))
+    with pytest.raises(SignatureError) as exc:
+        verify(request, SECRET, now=WHEN - timedelta(minutes=2))
+    assert exc.value.code.startswith("InvalidTimeStamp")
+
+
+async def test_a_nonce_is_taken_once_and_forgotten_after_the_window() -> None:
+    request = received(sdk_request("GET", "/api/v1/jobs/dlc123", None))
+    key = nonce_key(request, AK)
+    assert key != nonce_key(request, "LTAIanotherkey") and len(key) == 64
+    nonces = MemoryNonces(ttl_s=0.2)
+    assert await nonces.first_use(key) and not await nonces.first_use(key)
+    await asyncio.sleep(0.25)
+    assert await nonces.first_use(key)  # too old to be accepted anyway by then
+    without = SignedRequest("GET", "/x", headers={"authorization": ["acs a:b"]})
+    with pytest.raises(SignatureError) as exc:
+        nonce_key(without, AK)
+    assert exc.value.code == "MissingSignatureNonce"
 
 
 def test_pinned_vector() -> None:

@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
 from fastapi import HTTPException, Request, Response
@@ -25,7 +25,16 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pymongo.asynchronous.collection import AsyncCollection
 
-from .aliyun_auth import SignatureError, SignedRequest, access_key_id, headers_of, verify
+from .aliyun_auth import (
+    MAX_AGE_S,
+    MAX_AHEAD_S,
+    SignatureError,
+    SignedRequest,
+    access_key_id,
+    headers_of,
+    nonce_key,
+    verify,
+)
 from .secrets_box import SecretBox, SecretsUnavailable, open_value
 
 USER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # no "~": it joins user~jobName keys
@@ -49,16 +58,46 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+class NonceRegistry(Protocol):
+    async def first_use(self, key: str) -> bool:
+        """True the first time ``key`` is seen within the signatures' validity window."""
+        ...
+
+
+class MemoryNonces:
+    """Nonces seen by this process (one replica); ``KvNonces`` shares them."""
+
+    def __init__(self, ttl_s: float = MAX_AGE_S + MAX_AHEAD_S) -> None:
+        self.ttl_s = ttl_s
+        self._seen: dict[str, float] = {}
+
+    async def first_use(self, key: str) -> bool:
+        now = time.monotonic()
+        if len(self._seen) > 10_000:
+            self._seen = {k: t for k, t in self._seen.items() if t > now}
+        if self._seen.get(key, 0.0) > now:
+            return False
+        self._seen[key] = now + self.ttl_s
+        return True
+
+
 class TokenStore:
     """Resolves bearer tokens. Positive answers are cached briefly: every request
-    would otherwise cost a store round trip."""
+    would otherwise cost a store round trip. It also keeps the AccessKey signatures'
+    nonces (``nonces``), so every API that verifies them shares one memory."""
 
     CACHE_S = 30.0
 
-    def __init__(self, collection: AsyncCollection | None, admin_token: str | None) -> None:
+    def __init__(
+        self,
+        collection: AsyncCollection | None,
+        admin_token: str | None,
+        nonces: NonceRegistry | None = None,
+    ) -> None:
         self._tokens = collection
         self._admin_token = admin_token
         self._cache: dict[str, tuple[float, Identity]] = {}
+        self.nonces: NonceRegistry = nonces or MemoryNonces()
 
     async def issue(self, user: str, admin: bool = False) -> str:
         if not USER_NAME.match(user):
@@ -308,12 +347,17 @@ def aliyun_identity_dependency(keys: AccessKeyStore, tokens: TokenStore):
             raise AliyunError(
                 401, "InvalidAccessKeyId.NotFound", f"AccessKey {key_id} does not exist"
             )
+        signed = _signed_request(request, await request.body())
         try:
-            verify(
-                _signed_request(request, await request.body()), key.secret, now=datetime.now(UTC)
-            )
+            verify(signed, key.secret, now=datetime.now(UTC))
+            seen = nonce_key(signed, key.id)
         except SignatureError as exc:
-            raise AliyunError(403, exc.code, exc.message) from exc
+            raise AliyunError(403 if exc.code != "MissingSignatureNonce" else 400,
+                              exc.code, exc.message) from exc  # fmt: skip
+        if not await tokens.nonces.first_use(seen):
+            raise AliyunError(
+                400, "SignatureNonceUsed", "Specified signature nonce was used already."
+            )
         return Identity(key.user, admin=False)
 
     return current_identity

@@ -392,6 +392,28 @@ DEAD_DELIVERIES = "Trainyard-Dead-Deliveries"
 # --- key-value buckets -----------------------------------------------------------------
 
 
+NONCE_BUCKET = "yard_nonces"
+
+
+class KvNonces:
+    """AccessKey signatures' nonces in a JetStream bucket that forgets them once their
+    signatures are too old to be accepted: every replica of every API refuses a replay."""
+
+    def __init__(self, bucket: KvBucket) -> None:
+        self.bucket = bucket
+
+    @classmethod
+    async def open(cls, bus: Bus, ttl_s: float) -> KvNonces:
+        return cls(await key_value(bus, NONCE_BUCKET, ttl_s))
+
+    async def first_use(self, key: str) -> bool:
+        try:
+            await self.bucket.create(key, b"")
+        except RevisionMismatch:
+            return False
+        return True
+
+
 @dataclass(frozen=True)
 class KvEntry:
     key: str
@@ -447,15 +469,16 @@ class KvBucket:
             raise
 
 
-async def key_value(bus: Bus, bucket: str) -> KvBucket:
-    """The bucket, created on first use (one revision kept per key, file storage)."""
+async def key_value(bus: Bus, bucket: str, ttl_s: float | None = None) -> KvBucket:
+    """The bucket, created on first use (one revision kept per key, file storage; with
+    ``ttl_s`` a key goes that long after it was written)."""
     try:
         return KvBucket(await bus.js.key_value(bucket))
     except BucketNotFoundError:
         pass
     try:
         kv = await bus.js.create_key_value(
-            KeyValueConfig(bucket=bucket, history=1, storage=StorageType.FILE)
+            KeyValueConfig(bucket=bucket, history=1, storage=StorageType.FILE, ttl=ttl_s)
         )
     except BadRequestError:
         # Another process created it between our two calls.

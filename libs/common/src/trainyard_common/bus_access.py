@@ -65,8 +65,9 @@ GRANTS: dict[str, Grant] = {
     "launcher": Grant(
         publish=tuple(events_of("task", "finished", "retrying", "interrupted")),
         durables=("launcher",),
+        buckets=("yard_nonces",),
     ),
-    "status": Grant(durables=("status",), dead_letters=True),
+    "status": Grant(durables=("status",), buckets=("yard_nonces",), dead_letters=True),
 }
 
 INBOX_PREFIX = "_INBOX_"

@@ -4,15 +4,19 @@ one event loop, stopped together on SIGTERM or SIGINT."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable
+from urllib.parse import unquote_to_bytes
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import Settings
+from .parsing import MAX_BODY, BodyError, parse_json
 
 Worker = Callable[[asyncio.Event], Awaitable[None]]
 
@@ -61,8 +65,103 @@ async def serve(settings: Settings, app: FastAPI, workers: list[Worker]) -> None
         raise SystemExit(1)
 
 
+# Trainyard's own API (not a dialect's, whose routes read and answer in their own shapes).
+OWN_PATHS = ("/v1/",)
+JSON_TYPES = ("application/json", "+json")
+
+
+class InputGuard:
+    """Bad input is a 4xx that names the problem, before any route runs: a NUL in the
+    path or query (no file, key or id has one), a path that is not UTF-8, and, on
+    Trainyard's own API, a JSON body too large (413), too deep, with NaN or an overflowing
+    number, a lone surrogate, or not UTF-8 (400). The dialects' routes bound their own
+    bodies (parsing.py) and answer in their platform's error shape."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        problem = _path_problem(scope)
+        if problem is not None:
+            await _refuse(send, 400, problem)
+            return
+        content_type = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1")
+        path = scope.get("path", "")
+        if not path.startswith(OWN_PATHS) or not any(t in content_type for t in JSON_TYPES):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY:
+                await _refuse(send, 413, f"request body larger than {MAX_BODY} bytes")
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        if body:
+            try:
+                parse_json(body, MAX_BODY)
+            except BodyError as exc:
+                await _refuse(send, exc.status, str(exc))
+                return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _path_problem(scope: Scope) -> str | None:
+    raw_path = scope.get("raw_path") or scope.get("path", "").encode("utf-8", "surrogatepass")
+    query = scope.get("query_string") or b""
+    for where, raw in (("path", raw_path), ("query", query)):
+        lowered = raw.lower()
+        if b"\x00" in raw or b"%00" in lowered:
+            return f"the request {where} contains a NUL byte"
+        try:
+            unquote_to_bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            return f"the request {where} is not UTF-8 once decoded"
+    try:
+        scope.get("path", "").encode("utf-8")
+    except UnicodeEncodeError:
+        return "the request path holds a lone surrogate"
+    return None
+
+
+async def _refuse(send: Send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 def health_app(service: str, title: str | None = None) -> FastAPI:
     app = FastAPI(title=title or f"trainyard-{service}")
+    app.add_middleware(InputGuard)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

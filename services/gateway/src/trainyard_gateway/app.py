@@ -58,13 +58,22 @@ def create_app(backends: dict[str, str]) -> FastAPI:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         # The Host the client used, for signatures that cover it (Alibaba Cloud's ACS3).
         headers["x-forwarded-host"] = request.headers.get("host", "")
-        upstream = client.build_request(
-            request.method, url, headers=headers, content=await request.body()
-        )
-        try:
-            answer = await client.send(upstream, stream=True)
-        except httpx.HTTPError as exc:
-            return JSONResponse({"detail": f"{service} service unavailable: {exc!r}"}, 503)
+        body = await request.body()
+        retry = idempotent(request.method, headers)
+        for tries_left in (1, 0) if retry else (0,):
+            upstream = client.build_request(request.method, url, headers=headers, content=body)
+            try:
+                answer = await client.send(upstream, stream=True)
+                break
+            except DROPPED as exc:
+                # A pooled connection the service had closed (it answered a bad request
+                # and hung up, or restarted): that connection is gone from the pool, and
+                # a request that may be repeated goes once more on a fresh one.
+                if tries_left:
+                    continue
+                return JSONResponse({"detail": f"{service} service unavailable: {exc!r}"}, 503)
+            except httpx.HTTPError as exc:
+                return JSONResponse({"detail": f"{service} service unavailable: {exc!r}"}, 503)
         out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP}
         return StreamingResponse(
             answer.aiter_raw(),
@@ -74,6 +83,17 @@ def create_app(backends: dict[str, str]) -> FastAPI:
         )
 
     return app
+
+
+# The connection went away under the request: nothing was answered on it.
+DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError)
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+
+
+def idempotent(method: str, headers: dict[str, str]) -> bool:
+    """Repeating the request changes nothing: a safe or idempotent method, or a request
+    that carries an Idempotency-Key (the service makes a retry the same job)."""
+    return method in SAFE_METHODS or any(k.lower() == "idempotency-key" for k in headers)
 
 
 def _closer(answer: httpx.Response) -> BackgroundTask:

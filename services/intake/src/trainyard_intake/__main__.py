@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from trainyard_common.aliyun_auth import NONCE_TTL_S
 from trainyard_common.auth import TokenStore, tokens_collection
-from trainyard_common.bus import Bus, Delivery
+from trainyard_common.bus import Bus, Delivery, KvNonces
 from trainyard_common.config import Settings
 from trainyard_common.runtime import serve, setup_logging
 from trainyard_common.secrets_box import SecretBox
@@ -27,8 +28,19 @@ async def main() -> None:
     client = mongo_client(settings.mongo_url)
     owners = MongoOwnerRegistry(client[settings.db_name()]["owners"])
     await owners.ensure_indexes()
-    tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
-    deps = Deps(publish=bus.publish, owners=owners, box=SecretBox.from_env())
+    tokens = TokenStore(
+        tokens_collection(client, settings.db_prefix),
+        settings.admin_token,
+        # PAI-DLC signatures' nonces, shared by every API and replica that checks them.
+        await KvNonces.open(bus, NONCE_TTL_S),
+    )
+    deps = Deps(
+        publish=bus.publish,
+        owners=owners,
+        box=SecretBox.from_env(),
+        # What the server takes, less room for the headers (trace context, ids).
+        max_payload=bus.nc.max_payload - 4096,
+    )
     app = create_app(deps, tokens, client[settings.db_name()])
 
     async def handle(submission: Submission, delivery: Delivery) -> None:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import yaml
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from trainyard_common.auth import Identity, TokenStore, identity_dependency
 from trainyard_common.dialects import UnknownDialect
+from trainyard_common.parsing import BodyError, parse_body
 from trainyard_common.runtime import health_app
 from trainyard_common.telemetry import tracer
 
@@ -20,6 +19,7 @@ from .dialect_api import ROUTERS, IntakeContext
 from .handlers import (
     Deps,
     JobNotFound,
+    PayloadTooLarge,
     request_pause,
     request_restart,
     request_resume,
@@ -42,15 +42,10 @@ class TokenRequest(BaseModel):
 
 
 def _decode_body(raw: bytes, content_type: str) -> Any:
-    if len(raw) > MAX_BODY:
-        raise HTTPException(413, f"job payload larger than {MAX_BODY} bytes")
     try:
-        if "yaml" in content_type:
-            return yaml.safe_load(raw)
-        return json.loads(raw)
-    except (ValueError, yaml.YAMLError) as exc:
-        kind = "YAML" if "yaml" in content_type else "JSON"
-        raise HTTPException(400, f"request body is not valid {kind}: {exc}") from exc
+        return parse_body(raw, content_type, MAX_BODY)
+    except BodyError as exc:
+        raise HTTPException(exc.status, str(exc)) from exc
 
 
 def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
@@ -76,6 +71,8 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
                 )
             except UnknownDialect as exc:
                 raise HTTPException(400, str(exc)) from exc
+            except PayloadTooLarge as exc:
+                raise HTTPException(413, str(exc)) from exc
         return JSONResponse(
             status_code=202,
             content={

@@ -9,7 +9,14 @@ from typing import Any
 
 from trainyard_common.auth import Identity
 from trainyard_common.cluster import current_runtime
-from trainyard_common.dialects import BY_NAME, dedupe, detect, field_path, translate
+from trainyard_common.dialects import (
+    BY_NAME,
+    Translation,
+    dedupe,
+    detect,
+    field_path,
+    translate,
+)
 from trainyard_common.events import (
     Event,
     FieldIssue,
@@ -19,6 +26,7 @@ from trainyard_common.events import (
     ResumeJob,
     StopJob,
     derived_id,
+    encode,
     new_id,
 )
 from trainyard_common.jobspec import JobSpec
@@ -32,6 +40,10 @@ class JobNotFound(LookupError):
     pass
 
 
+class PayloadTooLarge(ValueError):
+    """The job is larger than the bus carries (an HTTP 413)."""
+
+
 @dataclass
 class Deps:
     publish: Callable[[Event], Awaitable[int]]
@@ -39,6 +51,8 @@ class Deps:
     # Seals a job's secret values before they are published (None: they travel in
     # clear, which only a platform without YARD_SECRETS_KEY does).
     box: SecretBox | None = None
+    # The largest event the bus takes (the server's max_payload, less room for headers).
+    max_payload: int = 1024 * 1024 - 4096
 
 
 @dataclass
@@ -56,6 +70,7 @@ async def submit_job(
     *,
     dialect: str | None = None,
     idempotency_key: str | None = None,
+    translation: Translation | None = None,
 ) -> Submitted:
     """Translate, record the owner, publish ``JobSubmitted``.
 
@@ -63,13 +78,13 @@ async def submit_job(
     retries after a lost answer gets the same job instead of a second one (the owner
     record and JetStream's duplicate window both see the repeat)."""
     # An unrecognisable payload is refused at the door (400), not turned into a job.
-    translation = translate(payload, dialect=dialect or detect(payload), user=identity.user)
+    if translation is None:
+        translation = translate(payload, dialect=dialect or detect(payload), user=identity.user)
     if idempotency_key:
         job_id = derived_id("job", identity.user, idempotency_key)
         event_id = derived_id("submitted", job_id)
     else:
         job_id, event_id = new_id(), new_id()
-    await deps.owners.record(job_id, identity.user, translation.key)
     chosen = BY_NAME.get(translation.dialect)
     # What this platform's runtime makes of the job, said at once (validation too).
     warnings = dedupe(
@@ -95,6 +110,15 @@ async def submit_job(
         translation_errors=translation.errors,
         warnings=warnings,
     )
+    # Refused before anything is written: the bus would refuse it after the owner record.
+    size = len(encode(event))
+    if size > deps.max_payload:
+        raise PayloadTooLarge(
+            f"the job is {size} bytes as an event, more than the bus carries "
+            f"({deps.max_payload} bytes): a command or payload this large belongs in a file "
+            "of the job's code or data"
+        )
+    await deps.owners.record(job_id, identity.user, translation.key)
     await deps.publish(event)
     return Submitted(job_id, translation.dialect, warnings, translation.errors)
 

@@ -11,15 +11,13 @@ with the reason, so its producer finds out through the status API like any user.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
-
-import yaml
 
 from trainyard_common.auth import Identity
 from trainyard_common.bus import Delivery
 from trainyard_common.dialects import UnknownDialect
+from trainyard_common.parsing import BodyError, parse_json_or_yaml
 from trainyard_common.subjects import SUBMIT_PREFIX
 
 from .handlers import Deps, submit_job
@@ -46,17 +44,11 @@ def decode_submission(data: bytes, subject: str, headers: dict[str, str]) -> Sub
 
 
 def _payload(data: bytes) -> Any:
-    if len(data) > MAX_BODY:
-        return {"payload": f"a submission of {len(data)} bytes (at most {MAX_BODY})"}
-    text = data.decode("utf-8", "replace")
     try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        return {"payload": f"neither JSON nor YAML: {exc}"}
+        return parse_json_or_yaml(data, MAX_BODY)
+    except BodyError as exc:
+        # Not a job: a job all the same, whose rejection says why.
+        return {"payload": f"the submission cannot be read: {exc}"}
 
 
 async def submit_published(submission: Submission, _delivery: Delivery, deps: Deps) -> None:

@@ -14,6 +14,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 from pymongo.asynchronous.database import AsyncDatabase
 
+from trainyard_common.aliyun_auth import NONCE_TTL_S
 from trainyard_common.auth import (
     AccessKeyStore,
     AliyunError,
@@ -25,10 +26,11 @@ from trainyard_common.auth import (
     request_id,
     tokens_collection,
 )
-from trainyard_common.bus import Bus, Delivery
+from trainyard_common.bus import Bus, Delivery, KvNonces
 from trainyard_common.config import Settings
 from trainyard_common.dialects import dlc
 from trainyard_common.events import Event
+from trainyard_common.limits import MAX_INDEX, MAX_OFFSET
 from trainyard_common.runtime import health_app, serve, setup_logging
 from trainyard_common.secrets_box import SecretBox
 from trainyard_common.storage import mongo_client
@@ -70,11 +72,11 @@ def create_app(
     async def task_logs(
         job_id: str,
         role: str | None = None,
-        index: int | None = Query(None, ge=0),
+        index: int | None = Query(None, ge=0, le=MAX_INDEX),
         stream: Literal["stdout", "stderr"] = "stdout",
-        attempt: int | None = Query(None, ge=1),
+        attempt: int | None = Query(None, ge=1, le=MAX_INDEX),
         follow_: bool = Query(False, alias="follow"),
-        offset: int = Query(0, ge=0),
+        offset: int = Query(0, ge=0, le=MAX_OFFSET),
         identity: Identity = Depends(current_identity),
     ) -> Response:
         job = await store.get_job(job_id)
@@ -165,7 +167,7 @@ def dlc_pod_logs(store: LauncherStore, tokens: TokenStore, backend: TaskBackend)
         pod_id: str,
         request: Request,
         identity: Identity = Depends(signed),
-        max_lines: int | None = Query(None, alias="MaxLines", ge=1),
+        max_lines: int | None = Query(None, alias="MaxLines", ge=1, le=MAX_OFFSET),
         pod_uid: str | None = Query(None, alias="PodUid"),
     ) -> dict:
         job = await store.get_job(job_id)
@@ -271,7 +273,12 @@ async def main() -> None:
         )
         # Before consuming: a redelivered JobPlaced must find adopted tasks as they are.
         await adopt(deps)
-        tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
+        tokens = TokenStore(
+            tokens_collection(client, settings.db_prefix),
+            settings.admin_token,
+            # PAI-DLC signatures' nonces, shared by every API and replica that checks them.
+            await KvNonces.open(bus, NONCE_TTL_S),
+        )
 
         async def handle(event: Event, delivery: Delivery) -> None:
             await dispatch(deps, event, delivery)

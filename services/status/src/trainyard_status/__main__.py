@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 
+from trainyard_common.aliyun_auth import NONCE_TTL_S
 from trainyard_common.auth import TokenStore, tokens_collection
-from trainyard_common.bus import Bus, DeadLetters
+from trainyard_common.bus import Bus, DeadLetters, KvNonces
 from trainyard_common.config import Settings
 from trainyard_common.runtime import serve, setup_logging
 from trainyard_common.storage import mongo_client
@@ -26,7 +27,12 @@ async def main() -> None:
     client = mongo_client(settings.mongo_url)
     views = JobViews(client[settings.db_name()])
     await views.ensure_indexes()
-    tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
+    tokens = TokenStore(
+        tokens_collection(client, settings.db_prefix),
+        settings.admin_token,
+        # PAI-DLC signatures' nonces, shared by every API and replica that checks them.
+        await KvNonces.open(bus, NONCE_TTL_S),
+    )
 
     async def consume(stop: asyncio.Event) -> None:
         handler = partial(project_event, views=views)

@@ -7,6 +7,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query
 from trainyard_common.auth import Identity, TokenStore, identity_dependency
 from trainyard_common.bus import DeadLetters
 from trainyard_common.events import JobState
+from trainyard_common.limits import MAX_OFFSET
 from trainyard_common.runtime import health_app
 
 from .adapters.views import JobViews, job_view
@@ -38,7 +39,7 @@ def create_app(
         state: JobState | None = None,
         user: str | None = None,
         limit: int = Query(20, ge=1, le=500),
-        offset: int = Query(0, ge=0),
+        offset: int = Query(0, ge=0, le=MAX_OFFSET),
     ) -> dict:
         if not identity.admin:
             if user and user != identity.user:

@@ -10,13 +10,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import yaml
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from trainyard_common.auth import Identity
 from trainyard_common.cluster import ClusterSpec
 from trainyard_common.dialects import UnknownDialect, detect, translate
 from trainyard_common.events import JobAccepted, JobSubmitted
+from trainyard_common.parsing import BodyError, parse_body
 
 from .adapters.names import NameRegistry
 from .domain.rules import decide, name_taken
@@ -32,15 +32,10 @@ def router(cluster: Callable[[], ClusterSpec], names: NameRegistry, current: Any
         identity: Identity = Depends(current),
         dialect: str | None = Query(None, description="force a dialect instead of detecting it"),
     ) -> dict[str, Any]:
-        raw = await request.body()
         try:
-            payload = (
-                yaml.safe_load(raw)
-                if "yaml" in request.headers.get("content-type", "")
-                else json.loads(raw)
-            )
-        except (ValueError, yaml.YAMLError) as exc:
-            raise HTTPException(400, f"request body is not valid JSON or YAML: {exc}") from exc
+            payload = parse_body(await request.body(), request.headers.get("content-type", ""))
+        except BodyError as exc:
+            raise HTTPException(exc.status, str(exc)) from exc
         try:
             chosen = dialect or detect(payload)
         except UnknownDialect as exc:

@@ -7,7 +7,6 @@ works) and answers errors as ``{"Code", "Message", "RequestId"}``."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
@@ -22,11 +21,12 @@ from trainyard_common.auth import (
     request_id,
 )
 from trainyard_common.dialects import dlc
-from trainyard_common.events import JobSubmitted, new_id
+from trainyard_common.limits import MAX_PAGE
+from trainyard_common.parsing import BodyError, parse_json
 from trainyard_common.telemetry import tracer
 
 from ..adapters.sources import Kind, MongoSourceRegistry, SourceRegistry
-from ..handlers import JobNotFound, request_stop
+from ..handlers import JobNotFound, PayloadTooLarge, request_stop, submit_job
 from .context import IntakeContext
 
 MAX_BODY = 4 * 1024 * 1024
@@ -55,16 +55,12 @@ class AccessKeyRequest(BaseModel):
 
 async def _json_body(request: Request) -> Any:
     raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise AliyunError(413, "InvalidParameter", f"request body larger than {MAX_BODY} bytes")
     if not raw:
         return {}
     try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise AliyunError(
-            400, "InvalidParameter", f"request body is not valid JSON: {exc}"
-        ) from exc
+        return parse_json(raw, MAX_BODY)
+    except BodyError as exc:
+        raise AliyunError(exc.status, "InvalidParameter", str(exc)) from exc
 
 
 def _fields(kind: Kind, body: Any, *, creating: bool) -> dict[str, Any]:
@@ -164,19 +160,11 @@ def router(ctx: IntakeContext) -> APIRouter:
                     "InvalidParameter",
                     "; ".join(f"{e.path}: {e.message}" for e in translation.errors),
                 )
-            job_id = new_id()
-            await ctx.deps.owners.record(job_id, identity.user)
-            await ctx.deps.publish(
-                JobSubmitted(
-                    job_id=job_id,
-                    spec=translation.spec,
-                    dialect=dlc.DIALECT,
-                    dialect_key=None,
-                    original=payload,
-                    warnings=translation.warnings,
-                )
-            )
-        return {"JobId": job_id, "RequestId": request_id(request)}
+            try:
+                submitted = await submit_job(payload, identity, ctx.deps, translation=translation)
+            except PayloadTooLarge as exc:
+                raise AliyunError(413, "InvalidParameter", str(exc)) from exc
+        return {"JobId": submitted.job_id, "RequestId": request_id(request)}
 
     async def _stop(job_id: str, identity: Identity, reason: str) -> None:
         try:
@@ -222,7 +210,7 @@ def router(ctx: IntakeContext) -> APIRouter:
         async def list_(
             request: Request,
             identity: Identity = Depends(signed),
-            page_number: int = Query(1, alias="PageNumber", ge=1),
+            page_number: int = Query(1, alias="PageNumber", ge=1, le=MAX_PAGE),
             page_size: int = Query(50, alias="PageSize", ge=1, le=1000),
             sort_by: str = Query("GmtCreateTime", alias="SortBy"),
             order: str = Query("desc", alias="Order"),

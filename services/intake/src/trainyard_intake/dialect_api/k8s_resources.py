@@ -14,13 +14,11 @@ permission boundary; the bearer token's user is.
 from __future__ import annotations
 
 import copy
-import json
 import secrets
 import string
 from datetime import UTC, datetime
 from typing import Any
 
-import yaml
 from fastapi import APIRouter, Depends, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
@@ -30,9 +28,10 @@ from trainyard_common.dialects import kubeflow, t9k
 from trainyard_common.dialects.k8s_pod import MERGE_PATCH, Control, merge_patch
 from trainyard_common.dialects.translation import UnknownDialect
 from trainyard_common.events import Event, FieldIssue, PauseJob, ResumeJob, ScaleJob
+from trainyard_common.parsing import BodyError, parse_json, parse_json_or_yaml, parse_yaml
 
 from ..adapters.resources import InMemoryResourceStore, MongoResourceStore, ResourceStore
-from ..handlers import JobNotFound, request_stop, submit_job
+from ..handlers import JobNotFound, PayloadTooLarge, request_stop, submit_job
 from .context import IntakeContext
 
 MAX_BODY = 4 * 1024 * 1024
@@ -94,15 +93,10 @@ def status(
 
 
 def _decode(raw: bytes, content_type: str) -> Any:
-    if len(raw) > MAX_BODY:
-        raise ValueError(f"the request body is larger than {MAX_BODY} bytes")
     if "yaml" in content_type:
-        return yaml.safe_load(raw)
-    try:
-        return json.loads(raw)
-    except ValueError:
-        # kubectl sends JSON; curl users often post YAML without saying so.
-        return yaml.safe_load(raw)
+        return parse_yaml(raw, MAX_BODY)
+    # kubectl sends JSON; curl users often post YAML without saying so.
+    return parse_json_or_yaml(raw, MAX_BODY)
 
 
 def warning_header(issue: FieldIssue) -> str:
@@ -156,8 +150,8 @@ def router(ctx: IntakeContext) -> APIRouter:
         dialect, kind, render = found
         try:
             payload = _decode(await request.body(), request.headers.get("content-type", ""))
-        except (ValueError, yaml.YAMLError) as exc:
-            return status(400, "BadRequest", f"the request body is not valid JSON or YAML: {exc}")
+        except BodyError as exc:
+            return status(exc.status, "BadRequest", str(exc))
         if not isinstance(payload, dict):
             return status(400, "BadRequest", "the request body must be a single object")
         payload = copy.deepcopy(payload)
@@ -199,6 +193,8 @@ def router(ctx: IntakeContext) -> APIRouter:
             result = await submit_job(payload, identity, ctx.deps, dialect=dialect)
         except UnknownDialect as exc:
             return status(400, "BadRequest", str(exc))
+        except PayloadTooLarge as exc:
+            return status(413, "RequestEntityTooLarge", str(exc))
         name = meta.get("name") if isinstance(meta.get("name"), str) else ""
         headers = [("Warning", warning_header(w)) for w in result.warnings]
         if result.errors:
@@ -292,9 +288,9 @@ def router(ctx: IntakeContext) -> APIRouter:
                 "(kubectl patch --type=merge)",
             )
         try:
-            body = json.loads(await request.body())
-        except ValueError as exc:
-            return status(400, "BadRequest", f"the request body is not valid JSON: {exc}")
+            body = parse_json(await request.body(), MAX_BODY)
+        except BodyError as exc:
+            return status(exc.status, "BadRequest", str(exc))
         key = f"{namespace}/{plural}/{name}"
         details = {"name": name, "group": group, "kind": plural}
         ids = await ctx.deps.owners.job_ids(identity.user, key)

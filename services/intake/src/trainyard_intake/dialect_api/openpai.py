@@ -22,14 +22,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import yaml
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
 
 from trainyard_common.auth import Identity
 from trainyard_common.dialects import openpai, openpai_v2
+from trainyard_common.parsing import BodyError, parse_json, parse_yaml
 
-from ..handlers import JobNotFound, request_stop, submit_job
+from ..handlers import JobNotFound, PayloadTooLarge, request_stop, submit_job
 from .context import IntakeContext
 
 MAX_BODY = 4 * 1024 * 1024
@@ -42,9 +42,7 @@ def error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
 def _decode(raw: bytes, content_type: str) -> Any:
     """The body as data. YAML is a superset of JSON, so a v1 JSON sent as YAML (or with no
     content type, as OpenPAI's SDKs do) reads the same."""
-    if len(raw) > MAX_BODY:
-        raise ValueError(f"job payload larger than {MAX_BODY} bytes")
-    data = json.loads(raw) if "json" in content_type else yaml.safe_load(raw)
+    data = parse_json(raw, MAX_BODY) if "json" in content_type else parse_yaml(raw, MAX_BODY)
     # YAML allows keys and values JSON has no word for (1: x, dates); the job is kept as
     # JSON, so it is turned into the JSON it stands for once, here.
     return json.loads(json.dumps(data, default=str))
@@ -63,8 +61,8 @@ def router(ctx: IntakeContext) -> APIRouter:
     ) -> tuple[Any, str] | JSONResponse:
         try:
             payload = _decode(await request.body(), request.headers.get("content-type", ""))
-        except (ValueError, yaml.YAMLError) as exc:
-            return error(400, "InvalidProtocolError", f"the job is not valid YAML or JSON: {exc}")
+        except BodyError as exc:
+            return error(exc.status, "InvalidProtocolError", f"the job cannot be read: {exc}")
         if isinstance(payload, dict) and not v1_only and openpai_v2.is_v2(payload):
             dialect = openpai_v2.REGISTRATION
         elif isinstance(payload, dict) and ("jobName" in payload or "taskRoles" in payload):
@@ -85,9 +83,12 @@ def router(ctx: IntakeContext) -> APIRouter:
                 summary,
                 errors=[e.model_dump() for e in checked.errors],
             )
-        result = await submit_job(
-            payload, identity, ctx.deps, dialect=dialect.name, idempotency_key=idempotency_key
-        )
+        try:
+            result = await submit_job(
+                payload, identity, ctx.deps, dialect=dialect.name, idempotency_key=idempotency_key
+            )
+        except PayloadTooLarge as exc:
+            return error(413, "RequestEntityTooLarge", str(exc))
         return result.job_id, checked.spec.name
 
     @api.post("/api/v2/jobs", status_code=202)
@@ -143,8 +144,8 @@ def router(ctx: IntakeContext) -> APIRouter:
         framework_name: str, request: Request, identity: Identity = Depends(ctx.current)
     ) -> JSONResponse:
         try:
-            body = json.loads(await request.body() or b"{}")
-        except ValueError:
+            body = parse_json(await request.body() or b"{}", MAX_BODY)
+        except BodyError:
             body = None
         value = body.get("value") if isinstance(body, dict) else None
         if value not in ("STOP", "START"):

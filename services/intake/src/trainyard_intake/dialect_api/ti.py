@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from trainyard_common.auth import Identity
 from trainyard_common.dialects.ti import DIALECT, render, translate_ti
 
-from ..handlers import JobNotFound, request_stop, submit_job
+from ..handlers import JobNotFound, PayloadTooLarge, request_stop, submit_job
 from .context import IntakeContext
 
 
@@ -40,9 +40,12 @@ def router(ctx: IntakeContext) -> APIRouter:
                     "warnings": [w.model_dump() for w in checked.warnings],
                 },
             )
-        result = await submit_job(
-            payload, identity, ctx.deps, dialect=DIALECT, idempotency_key=idempotency_key
-        )
+        try:
+            result = await submit_job(
+                payload, identity, ctx.deps, dialect=DIALECT, idempotency_key=idempotency_key
+            )
+        except PayloadTooLarge as exc:
+            raise HTTPException(413, str(exc)) from exc
         view = render(
             {
                 "id": result.job_id,

@@ -17,6 +17,7 @@ from trainyard_common.auth import (
     request_id,
 )
 from trainyard_common.dialects import dlc
+from trainyard_common.limits import MAX_OFFSET, MAX_PAGE
 
 from ..adapters.views import job_view
 from .context import StatusContext
@@ -71,7 +72,7 @@ def router(ctx: StatusContext) -> APIRouter:
         job_id: str,
         request: Request,
         identity: Identity = Depends(signed),
-        max_events: int = Query(2000, alias="MaxEventsNum", ge=1),
+        max_events: int = Query(2000, alias="MaxEventsNum", ge=1, le=MAX_OFFSET),
     ) -> dict:
         await visible(job_id, identity)
         events = dlc.render_events(await ctx.views.history(job_id), max_events)
@@ -81,7 +82,7 @@ def router(ctx: StatusContext) -> APIRouter:
     async def list_jobs(
         request: Request,
         identity: Identity = Depends(signed),
-        page_number: int = Query(1, alias="PageNumber", ge=1),
+        page_number: int = Query(1, alias="PageNumber", ge=1, le=MAX_PAGE),
         page_size: int = Query(50, alias="PageSize", ge=1, le=1000),
         display_name: str | None = Query(None, alias="DisplayName"),
         status: str | None = Query(None, alias="Status"),

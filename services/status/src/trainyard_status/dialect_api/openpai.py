@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from trainyard_common.auth import Identity
 from trainyard_common.dialects import openpai, openpai_v2
 from trainyard_common.dialects.openpai import render_list_item, render_status
+from trainyard_common.limits import MAX_OFFSET, MAX_PAGE_SIZE
 
 from ..adapters.views import job_view
 from .context import StatusContext
@@ -94,8 +95,8 @@ def router(ctx: StatusContext) -> APIRouter:
         username: str | None = None,
         vc: str | None = None,
         state: str | None = None,
-        offset: int = Query(0, ge=0),
-        limit: int = Query(5000, ge=1),
+        offset: int = Query(0, ge=0, le=MAX_OFFSET),
+        limit: int = Query(5000, ge=1, le=MAX_PAGE_SIZE),
         withTotalCount: bool = False,  # noqa: N803 - OpenPAI's parameter name
     ) -> Any:
         if limit > MAX_LIMIT:

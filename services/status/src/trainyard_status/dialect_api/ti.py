@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 
 from trainyard_common.auth import Identity
 from trainyard_common.dialects.ti import DIALECT, render
+from trainyard_common.limits import MAX_OFFSET
 
 from .context import StatusContext
 
@@ -44,7 +45,7 @@ def router(ctx: StatusContext) -> APIRouter:
         identity: Identity = Depends(ctx.current),
         cluster: str | None = None,
         limit: int = Query(20, ge=1, le=500),
-        offset: int = Query(0, ge=0),
+        offset: int = Query(0, ge=0, le=MAX_OFFSET),
     ) -> dict[str, Any]:
         where: dict[str, Any] = {"dialect": DIALECT}
         if cluster:

@@ -1,0 +1,232 @@
+"""Bounded parsers for everything a user sends: no body can cost a service more than its
+size's worth of time and memory, and every refusal says what was wrong.
+
+JSON: a size limit, a nesting limit checked on the text before parsing (so no
+RecursionError), strict UTF-8, no NaN or Infinity and no number that overflows to one,
+no lone surrogate in any string. YAML: the same size and nesting limits, and the size of
+the document *as expanded* bounded while it is still a graph of nodes: aliases make a
+440-byte "billion laughs" stand for 9⁹ nodes, which is refused in milliseconds instead
+of built. Both answer :class:`BodyError`, which HTTP layers turn into 400 (or 413 for
+size), naming the problem and where.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, SequenceNode
+
+MAX_BODY = 4 * 1024 * 1024
+MAX_DEPTH = 64
+# Nodes a YAML document may stand for once its aliases are expanded.
+MAX_YAML_NODES = 200_000
+
+
+class BodyError(ValueError):
+    """A body that cannot be accepted; ``status`` is 400 or 413."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _text(raw: bytes | str, max_bytes: int, kind: str) -> str:
+    size = len(raw)
+    if size > max_bytes:
+        raise BodyError(f"{kind} body of {size} bytes is larger than {max_bytes} bytes", 413)
+    if isinstance(raw, str):
+        text = raw
+    else:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BodyError(
+                f"{kind} body is not UTF-8: byte {exc.start} ({raw[exc.start : exc.start + 1]!r})"
+            ) from None
+    _no_surrogates(text, kind)
+    return text
+
+
+def _no_surrogates(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BodyError(
+            f"{where}: a lone surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}"
+        ) from None
+
+
+def json_depth(text: str, max_depth: int) -> None:
+    """Refuse JSON nested deeper than ``max_depth``, found on the text itself."""
+    depth = 0
+    in_string = False
+    escaped = False
+    for position, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise BodyError(
+                    f"JSON nested deeper than {max_depth} levels (at character {position})"
+                )
+        elif char in "]}":
+            depth -= 1
+
+
+def _constant(name: str) -> Any:
+    raise BodyError(f"JSON {name} is not a number this API accepts")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BodyError(f"JSON number {text[:40]} is out of range")
+    return value
+
+
+def parse_json(raw: bytes | str, max_bytes: int = MAX_BODY, max_depth: int = MAX_DEPTH) -> Any:
+    text = _text(raw, max_bytes, "JSON")
+    json_depth(text, max_depth)
+    try:
+        value = json.loads(text, parse_constant=_constant, parse_float=_float)
+    except BodyError:
+        raise
+    except ValueError as exc:
+        raise BodyError(f"request body is not valid JSON: {exc}") from None
+    _check_strings(value, "JSON body")
+    return value
+
+
+def _check_strings(value: Any, where: str) -> None:
+    """Every string of ``value`` (keys too) encodable (\\ud800 escapes make lone
+    surrogates in JSON) and every number finite (YAML's .inf); iterative, so depth costs
+    no stack."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            _no_surrogates(item, where)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise BodyError(f"{where}: a number out of range ({item})")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, composing only: the node graph is checked before any
+    Python object is built from it; nesting is refused while composing."""
+
+    def __init__(self, stream: str, max_depth: int) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._max_depth = max_depth
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:  # type: ignore[override]
+        self._depth += 1
+        try:
+            if self._depth > self._max_depth:
+                raise BodyError(f"YAML nested deeper than {self._max_depth} levels")
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
+
+
+def _expanded_size(node: Node, max_nodes: int, max_depth: int) -> int:
+    """How many nodes ``node`` stands for with every alias expanded (shared nodes are
+    counted once per use), refusing past ``max_nodes`` or deeper than ``max_depth``."""
+    sizes: dict[int, int] = {}
+    # Iterative post-order walk: (node, depth, children done?).
+    stack: list[tuple[Node, int, bool]] = [(node, 1, False)]
+    on_path: set[int] = set()
+    while stack:
+        current, depth, done = stack.pop()
+        key = id(current)
+        if done:
+            on_path.discard(key)
+            if isinstance(current, SequenceNode):
+                children = current.value
+            elif isinstance(current, MappingNode):
+                children = [part for pair in current.value for part in pair]
+            else:
+                children = []
+            total = 1 + sum(sizes[id(child)] for child in children)
+            if total > max_nodes:
+                raise BodyError(
+                    f"YAML document stands for more than {max_nodes} values once its "
+                    "aliases are expanded"
+                )
+            sizes[key] = total
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise BodyError("YAML document refers to itself (a recursive alias)")
+        if depth > max_depth:
+            raise BodyError(f"YAML nested deeper than {max_depth} levels")
+        on_path.add(key)
+        stack.append((current, depth, True))
+        if isinstance(current, SequenceNode):
+            stack.extend((child, depth + 1, False) for child in current.value)
+        elif isinstance(current, MappingNode):
+            for k, v in current.value:
+                stack.append((k, depth + 1, False))
+                stack.append((v, depth + 1, False))
+    return sizes[id(node)]
+
+
+def parse_yaml(
+    raw: bytes | str,
+    max_bytes: int = MAX_BODY,
+    max_depth: int = MAX_DEPTH,
+    max_nodes: int = MAX_YAML_NODES,
+) -> Any:
+    """One YAML document (safe types only), bounded as the module says."""
+    text = _text(raw, max_bytes, "YAML")
+    loader = _BoundedLoader(text, max_depth)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, max_nodes, max_depth)
+        value = loader.construct_document(node)
+    except BodyError:
+        raise
+    except yaml.YAMLError as exc:
+        raise BodyError(f"request body is not valid YAML: {exc}") from None
+    except RecursionError:
+        raise BodyError(f"YAML nested deeper than {max_depth} levels") from None
+    finally:
+        loader.dispose()
+    _check_strings(value, "YAML body")
+    return value
+
+
+def parse_body(raw: bytes | str, content_type: str = "", max_bytes: int = MAX_BODY) -> Any:
+    """A request body as its content type says (YAML when it says so, else JSON)."""
+    if "yaml" in content_type.lower():
+        return parse_yaml(raw, max_bytes)
+    return parse_json(raw, max_bytes)
+
+
+def parse_json_or_yaml(raw: bytes | str, max_bytes: int = MAX_BODY) -> Any:
+    """JSON, else YAML (a file whose type is not known)."""
+    try:
+        return parse_json(raw, max_bytes)
+    except BodyError as exc:
+        if exc.status == 413:
+            raise
+    return parse_yaml(raw, max_bytes)
