@@ -196,7 +196,11 @@ def parse_yaml(
 ) -> Any:
     """One YAML document (safe types only), bounded as the module says."""
     text = _text(raw, max_bytes, "YAML")
-    loader = _BoundedLoader(text, max_depth)
+    try:
+        # Its reader refuses what YAML does not allow (a NUL) as it is made.
+        loader = _BoundedLoader(text, max_depth)
+    except yaml.YAMLError as exc:
+        raise BodyError(f"request body is not valid YAML: {exc}") from None
     try:
         node = loader.get_single_node()
         if node is None:

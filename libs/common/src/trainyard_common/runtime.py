@@ -130,13 +130,15 @@ def _path_problem(scope: Scope) -> str | None:
     raw_path = scope.get("raw_path") or scope.get("path", "").encode("utf-8", "surrogatepass")
     query = scope.get("query_string") or b""
     for where, raw in (("path", raw_path), ("query", query)):
-        lowered = raw.lower()
-        if b"\x00" in raw or b"%00" in lowered:
+        decoded = unquote_to_bytes(raw)
+        if b"\x00" in decoded:
             return f"the request {where} contains a NUL byte"
         try:
-            unquote_to_bytes(raw).decode("utf-8")
+            text = decoded.decode("utf-8")
         except UnicodeDecodeError:
             return f"the request {where} is not UTF-8 once decoded"
+        if where == "path" and any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+            return "the request path contains a control character"
     try:
         scope.get("path", "").encode("utf-8")
     except UnicodeEncodeError:

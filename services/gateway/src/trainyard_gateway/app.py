@@ -54,7 +54,13 @@ def create_app(backends: dict[str, str]) -> FastAPI:
             return JSONResponse(
                 {"detail": f"no route for {request.method} {request.url.path}"}, 404
             )
-        url = httpx.URL(backends[service] + request.url.path, query=request.url.query.encode())
+        # The path as the client sent it (still percent-encoded): decoded, it may not
+        # even be a URL any more.
+        raw_path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
+        try:
+            url = httpx.URL(backends[service] + raw_path, query=request.url.query.encode())
+        except httpx.InvalidURL as exc:
+            return JSONResponse({"detail": f"not a URL to forward: {exc}"}, 400)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         # The Host the client used, for signatures that cover it (Alibaba Cloud's ACS3).
         headers["x-forwarded-host"] = request.headers.get("host", "")
