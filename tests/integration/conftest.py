@@ -16,12 +16,17 @@ from .placement_replicas import ADMIN_TOKEN, CLUSTER, TTL_S
 
 
 @pytest.fixture
-def private_nats(tmp_path: Path) -> Iterator[str]:
+def private_nats_server(tmp_path: Path) -> Iterator[NatsServer]:
     # Its own server: the durable "placement" consumer replays the whole stream, and the
     # shared one holds other tests' JobAccepted events.
     server = NatsServer(tmp_path / "nats").start()
-    yield server.url
+    yield server
     server.stop()
+
+
+@pytest.fixture
+def private_nats(private_nats_server: NatsServer) -> str:
+    return private_nats_server.url
 
 
 @pytest.fixture

@@ -20,7 +20,9 @@ import pytest
 
 from trainyard_common.bus import Bus, KvBucket, RevisionMismatch, key_value
 from trainyard_common.events import JobAccepted
+from trainyard_common.subjects import STREAM
 from trainyard_placement.adapters.lease import Lease, LeaseLost
+from trainyard_stack.components import NatsServer
 
 from .placement_replicas import (
     TTL_S,
@@ -214,3 +216,77 @@ async def test_a_leader_whose_lease_is_taken_follows_and_leads_again_once_it_is_
         assert leader.lease()["leader"] == leader.lease()["replica"]
     finally:
         leader.kill()
+
+
+@pytest.mark.parametrize("outage_s", [0.3, 3 * TTL_S], ids=["brief", "past-the-lease"])
+async def test_leadership_survives_a_nats_restart_under_load_and_is_reported_truly(
+    replica_env: dict[str, str],
+    private_nats_server: NatsServer,
+    tmp_path: Path,
+    outage_s: float,
+) -> None:
+    first = Replica(replica_env, tmp_path / "first.log").start()
+    second = Replica(replica_env, tmp_path / "second.log").start()
+    try:
+        await first.wait_leading()
+        bus = await Bus.connect(private_nats_server.url, name="restart-test")
+        jobs = [f"r{i}{uuid.uuid4().hex[:8]}" for i in range(12)]
+        for job in jobs[:4]:
+            await bus.publish(JobAccepted(job_id=job, spec=spec(job)))
+        await bus.close()
+        # NATS goes away with work in flight, and comes back on the same store.
+        private_nats_server.stop()
+        await asyncio.sleep(outage_s)
+        private_nats_server.start()
+        bus = await Bus.connect(private_nats_server.url, name="restart-test")
+        try:
+            for job in jobs[4:]:
+                await bus.publish(JobAccepted(job_id=job, spec=spec(job)))
+
+            def truth() -> tuple[str, ...] | None:
+                views = [r.lease() for r in (first, second)]
+                leading = [v for v in views if v["leading"]]
+                if len(leading) != 1:
+                    return None
+                # What each replica says agrees with the lease and with the other.
+                if any(v["leader"] != leading[0]["replica"] for v in views):
+                    return None
+                return leading[0]["replica"]
+
+            deadline = time.monotonic() + 20 * TTL_S
+            leader = None
+            while (leader := truth()) is None:
+                assert time.monotonic() < deadline, [r.lease() for r in (first, second)]
+                await asyncio.sleep(0.2)
+            # The leader answers its API (no 503), the follower refuses it.
+            holder = first if first.lease()["replica"] == leader else second
+            other = second if holder is first else first
+            assert holder.http.get("/v1/placement/nodes").status_code == 200
+            assert other.http.get("/v1/placement/nodes").status_code == 503
+            # Every job accepted before, during and after gets its answer, once.
+            for job in jobs:
+                deadline = time.monotonic() + 20
+                while True:
+                    placed = {e.job_id for e in await placed_events(bus)}
+                    queued = await _queued_ids(bus)
+                    if job in placed or job in queued:
+                        break
+                    assert time.monotonic() < deadline, f"{job} neither placed nor queued"
+                    await asyncio.sleep(0.2)
+            counts = collections.Counter((e.job_id, e.attempt) for e in await placed_events(bus))
+            assert all(n == 1 for n in counts.values()), counts
+        finally:
+            await bus.close()
+    finally:
+        first.kill()
+        second.kill()
+
+
+async def _queued_ids(bus: Bus) -> set[str]:
+    info = await bus.js.stream_info(STREAM)
+    found = set()
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        msg = await bus.js.get_msg(STREAM, seq)
+        if msg.subject.endswith(".queued"):
+            found.add(msg.subject.split(".")[2])
+    return found

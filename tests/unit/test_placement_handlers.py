@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 
 import pytest
@@ -229,3 +230,25 @@ async def test_stop_whose_announcement_failed_is_announced_on_redelivery(h: Harn
     await h.send(stop)
     (finished,) = h.pub.of(JobFinished, "b")
     assert finished.reason == "stopped while queued"  # type: ignore[attr-defined]
+
+
+async def test_waiting_jobs_are_told_again_only_when_it_means_something(h: Harness) -> None:
+    # 120 jobs that each need the whole node: one runs, the others wait, and every end
+    # puts a new job at the head. Telling every waiting job about each new head would be
+    # 120²/2 notices; each job is told when it starts waiting, when its position's order
+    # of magnitude changes (…100, …10, the head) and when it heads the queue.
+    count = 120
+    for i in range(count):
+        await h.accept(f"j{i:03d}")
+    for i in range(count - 1):
+        await h.finish(f"j{i:03d}")
+    queued = h.pub.of(JobQueued)
+    per_job = collections.Counter(e.job_id for e in queued)
+    assert len(per_job) == count - 1  # every waiting job was told why
+    assert max(per_job.values()) <= 5, per_job.most_common(3)
+    assert len(queued) <= 5 * count
+    # What a notice says is still the whole truth at that moment.
+    told_j119 = [" ".join(e.reasons) for e in queued if e.job_id == "j119"]
+    assert any("waiting behind job j" in text for text in told_j119), told_j119
+    # ...and once at the head, the notice names what the head itself waits for.
+    assert "GPU" in told_j119[-1], told_j119

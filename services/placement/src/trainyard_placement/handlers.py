@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -88,8 +90,8 @@ class Deps:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Placed jobs whose JobPlaced is not known to be published yet.
     unannounced: set[str] = field(default_factory=set)
-    # What the last JobQueued of each waiting job said, and how many were sent.
-    notices: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
+    # How many JobQueued each waiting job was sent, and the notice key of the last one.
+    notices: dict[str, tuple[int, tuple[tuple[str, ...], int] | None]] = field(default_factory=dict)
     # The last cycle's verdict on each waiting job, for the queue view.
     waiting: dict[str, Waiting] = field(default_factory=dict)
     # Retried jobs whose backoff has not ended: (job, not_before), outside the queue.
@@ -816,9 +818,29 @@ async def _announce_placed(deps: Deps, allocation: Allocation) -> None:
     deps.unannounced.discard(allocation.job_id)
 
 
+_BEHIND = re.compile(r"^waiting behind job \S+ at the head of ")
+
+
+def notice_key(reasons: tuple[str, ...], position: int) -> tuple[tuple[str, ...], int]:
+    """What must change for a waiting job to be told again (a new JobQueued): its own
+    reasons, but not which job happens to head its queue (every job behind a head would
+    be told again each time the head changes: quadratic in the queue), and the order of
+    magnitude of its position (1, 2-10, 11-100, ...: each job crosses a handful of those
+    on its way to the head, not one per job placed ahead of it). The queue view shows the
+    exact position and the current head at any time."""
+    kinds = tuple(_BEHIND.sub("waiting behind the head of ", reason) for reason in reasons)
+    return kinds, 0 if position <= 1 else math.ceil(math.log10(position))
+
+
 async def _notify_waiting(deps: Deps, decision: Waiting) -> None:
-    sent, last = deps.notices.get(decision.job_id, (0, ()))
-    if decision.reasons == last:
+    sent, last = deps.notices.get(decision.job_id, (0, None))
+    key = notice_key(decision.reasons, decision.position)
+    if last is not None and last[1] < 0 and last[0] == key[0]:
+        # Restored after a restart with its reasons but not its position: the same
+        # reasons need no new notice; the position's class is known from now on.
+        deps.notices[decision.job_id] = (sent, key)
+        return
+    if key == last:
         return
     notice = sent + 1
     # Published before it is recorded: it is only information, and a crash in between
@@ -831,7 +853,7 @@ async def _notify_waiting(deps: Deps, decision: Waiting) -> None:
         reasons=list(decision.reasons),
     ))  # fmt: skip
     await deps.store.note_reasons(decision.job_id, decision.reasons, notice)
-    deps.notices[decision.job_id] = (notice, decision.reasons)
+    deps.notices[decision.job_id] = (notice, key)
 
 
 async def _announce_stopped_in_queue(deps: Deps, record: JobRecord) -> None:
@@ -874,7 +896,11 @@ def _adopt(deps: Deps, record: JobRecord) -> None:
         else:
             deps.state.enqueue(job)
         if record.reasons:
-            deps.notices[record.job_id] = (record.queued_notices, record.reasons)
+            # Its position's class is not stored: -1 until the next cycle knows it.
+            deps.notices[record.job_id] = (
+                record.queued_notices,
+                (notice_key(tuple(record.reasons), 1)[0], -1),
+            )
         _adopt_preemption(deps, record)
     elif record.state in ("placed", "interrupting"):
         # An interrupting job holds its allocation until the launcher lets it go.
