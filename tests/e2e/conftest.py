@@ -56,6 +56,17 @@ class Api:
         assert answer.status_code == 200, answer.text
         return answer.json()
 
+    def seen(self, job_id: str, timeout: float = 30.0) -> dict[str, Any]:
+        """The job's view once status has it: the projection trails the answer to a
+        submission (under load, by more than the next request of a test)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = self.http.get(f"/v1/jobs/{job_id}")
+            if answer.status_code != 404 or time.monotonic() > deadline:
+                assert answer.status_code == 200, answer.text
+                return answer.json()
+            time.sleep(0.1)
+
     def events(self, job_id: str) -> list[dict[str, Any]]:
         answer = self.http.get(f"/v1/jobs/{job_id}/events")
         assert answer.status_code == 200, answer.text

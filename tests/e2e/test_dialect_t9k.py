@@ -279,7 +279,7 @@ def test_patch_refusals_are_kubernetes_statuses(api: Api) -> None:
         {"spec": {"runMode": {"pause": {"enabled": True}}}},
     )
     assert ghost.status_code == 404
-    assert api.job(uid)["state"] not in ("PAUSED", "STOPPED")
+    assert api.seen(uid)["state"] not in ("PAUSED", "STOPPED")
     assert api.http.delete(path).status_code == 200
 
 

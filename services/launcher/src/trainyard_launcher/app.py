@@ -80,12 +80,10 @@ def create_app(
         identity: Identity = Depends(current_identity),
     ) -> Response:
         job = await store.get_job(job_id)
-        if job is None or job.spec is None:
-            raise HTTPException(404, f"job {job_id} has no tasks on this launcher")
-        if not identity.can_see(job.user):
-            raise HTTPException(
-                404, f"no job {job_id}"
-            )  # as status answers: ids are not to be probed
+        if job is None or job.spec is None or not identity.can_see(job.user):
+            # One answer for a job that is not here and one the caller may not see:
+            # which ids are taken is not to be probed.
+            raise HTTPException(404, f"no job {job_id} with tasks here (not placed yet?)")
         if role is None:
             if not job.tasks:
                 raise HTTPException(404, f"job {job_id} has no tasks")
