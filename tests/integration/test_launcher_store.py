@@ -73,6 +73,14 @@ async def test_verdict_is_set_once_and_publishing_is_tracked(store: LauncherStor
     assert [j.job_id for j in await store.unpublished_jobs()] == ["j1"]
     await store.mark_finished_published("j1", 1)
     assert await store.unpublished_jobs() == []
+    assert await store.running_jobs() == []
+
+
+async def test_running_jobs_are_those_without_a_verdict(store: LauncherStore) -> None:
+    await store.insert_job(running_job())
+    assert [(j.job_id, j.attempt) for j in await store.running_jobs()] == [("j1", 1)]
+    assert await store.set_verdict("j1", 1, Verdict(JobState.SUCCEEDED, "done"))
+    assert await store.running_jobs() == []
 
 
 async def test_a_retry_is_stored_with_the_verdict_and_a_stop_may_follow(

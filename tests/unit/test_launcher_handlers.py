@@ -16,7 +16,7 @@ from trainyard_common.events import (
     derived_id,
 )
 from trainyard_common.jobspec import JobSpec, RoleSpec
-from trainyard_launcher.adapters.store import JobRecord, new_task, task_id
+from trainyard_launcher.adapters.store import JobRecord, MemoryLauncherStore, new_task, task_id
 from trainyard_launcher.handlers import (
     LOST_WHILE_DOWN,
     LOST_WHILE_STARTING,
@@ -208,6 +208,56 @@ async def test_adopt_records_ends_lost_tasks_and_keeps_running_ones() -> None:
     assert len(backend.launches) == 3
     backend.exit("j1", "ps", 0, 0)
     await check_tasks(restarted)
+    [done] = finished(published)
+    assert done.state == JobState.SUCCEEDED
+
+
+class FlakyStore(MemoryLauncherStore):
+    """The in-memory store whose job reads fail while ``down`` (a store restart)."""
+
+    down = False
+
+    async def get_job(self, job_id: str) -> JobRecord | None:
+        if self.down:
+            raise ConnectionError("store restarting")
+        return await super().get_job(job_id)
+
+
+async def test_a_job_whose_last_task_ended_as_the_store_failed_still_finishes() -> None:
+    deps, backend, published = make_deps()
+    store = FlakyStore()
+    deps.store = store
+    await launch_job(placed(), deps)
+    for role, index in (("ps", 0), ("worker", 0), ("worker", 1)):
+        backend.exit("j1", role, index, 0)
+    # The tasks' ends are stored, then the job's verdict cannot be: the store went away.
+    store.down = True
+    try:
+        await check_tasks(deps)
+    except ConnectionError:
+        pass
+    ended = {(r, i) for r, i, s, _ in task_events(published) if s == TaskState.SUCCEEDED}
+    assert ended and finished(published) == []
+    store.down = False
+    # Ended tasks are no longer watched; the watcher's next rounds finish the job anyway.
+    await check_tasks(deps)
+    await check_tasks(deps)
+    [done] = finished(published)
+    assert done.state == JobState.SUCCEEDED
+    assert deps.watching == {} and deps.unsettled == set()
+
+
+async def test_adopt_finishes_a_running_job_whose_tasks_all_ended_before_the_crash() -> None:
+    deps, backend, published = make_deps()
+    await launch_job(placed(), deps)
+    for role, index in (("ps", 0), ("worker", 0), ("worker", 1)):
+        task = await deps.store.get_task(task_id("j1", 1, role, index))
+        assert task is not None
+        # Every end stored, and the launcher killed before the job's verdict.
+        await deps.store.transition(task, TaskState.SUCCEEDED, exit_code=0)
+    published.clear()
+    restarted = Deps(deps.store, backend, deps.publish, kill_grace_s=0.1)
+    await adopt(restarted)
     [done] = finished(published)
     assert done.state == JobState.SUCCEEDED
 

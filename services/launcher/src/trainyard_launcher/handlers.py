@@ -119,6 +119,10 @@ class Deps:
     box: SecretBox | None = None
     # Each watched attempt's start deadline (None: all its tasks started, or no limit).
     start_deadlines: dict[tuple[str, int], datetime | None] = field(default_factory=dict)
+    # Attempts a task of which ended but whose completion rules were not yet applied
+    # (the store or the bus failed in between): the watcher applies them again until
+    # that succeeds, since the ended task is no longer watched to remind it.
+    unsettled: set[tuple[str, int]] = field(default_factory=set)
 
     def lock(self, job_id: str) -> asyncio.Lock:
         return self.locks.setdefault(job_id, asyncio.Lock())
@@ -750,6 +754,13 @@ async def dispatch(deps: Deps, event: Event, _delivery: Delivery | None = None) 
 
 async def check_tasks(deps: Deps) -> None:
     """One look at every watched task; record the ends and apply the rules."""
+    for job_id, attempt in sorted(deps.unsettled):
+        lock = deps.lock(job_id)
+        if lock.locked():
+            continue
+        async with lock:
+            await evaluate_job(deps, job_id, attempt)
+        deps.unsettled.discard((job_id, attempt))
     for key, task in list(deps.watching.items()):
         lock = deps.lock(task.job_id)
         if lock.locked():
@@ -759,8 +770,12 @@ async def check_tasks(deps: Deps) -> None:
             continue
         async with lock:
             with continue_trace(task.traceparent):
+                # Noted before the task leaves ``watching``: if what follows fails, the
+                # next round still applies the rules (and publishes the job's end).
+                deps.unsettled.add((task.job_id, task.attempt))
                 await end_task(deps, key, status)
                 await evaluate_job(deps, task.job_id, task.attempt)
+                deps.unsettled.discard((task.job_id, task.attempt))
 
 
 async def check_deadlines(deps: Deps) -> None:
@@ -913,6 +928,9 @@ async def adopt(deps: Deps) -> None:
             else:
                 await end_task(deps, task.id, status, LOST_WHILE_DOWN)
     await _remove_strays(deps)
+    # And every attempt still running with no task left active: a crash between a last
+    # task's end and the job's verdict leaves one.
+    jobs |= {(job.job_id, job.attempt) for job in await deps.store.running_jobs()}
     for job_id, attempt in sorted(jobs):
         async with deps.lock(job_id):
             await evaluate_job(deps, job_id, attempt)

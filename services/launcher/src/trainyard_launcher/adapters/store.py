@@ -164,6 +164,7 @@ class LauncherStore(Protocol):
     ) -> bool: ...
     async def mark_finished_published(self, job_id: str, attempt: int) -> None: ...
     async def unpublished_jobs(self) -> list[JobRecord]: ...
+    async def running_jobs(self) -> list[JobRecord]: ...
     async def insert_task(self, task: TaskRecord) -> bool: ...
     async def get_task(self, id: str) -> TaskRecord | None: ...
     async def tasks_of(self, job_id: str, attempt: int) -> list[TaskRecord]: ...
@@ -423,6 +424,10 @@ class MongoLauncherStore:
         cursor = self.jobs.find({"state": JOB_FINISHED, "finished_published": False})
         return [job_record(doc) async for doc in cursor]
 
+    async def running_jobs(self) -> list[JobRecord]:
+        cursor = self.jobs.find({"state": JOB_RUNNING})
+        return [job_record(doc) async for doc in cursor]
+
     async def insert_task(self, task: TaskRecord) -> bool:
         return await insert_once(self.tasks, task_doc(task))
 
@@ -550,6 +555,11 @@ class MemoryLauncherStore:
             job_record(copy.deepcopy(d))
             for d in self.jobs.values()
             if d["state"] == JOB_FINISHED and not d["finished_published"]
+        ]
+
+    async def running_jobs(self) -> list[JobRecord]:
+        return [
+            job_record(copy.deepcopy(d)) for d in self.jobs.values() if d["state"] == JOB_RUNNING
         ]
 
     async def insert_task(self, task: TaskRecord) -> bool:
