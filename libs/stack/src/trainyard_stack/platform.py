@@ -283,6 +283,21 @@ class Platform:
         self.start_service(name)
         self.wait_healthy(timeout, only=[name])
 
+    def server(self, name: str) -> NatsServer | FerretDB:
+        """The bus ("nats") or the store ("store") this platform started itself."""
+        server = {"nats": self.nats, "store": self.mongo}[name]
+        if not isinstance(server, NatsServer | FerretDB):
+            raise ComponentError(f"{name} is not run by this platform ({server!r})")
+        return server
+
+    def kill_server(self, name: str) -> None:
+        """SIGKILL the bus or the store, as a crash (or an OOM kill) would."""
+        self.server(name).kill()
+
+    def restart_server(self, name: str, timeout: float = 30.0) -> None:
+        """Start it again where it was: same address, same data."""
+        self.server(name).start(timeout)
+
     def wait_healthy(self, timeout: float = 60.0, only: list[str] | None = None) -> None:
         deadline = time.monotonic() + timeout
         pending = list(only or SERVICES)
