@@ -9,6 +9,7 @@ admin sends back to the consumer that gave up on it; and, in a stream of their o
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from .events import COMMAND_TYPES, Event
 
@@ -37,6 +38,17 @@ def events_of(*suffixes: str) -> list[str]:
 
 def commands_of(*suffixes: str) -> list[str]:
     return [f"yard.cmd.*.{suffix}" for suffix in suffixes]
+
+
+def subjects_for(types: Iterable[type[Event]]) -> list[str]:
+    """The filter subjects that deliver exactly these event and command types: a
+    consumer's subscription derived from its handler table, so a handler cannot be added
+    without the subject that feeds it (nor a subject consumed with nothing to handle it)."""
+    found = []
+    for kind in types:
+        prefix = "yard.cmd" if issubclass(kind, COMMAND_TYPES) else "yard.job"
+        found.append(f"{prefix}.*.{kind.subject_suffix}")
+    return sorted(set(found))
 
 
 def submissions() -> list[str]:

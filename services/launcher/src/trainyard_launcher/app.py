@@ -34,7 +34,7 @@ from trainyard_common.limits import MAX_INDEX, MAX_OFFSET
 from trainyard_common.runtime import health_app, serve, setup_logging
 from trainyard_common.secrets_box import SecretBox
 from trainyard_common.storage import mongo_client
-from trainyard_common.subjects import commands_of, events_of
+from trainyard_common.subjects import subjects_for
 
 from .adapters.backend import Stream, TaskBackend, TaskRef
 from .adapters.kubernetes import KubernetesBackend, KubeSettings
@@ -43,12 +43,12 @@ from .adapters.local import IsolationError, LocalBackend
 from .adapters.store import LauncherStore, MongoLauncherStore, task_id
 from .adapters.uids import DEFAULT_BASE, MongoTaskUids
 from .domain.failure import BACKOFF_BASE_S
-from .handlers import Deps, adopt, dispatch, watch_tasks
+from .handlers import EVENT_HANDLERS, Deps, adopt, dispatch, watch_tasks
 from .logs import DEFAULT_MAX_BYTES
 from .taskexec import ExecRefused, exec_in_task
 
 DURABLE = "launcher"
-SUBJECTS = events_of("placed") + commands_of("stop", "interrupt")
+SUBJECTS = subjects_for(EVENT_HANDLERS)
 
 
 EXEC_TIMEOUT_S = 60.0

@@ -31,7 +31,7 @@ from trainyard_common.events import Event
 from trainyard_common.kube_nodes import KubeNode, NodeWatch, cluster_from_nodes
 from trainyard_common.runtime import health_app, serve, setup_logging
 from trainyard_common.storage import mongo_client
-from trainyard_common.subjects import commands_of, events_of
+from trainyard_common.subjects import subjects_for
 from trainyard_common.telemetry import setup_telemetry
 
 from .adapters.lease import Lease, LeaseLost
@@ -40,6 +40,7 @@ from .adapters.store import MongoJobStore
 from .domain.plugins import Rules
 from .domain.policies import scorer_named
 from .handlers import (
+    EVENT_HANDLERS,
     Deps,
     JobEnded,
     JobNotFound,
@@ -56,9 +57,7 @@ from .node_admin import NodeAdmin, NodeError
 
 SERVICE = "placement"
 CONSUMER = "placement"
-SUBJECTS = events_of("accepted", "finished", "retrying", "interrupted") + commands_of(
-    "stop", "pause", "resume", "scale", "restart"
-)
+SUBJECTS = subjects_for(EVENT_HANDLERS)
 LEASE_BUCKET = "yard_leases"
 LEASE_KEY = "placement"
 DEFAULT_LEASE_TTL_S = 5.0

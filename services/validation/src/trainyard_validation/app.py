@@ -13,7 +13,7 @@ from trainyard_common.events import Event
 from trainyard_common.kube_nodes import KubeNode, NodeWatch, cluster_from_nodes
 from trainyard_common.runtime import health_app, serve, setup_logging
 from trainyard_common.storage import mongo_client
-from trainyard_common.subjects import events_of
+from trainyard_common.subjects import subjects_for
 from trainyard_common.telemetry import setup_telemetry
 
 from . import dry_run
@@ -45,7 +45,7 @@ async def run() -> None:
             await handler(event, deps)
 
     async def consume_submitted(stop: asyncio.Event) -> None:
-        await bus.consume(DURABLE, events_of("submitted"), dispatch, stop=stop)
+        await bus.consume(DURABLE, subjects_for(EVENT_HANDLERS), dispatch, stop=stop)
 
     async def follow_nodes(stop: asyncio.Event) -> None:
         async def changed(nodes: dict[str, KubeNode]) -> None:

@@ -1,0 +1,56 @@
+"""Each consumer's subscription is derived from its handler table: every event its
+table handles reaches it, and nothing else does (checked with NATS's own wildcard rules
+on one real subject of every event type)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainyard_common.contracts import example_events
+from trainyard_common.events import EVENT_TYPES, Event
+from trainyard_common.subjects import subject_for, subjects_for
+from trainyard_launcher import app as launcher_app
+from trainyard_launcher.handlers import EVENT_HANDLERS as LAUNCHER
+from trainyard_placement import app as placement_app
+from trainyard_placement.handlers import EVENT_HANDLERS as PLACEMENT
+from trainyard_validation.handlers import EVENT_HANDLERS as VALIDATION
+
+
+def matches(filter_subject: str, subject: str) -> bool:
+    """NATS subject matching: ``*`` is one token, ``>`` the rest (one or more)."""
+    wanted, tokens = filter_subject.split("."), subject.split(".")
+    for i, token in enumerate(wanted):
+        if token == ">":
+            return len(tokens) > i
+        if i >= len(tokens) or token not in ("*", tokens[i]):
+            return False
+    return len(tokens) == len(wanted)
+
+
+def delivered(subjects: list[str], events: list[Event]) -> set[type[Event]]:
+    return {type(e) for e in events if any(matches(f, subject_for(e)) for f in subjects)}
+
+
+def test_the_matcher_follows_nats() -> None:
+    assert matches("yard.job.*.placed", "yard.job.j1.placed")
+    assert not matches("yard.job.*.placed", "yard.job.j1.placed.x")
+    assert not matches("yard.job.*.placed", "yard.cmd.j1.placed")
+    assert matches("yard.job.>", "yard.job.j1.task")
+    assert not matches("yard.job.>", "yard.job")
+
+
+def test_every_event_type_has_an_example() -> None:
+    # So the checks below see every type there is.
+    assert {type(e) for e in example_events()} == set(EVENT_TYPES)
+
+
+@pytest.mark.parametrize(
+    "table", [LAUNCHER, PLACEMENT, VALIDATION], ids=["launcher", "placement", "validation"]
+)
+def test_a_subscription_delivers_exactly_what_its_table_handles(table: dict) -> None:
+    assert delivered(subjects_for(table), example_events()) == set(table)
+
+
+def test_the_services_consume_what_their_tables_derive() -> None:
+    assert launcher_app.SUBJECTS == subjects_for(LAUNCHER)
+    assert placement_app.SUBJECTS == subjects_for(PLACEMENT)
