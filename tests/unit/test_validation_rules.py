@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from trainyard_common.cluster import ClusterSpec, NodeSpec
+from trainyard_common.cluster import ClusterSpec, NodeSpec, QueueQuota, QueueSpec
 from trainyard_common.dialects import openpai_warnings, translate, validate_native, validate_openpai
 from trainyard_common.events import (
     Event,
@@ -481,6 +481,17 @@ def cluster_issues(*changes: tuple[str, Any], cluster: ClusterSpec = CLUSTER) ->
 
 def test_seed_fits_the_cluster() -> None:
     assert cluster_issues() == []
+
+
+def test_a_queue_declared_with_a_quota_is_a_queue() -> None:
+    # A cluster file may give a queue as a name or as a spec with its quota (mypy found
+    # the check comparing a name against the specs, and joining specs as strings).
+    cluster = CLUSTER.model_copy(
+        update={"queues": ["default", QueueSpec(name="research", quota=QueueQuota(gpus=2))]}
+    )
+    assert cluster_issues(("virtualCluster", "research"), cluster=cluster) == []
+    [issue] = cluster_issues(("virtualCluster", "nope"), cluster=cluster)
+    assert issue.code == "unknown_queue" and "default, research" in issue.message
 
 
 @pytest.mark.parametrize(

@@ -158,13 +158,14 @@ def locator(submitted: JobSubmitted) -> Locate:
 
 def check_against_cluster(spec: JobSpec, cluster: ClusterSpec, locate: Locate) -> list[FieldIssue]:
     issues: list[FieldIssue] = []
-    if spec.queue not in cluster.queues:
+    queues = cluster.queue_names()
+    if spec.queue not in queues:
         issues.append(
             FieldIssue(
                 path=locate(None, "queue"),
                 code="unknown_queue",
                 message=f"queue {spec.queue!r} does not exist; queues: "
-                f"{', '.join(cluster.queues) or 'none'}",
+                f"{', '.join(queues) or 'none'}",
             )
         )
     known_types = cluster.gpu_types()
