@@ -29,9 +29,10 @@ kube-down: ## Stop the cluster `make kube-up` started
 test: setup lint ## Install everything and run every test (unit, integration, end-to-end)
 	$(UV) run --frozen pytest -q -p no:cacheprovider
 
-lint: setup ## The gates: ruff (lint and format) and the import contracts
+lint: setup ## The gates: ruff (lint and format), mypy (libs and services) and the import contracts
 	$(UV) run --frozen ruff check .
 	$(UV) run --frozen ruff format --check .
+	$(UV) run --frozen mypy
 	$(UV) run --frozen lint-imports
 
 test-unit: setup ## Only the fast pure tests

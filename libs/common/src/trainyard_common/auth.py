@@ -14,6 +14,7 @@ import re
 import secrets
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -286,7 +287,7 @@ class AliyunRoute(APIRoute):
     """A route whose errors are answered in Alibaba Cloud's shape: AliyunError as it is,
     malformed parameters as 400 InvalidParameter, HTTPException by its status."""
 
-    def get_route_handler(self):  # type: ignore[no-untyped-def]
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         original = super().get_route_handler()
 
         async def handler(request: Request) -> Response:

@@ -50,13 +50,17 @@ class QueueSpec(Model):
     )
 
 
+def _default_queues() -> list[str | QueueSpec]:
+    return ["default"]
+
+
 class ClusterSpec(Model):
     nodes: list[NodeSpec]
     # What runs the tasks (YARD_LAUNCHER): processes on the nodes, which cannot run an
     # image, or pods on Kubernetes.
     runtime: Literal["local", "kubernetes"] = "local"
     # A plain name is a queue without a quota.
-    queues: list[str | QueueSpec] = Field(default_factory=lambda: ["default"])
+    queues: list[str | QueueSpec] = Field(default_factory=_default_queues)
 
     def gpu_types(self) -> set[str]:
         return {n.gpu_type for n in self.nodes if n.gpu_type and n.gpus > 0}

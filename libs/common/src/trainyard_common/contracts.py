@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
+from pydantic import BaseModel
 
 from .events import (
     COMMAND_TYPES,
@@ -223,7 +224,8 @@ def asyncapi() -> dict:
 def render() -> dict[str, str]:
     """Every generated file, by path relative to ``contracts/``."""
     files: dict[str, str] = {}
-    for model in (JobSpec, *EVENT_TYPES):
+    models: tuple[type[BaseModel], ...] = (JobSpec, *EVENT_TYPES)
+    for model in models:
         files[f"schemas/{model.__name__}.json"] = _dump_json(model.model_json_schema())
     for event in example_events():
         files[f"examples/{type(event).__name__}.json"] = _dump_json(

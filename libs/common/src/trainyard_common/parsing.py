@@ -135,12 +135,12 @@ class _BoundedLoader(yaml.SafeLoader):
         self._depth = 0
         self._max_depth = max_depth
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node | None:  # type: ignore[override]
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         self._depth += 1
         try:
             if self._depth > self._max_depth:
                 raise BodyError(f"YAML nested deeper than {self._max_depth} levels")
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 

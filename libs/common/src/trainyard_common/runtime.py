@@ -8,7 +8,8 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import uvicorn
@@ -18,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .config import Settings
 from .parsing import MAX_BODY, BodyError, parse_json
 
-Worker = Callable[[asyncio.Event], Awaitable[None]]
+Worker = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
 log = logging.getLogger("trainyard.runtime")
 
@@ -31,7 +32,7 @@ def setup_logging(service: str) -> None:
     )
 
 
-async def serve(settings: Settings, app: FastAPI, workers: list[Worker]) -> None:
+async def serve(settings: Settings, app: FastAPI, workers: Sequence[Worker]) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -45,10 +46,12 @@ async def serve(settings: Settings, app: FastAPI, workers: list[Worker]) -> None
         access_log=False,
         lifespan="off",
     )
+    # uvicorn captures SIGTERM and SIGINT itself while it serves: its serve() then
+    # returns, which ends the wait below like ``stop`` does, and it re-raises the signal
+    # to the handlers above once it is done.
     server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
 
-    tasks = [
+    tasks: list[asyncio.Task[None]] = [
         asyncio.create_task(worker(stop), name=getattr(worker, "__name__", "worker"))
         for worker in workers
     ]

@@ -7,6 +7,7 @@ caller needs one ``except`` to report it.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import time
@@ -261,7 +262,7 @@ class Client:
         job_id: str,
         role: str,
         index: int,
-        command: list[str] | str,
+        command: builtins.list[str] | str,
         timeout: float = 60.0,
     ) -> dict[str, Any]:
         """Runs ``command`` (argv, or a string for bash) in a running task, with the

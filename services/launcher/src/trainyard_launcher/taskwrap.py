@@ -240,8 +240,8 @@ def _pump(child: subprocess.Popen[bytes], logs: dict[int, CappedLog]) -> int:
             ready, _, _ = select.select(list(logs), [], [], 0.2)
             for fd in ready:
                 _copy(fd, logs)
-        elif (code := child.wait()) is not None:
-            return code
+        else:
+            return child.wait()
         if (code := child.poll()) is not None:
             return code
         rounds += 1

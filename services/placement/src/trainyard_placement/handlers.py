@@ -52,6 +52,7 @@ from .adapters.store import (
     ACTIVE_STATES,
     JobRecord,
     JobStore,
+    JobStoreState,
     interrupt_sent_fields,
     interrupting_fields,
     next_attempt_fields,
@@ -479,7 +480,7 @@ async def release_interrupted(event: JobInterrupted, delivery: Delivery, deps: D
 async def _end_interrupted(deps: Deps, record: JobRecord, event: JobInterrupted) -> None:
     job_id, attempt = record.job_id, record.attempt
     cause, reason = record.interrupt or (event.cause.value, event.reason)
-    states = ("placed", "interrupting")
+    states: tuple[JobStoreState, ...] = ("placed", "interrupting")
     if record.stop_reason is not None:
         if await deps.store.change(
             job_id,

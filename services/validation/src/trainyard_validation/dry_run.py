@@ -61,10 +61,15 @@ def router(cluster: Callable[[], ClusterSpec], names: NameRegistry, current: Any
             "valid": accepted,
             "dialect": translation.dialect,
             "spec": json.loads(spec.redacted().model_dump_json()),
-            "errors": [] if accepted else [e.model_dump() for e in result.errors],  # type: ignore[union-attr]
+            "errors": []
+            if isinstance(result, JobAccepted)
+            else [e.model_dump() for e in result.errors],
             "warnings": [
-                w.model_dump() for w in (result.warnings if accepted else translation.warnings)
-            ],  # type: ignore[union-attr]
+                w.model_dump()
+                for w in (
+                    result.warnings if isinstance(result, JobAccepted) else translation.warnings
+                )
+            ],
         }
 
     return api

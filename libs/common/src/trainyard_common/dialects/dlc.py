@@ -25,6 +25,7 @@ import yaml
 
 from ..events import FieldIssue
 from ..jobspec import CodeSource, DataSource, JobKind, JobSpec, Resources, RoleSpec, env_list
+from .fields import mapping, sequence, text
 from .registry import Dialect
 from .translation import (
     INT_MAX,
@@ -284,7 +285,7 @@ def data_source_uri(item: Mapping[str, Any]) -> str:
     uri = item.get("Uri")
     if isinstance(uri, str) and uri:
         return uri
-    path = item.get("Path") if isinstance(item.get("Path"), str) else ""
+    path = text(item.get("Path"))
     host = item.get("FileSystemId") or item.get("Endpoint") or ""
     # A Path on a NAS file system starts with "/" too: only without one is it local.
     if "://" in path or (path.startswith("/") and not host):
@@ -865,7 +866,7 @@ def render_job(
     roles = spec.get("roles", [])
     env = {e["name"]: e["value"] for e in spec.get("env", []) if isinstance(e, dict)}
     data_sources = []
-    raw_ds = original.get("DataSources") if isinstance(original.get("DataSources"), list) else []
+    raw_ds = sequence(original.get("DataSources"))
     for i, ds in enumerate(spec.get("data_sources", [])):
         raw = raw_ds[i] if i < len(raw_ds) and isinstance(raw_ds[i], dict) else {}
         data_sources.append(
@@ -876,11 +877,12 @@ def render_job(
             }
         )
     code = spec.get("code_source")
-    raw_code = original.get("CodeSource") if isinstance(original.get("CodeSource"), dict) else {}
+    raw_code = mapping(original.get("CodeSource"))
+    kind: Any = spec.get("kind")  # the view is JSON: a kind's value, or None
     job_type = (
         original.get("JobType")
         if isinstance(original.get("JobType"), str)
-        else (KIND_TO_TYPE.get(spec.get("kind"), spec.get("kind")))
+        else KIND_TO_TYPE.get(kind, kind)
     )
     body: dict[str, Any] = {
         "JobId": job_id,

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..events import FieldIssue
 from ..jobspec import JobKind, JobSpec, RestartPolicy, RoleSpec, RunMode, TaskRef
+from .fields import mapping
 from .k8s_pod import (
     DNS_LABEL_RE,
     DNS_LABEL_RULE,
@@ -98,7 +99,7 @@ def field_path(payload: Any, role: str | None, field: str) -> str:
             field, "$.spec"
         )
     payload = payload if isinstance(payload, dict) else {}
-    kind = KINDS.get(payload.get("kind")) if isinstance(payload.get("kind"), str) else None
+    kind = KINDS.get(raw_kind) if isinstance(raw_kind := payload.get("kind"), str) else None
     spec = payload.get("spec")
     replicas = spec.get(kind.replica_key) if kind and isinstance(spec, dict) else None
     if kind is None or not isinstance(replicas, dict) or role not in replicas:
@@ -328,7 +329,7 @@ def translate_kubeflow(payload: Any, user: str = "") -> Translation:
             f"apiVersion must be {API_VERSION!r}, got {show(version)}",
             "invalid" if version is not None else "required",
         )
-    kind = KINDS.get(payload.get("kind")) if isinstance(payload.get("kind"), str) else None
+    kind = KINDS.get(raw_kind) if isinstance(raw_kind := payload.get("kind"), str) else None
     if kind is None:
         issues.error(
             "$.kind", f"kind {show(payload.get('kind'))} must be one of {', '.join(KINDS)}", "enum"
@@ -431,7 +432,7 @@ def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
     if changed is not None:
         return Control(errors=[changed])
     control = Control()
-    spec_patch = patch.get("spec") if isinstance(patch.get("spec"), dict) else {}
+    spec_patch = mapping(patch.get("spec"))
     policy = spec_patch.get("runPolicy")
     if isinstance(policy, dict) and "suspend" in policy:
         control.pause = after.spec.run_mode is RunMode.PAUSE
@@ -468,7 +469,7 @@ def render(kind_plural: str, job_view: dict[str, Any]) -> dict[str, Any]:
     """The resource as submitted with a Kubeflow JobStatus (conditions, replicaStatuses,
     startTime, completionTime) from the canonical job view."""
     view = job_view
-    original = view.get("original") if isinstance(view.get("original"), dict) else {}
+    original = mapping(view.get("original"))
     kind = PLURALS.get(kind_plural)
     state = view.get("state")
     created = timestamp(view.get("submitted_at"))

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from ..events import FieldIssue
 from ..jobspec import REDACTED, JobSpec, RoleSpec
+from .fields import text
 from .registry import Dialect
 from .translation import (
     INT_MAX,
@@ -87,7 +88,7 @@ def _salvage(payload: dict[str, Any], bad: set[str], user: str) -> JobSpec:
             pass
     kept = {k: v for k, v in payload.items() if k not in bad and k not in ("roles", "user")}
     kept["roles"] = [r.model_dump(mode="json") for r in roles]
-    kept["name"] = payload.get("name") if isinstance(payload.get("name"), str) else ""
+    kept["name"] = text(payload.get("name"))
     try:
         spec = _strict(JobSpec, json.dumps(kept, allow_nan=False))
     except (ValidationError, ValueError, TypeError, RecursionError):

@@ -568,7 +568,7 @@ def render_status(view: dict[str, Any]) -> dict[str, Any]:
     task_roles: dict[str, Any] = {}
     for role in _spec_roles(view):
         name = str(role.get("name", ""))
-        count = role.get("replicas") if isinstance(role.get("replicas"), int) else 1
+        count = replicas if isinstance(replicas := role.get("replicas"), int) else 1
         task_roles[name] = {
             "taskRoleStatus": {"name": name},
             "taskStatuses": [

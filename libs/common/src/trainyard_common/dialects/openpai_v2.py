@@ -31,6 +31,7 @@ from typing import Any
 
 from ..events import FieldIssue
 from ..jobspec import REDACTED, EnvVar, JobSpec, PortSpec, Resources, RestartPolicy, RoleSpec
+from .fields import mapping
 from .registry import Dialect
 from .translation import (
     INT_MAX,
@@ -905,7 +906,7 @@ def translate_openpai_v2(payload: Any, user: str = "") -> Translation:
     if not isinstance(checked, _Walk):
         return Translation(empty_spec(user=user), DIALECT, checked.errors, checked.warnings)
     walk, p = checked, checked.payload
-    parameters = p.get("parameters") if isinstance(p.get("parameters"), dict) else {}
+    parameters = mapping(p.get("parameters"))
     secrets = flatten_secrets(p.get("secrets")) if isinstance(p.get("secrets"), dict) else []
     secret_names = {s.name for s in secrets}
     images = walk.prerequisites["dockerimage"]
@@ -919,9 +920,8 @@ def translate_openpai_v2(payload: Any, user: str = "") -> Translation:
         res = res if isinstance(res, dict) else {}
         options = raw.get("extraContainerOptions")
         options = options if isinstance(options, dict) else {}
-        image = (
-            images.get(raw.get("dockerImage")) if isinstance(raw.get("dockerImage"), str) else None
-        )
+        image_name = raw.get("dockerImage")
+        image = images.get(image_name) if isinstance(image_name, str) else None
         uri = image.get("uri") if image else None
         replicas = _int(raw.get("instances"), 1, 1)
         roles.append(
@@ -944,7 +944,7 @@ def translate_openpai_v2(payload: Any, user: str = "") -> Translation:
                 restart_policy=RestartPolicy.ON_FAILURE,
             )
         )
-    defaults = p.get("defaults") if isinstance(p.get("defaults"), dict) else {}
+    defaults = mapping(p.get("defaults"))
     queue = defaults.get("virtualCluster")
     name = p.get("name")
     spec = JobSpec(

@@ -27,6 +27,7 @@ from ..jobspec import (
     RunMode,
     TaskRef,
 )
+from .fields import mapping
 from .k8s_pod import (
     DNS_LABEL_RE,
     DNS_LABEL_RULE,
@@ -225,7 +226,7 @@ def field_path(payload: Any, role: str | None, field: str) -> str:
     if role is None:
         return _JOB_FIELDS.get(field, "$.spec")
     payload = payload if isinstance(payload, dict) else {}
-    spec = payload.get("spec") if isinstance(payload.get("spec"), dict) else {}
+    spec = mapping(payload.get("spec"))
     kind_name = payload.get("kind")
     kind = (
         KINDS.get(KIND_SPELLINGS.get(kind_name, kind_name)) if isinstance(kind_name, str) else None
@@ -1261,7 +1262,7 @@ _CHANGEABLE_TEXT = (
 
 
 def _replica_counts(resource: dict[str, Any]) -> dict[str, tuple[Any, str]]:
-    spec = resource.get("spec") if isinstance(resource.get("spec"), dict) else {}
+    spec = mapping(resource.get("spec"))
     key = (
         "replicasSpec" if "replicaSpecs" not in spec and "replicasSpec" in spec else "replicaSpecs"
     )
@@ -1296,8 +1297,8 @@ def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
     if changed is not None:
         return Control(errors=[changed])
     control = Control()
-    spec_patch = patch.get("spec") if isinstance(patch.get("spec"), dict) else {}
-    modes = spec_patch.get("runMode") if isinstance(spec_patch.get("runMode"), dict) else {}
+    spec_patch = mapping(patch.get("spec"))
+    modes = mapping(spec_patch.get("runMode"))
     if PAUSE in modes:
         control.pause = after.spec.run_mode is RunMode.PAUSE
     roles = {r.name: r for r in after.spec.roles}

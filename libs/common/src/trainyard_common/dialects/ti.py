@@ -32,6 +32,7 @@ import yaml
 
 from ..events import FieldIssue
 from ..jobspec import DataSource, EnvVar, JobKind, JobSpec, PortSpec, Resources, RoleSpec
+from .fields import mapping
 from .registry import Dialect
 from .translation import (
     INT_MAX,
@@ -415,8 +416,8 @@ def translate_ti(payload: Any, user: str = "", table: Table | None = None) -> Tr
         data_sources=_package_dirs(dirs),
         roles=roles,
     )
-    key = f"{cluster}/{name}" if name and cluster else None
-    return Translation(spec, DIALECT, issues.errors, issues.warnings, key=key)
+    dialect_key = f"{cluster}/{name}" if name and cluster else None
+    return Translation(spec, DIALECT, issues.errors, issues.warnings, key=dialect_key)
 
 
 def _given(value: Any) -> bool:
@@ -595,8 +596,8 @@ def _message(view: dict[str, Any]) -> str:
 def render(view: dict[str, Any]) -> dict[str, Any]:
     """TI's view of a job from the canonical job view (status's ``job_view``), plus
     ``original`` (the payload as submitted) and ``started_at`` when known."""
-    original = view.get("original") if isinstance(view.get("original"), dict) else {}
-    spec = view.get("spec") if isinstance(view.get("spec"), dict) else {}
+    original = mapping(view.get("original"))
+    spec = mapping(view.get("spec"))
     out: dict[str, Any] = {key: original[key] for key in INPUT_ORDER if key in original}
     out["name"] = view.get("name") if view.get("name") is not None else original.get("name")
     out["cluster"] = original.get("cluster", view.get("queue") or spec.get("queue"))

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from pymongo import ASCENDING, DESCENDING
+from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
 Kind = Literal["data", "code"]
@@ -49,7 +50,7 @@ class MongoSourceRegistry:
     def __init__(self, db: AsyncDatabase) -> None:
         self._db = db
 
-    def _col(self, kind: Kind):  # type: ignore[no-untyped-def]
+    def _col(self, kind: Kind) -> AsyncCollection[dict[str, Any]]:
         return self._db[COLLECTIONS[kind]]
 
     async def ensure_indexes(self) -> None:

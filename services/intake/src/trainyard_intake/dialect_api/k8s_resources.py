@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 
 from trainyard_common.auth import Identity
 from trainyard_common.dialects import kubeflow, t9k
+from trainyard_common.dialects.fields import text
 from trainyard_common.dialects.k8s_pod import MERGE_PATCH, Control, merge_patch
 from trainyard_common.dialects.translation import UnknownDialect
 from trainyard_common.events import Event, FieldIssue, PauseJob, ResumeJob, ScaleJob
@@ -195,7 +196,7 @@ def router(ctx: IntakeContext) -> APIRouter:
             return status(400, "BadRequest", str(exc))
         except PayloadTooLarge as exc:
             return status(413, "RequestEntityTooLarge", str(exc))
-        name = meta.get("name") if isinstance(meta.get("name"), str) else ""
+        name = text(meta.get("name"))
         headers = [("Warning", warning_header(w)) for w in result.warnings]
         if result.errors:
             response = status(

@@ -192,7 +192,9 @@ class KubernetesBackend:
             if exc.status != 404:
                 raise
             try:
-                await self.core.create_namespace({"metadata": {"name": namespace}})
+                await self.core.create_namespace(
+                    client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
+                )
             except ApiException as again:
                 if again.status != 409:
                     raise LaunchError(f"namespace {namespace}: {again.reason}") from again
@@ -415,7 +417,7 @@ class KubernetesBackend:
         namespace: str,
         grace: int | None = None,
     ) -> None:
-        body = {"propagationPolicy": "Background"}
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
         if grace is not None:
             body["gracePeriodSeconds"] = grace
         try:
@@ -462,7 +464,7 @@ class KubernetesBackend:
         except PodProblem as exc:
             raise LaunchRefused(str(exc)) from exc
         try:
-            made = await self.core.create_namespaced_pod(namespace, body)
+            made = await self.core.create_namespaced_pod(namespace, as_given(body))
         except ApiException as exc:
             if exc.status == 409:
                 raise AlreadyLaunched(f"pod {body['metadata']['name']} exists") from exc
@@ -579,10 +581,10 @@ class KubernetesBackend:
         if pod is None:
             return
         try:
-            response = await self.core.read_namespaced_pod_log(
+            response = as_given(await self.core.read_namespaced_pod_log(
                 pod.name, pod.namespace, container=CONTAINER, follow=True,
                 _preload_content=False,
-            )  # fmt: skip
+            ))  # fmt: skip
         except ApiException:
             return
         skipped = 0
@@ -613,10 +615,10 @@ class KubernetesBackend:
         code: int | None = None
         try:
             async with asyncio.timeout(timeout_s):
-                context = await api.connect_get_namespaced_pod_exec(
-                    pod.name, pod.namespace, container=CONTAINER, command=command,
+                context = as_given(await api.connect_get_namespaced_pod_exec(
+                    pod.name, pod.namespace, container=CONTAINER, command=as_given(command),
                     stderr=True, stdout=True, stdin=False, tty=False, _preload_content=False,
-                )  # fmt: skip
+                ))  # fmt: skip
                 async with context as socket:
                     async for message in socket:
                         data = message.data
@@ -655,7 +657,18 @@ def _task_status(state: PodState) -> TaskStatus:
     )
 
 
+def as_given(value: object) -> Any:
+    """A value as kubernetes-asyncio really takes or gives it, which its annotations do
+    not say: they name only its models, yet it sends a plain dict (a manifest built by
+    domain/pods.py) as it is and takes an exec command as a list; and with
+    ``_preload_content=False`` a call returns the raw response (a stream to read, or
+    the exec websocket), not the model."""
+    return value
+
+
 def _why(exc: ApiException) -> str:
+    if not exc.body:
+        return str(exc.reason)
     try:
         return str(json.loads(exc.body).get("message") or exc.reason)
     except (TypeError, ValueError):

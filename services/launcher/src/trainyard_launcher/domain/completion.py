@@ -121,10 +121,10 @@ def decide(spec: JobSpec, states: dict[TaskKey, TaskOutcome]) -> Verdict | None:
     )
     if spec.success_rules:
         reason = f"all {spec.task_count()} task(s) ended and no success rule was met ({counts})"
-        key, outcome = (
-            _nth_ended(ended, len(ended)) if ended else (None, TaskOutcome(TaskState.FAILED))
-        )
-        return Verdict(JobState.FAILED, reason, outcome.exit_code, key)
+        if not ended:
+            return Verdict(JobState.FAILED, reason, TaskOutcome(TaskState.FAILED).exit_code, None)
+        last, outcome = _nth_ended(ended, len(ended))
+        return Verdict(JobState.FAILED, reason, outcome.exit_code, last)
     reason = (
         f"all {spec.task_count()} task(s) ended and no minFailedTaskCount was reached ({counts})"
     )

@@ -222,11 +222,11 @@ def plan_preparation(
         mounts.append(Mount(str(paths.view(data.mount_path)), host, f"data_sources[{i}]"))
 
     views = [m.view for m in mounts]
-    for i, view in enumerate(views):
-        if view in views[:i]:
+    for i, mounted in enumerate(views):
+        if mounted in views[:i]:
             return PlanProblem(
-                f"two sources are mounted at {view} ({mounts[i].what} and "
-                f"{mounts[views.index(view)].what})"
+                f"two sources are mounted at {mounted} ({mounts[i].what} and "
+                f"{mounts[views.index(mounted)].what})"
             )
 
     pip = None

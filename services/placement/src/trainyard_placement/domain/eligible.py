@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Set as AbstractSet
 
 from trainyard_common.cluster import NodeSpec
+from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import EnvVar, JobSpec, RoleSpec
 
 from .capacity import Allocation, NodeFree, Snapshot
@@ -57,7 +58,7 @@ def place_job(
         groups.setdefault(_key(role), []).append(role)
     if len(groups) == 1 and not drained and not spec.roles[0].node_selector:
         return place_gang(spec, snapshot, job_id=job_id, scorer=scorer, context=context)
-    tasks = []
+    tasks: list[TaskPlacement] = []
     for roles in groups.values():
         view = eligible_view(snapshot, roles[0], drained)
         if not view.nodes:

@@ -31,7 +31,8 @@ class QueueOrder(Protocol):
     """The order in which a cycle considers the queued jobs; the first job of each queue
     that cannot be placed is that queue's head."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def order(self, jobs: Iterable[QueuedJob]) -> list[QueuedJob]: ...
 
@@ -76,7 +77,8 @@ class VictimChooser(Protocol):
     """Chooses the jobs to preempt. ``fits(victims)`` simulates the head's gang with
     those jobs gone; return a set for which it holds, or None."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def choose(
         self, candidates: Sequence[Candidate], fits: Callable[[tuple[str, ...]], bool]

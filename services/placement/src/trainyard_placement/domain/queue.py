@@ -448,7 +448,7 @@ class _Cycle:
         misfits = self._misfits
         if alike and base is self.snapshot:
             misfits = self.memo.misfits if size.single else self.memo.gang_misfits
-        outcome = misfits.get(shape)
+        outcome: Plan | Unschedulable | None = misfits.get(shape)
         if outcome is _NO_FIT and reasons:
             outcome = None
         if (outcome is None and alike and self.fit_only and not reasons

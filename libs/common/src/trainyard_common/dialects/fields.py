@@ -1,0 +1,22 @@
+"""Typed reads of a payload's fields: a value of the wrong type reads as empty, and the
+type checker knows what each read gives (``x.get(k) if isinstance(x.get(k), dict)``
+tells it nothing). The translators report wrong types themselves, with the field's path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def mapping(value: Any) -> dict[str, Any]:
+    """``value`` if it is a mapping, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def sequence(value: Any) -> list[Any]:
+    """``value`` if it is a list, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def text(value: Any, default: str = "") -> str:
+    """``value`` if it is a string, else ``default``."""
+    return value if isinstance(value, str) else default
