@@ -7,6 +7,7 @@ DESIGN §7 promises. No client is built here: bootstrap code builds them from th
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,45 @@ DEFAULT_PORTS = {
 }
 
 PLACEHOLDER_SECRETS = {"changeme", "changethis", "secret", "token", "admin"}
+
+
+class SettingError(ValueError):
+    """A setting the service cannot start with; the message names the variable."""
+
+
+def number_setting(
+    env: Mapping[str, str],
+    name: str,
+    default: float,
+    *,
+    minimum: float = 0,
+    above: bool = False,
+    whole: bool = False,
+) -> float:
+    """``env[name]`` as a number (``default`` when unset or empty), at least ``minimum``
+    (above it with ``above``), and whole with ``whole``."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        kind = "a whole number" if whole else "a number"
+        raise SettingError(f"{name}={raw!r}: not {kind}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SettingError(f"{name}={raw!r}: not a finite number")
+    if value < minimum or (above and value == minimum):
+        raise SettingError(f"{name}={raw!r}: must be {'above' if above else 'at least'} {minimum}")
+    return value
+
+
+def choice_setting(env: Mapping[str, str], name: str, default: str, choices: Iterable[str]) -> str:
+    """``env[name]`` (``default`` when unset or empty), one of ``choices``."""
+    known = tuple(choices)
+    value = (env.get(name) or default).strip().lower()
+    if value not in known:
+        raise SettingError(f"{name}={value!r}: must be one of {', '.join(known)}")
+    return value
 
 
 def default_data_dir() -> Path:

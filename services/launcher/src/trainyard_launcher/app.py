@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shlex
 from typing import Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
@@ -41,10 +40,9 @@ from .adapters.kubernetes import KubernetesBackend, KubeSettings
 from .adapters.limits import find_mechanisms
 from .adapters.local import IsolationError, LocalBackend
 from .adapters.store import LauncherStore, MongoLauncherStore, task_id
-from .adapters.uids import DEFAULT_BASE, MongoTaskUids
-from .domain.failure import BACKOFF_BASE_S
+from .adapters.uids import MongoTaskUids
 from .handlers import EVENT_HANDLERS, Deps, adopt, dispatch, watch_tasks
-from .logs import DEFAULT_MAX_BYTES
+from .settings import LauncherSettings
 from .taskexec import ExecRefused, exec_in_task
 
 DURABLE = "launcher"
@@ -197,16 +195,13 @@ def dlc_pod_logs(store: LauncherStore, tokens: TokenStore, backend: TaskBackend)
     return api
 
 
-def make_backend(settings: Settings, db: AsyncDatabase) -> TaskBackend:
+def make_backend(settings: Settings, launcher: LauncherSettings, db: AsyncDatabase) -> TaskBackend:
     """The backend YARD_LAUNCHER names: ``local`` (the default) or ``kubernetes``."""
-    chosen = os.environ.get("YARD_LAUNCHER", "local")
-    if chosen == "kubernetes":
+    if launcher.backend == "kubernetes":
         kube = KubeSettings.from_env()
         log.info("tasks run as pods on Kubernetes, in namespace %s", kube.namespace)
         return KubernetesBackend(kube)
-    if chosen != "local":
-        raise ValueError(f"YARD_LAUNCHER={chosen!r}: must be local or kubernetes")
-    mechanisms = find_mechanisms(os.environ.get("YARD_CGROUP_ROOT") or None)
+    mechanisms = find_mechanisms(launcher.cgroup_root)
     log.info(
         "task limits on this machine: cgroup v2 %s; /dev/shm per task %s",
         f"at {mechanisms.cgroup} ({', '.join(sorted(mechanisms.controllers))})"
@@ -217,20 +212,18 @@ def make_backend(settings: Settings, db: AsyncDatabase) -> TaskBackend:
     )
     return LocalBackend(
         settings.data_dir / "launcher",
-        log_max_bytes=int(os.environ.get("YARD_LOG_MAX_BYTES") or DEFAULT_MAX_BYTES),
+        log_max_bytes=launcher.log_max_bytes,
         mechanisms=mechanisms,
-        pip_args=tuple(shlex.split(os.environ.get("YARD_PIP_ARGS", ""))),
-        uids=task_uids(db),
+        pip_args=launcher.pip_args,
+        uids=task_uids(launcher, db),
     )
 
 
-def task_uids(db: AsyncDatabase) -> MongoTaskUids | None:
+def task_uids(launcher: LauncherSettings, db: AsyncDatabase) -> MongoTaskUids | None:
     """Where each user's tasks run as (YARD_TASK_ISOLATION: ``auto``, the default, when
     the launcher is root; ``on``: refuse to start without; ``off``: tasks run as the
     launcher, for a single-user machine only)."""
-    mode = os.environ.get("YARD_TASK_ISOLATION", "auto")
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"YARD_TASK_ISOLATION={mode!r}: must be auto, on or off")
+    mode = launcher.task_isolation
     root = os.geteuid() == 0
     if mode == "on" and not root:
         raise IsolationError(
@@ -244,30 +237,30 @@ def task_uids(db: AsyncDatabase) -> MongoTaskUids | None:
             "YARD_TASK_ISOLATION=off" if mode == "off" else "the launcher is not root",
         )
         return None
-    base = int(os.environ.get("YARD_TASK_UID_BASE") or DEFAULT_BASE)
-    return MongoTaskUids(db, base=base)
+    return MongoTaskUids(db, base=launcher.task_uid_base)
 
 
 async def main() -> None:
     settings = Settings.from_env("launcher")
+    launcher = LauncherSettings.from_env()
     setup_logging("launcher")
     bus = await Bus.connect(settings.nats_url, name="launcher")
     client = mongo_client(settings.mongo_url)
     try:
         store = MongoLauncherStore(client[settings.db_name()])
         await store.ensure_indexes()
-        backend = make_backend(settings, client[settings.db_name()])
+        backend = make_backend(settings, launcher, client[settings.db_name()])
         await backend.start()
         deps = Deps(
             store=store,
             backend=backend,
             publish=bus.publish,
             box=SecretBox.from_env(),
-            default_fs_uri=os.environ.get("YARD_DEFAULT_FS_URI", ""),
-            kill_grace_s=float(os.environ.get("YARD_LAUNCHER_KILL_GRACE_S") or 10.0),
-            minute_s=float(os.environ.get("YARD_LAUNCHER_MINUTE_S") or 60.0),
-            retry_backoff_s=float(os.environ.get("YARD_RETRY_BACKOFF_S") or BACKOFF_BASE_S),
-            start_deadline_s=float(os.environ.get("YARD_START_DEADLINE_S") or 600.0),
+            default_fs_uri=launcher.default_fs_uri,
+            kill_grace_s=launcher.kill_grace_s,
+            minute_s=launcher.minute_s,
+            retry_backoff_s=launcher.retry_backoff_s,
+            start_deadline_s=launcher.start_deadline_s,
         )
         # Before consuming: a redelivered JobPlaced must find adopted tasks as they are.
         await adopt(deps)

@@ -37,7 +37,6 @@ from trainyard_common.telemetry import setup_telemetry
 from .adapters.lease import Lease, LeaseLost
 from .adapters.nodes import MongoNodeStore
 from .adapters.store import MongoJobStore
-from .domain.plugins import Rules
 from .domain.policies import scorer_named
 from .handlers import (
     EVENT_HANDLERS,
@@ -54,13 +53,13 @@ from .handlers import (
     wake_retries,
 )
 from .node_admin import NodeAdmin, NodeError
+from .settings import PlacementSettings
 
 SERVICE = "placement"
 CONSUMER = "placement"
 SUBJECTS = subjects_for(EVENT_HANDLERS)
 LEASE_BUCKET = "yard_leases"
 LEASE_KEY = "placement"
-DEFAULT_LEASE_TTL_S = 5.0
 
 log = logging.getLogger("trainyard.placement")
 
@@ -220,21 +219,6 @@ def replica_id() -> str:
     return f"{socket.gethostname() or 'localhost'}:{os.getpid()}"
 
 
-def seconds_setting(name: str, default: float, *, positive: bool = False) -> float:
-    raw = os.environ.get(name) or str(default)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}: not a number of seconds: {raw!r}") from None
-    if value < 0 or (positive and value == 0):
-        raise ValueError(f"{name}: must be above 0, got {raw!r}")
-    return value
-
-
-def lease_ttl_s() -> float:
-    return seconds_setting("YARD_PLACEMENT_LEASE_TTL_S", DEFAULT_LEASE_TTL_S, positive=True)
-
-
 async def main() -> None:
     settings = Settings.from_env(SERVICE)
     setup_logging(SERVICE)
@@ -244,10 +228,7 @@ async def main() -> None:
         cluster = await cluster_from_nodes(cluster)
     # An unknown policy name or a bad lease ttl stops the service here, before it
     # takes any job.
-    scorer = scorer_named(os.environ.get("YARD_PLACEMENT_POLICY"))
-    rules = Rules.from_env(os.environ)
-    ttl_s = lease_ttl_s()
-    growth_after_s = seconds_setting("YARD_PLACEMENT_GROWTH_AFTER_S", 30.0)
+    placement = PlacementSettings.from_env()
     bus = await Bus.connect(settings.nats_url, name=SERVICE)
     client = mongo_client(settings.mongo_url)
     try:
@@ -255,7 +236,9 @@ async def main() -> None:
         store = MongoJobStore(db["jobs"])
         nodes = MongoNodeStore(db["nodes"])
         tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
-        lease = Lease(await key_value(bus, LEASE_BUCKET), LEASE_KEY, replica_id(), ttl_s)
+        lease = Lease(
+            await key_value(bus, LEASE_BUCKET), LEASE_KEY, replica_id(), placement.lease_ttl_s
+        )
         front = Front(lease, tokens)
 
         async def lead_once(stop: asyncio.Event) -> None:
@@ -264,9 +247,9 @@ async def main() -> None:
             workers: list[asyncio.Task[None]] = []
             try:
                 deps = await load(store, bus, cluster)
-                deps.state.scorer = scorer
-                deps.state.rules = rules
-                deps.growth_after_s = growth_after_s
+                deps.state.scorer = scorer_named(placement.policy)
+                deps.state.rules = placement.rules
+                deps.growth_after_s = placement.growth_after_s
                 admin = NodeAdmin(deps, nodes)
                 await admin.restore()
                 await start(deps)
