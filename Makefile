@@ -43,8 +43,8 @@ bench: setup ## Benchmarks (print JSON): the pipeline against the bus floor, pla
 	$(UV) run --frozen python bench/placement_speed.py
 	$(UV) run --frozen python bench/placement_replay.py
 
-contracts: setup ## Regenerate contracts/ (JSON Schemas, AsyncAPI, examples) from the models
-	$(UV) run --frozen python -m trainyard_common.contracts contracts
+contracts: setup ## Regenerate contracts/ (JSON Schemas, AsyncAPI, examples) and the bus table of docs/architecture.md
+	$(UV) run --frozen python -m trainyard_stack.bus_map contracts docs/architecture.md
 
 setup: $(STAMP) .cache/bin/trainyard-ferretdb .cache/bin/.kube-built ## Install uv, the Python workspace, build the embedded store and the test cluster, Open MPI (as root)
 	@bash tools/setup-system.sh

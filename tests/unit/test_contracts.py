@@ -1,13 +1,21 @@
-"""The checked-in contracts are what the models generate today (run `make contracts`)."""
+"""The checked-in contracts, and the bus table of docs/architecture.md, are what the
+models, the bus grants and the handler tables generate today (run `make contracts`)."""
 
 from pathlib import Path
 
 import pytest
+import yaml
 
-from trainyard_common.contracts import example_events, render
+from trainyard_common.contracts import example_events
 from trainyard_common.events import EVENT_TYPES, decode, encode
+from trainyard_stack import bus_map
 
-CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
+ROOT = Path(__file__).resolve().parents[2]
+CONTRACTS = ROOT / "contracts"
+
+
+def render() -> dict[str, str]:
+    return bus_map.contracts()
 
 
 @pytest.mark.parametrize("relative,text", sorted(render().items()))
@@ -25,6 +33,28 @@ def test_no_stale_extra_contract_files() -> None:
         if p.is_file() and p.suffix in {".json", ".yaml"}
     }
     assert on_disk <= generated, f"files no model generates: {sorted(on_disk - generated)}"
+
+
+def test_the_architecture_documents_bus_table_is_current() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    assert bus_map.with_table(doc) == doc, "docs/architecture.md is stale: run `make contracts`"
+
+
+def test_every_event_is_sent_and_received_and_the_asyncapi_says_by_whom() -> None:
+    operations = yaml.safe_load(render()["asyncapi.yaml"])["operations"]
+    for kind in EVENT_TYPES:
+        actions = {
+            op["action"]
+            for op in operations.values()
+            if op["channel"]["$ref"].endswith(kind.__name__[0].lower() + kind.__name__[1:])
+        }
+        assert actions == {"send", "receive"}, kind
+    # Two services end a job; only placement releases what it held.
+    assert operations["launcher.sendJobFinished"]["x-service"] == "launcher"
+    assert "placement.sendJobFinished" in operations
+    assert "placement.receiveJobFinished" in operations
+    assert "launcher.receiveJobFinished" not in operations
+    assert "launcher.receiveJobPlaced" in operations and "status.receiveJobPlaced" in operations
 
 
 def test_every_event_type_has_an_example_that_round_trips() -> None:

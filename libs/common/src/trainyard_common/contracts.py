@@ -1,14 +1,15 @@
 """Generate ``contracts/`` from the models: JSON Schemas, an AsyncAPI document and example
 payloads, so producers in any language can publish submissions and read events.
 
-``python -m trainyard_common.contracts [DIR]`` (``make contracts``) writes them;
-``render()`` is what a test compares with the checked-in files, so they never go stale.
+``python -m trainyard_stack.bus_map`` (``make contracts``) writes them, with who sends
+and who receives each event; ``render()`` is what a test compares with the checked-in
+files, so they never go stale.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -170,7 +171,13 @@ def _dump_json(value: object) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def asyncapi() -> dict:
+# Which services send and which receive each event type, by service name: known to the
+# composition root (trainyard_stack.bus_map, from the bus grants and the services'
+# handler tables), which the shared library may not import.
+Routes = Mapping[str, Iterable[type[Event]]]
+
+
+def asyncapi(senders: Routes, receivers: Routes) -> dict:
     channels: dict[str, dict] = {}
     operations: dict[str, dict] = {}
     messages: dict[str, dict] = {}
@@ -183,11 +190,15 @@ def asyncapi() -> dict:
             "parameters": {"job_id": {"description": "The job's id (a subject token)."}},
             "messages": {name: {"$ref": f"#/components/messages/{name}"}},
         }
-        operations[f"publish{name}"] = {
-            "action": "send",
-            "channel": {"$ref": f"#/channels/{channel}"},
-            "summary": (model.__doc__ or name).strip().splitlines()[0],
-        }
+        summary = (model.__doc__ or name).strip().splitlines()[0]
+        for action, routes in (("send", senders), ("receive", receivers)):
+            for service in sorted(s for s, types in routes.items() if model in set(types)):
+                operations[f"{service}.{action}{name}"] = {
+                    "action": action,
+                    "channel": {"$ref": f"#/channels/{channel}"},
+                    "summary": summary,
+                    "x-service": service,
+                }
         messages[name] = {
             "name": name,
             "contentType": "application/json",
@@ -221,7 +232,7 @@ def asyncapi() -> dict:
     }
 
 
-def render() -> dict[str, str]:
+def render(senders: Routes, receivers: Routes) -> dict[str, str]:
     """Every generated file, by path relative to ``contracts/``."""
     files: dict[str, str] = {}
     models: tuple[type[BaseModel], ...] = (JobSpec, *EVENT_TYPES)
@@ -231,21 +242,17 @@ def render() -> dict[str, str]:
         files[f"examples/{type(event).__name__}.json"] = _dump_json(
             {"subject": subject_for(event), "payload": json.loads(event.model_dump_json())}
         )
-    files["asyncapi.yaml"] = yaml.safe_dump(asyncapi(), sort_keys=False, allow_unicode=True)
+    files["asyncapi.yaml"] = yaml.safe_dump(
+        asyncapi(senders, receivers), sort_keys=False, allow_unicode=True
+    )
     return files
 
 
-def write(directory: Path) -> list[Path]:
+def write(directory: Path, senders: Routes, receivers: Routes) -> list[Path]:
     written = []
-    for relative, text in render().items():
+    for relative, text in render(senders, receivers).items():
         path = directory / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         written.append(path)
     return written
-
-
-if __name__ == "__main__":
-    target = Path(sys.argv[1] if len(sys.argv) > 1 else "contracts")
-    for path in write(target):
-        print(path)
