@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from trainyard_common.cluster import ClusterSpec, NodeSpec, QueueQuota, QueueSpec
 from trainyard_common.events import (
     InterruptCause,
     InterruptJob,
@@ -14,7 +15,16 @@ from trainyard_common.events import (
     derived_id,
 )
 from trainyard_common.jobspec import JobSpec, Resources, RoleSpec
-from trainyard_placement.domain import Candidate, LeastWork, LowestPriority, Rules
+from trainyard_placement.domain import (
+    Candidate,
+    LeastWork,
+    LowestPriority,
+    Placed,
+    Preempt,
+    QueuedJob,
+    Rules,
+    SchedulerState,
+)
 
 from .placement_cases import World, gpus, job, node, queue, role
 from .test_placement_handlers import Harness
@@ -251,3 +261,52 @@ async def test_a_crash_before_the_interrupt_went_out_sends_it_at_restart() -> No
     [interrupt] = again.pub.of(InterruptJob)
     assert interrupt.event_id == derived_id("low", 1, "interrupt", "preempted")
     assert again.store.docs["low"]["interrupt_sent"] is True
+
+
+def test_two_heads_never_choose_the_same_victim_in_one_cycle() -> None:
+    # Found by the interleaving property: job5 (qa, higher priority) and job4 (qb,
+    # reclaiming what qa borrows) were both heads in one cycle and both chose job2, so
+    # job2 was interrupted twice and its capacity promised to two jobs.
+    def small(name: str, gpus: int = 0) -> NodeSpec:
+        return NodeSpec(name=name, cpu=1, memory_mb=1024, gpus=gpus, port_range=(30000, 30000))
+
+    def gpu_job(queue: str, gpu: float, priority: int = 1) -> JobSpec:
+        role = RoleSpec(
+            name="worker",
+            replicas=1,
+            command="true",
+            resources=Resources(cpu=0.5, memory_mb=256, gpu=gpu),
+        )
+        return JobSpec(name="j", queue=queue, priority=priority, roles=[role])
+
+    cluster = ClusterSpec(
+        nodes=[small("n0"), small("n1"), small("n2"), small("n3", gpus=1)],
+        queues=[
+            QueueSpec(name="qa", quota=QueueQuota(gpus=0.0), borrowing=True, preemption=True),
+            QueueSpec(name="qb", borrowing=False, preemption=False),
+        ],
+    )
+    state = SchedulerState(cluster, rules=Rules(max_preemptions=1))
+
+    def cycle() -> list:
+        decisions = state.cycle()
+        for decision in decisions:
+            if isinstance(decision, Placed):
+                state.commit(decision.allocation)
+            elif isinstance(decision, Preempt):
+                for victim in decision.victims:
+                    assert victim not in state.interrupting, (victim, decisions)
+                    state.preempting(victim, decision.job_id)
+        return decisions
+
+    for seq, spec in enumerate(
+        [gpu_job("qa", 0.5), gpu_job("qa", 1), gpu_job("qa", 0), gpu_job("qb", 1)], start=1
+    ):
+        state.enqueue(QueuedJob(f"job{seq}", spec, arrival_seq=seq))
+        cycle()
+    state.release("job1")  # preempted for job4; its tasks ended
+    cycle()
+    assert "job2" in state.placed
+    state.enqueue(QueuedJob("job5", gpu_job("qa", 0.5, priority=2), arrival_seq=5))
+    preempts = [d for d in cycle() if isinstance(d, Preempt)]
+    assert [(p.job_id, p.victims) for p in preempts] == [("job5", ("job2",))]

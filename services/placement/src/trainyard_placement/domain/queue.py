@@ -291,6 +291,9 @@ class _Cycle:
     heads: dict[str, str] = field(default_factory=dict)
     reserved: list[tuple[str, Allocation]] = field(default_factory=list)
     held: dict[str, Usage] = field(default_factory=dict)
+    # Jobs this cycle already chose to preempt: another queue's head may not choose them
+    # too (their capacity is reserved for the head that preempts them).
+    chosen_victims: set[str] = field(default_factory=set)
     position: int = 0
 
     def __post_init__(self) -> None:
@@ -359,6 +362,7 @@ class _Cycle:
                     plan = self._with_released(job, smallest, pending + victims)
         if plan is not None:
             if victims:
+                self.chosen_victims.update(victims)
                 self.decisions.append(Preempt(
                     job.job_id, victims, self._preempt_reason(job, victims), job.attempt))  # fmt: skip
             self.reserved.append((queue, Allocation(job.job_id, smallest, plan.tasks)))
@@ -669,7 +673,7 @@ class _Cycle:
         for job_id in ids:
             r = self.running[job_id]
             spec = r.allocation.spec
-            if r.interrupting:
+            if r.interrupting or job_id in self.chosen_victims:
                 continue
             if spec.queue == queue:
                 if self.preemptions.get(job_id, 0) >= self.rules.max_preemptions:
