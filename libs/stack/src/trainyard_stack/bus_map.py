@@ -3,7 +3,8 @@ declares, never kept by hand: the senders from the bus grants (what NATS lets ea
 service publish, ``trainyard_common.bus_access``), the receivers from each service's
 handler table (from which its subscription is derived, ``subjects_for``). From them:
 the AsyncAPI document's send and receive operations per service (``contracts/``) and the
-table in ``docs/architecture.md``.
+table in ``docs/architecture.md``; and the transition tables of ``docs/lifecycle.md``
+from ``trainyard_common.lifecycle``.
 
 ``python -m trainyard_stack.bus_map [CONTRACTS_DIR [ARCHITECTURE_MD]]`` (``make
 contracts``) writes both; tests compare them with what is checked in. This is the
@@ -19,6 +20,7 @@ from pathlib import Path
 from trainyard_common.bus_access import GRANTS
 from trainyard_common.contracts import render, write
 from trainyard_common.events import EVENT_TYPES, Event
+from trainyard_common.lifecycle import with_tables
 from trainyard_common.subjects import subjects_for
 from trainyard_launcher.handlers import EVENT_HANDLERS as LAUNCHER
 from trainyard_placement.handlers import EVENT_HANDLERS as PLACEMENT
@@ -80,6 +82,9 @@ def main(argv: list[str]) -> None:
     doc = Path(argv[1] if len(argv) > 1 else "docs/architecture.md")
     doc.write_text(with_table(doc.read_text()))
     print(doc)
+    lifecycle = doc.parent / "lifecycle.md"
+    lifecycle.write_text(with_tables(lifecycle.read_text()))
+    print(lifecycle)
 
 
 if __name__ == "__main__":

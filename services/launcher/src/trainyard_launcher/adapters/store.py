@@ -29,6 +29,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from trainyard_common.events import FailureClass, JobState, TaskPlacement, TaskState, utcnow
 from trainyard_common.jobspec import JobSpec
+from trainyard_common.lifecycle import TASK
 from trainyard_common.storage import insert_once
 
 from ..domain.completion import Verdict
@@ -323,6 +324,7 @@ def _advance(
     unknown = set(fields) - {f.name for f in dataclasses.fields(TaskRecord)}
     if unknown or {"seq", "state", "transitions", "outbox", "published_seq"} & set(fields):
         raise ValueError(f"not a task field to set: {sorted(unknown or fields)}")
+    TASK.check([task.state], state)
     seq = task.seq + 1
     step = Transition(
         seq,
@@ -590,10 +592,10 @@ class MemoryLauncherStore:
     async def transition(
         self, task: TaskRecord, state: TaskState, **fields: Any
     ) -> TaskRecord | None:
+        new, _ = _advance(task, state, fields)  # an invalid move is refused either way
         doc = self.tasks.get(task.id)
         if doc is None or doc["seq"] != task.seq:
             return None
-        new, _ = _advance(task, state, fields)
         self.tasks[task.id] = task_doc(dataclasses.replace(new, published_seq=doc["published_seq"]))
         return new
 

@@ -30,6 +30,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 
 from trainyard_common.events import TaskPlacement, utcnow
 from trainyard_common.jobspec import JobSpec
+from trainyard_common.lifecycle import PLACEMENT, PlacementState
 from trainyard_common.storage import insert_once
 
 JobStoreState = Literal["queued", "placed", "done", "stopped_early", "paused", "interrupting"]
@@ -182,6 +183,13 @@ class JobStore(Protocol):
         of ``states`` in ``attempt``; False otherwise."""
 
 
+def checked(sources: Sequence[str], fields: dict[str, Any]) -> None:
+    """Refuse, before anything is written, a change of state the lifecycle model does not
+    have (trainyard_common.lifecycle.PLACEMENT)."""
+    if "state" in fields:
+        PLACEMENT.check([PlacementState(s) for s in sources], PlacementState(fields["state"]))
+
+
 class MongoJobStore:
     def __init__(self, collection: AsyncCollection[dict[str, Any]]) -> None:
         self._jobs = collection
@@ -210,6 +218,7 @@ class MongoJobStore:
         return [record_from_doc(doc) async for doc in cursor]
 
     async def mark_placed(self, job_id: str, tasks: Sequence[TaskPlacement]) -> bool:
+        checked(["queued"], {"state": "placed"})
         result = await self._jobs.update_one(
             {"_id": job_id, "state": "queued"},
             {"$set": {
@@ -235,6 +244,7 @@ class MongoJobStore:
     async def mark_done(
         self, job_id: str, from_state: JobStoreState, *, stopped_in_queue: bool = False
     ) -> bool:
+        checked([from_state], {"state": "done"})
         result = await self._jobs.update_one(
             {"_id": job_id, "state": from_state},
             {"$set": {"state": "done", "stopped_in_queue": stopped_in_queue}},
@@ -250,6 +260,7 @@ class MongoJobStore:
         not_before: datetime,
         retries_used: int | None = None,
     ) -> bool:
+        checked(["placed", "interrupting"], {"state": "queued"})
         result = await self._jobs.update_one(
             {"_id": job_id, "state": {"$in": ["placed", "interrupting"]}, "attempt": from_attempt},
             {"$set": requeued_fields(attempt, not_before, retries_used)},
@@ -264,6 +275,7 @@ class MongoJobStore:
         attempt: int,
         fields: dict[str, Any],
     ) -> bool:
+        checked(states, fields)
         result = await self._jobs.update_one(
             {"_id": job_id, "state": {"$in": list(states)}, "attempt": attempt},
             {"$set": fields},
@@ -450,6 +462,7 @@ class MemoryJobStore:
         attempt: int,
         fields: dict[str, Any],
     ) -> bool:
+        checked(states, fields)
         doc = self.docs.get(job_id)
         if doc is None or doc["state"] not in states or doc.get("attempt", 1) != attempt:
             return False
@@ -463,6 +476,7 @@ class MemoryJobStore:
         return True
 
     def _update(self, job_id: str, state: str, changes: dict[str, Any]) -> bool:
+        checked([state], changes)
         doc = self.docs.get(job_id)
         if doc is None or doc["state"] != state:
             return False
