@@ -4,7 +4,6 @@ the budget lasts), naming the late tasks and what they were doing."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 
 from trainyard_common.events import (
@@ -19,6 +18,7 @@ from trainyard_common.events import (
     derived_id,
 )
 from trainyard_common.jobspec import JobSpec, RoleSpec
+from trainyard_launcher.adapters.store import now_ms
 from trainyard_launcher.domain.failure import EndKind, classify
 from trainyard_launcher.domain.lifecycle import (
     StartView,
@@ -26,7 +26,7 @@ from trainyard_launcher.domain.lifecycle import (
     start_deadline,
     start_deadline_reason,
 )
-from trainyard_launcher.handlers import check_start_deadlines, check_tasks, launch_job
+from trainyard_launcher.handlers import Deps, check_start_deadlines, check_tasks, launch_job
 
 from ..support.launcher import make_deps
 
@@ -58,9 +58,10 @@ def test_a_start_timeout_is_a_platform_failure() -> None:
     assert classify(None, None, EndKind.START_TIMEOUT) is FailureClass.PLATFORM
 
 
-async def past_the_deadline() -> None:
-    # Stored times have millisecond precision: let a 1 ms deadline pass for sure.
-    await asyncio.sleep(0.01)
+def past_the_deadline(deps: Deps) -> None:
+    """Move the launcher's clock 61 s past the real now (the tests' deadlines are 60 s)."""
+    later = now_ms() + timedelta(seconds=61)
+    deps.clock = lambda: later
 
 
 def placed(retry_limit: int = 0) -> JobPlaced:
@@ -76,16 +77,16 @@ def placed(retry_limit: int = 0) -> JobPlaced:
 
 async def test_an_attempt_whose_task_still_prepares_past_the_deadline_fails() -> None:
     deps, backend, published = make_deps()
-    deps.start_deadline_s = 0.001
+    deps.start_deadline_s = 60
     await launch_job(placed(), deps)
     backend.preparing["j1:1:w:1"] = "$ pip install torch"
-    await past_the_deadline()
+    past_the_deadline(deps)
     await check_start_deadlines(deps)
 
     [end] = [e for e in published if isinstance(e, JobFinished)]
     assert end.state is JobState.FAILED and end.failure_class is FailureClass.PLATFORM
     assert end.reason == (
-        "not all tasks started within 0.001s: w[1] still preparing ($ pip install torch)"
+        "not all tasks started within 60s: w[1] still preparing ($ pip install torch)"
     )
     tasks = {(e.index, e.state): e for e in published if isinstance(e, TaskStateChanged)}
     assert tasks[(1, TaskState.FAILED)].failure_class is FailureClass.PLATFORM
@@ -95,10 +96,10 @@ async def test_an_attempt_whose_task_still_prepares_past_the_deadline_fails() ->
 
 async def test_a_start_timeout_is_retried_while_the_budget_lasts() -> None:
     deps, backend, published = make_deps()
-    deps.start_deadline_s = 0.001
+    deps.start_deadline_s = 60
     await launch_job(placed(retry_limit=1), deps)
     backend.preparing["j1:1:w:0"] = "$ git clone repo"
-    await past_the_deadline()
+    past_the_deadline(deps)
     await check_start_deadlines(deps)
     [retry] = [e for e in published if isinstance(e, JobRetrying)]
     assert retry.failure_class is FailureClass.PLATFORM and retry.attempt == 2
@@ -106,13 +107,13 @@ async def test_a_start_timeout_is_retried_while_the_budget_lasts() -> None:
 
 async def test_tasks_that_all_started_are_not_failed_and_not_looked_at_again() -> None:
     deps, backend, published = make_deps()
-    deps.start_deadline_s = 0.001
+    deps.start_deadline_s = 60
     await launch_job(placed(), deps)
-    await past_the_deadline()
+    past_the_deadline(deps)
     await check_start_deadlines(deps)
     assert deps.start_deadlines[("j1", 1)] is None
     backend.preparing["j1:1:w:1"] = "never looked at"
-    await past_the_deadline()
+    past_the_deadline(deps)
     await check_start_deadlines(deps)
     await check_tasks(deps)
     assert not [e for e in published if isinstance(e, JobFinished)]
@@ -123,6 +124,6 @@ async def test_no_deadline_before_its_time() -> None:
     deps.start_deadline_s = 600
     await launch_job(placed(), deps)
     backend.preparing["j1:1:w:1"] = "$ pip install torch"
-    await past_the_deadline()
+    past_the_deadline(deps)
     await check_start_deadlines(deps)
     assert not [e for e in published if isinstance(e, JobFinished)]

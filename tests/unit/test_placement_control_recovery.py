@@ -4,7 +4,6 @@ preemption victim is paused (found in review; each failed before its fix)."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -111,14 +110,18 @@ async def test_a_stop_carried_to_a_retry_survives_a_failure_between_the_two_writ
 
 async def test_a_scale_of_a_queued_retry_is_not_reverted_by_a_later_pause() -> None:
     h = await Harness().boot()
+    now = [utcnow()]
+    h.deps.clock = lambda: now[0]  # the test moves time instead of sleeping
     await h.accept("e", elastic(replicas=1))
     await h.send(ScaleJob(job_id="e", requested_by="alice", role="worker", replicas=3))
     # Attempt 1 failed before the scale's interrupt reached it: attempt 2 takes size 3
-    # and waits out a short backoff.
-    await h.send(retrying("e", not_before_s=0.05))
+    # and waits out a backoff.
+    await h.send(retrying("e", not_before_s=30))
     # While it waits, the user settles on 2.
     await h.send(ScaleJob(job_id="e", requested_by="alice", role="worker", replicas=2))
-    await asyncio.sleep(0.1)
+    await start(h.deps)
+    assert h.pub.of(JobPlaced, "e")[-1].attempt == 1  # type: ignore[attr-defined]
+    now[0] += timedelta(seconds=31)
     await start(h.deps)  # the backoff is over: a cycle places it
     second = h.pub.of(JobPlaced, "e")[-1]
     assert (second.attempt, len(second.tasks)) == (2, 2)  # type: ignore[attr-defined]

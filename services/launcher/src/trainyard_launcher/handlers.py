@@ -123,6 +123,9 @@ class Deps:
     # (the store or the bus failed in between): the watcher applies them again until
     # that succeeds, since the ended task is no longer watched to remind it.
     unsettled: set[tuple[str, int]] = field(default_factory=set)
+    # What time it is, to the store's precision (tests pass a clock they move instead of
+    # sleeping).
+    clock: Callable[[], datetime] = now_ms
 
     def lock(self, job_id: str) -> asyncio.Lock:
         return self.locks.setdefault(job_id, asyncio.Lock())
@@ -579,7 +582,7 @@ async def _finish_with(
             job.attempt,
             verdict,
             outcomes,
-            now=now_ms(),
+            now=deps.clock(),
             base_s=deps.retry_backoff_s,
             retries_used=job.retries_used,
         )
@@ -796,7 +799,7 @@ async def check_deadlines(deps: Deps) -> None:
                 limit, min(starts, default=None), deps.minute_s
             )
         deadline = deps.deadlines[(job_id, attempt)]
-        if deadline is None or now_ms() < deadline:
+        if deadline is None or deps.clock() < deadline:
             continue
         async with lock:
             job = await deps.store.get_job(job_id)
@@ -839,7 +842,7 @@ async def check_start_deadlines(deps: Deps) -> None:
                 placed_at, deps.start_deadline_s
             )
         deadline = deps.start_deadlines[(job_id, attempt)]
-        if deadline is None or now_ms() < deadline:
+        if deadline is None or deps.clock() < deadline:
             continue
         async with lock:
             job = await deps.store.get_job(job_id)

@@ -108,6 +108,8 @@ class Deps:
     growth_after_s: float = 30.0
     # The platform is shutting down: nothing more is placed by this process.
     draining: bool = False
+    # What time it is (tests pass a clock they move instead of sleeping).
+    clock: Callable[[], datetime] = utcnow
 
 
 def finished_id(job_id: str, attempt: int) -> str:
@@ -672,7 +674,7 @@ async def run_cycle(deps: Deps) -> None:
         return  # shutting down: the next start places what waits
     # 2. Decide, on a snapshot derived from the placed jobs' allocations; retries whose
     #    backoff ended join the queue first.
-    now = utcnow()
+    now = deps.clock()
     for job_id, (job, not_before) in list(deps.deferred.items()):
         if not_before <= now:
             del deps.deferred[job_id]
@@ -798,7 +800,7 @@ async def _commit_placement(deps: Deps, decision: Placed) -> None:
         log.warning("job %s was not queued in the store; reloading it", allocation.job_id)
         await _reload(deps, allocation.job_id)
         return
-    deps.state.commit(allocation, placed_at=utcnow().timestamp())
+    deps.state.commit(allocation, placed_at=deps.clock().timestamp())
     deps.attempts[allocation.job_id] = decision.attempt
     deps.notices.pop(allocation.job_id, None)
     deps.unannounced.add(allocation.job_id)
@@ -892,7 +894,7 @@ def _adopt(deps: Deps, record: JobRecord) -> None:
         deps.retries_used[record.job_id] = record.retries_used
     if record.state == "queued":
         job = QueuedJob(record.job_id, record.spec, record.arrival_seq, record.attempt)
-        if record.not_before is not None and record.not_before > utcnow():
+        if record.not_before is not None and record.not_before > deps.clock():
             deps.deferred[record.job_id] = (job, record.not_before)
         else:
             deps.state.enqueue(job)
@@ -937,7 +939,7 @@ async def start(deps: Deps) -> None:
 async def wake_retries(deps: Deps, stop: asyncio.Event, interval_s: float = 0.2) -> None:
     """Run a cycle when a retried job's backoff ends (no event marks that moment)."""
     while not stop.is_set():
-        now = utcnow()
+        now = deps.clock()
         if any(not_before <= now for _, not_before in deps.deferred.values()):
             try:
                 async with deps.lock:
