@@ -68,12 +68,15 @@ class NonceRegistry(Protocol):
 class MemoryNonces:
     """Nonces seen by this process (one replica); ``KvNonces`` shares them."""
 
-    def __init__(self, ttl_s: float = MAX_AGE_S + MAX_AHEAD_S) -> None:
+    def __init__(
+        self, ttl_s: float = MAX_AGE_S + MAX_AHEAD_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.ttl_s = ttl_s
+        self.clock = clock
         self._seen: dict[str, float] = {}
 
     async def first_use(self, key: str) -> bool:
-        now = time.monotonic()
+        now = self.clock()
         if len(self._seen) > 10_000:
             self._seen = {k: t for k, t in self._seen.items() if t > now}
         if self._seen.get(key, 0.0) > now:
