@@ -30,7 +30,7 @@ from trainyard_launcher.adapters.local import LocalBackend
 from trainyard_launcher.adapters.procfs import is_alive, session_members
 from trainyard_launcher.domain.completion import exit_reason
 from trainyard_launcher.domain.limits import Mechanisms
-from trainyard_launcher.handlers import _end_of
+from trainyard_launcher.handlers.ending import _end_of
 from trainyard_launcher.logs import CappedLog, follow, older_part, read_log
 
 from ..support.launcher import launch

@@ -16,7 +16,7 @@ from trainyard_launcher.domain.limits import (
     out_of_memory_note,
     plan_limits,
 )
-from trainyard_launcher.handlers import _end_of
+from trainyard_launcher.handlers.ending import _end_of
 
 RES = Resources(cpu=1.5, memory_mb=512, shm_mb=128)
 CGROUP = Mechanisms(

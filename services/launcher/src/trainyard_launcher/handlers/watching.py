@@ -1,0 +1,239 @@
+"""The watcher (task ends, run and start deadlines) and adoption after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from trainyard_common.events import (
+    JobState,
+    TaskState,
+)
+from trainyard_common.telemetry import continue_trace
+
+from ..adapters.store import (
+    JOB_RUNNING,
+    TaskRecord,
+)
+from ..domain.completion import Verdict
+from ..domain.failure import EndKind
+from ..domain.lifecycle import (
+    StartView,
+    late_tasks,
+    start_deadline,
+    start_deadline_reason,
+)
+from ..domain.prepare import deadline_reason, run_deadline
+from .common import LOST_WHILE_DOWN, Deps, handle_of, publish_pending, record, task_ref
+from .ending import end_task, evaluate_job, failure_of, finish_job, finish_with
+from .launching import placement_of, start_task
+
+log = logging.getLogger("trainyard.launcher")
+
+
+# --- watching and adopting ------------------------------------------------------------
+
+
+async def check_tasks(deps: Deps) -> None:
+    """One look at every watched task; record the ends and apply the rules."""
+    for job_id, attempt in sorted(deps.unsettled):
+        lock = deps.lock(job_id)
+        if lock.locked():
+            continue
+        async with lock:
+            await evaluate_job(deps, job_id, attempt)
+        deps.unsettled.discard((job_id, attempt))
+    for key, task in list(deps.watching.items()):
+        lock = deps.lock(task.job_id)
+        if lock.locked():
+            continue  # being launched or stopped right now; look again next round
+        status = await deps.backend.poll(task_ref(task), handle_of(task))
+        if status.running:
+            continue
+        async with lock:
+            with continue_trace(task.traceparent):
+                # Noted before the task leaves ``watching``: if what follows fails, the
+                # next round still applies the rules (and publishes the job's end).
+                deps.unsettled.add((task.job_id, task.attempt))
+                await end_task(deps, key, status)
+                await evaluate_job(deps, task.job_id, task.attempt)
+                deps.unsettled.discard((task.job_id, task.attempt))
+
+
+async def check_deadlines(deps: Deps) -> None:
+    """Stop the watched jobs that ran past max_running_minutes. The deadline is read
+    from the stored start times, so a restarted launcher keeps it."""
+    watched = {(t.job_id, t.attempt) for t in deps.watching.values()}
+    for key in set(deps.deadlines) - watched:
+        del deps.deadlines[key]
+    for job_id, attempt in watched:
+        lock = deps.lock(job_id)
+        if lock.locked():
+            continue
+        if (job_id, attempt) not in deps.deadlines:
+            job = await deps.store.get_job(job_id)
+            limit = job.spec.max_running_minutes if job and job.spec else None
+            starts = [t.started for t in await deps.store.tasks_of(job_id, attempt) if t.started]
+            deps.deadlines[(job_id, attempt)] = run_deadline(
+                limit, min(starts, default=None), deps.minute_s
+            )
+        deadline = deps.deadlines[(job_id, attempt)]
+        if deadline is None or deps.clock() < deadline:
+            continue
+        async with lock:
+            job = await deps.store.get_job(job_id)
+            if (
+                job is None
+                or job.attempt != attempt
+                or job.state != JOB_RUNNING
+                or job.spec is None
+            ):
+                continue
+            assert job.spec.max_running_minutes is not None
+            with continue_trace(
+                next((t.traceparent for t in deps.watching.values() if t.job_id == job_id), None)
+            ):
+                await finish_with(
+                    deps,
+                    job,
+                    Verdict(JobState.FAILED, deadline_reason(job.spec.max_running_minutes)),
+                )
+
+
+async def check_start_deadlines(deps: Deps) -> None:
+    """Fail the attempts whose tasks did not all start their command within
+    ``start_deadline_s`` of the placement (a hung preparation, a task never spawned): the
+    late tasks are stopped and FAILED as a platform failure, so a retry may follow."""
+    if deps.start_deadline_s <= 0:
+        return
+    watched = {(t.job_id, t.attempt) for t in deps.watching.values()}
+    for key in set(deps.start_deadlines) - watched:
+        del deps.start_deadlines[key]
+    for job_id, attempt in watched:
+        lock = deps.lock(job_id)
+        if lock.locked():
+            continue
+        if (job_id, attempt) not in deps.start_deadlines:
+            # From the stored STARTING times, so a restarted launcher keeps the deadline.
+            tasks = await deps.store.tasks_of(job_id, attempt)
+            placed_at = min((t.transitions[0].at for t in tasks if t.transitions), default=None)
+            deps.start_deadlines[(job_id, attempt)] = start_deadline(
+                placed_at, deps.start_deadline_s
+            )
+        deadline = deps.start_deadlines[(job_id, attempt)]
+        if deadline is None or deps.clock() < deadline:
+            continue
+        async with lock:
+            job = await deps.store.get_job(job_id)
+            if (
+                job is None
+                or job.attempt != attempt
+                or job.state != JOB_RUNNING
+                or job.spec is None
+            ):
+                continue
+            tasks = await deps.store.tasks_of(job_id, attempt)
+            late = late_tasks([await _start_view(deps, t) for t in tasks])
+            if not late:
+                deps.start_deadlines[(job_id, attempt)] = None  # all started: done
+                continue
+            reason = start_deadline_reason(deps.start_deadline_s, late)
+            with continue_trace(tasks[0].traceparent if tasks else None):
+                for view in late:
+                    task = next(t for t in tasks if (t.role, t.index) == (view.role, view.index))
+                    status = await deps.backend.kill(
+                        task_ref(task), handle_of(task), deps.kill_grace_s
+                    )
+                    await record(
+                        deps,
+                        task,
+                        TaskState.FAILED,
+                        reason=reason,
+                        exit_code=status.exit_code,
+                        signal=status.signal,
+                        ended_at=status.ended_at or time.time(),
+                        **failure_of(EndKind.START_TIMEOUT),
+                    )
+                    deps.watching.pop(task.id, None)
+                await finish_with(
+                    deps, job, Verdict(JobState.FAILED, reason, task=(late[0].role, late[0].index))
+                )
+
+
+async def _start_view(deps: Deps, task: TaskRecord) -> StartView:
+    if task.state != TaskState.RUNNING:
+        return StartView(task.role, task.index, task.state)
+    progress = await deps.backend.progress(task_ref(task), handle_of(task))
+    return StartView(task.role, task.index, task.state, progress.command_started, progress.step)
+
+
+async def watch_tasks(deps: Deps, stop: asyncio.Event, interval_s: float = 0.3) -> None:
+    """Look at the watched tasks whenever the backend says one may have changed, and at
+    least every ``interval_s`` (deadlines are the watcher's own to notice)."""
+    while not stop.is_set():
+        try:
+            await check_tasks(deps)
+            await check_deadlines(deps)
+            await check_start_deadlines(deps)
+        except Exception:  # noqa: BLE001 - a store hiccup must not end the watcher
+            log.exception("checking tasks failed; trying again")
+        changed = asyncio.ensure_future(deps.backend.changes(interval_s))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (changed, stopped):
+                waiter.cancel()
+
+
+async def adopt(deps: Deps) -> None:
+    """At startup: take over the tasks the store says are starting or running, finish
+    what was decided but not published, and publish transitions left in the outbox."""
+    for task in await deps.store.unpublished_tasks():
+        await publish_pending(deps, task)
+    jobs: set[tuple[str, int]] = set()
+    for task in await deps.store.active_tasks():
+        jobs.add((task.job_id, task.attempt))
+        async with deps.lock(task.job_id):
+            job = await deps.store.get_job(task.job_id)
+            if job is None or job.attempt != task.attempt or job.state != JOB_RUNNING:
+                continue  # finished jobs: finish_job below stops their leftovers
+            if task.state == TaskState.STARTING:
+                # Started before the crash or not: start_task never spawns twice.
+                new = await start_task(deps, job, task, placement_of(job, task))
+                if new is not None and new.state == TaskState.RUNNING:
+                    deps.watching[new.id] = new
+                continue
+            status = await deps.backend.poll(task_ref(task), handle_of(task))
+            if status.running:
+                deps.watching[task.id] = task
+            else:
+                await end_task(deps, task.id, status, LOST_WHILE_DOWN)
+    await _remove_strays(deps)
+    # And every attempt still running with no task left active: a crash between a last
+    # task's end and the job's verdict leaves one.
+    jobs |= {(job.job_id, job.attempt) for job in await deps.store.running_jobs()}
+    for job_id, attempt in sorted(jobs):
+        async with deps.lock(job_id):
+            await evaluate_job(deps, job_id, attempt)
+    for job in await deps.store.unpublished_jobs():
+        async with deps.lock(job.job_id):
+            await finish_job(deps, job)
+    log.info("adopted %d running task(s) of %d job(s)", len(deps.watching), len(jobs))
+
+
+async def _remove_strays(deps: Deps) -> None:
+    """Stop what the backend runs that the store does not know as running: a task a
+    crash left behind, or a duplicate of one (the backend's inventory, where it keeps
+    one: none is left behind, and no (job, attempt, role, index) runs twice)."""
+    inventory = await deps.backend.inventory()
+    if inventory is None:
+        return
+    for ref, handle in inventory.items():
+        task = await deps.store.get_task(ref.key)
+        known = task is not None and not task.state.terminal
+        if known and task is not None and task.uid in (None, handle.uid):
+            continue
+        log.warning("stopping %s: the store does not know it as running", ref.key)
+        await deps.backend.kill(ref, handle, deps.kill_grace_s)
