@@ -1,0 +1,312 @@
+"""What placement's handlers share: their dependencies, the ids of what they publish, and
+keeping the in-memory state and the store as one (reload, adopt, announce)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from trainyard_common.bus import Delivery
+from trainyard_common.errors import TransientError
+from trainyard_common.events import (
+    Event,
+    InterruptCause,
+    InterruptJob,
+    JobFinished,
+    JobInterrupted,
+    JobPlaced,
+    JobState,
+    derived_id,
+    utcnow,
+)
+
+from ..adapters.store import (
+    ACTIVE_STATES,
+    JobRecord,
+    JobStore,
+    interrupting_fields,
+    paused_fields,
+    spec_fields,
+    stop_reason_fields,
+)
+from ..domain import Allocation, QueuedJob, SchedulerState, Waiting
+from ..domain.elastic import ScaleProblem
+
+log = logging.getLogger("trainyard.placement")
+
+
+# Attempts are counted from 1; a retry (JobRetrying) queues the next one.
+FIRST_ATTEMPT = 1
+
+
+SUBMITTED_PAUSED = "submitted to start paused: waiting for a resume"
+
+
+PAUSED_STOP = "stopped while paused"
+
+
+# A command for a job not accepted yet waits for it this many deliveries (~40 s of nak
+# delays), then is dropped: the job was rejected.
+EARLY_COMMAND_DELIVERIES = 10
+
+
+class Publisher(Protocol):
+    async def publish(self, event: Event) -> Any: ...
+
+
+@dataclass
+class Deps:
+    store: JobStore
+    publisher: Publisher
+    state: SchedulerState
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Placed jobs whose JobPlaced is not known to be published yet.
+    unannounced: set[str] = field(default_factory=set)
+    # How many JobQueued each waiting job was sent, and the notice key of the last one.
+    notices: dict[str, tuple[int, tuple[tuple[str, ...], int] | None]] = field(default_factory=dict)
+    # The last cycle's verdict on each waiting job, for the queue view.
+    waiting: dict[str, Waiting] = field(default_factory=dict)
+    # Retried jobs whose backoff has not ended: (job, not_before), outside the queue.
+    deferred: dict[str, tuple[QueuedJob, datetime]] = field(default_factory=dict)
+    # The attempt of each placed job (its JobPlaced carries it).
+    attempts: dict[str, int] = field(default_factory=dict)
+    # The retry budget each queued or placed job has spent (its JobPlaced carries it).
+    retries_used: dict[str, int] = field(default_factory=dict)
+    # Interrupted jobs whose InterruptJob a crash may have kept from going out.
+    unsent_preemptions: set[str] = field(default_factory=set)
+    # An elastic job grows only after running this long at its size, so capacity that
+    # frees in bursts does not restart it again and again.
+    growth_after_s: float = 30.0
+    # The platform is shutting down: nothing more is placed by this process.
+    draining: bool = False
+    # What time it is (tests pass a clock they move instead of sleeping).
+    clock: Callable[[], datetime] = utcnow
+
+
+def finished_id(job_id: str, attempt: int) -> str:
+    """The id of the one JobFinished of an attempt. The launcher derives its JobFinished
+    id the same way, so a job stopped in the queue and one ended by the launcher can
+    never both be announced for one attempt."""
+    return derived_id(job_id, attempt, "finished")
+
+
+def placed_id(job_id: str, attempt: int) -> str:
+    return derived_id(job_id, attempt, "placed")
+
+
+def queued_id(job_id: str, attempt: int, notice: int, reasons: tuple[str, ...]) -> str:
+    digest = hashlib.sha256("\n".join(reasons).encode()).hexdigest()[:16]
+    return derived_id(job_id, attempt, "queued", notice, digest)
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+class JobEnded(Exception):
+    pass
+
+
+class ScaleRefused(ValueError):
+    def __init__(self, problem: ScaleProblem) -> None:
+        super().__init__(problem.message)
+        self.field = problem.field
+
+
+def interrupt_id(job_id: str, attempt: int, cause: InterruptCause | str) -> str:
+    return derived_id(job_id, attempt, "interrupt", InterruptCause(cause).value)
+
+
+def interrupted_id(job_id: str, attempt: int) -> str:
+    """The one JobInterrupted of an attempt, whichever service announces it."""
+    return derived_id(job_id, attempt, "interrupted")
+
+
+async def interrupt_placed(
+    deps: Deps,
+    record: JobRecord,
+    cause: InterruptCause,
+    reason: str,
+    fields: dict[str, Any] | None = None,
+) -> bool:
+    """placed -> interrupting (plus ``fields``), then InterruptJob to the launcher. Call
+    with the lock held; False when the store had moved on. The capacity stays taken
+    until JobInterrupted (or the attempt's own end) arrives."""
+    if record.job_id in deps.unannounced and record.job_id in deps.state.placed:
+        # The launcher must know the attempt before it is told to end it.
+        await announce_placed(deps, deps.state.placed[record.job_id])
+    changed = await deps.store.change(
+        record.job_id,
+        states=("placed",),
+        attempt=record.attempt,
+        fields={**interrupting_fields(cause.value, reason), **(fields or {})},
+    )
+    if changed:
+        await send_interrupt(deps, record.job_id, record.attempt, cause, reason)
+    return changed
+
+
+def carried_fields(before: JobRecord) -> dict[str, Any]:
+    """The attempt being interrupted failed first (JobRetrying): what the interrupt was
+    for applies to the queued retry instead — a stop, a pause, a new size."""
+    if before.state != "interrupting":
+        return {}
+    if before.stop_reason is not None:
+        return {"state": "done", "stopped_in_queue": True, **stop_reason_fields(before.stop_reason)}
+    if before.interrupt is not None and before.interrupt[0] == InterruptCause.PAUSED:
+        return {**paused_fields(before.next_spec), "not_before": None}
+    if before.next_spec is not None:
+        return spec_fields(before.next_spec)
+    return {}
+
+
+async def announce_carried(deps: Deps, before: JobRecord, attempt: int) -> None:
+    """Announce the end or the pause :func:`carried_fields` gave the retry (ids derived from
+    the new attempt, so a redelivery announces the same events)."""
+    carried = carried_fields(before)
+    if carried.get("state") == "done":
+        await announce_stopped(deps, before.job_id, attempt, before.stop_reason)
+    elif carried.get("state") == "paused" and before.interrupt is not None:
+        await announce_paused(deps, before.job_id, attempt, before.interrupt[1])
+
+
+async def known_record(deps: Deps, job_id: str, delivery: Delivery) -> JobRecord | None:
+    record = await deps.store.get(job_id)
+    if record is None and delivery.num_delivered < EARLY_COMMAND_DELIVERIES:
+        # Intake knows the job but validation has not passed it on yet: try again later.
+        # A job that never comes (rejected) has the command dropped after a while.
+        raise TransientError(f"job {job_id} is not known to placement yet")
+    if record is None:
+        log.warning("dropping a command for job %s, which placement never got", job_id)
+    return record
+
+
+async def send_interrupt(
+    deps: Deps, job_id: str, attempt: int, cause: InterruptCause | str, reason: str
+) -> None:
+    await deps.publisher.publish(InterruptJob(
+        event_id=interrupt_id(job_id, attempt, cause), job_id=job_id, attempt=attempt,
+        cause=InterruptCause(cause), reason=reason,
+    ))  # fmt: skip
+
+
+async def announce_paused(deps: Deps, job_id: str, attempt: int, reason: str) -> None:
+    await deps.publisher.publish(JobInterrupted(
+        event_id=interrupted_id(job_id, attempt), job_id=job_id, attempt=attempt,
+        cause=InterruptCause.PAUSED, reason=reason,
+    ))  # fmt: skip
+
+
+async def announce_stopped(deps: Deps, job_id: str, attempt: int, reason: str | None) -> None:
+    await deps.publisher.publish(JobFinished(
+        event_id=finished_id(job_id, attempt), job_id=job_id, attempt=attempt,
+        state=JobState.STOPPED, reason=reason or PAUSED_STOP,
+    ))  # fmt: skip
+
+
+def adopt_preemption(deps: Deps, record: JobRecord) -> None:
+    if record.preemptions:
+        deps.state.preemptions[record.job_id] = record.preemptions
+    if record.state != "interrupting":
+        return
+    preempted = record.interrupt is not None and record.interrupt[0] == InterruptCause.PREEMPTED
+    # preempted_by outlives a pause asked for meanwhile (it is cleared with the attempt):
+    # the preemptor still waits for this victim and must not choose another.
+    deps.state.interrupting[record.job_id] = record.preempted_by
+    if record.interrupt is not None and not (preempted and record.interrupt_sent):
+        # Only preemptions note that their InterruptJob went out: any other interrupt
+        # is sent again at start (same event id; the launcher answers a repeat in kind).
+        deps.unsent_preemptions.add(record.job_id)
+
+
+async def announce_placed(deps: Deps, allocation: Allocation) -> None:
+    attempt = deps.attempts.get(allocation.job_id, FIRST_ATTEMPT)
+    await deps.publisher.publish(JobPlaced(
+        event_id=placed_id(allocation.job_id, attempt),
+        job_id=allocation.job_id,
+        attempt=attempt,
+        spec=allocation.spec,
+        tasks=list(allocation.tasks),
+        retries_used=deps.retries_used.get(allocation.job_id, attempt - 1),
+    ))  # fmt: skip
+    await deps.store.mark_placed_published(allocation.job_id)
+    deps.unannounced.discard(allocation.job_id)
+
+
+_BEHIND = re.compile(r"^waiting behind job \S+ at the head of ")
+
+
+def notice_key(reasons: tuple[str, ...], position: int) -> tuple[tuple[str, ...], int]:
+    """What must change for a waiting job to be told again (a new JobQueued): its own
+    reasons, but not which job happens to head its queue (every job behind a head would
+    be told again each time the head changes: quadratic in the queue), and the order of
+    magnitude of its position (1, 2-10, 11-100, ...: each job crosses a handful of those
+    on its way to the head, not one per job placed ahead of it). The queue view shows the
+    exact position and the current head at any time."""
+    kinds = tuple(_BEHIND.sub("waiting behind the head of ", reason) for reason in reasons)
+    return kinds, 0 if position <= 1 else math.ceil(math.log10(position))
+
+
+async def announce_stopped_in_queue(deps: Deps, record: JobRecord) -> None:
+    await deps.publisher.publish(JobFinished(
+        event_id=finished_id(record.job_id, record.attempt),
+        job_id=record.job_id,
+        attempt=record.attempt,
+        state=JobState.STOPPED,
+        reason="stopped while queued",
+    ))  # fmt: skip
+
+
+def forget_queued(deps: Deps, job_id: str) -> None:
+    deps.state.dequeue(job_id)
+    deps.deferred.pop(job_id, None)
+    deps.notices.pop(job_id, None)
+    deps.waiting.pop(job_id, None)
+
+
+async def reload_job(deps: Deps, job_id: str) -> None:
+    forget_queued(deps, job_id)
+    deps.state.release(job_id)
+    deps.attempts.pop(job_id, None)
+    deps.retries_used.pop(job_id, None)
+    deps.unannounced.discard(job_id)
+    record = await deps.store.get(job_id)
+    if record is not None:
+        adopt_record(deps, record)
+
+
+def adopt_record(deps: Deps, record: JobRecord) -> None:
+    if record.spec is None:
+        return
+    if record.state in ACTIVE_STATES:
+        deps.retries_used[record.job_id] = record.retries_used
+    if record.state == "queued":
+        job = QueuedJob(record.job_id, record.spec, record.arrival_seq, record.attempt)
+        if record.not_before is not None and record.not_before > deps.clock():
+            deps.deferred[record.job_id] = (job, record.not_before)
+        else:
+            deps.state.enqueue(job)
+        if record.reasons:
+            # Its position's class is not stored: -1 until the next cycle knows it.
+            deps.notices[record.job_id] = (
+                record.queued_notices,
+                (notice_key(tuple(record.reasons), 1)[0], -1),
+            )
+        adopt_preemption(deps, record)
+    elif record.state in ("placed", "interrupting"):
+        # An interrupting job holds its allocation until the launcher lets it go.
+        deps.state.commit(
+            Allocation(record.job_id, record.spec, record.allocation),
+            placed_at=record.placed_at.timestamp() if record.placed_at else None,
+        )
+        adopt_preemption(deps, record)
+        deps.attempts[record.job_id] = record.attempt
+        if not record.placed_published:
+            deps.unannounced.add(record.job_id)

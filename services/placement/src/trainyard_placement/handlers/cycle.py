@@ -1,0 +1,200 @@
+"""The scheduling cycle: place what fits, preempt for what waits, tell a waiting job
+why (only when that changes meaningfully), grow elastic jobs."""
+
+from __future__ import annotations
+
+import logging
+
+from trainyard_common.events import (
+    InterruptCause,
+    JobQueued,
+)
+
+from ..adapters.store import (
+    interrupt_sent_fields,
+    preempted_fields,
+)
+from ..domain import Placed, Preempt, Waiting
+from ..domain.growth import growth
+from .common import (
+    Deps,
+    announce_placed,
+    interrupt_placed,
+    notice_key,
+    queued_id,
+    reload_job,
+    send_interrupt,
+)
+
+log = logging.getLogger("trainyard.placement")
+
+
+SHUTDOWN_REASON = "the platform was shut down; the job runs again when it is back"
+
+
+async def shut_down(deps: Deps) -> list[str]:
+    """Place nothing more, and end every running attempt as interrupted (cause
+    ``shutdown``): its tasks stop, and the next start of the platform queues the job's
+    next attempt, spending no retry. Returns the jobs told to end."""
+    async with deps.lock:
+        deps.draining = True
+        interrupted = []
+        for job_id in sorted(deps.state.placed):
+            record = await deps.store.get(job_id)
+            if record is not None and record.state == "placed":
+                if await interrupt_placed(deps, record, InterruptCause.SHUTDOWN, SHUTDOWN_REASON):
+                    interrupted.append(job_id)
+        return interrupted
+
+
+async def run_cycle(deps: Deps) -> None:
+    """Place what fits now and tell waiting jobs why they wait. Call with the lock held."""
+    # 1. Announce placements a crash or a failed publish left unannounced.
+    for job_id in sorted(deps.unannounced):
+        await announce_placed(deps, deps.state.placed[job_id])
+    for job_id in sorted(deps.unsent_preemptions):
+        await _resend_preemption(deps, job_id)
+    if deps.draining:
+        return  # shutting down: the next start places what waits
+    # 2. Decide, on a snapshot derived from the placed jobs' allocations; retries whose
+    #    backoff ended join the queue first.
+    now = deps.clock()
+    for job_id, (job, not_before) in list(deps.deferred.items()):
+        if not_before <= now:
+            del deps.deferred[job_id]
+            deps.state.enqueue(job)
+    decisions = deps.state.cycle(now=now.timestamp())
+    # 3. Store each placement, then take it into memory, then announce it; the next
+    #    decisions already counted its capacity as used.
+    waiting: dict[str, Waiting] = {}
+    for decision in decisions:
+        if isinstance(decision, Placed):
+            await _commit_placement(deps, decision)
+        elif isinstance(decision, Preempt):
+            await _preempt(deps, decision)
+        else:
+            waiting[decision.job_id] = decision
+    for job_id, (job, not_before) in sorted(deps.deferred.items(), key=lambda d: d[1][1]):
+        waiting[job_id] = Waiting(
+            job_id,
+            len(waiting) + 1,
+            (
+                # Milliseconds, as the store keeps them: the same words after a restart.
+                f"retrying attempt {job.attempt} after backoff until "
+                f"{not_before.isoformat(timespec='milliseconds')}",
+            ),
+            job.attempt,
+        )
+    deps.waiting = waiting
+    # 4. Explain the wait, only when the explanation changed.
+    for decision in waiting.values():
+        await _notify_waiting(deps, decision)
+    # 5. With nobody waiting, elastic jobs below their size grow into the free capacity.
+    if not waiting:
+        await _grow(deps, now.timestamp())
+
+
+async def _grow(deps: Deps, now: float) -> None:
+    """Restart each elastic job that fits at a larger size (never above the size asked
+    for, ``replicas``, which ScaleJob sets) as its next attempt (docs/placement.md,
+    "Elastic"). Its capacity stays held until its JobInterrupted."""
+    targets: dict[str, dict[str, int]] = {}
+    for job_id, role, replicas in growth(deps.state):
+        targets.setdefault(job_id, {})[role] = replicas
+    for job_id, roles in sorted(targets.items()):
+        if now - deps.state.placed_at.get(job_id, now) < deps.growth_after_s:
+            continue
+        record = await deps.store.get(job_id)
+        if record is None or record.state != "placed" or record.spec is None:
+            continue
+        running = deps.state.placed[job_id].spec
+        grown = {
+            name: min(replicas, record.spec.role(name).replicas) for name, replicas in roles.items()
+        }
+        grown = {name: n for name, n in grown.items() if n > running.role(name).replicas}
+        if not grown:
+            continue  # already at the size asked for
+        words = ", ".join(
+            f"{name} {running.role(name).replicas} -> {n}" for name, n in sorted(grown.items())
+        )
+        await interrupt_placed(
+            deps, record, InterruptCause.SCALED, f"growing into freed capacity: {words} replica(s)"
+        )
+
+
+async def _preempt(deps: Deps, decision: Preempt) -> None:
+    """Interrupt each victim once (docs/placement.md, "Preemption"): placed ->
+    interrupting with who preempted it and its count, then InterruptJob. It keeps its
+    capacity until its JobInterrupted; the preemptor waits for that."""
+    for victim in decision.victims:
+        record = await deps.store.get(victim)
+        if record is None or record.state != "placed":
+            if record is not None and record.state == "interrupting":
+                # Already on its way out for another cause: never chosen again.
+                deps.state.interrupting.setdefault(victim, None)
+            continue
+        count = deps.state.preemptions.get(victim, 0) + 1
+        if await interrupt_placed(
+            deps,
+            record,
+            InterruptCause.PREEMPTED,
+            decision.reason,
+            preempted_fields(decision.job_id, count),
+        ):
+            deps.state.preempting(victim, decision.job_id)
+            await deps.store.change(
+                victim,
+                states=("interrupting",),
+                attempt=record.attempt,
+                fields=interrupt_sent_fields(),
+            )
+
+
+async def _resend_preemption(deps: Deps, job_id: str) -> None:
+    record = await deps.store.get(job_id)
+    deps.unsent_preemptions.discard(job_id)
+    if record is None or record.state != "interrupting" or record.interrupt is None:
+        return
+    await send_interrupt(deps, job_id, record.attempt, *record.interrupt)
+    await deps.store.change(
+        job_id, states=("interrupting",), attempt=record.attempt, fields=interrupt_sent_fields()
+    )
+
+
+async def _commit_placement(deps: Deps, decision: Placed) -> None:
+    allocation = decision.allocation
+    if not await deps.store.mark_placed(allocation.job_id, allocation.tasks):
+        # Memory and store disagree (an update that landed but whose reply was lost,
+        # or a second writer): the store wins.
+        log.warning("job %s was not queued in the store; reloading it", allocation.job_id)
+        await reload_job(deps, allocation.job_id)
+        return
+    deps.state.commit(allocation, placed_at=deps.clock().timestamp())
+    deps.attempts[allocation.job_id] = decision.attempt
+    deps.notices.pop(allocation.job_id, None)
+    deps.unannounced.add(allocation.job_id)
+    await announce_placed(deps, allocation)
+
+
+async def _notify_waiting(deps: Deps, decision: Waiting) -> None:
+    sent, last = deps.notices.get(decision.job_id, (0, None))
+    key = notice_key(decision.reasons, decision.position)
+    if last is not None and last[1] < 0 and last[0] == key[0]:
+        # Restored after a restart with its reasons but not its position: the same
+        # reasons need no new notice; the position's class is known from now on.
+        deps.notices[decision.job_id] = (sent, key)
+        return
+    if key == last:
+        return
+    notice = sent + 1
+    # Published before it is recorded: it is only information, and a crash in between
+    # re-publishes the same id, which JetStream drops.
+    await deps.publisher.publish(JobQueued(
+        event_id=queued_id(decision.job_id, decision.attempt, notice, decision.reasons),
+        job_id=decision.job_id,
+        attempt=decision.attempt,
+        position=decision.position,
+        reasons=list(decision.reasons),
+    ))  # fmt: skip
+    await deps.store.note_reasons(decision.job_id, decision.reasons, notice)
+    deps.notices[decision.job_id] = (notice, key)

@@ -1,0 +1,152 @@
+"""A job's own events: accepted (queued, or paused as submitted), finished, retried, and
+a stop."""
+
+from __future__ import annotations
+
+import logging
+
+from trainyard_common.bus import Delivery
+from trainyard_common.events import (
+    JobAccepted,
+    JobFinished,
+    JobRetrying,
+    JobState,
+    StopJob,
+)
+from trainyard_common.jobspec import RunMode
+
+from ..adapters.store import (
+    requeued_fields,
+)
+from ..domain import QueuedJob
+from .common import (
+    FIRST_ATTEMPT,
+    SUBMITTED_PAUSED,
+    Deps,
+    announce_carried,
+    announce_paused,
+    announce_stopped,
+    announce_stopped_in_queue,
+    carried_fields,
+    finished_id,
+    forget_queued,
+    reload_job,
+)
+from .control import stop_interrupted
+from .cycle import run_cycle
+
+log = logging.getLogger("trainyard.placement")
+
+
+async def queue_job(event: JobAccepted, delivery: Delivery, deps: Deps) -> None:
+    job = QueuedJob(event.job_id, event.spec, delivery.stream_seq, FIRST_ATTEMPT)
+    # T9k runMode.pause (Kubeflow suspend): the job waits paused for a ResumeJob.
+    paused = job.spec.run_mode == RunMode.PAUSE
+    inserted = await deps.store.add_queued(
+        job.job_id,
+        attempt=job.attempt,
+        arrival_seq=job.arrival_seq,
+        spec=job.spec,
+        state="paused" if paused else "queued",
+    )
+    if inserted and paused:
+        await announce_paused(deps, job.job_id, job.attempt, SUBMITTED_PAUSED)
+    elif inserted:
+        deps.state.enqueue(job)
+        deps.retries_used[job.job_id] = 0
+    else:
+        record = await deps.store.get(job.job_id)
+        if record is not None and record.state == "paused" and record.attempt == FIRST_ATTEMPT:
+            await announce_paused(deps, job.job_id, job.attempt, SUBMITTED_PAUSED)
+        if record is not None and record.state == "stopped_early":
+            await deps.publisher.publish(JobFinished(
+                event_id=finished_id(record.job_id, record.attempt),
+                job_id=record.job_id,
+                attempt=record.attempt,
+                state=JobState.STOPPED,
+                reason="stopped before it was placed",
+            ))  # fmt: skip
+            await deps.store.mark_done(record.job_id, "stopped_early")
+        # Otherwise a redelivery: the job is already known, in memory as in the store.
+    await run_cycle(deps)
+
+
+async def release_job(event: JobFinished, delivery: Delivery, deps: Deps) -> None:
+    record = await deps.store.get(event.job_id)
+    if record is None or record.attempt != event.attempt:
+        return
+    if record.state in ("placed", "interrupting"):
+        # An attempt being interrupted may end on its own first: its end wins.
+        await deps.store.mark_done(record.job_id, record.state)
+        deps.state.release(record.job_id)
+        deps.unannounced.discard(record.job_id)
+    elif record.state == "queued":
+        # Ended before it was placed (stopped elsewhere): it must leave the queue.
+        await deps.store.mark_done(record.job_id, "queued")
+        forget_queued(deps, record.job_id)
+    else:
+        return
+    await run_cycle(deps)
+
+
+async def stop_job(event: StopJob, delivery: Delivery, deps: Deps) -> None:
+    record = await deps.store.get(event.job_id)
+    if record is None:
+        if await deps.store.add_tombstone(event.job_id, attempt=FIRST_ATTEMPT):
+            return
+        # JobAccepted was handled between our read and our insert; look again.
+        record = await deps.store.get(event.job_id)
+        if record is None:
+            return
+    if record.state == "queued":
+        await deps.store.mark_done(record.job_id, "queued", stopped_in_queue=True)
+        forget_queued(deps, record.job_id)
+        await announce_stopped_in_queue(deps, record)
+        await run_cycle(deps)
+    elif record.state == "done" and record.stopped_in_queue:
+        # A redelivery after a failure between storing the stop and announcing it.
+        await announce_stopped_in_queue(deps, record)
+        await run_cycle(deps)
+    elif record.state in ("paused", "interrupting"):
+        await stop_interrupted(event, record, deps)
+
+
+async def retry_job(event: JobRetrying, delivery: Delivery, deps: Deps) -> None:
+    """The launcher gave up on an attempt and asks for the next: give the old
+    allocation back and queue the job again, due at ``event.not_before``."""
+    record = await deps.store.get(event.job_id)
+    if record is None or record.attempt < event.previous_attempt:
+        return
+    if record.attempt == event.previous_attempt and record.state in ("placed", "interrupting"):
+        # One conditional update: the retry and whatever an interrupt under way meant for
+        # it (a stop, a pause, a new size), so no crash can split them.
+        fields = {
+            **requeued_fields(event.attempt, event.not_before, record.retries_used + 1),
+            **carried_fields(record),
+        }
+        if not await deps.store.change(
+            record.job_id,
+            states=("placed", "interrupting"),
+            attempt=event.previous_attempt,
+            fields=fields,
+        ):
+            log.warning(
+                "job %s was not placed in attempt %d in the store; reloading it",
+                record.job_id,
+                event.previous_attempt,
+            )
+        await reload_job(deps, record.job_id)
+        await announce_carried(deps, record, event.attempt)
+    elif record.attempt == event.attempt:
+        # A redelivery after the store moved on: memory, or an announcement, may not have.
+        if record.state == "queued" and (
+            record.job_id not in deps.state.queued and record.job_id not in deps.deferred
+        ):
+            await reload_job(deps, record.job_id)
+        elif record.state == "done" and record.stopped_in_queue:
+            await announce_stopped(deps, record.job_id, record.attempt, record.stop_reason)
+        elif record.state == "paused":
+            await announce_paused(
+                deps, record.job_id, record.attempt, "paused while its failed attempt was retried"
+            )
+    await run_cycle(deps)
