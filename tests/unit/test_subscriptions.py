@@ -9,10 +9,11 @@ import pytest
 from trainyard_common.contracts import example_events
 from trainyard_common.events import EVENT_TYPES, Event
 from trainyard_common.subjects import subject_for, subjects_for
-from trainyard_launcher import app as launcher_app
+from trainyard_launcher import handlers as launcher
 from trainyard_launcher.handlers import EVENT_HANDLERS as LAUNCHER
-from trainyard_placement import app as placement_app
+from trainyard_placement import handlers as placement
 from trainyard_placement.handlers import EVENT_HANDLERS as PLACEMENT
+from trainyard_validation import handlers as validation
 from trainyard_validation.handlers import EVENT_HANDLERS as VALIDATION
 
 
@@ -52,5 +53,7 @@ def test_a_subscription_delivers_exactly_what_its_table_handles(table: dict) -> 
 
 
 def test_the_services_consume_what_their_tables_derive() -> None:
-    assert launcher_app.SUBJECTS == subjects_for(LAUNCHER)
-    assert placement_app.SUBJECTS == subjects_for(PLACEMENT)
+    # Each service's __main__ consumes its handlers' SUBJECTS.
+    assert launcher.SUBJECTS == subjects_for(LAUNCHER)
+    assert placement.SUBJECTS == subjects_for(PLACEMENT)
+    assert validation.SUBJECTS == subjects_for(VALIDATION)

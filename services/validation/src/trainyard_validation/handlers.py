@@ -8,6 +8,7 @@ from typing import Any
 
 from trainyard_common.cluster import ClusterSpec
 from trainyard_common.events import Event, JobAccepted, JobSubmitted
+from trainyard_common.subjects import subjects_for
 
 from .adapters.names import NameRegistry
 from .domain.rules import decide, name_taken
@@ -39,3 +40,5 @@ async def validate_job(event: JobSubmitted, deps: Deps) -> None:
 EVENT_HANDLERS: dict[type[Event], Callable[[Any, Deps], Awaitable[None]]] = {
     JobSubmitted: validate_job,
 }
+# The consumer's subscription: exactly what the table handles.
+SUBJECTS = subjects_for(EVENT_HANDLERS)

@@ -25,6 +25,7 @@ from typing import Any
 
 from trainyard_common.bus import Delivery
 from trainyard_common.events import Event, InterruptJob, JobPlaced, StopJob
+from trainyard_common.subjects import subjects_for
 
 from .common import (
     LOST,
@@ -77,6 +78,8 @@ EVENT_HANDLERS: dict[type[Event], Callable[[Any, Deps], Awaitable[None]]] = {
     StopJob: stop_job,
     InterruptJob: interrupt_job,
 }
+# The consumer's subscription: exactly what the table handles.
+SUBJECTS = subjects_for(EVENT_HANDLERS)
 
 
 async def dispatch(deps: Deps, event: Event, _delivery: Delivery | None = None) -> None:
@@ -92,6 +95,7 @@ __all__ = [
     "LOST_WHILE_DOWN",
     "LOST_WHILE_STARTING",
     "STOPPED_BEFORE_START",
+    "SUBJECTS",
     "failure_of",
     "finish_with",
     "kept_for_debug",

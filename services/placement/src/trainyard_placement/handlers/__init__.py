@@ -34,6 +34,7 @@ from trainyard_common.events import (
     ScaleJob,
     StopJob,
 )
+from trainyard_common.subjects import subjects_for
 
 from .common import (
     EARLY_COMMAND_DELIVERIES,
@@ -94,6 +95,8 @@ EVENT_HANDLERS: dict[type[Event], EventHandler] = {
     RestartJob: restart_job,
     JobInterrupted: release_interrupted,
 }
+# The consumer's subscription: exactly what the table handles.
+SUBJECTS = subjects_for(EVENT_HANDLERS)
 
 
 async def handle(event: Event, delivery: Delivery, deps: Deps) -> None:
@@ -105,6 +108,7 @@ async def handle(event: Event, delivery: Delivery, deps: Deps) -> None:
 
 
 __all__ = [
+    "SUBJECTS",
     "Deps",
     "EARLY_COMMAND_DELIVERIES",
     "EVENT_HANDLERS",
