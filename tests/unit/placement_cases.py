@@ -145,3 +145,17 @@ def queue_specs(draw: st.DrawFn, names: Sequence[str]) -> list[str | QueueSpec]:
             borrowing=draw(st.booleans()), preemption=draw(st.booleans()),
         ))  # fmt: skip
     return result
+
+
+def cycle_and_apply(state: SchedulerState) -> list[Decision]:
+    """One cycle of ``state``, its decisions applied as the service applies them: a
+    placement committed, each victim marked as being preempted (never one twice)."""
+    decisions = state.cycle()
+    for decision in decisions:
+        if isinstance(decision, Placed):
+            state.commit(decision.allocation)
+        elif isinstance(decision, Preempt):
+            for victim in decision.victims:
+                assert victim not in state.interrupting, (victim, decisions)
+                state.preempting(victim, decision.job_id)
+    return decisions

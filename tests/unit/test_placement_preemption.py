@@ -19,14 +19,13 @@ from trainyard_placement.domain import (
     Candidate,
     LeastWork,
     LowestPriority,
-    Placed,
     Preempt,
     QueuedJob,
     Rules,
     SchedulerState,
 )
 
-from .placement_cases import World, gpus, job, node, queue, role
+from .placement_cases import World, cycle_and_apply, gpus, job, node, queue, role
 from .test_placement_handlers import Harness
 
 
@@ -289,15 +288,7 @@ def test_two_heads_never_choose_the_same_victim_in_one_cycle() -> None:
     state = SchedulerState(cluster, rules=Rules(max_preemptions=1))
 
     def cycle() -> list:
-        decisions = state.cycle()
-        for decision in decisions:
-            if isinstance(decision, Placed):
-                state.commit(decision.allocation)
-            elif isinstance(decision, Preempt):
-                for victim in decision.victims:
-                    assert victim not in state.interrupting, (victim, decisions)
-                    state.preempting(victim, decision.job_id)
-        return decisions
+        return cycle_and_apply(state)
 
     for seq, spec in enumerate(
         [gpu_job("qa", 0.5), gpu_job("qa", 1), gpu_job("qa", 0), gpu_job("qb", 1)], start=1

@@ -22,7 +22,7 @@ from trainyard_placement.domain import (
 )
 from trainyard_placement.domain.gpu_share import gpu_request
 
-from .placement_cases import queue_specs
+from .placement_cases import cycle_and_apply, queue_specs
 
 GPU_TYPES = [None, "V100", "A100"]
 PORT_BASE = 30000
@@ -315,12 +315,5 @@ def test_any_interleaving_keeps_the_invariants(
                     state.interrupting.setdefault(job_id, None)
         elif op == "add" and spare:
             state.add_node(spare.pop())
-        decisions = state.cycle()
-        for decision in decisions:
-            if isinstance(decision, Placed):
-                state.commit(decision.allocation)
-            elif isinstance(decision, Preempt):
-                for victim in decision.victims:
-                    assert victim not in state.interrupting  # never interrupted twice
-                    state.preempting(victim, decision.job_id)
+        decisions = cycle_and_apply(state)  # never interrupts a job twice
         check_world(state, decisions)
