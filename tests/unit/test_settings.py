@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trainyard_common.config import SettingError, choice_setting, number_setting
+from trainyard_gateway.settings import GatewaySettings
 from trainyard_launcher.settings import LauncherSettings
 from trainyard_placement.domain import UnknownPolicy, UnknownSetting
 from trainyard_placement.settings import PlacementSettings
@@ -82,3 +83,17 @@ def test_placement_settings() -> None:
         PlacementSettings.from_env({"YARD_PLACEMENT_BACKFILL": "eager"})
     with pytest.raises(SettingError, match="^YARD_PLACEMENT_LEASE_TTL_S='0': must be above 0"):
         PlacementSettings.from_env({"YARD_PLACEMENT_LEASE_TTL_S": "0"})
+
+
+def test_gateway_settings() -> None:
+    default = GatewaySettings.from_env({})
+    assert default.backends["intake"] == "http://127.0.0.1:8081"
+    read = GatewaySettings.from_env(
+        {"YARD_STATUS_URL": "http://status.trainyard.svc:8082/", "YARD_INTAKE_PORT": "9001"}
+    )
+    assert read.backends["status"] == "http://status.trainyard.svc:8082"
+    assert read.backends["intake"] == "http://127.0.0.1:9001"
+    with pytest.raises(SettingError, match="^YARD_STATUS_URL='status:8082': not an http"):
+        GatewaySettings.from_env({"YARD_STATUS_URL": "status:8082"})
+    with pytest.raises(SettingError, match="^YARD_LAUNCHER_PORT='0'"):
+        GatewaySettings.from_env({"YARD_LAUNCHER_PORT": "0"})
