@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,13 +94,43 @@ class Api:
         assert answer.status_code == 202, answer.text
 
 
-def start_platform(root: Path) -> Platform:
-    cluster = root / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump(CLUSTER))
-    config = PlatformConfig.with_free_ports(
-        root / "data", cluster_file=cluster, log_level="WARNING"
+def platform_config(
+    root: Path, cluster: dict[str, Any] | None = None, extra_env: dict[str, str] | None = None
+) -> PlatformConfig:
+    """A whole platform's configuration under ``root``: its cluster file (``CLUSTER`` by
+    default), free ports, and ``extra_env`` for every service."""
+    cluster_file = root / "cluster.yaml"
+    cluster_file.write_text(yaml.safe_dump(CLUSTER if cluster is None else cluster))
+    return PlatformConfig.with_free_ports(
+        root / "data", cluster_file=cluster_file, log_level="WARNING", extra_env=extra_env or {}
     )
-    return Platform(config).start()
+
+
+def start_platform(
+    root: Path, cluster: dict[str, Any] | None = None, extra_env: dict[str, str] | None = None
+) -> Platform:
+    return Platform(platform_config(root, cluster, extra_env)).start()
+
+
+def unique(prefix: str) -> str:
+    """A new name: names stay claimed after a job ends (unique per user), and a platform
+    lives for a whole module or session."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def yard(platform: Platform, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """The ``yard`` CLI as a user runs it, against ``platform`` as its admin."""
+    env = {**os.environ, "YARD_URL": platform.url, "YARD_TOKEN": platform.token}
+    done = subprocess.run(
+        [sys.executable, "-m", "trainyard_sdk", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
 
 
 @pytest.fixture(scope="session")

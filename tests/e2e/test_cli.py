@@ -13,21 +13,9 @@ import yaml
 
 from trainyard_stack.platform import Platform
 
+from .conftest import yard
+
 pytestmark = pytest.mark.e2e
-
-
-def yard(platform: Platform, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "YARD_URL": platform.url, "YARD_TOKEN": platform.token}
-    done = subprocess.run(
-        [sys.executable, "-m", "trainyard_sdk", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if check:
-        assert done.returncode == 0, done.stderr
-    return done
 
 
 def test_submit_yaml_wait_get_events_logs(platform: Platform, tmp_path: Path) -> None:

@@ -13,9 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainyard_stack.platform import Platform, PlatformConfig
-
-from .conftest import CLUSTER, Api
+from .conftest import Api, start_platform, unique
 
 pytestmark = pytest.mark.e2e
 
@@ -24,22 +22,12 @@ T9K = "/apis/batch.tensorstack.dev/v1beta1/namespaces/team-a"
 
 @pytest.fixture(scope="module")
 def control_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    root = tmp_path_factory.mktemp("control-platform")
-    cluster = root / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump(CLUSTER))
-    config = PlatformConfig.with_free_ports(
-        root / "data",
-        cluster_file=cluster,
-        log_level="WARNING",
+    platform = start_platform(
+        tmp_path_factory.mktemp("control-platform"),
         extra_env={"YARD_RETRY_BACKOFF_S": "0.2", "YARD_LAUNCHER_KILL_GRACE_S": "2"},
     )
-    platform = Platform(config).start()
     yield Api(platform.url, platform.token)
     platform.stop()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def openpai(name: str, command: str, retries: int = 0, gpus: int = 2) -> dict[str, Any]:

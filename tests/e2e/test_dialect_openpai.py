@@ -13,16 +13,11 @@ import pytest
 import yaml
 
 from ..seeds import seed_job
-from .conftest import Api
+from .conftest import Api, unique
 
 pytestmark = pytest.mark.e2e
 
 SECRET = "s3cr3t-" + uuid.uuid4().hex[:12]
-
-
-def unique(name: str) -> str:
-    # Names are unique per user for good, and the platform lives for the whole session.
-    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 def openpai_status(

@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from typing import Any
 
 import pytest
 import yaml
 
-from .conftest import Api
+from .conftest import Api, unique
 
 pytestmark = pytest.mark.e2e
 
 T9K = "/apis/batch.tensorstack.dev/v1beta1/namespaces/team-a"
 KUBEFLOW = "/apis/kubeflow.org/v1/namespaces/ml"
-
-
-def unique(prefix: str) -> str:
-    # Names stay claimed after a job ends (unique per user), so every run uses new ones.
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def container(name: str, command: list[str], **extra: Any) -> dict[str, Any]:

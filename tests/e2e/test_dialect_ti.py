@@ -3,12 +3,8 @@ TI's view of the job, DELETE to stop, and ``yard ti job`` as a user runs it."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
-import uuid
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +12,7 @@ import pytest
 
 from trainyard_stack.platform import Platform
 
-from .conftest import Api
+from .conftest import Api, unique, yard
 
 pytestmark = pytest.mark.e2e
 
@@ -38,10 +34,6 @@ ok = (set(c["cluster"]) == {"worker"} and len(workers) == 2 and len(set(workers)
           ":" + os.environ["PAI_CONTAINER_HOST_tfport_PORT_LIST"]))
 sys.exit(0 if ok else 3)
 """
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def ti_job(
@@ -164,20 +156,6 @@ def test_another_user_does_not_see_the_job(api: Api) -> None:
     assert bob.http.get(f"/ti/v1/jobs/{CLUSTER}/{name}").status_code == 404
     assert name not in [j["name"] for j in bob.http.get("/ti/v1/jobs").json()["jobs"]]
     assert bob.http.delete(f"/ti/v1/jobs/{CLUSTER}/{name}").status_code == 404
-
-
-def yard(platform: Platform, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "YARD_URL": platform.url, "YARD_TOKEN": platform.token}
-    done = subprocess.run(
-        [sys.executable, "-m", "trainyard_sdk", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if check:
-        assert done.returncode == 0, done.stderr
-    return done
 
 
 def test_yard_ti_job_create_get_list(platform: Platform, api: Api) -> None:

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from trainyard_stack.platform import Platform, PlatformConfig
+from trainyard_stack.platform import Platform
 
-from .conftest import CLUSTER, Api
+from .conftest import CLUSTER, Api, start_platform, unique
 
 pytestmark = pytest.mark.e2e
 
@@ -81,16 +80,8 @@ def wheelhouses(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 def platform_on(root: Path, cluster: dict[str, Any], wheelhouses: list[Path]) -> Platform:
     """A whole platform on ``cluster`` whose jobs install packages from the wheelhouses."""
-    cluster_file = root / "cluster.yaml"
-    cluster_file.write_text(yaml.safe_dump(cluster))
     links = " ".join(f"--find-links {w}" for w in wheelhouses)
-    config = PlatformConfig.with_free_ports(
-        root / "data",
-        cluster_file=cluster_file,
-        log_level="WARNING",
-        extra_env={"YARD_PIP_ARGS": f"--no-index {links}"},
-    )
-    return Platform(config).start()
+    return start_platform(root, cluster, extra_env={"YARD_PIP_ARGS": f"--no-index {links}"})
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +89,6 @@ def fw_api(tmp_path_factory: pytest.TempPathFactory, wheelhouses: list[Path]) ->
     platform = platform_on(tmp_path_factory.mktemp("fw-platform"), CLUSTER, wheelhouses)
     yield Api(platform.url, platform.token)
     platform.stop()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def script(directory: Path, name: str, body: str) -> Path:

@@ -13,11 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from trainyard_stack.platform import Platform, PlatformConfig
-
-from .conftest import CLUSTER, Api
+from .conftest import Api, start_platform
 
 pytestmark = pytest.mark.e2e
 
@@ -45,19 +42,13 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def prep_api(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[Api]:
-    root = tmp_path_factory.mktemp("prep-platform")
-    cluster = root / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump(CLUSTER))
-    config = PlatformConfig.with_free_ports(
-        root / "data",
-        cluster_file=cluster,
-        log_level="WARNING",
+    platform = start_platform(
+        tmp_path_factory.mktemp("prep-platform"),
         extra_env={
             "YARD_PIP_ARGS": f"--no-index --find-links {wheels}",
             "YARD_LAUNCHER_MINUTE_S": "1",
         },
     )
-    platform = Platform(config).start()
     yield Api(platform.url, platform.token)
     platform.stop()
 

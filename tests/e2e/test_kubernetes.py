@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from trainyard_stack.kube import EXIT_CODE, RUN_DURATION, KubeCluster
-from trainyard_stack.platform import Platform, PlatformConfig
+from trainyard_stack.platform import Platform
 
-from .conftest import Api
+from .conftest import Api, start_platform
 
 pytestmark = pytest.mark.e2e
 
@@ -33,14 +33,10 @@ SHORT = "1500ms"  # how long a task "runs" on KWOK unless its template says othe
 def kube_platform(
     kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Platform]:
-    root = tmp_path_factory.mktemp("kube-platform")
-    cluster = root / "cluster.yaml"
-    # Only the queues come from the file: the nodes are the cluster's own.
-    cluster.write_text(yaml.safe_dump({"nodes": [], "queues": ["default"]}))
-    config = PlatformConfig.with_free_ports(
-        root / "data",
-        cluster_file=cluster,
-        log_level="WARNING",
+    platform = start_platform(
+        tmp_path_factory.mktemp("kube-platform"),
+        # Only the queues come from the file: the nodes are the cluster's own.
+        {"nodes": [], "queues": ["default"]},
         extra_env={
             "YARD_LAUNCHER": "kubernetes",
             "KUBECONFIG": str(kube_cluster.kubeconfig),
@@ -50,7 +46,6 @@ def kube_platform(
             "YARD_START_DEADLINE_S": "120",
         },
     )
-    platform = Platform(config).start()
     yield platform
     platform.stop()
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
-from trainyard_stack.platform import Platform, PlatformConfig
+from trainyard_stack.platform import Platform
 
-from .conftest import CLUSTER, Api
+from .conftest import Api, platform_config
 
 pytestmark = pytest.mark.e2e
 
@@ -33,11 +32,7 @@ def small_job(name: str) -> dict:
 
 
 def test_a_restart_keeps_history(tmp_path: Path) -> None:
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump(CLUSTER))
-    config = PlatformConfig.with_free_ports(
-        tmp_path / "data", cluster_file=cluster, log_level="WARNING"
-    )
+    config = platform_config(tmp_path)
     with Platform(config) as first:
         api = Api(first.url, first.token)
         before = api.submit(small_job("before-restart"))

@@ -13,27 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from trainyard_stack.platform import Platform, PlatformConfig
-
-from .conftest import CLUSTER, Api
+from .conftest import Api, start_platform
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def retry_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    root = tmp_path_factory.mktemp("retry-platform")
-    cluster = root / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump(CLUSTER))
-    config = PlatformConfig.with_free_ports(
-        root / "data",
-        cluster_file=cluster,
-        log_level="WARNING",
-        extra_env={"YARD_RETRY_BACKOFF_S": "0.2"},
+    platform = start_platform(
+        tmp_path_factory.mktemp("retry-platform"), extra_env={"YARD_RETRY_BACKOFF_S": "0.2"}
     )
-    platform = Platform(config).start()
     yield Api(platform.url, platform.token)
     platform.stop()
 

@@ -9,12 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from trainyard_launcher.adapters.procfs import is_alive
-from trainyard_stack.platform import Platform, PlatformConfig
+from trainyard_stack.platform import Platform
 
-from .conftest import CLUSTER, Api
+from .conftest import Api, platform_config
 
 pytestmark = pytest.mark.e2e
 
@@ -48,11 +47,7 @@ def wait_running(api: Api, job_id: str, attempt: int) -> dict:
 def test_stopping_the_platform_stops_the_tasks_or_keeps_them_for_adoption(
     tmp_path: Path,
 ) -> None:
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump(CLUSTER))
-    config = PlatformConfig.with_free_ports(
-        tmp_path / "data", cluster_file=cluster, log_level="WARNING"
-    )
+    config = platform_config(tmp_path)
     first = Platform(config).start()
     try:
         api = Api(first.url, first.token)

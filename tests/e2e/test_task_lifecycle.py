@@ -12,11 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from trainyard_stack.platform import Platform, PlatformConfig
+from trainyard_stack.platform import Platform
 
-from .conftest import CLUSTER, Api
+from .conftest import Api, start_platform
 
 pytestmark = pytest.mark.e2e
 
@@ -26,19 +25,13 @@ LOG_MAX_BYTES = 4096
 
 @pytest.fixture(scope="module")
 def lifecycle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform, Api]]:
-    root = tmp_path_factory.mktemp("lifecycle-platform")
-    cluster = root / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump(CLUSTER))
-    config = PlatformConfig.with_free_ports(
-        root / "data",
-        cluster_file=cluster,
-        log_level="WARNING",
+    platform = start_platform(
+        tmp_path_factory.mktemp("lifecycle-platform"),
         extra_env={
             "YARD_START_DEADLINE_S": str(START_DEADLINE_S),
             "YARD_LOG_MAX_BYTES": str(LOG_MAX_BYTES),
         },
     )
-    platform = Platform(config).start()
     yield platform, Api(platform.url, platform.token)
     platform.stop()
 

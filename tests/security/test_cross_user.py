@@ -24,7 +24,7 @@ from alibabacloud_tea_openapi.exceptions import ClientException
 
 from trainyard_stack.platform import Platform
 
-from ..e2e.conftest import Api, start_platform
+from ..e2e.conftest import Api, start_platform, unique
 from ..e2e.test_dialect_dlc import call, cpu_job, sdk
 
 pytestmark = pytest.mark.e2e
@@ -33,10 +33,6 @@ T9K = "/apis/batch.tensorstack.dev/v1beta1/namespaces/team-a"
 KUBEFLOW = "/apis/kubeflow.org/v1/namespaces/ml"
 TI_CLUSTER = "default"
 HOLD = "sleep 600"  # every job of Alice's runs until the end of the module
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")

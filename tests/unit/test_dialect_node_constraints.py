@@ -11,41 +11,9 @@ import pytest
 from trainyard_common.dialects import field_path, translate
 from trainyard_common.jobspec import EnvVar
 
+from ..support.payloads import kubeflow, pod, t9k
+
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
-
-
-def pod(gpus: int = 1, **spec: Any) -> dict[str, Any]:
-    return {
-        "spec": {
-            "containers": [
-                {
-                    "name": "pytorch",
-                    "image": "python:3.11",
-                    "command": ["python", "t.py"],
-                    "resources": {"limits": {"nvidia.com/gpu": gpus}},
-                }
-            ],
-            **spec,
-        }
-    }
-
-
-def kubeflow(template: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": "pt"},
-        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": template}}},
-    }
-
-
-def t9k(template: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch.tensorstack.dev/v1beta1",
-        "kind": "GenericJob",
-        "metadata": {"name": "g"},
-        "spec": {"replicaSpecs": [{"type": "worker", "replicas": 1, "template": template}]},
-    }
 
 
 def required(*expressions: dict[str, Any], terms: int = 1) -> dict[str, Any]:

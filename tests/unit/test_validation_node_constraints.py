@@ -14,6 +14,8 @@ from trainyard_common.events import JobAccepted, JobRejected, JobSubmitted
 from trainyard_common.jobspec import EnvVar
 from trainyard_validation.domain.rules import decide
 
+from ..support.payloads import kubeflow, pod, t9k
+
 CLUSTER = ClusterSpec(
     nodes=[
         NodeSpec(
@@ -65,40 +67,6 @@ def native(**resources: Any) -> dict[str, Any]:
                 "node_selector": [{"name": k, "value": v} for k, v in selector.items()],
             },
         ],
-    }
-
-
-def pod(gpus: int = 1, **spec: Any) -> dict[str, Any]:
-    return {
-        "spec": {
-            "containers": [
-                {
-                    "name": "pytorch",
-                    "image": "python:3.11",
-                    "command": ["python", "t.py"],
-                    "resources": {"limits": {"nvidia.com/gpu": gpus}},
-                }
-            ],
-            **spec,
-        }
-    }
-
-
-def kubeflow(template: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": "pt"},
-        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": template}}},
-    }
-
-
-def t9k(template: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch.tensorstack.dev/v1beta1",
-        "kind": "GenericJob",
-        "metadata": {"name": "g"},
-        "spec": {"replicaSpecs": [{"type": "worker", "replicas": 1, "template": template}]},
     }
 
 
