@@ -6,6 +6,7 @@ import asyncio
 
 from trainyard_common.config import Settings
 from trainyard_common.runtime import serve, setup_logging
+from trainyard_common.telemetry import setup_telemetry
 
 from .app import create_app
 from .settings import GatewaySettings
@@ -14,6 +15,7 @@ from .settings import GatewaySettings
 async def main() -> None:
     settings = Settings.from_env("gateway")
     setup_logging("gateway")
+    setup_telemetry("gateway")
     await serve(settings, create_app(GatewaySettings.from_env().backends), [])
 
 

@@ -20,6 +20,7 @@ from trainyard_common.events import Event
 from trainyard_common.runtime import serve, setup_logging
 from trainyard_common.secrets_box import SecretBox
 from trainyard_common.storage import mongo_client
+from trainyard_common.telemetry import setup_telemetry
 
 from .adapters.backend import TaskBackend
 from .adapters.kubernetes import KubernetesBackend, KubeSettings
@@ -86,6 +87,7 @@ async def main() -> None:
     settings = Settings.from_env("launcher")
     launcher = LauncherSettings.from_env()
     setup_logging("launcher")
+    setup_telemetry("launcher")
     bus = await Bus.connect(settings.nats_url, name="launcher")
     client = mongo_client(settings.mongo_url)
     try:
