@@ -29,6 +29,8 @@ from trainyard_launcher.adapters.local import LocalBackend
 from trainyard_launcher.adapters.store import MemoryLauncherStore
 from trainyard_launcher.handlers import Deps, adopt, check_deadlines, check_tasks, launch_job
 
+from ..support.bus import RECEIVED
+
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the local backend is Linux's")
 
 
@@ -104,7 +106,7 @@ class Harness:
             for r in spec.roles
             for i in range(r.replicas)
         ]
-        await launch_job(JobPlaced(job_id=job_id, spec=spec, tasks=tasks), self.deps)
+        await launch_job(JobPlaced(job_id=job_id, spec=spec, tasks=tasks), RECEIVED, self.deps)
         return job_id
 
     async def finished(

@@ -10,6 +10,7 @@ from trainyard_launcher.adapters.backend import TaskStatus
 from trainyard_launcher.domain.lifecycle import CleanupView, plan_cleanup, removable
 from trainyard_launcher.handlers import check_tasks, launch_job
 
+from ..support.bus import RECEIVED
 from ..support.launcher import make_deps
 
 ENDED = [
@@ -87,7 +88,7 @@ def placed(policy: str | None, min_failed: int | None = None) -> JobPlaced:
 
 async def test_the_launcher_cleans_up_all_after_publishing_the_end() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed("All"), deps)
+    await launch_job(placed("All"), RECEIVED, deps)
     backend.status["j1:1:w:0"] = TaskStatus(running=False, exit_code=0, ended_at=1.0)
     backend.status["j1:1:w:1"] = TaskStatus(running=False, exit_code=3, ended_at=2.0)
     await check_tasks(deps)
@@ -97,7 +98,7 @@ async def test_the_launcher_cleans_up_all_after_publishing_the_end() -> None:
 
 async def test_unfinished_cleans_the_task_the_end_of_the_job_stopped() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed("Unfinished", min_failed=1), deps)
+    await launch_job(placed("Unfinished", min_failed=1), RECEIVED, deps)
     backend.status["j1:1:w:1"] = TaskStatus(running=False, exit_code=3, ended_at=2.0)
     await check_tasks(deps)
     assert [e for e in published if isinstance(e, JobFinished)]
@@ -106,7 +107,7 @@ async def test_unfinished_cleans_the_task_the_end_of_the_job_stopped() -> None:
 
 async def test_no_policy_no_clean_up() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(None), deps)
+    await launch_job(placed(None), RECEIVED, deps)
     backend.status["j1:1:w:0"] = TaskStatus(running=False, exit_code=0, ended_at=1.0)
     backend.status["j1:1:w:1"] = TaskStatus(running=False, exit_code=0, ended_at=2.0)
     await check_tasks(deps)

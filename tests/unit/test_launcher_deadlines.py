@@ -28,6 +28,7 @@ from trainyard_launcher.domain.lifecycle import (
 )
 from trainyard_launcher.handlers import Deps, check_start_deadlines, check_tasks, launch_job
 
+from ..support.bus import RECEIVED
 from ..support.launcher import make_deps
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -78,7 +79,7 @@ def placed(retry_limit: int = 0) -> JobPlaced:
 async def test_an_attempt_whose_task_still_prepares_past_the_deadline_fails() -> None:
     deps, backend, published = make_deps()
     deps.start_deadline_s = 60
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     backend.preparing["j1:1:w:1"] = "$ pip install torch"
     past_the_deadline(deps)
     await check_start_deadlines(deps)
@@ -97,7 +98,7 @@ async def test_an_attempt_whose_task_still_prepares_past_the_deadline_fails() ->
 async def test_a_start_timeout_is_retried_while_the_budget_lasts() -> None:
     deps, backend, published = make_deps()
     deps.start_deadline_s = 60
-    await launch_job(placed(retry_limit=1), deps)
+    await launch_job(placed(retry_limit=1), RECEIVED, deps)
     backend.preparing["j1:1:w:0"] = "$ git clone repo"
     past_the_deadline(deps)
     await check_start_deadlines(deps)
@@ -108,7 +109,7 @@ async def test_a_start_timeout_is_retried_while_the_budget_lasts() -> None:
 async def test_tasks_that_all_started_are_not_failed_and_not_looked_at_again() -> None:
     deps, backend, published = make_deps()
     deps.start_deadline_s = 60
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     past_the_deadline(deps)
     await check_start_deadlines(deps)
     assert deps.start_deadlines[("j1", 1)] is None
@@ -122,7 +123,7 @@ async def test_tasks_that_all_started_are_not_failed_and_not_looked_at_again() -
 async def test_no_deadline_before_its_time() -> None:
     deps, backend, published = make_deps()
     deps.start_deadline_s = 600
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     backend.preparing["j1:1:w:1"] = "$ pip install torch"
     past_the_deadline(deps)
     await check_start_deadlines(deps)

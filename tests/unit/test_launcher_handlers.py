@@ -28,6 +28,7 @@ from trainyard_launcher.handlers import (
     stop_job,
 )
 
+from ..support.bus import RECEIVED
 from ..support.launcher import make_deps
 
 
@@ -64,7 +65,7 @@ def finished(published: list[Event]) -> list[JobFinished]:
 
 async def test_launch_publishes_starting_then_running_with_derived_ids() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     assert sorted(task_events(published)) == sorted(
         [(r, i, TaskState.STARTING, 1) for r, i in [("ps", 0), ("worker", 0), ("worker", 1)]]
         + [(r, i, TaskState.RUNNING, 2) for r, i in [("ps", 0), ("worker", 0), ("worker", 1)]]
@@ -86,16 +87,16 @@ async def test_launch_publishes_starting_then_running_with_derived_ids() -> None
 
 async def test_redelivered_job_placed_launches_nothing_twice() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     ids = {e.event_id for e in published}
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     assert len(backend.launches) == 3
     assert {e.event_id for e in published} == ids
 
 
 async def test_all_tasks_succeed_then_one_job_finished() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     backend.exit("j1", "worker", 0, 0, at=1)
     await check_tasks(deps)
     assert finished(published) == []
@@ -118,7 +119,7 @@ async def test_all_tasks_succeed_then_one_job_finished() -> None:
 
 async def test_a_failure_ends_the_job_and_stops_the_others() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     backend.exit("j1", "worker", 1, 3)
     await check_tasks(deps)
     [done] = finished(published)
@@ -140,7 +141,7 @@ async def test_a_failure_ends_the_job_and_stops_the_others() -> None:
 
 async def test_tolerated_failures_do_not_end_the_job() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(min_failed=None), deps)
+    await launch_job(placed(min_failed=None), RECEIVED, deps)
     backend.exit("j1", "worker", 0, 1)
     await check_tasks(deps)
     assert finished(published) == []
@@ -149,36 +150,36 @@ async def test_tolerated_failures_do_not_end_the_job() -> None:
 
 async def test_stop_job_stops_every_task_once() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     stop = StopJob(job_id="j1", requested_by="alice", reason="no longer needed")
-    await stop_job(stop, deps)
+    await stop_job(stop, RECEIVED, deps)
     [done] = finished(published)
     assert (done.state, done.reason) == (JobState.STOPPED, "no longer needed")
     assert len(backend.killed) == 3
     assert all(s == TaskState.STOPPED for _, _, s, q in task_events(published) if q == 3)
     count = len(published)
-    await stop_job(stop, deps)
+    await stop_job(stop, RECEIVED, deps)
     await check_tasks(deps)
     assert len(published) == count
 
 
 async def test_stop_before_placement_leaves_a_tombstone() -> None:
     deps, backend, published = make_deps()
-    await stop_job(StopJob(job_id="j1", requested_by="alice"), deps)
+    await stop_job(StopJob(job_id="j1", requested_by="alice"), RECEIVED, deps)
     assert published == []
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     assert backend.launches == []
     [done] = finished(published)
     assert (done.state, done.reason) == (JobState.STOPPED, STOPPED_BEFORE_START)
     assert done.event_id == derived_id("j1", 1, "finished")
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     assert len(finished(published)) == 1
 
 
 async def test_a_task_that_cannot_start_fails_the_job_without_launching_the_rest() -> None:
     deps, backend, published = make_deps()
     backend.busy_ports.add(30001)
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     assert backend.launches == []
     [done] = finished(published)
     assert done.state == JobState.FAILED
@@ -193,7 +194,7 @@ async def test_a_task_that_cannot_start_fails_the_job_without_launching_the_rest
 
 async def test_adopt_records_ends_lost_tasks_and_keeps_running_ones() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(min_failed=None), deps)
+    await launch_job(placed(min_failed=None), RECEIVED, deps)
     published.clear()
     # A new launcher process: nothing watched, the store and the processes remain.
     restarted = Deps(deps.store, backend, deps.publish, kill_grace_s=0.1)
@@ -227,7 +228,7 @@ async def test_a_job_whose_last_task_ended_as_the_store_failed_still_finishes() 
     deps, backend, published = make_deps()
     store = FlakyStore()
     deps.store = store
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     for role, index in (("ps", 0), ("worker", 0), ("worker", 1)):
         backend.exit("j1", role, index, 0)
     # The tasks' ends are stored, then the job's verdict cannot be: the store went away.
@@ -249,7 +250,7 @@ async def test_a_job_whose_last_task_ended_as_the_store_failed_still_finishes() 
 
 async def test_adopt_finishes_a_running_job_whose_tasks_all_ended_before_the_crash() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     for role, index in (("ps", 0), ("worker", 0), ("worker", 1)):
         task = await deps.store.get_task(task_id("j1", 1, role, index))
         assert task is not None

@@ -26,6 +26,7 @@ from trainyard_launcher.adapters.backend import TaskStatus
 from trainyard_launcher.adapters.store import JOB_FINISHED
 from trainyard_launcher.handlers import adopt, check_tasks, dispatch, launch_job
 
+from ..support.bus import RECEIVED
 from ..support.launcher import make_deps
 
 
@@ -67,8 +68,8 @@ def of(published, kind):
 
 async def test_an_interrupt_stops_the_tasks_and_answers_with_job_interrupted() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(), deps)
-    await dispatch(deps, interrupt())
+    await launch_job(placed(), RECEIVED, deps)
+    await dispatch(deps, interrupt(), RECEIVED)
     assert sorted(backend.killed) == ["j1:1:worker:0", "j1:1:worker:1"]
     stopped = [e for e in of(published, TaskStateChanged) if e.state is TaskState.STOPPED]
     assert sorted((e.index, e.reason, e.failure_class) for e in stopped) == [
@@ -90,19 +91,19 @@ async def test_an_interrupt_stops_the_tasks_and_answers_with_job_interrupted() -
     assert deps.watching == {}
     # Redelivered, and a late look at the tasks: nothing more.
     count = len(published)
-    await dispatch(deps, interrupt())
+    await dispatch(deps, interrupt(), RECEIVED)
     await check_tasks(deps)
     assert len(published) == count and len(backend.killed) == 2
 
 
 async def test_an_interrupt_of_an_ended_or_older_attempt_is_ignored() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     backend.exit("j1", "worker", 0, 0)
     backend.exit("j1", "worker", 1, 0)
     await check_tasks(deps)
     [done] = of(published, JobFinished)
-    await dispatch(deps, interrupt())
+    await dispatch(deps, interrupt(), RECEIVED)
     assert of(published, JobInterrupted) == [] and backend.killed == []
     assert of(published, JobFinished) == [done]
 
@@ -110,20 +111,20 @@ async def test_an_interrupt_of_an_ended_or_older_attempt_is_ignored() -> None:
 async def test_an_interrupt_before_its_attempt_arrived_waits_for_it() -> None:
     deps, _, published = make_deps()
     with pytest.raises(TransientError):
-        await dispatch(deps, interrupt())
-    await launch_job(placed(), deps)
+        await dispatch(deps, interrupt(), RECEIVED)
+    await launch_job(placed(), RECEIVED, deps)
     with pytest.raises(TransientError):
-        await dispatch(deps, interrupt(attempt=2))
+        await dispatch(deps, interrupt(attempt=2), RECEIVED)
     assert of(published, JobInterrupted) == []
 
 
 async def test_the_next_attempt_after_an_interrupt_spends_no_retry() -> None:
     deps, backend, published = make_deps()
     deps.retry_backoff_s = 0.5
-    await launch_job(placed(), deps)
-    await dispatch(deps, interrupt())
+    await launch_job(placed(), RECEIVED, deps)
+    await dispatch(deps, interrupt(), RECEIVED)
     # Placement queues attempt 2 with the budget untouched (retries_used 0 of 1).
-    await launch_job(placed(attempt=2, retries_used=0), deps)
+    await launch_job(placed(attempt=2, retries_used=0), RECEIVED, deps)
     assert sorted(k for k, _, _ in backend.launches)[-2:] == ["j1:2:worker:0", "j1:2:worker:1"]
     backend.status["j1:2:worker:0"] = TaskStatus(running=False, exit_code=3, ended_at=1.0)
     await check_tasks(deps)
@@ -134,9 +135,9 @@ async def test_the_next_attempt_after_an_interrupt_spends_no_retry() -> None:
 
 async def test_without_retries_used_every_earlier_attempt_counts_as_a_retry() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(), deps)
-    await dispatch(deps, interrupt())
-    await launch_job(placed(attempt=2), deps)  # an old placement: retries_used None
+    await launch_job(placed(), RECEIVED, deps)
+    await dispatch(deps, interrupt(), RECEIVED)
+    await launch_job(placed(attempt=2), RECEIVED, deps)  # an old placement: retries_used None
     backend.status["j1:2:worker:0"] = TaskStatus(running=False, exit_code=3, ended_at=1.0)
     await check_tasks(deps)
     assert of(published, JobRetrying) == []
@@ -146,11 +147,11 @@ async def test_without_retries_used_every_earlier_attempt_counts_as_a_retry() ->
 
 async def test_a_stop_after_an_interrupt_keeps_the_next_attempt_from_starting() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(), deps)
-    await dispatch(deps, interrupt(cause=InterruptCause.PREEMPTED))
-    await dispatch(deps, StopJob(job_id="j1", requested_by="alice", reason="enough"))
+    await launch_job(placed(), RECEIVED, deps)
+    await dispatch(deps, interrupt(cause=InterruptCause.PREEMPTED), RECEIVED)
+    await dispatch(deps, StopJob(job_id="j1", requested_by="alice", reason="enough"), RECEIVED)
     launches = len(backend.launches)
-    await launch_job(placed(attempt=2, retries_used=0), deps)
+    await launch_job(placed(attempt=2, retries_used=0), RECEIVED, deps)
     assert len(backend.launches) == launches
     [done] = of(published, JobFinished)
     assert (done.attempt, done.state.value, done.reason) == (2, "STOPPED", "enough")
@@ -158,14 +159,14 @@ async def test_a_stop_after_an_interrupt_keeps_the_next_attempt_from_starting() 
 
 async def test_an_interrupted_attempt_is_announced_after_a_crash() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
 
     async def crash(event) -> None:
         raise ConnectionError("bus down")
 
     deps.publish = crash
     with pytest.raises(ConnectionError):
-        await dispatch(deps, interrupt())
+        await dispatch(deps, interrupt(), RECEIVED)
     job = await deps.store.get_job("j1")
     assert job is not None and job.interrupt is not None and not job.finished_published
 

@@ -23,6 +23,7 @@ from trainyard_launcher.adapters.backend import TaskStatus
 from trainyard_launcher.adapters.store import JOB_FINISHED
 from trainyard_launcher.handlers import adopt, check_tasks, launch_job, stop_job
 
+from ..support.bus import RECEIVED
 from ..support.launcher import make_deps
 
 
@@ -58,7 +59,7 @@ def of(published, kind):
 async def test_a_failed_attempt_is_retried_instead_of_finished() -> None:
     deps, backend, published = make_deps()
     deps.retry_backoff_s = 0.5
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     end(backend, 1, 1, exit_code=3)
     await check_tasks(deps)
     assert of(published, JobFinished) == []
@@ -84,12 +85,12 @@ async def test_a_failed_attempt_is_retried_instead_of_finished() -> None:
 
     # The next attempt: new tasks, the new TRAINYARD_ATTEMPT.
     launches = len(backend.launches)
-    await launch_job(placed(attempt=2), deps)
+    await launch_job(placed(attempt=2), RECEIVED, deps)
     new = backend.launches[launches:]
     assert [key for key, _, _ in new] == ["j1:2:worker:0", "j1:2:worker:1"]
     assert {env["TRAINYARD_ATTEMPT"] for _, _, env in new} == {"2"}
     # A late JobPlaced of the old attempt launches nothing.
-    await launch_job(placed(attempt=1), deps)
+    await launch_job(placed(attempt=1), RECEIVED, deps)
     assert len(backend.launches) == launches + 2
     end(backend, 2, 0, exit_code=0)
     end(backend, 2, 1, exit_code=0)
@@ -100,7 +101,7 @@ async def test_a_failed_attempt_is_retried_instead_of_finished() -> None:
 
 async def test_the_last_attempt_finishes_the_job_with_the_attempts_in_its_reason() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(attempt=3), deps)
+    await launch_job(placed(attempt=3), RECEIVED, deps)
     end(backend, 3, 0, exit_code=1)
     await check_tasks(deps)
     assert of(published, JobRetrying) == []
@@ -111,7 +112,7 @@ async def test_the_last_attempt_finishes_the_job_with_the_attempts_in_its_reason
 
 async def test_a_lost_task_is_a_platform_failure_retried_under_restart_policy_never() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(policy=RestartPolicy.NEVER), deps)
+    await launch_job(placed(policy=RestartPolicy.NEVER), RECEIVED, deps)
     backend.status["j1:1:worker:0"] = TaskStatus(running=False, lost=True)
     await check_tasks(deps)
     [retry] = of(published, JobRetrying)
@@ -125,7 +126,7 @@ async def test_a_port_that_cannot_be_bound_is_a_platform_failure() -> None:
     event = placed(policy=RestartPolicy.NEVER)
     event.tasks[0].ports.append(PortAssignment(label="http", ports=[30001]))
     backend.busy_ports.add(30001)
-    await launch_job(event, deps)
+    await launch_job(event, RECEIVED, deps)
     [failed] = [e for e in of(published, TaskStateChanged) if e.state is TaskState.FAILED]
     assert failed.failure_class is FailureClass.PLATFORM
     assert of(published, JobRetrying)[0].failure_class is FailureClass.PLATFORM
@@ -133,7 +134,7 @@ async def test_a_port_that_cannot_be_bound_is_a_platform_failure() -> None:
 
 async def test_a_user_failure_under_restart_policy_never_ends_the_job() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(policy=RestartPolicy.NEVER), deps)
+    await launch_job(placed(policy=RestartPolicy.NEVER), RECEIVED, deps)
     end(backend, 1, 0, exit_code=2)
     await check_tasks(deps)
     assert of(published, JobRetrying) == []
@@ -143,13 +144,13 @@ async def test_a_user_failure_under_restart_policy_never_ends_the_job() -> None:
 
 async def test_a_stop_between_attempts_keeps_the_next_one_from_starting() -> None:
     deps, backend, published = make_deps()
-    await launch_job(placed(), deps)
+    await launch_job(placed(), RECEIVED, deps)
     end(backend, 1, 0, exit_code=1)
     await check_tasks(deps)
     assert len(of(published, JobRetrying)) == 1
-    await stop_job(StopJob(job_id="j1", requested_by="alice", reason="enough"), deps)
+    await stop_job(StopJob(job_id="j1", requested_by="alice", reason="enough"), RECEIVED, deps)
     launches = len(backend.launches)
-    await launch_job(placed(attempt=2), deps)
+    await launch_job(placed(attempt=2), RECEIVED, deps)
     assert len(backend.launches) == launches
     [done] = of(published, JobFinished)
     assert (done.attempt, done.state, done.reason) == (2, JobState.STOPPED, "enough")

@@ -24,6 +24,7 @@ from trainyard_validation.domain.rules import check_against_cluster, decide, loc
 from trainyard_validation.handlers import EVENT_HANDLERS, Deps, validate_job
 
 from ..seeds import seed_job
+from ..support.bus import RECEIVED
 
 DELETE = object()
 
@@ -892,7 +893,7 @@ def test_handler_table() -> None:
 
 async def test_handler_accepts_and_claims_the_name() -> None:
     d, published, names = deps()
-    await validate_job(submitted(base()), d)
+    await validate_job(submitted(base()), RECEIVED, d)
     assert [type(e) for e in published.events] == [JobAccepted]
     assert names.claims == {"alice~helloworld_16be675e": "job1"}
 
@@ -900,8 +901,8 @@ async def test_handler_accepts_and_claims_the_name() -> None:
 async def test_handler_redelivery_publishes_the_same_event() -> None:
     d, published, _ = deps()
     event = submitted(base())
-    await validate_job(event, d)
-    await validate_job(event, d)
+    await validate_job(event, RECEIVED, d)
+    await validate_job(event, RECEIVED, d)
     first, second = published.events
     assert isinstance(second, JobAccepted)
     assert first.event_id == second.event_id  # JetStream drops the copy
@@ -909,11 +910,11 @@ async def test_handler_redelivery_publishes_the_same_event() -> None:
 
 async def test_handler_rejects_a_taken_name_with_the_dialect_path() -> None:
     d, published, _ = deps()
-    await validate_job(submitted(base(), job_id="job1", event_id="e1"), d)
-    await validate_job(submitted(base(), job_id="job2", event_id="e2"), d)
+    await validate_job(submitted(base(), job_id="job1", event_id="e1"), RECEIVED, d)
+    await validate_job(submitted(base(), job_id="job2", event_id="e2"), RECEIVED, d)
     native = good_spec().model_dump(mode="json")
-    await validate_job(submitted(native, job_id="job3", event_id="e3"), d)
-    await validate_job(submitted(native, job_id="job4", event_id="e4"), d)
+    await validate_job(submitted(native, job_id="job3", event_id="e3"), RECEIVED, d)
+    await validate_job(submitted(native, job_id="job4", event_id="e4"), RECEIVED, d)
     accepted, taken, accepted_native, taken_native = published.events
     assert isinstance(accepted, JobAccepted) and isinstance(accepted_native, JobAccepted)
     assert isinstance(taken, JobRejected) and isinstance(taken_native, JobRejected)
@@ -927,17 +928,19 @@ async def test_handler_rejects_a_taken_name_with_the_dialect_path() -> None:
 
 async def test_handler_names_are_per_user() -> None:
     d, published, _ = deps()
-    await validate_job(submitted(base(), user="alice", job_id="j1", event_id="e1"), d)
-    await validate_job(submitted(base(), user="bob", job_id="j2", event_id="e2"), d)
+    await validate_job(submitted(base(), user="alice", job_id="j1", event_id="e1"), RECEIVED, d)
+    await validate_job(submitted(base(), user="bob", job_id="j2", event_id="e2"), RECEIVED, d)
     assert [type(e) for e in published.events] == [JobAccepted, JobAccepted]
 
 
 async def test_handler_rejection_does_not_claim_the_name() -> None:
     d, published, names = deps()
-    await validate_job(submitted(with_(("gpuType", "V100")), job_id="j1", event_id="e1"), d)
+    await validate_job(
+        submitted(with_(("gpuType", "V100")), job_id="j1", event_id="e1"), RECEIVED, d
+    )
     assert isinstance(published.events[0], JobRejected)
     assert names.claims == {}
-    await validate_job(submitted(base(), job_id="j2", event_id="e2"), d)
+    await validate_job(submitted(base(), job_id="j2", event_id="e2"), RECEIVED, d)
     assert isinstance(published.events[1], JobAccepted)
 
 
@@ -951,10 +954,10 @@ async def test_handler_publish_failure_propagates_for_redelivery() -> None:
     names = InMemoryNameRegistry()
     event = submitted(base())
     with pytest.raises(Down):
-        await validate_job(event, Deps(cluster=CLUSTER, names=names, publish=failing))
+        await validate_job(event, RECEIVED, Deps(cluster=CLUSTER, names=names, publish=failing))
     # the redelivery finds its own claim and publishes the acceptance
     published = Published()
-    await validate_job(event, Deps(cluster=CLUSTER, names=names, publish=published))
+    await validate_job(event, RECEIVED, Deps(cluster=CLUSTER, names=names, publish=published))
     assert [type(e) for e in published.events] == [JobAccepted]
 
 

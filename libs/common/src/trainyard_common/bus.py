@@ -29,7 +29,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import nats
@@ -91,7 +91,11 @@ class Delivery:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+D = TypeVar("D")
 Handler = Callable[[Any, Delivery], Awaitable[None]]
+# One shape for every service's event handlers: (event, its delivery, the service's
+# dependencies); each service's table maps event types to them.
+EventHandler = Callable[[Any, Delivery, D], Awaitable[None]]
 # What a consumer makes of a message's bytes (an event, by default).
 Decoder = Callable[[bytes, str, dict[str, str]], Any]
 

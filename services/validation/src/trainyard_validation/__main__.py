@@ -41,7 +41,7 @@ async def run() -> None:
     async def dispatch(event: Event, delivery: Delivery) -> None:
         handler = EVENT_HANDLERS.get(type(event))
         if handler is not None:
-            await handler(event, deps)
+            await handler(event, delivery, deps)
 
     async def consume_submitted(stop: asyncio.Event) -> None:
         await bus.consume(DURABLE, SUBJECTS, dispatch, stop=stop)

@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trainyard_common.bus import Delivery, EventHandler
 from trainyard_common.cluster import ClusterSpec
 from trainyard_common.events import Event, JobAccepted, JobSubmitted
 from trainyard_common.subjects import subjects_for
@@ -21,7 +22,7 @@ class Deps:
     publish: Callable[[Event], Awaitable[Any]]
 
 
-async def validate_job(event: JobSubmitted, deps: Deps) -> None:
+async def validate_job(event: JobSubmitted, delivery: Delivery, deps: Deps) -> None:
     """Accept or reject a submission. A rejection is a normal outcome, published like
     an acceptance, so nothing is raised for it and the message is acked."""
     result = decide(event, deps.cluster)
@@ -37,7 +38,7 @@ async def validate_job(event: JobSubmitted, deps: Deps) -> None:
     await deps.publish(result)
 
 
-EVENT_HANDLERS: dict[type[Event], Callable[[Any, Deps], Awaitable[None]]] = {
+EVENT_HANDLERS: dict[type[Event], EventHandler[Deps]] = {
     JobSubmitted: validate_job,
 }
 # The consumer's subscription: exactly what the table handles.

@@ -20,10 +20,7 @@ from.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
-from trainyard_common.bus import Delivery
+from trainyard_common.bus import Delivery, EventHandler
 from trainyard_common.events import Event, InterruptJob, JobPlaced, StopJob
 from trainyard_common.subjects import subjects_for
 
@@ -73,7 +70,7 @@ from .watching import (
     watch_tasks,
 )
 
-EVENT_HANDLERS: dict[type[Event], Callable[[Any, Deps], Awaitable[None]]] = {
+EVENT_HANDLERS: dict[type[Event], EventHandler[Deps]] = {
     JobPlaced: launch_job,
     StopJob: stop_job,
     InterruptJob: interrupt_job,
@@ -82,10 +79,10 @@ EVENT_HANDLERS: dict[type[Event], Callable[[Any, Deps], Awaitable[None]]] = {
 SUBJECTS = subjects_for(EVENT_HANDLERS)
 
 
-async def dispatch(deps: Deps, event: Event, _delivery: Delivery | None = None) -> None:
+async def dispatch(deps: Deps, event: Event, delivery: Delivery) -> None:
     handler = EVENT_HANDLERS.get(type(event))
     if handler is not None:
-        await handler(event, deps)
+        await handler(event, delivery, deps)
 
 
 __all__ = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from trainyard_common.bus import Delivery
 from trainyard_common.errors import TransientError
 from trainyard_common.events import (
     InterruptJob,
@@ -27,7 +28,7 @@ log = logging.getLogger("trainyard.launcher")
 # --- stopping -------------------------------------------------------------------------
 
 
-async def stop_job(command: StopJob, deps: Deps) -> None:
+async def stop_job(command: StopJob, delivery: Delivery, deps: Deps) -> None:
     async with deps.lock(command.job_id):
         job = await deps.store.get_job(command.job_id)
         if job is None:
@@ -52,7 +53,7 @@ async def stop_job(command: StopJob, deps: Deps) -> None:
 # --- interrupting ---------------------------------------------------------------------
 
 
-async def interrupt_job(command: InterruptJob, deps: Deps) -> None:
+async def interrupt_job(command: InterruptJob, delivery: Delivery, deps: Deps) -> None:
     """Placement takes this attempt's capacity back (a pause, a preemption, a scale): its
     tasks end as STOPPED with their directories kept, the attempt is finished as
     interrupted — not judged, so no retry is spent and no JobFinished follows — and

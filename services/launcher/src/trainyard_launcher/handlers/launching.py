@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import time
 
+from trainyard_common.bus import Delivery
 from trainyard_common.errors import TransientError
 from trainyard_common.events import (
     JobPlaced,
@@ -56,7 +57,7 @@ log = logging.getLogger("trainyard.launcher")
 # --- launching ------------------------------------------------------------------------
 
 
-async def launch_job(event: JobPlaced, deps: Deps) -> None:
+async def launch_job(event: JobPlaced, delivery: Delivery, deps: Deps) -> None:
     async with deps.lock(event.job_id):
         job = await _job_for(event, deps)
         if job is None:

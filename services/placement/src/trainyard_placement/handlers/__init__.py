@@ -18,10 +18,7 @@ view). This module holds the handler table the consumer's subscription is derive
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
-from trainyard_common.bus import Delivery
+from trainyard_common.bus import Delivery, EventHandler
 from trainyard_common.events import (
     Event,
     JobAccepted,
@@ -81,10 +78,7 @@ from .startup import (
     wake_retries,
 )
 
-EventHandler = Callable[[Any, Delivery, Deps], Awaitable[None]]
-
-
-EVENT_HANDLERS: dict[type[Event], EventHandler] = {
+EVENT_HANDLERS: dict[type[Event], EventHandler[Deps]] = {
     JobAccepted: queue_job,
     JobFinished: release_job,
     JobRetrying: retry_job,
