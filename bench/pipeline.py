@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
 import time
 import uuid
@@ -115,6 +116,9 @@ def main() -> None:
     args = parser.parse_args()
     floor = asyncio.run(bus_floor(5000))
     with tempfile.TemporaryDirectory() as tmp:
+        # Run as root, each user's tasks run under their own uid and must reach their
+        # directories under the data directory: traversable (not listable) by others.
+        os.chmod(tmp, 0o711)
         cluster = Path(tmp) / "cluster.yaml"
         cluster.write_text(
             yaml.safe_dump(
