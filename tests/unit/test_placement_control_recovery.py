@@ -152,3 +152,67 @@ async def test_pausing_a_preempted_victim_does_not_cost_a_second_victim_after_a_
         e.job_id for e in again.pub.of(InterruptJob) if e.cause is InterruptCause.PREEMPTED
     ] == []  # type: ignore[attr-defined]
     assert again.store.docs["low1" if victim == "low2" else "low2"]["state"] == "placed"
+
+
+class LostReplyStore(MemoryJobStore):
+    """The in-memory store whose named writes land but whose answer is lost, as when the
+    store dies between applying a write and replying (pymongo's AutoReconnect)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose: set[str] = set()
+
+    def _lost(self, name: str) -> None:
+        if name in self.lose:
+            self.lose.discard(name)
+            raise ConnectionError(f"{name}: connection closed before the reply")
+
+    async def add_queued(self, *args: Any, **kwargs: Any) -> bool:
+        done = await super().add_queued(*args, **kwargs)
+        self._lost("add_queued")
+        return done
+
+    async def mark_done(self, *args: Any, **kwargs: Any) -> bool:
+        done = await super().mark_done(*args, **kwargs)
+        self._lost("mark_done")
+        return done
+
+
+async def test_an_accepted_job_whose_insert_lost_its_reply_is_still_placed() -> None:
+    # Found by the crash test: the store was killed as a JobAccepted was handled; the
+    # redelivery found the job stored and took it as known in memory, so it was never
+    # placed.
+    store = LostReplyStore()
+    h = await Harness(store).boot()
+    store.lose.add("add_queued")
+    with pytest.raises(ConnectionError):
+        await h.accept("a")
+    assert h.pub.of(JobPlaced, "a") == []
+    await h.accept("a")  # JetStream redelivers it
+    assert len(h.pub.of(JobPlaced, "a")) == 1
+
+
+async def test_a_finished_job_whose_release_lost_its_reply_gives_its_capacity_back() -> None:
+    store = LostReplyStore()
+    h = await Harness(store).boot()
+    await h.accept("a")
+    await h.accept("b")  # waits for a's GPUs
+    store.lose.add("mark_done")
+    with pytest.raises(ConnectionError):
+        await h.finish("a")
+    await h.finish("a")  # redelivered: done in the store, still held in memory
+    assert len(h.pub.of(JobPlaced, "b")) == 1
+
+
+async def test_a_job_stopped_in_the_queue_whose_stop_lost_its_reply_is_never_placed() -> None:
+    store = LostReplyStore()
+    h = await Harness(store).boot()
+    await h.accept("a")
+    await h.accept("b")  # waits for a's GPUs
+    store.lose.add("mark_done")
+    with pytest.raises(ConnectionError):
+        await h.stop("b")
+    await h.stop("b")  # redelivered
+    assert [f.state for f in finished(h, "b")] == [JobState.STOPPED]
+    await h.finish("a")
+    assert h.pub.of(JobPlaced, "b") == []

@@ -67,6 +67,15 @@ async def queue_job(event: JobAccepted, delivery: Delivery, deps: Deps) -> None:
                 reason="stopped before it was placed",
             ))  # fmt: skip
             await deps.store.mark_done(record.job_id, "stopped_early")
+        elif (
+            record is not None
+            and record.state == "queued"
+            and record.job_id not in deps.state.queued
+            and record.job_id not in deps.deferred
+        ):
+            # A redelivery after the insert landed but its answer was lost (the store
+            # went away): memory never got the job, which the store wins.
+            await reload_job(deps, record.job_id)
         # Otherwise a redelivery: the job is already known, in memory as in the store.
     await run_cycle(deps)
 
@@ -83,6 +92,14 @@ async def release_job(event: JobFinished, delivery: Delivery, deps: Deps) -> Non
     elif record.state == "queued":
         # Ended before it was placed (stopped elsewhere): it must leave the queue.
         await deps.store.mark_done(record.job_id, "queued")
+        forget_queued(deps, record.job_id)
+    elif record.state == "done":
+        # A redelivery after the store marked it done but before memory let it go (the
+        # answer was lost): let go now, or its capacity would stay taken.
+        if record.job_id not in deps.state.placed and record.job_id not in deps.state.queued:
+            return
+        deps.state.release(record.job_id)
+        deps.unannounced.discard(record.job_id)
         forget_queued(deps, record.job_id)
     else:
         return
@@ -104,7 +121,9 @@ async def stop_job(event: StopJob, delivery: Delivery, deps: Deps) -> None:
         await announce_stopped_in_queue(deps, record)
         await run_cycle(deps)
     elif record.state == "done" and record.stopped_in_queue:
-        # A redelivery after a failure between storing the stop and announcing it.
+        # A redelivery after a failure between storing the stop and announcing it (and
+        # perhaps before memory forgot the job: it must not be placed).
+        forget_queued(deps, record.job_id)
         await announce_stopped_in_queue(deps, record)
         await run_cycle(deps)
     elif record.state in ("paused", "interrupting"):
