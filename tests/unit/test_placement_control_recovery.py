@@ -216,3 +216,23 @@ async def test_a_job_stopped_in_the_queue_whose_stop_lost_its_reply_is_never_pla
     assert [f.state for f in finished(h, "b")] == [JobState.STOPPED]
     await h.finish("a")
     assert h.pub.of(JobPlaced, "b") == []
+
+
+async def test_a_resume_whose_requeue_lost_its_reply_is_still_placed() -> None:
+    class LostChange(LostReplyStore):
+        async def change(self, *args: Any, **kwargs: Any) -> bool:
+            done = await super().change(*args, **kwargs)
+            self._lost("change")
+            return done
+
+    store = LostChange()
+    h = await Harness(store).boot()
+    await h.accept("a")
+    await h.send(pause("a"))
+    await h.send(interrupted("a", attempt=1))  # the launcher ended its tasks: paused
+    store.lose.add("change")
+    resume = ResumeJob(job_id="a", requested_by="alice")
+    with pytest.raises(ConnectionError):
+        await h.send(resume)  # stored as queued (attempt 2), memory never got it
+    await h.send(resume)  # redelivered
+    assert [p.attempt for p in h.pub.of(JobPlaced, "a")] == [1, 2]  # type: ignore[attr-defined]

@@ -99,6 +99,9 @@ async def handle(event: Event, delivery: Delivery, deps: Deps) -> None:
         return
     async with deps.lock:
         await handler(event, delivery, deps)
+        if deps.caught_up:
+            deps.caught_up = False
+            await run_cycle(deps)
 
 
 __all__ = [

@@ -86,6 +86,8 @@ class Deps:
     growth_after_s: float = 30.0
     # The platform is shutting down: nothing more is placed by this process.
     draining: bool = False
+    # A handler brought a job back into memory (catch_up): a cycle must follow.
+    caught_up: bool = False
     # What time it is (tests pass a clock they move instead of sleeping).
     clock: Callable[[], datetime] = utcnow
 
@@ -185,7 +187,24 @@ async def known_record(deps: Deps, job_id: str, delivery: Delivery) -> JobRecord
         raise TransientError(f"job {job_id} is not known to placement yet")
     if record is None:
         log.warning("dropping a command for job %s, which placement never got", job_id)
+        return None
+    await catch_up(deps, record)
     return record
+
+
+async def catch_up(deps: Deps, record: JobRecord) -> None:
+    """Make memory match the store for a job the store has queued but memory does not: a
+    write that landed whose answer was lost (the store died in between) raised before
+    memory was updated, and the redelivery must not take the job as known, or it would
+    never be placed."""
+    if (
+        record.state == "queued"
+        and record.job_id not in deps.state.queued
+        and record.job_id not in deps.deferred
+    ):
+        log.warning("job %s is queued in the store but not in memory; reloading it", record.job_id)
+        await reload_job(deps, record.job_id)
+        deps.caught_up = True  # a cycle must consider it (handle runs one)
 
 
 async def send_interrupt(

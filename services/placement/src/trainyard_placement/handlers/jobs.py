@@ -28,6 +28,7 @@ from .common import (
     announce_stopped,
     announce_stopped_in_queue,
     carried_fields,
+    catch_up,
     finished_id,
     forget_queued,
     reload_job,
@@ -67,16 +68,10 @@ async def queue_job(event: JobAccepted, delivery: Delivery, deps: Deps) -> None:
                 reason="stopped before it was placed",
             ))  # fmt: skip
             await deps.store.mark_done(record.job_id, "stopped_early")
-        elif (
-            record is not None
-            and record.state == "queued"
-            and record.job_id not in deps.state.queued
-            and record.job_id not in deps.deferred
-        ):
-            # A redelivery after the insert landed but its answer was lost (the store
-            # went away): memory never got the job, which the store wins.
-            await reload_job(deps, record.job_id)
-        # Otherwise a redelivery: the job is already known, in memory as in the store.
+        elif record is not None:
+            # A redelivery: the job is known in the store, and memory catches up if the
+            # insert landed but its answer was lost (the store went away).
+            await catch_up(deps, record)
     await run_cycle(deps)
 
 
