@@ -24,17 +24,19 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from pymongo.asynchronous.collection import AsyncCollection
 
 from trainyard_common.events import TaskPlacement, utcnow
 from trainyard_common.jobspec import JobSpec
 from trainyard_common.lifecycle import PLACEMENT, PlacementState
+from trainyard_common.lifecycle import PlacementState as P
 from trainyard_common.storage import insert_once
 
-JobStoreState = Literal["queued", "placed", "done", "stopped_early", "paused", "interrupting"]
-ACTIVE_STATES: tuple[JobStoreState, ...] = ("queued", "placed", "interrupting")
+# The states of placement's record: the lifecycle model's (trainyard_common.lifecycle).
+JobStoreState = PlacementState
+ACTIVE_STATES: tuple[JobStoreState, ...] = (P.QUEUED, P.PLACED, P.INTERRUPTING)
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class JobRecord:
     state: JobStoreState
     attempt: int = 1
     arrival_seq: int = 0
-    spec: JobSpec | None = None  # None only on a "stopped_early" tombstone
+    spec: JobSpec | None = None  # None only on a P.STOPPED_EARLY tombstone
     allocation: tuple[TaskPlacement, ...] = ()
     reasons: tuple[str, ...] = ()
     placed_published: bool = False
@@ -73,7 +75,7 @@ def record_from_doc(doc: dict[str, Any]) -> JobRecord:
     spec = doc.get("spec")
     return JobRecord(
         job_id=doc["_id"],
-        state=doc["state"],
+        state=PlacementState(doc["state"]),
         attempt=int(doc.get("attempt", 1)),
         arrival_seq=int(doc.get("arrival_seq", 0)),
         spec=JobSpec.model_validate_json(spec) if spec else None,
@@ -104,7 +106,7 @@ def queued_doc(
     attempt: int,
     arrival_seq: int,
     spec: JobSpec,
-    state: JobStoreState = "queued",
+    state: JobStoreState = P.QUEUED,
 ) -> dict[str, Any]:
     return {
         "_id": job_id,
@@ -122,7 +124,7 @@ def queued_doc(
 
 
 def tombstone_doc(job_id: str, *, attempt: int) -> dict[str, Any]:
-    return {"_id": job_id, "state": "stopped_early", "attempt": attempt}
+    return {"_id": job_id, "state": P.STOPPED_EARLY, "attempt": attempt}
 
 
 class JobStore(Protocol):
@@ -133,7 +135,7 @@ class JobStore(Protocol):
         attempt: int,
         arrival_seq: int,
         spec: JobSpec,
-        state: JobStoreState = "queued",
+        state: JobStoreState = P.QUEUED,
     ) -> bool:
         """Insert a queued (or, submitted to start paused, a paused) job; False when a
         document for it already exists."""
@@ -201,7 +203,7 @@ class MongoJobStore:
         attempt: int,
         arrival_seq: int,
         spec: JobSpec,
-        state: JobStoreState = "queued",
+        state: JobStoreState = P.QUEUED,
     ) -> bool:
         doc = queued_doc(job_id, attempt=attempt, arrival_seq=arrival_seq, spec=spec, state=state)
         return bool(await insert_once(self._jobs, doc))
@@ -218,11 +220,11 @@ class MongoJobStore:
         return [record_from_doc(doc) async for doc in cursor]
 
     async def mark_placed(self, job_id: str, tasks: Sequence[TaskPlacement]) -> bool:
-        checked(["queued"], {"state": "placed"})
+        checked([P.QUEUED], {"state": P.PLACED})
         result = await self._jobs.update_one(
-            {"_id": job_id, "state": "queued"},
+            {"_id": job_id, "state": P.QUEUED},
             {"$set": {
-                "state": "placed",
+                "state": P.PLACED,
                 "allocation": [t.model_dump(mode="json") for t in tasks],
                 "placed_published": False,
                 "placed_at": utcnow(),
@@ -232,22 +234,22 @@ class MongoJobStore:
 
     async def mark_placed_published(self, job_id: str) -> None:
         await self._jobs.update_one(
-            {"_id": job_id, "state": "placed"}, {"$set": {"placed_published": True}}
+            {"_id": job_id, "state": P.PLACED}, {"$set": {"placed_published": True}}
         )
 
     async def note_reasons(self, job_id: str, reasons: Sequence[str], notices: int) -> None:
         await self._jobs.update_one(
-            {"_id": job_id, "state": "queued"},
+            {"_id": job_id, "state": P.QUEUED},
             {"$set": {"reasons": list(reasons), "queued_notices": notices}},
         )
 
     async def mark_done(
         self, job_id: str, from_state: JobStoreState, *, stopped_in_queue: bool = False
     ) -> bool:
-        checked([from_state], {"state": "done"})
+        checked([from_state], {"state": P.DONE})
         result = await self._jobs.update_one(
             {"_id": job_id, "state": from_state},
-            {"$set": {"state": "done", "stopped_in_queue": stopped_in_queue}},
+            {"$set": {"state": P.DONE, "stopped_in_queue": stopped_in_queue}},
         )
         return result.modified_count == 1
 
@@ -260,9 +262,9 @@ class MongoJobStore:
         not_before: datetime,
         retries_used: int | None = None,
     ) -> bool:
-        checked(["placed", "interrupting"], {"state": "queued"})
+        checked([P.PLACED, P.INTERRUPTING], {"state": P.QUEUED})
         result = await self._jobs.update_one(
-            {"_id": job_id, "state": {"$in": ["placed", "interrupting"]}, "attempt": from_attempt},
+            {"_id": job_id, "state": {"$in": [P.PLACED, P.INTERRUPTING]}, "attempt": from_attempt},
             {"$set": requeued_fields(attempt, not_before, retries_used)},
         )
         return result.modified_count == 1
@@ -289,7 +291,7 @@ def requeued_fields(
     # An interrupt's leftovers (a size, a stop, who preempted it) belong to the attempt
     # that ended; what of them carries over is written in the same update (retry_job).
     fields = {
-        "state": "queued",
+        "state": P.QUEUED,
         "attempt": attempt,
         "not_before": not_before,
         "allocation": [],
@@ -309,7 +311,7 @@ def requeued_fields(
 def paused_fields(spec: JobSpec | None = None) -> dict[str, Any]:
     """-> paused, without an allocation (with the spec a scale left for the next attempt)."""
     fields: dict[str, Any] = {
-        "state": "paused",
+        "state": P.PAUSED,
         "allocation": [],
         "reasons": [],
         "placed_published": False,
@@ -325,14 +327,14 @@ def paused_fields(spec: JobSpec | None = None) -> dict[str, Any]:
 
 
 def interrupting_fields(cause: str, reason: str) -> dict[str, Any]:
-    return {"state": "interrupting", "interrupt": {"cause": cause, "reason": reason}}
+    return {"state": P.INTERRUPTING, "interrupt": {"cause": cause, "reason": reason}}
 
 
 def next_attempt_fields(attempt: int, spec: JobSpec | None = None) -> dict[str, Any]:
     """-> queued as ``attempt``, due now: an interrupt or a resume spends no retry and
     waits out no backoff (``retries_used`` is left as it is)."""
     fields: dict[str, Any] = {
-        "state": "queued",
+        "state": P.QUEUED,
         "attempt": attempt,
         "not_before": None,
         "allocation": [],
@@ -395,7 +397,7 @@ class MemoryJobStore:
         attempt: int,
         arrival_seq: int,
         spec: JobSpec,
-        state: JobStoreState = "queued",
+        state: JobStoreState = P.QUEUED,
     ) -> bool:
         return self._insert(
             queued_doc(job_id, attempt=attempt, arrival_seq=arrival_seq, spec=spec, state=state)
@@ -416,24 +418,24 @@ class MemoryJobStore:
         ]
 
     async def mark_placed(self, job_id: str, tasks: Sequence[TaskPlacement]) -> bool:
-        return self._update(job_id, "queued", {
-            "state": "placed",
+        return self._update(job_id, P.QUEUED, {
+            "state": P.PLACED,
             "allocation": [t.model_dump(mode="json") for t in tasks],
             "placed_published": False,
             "placed_at": utcnow(),
         })  # fmt: skip
 
     async def mark_placed_published(self, job_id: str) -> None:
-        self._update(job_id, "placed", {"placed_published": True})
+        self._update(job_id, P.PLACED, {"placed_published": True})
 
     async def note_reasons(self, job_id: str, reasons: Sequence[str], notices: int) -> None:
-        self._update(job_id, "queued", {"reasons": list(reasons), "queued_notices": notices})
+        self._update(job_id, P.QUEUED, {"reasons": list(reasons), "queued_notices": notices})
 
     async def mark_done(
         self, job_id: str, from_state: JobStoreState, *, stopped_in_queue: bool = False
     ) -> bool:
         return self._update(
-            job_id, from_state, {"state": "done", "stopped_in_queue": stopped_in_queue}
+            job_id, from_state, {"state": P.DONE, "stopped_in_queue": stopped_in_queue}
         )
 
     async def requeue(
@@ -450,7 +452,7 @@ class MemoryJobStore:
             return False
         return self._update(
             job_id,
-            doc["state"] if doc["state"] == "interrupting" else "placed",
+            doc["state"] if doc["state"] == P.INTERRUPTING else P.PLACED,
             requeued_fields(attempt, not_before, retries_used),
         )
 

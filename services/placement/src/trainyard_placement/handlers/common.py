@@ -26,6 +26,7 @@ from trainyard_common.events import (
     derived_id,
     utcnow,
 )
+from trainyard_common.lifecycle import PlacementState as P
 
 from ..adapters.store import (
     ACTIVE_STATES,
@@ -146,7 +147,7 @@ async def interrupt_placed(
         await announce_placed(deps, deps.state.placed[record.job_id])
     changed = await deps.store.change(
         record.job_id,
-        states=("placed",),
+        states=(P.PLACED,),
         attempt=record.attempt,
         fields={**interrupting_fields(cause.value, reason), **(fields or {})},
     )
@@ -158,10 +159,10 @@ async def interrupt_placed(
 def carried_fields(before: JobRecord) -> dict[str, Any]:
     """The attempt being interrupted failed first (JobRetrying): what the interrupt was
     for applies to the queued retry instead — a stop, a pause, a new size."""
-    if before.state != "interrupting":
+    if before.state != P.INTERRUPTING:
         return {}
     if before.stop_reason is not None:
-        return {"state": "done", "stopped_in_queue": True, **stop_reason_fields(before.stop_reason)}
+        return {"state": P.DONE, "stopped_in_queue": True, **stop_reason_fields(before.stop_reason)}
     if before.interrupt is not None and before.interrupt[0] == InterruptCause.PAUSED:
         return {**paused_fields(before.next_spec), "not_before": None}
     if before.next_spec is not None:
@@ -173,9 +174,9 @@ async def announce_carried(deps: Deps, before: JobRecord, attempt: int) -> None:
     """Announce the end or the pause :func:`carried_fields` gave the retry (ids derived from
     the new attempt, so a redelivery announces the same events)."""
     carried = carried_fields(before)
-    if carried.get("state") == "done":
+    if carried.get("state") == P.DONE:
         await announce_stopped(deps, before.job_id, attempt, before.stop_reason)
-    elif carried.get("state") == "paused" and before.interrupt is not None:
+    elif carried.get("state") == P.PAUSED and before.interrupt is not None:
         await announce_paused(deps, before.job_id, attempt, before.interrupt[1])
 
 
@@ -198,7 +199,7 @@ async def catch_up(deps: Deps, record: JobRecord) -> None:
     memory was updated, and the redelivery must not take the job as known, or it would
     never be placed."""
     if (
-        record.state == "queued"
+        record.state == P.QUEUED
         and record.job_id not in deps.state.queued
         and record.job_id not in deps.deferred
     ):
@@ -233,7 +234,7 @@ async def announce_stopped(deps: Deps, job_id: str, attempt: int, reason: str | 
 def adopt_preemption(deps: Deps, record: JobRecord) -> None:
     if record.preemptions:
         deps.state.preemptions[record.job_id] = record.preemptions
-    if record.state != "interrupting":
+    if record.state != P.INTERRUPTING:
         return
     preempted = record.interrupt is not None and record.interrupt[0] == InterruptCause.PREEMPTED
     # preempted_by outlives a pause asked for meanwhile (it is cleared with the attempt):
@@ -306,7 +307,7 @@ def adopt_record(deps: Deps, record: JobRecord) -> None:
         return
     if record.state in ACTIVE_STATES:
         deps.retries_used[record.job_id] = record.retries_used
-    if record.state == "queued":
+    if record.state == P.QUEUED:
         job = QueuedJob(record.job_id, record.spec, record.arrival_seq, record.attempt)
         if record.not_before is not None and record.not_before > deps.clock():
             deps.deferred[record.job_id] = (job, record.not_before)
@@ -319,7 +320,7 @@ def adopt_record(deps: Deps, record: JobRecord) -> None:
                 (notice_key(tuple(record.reasons), 1)[0], -1),
             )
         adopt_preemption(deps, record)
-    elif record.state in ("placed", "interrupting"):
+    elif record.state in (P.PLACED, P.INTERRUPTING):
         # An interrupting job holds its allocation until the launcher lets it go.
         deps.state.commit(
             Allocation(record.job_id, record.spec, record.allocation),

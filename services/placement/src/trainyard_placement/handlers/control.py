@@ -24,6 +24,7 @@ from trainyard_common.events import (
     StopJob,
 )
 from trainyard_common.jobspec import JobSpec
+from trainyard_common.lifecycle import PlacementState as P
 
 from ..adapters.store import (
     JobRecord,
@@ -59,24 +60,24 @@ async def pause_job(event: PauseJob, delivery: Delivery, deps: Deps) -> None:
     record = await known_record(deps, event.job_id, delivery)
     if record is None:
         return
-    if record.state == "queued":
+    if record.state == P.QUEUED:
         if await deps.store.change(
-            record.job_id, states=("queued",), attempt=record.attempt, fields=paused_fields()
+            record.job_id, states=(P.QUEUED,), attempt=record.attempt, fields=paused_fields()
         ):
             await reload_job(deps, record.job_id)
             await announce_paused(deps, record.job_id, record.attempt, event.reason)
             await run_cycle(deps)
-    elif record.state == "placed":
+    elif record.state == P.PLACED:
         await interrupt_placed(deps, record, InterruptCause.PAUSED, event.reason)
-    elif record.state == "paused" and delivery.num_delivered > 1:
+    elif record.state == P.PAUSED and delivery.num_delivered > 1:
         # A redelivery after a crash between storing the pause and announcing it.
         await announce_paused(deps, record.job_id, record.attempt, event.reason)
-    elif record.state == "interrupting" and record.interrupt is not None:
+    elif record.state == P.INTERRUPTING and record.interrupt is not None:
         if record.interrupt[0] != InterruptCause.PAUSED:
             # Already on its way out (preempted, scaled): it is paused once it is out.
             await deps.store.change(
                 record.job_id,
-                states=("interrupting",),
+                states=(P.INTERRUPTING,),
                 attempt=record.attempt,
                 fields=interrupting_fields(InterruptCause.PAUSED.value, event.reason),
             )
@@ -90,16 +91,16 @@ async def resume_job(event: ResumeJob, delivery: Delivery, deps: Deps) -> None:
     if record is None:
         return
     if (
-        record.state == "interrupting"
+        record.state == P.INTERRUPTING
         and record.interrupt is not None
         and (record.interrupt[0] == InterruptCause.PAUSED)
     ):
         raise TransientError(f"job {record.job_id} is still being paused; resuming it after")
-    if record.state != "paused":
+    if record.state != P.PAUSED:
         return  # running, queued or ended: nothing to resume
     if await deps.store.change(
         record.job_id,
-        states=("paused",),
+        states=(P.PAUSED,),
         attempt=record.attempt,
         fields=next_attempt_fields(record.attempt + 1),
     ):
@@ -116,26 +117,26 @@ async def restart_job(event: RestartJob, delivery: Delivery, deps: Deps) -> None
     record = await known_record(deps, event.job_id, delivery)
     if record is None:
         return
-    if record.state in ("done", "stopped_early") or record.spec is None:
+    if record.state in (P.DONE, P.STOPPED_EARLY) or record.spec is None:
         log.info("restart of job %s asked for after it ended: nothing to restart", record.job_id)
         return
     if event.event_id in record.restarts:
         await _restart_again(deps, record, event)
         return
     handled = restart_handled_fields(record.restarts, event.event_id)
-    if record.state == "placed":
+    if record.state == P.PLACED:
         await interrupt_placed(deps, record, InterruptCause.RESTARTED, event.reason, handled)
-    elif record.state == "paused":
+    elif record.state == P.PAUSED:
         if await deps.store.change(
             record.job_id,
-            states=("paused",),
+            states=(P.PAUSED,),
             attempt=record.attempt,
             fields={**next_attempt_fields(record.attempt + 1), **handled},
         ):
             await reload_job(deps, record.job_id)
             await run_cycle(deps)
     elif (
-        record.state == "interrupting"
+        record.state == P.INTERRUPTING
         and record.interrupt is not None
         and (record.interrupt[0] == InterruptCause.PAUSED)
     ):
@@ -153,14 +154,14 @@ async def _restart_again(deps: Deps, record: JobRecord, event: RestartJob) -> No
     """A RestartJob handled already, delivered again: finish what a failure between
     storing its effect and acting on it may have left undone, and nothing more."""
     if (
-        record.state == "interrupting"
+        record.state == P.INTERRUPTING
         and record.restarts[-1] == event.event_id
         and (record.interrupt is not None and record.interrupt[0] == InterruptCause.RESTARTED)
     ):
         # Stored, maybe not sent: the same InterruptJob id again.
         await send_interrupt(deps, record.job_id, record.attempt, *record.interrupt)
     elif (
-        record.state == "queued"
+        record.state == P.QUEUED
         and record.job_id not in deps.state.queued
         and (record.job_id not in deps.deferred)
     ):
@@ -171,7 +172,7 @@ async def _restart_again(deps: Deps, record: JobRecord, event: RestartJob) -> No
 
 async def scale_job(event: ScaleJob, delivery: Delivery, deps: Deps) -> None:
     record = await known_record(deps, event.job_id, delivery)
-    if record is None or record.spec is None or record.state in ("done", "stopped_early"):
+    if record is None or record.spec is None or record.state in (P.DONE, P.STOPPED_EARLY):
         return
     current = record.next_spec or record.spec
     problem = scale_problem(current, event.role, event.replicas)
@@ -181,7 +182,7 @@ async def scale_job(event: ScaleJob, delivery: Delivery, deps: Deps) -> None:
         return
     target = scaled(current, event.role, event.replicas)
     reason = f"scaled by {event.requested_by}: role {event.role} to {event.replicas} replica(s)"
-    if record.state in ("queued", "paused"):
+    if record.state in (P.QUEUED, P.PAUSED):
         if await deps.store.change(
             record.job_id,
             states=(record.state,),
@@ -190,18 +191,18 @@ async def scale_job(event: ScaleJob, delivery: Delivery, deps: Deps) -> None:
         ):
             await reload_job(deps, record.job_id)
             await run_cycle(deps)
-    elif record.state == "placed":
+    elif record.state == P.PLACED:
         if target == record.spec:
             return  # already at that size
         await interrupt_placed(
             deps, record, InterruptCause.SCALED, reason, next_spec_fields(target)
         )
-    elif record.state == "interrupting" and record.interrupt is not None:
+    elif record.state == P.INTERRUPTING and record.interrupt is not None:
         # Its next attempt (or its pause) takes the new size.
         if target != record.next_spec:
             await deps.store.change(
                 record.job_id,
-                states=("interrupting",),
+                states=(P.INTERRUPTING,),
                 attempt=record.attempt,
                 fields=next_spec_fields(target),
             )
@@ -215,15 +216,15 @@ async def release_interrupted(event: JobInterrupted, delivery: Delivery, deps: D
     record = await deps.store.get(event.job_id)
     if record is None:
         return
-    if record.attempt == event.attempt and record.state in ("placed", "interrupting"):
+    if record.attempt == event.attempt and record.state in (P.PLACED, P.INTERRUPTING):
         await _end_interrupted(deps, record, event)
         await run_cycle(deps)
-    elif record.attempt == event.attempt and record.state == "done" and record.stopped_in_queue:
+    elif record.attempt == event.attempt and record.state == P.DONE and record.stopped_in_queue:
         # A redelivery after a crash between storing the stop and announcing it.
         await announce_stopped(deps, record.job_id, record.attempt, record.stop_reason)
     elif (
         record.attempt == event.attempt + 1
-        and record.state == "paused"
+        and record.state == P.PAUSED
         and (event.cause != InterruptCause.PAUSED)
     ):
         # Likewise for a job paused while it was on its way out for another cause.
@@ -233,13 +234,13 @@ async def release_interrupted(event: JobInterrupted, delivery: Delivery, deps: D
 async def _end_interrupted(deps: Deps, record: JobRecord, event: JobInterrupted) -> None:
     job_id, attempt = record.job_id, record.attempt
     cause, reason = record.interrupt or (event.cause.value, event.reason)
-    states: tuple[JobStoreState, ...] = ("placed", "interrupting")
+    states: tuple[JobStoreState, ...] = (P.PLACED, P.INTERRUPTING)
     if record.stop_reason is not None:
         if await deps.store.change(
             job_id,
             states=states,
             attempt=attempt,
-            fields={"state": "done", "stopped_in_queue": True},
+            fields={"state": P.DONE, "stopped_in_queue": True},
         ):
             await reload_job(deps, job_id)
             await announce_stopped(deps, job_id, attempt, record.stop_reason)
@@ -274,19 +275,19 @@ async def _end_interrupted(deps: Deps, record: JobRecord, event: JobInterrupted)
 async def stop_interrupted(event: StopJob, record: JobRecord, deps: Deps) -> None:
     """StopJob for a job that holds no running attempt: a paused job ends here; one
     being interrupted ends when its JobInterrupted comes (the launcher is ending it)."""
-    if record.state == "paused":
+    if record.state == P.PAUSED:
         if await deps.store.change(
             record.job_id,
-            states=("paused",),
+            states=(P.PAUSED,),
             attempt=record.attempt,
-            fields={"state": "done", "stopped_in_queue": True, **stop_reason_fields(PAUSED_STOP)},
+            fields={"state": P.DONE, "stopped_in_queue": True, **stop_reason_fields(PAUSED_STOP)},
         ):
             await announce_stopped(deps, record.job_id, record.attempt, PAUSED_STOP)
             await run_cycle(deps)
-    elif record.state == "interrupting":
+    elif record.state == P.INTERRUPTING:
         await deps.store.change(
             record.job_id,
-            states=("interrupting",),
+            states=(P.INTERRUPTING,),
             attempt=record.attempt,
             fields=stop_reason_fields(event.reason),
         )
@@ -302,7 +303,7 @@ async def request_scale(
     # Someone else's job answers exactly like a missing one.
     if record is None or spec is None or not identity.can_see(spec.user):
         raise JobNotFound(job_id)
-    if record.state in ("done", "stopped_early"):
+    if record.state in (P.DONE, P.STOPPED_EARLY):
         raise JobEnded(job_id)
     problem = scale_problem(spec, role, replicas)
     if problem is not None:

@@ -9,6 +9,7 @@ from trainyard_common.events import (
     InterruptCause,
     JobQueued,
 )
+from trainyard_common.lifecycle import PlacementState as P
 
 from ..adapters.store import (
     interrupt_sent_fields,
@@ -41,7 +42,7 @@ async def shut_down(deps: Deps) -> list[str]:
         interrupted = []
         for job_id in sorted(deps.state.placed):
             record = await deps.store.get(job_id)
-            if record is not None and record.state == "placed":
+            if record is not None and record.state == P.PLACED:
                 if await interrupt_placed(deps, record, InterruptCause.SHUTDOWN, SHUTDOWN_REASON):
                     interrupted.append(job_id)
         return interrupted
@@ -105,7 +106,7 @@ async def _grow(deps: Deps, now: float) -> None:
         if now - deps.state.placed_at.get(job_id, now) < deps.growth_after_s:
             continue
         record = await deps.store.get(job_id)
-        if record is None or record.state != "placed" or record.spec is None:
+        if record is None or record.state != P.PLACED or record.spec is None:
             continue
         running = deps.state.placed[job_id].spec
         grown = {
@@ -128,8 +129,8 @@ async def _preempt(deps: Deps, decision: Preempt) -> None:
     capacity until its JobInterrupted; the preemptor waits for that."""
     for victim in decision.victims:
         record = await deps.store.get(victim)
-        if record is None or record.state != "placed":
-            if record is not None and record.state == "interrupting":
+        if record is None or record.state != P.PLACED:
+            if record is not None and record.state == P.INTERRUPTING:
                 # Already on its way out for another cause: never chosen again.
                 deps.state.interrupting.setdefault(victim, None)
             continue
@@ -144,7 +145,7 @@ async def _preempt(deps: Deps, decision: Preempt) -> None:
             deps.state.preempting(victim, decision.job_id)
             await deps.store.change(
                 victim,
-                states=("interrupting",),
+                states=(P.INTERRUPTING,),
                 attempt=record.attempt,
                 fields=interrupt_sent_fields(),
             )
@@ -153,11 +154,11 @@ async def _preempt(deps: Deps, decision: Preempt) -> None:
 async def _resend_preemption(deps: Deps, job_id: str) -> None:
     record = await deps.store.get(job_id)
     deps.unsent_preemptions.discard(job_id)
-    if record is None or record.state != "interrupting" or record.interrupt is None:
+    if record is None or record.state != P.INTERRUPTING or record.interrupt is None:
         return
     await send_interrupt(deps, job_id, record.attempt, *record.interrupt)
     await deps.store.change(
-        job_id, states=("interrupting",), attempt=record.attempt, fields=interrupt_sent_fields()
+        job_id, states=(P.INTERRUPTING,), attempt=record.attempt, fields=interrupt_sent_fields()
     )
 
 

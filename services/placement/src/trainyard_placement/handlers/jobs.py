@@ -14,6 +14,7 @@ from trainyard_common.events import (
     StopJob,
 )
 from trainyard_common.jobspec import RunMode
+from trainyard_common.lifecycle import PlacementState as P
 
 from ..adapters.store import (
     requeued_fields,
@@ -48,7 +49,7 @@ async def queue_job(event: JobAccepted, delivery: Delivery, deps: Deps) -> None:
         attempt=job.attempt,
         arrival_seq=job.arrival_seq,
         spec=job.spec,
-        state="paused" if paused else "queued",
+        state=P.PAUSED if paused else P.QUEUED,
     )
     if inserted and paused:
         await announce_paused(deps, job.job_id, job.attempt, SUBMITTED_PAUSED)
@@ -57,9 +58,9 @@ async def queue_job(event: JobAccepted, delivery: Delivery, deps: Deps) -> None:
         deps.retries_used[job.job_id] = 0
     else:
         record = await deps.store.get(job.job_id)
-        if record is not None and record.state == "paused" and record.attempt == FIRST_ATTEMPT:
+        if record is not None and record.state == P.PAUSED and record.attempt == FIRST_ATTEMPT:
             await announce_paused(deps, job.job_id, job.attempt, SUBMITTED_PAUSED)
-        if record is not None and record.state == "stopped_early":
+        if record is not None and record.state == P.STOPPED_EARLY:
             await deps.publisher.publish(JobFinished(
                 event_id=finished_id(record.job_id, record.attempt),
                 job_id=record.job_id,
@@ -67,7 +68,7 @@ async def queue_job(event: JobAccepted, delivery: Delivery, deps: Deps) -> None:
                 state=JobState.STOPPED,
                 reason="stopped before it was placed",
             ))  # fmt: skip
-            await deps.store.mark_done(record.job_id, "stopped_early")
+            await deps.store.mark_done(record.job_id, P.STOPPED_EARLY)
         elif record is not None:
             # A redelivery: the job is known in the store, and memory catches up if the
             # insert landed but its answer was lost (the store went away).
@@ -79,16 +80,16 @@ async def release_job(event: JobFinished, delivery: Delivery, deps: Deps) -> Non
     record = await deps.store.get(event.job_id)
     if record is None or record.attempt != event.attempt:
         return
-    if record.state in ("placed", "interrupting"):
+    if record.state in (P.PLACED, P.INTERRUPTING):
         # An attempt being interrupted may end on its own first: its end wins.
         await deps.store.mark_done(record.job_id, record.state)
         deps.state.release(record.job_id)
         deps.unannounced.discard(record.job_id)
-    elif record.state == "queued":
+    elif record.state == P.QUEUED:
         # Ended before it was placed (stopped elsewhere): it must leave the queue.
-        await deps.store.mark_done(record.job_id, "queued")
+        await deps.store.mark_done(record.job_id, P.QUEUED)
         forget_queued(deps, record.job_id)
-    elif record.state == "done":
+    elif record.state == P.DONE:
         # A redelivery after the store marked it done but before memory let it go (the
         # answer was lost): let go now, or its capacity would stay taken.
         if record.job_id not in deps.state.placed and record.job_id not in deps.state.queued:
@@ -110,18 +111,18 @@ async def stop_job(event: StopJob, delivery: Delivery, deps: Deps) -> None:
         record = await deps.store.get(event.job_id)
         if record is None:
             return
-    if record.state == "queued":
-        await deps.store.mark_done(record.job_id, "queued", stopped_in_queue=True)
+    if record.state == P.QUEUED:
+        await deps.store.mark_done(record.job_id, P.QUEUED, stopped_in_queue=True)
         forget_queued(deps, record.job_id)
         await announce_stopped_in_queue(deps, record)
         await run_cycle(deps)
-    elif record.state == "done" and record.stopped_in_queue:
+    elif record.state == P.DONE and record.stopped_in_queue:
         # A redelivery after a failure between storing the stop and announcing it (and
         # perhaps before memory forgot the job: it must not be placed).
         forget_queued(deps, record.job_id)
         await announce_stopped_in_queue(deps, record)
         await run_cycle(deps)
-    elif record.state in ("paused", "interrupting"):
+    elif record.state in (P.PAUSED, P.INTERRUPTING):
         await stop_interrupted(event, record, deps)
 
 
@@ -131,7 +132,7 @@ async def retry_job(event: JobRetrying, delivery: Delivery, deps: Deps) -> None:
     record = await deps.store.get(event.job_id)
     if record is None or record.attempt < event.previous_attempt:
         return
-    if record.attempt == event.previous_attempt and record.state in ("placed", "interrupting"):
+    if record.attempt == event.previous_attempt and record.state in (P.PLACED, P.INTERRUPTING):
         # One conditional update: the retry and whatever an interrupt under way meant for
         # it (a stop, a pause, a new size), so no crash can split them.
         fields = {
@@ -140,7 +141,7 @@ async def retry_job(event: JobRetrying, delivery: Delivery, deps: Deps) -> None:
         }
         if not await deps.store.change(
             record.job_id,
-            states=("placed", "interrupting"),
+            states=(P.PLACED, P.INTERRUPTING),
             attempt=event.previous_attempt,
             fields=fields,
         ):
@@ -153,13 +154,13 @@ async def retry_job(event: JobRetrying, delivery: Delivery, deps: Deps) -> None:
         await announce_carried(deps, record, event.attempt)
     elif record.attempt == event.attempt:
         # A redelivery after the store moved on: memory, or an announcement, may not have.
-        if record.state == "queued" and (
+        if record.state == P.QUEUED and (
             record.job_id not in deps.state.queued and record.job_id not in deps.deferred
         ):
             await reload_job(deps, record.job_id)
-        elif record.state == "done" and record.stopped_in_queue:
+        elif record.state == P.DONE and record.stopped_in_queue:
             await announce_stopped(deps, record.job_id, record.attempt, record.stop_reason)
-        elif record.state == "paused":
+        elif record.state == P.PAUSED:
             await announce_paused(
                 deps, record.job_id, record.attempt, "paused while its failed attempt was retried"
             )
