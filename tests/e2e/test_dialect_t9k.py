@@ -99,10 +99,10 @@ def test_generic_job_with_two_replica_types_succeeds_by_its_success_rule(api: Ap
     assert created["metadata"]["creationTimestamp"].endswith("Z")
     # Translation warnings come back as Kubernetes sends them.
     warnings = answer.headers.get_list("warning")
-    assert any(
-        w.startswith('299 - "$.spec.replicaSpecs[0].template.spec.containers[0].imagePullPolicy')
-        for w in warnings
-    ), warnings
+    # (On this local-backend platform the image, and so its pull policy, is not used.)
+    assert any(w.startswith('299 - "$.spec: image python:3.11 is not used') for w in warnings), (
+        warnings
+    )
 
     # The master's success ends the job while its workers still sleep.
     resource = wait_phase(api, f"{T9K}/genericjobs/{name}", {"Succeeded", "Failed"}, 40)

@@ -188,6 +188,9 @@ def test_a_pod_is_what_placement_and_the_dialect_said(api: Api, kube_cluster: Ku
     assert (limits["nvidia.com/gpu"], limits["cpu"], limits["memory"]) == ("1", "2", "4Gi")
     assert container["command"] == ["python3", "/opt/mnist/src/mnist.py", "--epochs=1"]
     assert container["args"] == ["--master=$(MASTER_ADDR)"]  # the kubelet expands it
+    # The example's pull policy (the API server's default for a tagged image would be
+    # IfNotPresent).
+    assert container["imagePullPolicy"] == "Always"
     env = {e["name"]: e.get("value", "") for e in container["env"]}
     service = f"ty-{job_id}"
     assert env["MASTER_ADDR"] == f"{master['metadata']['name']}.{service}.team-ml.svc"

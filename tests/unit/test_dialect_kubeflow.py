@@ -61,6 +61,25 @@ def test_a_container_keeps_its_command_and_args_as_kubernetes_means_them() -> No
     assert simple.namespace == "kubeflow"
 
 
+def test_image_pull_policy_is_carried_and_checked() -> None:
+    payload = load("pytorchjob-simple.yaml")
+    container = payload["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][
+        0
+    ]
+    container["imagePullPolicy"] = "IfNotPresent"
+    result = translate_kubeflow(payload)
+    assert result.errors == []
+    policies = {r.name: r.image_pull_policy for r in result.spec.roles}
+    assert policies == {"Master": "IfNotPresent", "Worker": "Always"}  # as the example has it
+    # Applied (on Kubernetes), so not reported as a field Trainyard keeps but ignores.
+    assert not [w for w in result.warnings if w.path.endswith("imagePullPolicy")]
+    container["imagePullPolicy"] = "Sometimes"
+    [error] = translate_kubeflow(payload).errors
+    assert error.path == (
+        "$.spec.pytorchReplicaSpecs.Master.template.spec.containers[0].imagePullPolicy"
+    )
+
+
 def test_pytorchjob_master_decides_success() -> None:
     spec = translate_kubeflow(load("pytorchjob-simple.yaml")).spec
     assert spec.kind is JobKind.PYTORCH

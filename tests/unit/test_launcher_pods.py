@@ -133,6 +133,15 @@ def test_template_annotations_pass_through_to_the_pod() -> None:
     assert manifest(role)["metadata"]["annotations"]["kwok.trainyard.dev/run-duration"] == "2s"
 
 
+def test_the_image_pull_policy_is_the_containers() -> None:
+    pulled = RoleSpec(name="w", command="x", image_pull_policy="Never")
+    assert manifest(pulled)["spec"]["containers"][0]["imagePullPolicy"] == "Never"
+    # None: the cluster's default, so the field is not set at all.
+    assert (
+        "imagePullPolicy" not in manifest(RoleSpec(name="w", command="x"))["spec"]["containers"][0]
+    )
+
+
 def test_code_data_and_packages_become_init_containers_and_volumes() -> None:
     role = RoleSpec(name="w", command="python /code/t.py")
     pod = manifest(

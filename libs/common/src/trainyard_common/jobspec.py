@@ -8,7 +8,7 @@ leading ``$``, and environment variable names or labels may hold either.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -109,6 +109,15 @@ class Resources(Model):
         return models
 
 
+# Kubernetes' imagePullPolicy values.
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+PULL_POLICIES: dict[str, PullPolicy] = {
+    "Always": "Always",
+    "IfNotPresent": "IfNotPresent",
+    "Never": "Never",
+}
+
+
 class RoleSpec(Model):
     name: str
     replicas: int = 1
@@ -119,6 +128,9 @@ class RoleSpec(Model):
     # Only nodes carrying every one of these labels (name and value) may host the role.
     node_selector: list[EnvVar] = Field(default_factory=list)
     image: str | None = None
+    # When the node pulls the image (a container's imagePullPolicy, Kubernetes' own
+    # values); None: the cluster's default. Only the Kubernetes backend has images.
+    image_pull_policy: PullPolicy | None = None
     # A shell command line (OpenPAI, PAI-DLC, TI), run by ``sh -c``. For a container
     # given as argv (``entrypoint`` / ``args``) it is that argv shown as one line.
     command: str

@@ -14,7 +14,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from ..events import FieldIssue
-from ..jobspec import EnvVar, Resources, RoleSpec
+from ..jobspec import PULL_POLICIES, EnvVar, PullPolicy, Resources, RoleSpec
 from .translation import INT_MAX, Issues, join, json_type, show
 
 # Kubernetes object names (metadata.name, namespaces): an RFC 1123 DNS label.
@@ -79,11 +79,12 @@ GPU_MODEL_LABELS = (
     "trainyard.dev/gpu-type",
 )
 REQUIRED_NODE_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
+PULL_POLICY = re.compile(r"^(Always|IfNotPresent|Never)$")
 
 # Container and pod fields that carry meaning Trainyard applies; every other one is
 # kept with the original and reported.
 _CONTAINER_USED = frozenset(
-    {"name", "image", "command", "args", "env", "resources", "volumeMounts"}
+    {"name", "image", "imagePullPolicy", "command", "args", "env", "resources", "volumeMounts"}
 )
 _POD_USED = frozenset({"containers", "volumes", "restartPolicy", "nodeSelector", "affinity"})
 
@@ -125,6 +126,7 @@ class PodTask:
     """A pod template read for one role."""
 
     image: str | None = None
+    image_pull_policy: PullPolicy | None = None
     command: list[str] = field(default_factory=list)
     args: list[str] = field(default_factory=list)
     env: list[EnvVar] = field(default_factory=list)
@@ -279,6 +281,11 @@ def pod_template(
         return task
     task.container_name = container.get("name") if isinstance(container.get("name"), str) else None
     task.image = issues.string(container, "image", cpath, required=True, non_blank=True)
+    policy = issues.string(
+        container, "imagePullPolicy", cpath, required=False, pattern=PULL_POLICY,
+        rule="one of Always, IfNotPresent, Never",
+    )  # fmt: skip
+    task.image_pull_policy = PULL_POLICIES.get(policy or "")
     task.command = string_list(container, "command", cpath, issues)
     task.args = string_list(container, "args", cpath, issues)
     task.env = _env(container.get("env"), join(cpath, "env"), issues)

@@ -250,6 +250,7 @@ def _roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[RoleSpec]:
                 replicas=replicas or 1,
                 resources=pod.resources,
                 image=pod.image,
+                image_pull_policy=pod.image_pull_policy,
                 command=command,
                 entrypoint=pod.command or None,
                 args=pod.args,

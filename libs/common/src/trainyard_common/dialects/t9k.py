@@ -593,6 +593,7 @@ def _role_spec(
         replicas=replicas,
         resources=pod.resources,
         image=pod.image,
+        image_pull_policy=pod.image_pull_policy,
         command=command,
         entrypoint=(pod.command or None) if container else None,
         args=pod.args if container else None,

@@ -260,6 +260,7 @@ def pod_manifest(
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
+        **({"imagePullPolicy": role.image_pull_policy} if role.image_pull_policy else {}),
         **container_command(role, command),
         "env": _env_list({**task_env_for_pod(env, role), **gpu_env}),
         "resources": res,
