@@ -51,12 +51,12 @@ def test_check_names_the_move_it_refuses() -> None:
         (JOB, {s for s in JobState if s.terminal}),
         (PLACEMENT, {PlacementState.DONE}),
     ]:
-        assert not {source for source, _ in machine.moves()} & ends, machine.name
+        assert not {source for source, _ in machine.moves} & ends, machine.name
     # Every state is reachable from a start.
     for machine in MACHINES:
-        reached = {t for s, t in machine.moves() if s is None}
+        reached = {t for s, t in machine.moves if s is None}
         while True:
-            more = {t for s, t in machine.moves() if s in reached} - reached
+            more = {t for s, t in machine.moves if s in reached} - reached
             if not more:
                 break
             reached |= more

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, Generic, TypeVar
 
 from .events import JobState, TaskState
@@ -61,8 +62,10 @@ class Machine(Generic[S]):
     name: str
     transitions: tuple[Transition[S], ...]
 
+    @cached_property
     def moves(self) -> frozenset[tuple[S | None, S]]:
-        """Every (source, target) pair; a None source is a record's start."""
+        """Every (source, target) pair; a None source is a record's start (computed
+        once: every store write checks against it)."""
         found: set[tuple[S | None, S]] = set()
         for t in self.transitions:
             for source in t.sources or (None,):
@@ -70,18 +73,17 @@ class Machine(Generic[S]):
         return frozenset(found)
 
     def allows(self, source: S | None, target: S) -> bool:
-        return (source, target) in self.moves()
+        return (source, target) in self.moves
 
     def check(self, sources: Iterable[S | None], target: S) -> None:
         """Raise InvalidTransition unless every one of ``sources`` may move to ``target``."""
-        moves = self.moves()
-        bad = [s for s in sources if (s, target) not in moves]
+        bad = [s for s in sources if (s, target) not in self.moves]
         if bad:
             shown = ", ".join("(new)" if s is None else str(s) for s in bad)
             raise InvalidTransition(f"{self.name}: {shown} -> {target} is not a transition")
 
     def states(self) -> set[S]:
-        return {s for pair in self.moves() for s in pair if s is not None}
+        return {s for pair in self.moves for s in pair if s is not None}
 
     def markdown(self) -> str:
         """The transition table, as docs/lifecycle.md shows it."""

@@ -275,13 +275,7 @@ def notice_key(reasons: tuple[str, ...], position: int) -> tuple[tuple[str, ...]
 
 
 async def announce_stopped_in_queue(deps: Deps, record: JobRecord) -> None:
-    await deps.publisher.publish(JobFinished(
-        event_id=finished_id(record.job_id, record.attempt),
-        job_id=record.job_id,
-        attempt=record.attempt,
-        state=JobState.STOPPED,
-        reason="stopped while queued",
-    ))  # fmt: skip
+    await announce_stopped(deps, record.job_id, record.attempt, "stopped while queued")
 
 
 def forget_queued(deps: Deps, job_id: str) -> None:

@@ -10,7 +10,6 @@ from trainyard_common.events import (
     JobAccepted,
     JobFinished,
     JobRetrying,
-    JobState,
     StopJob,
 )
 from trainyard_common.jobspec import RunMode
@@ -30,7 +29,6 @@ from .common import (
     announce_stopped_in_queue,
     carried_fields,
     catch_up,
-    finished_id,
     forget_queued,
     reload_job,
 )
@@ -61,13 +59,9 @@ async def queue_job(event: JobAccepted, delivery: Delivery, deps: Deps) -> None:
         if record is not None and record.state == P.PAUSED and record.attempt == FIRST_ATTEMPT:
             await announce_paused(deps, job.job_id, job.attempt, SUBMITTED_PAUSED)
         if record is not None and record.state == P.STOPPED_EARLY:
-            await deps.publisher.publish(JobFinished(
-                event_id=finished_id(record.job_id, record.attempt),
-                job_id=record.job_id,
-                attempt=record.attempt,
-                state=JobState.STOPPED,
-                reason="stopped before it was placed",
-            ))  # fmt: skip
+            await announce_stopped(
+                deps, record.job_id, record.attempt, "stopped before it was placed"
+            )
             await deps.store.mark_done(record.job_id, P.STOPPED_EARLY)
         elif record is not None:
             # A redelivery: the job is known in the store, and memory catches up if the
