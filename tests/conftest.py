@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from trainyard_common.cluster import NodeSpec
+from trainyard_common.storage import Client
 from trainyard_stack.components import FerretDB, NatsServer, ensure_ferretdb_binary
 from trainyard_stack.kube import KubeCluster
+
+from .support.stores import REAL_STORES, store_client
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -65,6 +68,13 @@ def mongo_url(servers_dir: Path) -> Iterator[str]:
     server = FerretDB(servers_dir / "ferretdb").start()
     yield server.url
     server.stop()
+
+
+@pytest.fixture(params=REAL_STORES)
+async def doc_client(request: pytest.FixtureRequest, db_prefix: str) -> AsyncIterator[Client]:
+    """Each real store in turn (tests.support.stores)."""
+    async with store_client(request, request.param, db_prefix) as client:
+        yield client
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Token store and intake's owner registry against the real MongoDB-wire store, and the
+"""Token store and intake's owner registry against both real stores, and the
 same contract run against the in-memory registry so the fake cannot drift."""
 
 from __future__ import annotations
@@ -8,18 +8,12 @@ import uuid
 import pytest
 
 from trainyard_common.auth import Identity, TokenStore, tokens_collection
-from trainyard_common.storage import mongo_client
-from trainyard_intake.adapters.owners import InMemoryOwnerRegistry, MongoOwnerRegistry
+from trainyard_intake.adapters.owners import DocOwnerRegistry, InMemoryOwnerRegistry
 
 
 @pytest.fixture
-async def client(mongo_url: str, db_prefix: str):
-    client = mongo_client(mongo_url)
-    yield client
-    for name in await client.list_database_names():
-        if name.startswith(db_prefix):
-            await client.drop_database(name)
-    await client.close()
+async def client(doc_client):
+    return doc_client
 
 
 async def test_tokens_issue_resolve_and_refuse(client, db_prefix: str) -> None:
@@ -39,10 +33,10 @@ async def test_tokens_issue_resolve_and_refuse(client, db_prefix: str) -> None:
         await store.issue("bad~name")
 
 
-@pytest.fixture(params=["mongo", "memory"])
+@pytest.fixture(params=["store", "memory"])
 async def owners(request, client, db_prefix: str):
-    if request.param == "mongo":
-        return MongoOwnerRegistry(client[f"{db_prefix}_intake"]["owners"])
+    if request.param == "store":
+        return DocOwnerRegistry(client[f"{db_prefix}_intake"]["owners"])
     return InMemoryOwnerRegistry()
 
 

@@ -10,19 +10,20 @@ import pytest
 
 from trainyard_common.events import FailureClass, JobState, TaskPlacement, TaskState
 from trainyard_common.jobspec import EnvVar, JobSpec, RoleSpec
-from trainyard_common.storage import mongo_client
 from trainyard_launcher.adapters.store import (
     JOB_FINISHED,
     JOB_RUNNING,
     JOB_STOP_EARLY,
+    DocLauncherStore,
     JobRecord,
     LauncherStore,
     MemoryLauncherStore,
-    MongoLauncherStore,
     new_task,
 )
 from trainyard_launcher.domain.completion import Verdict
 from trainyard_launcher.domain.failure import Retry
+
+from ..support.stores import REAL_STORES, store_client
 
 SPEC = JobSpec(
     name="train",
@@ -33,17 +34,15 @@ SPEC = JobSpec(
 TASKS = [TaskPlacement(role="worker", index=i, node="n1", host_ip="127.0.0.1") for i in range(2)]
 
 
-@pytest.fixture(params=["memory", "mongo"])
+@pytest.fixture(params=["memory", *REAL_STORES])
 async def store(request: pytest.FixtureRequest, db_prefix: str) -> AsyncIterator[LauncherStore]:
     if request.param == "memory":
         yield MemoryLauncherStore()
         return
-    client = mongo_client(request.getfixturevalue("mongo_url"))
-    store = MongoLauncherStore(client[f"{db_prefix}_launcher"])
-    await store.ensure_indexes()
-    yield store
-    await client.drop_database(f"{db_prefix}_launcher")
-    await client.close()
+    async with store_client(request, request.param, db_prefix) as client:
+        store = DocLauncherStore(client[f"{db_prefix}_launcher"])
+        await store.ensure_indexes()
+        yield store
 
 
 def running_job(attempt: int = 1) -> JobRecord:

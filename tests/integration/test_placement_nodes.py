@@ -22,14 +22,15 @@ from trainyard_common.events import InterruptCause, InterruptJob, JobAccepted, d
 from trainyard_common.storage import mongo_client
 from trainyard_common.subjects import STREAM
 from trainyard_placement.adapters.nodes import (
+    DocNodeStore,
     MemoryNodeStore,
-    MongoNodeStore,
     NodeRecord,
     NodeStore,
 )
 from trainyard_sdk.cli import make_app
 from trainyard_sdk.client import Client
 
+from ..support.stores import REAL_STORES, store_client
 from .placement_replicas import (
     ADMIN_TOKEN,
     Replica,
@@ -40,15 +41,13 @@ from .placement_replicas import (
 # ------------------------------------------------------------------------ store contract
 
 
-@pytest.fixture(params=["memory", "mongo"])
+@pytest.fixture(params=["memory", *REAL_STORES])
 async def store(request: pytest.FixtureRequest, db_prefix: str) -> AsyncIterator[NodeStore]:
     if request.param == "memory":
         yield MemoryNodeStore()
         return
-    client = mongo_client(request.getfixturevalue("mongo_url"))
-    yield MongoNodeStore(client[f"{db_prefix}_placement"]["nodes"])
-    await client.drop_database(f"{db_prefix}_placement")
-    await client.close()
+    async with store_client(request, request.param, db_prefix) as client:
+        yield DocNodeStore(client[f"{db_prefix}_placement"]["nodes"])
 
 
 async def test_node_store_keeps_the_latest_state_per_node_in_a_fixed_order(

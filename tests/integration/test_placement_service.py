@@ -32,10 +32,11 @@ from trainyard_common.events import (
     derived_id,
 )
 from trainyard_common.jobspec import JobSpec, PortSpec, Resources, RoleSpec
-from trainyard_common.storage import mongo_client
 from trainyard_common.subjects import STREAM
-from trainyard_placement.adapters.store import JobStore, MemoryJobStore, MongoJobStore
+from trainyard_placement.adapters.store import DocJobStore, JobStore, MemoryJobStore
 from trainyard_stack.components import NatsServer, free_port
+
+from ..support.stores import REAL_STORES, store_client
 
 
 def spec(gpus: int = 2, name: str = "train") -> JobSpec:
@@ -52,15 +53,13 @@ TASK = TaskPlacement(role="worker", index=0, node="n1", host_ip="10.0.0.1", gpu_
 # ------------------------------------------------------------------------ store contract
 
 
-@pytest.fixture(params=["memory", "mongo"])
+@pytest.fixture(params=["memory", *REAL_STORES])
 async def store(request: pytest.FixtureRequest, db_prefix: str) -> AsyncIterator[JobStore]:
     if request.param == "memory":
         yield MemoryJobStore()
         return
-    client = mongo_client(request.getfixturevalue("mongo_url"))
-    yield MongoJobStore(client[f"{db_prefix}_placement"]["jobs"])
-    await client.drop_database(f"{db_prefix}_placement")
-    await client.close()
+    async with store_client(request, request.param, db_prefix) as client:
+        yield DocJobStore(client[f"{db_prefix}_placement"]["jobs"])
 
 
 async def test_store_queued_to_placed_to_done(store: JobStore) -> None:

@@ -18,19 +18,15 @@ from trainyard_common.events import (
     TaskState,
     TaskStateChanged,
 )
-from trainyard_common.storage import mongo_client
 from trainyard_status.adapters.views import JobViews, job_view
 from trainyard_status.domain.projection import project
 
 
 @pytest.fixture
-async def views(mongo_url: str, db_prefix: str):
-    client = mongo_client(mongo_url)
-    views = JobViews(client[f"{db_prefix}_status"])
+async def views(doc_client, db_prefix: str):
+    views = JobViews(doc_client[f"{db_prefix}_status"])
     await views.ensure_indexes()
-    yield views
-    await client.drop_database(f"{db_prefix}_status")
-    await client.close()
+    return views
 
 
 def lifecycle(job_id: str):

@@ -29,10 +29,10 @@ from trainyard_common.events import (
     derived_id,
     new_id,
 )
-from trainyard_common.storage import mongo_client
+from trainyard_common.storage import Client
 from trainyard_common.subjects import STREAM
 from trainyard_stack.components import free_port
-from trainyard_validation.adapters.names import MongoNameRegistry
+from trainyard_validation.adapters.names import DocNameRegistry
 
 from ..seeds import seed_job
 
@@ -51,14 +51,11 @@ CLUSTER = {
 
 
 @pytest.fixture
-async def registry(mongo_url: str, db_prefix: str) -> AsyncIterator[MongoNameRegistry]:
-    client = mongo_client(mongo_url)
-    yield MongoNameRegistry(client[f"{db_prefix}_validation"])
-    await client.drop_database(f"{db_prefix}_validation")
-    await client.close()
+async def registry(doc_client: Client, db_prefix: str) -> DocNameRegistry:
+    return DocNameRegistry(doc_client[f"{db_prefix}_validation"])
 
 
-async def test_claim_is_idempotent_per_job(registry: MongoNameRegistry) -> None:
+async def test_claim_is_idempotent_per_job(registry: DocNameRegistry) -> None:
     assert await registry.claim("alice", "train", "job1")
     assert await registry.claim("alice", "train", "job1")  # redelivery of the same job
     assert not await registry.claim("alice", "train", "job2")
@@ -66,20 +63,16 @@ async def test_claim_is_idempotent_per_job(registry: MongoNameRegistry) -> None:
     assert await registry.claim("alice", "train.v2", "job4")
 
 
-async def test_concurrent_claims_have_one_winner(registry: MongoNameRegistry) -> None:
+async def test_concurrent_claims_have_one_winner(registry: DocNameRegistry) -> None:
     results = await asyncio.gather(*(registry.claim("carol", "race", f"job{i}") for i in range(10)))
     assert sum(results) == 1
 
 
 async def test_claim_document_shape(
-    mongo_url: str, db_prefix: str, registry: MongoNameRegistry
+    doc_client: Client, db_prefix: str, registry: DocNameRegistry
 ) -> None:
     await registry.claim("dave", "exp~1", "job9")
-    client = mongo_client(mongo_url)
-    try:
-        doc = await client[f"{db_prefix}_validation"]["names"].find_one({"_id": "dave~exp~1"})
-    finally:
-        await client.close()
+    doc = await doc_client[f"{db_prefix}_validation"]["names"].find_one({"_id": "dave~exp~1"})
     assert doc is not None
     assert (doc["user"], doc["name"], doc["job_id"]) == ("dave", "exp~1", "job9")
 

@@ -13,9 +13,9 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
-import pymongo
 import pytest
 from nats.errors import NoServersError
 
@@ -183,17 +183,18 @@ def test_no_secret_crosses_the_bus_in_clear(platform: Platform, admin: Api) -> N
     assert b"enc:v1:" in carried and SECRET.encode() not in carried
 
 
-def test_the_store_is_a_socket_only_the_services_user_opens(platform: Platform, admin: Api) -> None:
-    assert platform.mongo is not None
-    socket_path = platform.data_dir / "ferretdb" / "ferretdb.sock"
-    assert socket_path.exists() and "127.0.0.1" not in platform.mongo.url
-    assert (platform.data_dir / "ferretdb").stat().st_mode & 0o077 == 0
+def test_the_store_is_files_only_the_services_user_opens(platform: Platform, admin: Api) -> None:
+    assert platform.mongo is None  # the embedded default: one SQLite file per service
+    store = platform.data_dir / "store"
+    files = sorted(p.name for p in store.glob("*.sqlite3"))
+    prefix = platform.config.db_prefix
+    assert {f"{prefix}_{name}.sqlite3" for name in ("intake", "status", "launcher")} <= set(files)
+    assert store.stat().st_mode & 0o077 == 0
+    assert all((store / name).stat().st_mode & 0o077 == 0 for name in files)
     if os.geteuid() == 0:
-        # A task (its own uid) cannot even reach the socket.
-        command = (
-            'python3 -c "import socket; s = socket.socket(socket.AF_UNIX); '
-            f"s.connect('{socket_path}')\" 2>&1 | tail -1"
-        )
+        # A task (its own uid) cannot even reach the files.
+        target = store / f"{prefix}_status.sqlite3"
+        command = f"python3 -c \"open('{target}', 'rb')\" 2>&1 | tail -1"
         job_id = admin.submit({"name": "store-probe", "roles": [{"name": "w", "command": command}]})
         admin.wait(job_id, timeout=60)
         out = admin.http.get(f"/v1/jobs/{job_id}/logs").text
@@ -207,11 +208,16 @@ def test_access_key_secrets_are_sealed_at_rest(platform: Platform, admin: Api) -
     secret = key.get("AccessKeySecret") or key.get("secret")
     key_id = key.get("AccessKeyId") or key.get("id")
     assert secret and key_id
-    assert platform.mongo is not None
-    client: pymongo.MongoClient = pymongo.MongoClient(platform.mongo.url)
-    try:
-        doc = client[f"{platform.config.db_prefix}_auth"]["access_keys"].find_one({"_id": key_id})
-    finally:
-        client.close()
+    doc = asyncio.run(find_stored(platform, "auth", "access_keys", key_id))
     assert doc is not None and secret not in json.dumps(doc, default=str)
     assert str(doc["secret"]).startswith("enc:v1:")
+
+
+async def find_stored(platform: Platform, db: str, collection: str, doc_id: str) -> Any:
+    client = platform.store_client()
+    try:
+        return await client[f"{platform.config.db_prefix}_{db}"][collection].find_one(
+            {"_id": doc_id}
+        )
+    finally:
+        await client.close()

@@ -5,6 +5,7 @@ user's good request still works."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import hashlib
 import json
@@ -15,7 +16,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-import pymongo
 import pytest
 import yaml
 from alibabacloud_tea_openapi.utils import Utils
@@ -121,12 +121,15 @@ def test_bad_paths_and_parameters_are_4xx(admin: Api, path: str) -> None:
 
 
 def owners_count(platform: Platform) -> int:
-    assert platform.mongo is not None
-    client: pymongo.MongoClient = pymongo.MongoClient(platform.mongo.url)
-    try:
-        return client[f"{platform.config.db_prefix}_intake"]["owners"].count_documents({})
-    finally:
-        client.close()
+    async def count() -> int:
+        client = platform.store_client()
+        try:
+            owners = client[f"{platform.config.db_prefix}_intake"]["owners"]
+            return await owners.count_documents({})
+        finally:
+            await client.close()
+
+    return asyncio.run(count())
 
 
 def test_a_job_too_large_for_the_bus_is_a_413_before_anything_is_written(

@@ -24,7 +24,6 @@ from fastapi import HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pymongo.asynchronous.collection import AsyncCollection
 
 from .aliyun_auth import (
     MAX_AGE_S,
@@ -37,6 +36,7 @@ from .aliyun_auth import (
     verify,
 )
 from .secrets_box import SecretBox, SecretsUnavailable, open_value
+from .storage import Collection
 
 USER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # no "~": it joins user~jobName keys
 ADMIN_USER = "admin"
@@ -94,7 +94,7 @@ class TokenStore:
 
     def __init__(
         self,
-        collection: AsyncCollection | None,
+        collection: Collection | None,
         admin_token: str | None,
         nonces: NonceRegistry | None = None,
     ) -> None:
@@ -160,7 +160,7 @@ def identity_dependency(store: TokenStore):
     return current_identity
 
 
-def tokens_collection(client: Any, db_prefix: str) -> AsyncCollection:
+def tokens_collection(client: Any, db_prefix: str) -> Collection:
     return client[f"{db_prefix}_auth"]["tokens"]
 
 
@@ -209,7 +209,7 @@ class AccessKeyStore:
 
     def __init__(
         self,
-        collection: AsyncCollection | None,
+        collection: Collection | None,
         configured: dict[str, AccessKey] | None = None,
         box: SecretBox | None = None,
     ) -> None:

@@ -74,7 +74,8 @@ def admin_token_path(data_dir: Path) -> Path:
 class Settings:
     service: str
     nats_url: str = "nats://127.0.0.1:4222"
-    mongo_url: str = "mongodb://127.0.0.1:27017/"
+    # MongoDB when set; else the embedded SQLite store under ``store_dir``.
+    mongo_url: str | None = None
     data_dir: Path = field(default_factory=default_data_dir)
     db_prefix: str = "trainyard"
     host: str = "127.0.0.1"
@@ -92,13 +93,18 @@ class Settings:
         return cls(
             service=service,
             nats_url=env.get("YARD_NATS_URL") or env.get("NATS_URL") or cls.nats_url,
-            mongo_url=env.get("YARD_MONGO_URL") or env.get("MONGO_URL") or cls.mongo_url,
+            mongo_url=env.get("YARD_MONGO_URL") or env.get("MONGO_URL") or None,
             data_dir=data_dir,
             db_prefix=env.get("YARD_DB_PREFIX", cls.db_prefix),
             host=env.get("YARD_HOST", cls.host),
             port=int(env.get(port_var) or DEFAULT_PORTS.get(service, 0)),
             admin_token=token,
         )
+
+    @property
+    def store_dir(self) -> Path:
+        """Where the embedded store keeps its files (one per service's database)."""
+        return self.data_dir / "store"
 
     def db_name(self, owner: str | None = None) -> str:
         """Each service keeps its own database; no service reads another's."""

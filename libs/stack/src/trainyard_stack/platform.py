@@ -31,6 +31,7 @@ from trainyard_common.bus_access import (
 )
 from trainyard_common.config import DEFAULT_PORTS, admin_token_path
 from trainyard_common.secrets_box import SECRETS_KEY_ENV, new_key
+from trainyard_common.storage import Client, open_store
 
 from .components import (
     BusUser,
@@ -45,6 +46,9 @@ from .components import (
 SERVICES = ("validation", "placement", "launcher", "status", "intake", "gateway")
 
 
+STORES = ("sqlite", "ferretdb")
+
+
 @dataclass
 class PlatformConfig:
     data_dir: Path
@@ -53,6 +57,13 @@ class PlatformConfig:
     db_prefix: str = "trainyard"
     log_level: str = "INFO"
     extra_env: dict[str, str] = field(default_factory=dict)
+    # "sqlite": the embedded store, files under <data>/store (nothing to start);
+    # "ferretdb": the MongoDB adapters on the embedded FerretDB. MONGO_URL wins over both.
+    store: str = field(default_factory=lambda: os.environ.get("YARD_STORE") or "sqlite")
+
+    def __post_init__(self) -> None:
+        if self.store not in STORES:
+            raise ValueError(f"YARD_STORE={self.store!r}: must be one of {', '.join(STORES)}")
 
     @classmethod
     def with_free_ports(cls, data_dir: Path, **kwargs: object) -> PlatformConfig:
@@ -166,7 +177,7 @@ def producer_password(data_dir: Path, user: str) -> str:
 # What may be under the data directory besides the launcher's task root, each private
 # to the services' user (docs/security.md): tasks pass through the data directory to
 # their own directories and see nothing else of it.
-PRIVATE_ENTRIES = ("nats", "ferretdb", "logs", "run", "kube", "producers")
+PRIVATE_ENTRIES = ("nats", "store", "ferretdb", "logs", "run", "kube", "producers")
 
 
 def protect_data_dir(data_dir: Path) -> None:
@@ -214,7 +225,7 @@ class Platform:
             ).start()
         if url := os.environ.get("MONGO_URL"):
             self.mongo = ExternalService(url)
-        else:
+        elif self.config.store == "ferretdb":
             store = self.data_dir / "ferretdb"
             self.mongo = FerretDB(
                 store, log_path=self.logs / "ferretdb.log", unix_socket=store / "ferretdb.sock"
@@ -236,13 +247,14 @@ class Platform:
         return self.nats.url
 
     def service_env(self, name: str) -> dict[str, str]:
-        assert self.nats is not None and self.mongo is not None
+        assert self.nats is not None
         env = {
             **os.environ,
             "YARD_NATS_URL": self.bus_url(name) if name in GRANTS else "",
             # Only those that open what it seals hold the platform's secrets key.
             SECRETS_KEY_ENV: self.secrets_key if name in SECRET_HOLDERS else "",
-            "YARD_MONGO_URL": self.mongo.url,
+            # Empty: each service opens its own SQLite file under <data>/store.
+            "YARD_MONGO_URL": self.mongo.url if self.mongo else "",
             "YARD_DATA_DIR": str(self.data_dir),
             "YARD_DB_PREFIX": self.config.db_prefix,
             "YARD_TOKEN": self.token,
@@ -283,8 +295,13 @@ class Platform:
         self.start_service(name)
         self.wait_healthy(timeout, only=[name])
 
+    def store_client(self) -> Client:
+        """A client of the platform's store (the services' databases), for tools and tests."""
+        return open_store(self.mongo.url if self.mongo else None, self.data_dir / "store")
+
     def server(self, name: str) -> NatsServer | FerretDB:
-        """The bus ("nats") or the store ("store") this platform started itself."""
+        """The bus ("nats") or the store ("store", when it is a server: FerretDB) this
+        platform started itself."""
         server = {"nats": self.nats, "store": self.mongo}[name]
         if not isinstance(server, NatsServer | FerretDB):
             raise ComponentError(f"{name} is not run by this platform ({server!r})")
@@ -361,14 +378,15 @@ class Platform:
     def _write_state(self) -> None:
         run = self.data_dir / "run"
         run.mkdir(parents=True, exist_ok=True)
-        assert self.nats is not None and self.mongo is not None
+        assert self.nats is not None
         (run / "platform.json").write_text(
             json.dumps(
                 {
                     "supervisor_pid": os.getpid(),
                     "url": self.url,
                     "nats_url": self.nats.url,
-                    "mongo_url": self.mongo.url,
+                    "mongo_url": self.mongo.url if self.mongo else None,
+                    "store": str(self.data_dir / "store") if self.mongo is None else None,
                     "services": {name: proc.pid for name, proc in self.procs.items()},
                 },
                 indent=2,

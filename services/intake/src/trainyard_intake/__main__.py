@@ -10,11 +10,11 @@ from trainyard_common.bus import Bus, Delivery, KvNonces
 from trainyard_common.config import Settings
 from trainyard_common.runtime import serve, setup_logging
 from trainyard_common.secrets_box import SecretBox
-from trainyard_common.storage import mongo_client
+from trainyard_common.storage import open_store
 from trainyard_common.subjects import submissions
 from trainyard_common.telemetry import setup_telemetry
 
-from .adapters.owners import MongoOwnerRegistry
+from .adapters.owners import DocOwnerRegistry
 from .app import create_app
 from .handlers import Deps
 from .producers import DURABLE, Submission, decode_submission, submit_published
@@ -25,8 +25,8 @@ async def main() -> None:
     setup_logging("intake")
     setup_telemetry("intake")
     bus = await Bus.connect(settings.nats_url, name="intake")
-    client = mongo_client(settings.mongo_url)
-    owners = MongoOwnerRegistry(client[settings.db_name()]["owners"])
+    client = open_store(settings.mongo_url, settings.store_dir)
+    owners = DocOwnerRegistry(client[settings.db_name()]["owners"])
     await owners.ensure_indexes()
     tokens = TokenStore(
         tokens_collection(client, settings.db_prefix),

@@ -7,8 +7,6 @@ import asyncio
 import logging
 import os
 
-from pymongo.asynchronous.database import AsyncDatabase
-
 from trainyard_common.aliyun_auth import NONCE_TTL_S
 from trainyard_common.auth import (
     TokenStore,
@@ -19,15 +17,15 @@ from trainyard_common.config import Settings
 from trainyard_common.events import Event
 from trainyard_common.runtime import serve, setup_logging
 from trainyard_common.secrets_box import SecretBox
-from trainyard_common.storage import mongo_client
+from trainyard_common.storage import Database, open_store
 from trainyard_common.telemetry import setup_telemetry
 
 from .adapters.backend import TaskBackend
 from .adapters.kubernetes import KubernetesBackend, KubeSettings
 from .adapters.limits import find_mechanisms
 from .adapters.local import IsolationError, LocalBackend
-from .adapters.store import MongoLauncherStore
-from .adapters.uids import MongoTaskUids
+from .adapters.store import DocLauncherStore
+from .adapters.uids import DocTaskUids
 from .app import create_app
 from .handlers import SUBJECTS, Deps, adopt, dispatch, watch_tasks
 from .settings import LauncherSettings
@@ -38,7 +36,7 @@ log = logging.getLogger("trainyard.launcher")
 DURABLE = "launcher"
 
 
-def make_backend(settings: Settings, launcher: LauncherSettings, db: AsyncDatabase) -> TaskBackend:
+def make_backend(settings: Settings, launcher: LauncherSettings, db: Database) -> TaskBackend:
     """The backend YARD_LAUNCHER names: ``local`` (the default) or ``kubernetes``."""
     if launcher.backend == "kubernetes":
         kube = KubeSettings.from_env()
@@ -62,7 +60,7 @@ def make_backend(settings: Settings, launcher: LauncherSettings, db: AsyncDataba
     )
 
 
-def task_uids(launcher: LauncherSettings, db: AsyncDatabase) -> MongoTaskUids | None:
+def task_uids(launcher: LauncherSettings, db: Database) -> DocTaskUids | None:
     """Where each user's tasks run as (YARD_TASK_ISOLATION: ``auto``, the default, when
     the launcher is root; ``on``: refuse to start without; ``off``: tasks run as the
     launcher, for a single-user machine only)."""
@@ -80,7 +78,7 @@ def task_uids(launcher: LauncherSettings, db: AsyncDatabase) -> MongoTaskUids | 
             "YARD_TASK_ISOLATION=off" if mode == "off" else "the launcher is not root",
         )
         return None
-    return MongoTaskUids(db, base=launcher.task_uid_base)
+    return DocTaskUids(db, base=launcher.task_uid_base)
 
 
 async def main() -> None:
@@ -89,9 +87,9 @@ async def main() -> None:
     setup_logging("launcher")
     setup_telemetry("launcher")
     bus = await Bus.connect(settings.nats_url, name="launcher")
-    client = mongo_client(settings.mongo_url)
+    client = open_store(settings.mongo_url, settings.store_dir)
     try:
-        store = MongoLauncherStore(client[settings.db_name()])
+        store = DocLauncherStore(client[settings.db_name()])
         await store.ensure_indexes()
         backend = make_backend(settings, launcher, client[settings.db_name()])
         await backend.start()

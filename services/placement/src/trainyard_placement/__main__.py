@@ -23,12 +23,12 @@ from trainyard_common.config import Settings
 from trainyard_common.events import Event
 from trainyard_common.kube_nodes import KubeNode, NodeWatch, cluster_from_nodes
 from trainyard_common.runtime import serve, setup_logging
-from trainyard_common.storage import mongo_client
+from trainyard_common.storage import open_store
 from trainyard_common.telemetry import setup_telemetry
 
 from .adapters.lease import Lease, LeaseLost
-from .adapters.nodes import MongoNodeStore
-from .adapters.store import MongoJobStore
+from .adapters.nodes import DocNodeStore
+from .adapters.store import DocJobStore
 from .app import SERVICE, Front, add_node_routes, build_app
 from .domain.policies import scorer_named
 from .handlers import (
@@ -75,11 +75,11 @@ async def main() -> None:
     # takes any job.
     placement = PlacementSettings.from_env()
     bus = await Bus.connect(settings.nats_url, name=SERVICE)
-    client = mongo_client(settings.mongo_url)
+    client = open_store(settings.mongo_url, settings.store_dir)
     try:
         db = client[settings.db_name()]
-        store = MongoJobStore(db["jobs"])
-        nodes = MongoNodeStore(db["nodes"])
+        store = DocJobStore(db["jobs"])
+        nodes = DocNodeStore(db["nodes"])
         tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
         lease = Lease(
             await key_value(bus, LEASE_BUCKET), LEASE_KEY, replica_id(), placement.lease_ttl_s

@@ -10,7 +10,7 @@ from trainyard_common.auth import TokenStore, tokens_collection
 from trainyard_common.bus import Bus, DeadLetters, KvNonces
 from trainyard_common.config import Settings
 from trainyard_common.runtime import serve, setup_logging
-from trainyard_common.storage import mongo_client
+from trainyard_common.storage import open_store
 from trainyard_common.subjects import ALL_COMMANDS, ALL_EVENTS
 from trainyard_common.telemetry import setup_telemetry
 
@@ -24,7 +24,7 @@ async def main() -> None:
     setup_logging("status")
     setup_telemetry("status")
     bus = await Bus.connect(settings.nats_url, name="status")
-    client = mongo_client(settings.mongo_url)
+    client = open_store(settings.mongo_url, settings.store_dir)
     views = JobViews(client[settings.db_name()])
     await views.ensure_indexes()
     tokens = TokenStore(

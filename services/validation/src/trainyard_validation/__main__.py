@@ -13,10 +13,10 @@ from trainyard_common.config import Settings
 from trainyard_common.events import Event
 from trainyard_common.kube_nodes import KubeNode, NodeWatch, cluster_from_nodes
 from trainyard_common.runtime import serve, setup_logging
-from trainyard_common.storage import mongo_client
+from trainyard_common.storage import open_store
 from trainyard_common.telemetry import setup_telemetry
 
-from .adapters.names import MongoNameRegistry
+from .adapters.names import DocNameRegistry
 from .app import SERVICE, create_app
 from .handlers import EVENT_HANDLERS, SUBJECTS, Deps
 
@@ -33,9 +33,9 @@ async def run() -> None:
     if cluster.runtime == "kubernetes":
         cluster = await cluster_from_nodes(cluster)
     bus = await Bus.connect(settings.nats_url, name=f"trainyard-{SERVICE}")
-    client = mongo_client(settings.mongo_url)
+    client = open_store(settings.mongo_url, settings.store_dir)
     deps = Deps(
-        cluster=cluster, names=MongoNameRegistry(client[settings.db_name()]), publish=bus.publish
+        cluster=cluster, names=DocNameRegistry(client[settings.db_name()]), publish=bus.publish
     )
 
     async def dispatch(event: Event, delivery: Delivery) -> None:

@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from pymongo import ASCENDING
-from pymongo.asynchronous.collection import AsyncCollection
 
-from trainyard_common.storage import insert_once
+from trainyard_common.storage import Collection, insert_once
 
 
 class OwnerRegistry(Protocol):
@@ -23,8 +22,8 @@ class OwnerRegistry(Protocol):
     async def job_ids(self, user: str, key: str) -> list[str]: ...
 
 
-class MongoOwnerRegistry:
-    def __init__(self, collection: AsyncCollection) -> None:
+class DocOwnerRegistry:
+    def __init__(self, collection: Collection) -> None:
         self._jobs = collection
 
     async def ensure_indexes(self) -> None:

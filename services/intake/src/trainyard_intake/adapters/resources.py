@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from pymongo.asynchronous.collection import AsyncCollection
-
-from trainyard_common.storage import insert_once
+from trainyard_common.storage import Collection, insert_once
 
 
 class ResourceStore(Protocol):
@@ -25,8 +23,8 @@ def _id(user: str, key: str) -> str:
     return f"{user}\n{key}"
 
 
-class MongoResourceStore:
-    def __init__(self, collection: AsyncCollection) -> None:
+class DocResourceStore:
+    def __init__(self, collection: Collection) -> None:
         self._resources = collection
 
     async def keep(self, user: str, key: str, resource: dict[str, Any]) -> bool:

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from pymongo import ASCENDING, DESCENDING
-from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.asynchronous.database import AsyncDatabase
+
+from trainyard_common.storage import Collection, Database
 
 Kind = Literal["data", "code"]
 COLLECTIONS: dict[Kind, str] = {"data": "dlc_datasources", "code": "dlc_codesources"}
@@ -46,11 +46,11 @@ def new_source_id(kind: Kind, now: datetime) -> str:
     return f"d-{secrets.token_hex(8)}"
 
 
-class MongoSourceRegistry:
-    def __init__(self, db: AsyncDatabase) -> None:
+class DocSourceRegistry:
+    def __init__(self, db: Database) -> None:
         self._db = db
 
-    def _col(self, kind: Kind) -> AsyncCollection[dict[str, Any]]:
+    def _col(self, kind: Kind) -> Collection:
         return self._db[COLLECTIONS[kind]]
 
     async def ensure_indexes(self) -> None:

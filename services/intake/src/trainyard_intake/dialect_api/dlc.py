@@ -25,7 +25,7 @@ from trainyard_common.limits import MAX_PAGE
 from trainyard_common.parsing import BodyError, parse_json
 from trainyard_common.telemetry import tracer
 
-from ..adapters.sources import Kind, MongoSourceRegistry, SourceRegistry
+from ..adapters.sources import DocSourceRegistry, Kind, SourceRegistry
 from ..handlers import JobNotFound, PayloadTooLarge, request_stop, submit_job
 from .context import IntakeContext
 
@@ -119,7 +119,7 @@ def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(route_class=AliyunRoute)
     keys = AccessKeyStore.beside(ctx.tokens)
     signed = aliyun_identity_dependency(keys, ctx.tokens)
-    sources: SourceRegistry = MongoSourceRegistry(ctx.db)
+    sources: SourceRegistry = DocSourceRegistry(ctx.db)
     trace = tracer("trainyard.intake.dlc")
 
     # -- AccessKeys (Trainyard's admin API, bearer tokens) ---------------------------------

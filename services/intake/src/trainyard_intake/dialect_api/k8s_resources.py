@@ -31,7 +31,7 @@ from trainyard_common.dialects.translation import UnknownDialect
 from trainyard_common.events import Event, FieldIssue, PauseJob, ResumeJob, ScaleJob
 from trainyard_common.parsing import BodyError, parse_json, parse_json_or_yaml, parse_yaml
 
-from ..adapters.resources import InMemoryResourceStore, MongoResourceStore, ResourceStore
+from ..adapters.resources import DocResourceStore, InMemoryResourceStore, ResourceStore
 from ..handlers import JobNotFound, PayloadTooLarge, request_stop, submit_job
 from .context import IntakeContext
 
@@ -117,9 +117,7 @@ def _causes(errors: list[FieldIssue]) -> list[dict[str, str]]:
 def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(tags=["kubernetes-style resources"])
     resources: ResourceStore = (
-        MongoResourceStore(ctx.db["k8s_resources"])
-        if ctx.db is not None
-        else InMemoryResourceStore()
+        DocResourceStore(ctx.db["k8s_resources"]) if ctx.db is not None else InMemoryResourceStore()
     )
 
     def resolve(group: str, version: str, plural: str) -> tuple[str, str, Any] | None:

@@ -25,12 +25,11 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from pymongo import ASCENDING
-from pymongo.asynchronous.database import AsyncDatabase
 
 from trainyard_common.events import FailureClass, JobState, TaskPlacement, TaskState, utcnow
 from trainyard_common.jobspec import JobSpec
 from trainyard_common.lifecycle import TASK
-from trainyard_common.storage import insert_once
+from trainyard_common.storage import Database, insert_once
 
 from ..domain.completion import Verdict
 from ..domain.failure import Retry
@@ -343,8 +342,8 @@ def _advance(
 # --- MongoDB --------------------------------------------------------------------------
 
 
-class MongoLauncherStore:
-    def __init__(self, db: AsyncDatabase) -> None:
+class DocLauncherStore:
+    def __init__(self, db: Database) -> None:
         self.jobs = db["jobs"]
         self.tasks = db["tasks"]
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from pymongo.asynchronous.database import AsyncDatabase
-
-from trainyard_common.storage import insert_once
+from trainyard_common.storage import Database, insert_once
 
 DEFAULT_BASE = 200_000
 DEFAULT_COUNT = 65_536
@@ -58,8 +56,8 @@ class TaskUids(Protocol):
     async def uid_for(self, user: str) -> int: ...
 
 
-class MongoTaskUids:
-    def __init__(self, db: AsyncDatabase, base: int = DEFAULT_BASE, size: int = DEFAULT_COUNT):
+class DocTaskUids:
+    def __init__(self, db: Database, base: int = DEFAULT_BASE, size: int = DEFAULT_COUNT):
         self.collection = db["task_uids"]
         self.base = base
         self.size = size

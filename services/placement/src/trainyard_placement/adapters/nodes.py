@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from pymongo.asynchronous.collection import AsyncCollection
-
 from trainyard_common.cluster import NodeSpec
+from trainyard_common.storage import Collection
 
 NodeState = Literal["ready", "drained", "removed"]
 
@@ -69,8 +68,8 @@ class NodeStore(Protocol):
         """Store the node's latest state, replacing what was recorded for it."""
 
 
-class MongoNodeStore:
-    def __init__(self, collection: AsyncCollection[dict[str, Any]]) -> None:
+class DocNodeStore:
+    def __init__(self, collection: Collection) -> None:
         self._nodes = collection
 
     async def all(self) -> list[NodeRecord]:

@@ -26,13 +26,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from pymongo.asynchronous.collection import AsyncCollection
-
 from trainyard_common.events import TaskPlacement, utcnow
 from trainyard_common.jobspec import JobSpec
 from trainyard_common.lifecycle import PLACEMENT, PlacementState
 from trainyard_common.lifecycle import PlacementState as P
-from trainyard_common.storage import insert_once
+from trainyard_common.storage import Collection, insert_once
 
 # The states of placement's record: the lifecycle model's (trainyard_common.lifecycle).
 JobStoreState = PlacementState
@@ -192,8 +190,8 @@ def checked(sources: Sequence[str], fields: dict[str, Any]) -> None:
         PLACEMENT.check([PlacementState(s) for s in sources], PlacementState(fields["state"]))
 
 
-class MongoJobStore:
-    def __init__(self, collection: AsyncCollection[dict[str, Any]]) -> None:
+class DocJobStore:
+    def __init__(self, collection: Collection) -> None:
         self._jobs = collection
 
     async def add_queued(
@@ -385,7 +383,7 @@ def restart_handled_fields(restarts: Sequence[str], event_id: str) -> dict[str, 
 
 @dataclass
 class MemoryJobStore:
-    """The same contract as :class:`MongoJobStore`, in a dict (for unit tests). Documents
+    """The same contract as :class:`DocJobStore`, in a dict (for unit tests). Documents
     are copied in and out so a caller can never change stored state by reference."""
 
     docs: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -8,26 +8,28 @@ import json
 from typing import Any
 
 from pymongo import ASCENDING, DESCENDING
-from pymongo.asynchronous.database import AsyncDatabase
 
 from trainyard_common.dialects import BY_NAME
 from trainyard_common.events import Event, TaskState
 from trainyard_common.jobspec import REDACTED
-from trainyard_common.storage import insert_once
+from trainyard_common.storage import Database, insert_once
 
 from ..domain.projection import Changes, EndTasks, JobChange, TaskChange
 
 
 class JobViews:
-    def __init__(self, db: AsyncDatabase) -> None:
+    def __init__(self, db: Database) -> None:
         self.jobs = db["jobs"]
         self.tasks = db["tasks"]
         self.events = db["events"]
 
     async def ensure_indexes(self) -> None:
-        await self.jobs.create_index([("user", ASCENDING), ("submitted_at", DESCENDING)])
-        await self.jobs.create_index([("state", ASCENDING), ("submitted_at", DESCENDING)])
-        await self.jobs.create_index([("submitted_at", DESCENDING)])
+        # A list page is newest first, ties by id: both in the index, so a page is read
+        # in index order and nothing is sorted.
+        newest = [("submitted_at", DESCENDING), ("_id", DESCENDING)]
+        await self.jobs.create_index([("user", ASCENDING), *newest])
+        await self.jobs.create_index([("state", ASCENDING), *newest])
+        await self.jobs.create_index(newest)
         await self.jobs.create_index([("user", ASCENDING), ("dialect_key", ASCENDING)])
         await self.tasks.create_index([("job_id", ASCENDING)])
         await self.events.create_index([("job_id", ASCENDING), ("seq", ASCENDING)])

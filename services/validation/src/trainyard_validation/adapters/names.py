@@ -4,12 +4,10 @@ in FerretDB v1), and a redelivered submission finds its own claim and may procee
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
-from pymongo.asynchronous.database import AsyncDatabase
+from typing import Protocol
 
 from trainyard_common.events import utcnow
-from trainyard_common.storage import insert_once
+from trainyard_common.storage import Database, insert_once
 
 COLLECTION = "names"
 
@@ -28,8 +26,8 @@ class NameRegistry(Protocol):
         ...
 
 
-class MongoNameRegistry:
-    def __init__(self, db: AsyncDatabase[dict[str, Any]]) -> None:
+class DocNameRegistry:
+    def __init__(self, db: Database) -> None:
         self._names = db[COLLECTION]
 
     async def claim(self, user: str, name: str, job_id: str) -> bool:

@@ -1,0 +1,589 @@
+"""The embedded store: documents in SQLite (the standard library's ``sqlite3``), one
+database file per service, behind the same small document API the MongoDB adapters use.
+
+Why (DESIGN §7, docs/architecture.md): FerretDB v1 scans its table for every operation
+by ``_id`` and pushes no other filter or sort down; SQLite with real indexes answers the
+same operations in microseconds whatever the size.
+
+A collection is a table ``(id TEXT PRIMARY KEY, doc TEXT)``: the document is JSON, and
+every field a service declares an index on (``create_index``, as it does for MongoDB)
+becomes a typed generated column with a real index over it; a filter or sort on such a
+field reads the column, so SQLite uses the index. Fields nobody indexes stay in the JSON
+and are still filterable (``json_extract``).
+
+Only the subset of MongoDB the services use is implemented, and anything else is refused
+loudly (``Unsupported``), never half-done: filters by equality (``None`` matches a missing
+field, as in MongoDB), ``$in``, ``$nin``, ``$ne``, ``$lt``, ``$lte``, ``$gt``, ``$gte``;
+updates by ``$set``, ``$unset``, ``$push``, ``$addToSet``, ``$inc``; replacement with
+upsert; sort, skip, limit; inclusion or exclusion projections; ``count_documents``.
+
+Datetimes keep their type: stored as fixed-width UTC ISO text behind a private-use mark
+(so they sort and compare in time order) and read back as aware UTC datetimes, as
+pymongo's ``tz_aware`` client gives them.
+
+Writes: each operation is its own transaction (``BEGIN IMMEDIATE``: a conditional update
+reads and writes under the database's write lock, so two replicas of a service sharing the
+file never both win), or all of a ``transaction()`` block's operations are one. WAL with
+``synchronous=NORMAL``: a committed write survives the process being killed (the crash
+test does exactly that); a power cut may lose the last moments, as it may for the
+JetStream file store with its default sync interval.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ASCENDING = 1
+DESCENDING = -1
+
+_DATE = "\ue000"  # marks a stored datetime
+_ESC = "\ue001"  # marks a string that began with one of the two marks
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
+_BUSY_TIMEOUT_MS = 30_000
+
+
+class Unsupported(Exception):
+    """A query or update outside the subset this store implements."""
+
+
+class DuplicateKey(Exception):
+    """An insert whose ``_id`` is already stored."""
+
+
+# --- values ---------------------------------------------------------------------------
+
+
+def _date_text(value: datetime) -> str:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)  # naive means UTC, as for BSON
+    value = value.astimezone(UTC)
+    return f"{_DATE}{value:%Y-%m-%dT%H:%M:%S.%f}Z"
+
+
+def encode(value: Any) -> Any:
+    """A value as stored in the JSON: datetimes marked, marked-looking strings escaped."""
+    if isinstance(value, str):
+        return _ESC + value if value[:1] in (_DATE, _ESC) else value
+    if isinstance(value, datetime):
+        return _date_text(value)
+    if isinstance(value, dict):
+        return {_key(k): encode(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [encode(v) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    raise TypeError(f"cannot store a value of type {type(value).__name__}")
+
+
+def _key(key: object) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"document keys must be strings, not {type(key).__name__}")
+    return key
+
+
+def decode(value: Any) -> Any:
+    if isinstance(value, str):
+        if value[:1] == _DATE:
+            return datetime.strptime(value[1:], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        return value[1:] if value[:1] == _ESC else value
+    if isinstance(value, dict):
+        return {k: decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    return value
+
+
+def _param(value: Any) -> Any:
+    """A scalar as SQLite compares it with what ``json_extract`` returns."""
+    if isinstance(value, dict | list | tuple):
+        raise Unsupported("filters compare scalars only, not documents or arrays")
+    return encode(value)
+
+
+def _dumps(doc: Mapping[str, Any]) -> str:
+    return json.dumps(encode(dict(doc)), separators=(",", ":"), ensure_ascii=False)
+
+
+# --- results --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InsertOneResult:
+    inserted_id: Any
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    matched_count: int
+    modified_count: int
+    upserted_id: Any = None
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    deleted_count: int
+
+
+# --- the database ---------------------------------------------------------------------
+
+
+class SqliteClient:
+    """The databases under one directory, one file each (``<name>.sqlite3``); shaped like
+    pymongo's client where the services use it (``client[name]``, ``close``)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self._open: dict[str, SqliteDatabase] = {}
+
+    def __getitem__(self, name: str) -> SqliteDatabase:
+        if name not in self._open:
+            if not _NAME.match(name) or "." in name:
+                raise ValueError(f"database name {name!r} is not a plain name")
+            self._open[name] = SqliteDatabase(self.directory / f"{name}.sqlite3")
+        return self._open[name]
+
+    async def drop_database(self, name: str) -> None:
+        database = self._open.pop(name, None)
+        if database is not None:
+            database.close()
+        for suffix in ("", "-wal", "-shm"):
+            (self.directory / f"{name}.sqlite3{suffix}").unlink(missing_ok=True)
+
+    async def close(self) -> None:
+        for database in self._open.values():
+            database.close()
+        self._open.clear()
+
+
+class SqliteDatabase:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # One connection per database and process, used from the event loop's thread
+        # (autocommit: transactions are explicit, see _write).
+        self.conn = sqlite3.connect(
+            self.path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=_BUSY_TIMEOUT_MS / 1000,
+        )
+        os.chmod(self.path, 0o600)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+        self._collections: dict[str, SqliteCollection] = {}
+        self._depth = 0
+
+    def __getitem__(self, name: str) -> SqliteCollection:
+        if name not in self._collections:
+            if not _NAME.match(name) or "." in name:
+                raise ValueError(f"collection name {name!r} is not a plain name")
+            self._collections[name] = SqliteCollection(self, name)
+        return self._collections[name]
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Everything inside is one transaction (nested blocks join the outer one)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            self.conn.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self.conn.execute("COMMIT")
+
+
+def _column(field: str) -> str:
+    return "f_" + field.replace(".", "__")
+
+
+def _path(field: str) -> str:
+    if not _NAME.match(field):
+        raise Unsupported(f"field {field!r} is not a plain field path")
+    return "$." + ".".join(f'"{part}"' for part in field.split("."))
+
+
+class SqliteCollection:
+    """A table of documents; the methods are the subset of pymongo's ``AsyncCollection``
+    the adapters use, with the same meaning."""
+
+    def __init__(self, database: SqliteDatabase, name: str) -> None:
+        self.database = database
+        self.name = name
+        self._table = f'"{name}"'
+        conn = database.conn
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {self._table} (id TEXT PRIMARY KEY, doc TEXT NOT NULL)"
+        )
+        self.columns = {row[1] for row in conn.execute(f"PRAGMA table_xinfo({self._table})")} - {
+            "id",
+            "doc",
+        }
+
+    # -- schema ---------------------------------------------------------------------------
+
+    async def create_index(
+        self, keys: Sequence[tuple[str, int]] | str, *, unique: bool = False, name: str = ""
+    ) -> str:
+        """A generated column per field (once) and an index over them."""
+        pairs = [(keys, ASCENDING)] if isinstance(keys, str) else list(keys)
+        parts = []
+        for field, direction in pairs:
+            if field == "_id":
+                parts.append("id" + (" DESC" if direction == DESCENDING else ""))
+                continue
+            column = _column(field)
+            if column not in self.columns:
+                with self.database.transaction():
+                    self.database.conn.execute(
+                        f"ALTER TABLE {self._table} ADD COLUMN {column} "
+                        f"GENERATED ALWAYS AS (json_extract(doc, '{_path(field)}')) VIRTUAL"
+                    )
+                self.columns.add(column)
+            parts.append(column + (" DESC" if direction == DESCENDING else ""))
+        index = name or f"ix_{self.name}_" + "_".join(
+            f"{f.replace('.', '__')}_{d}" for f, d in pairs
+        ).replace("-", "m")
+        self.database.conn.execute(
+            f'CREATE {"UNIQUE " if unique else ""}INDEX IF NOT EXISTS "{index}" '
+            f"ON {self._table} ({', '.join(parts)})"
+        )
+        return index
+
+    # -- queries --------------------------------------------------------------------------
+
+    def _expr(self, field: str) -> str:
+        if field == "_id":
+            return "id"
+        column = _column(field)
+        if column in self.columns:
+            return column
+        return f"json_extract(doc, '{_path(field)}')"
+
+    def _where(self, query: Mapping[str, Any] | None) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        for field, cond in (query or {}).items():
+            if field.startswith("$"):
+                raise Unsupported(f"query operator {field}")
+            expr = self._expr(field)
+            if isinstance(cond, Mapping) and cond and all(str(k).startswith("$") for k in cond):
+                for op, value in cond.items():
+                    clause, more = _condition(expr, op, value)
+                    clauses.append(clause)
+                    params.extend(more)
+            elif cond is None:
+                clauses.append(f"{expr} IS NULL")
+            else:
+                clauses.append(f"{expr} = ?")
+                params.append(_param(cond))
+        return (" AND ".join(clauses) or "1"), params
+
+    def _select(
+        self,
+        query: Mapping[str, Any] | None,
+        sort: Sequence[tuple[str, int]] = (),
+        skip: int = 0,
+        limit: int = 0,
+    ) -> list[tuple[str, str]]:
+        where, params = self._where(query)
+        sql = f"SELECT id, doc FROM {self._table} WHERE {where}"
+        if sort:
+            sql += " ORDER BY " + ", ".join(
+                f"{self._expr(f)} {'DESC' if d == DESCENDING else 'ASC'}" for f, d in sort
+            )
+        if limit or skip:
+            sql += " LIMIT ? OFFSET ?"
+            params += [limit if limit else -1, skip]
+        return self.database.conn.execute(sql, params).fetchall()
+
+    async def find_one(
+        self, query: Mapping[str, Any] | None = None, projection: Any = None
+    ) -> dict[str, Any] | None:
+        rows = self._select(query, limit=1)
+        return _project(_load(rows[0]), projection) if rows else None
+
+    def find(self, query: Mapping[str, Any] | None = None, projection: Any = None) -> SqliteCursor:
+        return SqliteCursor(self, query, projection)
+
+    async def count_documents(self, query: Mapping[str, Any] | None = None) -> int:
+        where, params = self._where(query)
+        sql = f"SELECT count(*) FROM {self._table} WHERE {where}"
+        return int(self.database.conn.execute(sql, params).fetchone()[0])
+
+    # -- writes ---------------------------------------------------------------------------
+
+    async def insert_one(self, document: Mapping[str, Any]) -> InsertOneResult:
+        doc_id = _id_of(document)
+        try:
+            with self.database.transaction():
+                self.database.conn.execute(
+                    f"INSERT INTO {self._table} (id, doc) VALUES (?, ?)",
+                    (doc_id, _dumps(document)),
+                )
+        except sqlite3.IntegrityError as exc:
+            raise DuplicateKey(f"{self.name}: _id {doc_id!r} exists") from exc
+        return InsertOneResult(doc_id)
+
+    async def replace_one(
+        self, query: Mapping[str, Any], document: Mapping[str, Any], upsert: bool = False
+    ) -> UpdateResult:
+        if any(str(k).startswith("$") for k in document):
+            raise Unsupported("replace_one takes a whole document, not operators")
+        with self.database.transaction():
+            rows = self._select(query, limit=1)
+            if not rows:
+                if not upsert:
+                    return UpdateResult(0, 0)
+                doc = {**_upsert_base(query), **document}
+                self._insert(doc)
+                return UpdateResult(0, 0, _id_of(doc))
+            doc_id, old = rows[0]
+            new = {**dict(document), "_id": doc_id}
+            if "_id" in document and document["_id"] != doc_id:
+                raise Unsupported("replace_one cannot change a document's _id")
+            text = _dumps(new)
+            if text == old:
+                return UpdateResult(1, 0)
+            self._store(doc_id, text)
+            return UpdateResult(1, 1)
+
+    async def update_one(
+        self, query: Mapping[str, Any], update: Mapping[str, Any], upsert: bool = False
+    ) -> UpdateResult:
+        return self._update(query, update, upsert, many=False)
+
+    async def update_many(
+        self, query: Mapping[str, Any], update: Mapping[str, Any], upsert: bool = False
+    ) -> UpdateResult:
+        return self._update(query, update, upsert, many=True)
+
+    async def delete_one(self, query: Mapping[str, Any]) -> DeleteResult:
+        with self.database.transaction():
+            rows = self._select(query, limit=1)
+            if not rows:
+                return DeleteResult(0)
+            self.database.conn.execute(f"DELETE FROM {self._table} WHERE id = ?", (rows[0][0],))
+        return DeleteResult(1)
+
+    async def delete_many(self, query: Mapping[str, Any]) -> DeleteResult:
+        where, params = self._where(query)
+        with self.database.transaction():
+            cursor = self.database.conn.execute(f"DELETE FROM {self._table} WHERE {where}", params)
+        return DeleteResult(cursor.rowcount)
+
+    def _update(
+        self, query: Mapping[str, Any], update: Mapping[str, Any], upsert: bool, many: bool
+    ) -> UpdateResult:
+        if not update or not all(str(k).startswith("$") for k in update):
+            raise Unsupported("an update is operators ($set, ...), not a document")
+        with self.database.transaction():
+            rows = self._select(query, limit=0 if many else 1)
+            if not rows:
+                if not upsert:
+                    return UpdateResult(0, 0)
+                doc = apply_update(copy.deepcopy(_upsert_base(query)), update)
+                self._insert(doc)
+                return UpdateResult(0, 0, _id_of(doc))
+            modified = 0
+            for doc_id, old in rows:
+                new = apply_update(decode(json.loads(old)), update)
+                if new.get("_id") != doc_id:
+                    raise Unsupported("an update cannot change a document's _id")
+                text = _dumps(new)
+                if text != old:
+                    self._store(doc_id, text)
+                    modified += 1
+            return UpdateResult(len(rows), modified)
+
+    def _insert(self, doc: Mapping[str, Any]) -> None:
+        self.database.conn.execute(
+            f"INSERT INTO {self._table} (id, doc) VALUES (?, ?)", (_id_of(doc), _dumps(doc))
+        )
+
+    def _store(self, doc_id: str, text: str) -> None:
+        self.database.conn.execute(f"UPDATE {self._table} SET doc = ? WHERE id = ?", (text, doc_id))
+
+
+class SqliteCursor:
+    """``find``'s answer: ``sort``/``skip``/``limit`` chain, then ``async for`` or
+    ``to_list``; the query runs when it is first read."""
+
+    def __init__(
+        self, collection: SqliteCollection, query: Mapping[str, Any] | None, projection: Any
+    ) -> None:
+        self._collection = collection
+        self._query = query
+        self._projection = projection
+        self._sort: list[tuple[str, int]] = []
+        self._skip = 0
+        self._limit = 0
+
+    def sort(
+        self, key: str | Sequence[tuple[str, int]], direction: int = ASCENDING
+    ) -> SqliteCursor:
+        self._sort = [(key, direction)] if isinstance(key, str) else list(key)
+        return self
+
+    def skip(self, n: int) -> SqliteCursor:
+        self._skip = n
+        return self
+
+    def limit(self, n: int) -> SqliteCursor:
+        self._limit = n
+        return self
+
+    def _documents(self) -> list[dict[str, Any]]:
+        rows = self._collection._select(self._query, self._sort, self._skip, self._limit)
+        return [_project(_load(row), self._projection) for row in rows]
+
+    async def to_list(self, length: int | None = None) -> list[dict[str, Any]]:
+        docs = self._documents()
+        return docs if length is None else docs[:length]
+
+    def __aiter__(self) -> _AsyncList:
+        return _AsyncList(self._documents())
+
+
+class _AsyncList:
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self._items = iter(items)
+
+    def __aiter__(self) -> _AsyncList:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        try:
+            return next(self._items)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+
+# --- the pure parts ---------------------------------------------------------------------
+
+
+def _condition(expr: str, op: str, value: Any) -> tuple[str, list[Any]]:
+    comparisons = {"$lt": "<", "$lte": "<=", "$gt": ">", "$gte": ">="}
+    if op in comparisons:
+        if value is None:
+            raise Unsupported(f"{op} null")
+        return f"{expr} {comparisons[op]} ?", [_param(value)]
+    if op == "$ne":
+        # Like MongoDB: a missing field is "not equal" to any value.
+        return f"{expr} IS NOT ?", [_param(value)]
+    if op in ("$in", "$nin"):
+        if not isinstance(value, list | tuple | set | frozenset):
+            raise Unsupported(f"{op} needs a list")
+        values = [_param(v) for v in value if v is not None]
+        has_null = any(v is None for v in value)
+        inside = f"{expr} IN ({', '.join('?' * len(values))})" if values else "0"
+        if op == "$in":
+            return (f"({inside} OR {expr} IS NULL)" if has_null else inside), values
+        # $nin matches a missing field unless null is among the values.
+        if has_null:
+            return f"({expr} IS NOT NULL AND NOT {inside})", values
+        return f"({expr} IS NULL OR NOT {inside})", values
+    raise Unsupported(f"query operator {op}")
+
+
+def apply_update(doc: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """``update``'s operators applied to ``doc`` (decoded, the caller's own copy)."""
+    out = doc
+    for op, fields in update.items():
+        if not isinstance(fields, Mapping):
+            raise Unsupported(f"{op} takes a document of fields")
+        for field, value in fields.items():
+            parent, last = _parent(out, field, create=op != "$unset")
+            if parent is None:
+                continue
+            if op == "$set":
+                parent[last] = value
+            elif op == "$unset":
+                parent.pop(last, None)
+            elif op == "$inc":
+                if not isinstance(value, int | float):
+                    raise Unsupported("$inc takes a number")
+                parent[last] = parent.get(last, 0) + value
+            elif op in ("$push", "$addToSet"):
+                items = parent.setdefault(last, [])
+                if not isinstance(items, list):
+                    raise Unsupported(f"{op} on {field}: not an array")
+                if isinstance(value, Mapping) and any(str(k).startswith("$") for k in value):
+                    raise Unsupported(f"{op} modifiers ($each, ...)")
+                if op == "$push" or encode(value) not in [encode(i) for i in items]:
+                    items.append(value)
+            else:
+                raise Unsupported(f"update operator {op}")
+    return out
+
+
+def _parent(doc: dict[str, Any], field: str, create: bool) -> tuple[dict[str, Any] | None, str]:
+    parts = field.split(".")
+    node: Any = doc
+    for part in parts[:-1]:
+        if not isinstance(node, dict):
+            raise Unsupported(f"{field}: a path through a non-document")
+        if part not in node:
+            if not create:
+                return None, parts[-1]
+            node[part] = {}
+        node = node[part]
+    if not isinstance(node, dict):
+        raise Unsupported(f"{field}: a path through a non-document")
+    return node, parts[-1]
+
+
+def _upsert_base(query: Mapping[str, Any]) -> dict[str, Any]:
+    """The equality fields of an upsert's query, as MongoDB seeds the new document."""
+    return {
+        k: v
+        for k, v in query.items()
+        if not (isinstance(v, Mapping) and any(str(o).startswith("$") for o in v))
+    }
+
+
+def _id_of(doc: Mapping[str, Any]) -> str:
+    doc_id = doc.get("_id")
+    if not isinstance(doc_id, str):
+        raise Unsupported("documents here need a string _id")
+    return doc_id
+
+
+def _load(row: tuple[str, str]) -> dict[str, Any]:
+    doc: dict[str, Any] = decode(json.loads(row[1]))
+    return doc
+
+
+def _project(doc: dict[str, Any], projection: Any) -> dict[str, Any]:
+    if not projection:
+        return doc
+    fields = dict.fromkeys(projection, 1) if isinstance(projection, list) else dict(projection)
+    include = {k for k, v in fields.items() if v and k != "_id"}
+    if include:
+        keep = include | ({"_id"} if fields.get("_id", 1) else set())
+        return {k: v for k, v in doc.items() if k in keep}
+    drop = {k for k, v in fields.items() if not v}
+    return {k: v for k, v in doc.items() if k not in drop}

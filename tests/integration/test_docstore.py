@@ -1,0 +1,196 @@
+"""The embedded store answers like MongoDB: the same operations on SQLite and on the
+MongoDB wire (FerretDB, or MongoDB under MONGO_URL) give the same documents and counts;
+what it does not implement it refuses; what the services query uses a real index."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainyard_common.docstore import SqliteClient, SqliteCollection, Unsupported
+from trainyard_common.storage import Client, insert_once
+from trainyard_status.adapters.views import JobViews
+
+from ..support.stores import store_client
+
+T0 = datetime(2026, 11, 25, 12, 0, 0, 123000, tzinfo=UTC)
+
+QUERIES: list[dict[str, Any]] = [
+    {},
+    {"state": "RUNNING"},
+    {"state": None},
+    {"state": {"$ne": None}},
+    {"state": {"$ne": "RUNNING"}},
+    {"state": {"$in": ["RUNNING", "FAILED"]}},
+    {"state": {"$in": ["RUNNING", None]}},
+    {"state": {"$nin": ["RUNNING", "FAILED"]}},
+    {"state": {"$nin": ["RUNNING", None]}},
+    {"rank": {"$lt": 3}},
+    {"rank": {"$lte": 3}, "user": "alice"},
+    {"rank": {"$gt": 1, "$lte": 4}},
+    {"at": {"$gte": T0 + timedelta(minutes=5)}},
+    {"flag": True},
+    {"flag": False},
+    {"meta.zone": "b"},
+    {"_id": "j07", "rank": {"$lt": 9}},
+    {"_id": {"$in": ["j01", "j02", "nope"]}},
+]
+
+
+def documents(n: int = 24) -> list[dict[str, Any]]:
+    rng = random.Random(7)
+    docs = []
+    for i in range(n):
+        doc: dict[str, Any] = {
+            "_id": f"j{i:02d}",
+            "user": rng.choice(["alice", "bob", "carol"]),
+            "rank": rng.randint(0, 5),
+            "at": T0 + timedelta(minutes=rng.randint(0, 10), milliseconds=i),
+            "flag": rng.random() < 0.5,
+            "meta": {"zone": rng.choice("abc"), "tags": ["x", "y"][: rng.randint(0, 2)]},
+            "text": "\ue000looks like a mark" if i == 3 else f"plain {i}",
+            "dotted_names_in_json": '{"nvidia.com/gpu": 1}',
+        }
+        if rng.random() < 0.8:
+            doc["state"] = rng.choice(["RUNNING", "FAILED", "SUCCEEDED", None])
+        docs.append(doc)
+    return docs
+
+
+async def run_script(client: Client, db: str) -> list[Any]:
+    """Every operation the adapters use, with what each answered."""
+    col = client[db]["items"]
+    await col.create_index([("user", 1), ("at", -1)])
+    await col.create_index([("state", 1)])
+    out: list[Any] = []
+    for doc in documents():
+        out.append(await insert_once(col, doc))
+    out.append(await insert_once(col, {"_id": "j01", "user": "mallory"}))
+    for query in QUERIES:
+        found = [d async for d in col.find(query).sort([("at", 1), ("_id", 1)])]
+        out.append((query, await col.count_documents(query), found))
+    out.append([d async for d in col.find({}, {"rank": 1}).sort("_id", -1).skip(3).limit(5)])
+    out.append([d async for d in col.find({"user": "bob"}, {"meta": 0, "text": 0}).sort("_id")])
+    out.append(await col.find_one({"_id": "j03"}))
+    out.append(await col.find_one({"_id": "missing"}))
+
+    def counts(result: Any) -> tuple[int, int]:
+        return (result.matched_count, result.modified_count)
+
+    out.append(counts(await col.update_one({"_id": "j04"}, {"$set": {"state": "X", "n.m": 2}})))
+    out.append(counts(await col.update_one({"_id": "j04"}, {"$set": {"state": "X"}})))
+    out.append(
+        counts(await col.update_one({"_id": "j04", "rank": {"$lt": -1}}, {"$set": {"a": 1}}))
+    )
+    out.append(counts(await col.update_one({"_id": "j05"}, {"$push": {"log": {"at": T0}}})))
+    out.append(counts(await col.update_one({"_id": "j05"}, {"$push": {"log": {"at": T0}}})))
+    out.append(counts(await col.update_one({"_id": "j05"}, {"$addToSet": {"set": {"k": 1}}})))
+    out.append(counts(await col.update_one({"_id": "j05"}, {"$addToSet": {"set": {"k": 1}}})))
+    out.append(
+        counts(await col.update_one({"_id": "j05"}, {"$inc": {"rank": 2}, "$unset": {"flag": ""}}))
+    )
+    out.append(counts(await col.update_many({"user": "carol"}, {"$set": {"seen": True}})))
+    out.append(counts(await col.replace_one({"_id": "j06"}, {"only": "this"})))
+    out.append(counts(await col.replace_one({"_id": "new"}, {"_id": "new", "v": 1}, upsert=True)))
+    out.append((await col.delete_one({"_id": "j07"})).deleted_count)
+    out.append((await col.delete_one({"_id": "j07"})).deleted_count)
+    out.append([d async for d in col.find({}).sort("_id")])
+    return out
+
+
+async def test_sqlite_answers_as_mongodb_does(
+    request: pytest.FixtureRequest, db_prefix: str
+) -> None:
+    async with store_client(request, "mongo", db_prefix) as mongo:
+        expected = await run_script(mongo, f"{db_prefix}_x")
+    async with store_client(request, "sqlite", db_prefix) as sqlite:
+        got = await run_script(sqlite, f"{db_prefix}_x")
+    assert len(got) == len(expected)
+    for ours, theirs in zip(got, expected, strict=True):
+        assert ours == theirs
+
+
+async def test_datetimes_and_marked_strings_round_trip(tmp_path: Path) -> None:
+    col = SqliteClient(tmp_path)["db"]["c"]
+    naive = datetime(2026, 1, 2, 3, 4, 5)
+    doc = {"_id": "a", "t": T0, "n": naive, "s": "\ue001x", "l": [T0, {"t": T0}]}
+    await col.insert_one(doc)
+    back = await col.find_one({"_id": "a"})
+    assert back == {**doc, "n": naive.replace(tzinfo=UTC)}
+    # Time order is kept in comparisons, whatever the zone the value was written in.
+    later = (T0 + timedelta(hours=1)).astimezone(UTC)
+    assert await col.count_documents({"t": {"$lt": later}}) == 1
+
+
+@pytest.mark.parametrize(
+    ("call", "args"),
+    [
+        ("find_one", ({"$or": [{"a": 1}]},)),
+        ("find_one", ({"a": {"$regex": "x"}},)),
+        ("find_one", ({"a": {"$lt": None}},)),
+        ("find_one", ({"a": {"b": 1}},)),
+        ("update_one", ({"_id": "a"}, {"a": 1})),
+        ("update_one", ({"_id": "a"}, {"$rename": {"a": "b"}})),
+        ("update_one", ({"_id": "a"}, {"$push": {"l": {"$each": [1]}}})),
+        ("replace_one", ({"_id": "a"}, {"$set": {"a": 1}})),
+        ("insert_one", ({"_id": 5},)),
+    ],
+)
+async def test_what_is_not_implemented_is_refused(
+    tmp_path: Path, call: str, args: tuple[Any, ...]
+) -> None:
+    col = SqliteClient(tmp_path)["db"]["c"]
+    await col.insert_one({"_id": "a", "a": 1, "l": []})
+    with pytest.raises(Unsupported):
+        await getattr(col, call)(*args)
+
+
+def plan(col: SqliteCollection, sql_where: str, params: list[Any], order: str = "") -> str:
+    rows = col.database.conn.execute(
+        f'EXPLAIN QUERY PLAN SELECT id, doc FROM "{col.name}" WHERE {sql_where} {order}', params
+    ).fetchall()
+    return " | ".join(str(r[-1]) for r in rows)
+
+
+async def test_the_status_views_queries_use_real_indexes(tmp_path: Path) -> None:
+    views = JobViews(SqliteClient(tmp_path)["trainyard_status"])  # type: ignore[arg-type]
+    await views.ensure_indexes()
+    jobs: SqliteCollection = views.jobs  # type: ignore[assignment]
+    for query, sort in [
+        ({"_id": "j1"}, []),
+        ({"_id": "j1", "state_rank": {"$lt": 3}}, []),
+        ({"state": {"$ne": None}, "user": "alice"}, [("submitted_at", -1), ("_id", -1)]),
+        ({"state": "RUNNING"}, [("submitted_at", -1), ("_id", -1)]),
+        ({"state": {"$ne": None}}, [("submitted_at", -1), ("_id", -1)]),
+    ]:
+        where, params = jobs._where(query)
+        order = (
+            "ORDER BY "
+            + ", ".join(f"{jobs._expr(f)} {'DESC' if d < 0 else 'ASC'}" for f, d in sort)
+            if sort
+            else ""
+        )
+        found = plan(jobs, where, params, order)
+        # A search in an index, or a walk of one in the order asked (a page stops early);
+        # never a walk of the table, never a sort.
+        assert "USING" in found and "TEMP B-TREE" not in found, (query, found)
+
+
+async def test_two_processes_sharing_a_file_never_both_win(tmp_path: Path) -> None:
+    """Replicas of a service share its file: a conditional update under the write lock
+    has one winner, from two connections as from two processes."""
+    first = SqliteClient(tmp_path)["db"]["c"]
+    second = SqliteClient(tmp_path)["db"]["c"]
+    await first.insert_one({"_id": "job", "state": "queued"})
+    results = await asyncio.gather(
+        *[
+            col.update_one({"_id": "job", "state": "queued"}, {"$set": {"state": f"by{i}"}})
+            for i, col in enumerate([first, second] * 5)
+        ]
+    )
+    assert sum(r.modified_count for r in results) == 1
