@@ -1,6 +1,7 @@
 """How fast jobs cross the whole pipeline, against the bus floor measured in the same run.
 
-Starts the platform (every service its own process, real NATS and FerretDB), submits N
+Starts the platform (every service its own process, real NATS; the embedded SQLite store,
+then FerretDB as the baseline), submits N
 one-task jobs whose command is `true`, and measures submissions per second (202s, each
 after JetStream's ack) and jobs per second from the first submission to the last job
 seen SUCCEEDED. In the same run it measures the floor the design budget names (DESIGN
@@ -109,12 +110,7 @@ async def run_jobs(platform: Platform, jobs: int, concurrency: int) -> dict[str,
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=16)
-    args = parser.parse_args()
-    floor = asyncio.run(bus_floor(5000))
+def run_platform(store: str, jobs: int, concurrency: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         # Run as root, each user's tasks run under their own uid and must reach their
         # directories under the data directory: traversable (not listable) by others.
@@ -126,12 +122,31 @@ def main() -> None:
             )
         )
         config = PlatformConfig.with_free_ports(
-            Path(tmp) / "data", cluster_file=cluster, log_level="WARNING"
+            Path(tmp) / "data", cluster_file=cluster, log_level="WARNING", store=store
         )
         with Platform(config) as platform:
-            result = asyncio.run(run_jobs(platform, args.jobs, args.concurrency))
-    result["bus_floor"] = floor
-    result["submit_vs_publish_ack"] = round(result["submit_per_s"] / floor["publish_ack_per_s"], 3)
+            return asyncio.run(run_jobs(platform, jobs, concurrency))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument(
+        "--stores",
+        default="sqlite,ferretdb",
+        help="the platform's stores to run on, in turn (the first is the one measured; "
+        "the others are its baseline in the same run)",
+    )
+    args = parser.parse_args()
+    floor = asyncio.run(bus_floor(5000))
+    result: dict[str, object] = {"bus_floor": floor}
+    for store in args.stores.split(","):
+        measured = run_platform(store, args.jobs, args.concurrency)
+        measured["submit_vs_publish_ack"] = round(
+            measured["submit_per_s"] / floor["publish_ack_per_s"], 3
+        )
+        result[store] = measured
     print(json.dumps(result, indent=2))
 
 

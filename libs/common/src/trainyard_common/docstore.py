@@ -492,6 +492,8 @@ def _condition(expr: str, op: str, value: Any) -> tuple[str, list[Any]]:
             raise Unsupported(f"{op} null")
         return f"{expr} {comparisons[op]} ?", [_param(value)]
     if op == "$ne":
+        if value is None:  # spelled out, so an index on the field serves it
+            return f"{expr} IS NOT NULL", []
         # Like MongoDB: a missing field is "not equal" to any value.
         return f"{expr} IS NOT ?", [_param(value)]
     if op in ("$in", "$nin"):

@@ -1,0 +1,270 @@
+"""Status queries at scale: the status service's own adapter (JobViews) on the embedded
+SQLite store filled with N jobs, against the same adapter on the embedded FerretDB (the
+previous default) with fewer jobs, in the same run.
+
+    .venv/bin/python bench/store_scale.py [--jobs 1000000] [--baseline-jobs 10000]
+
+Each job is a document as the projection writes it (spec and original payload as JSON
+text, about 1.5 kB), with one task and three history rows; users, states, dialects and
+queues vary, submission times spread over a year. Measured per query kind, ``--repeat``
+times with random arguments: p50 and p99 in milliseconds. Also measured: the cost of
+projecting one more job's events (insert, then state moves) at the end, against the
+same on a store of 100 jobs, for "no stage's cost grows with history". Prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from trainyard_common.contracts import example_events
+from trainyard_common.docstore import SqliteClient, SqliteDatabase
+from trainyard_common.events import JobQueued, JobSubmitted
+from trainyard_common.storage import Client, mongo_client
+from trainyard_stack.components import FerretDB, ensure_ferretdb_binary
+from trainyard_status.adapters.views import JobViews
+from trainyard_status.domain.projection import project
+
+USERS = [f"user{i:03d}" for i in range(200)]
+STATES = ["SUCCEEDED"] * 80 + ["FAILED"] * 10 + ["STOPPED"] * 4 + ["RUNNING"] * 3 + ["QUEUED"] * 3
+DIALECTS = ["openpai_v2", "native", "t9k", "kubeflow", "dlc", "ti"]
+QUEUES = ["default", "vc-a", "vc-b", "vc-c"]
+T0 = datetime(2025, 11, 1, tzinfo=UTC)
+SPEC = json.dumps(
+    {
+        "name": "train",
+        "roles": [{"name": "worker", "replicas": 2, "command": "python train.py " + "x" * 300}],
+        "env": [{"name": f"V{i}", "value": "y" * 20} for i in range(10)],
+    }
+)
+
+
+def job_doc(i: int, rng: random.Random) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+    job_id = f"{i:08d}-{uuid.UUID(int=rng.getrandbits(128)).hex[:12]}"
+    user = rng.choice(USERS)
+    state = rng.choice(STATES)
+    at = T0 + timedelta(seconds=i * 30 + rng.random())
+    doc = {
+        "_id": job_id,
+        "name": f"job-{i}",
+        "user": user,
+        "state": state,
+        "state_rank": 5,
+        "dialect": rng.choice(DIALECTS),
+        "dialect_key": f"{user}~job-{i}",
+        "queue": rng.choice(QUEUES),
+        "priority": 0,
+        "submitted_at": at,
+        "updated_at": at + timedelta(seconds=40),
+        "finished_at": at + timedelta(seconds=40),
+        "reason": None,
+        "attempt": 1,
+        "attempts": [],
+        "spec_json": SPEC,
+        "original_json": SPEC,
+    }
+    task = {
+        "_id": f"{job_id}:1:worker:0",
+        "job_id": job_id,
+        "attempt": 1,
+        "role": "worker",
+        "index": 0,
+        "state": "SUCCEEDED",
+        "seq": 3,
+        "node": "n1",
+        "exit_code": 0,
+    }
+    events = [
+        {
+            "_id": f"{job_id}-e{k}",
+            "job_id": job_id,
+            "seq": k,
+            "type": "JobSubmitted",
+            "occurred_at": at,
+            "trace_id": None,
+            "event_json": '{"event_id": "x"}',
+        }
+        for k in range(3)
+    ]
+    return doc, task, events
+
+
+async def fill_sqlite(db: SqliteDatabase, jobs: int, batch: int = 5000) -> float:
+    rng = random.Random(42)
+    start = time.perf_counter()
+    for first in range(0, jobs, batch):
+        with db.transaction():
+            for i in range(first, min(first + batch, jobs)):
+                doc, task, events = job_doc(i, rng)
+                db["jobs"]._insert(doc)
+                db["tasks"]._insert(task)
+                for event in events:
+                    db["events"]._insert(event)
+    return time.perf_counter() - start
+
+
+async def fill_mongo(client: Client, name: str, jobs: int) -> float:
+    rng = random.Random(42)
+    db = client[name]
+    start = time.perf_counter()
+    docs: dict[str, list[Any]] = {"jobs": [], "tasks": [], "events": []}
+    for i in range(jobs):
+        doc, task, events = job_doc(i, rng)
+        docs["jobs"].append(doc)
+        docs["tasks"].append(task)
+        docs["events"].extend(events)
+    for collection, items in docs.items():
+        for first in range(0, len(items), 1000):
+            await db[collection].insert_many(items[first : first + 1000])  # type: ignore[union-attr]
+    return time.perf_counter() - start
+
+
+async def timed(repeat: int, call: Callable[[random.Random], Awaitable[Any]]) -> dict[str, float]:
+    rng = random.Random(7)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        await call(rng)
+        times.append((time.perf_counter() - t0) * 1000)
+    times.sort()
+    return {
+        "p50_ms": round(statistics.median(times), 2),
+        "p99_ms": round(times[max(0, int(len(times) * 0.99) - 1)], 2),
+    }
+
+
+async def queries(views: JobViews, jobs: int, repeat: int) -> dict[str, Any]:
+    def some_job(rng: random.Random) -> str:
+        i = rng.randrange(jobs)
+        # Ids are "<i>-<random>": find it by its prefix the way a client has it (an id).
+        return ids[i]
+
+    ids: list[str] = []
+    # The ids, in order, without holding documents: read back through the adapter's store.
+    rng = random.Random(42)
+    for i in range(jobs):
+        ids.append(job_doc(i, rng)[0]["_id"])
+
+    async def page(**kwargs: Any) -> None:
+        items, total = await views.list_jobs(**kwargs)
+        assert len(items) <= total
+
+    return {
+        "list_newest_page": await timed(
+            repeat, lambda r: page(user=None, state=None, limit=50, offset=50 * r.randrange(20))
+        ),
+        "list_by_user": await timed(
+            repeat,
+            lambda r: page(user=r.choice(USERS), state=None, limit=50, offset=0),
+        ),
+        "list_by_state": await timed(
+            repeat,
+            lambda r: page(
+                user=None, state=r.choice(["RUNNING", "FAILED", "QUEUED"]), limit=50, offset=0
+            ),
+        ),
+        "list_openpai_filters": await timed(
+            repeat,
+            lambda r: page(
+                user=None,
+                state=None,
+                limit=20,
+                offset=0,
+                where={
+                    "dialect": {"$in": ["openpai_v2", "native"]},
+                    "user": {"$in": [r.choice(USERS)]},
+                    "queue": {"$in": ["default", "vc-a"]},
+                },
+                full=True,
+            ),
+        ),
+        "job_page": await timed(
+            repeat,
+            lambda r: _job_page(views, some_job(r)),
+        ),
+        "history": await timed(repeat, lambda r: views.history(some_job(r))),
+    }
+
+
+async def _job_page(views: JobViews, job_id: str) -> None:
+    doc = await views.get_job(job_id)
+    assert doc is not None
+    await views.job_tasks(job_id)
+
+
+async def project_one_job(views: JobViews, repeat: int) -> dict[str, float]:
+    """What one more job costs to project: its events from submission to running."""
+    kinds = {type(e).__name__: e for e in example_events()}
+    names = ["JobSubmitted", "JobAccepted", "JobQueued", "JobPlaced", "TaskStateChanged"]
+
+    async def one(_: random.Random) -> None:
+        job_id = uuid.uuid4().hex
+        for seq, name in enumerate(names, 1):
+            event = kinds[name].model_copy(update={"job_id": job_id, "event_id": uuid.uuid4().hex})
+            if isinstance(event, JobSubmitted | JobQueued):
+                event = event.model_copy(update={"occurred_at": datetime.now(UTC)})
+            await views.record(event, seq, None)
+            await views.apply(project(event))
+
+    return await timed(repeat, one)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {"jobs": args.jobs, "baseline_jobs": args.baseline_jobs}
+    with tempfile.TemporaryDirectory() as tmp:
+        small = SqliteClient(Path(tmp) / "small")
+        small_views = JobViews(small["status"])
+        await small_views.ensure_indexes()
+        await fill_sqlite(small["status"], 100)
+        result["sqlite_project_one_job_at_100"] = await project_one_job(small_views, args.repeat)
+        await small.close()
+
+        client = SqliteClient(Path(tmp) / "big")
+        views = JobViews(client["status"])
+        await views.ensure_indexes()
+        result["sqlite_fill_s"] = round(await fill_sqlite(client["status"], args.jobs), 1)
+        result["sqlite_file_mb"] = round(
+            (Path(tmp) / "big" / "status.sqlite3").stat().st_size / 2**20
+        )
+        result["sqlite"] = await queries(views, args.jobs, args.repeat)
+        result["sqlite_project_one_job_at_n"] = await project_one_job(views, args.repeat)
+        await client.close()
+
+        if args.baseline_jobs:
+            ensure_ferretdb_binary()
+            server = FerretDB(Path(tmp) / "ferretdb").start()
+            mongo = mongo_client(server.url)
+            try:
+                base = JobViews(mongo["status"])
+                await base.ensure_indexes()
+                result["ferretdb_fill_s"] = round(
+                    await fill_mongo(mongo, "status", args.baseline_jobs), 1
+                )
+                result["ferretdb"] = await queries(base, args.baseline_jobs, args.baseline_repeat)
+            finally:
+                await mongo.close()
+                server.stop()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=300)
+    parser.add_argument("--baseline-jobs", type=int, default=10_000)
+    parser.add_argument("--baseline-repeat", type=int, default=10)
+    print(json.dumps(asyncio.run(run(parser.parse_args())), indent=2))
+
+
+if __name__ == "__main__":
+    main()
