@@ -11,7 +11,6 @@ fits. Standard library only: the task wrapper imports this.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -108,6 +107,8 @@ async def follow(
     """New bytes of ``path`` from ``offset`` as they come, across the wrapper's
     rotations; stops once ``ended()`` and everything written before that is sent.
     ``with_older``: send the older part first (a follow from the start)."""
+    import asyncio  # here: the task wrapper imports this module and never follows
+
     if with_older:
         if older := read_from(older_part(path), 0):
             yield older

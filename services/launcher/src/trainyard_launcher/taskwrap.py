@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     # Imported before the fork (the child between fork and exec only calls), and only
     # when needed: a plain task's command starts without loading them.
     enter = _importer("trainyard_launcher.adapters.limits", "enter_limits") if limits else None
-    demote = _importer("trainyard_launcher.adapters.prepare", "demote") if run_as else None
+    demote = _importer("trainyard_launcher.adapters.identity", "demote") if run_as else None
 
     def preexec() -> None:
         # The limits first (a cgroup and /dev/shm need the wrapper's rights), then the

@@ -21,7 +21,6 @@ otherwise the task fails with a reason naming the path.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import fcntl
@@ -33,7 +32,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -44,6 +42,7 @@ from ..domain.prepare import (
     PipInstall,
     PreparePlan,
 )
+from .identity import RunAs, as_user, demote
 
 # Written by ``enter`` when it cannot build the task's view; the wrapper turns it into
 # the task's reason (taskwrap keeps the same name without importing this module).
@@ -65,38 +64,6 @@ def _say(log: IO[str], text: str) -> None:
 
 def _hide_credentials(url: str) -> str:
     return re.sub(r"//[^/@]+@", "//***@", url)
-
-
-RunAs = tuple[int, int] | None
-_PR_SET_NO_NEW_PRIVS = 38
-
-
-def demote(run_as: RunAs) -> None:
-    """Become the task's user for good (between fork and exec, or before exec): no
-    supplementary groups, and no setuid program can raise it again."""
-    if run_as is None:
-        return
-    uid, gid = run_as
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-
-
-@contextlib.contextmanager
-def as_user(run_as: RunAs) -> Iterator[None]:
-    """Act as the task's user for a while (file operations in what it controls: a path
-    in a checkout it cloned may be a symlink anywhere), then be the wrapper again."""
-    if run_as is None:
-        yield
-        return
-    os.setegid(run_as[1])
-    os.seteuid(run_as[0])
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-        os.setegid(0)
 
 
 def _run(

@@ -1,0 +1,22 @@
+"""The task wrapper starts light: every task's start pays for what it imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_the_task_wrapper_starts_without_heavy_imports() -> None:
+    """On two cores the wrapper's imports were most of a one-task job's cost (pydantic
+    and the job model through ``demote``, asyncio through the logs): a plain task's
+    wrapper, with its limits and its user, loads none of them."""
+    code = (
+        "import sys, trainyard_launcher.taskwrap, trainyard_launcher.logs, "
+        "trainyard_launcher.adapters.limits, trainyard_launcher.adapters.identity; "
+        "print(sorted(m for m in ('pydantic', 'asyncio', 'trainyard_common.jobspec') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout
