@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import uvicorn
+import uvloop
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -30,6 +31,12 @@ def setup_logging(service: str) -> None:
         level=level,
         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
     )
+
+
+def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run a service's ``main`` on uvloop (a dependency of the platform: with it and
+    httptools, which uvicorn then picks, every hop of a job costs less CPU)."""
+    uvloop.run(main())
 
 
 async def serve(settings: Settings, app: FastAPI, workers: Sequence[Worker]) -> None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from trainyard_common.config import Settings
-from trainyard_common.runtime import serve, setup_logging
+from trainyard_common.runtime import run_service, serve, setup_logging
 from trainyard_common.telemetry import setup_telemetry
 
 from .app import create_app
@@ -20,4 +18,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_service(main)

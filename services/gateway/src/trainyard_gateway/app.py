@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
+import aiohttp
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
+from yarl import URL
 
 from trainyard_common.runtime import health_app
 
@@ -32,15 +33,34 @@ HOP_BY_HOP = {
 
 def create_app(backends: dict[str, str]) -> FastAPI:
     app = health_app("gateway")
-    client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+    # aiohttp, not httpx: httpx's pool polled every pooled connection on every request,
+    # and that was half the gateway's CPU at 16 clients (bench/README.md). Made on the
+    # first request, inside the running loop. Bodies go through as they are.
+    sessions: list[aiohttp.ClientSession] = []
+
+    def session() -> aiohttp.ClientSession:
+        if not sessions:
+            sessions.append(
+                aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0),
+                    connector=aiohttp.TCPConnector(limit=0),
+                    auto_decompress=False,
+                    # Only the client's own headers: some are signed (DLC's ROA signatures
+                    # cover Content-Type, Accept, ...), and none may be made up on the way.
+                    skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+                )
+            )
+        return sessions[0]
 
     @app.get("/healthz/all")
     async def health_all() -> JSONResponse:
         async def check(name: str) -> tuple[str, str]:
             try:
-                answer = await client.get(f"{backends[name]}/healthz", timeout=2.0)
-                return name, "ok" if answer.status_code == 200 else f"http {answer.status_code}"
-            except httpx.HTTPError as exc:
+                async with session().get(
+                    f"{backends[name]}/healthz", timeout=aiohttp.ClientTimeout(total=2.0)
+                ) as answer:
+                    return name, "ok" if answer.status == 200 else f"http {answer.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 return name, f"down ({type(exc).__name__})"
 
         results = dict(await asyncio.gather(*(check(n) for n in BACKENDS if n in backends)))
@@ -57,9 +77,10 @@ def create_app(backends: dict[str, str]) -> FastAPI:
         # The path as the client sent it (still percent-encoded): decoded, it may not
         # even be a URL any more.
         raw_path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
+        query = request.scope.get("query_string", b"").decode("latin-1")
         try:
-            url = httpx.URL(backends[service] + raw_path, query=request.url.query.encode())
-        except httpx.InvalidURL as exc:
+            url = URL(backends[service] + raw_path + (f"?{query}" if query else ""), encoded=True)
+        except ValueError as exc:
             return JSONResponse({"detail": f"not a URL to forward: {exc}"}, 400)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         # The Host the client used, for signatures that cover it (Alibaba Cloud's ACS3).
@@ -67,9 +88,10 @@ def create_app(backends: dict[str, str]) -> FastAPI:
         body = await request.body()
         retry = idempotent(request.method, headers)
         for tries_left in (1, 0) if retry else (0,):
-            upstream = client.build_request(request.method, url, headers=headers, content=body)
             try:
-                answer = await client.send(upstream, stream=True)
+                answer = await session().request(
+                    request.method, url, headers=headers, data=body or None, allow_redirects=False
+                )
                 break
             except DROPPED as exc:
                 # A pooled connection the service had closed (it answered a bad request
@@ -78,21 +100,27 @@ def create_app(backends: dict[str, str]) -> FastAPI:
                 if tries_left:
                     continue
                 return JSONResponse({"detail": f"{service} service unavailable: {exc!r}"}, 503)
-            except httpx.HTTPError as exc:
+            except (aiohttp.ClientError, ValueError) as exc:
                 return JSONResponse({"detail": f"{service} service unavailable: {exc!r}"}, 503)
         out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP}
         return StreamingResponse(
-            answer.aiter_raw(),
-            status_code=answer.status_code,
+            answer.content.iter_any(),
+            status_code=answer.status,
             headers=out_headers,
-            background=_closer(answer),
+            background=BackgroundTask(_released, answer),
         )
 
     return app
 
 
+async def _released(answer: aiohttp.ClientResponse) -> None:
+    # Async on purpose: Starlette runs a plain function in a worker thread, and the
+    # connection must go back to the pool from the loop's own thread.
+    answer.release()
+
+
 # The connection went away under the request: nothing was answered on it.
-DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError)
+DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
@@ -100,7 +128,3 @@ def idempotent(method: str, headers: dict[str, str]) -> bool:
     """Repeating the request changes nothing: a safe or idempotent method, or a request
     that carries an Idempotency-Key (the service makes a retry the same job)."""
     return method in SAFE_METHODS or any(k.lower() == "idempotency-key" for k in headers)
-
-
-def _closer(answer: httpx.Response) -> BackgroundTask:
-    return BackgroundTask(answer.aclose)

@@ -15,7 +15,7 @@ from trainyard_common.auth import (
 from trainyard_common.bus import Bus, Delivery, KvNonces
 from trainyard_common.config import Settings
 from trainyard_common.events import Event
-from trainyard_common.runtime import serve, setup_logging
+from trainyard_common.runtime import run_service, serve, setup_logging
 from trainyard_common.secrets_box import SecretBox
 from trainyard_common.storage import Database, open_store
 from trainyard_common.telemetry import setup_telemetry
@@ -130,4 +130,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_service(main)

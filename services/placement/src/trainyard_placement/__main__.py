@@ -22,7 +22,7 @@ from trainyard_common.cluster import load_cluster
 from trainyard_common.config import Settings
 from trainyard_common.events import Event
 from trainyard_common.kube_nodes import KubeNode, NodeWatch, cluster_from_nodes
-from trainyard_common.runtime import serve, setup_logging
+from trainyard_common.runtime import run_service, serve, setup_logging
 from trainyard_common.storage import open_store
 from trainyard_common.telemetry import setup_telemetry
 
@@ -153,7 +153,7 @@ async def main() -> None:
 
 
 def run() -> None:
-    asyncio.run(main())
+    run_service(main)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from trainyard_common.aliyun_auth import NONCE_TTL_S
 from trainyard_common.auth import TokenStore, tokens_collection
 from trainyard_common.bus import Bus, DeadLetters, KvNonces
 from trainyard_common.config import Settings
-from trainyard_common.runtime import serve, setup_logging
+from trainyard_common.runtime import run_service, serve, setup_logging
 from trainyard_common.storage import open_store
 from trainyard_common.subjects import ALL_COMMANDS, ALL_EVENTS
 from trainyard_common.telemetry import setup_telemetry
@@ -46,4 +46,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_service(main)

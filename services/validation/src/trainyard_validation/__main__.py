@@ -12,7 +12,7 @@ from trainyard_common.cluster import load_cluster
 from trainyard_common.config import Settings
 from trainyard_common.events import Event
 from trainyard_common.kube_nodes import KubeNode, NodeWatch, cluster_from_nodes
-from trainyard_common.runtime import serve, setup_logging
+from trainyard_common.runtime import run_service, serve, setup_logging
 from trainyard_common.storage import open_store
 from trainyard_common.telemetry import setup_telemetry
 
@@ -68,7 +68,7 @@ async def run() -> None:
 
 
 def main() -> None:
-    asyncio.run(run())
+    run_service(run)
 
 
 if __name__ == "__main__":
