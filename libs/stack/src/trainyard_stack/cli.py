@@ -10,11 +10,14 @@
   its health check / stopping it cleanly (``make up`` / ``make down``). ``down`` stops
   the jobs' tasks first (they run again at the next start, no retry spent); with
   ``--keep-tasks`` it leaves them running for the next start to adopt.
+- ``migrate-store``: copy the data of an earlier version's embedded FerretDB (or of a
+  MongoDB, ``--from URL``) into the embedded SQLite store (``make migrate-store``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -29,9 +32,12 @@ import httpx
 
 from trainyard_common.cluster import NodeSpec, load_cluster
 from trainyard_common.config import default_data_dir
+from trainyard_common.docstore import SqliteClient
+from trainyard_common.storage import mongo_client
 
-from .components import ComponentError, repo_root
+from .components import ComponentError, FerretDB, ensure_ferretdb_binary, repo_root
 from .kube import KubeCluster
+from .migrate import copy_databases
 from .platform import Platform, PlatformConfig, ensure_admin_token, stop_tasks
 
 TERMINAL = {"REJECTED", "SUCCEEDED", "FAILED", "STOPPED"}
@@ -306,6 +312,44 @@ def cmd_kube_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate_store(args: argparse.Namespace) -> int:
+    """Copy the platform's data from a MongoDB-wire store into the embedded SQLite store:
+    ``--from URL``, else the embedded FerretDB of earlier versions under <data>/ferretdb
+    (started here for the copy)."""
+    data_dir = Path(args.data_dir).resolve()
+    if (data_dir / "run" / "platform.json").exists():
+        print("the platform is running: stop it first (make down)", file=sys.stderr)
+        return 1
+    server: FerretDB | None = None
+    url = args.source
+    if not url:
+        if not (data_dir / "ferretdb").exists():
+            print(f"no FerretDB store under {data_dir} and no --from URL", file=sys.stderr)
+            return 1
+        ensure_ferretdb_binary()
+        server = FerretDB(data_dir / "ferretdb").start()
+        url = server.url
+
+    async def copy() -> dict[str, tuple[int, int]]:
+        source = mongo_client(url)
+        target = SqliteClient(data_dir / "store")
+        try:
+            return await copy_databases(source, target, args.db_prefix)
+        finally:
+            await source.close()
+            await target.close()
+
+    try:
+        report = asyncio.run(copy())
+    finally:
+        if server is not None:
+            server.stop()
+    for name, (read, written) in report.items():
+        print(f"{name}: {read} documents, {written} copied now")
+    print(f"done: {sum(w for _, w in report.values())} documents copied into {data_dir / 'store'}")
+    return 0
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -326,8 +370,13 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("run", "serve", "up", "down", "kube-up", "kube-down"):
+    for name in ("run", "serve", "up", "down", "kube-up", "kube-down", "migrate-store"):
         command = sub.add_parser(name, parents=[common])
+        if name == "migrate-store":
+            command.add_argument("--from", dest="source", default=None, help="a MongoDB URL")
+            command.add_argument(
+                "--db-prefix", default=os.environ.get("YARD_DB_PREFIX", "trainyard")
+            )
         if name == "down":
             command.add_argument(
                 "--keep-tasks",
@@ -342,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         "down": cmd_down,
         "kube-up": cmd_kube_up,
         "kube-down": cmd_kube_down,
+        "migrate-store": cmd_migrate_store,
     }
     return commands[args.command](args)
 
