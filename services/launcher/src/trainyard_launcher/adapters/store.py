@@ -350,7 +350,10 @@ class DocLauncherStore:
     async def ensure_indexes(self) -> None:
         await self.tasks.create_index([("job_id", ASCENDING), ("attempt", ASCENDING)])
         await self.tasks.create_index([("state", ASCENDING)])
-        await self.jobs.create_index([("state", ASCENDING)])
+        # What a restart reads (adopt): the outbox and the unpublished verdicts, found
+        # without reading the history of every task and job ever run.
+        await self.tasks.create_index([("outbox", ASCENDING)])
+        await self.jobs.create_index([("state", ASCENDING), ("finished_published", ASCENDING)])
 
     async def insert_job(self, job: JobRecord) -> bool:
         return await insert_once(self.jobs, job_doc(job))
