@@ -7,7 +7,11 @@ after JetStream's ack) and jobs per second from the first submission to the last
 seen SUCCEEDED. In the same run it measures the floor the design budget names (DESIGN
 §9): JetStream publish with ack one at a time, and pipelined.
 
-    .venv/bin/python bench/pipeline.py [--jobs 200] [--concurrency 16]
+    .venv/bin/python bench/pipeline.py [--jobs 200] [--concurrency 16] [--stores sqlite,ferretdb]
+    .venv/bin/python bench/pipeline.py --rate 20 --jobs 600 --stores sqlite
+
+With ``--rate`` the jobs are offered at that rate and each one's time from submission to
+its task running is measured (p50, p99).
 
 Prints one JSON object. The ratios say what share of the raw bus rate the platform
 keeps: every job crosses at least seven hops (submitted, accepted, placed, 3 task
@@ -23,6 +27,7 @@ import os
 import tempfile
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -89,16 +94,7 @@ async def run_jobs(platform: Platform, jobs: int, concurrency: int) -> dict[str,
         start = time.perf_counter()
         ids = await asyncio.gather(*(submit(i) for i in range(jobs)))
         submitted = time.perf_counter() - start
-        pending = set(ids)
-        while pending:
-            page = await http.get("/v1/jobs", params={"state": "SUCCEEDED", "limit": 500})
-            done = {item["id"] for item in page.json()["items"]}
-            pending -= done
-            if pending:
-                failed = await http.get("/v1/jobs", params={"state": "FAILED", "limit": 10})
-                if failed.json()["total"]:
-                    raise RuntimeError(f"a bench job failed: {failed.json()['items'][0]}")
-                await asyncio.sleep(0.2)
+        await wait_succeeded(http, set(ids))
         total = time.perf_counter() - start
     latencies.sort()
     return {
@@ -110,7 +106,62 @@ async def run_jobs(platform: Platform, jobs: int, concurrency: int) -> dict[str,
     }
 
 
-def run_platform(store: str, jobs: int, concurrency: int) -> dict[str, float]:
+async def offered_load(platform: Platform, jobs: int, rate: float) -> dict[str, float]:
+    """Submit ``jobs`` at ``rate`` per second (not as fast as possible) and measure, per
+    job, the time from its submission to its task running (the RUNNING transition's
+    time in its history; one clock, one machine)."""
+    headers = {"Authorization": f"Bearer {platform.token}"}
+    async with httpx.AsyncClient(base_url=platform.url, headers=headers, timeout=60) as http:
+        sent: dict[str, float] = {}
+
+        async def submit(i: int) -> None:
+            at = time.time()
+            answer = await http.post("/v1/jobs", json=job(i))
+            answer.raise_for_status()
+            sent[answer.json()["id"]] = at
+
+        start = time.perf_counter()
+        pending = []
+        for i in range(jobs):
+            await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            pending.append(asyncio.create_task(submit(i)))
+        await asyncio.gather(*pending)
+        await wait_succeeded(http, set(sent))
+        total = time.perf_counter() - start
+        waits = []
+        for job_id, at in sent.items():
+            history = (await http.get(f"/v1/jobs/{job_id}/events")).json()
+            running = [
+                datetime.fromisoformat(h["occurred_at"]).timestamp()
+                for h in history
+                if h["type"] == "TaskStateChanged" and h["event"]["state"] == "RUNNING"
+            ]
+            waits.append(min(running) - at)
+    waits.sort()
+    return {
+        "jobs": jobs,
+        "offered_per_s": rate,
+        "jobs_end_to_end_per_s": round(jobs / total, 1),
+        "submit_to_running_p50_ms": round(waits[len(waits) // 2] * 1000),
+        "submit_to_running_p99_ms": round(waits[int(len(waits) * 0.99) - 1] * 1000),
+    }
+
+
+async def wait_succeeded(http: httpx.AsyncClient, ids: set[str]) -> None:
+    """Until every job of this run (the platform's only jobs) has succeeded."""
+    while True:
+        page = await http.get("/v1/jobs", params={"state": "SUCCEEDED", "limit": 1})
+        if page.json()["total"] >= len(ids):
+            return
+        failed = await http.get("/v1/jobs", params={"state": "FAILED", "limit": 10})
+        if failed.json()["total"]:
+            raise RuntimeError(f"a bench job failed: {failed.json()['items'][0]}")
+        await asyncio.sleep(0.2)
+
+
+def run_platform(
+    store: str, jobs: int, concurrency: int, rate: float | None = None
+) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         # Run as root, each user's tasks run under their own uid and must reach their
         # directories under the data directory: traversable (not listable) by others.
@@ -125,6 +176,8 @@ def run_platform(store: str, jobs: int, concurrency: int) -> dict[str, float]:
             Path(tmp) / "data", cluster_file=cluster, log_level="WARNING", store=store
         )
         with Platform(config) as platform:
+            if rate:
+                return asyncio.run(offered_load(platform, jobs, rate))
             return asyncio.run(run_jobs(platform, jobs, concurrency))
 
 
@@ -132,6 +185,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="offer this many jobs per second instead of submitting as fast as possible, "
+        "and measure submission to running",
+    )
     parser.add_argument(
         "--stores",
         default="sqlite,ferretdb",
@@ -142,10 +202,11 @@ def main() -> None:
     floor = asyncio.run(bus_floor(5000))
     result: dict[str, object] = {"bus_floor": floor}
     for store in args.stores.split(","):
-        measured = run_platform(store, args.jobs, args.concurrency)
-        measured["submit_vs_publish_ack"] = round(
-            measured["submit_per_s"] / floor["publish_ack_per_s"], 3
-        )
+        measured = run_platform(store, args.jobs, args.concurrency, args.rate)
+        if "submit_per_s" in measured:
+            measured["submit_vs_publish_ack"] = round(
+                measured["submit_per_s"] / floor["publish_ack_per_s"], 3
+            )
         result[store] = measured
     print(json.dumps(result, indent=2))
 
