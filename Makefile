@@ -12,8 +12,8 @@ STAMP := .venv/.synced
 run: setup ## Install everything, start the platform, run an example job, stay up until Ctrl-C
 	$(UV) run --frozen trainyard-stack run --data-dir $(DATA_DIR)
 
-up: setup ## Start the platform in the background; returns once every service is healthy
-	$(UV) run --frozen trainyard-stack up --data-dir $(DATA_DIR)
+up: setup ## Start the platform in the background; returns once every service is healthy (REPLICAS=status=2,intake=2: replicas)
+	$(if $(REPLICAS),YARD_REPLICAS=$(REPLICAS)) $(UV) run --frozen trainyard-stack up --data-dir $(DATA_DIR)
 
 down: ## Stop the platform started by `make up` and the jobs' tasks (KEEP_TASKS=1: leave them for the next start to adopt)
 	@if [ -x .venv/bin/trainyard-stack ]; then .venv/bin/trainyard-stack down --data-dir $(DATA_DIR) $(if $(KEEP_TASKS),--keep-tasks); else echo "not running"; fi

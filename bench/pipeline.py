@@ -130,7 +130,7 @@ async def offered_load(platform: Platform, jobs: int, rate: float) -> dict[str, 
         total = time.perf_counter() - start
         waits = []
         for job_id, at in sent.items():
-            history = (await http.get(f"/v1/jobs/{job_id}/events")).json()
+            history = (await http.get(f"/v1/jobs/{job_id}/events")).json()["items"]
             running = [
                 datetime.fromisoformat(h["occurred_at"]).timestamp()
                 for h in history

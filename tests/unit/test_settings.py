@@ -87,12 +87,16 @@ def test_placement_settings() -> None:
 
 def test_gateway_settings() -> None:
     default = GatewaySettings.from_env({})
-    assert default.backends["intake"] == "http://127.0.0.1:8081"
+    assert default.backends["intake"] == ("http://127.0.0.1:8081",)
     read = GatewaySettings.from_env(
         {"YARD_STATUS_URL": "http://status.trainyard.svc:8082/", "YARD_INTAKE_PORT": "9001"}
     )
-    assert read.backends["status"] == "http://status.trainyard.svc:8082"
-    assert read.backends["intake"] == "http://127.0.0.1:9001"
+    assert read.backends["status"] == ("http://status.trainyard.svc:8082",)
+    assert read.backends["intake"] == ("http://127.0.0.1:9001",)
+    replicas = GatewaySettings.from_env({"YARD_STATUS_URL": "http://a:1, http://b:2/"})
+    assert replicas.backends["status"] == ("http://a:1", "http://b:2")
+    with pytest.raises(SettingError, match="^YARD_STATUS_URL='b:2': not an http"):
+        GatewaySettings.from_env({"YARD_STATUS_URL": "http://a:1,b:2"})
     with pytest.raises(SettingError, match="^YARD_STATUS_URL='status:8082': not an http"):
         GatewaySettings.from_env({"YARD_STATUS_URL": "status:8082"})
     with pytest.raises(SettingError, match="^YARD_LAUNCHER_PORT='0'"):

@@ -47,6 +47,36 @@ SERVICES = ("validation", "placement", "launcher", "status", "intake", "gateway"
 
 
 STORES = ("sqlite", "ferretdb")
+# Services that may run as several processes (YARD_REPLICAS="status=2,intake=2"): each
+# replica consumes the same durable (JetStream hands each message to one of them) and
+# answers HTTP behind the gateway in turn; placement's replicas elect one leader. Not the
+# launcher: its local tasks are this machine's processes, watched by the one that started
+# them; nor the gateway, the one front door.
+REPLICABLE = ("intake", "validation", "placement", "status")
+MAX_REPLICAS = 8
+
+
+def service_of(instance: str) -> str:
+    """The service a process runs: ``status-2`` -> ``status``."""
+    return instance.split("-", 1)[0]
+
+
+def parse_replicas(text: str) -> dict[str, int]:
+    """``"status=2,intake=3"`` -> {"status": 2, "intake": 3}; a clear error otherwise."""
+    counts: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, _, number = part.partition("=")
+        if name not in REPLICABLE:
+            raise ValueError(
+                f"YARD_REPLICAS: {name!r} cannot run as replicas here "
+                f"(only {', '.join(REPLICABLE)})"
+            )
+        if not number.isdigit() or not 1 <= int(number) <= MAX_REPLICAS:
+            raise ValueError(f"YARD_REPLICAS: {part!r}: the count must be 1 to {MAX_REPLICAS}")
+        counts[name] = int(number)
+    return counts
 
 
 @dataclass
@@ -60,10 +90,23 @@ class PlatformConfig:
     # "sqlite": the embedded store, files under <data>/store (nothing to start);
     # "ferretdb": the MongoDB adapters on the embedded FerretDB. MONGO_URL wins over both.
     store: str = field(default_factory=lambda: os.environ.get("YARD_STORE") or "sqlite")
+    replicas: dict[str, int] = field(
+        default_factory=lambda: parse_replicas(os.environ.get("YARD_REPLICAS", ""))
+    )
 
     def __post_init__(self) -> None:
         if self.store not in STORES:
             raise ValueError(f"YARD_STORE={self.store!r}: must be one of {', '.join(STORES)}")
+        parse_replicas(",".join(f"{k}={v}" for k, v in self.replicas.items()))
+
+    def instances(self) -> list[str]:
+        """Every process to run, in start order: a service, then its other replicas
+        (``status``, ``status-2``, ...)."""
+        return [
+            name if i == 1 else f"{name}-{i}"
+            for name in SERVICES
+            for i in range(1, self.replicas.get(name, 1) + 1)
+        ]
 
     @classmethod
     def with_free_ports(cls, data_dir: Path, **kwargs: object) -> PlatformConfig:
@@ -199,6 +242,10 @@ class Platform:
         self.nats: NatsServer | ExternalService | None = None
         self.mongo: FerretDB | ExternalService | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # The ports of the replicas beyond each service's first.
+        self.replica_ports = {
+            name: free_port() for name in config.instances() if name not in config.ports
+        }
         self._logs: dict[str, IO[bytes]] = {}
 
     @property
@@ -206,7 +253,9 @@ class Platform:
         return f"http://127.0.0.1:{self.config.ports['gateway']}"
 
     def service_url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.config.ports[name]}"
+        """Where a service (or one replica of it, ``status-2``) answers."""
+        port = self.config.ports.get(name) or self.replica_ports[name]
+        return f"http://127.0.0.1:{port}"
 
     # -- start / stop ---------------------------------------------------------------
 
@@ -232,7 +281,7 @@ class Platform:
             ).start()
         # The streams are the platform's to make: a service may only look at them.
         asyncio.run(ensure_streams(self.bus_url()))
-        for name in SERVICES:
+        for name in self.config.instances():
             self.start_service(name)
         self.wait_healthy(timeout)
         self._write_state()
@@ -261,6 +310,13 @@ class Platform:
             "YARD_LOG_LEVEL": self.config.log_level,
             "PYTHONUNBUFFERED": "1",
             **{f"YARD_{name.upper()}_PORT": str(port) for name, port in self.config.ports.items()},
+            # Where the gateway finds each service: every replica, in turn.
+            **{
+                f"YARD_{service.upper()}_URL": ",".join(
+                    self.service_url(i) for i in self.config.instances() if service_of(i) == service
+                )
+                for service in self.config.replicas
+            },
             **self.config.extra_env,
         }
         if self.config.cluster_file:
@@ -271,14 +327,18 @@ class Platform:
         return env
 
     def start_service(self, name: str) -> None:
+        """Start a service, or one replica of it (``status-2``: its own port and log)."""
+        service = service_of(name)
+        env = self.service_env(service)
+        env[f"YARD_{service.upper()}_PORT"] = self.service_url(name).rsplit(":", 1)[1]
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - lives with the child
         self._logs[name] = log
         # Own session: Ctrl-C in a terminal reaches the supervisor only, which then stops
         # the services in order instead of all dying at once mid-write.
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", f"trainyard_{name}"],
-            env=self.service_env(name),
+            [sys.executable, "-m", f"trainyard_{service}"],
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -317,7 +377,7 @@ class Platform:
 
     def wait_healthy(self, timeout: float = 60.0, only: list[str] | None = None) -> None:
         deadline = time.monotonic() + timeout
-        pending = list(only or SERVICES)
+        pending = list(only or self.config.instances())
         while pending:
             name = pending[0]
             proc = self.procs[name]
@@ -349,7 +409,7 @@ class Platform:
         start), unless ``keep_tasks`` leaves them running for that start to adopt."""
         if not keep_tasks and self.procs:
             stop_tasks(self.url, self.token)
-        for name in reversed(SERVICES):
+        for name in reversed(self.config.instances()):
             proc = self.procs.get(name)
             if proc and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

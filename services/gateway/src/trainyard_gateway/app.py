@@ -5,6 +5,7 @@ followed log flows through it live."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import aiohttp
 from fastapi import FastAPI, Request, Response
@@ -31,8 +32,10 @@ HOP_BY_HOP = {
 }
 
 
-def create_app(backends: dict[str, str]) -> FastAPI:
+def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
     app = health_app("gateway")
+    # A service run as several replicas gets the requests in turn.
+    turns = {name: itertools.cycle(urls) for name, urls in backends.items()}
     # aiohttp, not httpx: httpx's pool polled every pooled connection on every request,
     # and that was half the gateway's CPU at 16 clients (bench/README.md). Made on the
     # first request, inside the running loop. Bodies go through as they are.
@@ -56,10 +59,13 @@ def create_app(backends: dict[str, str]) -> FastAPI:
     async def health_all() -> JSONResponse:
         async def check(name: str) -> tuple[str, str]:
             try:
-                async with session().get(
-                    f"{backends[name]}/healthz", timeout=aiohttp.ClientTimeout(total=2.0)
-                ) as answer:
-                    return name, "ok" if answer.status == 200 else f"http {answer.status}"
+                for url in backends[name]:
+                    async with session().get(
+                        f"{url}/healthz", timeout=aiohttp.ClientTimeout(total=2.0)
+                    ) as answer:
+                        if answer.status != 200:
+                            return name, f"http {answer.status} at {url}"
+                return name, "ok"
             except (aiohttp.ClientError, TimeoutError) as exc:
                 return name, f"down ({type(exc).__name__})"
 
@@ -78,8 +84,9 @@ def create_app(backends: dict[str, str]) -> FastAPI:
         # even be a URL any more.
         raw_path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
         query = request.scope.get("query_string", b"").decode("latin-1")
+        target = raw_path + (f"?{query}" if query else "")
         try:
-            url = URL(backends[service] + raw_path + (f"?{query}" if query else ""), encoded=True)
+            URL(target, encoded=True)
         except ValueError as exc:
             return JSONResponse({"detail": f"not a URL to forward: {exc}"}, 400)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -88,6 +95,8 @@ def create_app(backends: dict[str, str]) -> FastAPI:
         body = await request.body()
         retry = idempotent(request.method, headers)
         for tries_left in (1, 0) if retry else (0,):
+            # A retry goes to the next replica, if there is one.
+            url = URL(next(turns[service]) + target, encoded=True)
             try:
                 answer = await session().request(
                     request.method, url, headers=headers, data=body or None, allow_redirects=False

@@ -1,4 +1,5 @@
-"""The gateway's settings: where each service answers. ``YARD_<SERVICE>_URL`` wins, else
+"""The gateway's settings: where each service answers. ``YARD_<SERVICE>_URL`` wins (a
+comma-separated list for a service run as several replicas: the gateway takes turns), else
 the service's port on this host (``YARD_<SERVICE>_PORT``, or its default)."""
 
 from __future__ import annotations
@@ -15,20 +16,20 @@ from .routes import BACKENDS
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    backends: dict[str, str]
+    backends: dict[str, tuple[str, ...]]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> GatewaySettings:
         env = os.environ if env is None else env
-        urls = {}
+        urls: dict[str, tuple[str, ...]] = {}
         for name in BACKENDS:
             variable = f"YARD_{name.upper()}_URL"
-            url = env.get(variable)
-            if url:
+            listed = [u.strip() for u in env.get(variable, "").split(",") if u.strip()]
+            for url in listed:
                 parts = urlsplit(url)
                 if parts.scheme not in ("http", "https") or not parts.hostname:
                     raise SettingError(f"{variable}={url!r}: not an http(s) URL with a host")
-            else:
+            if not listed:
                 port = int(
                     number_setting(
                         env,
@@ -38,6 +39,6 @@ class GatewaySettings:
                         above=True,
                     )
                 )
-                url = f"http://127.0.0.1:{port}"
-            urls[name] = url.rstrip("/")
+                listed = [f"http://127.0.0.1:{port}"]
+            urls[name] = tuple(url.rstrip("/") for url in listed)
         return cls(urls)
