@@ -1,0 +1,200 @@
+"""A soak: mixed work for a long while, and whether memory and latency stay flat.
+
+    .venv/bin/python bench/soak.py [--minutes 60] [--rate 4]
+
+Starts the platform (every service its own process, the embedded SQLite store) and, for
+``--minutes``, offers ``--rate`` jobs per second of a mix: one-task jobs that succeed,
+jobs that fail and are retried once, jobs that run a while and are paused then resumed,
+jobs stopped while running; in between it queries lists, job pages and histories. Every
+minute it records each service's resident memory and the p50/p99 of the queries and of
+submissions in that minute. At the end every job must have ended as its kind says.
+
+Prints JSON: the per-minute series, and per series the change from the first third of
+the run to the last (a leak or a cost that grows with history shows there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from trainyard_stack.platform import Platform, PlatformConfig
+
+KINDS = {  # kind: (share, command, retries, expected end)
+    "ok": (0.6, "true", 0, "SUCCEEDED"),
+    "retried": (0.15, 'test "$TRAINYARD_ATTEMPT" -gt 1 || exit 3', 1, None),
+    "paused": (0.15, "sleep 4", 0, "SUCCEEDED"),
+    "stopped": (0.1, "sleep 60", 0, "STOPPED"),
+}
+
+
+def job(kind: str) -> dict[str, Any]:
+    _, command, retries, _ = KINDS[kind]
+    return {
+        "name": f"soak-{kind}-{uuid.uuid4().hex[:8]}",
+        "retry_limit": retries,
+        "roles": [{"name": "w", "command": command, "cpu": 1, "memory_mb": 64}],
+    }
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(len(values) * q))] * 1000, 1)
+
+
+async def soak(platform: Platform, minutes: float, rate: float) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {platform.token}"}
+    rng = random.Random(1)
+    jobs: dict[str, str] = {}
+    series: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(base_url=platform.url, headers=headers, timeout=60) as http:
+        submit_times: list[float] = []
+        query_times: list[float] = []
+
+        async def timed(bucket: list[float], call: Any) -> httpx.Response:
+            t0 = time.perf_counter()
+            answer = await call
+            bucket.append(time.perf_counter() - t0)
+            answer.raise_for_status()
+            return answer
+
+        async def one(kind: str) -> None:
+            answer = await timed(submit_times, http.post("/v1/jobs", json=job(kind)))
+            job_id = answer.json()["id"]
+            jobs[job_id] = kind
+            if kind in ("paused", "stopped"):
+                await asyncio.sleep(1.5)
+                verb = "pause" if kind == "paused" else "stop"
+                await http.post(f"/v1/jobs/{job_id}/{verb}")
+                if kind == "paused":
+                    await asyncio.sleep(1.0)
+                    await http.post(f"/v1/jobs/{job_id}/resume")
+
+        async def queries() -> None:
+            ids = list(jobs)
+            await timed(query_times, http.get("/v1/jobs", params={"limit": 50}))
+            await timed(query_times, http.get("/v1/jobs", params={"state": "RUNNING"}))
+            if ids:
+                job_id = rng.choice(ids)
+                await timed(query_times, http.get(f"/v1/jobs/{job_id}"))
+                await timed(query_times, http.get(f"/v1/jobs/{job_id}/events"))
+
+        start = time.monotonic()
+        minute_end = start + 60
+        tasks: list[asyncio.Task[None]] = []
+        n = 0
+        kinds = list(KINDS)
+        weights = [KINDS[k][0] for k in kinds]
+        while time.monotonic() - start < minutes * 60:
+            await asyncio.sleep(max(0.0, start + n / rate - time.monotonic()))
+            tasks.append(asyncio.create_task(one(rng.choices(kinds, weights)[0])))
+            n += 1
+            if n % 4 == 0:
+                tasks.append(asyncio.create_task(queries()))
+            if time.monotonic() >= minute_end:
+                minute_end += 60
+                series.append(
+                    {
+                        "minute": len(series) + 1,
+                        "jobs": len(jobs),
+                        "rss_mb": {k: round(rss_mb(p.pid)) for k, p in platform.procs.items()},
+                        "submit_p50_ms": pct(submit_times, 0.5),
+                        "submit_p99_ms": pct(submit_times, 0.99),
+                        "query_p50_ms": pct(query_times, 0.5),
+                        "query_p99_ms": pct(query_times, 0.99),
+                    }
+                )
+                submit_times.clear()
+                query_times.clear()
+        await asyncio.gather(*tasks)
+        ends = await settle(http, jobs)
+    wrong = {i: (jobs[i], s) for i, s in ends.items() if not expected(jobs[i], s)}
+    return {"minutes": minutes, "rate": rate, "series": series, "wrong_ends": wrong}
+
+
+def expected(kind: str, state: str) -> bool:
+    want = KINDS[kind][3]
+    if kind == "retried":  # fails once, then its second attempt succeeds
+        return state == "SUCCEEDED"
+    return state == want
+
+
+async def settle(http: httpx.AsyncClient, jobs: dict[str, str]) -> dict[str, str]:
+    ends: dict[str, str] = {}
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        for job_id in [j for j in jobs if j not in ends]:
+            state = (await http.get(f"/v1/jobs/{job_id}")).json().get("state")
+            if state in ("SUCCEEDED", "FAILED", "STOPPED"):
+                ends[job_id] = state
+        if len(ends) == len(jobs):
+            break
+        await asyncio.sleep(2)
+    return {j: ends.get(j, "NOT ENDED") for j in jobs}
+
+
+def trend(series: list[dict[str, Any]], key: str) -> dict[str, float]:
+    """The mean over the first third against the last third of the run."""
+    third = max(1, len(series) // 3)
+    first = [float(m[key]) for m in series[:third]]
+    last = [float(m[key]) for m in series[-third:]]
+    return {"first": round(statistics.mean(first), 1), "last": round(statistics.mean(last), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=60)
+    parser.add_argument("--rate", type=float, default=4.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o711)  # the tasks' uids pass through to their directories
+        cluster = Path(tmp) / "cluster.yaml"
+        cluster.write_text(
+            yaml.safe_dump(
+                {"nodes": [{"name": f"n{i}", "cpu": 64, "memory_mb": 262144} for i in range(4)]}
+            )
+        )
+        config = PlatformConfig.with_free_ports(
+            Path(tmp) / "data", cluster_file=cluster, log_level="WARNING"
+        )
+        with Platform(config) as platform:
+            result = asyncio.run(soak(platform, args.minutes, args.rate))
+    series = result["series"]
+    if series:
+        result["trends"] = {
+            key: trend(series, key)
+            for key in ("submit_p99_ms", "query_p99_ms", "submit_p50_ms", "query_p50_ms")
+        }
+        result["rss_trends"] = {
+            name: trend([{"v": m["rss_mb"][name]} for m in series], "v")
+            for name in series[0]["rss_mb"]
+        }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
