@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import random
@@ -45,7 +46,15 @@ def job(kind: str) -> dict[str, Any]:
     return {
         "name": f"soak-{kind}-{uuid.uuid4().hex[:8]}",
         "retry_limit": retries,
-        "roles": [{"name": "w", "command": command, "cpu": 1, "memory_mb": 64}],
+        "roles": [
+            {
+                "name": "w",
+                "command": command,
+                "resources": {"cpu": 1, "memory_mb": 128},
+                # A user's failure is retried only where the role asks for it.
+                "restart_policy": "OnFailure" if retries else "Never",
+            }
+        ],
     }
 
 
@@ -132,8 +141,25 @@ async def soak(platform: Platform, minutes: float, rate: float) -> dict[str, Any
                 query_times.clear()
         await asyncio.gather(*tasks)
         ends = await settle(http, jobs)
-    wrong = {i: (jobs[i], s) for i, s in ends.items() if not expected(jobs[i], s)}
-    return {"minutes": minutes, "rate": rate, "series": series, "wrong_ends": wrong}
+    wrong = collections.Counter(
+        f"{jobs[i]} ended {s}" for i, s in ends.items() if not expected(jobs[i], s)
+    )
+    example = next((i for i, s in ends.items() if not expected(jobs[i], s)), None)
+    return {
+        "minutes": minutes,
+        "rate": rate,
+        "jobs": len(jobs),
+        "series": series,
+        "wrong_ends": dict(wrong),
+        "a_wrong_job": example and (await http_view(platform, example)),
+    }
+
+
+async def http_view(platform: Platform, job_id: str) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {platform.token}"}
+    async with httpx.AsyncClient(base_url=platform.url, headers=headers) as http:
+        view = (await http.get(f"/v1/jobs/{job_id}")).json()
+    return {k: view.get(k) for k in ("id", "name", "state", "reason", "errors")}
 
 
 def expected(kind: str, state: str) -> bool:
@@ -149,7 +175,7 @@ async def settle(http: httpx.AsyncClient, jobs: dict[str, str]) -> dict[str, str
     while time.monotonic() < deadline:
         for job_id in [j for j in jobs if j not in ends]:
             state = (await http.get(f"/v1/jobs/{job_id}")).json().get("state")
-            if state in ("SUCCEEDED", "FAILED", "STOPPED"):
+            if state in ("SUCCEEDED", "FAILED", "STOPPED", "REJECTED"):
                 ends[job_id] = state
         if len(ends) == len(jobs):
             break
