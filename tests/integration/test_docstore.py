@@ -194,3 +194,14 @@ async def test_two_processes_sharing_a_file_never_both_win(tmp_path: Path) -> No
         ]
     )
     assert sum(r.modified_count for r in results) == 1
+
+
+async def test_replicas_declaring_the_same_index_at_once_both_start(tmp_path: Path) -> None:
+    """Two replicas open the table, then both declare its indexes: the second finds the
+    column the first added (no "duplicate column" at start)."""
+    first = SqliteClient(tmp_path)["db"]["c"]
+    second = SqliteClient(tmp_path)["db"]["c"]
+    await first.create_index([("state", 1)])
+    await second.create_index([("state", 1), ("user", 1)])
+    await second.insert_one({"_id": "a", "state": "x", "user": "u"})
+    assert await first.count_documents({"state": "x", "user": "u"}) == 1

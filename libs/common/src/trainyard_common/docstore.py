@@ -238,10 +238,11 @@ class SqliteCollection:
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {self._table} (id TEXT PRIMARY KEY, doc TEXT NOT NULL)"
         )
-        self.columns = {row[1] for row in conn.execute(f"PRAGMA table_xinfo({self._table})")} - {
-            "id",
-            "doc",
-        }
+        self.columns = self._read_columns()
+
+    def _read_columns(self) -> set[str]:
+        rows = self.database.conn.execute(f"PRAGMA table_xinfo({self._table})")
+        return {row[1] for row in rows} - {"id", "doc"}
 
     # -- schema ---------------------------------------------------------------------------
 
@@ -258,10 +259,14 @@ class SqliteCollection:
             column = _column(field)
             if column not in self.columns:
                 with self.database.transaction():
-                    self.database.conn.execute(
-                        f"ALTER TABLE {self._table} ADD COLUMN {column} "
-                        f"GENERATED ALWAYS AS (json_extract(doc, '{_path(field)}')) VIRTUAL"
-                    )
+                    # Looked up again under the write lock: another replica starting at
+                    # the same moment may have added it since this one opened the table.
+                    self.columns = self._read_columns()
+                    if column not in self.columns:
+                        self.database.conn.execute(
+                            f"ALTER TABLE {self._table} ADD COLUMN {column} GENERATED "
+                            f"ALWAYS AS (json_extract(doc, '{_path(field)}')) VIRTUAL"
+                        )
                 self.columns.add(column)
             parts.append(column + (" DESC" if direction == DESCENDING else ""))
         index = name or f"ix_{self.name}_" + "_".join(
