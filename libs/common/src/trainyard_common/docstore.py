@@ -7,7 +7,7 @@ same operations in microseconds whatever the size.
 
 A collection is a table ``(id TEXT PRIMARY KEY, doc TEXT)``: the document is JSON, and
 every field a service declares an index on (``create_index``, as it does for MongoDB)
-becomes a typed generated column with a real index over it; a filter or sort on such a
+becomes a generated column (its values keep their JSON types) with a real index over it; a filter or sort on such a
 field reads the column, so SQLite uses the index. Fields nobody indexes stay in the JSON
 and are still filterable (``json_extract``).
 
@@ -170,7 +170,7 @@ class SqliteDatabase:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # One connection per database and process, used from the event loop's thread
-        # (autocommit: transactions are explicit, see _write).
+        # (autocommit: transactions are explicit, see transaction()).
         self.conn = sqlite3.connect(
             self.path,
             isolation_level=None,
@@ -213,7 +213,14 @@ class SqliteDatabase:
             self.conn.execute("ROLLBACK")
             raise
         self._depth = 0
-        self.conn.execute("COMMIT")
+        try:
+            self.conn.execute("COMMIT")
+        except sqlite3.Error:
+            # A commit that failed (a full disk) leaves the transaction open: end it,
+            # so the next operation starts clean, and say so.
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise
 
 
 def _column(field: str) -> str:
