@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator
 
 import aiohttp
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
 from yarl import URL
 
 from trainyard_common.runtime import health_app
@@ -94,8 +94,8 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
         headers["x-forwarded-host"] = request.headers.get("host", "")
         body = await request.body()
         retry = idempotent(request.method, headers)
-        for tries_left in (1, 0) if retry else (0,):
-            # A retry goes to the next replica, if there is one.
+        for tries_left in (1, 0):
+            # A second try goes to the next replica, if there is one.
             url = URL(next(turns[service]) + target, encoded=True)
             try:
                 answer = await session().request(
@@ -103,29 +103,32 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
                 )
                 break
             except DROPPED as exc:
-                # A pooled connection the service had closed (it answered a bad request
-                # and hung up, or restarted): that connection is gone from the pool, and
-                # a request that may be repeated goes once more on a fresh one.
-                if tries_left:
+                # No connection (a replica gone: nothing was sent, any request may go to
+                # another), or a pooled one the service had closed (it answered a bad
+                # request and hung up, or restarted; only a request that may be repeated
+                # goes once more, on a fresh one).
+                if tries_left and (retry or isinstance(exc, aiohttp.ClientConnectorError)):
                     continue
                 return JSONResponse({"detail": f"{service} service unavailable: {exc!r}"}, 503)
             except (aiohttp.ClientError, ValueError) as exc:
                 return JSONResponse({"detail": f"{service} service unavailable: {exc!r}"}, 503)
         out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP}
-        return StreamingResponse(
-            answer.content.iter_any(),
-            status_code=answer.status,
-            headers=out_headers,
-            background=BackgroundTask(_released, answer),
-        )
+        return StreamingResponse(relay(answer), status_code=answer.status, headers=out_headers)
 
     return app
 
 
-async def _released(answer: aiohttp.ClientResponse) -> None:
-    # Async on purpose: Starlette runs a plain function in a worker thread, and the
-    # connection must go back to the pool from the loop's own thread.
-    answer.release()
+async def relay(answer: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The answer's body as it comes (a followed log flows live); its connection goes
+    back to the pool once read to the end, and is closed when the client leaves first."""
+    try:
+        async for chunk in answer.content.iter_any():
+            yield chunk
+    finally:
+        if answer.content.at_eof():
+            answer.release()
+        else:
+            answer.close()
 
 
 # The connection went away under the request: nothing was answered on it.
