@@ -34,7 +34,9 @@ import httpx
 import nats
 import yaml
 
+from trainyard_common.cluster import NodeSpec
 from trainyard_stack.components import NatsServer
+from trainyard_stack.kube import RUN_DURATION, KubeCluster
 from trainyard_stack.platform import Platform, PlatformConfig
 
 
@@ -147,8 +149,9 @@ async def offered_load(platform: Platform, jobs: int, rate: float) -> dict[str, 
     }
 
 
-async def wait_succeeded(http: httpx.AsyncClient, ids: set[str]) -> None:
+async def wait_succeeded(http: httpx.AsyncClient, ids: set[str], timeout: float = 900) -> None:
     """Until every job of this run (the platform's only jobs) has succeeded."""
+    deadline = time.monotonic() + timeout
     while True:
         page = await http.get("/v1/jobs", params={"state": "SUCCEEDED", "limit": 1})
         if page.json()["total"] >= len(ids):
@@ -156,7 +159,74 @@ async def wait_succeeded(http: httpx.AsyncClient, ids: set[str]) -> None:
         failed = await http.get("/v1/jobs", params={"state": "FAILED", "limit": 10})
         if failed.json()["total"]:
             raise RuntimeError(f"a bench job failed: {failed.json()['items'][0]}")
+        if time.monotonic() > deadline:
+            left = (await http.get("/v1/jobs", params={"limit": 3})).json()["items"]
+            raise RuntimeError(f"jobs still not done after {timeout:.0f} s, e.g. {left}")
         await asyncio.sleep(0.2)
+
+
+def api_server_floor(kube: KubeCluster, pods: int) -> dict[str, float]:
+    """The API server and KWOK alone: bare pods created at once (16 at a time) on the
+    cluster's nodes, until every one has completed: what Trainyard's pods can reach."""
+    namespace = f"floor-{uuid.uuid4().hex[:6]}"
+    with kube.client(timeout=60) as http:
+        http.post("/api/v1/namespaces", json={"metadata": {"name": namespace}}).raise_for_status()
+
+        def pod(i: int) -> dict:
+            return {
+                "metadata": {"name": f"p{i}", "annotations": {RUN_DURATION: "100ms"}},
+                "spec": {
+                    "nodeName": kube.nodes[i % len(kube.nodes)].name,
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "x", "command": ["true"]}],
+                },
+            }
+
+        start = time.perf_counter()
+        for first in range(0, pods, 16):
+            for i in range(first, min(first + 16, pods)):
+                http.post(f"/api/v1/namespaces/{namespace}/pods", json=pod(i)).raise_for_status()
+        while True:
+            items = http.get(f"/api/v1/namespaces/{namespace}/pods").json()["items"]
+            if sum(p["status"].get("phase") == "Succeeded" for p in items) >= pods:
+                break
+            time.sleep(0.1)
+        elapsed = time.perf_counter() - start
+        http.delete(f"/api/v1/namespaces/{namespace}")
+    return {"pods": pods, "pods_per_s": round(pods / elapsed, 1)}
+
+
+def run_on_kube(jobs: int, concurrency: int) -> dict[str, object]:
+    """The same jobs as pods on the project's Kubernetes with KWOK nodes, against the
+    API server's own rate for bare pods measured in the same run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o711)
+        nodes = [NodeSpec(name=f"kwok-{i}", cpu=64, memory_mb=262144) for i in range(4)]
+        kube = KubeCluster(Path(tmp) / "kube", nodes=nodes).start()
+        try:
+            floor = api_server_floor(kube, jobs)
+            cluster = Path(tmp) / "cluster.yaml"
+            cluster.write_text(yaml.safe_dump({"nodes": [], "queues": ["default"]}))
+            config = PlatformConfig.with_free_ports(
+                Path(tmp) / "data",
+                cluster_file=cluster,
+                log_level="WARNING",
+                extra_env={
+                    "YARD_LAUNCHER": "kubernetes",
+                    "KUBECONFIG": str(kube.kubeconfig),
+                    "YARD_K8S_NAMESPACE": "trainyard",
+                    "YARD_K8S_NAMESPACES": "*",
+                    "YARD_K8S_POD_ANNOTATIONS": json.dumps({RUN_DURATION: "100ms"}),
+                },
+            )
+            with Platform(config) as platform:
+                measured: dict[str, object] = dict(
+                    asyncio.run(run_jobs(platform, jobs, concurrency))
+                )
+        finally:
+            kube.stop()
+    measured["api_server_floor"] = floor
+    return measured
 
 
 def run_platform(
@@ -193,6 +263,12 @@ def main() -> None:
         "and measure submission to running",
     )
     parser.add_argument(
+        "--kube",
+        action="store_true",
+        help="run the jobs as pods on the project's Kubernetes with KWOK nodes (SQLite "
+        "store), against bare pods through the API server in the same run",
+    )
+    parser.add_argument(
         "--stores",
         default="sqlite,ferretdb",
         help="the platform's stores to run on, in turn (the first is the one measured; "
@@ -201,6 +277,10 @@ def main() -> None:
     args = parser.parse_args()
     floor = asyncio.run(bus_floor(5000))
     result: dict[str, object] = {"bus_floor": floor}
+    if args.kube:
+        result["kubernetes"] = run_on_kube(args.jobs, args.concurrency)
+        print(json.dumps(result, indent=2))
+        return
     for store in args.stores.split(","):
         measured = run_platform(store, args.jobs, args.concurrency, args.rate)
         if "submit_per_s" in measured:
