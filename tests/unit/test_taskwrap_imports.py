@@ -1,9 +1,15 @@
-"""The task wrapper starts light: every task's start pays for what it imports."""
+"""The task wrapper starts light (every task's start pays for what it imports) and reads
+its arguments by hand."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from trainyard_launcher.taskwrap import parse_args
 
 
 def test_the_task_wrapper_starts_without_heavy_imports() -> None:
@@ -20,3 +26,13 @@ def test_the_task_wrapper_starts_without_heavy_imports() -> None:
         [sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_wrapper_reads_its_arguments_and_refuses_others() -> None:
+    args = parse_args(["--dir", "/t", "--options", "/o", "--", "bash", "-c", "x --dir y"])
+    assert args == (Path("/t"), None, Path("/o"), ["bash", "-c", "x --dir y"])
+    for bad in (["--dir", "/t"], ["--dir", "/t", "--"], ["--", "true"], ["--dir"],
+                ["--dir", "/t", "--bogus", "x", "--", "true"],
+                ["--dir", "/t", "--dir", "/u", "--", "true"]):  # fmt: skip
+        with pytest.raises(SystemExit, match="usage: trainyard_launcher.taskwrap"):
+            parse_args(bad)
