@@ -1,1 +1,2 @@
-"""The launcher's I/O: the local process backend and its MongoDB state."""
+"""The launcher's I/O: its task backends (local processes, Kubernetes pods) and its state
+in the store (SQLite by default, MongoDB by URL)."""

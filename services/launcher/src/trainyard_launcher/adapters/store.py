@@ -1,4 +1,5 @@
-"""The launcher's own state in MongoDB: one document per job and one per task.
+"""The launcher's own state in the store (SQLite or MongoDB, trainyard_common.storage):
+one document per job and one per task.
 
 ``jobs`` {_id: job_id, attempt, spec_json, tasks_json, user, state, verdict, retry,
 finished_published}; ``tasks`` {_id: "job:attempt:role:index", state, seq, pid, ...,
@@ -339,7 +340,7 @@ def _advance(
     return new, step
 
 
-# --- MongoDB --------------------------------------------------------------------------
+# --- the store (SQLite or MongoDB) ----------------------------------------------------
 
 
 class DocLauncherStore:

@@ -1,4 +1,4 @@
-"""Placement state in MongoDB: one document per job (collection ``jobs``).
+"""Placement state in the store (SQLite or MongoDB): one document per job (``jobs``).
 
 ``{_id: job_id, state, attempt, arrival_seq, spec, allocation, reasons,
 placed_published, queued_notices, stopped_in_queue, not_before}``; ``spec`` is the JobSpec as a

@@ -1,5 +1,5 @@
-"""The read model in MongoDB: ``jobs`` (current view), ``tasks`` and ``events`` (the full
-history). Every write is safe to repeat: history rows are keyed by event id, job states
+"""The read model in the store (SQLite or MongoDB): ``jobs`` (current view), ``tasks``
+and ``events`` (the full history). Every write is safe to repeat: history rows are keyed by event id, job states
 only move to a higher rank, task transitions only to a higher ``seq``."""
 
 from __future__ import annotations
