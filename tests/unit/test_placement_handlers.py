@@ -21,7 +21,7 @@ from trainyard_common.events import (
 )
 from trainyard_common.jobspec import JobSpec, PortSpec, Resources, RoleSpec
 from trainyard_placement.adapters.store import MemoryJobStore
-from trainyard_placement.handlers import Deps, handle, load, queue_view, start
+from trainyard_placement.handlers import Deps, handle, load, queue_view, run_due_cycle, start
 
 CLUSTER = ClusterSpec(
     nodes=[NodeSpec(name="n1", host_ip="10.0.0.1", cpu=8, memory_mb=16384, gpus=2, gpu_type="V100")]
@@ -252,3 +252,39 @@ async def test_waiting_jobs_are_told_again_only_when_it_means_something(h: Harne
     assert any("waiting behind job j" in text for text in told_j119), told_j119
     # ...and once at the head, the notice names what the head itself waits for.
     assert "GPU" in told_j119[-1], told_j119
+
+
+async def test_with_cycles_deferred_a_batch_of_messages_costs_one_cycle() -> None:
+    """The service's consumer defers cycles to the end of each batch: its messages' own
+    effects are stored at once, the placements come from one cycle after them."""
+    h = await Harness().boot()
+    h.deps.defer_cycles = True
+    cycles = 0
+    real = h.deps.state.cycle
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal cycles
+        cycles += 1
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    h.deps.state.cycle = counted  # type: ignore[method-assign]
+    for job_id in ("a", "b", "c"):
+        await h.accept(job_id, spec(gpus=0))
+    assert not h.pub.of(JobPlaced) and cycles == 0 and h.deps.cycle_due
+    assert {r.job_id for r in await h.store.active()} == {"a", "b", "c"}  # stored, queued
+    await run_due_cycle(h.deps)
+    assert {e.job_id for e in h.pub.of(JobPlaced)} == {"a", "b", "c"} and cycles == 1
+    await run_due_cycle(h.deps)  # nothing due: no cycle
+    assert cycles == 1 and not h.deps.cycle_due
+
+
+async def test_a_deferred_cycle_that_fails_stays_due() -> None:
+    h = await Harness().boot()
+    h.deps.defer_cycles = True
+    await h.accept("a", spec(gpus=0))
+    h.pub.fail_next = 1
+    with pytest.raises(ConnectionError):
+        await run_due_cycle(h.deps)
+    assert h.deps.cycle_due
+    await run_due_cycle(h.deps)
+    assert [e.job_id for e in h.pub.of(JobPlaced)] == ["a"]

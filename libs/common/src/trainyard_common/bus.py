@@ -222,9 +222,11 @@ class Bus:
         batch: int = 64,
         ready: asyncio.Event | None = None,
         decoder: Decoder = decode_event,
+        after_batch: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Run ``handler`` for every message of the durable consumer until ``stop``
-        (its subjects and the dead letters an admin sends back to it)."""
+        (its subjects and the dead letters an admin sends back to it); ``after_batch``
+        after the messages of each fetch (work several messages share, done once)."""
         await self.ensure_consumer(durable, [*subjects, replays_of(durable)])
         sub = await self.js.pull_subscribe_bind(durable=durable, stream=STREAM)
         if ready is not None:
@@ -237,6 +239,11 @@ class Bus:
                     continue
                 for msg in msgs:
                     await self._handle(msg, handler, decoder)
+                if after_batch is not None and msgs:
+                    try:
+                        await after_batch()
+                    except Exception:  # noqa: BLE001 - its owner retries it; the messages are done
+                        log.exception("after a batch of %s", durable)
         finally:
             await sub.unsubscribe()
 

@@ -35,6 +35,7 @@ from .handlers import (
     SUBJECTS,
     handle,
     load,
+    run_due_cycle,
     start,
     wake_retries,
 )
@@ -104,9 +105,17 @@ async def main() -> None:
                         raise NotLeading(f"replica {lease.replica} lost the lease")
                     await handle(event, delivery, deps)
 
+                deps.defer_cycles = True
+
+                async def after_batch() -> None:
+                    await run_due_cycle(deps)
+
                 workers = [
                     asyncio.create_task(
-                        bus.consume(CONSUMER, SUBJECTS, on_message, stop=stop), name="consume"
+                        bus.consume(
+                            CONSUMER, SUBJECTS, on_message, stop=stop, after_batch=after_batch
+                        ),
+                        name="consume",
                     ),
                     asyncio.create_task(wake_retries(deps, stop), name="wake"),
                 ]

@@ -33,7 +33,7 @@ from trainyard_common.events import InterruptCause, InterruptJob, utcnow
 from .adapters.nodes import NodeRecord, NodeStore
 from .domain import Snapshot
 from .domain.gpu_share import MILLI
-from .handlers import Deps, interrupt_id, interrupt_placed, run_cycle
+from .handlers import Deps, interrupt_id, interrupt_placed, publish, run_cycle
 
 log = logging.getLogger("trainyard.placement.nodes")
 
@@ -207,7 +207,7 @@ class NodeAdmin:
                 # Stored as interrupting, the InterruptJob maybe never sent: again, with
                 # the same id (JetStream drops a repeat; the launcher ignores an attempt
                 # that already ended).
-                await self.deps.publisher.publish(InterruptJob(
+                await publish(self.deps, InterruptJob(
                     event_id=interrupt_id(job_id, record.attempt, cause), job_id=job_id,
                     attempt=record.attempt, cause=cause, reason=record.interrupt[1],
                 ))  # fmt: skip

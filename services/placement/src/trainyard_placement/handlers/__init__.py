@@ -47,8 +47,10 @@ from .common import (
     interrupt_id,
     interrupt_placed,
     interrupted_id,
+    note_trace,
     notice_key,
     placed_id,
+    publish,
     queued_id,
 )
 from .control import (
@@ -63,6 +65,7 @@ from .control import (
 from .cycle import (
     SHUTDOWN_REASON,
     run_cycle,
+    run_due_cycle,
     shut_down,
 )
 from .jobs import (
@@ -98,13 +101,19 @@ async def handle(event: Event, delivery: Delivery, deps: Deps) -> None:
     if handler is None:
         return
     async with deps.lock:
-        await handler(event, delivery, deps)
-        if deps.caught_up:
-            deps.caught_up = False
-            await run_cycle(deps)
+        note_trace(deps, event.job_id)
+        deps.in_message = deps.defer_cycles
+        try:
+            await handler(event, delivery, deps)
+            if deps.caught_up:
+                deps.caught_up = False
+                await run_cycle(deps)
+        finally:
+            deps.in_message = False
 
 
 __all__ = [
+    "publish",
     "SUBJECTS",
     "Deps",
     "EARLY_COMMAND_DELIVERIES",
@@ -137,6 +146,7 @@ __all__ = [
     "resume_job",
     "retry_job",
     "run_cycle",
+    "run_due_cycle",
     "scale_job",
     "shut_down",
     "start",

@@ -27,6 +27,7 @@ from trainyard_common.events import (
     utcnow,
 )
 from trainyard_common.lifecycle import PlacementState as P
+from trainyard_common.telemetry import continue_trace, current_traceparent
 
 from ..adapters.store import (
     ACTIVE_STATES,
@@ -89,8 +90,35 @@ class Deps:
     draining: bool = False
     # A handler brought a job back into memory (catch_up): a cycle must follow.
     caught_up: bool = False
+    # The service's consumer runs one cycle per batch of messages, not one per message
+    # (a cycle walks the whole queue: per message, a burst cost the square of its size).
+    # ``in_message``: a message's handler is running, so a cycle it asks for is only
+    # noted (``cycle_due``) and runs after the batch (run_due_cycle).
+    defer_cycles: bool = False
+    in_message: bool = False
+    cycle_due: bool = False
+    # Each active job's trace (the traceparent of the last message handled for it): what
+    # placement publishes about a job continues that job's trace, whichever message's
+    # cycle decided it.
+    traces: dict[str, str] = field(default_factory=dict)
     # What time it is (tests pass a clock they move instead of sleeping).
     clock: Callable[[], datetime] = utcnow
+
+
+def note_trace(deps: Deps, job_id: str) -> None:
+    """Keep the current message's trace for ``job_id`` (and forget ended jobs' traces)."""
+    if (traceparent := current_traceparent()) is not None:
+        deps.traces[job_id] = traceparent
+    if len(deps.traces) > 1000 + 2 * (len(deps.state.queued) + len(deps.state.placed)):
+        active = deps.state.queued.keys() | deps.state.placed.keys() | deps.deferred.keys()
+        deps.traces = {j: t for j, t in deps.traces.items() if j in active or j == job_id}
+
+
+async def publish(deps: Deps, event: Event) -> None:
+    """Publish in the job's own trace (a deferred cycle runs outside every message's
+    span)."""
+    with continue_trace(deps.traces.get(event.job_id)):
+        await deps.publisher.publish(event)
 
 
 def finished_id(job_id: str, attempt: int) -> str:
@@ -211,21 +239,21 @@ async def catch_up(deps: Deps, record: JobRecord) -> None:
 async def send_interrupt(
     deps: Deps, job_id: str, attempt: int, cause: InterruptCause | str, reason: str
 ) -> None:
-    await deps.publisher.publish(InterruptJob(
+    await publish(deps, InterruptJob(
         event_id=interrupt_id(job_id, attempt, cause), job_id=job_id, attempt=attempt,
         cause=InterruptCause(cause), reason=reason,
     ))  # fmt: skip
 
 
 async def announce_paused(deps: Deps, job_id: str, attempt: int, reason: str) -> None:
-    await deps.publisher.publish(JobInterrupted(
+    await publish(deps, JobInterrupted(
         event_id=interrupted_id(job_id, attempt), job_id=job_id, attempt=attempt,
         cause=InterruptCause.PAUSED, reason=reason,
     ))  # fmt: skip
 
 
 async def announce_stopped(deps: Deps, job_id: str, attempt: int, reason: str | None) -> None:
-    await deps.publisher.publish(JobFinished(
+    await publish(deps, JobFinished(
         event_id=finished_id(job_id, attempt), job_id=job_id, attempt=attempt,
         state=JobState.STOPPED, reason=reason or PAUSED_STOP,
     ))  # fmt: skip
@@ -248,7 +276,7 @@ def adopt_preemption(deps: Deps, record: JobRecord) -> None:
 
 async def announce_placed(deps: Deps, allocation: Allocation) -> None:
     attempt = deps.attempts.get(allocation.job_id, FIRST_ATTEMPT)
-    await deps.publisher.publish(JobPlaced(
+    await publish(deps, JobPlaced(
         event_id=placed_id(allocation.job_id, attempt),
         job_id=allocation.job_id,
         attempt=attempt,

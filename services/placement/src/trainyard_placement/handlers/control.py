@@ -48,6 +48,7 @@ from .common import (
     announce_stopped,
     interrupt_placed,
     known_record,
+    publish,
     reload_job,
     send_interrupt,
 )
@@ -309,5 +310,5 @@ async def request_scale(
     if problem is not None:
         raise ScaleRefused(problem)
     command = ScaleJob(job_id=job_id, requested_by=identity.user, role=role, replicas=replicas)
-    await deps.publisher.publish(command)
+    await publish(deps, command)
     return command

@@ -22,6 +22,7 @@ from .common import (
     announce_placed,
     interrupt_placed,
     notice_key,
+    publish,
     queued_id,
     reload_job,
     send_interrupt,
@@ -49,7 +50,11 @@ async def shut_down(deps: Deps) -> list[str]:
 
 
 async def run_cycle(deps: Deps) -> None:
-    """Place what fits now and tell waiting jobs why they wait. Call with the lock held."""
+    """Place what fits now and tell waiting jobs why they wait. Call with the lock held.
+    Inside a message's handler with cycles deferred, only noted: run_due_cycle runs it."""
+    if deps.in_message:
+        deps.cycle_due = True
+        return
     # 1. Announce placements a crash or a failed publish left unannounced.
     for job_id in sorted(deps.unannounced):
         await announce_placed(deps, deps.state.placed[job_id])
@@ -190,7 +195,7 @@ async def _notify_waiting(deps: Deps, decision: Waiting) -> None:
     notice = sent + 1
     # Published before it is recorded: it is only information, and a crash in between
     # re-publishes the same id, which JetStream drops.
-    await deps.publisher.publish(JobQueued(
+    await publish(deps, JobQueued(
         event_id=queued_id(decision.job_id, decision.attempt, notice, decision.reasons),
         job_id=decision.job_id,
         attempt=decision.attempt,
@@ -199,3 +204,20 @@ async def _notify_waiting(deps: Deps, decision: Waiting) -> None:
     ))  # fmt: skip
     await deps.store.note_reasons(decision.job_id, decision.reasons, notice)
     deps.notices[decision.job_id] = (notice, key)
+
+
+async def run_due_cycle(deps: Deps) -> None:
+    """The cycle the last batch of messages asked for, if any. A failure leaves it due:
+    the next batch, or the next look (wake_retries), runs it again; every message's own
+    effect is stored already."""
+    if not deps.cycle_due:
+        return
+    async with deps.lock:
+        if not deps.cycle_due:
+            return
+        deps.cycle_due = False
+        try:
+            await run_cycle(deps)
+        except Exception:
+            deps.cycle_due = True
+            raise

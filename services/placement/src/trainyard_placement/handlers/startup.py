@@ -14,7 +14,7 @@ from ..adapters.store import (
 )
 from ..domain import SchedulerState
 from .common import Deps, Publisher, adopt_record
-from .cycle import run_cycle
+from .cycle import run_cycle, run_due_cycle
 
 log = logging.getLogger("trainyard.placement")
 
@@ -40,11 +40,13 @@ async def wake_retries(deps: Deps, stop: asyncio.Event, interval_s: float = 0.2)
     while not stop.is_set():
         now = deps.clock()
         if any(not_before <= now for _, not_before in deps.deferred.values()):
-            try:
-                async with deps.lock:
-                    await run_cycle(deps)
-            except Exception:  # noqa: BLE001 - the next event or look runs the cycle again
-                log.exception("placing due retries failed; trying again")
+            deps.cycle_due = True
+        try:
+            # Also a batch's cycle that failed: it is tried again here.
+            if deps.cycle_due:
+                await run_due_cycle(deps)
+        except Exception:  # noqa: BLE001 - the next event or look runs the cycle again
+            log.exception("placing failed; trying again")
         try:
             await asyncio.wait_for(stop.wait(), timeout=interval_s)
         except TimeoutError:
