@@ -996,3 +996,15 @@ def test_the_local_backend_says_once_that_it_uses_no_image() -> None:
     on_kubernetes = decide(event, big.model_copy(update={"runtime": "kubernetes"}))
     assert isinstance(on_kubernetes, JobAccepted)
     assert not [w for w in on_kubernetes.warnings if w.code == "image_not_used"]
+
+
+def test_a_broken_role_is_not_also_reported_as_no_role() -> None:
+    """Translation drops a role it cannot read: the rules then see no role at all, and
+    saying so as well would send the user after the wrong problem."""
+    payload = {"name": "x", "roles": [{"name": "w", "command": "true", "cpu": 1}]}
+    result = decide(submitted(payload), CLUSTER)
+    assert isinstance(result, JobRejected)
+    assert [e.path for e in result.errors] == ["$.roles[0].cpu"]
+    # With no role given at all, the rule still speaks.
+    empty = decide(submitted({"name": "x", "roles": []}), CLUSTER)
+    assert isinstance(empty, JobRejected) and [e.path for e in empty.errors] == ["$.roles"]

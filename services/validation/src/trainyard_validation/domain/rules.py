@@ -200,8 +200,17 @@ def rule_errors(submitted: JobSubmitted) -> list[FieldIssue]:
     return validate_native(submitted.spec)
 
 
+def _shadowed(path: str, broken: list[str]) -> bool:
+    """A rule's finding about something that holds a field translation already found
+    broken (and left out or replaced): ``$.roles`` "has no role" when ``$.roles[0].cpu``
+    was the trouble. It would only mislead."""
+    return path != "$" and any(b.startswith((f"{path}.", f"{path}[")) for b in broken)
+
+
 def decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRejected:
-    errors = dedupe([*submitted.translation_errors, *rule_errors(submitted)])
+    broken = [e.path for e in submitted.translation_errors]
+    rules = [e for e in rule_errors(submitted) if not _shadowed(e.path, broken)]
+    errors = dedupe([*submitted.translation_errors, *rules])
     # Cluster checks only on a spec that broke no rule: a broken field was replaced by
     # a default in translation, and checking the default would only mislead.
     if not errors:
