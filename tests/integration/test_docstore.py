@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -205,3 +207,26 @@ async def test_replicas_declaring_the_same_index_at_once_both_start(tmp_path: Pa
     await second.create_index([("state", 1), ("user", 1)])
     await second.insert_one({"_id": "a", "state": "x", "user": "u"})
     assert await first.count_documents({"state": "x", "user": "u"}) == 1
+
+
+def test_processes_opening_a_new_file_at_once_all_start(tmp_path: Path) -> None:
+    """Every service opens the shared auth file as it starts: none may fail to (a full
+    run of the suite once saw "database is locked" from the switch to WAL)."""
+    code = (
+        "import asyncio, sys; from trainyard_common.docstore import SqliteClient\n"
+        "async def main():\n"
+        "    c = SqliteClient(sys.argv[1])\n"
+        "    await c['auth']['tokens'].insert_one({'_id': sys.argv[2]})\n"
+        "asyncio.run(main())\n"
+    )
+    for round_ in range(3):
+        directory = tmp_path / f"r{round_}"
+        procs = [
+            subprocess.Popen([sys.executable, "-c", code, str(directory), str(i)],
+                             stderr=subprocess.PIPE)
+            for i in range(8)
+        ]  # fmt: skip
+        errors = [p.communicate()[1].decode() for p in procs if p.wait() != 0]
+        assert not errors, errors[0]
+        count = asyncio.run(SqliteClient(directory)["auth"]["tokens"].count_documents({}))
+        assert count == 8

@@ -192,12 +192,18 @@ async def test_an_accepted_job_whose_insert_lost_its_reply_is_still_placed() -> 
     assert len(h.pub.of(JobPlaced, "a")) == 1
 
 
-async def test_a_finished_job_whose_release_lost_its_reply_gives_its_capacity_back() -> None:
+async def one_waiting_behind_another(lose: str) -> Harness:
+    """a placed, b waiting for a's GPUs, and the store's next ``lose`` losing its reply."""
     store = LostReplyStore()
     h = await Harness(store).boot()
     await h.accept("a")
-    await h.accept("b")  # waits for a's GPUs
-    store.lose.add("mark_done")
+    await h.accept("b")
+    store.lose.add(lose)
+    return h
+
+
+async def test_a_finished_job_whose_release_lost_its_reply_gives_its_capacity_back() -> None:
+    h = await one_waiting_behind_another("mark_done")
     with pytest.raises(ConnectionError):
         await h.finish("a")
     await h.finish("a")  # redelivered: done in the store, still held in memory
@@ -205,11 +211,7 @@ async def test_a_finished_job_whose_release_lost_its_reply_gives_its_capacity_ba
 
 
 async def test_a_job_stopped_in_the_queue_whose_stop_lost_its_reply_is_never_placed() -> None:
-    store = LostReplyStore()
-    h = await Harness(store).boot()
-    await h.accept("a")
-    await h.accept("b")  # waits for a's GPUs
-    store.lose.add("mark_done")
+    h = await one_waiting_behind_another("mark_done")
     with pytest.raises(ConnectionError):
         await h.stop("b")
     await h.stop("b")  # redelivered

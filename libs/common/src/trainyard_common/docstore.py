@@ -36,6 +36,7 @@ import json
 import os
 import re
 import sqlite3
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -178,7 +179,17 @@ class SqliteDatabase:
             timeout=_BUSY_TIMEOUT_MS / 1000,
         )
         os.chmod(self.path, 0o600)
-        self.conn.execute("PRAGMA journal_mode=WAL")
+        # Every service opens the shared auth file at start: the switch of a new file to
+        # WAL can answer "locked" at once, without waiting (SQLite's busy handler is
+        # not asked on that path), while another process makes the same switch.
+        for attempt in range(200):
+            try:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or attempt == 199:
+                    raise
+                time.sleep(0.05)
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
         self._collections: dict[str, SqliteCollection] = {}
@@ -401,12 +412,6 @@ class SqliteCollection:
             self.database.conn.execute(f"DELETE FROM {self._table} WHERE id = ?", (rows[0][0],))
         return DeleteResult(1)
 
-    async def delete_many(self, query: Mapping[str, Any]) -> DeleteResult:
-        where, params = self._where(query)
-        with self.database.transaction():
-            cursor = self.database.conn.execute(f"DELETE FROM {self._table} WHERE {where}", params)
-        return DeleteResult(cursor.rowcount)
-
     def _update(
         self, query: Mapping[str, Any], update: Mapping[str, Any], upsert: bool, many: bool
     ) -> UpdateResult:
@@ -441,8 +446,8 @@ class SqliteCollection:
 
 
 class SqliteCursor:
-    """``find``'s answer: ``sort``/``skip``/``limit`` chain, then ``async for`` or
-    ``to_list``; the query runs when it is first read."""
+    """``find``'s answer: ``sort``/``skip``/``limit`` chain, then ``async for``; the
+    query runs when it is first read."""
 
     def __init__(
         self, collection: SqliteCollection, query: Mapping[str, Any] | None, projection: Any
@@ -471,10 +476,6 @@ class SqliteCursor:
     def _documents(self) -> list[dict[str, Any]]:
         rows = self._collection._select(self._query, self._sort, self._skip, self._limit)
         return [_project(_load(row), self._projection) for row in rows]
-
-    async def to_list(self, length: int | None = None) -> list[dict[str, Any]]:
-        docs = self._documents()
-        return docs if length is None else docs[:length]
 
     def __aiter__(self) -> _AsyncList:
         return _AsyncList(self._documents())
