@@ -24,6 +24,9 @@ kube-up: setup ## A Kubernetes control plane with KWOK nodes (kubeconfig: .data/
 kube-down: ## Stop the cluster `make kube-up` started
 	@if [ -x .venv/bin/trainyard-stack ]; then .venv/bin/trainyard-stack kube-down --data-dir $(DATA_DIR); else echo "not running"; fi
 
+metrics: setup ## Prometheus (Debian's, with Trainyard's alert rules) scraping the platform `make up` started, at :9090 until Ctrl-C
+	$(UV) run --frozen trainyard-stack metrics --data-dir $(DATA_DIR)
+
 migrate-store: setup ## Copy an earlier version's FerretDB data (or FROM=<MongoDB URL>) into the SQLite store
 	$(UV) run --frozen trainyard-stack migrate-store --data-dir $(DATA_DIR) $(if $(FROM),--from $(FROM))
 
@@ -73,4 +76,4 @@ help: ## List the targets
 	  /^##@/ {printf "\n%s\n", substr($$0, 5)} \
 	  /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-.PHONY: run up down kube-up kube-down migrate-store test lint test-unit bench contracts setup clean help
+.PHONY: run up down kube-up kube-down metrics migrate-store test lint test-unit bench contracts setup clean help

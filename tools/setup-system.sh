@@ -1,30 +1,45 @@
 #!/usr/bin/env bash
-# System packages some job kinds need on a local node: Open MPI (mpirun for MPI jobs,
-# mpicc for building mpi4py). Idempotent, and never fails `make setup`: without root or
-# apt-get it says what is missing, and the tests that need it skip with that reason.
+# System packages from Debian: Open MPI (mpirun for MPI jobs on a local node, mpicc for
+# building mpi4py) and Prometheus (`make metrics`; the tests check the alert rules and the
+# dashboard's queries with it). Idempotent, and never fails `make setup`: without root or
+# apt-get it says what is missing, and the tests that need a package skip with that reason.
 set -u
 
 say() { echo "setup-system: $*" >&2; }
 
-if command -v mpirun >/dev/null 2>&1 && command -v mpicc >/dev/null 2>&1; then
+missing=()
+if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then
+    missing+=(openmpi-bin libopenmpi-dev)
+fi
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    missing+=(prometheus)
+fi
+if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
-    say "Open MPI is not installed and this is not root: MPI jobs cannot run here (apt-get install openmpi-bin libopenmpi-dev)"
+    say "not root: install by hand with apt-get install ${missing[*]} (MPI jobs and make metrics need them)"
     exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-    say "Open MPI is not installed and there is no apt-get: install Open MPI by hand for MPI jobs"
+    say "no apt-get: install ${missing[*]} by hand (MPI jobs and make metrics need them)"
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-# An empty package list (a fresh container) knows no openmpi-bin: update it first.
-if ! apt-cache show openmpi-bin >/dev/null 2>&1; then
+# An empty package list (a fresh container) knows none of them: update it first.
+if ! apt-cache show "${missing[0]}" >/dev/null 2>&1; then
     apt-get update -qq >/dev/null 2>&1 || say "apt-get update failed"
 fi
-if apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null 2>&1; then
-    say "installed Open MPI ($(mpirun --version 2>/dev/null | head -n 1))"
-else
-    say "apt-get install openmpi-bin libopenmpi-dev failed: MPI jobs cannot run here"
+for package in "${missing[@]}"; do
+    if apt-get install -y -qq --no-install-recommends "$package" >/dev/null 2>&1; then
+        say "installed $package"
+    else
+        say "apt-get install $package failed: $( [ "$package" = prometheus ] && echo 'make metrics' || echo 'MPI jobs' ) cannot run here"
+    fi
+done
+# Debian's package starts a system Prometheus where an init system runs: Trainyard runs
+# its own (make metrics), so stop that one rather than hold port 9090.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi
 exit 0

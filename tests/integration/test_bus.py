@@ -7,6 +7,7 @@ import asyncio
 import uuid
 
 import pytest
+from prometheus_client import REGISTRY
 
 from trainyard_common.bus import Bus, DeadLetters, Delivery
 from trainyard_common.errors import PermanentError
@@ -20,6 +21,11 @@ def submitted(job_id: str) -> JobSubmitted:
     return JobSubmitted(
         job_id=job_id, spec=JobSpec(name="j", roles=[RoleSpec(name="r", command="true")])
     )
+
+
+def metric(name: str, **labels: str) -> float:
+    """A sample of this process's Prometheus registry (0 when absent)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 @pytest.fixture
@@ -174,6 +180,13 @@ async def test_a_message_that_keeps_failing_ends_in_the_dead_letters_and_can_be_
     await consume_until(bus, durable, [f"yard.job.{job}.>"], buggy, done)
     await asyncio.sleep(0.3)  # the third delivery's dead letter is kept after the raise
     assert calls == [1, 2, 3] and bus.dead_lettered[durable] == 1
+    # And /metrics says so: two naks, two redeliveries, one dead letter, no ack yet.
+    assert metric("trainyard_bus_messages_total", durable=durable, outcome="retried") == 2
+    assert metric("trainyard_bus_redeliveries_total", durable=durable) == 2
+    assert metric("trainyard_bus_dead_letters_total", durable=durable) == 1
+    assert metric("trainyard_bus_messages_total", durable=durable, outcome="dead") == 1
+    assert metric("trainyard_bus_messages_total", durable=durable, outcome="acked") == 0
+    assert metric("trainyard_bus_handle_seconds_count", durable=durable) == 3
     letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
     assert len(letters) == 1
     letter = letters[0]
@@ -185,6 +198,9 @@ async def test_a_message_that_keeps_failing_ends_in_the_dead_letters_and_can_be_
     assert await DeadLetters(bus).replay(letter.seq) is not None
     await consume_until(bus, durable, [f"yard.job.{job}.>"], buggy, done)
     assert calls[-1] == 1 and len(calls) == 4
+    assert metric("trainyard_bus_messages_total", durable=durable, outcome="acked") == 1
+    # Nothing left to deliver: the consumer's lag reads 0 again.
+    assert metric("trainyard_bus_consumer_pending_messages", durable=durable) == 0
     assert await DeadLetters(bus).get(letter.seq) is None
     assert await DeadLetters(bus).replay(letter.seq) is None
 
@@ -207,3 +223,29 @@ async def test_a_permanent_error_and_an_undecodable_message_are_dead_letters_at_
     letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
     assert sorted(d.error.split(":")[0] for d in letters) == ["permanent error", "undecodable"]
     assert all(d.deliveries == 1 for d in letters)
+
+
+async def test_a_consumers_lag_is_what_the_stream_still_holds_for_it(bus: Bus) -> None:
+    job = uuid.uuid4().hex
+    durable = f"lag-{job[:8]}"
+    for _ in range(5):
+        await bus.publish(submitted(uuid.uuid4().hex).model_copy(update={"job_id": job}))
+    seen: list[float] = []
+    done = asyncio.Event()
+
+    async def note(event: Event, delivery: Delivery) -> None:
+        seen.append(metric("trainyard_bus_consumer_pending_messages", durable=durable))
+        if len(seen) == 5:
+            done.set()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        bus.consume(durable, [f"yard.job.{job}.>"], note, stop=stop, batch=2)
+    )
+    try:
+        await asyncio.wait_for(done.wait(), 15)
+    finally:
+        stop.set()
+        await task
+    # Read while handling each batch: the lag the batch before it left (2 fetched of 5).
+    assert seen == [0, 0, 3, 3, 1]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -60,6 +61,7 @@ from pydantic import ValidationError
 from .bus_access import inbox_prefix
 from .errors import PermanentError
 from .events import Event, decode, encode
+from .metrics import BUS_DEAD_LETTERS, BUS_HANDLE, BUS_MESSAGES, BUS_PENDING, BUS_REDELIVERIES
 from .subjects import (
     DEAD_LETTER_PREFIX,
     DEAD_LETTER_STREAM,
@@ -236,9 +238,12 @@ class Bus:
                 try:
                     msgs = await sub.fetch(batch, timeout=1.0)
                 except (TimeoutError, NatsTimeoutError):
+                    BUS_PENDING.labels(durable).set(0)
                     continue
                 for msg in msgs:
                     await self._handle(msg, handler, decoder)
+                if msgs:
+                    BUS_PENDING.labels(durable).set(msgs[-1].metadata.num_pending)
                 if after_batch is not None and msgs:
                     try:
                         await after_batch()
@@ -251,6 +256,8 @@ class Bus:
         meta = msg.metadata
         headers = dict(msg.headers or {})
         durable = meta.consumer or "unknown"
+        if meta.num_delivered > 1:
+            BUS_REDELIVERIES.labels(durable).inc()
         subject = msg.subject
         if subject.startswith(f"{REPLAY_PREFIX}.{durable}."):
             subject = subject.removeprefix(f"{REPLAY_PREFIX}.{durable}.")
@@ -270,6 +277,7 @@ class Bus:
         with self._tracer.start_as_current_span(
             span_name, context=extract_context(headers), kind=trace.SpanKind.CONSUMER
         ):
+            began = time.perf_counter()
             try:
                 await handler(event, delivery)
             except PermanentError as exc:
@@ -290,8 +298,12 @@ class Bus:
                     exc,
                 )
                 await msg.nak(delay=delay)
+                BUS_MESSAGES.labels(durable, "retried").inc()
                 return
+            finally:
+                BUS_HANDLE.labels(durable).observe(time.perf_counter() - began)
         await msg.ack()
+        BUS_MESSAGES.labels(durable, "acked").inc()
 
     async def _dead_letter(self, msg: Msg, durable: str, error: str) -> None:
         """Keep ``msg`` in the dead letters with why, count it, then drop it from the
@@ -319,6 +331,8 @@ class Bus:
             await msg.nak(delay=nak_delay(meta.num_delivered))
             return
         self.dead_lettered[durable] = self.dead_lettered.get(durable, 0) + 1
+        BUS_DEAD_LETTERS.labels(durable).inc()
+        BUS_MESSAGES.labels(durable, "dead").inc()
         log.error(
             "dead letter: %s (stream seq %d, delivery %d) of %s: %s",
             original,

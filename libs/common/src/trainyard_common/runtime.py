@@ -14,10 +14,11 @@ from urllib.parse import unquote_to_bytes
 
 import uvicorn
 import uvloop
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import Settings
+from .metrics import HttpMetrics, exposition
 from .parsing import MAX_BODY, BodyError, parse_json
 
 Worker = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
@@ -174,9 +175,18 @@ async def _refuse(send: Send, status: int, detail: str) -> None:
 def health_app(service: str, title: str | None = None) -> FastAPI:
     app = FastAPI(title=title or f"trainyard-{service}")
     app.add_middleware(InputGuard)
+    # Outermost: what InputGuard refuses is counted too.
+    app.add_middleware(HttpMetrics)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
         return {"service": service, "status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        """This process's metrics for Prometheus (docs/observability.md); no token, like
+        any scrape target: no label holds a user, job or secret."""
+        body, content_type = exposition()
+        return Response(body, media_type=content_type)
 
     return app

@@ -37,6 +37,7 @@ from trainyard_common.storage import mongo_client
 
 from .components import ComponentError, FerretDB, ensure_ferretdb_binary, repo_root
 from .kube import KubeCluster
+from .metrics import Prometheus
 from .migrate import copy_databases
 from .platform import Platform, PlatformConfig, ensure_admin_token, stop_tasks
 
@@ -350,6 +351,35 @@ def cmd_migrate_store(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """Prometheus for the platform `make up` started, until Ctrl-C."""
+    data_dir = Path(args.data_dir).resolve()
+    state = _state_file(data_dir)
+    if not state.exists():
+        print("the platform is not up: `make up` first", file=sys.stderr)
+        return 1
+    urls = json.loads(state.read_text()).get("urls")
+    if not urls:
+        print("the platform was started by an older version: `make down; make up`", file=sys.stderr)
+        return 1
+    stopper = Stopper()
+    try:
+        prometheus = Prometheus(data_dir / "prometheus", urls, port=args.port).start()
+    except ComponentError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    say(
+        f"Prometheus at {prometheus.url} scrapes {len(urls)} processes every 15 s, with "
+        "Trainyard's alert rules (docs/observability.md has the queries of the dashboard); "
+        "Ctrl-C stops it"
+    )
+    try:
+        stopper.wait()
+    finally:
+        prometheus.stop()
+    return 0
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -370,8 +400,10 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("run", "serve", "up", "down", "kube-up", "kube-down", "migrate-store"):
+    for name in ("run", "serve", "up", "down", "kube-up", "kube-down", "migrate-store", "metrics"):
         command = sub.add_parser(name, parents=[common])
+        if name == "metrics":
+            command.add_argument("--port", type=int, default=9090)
         if name == "migrate-store":
             command.add_argument("--from", dest="source", default=None, help="a MongoDB URL")
             command.add_argument(
@@ -392,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         "kube-up": cmd_kube_up,
         "kube-down": cmd_kube_down,
         "migrate-store": cmd_migrate_store,
+        "metrics": cmd_metrics,
     }
     return commands[args.command](args)
 

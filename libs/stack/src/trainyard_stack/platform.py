@@ -448,6 +448,8 @@ class Platform:
                     "mongo_url": self.mongo.url if self.mongo else None,
                     "store": str(self.data_dir / "store") if self.mongo is None else None,
                     "services": {name: proc.pid for name, proc in self.procs.items()},
+                    # Where each process answers (its /metrics: `make metrics`).
+                    "urls": {name: self.service_url(name) for name in self.procs},
                 },
                 indent=2,
             )

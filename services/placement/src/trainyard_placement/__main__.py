@@ -27,6 +27,7 @@ from trainyard_common.storage import open_store
 from trainyard_common.telemetry import setup_telemetry
 
 from .adapters.lease import Lease, LeaseLost
+from .adapters.metrics import FIGURES
 from .adapters.nodes import DocNodeStore
 from .adapters.store import DocJobStore
 from .app import SERVICE, Front, add_node_routes, build_app
@@ -99,6 +100,7 @@ async def main() -> None:
                 admin = NodeAdmin(deps, nodes)
                 await admin.restore()
                 await start(deps)
+                FIGURES.source = lambda: (deps.state, (job for job, _ in deps.deferred.values()))
 
                 async def on_message(event: Event, delivery: Delivery) -> None:
                     if not lease.held:
@@ -135,6 +137,7 @@ async def main() -> None:
                 # Lost or stopping: nothing acts for this replica any longer, and only
                 # then is a lease still held given up.
                 front.leader_app = None
+                FIGURES.source = lambda: None
                 for task in (keeper, *workers):
                     task.cancel()
                 await asyncio.gather(keeper, *workers, return_exceptions=True)

@@ -14,6 +14,7 @@ from trainyard_common.storage import open_store
 from trainyard_common.subjects import ALL_COMMANDS, ALL_EVENTS
 from trainyard_common.telemetry import setup_telemetry
 
+from .adapters.metrics import keep_state_counts
 from .adapters.views import JobViews
 from .app import create_app
 from .handlers import project_event
@@ -39,7 +40,11 @@ async def main() -> None:
         await bus.consume("status", [ALL_EVENTS, ALL_COMMANDS], handler, stop=stop)
 
     try:
-        await serve(settings, create_app(views, tokens, DeadLetters(bus)), [consume])
+
+        async def count(stop: asyncio.Event) -> None:
+            await keep_state_counts(views, stop)
+
+        await serve(settings, create_app(views, tokens, DeadLetters(bus)), [consume, count])
     finally:
         await bus.close()
         await client.close()

@@ -12,6 +12,7 @@ from trainyard_common.events import (
 )
 from trainyard_common.telemetry import continue_trace
 
+from ..adapters.metrics import STRAYS, WATCHED
 from ..adapters.store import (
     JOB_RUNNING,
     TaskRecord,
@@ -178,6 +179,7 @@ async def watch_tasks(deps: Deps, stop: asyncio.Event, interval_s: float = 0.3) 
             await check_start_deadlines(deps)
         except Exception:  # noqa: BLE001 - a store hiccup must not end the watcher
             log.exception("checking tasks failed; trying again")
+        WATCHED.set(len(deps.watching))
         changed = asyncio.ensure_future(deps.backend.changes(interval_s))
         stopped = asyncio.ensure_future(stop.wait())
         try:
@@ -236,4 +238,5 @@ async def _remove_strays(deps: Deps) -> None:
         if known and task is not None and task.uid in (None, handle.uid):
             continue
         log.warning("stopping %s: the store does not know it as running", ref.key)
+        STRAYS.inc()
         await deps.backend.kill(ref, handle, deps.kill_grace_s)

@@ -4,6 +4,7 @@ why (only when that changes meaningfully), grow elastic jobs."""
 from __future__ import annotations
 
 import logging
+import time
 
 from trainyard_common.events import (
     InterruptCause,
@@ -11,6 +12,7 @@ from trainyard_common.events import (
 )
 from trainyard_common.lifecycle import PlacementState as P
 
+from ..adapters.metrics import CYCLE_SECONDS, DECISIONS
 from ..adapters.store import (
     interrupt_sent_fields,
     preempted_fields,
@@ -55,6 +57,14 @@ async def run_cycle(deps: Deps) -> None:
     if deps.in_message:
         deps.cycle_due = True
         return
+    began = time.perf_counter()
+    try:
+        await _cycle(deps)
+    finally:
+        CYCLE_SECONDS.observe(time.perf_counter() - began)
+
+
+async def _cycle(deps: Deps) -> None:
     # 1. Announce placements a crash or a failed publish left unannounced.
     for job_id in sorted(deps.unannounced):
         await announce_placed(deps, deps.state.placed[job_id])
@@ -148,6 +158,7 @@ async def _preempt(deps: Deps, decision: Preempt) -> None:
             preempted_fields(decision.job_id, count),
         ):
             deps.state.preempting(victim, decision.job_id)
+            DECISIONS.labels("preempted").inc()
             await deps.store.change(
                 victim,
                 states=(P.INTERRUPTING,),
@@ -176,6 +187,7 @@ async def _commit_placement(deps: Deps, decision: Placed) -> None:
         await reload_job(deps, allocation.job_id)
         return
     deps.state.commit(allocation, placed_at=deps.clock().timestamp())
+    DECISIONS.labels("placed").inc()
     deps.attempts[allocation.job_id] = decision.attempt
     deps.notices.pop(allocation.job_id, None)
     deps.unannounced.add(allocation.job_id)

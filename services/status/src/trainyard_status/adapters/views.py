@@ -10,7 +10,7 @@ from typing import Any
 from pymongo import ASCENDING, DESCENDING
 
 from trainyard_common.dialects import BY_NAME
-from trainyard_common.events import Event, TaskState
+from trainyard_common.events import Event, JobState, TaskState
 from trainyard_common.jobspec import REDACTED
 from trainyard_common.storage import Database, insert_once
 
@@ -168,6 +168,13 @@ class JobViews:
             .limit(limit)
         )
         return [doc if full else summary(doc) async for doc in cursor], total
+
+    async def count_by_state(self) -> dict[str, int]:
+        """How many jobs are in each state (each an index count)."""
+        return {
+            state.value: await self.jobs.count_documents({"state": state.value})
+            for state in JobState
+        }
 
     async def find_by_key(
         self, user: str, key: str, dialect: str | None = None

@@ -1,0 +1,92 @@
+"""The job metrics status exports at ``/metrics`` (docs/observability.md): counters fed
+by the events it projects (domain/metrics.py says what each adds), and the number of
+jobs in each state, counted in the store every ``STATE_EVERY_S``.
+
+Counters live in the process: they start at 0 when it starts (Prometheus's ``rate`` and
+``increase`` read a restart as one), and with status replicas each counts the events it
+projected, so dashboards sum them. The jobs by state come from the store and are the
+same on every replica: dashboards take their ``max``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from ..domain import metrics as m
+from .views import JobViews
+
+log = logging.getLogger("trainyard.status")
+
+STATE_EVERY_S = 10.0
+
+COUNTERS = {
+    m.SUBMITTED: Counter(
+        "trainyard_jobs_submitted_total", "Jobs submitted, by dialect.", ["dialect"]
+    ),
+    m.ACCEPTED: Counter(
+        "trainyard_jobs_accepted_total", "Jobs validation accepted, by dialect.", ["dialect"]
+    ),
+    m.REJECTED: Counter(
+        "trainyard_jobs_rejected_total", "Jobs validation rejected, by dialect.", ["dialect"]
+    ),
+    m.FINISHED: Counter(
+        "trainyard_jobs_finished_total",
+        "Jobs that ended, by dialect and outcome (succeeded, failed, stopped).",
+        ["dialect", "outcome"],
+    ),
+    m.TASK_EXITS: Counter(
+        "trainyard_task_exits_total",
+        "Tasks that ended, by their end (succeeded, failed, stopped) and failure class "
+        "(user, platform, unknown; none when it did not fail).",
+        ["state", "failure_class"],
+    ),
+    m.RETRIES: Counter(
+        "trainyard_job_retries_total",
+        "Attempts started again after a failure, by the failure's class.",
+        ["failure_class"],
+    ),
+    m.INTERRUPTIONS: Counter(
+        "trainyard_job_interruptions_total",
+        "Attempts ended without failing, by cause (preempted, paused, scaled, "
+        "node_removed, restarted, shutdown).",
+        ["cause"],
+    ),
+}
+HISTOGRAMS = {
+    m.FIRST_WAIT: Histogram(
+        "trainyard_queue_wait_seconds",
+        "Time from a job's submission to its first placement, by queue.",
+        ["queue"],
+        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600),
+    ),
+}
+JOBS = Gauge("trainyard_jobs", "Jobs in each state, counted in the store.", ["state"])
+
+
+def observe(observations: list[m.Observation]) -> None:
+    for o in observations:
+        if o.metric in HISTOGRAMS:
+            HISTOGRAMS[o.metric].labels(*o.labels).observe(o.value)
+        else:
+            COUNTERS[o.metric].labels(*o.labels).inc(o.value)
+
+
+async def count_states(views: JobViews) -> None:
+    for state, count in (await views.count_by_state()).items():
+        JOBS.labels(state).set(count)
+
+
+async def keep_state_counts(views: JobViews, stop: asyncio.Event) -> None:
+    """Recount the jobs in each state until ``stop``; a failed count is logged and
+    tried again at the next turn (the gauge keeps its last value meanwhile)."""
+    while not stop.is_set():
+        try:
+            await count_states(views)
+        except Exception:  # noqa: BLE001 - a figure, not an effect: next turn retries
+            log.exception("counting jobs by state")
+        try:
+            await asyncio.wait_for(stop.wait(), STATE_EVERY_S)
+        except TimeoutError:
+            pass

@@ -1,0 +1,185 @@
+"""Metrics: what each event adds to status's job metrics, the scheduler's figures, and
+the HTTP middleware's labels (pure logic and an in-process app; the services' real
+/metrics are checked in tests/e2e/test_metrics.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import httpx
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from trainyard_common.cluster import ClusterSpec, NodeSpec
+from trainyard_common.events import (
+    FailureClass,
+    InterruptCause,
+    JobAccepted,
+    JobFinished,
+    JobInterrupted,
+    JobPlaced,
+    JobQueued,
+    JobRejected,
+    JobRetrying,
+    JobState,
+    JobSubmitted,
+    TaskPlacement,
+    TaskState,
+    TaskStateChanged,
+)
+from trainyard_common.jobspec import JobSpec, Resources, RoleSpec
+from trainyard_common.runtime import health_app
+from trainyard_placement.domain import Allocation, QueuedJob, SchedulerState
+from trainyard_placement.domain.usage import gpus_held, node_gpus, waiting_by_queue
+from trainyard_status.domain.metrics import Observation, dialect_label, observations
+
+T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+
+
+def spec(queue: str = "default", gpus: int = 0) -> JobSpec:
+    return JobSpec(
+        name="m",
+        user="alice",
+        queue=queue,
+        roles=[RoleSpec(name="w", command="true", resources=Resources(gpu=gpus))],
+    )
+
+
+# --- status: events to observations ------------------------------------------------------
+
+
+def test_each_event_adds_what_it_means() -> None:
+    job = {"dialect": "openpai", "submitted_at": T0}
+    s = spec("gpu")
+    cases = [
+        (JobSubmitted(job_id="j", spec=s, dialect="kubeflow"), None, ("submitted", ("kubeflow",))),
+        (JobAccepted(job_id="j", spec=s), job, ("accepted", ("openpai",))),
+        (JobRejected(job_id="j", errors=[]), job, ("rejected", ("openpai",))),
+        (
+            JobFinished(job_id="j", state=JobState.FAILED, reason="x"),
+            job,
+            ("finished", ("openpai", "failed")),
+        ),
+        (
+            TaskStateChanged(
+                job_id="j", role="w", index=0, state=TaskState.FAILED, seq=2,
+                failure_class=FailureClass.USER,
+            ),
+            None,
+            ("task_exits", ("failed", "user")),
+        ),
+        (
+            TaskStateChanged(job_id="j", role="w", index=0, state=TaskState.SUCCEEDED, seq=2),
+            None,
+            ("task_exits", ("succeeded", "none")),
+        ),
+        (
+            JobRetrying(
+                job_id="j", attempt=2, previous_attempt=1, reason="x",
+                failure_class=FailureClass.PLATFORM, not_before=T0,
+            ),
+            None,
+            ("retries", ("platform",)),
+        ),
+        (
+            JobInterrupted(job_id="j", attempt=1, cause=InterruptCause.PREEMPTED, reason="x"),
+            None,
+            ("interruptions", ("preempted",)),
+        ),
+    ]  # fmt: skip
+    for event, before, (metric, labels) in cases:
+        assert observations(event, before) == [Observation(metric, labels)], event
+
+
+def test_the_first_placement_observes_the_wait_from_submission_per_queue() -> None:
+    placed = JobPlaced(
+        job_id="j", spec=spec("gpu"), tasks=[], occurred_at=T0 + timedelta(seconds=2.5)
+    )
+    assert observations(placed, {"submitted_at": T0}) == [Observation("first_wait", ("gpu",), 2.5)]
+    # A later attempt's placement is not a first wait; nor is one without its submission.
+    again = placed.model_copy(update={"attempt": 2})
+    assert observations(again, {"submitted_at": T0}) == []
+    assert observations(placed, None) == []
+
+
+def test_events_that_change_no_figure_add_nothing_and_labels_stay_bounded() -> None:
+    running = TaskStateChanged(job_id="j", role="w", index=0, state=TaskState.RUNNING, seq=1)
+    assert observations(running, None) == []
+    assert observations(JobQueued(job_id="j"), None) == []
+    # A dialect no platform has (an old or hand-written document) is "other", never itself.
+    assert dialect_label("openpai") == "openpai"
+    assert dialect_label("native") == "native"
+    assert dialect_label("<script>") == "other"
+    assert dialect_label(None) == "other"
+
+
+# --- placement: the scheduler's figures --------------------------------------------------
+
+
+def test_gpus_held_by_node_and_queue_and_the_waiting_per_queue() -> None:
+    cluster = ClusterSpec(
+        nodes=[NodeSpec(name="a", cpu=8, memory_mb=8192, gpus=4), NodeSpec(name="b", cpu=8, memory_mb=8192)],
+        queues=["default", "gpu", "idle"],
+    )  # fmt: skip
+    state = SchedulerState(cluster)
+
+    def task(node: str, gpus: list[int], milli: int | None = None) -> TaskPlacement:
+        return TaskPlacement(
+            role="w", index=0, node=node, host_ip="10.0.0.1", gpu_indices=gpus, gpu_milli=milli
+        )
+
+    state.commit(Allocation("j1", spec("gpu", 2), (task("a", [0, 1]),)))
+    state.commit(Allocation("j2", spec("default"), (task("a", [2], milli=250), task("b", []))))
+    state.commit(Allocation("j3", spec("gpu", 1), (task("a", [3]),)))
+    assert gpus_held(state) == {("a", "gpu"): 3.0, ("a", "default"): 0.25}
+    assert node_gpus(state) == {"a": 4, "b": 0}
+
+    state.enqueue(QueuedJob("q1", spec("gpu"), 1))
+    state.enqueue(QueuedJob("q2", spec("gpu"), 2))
+    backoff = [QueuedJob("r1", spec("default"), 3)]
+    assert waiting_by_queue(state, backoff) == {"default": 1, "gpu": 2, "idle": 0}
+
+
+# --- HTTP: requests counted by their route's template ------------------------------------
+
+
+async def test_http_requests_are_counted_by_route_template_method_and_code() -> None:
+    app = health_app("probe")
+
+    @app.get("/v1/things/{thing_id}")
+    async def thing(thing_id: str) -> dict[str, str]:
+        if thing_id == "missing":
+            from fastapi import HTTPException
+
+            raise HTTPException(404, "no such thing")
+        return {"id": thing_id}
+
+    def count(route: str, code: str) -> float:
+        value = REGISTRY.get_sample_value(
+            "trainyard_http_requests_total", {"route": route, "method": "GET", "code": code}
+        )
+        return value or 0.0
+
+    before_ok = count("/v1/things/{thing_id}", "200")
+    before_missing = count("/v1/things/{thing_id}", "404")
+    before_unmatched = count("<unmatched>", "404")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://probe") as http:
+        for name in ("a", "b", "c"):
+            assert (await http.get(f"/v1/things/{name}")).status_code == 200
+        assert (await http.get("/v1/things/missing")).status_code == 404
+        assert (await http.get("/nowhere/at/all")).status_code == 404
+        scraped = await http.get("/metrics")
+    # Three paths, one series: the template, never the id.
+    assert count("/v1/things/{thing_id}", "200") == before_ok + 3
+    assert count("/v1/things/{thing_id}", "404") == before_missing + 1
+    assert count("<unmatched>", "404") == before_unmatched + 1
+    assert scraped.status_code == 200
+    assert scraped.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(scraped.text)}
+    duration = families["trainyard_http_request_duration_seconds"]
+    assert any(
+        s.name.endswith("_count") and s.labels.get("route") == "/v1/things/{thing_id}"
+        for s in duration.samples
+    )
+    assert not any("/v1/things/a" in str(s.labels) for f in families.values() for s in f.samples)
