@@ -72,8 +72,9 @@ from .subjects import (
     replay_subject,
     replays_of,
     subject_for,
+    subject_template,
 )
-from .telemetry import extract_context, inject_headers, trace_id_of, tracer
+from .telemetry import current_job, extract_context, inject_headers, trace_id_of, tracer
 
 log = logging.getLogger("trainyard.bus")
 
@@ -177,25 +178,58 @@ class Bus:
             {"Nats-Msg-Id": event.event_id, "Trainyard-Type": type(event).__name__}
         )
 
+    def _send_span(self, subject: str, message_id: str, job_id: str | None) -> trace.Span:
+        """A producer span by the messaging conventions: "publish <subject template>"."""
+        attributes: dict[str, str | int] = {
+            "messaging.system": "nats",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "publish",
+            "messaging.destination.name": subject,
+            "messaging.destination.template": subject_template(subject),
+            "messaging.message.id": message_id,
+        }
+        if job_id:
+            attributes["trainyard.job_id"] = job_id
+        return self._tracer.start_span(
+            f"publish {subject_template(subject)}",
+            kind=trace.SpanKind.PRODUCER,
+            attributes=attributes,
+        )
+
     async def publish(self, event: Event) -> int:
         """Publish and wait for JetStream's ack; returns the stream sequence."""
-        ack = await self.js.publish(subject_for(event), encode(event), headers=self._headers(event))
-        return ack.seq
+        subject = subject_for(event)
+        span = self._send_span(subject, event.event_id, event.job_id)
+        with trace.use_span(span, end_on_exit=True):
+            ack = await self.js.publish(subject, encode(event), headers=self._headers(event))
+            return ack.seq
 
     async def publish_raw(self, subject: str, data: bytes, headers: dict[str, str]) -> int:
         """Publish bytes as they are (a submission, a replayed dead letter); ``headers``
         should carry a ``Nats-Msg-Id`` so a retried publish is stored once."""
-        ack = await self.js.publish(subject, data, headers=inject_headers(dict(headers)))
-        return ack.seq
+        span = self._send_span(subject, headers.get("Nats-Msg-Id", ""), None)
+        with trace.use_span(span, end_on_exit=True):
+            ack = await self.js.publish(subject, data, headers=inject_headers(dict(headers)))
+            return ack.seq
 
     async def publish_all(self, events: Iterable[Event]) -> list[int]:
         """Publish several events without waiting for each ack in turn (they keep their
         order in the stream: one connection, sent in order), then wait for all acks."""
-        futures = [
-            await self.js.publish_async(subject_for(e), encode(e), headers=self._headers(e))
-            for e in events
-        ]
-        acks = await asyncio.gather(*futures)
+        futures = []
+        spans = []
+        for e in events:
+            subject = subject_for(e)
+            span = self._send_span(subject, e.event_id, e.job_id)
+            spans.append(span)
+            with trace.use_span(span):
+                futures.append(
+                    await self.js.publish_async(subject, encode(e), headers=self._headers(e))
+                )
+        try:
+            acks = await asyncio.gather(*futures)
+        finally:
+            for span in spans:
+                span.end()
         return [ack.seq for ack in acks]
 
     async def ensure_consumer(self, durable: str, subjects: list[str]) -> None:
@@ -273,13 +307,32 @@ class Bus:
             trace_id=trace_id_of(headers),
             headers=headers,
         )
-        span_name = f"consume {type(event).__name__}"
+        job_id = getattr(event, "job_id", None)
+        attributes: dict[str, str | int] = {
+            "messaging.system": "nats",
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": subject,
+            "messaging.destination.template": subject_template(subject),
+            "messaging.consumer.group.name": durable,
+            "messaging.message.id": headers.get("Nats-Msg-Id", ""),
+            "messaging.message.delivery_count": meta.num_delivered,
+            "trainyard.event": type(event).__name__,
+        }
+        if isinstance(job_id, str):
+            attributes["trainyard.job_id"] = job_id
+        job_token = current_job.set(job_id if isinstance(job_id, str) else None)
         with self._tracer.start_as_current_span(
-            span_name, context=extract_context(headers), kind=trace.SpanKind.CONSUMER
+            f"process {subject_template(subject)}",
+            context=extract_context(headers),
+            kind=trace.SpanKind.CONSUMER,
+            attributes=attributes,
         ):
             began = time.perf_counter()
             try:
                 await handler(event, delivery)
+                if log.isEnabledFor(logging.DEBUG):  # a line per message: only when asked
+                    log.debug("%s handled %s (delivery %d)", durable, subject, meta.num_delivered)
             except PermanentError as exc:
                 await self._dead_letter(msg, durable, f"permanent error: {exc}")
                 return
@@ -302,6 +355,7 @@ class Bus:
                 return
             finally:
                 BUS_HANDLE.labels(durable).observe(time.perf_counter() - began)
+                current_job.reset(job_token)
         await msg.ack()
         BUS_MESSAGES.labels(durable, "acked").inc()
 

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .config import Settings
 from .metrics import HttpMetrics, exposition
 from .parsing import MAX_BODY, BodyError, parse_json
+from .telemetry import instrument_app, log_formatter
 
 Worker = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
@@ -27,11 +28,11 @@ log = logging.getLogger("trainyard.runtime")
 
 
 def setup_logging(service: str) -> None:
+    """Log lines as JSON (job and trace ids on each) or text: ``YARD_LOG_FORMAT``."""
     level = os.environ.get("YARD_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(log_formatter(service))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
 def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -181,6 +182,8 @@ def health_app(service: str, title: str | None = None) -> FastAPI:
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
         return {"service": service, "status": "ok"}
+
+    instrument_app(app)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

@@ -76,3 +76,14 @@ def dead_letter_subject(durable: str, original: str) -> str:
 
 ALL_EVENTS = "yard.job.>"
 ALL_COMMANDS = "yard.cmd.>"
+
+
+def subject_template(subject: str) -> str:
+    """A subject with its job, user or id tokens named, not spelled: what a span's name
+    carries (one name per kind of message, whatever job it is for)."""
+    parts = subject.split(".")
+    if len(parts) == 4 and parts[0] == "yard" and parts[1] in ("job", "cmd"):
+        return f"yard.{parts[1]}.{{job_id}}.{parts[3]}"
+    if len(parts) == 4 and f"{parts[0]}.{parts[1]}" == SUBMIT_PREFIX:
+        return f"{SUBMIT_PREFIX}.{{user}}.{{submission_id}}"
+    return subject

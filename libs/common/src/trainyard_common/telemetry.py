@@ -1,15 +1,26 @@
-"""W3C trace context across the bus, so one trace follows a job through every service.
+"""Traces and logs: W3C trace context across HTTP and the bus, so one trace follows a
+job through every service, and log lines that carry their job and trace.
 
 A tracer provider is always installed (spans get real ids that travel in message
-headers); exporting them is off unless ``YARD_OTEL_EXPORTER`` says ``console`` or
-``otlp`` (the OTLP endpoint comes from the standard ``OTEL_EXPORTER_OTLP_ENDPOINT``).
+headers, and each event's trace id is kept in the job's history). Exporting follows the
+standard variables: ``OTEL_TRACES_EXPORTER`` = ``otlp`` (to ``OTEL_EXPORTER_OTLP_ENDPOINT``
+or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, OTLP over HTTP), ``console`` or ``none`` (the
+default; ``YARD_OTEL_EXPORTER`` is read when it is unset), ``OTEL_SERVICE_NAME`` (default
+``trainyard-<service>``), ``OTEL_TRACES_SAMPLER``, ``OTEL_BSP_*``. While exporting, every
+HTTP request served (FastAPI) or sent (aiohttp, httpx) and every MongoDB command is a
+span too, by the OpenTelemetry instrumentation packages; not exporting, those are left
+out (they would cost every request and be seen by nobody). docs/observability.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import json
+import logging
 import os
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.context import Context
@@ -18,15 +29,32 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 _configured = False
+_exporting = False
+
+EXPORTERS = ("otlp", "console", "none")
+
+# The job the current work is for (a message's handler, a watcher's look at a task).
+current_job: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "trainyard_job", default=None
+)
+
+
+def exporter_name() -> str:
+    name = os.environ.get("OTEL_TRACES_EXPORTER") or os.environ.get("YARD_OTEL_EXPORTER") or "none"
+    name = name.strip().lower()
+    if name not in EXPORTERS:
+        raise ValueError(f"OTEL_TRACES_EXPORTER={name!r}: must be one of {', '.join(EXPORTERS)}")
+    return name
 
 
 def setup_telemetry(service: str, exporter: str | None = None) -> None:
-    global _configured
+    global _configured, _exporting
     if _configured:
         return
     _configured = True
-    provider = TracerProvider(resource=Resource.create({"service.name": f"trainyard-{service}"}))
-    exporter = (exporter or os.environ.get("YARD_OTEL_EXPORTER", "none")).lower()
+    name = os.environ.get("OTEL_SERVICE_NAME") or f"trainyard-{service}"
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    exporter = (exporter or exporter_name()).lower()
     if exporter == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif exporter == "otlp":
@@ -34,6 +62,36 @@ def setup_telemetry(service: str, exporter: str | None = None) -> None:
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
+    _exporting = exporter != "none"
+    if _exporting:
+        _instrument_clients()
+
+
+def exporting() -> bool:
+    """Spans leave the process: the HTTP and MongoDB instrumentation is on."""
+    return _exporting
+
+
+def _instrument_clients() -> None:
+    from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    from opentelemetry.instrumentation.pymongo import PymongoInstrumentor
+
+    AioHttpClientInstrumentor().instrument()
+    HTTPXClientInstrumentor().instrument()
+    PymongoInstrumentor().instrument()
+
+
+def instrument_app(app: Any) -> None:
+    """Server spans for a FastAPI app's requests (health checks and scrapes left out),
+    continuing the caller's trace from its ``traceparent``; only while exporting."""
+    if not _exporting:
+        return
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    FastAPIInstrumentor.instrument_app(
+        app, excluded_urls="healthz,metrics", exclude_spans=["receive", "send"]
+    )
 
 
 def tracer(name: str = "trainyard") -> trace.Tracer:
@@ -68,14 +126,77 @@ def current_traceparent() -> str | None:
 
 
 @contextlib.contextmanager
-def continue_trace(traceparent: str | None) -> Iterator[None]:
+def continue_trace(traceparent: str | None, job_id: str | None = None) -> Iterator[None]:
     """Make a stored ``traceparent`` current again, so what is published later (by a
-    watcher loop, not a consumer) stays in the job's trace."""
-    if not traceparent:
-        yield
-        return
-    token = context.attach(extract_context({"traceparent": traceparent}))
+    watcher loop, not a consumer) stays in the job's trace; ``job_id`` goes on the log
+    lines meanwhile."""
+    job_token = current_job.set(job_id) if job_id is not None else None
+    token = context.attach(extract_context({"traceparent": traceparent})) if traceparent else None
     try:
         yield
     finally:
-        context.detach(token)
+        if token is not None:
+            context.detach(token)
+        if job_token is not None:
+            current_job.reset(job_token)
+
+
+# --- logs ---------------------------------------------------------------------------------
+
+LOG_FORMATS = ("json", "text")
+
+
+class JsonLogs(logging.Formatter):
+    """One JSON object per line: time, service, level, logger, message, and the job and
+    trace the line is about when there is one (an exception's traceback in ``exc``)."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "service": self.service,
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line.update(_where())
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+class TextLogs(logging.Formatter):
+    """For people: the same fields on one line, job and trace at its end."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__(f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        where = _where()
+        if where:
+            text += " [" + " ".join(f"{k}={v}" for k, v in where.items()) + "]"
+        return text
+
+
+def _where() -> dict[str, str]:
+    found: dict[str, str] = {}
+    if job := current_job.get():
+        found["job_id"] = job
+    span = trace.get_current_span().get_span_context()
+    if span.is_valid:
+        found["trace_id"] = format(span.trace_id, "032x")
+        found["span_id"] = format(span.span_id, "016x")
+    return found
+
+
+def log_formatter(service: str, form: str | None = None) -> logging.Formatter:
+    """``YARD_LOG_FORMAT``: ``json`` (the default: one object per line, for machines) or
+    ``text`` (for people)."""
+    form = (form or os.environ.get("YARD_LOG_FORMAT") or "json").strip().lower()
+    if form not in LOG_FORMATS:
+        raise ValueError(f"YARD_LOG_FORMAT={form!r}: must be one of {', '.join(LOG_FORMATS)}")
+    return JsonLogs(service) if form == "json" else TextLogs(service)

@@ -24,7 +24,7 @@ from trainyard_common.events import (
     derived_id,
 )
 from trainyard_common.secrets_box import SecretBox, SecretsUnavailable, open_value
-from trainyard_common.telemetry import continue_trace
+from trainyard_common.telemetry import continue_trace, tracer
 
 from ..adapters.backend import (
     AttemptSpec,
@@ -53,6 +53,17 @@ from ..domain.lifecycle import (
 )
 
 log = logging.getLogger("trainyard.launcher")
+TRACER = tracer("trainyard.launcher")
+
+
+def task_attributes(task: TaskRecord) -> dict[str, str | int]:
+    """What a task's spans say about it (they are in its job's trace)."""
+    return {
+        "trainyard.job_id": task.job_id,
+        "trainyard.attempt": task.attempt,
+        "trainyard.task.role": task.role,
+        "trainyard.task.index": task.index,
+    }
 
 
 STOPPED_BEFORE_START = "stopped before it started"
@@ -179,7 +190,7 @@ def end_event(job: JobRecord) -> JobFinished | JobRetrying | JobInterrupted:
 async def publish_pending(deps: Deps, task: TaskRecord) -> TaskRecord:
     """Publish the task's stored but unpublished transitions; returns the record as it
     stands after that."""
-    with continue_trace(task.traceparent):
+    with continue_trace(task.traceparent, task.job_id):
         for step in task.unpublished():
             await deps.publish(task_event(task, step))
     if not task.outbox:

@@ -34,7 +34,18 @@ from ..domain.lifecycle import (
     plan_cleanup,
 )
 from ..domain.prepare import debug_env_text, debug_reason
-from .common import LOST, Deps, attempt_of, end_event, handle_of, record, task_launch, task_ref
+from .common import (
+    LOST,
+    TRACER,
+    Deps,
+    attempt_of,
+    end_event,
+    handle_of,
+    record,
+    task_attributes,
+    task_launch,
+    task_ref,
+)
 
 log = logging.getLogger("trainyard.launcher")
 
@@ -100,10 +111,17 @@ async def end_task(deps: Deps, task_id: str, status: TaskStatus, lost_reason: st
     task = await deps.store.get_task(task_id)
     if task is not None and not task.state.terminal:
         state, fields = _end_of(status, lost_reason)
-        if state == TaskState.FAILED:
-            job = await deps.store.get_job(task.job_id)
-            fields["reason"] = await kept_for_debug(deps, job, task, fields["reason"])
-        await record(deps, task, state, **fields)
+        # A span of the job's trace (the watcher continues it): "task end".
+        with TRACER.start_as_current_span("task end", attributes=task_attributes(task)) as span:
+            span.set_attribute("trainyard.task.state", state.value)
+            if status.exit_code is not None:
+                span.set_attribute("trainyard.task.exit_code", status.exit_code)
+            if fields.get("failure_class"):
+                span.set_attribute("trainyard.task.failure_class", str(fields["failure_class"]))
+            if state == TaskState.FAILED:
+                job = await deps.store.get_job(task.job_id)
+                fields["reason"] = await kept_for_debug(deps, job, task, fields["reason"])
+            await record(deps, task, state, **fields)
     deps.watching.pop(task_id, None)
 
 

@@ -42,10 +42,12 @@ from ..domain.lifecycle import (
 from .common import (
     LOST_WHILE_STARTING,
     STOPPED_BEFORE_START,
+    TRACER,
     Deps,
     attempt_of,
     publish_pending,
     record,
+    task_attributes,
     task_launch,
     task_ref,
 )
@@ -152,7 +154,20 @@ def placement_of(job: JobRecord, task: TaskRecord) -> TaskPlacement | None:
 async def start_task(
     deps: Deps, job: JobRecord, task: TaskRecord, placement: TaskPlacement | None
 ) -> TaskRecord | None:
-    """STARTING → RUNNING (or FAILED); never spawns a task that was spawned before."""
+    """STARTING → RUNNING (or FAILED); never spawns a task that was spawned before. A
+    span of the job's trace, "task start", covers it."""
+    with TRACER.start_as_current_span(
+        "task start", attributes={**task_attributes(task), "trainyard.node": task.node or ""}
+    ) as span:
+        started = await _start_task(deps, job, task, placement)
+        if started is not None:
+            span.set_attribute("trainyard.task.state", started.state.value)
+        return started
+
+
+async def _start_task(
+    deps: Deps, job: JobRecord, task: TaskRecord, placement: TaskPlacement | None
+) -> TaskRecord | None:
     assert job.spec is not None
     ref = task_ref(task)
     launched = None

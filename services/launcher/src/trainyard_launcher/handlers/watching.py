@@ -53,7 +53,7 @@ async def check_tasks(deps: Deps) -> None:
         if status.running:
             continue
         async with lock:
-            with continue_trace(task.traceparent):
+            with continue_trace(task.traceparent, task.job_id):
                 # Noted before the task leaves ``watching``: if what follows fails, the
                 # next round still applies the rules (and publishes the job's end).
                 deps.unsettled.add((task.job_id, task.attempt))

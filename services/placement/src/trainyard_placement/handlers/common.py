@@ -117,7 +117,7 @@ def note_trace(deps: Deps, job_id: str) -> None:
 async def publish(deps: Deps, event: Event) -> None:
     """Publish in the job's own trace (a deferred cycle runs outside every message's
     span)."""
-    with continue_trace(deps.traces.get(event.job_id)):
+    with continue_trace(deps.traces.get(event.job_id), event.job_id):
         await deps.publisher.publish(event)
 
 
