@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System packages from Debian: Open MPI (mpirun for MPI jobs on a local node, mpicc for
-# building mpi4py) and Prometheus (`make metrics`; the tests check the alert rules and the
-# dashboard's queries with it). Idempotent, and never fails `make setup`: without root or
+# building mpi4py), Prometheus (`make metrics`; the tests check the alert rules and the
+# dashboard's queries with it) and Chromium (the console's browser tests, via Playwright). Idempotent, and never fails `make setup`: without root or
 # apt-get it says what is missing, and the tests that need a package skip with that reason.
 set -u
 
@@ -14,15 +14,18 @@ fi
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
     missing+=(prometheus)
 fi
+if ! command -v chromium >/dev/null 2>&1; then
+    missing+=(chromium)
+fi
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
-    say "not root: install by hand with apt-get install ${missing[*]} (MPI jobs and make metrics need them)"
+    say "not root: install by hand with apt-get install ${missing[*]} (MPI jobs, make metrics and the console's tests need them)"
     exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-    say "no apt-get: install ${missing[*]} by hand (MPI jobs and make metrics need them)"
+    say "no apt-get: install ${missing[*]} by hand (MPI jobs, make metrics and the console's tests need them)"
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
@@ -34,7 +37,7 @@ for package in "${missing[@]}"; do
     if apt-get install -y -qq --no-install-recommends "$package" >/dev/null 2>&1; then
         say "installed $package"
     else
-        say "apt-get install $package failed: $( [ "$package" = prometheus ] && echo 'make metrics' || echo 'MPI jobs' ) cannot run here"
+        say "apt-get install $package failed: what needs it cannot run here"
     fi
 done
 # Debian's package starts a system Prometheus where an init system runs: Trainyard runs

@@ -233,3 +233,73 @@ async def test_an_interrupt_stops_the_attempts_unended_tasks_in_the_view(views: 
     view = await snapshot(views, job)
     assert view["tasks"][0]["exit_code"] == 143
     assert [h["type"] for h in await views.history(job)][-2] == "JobInterrupted"
+
+
+async def test_the_consoles_filters_by_queue_dialect_name_prefix_and_time(views: JobViews) -> None:
+    from datetime import UTC, datetime
+
+    from trainyard_status.app import list_filters
+
+    base = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    tag = uuid.uuid4().hex[:6]
+    submitted = next(e for e in example_events() if type(e).__name__ == "JobSubmitted")
+    jobs = {}
+    for i, (queue, dialect, name) in enumerate(
+        [("gpu", "openpai", "train-a"), ("gpu", "native", "train-b"), ("cpu", "openpai", "eval-a")]
+    ):
+        spec = submitted.spec.model_copy(update={"name": f"{tag}-{name}", "queue": queue})
+        event = submitted.model_copy(
+            update={
+                "job_id": f"{tag}{i}", "event_id": uuid.uuid4().hex, "spec": spec,
+                "dialect": dialect, "occurred_at": base + timedelta(minutes=i),
+            }
+        )  # fmt: skip
+        await views.record(event, 1000 + i, None)
+        await views.apply(project(event), 1000 + i)
+        jobs[name] = event.job_id
+
+    async def ids(**kw) -> set[str]:  # type: ignore[no-untyped-def]
+        where = list_filters(
+            kw.get("queue"), kw.get("dialect"), kw.get("name"), kw.get("after"), kw.get("before")
+        )
+        items, total = await views.list_jobs(user=None, state=None, limit=50, offset=0, where=where)
+        assert total == len(items)
+        return {i["id"] for i in items}
+
+    assert await ids(name=f"{tag}-train") == {jobs["train-a"], jobs["train-b"]}
+    assert await ids(name=f"{tag}-", queue="gpu", dialect="openpai") == {jobs["train-a"]}
+    assert await ids(name=tag, after=base + timedelta(seconds=30)) == {
+        jobs["train-b"],
+        jobs["eval-a"],
+    }
+    # A naive time is read as UTC; the end of the range is excluded.
+    naive = (base + timedelta(minutes=2)).replace(tzinfo=None)
+    assert await ids(name=tag, before=naive) == {jobs["train-a"], jobs["train-b"]}
+    assert await ids(name=f"{tag}-nothing") == set()
+
+
+async def test_the_live_feed_sends_each_change_once_from_its_listeners_arrival(
+    views: JobViews,
+) -> None:
+    from trainyard_status.adapters.feed import JobFeed
+
+    feed = JobFeed(views, overlap=8)
+    start = await views.last_change()
+    job = uuid.uuid4().hex
+    events = lifecycle(job)
+    async with feed.listen() as queue:
+        assert await feed.walk() == 0  # the first walk only marks where "now" is
+        await apply_all(views, events[:2], [start + 1, start + 2])
+        for event, seq in zip(events[:2], [start + 1, start + 2], strict=True):
+            await views.apply(project(event), seq)
+        assert await feed.walk() == 1  # one job, at its latest change
+        change = queue.get_nowait()
+        assert change["id"] == job and change["state"] == "ACCEPTED"
+        assert change["feed_seq"] == start + 2
+        assert await feed.walk() == 0 and queue.empty()  # nothing sent twice
+        # A replica's late write of an earlier sequence is still found (the overlap).
+        finished = events[-1]
+        await views.apply(project(finished), start + 5)
+        await views.apply(project(events[2]), start + 3)  # QUEUED arrives late
+        assert await feed.walk() == 1
+        assert queue.get_nowait()["state"] == "SUCCEEDED"

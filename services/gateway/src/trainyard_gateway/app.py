@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.types import Message, Receive, Scope, Send
 from yarl import URL
 
 from trainyard_common.runtime import health_app
@@ -73,6 +76,13 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
         healthy = all(v == "ok" for v in results.values())
         return JSONResponse({"gateway": "ok", **results}, status_code=200 if healthy else 503)
 
+    # The web console: static files from this package, at the base URL.
+    @app.get("/", include_in_schema=False)
+    async def home() -> RedirectResponse:
+        return RedirectResponse("/console/", status_code=302)
+
+    app.mount("/console", Console(directory=CONSOLE, html=True), name="console")
+
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def forward(request: Request, path: str) -> Response:
         service = route(request.method, request.url.path)
@@ -116,6 +126,33 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
         return StreamingResponse(relay(answer), status_code=answer.status, headers=out_headers)
 
     return app
+
+
+CONSOLE = Path(__file__).parent / "console"
+# The console's pages run only their own script and talk only to this origin; nothing
+# from a job (names, logs, specs) can become markup there (app.js writes text only).
+CONSOLE_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-cache"),
+]
+
+
+class Console(StaticFiles):
+    """The console's files, with the headers that keep its pages to themselves."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *CONSOLE_HEADERS]
+            await send(message)
+
+        await super().__call__(scope, receive, with_headers)
 
 
 async def relay(answer: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

@@ -28,6 +28,8 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     (READ, re.compile(r"^/v1/admin/tasks$"), "launcher"),
     (WRITE, re.compile(r"^/v1/placement/nodes(/[^/]+(/(drain|undrain))?)?$"), "placement"),
     (READ, re.compile(r"^/v1/jobs(/[^/]+(/events)?)?$"), "status"),
+    (READ, re.compile(r"^/v1/watch/jobs$"), "status"),
+    (READ, re.compile(r"^/v1/me$"), "status"),
     (ANY, re.compile(r"^/v1/admin/dead-letters(/[0-9]+/replay)?$"), "status"),
     # PAI-DLC (its paths as the official SDK calls them).
     (READ, re.compile(r"^/api/v1/jobs/[^/]+/pods/[^/]+/logs$"), "launcher"),

@@ -25,7 +25,7 @@ from .handlers import (
     request_scale,
     shut_down,
 )
-from .node_admin import NodeAdmin, NodeError
+from .node_admin import NodeAdmin, NodeError, cluster_view
 
 log = logging.getLogger("trainyard.placement")
 
@@ -97,6 +97,10 @@ def add_node_routes(app: FastAPI, admin: NodeAdmin, tokens: TokenStore) -> None:
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
 
     app.add_exception_handler(NodeError, refused)
+
+    @app.get("/v1/placement/cluster")
+    async def cluster(identity: Identity = Depends(current)) -> dict[str, Any]:
+        return cluster_view(admin.deps, admin, identity.can_see)
 
     @app.get("/v1/placement/nodes", dependencies=guard)
     async def list_nodes() -> dict[str, Any]:

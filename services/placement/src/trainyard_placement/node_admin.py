@@ -25,6 +25,7 @@ harmless. Removing a removed node again does the same without a restart.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from trainyard_common.cluster import NodeSpec
@@ -33,6 +34,7 @@ from trainyard_common.events import InterruptCause, InterruptJob, utcnow
 from .adapters.nodes import NodeRecord, NodeStore
 from .domain import Snapshot
 from .domain.gpu_share import MILLI
+from .domain.usage import waiting_by_queue
 from .handlers import Deps, interrupt_id, interrupt_placed, publish, run_cycle
 
 log = logging.getLogger("trainyard.placement.nodes")
@@ -256,3 +258,49 @@ class NodeAdmin:
         if node is None:
             raise NodeError(404, f"no node {name}")
         return node
+
+
+def cluster_view(
+    deps: Deps, admin: NodeAdmin, identity_sees: Callable[[str], bool]
+) -> dict[str, Any]:
+    """The cluster for anyone signed in (the console's cluster page): every node with
+    what it has, holds and has free, and who holds its GPUs (another user's job is shown
+    only as taken); every queue with its quota, what its jobs use and how many wait."""
+    state = deps.state
+    holders: dict[str, list[dict[str, Any]]] = {}
+    for job_id, allocation in sorted(state.placed.items()):
+        spec = allocation.spec
+        mine = identity_sees(spec.user)
+        for task in allocation.tasks:
+            gpus = task.gpu_milli / MILLI if task.gpu_milli is not None else len(task.gpu_indices)
+            holders.setdefault(task.node, []).append({
+                "job_id": job_id if mine else None,
+                "user": spec.user if mine else None,
+                "queue": spec.queue,
+                "task": f"{task.role}[{task.index}]" if mine else None,
+                "gpu_indices": list(task.gpu_indices),
+                "gpus": gpus,
+            })  # fmt: skip
+    nodes = []
+    for node in admin.view():
+        node.pop("jobs", None)
+        node.pop("labels", None)
+        node["tasks"] = holders.get(node["name"], [])
+        nodes.append(node)
+    usage = state.queue_usage()
+    waiting = waiting_by_queue(state, (job for job, _ in deps.deferred.values()))
+    queues = []
+    for name in state.cluster.queue_names():
+        queue = state.cluster.queue(name)
+        used = usage.get(name)
+        queues.append({
+            "name": name,
+            "quota": queue.quota.model_dump(),
+            "used": {
+                "cpu": used.cpu_milli / 1000 if used else 0,
+                "memory_mb": used.memory_mb if used else 0,
+                "gpus": used.gpu_milli / MILLI if used else 0,
+            },
+            "waiting": waiting.get(name, 0),
+        })  # fmt: skip
+    return {"nodes": nodes, "queues": queues}

@@ -14,6 +14,7 @@ from trainyard_common.storage import open_store
 from trainyard_common.subjects import ALL_COMMANDS, ALL_EVENTS
 from trainyard_common.telemetry import setup_telemetry
 
+from .adapters.feed import JobFeed
 from .adapters.metrics import keep_state_counts
 from .adapters.views import JobViews
 from .app import create_app
@@ -44,7 +45,9 @@ async def main() -> None:
         async def count(stop: asyncio.Event) -> None:
             await keep_state_counts(views, stop)
 
-        await serve(settings, create_app(views, tokens, DeadLetters(bus)), [consume, count])
+        feed = JobFeed(views)
+        app = create_app(views, tokens, DeadLetters(bus), feed)
+        await serve(settings, app, [consume, count, feed.run])
     finally:
         await bus.close()
         await client.close()

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import Depends, FastAPI, HTTPException, Query
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.responses import StreamingResponse
 
 from trainyard_common.auth import Identity, TokenStore, identity_dependency
 from trainyard_common.bus import DeadLetters
@@ -10,13 +17,67 @@ from trainyard_common.events import JobState
 from trainyard_common.limits import MAX_OFFSET
 from trainyard_common.runtime import health_app
 
+from .adapters.feed import RESET, JobFeed
 from .adapters.views import JobViews, job_view
 from .dead_letters import router as dead_letter_api
 from .dialect_api import ROUTERS, StatusContext
 
+MAX_NAME = 256
+KEEPALIVE_S = 15.0
+
+
+def list_filters(
+    queue: str | None,
+    dialect: str | None,
+    name: str | None,
+    after: datetime | None,
+    before: datetime | None,
+) -> dict[str, Any]:
+    where: dict[str, Any] = {}
+    if queue:
+        where["queue"] = queue
+    if dialect:
+        where["dialect"] = dialect
+    if name:
+        # A prefix, as a range (every store walks it in order).
+        where["name"] = {"$gte": name, "$lt": name + "\U0010ffff"}
+    for field, op, when in (("submitted_at", "$gte", after), ("submitted_at", "$lt", before)):
+        if when is not None:
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            where.setdefault(field, {})[op] = when
+    return where
+
+
+async def sse(feed: JobFeed, identity: Identity, request: Request) -> AsyncIterator[bytes]:
+    yield b"retry: 2000\n: connected\n\n"
+    async with feed.listen() as queue:
+        while not await request.is_disconnected():
+            try:
+                change = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+            except TimeoutError:
+                yield b": keep-alive\n\n"
+                continue
+            if change is RESET:
+                yield b"event: reset\ndata: {}\n\n"
+                return
+            if not identity.can_see(change.get("user") or ""):
+                continue
+            body = json.dumps(change, default=_iso)
+            yield f"event: job\ndata: {body}\n\n".encode()
+
+
+def _iso(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
 
 def create_app(
-    views: JobViews, tokens: TokenStore, dead_letters: DeadLetters | None = None
+    views: JobViews,
+    tokens: TokenStore,
+    dead_letters: DeadLetters | None = None,
+    feed: JobFeed | None = None,
 ) -> FastAPI:
     app = health_app("status")
     current = identity_dependency(tokens)
@@ -37,7 +98,12 @@ def create_app(
     async def list_jobs(
         identity: Identity = Depends(current),
         state: JobState | None = None,
-        user: str | None = None,
+        user: str | None = Query(None, max_length=MAX_NAME),
+        queue: str | None = Query(None, max_length=MAX_NAME),
+        dialect: str | None = Query(None, max_length=MAX_NAME),
+        name: str | None = Query(None, max_length=MAX_NAME, description="names starting so"),
+        submitted_after: datetime | None = None,
+        submitted_before: datetime | None = None,
         limit: int = Query(20, ge=1, le=500),
         offset: int = Query(0, ge=0, le=MAX_OFFSET),
     ) -> dict:
@@ -45,10 +111,33 @@ def create_app(
             if user and user != identity.user:
                 raise HTTPException(403, "only an admin can list other users' jobs")
             user = identity.user
+        where = list_filters(queue, dialect, name, submitted_after, submitted_before)
         items, total = await views.list_jobs(
-            user=user, state=state.value if state else None, limit=limit, offset=offset
+            user=user,
+            state=state.value if state else None,
+            limit=limit,
+            offset=offset,
+            where=where,
         )
         return {"items": items, "total": total, "limit": limit, "offset": offset}
+
+    @app.get("/v1/watch/jobs")
+    async def watch_jobs(request: Request, identity: Identity = Depends(current)) -> Response:
+        """Server-sent events: ``job`` with a job's summary each time its view changes
+        (the caller's jobs; every job for an admin), ``reset`` when the caller fell too
+        far behind to follow (read the list again), a comment every 15 s meanwhile."""
+        if feed is None:
+            raise HTTPException(503, "the live feed is not running here")
+        return StreamingResponse(
+            sse(feed, identity, request),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @app.get("/v1/me")
+    async def me(identity: Identity = Depends(current)) -> dict[str, Any]:
+        """Who the token is (the console's sign-in)."""
+        return {"user": identity.user, "admin": identity.admin}
 
     @app.get("/v1/jobs/{job_id}")
     async def get_job(job_id: str, identity: Identity = Depends(current)) -> dict:

@@ -20,4 +20,4 @@ async def project_event(event: Event, delivery: Delivery, views: JobViews) -> No
     if new:
         job = await views.get_job(event.job_id) if isinstance(event, NEEDS_JOB) else None
         observe(observations(event, job))
-    await views.apply(project(event))
+    await views.apply(project(event), delivery.stream_seq)

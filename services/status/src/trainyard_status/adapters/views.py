@@ -31,6 +31,8 @@ class JobViews:
         await self.jobs.create_index([("state", ASCENDING), *newest])
         await self.jobs.create_index(newest)
         await self.jobs.create_index([("user", ASCENDING), ("dialect_key", ASCENDING)])
+        # The live feed's walk over what changed (adapters/feed.py).
+        await self.jobs.create_index([("feed_seq", ASCENDING)])
         await self.tasks.create_index([("job_id", ASCENDING)])
         await self.events.create_index([("job_id", ASCENDING), ("seq", ASCENDING)])
 
@@ -52,9 +54,11 @@ class JobViews:
             },
         )
 
-    async def apply(self, changes: Changes) -> None:
+    async def apply(self, changes: Changes, seq: int | None = None) -> None:
+        """``seq``: the event's stream sequence, kept on the job as ``feed_seq`` by the
+        writes that change it (the live feed follows it: adapters/feed.py)."""
         if changes.job is not None:
-            await self._apply_job(changes.job)
+            await self._apply_job(changes.job, seq)
         for task in changes.tasks:
             await self._apply_task(task)
         if changes.end_tasks is not None:
@@ -66,13 +70,15 @@ class JobViews:
     # that would not move is not written at all. The guards stay in the update filters,
     # so a second status replica writing meanwhile is still safe.
 
-    async def _apply_job(self, change: JobChange) -> None:
+    async def _apply_job(self, change: JobChange, seq: int | None = None) -> None:
+        fed = {"feed_seq": seq} if seq is not None else {}
         state_set: dict[str, Any] = {}
         if change.state is not None:
             state_set = {
                 "state": change.state.value,
                 "state_rank": change.rank,
                 **change.with_state,
+                **fed,
             }
         current = await self.jobs.find_one({"_id": change.job_id}, {"state_rank": 1})
         if current is None:
@@ -83,12 +89,13 @@ class JobViews:
                 **change.always,
                 **state_set,
                 **{key: [value] for key, value in change.add_to_set.items()},
+                **fed,
             }
             if await insert_once(self.jobs, document):
                 return
             current = await self.jobs.find_one({"_id": change.job_id}, {"state_rank": 1}) or {}
         if change.always:
-            await self.jobs.update_one({"_id": change.job_id}, {"$set": change.always})
+            await self.jobs.update_one({"_id": change.job_id}, {"$set": {**change.always, **fed}})
         if change.add_to_set:
             await self.jobs.update_one({"_id": change.job_id}, {"$addToSet": change.add_to_set})
         if change.state is None:
@@ -169,6 +176,22 @@ class JobViews:
         )
         return [doc if full else summary(doc) async for doc in cursor], total
 
+    async def changed_since(self, after: int, limit: int = 500) -> list[dict[str, Any]]:
+        """Summaries of the jobs whose view changed after stream sequence ``after``,
+        oldest change first, each with its ``feed_seq``."""
+        cursor = (
+            self.jobs.find({"feed_seq": {"$gt": after}}, {"spec_json": 0, "original_json": 0})
+            .sort([("feed_seq", ASCENDING)])
+            .limit(limit)
+        )
+        return [{**summary(doc), "feed_seq": doc["feed_seq"]} async for doc in cursor]
+
+    async def last_change(self) -> int:
+        """The newest ``feed_seq`` (0 with none)."""
+        cursor = self.jobs.find({"feed_seq": {"$gt": 0}}, {"feed_seq": 1})
+        docs = [doc async for doc in cursor.sort([("feed_seq", DESCENDING)]).limit(1)]
+        return int(docs[0]["feed_seq"]) if docs else 0
+
     async def count_by_state(self) -> dict[str, int]:
         """How many jobs are in each state (each an index count)."""
         return {
@@ -234,6 +257,7 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         "user": doc.get("user"),
         "state": doc.get("state"),
         "dialect": doc.get("dialect"),
+        "queue": doc.get("queue"),
         "submitted_at": doc.get("submitted_at"),
         "updated_at": doc.get("updated_at"),
         "reason": doc.get("reason"),
@@ -262,6 +286,8 @@ def job_view(doc: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any]
         "queue_reasons": doc.get("queue_reasons", []),
         "queue_position": doc.get("queue_position"),
         "spec": json.loads(spec) if spec else None,
+        # As the user sent it, in its dialect's shape (secrets hidden); None for native.
+        "original": json.loads(doc["original_json"]) if doc.get("original_json") else None,
         "tasks": tasks,
     }
 

@@ -1,0 +1,582 @@
+// Trainyard's web console: plain modules, no build step, served by the gateway.
+// Every value from the platform is put on the page as text (textContent), never as HTML.
+
+const TOKEN_KEY = "trainyard.token";
+const STATES = ["SUBMITTED", "ACCEPTED", "REJECTED", "QUEUED", "PLACED", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED", "PAUSED"];
+const TERMINAL = new Set(["REJECTED", "SUCCEEDED", "FAILED", "STOPPED"]);
+const DIALECTS = ["native", "openpai", "dlc", "t9k", "kubeflow", "ti"];
+const PAGE = 20;
+
+const view = document.getElementById("view");
+let me = null; // {user, admin}
+let leave = []; // what the current page must stop when another opens (streams)
+
+// --- helpers ---------------------------------------------------------------------------
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function token() { return sessionStorage.getItem(TOKEN_KEY); }
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super(typeof body?.detail === "string" ? body.detail : JSON.stringify(body?.detail ?? body));
+    this.status = status;
+    this.body = body;
+  }
+}
+
+async function api(path, options = {}) {
+  const headers = { Authorization: `Bearer ${token()}`, ...(options.headers || {}) };
+  const answer = await fetch(path, { ...options, headers });
+  if (answer.status === 401) {
+    if (me) signOut("Your token was refused: sign in again.");
+    throw new ApiError(401, {});
+  }
+  const type = answer.headers.get("content-type") || "";
+  const body = type.includes("json") ? await answer.json() : await answer.text();
+  if (!answer.ok) throw new ApiError(answer.status, body);
+  return body;
+}
+
+// Server-sent events over fetch (EventSource cannot send the Authorization header).
+function listen(path, onEvent) {
+  const control = new AbortController();
+  (async () => {
+    while (!control.signal.aborted) {
+      try {
+        const answer = await fetch(path, { headers: { Authorization: `Bearer ${token()}` }, signal: control.signal });
+        if (!answer.ok) throw new Error(`watch answered ${answer.status}`);
+        const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += value;
+          let cut;
+          while ((cut = buffer.indexOf("\n\n")) >= 0) {
+            const block = buffer.slice(0, cut);
+            buffer = buffer.slice(cut + 2);
+            let type = "message";
+            const data = [];
+            for (const line of block.split("\n")) {
+              if (line.startsWith("event:")) type = line.slice(6).trim();
+              else if (line.startsWith("data:")) data.push(line.slice(5).trim());
+            }
+            if (data.length) onEvent(type, JSON.parse(data.join("\n")));
+          }
+        }
+      } catch (err) {
+        if (control.signal.aborted) return;
+      }
+      await new Promise((resolve) => setTimeout(resolve, 2000)); // the server went away: again
+    }
+  })();
+  return () => control.abort();
+}
+
+function when(iso) { return iso ? new Date(iso).toLocaleString() : ""; }
+function badge(state) { return el("span", { class: `state ${state || ""}`, text: state || "…" }); }
+function title(text) { document.title = `${text} · Trainyard`; return el("h1", { text }); }
+function notice(text) { return el("p", { class: "notice", role: "status", text }); }
+function failed(err) { return el("p", { class: "error", role: "alert", text: `Error: ${err.message}` }); }
+
+// --- sign in ---------------------------------------------------------------------------
+
+function signOut(message) {
+  sessionStorage.removeItem(TOKEN_KEY);
+  me = null;
+  location.hash = "#/login";
+  if (message) sessionStorage.setItem("trainyard.message", message);
+}
+
+function loginPage() {
+  document.getElementById("nav").hidden = true;
+  document.getElementById("signout").hidden = true;
+  document.getElementById("whoami").textContent = "";
+  const message = sessionStorage.getItem("trainyard.message");
+  sessionStorage.removeItem("trainyard.message");
+  const input = el("input", { id: "token", type: "password", autocomplete: "current-password", required: true, size: 48 });
+  const error = el("p", { class: "error", role: "alert" });
+  const form = el("form", { class: "card", onsubmit: async (e) => {
+    e.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+    try {
+      me = await api("/v1/me");
+      location.hash = "#/jobs";
+    } catch (err) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      error.textContent = err.status === 401 ? "That token is not valid." : err.message;
+    }
+  } },
+  el("label", { for: "token", text: "Access token" }), input,
+  el("p", { class: "muted", text: "An admin gives you one (yard token create <user>); the platform's own is in .data/admin-token." }),
+  el("button", { type: "submit", text: "Sign in" }), error);
+  view.replaceChildren(title("Sign in"), message ? notice(message) : "", form);
+  input.focus();
+}
+
+// --- job list --------------------------------------------------------------------------
+
+function jobsPage(params) {
+  const filters = {
+    state: params.get("state") || "", user: params.get("user") || "", queue: params.get("queue") || "",
+    dialect: params.get("dialect") || "", name: params.get("name") || "",
+    submitted_after: params.get("after") || "", submitted_before: params.get("before") || "",
+  };
+  const page = Math.max(0, Number(params.get("page") || 0));
+  // Pages after the first are anchored at the time the list was opened: jobs that arrive
+  // meanwhile go on top and never shift a page's rows.
+  const anchor = params.get("anchor") || new Date().toISOString();
+  const body = el("tbody");
+  const total = el("span", { class: "muted" });
+  const fresh = el("p", { class: "notice", role: "status", hidden: true });
+  const rows = new Map();
+  const seen = new Set();
+  let arrived = 0;
+  let pending = null;
+  let newest = null;
+  function reload() { // many arrivals at once: one load
+    if (!pending) pending = setTimeout(() => { pending = null; load(); }, 250);
+  }
+
+  function field(name, label, input) {
+    input.id = `f-${name}`;
+    input.name = name;
+    return el("div", {}, el("label", { for: input.id, text: label }), input);
+  }
+  const stateSelect = el("select", {}, el("option", { value: "", text: "any" }), STATES.map((s) => el("option", { value: s, text: s })));
+  stateSelect.value = filters.state;
+  const dialectSelect = el("select", {}, el("option", { value: "", text: "any" }), DIALECTS.map((d) => el("option", { value: d, text: d })));
+  dialectSelect.value = filters.dialect;
+  const form = el("form", { class: "filters", role: "search", onsubmit: (e) => {
+    e.preventDefault();
+    const data = new FormData(form);
+    const next = new URLSearchParams();
+    for (const [key, value] of data.entries()) if (value) next.set(key === "submitted_after" ? "after" : key === "submitted_before" ? "before" : key, value);
+    location.hash = `#/jobs?${next}`;
+  } },
+  field("state", "State", stateSelect),
+  me?.admin ? field("user", "User", el("input", { value: filters.user, size: 10 })) : "",
+  field("queue", "Queue", el("input", { value: filters.queue, size: 10 })),
+  field("dialect", "Dialect", dialectSelect),
+  field("name", "Name starts with", el("input", { type: "search", value: filters.name, size: 14 })),
+  field("submitted_after", "Submitted after", el("input", { type: "datetime-local", value: filters.submitted_after })),
+  field("submitted_before", "Submitted before", el("input", { type: "datetime-local", value: filters.submitted_before })),
+  el("button", { type: "submit", text: "Filter" }));
+
+  function row(job) {
+    const tr = el("tr", { "data-job": job.id },
+      el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(job.id)}`, text: job.name || job.id })),
+      el("td", { text: job.user || "" }), el("td", { text: job.queue || "" }), el("td", { text: job.dialect || "" }),
+      el("td", {}, badge(job.state)), el("td", { text: when(job.submitted_at) }), el("td", { text: job.reason || "" }));
+    return tr;
+  }
+  function matches(job) {
+    if (filters.state && job.state !== filters.state) return false;
+    for (const key of ["user", "queue", "dialect"]) if (filters[key] && job[key] !== filters[key]) return false;
+    if (filters.name && !(job.name || "").startsWith(filters.name)) return false;
+    return true;
+  }
+  function move(delta) {
+    const next = new URLSearchParams(params);
+    next.set("page", String(page + delta));
+    next.set("anchor", anchor);
+    location.hash = `#/jobs?${next}`;
+  }
+  const prev = el("button", { type: "button", class: "secondary", disabled: page === 0, onclick: () => move(-1), text: "Newer" });
+  const next = el("button", { type: "button", class: "secondary", onclick: () => move(1), text: "Older" });
+
+  async function load() {
+    const query = new URLSearchParams({ limit: PAGE, offset: page * PAGE });
+    for (const [key, value] of Object.entries(filters)) {
+      if (!value) continue;
+      query.set(key, key.startsWith("submitted_") ? new Date(value).toISOString() : value);
+    }
+    if (page > 0 && !filters.submitted_before) query.set("submitted_before", anchor);
+    try {
+      const answer = await api(`/v1/jobs?${query}`);
+      rows.clear();
+      if (page === 0 && answer.items.length) newest = new Date(answer.items[0].submitted_at);
+      body.replaceChildren(...answer.items.map((job) => { const tr = row(job); rows.set(job.id, tr); return tr; }));
+      if (!answer.items.length) body.append(el("tr", {}, el("td", { colspan: 7, class: "muted", text: "No jobs." })));
+      total.textContent = `${answer.total} job(s); ${page * PAGE + 1}–${page * PAGE + answer.items.length} shown`;
+      next.disabled = (page + 1) * PAGE >= answer.total;
+    } catch (err) {
+      body.replaceChildren(el("tr", {}, el("td", { colspan: 7 }, failed(err))));
+    }
+  }
+  leave.push(listen("/v1/watch/jobs", (type, job) => {
+    if (type === "reset") { load(); return; }
+    if (type !== "job") return;
+    const known = rows.get(job.id);
+    if (known) { const tr = row(job); known.replaceWith(tr); rows.set(job.id, tr); return; }
+    // (Compared with the newest job shown, the server's own clock, when there is one.)
+    const since = newest || new Date(anchor);
+    if (!matches(job) || !(new Date(job.submitted_at) >= since) || seen.has(job.id)) return;
+    // A job submitted since the list opened: on the first page it goes on top; on a
+    // later one it is counted, and the page stays as it is.
+    if (page === 0) { reload(); return; }
+    seen.add(job.id);
+    arrived += 1;
+    fresh.hidden = false;
+    fresh.replaceChildren(`${arrived} new job(s) since this list was opened. `, el("a", { href: "#/jobs", text: "Show the newest" }));
+  }));
+  view.replaceChildren(title("Jobs"), form, fresh,
+    el("table", {}, el("caption", { class: "muted" }, total),
+      el("thead", {}, el("tr", {}, ["Name", "User", "Queue", "Dialect", "State", "Submitted", "Reason"].map((h) => el("th", { scope: "col", text: h })))),
+      body),
+    el("div", { class: "pager" }, prev, next));
+  load();
+}
+
+// --- job page --------------------------------------------------------------------------
+
+function jobPage(jobId) {
+  const head = el("div");
+  const waiting = el("div");
+  const attempts = el("div");
+  const tasks = el("div");
+  const timeline = el("div");
+  const logs = el("div");
+  const spec = el("div");
+  let job = null;
+  let following = null;
+  leave.push(() => following && following.abort());
+
+  async function act(verb) {
+    try {
+      await api(`/v1/jobs/${encodeURIComponent(jobId)}/${verb}`, { method: "POST" });
+      head.append(notice(`${verb} requested.`));
+    } catch (err) { head.append(failed(err)); }
+  }
+  function clone() {
+    sessionStorage.setItem("trainyard.clone", JSON.stringify(job.original || job.spec));
+    location.hash = "#/submit?clone=1";
+  }
+
+  function endpoints(task) {
+    const links = [];
+    for (const port of task.ports || []) {
+      for (const number of port.ports || []) {
+        const address = `${task.host_ip}:${number}`;
+        links.push(el("a", { href: `http://${address}/`, target: "_blank", rel: "noopener noreferrer", text: `${port.label} ${address}` }), " ");
+      }
+    }
+    return links;
+  }
+
+  function render() {
+    title(job.name || jobId);
+    const actions = el("div", { class: "row" },
+      TERMINAL.has(job.state) ? "" : el("button", { type: "button", onclick: () => act("stop"), text: "Stop" }),
+      ["RUNNING", "PLACED", "QUEUED"].includes(job.state) ? el("button", { type: "button", class: "secondary", onclick: () => act("pause"), text: "Pause" }) : "",
+      job.state === "PAUSED" ? el("button", { type: "button", class: "secondary", onclick: () => act("resume"), text: "Resume" }) : "",
+      job.state === "RUNNING" ? el("button", { type: "button", class: "secondary", onclick: () => act("restart"), text: "Restart" }) : "",
+      el("button", { type: "button", class: "secondary", onclick: clone, text: "Clone" }));
+    head.replaceChildren(el("h1", { text: job.name || jobId }),
+      el("div", { class: "card" },
+        el("div", { class: "row" }, badge(job.state), el("span", { text: job.reason || "" })),
+        el("p", { class: "muted", text: `id ${job.id} · user ${job.user} · queue ${job.queue} · priority ${job.priority} · dialect ${job.dialect} · attempt ${job.attempt} · submitted ${when(job.submitted_at)}${job.finished_at ? ` · finished ${when(job.finished_at)}` : ""}` }),
+        job.errors?.length ? el("ul", { class: "error" }, job.errors.map((e) => el("li", { text: `${e.path}: ${e.message}` }))) : "",
+        job.warnings?.length ? el("ul", {}, job.warnings.map((w) => el("li", { class: "muted", text: `${w.path}: ${w.message}` }))) : "",
+        actions));
+    if (job.state === "QUEUED" || job.queue_reasons?.length) {
+      waiting.replaceChildren(el("h2", { text: "Why it waits" }), el("div", { class: "card" },
+        job.queue_position ? el("p", { text: `Position ${job.queue_position} in queue ${job.queue}.` }) : "",
+        el("ul", {}, (job.queue_reasons || []).map((r) => el("li", { text: r })))));
+    } else waiting.replaceChildren();
+    attempts.replaceChildren(el("h2", { text: "Attempts" }), (job.attempts || []).length ? el("table", {},
+      el("thead", {}, el("tr", {}, ["Attempt", "State", "Reason", "Failure class", "Exit code"].map((h) => el("th", { scope: "col", text: h })))),
+      el("tbody", {}, job.attempts.map((a) => el("tr", {}, el("td", { text: a.attempt }), el("td", { text: a.state || (a.interrupted ? "interrupted" : "") }),
+        el("td", { text: a.reason || "" }), el("td", { text: a.failure_class || "" }), el("td", { text: a.exit_code ?? "" })))))
+      : el("p", { class: "muted", text: `Attempt ${job.attempt}, still the first.` }));
+    tasks.replaceChildren(el("h2", { text: "Tasks" }), el("table", {},
+      el("thead", {}, el("tr", {}, ["Task", "Attempt", "State", "Node", "GPUs", "Exit code", "Failure class", "Endpoints", "Reason"].map((h) => el("th", { scope: "col", text: h })))),
+      el("tbody", {}, (job.tasks || []).map((t) => el("tr", {},
+        el("td", { text: `${t.role}[${t.index}]` }), el("td", { text: t.attempt ?? "" }), el("td", {}, badge(t.state)),
+        el("td", { text: t.node || "" }), el("td", { text: (t.gpu_indices || []).join(", ") }), el("td", { text: t.exit_code ?? "" }),
+        el("td", { text: t.failure_class || "" }), el("td", {}, endpoints(t)), el("td", { text: t.reason || "" }))))));
+    renderLogs();
+    spec.replaceChildren(el("h2", { text: "Spec" }),
+      el("details", { open: true }, el("summary", { text: "Canonical" }), el("pre", { class: "spec", text: JSON.stringify(job.spec, null, 2) })),
+      job.original ? el("details", {}, el("summary", { text: `As submitted (${job.dialect})` }), el("pre", { class: "spec", text: JSON.stringify(job.original, null, 2) })) : "");
+  }
+
+  let logTask = null;
+  const logBox = el("pre", { id: "log", "aria-label": "Task log", tabindex: 0 });
+  function renderLogs() {
+    if (logs.childElementCount && logTask) return; // keep a followed log as it is
+    const choices = (job.tasks || []).map((t) => `${t.role}/${t.index}`);
+    if (!choices.length) { logs.replaceChildren(el("h2", { text: "Logs" }), el("p", { class: "muted", text: "No task has started yet." })); return; }
+    const taskSelect = el("select", { id: "log-task" }, choices.map((c) => el("option", { value: c, text: c.replace("/", "[") + "]" })));
+    const streamSelect = el("select", { id: "log-stream" }, el("option", { value: "stdout", text: "stdout" }), el("option", { value: "stderr", text: "stderr" }));
+    const show = el("button", { type: "button", onclick: () => follow(taskSelect.value, streamSelect.value), text: "Show log" });
+    logs.replaceChildren(el("h2", { text: "Logs" }), el("div", { class: "row" },
+      el("div", {}, el("label", { for: "log-task", text: "Task" }), taskSelect),
+      el("div", {}, el("label", { for: "log-stream", text: "Stream" }), streamSelect), show), logBox);
+  }
+  async function follow(choice, stream) {
+    const [role, index] = choice.split("/");
+    logTask = choice;
+    if (following) following.abort();
+    following = new AbortController();
+    logBox.textContent = "";
+    const query = new URLSearchParams({ role, index, stream, follow: "true" });
+    try {
+      const answer = await fetch(`/v1/jobs/${encodeURIComponent(jobId)}/logs?${query}`, { headers: { Authorization: `Bearer ${token()}` }, signal: following.signal });
+      if (!answer.ok) { logBox.textContent = `(${answer.status}) ${await answer.text()}`; return; }
+      const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        logBox.append(value);
+        logBox.scrollTop = logBox.scrollHeight;
+      }
+      logBox.append(el("span", { class: "muted", text: "\n(end of log)" }));
+    } catch (err) {
+      if (err.name !== "AbortError") logBox.append(`\n${err.message}`);
+    }
+  }
+
+  async function loadEvents() {
+    const answer = await api(`/v1/jobs/${encodeURIComponent(jobId)}/events`);
+    timeline.replaceChildren(el("h2", { text: "Timeline" }), el("table", {},
+      el("thead", {}, el("tr", {}, ["Time", "Event", "Detail"].map((h) => el("th", { scope: "col", text: h })))),
+      el("tbody", {}, answer.items.map((e) => el("tr", {},
+        el("td", { text: when(e.occurred_at) }), el("td", { text: e.type }), el("td", { class: "muted", text: describe(e) }))))));
+  }
+  async function load() {
+    try {
+      job = await api(`/v1/jobs/${encodeURIComponent(jobId)}`);
+      render();
+      await loadEvents();
+    } catch (err) {
+      head.replaceChildren(el("h1", { text: jobId }), failed(err));
+    }
+  }
+  leave.push(listen("/v1/watch/jobs", (type, change) => {
+    if (type === "reset" || change.id === jobId) load();
+  }));
+  view.replaceChildren(head, waiting, attempts, tasks, logs, timeline, spec);
+  load();
+}
+
+function describe(event) {
+  const e = event.event || {};
+  const parts = [];
+  for (const key of ["state", "role", "index", "node", "exit_code", "reason", "failure_class", "cause", "position"]) {
+    if (e[key] !== undefined && e[key] !== null && e[key] !== "") parts.push(`${key} ${e[key]}`);
+  }
+  if (Array.isArray(e.reasons) && e.reasons.length) parts.push(e.reasons.join("; "));
+  if (Array.isArray(e.errors) && e.errors.length) parts.push(e.errors.map((x) => `${x.path}: ${x.message}`).join("; "));
+  return parts.join(" · ");
+}
+
+// --- submit ----------------------------------------------------------------------------
+
+function submitPage(params) {
+  const error = el("div", { role: "alert" });
+  const tabs = el("div", { class: "row tabs", role: "tablist" });
+  const panel = el("div", { class: "card", role: "tabpanel" });
+  let mode = "form";
+  const roles = [];
+
+  // The form: a native job, its fields carrying the JSON path validation names.
+  const top = {
+    name: el("input", { id: "job-name", "data-path": "$.name", required: true }),
+    queue: el("input", { id: "job-queue", "data-path": "$.queue", value: "default" }),
+    retry_limit: el("input", { id: "job-retries", type: "number", min: 0, value: 0, "data-path": "$.retry_limit" }),
+  };
+  const roleBox = el("div");
+  function addRole() {
+    const i = roles.length;
+    const f = (key, label, input) => {
+      input.id = `role-${i}-${key}`;
+      input.dataset.path = `$.roles[${i}].${key}`;
+      return el("div", {}, el("label", { for: input.id, text: label }), input);
+    };
+    const role = {
+      name: el("input", { value: i ? `role${i}` : "worker", size: 10 }),
+      replicas: el("input", { type: "number", min: 1, value: 1 }),
+      cpu: el("input", { type: "number", min: 0, step: "0.1", value: 1 }),
+      memory_mb: el("input", { type: "number", min: 1, value: 1024 }),
+      gpu: el("input", { type: "number", min: 0, step: "0.1", value: 0 }),
+      gpu_type: el("input", { size: 10, placeholder: "any" }),
+      command: el("textarea", { rows: 3, required: true }),
+      ports: el("input", { placeholder: "http:1, ssh:1", size: 16 }),
+      env: el("textarea", { rows: 2, placeholder: "KEY=value per line" }),
+    };
+    roles.push(role);
+    roleBox.append(el("fieldset", { class: "card" }, el("legend", { text: `Role ${i + 1}` }),
+      el("div", { class: "grid" }, f("name", "Role name", role.name), f("replicas", "Replicas", role.replicas),
+        f("resources.cpu", "CPUs", role.cpu), f("resources.memory_mb", "Memory (MB)", role.memory_mb),
+        f("resources.gpu", "GPUs", role.gpu), f("resources.gpu_type", "GPU type", role.gpu_type),
+        f("ports", "Ports (label:count)", role.ports)),
+      f("command", "Command", role.command), f("env", "Environment", role.env)));
+  }
+  addRole();
+  function formSpec() {
+    return {
+      name: top.name.value.trim(), queue: top.queue.value.trim() || "default", retry_limit: Number(top.retry_limit.value || 0),
+      roles: roles.map((r) => ({
+        name: r.name.value.trim(), replicas: Number(r.replicas.value || 1), command: r.command.value,
+        resources: { cpu: Number(r.cpu.value || 0), memory_mb: Number(r.memory_mb.value || 0), gpu: Number(r.gpu.value || 0),
+          ...(r.gpu_type.value.trim() ? { gpu_type: r.gpu_type.value.trim() } : {}) },
+        ports: r.ports.value.split(",").map((p) => p.trim()).filter(Boolean).map((p) => { const [label, count] = p.split(":"); return { label: label.trim(), count: Number(count || 1) }; }),
+        env: r.env.value.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => { const at = l.indexOf("="); return { name: l.slice(0, at < 0 ? l.length : at), value: at < 0 ? "" : l.slice(at + 1) }; }),
+      })),
+    };
+  }
+  const formPanel = el("div", {}, el("div", { class: "grid" },
+    el("div", {}, el("label", { for: "job-name", text: "Job name" }), top.name),
+    el("div", {}, el("label", { for: "job-queue", text: "Queue" }), top.queue),
+    el("div", {}, el("label", { for: "job-retries", text: "Retries" }), top.retry_limit)),
+    roleBox, el("button", { type: "button", class: "secondary", onclick: addRole, text: "Add a role" }));
+
+  // Paste, or import a file into the same text: any dialect, JSON or YAML.
+  const text = el("textarea", { id: "job-text", rows: 18, spellcheck: "false", "data-path": "$" });
+  const file = el("input", { id: "job-file", type: "file", accept: ".json,.yaml,.yml,application/json", onchange: async () => {
+    if (file.files.length) text.value = await file.files[0].text();
+  } });
+  const dialect = el("select", { id: "job-dialect" }, el("option", { value: "", text: "detect" }), DIALECTS.map((d) => el("option", { value: d, text: d })));
+  const textPanel = el("div", {},
+    el("div", { class: "row" }, el("div", {}, el("label", { for: "job-file", text: "Import a file" }), file),
+      el("div", {}, el("label", { for: "job-dialect", text: "Dialect" }), dialect)),
+    el("label", { for: "job-text", text: "Job (JSON or YAML, in any dialect)" }), text);
+
+  const clone = params.get("clone") && sessionStorage.getItem("trainyard.clone");
+  if (clone) { text.value = JSON.stringify(JSON.parse(clone), null, 2); mode = "text"; }
+
+  function show(which) {
+    mode = which;
+    for (const b of tabs.children) b.setAttribute("aria-selected", String(b.dataset.mode === which));
+    panel.replaceChildren(which === "form" ? formPanel : textPanel);
+  }
+  tabs.append(el("button", { type: "button", role: "tab", "data-mode": "form", onclick: () => show("form"), text: "Fill a form" }),
+    el("button", { type: "button", role: "tab", "data-mode": "text", onclick: () => show("text"), text: "Paste or import" }));
+
+  function request() {
+    if (mode === "form") return { body: JSON.stringify(formSpec()), type: "application/json", query: "" };
+    const raw = text.value.trim();
+    const type = raw.startsWith("{") || raw.startsWith("[") ? "application/json" : "application/yaml";
+    return { body: raw, type, query: dialect.value ? `?dialect=${encodeURIComponent(dialect.value)}` : "" };
+  }
+  function clearErrors() {
+    for (const old of view.querySelectorAll(".field-error")) old.remove();
+    for (const input of view.querySelectorAll("[aria-invalid]")) input.removeAttribute("aria-invalid");
+    error.replaceChildren();
+  }
+  function showErrors(errors) {
+    const left = [];
+    for (const e of errors) {
+      const input = [...view.querySelectorAll("[data-path]")].find((i) => i.dataset.path === e.path)
+        || (mode === "text" ? text : null);
+      if (input && input.offsetParent !== null) {
+        const note = el("p", { class: "error field-error", id: `err-${Math.random().toString(36).slice(2)}`, text: `${e.path}: ${e.message}` });
+        input.setAttribute("aria-invalid", "true");
+        input.setAttribute("aria-describedby", note.id);
+        input.after(note);
+      } else left.push(e);
+    }
+    if (left.length) error.append(el("ul", { class: "error" }, left.map((e) => el("li", { text: `${e.path}: ${e.message}` }))));
+  }
+  async function check() {
+    clearErrors();
+    const r = request();
+    try {
+      const answer = await api(`/v1/jobs:validate${r.query}`, { method: "POST", body: r.body, headers: { "Content-Type": r.type } });
+      if (answer.valid) error.replaceChildren(notice(`Valid (${answer.dialect}); ${answer.warnings.length} warning(s).`));
+      else showErrors(answer.errors);
+      return answer.valid;
+    } catch (err) { error.replaceChildren(failed(err)); return false; }
+  }
+  async function submit() {
+    if (!(await check())) return;
+    const r = request();
+    try {
+      const answer = await api(`/v1/jobs${r.query}`, { method: "POST", body: r.body, headers: { "Content-Type": r.type } });
+      sessionStorage.removeItem("trainyard.clone");
+      location.hash = `#/jobs/${encodeURIComponent(answer.id)}`;
+    } catch (err) { error.replaceChildren(failed(err)); }
+  }
+  view.replaceChildren(title("Submit a job"), tabs, panel, error,
+    el("div", { class: "row" }, el("button", { type: "button", class: "secondary", onclick: check, text: "Check (dry run)" }),
+      el("button", { type: "button", onclick: submit, text: "Submit" })));
+  show(mode);
+}
+
+// --- cluster ---------------------------------------------------------------------------
+
+async function clusterPage() {
+  view.replaceChildren(title("Cluster"), el("p", { class: "muted", text: "Loading…" }));
+  try {
+    const cluster = await api("/v1/placement/cluster");
+    const nodes = el("table", {},
+      el("thead", {}, el("tr", {}, ["Node", "State", "GPUs", "CPU used / total", "Memory used / total (MB)", "Held by"].map((h) => el("th", { scope: "col", text: h })))),
+      el("tbody", {}, cluster.nodes.map((n) => {
+        const held = new Map();
+        for (const t of n.tasks) for (const g of t.gpu_indices) held.set(g, t);
+        const gpus = [];
+        for (let g = 0; g < n.capacity.gpus; g++) {
+          const t = held.get(g);
+          gpus.push(el("span", { class: `gpu ${t ? (t.job_id ? "held" : "other") : ""}`, title: t ? (t.job_id ? `${t.user} ${t.task} (${t.queue})` : `another user's job (${t.queue})`) : "free", text: g }));
+        }
+        return el("tr", {}, el("td", { text: `${n.name}${n.gpu_type ? ` (${n.gpu_type})` : ""}` }), el("td", { text: n.state }),
+          el("td", {}, gpus.length ? gpus : el("span", { class: "muted", text: "none" })),
+          el("td", { text: `${n.allocated.cpu} / ${n.capacity.cpu}` }), el("td", { text: `${n.allocated.memory_mb} / ${n.capacity.memory_mb}` }),
+          el("td", {}, el("ul", {}, n.tasks.map((t) => el("li", {}, t.job_id ? el("a", { href: `#/jobs/${encodeURIComponent(t.job_id)}`, text: `${t.user} ${t.task}` }) : "another user's job", ` · ${t.queue}`)))));
+      })));
+    const quota = (q) => Object.entries(q).filter(([, v]) => v !== null).map(([k, v]) => `${k} ${v}`).join(", ") || "no limit";
+    const queues = el("table", {},
+      el("thead", {}, el("tr", {}, ["Queue", "Quota", "CPU", "Memory (MB)", "GPUs", "Waiting"].map((h) => el("th", { scope: "col", text: h })))),
+      el("tbody", {}, cluster.queues.map((q) => el("tr", {}, el("td", {}, el("a", { href: `#/jobs?queue=${encodeURIComponent(q.name)}`, text: q.name })),
+        el("td", { text: quota(q.quota) }), el("td", { text: q.used.cpu }), el("td", { text: q.used.memory_mb }), el("td", { text: q.used.gpus }), el("td", { text: q.waiting })))));
+    view.replaceChildren(title("Cluster"), el("h2", { text: "Nodes" }), nodes, el("h2", { text: "Queues" }), queues);
+  } catch (err) {
+    view.replaceChildren(title("Cluster"), failed(err));
+  }
+}
+
+// --- routing ---------------------------------------------------------------------------
+
+async function route() {
+  for (const stop of leave) stop();
+  leave = [];
+  const [path, query] = (location.hash.slice(1) || "/jobs").split("?");
+  const params = new URLSearchParams(query || "");
+  if (!token()) { loginPage(); return; }
+  if (!me) {
+    try { me = await api("/v1/me"); } catch { return; }
+  }
+  document.getElementById("nav").hidden = false;
+  document.getElementById("signout").hidden = false;
+  document.getElementById("whoami").textContent = `${me.user}${me.admin ? " (admin)" : ""}`;
+  for (const a of document.querySelectorAll("nav a")) {
+    if (path.startsWith(a.getAttribute("href").slice(1))) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  const job = path.match(/^\/jobs\/(.+)$/);
+  if (path === "/login") loginPage();
+  else if (job) jobPage(decodeURIComponent(job[1]));
+  else if (path === "/submit") submitPage(params);
+  else if (path === "/cluster") clusterPage();
+  else jobsPage(params);
+  view.focus();
+}
+
+document.getElementById("signout").addEventListener("click", () => signOut());
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,178 @@
+"""The web console in a real browser (Debian's Chromium driven by Playwright) against
+the whole platform: sign in, submit through the form (with a dry run whose error shows
+beside its field), watch the job succeed in the live list, open its page and its log,
+and the cluster page. Screenshots of each page go to build/test-artifacts/console/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from trainyard_stack.platform import Platform
+
+from .conftest import Api, unique
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = (
+    Path(os.environ.get("YARD_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts")) / "console"
+)
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (make setup installs Debian's as root)"
+)
+
+LAPTOP = {"width": 1366, "height": 768}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, platform: Platform):  # type: ignore[no-untyped-def]
+    context = browser.new_context(viewport=LAPTOP, base_url=platform.url)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+    def console(msg) -> None:  # type: ignore[no-untyped-def]
+        # A refused token is the browser's 401 to report, not the page's error.
+        if msg.type == "error" and "status of 401" not in msg.text:
+            errors.append(msg.text)
+
+    page.on("console", console)
+    yield page
+    context.close()
+    # No script error and no refused resource (the CSP) on any page the test saw.
+    assert errors == [], errors
+
+
+def sign_in(page, token: str) -> None:  # type: ignore[no-untyped-def]
+    page.goto("/")
+    page.get_by_label("Access token").fill(token)
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("heading", name="Jobs").wait_for()
+
+
+def test_the_console_is_served_with_headers_that_keep_it_to_itself(platform: Platform) -> None:
+    home = httpx.get(f"{platform.url}/", follow_redirects=True)
+    assert home.status_code == 200 and "<title>Trainyard</title>" in home.text
+    policy = home.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert home.headers["x-content-type-options"] == "nosniff"
+    script = httpx.get(f"{platform.url}/console/app.js")
+    assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+    # The API behind it still answers as before.
+    assert httpx.get(f"{platform.url}/v1/me").status_code == 401
+
+
+def test_a_wrong_token_is_refused_with_a_message(page) -> None:  # type: ignore[no-untyped-def]
+    page.goto("/")
+    page.get_by_label("Access token").fill("not-a-token")
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_text("That token is not valid.").wait_for()
+
+
+def test_submit_through_the_form_watch_it_succeed_and_read_its_log(
+    page,
+    platform: Platform,
+    api: Api,  # type: ignore[no-untyped-def]
+) -> None:
+    sign_in(page, platform.token)
+    page.screenshot(path=str(ARTIFACTS / "jobs.png"), full_page=True)
+
+    page.get_by_role("link", name="Submit").click()
+    page.get_by_role("heading", name="Submit a job").wait_for()
+    name = unique("console")
+    page.get_by_label("Job name").fill(name)
+    page.get_by_label("Command").fill("echo hello from the console")
+    # A dry run first, with a memory too small: the error is shown beside its field.
+    page.get_by_label("Memory (MB)").fill("1")
+    page.get_by_role("button", name="Check (dry run)").click()
+    memory = page.get_by_label("Memory (MB)")
+    error = page.locator(".field-error").first
+    error.wait_for()
+    assert "$.roles[0].resources.memory_mb" in error.inner_text()
+    assert memory.get_attribute("aria-invalid") == "true"
+    page.screenshot(path=str(ARTIFACTS / "submit-error.png"), full_page=True)
+    memory.fill("256")
+    page.get_by_role("button", name="Submit", exact=True).click()
+
+    # The job's page, live: it turns SUCCEEDED without a reload.
+    page.get_by_role("heading", name=name).wait_for()
+    job_id = page.url.rsplit("/", 1)[-1]
+    page.locator(".card .state.SUCCEEDED").wait_for(timeout=60_000)
+    assert api.job(job_id)["state"] == "SUCCEEDED"
+    page.get_by_role("button", name="Show log").click()
+    page.get_by_label("Task log").get_by_text("hello from the console").wait_for()
+    page.get_by_text("JobFinished").first.wait_for()
+    page.screenshot(path=str(ARTIFACTS / "job.png"), full_page=True)
+
+    # The list shows it, and a job submitted meanwhile appears and goes on by itself.
+    page.get_by_role("link", name="Jobs").click()
+    row = page.locator(f'tr[data-job="{job_id}"]')
+    row.locator(".state.SUCCEEDED").wait_for()
+    other = api.submit(
+        {
+            "name": unique("live"),
+            "roles": [
+                {"name": "w", "command": "sleep 1", "resources": {"cpu": 1, "memory_mb": 128}}
+            ],
+        }
+    )
+    page.locator(f'tr[data-job="{other}"] .state.SUCCEEDED').wait_for(timeout=60_000)
+
+    # Filters: by name prefix, and by state.
+    page.get_by_label("Name starts with").fill(name)
+    page.get_by_role("button", name="Filter").click()
+    page.locator(f'tr[data-job="{job_id}"]').wait_for()
+    assert page.locator("tbody tr[data-job]").count() == 1
+
+
+def test_the_cluster_page_shows_nodes_gpus_and_queues(page, platform: Platform) -> None:  # type: ignore[no-untyped-def]
+    sign_in(page, platform.token)
+    page.get_by_role("link", name="Cluster").click()
+    page.get_by_role("heading", name="Nodes").wait_for()
+    page.get_by_role("cell", name="node-gpu (TITANX)").wait_for()
+    assert page.locator(".gpu").count() == 2  # node-gpu's two GPUs
+    page.get_by_role("link", name="default").wait_for()
+    page.screenshot(path=str(ARTIFACTS / "cluster.png"), full_page=True)
+
+
+def test_the_console_can_be_used_from_the_keyboard(page, platform: Platform) -> None:  # type: ignore[no-untyped-def]
+    page.goto("/")
+    # The sign-in page puts the cursor in the token's field; in the page's order the
+    # skip link comes first.
+    page.get_by_label("Access token").wait_for()
+    assert page.evaluate("document.activeElement.id") == "token"
+    first = page.evaluate(
+        "document.querySelector('a[href], button:not([hidden]), input, select, textarea').outerHTML"
+    )
+    assert 'class="skip"' in first and 'href="#view"' in first
+    page.get_by_label("Access token").focus()
+    page.keyboard.type(platform.token)
+    page.keyboard.press("Enter")
+    page.get_by_role("heading", name="Jobs").wait_for()
+    # Every form control on the list and submit pages has a label.
+    for where in ("#/jobs", "#/submit"):
+        page.goto(f"/console/{where}")
+        page.locator("main h1").wait_for()
+        unlabeled = page.evaluate(
+            """() => [...document.querySelectorAll('main input, main select, main textarea')]
+                .filter((e) => !(e.labels && e.labels.length) && !e.getAttribute('aria-label'))
+                .map((e) => e.outerHTML)"""
+        )
+        assert unlabeled == [], (where, unlabeled)
