@@ -14,17 +14,20 @@ another, and the shared library imports none.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from trainyard_common.bus_access import GRANTS
-from trainyard_common.contracts import render, write
+from trainyard_common.contracts import render
 from trainyard_common.events import EVENT_TYPES, Event
 from trainyard_common.lifecycle import with_tables
 from trainyard_common.subjects import subjects_for
 from trainyard_launcher.handlers import EVENT_HANDLERS as LAUNCHER
 from trainyard_placement.handlers import EVENT_HANDLERS as PLACEMENT
 from trainyard_validation.handlers import EVENT_HANDLERS as VALIDATION
+
+from . import openapi
 
 # Status projects every event and command into the history and the views (its one
 # handler, subscribed to every event and every command: ALL_EVENTS, ALL_COMMANDS).
@@ -51,7 +54,11 @@ def senders() -> dict[str, tuple[type[Event], ...]]:
 
 
 def contracts() -> dict[str, str]:
-    return render(senders(), RECEIVERS)
+    """Every generated file of ``contracts/``, by relative path: the models' schemas and
+    examples, the AsyncAPI document and the HTTP surface's OpenAPI document."""
+    files = render(senders(), RECEIVERS)
+    files["openapi.json"] = json.dumps(openapi.document(), indent=2, ensure_ascii=False) + "\n"
+    return files
 
 
 def table() -> str:
@@ -77,7 +84,10 @@ def with_table(markdown: str) -> str:
 
 def main(argv: list[str]) -> None:
     target = Path(argv[0] if argv else "contracts")
-    for path in write(target, senders(), RECEIVERS):
+    for relative, text in contracts().items():
+        path = target / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
         print(path)
     doc = Path(argv[1] if len(argv) > 1 else "docs/architecture.md")
     doc.write_text(with_table(doc.read_text()))

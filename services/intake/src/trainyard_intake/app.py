@@ -9,6 +9,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from trainyard_common.api import JOB_BODY, ControlAnswer, SubmitAnswer, answers
 from trainyard_common.auth import Identity, TokenStore, identity_dependency
 from trainyard_common.dialects import UnknownDialect
 from trainyard_common.parsing import BodyError, parse_body
@@ -56,7 +57,12 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
         app.include_router(make_router(context))
     trace = tracer("trainyard.intake")
 
-    @app.post("/v1/jobs", status_code=202)
+    @app.post(
+        "/v1/jobs",
+        status_code=202,
+        responses=answers(SubmitAnswer, 202, e413="body too large"),
+        openapi_extra=JOB_BODY,
+    )
     async def post_job(
         request: Request,
         identity: Identity = Depends(current),
@@ -95,7 +101,12 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
                     raise HTTPException(404, f"no job {job_id}") from exc
             return {"id": job_id, verb: "requested"}
 
-        app.post(f"/v1/jobs/{{job_id}}/{verb}", status_code=202, name=f"{verb}_job")(post)
+        app.post(
+            f"/v1/jobs/{{job_id}}/{verb}",
+            status_code=202,
+            name=f"{verb}_job",
+            responses=answers(ControlAnswer, 202),
+        )(post)
 
     async def resume(job_id: str, identity: Identity, deps: Deps, _reason: str | None) -> None:
         await request_resume(job_id, identity, deps)

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from trainyard_common.api import ClusterView, QueueView, answers
 from trainyard_common.auth import Identity, TokenStore, identity_dependency
 from trainyard_common.cluster import NodeSpec
 from trainyard_common.runtime import health_app
@@ -41,7 +42,7 @@ def build_app(deps: Deps, tokens: TokenStore) -> FastAPI:
     app = health_app(SERVICE)
     current = identity_dependency(tokens)
 
-    @app.get("/v1/placement/queue")
+    @app.get("/v1/placement/queue", responses=answers(QueueView))
     async def queue(identity: Identity = Depends(current)) -> dict[str, Any]:
         # Everyone's place in line is shown to an admin; a user sees their own jobs.
         rows = [row for row in queue_view(deps) if identity.can_see(row["user"])]
@@ -98,7 +99,7 @@ def add_node_routes(app: FastAPI, admin: NodeAdmin, tokens: TokenStore) -> None:
 
     app.add_exception_handler(NodeError, refused)
 
-    @app.get("/v1/placement/cluster")
+    @app.get("/v1/placement/cluster", responses=answers(ClusterView))
     async def cluster(identity: Identity = Depends(current)) -> dict[str, Any]:
         return cluster_view(admin.deps, admin, identity.can_see)
 

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from trainyard_common.api import ERRORS, History, JobList, JobView, Me, answers
 from trainyard_common.auth import Identity, TokenStore, identity_dependency
 from trainyard_common.bus import DeadLetters
 from trainyard_common.events import JobState
@@ -94,7 +95,7 @@ def create_app(
             raise HTTPException(404, f"no job {job_id}")
         return doc
 
-    @app.get("/v1/jobs")
+    @app.get("/v1/jobs", responses=answers(JobList))
     async def list_jobs(
         identity: Identity = Depends(current),
         state: JobState | None = None,
@@ -121,7 +122,16 @@ def create_app(
         )
         return {"items": items, "total": total, "limit": limit, "offset": offset}
 
-    @app.get("/v1/watch/jobs")
+    @app.get(
+        "/v1/watch/jobs",
+        responses={
+            200: {
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                "description": "events `job` (data: a JobSummary with its feed_seq) and `reset`",
+            },
+            **ERRORS,
+        },
+    )
     async def watch_jobs(request: Request, identity: Identity = Depends(current)) -> Response:
         """Server-sent events: ``job`` with a job's summary each time its view changes
         (the caller's jobs; every job for an admin), ``reset`` when the caller fell too
@@ -134,17 +144,17 @@ def create_app(
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    @app.get("/v1/me")
+    @app.get("/v1/me", responses=answers(Me))
     async def me(identity: Identity = Depends(current)) -> dict[str, Any]:
         """Who the token is (the console's sign-in)."""
         return {"user": identity.user, "admin": identity.admin}
 
-    @app.get("/v1/jobs/{job_id}")
+    @app.get("/v1/jobs/{job_id}", responses=answers(JobView))
     async def get_job(job_id: str, identity: Identity = Depends(current)) -> dict:
         doc = await visible_job(job_id, identity)
         return job_view(doc, await views.job_tasks(job_id))
 
-    @app.get("/v1/jobs/{job_id}/events")
+    @app.get("/v1/jobs/{job_id}/events", responses=answers(History))
     async def get_events(job_id: str, identity: Identity = Depends(current)) -> dict:
         await visible_job(job_id, identity)
         return {"items": await views.history(job_id)}

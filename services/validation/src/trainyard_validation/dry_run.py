@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
+from trainyard_common.api import JOB_BODY, ValidationAnswer, answers
 from trainyard_common.auth import Identity
 from trainyard_common.cluster import ClusterSpec
 from trainyard_common.dialects import UnknownDialect, detect, translate
@@ -26,7 +27,7 @@ def router(cluster: Callable[[], ClusterSpec], names: NameRegistry, current: Any
     """The dry run, against the cluster as it is at each request (``cluster()``)."""
     api = APIRouter()
 
-    @api.post("/v1/jobs:validate")
+    @api.post("/v1/jobs:validate", responses=answers(ValidationAnswer), openapi_extra=JOB_BODY)
     async def validate(
         request: Request,
         identity: Identity = Depends(current),
