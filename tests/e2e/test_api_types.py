@@ -44,6 +44,9 @@ def test_real_answers_fit_the_documented_types(platform: Platform, api: Api) -> 
     api.wait(job_id)
     view = JobView.model_validate(http.get(f"/v1/jobs/{job_id}").json())
     assert view.state == "SUCCEEDED" and view.tasks[0].ports[0].label == "http"
+    task = view.tasks[0]
+    assert task.started_at is not None and task.ended_at is not None
+    assert task.started_at <= task.ended_at
     assert view.spec is not None and view.spec.name == job["name"]
     History.model_validate(http.get(f"/v1/jobs/{job_id}/events").json())
     listed = JobList.model_validate(http.get("/v1/jobs", params={"limit": 5}).json())

@@ -67,6 +67,8 @@ class TaskView(Body):
     host_ip: str | None
     gpu_indices: list[int]
     ports: list[PortView] = Field(description="each label's ports: host_ip:port reaches it")
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
     updated_at: datetime | None
 
 

@@ -304,10 +304,11 @@ function jobPage(jobId) {
         el("td", { text: a.reason || "" }), el("td", { text: a.failure_class || "" }), el("td", { text: a.exit_code ?? "" })))))
       : el("p", { class: "muted", text: `Attempt ${job.attempt}, still the first.` }));
     tasks.replaceChildren(el("h2", { text: "Tasks" }), el("table", {},
-      el("thead", {}, el("tr", {}, ["Task", "Attempt", "State", "Node", "GPUs", "Exit code", "Failure class", "Endpoints", "Reason"].map((h) => el("th", { scope: "col", text: h })))),
+      el("thead", {}, el("tr", {}, ["Task", "Attempt", "State", "Node", "GPUs", "Started", "Ended", "Exit code", "Failure class", "Endpoints", "Reason"].map((h) => el("th", { scope: "col", text: h })))),
       el("tbody", {}, (job.tasks || []).map((t) => el("tr", {},
         el("td", { text: `${t.role}[${t.index}]` }), el("td", { text: t.attempt ?? "" }), el("td", {}, badge(t.state)),
-        el("td", { text: t.node || "" }), el("td", { text: (t.gpu_indices || []).join(", ") }), el("td", { text: t.exit_code ?? "" }),
+        el("td", { text: t.node || "" }), el("td", { text: (t.gpu_indices || []).join(", ") }),
+        el("td", { text: when(t.started_at) }), el("td", { text: when(t.ended_at) }), el("td", { text: t.exit_code ?? "" }),
         el("td", { text: t.failure_class || "" }), el("td", {}, endpoints(t)), el("td", { text: t.reason || "" }))))));
     renderLogs();
     spec.replaceChildren(el("h2", { text: "Spec" }),

@@ -305,5 +305,7 @@ def task_view(doc: dict[str, Any]) -> dict[str, Any]:
         "host_ip": doc.get("host_ip"),
         "gpu_indices": doc.get("gpu_indices", []),
         "ports": doc.get("ports", []),
+        "started_at": doc.get("started_at"),
+        "ended_at": doc.get("ended_at"),
         "updated_at": doc.get("updated_at"),
     }

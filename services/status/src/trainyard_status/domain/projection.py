@@ -223,6 +223,16 @@ def project(event: Event) -> Changes:
                 },
                 seq=event.seq,
             )
+            # When it started and ended: each said once, by its own transition, so set
+            # whatever the order they arrive in (the state above keeps the latest).
+            timing = (
+                {"started_at": at}
+                if event.state is TaskState.RUNNING
+                else {"ended_at": at}
+                if event.state.terminal
+                else None
+            )
+            times = [TaskChange(task.task_id, timing)] if timing else []
             job = None
             if event.state is TaskState.RUNNING:
                 job = JobChange(
@@ -231,7 +241,7 @@ def project(event: Event) -> Changes:
                     attempt=event.attempt,
                     with_state={"attempt": event.attempt, "updated_at": at},
                 )
-            return Changes(job, [task])
+            return Changes(job, [task, *times])
         case JobFinished():
             cls = event.failure_class.value if event.failure_class else None
             return Changes(
