@@ -49,14 +49,15 @@ def page(browser, platform: Platform):  # type: ignore[no-untyped-def]
     page.on("pageerror", lambda exc: errors.append(str(exc)))
 
     def console(msg) -> None:  # type: ignore[no-untyped-def]
-        # A refused token is the browser's 401 to report, not the page's error.
-        if msg.type == "error" and "status of 401" not in msg.text:
+        # An answer of 4xx (a refused token, another user's job) is the browser's to
+        # report and the page's to show: not an error of the page itself.
+        if msg.type == "error" and "the server responded with a status of 4" not in msg.text:
             errors.append(msg.text)
 
     page.on("console", console)
     yield page
     context.close()
-    # No script error and no refused resource (the CSP) on any page the test saw.
+    # No script error and nothing the CSP refused on any page the test saw.
     assert errors == [], errors
 
 
@@ -176,3 +177,45 @@ def test_the_console_can_be_used_from_the_keyboard(page, platform: Platform) -> 
                 .map((e) => e.outerHTML)"""
         )
         assert unlabeled == [], (where, unlabeled)
+
+
+def test_a_user_sees_only_their_own_jobs_and_others_gpus_as_taken(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    carol = api.as_token(api.http.post("/v1/tokens", json={"user": "carol"}).json()["token"])
+    hers = carol.submit(
+        {
+            "name": unique("carols"),
+            "roles": [{"name": "w", "command": "true", "resources": {"cpu": 1, "memory_mb": 128}}],
+        }
+    )
+    admins = api.submit(
+        {
+            "name": unique("admins"),
+            "roles": [
+                {
+                    "name": "w",
+                    "command": "sleep 30",
+                    "resources": {"cpu": 1, "memory_mb": 128, "gpu": 1},
+                }
+            ],
+        }
+    )
+    api.wait(admins, {"RUNNING"})
+    carol.wait(hers)
+    sign_in(page, carol.http.headers["Authorization"].removeprefix("Bearer "))
+    page.get_by_text("carol", exact=True).first.wait_for()
+    page.locator(f'tr[data-job="{hers}"]').wait_for()
+    assert page.locator(f'tr[data-job="{admins}"]').count() == 0
+    assert page.get_by_label("User").count() == 0  # only an admin filters by user
+    # Another user's job page answers as if it did not exist.
+    page.goto(f"/console/#/jobs/{admins}")
+    page.get_by_text("Error: no job").wait_for()
+    # On the cluster page, the admin's GPU shows as taken by someone else, without who.
+    page.goto("/console/#/cluster")
+    page.get_by_role("heading", name="Nodes").wait_for()
+    taken = page.locator(".gpu.other")
+    assert taken.count() == 1
+    assert taken.get_attribute("title") == "another user's job (default)"
+    assert page.get_by_text(admins).count() == 0
+    api.stop(admins)
