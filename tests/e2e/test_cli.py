@@ -113,3 +113,41 @@ def test_validate_from_the_cli(platform: Platform, tmp_path: Path) -> None:
     assert done.returncode == 1 and "$.taskRoles[0].memoryMB" in done.stdout
     job.write_text(job.read_text().replace('"memoryMB": 50', '"memoryMB": 500'))
     assert "valid openpai job" in yard(platform, "validate", str(job)).stdout
+
+
+def test_get_and_ls_watch_follow_changes_as_they_happen(platform: Platform) -> None:
+    import time
+    import uuid
+
+    from .conftest import Api
+
+    api = Api(platform.url, platform.token)
+    env = {**os.environ, "YARD_URL": platform.url, "YARD_TOKEN": platform.token}
+    lister = subprocess.Popen(
+        [sys.executable, "-m", "trainyard_sdk", "ls", "-w", "-n", "3"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(2)  # the list printed, the watch connected
+        name = f"watched-{uuid.uuid4().hex[:8]}"
+        job = api.submit(
+            {
+                "name": name,
+                "roles": [
+                    {"name": "w", "command": "sleep 2", "resources": {"cpu": 1, "memory_mb": 128}}
+                ],
+            }
+        )
+        got = yard(platform, "get", "-w", job)
+        # The job first, then a line per change, the last one its end.
+        assert f"{job}" in got.stdout
+        lines = [line for line in got.stdout.splitlines() if line.strip()]
+        assert "SUCCEEDED" in lines[-1], got.stdout
+        assert any("RUNNING" in line for line in lines), got.stdout
+    finally:
+        time.sleep(1.5)
+        lister.terminate()
+        out, _ = lister.communicate(timeout=10)
+    changes = [line for line in out.splitlines() if job in line]
+    assert any("SUCCEEDED" in line for line in changes), out
+    assert any(name in line for line in changes), out

@@ -303,3 +303,51 @@ async def test_the_live_feed_sends_each_change_once_from_its_listeners_arrival(
         await views.apply(project(events[2]), start + 3)  # QUEUED arrives late
         assert await feed.walk() == 1
         assert queue.get_nowait()["state"] == "SUCCEEDED"
+
+
+async def test_cursor_pages_stay_right_while_jobs_are_written_both_ways(views: JobViews) -> None:
+    from datetime import UTC, datetime
+
+    from trainyard_status.app import list_filters, make_cursor, read_cursor
+
+    base = datetime(2026, 11, 25, 13, 0, tzinfo=UTC)
+    tag = uuid.uuid4().hex[:6]
+    submitted = next(e for e in example_events() if type(e).__name__ == "JobSubmitted")
+
+    async def add(i: int, second: int) -> str:
+        spec = submitted.spec.model_copy(update={"name": f"{tag}-{i}"})
+        event = submitted.model_copy(
+            update={
+                "job_id": f"{tag}{i:02d}", "event_id": uuid.uuid4().hex, "spec": spec,
+                "occurred_at": base + timedelta(seconds=second),
+            }
+        )  # fmt: skip
+        await views.apply(project(event))
+        return event.job_id
+
+    # Seven jobs, three of them in the same second (ties broken by id).
+    ids = [await add(i, s) for i, s in enumerate([0, 1, 1, 1, 2, 3, 4])]
+    where = list_filters(None, None, f"{tag}-", None, None)
+    for oldest_first in (False, True):
+        seen: list[str] = []
+        after = None
+        while True:
+            items, total = await views.list_jobs(
+                user=None, state=None, limit=3, offset=0, where=where, after=after,
+                oldest_first=oldest_first,
+            )  # fmt: skip
+            seen += [i["id"] for i in items]
+            if len(items) < 3:
+                break
+            # A job written meanwhile, newer than everything: never shifts a page.
+            if len(seen) == 3:
+                ids.append(await add(len(ids), 60 + len(ids)))
+            after = read_cursor(make_cursor(items[-1]["submitted_at"], items[-1]["id"]))
+        # (ids grow with time, ties included)
+        if oldest_first:
+            expected = ids[:7] + ids[7:]  # walking forward, the new ones come at the end
+        else:
+            expected = sorted(ids[:7], reverse=True)
+        assert seen == expected, (oldest_first, seen)
+    counts = await views.count_states(where)
+    assert counts == {"SUBMITTED": len(ids)}

@@ -290,3 +290,38 @@ def test_a_restart_puts_the_job_back_in_line_and_is_no_retry() -> None:
         shuffled = restarted * 2
         rng.shuffle(shuffled)
         assert fold(shuffled)[:2] == ("RUNNING", 2), shuffled
+
+
+def test_a_jobs_state_as_of_any_past_moment() -> None:
+    from datetime import timedelta
+
+    from trainyard_status.domain.projection import job_as_of
+
+    start = EVENTS["JobSubmitted"].occurred_at
+    steps = [
+        EVENTS[name].model_copy(update={"job_id": "j", "occurred_at": start + timedelta(seconds=i)})
+        for i, name in enumerate(["JobSubmitted", "JobAccepted", "JobQueued", "JobPlaced"])
+    ]
+    running = TaskStateChanged(
+        job_id="j", role="worker", index=0, state=TaskState.RUNNING, seq=2,
+        occurred_at=start + timedelta(seconds=4),
+    )  # fmt: skip
+    done = JobFinished(
+        job_id="j", state=JobState.SUCCEEDED, reason="all ended", exit_code=0,
+        occurred_at=start + timedelta(seconds=5),
+    )  # fmt: skip
+    history = [*steps, running, done]
+    assert job_as_of(history, start - timedelta(seconds=1)) is None
+    as_of = {
+        s: job_as_of(history, start + timedelta(seconds=s, milliseconds=500)) for s in range(6)
+    }
+    assert [as_of[s]["state"] for s in range(6)] == [
+        "SUBMITTED", "ACCEPTED", "QUEUED", "PLACED", "RUNNING", "SUCCEEDED",
+    ]  # fmt: skip
+    assert as_of[2]["queue_reasons"] == list(EVENTS["JobQueued"].reasons)
+    assert as_of[5]["reason"] == "all ended"
+    # In whatever order the stream holds them, the same answer (the rank rule).
+    shuffled = history[:]
+    random.Random(7).shuffle(shuffled)
+    assert job_as_of(shuffled, start + timedelta(seconds=10))["state"] == "SUCCEEDED"
+    assert job_as_of(shuffled, start + timedelta(seconds=3.5))["state"] == "PLACED"

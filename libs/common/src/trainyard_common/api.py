@@ -38,6 +38,7 @@ class JobSummary(Body):
     state: JobState | None
     dialect: str | None
     queue: str | None = None
+    kind: str | None = None
     submitted_at: datetime | None
     updated_at: datetime | None
     reason: str | None
@@ -48,6 +49,10 @@ class JobList(Body):
     total: int
     limit: int
     offset: int
+    next: str | None = Field(
+        None, description="the cursor of the page after this one (None: the last page)"
+    )
+    counts: dict[str, int] | None = Field(None, description="with ?counts=true: by state")
 
 
 class PortView(Body):
@@ -113,6 +118,19 @@ class HistoryEntry(Body):
 
 class History(Body):
     items: list[HistoryEntry]
+
+
+class JobAsOf(Body):
+    """A job as it was at a past moment (``GET /v1/jobs/{id}/state?at=``)."""
+
+    id: str
+    at: datetime
+    state: JobState | None
+    attempt: int
+    reason: str | None
+    queue_reasons: list[str]
+    queue_position: int | None
+    updated_at: datetime | None
 
 
 class SubmitAnswer(Body):

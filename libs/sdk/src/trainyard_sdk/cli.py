@@ -188,15 +188,39 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         ctx: typer.Context,
         job_id: JobIdArg,
         output: OutputOpt = Output.table,
+        watch: Annotated[
+            bool, typer.Option("--watch", "-w", help="then a line per change, until it ends")
+        ] = False,
     ) -> None:
         """Show a job and its tasks."""
         s: Session = ctx.obj
         with reported(s), s.client() as client:
-            job = client.get(job_id)
-        if output is Output.json:
-            _print_json(job)
-        else:
-            _print_job(s.out, job)
+            if not watch:
+                job = client.get(job_id)
+                if output is Output.json:
+                    _print_json(job)
+                else:
+                    _print_job(s.out, job)
+                return
+            # Read once the server follows the job (nothing after that read is missed),
+            # and again at each change it reports.
+            seen: Any = None
+            for change in client.watch(job_id):
+                if not (change.get("connected") or change.get("reset")):
+                    if change.get("id") != job_id:
+                        continue
+                job = client.get(job_id)
+                key = _watch_key(job)
+                if seen is None:
+                    if output is Output.json:
+                        _print_json(job)
+                    else:
+                        _print_job(s.out, job)
+                elif key != seen:
+                    _print_change(s, output, job)
+                seen = key
+                if is_terminal(job.get("state")):
+                    return
 
     @app.command("ls")
     def ls(
@@ -206,13 +230,31 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="page size")] = 20,
         offset: Annotated[int, typer.Option(min=0, help="skip this many (newest first)")] = 0,
         output: OutputOpt = Output.table,
+        watch: Annotated[
+            bool, typer.Option("--watch", "-w", help="then a line per job change, until Ctrl-C")
+        ] = False,
     ) -> None:
         """List jobs, newest first."""
         s: Session = ctx.obj
+        if watch:
+            with reported(s), s.client() as client:
+                for change in client.watch():
+                    if change.get("connected"):
+                        _print_list(s, output, client, state, user, limit, offset)
+                    elif "id" in change and (not user or change.get("user") == user):
+                        if not state or change.get("state") == state.upper():
+                            _print_change(s, output, change)
+            return
         with reported(s), s.client() as client:
-            page = client.list(
-                state=state.upper() if state else None, user=user, limit=limit, offset=offset
-            )
+            _print_list(s, output, client, state, user, limit, offset)
+
+    def _print_list(
+        s: Session, output: Output, client: Client, state: str | None, user: str | None,
+        limit: int, offset: int,
+    ) -> None:  # fmt: skip
+        page = client.list(
+            state=state.upper() if state else None, user=user, limit=limit, offset=offset
+        )
         if output is Output.json:
             _print_json(page)
             return
@@ -553,6 +595,26 @@ def _follow(s: Session, client: Client, job_id: str, timeout: float | None) -> N
     reason = f": {job['reason']}" if job.get("reason") else ""
     s.error(f"job {job_id} {job.get('state')}{reason}")
     raise typer.Exit(1)
+
+
+def _watch_key(job: Job) -> tuple[Any, ...]:
+    tasks = tuple((t.get("role"), t.get("index"), t.get("state")) for t in job.get("tasks") or ())
+    return job.get("state"), job.get("reason"), job.get("attempt"), tasks
+
+
+def _print_change(s: Session, output: Output, job: Job) -> None:
+    """One line per change of a watched job (JSON: one object per line)."""
+    if output is Output.json:
+        typer.echo(json.dumps(job, default=str))
+        return
+    line = Text(f"{_time(job.get('updated_at')) or ''} ", style="dim")
+    line += Text(f"{job.get('id')} {job.get('name') or ''} ") + _state(job.get("state"))
+    counts = _task_counts(job.get("tasks") or [])
+    if counts:
+        line += Text(f"  tasks: {counts}")
+    if job.get("reason"):
+        line += Text(f"  ({job['reason']})")
+    s.out.print(line)
 
 
 def _print_job(out: Console, job: Job) -> None:

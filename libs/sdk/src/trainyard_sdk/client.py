@@ -194,6 +194,39 @@ class Client:
             params["user"] = user
         return self._request("GET", "/v1/jobs", params=params)
 
+    def watch(self, job_id: str | None = None) -> Iterator[dict[str, Any]]:
+        """Each change of a job's summary as it happens (server-sent events of ``GET
+        /v1/watch/jobs``; only ``job_id``'s, or every job the caller may see), until the
+        caller stops iterating. ``{"connected": True}`` comes first, once the server
+        follows changes for the caller (read the state then: nothing after it is
+        missed); ``{"reset": True}`` means changes were missed: read again."""
+        params = {"job_id": job_id} if job_id else None
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+        try:
+            with self._http.stream(
+                "GET", "/v1/watch/jobs", params=params, timeout=timeout,
+                headers={"Accept": "text/event-stream"},
+            ) as answer:  # fmt: skip
+                if answer.status_code >= 400:
+                    answer.read()
+                    raise self._api_error(answer)
+                kind, data = "message", []
+                for line in answer.iter_lines():
+                    if line == ": connected":
+                        yield {"connected": True}
+                    elif line.startswith("event:"):
+                        kind = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data.append(line[5:].strip())
+                    elif not line:
+                        if kind == "reset":
+                            yield {"reset": True}
+                        elif data and kind == "job":
+                            yield json.loads("\n".join(data))
+                        kind, data = "message", []
+        except httpx.TransportError as exc:
+            raise UnreachableError(self.base_url, exc) from exc
+
     def events(self, job_id: str) -> Items:
         return self._request("GET", f"/v1/jobs/{_seg(job_id)}/events")["items"]
 

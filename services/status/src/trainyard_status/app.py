@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from trainyard_common.api import ERRORS, History, JobList, JobView, Me, answers
+from trainyard_common.api import ERRORS, History, JobAsOf, JobList, JobView, Me, answers
 from trainyard_common.auth import Identity, TokenStore, identity_dependency
 from trainyard_common.bus import DeadLetters
 from trainyard_common.events import JobState
+from trainyard_common.jobspec import JobKind
 from trainyard_common.limits import MAX_OFFSET
 from trainyard_common.runtime import health_app
 
@@ -22,6 +24,7 @@ from .adapters.feed import RESET, JobFeed
 from .adapters.views import JobViews, job_view
 from .dead_letters import router as dead_letter_api
 from .dialect_api import ROUTERS, StatusContext
+from .domain.projection import job_as_of
 
 MAX_NAME = 256
 KEEPALIVE_S = 15.0
@@ -50,7 +53,29 @@ def list_filters(
     return where
 
 
-async def sse(feed: JobFeed, identity: Identity, request: Request) -> AsyncIterator[bytes]:
+def make_cursor(submitted_at: datetime, job_id: str) -> str:
+    raw = json.dumps([submitted_at.isoformat(), job_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def read_cursor(cursor: str) -> tuple[datetime, str]:
+    """A ``next`` cursor back to (submitted_at, id); a 400 naming the field otherwise."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, job_id = json.loads(raw)
+        when = datetime.fromisoformat(at)
+        if not isinstance(job_id, str) or when.tzinfo is None:
+            raise ValueError("not a cursor")
+    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        raise HTTPException(
+            400, "cursor: not a cursor this API gave (use `next` as it is)"
+        ) from exc
+    return when, job_id
+
+
+async def sse(
+    feed: JobFeed, identity: Identity, request: Request, job_id: str | None = None
+) -> AsyncIterator[bytes]:
     yield b"retry: 2000\n: connected\n\n"
     async with feed.listen() as queue:
         while not await request.is_disconnected():
@@ -63,6 +88,8 @@ async def sse(feed: JobFeed, identity: Identity, request: Request) -> AsyncItera
                 yield b"event: reset\ndata: {}\n\n"
                 return
             if not identity.can_see(change.get("user") or ""):
+                continue
+            if job_id is not None and change["id"] != job_id:
                 continue
             body = json.dumps(change, default=_iso)
             yield f"event: job\ndata: {body}\n\n".encode()
@@ -103,8 +130,14 @@ def create_app(
         queue: str | None = Query(None, max_length=MAX_NAME),
         dialect: str | None = Query(None, max_length=MAX_NAME),
         name: str | None = Query(None, max_length=MAX_NAME, description="names starting so"),
+        kind: JobKind | None = None,
         submitted_after: datetime | None = None,
         submitted_before: datetime | None = None,
+        order: Literal["newest", "oldest"] = "newest",
+        cursor: str | None = Query(
+            None, max_length=600, description="`next` of the page before: the page after it"
+        ),
+        counts: bool = Query(False, description="also count the matching jobs by state"),
         limit: int = Query(20, ge=1, le=500),
         offset: int = Query(0, ge=0, le=MAX_OFFSET),
     ) -> dict:
@@ -113,14 +146,26 @@ def create_app(
                 raise HTTPException(403, "only an admin can list other users' jobs")
             user = identity.user
         where = list_filters(queue, dialect, name, submitted_after, submitted_before)
+        if kind is not None:
+            where["kind"] = kind.value
+        after = read_cursor(cursor) if cursor else None
         items, total = await views.list_jobs(
             user=user,
             state=state.value if state else None,
             limit=limit,
-            offset=offset,
+            offset=0 if after else offset,
             where=where,
+            after=after,
+            oldest_first=order == "oldest",
         )
-        return {"items": items, "total": total, "limit": limit, "offset": offset}
+        answer: dict[str, Any] = {"items": items, "total": total, "limit": limit, "offset": offset}
+        last = items[-1] if len(items) == limit else None
+        answer["next"] = make_cursor(last["submitted_at"], last["id"]) if last else None
+        if counts:
+            answer["counts"] = await views.count_states(
+                {**where, **({"user": user} if user else {})}
+            )
+        return answer
 
     @app.get(
         "/v1/watch/jobs",
@@ -132,14 +177,18 @@ def create_app(
             **ERRORS,
         },
     )
-    async def watch_jobs(request: Request, identity: Identity = Depends(current)) -> Response:
+    async def watch_jobs(
+        request: Request,
+        identity: Identity = Depends(current),
+        job_id: str | None = Query(None, max_length=MAX_NAME, description="only this job"),
+    ) -> Response:
         """Server-sent events: ``job`` with a job's summary each time its view changes
-        (the caller's jobs; every job for an admin), ``reset`` when the caller fell too
-        far behind to follow (read the list again), a comment every 15 s meanwhile."""
+        (the caller's jobs, every job for an admin, or only ``job_id``), ``reset`` when
+        the caller fell too far behind to follow (read again), a comment every 15 s."""
         if feed is None:
             raise HTTPException(503, "the live feed is not running here")
         return StreamingResponse(
-            sse(feed, identity, request),
+            sse(feed, identity, request, job_id),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -153,6 +202,29 @@ def create_app(
     async def get_job(job_id: str, identity: Identity = Depends(current)) -> dict:
         doc = await visible_job(job_id, identity)
         return job_view(doc, await views.job_tasks(job_id))
+
+    @app.get("/v1/jobs/{job_id}/state", responses=answers(JobAsOf))
+    async def get_state_at(
+        job_id: str,
+        at: datetime = Query(description="the moment (ISO 8601; no zone: UTC)"),
+        identity: Identity = Depends(current),
+    ) -> dict[str, Any]:
+        """The job as it was at ``at``: its history up to then, projected again."""
+        await visible_job(job_id, identity)
+        when = at if at.tzinfo else at.replace(tzinfo=UTC)
+        view = job_as_of(await views.events_of(job_id), when)
+        if view is None:
+            raise HTTPException(404, f"at: job {job_id} had not been submitted at {when}")
+        return {
+            "id": job_id,
+            "at": when,
+            "state": view.get("state"),
+            "attempt": view.get("attempt", 1),
+            "reason": view.get("reason"),
+            "queue_reasons": view.get("queue_reasons", []),
+            "queue_position": view.get("queue_position"),
+            "updated_at": view.get("updated_at"),
+        }
 
     @app.get("/v1/jobs/{job_id}/events", responses=answers(History))
     async def get_events(job_id: str, identity: Identity = Depends(current)) -> dict:

@@ -5,12 +5,13 @@ only move to a higher rank, task transitions only to a higher ``seq``."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from pymongo import ASCENDING, DESCENDING
 
 from trainyard_common.dialects import BY_NAME
-from trainyard_common.events import Event, JobState, TaskState
+from trainyard_common.events import Event, JobState, TaskState, decode
 from trainyard_common.jobspec import REDACTED
 from trainyard_common.storage import Database, insert_once
 
@@ -151,9 +152,13 @@ class JobViews:
         offset: int,
         where: dict[str, Any] | None = None,
         full: bool = False,
+        after: tuple[datetime, str] | None = None,
+        oldest_first: bool = False,
     ) -> tuple[list[dict[str, Any]], int]:
-        """Jobs newest first. ``where`` adds equality filters on stored fields (a
-        dialect's API narrows by dialect or queue); ``full`` returns whole documents."""
+        """Jobs newest first (``oldest_first``: the other way). ``where`` adds filters on
+        stored fields (a dialect's API narrows by dialect or queue); ``full`` returns
+        whole documents. ``after``: the (submitted_at, id) of the last job of the page
+        before (a cursor: pages stay right while jobs are written; no ``offset`` then)."""
         query: dict[str, Any] = {"state": {"$ne": None}, **(where or {})}
         if user:
             query["user"] = user
@@ -168,13 +173,36 @@ class JobViews:
         else:
             total = await self.jobs.count_documents(query)
         projection = None if full else {"spec_json": 0, "original_json": 0}
-        cursor = (
-            self.jobs.find(query, projection)
-            .sort([("submitted_at", DESCENDING), ("_id", DESCENDING)])
-            .skip(offset)
-            .limit(limit)
-        )
-        return [doc if full else summary(doc) async for doc in cursor], total
+        way = ASCENDING if oldest_first else DESCENDING
+        order = [("submitted_at", way), ("_id", way)]
+        if after is None:
+            cursor = self.jobs.find(query, projection).sort(order).skip(offset).limit(limit)
+            docs = [doc async for doc in cursor]
+        else:
+            # Keyset: the rest of the cursor's second, then the seconds beyond it; each
+            # a walk of the same index the first page used.
+            at, last = after
+            beyond = "$gt" if oldest_first else "$lt"
+            docs = []
+            for extra in (
+                {"submitted_at": at, "_id": {beyond: last}},
+                {"submitted_at": {beyond: at, **query.get("submitted_at", {})}},
+            ):
+                if len(docs) >= limit:
+                    break
+                part = {**query, **extra}
+                cursor = self.jobs.find(part, projection).sort(order).limit(limit - len(docs))
+                docs += [doc async for doc in cursor]
+        return [doc if full else summary(doc) for doc in docs], total
+
+    async def count_states(self, where: dict[str, Any]) -> dict[str, int]:
+        """How many jobs matching ``where`` are in each state (zero states left out)."""
+        counts = {}
+        for state in JobState:
+            n = await self.jobs.count_documents({**where, "state": state.value})
+            if n:
+                counts[state.value] = n
+        return counts
 
     async def changed_since(self, after: int, limit: int = 500) -> list[dict[str, Any]]:
         """Summaries of the jobs whose view changed after stream sequence ``after``,
@@ -223,6 +251,11 @@ class JobViews:
         )
         return [task_view(doc) async for doc in cursor]
 
+    async def events_of(self, job_id: str) -> list[Event]:
+        """The job's events as they were published, in stream order."""
+        cursor = self.events.find({"job_id": job_id}).sort([("seq", ASCENDING)])
+        return [decode(doc["event_json"].encode()) async for doc in cursor]
+
     async def history(self, job_id: str) -> list[dict[str, Any]]:
         cursor = self.events.find({"job_id": job_id}).sort([("seq", ASCENDING)])
         return [
@@ -258,6 +291,7 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         "state": doc.get("state"),
         "dialect": doc.get("dialect"),
         "queue": doc.get("queue"),
+        "kind": doc.get("kind"),
         "submitted_at": doc.get("submitted_at"),
         "updated_at": doc.get("updated_at"),
         "reason": doc.get("reason"),

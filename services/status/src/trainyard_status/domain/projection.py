@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from trainyard_common.dialects import BY_NAME
@@ -126,6 +127,7 @@ def project(event: Event) -> Changes:
                         "dialect_key": event.dialect_key,
                         "queue": spec.queue,
                         "priority": spec.priority,
+                        "kind": spec.kind.value,
                         "submitted_at": at,
                         "spec_json": spec.redacted().model_dump_json(),
                         "original_json": _original(event),
@@ -366,3 +368,29 @@ def _original(event: JobSubmitted) -> str | None:
     chosen = BY_NAME.get(event.dialect)
     shown = chosen.redact(event.original) if chosen else event.original
     return json.dumps(shown, ensure_ascii=False)
+
+
+def job_as_of(events: list[Event], at: datetime) -> dict[str, Any] | None:
+    """The job's view as it was at ``at``: its history up to then (in stream order)
+    through the same projection and the same rank rule as the stored view. None when
+    nothing of it had happened yet."""
+    view: dict[str, Any] | None = None
+    rank = -1
+    for event in events:
+        if event.occurred_at > at:
+            continue
+        change = project(event).job
+        if change is None:
+            continue
+        if view is None:
+            view = {"state": None}
+        view.update(change.always)
+        for key, value in change.add_to_set.items():
+            if value not in view.setdefault(key, []):
+                view[key].append(value)
+        if change.state is not None and (
+            change.rank > rank or (change.rank == rank and change.same_rank_ok)
+        ):
+            rank = change.rank
+            view.update({"state": change.state.value, **change.with_state})
+    return view
