@@ -43,7 +43,8 @@ def test_submit_yaml_wait_get_events_logs(platform: Platform, tmp_path: Path) ->
     assert view["id"] == job_id and view["state"] == "SUCCEEDED"
     table = yard(platform, "get", job_id).stdout
     assert "SUCCEEDED" in table and "main" in table
-    assert job_id in yard(platform, "ls").stdout
+    assert f"\n{job_id[:8]}\t" in yard(platform, "ls").stdout  # short ids in tables
+    assert job_id in yard(platform, "ls", "-o", "wide").stdout
     events = yard(platform, "events", job_id).stdout
     assert "JobSubmitted" in events and "JobFinished" in events
     assert (
@@ -151,3 +152,29 @@ def test_get_and_ls_watch_follow_changes_as_they_happen(platform: Platform) -> N
     changes = [line for line in out.splitlines() if job in line]
     assert any("SUCCEEDED" in line for line in changes), out
     assert any(name in line for line in changes), out
+
+
+def test_short_ids_names_why_and_queue_against_the_platform(platform: Platform) -> None:
+    import uuid
+
+    from .conftest import Api
+
+    api = Api(platform.url, platform.token)
+    name = f"named-{uuid.uuid4().hex[:8]}"
+    job = api.submit(
+        {
+            "name": name,
+            "roles": [
+                {"name": "w", "command": "exit 4", "resources": {"cpu": 1, "memory_mb": 128}}
+            ],
+        }
+    )
+    api.wait(job)
+    by_short = json.loads(yard(platform, "get", job[:8], "-o", "json").stdout)
+    assert by_short["id"] == job
+    why = yard(platform, "why", name).stdout
+    assert f"{name} is FAILED" in why and "exit code 4" in why
+    listed = yard(platform, "ls", "-n", "50").stdout.splitlines()
+    assert any(line.startswith(job[:8] + "\t") and name in line for line in listed)
+    assert yard(platform, "queue").returncode == 0
+    assert yard(platform, "--version").stdout.startswith("yard ")

@@ -7,6 +7,7 @@ client whose transport is the fake, so nothing in the CLI module is patched.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -421,9 +422,40 @@ def test_token_from_env_and_from_data_dir(yard, gw, tmp_path):
 
 
 def test_404_is_exit_1_with_detail(yard):
+    missing = "0" * 32  # a full id is asked for as it is
+    result = yard(*with_token("get", missing))
+    assert result.exit_code == 1
+    assert f"job {missing} not found (HTTP 404)" in result.stderr
     result = yard(*with_token("get", "job-9999"))
     assert result.exit_code == 1
-    assert "job job-9999 not found (HTTP 404)" in result.stderr
+    assert "no job whose id starts with, or whose name is, 'job-9999'" in result.stderr
+
+
+def test_a_job_is_named_by_its_short_id_or_its_name(yard, gw):
+    first = gw.add_job(name="mnist", user="alice")
+    gw.add_job(name="mnist-2", user="alice")
+    for ref in ("job-0001", "mnist"):
+        result = yard(*with_token("stop", ref))
+        assert result.exit_code == 0, result.output
+        assert gw.stops[-1] == first["id"]
+    # Ambiguous: both ids start with "job-000", and a name two jobs have.
+    result = yard(*with_token("get", "job-000"))
+    assert result.exit_code == 1 and "more than one job's id" in result.stderr
+    gw.add_job(name="mnist", user="bob")
+    result = yard(*with_token("get", "mnist"))
+    assert result.exit_code == 1 and "several jobs are named 'mnist'" in result.stderr
+
+
+def test_tables_piped_are_tab_separated_and_yaml_and_wide_outputs(yard, gw):
+    job = gw.add_job(name="a b", user="alice", state="RUNNING")
+    result = yard(*with_token("ls"))
+    lines = result.stdout.splitlines()
+    assert lines[0].split("\t")[:4] == ["ID", "NAME", "USER", "STATE"]
+    assert lines[1].split("\t")[:4] == [job["id"], "a b", "alice", "RUNNING"]
+    wide = yard(*with_token("ls", "-o", "wide")).stdout.splitlines()
+    assert "QUEUE" in wide[0].split("\t")
+    as_yaml = yard(*with_token("get", job["id"], "-o", "yaml"))
+    assert as_yaml.exit_code == 0 and "name: a b" in as_yaml.stdout
 
 
 def test_url_option_reaches_the_factory(yard):
@@ -460,3 +492,45 @@ def test_python_dash_m_runs_the_cli():
     )
     assert done.returncode == 0, done.stderr
     assert "submit" in done.stdout and "token" in done.stdout
+
+
+def test_queue_and_why_say_what_a_job_waits_for(yard, gw):
+    waiting = gw.add_job(name="big", user="alice", state="QUEUED",
+                         queue_reasons=["needs 8 GPUs; the largest free block has 4"])  # fmt: skip
+    result = yard(*with_token("queue"))
+    assert result.exit_code == 0, result.output
+    row = result.stdout.splitlines()[1].split("\t")
+    assert row[:3] == ["1", waiting["id"], "big"] and "largest free block has 4" in row[-1]
+    why = yard(*with_token("why", "big"))
+    assert why.exit_code == 0, why.output
+    assert "big is QUEUED" in why.stdout and "largest free block has 4" in why.stdout
+    failed = gw.add_job(**RICH_JOB)
+    why = yard(*with_token("why", failed["id"]))
+    assert "because: task worker[1] failed" in why.stdout
+    assert "task worker[1] on node-b: exit code 3" in why.stdout
+
+
+def test_version_and_completion(yard):
+    result = yard("--version")
+    assert result.exit_code == 0 and result.stdout.startswith("yard 0.")
+    result = yard("--show-completion", "bash", env={"SHELL": "/bin/bash"})
+    assert result.exit_code == 0 and "complete" in result.stdout
+
+
+def test_a_terminal_of_100_columns_gets_a_readable_table(yard, gw):
+    for n in range(3):
+        gw.add_job(id="abc"[n] * 32, name=f"resnet50-imagenet-{n}", user="alice", state="FAILED",
+                   reason="task worker[3] exited with code 137 after the OOM killer ended it " * 2)  # fmt: skip
+    result = yard(
+        *with_token("ls"), env={"COLUMNS": "100", "FORCE_COLOR": "1", "TTY_COMPATIBLE": "1"}
+    )
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    visible = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in lines]
+    assert all(len(line) <= 100 for line in visible), visible
+    rows = [line for line in visible if "resnet50" in line]
+    assert len(rows) == 3
+    # Short ids, whole names, the reason folded onto further lines instead of cut.
+    assert rows[0].startswith("cccccccc ") and "c" * 32 not in result.stdout
+    assert "resnet50-imagenet-2" in rows[0] and "OOM" in result.stdout
+    assert "\t" not in result.stdout

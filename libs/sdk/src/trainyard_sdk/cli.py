@@ -17,10 +17,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from enum import StrEnum
+from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -48,13 +50,20 @@ EVENT_ENVELOPE = {"event_id", "job_id", "occurred_at", "schema_version", "type",
 
 class Output(StrEnum):
     table = "table"
+    wide = "wide"
     json = "json"
+    yaml = "yaml"
 
 
 OutputOpt = Annotated[
-    Output, typer.Option("--output", "-o", help="table for people, json for scripts")
+    Output,
+    typer.Option(
+        "--output", "-o", help="table (short ids) or wide for people, json or yaml for scripts"
+    ),
 ]
-JobIdArg = Annotated[str, typer.Argument(metavar="ID", help="job id")]
+JobIdArg = Annotated[
+    str, typer.Argument(metavar="ID", help="job id, the start of one (as tables show) or its name")
+]
 TimeoutOpt = Annotated[float | None, typer.Option(help="give up after this many seconds")]
 URL_HELP = "gateway URL \\[env: YARD_URL; default http://127.0.0.1:8080]"
 TOKEN_HELP = "bearer token \\[env: YARD_TOKEN; else <YARD_DATA_DIR or ./.data>/admin-token]"
@@ -94,12 +103,19 @@ def reported(session: Session) -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
+def show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"yard {version('trainyard-sdk')}")
+        raise typer.Exit()
+
+
 def make_app(connect: ClientFactory = Client) -> typer.Typer:
     app = typer.Typer(
         name="yard",
         help="Submit, watch and manage Trainyard training jobs.",
         no_args_is_help=True,
-        add_completion=False,
+        # `yard --install-completion` (bash, zsh, fish, PowerShell).
+        add_completion=True,
         # Locals in a traceback would print the bearer token.
         pretty_exceptions_show_locals=False,
     )
@@ -113,8 +129,52 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         ctx: typer.Context,
         url: Annotated[str | None, typer.Option("--url", help=URL_HELP)] = None,
         token: Annotated[str | None, typer.Option("--token", help=TOKEN_HELP)] = None,
+        _version: Annotated[
+            bool,
+            typer.Option("--version", callback=show_version, is_eager=True, help="and exit"),
+        ] = False,
     ) -> None:
         ctx.obj = Session(connect, url, token)
+
+    @app.command()
+    def queue(ctx: typer.Context, output: OutputOpt = Output.table) -> None:
+        """The jobs waiting to be placed, in order, with why each waits (yours; an admin's:
+        everyone's)."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            rows = client.queue()
+        if _print_data(output, rows):
+            return
+        wide = output is Output.wide
+        _table(
+            s,
+            ["#", "ID", "NAME", "USER", "QUEUE", "PRIO", "WHY"],
+            [
+                [
+                    _cell(r.get("position")),
+                    _id(r.get("job_id"), wide),
+                    _cell(r.get("name")),
+                    _cell(r.get("user")),
+                    _cell(r.get("queue")),
+                    _cell(r.get("priority")),
+                    _cell("; ".join(r.get("reasons") or [])),
+                ]
+                for r in rows
+            ],  # fmt: skip
+            wrap="WHY",
+        )
+        if not rows:
+            s.err.print(Text("nothing waits", style="dim"))
+
+    @app.command()
+    def why(ctx: typer.Context, job_id: JobIdArg) -> None:
+        """Why a job is where it is: what it waits for, why it failed or was refused."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            job_id = client.resolve(job_id)
+            job = client.get(job_id)
+        for line in explain(job):
+            s.out.print(Text(line))
 
     @app.command()
     def submit(
@@ -136,9 +196,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
             payload = _read_job_file(file)
             with s.client() as client:
                 answer = client.submit(payload, dialect=dialect)
-                if output is Output.json:
-                    _print_json(answer)
-                else:
+                if not _print_data(output, answer):
                     typer.echo(answer["id"])
                     for warning in answer.get("warnings") or ():
                         s.err.print(Text("warning: ", style="yellow") + Text(_issue_text(warning)))
@@ -160,9 +218,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
             payload = _read_job_file(file)
             with s.client() as client:
                 answer = client.validate(payload, dialect=dialect)
-        if output is Output.json:
-            _print_json(answer)
-        else:
+        if not _print_data(output, answer):
             verdict = "valid" if answer["valid"] else "invalid"
             s.out.print(Text(f"{verdict} {answer['dialect']} job"))
             for error in answer.get("errors") or ():
@@ -181,6 +237,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         """Follow a job until it ends; exit 1 unless it succeeded."""
         s: Session = ctx.obj
         with reported(s), s.client() as client:
+            job_id = client.resolve(job_id)
             _follow(s, client, job_id, timeout)
 
     @app.command()
@@ -195,11 +252,10 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         """Show a job and its tasks."""
         s: Session = ctx.obj
         with reported(s), s.client() as client:
+            job_id = client.resolve(job_id)
             if not watch:
                 job = client.get(job_id)
-                if output is Output.json:
-                    _print_json(job)
-                else:
+                if not _print_data(output, job):
                     _print_job(s.out, job)
                 return
             # Read once the server follows the job (nothing after that read is missed),
@@ -212,9 +268,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
                 job = client.get(job_id)
                 key = _watch_key(job)
                 if seen is None:
-                    if output is Output.json:
-                        _print_json(job)
-                    else:
+                    if not _print_data(output, job):
                         _print_job(s.out, job)
                 elif key != seen:
                     _print_change(s, output, job)
@@ -255,27 +309,24 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         page = client.list(
             state=state.upper() if state else None, user=user, limit=limit, offset=offset
         )
-        if output is Output.json:
-            _print_json(page)
+        if _print_data(output, page):
             return
         items = page.get("items") or []
-        table = Table(box=None, header_style="bold", pad_edge=False)
-        _id_column(table, items)
-        for name in ("NAME", "USER", "STATE", "DIALECT", "SUBMITTED"):
-            table.add_column(name, no_wrap=True)
-        table.add_column("REASON")
-        for job in items:
-            table.add_row(
-                _cell(job.get("id")),
-                _cell(job.get("name")),
-                _cell(job.get("user")),
+        wide = output is Output.wide
+        headers = ["ID", "NAME", "USER", "STATE", *(["QUEUE", "KIND"] if wide else []),
+                   "DIALECT", "SUBMITTED", "REASON"]  # fmt: skip
+        rows = [
+            [
+                _id(job.get("id"), wide), _cell(job.get("name")), _cell(job.get("user")),
                 _state(job.get("state")),
-                _cell(job.get("dialect")),
-                _cell(_time(job.get("submitted_at"))),
+                *([_cell(job.get("queue")), _cell(job.get("kind"))] if wide else []),
+                _cell(job.get("dialect")), _cell(_time(job.get("submitted_at"))),
                 _cell(job.get("reason")),
-            )
+            ]
+            for job in items
+        ]  # fmt: skip
         if items:
-            s.out.print(table)
+            _table(s, headers, rows)
         total = page.get("total", len(items))
         start = page.get("offset", offset)
         shown = f"{start + 1}-{start + len(items)}" if items else "0"
@@ -290,9 +341,9 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         """Show a job's event history, oldest first."""
         s: Session = ctx.obj
         with reported(s), s.client() as client:
+            job_id = client.resolve(job_id)
             items = client.events(job_id)
-        if output is Output.json:
-            _print_json(items)
+        if _print_data(output, items):
             return
         table = Table(box=None, header_style="bold", pad_edge=False)
         table.add_column("SEQ", justify="right")
@@ -323,6 +374,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         s: Session = ctx.obj
         stream = "stderr" if stderr else "stdout"
         with reported(s), s.client() as client:
+            job_id = client.resolve(job_id)
             if follow:
                 # A job just submitted may still be queued: follow from when it starts.
                 client.wait(job_id, until_terminal=False)
@@ -351,6 +403,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         INDEX -- CMD...`. Exits with the command's exit code (124 when it timed out)."""
         s: Session = ctx.obj
         with reported(s), s.client() as client:
+            job_id = client.resolve(job_id)
             answer = client.exec(job_id, role, index, command, timeout=timeout)
         sys.stdout.write(answer.get("stdout") or "")
         sys.stdout.flush()
@@ -366,6 +419,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         """Ask for a job to be stopped."""
         s: Session = ctx.obj
         with reported(s), s.client() as client:
+            job_id = client.resolve(job_id)
             client.stop(job_id)
         s.out.print(Text(f"stop requested for {job_id}"))
 
@@ -378,6 +432,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         """Pause a job: its tasks end and its capacity is freed until `yard resume`."""
         s: Session = ctx.obj
         with reported(s), s.client() as client:
+            job_id = client.resolve(job_id)
             client.pause(job_id, reason=reason)
         s.out.print(Text(f"pause requested for {job_id}"))
 
@@ -386,6 +441,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         """Resume a paused job: it is queued again as its next attempt."""
         s: Session = ctx.obj
         with reported(s), s.client() as client:
+            job_id = client.resolve(job_id)
             client.resume(job_id)
         s.out.print(Text(f"resume requested for {job_id}"))
 
@@ -399,6 +455,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         a paused job is resumed."""
         s: Session = ctx.obj
         with reported(s), s.client() as client:
+            job_id = client.resolve(job_id)
             client.restart(job_id, reason=reason)
         s.out.print(Text(f"restart requested for {job_id}"))
 
@@ -412,6 +469,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         """Resize an elastic role within its min/max; a running job restarts at that size."""
         s: Session = ctx.obj
         with reported(s), s.client() as client:
+            job_id = client.resolve(job_id)
             client.scale(job_id, role, replicas)
         s.out.print(Text(f"scale of {job_id} role {role} to {replicas} requested"))
 
@@ -426,9 +484,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         s: Session = ctx.obj
         with reported(s), s.client() as client:
             answer = client.create_token(user, admin=admin)
-        if output is Output.json:
-            _print_json(answer)
-        else:
+        if not _print_data(output, answer):
             typer.echo(answer["token"])
             kind = "admin token" if admin else "token"
             note = f"{kind} for {answer.get('user', user)}; shown once, keep it safe"
@@ -451,8 +507,7 @@ def make_nodes_app() -> typer.Typer:
         s: Session = ctx.obj
         with reported(s), s.client() as client:
             nodes = client.nodes()
-        if output is Output.json:
-            _print_json(nodes)
+        if _print_data(output, nodes):
             return
         table = Table(box=None, header_style="bold", pad_edge=False)
         for name in ("NAME", "STATE", "CPU", "MEMORY MB", "GPUS", "GPU TYPE", "JOBS"):
@@ -511,9 +566,7 @@ def make_nodes_app() -> typer.Typer:
             spec["host_ip"] = host_ip
         with reported(s), s.client() as client:
             node = client.add_node(spec)
-        if output is Output.json:
-            _print_json(node)
-        else:
+        if not _print_data(output, node):
             s.out.print(Text(f"node {node.get('name', name)} added"))
 
     @nodes_app.command("drain")
@@ -595,6 +648,38 @@ def _follow(s: Session, client: Client, job_id: str, timeout: float | None) -> N
     reason = f": {job['reason']}" if job.get("reason") else ""
     s.error(f"job {job_id} {job.get('state')}{reason}")
     raise typer.Exit(1)
+
+
+def explain(job: Job) -> list[str]:
+    """A job's state in sentences (``yard why``)."""
+    state = job.get("state")
+    lines = [f"{job.get('name') or job.get('id')} is {state}"
+             + (f" (attempt {job['attempt']})" if (job.get("attempt") or 1) > 1 else "")]  # fmt: skip
+    if state in ("SUBMITTED", "ACCEPTED"):
+        lines.append("it is being checked; placement takes it next")
+    if state == "QUEUED" or job.get("queue_reasons"):
+        where = job.get("queue_position")
+        lines.append(
+            f"it waits in queue {job.get('queue')}" + (f", position {where}" if where else "")
+        )
+        lines += [f"  - {reason}" for reason in job.get("queue_reasons") or []]
+    if state == "REJECTED":
+        lines.append("it was refused:")
+        lines += [f"  - {_issue_text(issue)}" for issue in job.get("errors") or []]
+    if state in ("FAILED", "STOPPED", "PAUSED") and job.get("reason"):
+        lines.append(f"because: {job['reason']}")
+    if job.get("failure_class"):
+        lines.append(f"failure put down to: {job['failure_class']}")
+    for task in job.get("tasks") or []:
+        if task.get("state") == "FAILED":
+            lines.append(
+                f"  task {task.get('role')}[{task.get('index')}] on {task.get('node') or '-'}: "
+                f"exit code {task.get('exit_code')}, {task.get('reason') or 'failed'}"
+                + (f" ({task['failure_class']})" if task.get("failure_class") else "")
+            )
+    if state in ("RUNNING", "PLACED", "SUCCEEDED") and job.get("reason"):
+        lines.append(job["reason"])
+    return lines
 
 
 def _watch_key(job: Job) -> tuple[Any, ...]:
@@ -745,6 +830,37 @@ def _issue_text(issue: Any) -> str:
     return str(issue)
 
 
+SHORT_ID = 8
+
+
+def _id(value: Any, wide: bool = False) -> Text:
+    """A job id as tables show it: its first 8 digits (every command takes them), the
+    whole of it with ``-o wide``."""
+    text = "-" if not value else str(value)
+    return Text(text if wide or len(text) != 32 else text[:SHORT_ID])
+
+
+def _table(s: Session, headers: list[str], rows: list[list[Text]], wrap: str = "REASON") -> None:
+    """Rows for people on a terminal (aligned; the ``wrap`` column folds to fit the
+    width, the others never wrap), or, piped, one line per row with its cells between
+    tabs: no padding, no colour, for cut and awk."""
+    if not s.out.is_terminal:
+        lines = ["\t".join(headers)]
+        lines += ["\t".join(cell.plain.replace("\t", " ").replace("\n", " ") for cell in row)
+                  for row in rows]  # fmt: skip
+        typer.echo("\n".join(lines))
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in headers:
+        if name == wrap:
+            table.add_column(name, overflow="fold", ratio=1)
+        else:
+            table.add_column(name, no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    s.out.print(table)
+
+
 def _id_column(table: Table, items: list[dict[str, Any]]) -> None:
     # Ids are what people copy into the next command: never cut one.
     width = max((len(str(i.get("id"))) for i in items), default=2)
@@ -779,6 +895,17 @@ def _time(value: Any) -> str | None:
 
 def _print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def _print_data(output: Output, data: Any) -> bool:
+    """Print ``data`` as JSON or YAML when asked; False for the tables."""
+    if output is Output.json:
+        _print_json(data)
+    elif output is Output.yaml:
+        typer.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip("\n"))
+    else:
+        return False
+    return True
 
 
 app = make_app()

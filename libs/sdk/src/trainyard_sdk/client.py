@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -45,6 +46,10 @@ class ApiError(TrainyardError):
         return f"{text}\nhint: {self.hint}" if self.hint else text
 
 
+class JobRefError(TrainyardError):
+    """A job named by a short id or a name that is no job's, or several jobs'."""
+
+
 class UnreachableError(TrainyardError):
     """No answer at all: nothing listens at the URL, DNS failed, or it timed out."""
 
@@ -67,6 +72,10 @@ class WaitTimeout(TrainyardError):
     def __init__(self, job: Job, timeout: float) -> None:
         self.job = job
         super().__init__(f"job {job.get('id')} still {job.get('state')} after {timeout:g}s")
+
+
+# Job ids are 32 hex digits (uuid4().hex): one is used as it is, without a lookup.
+FULL_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def is_terminal(state: str | None) -> bool:
@@ -185,14 +194,36 @@ class Client:
         user: str | None = None,
         limit: int = 20,
         offset: int = 0,
+        **filters: str,
     ) -> dict[str, Any]:
-        """A page of job summaries, newest first: ``{"items", "total", "limit", "offset"}``."""
+        """A page of job summaries, newest first: ``{"items", "total", "limit", "offset"}``;
+        ``filters``: the list's other ones (``name`` prefix, ``id_prefix``, ``queue``,
+        ``dialect``, ``kind``, ...)."""
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         if state:
             params["state"] = state
         if user:
             params["user"] = user
+        params.update({k: v for k, v in filters.items() if v})
         return self._request("GET", "/v1/jobs", params=params)
+
+    def resolve(self, ref: str) -> str:
+        """The job ``ref`` names: a full id as it is, else the one job whose id starts
+        with it (a short id, as tables show), else the one job of that exact name."""
+        if FULL_ID.fullmatch(ref):
+            return ref
+        by_id = self.list(limit=2, id_prefix=ref)["items"]
+        if len(by_id) == 1:
+            return str(by_id[0]["id"])
+        if by_id:
+            raise JobRefError(f"{ref!r} starts more than one job's id: give more of it")
+        named = [j for j in self.list(limit=50, name=ref)["items"] if j.get("name") == ref]
+        if len(named) == 1:
+            return str(named[0]["id"])
+        if named:
+            which = ", ".join(f"{j['id'][:8]} ({j.get('user')})" for j in named)
+            raise JobRefError(f"several jobs are named {ref!r}: {which}; give an id")
+        raise JobRefError(f"no job whose id starts with, or whose name is, {ref!r}")
 
     def watch(self, job_id: str | None = None) -> Iterator[dict[str, Any]]:
         """Each change of a job's summary as it happens (server-sent events of ``GET
@@ -226,6 +257,10 @@ class Client:
                         kind, data = "message", []
         except httpx.TransportError as exc:
             raise UnreachableError(self.base_url, exc) from exc
+
+    def queue(self) -> Items:
+        """The waiting jobs in placement order, each with its position and reasons."""
+        return self._request("GET", "/v1/placement/queue")["jobs"]
 
     def events(self, job_id: str) -> Items:
         return self._request("GET", f"/v1/jobs/{_seg(job_id)}/events")["items"]

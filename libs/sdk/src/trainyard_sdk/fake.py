@@ -110,6 +110,16 @@ class FakeGateway:
             return self._submit(request, user)
         if path == "/v1/jobs" and method == "GET":
             return self._list(request, user, admin)
+        if path == "/v1/placement/queue" and method == "GET":
+            waiting = [j for j in self.jobs.values() if j["state"] == "QUEUED"]
+            rows = [
+                {"job_id": j["id"], "name": j.get("name"), "user": j["user"],
+                 "queue": j.get("queue", "default"), "priority": j.get("priority", 5),
+                 "position": n, "reasons": j.get("queue_reasons", [])}
+                for n, j in enumerate(waiting, 1)
+                if admin or j["user"] == user
+            ]  # fmt: skip
+            return httpx.Response(200, json={"jobs": rows})
 
         if (scale := SCALE_PATH.match(path)) and method == "POST":
             return self._scale(request, scale["id"], user, admin)
@@ -191,6 +201,8 @@ class FakeGateway:
             if (admin or j["user"] == user)
             and params.get("state") in (None, j["state"])
             and params.get("user") in (None, j["user"])
+            and str(j["id"]).startswith(params.get("id_prefix", ""))
+            and str(j.get("name") or "").startswith(params.get("name", ""))
         ]
         keys = ("id", "name", "user", "state", "dialect", "submitted_at", "updated_at", "reason")
         items = [{k: j.get(k) for k in keys} for j in jobs[offset : offset + limit]]

@@ -131,6 +131,7 @@ def create_app(
         dialect: str | None = Query(None, max_length=MAX_NAME),
         name: str | None = Query(None, max_length=MAX_NAME, description="names starting so"),
         kind: JobKind | None = None,
+        id_prefix: str | None = Query(None, max_length=64, description="ids starting so"),
         submitted_after: datetime | None = None,
         submitted_before: datetime | None = None,
         order: Literal["newest", "oldest"] = "newest",
@@ -148,6 +149,8 @@ def create_app(
         where = list_filters(queue, dialect, name, submitted_after, submitted_before)
         if kind is not None:
             where["kind"] = kind.value
+        if id_prefix:
+            where["_id"] = {"$gte": id_prefix, "$lt": id_prefix + "\U0010ffff"}
         after = read_cursor(cursor) if cursor else None
         items, total = await views.list_jobs(
             user=user,
