@@ -133,6 +133,17 @@ class JobAsOf(Body):
     updated_at: datetime | None
 
 
+class RebuildReport(Body):
+    """``POST /v1/admin/rebuild``: the stream read again, and where the views differ."""
+
+    until_seq: int = Field(description="the stream's newest message when the rebuild began")
+    messages: int
+    rebuilt: dict[str, int] = Field(description="documents of each rebuilt view")
+    different: int
+    differences: list[dict[str, Any]] = Field(description="the first 100")
+    applied: bool
+
+
 class SubmitAnswer(Body):
     id: str
     state: Literal["SUBMITTED"]

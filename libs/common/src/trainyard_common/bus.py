@@ -26,6 +26,7 @@ leader lease is built on it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -285,6 +286,63 @@ class Bus:
                         log.exception("after a batch of %s", durable)
         finally:
             await sub.unsubscribe()
+
+    async def replay_stream(
+        self,
+        durable: str,
+        subjects: list[str],
+        handler: Handler,
+        until_seq: int,
+        batch: int = 256,
+    ) -> int:
+        """Every message of ``subjects`` from the stream's start to ``until_seq``
+        through ``handler`` (a fresh consumer ``durable``, removed afterwards), each
+        acked once handled; returns how many. A handler's error ends the replay."""
+        with contextlib.suppress(NotFoundError):
+            await self.js.delete_consumer(STREAM, durable)
+        await self.ensure_consumer(durable, subjects)
+        sub = await self.js.pull_subscribe_bind(durable=durable, stream=STREAM)
+        handled = 0
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(batch, timeout=1.0)
+                except (TimeoutError, NatsTimeoutError):
+                    break  # nothing more: the stream ends before until_seq
+                for msg in msgs:
+                    meta = msg.metadata
+                    if meta.sequence.stream > until_seq:
+                        return handled
+                    headers = dict(msg.headers or {})
+                    subject = msg.subject
+                    try:
+                        event = decode_event(msg.data, subject, headers)
+                    except (ValidationError, ValueError):
+                        await msg.ack()  # never an event (it went to the dead letters)
+                        continue
+                    await handler(
+                        event,
+                        Delivery(
+                            stream_seq=meta.sequence.stream,
+                            num_delivered=meta.num_delivered,
+                            subject=subject,
+                            trace_id=trace_id_of(headers),
+                            headers=headers,
+                        ),
+                    )
+                    await msg.ack()
+                    handled += 1
+                    if meta.sequence.stream >= until_seq:
+                        return handled
+            return handled
+        finally:
+            await sub.unsubscribe()
+            with contextlib.suppress(NotFoundError):
+                await self.js.delete_consumer(STREAM, durable)
+
+    async def last_seq(self) -> int:
+        """The sequence of the newest message in the stream."""
+        return int((await self.js.stream_info(STREAM)).state.last_seq)
 
     async def _handle(self, msg: Msg, handler: Handler, decoder: Decoder) -> None:
         meta = msg.metadata

@@ -67,7 +67,13 @@ GRANTS: dict[str, Grant] = {
         durables=("launcher",),
         buckets=("yard_nonces",),
     ),
-    "status": Grant(durables=("status",), buckets=("yard_nonces",), dead_letters=True),
+    # status-rebuild: the whole stream read again into fresh views (`yard admin rebuild`).
+    "status": Grant(
+        durables=("status", "status-rebuild"),
+        buckets=("yard_nonces",),
+        dead_letters=True,
+        extra_publish=("$JS.API.CONSUMER.DELETE.YARD.status-rebuild",),
+    ),
 }
 
 INBOX_PREFIX = "_INBOX_"

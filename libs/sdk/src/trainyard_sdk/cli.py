@@ -121,6 +121,39 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
     )
     token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
     app.add_typer(token_app, name="token")
+    admin_app = typer.Typer(help="Platform maintenance (admin).", no_args_is_help=True)
+    app.add_typer(admin_app, name="admin")
+
+    @admin_app.command("rebuild")
+    def admin_rebuild(
+        ctx: typer.Context,
+        apply: Annotated[
+            bool, typer.Option("--apply", help="repair: make the views what the stream says")
+        ] = False,
+        output: OutputOpt = Output.table,
+    ) -> None:
+        """Rebuild the job views from the event stream and compare them with the live
+        ones; exit 1 when they differ (and --apply was not given)."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            report = client.rebuild(apply=apply)
+        if not _print_data(output, report):
+            rebuilt = report.get("rebuilt") or {}
+            s.out.print(Text(
+                f"read {report['messages']} message(s) up to #{report['until_seq']}: "
+                f"{rebuilt.get('jobs', 0)} job(s), {rebuilt.get('tasks', 0)} task(s), "
+                f"{rebuilt.get('events', 0)} history event(s)"
+            ))  # fmt: skip
+            for d in report.get("differences") or []:
+                s.out.print(Text(f"  {d['collection']} {d['id']}: {d['difference']}"))
+            verdict = "repaired" if report.get("applied") else "differ"
+            s.out.print(Text(
+                "the live views are what the stream says" if not report["different"]
+                else f"{report['different']} document(s) {verdict}"
+            ))  # fmt: skip
+        if report["different"] and not report.get("applied"):
+            raise typer.Exit(1)
+
     app.add_typer(make_nodes_app(), name="nodes")
     app.add_typer(make_ti_app(), name="ti")
 

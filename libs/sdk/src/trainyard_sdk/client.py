@@ -258,6 +258,11 @@ class Client:
         except httpx.TransportError as exc:
             raise UnreachableError(self.base_url, exc) from exc
 
+    def rebuild(self, apply: bool = False) -> dict[str, Any]:
+        """Rebuild the job views from the stream and compare (``apply``: repair)."""
+        params = {"apply": "true"} if apply else None
+        return self._request("POST", "/v1/admin/rebuild", params=params, timeout=600)
+
     def queue(self) -> Items:
         """The waiting jobs in placement order, each with its position and reasons."""
         return self._request("GET", "/v1/placement/queue")["jobs"]

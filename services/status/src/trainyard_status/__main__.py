@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
+from typing import Any
 
 from trainyard_common.aliyun_auth import NONCE_TTL_S
 from trainyard_common.auth import TokenStore, tokens_collection
@@ -18,7 +19,7 @@ from .adapters.feed import JobFeed
 from .adapters.metrics import keep_state_counts
 from .adapters.views import JobViews
 from .app import create_app
-from .handlers import project_event
+from .handlers import project_event, rebuild
 
 
 async def main() -> None:
@@ -46,7 +47,11 @@ async def main() -> None:
             await keep_state_counts(views, stop)
 
         feed = JobFeed(views)
-        app = create_app(views, tokens, DeadLetters(bus), feed)
+
+        async def rebuild_views(apply: bool) -> dict[str, Any]:
+            return await rebuild(bus, client, settings.db_name(), views, apply)
+
+        app = create_app(views, tokens, DeadLetters(bus), feed, rebuild_views)
         await serve(settings, app, [consume, count, feed.run])
     finally:
         await bus.close()

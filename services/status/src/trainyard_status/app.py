@@ -5,14 +5,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from trainyard_common.api import ERRORS, History, JobAsOf, JobList, JobView, Me, answers
+from trainyard_common.api import (
+    ERRORS,
+    History,
+    JobAsOf,
+    JobList,
+    JobView,
+    Me,
+    RebuildReport,
+    answers,
+)
 from trainyard_common.auth import Identity, TokenStore, identity_dependency
 from trainyard_common.bus import DeadLetters
 from trainyard_common.events import JobState
@@ -106,6 +115,7 @@ def create_app(
     tokens: TokenStore,
     dead_letters: DeadLetters | None = None,
     feed: JobFeed | None = None,
+    rebuild: Callable[[bool], Awaitable[dict[str, Any]]] | None = None,
 ) -> FastAPI:
     app = health_app("status")
     current = identity_dependency(tokens)
@@ -195,6 +205,19 @@ def create_app(
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+
+    @app.post("/v1/admin/rebuild", responses=answers(RebuildReport))
+    async def rebuild_views(
+        identity: Identity = Depends(current),
+        apply: bool = Query(False, description="write what the stream says over the views"),
+    ) -> dict[str, Any]:
+        """Read the whole stream again into fresh views and compare them with the live
+        ones (an admin's check after an upgrade or a repair); ``apply`` repairs."""
+        if not identity.admin:
+            raise HTTPException(403, "only an admin can rebuild the views")
+        if rebuild is None:
+            raise HTTPException(503, "rebuilding is not available here")
+        return await rebuild(apply)
 
     @app.get("/v1/me", responses=answers(Me))
     async def me(identity: Identity = Depends(current)) -> dict[str, Any]:

@@ -1,14 +1,22 @@
-"""Status's service layer: every event goes to the history, the views and the metrics."""
+"""Status's service layer: every event goes to the history, the views and the metrics;
+and the views rebuilt from the stream (``yard admin rebuild``)."""
 
 from __future__ import annotations
 
-from trainyard_common.bus import Delivery
+from functools import partial
+from typing import Any
+
+from trainyard_common.bus import Bus, Delivery
 from trainyard_common.events import Event
+from trainyard_common.storage import Client
+from trainyard_common.subjects import ALL_COMMANDS, ALL_EVENTS
 
 from .adapters.metrics import observe
-from .adapters.views import JobViews
+from .adapters.views import COLLECTIONS, JobViews, compare_views
 from .domain.metrics import NEEDS_JOB, observations
 from .domain.projection import project
+
+REBUILD_DURABLE = "status-rebuild"
 
 
 async def project_event(event: Event, delivery: Delivery, views: JobViews) -> None:
@@ -21,3 +29,39 @@ async def project_event(event: Event, delivery: Delivery, views: JobViews) -> No
         job = await views.get_job(event.job_id) if isinstance(event, NEEDS_JOB) else None
         observe(observations(event, job))
     await views.apply(project(event), delivery.stream_seq)
+
+
+async def project_only(event: Event, delivery: Delivery, views: JobViews) -> None:
+    """The projection without the metrics (a rebuild counts nothing again)."""
+    await views.record(event, delivery.stream_seq, delivery.trace_id)
+    await views.apply(project(event), delivery.stream_seq)
+
+
+async def rebuild(
+    bus: Bus, client: Client, db_name: str, live: JobViews, apply: bool
+) -> dict[str, Any]:
+    """Read the whole stream again, up to its newest message now, into fresh views
+    (a scratch database, dropped afterwards), and compare them with the live ones;
+    with ``apply``, make the live ones what the stream says. What changed after the
+    rebuild began is left out of the comparison (it is newer than the replay)."""
+    scratch_name = f"{db_name}_rebuild"
+    await client.drop_database(scratch_name)
+    scratch = JobViews(client[scratch_name])
+    try:
+        await scratch.ensure_indexes()
+        until = await bus.last_seq()
+        handled = await bus.replay_stream(
+            REBUILD_DURABLE, [ALL_EVENTS, ALL_COMMANDS], partial(project_only, views=scratch), until
+        )
+        differences = await compare_views(live, scratch, until, apply)
+        counts = {name: await getattr(scratch, name).count_documents({}) for name in COLLECTIONS}
+    finally:
+        await client.drop_database(scratch_name)
+    return {
+        "until_seq": until,
+        "messages": handled,
+        "rebuilt": counts,
+        "different": len(differences),
+        "differences": differences[:100],
+        "applied": apply,
+    }

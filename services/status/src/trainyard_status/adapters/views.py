@@ -343,3 +343,61 @@ def task_view(doc: dict[str, Any]) -> dict[str, Any]:
         "ended_at": doc.get("ended_at"),
         "updated_at": doc.get("updated_at"),
     }
+
+
+COLLECTIONS = ("jobs", "tasks", "events")
+
+
+async def compare_views(
+    live: JobViews, rebuilt: JobViews, until: int, apply: bool
+) -> list[dict[str, Any]]:
+    """Where the live views differ from the rebuilt ones, document by document (both
+    walked in id order); with ``apply`` each difference is written over the live one.
+    Jobs changed after stream sequence ``until`` (and their tasks), and history after
+    it, are newer than the rebuild and left as they are."""
+    differences: list[dict[str, Any]] = []
+    newer: set[str] = set()
+    for name in COLLECTIONS:
+        ours, theirs = getattr(live, name), getattr(rebuilt, name)
+        left = aiter(ours.find({}).sort([("_id", ASCENDING)]))
+        right = aiter(theirs.find({}).sort([("_id", ASCENDING)]))
+        a, b = await _next(left), await _next(right)
+        while a is not None or b is not None:
+            if b is None or (a is not None and a["_id"] < b["_id"]):
+                doc, kind, a = a, "only live", await _next(left)
+                fix = None
+            elif a is None or b["_id"] < a["_id"]:
+                doc, kind, b = b, "missing", await _next(right)
+                fix = doc
+            else:
+                same = a == b
+                doc, kind, fix = a, "differs", b
+                a, b = await _next(left), await _next(right)
+                if same:
+                    continue
+            assert doc is not None
+            if _newer(name, doc, until, newer):
+                continue
+            differences.append({"collection": name, "id": doc["_id"], "difference": kind})
+            if apply:
+                if fix is None:
+                    await ours.delete_one({"_id": doc["_id"]})
+                else:
+                    await ours.replace_one({"_id": doc["_id"]}, fix, upsert=True)
+    return differences
+
+
+def _newer(name: str, doc: dict[str, Any], until: int, newer: set[str]) -> bool:
+    if name == "jobs" and (doc.get("feed_seq") or 0) > until:
+        newer.add(doc["_id"])
+        return True
+    if name == "events" and (doc.get("seq") or 0) > until:
+        return True
+    return name == "tasks" and doc.get("job_id") in newer
+
+
+async def _next(walk: Any) -> dict[str, Any] | None:
+    try:
+        return dict(await anext(walk))
+    except StopAsyncIteration:
+        return None
