@@ -27,6 +27,7 @@ def test_real_answers_fit_the_documented_types(platform: Platform, api: Api) -> 
     http = api.http
     job = {
         "name": unique("typed"),
+        "labels": [{"name": "team", "value": "typed-tests"}],
         "roles": [
             {
                 "name": "w",
@@ -51,6 +52,13 @@ def test_real_answers_fit_the_documented_types(platform: Platform, api: Api) -> 
     History.model_validate(http.get(f"/v1/jobs/{job_id}/events").json())
     listed = JobList.model_validate(http.get("/v1/jobs", params={"limit": 5}).json())
     assert listed.items and listed.total >= 1
+    labelled = http.get("/v1/jobs", params={"label": "team=typed-tests", "counts": "true"})
+    page = JobList.model_validate(labelled.json())
+    assert [j.id for j in page.items] == [job_id] and page.counts == {"SUCCEEDED": 1}
+    refused = http.get("/v1/jobs", params={"label": "app.kubernetes.io/name=x"})
+    assert (
+        refused.status_code == 400 and "label:" in ErrorBody.model_validate(refused.json()).detail
+    )
     assert Me.model_validate(http.get("/v1/me").json()).admin
     QueueView.model_validate(http.get("/v1/placement/queue").json())
     cluster = ClusterView.model_validate(http.get("/v1/placement/cluster").json())

@@ -18,6 +18,7 @@ from trainyard_common.events import (
     TaskState,
     TaskStateChanged,
 )
+from trainyard_common.jobspec import EnvVar
 from trainyard_status.adapters.views import JobViews, job_view
 from trainyard_status.domain.projection import project
 
@@ -247,7 +248,10 @@ async def test_the_consoles_filters_by_queue_dialect_name_prefix_and_time(views:
     for i, (queue, dialect, name) in enumerate(
         [("gpu", "openpai", "train-a"), ("gpu", "native", "train-b"), ("cpu", "openpai", "eval-a")]
     ):
-        spec = submitted.spec.model_copy(update={"name": f"{tag}-{name}", "queue": queue})
+        labels = [EnvVar(name="team", value="vision" if "train" in name else "nlp")]
+        spec = submitted.spec.model_copy(
+            update={"name": f"{tag}-{name}", "queue": queue, "labels": labels}
+        )
         event = submitted.model_copy(
             update={
                 "job_id": f"{tag}{i}", "event_id": uuid.uuid4().hex, "spec": spec,
@@ -276,6 +280,10 @@ async def test_the_consoles_filters_by_queue_dialect_name_prefix_and_time(views:
     naive = (base + timedelta(minutes=2)).replace(tzinfo=None)
     assert await ids(name=tag, before=naive) == {jobs["train-a"], jobs["train-b"]}
     assert await ids(name=f"{tag}-nothing") == set()
+    vision = {**list_filters(None, None, tag, None, None), "labels.team": "vision"}
+    items, _ = await views.list_jobs(user=None, state=None, limit=50, offset=0, where=vision)
+    assert {i["id"] for i in items} == {jobs["train-a"], jobs["train-b"]}
+    assert items[0]["labels"] == {"team": "vision"}
 
 
 async def test_the_live_feed_sends_each_change_once_from_its_listeners_arrival(

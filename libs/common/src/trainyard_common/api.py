@@ -39,6 +39,7 @@ class JobSummary(Body):
     dialect: str | None
     queue: str | None = None
     kind: str | None = None
+    labels: dict[str, str] | None = None
     submitted_at: datetime | None
     updated_at: datetime | None
     reason: str | None

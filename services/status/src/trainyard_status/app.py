@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -36,6 +37,7 @@ from .dialect_api import ROUTERS, StatusContext
 from .domain.projection import job_as_of
 
 MAX_NAME = 256
+LABEL_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 KEEPALIVE_S = 15.0
 
 
@@ -142,6 +144,9 @@ def create_app(
         name: str | None = Query(None, max_length=MAX_NAME, description="names starting so"),
         kind: JobKind | None = None,
         id_prefix: str | None = Query(None, max_length=64, description="ids starting so"),
+        label: list[str] = Query(
+            [], max_length=20, description="`key=value`: jobs with this label (several: all)"
+        ),
         submitted_after: datetime | None = None,
         submitted_before: datetime | None = None,
         order: Literal["newest", "oldest"] = "newest",
@@ -159,6 +164,15 @@ def create_app(
         where = list_filters(queue, dialect, name, submitted_after, submitted_before)
         if kind is not None:
             where["kind"] = kind.value
+        for text in label:
+            key, sep, value = text.partition("=")
+            if not sep or not LABEL_KEY.fullmatch(key):
+                raise HTTPException(
+                    400,
+                    f"label: {text!r} is not key=value with a plain key (a letter or _, then "
+                    "letters, digits and _)",
+                )
+            where[f"labels.{key}"] = value
         if id_prefix:
             where["_id"] = {"$gte": id_prefix, "$lt": id_prefix + "\U0010ffff"}
         after = read_cursor(cursor) if cursor else None

@@ -292,6 +292,7 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         "dialect": doc.get("dialect"),
         "queue": doc.get("queue"),
         "kind": doc.get("kind"),
+        "labels": doc.get("labels"),
         "submitted_at": doc.get("submitted_at"),
         "updated_at": doc.get("updated_at"),
         "reason": doc.get("reason"),

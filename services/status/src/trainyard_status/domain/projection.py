@@ -128,6 +128,7 @@ def project(event: Event) -> Changes:
                         "queue": spec.queue,
                         "priority": spec.priority,
                         "kind": spec.kind.value,
+                        "labels": {label.name: label.value for label in spec.labels},
                         "submitted_at": at,
                         "spec_json": spec.redacted().model_dump_json(),
                         "original_json": _original(event),
