@@ -648,15 +648,7 @@ def _used(allocated: Any, capacity: Any) -> str | None:
 
 def _follow(s: Session, client: Client, job_id: str, timeout: float | None) -> None:
     def show(job: Job) -> None:
-        when = _time(job.get("updated_at"))
-        line = Text(f"{when} ", style="dim") if when else Text()
-        line += Text(f"{job_id} ") + _state(job.get("state"))
-        counts = _task_counts(job.get("tasks") or [])
-        if counts:
-            line += Text(f"  tasks: {counts}")
-        if job.get("reason"):
-            line += Text(f"  ({job['reason']})")
-        s.err.print(line)
+        s.err.print(_change_line(job, job_id))
 
     try:
         job = client.wait(job_id, timeout=timeout, on_change=show)
@@ -725,14 +717,20 @@ def _print_change(s: Session, output: Output, job: Job) -> None:
     if output is Output.json:
         typer.echo(json.dumps(job, default=str))
         return
-    line = Text(f"{_time(job.get('updated_at')) or ''} ", style="dim")
-    line += Text(f"{job.get('id')} {job.get('name') or ''} ") + _state(job.get("state"))
+    s.out.print(_change_line(job, f"{job.get('id')} {job.get('name') or ''}"))
+
+
+def _change_line(job: Job, label: str) -> Text:
+    """``<time> <label> <STATE>  tasks: ...  (reason)``: one line of a followed job."""
+    when = _time(job.get("updated_at"))
+    line = Text(f"{when} ", style="dim") if when else Text()
+    line += Text(f"{label} ") + _state(job.get("state"))
     counts = _task_counts(job.get("tasks") or [])
     if counts:
         line += Text(f"  tasks: {counts}")
     if job.get("reason"):
         line += Text(f"  ({job['reason']})")
-    s.out.print(line)
+    return line
 
 
 def _print_job(out: Console, job: Job) -> None:
