@@ -149,6 +149,9 @@ def test_the_cluster_page_shows_nodes_gpus_and_queues(page, platform: Platform) 
     page.get_by_role("heading", name="Nodes").wait_for()
     page.get_by_role("cell", name="node-gpu (TITANX)").wait_for()
     assert page.locator(".gpu").count() == 2  # node-gpu's two GPUs
+    figures = page.locator("#figures")
+    figures.get_by_text("GPUs in use").wait_for()
+    assert "of 2" in figures.inner_text() and "Jobs succeeded" in figures.inner_text()
     page.get_by_role("link", name="default").wait_for()
     page.screenshot(path=str(ARTIFACTS / "cluster.png"), full_page=True)
 

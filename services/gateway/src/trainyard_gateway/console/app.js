@@ -524,7 +524,16 @@ function submitPage(params) {
 async function clusterPage() {
   view.replaceChildren(title("Cluster"), el("p", { class: "muted", text: "Loading…" }));
   try {
-    const cluster = await api("/v1/placement/cluster");
+    const [cluster, jobs] = await Promise.all([api("/v1/placement/cluster"), api("/v1/jobs?limit=1&counts=true")]);
+    // The key figures at a glance (what the Grafana dashboard charts over time).
+    const gpus = cluster.nodes.reduce((n, node) => n + node.capacity.gpus, 0);
+    const held = cluster.nodes.reduce((n, node) => n + node.allocated.gpus, 0);
+    const waiting = cluster.queues.reduce((n, q) => n + q.waiting, 0);
+    const figures = el("dl", { class: "grid card", id: "figures" },
+      [["GPUs in use", `${held} of ${gpus}${gpus ? ` (${Math.round((100 * held) / gpus)}%)` : ""}`],
+        ["Jobs waiting", String(waiting)],
+        ...STATES.filter((st) => jobs.counts?.[st]).map((st) => [`Jobs ${st.toLowerCase()}`, String(jobs.counts[st])])]
+        .map(([term, value]) => el("div", {}, el("dt", { class: "muted", text: term }), el("dd", { text: value }))));
     const nodes = el("table", {},
       el("thead", {}, el("tr", {}, ["Node", "State", "GPUs", "CPU used / total", "Memory used / total (MB)", "Held by"].map((h) => el("th", { scope: "col", text: h })))),
       el("tbody", {}, cluster.nodes.map((n) => {
@@ -545,7 +554,7 @@ async function clusterPage() {
       el("thead", {}, el("tr", {}, ["Queue", "Quota", "CPU", "Memory (MB)", "GPUs", "Waiting"].map((h) => el("th", { scope: "col", text: h })))),
       el("tbody", {}, cluster.queues.map((q) => el("tr", {}, el("td", {}, el("a", { href: `#/jobs?queue=${encodeURIComponent(q.name)}`, text: q.name })),
         el("td", { text: quota(q.quota) }), el("td", { text: q.used.cpu }), el("td", { text: q.used.memory_mb }), el("td", { text: q.used.gpus }), el("td", { text: q.waiting })))));
-    view.replaceChildren(title("Cluster"), el("h2", { text: "Nodes" }), nodes, el("h2", { text: "Queues" }), queues);
+    view.replaceChildren(title("Cluster"), figures, el("h2", { text: "Nodes" }), nodes, el("h2", { text: "Queues" }), queues);
   } catch (err) {
     view.replaceChildren(title("Cluster"), failed(err));
   }
