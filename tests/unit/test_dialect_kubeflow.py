@@ -248,3 +248,23 @@ def test_render_kubeflow_status() -> None:
         "Worker": {"active": 1, "succeeded": 0, "failed": 0},
     }
     assert status["completionTime"] == "2024-05-01T00:00:00Z"
+
+
+def test_a_job_whose_tasks_are_still_starting_renders_without_a_start_time() -> None:
+    # Was a 500 for GET and LIST: the tasks placed but not started have no time yet.
+    payload = load("pytorchjob-simple.yaml")
+    spec = translate_kubeflow(payload).spec
+    now = datetime(2024, 5, 1, tzinfo=UTC)
+    view = {
+        "id": "j2", "name": "pytorch-simple", "state": "PLACED", "submitted_at": now,
+        "updated_at": now, "spec": spec.model_dump(mode="json"), "original": payload,
+        "tasks": [
+            {"role": "Master", "index": 0, "attempt": 1, "state": "PENDING"},
+            {"role": "Worker", "index": 0, "attempt": 1, "state": "STARTING", "updated_at": None},
+        ],
+    }  # fmt: skip
+    out = render("pytorchjobs", view)
+    assert "startTime" not in out["status"]
+    later = datetime(2024, 5, 1, 0, 5, tzinfo=UTC)
+    view["tasks"][1] |= {"state": "RUNNING", "started_at": later, "updated_at": later}
+    assert render("pytorchjobs", view)["status"]["startTime"] == "2024-05-01T00:05:00Z"

@@ -529,9 +529,16 @@ def render(kind_plural: str, job_view: dict[str, Any]) -> dict[str, Any]:
                 counts["failed"] += 1
         replica_statuses[rname] = counts
     status: dict[str, Any] = {"conditions": conditions, "replicaStatuses": replica_statuses}
-    started = [timestamp(t.get("updated_at")) for t in tasks.values() if t.get("state")]
+    # When its first task started: none yet while every task is still being placed or
+    # started (their views have no time then), and then startTime is left out.
+    started = [
+        moment
+        for t in tasks.values()
+        if t.get("state") not in (None, "PENDING", "STARTING")
+        and (moment := timestamp(t.get("started_at") or t.get("updated_at")))
+    ]
     if started and state != "REJECTED":
-        status["startTime"] = min(s for s in started if s)
+        status["startTime"] = min(started)
     if finished and state in ("SUCCEEDED", "FAILED", "STOPPED"):
         status["completionTime"] = finished
     return {
