@@ -268,3 +268,19 @@ def test_a_job_whose_tasks_are_still_starting_renders_without_a_start_time() -> 
     later = datetime(2024, 5, 1, 0, 5, tzinfo=UTC)
     view["tasks"][1] |= {"state": "RUNNING", "started_at": later, "updated_at": later}
     assert render("pytorchjobs", view)["status"]["startTime"] == "2024-05-01T00:05:00Z"
+
+
+def test_variable_references_in_a_containers_argv_expand_as_the_kubelet_expands_them() -> None:
+    import subprocess
+
+    from trainyard_common.dialects.k8s_pod import shell_command
+
+    argv = ["echo", "--addr=$(MASTER_ADDR):$(MASTER_PORT)", "$$(KEPT)", "$(UNSET)", "it's $x"]
+    line = shell_command(argv)
+    ran = subprocess.run(
+        ["sh", "-c", f"set -- {line}; for a; do printf '[%s]' \"$a\"; done"],
+        env={"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "23456", "x": "no"},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    # Set: its value; $$: a literal $; not set: left as written; shell syntax: literal.
+    assert ran.stdout == "[echo][--addr=10.0.0.7:23456][$(KEPT)][$(UNSET)][it's $x]"

@@ -115,10 +115,39 @@ def quantity(value: Any) -> Decimal | None:
         return None
 
 
+# Kubernetes expands $(NAME) in a container's command and args from the container's
+# environment (left as it is when NAME is not set); $$ is a literal $.
+_K8S_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def _shell_word(part: str) -> str:
+    """One argv word as shell text that the shell turns into what the kubelet would:
+    literal text quoted, each ``$(NAME)`` the variable's value if set, else itself."""
+    pieces: list[str] = []
+    literal: list[str] = []
+    at = 0
+    for ref in _K8S_REF.finditer(part):
+        literal.append(part[at : ref.start()])
+        at = ref.end()
+        if ref.group(1) is None:
+            literal.append("$")
+            continue
+        if literal and "".join(literal):
+            pieces.append(shlex.quote("".join(literal)))
+        literal = []
+        name = ref.group(1)
+        pieces.append(f'"${{{name}-\\$({name})}}"')
+    literal.append(part[at:])
+    if "".join(literal) or not pieces:
+        pieces.append(shlex.quote("".join(literal)))
+    return "".join(pieces)
+
+
 def shell_command(parts: list[str]) -> str:
-    """A container's argv as one shell command line: each word quoted, so the task runs
-    exactly the argv Kubernetes would have executed."""
-    return shlex.join(parts)
+    """A container's argv as one shell command line that runs exactly the argv
+    Kubernetes would have executed: each word quoted, ``$(NAME)`` references expanded
+    from the task's environment as the kubelet expands them."""
+    return " ".join(_shell_word(part) for part in parts)
 
 
 @dataclass
