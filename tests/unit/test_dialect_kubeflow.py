@@ -284,3 +284,33 @@ def test_variable_references_in_a_containers_argv_expand_as_the_kubelet_expands_
     )  # fmt: skip
     # Set: its value; $$: a literal $; not set: left as written; shell syntax: literal.
     assert ran.stdout == "[echo][--addr=10.0.0.7:23456][$(KEPT)][$(UNSET)][it's $x]"
+
+
+def test_a_tfjob_without_ports_gets_kubeflows_default_port_and_so_its_tf_config() -> None:
+    import json
+
+    from trainyard_common.events import PortAssignment, TaskPlacement
+    from trainyard_launcher.domain.frameworks import tf_config
+
+    payload = {
+        "apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": {"name": "mnist"},
+        "spec": {"tfReplicaSpecs": {
+            role: {"replicas": n, "template": {"spec": {"containers": [
+                {"name": "tensorflow", "image": "tf:2", "command": ["python", "dist.py"]}]}}}
+            for role, n in (("PS", 1), ("Worker", 2))
+        }},
+    }  # fmt: skip
+    spec = translate_kubeflow(payload).spec
+    assert all([p.label for p in role.ports] == ["tfjob-port"] for role in spec.roles)
+    tasks = [
+        TaskPlacement(role=role, index=i, node="n", host_ip="10.0.0.1",
+                      ports=[PortAssignment(label="tfjob-port", ports=[30000 + 10 * n + i])])
+        for n, (role, count) in enumerate((("PS", 1), ("Worker", 2)))
+        for i in range(count)
+    ]  # fmt: skip
+    config = json.loads(tf_config(spec, tasks, "Worker", 1) or "null")
+    assert config["cluster"] == {
+        "ps": ["10.0.0.1:30000"],
+        "worker": ["10.0.0.1:30010", "10.0.0.1:30011"],
+    }
+    assert config["task"] == {"type": "worker", "index": 1}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..events import FieldIssue
-from ..jobspec import JobKind, JobSpec, RestartPolicy, RoleSpec, RunMode, TaskRef
+from ..jobspec import JobKind, JobSpec, PortSpec, RestartPolicy, RoleSpec, RunMode, TaskRef
 from .fields import mapping
 from .k8s_pod import (
     DNS_LABEL_RE,
@@ -55,6 +55,10 @@ class Kind:
     container: str  # the container Kubeflow requires by name
     default_restart: RestartPolicy
     fields: frozenset[str]
+    # The port every replica gets (Kubeflow adds it to the container when it is not
+    # declared: a TFJob's "tfjob-port", 2222 in its pod). Here placement gives each task
+    # one, and TF_CONFIG names them.
+    default_port: str | None = None
 
 
 KINDS: dict[str, Kind] = {
@@ -79,6 +83,7 @@ KINDS: dict[str, Kind] = {
             "tensorflow",
             RestartPolicy.NEVER,
             frozenset({"tfReplicaSpecs", "runPolicy", "successPolicy", "enableDynamicWorker"}),
+            default_port="tfjob-port",
         ),
     )
 }
@@ -256,6 +261,7 @@ def _roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[RoleSpec]:
                 args=pod.args,
                 annotations=pod.annotations,
                 env=pod.env,
+                ports=[PortSpec(label=kind.default_port)] if kind.default_port else [],
                 restart_policy=policy,
                 node_selector=pod.node_selector,
                 retryable_exit_codes=list(RETRYABLE_EXIT_CODES)
