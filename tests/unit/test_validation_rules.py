@@ -1008,3 +1008,19 @@ def test_a_broken_role_is_not_also_reported_as_no_role() -> None:
     # With no role given at all, the rule still speaks.
     empty = decide(submitted({"name": "x", "roles": []}), CLUSTER)
     assert isinstance(empty, JobRejected) and [e.path for e in empty.errors] == ["$.roles"]
+
+
+def test_a_gang_larger_than_the_whole_cluster_is_refused_at_once() -> None:
+    # Each task fits a node, but 500 of them ask for more memory than the cluster has
+    # (OpenPAI's own 500-task example: it sat at the head of its queue forever).
+    issues = cluster_issues(
+        ("gpuType", DELETE), ("taskRoles.0.gpuNumber", 0), ("taskRoles.0.memoryMB", 40_000),
+        ("taskRoles.0.taskNumber", 500),
+    )  # fmt: skip
+    assert [(i.path, i.code) for i in issues] == [("$.taskRoles[0].taskNumber", "never_fits")]
+    assert "20000000 MB of memory (the cluster has 166000)" in issues[0].message
+    # GPUs in all: 8 tasks of 1 GPU where the cluster has 6.
+    [gpus] = cluster_issues(("gpuType", DELETE), ("taskRoles.0.taskNumber", 8))
+    assert gpus.code == "never_fits" and "8 GPUs (the cluster has 6)" in gpus.message
+    # What fits the cluster as a whole is left to placement (it may wait, never forever).
+    assert cluster_issues(("gpuType", DELETE), ("taskRoles.0.taskNumber", 6)) == []

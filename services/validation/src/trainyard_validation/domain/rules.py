@@ -181,7 +181,46 @@ def check_against_cluster(spec: JobSpec, cluster: ClusterSpec, locate: Locate) -
             continue  # as above: no node to measure the rest against
         if not any(_node_fits(node, role) for node in cluster.nodes):
             issues.append(_misfit(role, cluster, locate))
+    if not issues:
+        issues += _gang_misfit(spec, cluster, locate)
     return dedupe(issues)
+
+
+def _gang_misfit(spec: JobSpec, cluster: ClusterSpec, locate: Locate) -> list[FieldIssue]:
+    """A gang that asks, in all, for more of a resource than the whole cluster has can
+    never start, whatever else runs: refused now rather than left at the head of its
+    queue (an elastic role counted at its smallest size). One issue names every resource
+    it exceeds, at the role that asks for most of the first."""
+
+    def gpus(role: RoleSpec) -> float:
+        gpu = role.resources.gpu
+        return _gpus_needed(gpu) if gpu >= 1 else gpu
+
+    per_task = {
+        "CPU": (sum(n.cpu for n in cluster.nodes), lambda r: r.resources.cpu),
+        "MB of memory": (sum(n.memory_mb for n in cluster.nodes), lambda r: r.resources.memory_mb),
+        "GPUs": (sum(n.gpus for n in cluster.nodes), gpus),
+    }
+    tasks = {role.name: role.min_replicas or role.replicas for role in spec.roles}
+    over: list[str] = []
+    culprit: RoleSpec | None = None
+    for unit, (have, ask) in per_task.items():
+        need = sum(tasks[role.name] * ask(role) for role in spec.roles)
+        if need > have:
+            over.append(f"{_num(need)} {unit} (the cluster has {_num(have)})")
+            if culprit is None:
+                culprit = max(spec.roles, key=lambda role: tasks[role.name] * ask(role))
+    if culprit is None:
+        return []
+    sizes = ", ".join(f"{role.name}: {tasks[role.name]} task(s)" for role in spec.roles)
+    return [
+        FieldIssue(
+            path=locate(culprit.name, "replicas"),
+            code="never_fits",
+            message=f"the job asks in all for {'; '.join(over)} ({sizes}): the whole "
+            "cluster could never hold it; ask for fewer tasks or less per task",
+        )
+    ]
 
 
 def _with_defaults(spec: JobSpec) -> JobSpec:
