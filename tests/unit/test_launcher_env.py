@@ -119,7 +119,8 @@ def test_every_pai_variable_for_the_master_task() -> None:
     }
     user = {"LR": "0.1", "SHARED": "role"}
     # The back-compatible aliases are checked one by one below.
-    compat = openpai_compat_env(spec, tasks, tasks[0], spec.role("master"))
+    compat = openpai_compat_env(spec, tasks, tasks[0], spec.role("master"), "hdfs://nn:9000")
+    assert compat["PAI_OUTPUT_DIR"] == "hdfs://nn:9000/Output/mnist-dist"  # the seed's default
     assert env == {**expected_system, **compat, **user}
 
 
@@ -274,3 +275,21 @@ def test_a_secret_value_is_not_re_expanded() -> None:
         substitute_secrets("<% $secrets.a %>", {"a": "<% $secrets.b %>", "b": "x"})
         == "<% $secrets.b %>"
     )
+
+
+def test_openpai_directories_name_the_default_file_system_as_openpai_fills_it_in() -> None:
+    spec, tasks = two_role_job()
+    spec = spec.model_copy(
+        update={
+            "data_dir": "$PAI_DEFAULT_FS_URI/data/${PAI_USER_NAME}",
+            "code_dir": "hdfs://x/code",
+        }
+    )
+    env = build_task_env(spec, tasks, "master", 0, 1, "job-1", default_fs_uri="hdfs://nn:9000")
+    assert env["PAI_DATA_DIR"] == f"hdfs://nn:9000/data/{spec.user}"
+    assert env["PAI_CODE_DIR"] == "hdfs://x/code"
+    # outputDir not given: $PAI_DEFAULT_FS_URI/Output/$jobName.
+    assert env["PAI_OUTPUT_DIR"] == f"hdfs://nn:9000/Output/{spec.name}"
+    # No default file system configured: nothing made up.
+    bare = build_task_env(spec.model_copy(update={"output_dir": None}), tasks, "master", 0, 1, "j")
+    assert bare["PAI_OUTPUT_DIR"] == "" and bare["PAI_DATA_DIR"] == f"/data/{spec.user}"

@@ -101,7 +101,7 @@ def build_task_env(
         system[f"PAI_CONTAINER_HOST_{assignment.label}_PORT_LIST"] = ",".join(
             str(p) for p in assignment.ports
         )
-    system.update(openpai_compat_env(spec, tasks, current, current_role))
+    system.update(openpai_compat_env(spec, tasks, current, current_role, default_fs_uri))
 
     # TF_CONFIG, MASTER_*/RANK/PET_*, DMLC_*, the MPI hostfile: domain/frameworks.py.
     system.update(framework_env(spec, tasks, role, index, framework))
@@ -128,10 +128,36 @@ def _first_port(placement: TaskPlacement, label: str) -> str:
     return next((str(a.ports[0]) for a in placement.ports if a.label == label and a.ports), "")
 
 
+_PAI_REF = re.compile(r"\$(?:\{(PAI_DEFAULT_FS_URI|PAI_JOB_NAME|PAI_USER_NAME|jobName)\}"
+                      r"|(PAI_DEFAULT_FS_URI|PAI_JOB_NAME|PAI_USER_NAME|jobName)\b)")  # fmt: skip
+
+
+def pai_dir(value: str | None, spec: JobSpec, default_fs_uri: str) -> str:
+    """An OpenPAI v1 directory (dataDir, outputDir, codeDir) as OpenPAI hands it to the
+    task: ``$PAI_DEFAULT_FS_URI``, ``$PAI_JOB_NAME`` (``$jobName``) and
+    ``$PAI_USER_NAME`` replaced by their values."""
+    if not value:
+        return ""
+    values = {
+        "PAI_DEFAULT_FS_URI": default_fs_uri,
+        "PAI_JOB_NAME": spec.name,
+        "jobName": spec.name,
+        "PAI_USER_NAME": spec.user,
+    }
+    return _PAI_REF.sub(lambda m: values[m.group(1) or m.group(2)], value)
+
+
 def openpai_compat_env(
-    spec: JobSpec, tasks: list[TaskPlacement], current: TaskPlacement, role: RoleSpec
+    spec: JobSpec,
+    tasks: list[TaskPlacement],
+    current: TaskPlacement,
+    role: RoleSpec,
+    default_fs_uri: str = "",
 ) -> dict[str, str]:
     """OpenPAI's back-compatible and runtime aliases for task ``current``."""
+    # outputDir, when not given: "$PAI_DEFAULT_FS_URI/Output/$jobName" (the seed's §5),
+    # where a default file system is configured.
+    output = spec.output_dir or ("$PAI_DEFAULT_FS_URI/Output/$jobName" if default_fs_uri else "")
     task_count = str(spec.task_count())
     role_count = str(len(spec.roles))
     role_list = ",".join(r.name for r in spec.roles)
@@ -145,9 +171,9 @@ def openpai_compat_env(
         "PAI_TASK_ROLES_NUM": role_count,
         "PAI_JOB_TASK_ROLE_COUNT": role_count,
         "PAI_JOB_TASK_ROLE_LIST": role_list,
-        "PAI_DATA_DIR": spec.data_dir or "",
-        "PAI_OUTPUT_DIR": spec.output_dir or "",
-        "PAI_CODE_DIR": spec.code_dir or "",
+        "PAI_DATA_DIR": pai_dir(spec.data_dir, spec, default_fs_uri),
+        "PAI_OUTPUT_DIR": pai_dir(output, spec, default_fs_uri),
+        "PAI_CODE_DIR": pai_dir(spec.code_dir, spec, default_fs_uri),
         "PAI_TASK_INDEX": str(current.index),
         "PAI_TASK_ROLE_INDEX": str(current.index),
         "PAI_TASK_ROLE_NAME": role.name,
