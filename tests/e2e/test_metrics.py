@@ -82,6 +82,7 @@ def jobs(api: Api) -> Iterator[dict[str, str]]:
 
 
 def test_every_service_exports_its_figures(platform: Platform, jobs: dict[str, str]) -> None:
+    scrape(platform)  # a scrape is counted once answered: the next one shows it
     deadline = time.monotonic() + 30
     while True:
         scraped = scrape(platform)

@@ -14,7 +14,10 @@ from urllib.parse import unquote_to_bytes
 
 import uvicorn
 import uvloop
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import Settings
@@ -184,6 +187,15 @@ def health_app(service: str, title: str | None = None) -> FastAPI:
         return {"service": service, "status": "ok"}
 
     instrument_app(app)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer puts the input in the error, and a body that is not UTF-8
+        # (b"\x80" sent as YAML to a route that takes JSON) then failed to encode: a 500.
+        errors = jsonable_encoder(
+            exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")}
+        )
+        return JSONResponse({"detail": errors}, status_code=422)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

@@ -1,0 +1,32 @@
+"""A route with a typed body answers a 422 that names the problem to a body that is not
+even text, never a 500 (found by tests/security/test_fuzz.py)."""
+
+from __future__ import annotations
+
+import httpx
+from pydantic import BaseModel
+
+from trainyard_common.runtime import health_app
+
+
+class Body(BaseModel):
+    reason: str
+
+
+async def test_a_body_that_is_not_utf8_is_a_422_not_a_500() -> None:
+    app = health_app("probe")
+
+    @app.post("/v1/things/{thing}/stop")
+    async def stop(thing: str, body: Body | None = None) -> dict[str, str]:
+        return {"id": thing}
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://probe") as http:
+        answer = await http.post(
+            "/v1/things/x/stop", content=b"\x80", headers={"Content-Type": "application/yaml"}
+        )
+        assert answer.status_code == 422, answer.text
+        [error] = answer.json()["detail"]
+        assert error["loc"][0] == "body" and error["input"] == "\ufffd"
+        ok = await http.post("/v1/things/x/stop", json={"reason": "done"})
+        assert ok.status_code == 200
