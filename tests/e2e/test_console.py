@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from playwright.sync_api import expect
 
 from trainyard_stack.platform import Platform
 
@@ -139,8 +140,10 @@ def test_submit_through_the_form_watch_it_succeed_and_read_its_log(
     # Filters: by name prefix, and by state.
     page.get_by_label("Name starts with").fill(name)
     page.get_by_role("button", name="Filter").click()
-    page.locator(f'tr[data-job="{job_id}"]').wait_for()
-    assert page.locator("tbody tr[data-job]").count() == 1
+    page.wait_for_url(f"**name={name}*")
+    # Only that job, once the filtered page has loaded (Playwright retries the count).
+    expect(page.locator("tbody tr[data-job]")).to_have_count(1)
+    expect(page.locator(f'tr[data-job="{job_id}"]')).to_have_count(1)
 
 
 def test_the_cluster_page_shows_nodes_gpus_and_queues(page, platform: Platform) -> None:  # type: ignore[no-untyped-def]
