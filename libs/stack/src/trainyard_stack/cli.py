@@ -82,11 +82,14 @@ def _usage(platform: Platform) -> str:
     )
     return (
         f"\nTrainyard is up at {platform.url}\n"
+        f"  web:   {platform.url}/ (the console: sign in with the token)\n"
         f"  auth:  Bearer {token_note}\n"
         f"  try:   .venv/bin/yard ls\n"
         f"         .venv/bin/yard submit examples/openpai-pi.json --wait\n"
         f"         .venv/bin/yard get <ID>    .venv/bin/yard logs <ID> --role worker --index 0\n"
         f"  logs:  {platform.logs}/\n"
+        "  metrics: /metrics on every service; with `make up`, `make metrics` runs "
+        "Prometheus on them\n"
     )
 
 
