@@ -534,3 +534,18 @@ def test_a_terminal_of_100_columns_gets_a_readable_table(yard, gw):
     assert rows[0].startswith("cccccccc ") and "c" * 32 not in result.stdout
     assert "resnet50-imagenet-2" in rows[0] and "OOM" in result.stdout
     assert "\t" not in result.stdout
+
+
+def test_ls_sends_the_lists_other_filters(yard, gw):
+    gw.add_job(name="resnet-a")
+    result = yard(*with_token("ls", "-q", "gpu", "--dialect", "kubeflow", "--name", "resnet",
+                              "--kind", "pytorch", "-l", "team=vision", "-l", "tier=1"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    params = gw.requests[-1].url.params
+    assert (params["queue"], params["dialect"], params["name"], params["kind"]) == (
+        "gpu",
+        "kubeflow",
+        "resnet",
+        "pytorch",
+    )
+    assert params.get_list("label") == ["team=vision", "tier=1"]

@@ -316,6 +316,13 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         user: Annotated[str | None, typer.Option("--user", "-u", help="only this user")] = None,
         limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="page size")] = 20,
         offset: Annotated[int, typer.Option(min=0, help="skip this many (newest first)")] = 0,
+        queue: Annotated[str | None, typer.Option("--queue", "-q", help="only this queue")] = None,
+        dialect: Annotated[str | None, typer.Option(help="only jobs sent in this dialect")] = None,
+        name: Annotated[str | None, typer.Option(help="only names starting so")] = None,
+        kind: Annotated[str | None, typer.Option(help="only this kind (pytorch, mpi, ...)")] = None,
+        label: Annotated[
+            list[str] | None, typer.Option("--label", "-l", help="key=value (repeat: all of them)")
+        ] = None,
         output: OutputOpt = Output.table,
         watch: Annotated[
             bool, typer.Option("--watch", "-w", help="then a line per job change, until Ctrl-C")
@@ -323,25 +330,28 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
     ) -> None:
         """List jobs, newest first."""
         s: Session = ctx.obj
+        filters: dict[str, Any] = {"queue": queue, "dialect": dialect, "name": name,
+                                   "kind": kind, "label": label or None}  # fmt: skip
         if watch:
             with reported(s), s.client() as client:
                 for change in client.watch():
                     if change.get("connected"):
-                        _print_list(s, output, client, state, user, limit, offset)
+                        _print_list(s, output, client, state, user, limit, offset, filters)
                     elif "id" in change and (not user or change.get("user") == user):
                         if not state or change.get("state") == state.upper():
                             _print_change(s, output, change)
             return
         with reported(s), s.client() as client:
-            _print_list(s, output, client, state, user, limit, offset)
+            _print_list(s, output, client, state, user, limit, offset, filters)
 
     def _print_list(
         s: Session, output: Output, client: Client, state: str | None, user: str | None,
-        limit: int, offset: int,
+        limit: int, offset: int, filters: dict[str, Any],
     ) -> None:  # fmt: skip
         page = client.list(
-            state=state.upper() if state else None, user=user, limit=limit, offset=offset
-        )
+            state=state.upper() if state else None, user=user, limit=limit, offset=offset,
+            **filters,
+        )  # fmt: skip
         if _print_data(output, page):
             return
         items = page.get("items") or []

@@ -194,7 +194,7 @@ class Client:
         user: str | None = None,
         limit: int = 20,
         offset: int = 0,
-        **filters: str,
+        **filters: Any,
     ) -> dict[str, Any]:
         """A page of job summaries, newest first: ``{"items", "total", "limit", "offset"}``;
         ``filters``: the list's other ones (``name`` prefix, ``id_prefix``, ``queue``,
