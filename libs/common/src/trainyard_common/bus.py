@@ -120,8 +120,6 @@ class Bus:
         self._tracer = tracer("trainyard.bus")
         # Deliveries before a failing message goes to the dead letters.
         self.max_deliver = MAX_DELIVER
-        # Dead letters kept by this process, by durable (for metrics and tests).
-        self.dead_lettered: dict[str, int] = {}
 
     @classmethod
     async def connect(cls, url: str, name: str = "trainyard") -> Bus:
@@ -442,7 +440,6 @@ class Bus:
             )
             await msg.nak(delay=nak_delay(meta.num_delivered))
             return
-        self.dead_lettered[durable] = self.dead_lettered.get(durable, 0) + 1
         BUS_DEAD_LETTERS.labels(durable).inc()
         BUS_MESSAGES.labels(durable, "dead").inc()
         log.error(

@@ -14,6 +14,8 @@ import logging
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from trainyard_common.events import JobState
+
 from ..domain import metrics as m
 from .views import JobViews
 
@@ -74,8 +76,9 @@ def observe(observations: list[m.Observation]) -> None:
 
 
 async def count_states(views: JobViews) -> None:
-    for state, count in (await views.count_by_state()).items():
-        JOBS.labels(state).set(count)
+    counts = await views.count_states({})
+    for state in JobState:  # a state no job is in any more reads 0, not its last count
+        JOBS.labels(state.value).set(counts.get(state.value, 0))
 
 
 async def keep_state_counts(views: JobViews, stop: asyncio.Event) -> None:

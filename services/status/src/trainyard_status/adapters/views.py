@@ -220,13 +220,6 @@ class JobViews:
         docs = [doc async for doc in cursor.sort([("feed_seq", DESCENDING)]).limit(1)]
         return int(docs[0]["feed_seq"]) if docs else 0
 
-    async def count_by_state(self) -> dict[str, int]:
-        """How many jobs are in each state (each an index count)."""
-        return {
-            state.value: await self.jobs.count_documents({"state": state.value})
-            for state in JobState
-        }
-
     async def find_by_key(
         self, user: str, key: str, dialect: str | None = None
     ) -> dict[str, Any] | None:
