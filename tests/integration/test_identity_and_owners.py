@@ -1,4 +1,4 @@
-"""Token store and intake's owner registry against both real stores, and the
+"""Token store, intake's owner registry and name claims against both real stores, and the
 same contract run against the in-memory registry so the fake cannot drift."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from trainyard_common.auth import Identity, TokenStore, tokens_collection
+from trainyard_intake.adapters.names import DocNameClaims, InMemoryNameClaims
 from trainyard_intake.adapters.owners import DocOwnerRegistry, InMemoryOwnerRegistry
 
 
@@ -56,3 +57,43 @@ async def test_owner_registry_finds_every_job_submitted_under_a_dialect_name(own
     assert await owners.record(other, "bob", key)  # another user's job of that name
     assert sorted(await owners.job_ids("alice", key)) == sorted([first, second])
     assert await owners.job_ids("alice", "ns/genericjobs/none") == []
+
+
+@pytest.fixture(params=["store", "memory"])
+async def names(request, client, db_prefix: str):
+    if request.param == "store":
+        claims = DocNameClaims(client[f"{db_prefix}_intake"]["names"])
+        await claims.ensure_indexes()
+        return claims
+    return InMemoryNameClaims()
+
+
+async def test_name_claims_contract(names) -> None:
+    first, second = uuid.uuid4().hex, uuid.uuid4().hex
+    ns = f"ns-{uuid.uuid4().hex[:6]}"
+    key = f"{ns}/pytorchjobs/a"
+    resource = {"metadata": {"name": "a", "labels": {"nvidia.com/x": "1"}}}
+    assert await names.claim("alice", key, first, resource) == first
+    assert await names.claim("alice", key, first, resource) == first  # a retry finds its own
+    assert await names.claim("alice", key, second, None) == first  # the name is taken
+    assert await names.claim("bob", key, second, None) == second  # per user
+    held = await names.get("alice", key)
+    assert held is not None and (held.job_id, held.resource, held.generation) == (
+        first,
+        resource,
+        1,
+    )
+    # Only the holder changes or frees it.
+    assert not await names.update("alice", key, second, {"x": 1}, 2)
+    assert await names.update("alice", key, first, {"x": 1}, 2)
+    assert (await names.get("alice", key)).generation == 2
+    await names.claim("alice", f"{ns}/pytorchjobs/b", second, None)
+    await names.claim("alice", f"{ns}/tfjobs/c", second, None)
+    assert [c.key for c in await names.within("alice", f"{ns}/pytorchjobs")] == [
+        key,
+        f"{ns}/pytorchjobs/b",
+    ]
+    assert not await names.release("alice", key, second)
+    assert await names.release("alice", key, first)
+    assert await names.get("alice", key) is None
+    assert await names.claim("alice", key, second, None) == second  # free again

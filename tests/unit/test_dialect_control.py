@@ -225,7 +225,8 @@ def test_t9k_pause_and_scale_together() -> None:
             "$.spec.scheduler",
             "immutable",
         ),
-        (generic(), {"metadata": {"labels": {"a": "b"}}}, "$.metadata.labels", "immutable"),
+        # labels and annotations change freely (as on any Kubernetes object); the name not
+        (generic(), {"metadata": {"name": "other"}}, "$.metadata.name", "immutable"),
         # a mode the kind does not have
         (
             {

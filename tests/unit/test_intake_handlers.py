@@ -11,6 +11,7 @@ from trainyard_intake.adapters.owners import InMemoryOwnerRegistry
 from trainyard_intake.handlers import (
     Deps,
     JobNotFound,
+    NameTaken,
     request_pause,
     request_restart,
     request_resume,
@@ -113,3 +114,31 @@ async def test_only_the_owner_or_an_admin_can_restart(deps: Deps) -> None:
         (job_id, "root", "new data"),
     ]
     assert restarts[0].event_id != restarts[1].event_id  # two asks, two restarts
+
+
+async def test_a_used_name_is_refused_at_once_and_a_bus_submission_is_rejected_for_it(
+    deps: Deps,
+) -> None:
+    first = await submit_job(JOB, Identity("alice"), deps)
+    assert deps.publish[0].name_claimed is True
+    with pytest.raises(NameTaken) as taken:
+        await submit_job(JOB, Identity("alice"), deps)
+    assert taken.value.holder == first.job_id and len(deps.publish) == 1
+    # Another user's job of the same name is theirs to have.
+    await submit_job(JOB, Identity("bob"), deps)
+    # A submission from the bus has no one to answer: it is published with the error.
+    late = await submit_job(JOB, Identity("alice"), deps, refuse_used_name=False)
+    event = deps.publish[-1]
+    assert event.job_id == late.job_id and event.name_claimed is False
+    assert [e.code for e in event.translation_errors] == ["name_taken"]
+    assert event.translation_errors[0].path == "$.jobName"
+
+
+async def test_a_name_is_freed_when_its_job_never_reached_the_bus() -> None:
+    async def down(event: Event) -> int:
+        raise ConnectionError("bus down")
+
+    deps = Deps(publish=down, owners=InMemoryOwnerRegistry())
+    with pytest.raises(ConnectionError):
+        await submit_job(JOB, Identity("alice"), deps)
+    assert await deps.names.get("alice", "alice~j1") is None

@@ -926,6 +926,17 @@ async def test_handler_rejects_a_taken_name_with_the_dialect_path() -> None:
     assert taken.event_id == derived_id("e2", "validated")
 
 
+async def test_a_name_claimed_at_intake_is_intakes_to_decide() -> None:
+    """Intake refused a used name at once and freed a deleted one: a claimed submission is
+    never rejected here for its name, and the record follows the newest holder."""
+    d, published, names = deps()
+    await validate_job(submitted(base(), job_id="j1", event_id="e1"), RECEIVED, d)
+    reused = submitted(base(), job_id="j2", event_id="e2").model_copy(update={"name_claimed": True})
+    await validate_job(reused, RECEIVED, d)
+    assert [type(e) for e in published.events] == [JobAccepted, JobAccepted]
+    assert names.claims == {"alice~helloworld_16be675e": "j2"}
+
+
 async def test_handler_names_are_per_user() -> None:
     d, published, _ = deps()
     await validate_job(submitted(base(), user="alice", job_id="j1", event_id="e1"), RECEIVED, d)

@@ -47,7 +47,7 @@ class Grant:
 GRANTS: dict[str, Grant] = {
     "intake": Grant(
         publish=(
-            *events_of("submitted"),
+            *events_of("submitted", "resource"),
             *commands_of("stop", "pause", "resume", "restart", "scale"),
         ),
         durables=("intake",),

@@ -31,6 +31,7 @@ from .events import (
     JobPlaced,
     JobQueued,
     JobRejected,
+    JobResourceChanged,
     JobRetrying,
     JobState,
     JobSubmitted,
@@ -141,6 +142,17 @@ def example_events() -> list[Event]:
             **common,
         ),
         StopJob(event_id=derived_id("example", "stop"), requested_by="alice", **common),
+        JobResourceChanged(
+            event_id=derived_id("example", "resource"),
+            resource={
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "PyTorchJob",
+                "metadata": {"name": "mnist", "namespace": "default", "labels": {"team": "a"}},
+                "spec": {"runPolicy": {"suspend": True}},
+            },
+            generation=2,
+            **common,
+        ),
         PauseJob(event_id=derived_id("example", "pause"), requested_by="alice", **common),
         ResumeJob(event_id=derived_id("example", "resume"), requested_by="alice", **common),
         ScaleJob(

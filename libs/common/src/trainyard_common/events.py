@@ -114,6 +114,11 @@ class JobSubmitted(Event):
     # Problems the dialect translation found; validation reports them with its own.
     translation_errors: list[FieldIssue] = Field(default_factory=list)
     warnings: list[FieldIssue] = Field(default_factory=list)
+    name_claimed: bool = Field(
+        False,
+        description="Intake claimed dialect_key for this job before publishing it (a used "
+        "name was refused there, at once); False on events of earlier versions.",
+    )
 
 
 class JobAccepted(Event):
@@ -217,6 +222,22 @@ class StopJob(Event):
     subject_suffix: ClassVar[str] = "stop"
     requested_by: str
     reason: str = "stopped by user"
+    delete: bool = Field(
+        False,
+        description="The job's Kubernetes-style resource is deleted as well: it leaves "
+        "the dialect's views (a watch sees DELETED) and its name is free again.",
+    )
+
+
+class JobResourceChanged(Event):
+    """A job's Kubernetes-style resource changed (PATCH or PUT: labels, annotations, and
+    the spec fields that act through commands, which are published beside it). The
+    dialect's views show ``resource`` from then on, with its ``generation``."""
+
+    type: Literal["JobResourceChanged"] = "JobResourceChanged"
+    subject_suffix: ClassVar[str] = "resource"
+    resource: dict[str, Any]
+    generation: int
 
 
 class InterruptCause(StrEnum):
@@ -303,6 +324,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     JobFinished,
     JobRetrying,
     JobInterrupted,
+    JobResourceChanged,
     StopJob,
     PauseJob,
     ResumeJob,

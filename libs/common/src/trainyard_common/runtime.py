@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -44,7 +45,18 @@ def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     uvloop.run(main())
 
 
-async def serve(settings: Settings, app: FastAPI, workers: Sequence[Worker]) -> None:
+@dataclass(frozen=True)
+class TlsListener:
+    """A second listener of the same app, over HTTPS (the gateway's Kubernetes API)."""
+
+    port: int
+    cert: str
+    key: str
+
+
+async def serve(
+    settings: Settings, app: FastAPI, workers: Sequence[Worker], tls: TlsListener | None = None
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -62,20 +74,37 @@ async def serve(settings: Settings, app: FastAPI, workers: Sequence[Worker]) -> 
     # returns, which ends the wait below like ``stop`` does, and it re-raises the signal
     # to the handlers above once it is done.
     server = uvicorn.Server(config)
+    servers = [server]
+    if tls is not None:
+        servers.append(
+            uvicorn.Server(
+                uvicorn.Config(
+                    app,
+                    host=settings.host,
+                    port=tls.port,
+                    ssl_certfile=tls.cert,
+                    ssl_keyfile=tls.key,
+                    log_level="warning",
+                    access_log=False,
+                    lifespan="off",
+                )
+            )
+        )
 
     tasks: list[asyncio.Task[None]] = [
         asyncio.create_task(worker(stop), name=getattr(worker, "__name__", "worker"))
         for worker in workers
     ]
-    http = asyncio.create_task(server.serve(), name="http")
+    https = [asyncio.create_task(s.serve(), name=f"http:{s.config.port}") for s in servers]
     stopper = asyncio.create_task(stop.wait(), name="stop")
-    done, _ = await asyncio.wait([*tasks, http, stopper], return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait([*tasks, *https, stopper], return_when=asyncio.FIRST_COMPLETED)
     failed = [t for t in done if t is not stopper and t.exception() is not None]
     for task in failed:
         log.error("%s stopped: %r", task.get_name(), task.exception())
     stop.set()
-    server.should_exit = True
-    await asyncio.gather(*tasks, http, return_exceptions=True)
+    for each in servers:
+        each.should_exit = True
+    await asyncio.gather(*tasks, *https, return_exceptions=True)
     if failed:
         raise SystemExit(1)
 

@@ -27,7 +27,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .client import Client, Job, TrainyardError, WaitTimeout, is_terminal, load_payload
+from .client import (
+    Client,
+    Job,
+    TrainyardError,
+    WaitTimeout,
+    discover_token,
+    is_terminal,
+    load_payload,
+)
+from .kubeconfig import KubeconfigError, kubeconfig, locate
 from .ti_cli import make_ti_app
 
 ClientFactory = Callable[[str | None, str | None], Client]
@@ -156,6 +165,46 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
 
     app.add_typer(make_nodes_app(), name="nodes")
     app.add_typer(make_ti_app(), name="ti")
+
+    @app.command("kubeconfig")
+    def kubeconfig_command(
+        ctx: typer.Context,
+        server: Annotated[
+            str | None,
+            typer.Option(help="the Kubernetes API URL [env: YARD_KUBE_URL; else the platform's]"),
+        ] = None,
+        ca_file: Annotated[
+            str | None,
+            typer.Option(help="its CA certificate [env: YARD_KUBE_CA; else the platform's]"),
+        ] = None,
+        namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+        file: Annotated[
+            Path | None, typer.Option("--file", "-f", help="write it here (mode 600)")
+        ] = None,
+    ) -> None:
+        """A kubeconfig for the platform's Kubernetes API (kubectl, the Kubernetes and
+        Kubeflow SDKs): its HTTPS URL, the platform's CA and your token.
+        `yard kubeconfig -f ~/.kube/trainyard && KUBECONFIG=~/.kube/trainyard kubectl get
+        pytorchjobs`."""
+        s: Session = ctx.obj
+        token = s.token or discover_token()[0]
+        if not token:
+            s.error("no token: pass --token or set YARD_TOKEN")
+            raise typer.Exit(1)
+        try:
+            url, ca_pem = locate(server, ca_file)
+        except KubeconfigError as exc:
+            s.error(str(exc))
+            raise typer.Exit(1) from None
+        text = yaml.safe_dump(kubeconfig(url, ca_pem, token, namespace), sort_keys=False)
+        if file is None:
+            print(text, end="")
+            return
+        file.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(text)
+        s.err.print(Text(f"wrote {file}"))
 
     @app.callback()
     def main(

@@ -87,6 +87,8 @@ def _usage(platform: Platform) -> str:
         f"  try:   .venv/bin/yard ls\n"
         f"         .venv/bin/yard submit examples/openpai-pi.json --wait\n"
         f"         .venv/bin/yard get <ID>    .venv/bin/yard logs <ID> --role worker --index 0\n"
+        f"  kube:  {platform.kube_url} (the Kubernetes API: "
+        ".venv/bin/yard kubeconfig -f kubeconfig; kubectl --kubeconfig kubeconfig get pytorchjobs)\n"
         f"  logs:  {platform.logs}/\n"
         "  metrics: /metrics on every service; with `make up`, `make metrics` runs "
         "Prometheus on them\n"

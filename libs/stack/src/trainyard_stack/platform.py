@@ -41,6 +41,7 @@ from .components import (
     NatsServer,
     free_port,
 )
+from .tls import TlsFiles, ensure_tls
 
 # Consumers first, front door last: by the time intake answers, every consumer is up.
 SERVICES = ("validation", "placement", "launcher", "status", "intake", "gateway")
@@ -79,6 +80,10 @@ def parse_replicas(text: str) -> dict[str, int]:
     return counts
 
 
+# Where the gateway serves the Kubernetes API (HTTPS), as a Kubernetes API server does.
+KUBE_API_PORT = 6443
+
+
 @dataclass
 class PlatformConfig:
     data_dir: Path
@@ -92,6 +97,10 @@ class PlatformConfig:
     store: str = field(default_factory=lambda: os.environ.get("YARD_STORE") or "sqlite")
     replicas: dict[str, int] = field(
         default_factory=lambda: parse_replicas(os.environ.get("YARD_REPLICAS", ""))
+    )
+    # The gateway's Kubernetes API, over HTTPS with the platform's own CA (tls.py).
+    kube_api_port: int = field(
+        default_factory=lambda: int(os.environ.get("YARD_KUBE_API_PORT") or KUBE_API_PORT)
     )
 
     def __post_init__(self) -> None:
@@ -110,7 +119,8 @@ class PlatformConfig:
 
     @classmethod
     def with_free_ports(cls, data_dir: Path, **kwargs: object) -> PlatformConfig:
-        return cls(data_dir, ports={name: free_port() for name in DEFAULT_PORTS}, **kwargs)  # type: ignore[arg-type]
+        ports = {name: free_port() for name in DEFAULT_PORTS}
+        return cls(data_dir, ports=ports, kube_api_port=free_port(), **kwargs)  # type: ignore[arg-type]
 
 
 def ensure_admin_token(data_dir: Path) -> str:
@@ -247,10 +257,20 @@ class Platform:
             name: free_port() for name in config.instances() if name not in config.ports
         }
         self._logs: dict[str, IO[bytes]] = {}
+        self.tls: TlsFiles | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.config.ports['gateway']}"
+
+    @property
+    def kube_url(self) -> str:
+        """The Kubernetes API (kubectl, client-go, the Kubernetes SDKs), over HTTPS."""
+        return f"https://127.0.0.1:{self.config.kube_api_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.data_dir / "tls" / "ca.crt"
 
     def service_url(self, name: str) -> str:
         """Where a service (or one replica of it, ``status-2``) answers."""
@@ -264,6 +284,7 @@ class Platform:
         protect_data_dir(self.data_dir)
         self.token = ensure_admin_token(self.data_dir)
         self.secrets_key = ensure_secrets_key(self.data_dir)
+        self.tls = ensure_tls(self.data_dir)
         if url := os.environ.get("NATS_URL"):
             self.nats = ExternalService(url)
         else:
@@ -319,6 +340,13 @@ class Platform:
             },
             **self.config.extra_env,
         }
+        if name == "gateway":
+            assert self.tls is not None
+            env.update(
+                YARD_KUBE_API_PORT=str(self.config.kube_api_port),
+                YARD_TLS_CERT=str(self.tls.cert),
+                YARD_TLS_KEY=str(self.tls.key),
+            )
         if self.config.cluster_file:
             env["YARD_CLUSTER"] = str(Path(self.config.cluster_file).resolve())
         if env.get("YARD_LAUNCHER") == "kubernetes" and not env.get("KUBECONFIG"):
@@ -450,6 +478,8 @@ class Platform:
                     "services": {name: proc.pid for name, proc in self.procs.items()},
                     # Where each process answers (its /metrics: `make metrics`).
                     "urls": {name: self.service_url(name) for name in self.procs},
+                    # `yard kubeconfig` reads these.
+                    "kubernetes": {"server": self.kube_url, "ca": str(self.ca_file)},
                 },
                 indent=2,
             )

@@ -14,7 +14,8 @@ async def main() -> None:
     settings = Settings.from_env("gateway")
     setup_logging("gateway")
     setup_telemetry("gateway")
-    await serve(settings, create_app(GatewaySettings.from_env().backends), [])
+    gateway = GatewaySettings.from_env()
+    await serve(settings, create_app(gateway.backends), [], tls=gateway.tls)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,10 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     # OpenPAI REST (v2, and v1's per-user submission path).
     (READ, re.compile(r"^/api/v[12]/(user/[^/]+/)?jobs(/.*)?$"), "status"),
     (WRITE, re.compile(r"^/api/v[12]/(user/[^/]+/)?jobs(/.*)?$"), "intake"),
-    # Kubernetes-style resources: T9k jobs, Kubeflow PyTorchJob / TFJob.
-    (READ, re.compile(r"^/apis/(batch\.tensorstack\.dev|kubeflow\.org)/.*$"), "status"),
+    # Kubernetes resources: T9k jobs, Kubeflow jobs, and the discovery and OpenAPI
+    # documents kubectl and client-go read first.
+    (READ, re.compile(r"^/(version|api|apis|openapi/v2|openapi/v3(/.*)?)$"), "status"),
+    (READ, re.compile(r"^/apis/(batch\.tensorstack\.dev|kubeflow\.org)(/.*)?$"), "status"),
     (WRITE, re.compile(r"^/apis/(batch\.tensorstack\.dev|kubeflow\.org)/.*$"), "intake"),
     # Tencent TI.
     (READ, re.compile(r"^/ti/.*$"), "status"),

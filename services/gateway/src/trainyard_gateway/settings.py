@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from trainyard_common.config import DEFAULT_PORTS, SettingError, number_setting
+from trainyard_common.runtime import TlsListener
 
 from .routes import BACKENDS
 
@@ -17,6 +18,9 @@ from .routes import BACKENDS
 @dataclass(frozen=True)
 class GatewaySettings:
     backends: dict[str, tuple[str, ...]]
+    # The Kubernetes API over HTTPS (kubectl sends a token only over TLS): the port, and
+    # the server certificate and key (YARD_KUBE_API_PORT, YARD_TLS_CERT, YARD_TLS_KEY).
+    tls: TlsListener | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> GatewaySettings:
@@ -41,4 +45,15 @@ class GatewaySettings:
                 )
                 listed = [f"http://127.0.0.1:{port}"]
             urls[name] = tuple(url.rstrip("/") for url in listed)
-        return cls(urls)
+        return cls(urls, _tls(env))
+
+
+def _tls(env: Mapping[str, str]) -> TlsListener | None:
+    if not env.get("YARD_KUBE_API_PORT"):
+        return None
+    port = int(number_setting(env, "YARD_KUBE_API_PORT", 6443, whole=True, above=True))
+    files = {name: env.get(name, "") for name in ("YARD_TLS_CERT", "YARD_TLS_KEY")}
+    for name, path in files.items():
+        if not path or not os.path.isfile(path):
+            raise SettingError(f"YARD_KUBE_API_PORT is set, but {name}={path!r} is not a file")
+    return TlsListener(port, files["YARD_TLS_CERT"], files["YARD_TLS_KEY"])

@@ -14,6 +14,7 @@ from trainyard_common.storage import open_store
 from trainyard_common.subjects import submissions
 from trainyard_common.telemetry import setup_telemetry
 
+from .adapters.names import DocNameClaims
 from .adapters.owners import DocOwnerRegistry
 from .app import create_app
 from .handlers import Deps
@@ -28,6 +29,8 @@ async def main() -> None:
     client = open_store(settings.mongo_url, settings.store_dir)
     owners = DocOwnerRegistry(client[settings.db_name()]["owners"])
     await owners.ensure_indexes()
+    names = DocNameClaims(client[settings.db_name()]["names"])
+    await names.ensure_indexes()
     tokens = TokenStore(
         tokens_collection(client, settings.db_prefix),
         settings.admin_token,
@@ -37,6 +40,7 @@ async def main() -> None:
     deps = Deps(
         publish=bus.publish,
         owners=owners,
+        names=names,
         box=SecretBox.from_env(),
         # What the server takes, less room for the headers (trace context, ids).
         max_payload=bus.nc.max_payload - 4096,

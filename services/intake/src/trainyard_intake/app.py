@@ -20,6 +20,7 @@ from .dialect_api import ROUTERS, IntakeContext
 from .handlers import (
     Deps,
     JobNotFound,
+    NameTaken,
     PayloadTooLarge,
     request_pause,
     request_restart,
@@ -60,7 +61,9 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
     @app.post(
         "/v1/jobs",
         status_code=202,
-        responses=answers(SubmitAnswer, 202, e413="body too large"),
+        responses=answers(
+            SubmitAnswer, 202, e409="job name used by another job", e413="body too large"
+        ),
         openapi_extra=JOB_BODY,
     )
     async def post_job(
@@ -79,6 +82,8 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
                 raise HTTPException(400, str(exc)) from exc
             except PayloadTooLarge as exc:
                 raise HTTPException(413, str(exc)) from exc
+            except NameTaken as exc:
+                raise HTTPException(409, f"job name already used: {exc}") from exc
         return JSONResponse(
             status_code=202,
             content={

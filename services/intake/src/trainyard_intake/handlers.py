@@ -4,7 +4,7 @@ JetStream has stored it (an accepted job is never lost)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainyard_common.auth import Identity
@@ -33,11 +33,21 @@ from trainyard_common.jobspec import JobSpec
 from trainyard_common.runtimes import runtime_warnings
 from trainyard_common.secrets_box import SecretBox
 
+from .adapters.names import InMemoryNameClaims, NameClaims
 from .adapters.owners import OwnerRegistry
 
 
 class JobNotFound(LookupError):
     pass
+
+
+class NameTaken(ValueError):
+    """The job's name is held by another job of the same user (a 409 in every dialect)."""
+
+    def __init__(self, key: str, holder: str) -> None:
+        super().__init__(f"{key!r} is already used by job {holder}")
+        self.key = key
+        self.holder = holder
 
 
 class PayloadTooLarge(ValueError):
@@ -53,6 +63,8 @@ class Deps:
     box: SecretBox | None = None
     # The largest event the bus takes (the server's max_payload, less room for headers).
     max_payload: int = 1024 * 1024 - 4096
+    # Who holds which job name (adapters/names.py).
+    names: NameClaims = field(default_factory=InMemoryNameClaims)
 
 
 @dataclass
@@ -61,6 +73,7 @@ class Submitted:
     dialect: str
     warnings: list[FieldIssue] = field(default_factory=list)
     errors: list[FieldIssue] = field(default_factory=list)
+    seq: int | None = None  # the JobSubmitted's stream sequence
 
 
 async def submit_job(
@@ -71,12 +84,17 @@ async def submit_job(
     dialect: str | None = None,
     idempotency_key: str | None = None,
     translation: Translation | None = None,
+    refuse_used_name: bool = True,
 ) -> Submitted:
     """Translate, record the owner, publish ``JobSubmitted``.
 
     With an ``Idempotency-Key`` the job id and event id derive from it, so a client that
     retries after a lost answer gets the same job instead of a second one (the owner
-    record and JetStream's duplicate window both see the repeat)."""
+    record and JetStream's duplicate window both see the repeat).
+
+    A name another job of the user holds raises ``NameTaken`` (each API answers 409 in
+    its own shape); with ``refuse_used_name`` False (a submission from the bus, which has
+    no one to answer) the job is published with that error, and validation rejects it."""
     # An unrecognisable payload is refused at the door (400), not turned into a job.
     if translation is None:
         translation = translate(payload, dialect=dialect or detect(payload), user=identity.user)
@@ -85,6 +103,16 @@ async def submit_job(
         event_id = derived_id("submitted", job_id)
     else:
         job_id, event_id = new_id(), new_id()
+    if translation.key is not None and not translation.errors and not refuse_used_name:
+        held = await deps.names.get(identity.user, translation.key)
+        if held is not None and held.job_id != job_id:
+            issue = FieldIssue(
+                path=field_path(translation.dialect, payload, None, "name"),
+                code="name_taken",
+                message=f"job name {translation.spec.name!r} is already used by job "
+                f"{held.job_id}; job names are unique per user",
+            )
+            translation = replace(translation, errors=[*translation.errors, issue])
     chosen = BY_NAME.get(translation.dialect)
     # What this platform's runtime makes of the job, said at once (validation too).
     warnings = dedupe(
@@ -109,6 +137,8 @@ async def submit_job(
         original=chosen.redact(original) if chosen is not None else original,
         translation_errors=translation.errors,
         warnings=warnings,
+        # A job refused at the door never holds its name.
+        name_claimed=translation.key is not None and not translation.errors,
     )
     # Refused before anything is written: the bus would refuse it after the owner record.
     size = len(encode(event))
@@ -118,9 +148,20 @@ async def submit_job(
             f"({deps.max_payload} bytes): a command or payload this large belongs in a file "
             "of the job's code or data"
         )
+    if event.name_claimed and translation.key is not None:
+        holder = await deps.names.claim(identity.user, translation.key, job_id, original)
+        if holder != job_id:
+            raise NameTaken(translation.key, holder)
     await deps.owners.record(job_id, identity.user, translation.key)
-    await deps.publish(event)
-    return Submitted(job_id, translation.dialect, warnings, translation.errors)
+    try:
+        seq = await deps.publish(event)
+    except BaseException:
+        # Not on the bus, so not a job: its name is free for the retry (one with the
+        # same Idempotency-Key gets the same id and would find its own claim anyway).
+        if event.name_claimed and translation.key is not None:
+            await deps.names.release(identity.user, translation.key, job_id)
+        raise
+    return Submitted(job_id, translation.dialect, warnings, translation.errors, seq)
 
 
 def seal_secrets(spec: JobSpec, box: SecretBox | None, job_id: str) -> JobSpec:
@@ -131,14 +172,21 @@ def seal_secrets(spec: JobSpec, box: SecretBox | None, job_id: str) -> JobSpec:
 
 
 async def request_stop(
-    job_id: str, identity: Identity, deps: Deps, reason: str | None = None
+    job_id: str,
+    identity: Identity,
+    deps: Deps,
+    reason: str | None = None,
+    *,
+    delete: bool = False,
 ) -> None:
+    """``delete``: the job's Kubernetes-style resource goes too."""
     await _check_owner(job_id, identity, deps)
     await deps.publish(
         StopJob(
             job_id=job_id,
             requested_by=identity.user,
             reason=reason or f"stopped by {identity.user}",
+            delete=delete,
         )
     )
 

@@ -60,6 +60,7 @@ async def submit_published(submission: Submission, _delivery: Delivery, deps: De
             deps,
             dialect=submission.dialect,
             idempotency_key=submission.submission_id,
+            refuse_used_name=False,
         )
     except UnknownDialect:
         # Not a job of any dialect: a job all the same, which validation rejects with

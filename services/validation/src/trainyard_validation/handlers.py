@@ -26,7 +26,14 @@ async def validate_job(event: JobSubmitted, delivery: Delivery, deps: Deps) -> N
     """Accept or reject a submission. A rejection is a normal outcome, published like
     an acceptance, so nothing is raised for it and the message is acked."""
     result = decide(event, deps.cluster)
-    # The name is claimed only for a job that passed every other rule, so a rejected
+    if event.name_claimed and event.dialect_key is not None:
+        # Intake claimed the name before publishing (and refused it when used); the
+        # record here follows it, for the dry run's check of a name.
+        if isinstance(result, JobAccepted):
+            await deps.names.take(result.spec.user, event.dialect_key, event.job_id)
+        await deps.publish(result)
+        return
+    # A submission of an earlier version, not claimed at intake. The name is claimed only for a job that passed every other rule, so a rejected
     # job never holds a name; the claim (the stored effect) comes before the publish.
     # Dialects that name jobs only by id (DLC) have no key and nothing to claim.
     if (

@@ -814,6 +814,13 @@ def resource_metadata(view: dict[str, Any], original: dict[str, Any]) -> dict[st
     created = timestamp(view.get("submitted_at"))
     if created:
         meta["creationTimestamp"] = created
+    # The API server's own fields, where the reader gave them (status's views).
+    if view.get("resource_version") is not None:
+        meta["resourceVersion"] = str(view["resource_version"])
+    meta["generation"] = int(view.get("generation") or 1)
+    deleted = timestamp(view.get("deleted_at"))
+    if deleted:
+        meta["deletionTimestamp"] = deleted
     meta.setdefault("namespace", "default")
     warnings = [
         f"{w.get('path')}: {w.get('message')}"
@@ -918,6 +925,12 @@ def first_difference(old: Any, new: Any, path: str = "$") -> str | None:
     return None if old == new and type(old) is type(new) else path
 
 
+# What Kubernetes lets every object's writer change at any time.
+FREE_METADATA = tuple(
+    ("metadata", name) for name in ("labels", "annotations", "finalizers", "ownerReferences")
+)
+
+
 def immutable_change(
     current: dict[str, Any],
     patched: dict[str, Any],
@@ -926,7 +939,7 @@ def immutable_change(
 ) -> FieldIssue | None:
     """The first change a PATCH makes outside the ``changeable`` fields, as an error."""
     old, new = current, patched
-    for path in (("status",), *changeable):
+    for path in (("status",), *FREE_METADATA, *changeable):
         old, new = without(old, path), without(new, path)
     where = first_difference(old, new)
     if where is None:

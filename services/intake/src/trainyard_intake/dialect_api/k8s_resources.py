@@ -1,14 +1,18 @@
-"""T9k jobs and Kubeflow PyTorchJob / TFJob as Kubernetes-style resources: create
-(``POST /apis/<group>/<version>/namespaces/<ns>/<plural>``), delete (``DELETE .../<name>``)
-and a merge patch (``PATCH .../<name>``) that pauses, resumes or scales the job.
+"""T9k jobs and Kubeflow jobs as Kubernetes resources, written as kubectl and client-go
+write them: create (``POST .../namespaces/<ns>/<plural>``, 409 AlreadyExists for a name in
+use, ``fieldValidation`` and ``dryRun`` honoured), ``PUT`` and ``PATCH`` of
+``.../<name>`` (JSON merge, JSON Patch and strategic merge patch) that label, annotate,
+pause, resume or scale the job, ``DELETE`` of one (its job stopped, its name free at
+once) or of a namespace's collection (by label and field selector).
 
 Trainyard runs a submission asynchronously: the create answers 201 with the resource as
 stored (``metadata.uid`` is the job id) once the job is on the bus, and its translation
 warnings in ``Warning`` headers as the Kubernetes API server sends them. A job whose
 fields are invalid is answered 422 with a Kubernetes ``Status`` naming each field (the
-job is still recorded, as rejected). Checks against the cluster come later: a GET then
-shows phase Failed with reason Rejected. The namespace is part of the name, not a
-permission boundary; the bearer token's user is.
+job is still recorded, as rejected, and holds no name). Checks against the cluster come
+later: a GET then shows the job failed with reason Rejected, and it keeps its name until
+deleted, as a Kubernetes object does. The namespace is part of the name, not a
+permission boundary; the bearer token's user is. Every error is a ``Status``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import copy
 import secrets
 import string
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,32 +29,33 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
 from trainyard_common.auth import Identity
-from trainyard_common.dialects import kubeflow, t9k
+from trainyard_common.dialects import k8s_api, kubeflow, t9k, translate
 from trainyard_common.dialects.fields import text
+from trainyard_common.dialects.k8s_api import PatchError, SelectorError, Served
 from trainyard_common.dialects.k8s_pod import MERGE_PATCH, Control, merge_patch
 from trainyard_common.dialects.translation import UnknownDialect
-from trainyard_common.events import Event, FieldIssue, PauseJob, ResumeJob, ScaleJob
+from trainyard_common.events import (
+    Event,
+    FieldIssue,
+    JobResourceChanged,
+    PauseJob,
+    ResumeJob,
+    ScaleJob,
+)
 from trainyard_common.parsing import BodyError, parse_json, parse_json_or_yaml, parse_yaml
 
-from ..adapters.resources import DocResourceStore, InMemoryResourceStore, ResourceStore
-from ..handlers import JobNotFound, PayloadTooLarge, request_stop, submit_job
+from ..adapters.names import Claim
+from ..handlers import (
+    JobNotFound,
+    NameTaken,
+    PayloadTooLarge,
+    request_stop,
+    submit_job,
+)
 from .context import IntakeContext
 
 MAX_BODY = 4 * 1024 * 1024
 
-# (group, version) -> (dialect name, plural -> kind name, render)
-APIS: dict[tuple[str, str], tuple[str, dict[str, str], Any]] = {
-    (t9k.GROUP, t9k.VERSION): (
-        t9k.DIALECT,
-        {p: k.name for p, k in t9k.PLURALS.items()},
-        t9k.render,
-    ),
-    (kubeflow.GROUP, kubeflow.VERSION): (
-        kubeflow.DIALECT,
-        {p: k.name for p, k in kubeflow.PLURALS.items()},
-        kubeflow.render,
-    ),
-}
 KIND_ALIASES = t9k.KIND_SPELLINGS
 # dialect -> what a merge patch of one of its resources asks for
 CONTROL = {t9k.DIALECT: t9k.control_from_patch, kubeflow.DIALECT: kubeflow.control_from_patch}
@@ -116,16 +122,6 @@ def _causes(errors: list[FieldIssue]) -> list[dict[str, str]]:
 
 def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(tags=["kubernetes-style resources"])
-    resources: ResourceStore = (
-        DocResourceStore(ctx.db["k8s_resources"]) if ctx.db is not None else InMemoryResourceStore()
-    )
-
-    def resolve(group: str, version: str, plural: str) -> tuple[str, str, Any] | None:
-        found = APIS.get((group, version))
-        if found is None or plural not in found[1]:
-            return None
-        dialect, kinds, render = found
-        return dialect, kinds[plural], render
 
     def not_found_resource(group: str, version: str, plural: str) -> JSONResponse:
         return status(
@@ -134,41 +130,78 @@ def router(ctx: IntakeContext) -> APIRouter:
             f"the server could not find the requested resource ({group}/{version}, {plural})",
         )
 
-    @api.post("/apis/{group}/{version}/namespaces/{namespace}/{plural}")
-    async def create(
-        group: str,
-        version: str,
-        namespace: str,
-        plural: str,
-        request: Request,
-        identity: Identity = Depends(ctx.current),
+    def not_found(served: Served, name: str) -> JSONResponse:
+        return status(
+            404,
+            "NotFound",
+            f'{served.plural}.{served.group} "{name}" not found',
+            {"name": name, "group": served.group, "kind": served.plural},
+        )
+
+    def invalid(
+        served: Served, name: str, errors: list[FieldIssue], uid: str | None = None
     ) -> JSONResponse:
-        found = resolve(group, version, plural)
-        if found is None:
-            return not_found_resource(group, version, plural)
-        dialect, kind, render = found
-        try:
-            payload = _decode(await request.body(), request.headers.get("content-type", ""))
-        except BodyError as exc:
-            return status(exc.status, "BadRequest", str(exc))
+        details: dict[str, Any] = {
+            "name": name,
+            "group": served.group,
+            "kind": served.kind,
+            "causes": _causes(errors),
+        }
+        if uid:
+            details["uid"] = uid
+        return status(
+            422,
+            "Invalid",
+            f"{served.kind}.{served.group} {name!r} is invalid: "
+            + "; ".join(f"{e.path}: {e.message}" for e in errors),
+            details,
+        )
+
+    def strict_errors(
+        request: Request, served: Served, warnings: list[FieldIssue]
+    ) -> JSONResponse | None:
+        """``fieldValidation=Strict`` (kubectl's default): an unknown field is an error."""
+        if request.query_params.get("fieldValidation") != "Strict":
+            return None
+        unknown = [w for w in warnings if w.code == "unknown_field"]
+        if not unknown:
+            return None
+        return status(
+            400,
+            "BadRequest",
+            f"{served.kind} in version {served.version!r} cannot be handled as a "
+            f"{served.kind}: strict decoding error: "
+            + ", ".join(f'unknown field "{w.path.removeprefix("$.")}"' for w in unknown),
+        )
+
+    def shown(
+        resource: dict[str, Any], job_id: str, generation: int, seq: int | None
+    ) -> dict[str, Any]:
+        meta = dict(resource.get("metadata") or {})
+        meta.update(uid=job_id, generation=generation)
+        if seq is not None:
+            meta["resourceVersion"] = str(seq)
+        return {**resource, "metadata": meta}
+
+    def check_body(
+        served: Served, payload: Any, namespace: str, name: str | None
+    ) -> JSONResponse | None:
         if not isinstance(payload, dict):
             return status(400, "BadRequest", "the request body must be a single object")
-        payload = copy.deepcopy(payload)
         sent_kind = payload.get("kind")
-        if not isinstance(sent_kind, str) or KIND_ALIASES.get(sent_kind, sent_kind) != kind:
+        if not isinstance(sent_kind, str) or KIND_ALIASES.get(sent_kind, sent_kind) != served.kind:
             return status(
                 400,
                 "BadRequest",
                 f"the body's kind {sent_kind!r} does not match "
-                f"the resource {plural!r} (kind {kind})",
+                f"the resource {served.plural!r} (kind {served.kind})",
             )
-        if payload.get("apiVersion") != f"{group}/{version}":
+        if payload.get("apiVersion") != served.group_version:
             return status(
                 400,
                 "BadRequest",
-                f"the body's apiVersion "
-                f"{payload.get('apiVersion')!r} does not match the path's "
-                f"{group}/{version}",
+                f"the body's apiVersion {payload.get('apiVersion')!r} does not match the "
+                f"path's {served.group_version}",
             )
         meta = payload.get("metadata")
         if meta is None:
@@ -182,37 +215,69 @@ def router(ctx: IntakeContext) -> APIRouter:
                 "the namespace of the provided object does not "
                 "match the namespace sent on the request",
             )
+        if name is not None and meta.get("name") not in (None, name):
+            return status(
+                400,
+                "BadRequest",
+                "the name of the object "
+                f"({meta.get('name')!r}) does not match the name on the URL ({name!r})",
+            )
+        return None
+
+    @api.post("/apis/{group}/{version}/namespaces/{namespace}/{plural}")
+    async def create(
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        request: Request,
+        identity: Identity = Depends(ctx.current),
+    ) -> JSONResponse:
+        served = k8s_api.lookup(group, version, plural)
+        if served is None:
+            return not_found_resource(group, version, plural)
+        try:
+            payload = _decode(await request.body(), request.headers.get("content-type", ""))
+        except BodyError as exc:
+            return status(exc.status, "BadRequest", str(exc))
+        payload = copy.deepcopy(payload)
+        problem = check_body(served, payload, namespace, None)
+        if problem is not None:
+            return problem
+        payload = k8s_api.client_fields(payload)
+        meta = payload["metadata"]
         meta["namespace"] = namespace
         if not meta.get("name") and isinstance(meta.get("generateName"), str):
             alphabet = string.ascii_lowercase + string.digits
             meta["name"] = meta["generateName"] + "".join(
                 secrets.choice(alphabet) for _ in range(5)
             )
+        name = text(meta.get("name"))
+        translation = translate(payload, dialect=served.dialect, user=identity.user)
+        strict = strict_errors(request, served, translation.warnings)
+        if strict is not None:
+            return strict
+        if request.query_params.get("dryRun") == "All":
+            # Checked, and nothing kept: as the API server's dry run.
+            if translation.errors:
+                return invalid(served, name, translation.errors)
+            held = translation.key and await ctx.deps.names.get(identity.user, translation.key)
+            if held:
+                return already_exists(served, name)
+            return JSONResponse(status_code=201, content=shown(payload, "", 1, None))
         try:
-            result = await submit_job(payload, identity, ctx.deps, dialect=dialect)
+            result = await submit_job(
+                payload, identity, ctx.deps, dialect=served.dialect, translation=translation
+            )
         except UnknownDialect as exc:
             return status(400, "BadRequest", str(exc))
         except PayloadTooLarge as exc:
             return status(413, "RequestEntityTooLarge", str(exc))
-        name = text(meta.get("name"))
-        headers = [("Warning", warning_header(w)) for w in result.warnings]
+        except NameTaken:
+            return already_exists(served, name)
         if result.errors:
-            response = status(
-                422,
-                "Invalid",
-                f"{kind}.{group} {name!r} is invalid: "
-                + "; ".join(f"{e.path}: {e.message}" for e in result.errors),
-                {
-                    "name": name,
-                    "group": group,
-                    "kind": kind,
-                    "uid": result.job_id,
-                    "causes": _causes(result.errors),
-                },
-            )
+            response = invalid(served, name, result.errors, result.job_id)
         else:
-            # Kept for a later PATCH, which applies to the resource as created.
-            await resources.keep(identity.user, f"{namespace}/{plural}/{name}", payload)
             view = {
                 "id": result.job_id,
                 "name": name,
@@ -222,11 +287,51 @@ def router(ctx: IntakeContext) -> APIRouter:
                 "tasks": [],
                 "spec": None,
                 "original": payload,
+                "resource_version": result.seq,
+                "generation": 1,
             }
-            response = JSONResponse(status_code=201, content=jsonable_encoder(render(plural, view)))
-        for header, value in headers:
-            response.headers.append(header, value)
+            response = JSONResponse(
+                status_code=201, content=jsonable_encoder(served.render(served.plural, view))
+            )
+        for warning in result.warnings:
+            response.headers.append("Warning", warning_header(warning))
         return response
+
+    def already_exists(served: Served, name: str) -> JSONResponse:
+        return status(
+            409,
+            "AlreadyExists",
+            f'{served.plural}.{served.group} "{name}" already exists',
+            {"name": name, "group": served.group, "kind": served.plural},
+        )
+
+    async def delete_one(
+        served: Served, key: str, name: str, claim: Claim | None, identity: Identity
+    ) -> str | None:
+        """Stop the job under ``key`` and free its name; the job's id, None if none."""
+        if claim is not None:
+            ids = [claim.job_id]
+        else:
+            # A resource created by an earlier version, before names were claimed here.
+            ids = await ctx.deps.owners.job_ids(identity.user, key)
+        stopped = None
+        for job_id in ids:
+            try:
+                await request_stop(
+                    job_id,
+                    identity,
+                    ctx.deps,
+                    f"deleted by {identity.user} ({served.plural}/{name})",
+                    delete=True,
+                )
+            except JobNotFound:
+                continue
+            stopped = job_id
+        if claim is not None:
+            # After the stop is on the bus: a name freed first could go to a new job
+            # while the command for the old one was still to be sent.
+            await ctx.deps.names.release(identity.user, key, claim.job_id)
+        return stopped
 
     @api.delete("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")
     async def delete(
@@ -237,32 +342,132 @@ def router(ctx: IntakeContext) -> APIRouter:
         name: str,
         identity: Identity = Depends(ctx.current),
     ) -> JSONResponse:
-        found = resolve(group, version, plural)
-        if found is None:
+        served = k8s_api.lookup(group, version, plural)
+        if served is None:
             return not_found_resource(group, version, plural)
         key = f"{namespace}/{plural}/{name}"
-        details = {"name": name, "group": group, "kind": plural}
-        ids = await ctx.deps.owners.job_ids(identity.user, key)
-        stopped = []
-        for job_id in ids:
-            # Every job ever created under this name is stopped: at most one can still be
-            # running (names are unique per user); the others are finished or were
-            # rejected, and a stop changes nothing for them.
-            try:
-                await request_stop(
-                    job_id, identity, ctx.deps, f"deleted by {identity.user} ({plural}/{name})"
-                )
-            except JobNotFound:
-                continue
-            stopped.append(job_id)
-        if not stopped:
-            return status(404, "NotFound", f'{plural}.{group} "{name}" not found', details)
+        stopped = await delete_one(
+            served, key, name, await ctx.deps.names.get(identity.user, key), identity
+        )
+        if stopped is None:
+            return not_found(served, name)
         return status(
             200,
             "",
             f'{plural}.{group} "{name}" deleted: its job is stopped',
-            {**details, "uid": stopped[-1]},
+            {"name": name, "group": group, "kind": plural, "uid": stopped},
         )
+
+    @api.delete("/apis/{group}/{version}/namespaces/{namespace}/{plural}")
+    async def delete_collection(
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        request: Request,
+        identity: Identity = Depends(ctx.current),
+    ) -> JSONResponse:
+        served = k8s_api.lookup(group, version, plural)
+        if served is None:
+            return not_found_resource(group, version, plural)
+        try:
+            labels = k8s_api.parse_label_selector(request.query_params.get("labelSelector"))
+            fields = k8s_api.parse_field_selector(request.query_params.get("fieldSelector"))
+        except SelectorError as exc:
+            return status(400, "BadRequest", f"unable to parse requirement: {exc}")
+        deleted = []
+        for claim in await ctx.deps.names.within(identity.user, f"{namespace}/{plural}"):
+            if claim.resource is None or not k8s_api.selected(claim.resource, labels, fields):
+                continue
+            name = claim.key.rpartition("/")[2]
+            if await delete_one(served, claim.key, name, claim, identity) is not None:
+                deleted.append(shown(claim.resource, claim.job_id, claim.generation, None))
+        return JSONResponse(
+            {
+                "apiVersion": served.group_version,
+                "kind": f"{served.kind}List",
+                "metadata": {},
+                "items": deleted,
+            }
+        )
+
+    async def change(
+        served: Served,
+        namespace: str,
+        name: str,
+        identity: Identity,
+        request: Request,
+        new_of: Callable[[dict[str, Any]], Any],
+    ) -> JSONResponse:
+        """Apply a write (PUT, PATCH) to the resource as it now is: what it changes in
+        the job goes out as commands, the resource itself as JobResourceChanged."""
+        key = f"{namespace}/{served.plural}/{name}"
+        claim = await ctx.deps.names.get(identity.user, key)
+        if claim is None:
+            return not_found(served, name)
+        if claim.resource is None:
+            return status(
+                409,
+                "Conflict",
+                f'{served.plural}.{served.group} "{name}" was created before its resource '
+                "was kept: delete and create it again to change it",
+            )
+        current = k8s_api.client_fields(claim.resource)
+        try:
+            wanted = new_of(copy.deepcopy(current))
+        except PatchError as exc:
+            return status(422, "Invalid", f"the patch cannot be applied: {exc}")
+        problem = check_body(served, wanted, namespace, name)
+        if problem is not None:
+            return problem
+        wanted = k8s_api.client_fields(wanted)
+        wanted["metadata"].setdefault("name", name)
+        wanted["metadata"]["namespace"] = namespace
+        strict = strict_errors(
+            request, served, translate(wanted, dialect=served.dialect, user=identity.user).warnings
+        )
+        if strict is not None:
+            return strict
+        control = CONTROL[served.dialect](current, k8s_api.merge_diff(current, wanted))
+        if control.errors:
+            return invalid(served, name, control.errors, claim.job_id)
+        generation = claim.generation + (current.get("spec") != wanted.get("spec"))
+        if wanted == current or request.query_params.get("dryRun") == "All":
+            return JSONResponse(shown(wanted, claim.job_id, generation, None))
+        if not await ctx.deps.names.update(identity.user, key, claim.job_id, wanted, generation):
+            return status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {served.plural}.{served.group} "{name}": '
+                "the object has been deleted or replaced; please read it again",
+            )
+        for command in control_commands(
+            claim.job_id, control, identity.user, f"{request.method} {served.plural}/{name}"
+        ):
+            await ctx.deps.publish(command)
+        seq = await ctx.deps.publish(
+            JobResourceChanged(job_id=claim.job_id, resource=wanted, generation=generation)
+        )
+        return JSONResponse(shown(wanted, claim.job_id, generation, seq))
+
+    @api.put("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")
+    async def replace(
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        request: Request,
+        identity: Identity = Depends(ctx.current),
+    ) -> JSONResponse:
+        served = k8s_api.lookup(group, version, plural)
+        if served is None:
+            return not_found_resource(group, version, plural)
+        try:
+            body = _decode(await request.body(), request.headers.get("content-type", ""))
+        except BodyError as exc:
+            return status(exc.status, "BadRequest", str(exc))
+        return await change(served, namespace, name, identity, request, lambda _: body)
 
     @api.patch("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")
     async def patch(
@@ -274,56 +479,50 @@ def router(ctx: IntakeContext) -> APIRouter:
         request: Request,
         identity: Identity = Depends(ctx.current),
     ) -> JSONResponse:
-        found = resolve(group, version, plural)
-        if found is None:
+        served = k8s_api.lookup(group, version, plural)
+        if served is None:
             return not_found_resource(group, version, plural)
-        dialect, _, _ = found
-        if request.headers.get("content-type", "").split(";")[0].strip() != MERGE_PATCH:
+        kind = request.headers.get("content-type", "").split(";")[0].strip()
+        appliers: dict[str, Callable[[Any, Any], Any]] = {
+            MERGE_PATCH: merge_patch,
+            k8s_api.JSON_PATCH: k8s_api.json_patch,
+            k8s_api.STRATEGIC_PATCH: k8s_api.strategic_merge_patch,
+        }
+        if kind not in appliers:
             return status(
                 415,
                 "UnsupportedMediaType",
-                "the body of the request was in an "
-                f"unknown format - accepted media types include: {MERGE_PATCH} "
-                "(kubectl patch --type=merge)",
+                f"the body of the request was in an unknown format - accepted media types "
+                f"include: {', '.join(appliers)}",
             )
         try:
             body = parse_json(await request.body(), MAX_BODY)
         except BodyError as exc:
             return status(exc.status, "BadRequest", str(exc))
-        key = f"{namespace}/{plural}/{name}"
-        details = {"name": name, "group": group, "kind": plural}
-        ids = await ctx.deps.owners.job_ids(identity.user, key)
-        if not ids:
-            return status(404, "NotFound", f'{plural}.{group} "{name}" not found', details)
-        current = await resources.get(identity.user, key)
-        if current is None:
-            # Created with field errors (never kept), or before PATCH existed.
-            return status(
-                409,
-                "Conflict",
-                f'{plural}.{group} "{name}" has no resource to patch: it was rejected when created',
-                details,
-            )
-        control = CONTROL[dialect](current, body)
-        if control.errors:
-            return status(
-                422,
-                "Invalid",
-                f"{plural}.{group} {name!r} is invalid: "
-                + "; ".join(f"{e.path}: {e.message}" for e in control.errors),
-                {**details, "causes": _causes(control.errors)},
-            )
-        # As a delete does: every job created under the name gets the command; only the
-        # one that was accepted can act on it.
-        for job_id in ids:
-            for command in control_commands(
-                job_id, control, identity.user, f"PATCH {plural}/{name}"
-            ):
-                await ctx.deps.publish(command)
-        patched = merge_patch(current, body)
-        return JSONResponse(
-            status_code=200,
-            content={**patched, "metadata": {**(patched.get("metadata") or {}), "uid": ids[-1]}},
+        if kind != k8s_api.JSON_PATCH and not isinstance(body, dict):
+            return status(400, "BadRequest", f"a {kind} body is a JSON object")
+        apply = appliers[kind]
+        return await change(
+            served, namespace, name, identity, request, lambda current: apply(current, body)
+        )
+
+    @api.put("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status")
+    @api.patch("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status")
+    async def write_status(
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        identity: Identity = Depends(ctx.current),
+    ) -> JSONResponse:
+        if k8s_api.lookup(group, version, plural) is None:
+            return not_found_resource(group, version, plural)
+        return status(
+            405,
+            "MethodNotAllowed",
+            f"the status of {plural}.{group} {name!r} is written by Trainyard from its job; "
+            "change the resource itself (suspend, replicas) to act on the job",
         )
 
     return api

@@ -29,7 +29,7 @@ from trainyard_common.auth import Identity
 from trainyard_common.dialects import openpai, openpai_v2
 from trainyard_common.parsing import BodyError, parse_json, parse_yaml
 
-from ..handlers import JobNotFound, PayloadTooLarge, request_stop, submit_job
+from ..handlers import JobNotFound, NameTaken, PayloadTooLarge, request_stop, submit_job
 from .context import IntakeContext
 
 MAX_BODY = 4 * 1024 * 1024
@@ -89,6 +89,9 @@ def router(ctx: IntakeContext) -> APIRouter:
             )
         except PayloadTooLarge as exc:
             return error(413, "RequestEntityTooLarge", str(exc))
+        except NameTaken:
+            # As OpenPAI's rest-server answers a framework that already exists.
+            return error(409, "ConflictJobError", f"Job {checked.spec.name} already exists.")
         return result.job_id, checked.spec.name
 
     @api.post("/api/v2/jobs", status_code=202)

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from trainyard_common.auth import Identity
 from trainyard_common.dialects.ti import DIALECT, render, translate_ti
 
-from ..handlers import JobNotFound, PayloadTooLarge, request_stop, submit_job
+from ..handlers import JobNotFound, NameTaken, PayloadTooLarge, request_stop, submit_job
 from .context import IntakeContext
 
 
@@ -46,6 +46,15 @@ def router(ctx: IntakeContext) -> APIRouter:
             )
         except PayloadTooLarge as exc:
             raise HTTPException(413, str(exc)) from exc
+        except NameTaken as exc:
+            raise HTTPException(
+                409,
+                {
+                    "message": f"job name {checked.spec.name!r} is already used by job "
+                    f"{exc.holder}",
+                    "errors": [{"path": "$.name", "message": "already used", "code": "name_taken"}],
+                },
+            ) from exc
         view = render(
             {
                 "id": result.job_id,

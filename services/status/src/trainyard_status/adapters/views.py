@@ -72,7 +72,9 @@ class JobViews:
     # so a second status replica writing meanwhile is still safe.
 
     async def _apply_job(self, change: JobChange, seq: int | None = None) -> None:
-        fed = {"feed_seq": seq} if seq is not None else {}
+        fed: dict[str, Any] = {"feed_seq": seq} if seq is not None else {}
+        if change.created and seq is not None:
+            fed["created_seq"] = seq
         state_set: dict[str, Any] = {}
         if change.state is not None:
             state_set = {
@@ -219,6 +221,29 @@ class JobViews:
         cursor = self.jobs.find({"feed_seq": {"$gt": 0}}, {"feed_seq": 1})
         docs = [doc async for doc in cursor.sort([("feed_seq", DESCENDING)]).limit(1)]
         return int(docs[0]["feed_seq"]) if docs else 0
+
+    async def resources(
+        self, dialect: str, user: str | None, key: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The Kubernetes-style objects of a dialect: its jobs not deleted, whole, oldest
+        first (``key``: those of one name). Jobs refused when created are not objects;
+        jobs of an earlier version (not claimed at intake) still are, unless rejected."""
+        query: dict[str, Any] = {"dialect": dialect, "deleted_at": None, "state": {"$ne": None}}
+        if user:
+            query["user"] = user
+        if key:
+            query["dialect_key"] = key
+        cursor = self.jobs.find(query).sort([("submitted_at", ASCENDING), ("_id", ASCENDING)])
+        return [doc async for doc in cursor if doc.get("claimed") or doc["state"] != "REJECTED"]
+
+    async def resource_changes(
+        self, dialect: str, after: int, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        """A dialect's jobs changed after stream sequence ``after``, whole, oldest change
+        first (a Kubernetes-style watch)."""
+        query = {"dialect": dialect, "feed_seq": {"$gt": after}}
+        cursor = self.jobs.find(query).sort([("feed_seq", ASCENDING)]).limit(limit)
+        return [doc async for doc in cursor]
 
     async def find_by_key(
         self, user: str, key: str, dialect: str | None = None

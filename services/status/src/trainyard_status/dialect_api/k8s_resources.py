@@ -1,42 +1,42 @@
-"""T9k jobs and Kubeflow PyTorchJob / TFJob read back as Kubernetes-style resources:
+"""T9k and Kubeflow jobs read back as Kubernetes resources, the way kubectl and client-go
+read them (the shapes of ``trainyard_common.dialects.k8s_api``):
 
-- ``GET /apis/<group>/<version>/namespaces/<ns>/<plural>/<name>``: the resource as it was
-  submitted, with a status rendered by the dialect's pure ``render``; 404 is a
-  Kubernetes ``Status`` with reason NotFound.
-- ``GET /apis/<group>/<version>/namespaces/<ns>/<plural>`` (and ``/apis/<group>/<version>/
-  <plural>`` for every namespace): a ``<Kind>List``.
+- discovery: ``/version``, ``/api``, ``/apis``, ``/apis/<group>[/<version>]``,
+  and OpenAPI ``/openapi/v2``, ``/openapi/v3[/apis/<group>/<version>]``;
+- ``GET .../namespaces/<ns>/<plural>/<name>`` (and ``/status``): the resource as it now is
+  (as created, or as last patched) with a status rendered by the dialect's pure
+  ``render``, its ``resourceVersion`` (the stream sequence of the event that last changed
+  it) and ``generation``;
+- ``GET .../namespaces/<ns>/<plural>`` and ``/apis/<group>/<version>/<plural>``: a
+  ``<Kind>List`` (or a ``Table`` for ``kubectl get``), with label and field selectors;
+  ``?watch=true`` streams ADDED / MODIFIED / DELETED events after ``resourceVersion``
+  (and BOOKMARKs with ``allowWatchBookmarks``) until ``timeoutSeconds``.
 
-A user sees their own jobs; an admin lists everyone's, and reads by name their own.
-"""
+A user sees their own jobs; an admin lists everyone's, and reads by name their own. Every
+error is a Kubernetes ``Status``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from trainyard_common.auth import Identity
-from trainyard_common.dialects import kubeflow, t9k
+from trainyard_common.dialects import k8s_api
+from trainyard_common.dialects.k8s_api import SelectorError, Served
 
 from .context import StatusContext
 
-# (group, version) -> (dialect name, plural -> kind name, render)
-APIS: dict[tuple[str, str], tuple[str, dict[str, str], Any]] = {
-    (t9k.GROUP, t9k.VERSION): (
-        t9k.DIALECT,
-        {p: k.name for p, k in t9k.PLURALS.items()},
-        t9k.render,
-    ),
-    (kubeflow.GROUP, kubeflow.VERSION): (
-        kubeflow.DIALECT,
-        {p: k.name for p, k in kubeflow.PLURALS.items()},
-        kubeflow.render,
-    ),
-}
-PAGE = 500
+WATCH_POLL_S = 0.5
+BOOKMARK_S = 30.0
+MAX_WATCH_S = 1800
 
 
 def status(
@@ -56,85 +56,249 @@ def status(
     return JSONResponse(status_code=code, content=body)
 
 
+def not_served(group: str, version: str, plural: str) -> JSONResponse:
+    return status(
+        404,
+        "NotFound",
+        f"the server could not find the requested resource ({group}/{version}, {plural})",
+    )
+
+
+def _key_parts(doc: dict[str, Any]) -> list[str]:
+    return str(doc.get("dialect_key") or "").split("/")
+
+
 def router(ctx: StatusContext) -> APIRouter:
     api = APIRouter(tags=["kubernetes-style resources"])
+    views = ctx.views
 
-    async def resource(doc: dict[str, Any], plural: str, render: Any) -> dict[str, Any]:
+    async def resource(doc: dict[str, Any], served: Served) -> dict[str, Any]:
         view = await ctx.full_view(doc)
         original = doc.get("original_json")
         view["original"] = json.loads(original) if original else {}
-        return jsonable_encoder(render(plural, view))
+        view["resource_version"] = str(doc.get("feed_seq") or 0)
+        view["generation"] = doc.get("generation") or 1
+        if doc.get("deleted_at"):
+            view["deleted_at"] = doc["deleted_at"]
+        return jsonable_encoder(served.render(served.plural, view))
 
-    def resolve(group: str, version: str, plural: str) -> tuple[str, str, Any] | None:
-        found = APIS.get((group, version))
-        if found is None or plural not in found[1]:
-            return None
-        dialect, kinds, render = found
-        return dialect, kinds[plural], render
+    def mine(doc: dict[str, Any], identity: Identity) -> bool:
+        return identity.admin or doc.get("user") == identity.user
 
-    async def listing(
-        group: str, version: str, plural: str, namespace: str | None, identity: Identity
-    ) -> JSONResponse:
-        found = resolve(group, version, plural)
+    def of(doc: dict[str, Any], served: Served, namespace: str | None) -> bool:
+        parts = _key_parts(doc)
+        return (
+            len(parts) == 3
+            and parts[1] == served.plural
+            and (namespace is None or parts[0] == namespace)
+        )
+
+    # -- discovery --------------------------------------------------------------------
+
+    @api.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse(k8s_api.version_info())
+
+    @api.get("/api")
+    async def core() -> JSONResponse:
+        return JSONResponse(k8s_api.core_versions())
+
+    @api.get("/apis")
+    async def groups() -> JSONResponse:
+        return JSONResponse(k8s_api.group_list())
+
+    @api.get("/apis/{group}")
+    async def one_group(group: str) -> JSONResponse:
+        found = k8s_api.group(group)
+        if found is None:
+            return status(404, "NotFound", f"the server could not find the group {group!r}")
+        return JSONResponse(found)
+
+    @api.get("/apis/{group}/{version}")
+    async def resources_of(group: str, version: str) -> JSONResponse:
+        found = k8s_api.resource_list(group, version)
         if found is None:
             return status(
                 404,
                 "NotFound",
-                f"the server could not find the requested resource ({group}/{version}, {plural})",
+                f"the server could not find the requested resource {group}/{version}",
             )
-        dialect, kind, render = found
-        prefix = f"{namespace}/{plural}/" if namespace else None
-        chosen: dict[tuple[str, str], dict[str, Any]] = {}
-        offset = 0
-        while True:
-            docs, total = await ctx.views.list_jobs(
-                user=None if identity.admin else identity.user,
-                state=None,
-                limit=PAGE,
-                offset=offset,
-                where={"dialect": dialect},
-                full=True,
-            )
-            for doc in docs:
-                key = doc.get("dialect_key") or ""
-                if key.split("/")[1:2] != [plural] or (prefix and not key.startswith(prefix)):
-                    continue
-                # One item per name, as find_by_key picks it: the newest job that was not
-                # rejected (a rejected copy may share its name).
-                slot = (str(doc.get("user")), key)
-                held = chosen.get(slot)
-                if held is None or (
-                    held.get("state") == "REJECTED" and doc.get("state") != "REJECTED"
-                ):
-                    chosen[slot] = doc
-            offset += PAGE
-            if offset >= total or not docs:
-                break
-        items = [await resource(doc, plural, render) for doc in chosen.values()]
+        return JSONResponse(found)
+
+    @api.get("/openapi/v2")
+    async def openapi_v2() -> JSONResponse:
+        return JSONResponse(k8s_api.openapi_v2())
+
+    @api.get("/openapi/v3")
+    async def openapi_v3_root() -> JSONResponse:
+        return JSONResponse(k8s_api.openapi_v3_root())
+
+    @api.get("/openapi/v3/apis/{group}/{version}")
+    async def openapi_v3(group: str, version: str) -> JSONResponse:
+        found = k8s_api.openapi_v3(group, version)
+        if found is None:
+            return status(404, "NotFound", f"no OpenAPI document for {group}/{version}")
+        return JSONResponse(found)
+
+    # -- list and watch ---------------------------------------------------------------
+
+    async def listing(
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None,
+        request: Request,
+        identity: Identity,
+    ) -> JSONResponse | StreamingResponse:
+        served = k8s_api.lookup(group, version, plural)
+        if served is None:
+            return not_served(group, version, plural)
+        query = request.query_params
+        try:
+            labels = k8s_api.parse_label_selector(query.get("labelSelector"))
+            fields = k8s_api.parse_field_selector(query.get("fieldSelector"))
+        except SelectorError as exc:
+            return status(400, "BadRequest", f"unable to parse requirement: {exc}")
+        table = k8s_api.wants_table(request.headers.get("accept", ""))
+        if query.get("watch") in ("true", "1", "True"):
+            return await watch(served, namespace, identity, request, labels, fields, table)
+        # The version before the read: a watch from it may repeat a change, never miss one.
+        version_now = str(await views.last_change())
+        items = []
+        user = None if identity.admin else identity.user
+        for doc in await views.resources(served.dialect, user):
+            if not of(doc, served, namespace):
+                continue
+            item = await resource(doc, served)
+            if k8s_api.selected(item, labels, fields):
+                items.append(item)
+        meta = {"resourceVersion": version_now}
+        if table:
+            return JSONResponse(k8s_api.table(items, meta, datetime.now(UTC)))
         return JSONResponse(
             {
-                "apiVersion": f"{group}/{version}",
-                "kind": f"{kind}List",
-                "metadata": {"resourceVersion": ""},
+                "apiVersion": served.group_version,
+                "kind": f"{served.kind}List",
+                "metadata": meta,
                 "items": items,
             }
         )
 
-    @api.get("/apis/{group}/{version}/namespaces/{namespace}/{plural}")
+    async def watch(
+        served: Served,
+        namespace: str | None,
+        identity: Identity,
+        request: Request,
+        labels: list[k8s_api.Requirement],
+        fields: list[k8s_api.Requirement],
+        table: bool,
+    ) -> JSONResponse | StreamingResponse:
+        query = request.query_params
+        since = query.get("resourceVersion") or "0"
+        if not since.isdigit():
+            return status(400, "BadRequest", f"resourceVersion {since!r} is not a number")
+        try:
+            timeout = min(float(query.get("timeoutSeconds") or MAX_WATCH_S), MAX_WATCH_S)
+        except ValueError:
+            return status(400, "BadRequest", "timeoutSeconds is not a number")
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        start = int(since)
+        user = None if identity.admin else identity.user
+
+        def framed(kind: str, obj: dict[str, Any]) -> bytes:
+            if table and kind != "BOOKMARK":
+                meta = {"resourceVersion": obj["metadata"]["resourceVersion"]}
+                obj = k8s_api.table([obj], meta, datetime.now(UTC))
+            return k8s_api.watch_event(kind, obj)
+
+        async def events() -> AsyncIterator[bytes]:
+            seen = start
+            added: set[str] = set()
+            if start == 0:
+                # No version: the current objects first, as ADDED, then what changes.
+                seen = await views.last_change()
+                for doc in await views.resources(served.dialect, user):
+                    if of(doc, served, namespace):
+                        item = await resource(doc, served)
+                        if k8s_api.selected(item, labels, fields):
+                            added.add(str(doc["_id"]))
+                            yield framed("ADDED", item)
+            deadline = time.monotonic() + timeout
+            next_bookmark = time.monotonic() + BOOKMARK_S
+            while time.monotonic() < deadline:
+                for doc in await views.resource_changes(served.dialect, seen):
+                    seen = max(seen, int(doc.get("feed_seq") or 0))
+                    if not (mine(doc, identity) and of(doc, served, namespace)):
+                        continue
+                    if not doc.get("claimed") and doc.get("state") == "REJECTED":
+                        continue
+                    item = await resource(doc, served)
+                    if not k8s_api.selected(item, labels, fields):
+                        continue
+                    uid = str(doc["_id"])
+                    if doc.get("deleted_at"):
+                        kind = "DELETED"
+                    elif uid not in added and int(doc.get("created_seq") or 0) > start:
+                        kind = "ADDED"
+                    else:
+                        kind = "MODIFIED"
+                    added.add(uid)
+                    yield framed(kind, item)
+                if bookmarks and time.monotonic() >= next_bookmark:
+                    next_bookmark = time.monotonic() + BOOKMARK_S
+                    yield k8s_api.watch_event(
+                        "BOOKMARK",
+                        {
+                            "kind": served.kind,
+                            "apiVersion": served.group_version,
+                            "metadata": {"resourceVersion": str(seen)},
+                        },
+                    )
+                await asyncio.sleep(WATCH_POLL_S)
+
+        return StreamingResponse(events(), media_type="application/json")
+
+    @api.get("/apis/{group}/{version}/namespaces/{namespace}/{plural}", response_model=None)
     async def list_namespaced(
         group: str,
         version: str,
         namespace: str,
         plural: str,
+        request: Request,
         identity: Identity = Depends(ctx.current),
-    ) -> JSONResponse:
-        return await listing(group, version, plural, namespace, identity)
+    ) -> JSONResponse | StreamingResponse:
+        return await listing(group, version, plural, namespace, request, identity)
 
-    @api.get("/apis/{group}/{version}/{plural}")
+    @api.get("/apis/{group}/{version}/{plural}", response_model=None)
     async def list_all(
-        group: str, version: str, plural: str, identity: Identity = Depends(ctx.current)
+        group: str,
+        version: str,
+        plural: str,
+        request: Request,
+        identity: Identity = Depends(ctx.current),
+    ) -> JSONResponse | StreamingResponse:
+        return await listing(group, version, plural, None, request, identity)
+
+    # -- get ---------------------------------------------------------------------------
+
+    async def get_one(
+        group: str, version: str, namespace: str, plural: str, name: str, identity: Identity
     ) -> JSONResponse:
-        return await listing(group, version, plural, None, identity)
+        served = k8s_api.lookup(group, version, plural)
+        if served is None:
+            return not_served(group, version, plural)
+        found = await views.resources(served.dialect, identity.user, f"{namespace}/{plural}/{name}")
+        if not found:
+            return status(
+                404,
+                "NotFound",
+                f'{plural}.{group} "{name}" not found',
+                {"name": name, "group": group, "kind": plural},
+            )
+        # One object per name; should a store of an earlier version hold several, the
+        # newest that was not rejected, as that version showed it.
+        live = [doc for doc in found if doc.get("state") != "REJECTED"] or found
+        return JSONResponse(await resource(live[-1], served))
 
     @api.get("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")
     async def get(
@@ -145,22 +309,17 @@ def router(ctx: StatusContext) -> APIRouter:
         name: str,
         identity: Identity = Depends(ctx.current),
     ) -> JSONResponse:
-        found = resolve(group, version, plural)
-        if found is None:
-            return status(
-                404,
-                "NotFound",
-                f"the server could not find the requested resource ({group}/{version}, {plural})",
-            )
-        dialect, _kind, render = found
-        doc = await ctx.views.find_by_key(identity.user, f"{namespace}/{plural}/{name}", dialect)
-        if doc is None:
-            return status(
-                404,
-                "NotFound",
-                f'{plural}.{group} "{name}" not found',
-                {"name": name, "group": group, "kind": plural},
-            )
-        return JSONResponse(await resource(doc, plural, render))
+        return await get_one(group, version, namespace, plural, name, identity)
+
+    @api.get("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status")
+    async def get_status(
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        identity: Identity = Depends(ctx.current),
+    ) -> JSONResponse:
+        return await get_one(group, version, namespace, plural, name, identity)
 
     return api

@@ -19,6 +19,7 @@ from trainyard_common.events import (
     JobPlaced,
     JobQueued,
     JobRejected,
+    JobResourceChanged,
     JobRetrying,
     JobState,
     JobSubmitted,
@@ -70,6 +71,9 @@ class JobChange:
     attempt: int = 1
     rank_state: JobState | None = None
     add_to_set: dict[str, Any] = field(default_factory=dict)
+    # The job's first event (JobSubmitted): its stream sequence is kept as created_seq,
+    # which tells a Kubernetes-style watch an ADDED object from a MODIFIED one.
+    created: bool = False
 
     @property
     def rank(self) -> int:
@@ -133,9 +137,11 @@ def project(event: Event) -> Changes:
                         "spec_json": spec.redacted().model_dump_json(),
                         "original_json": _original(event),
                         "warnings": _issues(event.warnings),
+                        "claimed": event.name_claimed,
                     },
                     state=JobState.SUBMITTED,
                     with_state={"updated_at": at},
+                    created=True,
                 )
             )
         case JobAccepted():
@@ -306,8 +312,20 @@ def project(event: Event) -> Changes:
         case JobInterrupted():
             return _interrupted(event)
         case StopJob():
+            deleted = {"deleted_at": at} if event.delete else {}
             return Changes(
-                JobChange(event.job_id, always={"stop_requested_by": event.requested_by})
+                JobChange(event.job_id, always={"stop_requested_by": event.requested_by, **deleted})
+            )
+        case JobResourceChanged():
+            return Changes(
+                JobChange(
+                    event.job_id,
+                    always={
+                        "original_json": json.dumps(event.resource, ensure_ascii=False),
+                        "generation": event.generation,
+                        "updated_at": at,
+                    },
+                )
             )
     return Changes()
 

@@ -25,6 +25,11 @@ class NameRegistry(Protocol):
         """The job holding ``name`` for ``user``, or None; claims nothing."""
         ...
 
+    async def take(self, user: str, name: str, job_id: str) -> None:
+        """Record ``job_id`` as the holder, whoever held the name before (intake
+        decided, and a name freed there may be given to a new job)."""
+        ...
+
 
 class DocNameRegistry:
     def __init__(self, db: Database) -> None:
@@ -53,6 +58,16 @@ class DocNameRegistry:
         doc = await self._names.find_one({"_id": name_key(user, name)}, {"job_id": 1})
         return None if doc is None else doc.get("job_id")
 
+    async def take(self, user: str, name: str, job_id: str) -> None:
+        document = {
+            "_id": name_key(user, name),
+            "user": user,
+            "name": name,
+            "job_id": job_id,
+            "claimed_at": utcnow(),
+        }
+        await self._names.replace_one({"_id": document["_id"]}, document, upsert=True)
+
 
 class InMemoryNameRegistry:
     """The same contract in a dict, for unit tests of handlers."""
@@ -65,3 +80,6 @@ class InMemoryNameRegistry:
 
     async def holder(self, user: str, name: str) -> str | None:
         return self.claims.get(name_key(user, name))
+
+    async def take(self, user: str, name: str, job_id: str) -> None:
+        self.claims[name_key(user, name)] = job_id

@@ -1,0 +1,686 @@
+"""The Kubernetes API machinery Trainyard's Kubernetes-shaped kinds (T9k jobs, Kubeflow
+jobs) are served with, as pure functions over plain data: which kinds are served,
+discovery (``/api``, ``/apis``, ``/apis/<group>/<version>``, ``/version``) and OpenAPI
+(v2 and v3) documents for them, label and field selectors, JSON Patch (RFC 6902) and the
+strategic merge patch of these kinds, ``Table`` rows for ``kubectl get``, and watch events.
+
+kubectl and client-go read these exactly: the shapes follow
+k8s.io/apimachinery/pkg/apis/meta/v1 (APIGroupList, APIResourceList, Status, Table,
+WatchEvent) and kubectl's check that a server validates fields itself (an OpenAPI v3
+PATCH operation of the kind with a ``fieldValidation`` query parameter)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from . import kubeflow, t9k
+from .k8s_pod import merge_patch
+
+KUBE_VERSION = {"major": "1", "minor": "34", "gitVersion": "v1.34.0+trainyard"}
+VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+MAX_PATCH_OPS = 1000
+
+
+@dataclass(frozen=True)
+class Served:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    dialect: str
+    render: Callable[[str, dict[str, Any]], dict[str, Any]]
+    short_names: tuple[str, ...] = ()
+
+    @property
+    def group_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+
+def _served() -> dict[tuple[str, str, str], Served]:
+    found: dict[tuple[str, str, str], Served] = {}
+    for module in (t9k, kubeflow):
+        for plural, kind in module.PLURALS.items():
+            found[(module.GROUP, module.VERSION, plural)] = Served(
+                module.GROUP, module.VERSION, plural, kind.name, module.DIALECT, module.render
+            )
+    return found
+
+
+SERVED = _served()
+GROUPS: dict[str, list[str]] = {}
+for _g, _v, _p in SERVED:
+    GROUPS.setdefault(_g, [])
+    if _v not in GROUPS[_g]:
+        GROUPS[_g].append(_v)
+
+
+def lookup(group: str, version: str, plural: str) -> Served | None:
+    return SERVED.get((group, version, plural))
+
+
+# ------------------------------------------------------------------------------ discovery
+
+
+def version_info() -> dict[str, Any]:
+    return {
+        **KUBE_VERSION,
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "",
+        "compiler": "trainyard",
+        "platform": "linux/amd64",
+    }
+
+
+def core_versions() -> dict[str, Any]:
+    """The core group (pods, namespaces...) is not served: no version of it is listed, so
+    discovery does not look for one (client-go refuses an empty resource list)."""
+    return {
+        "kind": "APIVersions",
+        "versions": [],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
+    }
+
+
+def _group(name: str) -> dict[str, Any]:
+    versions = [{"groupVersion": f"{name}/{v}", "version": v} for v in GROUPS[name]]
+    return {"name": name, "versions": versions, "preferredVersion": versions[0]}
+
+
+def group_list() -> dict[str, Any]:
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(g) for g in GROUPS]}
+
+
+def group(name: str) -> dict[str, Any] | None:
+    if name not in GROUPS:
+        return None
+    return {"kind": "APIGroup", "apiVersion": "v1", **_group(name)}
+
+
+def resource_list(group_name: str, version: str) -> dict[str, Any] | None:
+    kinds = [s for s in SERVED.values() if (s.group, s.version) == (group_name, version)]
+    if not kinds:
+        return None
+    resources: list[dict[str, Any]] = []
+    for s in kinds:
+        resources.append(
+            {
+                "name": s.plural,
+                "singularName": s.singular,
+                "namespaced": True,
+                "kind": s.kind,
+                "verbs": VERBS,
+                "shortNames": list(s.short_names),
+                "categories": ["all", "trainyard"],
+            }
+        )
+        resources.append(
+            {
+                "name": f"{s.plural}/status",
+                "singularName": "",
+                "namespaced": True,
+                "kind": s.kind,
+                "verbs": ["get"],
+            }
+        )
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{group_name}/{version}",
+        "resources": resources,
+    }
+
+
+# -------------------------------------------------------------------------------- OpenAPI
+
+_OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "apiVersion": {"type": "string"},
+        "kind": {"type": "string"},
+        "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    },
+}
+_QUERY = {
+    "dryRun": "string",
+    "fieldManager": "string",
+    "fieldValidation": "string",
+}
+
+
+def _gvk(s: Served) -> list[dict[str, str]]:
+    return [{"group": s.group, "version": s.version, "kind": s.kind}]
+
+
+def _definition(s: Served) -> str:
+    return f"{'.'.join(reversed(s.group.split('.')))}.{s.version}.{s.kind}"
+
+
+def _operations(s: Served, v3: bool) -> dict[str, Any]:
+    """The paths of one kind: its collection, one item and its status."""
+
+    def ref() -> dict[str, Any]:
+        where = "#/components/schemas/" if v3 else "#/definitions/"
+        return {"$ref": where + _definition(s)}
+
+    def params(names: list[str]) -> list[dict[str, Any]]:
+        out = []
+        for name in names:
+            param: dict[str, Any] = {"name": name, "in": "query", "description": name}
+            if v3:
+                param["schema"] = {"type": _QUERY.get(name, "string")}
+            else:
+                param["type"] = _QUERY.get(name, "string")
+            out.append(param)
+        return out
+
+    def op(action: str, query: list[str], body: bool = False) -> dict[str, Any]:
+        operation: dict[str, Any] = {
+            "operationId": f"{action}{s.kind}",
+            "x-kubernetes-action": action,
+            "x-kubernetes-group-version-kind": _gvk(s)[0],
+            "parameters": params(query),
+            "responses": {"200": {"description": "OK"}},
+        }
+        if v3:
+            operation["responses"]["200"]["content"] = {"application/json": {"schema": ref()}}
+            if body:
+                operation["requestBody"] = {
+                    "content": {"application/json": {"schema": ref()}},
+                    "required": True,
+                }
+        else:
+            operation["responses"]["200"]["schema"] = ref()
+            if body:
+                operation["parameters"].append(
+                    {"name": "body", "in": "body", "required": True, "schema": ref()}
+                )
+        return operation
+
+    write = ["dryRun", "fieldManager", "fieldValidation"]
+    base = f"/apis/{s.group}/{s.version}/namespaces/{{namespace}}/{s.plural}"
+    return {
+        base: {
+            "get": op("list", ["labelSelector", "fieldSelector", "watch", "resourceVersion"]),
+            "post": op("post", write, body=True),
+            "delete": op("deletecollection", ["labelSelector", "fieldSelector"]),
+        },
+        base + "/{name}": {
+            "get": op("get", []),
+            "put": op("put", write, body=True),
+            "patch": op("patch", write, body=True),
+            "delete": op("delete", []),
+        },
+        base + "/{name}/status": {"get": op("get", [])},
+    }
+
+
+def _schema(s: Served) -> dict[str, Any]:
+    return {**copy.deepcopy(_OBJECT_SCHEMA), "x-kubernetes-group-version-kind": _gvk(s)}
+
+
+def openapi_v2() -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    definitions: dict[str, Any] = {}
+    for s in SERVED.values():
+        paths.update(_operations(s, v3=False))
+        definitions[_definition(s)] = _schema(s)
+    return {
+        "swagger": "2.0",
+        "info": {"title": "Trainyard", "version": KUBE_VERSION["gitVersion"]},
+        "paths": paths,
+        "definitions": definitions,
+    }
+
+
+def openapi_v3(group_name: str, version: str) -> dict[str, Any] | None:
+    kinds = [s for s in SERVED.values() if (s.group, s.version) == (group_name, version)]
+    if not kinds:
+        return None
+    paths: dict[str, Any] = {}
+    schemas: dict[str, Any] = {}
+    for s in kinds:
+        paths.update(_operations(s, v3=True))
+        schemas[_definition(s)] = _schema(s)
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Trainyard", "version": KUBE_VERSION["gitVersion"]},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+
+
+def openapi_v3_root() -> dict[str, Any]:
+    """Where each group-version's document is; the hash changes when the document does."""
+    paths = {}
+    for g, versions in GROUPS.items():
+        for v in versions:
+            text = json.dumps(openapi_v3(g, v), sort_keys=True).encode()
+            digest = hashlib.sha256(text).hexdigest()[:32].upper()
+            paths[f"apis/{g}/{v}"] = {
+                "serverRelativeURL": f"/openapi/v3/apis/{g}/{v}?hash={digest}"
+            }
+    return {"paths": paths}
+
+
+# ------------------------------------------------------------------------------ selectors
+
+
+class SelectorError(ValueError):
+    """A selector that does not parse; the message says where."""
+
+
+@dataclass(frozen=True)
+class Requirement:
+    key: str
+    op: str  # =, !=, in, notin, exists, !
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        present = self.key in labels
+        value = labels.get(self.key)
+        match self.op:
+            case "=":
+                return present and value == self.values[0]
+            case "!=":
+                return not present or value != self.values[0]
+            case "in":
+                return present and value in self.values
+            case "notin":
+                return not present or value not in self.values
+            case "exists":
+                return present
+            case _:
+                return not present
+
+
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_SET = re.compile(r"^\s*(?P<key>[^\s!=()]+)\s+(?P<op>in|notin)\s+\((?P<values>[^()]*)\)\s*$")
+
+
+def _split_terms(text: str) -> list[str]:
+    """Commas separate requirements, except inside a set's parentheses."""
+    terms, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise SelectorError(f"unbalanced ')' at {i}")
+        elif ch == "," and depth == 0:
+            terms.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise SelectorError("unbalanced '('")
+    terms.append(text[start:])
+    return [t.strip() for t in terms]
+
+
+def _key(key: str, selector: str) -> str:
+    if not _LABEL_KEY.match(key) or len(key) > 317:
+        raise SelectorError(f"invalid label key {key!r} in {selector!r}")
+    return key
+
+
+def _value(value: str, selector: str) -> str:
+    if not _LABEL_VALUE.match(value) or len(value) > 63:
+        raise SelectorError(f"invalid label value {value!r} in {selector!r}")
+    return value
+
+
+def parse_label_selector(text: str | None) -> list[Requirement]:
+    """A label selector as ``kubectl -l`` writes it: ``k=v``, ``k==v``, ``k!=v``,
+    ``k in (a,b)``, ``k notin (a)``, ``k``, ``!k``; comma means and."""
+    if not text or not text.strip():
+        return []
+    if len(text) > 4096:
+        raise SelectorError("label selector longer than 4096 characters")
+    out: list[Requirement] = []
+    for term in _split_terms(text):
+        if not term:
+            raise SelectorError(f"empty requirement in {text!r}")
+        if found := _SET.match(term):
+            values = tuple(_value(v.strip(), text) for v in found["values"].split(",") if v.strip())
+            out.append(Requirement(_key(found["key"], text), found["op"], values))
+        elif "!=" in term:
+            key, value = term.split("!=", 1)
+            out.append(Requirement(_key(key.strip(), text), "!=", (_value(value.strip(), text),)))
+        elif "=" in term:
+            key, value = term.split("==", 1) if "==" in term else term.split("=", 1)
+            out.append(Requirement(_key(key.strip(), text), "=", (_value(value.strip(), text),)))
+        elif term.startswith("!"):
+            out.append(Requirement(_key(term[1:].strip(), text), "!"))
+        else:
+            out.append(Requirement(_key(term, text), "exists"))
+    return out
+
+
+FIELDS = ("metadata.name", "metadata.namespace")
+
+
+def parse_field_selector(text: str | None) -> list[Requirement]:
+    """A field selector on what a custom resource can be selected by: ``metadata.name``
+    and ``metadata.namespace``, with ``=``, ``==`` or ``!=``."""
+    if not text or not text.strip():
+        return []
+    if len(text) > 4096:
+        raise SelectorError("field selector longer than 4096 characters")
+    out = []
+    for term in _split_terms(text):
+        op = "!=" if "!=" in term else "="
+        if "=" not in term:
+            raise SelectorError(f"invalid field selector {term!r}: want field=value")
+        key, value = term.split("!=" if op == "!=" else ("==" if "==" in term else "="), 1)
+        key = key.strip()
+        if key not in FIELDS:
+            raise SelectorError(
+                f'field label not supported: "{key}" (a field selector may name '
+                + " or ".join(FIELDS)
+                + ")"
+            )
+        out.append(Requirement(key, op, (value.strip(),)))
+    return out
+
+
+def selected(
+    resource: dict[str, Any], labels: list[Requirement], fields: list[Requirement]
+) -> bool:
+    meta = resource.get("metadata") or {}
+    own: dict[str, str] = meta["labels"] if isinstance(meta.get("labels"), dict) else {}
+    values = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace")}
+    return all(r.matches(own) for r in labels) and all(
+        r.matches({k: str(v) for k, v in values.items() if v is not None}) for r in fields
+    )
+
+
+# ---------------------------------------------------------------------------------- patch
+
+# Metadata the server writes: a client's copy of them is ignored on a write.
+SERVER_METADATA = (
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "selfLink",
+)
+
+
+def client_fields(resource: Any) -> Any:
+    """A resource as its writer owns it: no status, no server-written metadata."""
+    if not isinstance(resource, dict):
+        return resource
+    out = {k: copy.deepcopy(v) for k, v in resource.items() if k != "status"}
+    meta = out.get("metadata")
+    if isinstance(meta, dict):
+        out["metadata"] = {k: v for k, v in meta.items() if k not in SERVER_METADATA}
+    return out
+
+
+def merge_diff(before: Any, after: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``before`` into ``after``."""
+    if not (isinstance(before, dict) and isinstance(after, dict)):
+        return copy.deepcopy(after)
+    patch: dict[str, Any] = {}
+    for key in before:
+        if key not in after:
+            patch[key] = None
+    for key, value in after.items():
+        if key not in before:
+            patch[key] = copy.deepcopy(value)
+        elif before[key] != value:
+            patch[key] = merge_diff(before[key], value)
+    return patch
+
+
+class PatchError(ValueError):
+    """A patch that cannot be applied; the message says which operation and why."""
+
+
+def _pointer(path: Any) -> list[str]:
+    if not isinstance(path, str) or (path and not path.startswith("/")):
+        raise PatchError(f"invalid JSON pointer {path!r}")
+    if path == "":
+        return []
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _parent(doc: Any, parts: list[str], path: str) -> tuple[Any, str]:
+    node = doc
+    for part in parts[:-1]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise PatchError(f"path {path!r} does not exist")
+    return node, parts[-1]
+
+
+def _get(doc: Any, path: str) -> Any:
+    node = doc
+    for part in _pointer(path):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise PatchError(f"path {path!r} does not exist")
+    return node
+
+
+def _index(container: list[Any], key: str, path: str, adding: bool) -> int:
+    if key == "-" and adding:
+        return len(container)
+    if not key.isdigit() or (key.startswith("0") and key != "0"):
+        raise PatchError(f"path {path!r}: {key!r} is not an array index")
+    index = int(key)
+    if index > len(container) or (index == len(container) and not adding):
+        raise PatchError(f"path {path!r}: index {index} is out of range")
+    return index
+
+
+def _remove(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        raise PatchError("cannot remove the whole document")
+    parent, key = _parent(doc, parts, path)
+    if isinstance(parent, dict):
+        if key not in parent:
+            raise PatchError(f"path {path!r} does not exist")
+        return parent.pop(key)
+    if isinstance(parent, list):
+        return parent.pop(_index(parent, key, path, adding=False))
+    raise PatchError(f"path {path!r} does not exist")
+
+
+def _add(doc: Any, path: str, value: Any, replace: bool = False) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        return value
+    parent, key = _parent(doc, parts, path)
+    if isinstance(parent, dict):
+        if replace and key not in parent:
+            raise PatchError(f"path {path!r} does not exist")
+        parent[key] = value
+    elif isinstance(parent, list):
+        index = _index(parent, key, path, adding=not replace)
+        if replace:
+            parent[index] = value
+        else:
+            parent.insert(index, value)
+    else:
+        raise PatchError(f"path {path!r} does not exist")
+    return doc
+
+
+def json_patch(target: Any, operations: Any) -> Any:
+    """RFC 6902 JSON Patch (``kubectl patch --type=json``): add, remove, replace, move,
+    copy and test, applied in order to a copy; any failure fails the whole patch."""
+    if not isinstance(operations, list):
+        raise PatchError("a JSON patch is an array of operations")
+    if len(operations) > MAX_PATCH_OPS:
+        raise PatchError(f"a JSON patch of more than {MAX_PATCH_OPS} operations")
+    doc = copy.deepcopy(target)
+    for number, operation in enumerate(operations):
+        if not isinstance(operation, dict) or not isinstance(operation.get("op"), str):
+            raise PatchError(f"operation {number}: an object with an 'op'")
+        op, path, source = operation["op"], operation.get("path"), operation.get("from", "")
+        try:
+            if not isinstance(path, str) or not isinstance(source, str):
+                raise PatchError("'path' and 'from' are JSON pointer strings")
+            match op:
+                case "add" | "replace":
+                    if "value" not in operation:
+                        raise PatchError("missing 'value'")
+                    doc = _add(doc, path, copy.deepcopy(operation["value"]), op == "replace")
+                case "remove":
+                    _remove(doc, path)
+                case "move" | "copy":
+                    if op == "move" and path.startswith(source + "/"):
+                        raise PatchError("cannot move a value into itself")
+                    value = (
+                        _remove(doc, source) if op == "move" else copy.deepcopy(_get(doc, source))
+                    )
+                    doc = _add(doc, path, value)
+                case "test":
+                    if _get(doc, path) != operation.get("value"):
+                        raise PatchError(f"test of {path!r} failed")
+                case _:
+                    raise PatchError(f"unknown op {op!r}")
+        except PatchError as exc:
+            raise PatchError(f"operation {number} ({op} {path}): {exc}") from None
+    return doc
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """The strategic merge patch of these kinds: their schemas declare no merge keys, so
+    every list is atomic and the patch merges as a JSON merge patch does (what the
+    API server does for a schema without ``x-kubernetes-patch-merge-key``). Directives
+    (``$patch``, ``$retainKeys``, ``$deleteFromPrimitiveList``...) are refused rather
+    than stored as fields."""
+
+    def check(value: Any, path: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and key.startswith("$"):
+                    raise PatchError(
+                        f"{path}.{key}: strategic merge directives are not supported "
+                        "for this kind (its lists have no merge keys)"
+                    )
+                check(item, f"{path}.{key}")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                check(item, f"{path}[{i}]")
+
+    if not isinstance(patch, dict):
+        raise PatchError("a strategic merge patch is an object")
+    check(patch, "$")
+    return merge_patch(target, patch)
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def human_age(created: str, now: datetime) -> str:
+    """How long ago, as kubectl writes an age (k8s.io/apimachinery's HumanDuration)."""
+    try:
+        then = datetime.fromisoformat(created.replace("Z", "+00:00"))
+    except ValueError:
+        return "<unknown>"
+    seconds = int((now - then).total_seconds())
+    if seconds < -1:
+        return "<invalid>"
+    seconds = max(seconds, 0)
+    minutes, hours, days = seconds // 60, seconds // 3600, seconds // 86400
+    if seconds < 120:
+        return f"{seconds}s"
+    if minutes < 10:
+        return f"{minutes}m{seconds % 60}s" if seconds % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
+    if hours < 24 * 365 * 2:
+        return f"{days}d"
+    if hours < 24 * 365 * 8:
+        return f"{days // 365}y{days % 365}d"
+    return f"{days // 365}y"
+
+
+def table(resources: list[dict[str, Any]], meta: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """A ``meta.k8s.io/v1`` Table of jobs, the columns Kubeflow's CRDs print (name, state,
+    age), each row carrying its object's metadata for kubectl."""
+    rows = []
+    for resource in resources:
+        conditions = (resource.get("status") or {}).get("conditions") or []
+        state = ""
+        for c in conditions:
+            if isinstance(c, dict) and c.get("status") == "True":
+                state = str(c.get("type") or "")
+        phase = (resource.get("status") or {}).get("phase")
+        rows.append(
+            {
+                "cells": [
+                    (resource.get("metadata") or {}).get("name", ""),
+                    phase or state,
+                    human_age(str((resource.get("metadata") or {}).get("creationTimestamp")), now),
+                ],
+                "object": {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": resource.get("metadata") or {},
+                },
+            }
+        )
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": meta,
+        "columnDefinitions": [
+            {"name": "Name", "type": "string", "format": "name", "description": "name"},
+            {"name": "State", "type": "string", "format": "", "description": "state"},
+            {"name": "Age", "type": "date", "format": "", "description": "created"},
+        ],
+        "rows": rows,
+    }
+
+
+def wants_table(accept: str) -> bool:
+    """kubectl get asks for a Table first (``as=Table;g=meta.k8s.io``)."""
+    return any(
+        "as=Table" in part and "g=meta.k8s.io" in part and "v=v1" in part.replace(" ", "")
+        for part in accept.split(",")
+    )
+
+
+def watch_event(kind: str, obj: dict[str, Any]) -> bytes:
+    return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"

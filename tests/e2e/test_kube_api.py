@@ -1,0 +1,319 @@
+"""The platform's Kubernetes API as Kubernetes users reach it, with their own clients
+unchanged: kubectl (v1.34, built with the test cluster) over HTTPS with the kubeconfig
+`yard kubeconfig` writes, and the official Kubernetes Python client's CRUD and Watch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
+
+from trainyard_stack.kube import ensure_kube_binaries
+from trainyard_stack.platform import Platform
+
+from .conftest import Api, unique, yard
+
+pytestmark = pytest.mark.e2e
+
+GROUP, VERSION = "kubeflow.org", "v1"
+
+
+def pytorchjob(
+    name: str, command: list[str], labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "labels": labels or {"team": "a"}},
+        "spec": {
+            "pytorchReplicaSpecs": {
+                "Master": {
+                    "replicas": 1,
+                    "restartPolicy": "OnFailure",
+                    "template": {
+                        "spec": {"containers": [{"name": "pytorch", "image": "python:3.11",
+                                                 "command": command}]}
+                    },
+                }
+            }
+        },
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(platform: Platform, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("kube") / "config"
+    done = subprocess.run(
+        [*yard_cmd(), "kubeconfig", "--server", platform.kube_url, "--ca-file",
+         str(platform.ca_file), "-n", "ml", "-f", str(path)],
+        env={"YARD_TOKEN": platform.token, "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+def yard_cmd() -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "trainyard_sdk"]
+
+
+def kubectl(
+    kubeconfig: Path, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(ensure_kube_binaries() / "trainyard-kube"), "kubectl", "--kubeconfig",
+         str(kubeconfig), *args],
+        input=stdin, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, f"{done.args}: {done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def api_client(kubeconfig: Path) -> Iterator[k8s.ApiClient]:
+    with k8s_config.new_client_from_config(str(kubeconfig)) as client:
+        yield client
+
+
+def test_the_kubeconfig_is_https_with_the_platforms_ca_and_the_token(
+    kubeconfig: Path, platform: Platform
+) -> None:
+    config = yaml.safe_load(kubeconfig.read_text())
+    cluster = config["clusters"][0]["cluster"]
+    assert cluster["server"] == platform.kube_url and cluster["server"].startswith("https://")
+    assert config["users"][0]["user"]["token"] == platform.token
+    # kubectl trusts nothing else: the same server with another CA is refused.
+    assert "Server Version" in ok(kubectl(kubeconfig, "version"))
+    bad = yaml.safe_load(kubeconfig.read_text())
+    bad["clusters"][0]["cluster"]["certificate-authority-data"] = (
+        config["clusters"][0]["cluster"]["certificate-authority-data"][:-40] + "A" * 36 + "Cg=="
+    )
+    other = kubeconfig.with_name("bad")
+    other.write_text(yaml.safe_dump(bad))
+    assert kubectl(other, "get", "pytorchjobs").returncode != 0
+
+
+def test_discovery_lists_every_served_kind(kubeconfig: Path) -> None:
+    resources = ok(kubectl(kubeconfig, "api-resources", "--api-group", GROUP, "-o", "name"))
+    assert "pytorchjobs.kubeflow.org" in resources.split()
+    assert "tfjobs.kubeflow.org" in resources.split()
+    t9k = ok(kubectl(kubeconfig, "api-resources", "--api-group", "batch.tensorstack.dev"))
+    assert "genericjobs" in t9k
+
+
+def test_kubectl_create_get_label_patch_apply_and_delete(kubeconfig: Path, api: Api) -> None:
+    name = unique("kubectl")
+    manifest = yaml.safe_dump(pytorchjob(name, ["sleep", "60"]))
+    created = ok(kubectl(kubeconfig, "create", "-f", "-", stdin=manifest))
+    assert f"pytorchjob.kubeflow.org/{name} created" in created
+    again = kubectl(kubeconfig, "create", "-f", "-", stdin=manifest)
+    assert again.returncode != 0 and "AlreadyExists" in again.stderr
+
+    got = yaml.safe_load(ok(kubectl(kubeconfig, "get", "pytorchjob", name, "-o", "yaml")))
+    assert got["metadata"]["namespace"] == "ml" and got["metadata"]["generation"] == 1
+    assert int(got["metadata"]["resourceVersion"]) > 0
+    uid = got["metadata"]["uid"]
+    table = ok(kubectl(kubeconfig, "get", "pytorchjobs"))
+    assert table.splitlines()[0].split() == ["NAME", "STATE", "AGE"]
+    assert any(line.split()[0] == name for line in table.splitlines()[1:])
+
+    ok(kubectl(kubeconfig, "label", "pytorchjob", name, "owner=bob"))
+    selected = ok(kubectl(kubeconfig, "get", "pytorchjobs", "-l", "owner=bob", "-o", "name"))
+    assert selected.split() == [f"pytorchjob.kubeflow.org/{name}"]
+    assert (
+        ok(kubectl(kubeconfig, "get", "pytorchjobs", "-l", "owner!=bob", "-o", "name")).find(name)
+        < 0
+    )
+
+    # kubectl patch's default (strategic) and --type=json both act on the job.
+    ok(
+        kubectl(
+            kubeconfig, "patch", "pytorchjob", name, "-p", '{"spec":{"runPolicy":{"suspend":true}}}'
+        )
+    )
+    assert api.wait(uid, {"PAUSED"}, 30)["state"] == "PAUSED"
+    ok(
+        kubectl(
+            kubeconfig,
+            "patch",
+            "pytorchjob",
+            name,
+            "--type=json",
+            "-p",
+            '[{"op":"replace","path":"/spec/runPolicy/suspend","value":false}]',
+        )
+    )
+    assert api.wait(uid, {"RUNNING"}, 30)["state"] == "RUNNING"
+    got = yaml.safe_load(ok(kubectl(kubeconfig, "get", "pytorchjob", name, "-o", "yaml")))
+    assert got["metadata"]["generation"] == 3 and got["metadata"]["labels"]["owner"] == "bob"
+    refused = kubectl(
+        kubeconfig,
+        "patch",
+        "pytorchjob",
+        name,
+        "--type=merge",
+        "-p",
+        '{"spec":{"pytorchReplicaSpecs":{"Master":{"replicas":3}}}}',
+    )
+    assert refused.returncode != 0 and "replicas" in refused.stderr
+
+    # apply: the three-way merge of the last applied configuration, kept by the server.
+    changed = pytorchjob(name, ["sleep", "60"], {"team": "b"})
+    ok(kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(changed)))
+    assert "unchanged" in ok(kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(changed)))
+    labels = json.loads(
+        ok(kubectl(kubeconfig, "get", "pytorchjob", name, "-o", "jsonpath={.metadata.labels}"))
+    )
+    assert labels == {"team": "b", "owner": "bob"}  # kubectl's label was never applied
+
+    deleted = ok(kubectl(kubeconfig, "delete", "pytorchjob", name))
+    assert f'"{name}" deleted' in deleted
+    assert api.wait(uid)["state"] == "STOPPED"
+    missing = kubectl(kubeconfig, "get", "pytorchjob", name)
+    assert missing.returncode != 0 and "NotFound" in missing.stderr
+    # The name is free again at once, for a new job.
+    recreated = ok(kubectl(kubeconfig, "create", "-f", "-", stdin=manifest))
+    assert "created" in recreated
+    new_uid = ok(kubectl(kubeconfig, "get", "pytorchjob", name, "-o", "jsonpath={.metadata.uid}"))
+    assert new_uid and new_uid != uid
+    ok(kubectl(kubeconfig, "delete", "pytorchjobs", "-l", "team=a"))
+    assert api.wait(new_uid)["state"] == "STOPPED"
+
+
+def test_kubectl_get_watch_follows_a_job_to_its_end(kubeconfig: Path) -> None:
+    name = unique("watched")
+    watcher = subprocess.Popen(
+        [str(ensure_kube_binaries() / "trainyard-kube"), "kubectl", "--kubeconfig",
+         str(kubeconfig), "get", "pytorchjobs", "-w", "--output-watch-events",
+         "--field-selector", f"metadata.name={name}", "--request-timeout", "60s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(watcher.stdout or []), daemon=True)
+    reader.start()
+    try:
+        time.sleep(2)
+        ok(
+            kubectl(
+                kubeconfig, "create", "-f", "-", stdin=yaml.safe_dump(pytorchjob(name, ["true"]))
+            )
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any("Succeeded" in ln for ln in lines):
+            time.sleep(0.3)
+        ok(kubectl(kubeconfig, "delete", "pytorchjob", name))
+        while time.monotonic() < deadline and not any(ln.startswith("DELETED") for ln in lines):
+            time.sleep(0.3)
+    finally:
+        watcher.terminate()
+        watcher.wait(10)
+    events = [ln.split()[0] for ln in lines if ln.strip() and not ln.startswith("EVENT")]
+    assert events[0] == "ADDED", lines
+    assert "MODIFIED" in events and events[-1] == "DELETED", lines
+    assert any("Succeeded" in ln for ln in lines), lines
+
+
+def test_python_client_crud_and_watch(api_client: k8s.ApiClient, api: Api) -> None:
+    custom = k8s.CustomObjectsApi(api_client)
+    name = unique("pyclient")
+    body = pytorchjob(name, ["sleep", "60"])
+    made = custom.create_namespaced_custom_object(GROUP, VERSION, "ml", "pytorchjobs", body)
+    assert made["metadata"]["name"] == name and made["metadata"]["uid"]
+    version = custom.list_namespaced_custom_object(GROUP, VERSION, "ml", "pytorchjobs")["metadata"][
+        "resourceVersion"
+    ]
+
+    with pytest.raises(k8s.ApiException) as taken:
+        custom.create_namespaced_custom_object(GROUP, VERSION, "ml", "pytorchjobs", body)
+    assert taken.value.status == 409 and json.loads(taken.value.body)["reason"] == "AlreadyExists"
+    with pytest.raises(k8s.ApiException) as missing:
+        custom.get_namespaced_custom_object(GROUP, VERSION, "ml", "pytorchjobs", unique("none"))
+    assert missing.value.status == 404 and json.loads(missing.value.body)["kind"] == "Status"
+
+    current = custom.get_namespaced_custom_object(GROUP, VERSION, "ml", "pytorchjobs", name)
+    current["metadata"]["annotations"] = {"note": "replaced"}
+    replaced = custom.replace_namespaced_custom_object(
+        GROUP, VERSION, "ml", "pytorchjobs", name, current
+    )
+    assert replaced["metadata"]["annotations"] == {"note": "replaced"}
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "ml", "pytorchjobs", name, {"metadata": {"labels": {"stage": "two"}}}
+    )
+    status = custom.get_namespaced_custom_object_status(GROUP, VERSION, "ml", "pytorchjobs", name)
+    assert status["status"]["conditions"][0]["type"] == "Created"
+
+    seen: list[tuple[str, str]] = []
+    stream = k8s_watch.Watch()
+    deleted = False
+    for event in stream.stream(
+        custom.list_namespaced_custom_object, GROUP, VERSION, "ml", "pytorchjobs",
+        resource_version=version, timeout_seconds=60,
+    ):  # fmt: skip
+        obj = event["object"]
+        if obj["metadata"]["name"] != name:
+            continue
+        seen.append((event["type"], obj["metadata"].get("labels", {}).get("stage", "")))
+        if ("MODIFIED", "two") in seen and not deleted:
+            custom.delete_namespaced_custom_object(GROUP, VERSION, "ml", "pytorchjobs", name)
+            deleted = True
+        if event["type"] == "DELETED":
+            stream.stop()
+    assert ("MODIFIED", "two") in seen and seen[-1][0] == "DELETED", seen
+    assert api.wait(made["metadata"]["uid"])["state"] == "STOPPED"
+
+
+def test_errors_are_statuses_and_a_used_name_is_refused_in_each_dialect(
+    api: Api, platform: Platform
+) -> None:
+    name = unique("dup")
+    pai = {
+        "protocolVersion": 2,
+        "name": name,
+        "type": "job",
+        "prerequisites": [{"type": "dockerimage", "uri": "python:3.11", "name": "image"}],
+        "taskRoles": {
+            "main": {
+                "instances": 1,
+                "dockerImage": "image",
+                "resourcePerInstance": {"cpu": 1, "memoryMB": 512, "gpu": 0},
+                "commands": ["true"],
+            }
+        },
+    }
+    first = api.http.post("/api/v2/jobs", json=pai)
+    assert first.status_code == 202, first.text
+    second = api.http.post("/api/v2/jobs", json=pai)
+    assert second.status_code == 409, second.text
+    assert second.json() == {"code": "ConflictJobError", "message": f"Job {name} already exists."}
+    native = api.http.post("/v1/jobs", json=pai)
+    assert native.status_code == 409 and "already used" in native.json()["detail"]
+    bad = api.http.get(
+        f"/apis/{GROUP}/{VERSION}/namespaces/ml/pytorchjobs", params={"labelSelector": "a in (b"}
+    )
+    assert bad.status_code == 400 and bad.json()["kind"] == "Status"
+    strict = pytorchjob(unique("strict"), ["true"])
+    strict["spec"]["surprise"] = 1
+    refused = api.http.post(
+        f"/apis/{GROUP}/{VERSION}/namespaces/ml/pytorchjobs",
+        params={"fieldValidation": "Strict"},
+        json=strict,
+    )
+    assert (
+        refused.status_code == 400 and 'unknown field "spec.surprise"' in refused.json()["message"]
+    )
+    assert yard(platform, "kubeconfig", "--server", "http://insecure", check=False).returncode == 1

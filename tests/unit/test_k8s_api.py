@@ -1,0 +1,200 @@
+"""The pure Kubernetes API machinery: selectors, JSON Patch, strategic merge, the merge
+diff that turns a PUT into the dialect's control, discovery and OpenAPI as kubectl reads
+them, Tables and ages."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from trainyard_common.dialects import k8s_api, kubeflow
+from trainyard_common.dialects.k8s_api import PatchError, SelectorError
+from trainyard_common.dialects.k8s_pod import merge_patch
+
+
+def obj(labels: dict[str, str], name: str = "a", namespace: str = "ml") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace, "labels": labels}}
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "expected"),
+    [
+        ("team=a", {"team": "a"}, True),
+        ("team==a", {"team": "b"}, False),
+        ("team!=a", {}, True),
+        ("team!=a", {"team": "a"}, False),
+        ("team in (a, b),stage", {"team": "b", "stage": "x"}, True),
+        ("team in (a,b),stage", {"team": "b"}, False),
+        ("team notin (a)", {"team": "c"}, True),
+        ("!team", {"team": "c"}, False),
+        ("app.kubernetes.io/name=x", {"app.kubernetes.io/name": "x"}, True),
+        ("", {"anything": "1"}, True),
+    ],
+)
+def test_label_selectors_match_as_kubectl_means_them(
+    selector: str, labels: dict[str, str], expected: bool
+) -> None:
+    parsed = k8s_api.parse_label_selector(selector)
+    assert k8s_api.selected(obj(labels), parsed, []) is expected
+
+
+@pytest.mark.parametrize("selector", ["a in (b", "a=b)", "=x", "a=b c", "bad key!=1", "a,,b"])
+def test_bad_label_selectors_are_refused(selector: str) -> None:
+    with pytest.raises(SelectorError):
+        k8s_api.parse_label_selector(selector)
+
+
+def test_field_selectors_know_name_and_namespace_only() -> None:
+    fields = k8s_api.parse_field_selector("metadata.name=a,metadata.namespace!=other")
+    assert k8s_api.selected(obj({}), [], fields)
+    assert not k8s_api.selected(obj({}, name="b"), [], fields)
+    with pytest.raises(SelectorError, match="status.phase"):
+        k8s_api.parse_field_selector("status.phase=Running")
+
+
+DOC = {"metadata": {"labels": {"a": "1"}}, "spec": {"list": [1, 2, 3], "x": {"y": 1}}}
+
+
+@pytest.mark.parametrize(
+    ("ops", "expected"),
+    [
+        ([{"op": "add", "path": "/metadata/labels/b", "value": "2"}], ("metadata", "labels", {"a": "1", "b": "2"})),
+        ([{"op": "remove", "path": "/spec/list/0"}], ("spec", "list", [2, 3])),
+        ([{"op": "add", "path": "/spec/list/-", "value": 4}], ("spec", "list", [1, 2, 3, 4])),
+        ([{"op": "replace", "path": "/spec/x/y", "value": 5}], ("spec", "x", {"y": 5})),
+        ([{"op": "move", "from": "/spec/x/y", "path": "/spec/x/z"}], ("spec", "x", {"z": 1})),
+        ([{"op": "copy", "from": "/spec/x", "path": "/spec/w"}], ("spec", "w", {"y": 1})),
+        ([{"op": "test", "path": "/spec/x/y", "value": 1}], ("spec", "x", {"y": 1})),
+        ([{"op": "add", "path": "/metadata/labels/a~1b", "value": "s"}], ("metadata", "labels", {"a": "1", "a/b": "s"})),
+    ],
+)  # fmt: skip
+def test_json_patch_follows_rfc_6902(ops: list[dict[str, Any]], expected: tuple[Any, ...]) -> None:
+    patched = k8s_api.json_patch(DOC, ops)
+    first, second, value = expected
+    assert patched[first][second] == value
+    assert DOC["spec"]["list"] == [1, 2, 3]  # the original is untouched
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        [{"op": "test", "path": "/spec/x/y", "value": 2}],
+        [{"op": "replace", "path": "/spec/missing", "value": 1}],
+        [{"op": "add", "path": "/no/such/parent", "value": 1}],
+        [{"op": "remove", "path": "/spec/list/7"}],
+        [{"op": "move", "from": "/spec", "path": "/spec/inner"}],
+        [{"op": "frobnicate", "path": "/spec"}],
+        [{"op": "add", "path": "spec"}],
+        {"op": "add"},
+    ],
+)
+def test_json_patch_failures_fail_the_whole_patch(ops: Any) -> None:
+    with pytest.raises(PatchError):
+        k8s_api.json_patch(DOC, ops)
+
+
+def test_strategic_merge_is_a_merge_here_and_refuses_directives() -> None:
+    assert k8s_api.strategic_merge_patch(DOC, {"spec": {"list": [9]}})["spec"]["list"] == [9]
+    with pytest.raises(PatchError, match=r"\$patch"):
+        k8s_api.strategic_merge_patch(DOC, {"spec": {"$patch": "replace"}})
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        {"metadata": {"labels": {"a": "2"}}, "spec": {"list": [1], "x": {"y": 1}}},
+        {"metadata": {}, "spec": {"x": {"y": 1, "z": 2}}},
+        {"spec": {"list": [1, 2, 3], "x": {}}},
+    ],
+)
+def test_merge_diff_is_the_patch_between_two_documents(after: dict[str, Any]) -> None:
+    assert merge_patch(DOC, k8s_api.merge_diff(DOC, after)) == after
+
+
+def pytorchjob(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "p", "namespace": "ml", "labels": {"team": "a"}},
+        "spec": {
+            "pytorchReplicaSpecs": {
+                "Master": {
+                    "replicas": 1,
+                    "template": {
+                        "spec": {"containers": [{"name": "pytorch", "image": "i", "command": ["true"]}]}
+                    },
+                }
+            },
+            **spec,
+        },
+    }  # fmt: skip
+
+
+def test_a_put_changes_labels_and_suspend_but_not_the_job_itself() -> None:
+    current = pytorchjob()
+    relabelled = pytorchjob(runPolicy={"suspend": True})
+    relabelled["metadata"]["labels"] = {"team": "b"}
+    relabelled["metadata"]["annotations"] = {"note": "x"}
+    control = kubeflow.control_from_patch(current, k8s_api.merge_diff(current, relabelled))
+    assert control.errors == [] and control.pause is True
+    bigger = pytorchjob()
+    bigger["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+        "image"
+    ] = "other"
+    refused = kubeflow.control_from_patch(current, k8s_api.merge_diff(current, bigger))
+    assert [e.code for e in refused.errors] == ["immutable"]
+
+
+def test_client_fields_drop_what_the_server_writes() -> None:
+    sent = {**pytorchjob(), "status": {"conditions": []}}
+    sent["metadata"].update(uid="u", resourceVersion="9", generation=4, managedFields=[])
+    kept = k8s_api.client_fields(sent)
+    assert "status" not in kept
+    assert set(kept["metadata"]) == {"name", "namespace", "labels"}
+
+
+def test_discovery_and_openapi_name_every_served_kind_as_kubectl_reads_them() -> None:
+    groups = {g["name"] for g in k8s_api.group_list()["groups"]}
+    assert groups == {"kubeflow.org", "batch.tensorstack.dev"}
+    listed = k8s_api.resource_list("kubeflow.org", "v1")
+    assert listed is not None
+    names = {r["name"] for r in listed["resources"]}
+    assert {"pytorchjobs", "pytorchjobs/status", "tfjobs"} <= names
+    assert k8s_api.resource_list("kubeflow.org", "v9") is None
+    # kubectl validates on the server when a PATCH of the kind takes fieldValidation.
+    document = k8s_api.openapi_v3("kubeflow.org", "v1")
+    assert document is not None
+    patches = [
+        op["patch"]
+        for op in document["paths"].values()
+        if "patch" in op and op["patch"]["x-kubernetes-group-version-kind"]["kind"] == "PyTorchJob"
+    ]
+    assert any(p["name"] == "fieldValidation" for p in patches[0]["parameters"])
+    root = k8s_api.openapi_v3_root()["paths"]
+    assert root["apis/kubeflow.org/v1"]["serverRelativeURL"].startswith(
+        "/openapi/v3/apis/kubeflow.org/v1?hash="
+    )
+
+
+@pytest.mark.parametrize(
+    ("ago", "shown"),
+    [
+        (timedelta(seconds=5), "5s"),
+        (timedelta(minutes=3, seconds=4), "3m4s"),
+        (timedelta(minutes=45), "45m"),
+        (timedelta(hours=5, minutes=2), "5h2m"),
+        (timedelta(hours=30), "30h"),
+        (timedelta(days=3, hours=1), "3d1h"),
+        (timedelta(days=400), "400d"),
+        (timedelta(days=1000), "2y270d"),
+    ],
+)
+def test_ages_are_written_as_kubectl_writes_them(ago: timedelta, shown: str) -> None:
+    now = datetime(2026, 11, 26, tzinfo=UTC)
+    created = (now - ago).isoformat().replace("+00:00", "Z")
+    table = k8s_api.table([{"metadata": {"name": "a", "creationTimestamp": created}}], {}, now)
+    assert table["rows"][0]["cells"] == ["a", "", shown]
+    assert k8s_api.wants_table("application/json;as=Table;v=v1;g=meta.k8s.io,application/json")
+    assert not k8s_api.wants_table("application/json")
