@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # System packages from Debian: Open MPI (mpirun for MPI jobs on a local node, mpicc for
 # building mpi4py), Prometheus (`make metrics`; the tests check the alert rules and the
-# dashboard's queries with it) and Chromium (the console's browser tests, via Playwright). Idempotent, and never fails `make setup`: without root or
+# dashboard's queries with it), Chromium (the console's browser tests, via Playwright) and
+# python-is-python3 (a `python` for tasks, as Kubeflow's SDK runs it). Idempotent, and never fails `make setup`: without root or
 # apt-get it says what is missing, and the tests that need a package skip with that reason.
 set -u
 
@@ -16,6 +17,11 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
 fi
 if ! command -v chromium >/dev/null 2>&1; then
     missing+=(chromium)
+fi
+# `python` on the nodes' own PATH (tasks run as other users, without this user's
+# pyenv): the Kubeflow SDK's train_func jobs run `python`, as its images have it.
+if [ ! -x /usr/bin/python ] && [ ! -x /usr/local/bin/python ]; then
+    missing+=(python-is-python3)
 fi
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0

@@ -210,7 +210,11 @@ def test_kubectl_get_watch_follows_a_job_to_its_end(kubeconfig: Path) -> None:
         time.sleep(2)
         ok(
             kubectl(
-                kubeconfig, "create", "-f", "-", stdin=yaml.safe_dump(pytorchjob(name, ["true"]))
+                kubeconfig,
+                "create",
+                "-f",
+                "-",
+                stdin=yaml.safe_dump(pytorchjob(name, ["sleep", "2"])),
             )
         )
         deadline = time.monotonic() + 60
@@ -317,3 +321,82 @@ def test_errors_are_statuses_and_a_used_name_is_refused_in_each_dialect(
         refused.status_code == 400 and 'unknown field "spec.surprise"' in refused.json()["message"]
     )
     assert yard(platform, "kubeconfig", "--server", "http://insecure", check=False).returncode == 1
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kubeflow"
+
+
+@pytest.mark.parametrize(
+    ("example", "plural"),
+    [
+        ("mpijob-hello.yaml", "mpijobs"),
+        # (XGBoostJob's Rabit tracker needs xgboost in the job's environment: the
+        # framework test runs it, test_frameworks.py; its translation is unit-tested.)
+        ("paddlejob-collective.yaml", "paddlejobs"),
+        ("jaxjob-simple.yaml", "jaxjobs"),
+    ],
+)
+def test_every_training_operator_kind_runs_to_success_through_kubectl(
+    kubeconfig: Path, api: Api, example: str, plural: str
+) -> None:
+    """Each kind's commands read the variables its operator sets (a missing one fails the
+    task), and the job ends by the kind's own completion rule."""
+    manifest = yaml.safe_load((EXAMPLES / example).read_text())
+    name = unique(manifest["metadata"]["name"])
+    manifest["metadata"]["name"] = name
+    # Qualified by group, as kubectl users write it: T9k has an MPIJob kind too.
+    plural = f"{plural}.{GROUP}"
+    ok(kubectl(kubeconfig, "create", "-f", "-", stdin=yaml.safe_dump(manifest)))
+    uid = ok(kubectl(kubeconfig, "get", plural, name, "-o", "jsonpath={.metadata.uid}"))
+    view = api.wait(uid, timeout=120)
+    if view["state"] != "SUCCEEDED":
+        logs = {
+            f"{t['role']}-{t['index']}": api.http.get(
+                f"/v1/jobs/{uid}/logs",
+                params={"role": t["role"], "index": t["index"], "stream": "stderr"},
+            ).text[-2000:]
+            for t in view["tasks"]
+        }
+        raise AssertionError(f"{view['state']}: {view.get('reason')}; {logs}")
+    got = yaml.safe_load(ok(kubectl(kubeconfig, "get", plural, name, "-o", "yaml")))
+    succeeded = [c for c in got["status"]["conditions"] if c["type"] == "Succeeded"]
+    assert succeeded and succeeded[0]["reason"] == f"{manifest['kind']}Succeeded"
+    ok(kubectl(kubeconfig, "delete", plural, name))
+
+
+def train_with_the_kubeflow_sdk() -> None:
+    """Run in the job's task: what the Kubeflow SDK's train_func does, unchanged."""
+    import os
+
+    print("trained by", os.environ.get("TRAINYARD_ROLE"), "of", os.environ.get("WORLD_SIZE"))
+
+
+@pytest.mark.skipif(
+    not any(Path(d, "python").exists() for d in ("/usr/bin", "/usr/local/bin")),
+    reason="no `python` on the nodes' PATH for the SDK's train_func "
+    "(tools/setup-system.sh installs python-is-python3 as root)",
+)
+def test_kubeflow_training_sdk_creates_waits_reads_logs_and_deletes(
+    kubeconfig: Path, api: Api
+) -> None:
+    from kubeflow.training import TrainingClient
+
+    sdk = TrainingClient(config_file=str(kubeconfig), namespace="ml", job_kind="PyTorchJob")
+    name = unique("sdk")
+    sdk.create_job(name=name, train_func=train_with_the_kubeflow_sdk, num_workers=1)
+    sdk.wait_for_job_conditions(name, expected_conditions={"Succeeded"}, timeout=120)
+    assert sdk.is_job_succeeded(name)
+    assert name in [job.metadata.name for job in sdk.list_jobs()]
+    assert sdk.get_job_pod_names(name) == [f"{name}-master-0"]
+    logs, _ = sdk.get_job_logs(name)
+    assert "trained by Master of 1" in logs[f"{name}-master-0"], logs
+    # kubectl sees the same pods and logs.
+    pods = ok(kubectl(kubeconfig, "get", "pods", "-l",
+                      f"training.kubeflow.org/job-name={name}", "-o", "name"))  # fmt: skip
+    assert pods.split() == [f"pod/{name}-master-0"]
+    assert "trained by Master" in ok(kubectl(kubeconfig, "logs", f"{name}-master-0"))
+    uid = sdk.get_job(name).metadata.uid
+    sdk.delete_job(name)
+    assert api.wait(uid)["state"] in ("SUCCEEDED", "STOPPED")
+    missing = kubectl(kubeconfig, "get", "pytorchjob", name)
+    assert missing.returncode != 0 and "NotFound" in missing.stderr

@@ -314,3 +314,56 @@ def test_a_tfjob_without_ports_gets_kubeflows_default_port_and_so_its_tf_config(
         "worker": ["10.0.0.1:30010", "10.0.0.1:30011"],
     }
     assert config["task"] == {"type": "worker", "index": 1}
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "plural", "success"),
+    [
+        ("mpijob-hello.yaml", JobKind.MPI, "mpijobs", [[("Launcher", 0)]]),
+        ("xgboostjob-rabit.yaml", JobKind.XGBOOST, "xgboostjobs", [[("Master", 0)]]),
+        (
+            "paddlejob-collective.yaml",
+            JobKind.PADDLE,
+            "paddlejobs",
+            [[("Worker", 0), ("Worker", 1)]],
+        ),
+        ("jaxjob-simple.yaml", JobKind.JAX, "jaxjobs", [[("Worker", 0), ("Worker", 1)]]),
+    ],
+)
+def test_every_training_operator_kind_translates_with_its_completion_rule(
+    name: str, kind: JobKind, plural: str, success: list[list[tuple[str, int]]]
+) -> None:
+    payload = load(name)
+    result = translate(payload, user="bob")
+    assert result.errors == [], result.errors
+    assert result.spec.kind is kind
+    assert result.key == f"default/{plural}/{payload['metadata']['name']}"
+    assert rules(result.spec) == success
+    # An MPIJob's workers run no command: on the local backend they are not refused.
+    from trainyard_common.runtimes import runtime_errors
+
+    assert runtime_errors(result.spec, "local", lambda role, field: "$") == []
+
+
+def test_kind_rules_of_the_new_kinds() -> None:
+    mpi = load("mpijob-hello.yaml")
+    del mpi["spec"]["mpiReplicaSpecs"]["Launcher"]
+    assert [e.path for e in translate_kubeflow(mpi).errors] == ["$.spec.mpiReplicaSpecs.Launcher"]
+    two = load("mpijob-hello.yaml")
+    two["spec"]["mpiReplicaSpecs"]["Launcher"]["replicas"] = 2
+    assert [e.code for e in translate_kubeflow(two).errors] == ["range"]
+    slots = load("mpijob-hello.yaml")
+    slots["spec"]["slotsPerWorker"] = 4
+    assert "$.spec.slotsPerWorker" in [w.path for w in translate_kubeflow(slots).warnings]
+    paddle = load("paddlejob-collective.yaml")
+    paddle["spec"]["paddleReplicaSpecs"]["Master"] = copy.deepcopy(
+        paddle["spec"]["paddleReplicaSpecs"]["Worker"]
+    )
+    paddle["spec"]["paddleReplicaSpecs"]["Master"]["replicas"] = 1
+    assert rules(translate_kubeflow(paddle).spec) == [[("Master", 0)]]
+    jax = load("jaxjob-simple.yaml")
+    jax["spec"]["jaxReplicaSpecs"]["Master"] = jax["spec"]["jaxReplicaSpecs"]["Worker"]
+    assert [e.code for e in translate_kubeflow(jax).errors] == ["enum"]
+    # A worker-only MPI job (no launcher) still needs its workers' commands.
+    tf = load("tfjob-simple.yaml")
+    assert translate_kubeflow(tf).spec.kind is JobKind.TENSORFLOW

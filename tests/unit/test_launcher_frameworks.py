@@ -521,3 +521,36 @@ def test_the_mpi_agent_refuses_a_host_outside_the_attempt(tmp_path: Path, host: 
     attempt = tmp_path / "job" / "attempt-1"
     attempt.mkdir(parents=True)
     assert mpi_rsh(["--attempt-dir", str(attempt), host, "true"]) == 255
+
+
+def test_paddle_and_jax_get_their_rendezvous_as_kubeflow_writes_it() -> None:
+    paddle = JobSpec(
+        name="pd",
+        kind=JobKind.PADDLE,
+        roles=[role("Worker", 2, [PortSpec(label="master")])],
+    )
+    tasks = [
+        place("Worker", 1, 37001, host="10.0.0.2", label="master"),
+        place("Worker", 0, 37000, label="master"),
+    ]
+    env = framework_env(paddle, tasks, "Worker", 1)
+    assert env["PADDLE_MASTER"] == "10.0.0.1:37000" and env["PADDLE_NNODES"] == "2"
+    assert env["PADDLE_JOB_ID"] == "pd" and "PADDLE_TRAINER_NUM" not in env
+    server = JobSpec(
+        name="ps",
+        kind=JobKind.PADDLE,
+        roles=[role("Master", 1, [PortSpec(label="master")]), role("Worker", 1, [])],
+    )
+    placed = [place("Master", 0, 36543, label="master"), place("Worker", 0, None)]
+    assert framework_env(server, placed, "Master", 0)["PADDLE_SERVER_NUM"] == "1"
+    assert framework_env(server, placed, "Worker", 0)["PADDLE_TRAINER_NUM"] == "1"
+    assert framework_env(server, placed, "Worker", 0)["PADDLE_MASTER"] == "10.0.0.1:36543"
+    jax = JobSpec(
+        name="jx", kind=JobKind.JAX, roles=[role("Worker", 3, [PortSpec(label="jaxjob-port")])]
+    )
+    workers = [
+        place("Worker", i, 6666 + i, host=f"10.0.0.{i + 1}", label="jaxjob-port") for i in range(3)
+    ]
+    env = framework_env(jax, workers, "Worker", 2)
+    assert (env["COORDINATOR_ADDRESS"], env["COORDINATOR_PORT"]) == ("10.0.0.1", "6666")
+    assert (env["NUM_PROCESSES"], env["PROCESS_ID"]) == ("3", "2")

@@ -338,6 +338,22 @@ class Bus:
             with contextlib.suppress(NotFoundError):
                 await self.js.delete_consumer(STREAM, durable)
 
+    async def consumed(self, durable: str, seq: int, timeout_s: float = 2.0) -> bool:
+        """Wait until the durable consumer ``durable`` has acknowledged every message up
+        to stream sequence ``seq`` (a consumer acks once its effect is stored); False
+        when it has not within ``timeout_s`` (it is behind or down)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            try:
+                info = await self.js.consumer_info(STREAM, durable)
+                if info.ack_floor is not None and (info.ack_floor.stream_seq or 0) >= seq:
+                    return True
+            except (nats.errors.Error, TimeoutError):
+                pass
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+
     async def last_seq(self) -> int:
         """The sequence of the newest message in the stream."""
         return int((await self.js.stream_info(STREAM)).state.last_seq)

@@ -52,6 +52,9 @@ GRANTS: dict[str, Grant] = {
         ),
         durables=("intake",),
         buckets=("yard_nonces",),
+        # How far status has projected (Bus.consumed): the Kubernetes API's writes
+        # answer once their effect can be read.
+        extra_publish=("$JS.API.CONSUMER.INFO.YARD.status",),
     ),
     "validation": Grant(publish=tuple(events_of("accepted", "rejected")), durables=("validation",)),
     "placement": Grant(

@@ -28,6 +28,8 @@ class JobKind(StrEnum):
     DEEPSPEED = "deepspeed"
     COLOSSALAI = "colossalai"
     BEAM = "beam"
+    PADDLE = "paddle"
+    JAX = "jax"
 
 
 class RunMode(StrEnum):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .events import FieldIssue
-from .jobspec import JobSpec, RoleSpec
+from .jobspec import JobKind, JobSpec, RoleSpec
 
 # Where a canonical field is written in the user's payload: (role name or None, field).
 Locate = Callable[[str | None, str], str]
@@ -30,8 +30,30 @@ def runtime_errors(spec: JobSpec, runtime: str, locate: Locate) -> list[FieldIss
             ),
         )
         for role in spec.roles
-        if role.uses_image_entrypoint
+        if needs_image(spec, role)
     ]
+
+
+def needs_image(spec: JobSpec, role: RoleSpec) -> bool:
+    """The role would run its image's entrypoint: a container with no command of its
+    own, except an MPI job's worker (the launcher's mpirun starts its ranks)."""
+    return role.uses_image_entrypoint and not _mpi_worker(spec, role)
+
+
+# The role that runs mpirun in an MPI job (Kubeflow's Launcher, Volcano's master).
+MPI_LAUNCHERS = ("launcher", "master")
+
+
+def _mpi_worker(spec: JobSpec, role: RoleSpec) -> bool:
+    """A worker of an MPI job with a launcher runs no command of its own: its ranks are
+    started by the launcher's mpirun (over ssh in an image, through the launcher's agent
+    on the local backend), so its image's entrypoint (sshd) is not needed."""
+    names = {r.name.lower() for r in spec.roles}
+    return (
+        spec.kind is JobKind.MPI
+        and role.name.lower() not in MPI_LAUNCHERS
+        and any(n in names for n in MPI_LAUNCHERS)
+    )
 
 
 def _image_of(spec: JobSpec, role: RoleSpec) -> str:

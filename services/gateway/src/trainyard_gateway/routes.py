@@ -32,6 +32,9 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     (READ, re.compile(r"^/v1/me$"), "status"),
     (ANY, re.compile(r"^/v1/admin/dead-letters(/[0-9]+/replay)?$"), "status"),
     ("POST", re.compile(r"^/v1/admin/rebuild$"), "status"),
+    # Kubernetes pods (read-only, a Kubeflow job's tasks) and their logs, before DLC's.
+    (READ, re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/log$"), "launcher"),
+    (READ, re.compile(r"^/api/v1(/namespaces/[^/]+/pods(/[^/]+)?)?$"), "status"),
     # PAI-DLC (its paths as the official SDK calls them).
     (READ, re.compile(r"^/api/v1/jobs/[^/]+/pods/[^/]+/logs$"), "launcher"),
     (ANY, re.compile(r"^/api/v1/(datasources|codesources)(/.*)?$"), "intake"),

@@ -20,6 +20,9 @@ from .app import create_app
 from .handlers import Deps
 from .producers import DURABLE, Submission, decode_submission, submit_published
 
+# How long a Kubernetes-style write waits for status to show it before answering anyway.
+SETTLE_S = 2.0
+
 
 async def main() -> None:
     settings = Settings.from_env("intake")
@@ -41,6 +44,7 @@ async def main() -> None:
         publish=bus.publish,
         owners=owners,
         names=names,
+        settled=lambda seq: bus.consumed("status", seq, SETTLE_S),
         box=SecretBox.from_env(),
         # What the server takes, less room for the headers (trace context, ids).
         max_payload=bus.nc.max_payload - 4096,

@@ -31,7 +31,7 @@ from .handlers import (
 
 MAX_BODY = 4 * 1024 * 1024
 # A control verb's handler: (job id, who asks, deps, reason) -> its command published.
-ControlRequest = Callable[[str, Identity, Deps, "str | None"], Awaitable[None]]
+ControlRequest = Callable[[str, Identity, Deps, "str | None"], Awaitable[object]]
 
 
 class StopRequest(BaseModel):

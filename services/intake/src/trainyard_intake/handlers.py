@@ -65,6 +65,10 @@ class Deps:
     max_payload: int = 1024 * 1024 - 4096
     # Who holds which job name (adapters/names.py).
     names: NameClaims = field(default_factory=InMemoryNameClaims)
+    # Waits (bounded) until status has stored the effect of the message at a stream
+    # sequence, so a write answered is a write the next read shows (the Kubernetes
+    # API's read-your-writes); None: answer at once.
+    settled: Callable[[int], Awaitable[bool]] | None = None
 
 
 @dataclass
@@ -178,10 +182,11 @@ async def request_stop(
     reason: str | None = None,
     *,
     delete: bool = False,
-) -> None:
-    """``delete``: the job's Kubernetes-style resource goes too."""
+) -> int:
+    """``delete``: the job's Kubernetes-style resource goes too. Returns the command's
+    stream sequence."""
     await _check_owner(job_id, identity, deps)
-    await deps.publish(
+    return await deps.publish(
         StopJob(
             job_id=job_id,
             requested_by=identity.user,

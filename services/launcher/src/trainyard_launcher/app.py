@@ -4,10 +4,11 @@ in a running task."""
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from collections.abc import AsyncIterator
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from trainyard_common.auth import (
@@ -20,7 +21,7 @@ from trainyard_common.auth import (
     identity_dependency,
     request_id,
 )
-from trainyard_common.dialects import dlc
+from trainyard_common.dialects import dlc, k8s_api
 from trainyard_common.limits import MAX_INDEX, MAX_OFFSET
 from trainyard_common.runtime import health_app
 
@@ -127,7 +128,74 @@ def create_app(
             }
 
     app.include_router(dlc_pod_logs(store, tokens, backend))
+    app.include_router(kube_pod_logs(store, backend, current_identity))
     return app
+
+
+def kube_pod_logs(store: LauncherStore, backend: TaskBackend, current: Any) -> APIRouter:
+    """A Kubernetes pod's log (``kubectl logs``, the Kubernetes and Kubeflow SDKs'
+    ``read_namespaced_pod_log``): the task the pod name stands for
+    (``<job>-<replica type>-<index>``, ``k8s_api.pod_name``), of the user's newest job of
+    that name in the namespace; its stdout then its stderr, as the container's one log."""
+    api = APIRouter()
+
+    def missing(name: str) -> JSONResponse:
+        return JSONResponse(
+            status_code=404,
+            content={
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": f'pods "{name}" not found',
+                "reason": "NotFound",
+                "details": {"name": name, "kind": "pods"},
+                "code": 404,
+            },
+        )
+
+    @api.get("/api/v1/namespaces/{namespace}/pods/{name}/log", response_model=None)
+    async def pod_log(
+        namespace: str,
+        name: str,
+        follow: bool = False,
+        tail_lines: int | None = Query(None, alias="tailLines", ge=0, le=MAX_OFFSET),
+        identity: Identity = Depends(current),
+    ) -> Response:
+        parsed = k8s_api.parse_pod_name(name)
+        if parsed is None:
+            return missing(name)
+        job_name, rtype, index = parsed
+        job = await store.job_named(identity.user, namespace, job_name)
+        if job is None or job.spec is None:
+            return missing(name)
+        role = next((r.name for r in job.spec.roles if r.name.lower() == rtype), None)
+        task = await store.get_task(task_id(job.job_id, job.attempt, role, index)) if role else None
+        if task is None or role is None:
+            return missing(name)
+        ref = TaskRef(job.job_id, job.attempt, role, index)
+        if not follow:
+            data = b"".join(
+                [(await backend.read_log(ref, s, 0)).data for s in ("stdout", "stderr")]
+            )
+            if tail_lines is not None:
+                lines = data.splitlines(keepends=True)
+                data = b"".join(lines[-tail_lines:]) if tail_lines else b""
+            return Response(data, media_type="text/plain")
+        key = task.id
+
+        async def ended() -> bool:
+            now = await store.get_task(key)
+            return now is None or now.state.terminal
+
+        async def both() -> AsyncIterator[bytes]:
+            async for chunk in backend.follow_log(ref, "stdout", 0, ended):
+                yield chunk
+            yield (await backend.read_log(ref, "stderr", 0)).data
+
+        return StreamingResponse(both(), media_type="text/plain")
+
+    return api
 
 
 def dlc_pod_logs(store: LauncherStore, tokens: TokenStore, backend: TaskBackend) -> APIRouter:

@@ -88,12 +88,36 @@ def version_info() -> dict[str, Any]:
 
 
 def core_versions() -> dict[str, Any]:
-    """The core group (pods, namespaces...) is not served: no version of it is listed, so
-    discovery does not look for one (client-go refuses an empty resource list)."""
     return {
         "kind": "APIVersions",
-        "versions": [],
+        "versions": ["v1"],
         "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
+    }
+
+
+def core_resources() -> dict[str, Any]:
+    """Of the core group, only pods: read-only, the tasks of Kubeflow jobs (below)."""
+    return {
+        "kind": "APIResourceList",
+        "groupVersion": "v1",
+        "resources": [
+            {
+                "name": "pods",
+                "singularName": "pod",
+                "namespaced": True,
+                "kind": "Pod",
+                "verbs": ["get", "list"],
+                "shortNames": ["po"],
+                "categories": ["all"],
+            },
+            {
+                "name": "pods/log",
+                "singularName": "",
+                "namespaced": True,
+                "kind": "Pod",
+                "verbs": ["get"],
+            },
+        ],
     }
 
 
@@ -684,3 +708,124 @@ def wants_table(accept: str) -> bool:
 
 def watch_event(kind: str, obj: dict[str, Any]) -> bytes:
     return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
+
+
+# ------------------------------------------------------------------------------- pods
+#
+# A read-only view of a job's tasks as the Pods its operator would have made, for the
+# clients that look for them (the Kubeflow SDK's get_job_pods and get_job_logs, kubectl
+# get pods / logs): named and labelled as the Training Operator names and labels them.
+
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+OPERATOR_LABEL = "training.kubeflow.org/operator-name"
+POD_VERBS = ["get", "list"]
+
+
+def pod_name(job: str, role: str, index: int) -> str:
+    return f"{job}-{role.lower()}-{index}"
+
+
+def parse_pod_name(name: str) -> tuple[str, str, int] | None:
+    """(job name, replica type in lower case, index) of a pod name; None if not one."""
+    job, _, rest = name.rpartition("-")
+    job, _, rtype = job.rpartition("-")
+    if not (job and rtype and rest.isdigit()) or len(rest) > 9:
+        return None
+    return job, rtype, int(rest)
+
+
+def is_master(kind: str, role: str, index: int, roles: list[str]) -> bool:
+    """The pod the Training Operator labels job-role=master (each controller's
+    IsMasterRole): the Master, Chief or Launcher; a TFJob's worker 0 without a chief or
+    master; a JAXJob's worker 0."""
+    if role in ("Master", "Chief", "Launcher"):
+        return True
+    if kind == "TFJob" and not {"Chief", "Master"} & set(roles):
+        return role == "Worker" and index == 0
+    return kind == "JAXJob" and index == 0
+
+
+_PHASES = {
+    "PENDING": "Pending",
+    "STARTING": "Pending",
+    "RUNNING": "Running",
+    "SUCCEEDED": "Succeeded",
+    "FAILED": "Failed",
+    "STOPPED": "Failed",
+    "LOST": "Unknown",
+}
+
+
+def pod(resource: dict[str, Any], task: dict[str, Any], container: str) -> dict[str, Any]:
+    """A task of a Kubernetes-style job as a ``v1`` Pod."""
+    meta = resource.get("metadata") or {}
+    job, kind = str(meta.get("name") or ""), str(resource.get("kind") or "")
+    role, index = str(task.get("role")), int(task.get("index") or 0)
+    roles = list(task.get("roles") or [])
+    labels = {
+        JOB_NAME_LABEL: job,
+        REPLICA_TYPE_LABEL: role.lower(),
+        REPLICA_INDEX_LABEL: str(index),
+        OPERATOR_LABEL: f"{kind.lower()}-controller",
+    }
+    if is_master(kind, role, index, roles):
+        labels[JOB_ROLE_LABEL] = "master"
+    state = str(task.get("state") or "PENDING")
+    status: dict[str, Any] = {"phase": _PHASES.get(state, "Unknown")}
+    if task.get("host_ip"):
+        status["hostIP"] = status["podIP"] = task["host_ip"]
+    if task.get("started_at"):
+        status["startTime"] = task["started_at"]
+    running = state == "RUNNING"
+    ended = state in ("SUCCEEDED", "FAILED", "STOPPED")
+    container_state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
+    if running:
+        container_state = {"running": {"startedAt": task.get("started_at")}}
+    elif ended:
+        container_state = {
+            "terminated": {
+                "exitCode": task.get("exit_code") if task.get("exit_code") is not None else 1,
+                "reason": "Completed" if state == "SUCCEEDED" else "Error",
+                "message": task.get("reason") or "",
+                "startedAt": task.get("started_at"),
+                "finishedAt": task.get("ended_at"),
+            }
+        }
+    status["containerStatuses"] = [
+        {
+            "name": container,
+            "ready": running,
+            "restartCount": max(0, int(task.get("attempt") or 1) - 1),
+            "image": task.get("image") or "",
+            "imageID": "",
+            "state": container_state,
+        }
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(job, role, index),
+            "namespace": meta.get("namespace", "default"),
+            "uid": str(task.get("id") or ""),
+            "creationTimestamp": task.get("created_at") or meta.get("creationTimestamp"),
+            "labels": labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": resource.get("apiVersion"),
+                    "kind": kind,
+                    "name": job,
+                    "uid": meta.get("uid"),
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "nodeName": task.get("node"),
+            "containers": [{"name": container, "image": task.get("image") or ""}],
+        },
+        "status": status,
+    }

@@ -59,6 +59,9 @@ class Kind:
     # declared: a TFJob's "tfjob-port", 2222 in its pod). Here placement gives each task
     # one, and TF_CONFIG names them.
     default_port: str | None = None
+    # Which tasks' success is the job's: "main" (the Chief, Master or Worker 0),
+    # "launcher" (MPIJob's Launcher), "workers" (every Worker, without a Master).
+    success: str = "main"
 
 
 KINDS: dict[str, Kind] = {
@@ -85,8 +88,64 @@ KINDS: dict[str, Kind] = {
             frozenset({"tfReplicaSpecs", "runPolicy", "successPolicy", "enableDynamicWorker"}),
             default_port="tfjob-port",
         ),
+        Kind(
+            "MPIJob",
+            "mpijobs",
+            JobKind.MPI,
+            "mpiReplicaSpecs",
+            ("Launcher", "Worker"),
+            "mpi",
+            RestartPolicy.NEVER,
+            frozenset(
+                {
+                    "mpiReplicaSpecs",
+                    "runPolicy",
+                    "slotsPerWorker",
+                    "mainContainer",
+                    "cleanPodPolicy",
+                }
+            ),
+            success="launcher",
+        ),
+        Kind(
+            "XGBoostJob",
+            "xgboostjobs",
+            JobKind.XGBOOST,
+            "xgbReplicaSpecs",
+            ("Master", "Worker"),
+            "xgboost",
+            RestartPolicy.NEVER,
+            frozenset({"xgbReplicaSpecs", "runPolicy"}),
+            default_port="xgboostjob-port",
+        ),
+        Kind(
+            "PaddleJob",
+            "paddlejobs",
+            JobKind.PADDLE,
+            "paddleReplicaSpecs",
+            ("Master", "Worker"),
+            "paddle",
+            RestartPolicy.NEVER,
+            frozenset({"paddleReplicaSpecs", "runPolicy", "elasticPolicy"}),
+            default_port="master",
+            success="workers",
+        ),
+        Kind(
+            "JAXJob",
+            "jaxjobs",
+            JobKind.JAX,
+            "jaxReplicaSpecs",
+            ("Worker",),
+            "jax",
+            RestartPolicy.NEVER,
+            frozenset({"jaxReplicaSpecs", "runPolicy"}),
+            default_port="jaxjob-port",
+            success="workers",
+        ),
     )
 }
+# Replica types of which a job has exactly one task.
+SINGLE = ("Master", "Chief", "Launcher")
 PLURALS: dict[str, Kind] = {k.plural: k for k in KINDS.values()}
 _RESTART = {p.value: p for p in RestartPolicy}
 _CLEAN_POD = {"None": "None", "All": "All", "Running": "Unfinished"}
@@ -218,7 +277,7 @@ def _roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[RoleSpec]:
             issues.error(rpath, f"a replica spec must be an object, not {json_type(entry)}", "type")
             continue
         replicas = issues.integer(entry, "replicas", rpath, required=False, minimum=1)
-        if rtype in ("Master", "Chief") and replicas is not None and replicas > 1:
+        if rtype in SINGLE and replicas is not None and replicas > 1:
             issues.error(
                 join(rpath, "replicas"),
                 f"{rtype} must have exactly 1 replica, got {replicas}",
@@ -307,6 +366,33 @@ def _elastic(spec: dict[str, Any], roles: list[RoleSpec], issues: Issues) -> boo
     return True
 
 
+def _mpi(spec: dict[str, Any], roles: list[RoleSpec], issues: Issues) -> None:
+    """MPIJob's own fields: a Launcher is required (it runs mpirun); slotsPerWorker is
+    what the hostfile gives each worker, which here is one slot per GPU (1 without)."""
+    if roles and not any(r.name == "Launcher" for r in roles):
+        issues.error(
+            "$.spec.mpiReplicaSpecs.Launcher",
+            "an MPIJob needs a Launcher replica spec (it runs mpirun over the workers)",
+            "required",
+        )
+    slots = issues.integer(spec, "slotsPerWorker", "$.spec", required=False, minimum=1)
+    worker = next((r for r in roles if r.name == "Worker"), None)
+    if slots is not None and worker is not None and slots != max(1, int(worker.resources.gpu)):
+        issues.warn(
+            "$.spec.slotsPerWorker",
+            f"slotsPerWorker {slots} is kept but not applied: each worker's hostfile line "
+            f"has one slot per GPU ({max(1, int(worker.resources.gpu))} here)",
+            "not_applied",
+        )
+    for extra in ("mainContainer", "cleanPodPolicy"):
+        if extra in spec:
+            issues.warn(
+                join("$.spec", extra),
+                f"{extra} is kept but not applied (runPolicy.cleanPodPolicy is)",
+                "not_applied",
+            )
+
+
 def _success(
     kind: Kind, spec: dict[str, Any], roles: list[RoleSpec], issues: Issues
 ) -> list[list[TaskRef]]:
@@ -317,6 +403,10 @@ def _success(
             "$.spec.successPolicy", f'successPolicy {show(policy)} must be "" or AllWorkers', "enum"
         )
     if policy == "AllWorkers" and "Worker" in by_name:
+        return [[TaskRef(role="Worker", index=i) for i in range(by_name["Worker"].replicas)]]
+    if kind.success == "launcher" and "Launcher" in by_name:
+        return [[TaskRef(role="Launcher", index=0)]]
+    if kind.success == "workers" and "Master" not in by_name and "Worker" in by_name:
         return [[TaskRef(role="Worker", index=i) for i in range(by_name["Worker"].replicas)]]
     for main in ("Chief", "Master", "Worker"):
         if main in by_name:
@@ -383,6 +473,8 @@ def translate_kubeflow(payload: Any, user: str = "") -> Translation:
                 "not_applied",
             )
     roles = _roles(kind, spec, issues)
+    if kind.name == "MPIJob":
+        _mpi(spec, roles, issues)
     fields = _run_policy(spec, issues)
     elastic = kind.name == "PyTorchJob" and _elastic(spec, roles, issues)
     run_mode = fields.pop("run_mode", RunMode.ELASTIC if elastic else RunMode.IMMEDIATE)

@@ -123,6 +123,11 @@ def _causes(errors: list[FieldIssue]) -> list[dict[str, str]]:
 def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(tags=["kubernetes-style resources"])
 
+    async def settle(seq: int | None) -> None:
+        """Answer a write once a read shows it, as the API server does (bounded)."""
+        if seq and ctx.deps.settled is not None:
+            await ctx.deps.settled(seq)
+
     def not_found_resource(group: str, version: str, plural: str) -> JSONResponse:
         return status(
             404,
@@ -275,6 +280,7 @@ def router(ctx: IntakeContext) -> APIRouter:
             return status(413, "RequestEntityTooLarge", str(exc))
         except NameTaken:
             return already_exists(served, name)
+        await settle(result.seq)
         if result.errors:
             response = invalid(served, name, result.errors, result.job_id)
         else:
@@ -317,7 +323,7 @@ def router(ctx: IntakeContext) -> APIRouter:
         stopped = None
         for job_id in ids:
             try:
-                await request_stop(
+                seq = await request_stop(
                     job_id,
                     identity,
                     ctx.deps,
@@ -327,6 +333,7 @@ def router(ctx: IntakeContext) -> APIRouter:
             except JobNotFound:
                 continue
             stopped = job_id
+            await settle(seq)
         if claim is not None:
             # After the stop is on the bus: a name freed first could go to a new job
             # while the command for the old one was still to be sent.
@@ -448,6 +455,7 @@ def router(ctx: IntakeContext) -> APIRouter:
         seq = await ctx.deps.publish(
             JobResourceChanged(job_id=claim.job_id, resource=wanted, generation=generation)
         )
+        await settle(seq)
         return JSONResponse(shown(wanted, claim.job_id, generation, seq))
 
     @api.put("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec
+from trainyard_common.runtimes import needs_image
 
 from .. import frameworkwrap
 from ..domain.frameworks import FrameworkContext, port_to_reserve
@@ -251,7 +252,7 @@ class LocalBackend:
     async def launch(self, task: TaskLaunch) -> Launched:
         ref = task.ref
         role = task.spec.role(ref.role)
-        if role.uses_image_entrypoint:
+        if needs_image(task.spec, role):
             raise LaunchRefused(
                 f"the container of role {role.name!r} has no command of its own, so it "
                 f"would run its image's entrypoint ({role.image or 'no image named'}); "

@@ -22,7 +22,7 @@ import copy
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pymongo import ASCENDING
@@ -122,6 +122,9 @@ class JobRecord:
     interrupt: tuple[str, str] | None = None
     # The retry budget spent before this attempt (JobPlaced.retries_used; None: attempt-1).
     retries_used: int | None = None
+    # When this attempt was placed: of several jobs once named alike, the newest is the
+    # one a pod name means.
+    placed_at: datetime | None = None
 
 
 def new_task(
@@ -152,6 +155,11 @@ class LauncherStore(Protocol):
     async def ensure_indexes(self) -> None: ...
     async def insert_job(self, job: JobRecord) -> bool: ...
     async def get_job(self, job_id: str) -> JobRecord | None: ...
+    async def job_named(self, user: str, namespace: str, name: str) -> JobRecord | None:
+        """The newest job of ``user`` named ``namespace``/``name`` (a Kubernetes-style
+        job's pods are named after it)."""
+        ...
+
     async def insert_tombstone(self, job_id: str, reason: str) -> bool: ...
     async def start_attempt(
         self, job: JobRecord, expected_state: str, expected_attempt: int
@@ -230,6 +238,12 @@ def _retry(doc: dict[str, Any] | None) -> Retry | None:
     )
 
 
+def newest(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The most recently created of several job documents (by id among equals)."""
+    oldest = datetime.min.replace(tzinfo=UTC)
+    return max(docs, key=lambda d: (d.get("placed_at") or oldest, d["_id"]))
+
+
 def job_doc(job: JobRecord) -> dict[str, Any]:
     return {
         "_id": job.job_id,
@@ -238,6 +252,10 @@ def job_doc(job: JobRecord) -> dict[str, Any]:
         "spec_json": job.spec.model_dump_json() if job.spec else None,
         "tasks_json": json.dumps([t.model_dump(mode="json") for t in job.tasks]),
         "user": job.user,
+        # What a pod's name is made of (Kubernetes-style jobs: <name>-<role>-<index>).
+        "name": job.spec.name if job.spec else None,
+        "namespace": job.spec.namespace if job.spec else None,
+        "placed_at": job.placed_at,
         "verdict": _verdict_doc(job.verdict),
         "retry": _retry_doc(job.retry),
         "finished_published": job.finished_published,
@@ -267,6 +285,7 @@ def job_record(doc: dict[str, Any]) -> JobRecord:
         if doc.get("interrupt")
         else None,
         retries_used=doc.get("retries_used"),
+        placed_at=doc.get("placed_at"),
     )
 
 
@@ -355,6 +374,9 @@ class DocLauncherStore:
         # without reading the history of every task and job ever run.
         await self.tasks.create_index([("outbox", ASCENDING)])
         await self.jobs.create_index([("state", ASCENDING), ("finished_published", ASCENDING)])
+        await self.jobs.create_index(
+            [("user", ASCENDING), ("namespace", ASCENDING), ("name", ASCENDING)]
+        )
 
     async def insert_job(self, job: JobRecord) -> bool:
         return await insert_once(self.jobs, job_doc(job))
@@ -362,6 +384,11 @@ class DocLauncherStore:
     async def get_job(self, job_id: str) -> JobRecord | None:
         doc = await self.jobs.find_one({"_id": job_id})
         return job_record(doc) if doc else None
+
+    async def job_named(self, user: str, namespace: str, name: str) -> JobRecord | None:
+        query = {"user": user, "namespace": namespace, "name": name}
+        docs = [doc async for doc in self.jobs.find(query)]
+        return job_record(newest(docs)) if docs else None
 
     async def insert_tombstone(self, job_id: str, reason: str) -> bool:
         return await self.insert_job(
@@ -499,6 +526,11 @@ class MemoryLauncherStore:
     async def get_job(self, job_id: str) -> JobRecord | None:
         doc = self.jobs.get(job_id)
         return job_record(copy.deepcopy(doc)) if doc else None
+
+    async def job_named(self, user: str, namespace: str, name: str) -> JobRecord | None:
+        wanted = (user, namespace, name)
+        docs = [d for d in self.jobs.values() if (d["user"], d["namespace"], d["name"]) == wanted]
+        return job_record(copy.deepcopy(newest(docs))) if docs else None
 
     async def insert_tombstone(self, job_id: str, reason: str) -> bool:
         return await self.insert_job(

@@ -43,10 +43,11 @@ EVALUATOR = "evaluator"
 
 # Kinds whose tasks meet at one task's address (MASTER_ADDR:MASTER_PORT).
 TORCH_KINDS = frozenset({JobKind.PYTORCH, JobKind.DEEPSPEED, JobKind.COLOSSALAI})
-RENDEZVOUS_KINDS = TORCH_KINDS | {JobKind.XGBOOST}
+RENDEZVOUS_KINDS = TORCH_KINDS | {JobKind.XGBOOST, JobKind.PADDLE, JobKind.JAX}
 # Port labels read as the master's port, in this order: Kubeflow's container port names
-# for PyTorchJob and XGBoostJob, then a plain "master"; else the task's first port.
-MASTER_PORT_LABELS = ("pytorchjob-port", "xgboostjob-port", "master")
+# for PyTorchJob, XGBoostJob and JAXJob, then a plain "master" (PaddleJob's); else the
+# task's first port.
+MASTER_PORT_LABELS = ("pytorchjob-port", "xgboostjob-port", "jaxjob-port", "master")
 # The role that hosts the rendezvous: Kubeflow's Master, TF's Chief; else the first role.
 MASTER_ROLES = ("master", "chief")
 # The role that runs mpirun: Kubeflow MPIJob's Launcher, Volcano's mpi plugin "master".
@@ -257,6 +258,56 @@ def xgboost_env(
     }
 
 
+def paddle_env(
+    spec: JobSpec,
+    tasks: list[TaskPlacement],
+    role: str,
+    index: int,
+    context: FrameworkContext | None = None,
+) -> dict[str, str]:
+    """Kubeflow PaddleJob's variables, which ``paddle.distributed.launch`` reads: the
+    rendezvous at the Master (parameter-server mode) or Worker 0 (collective mode)."""
+    found = _master_port(spec, tasks, context)
+    if found is None:
+        return {}
+    master, port = found
+    env = {
+        "PYTHONUNBUFFERED": "0",
+        "PADDLE_JOB_ID": spec.name,
+        "PADDLE_NNODES": str(len(ranked_tasks(spec, tasks))),
+        "PADDLE_MASTER": f"{master.host_ip}:{port}",
+    }
+    if _role_named(spec, ("master",)) is not None:
+        # Parameter-server mode: each task is one server (the Master) or one trainer.
+        key = "PADDLE_SERVER_NUM" if role.lower() == "master" else "PADDLE_TRAINER_NUM"
+        env[key] = "1"
+    return env
+
+
+def jax_env(
+    spec: JobSpec,
+    tasks: list[TaskPlacement],
+    role: str,
+    index: int,
+    context: FrameworkContext | None = None,
+) -> dict[str, str]:
+    """Kubeflow JAXJob's variables for ``jax.distributed.initialize``: the coordinator is
+    Worker 0."""
+    found = _master_port(spec, tasks, context)
+    if found is None:
+        return {}
+    master, port = found
+    ranked = ranked_tasks(spec, tasks)
+    rank = next(i for i, t in enumerate(ranked) if t.role == role and t.index == index)
+    return {
+        "PYTHONUNBUFFERED": "1",
+        "COORDINATOR_ADDRESS": master.host_ip,
+        "COORDINATOR_PORT": str(port),
+        "NUM_PROCESSES": str(len(ranked)),
+        "PROCESS_ID": str(rank),
+    }
+
+
 # ------------------------------------------------------------------------------- MPI
 
 
@@ -362,6 +413,10 @@ def framework_env(
         return torch_env(spec, tasks, role, index, context)
     if spec.kind is JobKind.XGBOOST:
         return xgboost_env(spec, tasks, role, index, context)
+    if spec.kind is JobKind.PADDLE:
+        return paddle_env(spec, tasks, role, index, context)
+    if spec.kind is JobKind.JAX:
+        return jax_env(spec, tasks, role, index, context)
     if spec.kind is JobKind.MPI and context is not None:
         layout = mpi_layout(spec, tasks)
         return mpi_env(layout, role, index, context) if layout is not None else {}

@@ -114,6 +114,7 @@ async def _job_for(event: JobPlaced, deps: Deps) -> JobRecord | None:
         tasks=event.tasks,
         user=event.spec.user,
         retries_used=event.retries_used,
+        placed_at=event.occurred_at,
     )
     job = await store.get_job(event.job_id)
     if job is None:

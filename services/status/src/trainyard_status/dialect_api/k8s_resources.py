@@ -29,8 +29,9 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from trainyard_common.auth import Identity
-from trainyard_common.dialects import k8s_api
+from trainyard_common.dialects import k8s_api, kubeflow
 from trainyard_common.dialects.k8s_api import SelectorError, Served
+from trainyard_common.dialects.k8s_pod import latest_tasks
 
 from .context import StatusContext
 
@@ -102,6 +103,10 @@ def router(ctx: StatusContext) -> APIRouter:
     @api.get("/api")
     async def core() -> JSONResponse:
         return JSONResponse(k8s_api.core_versions())
+
+    @api.get("/api/v1")
+    async def core_v1() -> JSONResponse:
+        return JSONResponse(k8s_api.core_resources())
 
     @api.get("/apis")
     async def groups() -> JSONResponse:
@@ -321,5 +326,78 @@ def router(ctx: StatusContext) -> APIRouter:
         identity: Identity = Depends(ctx.current),
     ) -> JSONResponse:
         return await get_one(group, version, namespace, plural, name, identity)
+
+    # -- pods (read-only: a Kubeflow job's tasks as its operator's pods) --------------
+
+    kubeflow_kinds = [s for s in k8s_api.SERVED.values() if s.group == kubeflow.GROUP]
+
+    async def pods_of(doc: dict[str, Any], served: Served) -> list[dict[str, Any]]:
+        view = await ctx.full_view(doc)
+        original = doc.get("original_json")
+        view["original"] = json.loads(original) if original else {}
+        resource = jsonable_encoder(served.render(served.plural, view))
+        spec = view.get("spec") or {}
+        roles = {str(r.get("name")): r for r in spec.get("roles") or [] if isinstance(r, dict)}
+        container = kubeflow.KINDS[served.kind].container
+        out = []
+        for (role, index), task in sorted(latest_tasks(view).items()):
+            attempt = int(task.get("attempt") or 1)
+            detail = {
+                **task,
+                "id": f"{doc['_id']}:{attempt}:{role}:{index}",
+                "roles": list(roles),
+                "image": (roles.get(role) or {}).get("image") or spec.get("image"),
+                "created_at": resource["metadata"].get("creationTimestamp"),
+            }
+            out.append(jsonable_encoder(k8s_api.pod(resource, detail, container)))
+        return out
+
+    async def namespace_pods(namespace: str, identity: Identity) -> list[dict[str, Any]]:
+        user = None if identity.admin else identity.user
+        found = []
+        for served in kubeflow_kinds:
+            for doc in await views.resources(served.dialect, user):
+                if of(doc, served, namespace):
+                    found += await pods_of(doc, served)
+        return found
+
+    @api.get("/api/v1/namespaces/{namespace}/pods")
+    async def list_pods(
+        namespace: str, request: Request, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
+        query = request.query_params
+        if query.get("watch") in ("true", "1"):
+            return status(405, "MethodNotAllowed", "pods cannot be watched here: list them again")
+        try:
+            labels = k8s_api.parse_label_selector(query.get("labelSelector"))
+            fields = k8s_api.parse_field_selector(query.get("fieldSelector"))
+        except SelectorError as exc:
+            return status(400, "BadRequest", f"unable to parse requirement: {exc}")
+        version_now = str(await views.last_change())
+        items = [
+            p for p in await namespace_pods(namespace, identity)
+            if k8s_api.selected(p, labels, fields)
+        ]  # fmt: skip
+        meta = {"resourceVersion": version_now}
+        if k8s_api.wants_table(request.headers.get("accept", "")):
+            return JSONResponse(k8s_api.table(items, meta, datetime.now(UTC)))
+        return JSONResponse(
+            {"apiVersion": "v1", "kind": "PodList", "metadata": meta, "items": items}
+        )
+
+    @api.get("/api/v1/namespaces/{namespace}/pods/{name}")
+    async def get_pod(
+        namespace: str, name: str, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
+        parsed = k8s_api.parse_pod_name(name)
+        if parsed is not None:
+            job = parsed[0]
+            for served in kubeflow_kinds:
+                key = f"{namespace}/{served.plural}/{job}"
+                for doc in reversed(await views.resources(served.dialect, identity.user, key)):
+                    for found in await pods_of(doc, served):
+                        if found["metadata"]["name"] == name:
+                            return JSONResponse(found)
+        return status(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"})
 
     return api
