@@ -52,7 +52,7 @@ bench: setup ## Benchmarks (print JSON): the pipeline against the bus floor, pla
 contracts: setup ## Regenerate contracts/ (JSON Schemas, AsyncAPI, examples) and the bus table of docs/architecture.md
 	$(UV) run --frozen python -m trainyard_stack.bus_map contracts docs/architecture.md
 
-setup: $(STAMP) .cache/bin/trainyard-ferretdb .cache/bin/.kube-built ## Install uv, the Python workspace, build the embedded store and the test cluster, Open MPI (as root)
+setup: $(STAMP) .cache/bin/trainyard-ferretdb .cache/bin/.kube-built tools/js/node_modules/.installed ## Install uv, the Python workspace, build the embedded store and the test cluster, the JavaScript test clients, Open MPI (as root)
 	@bash tools/setup-system.sh
 
 $(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml services/*/pyproject.toml
@@ -68,8 +68,13 @@ $(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml services/*/pyproject.toml
 .cache/bin/.kube-built: tools/kube/main.go tools/kube/urls.go tools/kube/go.mod tools/kube/go.sum tools/kube/build.sh
 	@bash tools/kube/build.sh >/dev/null && touch $@
 
+# The JavaScript clients the end-to-end tests use unchanged (OpenPAI's JS SDK), pinned.
+tools/js/node_modules/.installed: tools/js/package.json tools/js/package-lock.json
+	cd tools/js && npm ci --no-audit --no-fund --loglevel=error >/dev/null
+	@touch $@
+
 clean: ## Remove the virtual environment, build cache and local data
-	rm -rf .venv .cache .data
+	rm -rf .venv .cache .data tools/js/node_modules
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} \

@@ -205,6 +205,7 @@ class ClusterQueue(Body):
     quota: dict[str, float | None]
     used: dict[str, float]
     waiting: int
+    borrowing: bool = Field(True, description="its jobs may use idle capacity beyond the quota")
 
 
 class ClusterView(Body):

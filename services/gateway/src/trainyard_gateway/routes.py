@@ -40,7 +40,10 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     (ANY, re.compile(r"^/api/v1/(datasources|codesources)(/.*)?$"), "intake"),
     (READ, re.compile(r"^/api/v1/jobs(/.*)?$"), "status"),
     (WRITE, re.compile(r"^/api/v1/jobs(/.*)?$"), "intake"),
-    # OpenPAI REST (v2, and v1's per-user submission path).
+    # OpenPAI REST (v2, and v1's per-user submission path); its virtual clusters are
+    # placement's queues.
+    (READ, re.compile(r"^/api/v2/info$"), "status"),
+    (READ, re.compile(r"^/api/v2/virtual-clusters(/[^/]+(/sku-types)?)?$"), "placement"),
     (READ, re.compile(r"^/api/v[12]/(user/[^/]+/)?jobs(/.*)?$"), "status"),
     (WRITE, re.compile(r"^/api/v[12]/(user/[^/]+/)?jobs(/.*)?$"), "intake"),
     # Kubernetes resources: T9k jobs, Kubeflow jobs, and the discovery and OpenAPI

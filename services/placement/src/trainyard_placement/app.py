@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from trainyard_common.api import ClusterView, QueueView, answers
 from trainyard_common.auth import Identity, TokenStore, identity_dependency
 from trainyard_common.cluster import NodeSpec
+from trainyard_common.dialects import openpai
 from trainyard_common.runtime import health_app
 
 from .adapters.lease import Lease
@@ -102,6 +103,35 @@ def add_node_routes(app: FastAPI, admin: NodeAdmin, tokens: TokenStore) -> None:
     @app.get("/v1/placement/cluster", responses=answers(ClusterView))
     async def cluster(identity: Identity = Depends(current)) -> dict[str, Any]:
         return cluster_view(admin.deps, admin, identity.can_see)
+
+    # OpenPAI's virtual clusters (its SDK's and webportal's calls): the queues.
+    def no_vc(name: str) -> JSONResponse:
+        return JSONResponse(
+            {"code": "NoVirtualClusterError", "message": f"Virtual cluster {name} is not found."},
+            status_code=404,
+        )
+
+    @app.get("/api/v2/virtual-clusters")
+    async def virtual_clusters(identity: Identity = Depends(current)) -> dict[str, Any]:
+        return openpai.render_virtual_clusters(cluster_view(admin.deps, admin, identity.can_see))
+
+    @app.get("/api/v2/virtual-clusters/{name}", response_model=None)
+    async def virtual_cluster(
+        name: str, identity: Identity = Depends(current)
+    ) -> dict[str, Any] | JSONResponse:
+        found = openpai.render_virtual_clusters(
+            cluster_view(admin.deps, admin, identity.can_see)
+        ).get(name)
+        return found if found is not None else no_vc(name)
+
+    @app.get("/api/v2/virtual-clusters/{name}/sku-types", response_model=None)
+    async def sku_types(
+        name: str, identity: Identity = Depends(current)
+    ) -> dict[str, Any] | JSONResponse:
+        view = cluster_view(admin.deps, admin, identity.can_see)
+        if name not in openpai.render_virtual_clusters(view):
+            return no_vc(name)
+        return openpai.render_sku_types(view)
 
     @app.get("/v1/placement/nodes", dependencies=guard)
     async def list_nodes() -> dict[str, Any]:

@@ -302,5 +302,6 @@ def cluster_view(
                 "gpus": used.gpu_milli / MILLI if used else 0,
             },
             "waiting": waiting.get(name, 0),
+            "borrowing": queue.borrowing,
         })  # fmt: skip
     return {"nodes": nodes, "queues": queues}

@@ -551,20 +551,22 @@ def _task_status(
     }
 
 
-def render_status(view: dict[str, Any]) -> dict[str, Any]:
+def render_status(view: dict[str, Any], attempt: int | None = None) -> dict[str, Any]:
     """``GET /api/v2/jobs/{user}~{name}``: the job's status as OpenPAI answers it. Only
     the latest attempt's tasks are shown, as OpenPAI does; a task not placed yet is
-    WAITING."""
+    WAITING. ``attempt`` (``.../attempts/{jobAttemptId}``: OpenPAI counts from 0, we from
+    1): that attempt's tasks instead, and its own state when it ended."""
     state, sub, execution = _job_state(view)
-    attempt = view.get("attempt") or 1
+    latest = view.get("attempt") or 1
+    if attempt is not None and attempt != latest:
+        earlier = _ended_attempt(view, attempt) or {}
+        state, sub = _JOB_STATE.get(earlier.get("state") or "", ("FAILED", "Completed"))
+        execution = "START"
+    attempt = attempt or latest
     retries = _retry_details(view)
     ended = sub == "Completed"
     reason = view.get("reason")
-    tasks = {
-        (t.get("role"), t.get("index")): t
-        for t in view.get("tasks") or []
-        if (t.get("attempt") or 1) == attempt
-    }
+    tasks: dict[Any, dict[str, Any]] = dict(_tasks_of(view, attempt))
     task_roles: dict[str, Any] = {}
     for role in _spec_roles(view):
         name = str(role.get("name", ""))
@@ -615,6 +617,226 @@ def render_status(view: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _ended_attempt(view: dict[str, Any], attempt: int) -> dict[str, Any] | None:
+    """An earlier attempt as the view remembers it (how it ended), or None."""
+    for ended in view.get("attempts") or []:
+        if isinstance(ended, dict) and ended.get("attempt") == attempt:
+            return ended
+    return None
+
+
+def attempt_numbers(view: dict[str, Any]) -> list[int]:
+    """Every attempt the job had, oldest first (ours count from 1)."""
+    earlier = {a.get("attempt") for a in view.get("attempts") or [] if isinstance(a, dict)}
+    return sorted({n for n in earlier if isinstance(n, int)} | {view.get("attempt") or 1})
+
+
+def _tasks_of(view: dict[str, Any], attempt: int) -> dict[tuple[str, int], dict[str, Any]]:
+    return {
+        (str(t.get("role")), int(t.get("index") or 0)): t
+        for t in view.get("tasks") or []
+        if isinstance(t, dict) and (t.get("attempt") or 1) == attempt
+    }
+
+
+def render_job_attempt(view: dict[str, Any], attempt: int) -> dict[str, Any]:
+    """One attempt as OpenPAI's job history answers it (``JobAttempt``:
+    ``GET .../job-attempts[/{attemptIndex}]``)."""
+    latest = view.get("attempt") or 1
+    status = render_status(view, attempt)["jobStatus"]
+    ended = _ended_attempt(view, attempt) if attempt != latest else None
+    tasks = _tasks_of(view, attempt)
+    roles = _spec_roles(view)
+    code = ended.get("exit_code") if ended else status.get("appExitCode")
+    reason = ended.get("reason") if ended else status.get("appExitDiagnostics")
+    started = [epoch_ms(t.get("started_at")) for t in tasks.values() if t.get("started_at")]
+    finished = epoch_ms(ended.get("ended_at")) if ended else status.get("completedTime")
+    gpus = sum(
+        int(r.get("replicas") or 1) * float((r.get("resources") or {}).get("gpu") or 0)
+        for r in roles
+    )
+    return {
+        "jobName": view.get("name"),
+        "frameworkName": framework_name(view),
+        "uid": f"{view.get('id')}-{attempt}",
+        "userName": view.get("user"),
+        "state": status["state"],
+        "originState": status["subState"],
+        "attemptIndex": attempt - 1,
+        "jobStartedTime": epoch_ms(view.get("submitted_at")),
+        "attemptStartedTime": min((t for t in started if t), default=None),
+        "attemptCompletedTime": finished,
+        "exitCode": code,
+        "exitPhrase": status["state"].title() if finished else None,
+        "exitType": status["state"].title() if finished else None,
+        "exitDiagnostics": reason,
+        "appExitTriggerMessage": reason,
+        "appExitTriggerTaskRoleName": None,
+        "appExitTriggerTaskIndex": None,
+        "appExitSpec": None,
+        "appExitDiagnostics": reason,
+        "appExitMessages": None,
+        "totalGpuNumber": int(gpus) if float(gpus).is_integer() else gpus,
+        "totalTaskNumber": sum(int(r.get("replicas") or 1) for r in roles),
+        "totalTaskRoleNumber": len(roles),
+        "taskRoles": {
+            str(r.get("name")): {
+                "taskRoleStatus": {"name": str(r.get("name"))},
+                "taskStatuses": [
+                    {
+                        "taskIndex": i,
+                        "taskState": _TASK_STATE.get(
+                            (tasks.get((str(r.get("name")), i)) or {}).get("state") or "",
+                            "WAITING",
+                        ),
+                        "containerId": f"{view.get('id')}-{attempt}-{r.get('name')}-{i}",
+                        "containerIp": (tasks.get((str(r.get("name")), i)) or {}).get("host_ip"),
+                        "containerExitCode": (tasks.get((str(r.get("name")), i)) or {}).get(
+                            "exit_code"
+                        ),
+                    }
+                    for i in range(int(r.get("replicas") or 1))
+                ],
+            }
+            for r in roles
+        },
+        "isLatest": attempt == latest,
+    }
+
+
+def task_log_path(view: dict[str, Any], attempt: int, role: str, index: int) -> str:
+    """Where OpenPAI's clients ask for a task's log locations (``getTaskLogs``)."""
+    return (
+        f"/api/v2/jobs/{framework_name(view)}/attempts/{attempt - 1}/taskRoles/{role}"
+        f"/taskIndex/{index}/attempts/0/logs"
+    )
+
+
+def render_task(view: dict[str, Any], attempt: int, role: str, index: int) -> dict[str, Any] | None:
+    """``GET .../attempts/{a}/taskRoles/{role}/taskIndex/{i}/attempts`` (OpenPAI's
+    TaskStatus with its attempts): a task runs once per job attempt here, so it has one
+    attempt of its own. None when the job has no such task."""
+    spec_role = next((r for r in _spec_roles(view) if r.get("name") == role), None)
+    if spec_role is None or not 0 <= index < int(spec_role.get("replicas") or 1):
+        return None
+    task = _tasks_of(view, attempt).get((role, index))
+    status = _task_status(view, role, index, task, attempt)
+    status["containerLog"] = task_log_path(view, attempt, role, index)
+    created = epoch_ms((task or {}).get("started_at"))
+    return {
+        "taskIndex": index,
+        "taskUid": status["taskUid"],
+        "taskState": status["taskState"],
+        "retries": 0,
+        "accountableRetries": 0,
+        "createdTime": created,
+        "launchedTime": created,
+        "completedTime": status["completedTime"],
+        "username": view.get("user"),
+        "jobName": view.get("name"),
+        "jobAttemptId": attempt - 1,
+        "taskRoleName": role,
+        "attempts": [
+            {
+                "attemptId": 0,
+                "attemptState": status["taskState"],
+                "currentAttemptCreatedTime": created,
+                "currentAttemptLaunchedTime": created,
+                "currentAttemptCompletedTime": status["completedTime"],
+                "containerId": status["containerId"],
+                "containerIp": status["containerIp"],
+                "containerNodeName": status["containerNodeName"],
+                "containerPorts": status["containerPorts"],
+                "containerGpus": None,
+                "containerLog": status["containerLog"],
+                "containerExitCode": status["containerExitCode"],
+                "containerExitSpec": None,
+                "containerExitDiagnostics": status["containerExitDiagnostics"],
+            }
+        ],
+    }
+
+
+# History events of a job as OpenPAI's job events (Kubernetes events of its pods):
+# (type, reason) by event type.
+_EVENTS = {
+    "JobQueued": ("Warning", "FailedScheduling"),
+    "JobPlaced": ("Normal", "Scheduled"),
+    "JobRejected": ("Warning", "FailedCreate"),
+    "JobRetrying": ("Warning", "BackOff"),
+    "JobInterrupted": ("Normal", "Killing"),
+    "JobFinished": ("Normal", "Completed"),
+    "StopJob": ("Normal", "Killing"),
+}
+
+
+def render_events(
+    view: dict[str, Any], history: list[dict[str, Any]], kind: str | None
+) -> dict[str, Any]:
+    """``GET .../events``: the job's history as OpenPAI's job events (newest first, as
+    OpenPAI sorts them by lastTimestamp), each a Kubernetes-event-like record; ``kind``
+    filters by type (``Warning``, ``Normal``)."""
+    data = []
+    for item in history:
+        event = item.get("event") or {}
+        name = item.get("type") or ""
+        role, index = event.get("role"), event.get("index")
+        if name == "TaskStateChanged":
+            state = event.get("state")
+            if state not in ("RUNNING", "FAILED", "SUCCEEDED"):
+                continue
+            found = {
+                "RUNNING": ("Normal", "Started"),
+                "FAILED": ("Warning", "Failed"),
+                "SUCCEEDED": ("Normal", "Completed"),
+            }[state]
+            message = event.get("reason") or f"task {role}[{index}] {state.lower()}"
+        elif name in _EVENTS:
+            found = _EVENTS[name]
+            message = (
+                "; ".join(event.get("reasons") or [])
+                or event.get("reason")
+                or "; ".join(
+                    f"{e.get('path')}: {e.get('message')}" for e in event.get("errors") or []
+                )
+                or name
+            )
+        else:
+            continue
+        if kind and found[0] != kind:
+            continue
+        at = item.get("occurred_at")
+        data.append(
+            {
+                "uid": item.get("event_id"),
+                "frameworkName": framework_name(view),
+                "podUid": None,
+                "taskroleName": role,
+                "taskName": f"{view.get('name')}-{role}-{index}" if role is not None else None,
+                "taskIndex": index,
+                "type": found[0],
+                "reason": found[1],
+                "message": message,
+                "firstTimestamp": at,
+                "lastTimestamp": at,
+                "count": 1,
+                "sourceComponent": "trainyard",
+                "sourceHost": None,
+            }
+        )
+    data.reverse()
+    return {"totalCount": len(data), "data": data}
+
+
+# ``GET /api/v2/info``.
+CLUSTER_INFO = {
+    "name": "PAI RESTful API",
+    "version": "v1.8.0",
+    "launcherType": "k8s",
+    "authnMethod": "basic",
+}
+
+
 def render_list_item(view: dict[str, Any]) -> dict[str, Any]:
     """One job of ``GET /api/v2/jobs`` as OpenPAI lists it."""
     state, sub, execution = _job_state(view)
@@ -650,3 +872,76 @@ def render_list_item(view: dict[str, Any]) -> dict[str, Any]:
         "totalTaskRoleNumber": len(roles),
         "jobPriority": view.get("priority"),
     }
+
+
+def _resources(cpu: float, memory_mb: float, gpus: float) -> dict[str, Any]:
+    def whole(value: float) -> float:
+        return int(value) if float(value).is_integer() else value
+
+    return {
+        "cpu": whole(cpu),
+        "vCores": whole(cpu),
+        "memory": whole(memory_mb),
+        "gpu": whole(gpus),
+        "GPUs": whole(gpus),
+    }
+
+
+def render_virtual_clusters(cluster: dict[str, Any]) -> dict[str, Any]:
+    """``GET /api/v2/virtual-clusters``: each queue as an OpenPAI virtual cluster, from
+    placement's cluster view (its nodes' capacity, each queue's quota and use). Capacity
+    is a share of the cluster's GPUs (its CPUs where it has none), in percent; a queue
+    without a quota is guaranteed nothing and may use everything (maxCapacity 100)."""
+    nodes = cluster.get("nodes") or []
+    total = {
+        key: sum(float((n.get("capacity") or {}).get(key) or 0) for n in nodes)
+        for key in ("cpu", "memory_mb", "gpus")
+    }
+    basis = "gpus" if total["gpus"] else "cpu"
+    out: dict[str, Any] = {}
+    for queue in cluster.get("queues") or []:
+        quota = queue.get("quota") or {}
+        used = queue.get("used") or {}
+        guaranteed = {key: float(quota.get(key) or 0) for key in ("cpu", "memory_mb", "gpus")}
+
+        def percent(value: float) -> float:
+            return round(100.0 * value / total[basis], 2) if total[basis] else 0.0
+
+        out[str(queue.get("name"))] = {
+            "capacity": percent(guaranteed[basis]),
+            "usedCapacity": percent(float(used.get(basis) or 0)),
+            "maxCapacity": 100.0 if queue.get("borrowing", True) else percent(guaranteed[basis]),
+            "dedicated": False,
+            "resourcesUsed": _resources(
+                float(used.get("cpu") or 0),
+                float(used.get("memory_mb") or 0),
+                float(used.get("gpus") or 0),
+            ),  # fmt: skip
+            "resourcesGuaranteed": _resources(
+                guaranteed["cpu"], guaranteed["memory_mb"], guaranteed["gpus"]
+            ),
+            "resourcesTotal": _resources(total["cpu"], total["memory_mb"], total["gpus"]),
+            "waitingJobs": queue.get("waiting", 0),
+        }
+    return out
+
+
+def render_sku_types(cluster: dict[str, Any]) -> dict[str, Any]:
+    """``GET /api/v2/virtual-clusters/{vc}/sku-types``: a SKU per GPU model (or CPU node
+    kind), as HiveD names them, with what one GPU of it brings (a node's CPU and memory
+    divided by its GPUs)."""
+    skus: dict[str, Any] = {}
+    for node in cluster.get("nodes") or []:
+        capacity = node.get("capacity") or {}
+        gpus = float(capacity.get("gpus") or 0)
+        name = str(node.get("gpu_type") or ("cpu" if not gpus else "gpu"))
+        per = gpus or 1.0
+        skus.setdefault(
+            name,
+            {
+                "cpu": round(float(capacity.get("cpu") or 0) / per, 3),
+                "memory": int(float(capacity.get("memory_mb") or 0) / per),
+                "gpu": 1 if gpus else 0,
+            },
+        )
+    return skus

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from trainyard_common.auth import Identity
 from trainyard_common.dialects import openpai, openpai_v2
 from trainyard_common.dialects.openpai import render_list_item, render_status
-from trainyard_common.limits import MAX_OFFSET, MAX_PAGE_SIZE
+from trainyard_common.limits import MAX_INDEX, MAX_OFFSET, MAX_PAGE_SIZE
 
 from ..adapters.views import job_view
 from .context import StatusContext
@@ -67,6 +68,150 @@ def router(ctx: StatusContext) -> APIRouter:
         if not sep:
             return error(404, "NoJobError", f"Job {framework_name} is not found.")
         return await status_of(user, name, identity)
+
+    async def found_job(
+        framework_name: str, identity: Identity
+    ) -> tuple[dict[str, Any], dict[str, Any]] | JSONResponse:
+        """The job named ``user~name`` and its canonical view, or OpenPAI's 404."""
+        user, sep, name = framework_name.partition("~")
+        missing = error(404, "NoJobError", f"Job {framework_name} is not found.")
+        if not sep or not identity.can_see(user):
+            return missing
+        doc = await ctx.views.find_by_key(user, name)
+        if doc is None or doc.get("dialect") not in DIALECTS:
+            return missing
+        return doc, _with_stop(await ctx.full_view(doc), doc)
+
+    def attempt_of(view: dict[str, Any], job_attempt_id: int) -> int | None:
+        """OpenPAI's jobAttemptId (from 0) as our attempt (from 1), if the job had it."""
+        attempt = job_attempt_id + 1
+        return attempt if attempt in openpai.attempt_numbers(view) else None
+
+    @api.get("/api/v2/info")
+    async def info() -> dict[str, Any]:
+        return openpai.CLUSTER_INFO
+
+    @api.get("/api/v2/jobs/{framework_name}/attempts/{job_attempt_id}")
+    async def get_attempt(
+        framework_name: str,
+        job_attempt_id: int = Path(ge=0, le=MAX_INDEX),
+        identity: Identity = Depends(ctx.current),
+    ) -> JSONResponse:
+        found = await found_job(framework_name, identity)
+        if isinstance(found, JSONResponse):
+            return found
+        _doc, view = found
+        attempt = attempt_of(view, job_attempt_id)
+        if attempt is None:
+            return error(
+                404, "NoJobError", f"Job {framework_name} has no attempt {job_attempt_id}."
+            )
+        return JSONResponse(render_status(view, attempt))
+
+    @api.get("/api/v2/jobs/{framework_name}/job-attempts/healthz")
+    async def attempts_healthz(framework_name: str) -> dict[str, Any]:
+        return {}
+
+    @api.get("/api/v2/jobs/{framework_name}/job-attempts")
+    async def job_attempts(framework_name: str, identity: Identity = Depends(ctx.current)) -> Any:
+        found = await found_job(framework_name, identity)
+        if isinstance(found, JSONResponse):
+            return found
+        view = found[1]
+        return [openpai.render_job_attempt(view, n) for n in openpai.attempt_numbers(view)]
+
+    @api.get("/api/v2/jobs/{framework_name}/job-attempts/{attempt_index}")
+    async def job_attempt(
+        framework_name: str,
+        attempt_index: int = Path(ge=0, le=MAX_INDEX),
+        identity: Identity = Depends(ctx.current),
+    ) -> Any:
+        found = await found_job(framework_name, identity)
+        if isinstance(found, JSONResponse):
+            return found
+        view = found[1]
+        attempt = attempt_of(view, attempt_index)
+        if attempt is None:
+            return error(404, "NoJobError", f"Job {framework_name} has no attempt {attempt_index}.")
+        return openpai.render_job_attempt(view, attempt)
+
+    TASK = (
+        "/api/v2/jobs/{framework_name}/attempts/{job_attempt_id}/taskRoles/{role}"
+        "/taskIndex/{index}/attempts"
+    )
+
+    async def task_of(
+        framework_name: str, job_attempt_id: int, role: str, index: int, identity: Identity
+    ) -> tuple[dict[str, Any], int] | JSONResponse:
+        found = await found_job(framework_name, identity)
+        if isinstance(found, JSONResponse):
+            return found
+        view = found[1]
+        attempt = attempt_of(view, job_attempt_id)
+        if attempt is None or openpai.render_task(view, attempt, role, index) is None:
+            return error(
+                404,
+                "NoTaskError",
+                f"Task {role}[{index}] of job {framework_name} attempt {job_attempt_id} "
+                "is not found.",
+            )
+        return view, attempt
+
+    @api.get(TASK)
+    async def get_task(
+        framework_name: str,
+        role: str,
+        job_attempt_id: int = Path(ge=0, le=MAX_INDEX),
+        index: int = Path(ge=0, le=MAX_INDEX),
+        identity: Identity = Depends(ctx.current),
+    ) -> Any:
+        found = await task_of(framework_name, job_attempt_id, role, index, identity)
+        if isinstance(found, JSONResponse):
+            return found
+        view, attempt = found
+        return openpai.render_task(view, attempt, role, index)
+
+    @api.get(TASK + "/{task_attempt_id}/logs")
+    async def task_logs(
+        framework_name: str,
+        role: str,
+        request: Request,
+        job_attempt_id: int = Path(ge=0, le=MAX_INDEX),
+        index: int = Path(ge=0, le=MAX_INDEX),
+        task_attempt_id: int = Path(ge=0, le=0),
+        identity: Identity = Depends(ctx.current),
+    ) -> Any:
+        """Where the task's logs are (OpenPAI's PodLogInfo): Trainyard's own log API,
+        which takes the same bearer token."""
+        found = await task_of(framework_name, job_attempt_id, role, index, identity)
+        if isinstance(found, JSONResponse):
+            return found
+        view, attempt = found
+        base = "{}://{}".format(
+            request.headers.get("x-forwarded-proto", "http"),
+            request.headers.get("x-forwarded-host") or request.url.netloc,
+        )
+        path = (
+            f"{base}/v1/jobs/{view['id']}/logs?role={quote(role)}&index={index}&attempt={attempt}"
+        )
+        return {
+            "locations": [
+                {"name": "stdout", "uri": f"{path}&stream=stdout"},
+                {"name": "stderr", "uri": f"{path}&stream=stderr"},
+            ]
+        }
+
+    @api.get("/api/v2/jobs/{framework_name}/events")
+    async def events(
+        framework_name: str,
+        identity: Identity = Depends(ctx.current),
+        type: str | None = Query(None, pattern="^(Warning|Normal)$"),  # noqa: A002 - OpenPAI's
+    ) -> Any:
+        found = await found_job(framework_name, identity)
+        if isinstance(found, JSONResponse):
+            return found
+        doc, view = found
+        return openpai.render_events(view, await ctx.views.history(doc["_id"]), type)
 
     @api.get("/api/v2/jobs/{framework_name}/config")
     async def get_config(

@@ -1,0 +1,68 @@
+// Drives Trainyard with OpenPAI's own JavaScript SDK (@microsoft/openpai-js-sdk, pinned in
+// tools/js), unchanged: every call of its job, job history, cluster info and virtual
+// cluster clients. Prints one JSON object: each call's answer, or its error status.
+// Usage: node openpai_sdk.js <rest server URL> <token> <user> <job name> <queue>
+const path = require('path');
+const { PAIV2 } = require(path.join(__dirname, '..', '..', 'tools', 'js', 'node_modules',
+  '@microsoft', 'openpai-js-sdk'));
+
+const [url, token, user, name, queue] = process.argv.slice(2);
+const client = new PAIV2.OpenPAIClient({ rest_server_uri: url, token, username: user });
+
+async function call(fn) {
+  try {
+    return { ok: await fn() };
+  } catch (err) {
+    const response = err.response || {};
+    return { status: response.status || err.status || null, data: response.data || String(err) };
+  }
+}
+
+function sleep(ms) { return new Promise((resolve) => setTimeout(resolve, ms)); }
+
+(async () => {
+  const out = {};
+  const job = {
+    protocolVersion: 2,
+    name,
+    type: 'job',
+    prerequisites: [{ type: 'dockerimage', uri: 'python:3.11', name: 'image' }],
+    taskRoles: {
+      worker: {
+        instances: 2,
+        dockerImage: 'image',
+        resourcePerInstance: { cpu: 1, memoryMB: 512, gpu: 0 },
+        commands: ['echo hello from $PAI_CURRENT_TASK_ROLE_NAME $PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX'],
+      },
+    },
+    defaults: { virtualCluster: queue },
+  };
+  out.create = await call(() => client.job.createJob(job));
+  out.createAgain = await call(() => client.job.createJob(job));
+  let state = null;
+  for (let i = 0; i < 240 && !['SUCCEEDED', 'FAILED', 'STOPPED'].includes(state); i++) {
+    const got = await call(() => client.job.getJob(user, name));
+    state = got.ok ? got.ok.jobStatus.state : null;
+    if (!['SUCCEEDED', 'FAILED', 'STOPPED'].includes(state)) await sleep(250);
+  }
+  out.job = await call(() => client.job.getJob(user, name));
+  out.attempt = await call(() => client.job.getJob(user, name, 0));
+  out.missingAttempt = await call(() => client.job.getJob(user, name, 7));
+  out.config = await call(() => client.job.getJobConfig(user, name));
+  out.list = await call(() => client.job.listJobs(`username=${user}`));
+  out.task = await call(() => client.job.getTask(user, name, 0, 'worker', 1));
+  out.missingTask = await call(() => client.job.getTask(user, name, 0, 'worker', 5));
+  out.taskLogs = await call(() => client.job.getTaskLogs(user, name, 0, 'worker', 1, 0));
+  out.events = await call(() => client.job.listEvents(user, name));
+  out.attemptsHealthz = await call(() => client.jobHistory.getJobAttemptsHealthz(user, name));
+  out.attempts = await call(() => client.jobHistory.getJobAttempts(user, name));
+  out.attemptZero = await call(() => client.jobHistory.getJobAttempt(user, name, 0));
+  out.info = await call(() => client.api.getClusterInfo());
+  out.virtualClusters = await call(() => client.virtualCluster.listVirtualClusters());
+  out.virtualCluster = await call(() => client.virtualCluster.getVirtualCluster(queue));
+  out.missingVirtualCluster = await call(() => client.virtualCluster.getVirtualCluster('nope'));
+  out.skuTypes = await call(() => client.virtualCluster.getVirtualClusterSkuTypes(queue));
+  out.stop = await call(() => client.job.updateJobExecutionType(user, name, 'STOP'));
+  out.missingJob = await call(() => client.job.getJob(user, name + '-none'));
+  console.log(JSON.stringify(out));
+})().catch((err) => { console.error(err); process.exit(1); });

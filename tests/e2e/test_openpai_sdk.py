@@ -1,0 +1,89 @@
+"""OpenPAI's official JavaScript SDK (@microsoft/openpai-js-sdk 0.1.5, pinned in tools/js),
+unchanged, against the whole platform: submission (and a used name's 409), the job and
+its attempts, a task and where its logs are, the job's events, the cluster's info and its
+virtual clusters (the queues), and a stop."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from trainyard_stack.platform import Platform
+
+from .conftest import unique
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+SDK = ROOT / "tools" / "js" / "node_modules" / "@microsoft" / "openpai-js-sdk"
+
+
+@pytest.mark.skipif(
+    shutil.which("node") is None or not SDK.exists(),
+    reason="node or the OpenPAI JS SDK is missing (make setup installs tools/js)",
+)
+def test_the_openpai_js_sdk_works_unchanged(platform: Platform) -> None:
+    name = unique("paisdk")
+    done = subprocess.run(
+        ["node", str(Path(__file__).with_name("openpai_sdk.js")), platform.url,
+         platform.token, "admin", name, "default"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+
+    assert "ok" in out["create"], out["create"]
+    # The SDK raises OpenPAI's error message (its code stays in the body).
+    assert out["createAgain"] == {"status": 409, "data": f"Error: Job {name} already exists."}
+    status = out["job"]["ok"]
+    assert status["jobStatus"]["state"] == "SUCCEEDED", status
+    assert [t["taskState"] for t in status["taskRoles"]["worker"]["taskStatuses"]] == [
+        "SUCCEEDED",
+        "SUCCEEDED",
+    ]
+    assert out["attempt"]["ok"]["jobStatus"]["attemptId"] == 0
+    assert out["missingAttempt"]["status"] == 404
+    assert out["config"]["ok"]["name"] == name
+    assert name in [j["name"] for j in out["list"]["ok"]]
+
+    task = out["task"]["ok"]
+    assert (task["taskRoleName"], task["taskIndex"], task["taskState"]) == (
+        "worker",
+        1,
+        "SUCCEEDED",
+    )
+    assert task["attempts"][0]["containerExitCode"] == 0
+    assert out["missingTask"]["status"] == 404
+    locations = {loc["name"]: loc["uri"] for loc in out["taskLogs"]["ok"]["locations"]}
+    log = httpx.get(locations["stdout"], headers={"Authorization": f"Bearer {platform.token}"})
+    assert log.status_code == 200 and log.text.strip() == "hello from worker 1", log.text
+
+    events = out["events"]["ok"]
+    assert events["totalCount"] == len(events["data"]) > 0
+    assert {"Scheduled", "Completed"} <= {e["reason"] for e in events["data"]}
+    assert "ok" in out["attemptsHealthz"]
+    [attempt] = out["attempts"]["ok"]
+    assert (attempt["attemptIndex"], attempt["state"], attempt["isLatest"]) == (
+        0,
+        "SUCCEEDED",
+        True,
+    )
+    assert attempt["totalTaskNumber"] == 2
+    assert out["attemptZero"]["ok"]["frameworkName"] == f"admin~{name}"
+
+    assert out["info"]["ok"]["launcherType"] == "k8s"
+    vcs = out["virtualClusters"]["ok"]
+    assert "default" in vcs and vcs["default"]["resourcesTotal"]["GPUs"] == 2
+    assert out["virtualCluster"]["ok"] == vcs["default"]
+    assert out["missingVirtualCluster"] == {
+        "status": 404,
+        "data": "Error: Virtual cluster nope is not found.",
+    }
+    assert out["skuTypes"]["ok"]["TITANX"]["gpu"] == 1
+    assert "ok" in out["stop"], out["stop"]
+    assert out["missingJob"]["status"] == 404
