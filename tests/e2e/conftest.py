@@ -33,7 +33,8 @@ CLUSTER = {
         },
         {"name": "node-cpu", "cpu": 8, "memory_mb": 32768, "port_range": [32000, 32999]},
     ],
-    "queues": ["default"],
+    # team-a: a PAI-DLC dedicated quota's id maps to it (ResourceId).
+    "queues": ["default", {"name": "team-a", "aliases": ["quota1ci8g793pgm"]}],
 }
 
 

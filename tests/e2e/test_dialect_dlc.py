@@ -286,3 +286,70 @@ def test_invalid_create_job_names_the_field(client: Client) -> None:
     with pytest.raises(ClientException) as exc:
         client.create_job(cpu_job("dlc-bad", "true", priority=10))
     assert exc.value.status_code == 400 and "$.Priority" in exc.value.message
+
+
+def test_update_job_pod_events_ecs_specs_and_list_filters(client: Client, api: Api) -> None:
+    created = client.create_job(
+        cpu_job("dlc-update", "sleep 30", workspace_id="ws-1", priority=3)
+    ).body
+    job = wait_for(client, created.job_id, lambda b: b.status == "Running")
+    assert job.priority == 3
+
+    # UpdateJob: the priority (placement's, at once), nothing else of a submitted job.
+    updated = client.update_job(created.job_id, dlc_models.UpdateJobRequest(priority=8)).body
+    assert updated.job_id == created.job_id
+    assert wait_for(client, created.job_id, lambda b: b.priority == 8).status == "Running"
+    with pytest.raises(ClientException) as refused:
+        client.update_job(created.job_id, dlc_models.UpdateJobRequest(user_command="rm -rf /"))
+    assert refused.value.status_code == 400 and refused.value.code == "InvalidParameter"
+    assert "UserCommand" in refused.value.message
+    with pytest.raises(ClientException) as bad:
+        client.update_job(created.job_id, dlc_models.UpdateJobRequest(priority=10))
+    assert bad.value.status_code == 400
+
+    # ListJobs honours WorkspaceId, JobType, JobIds and the creation time window.
+    def listed(**query: Any) -> list[str]:
+        body = client.list_jobs(dlc_models.ListJobsRequest(page_size=100, **query)).body
+        return [j.job_id for j in body.jobs]
+
+    assert created.job_id in listed(workspace_id="ws-1")
+    assert created.job_id not in listed(workspace_id="ws-2")
+    assert created.job_id in listed(job_type="PyTorchJob")
+    assert created.job_id not in listed(job_type="TFJob")
+    assert listed(job_ids=created.job_id) == [created.job_id]
+    assert created.job_id in listed(start_time="2020-01-01T00:00:00Z")
+    assert created.job_id not in listed(start_time="2099-01-01T00:00:00Z")
+    assert created.job_id not in listed(end_time="2020-01-01T00:00:00Z")
+
+    # GetPodEvents: the pod's own history.
+    [pod] = job.pods
+    events = client.get_pod_events(
+        created.job_id, pod.pod_id, dlc_models.GetPodEventsRequest()
+    ).body
+    assert events.pod_id == pod.pod_id and any("RUNNING" in e for e in events.events)
+    with pytest.raises(ClientException) as missing:
+        client.get_pod_events(
+            created.job_id, f"{created.job_id}-nobody-0", dlc_models.GetPodEventsRequest()
+        )
+    assert missing.value.status_code == 404
+
+    # ListEcsSpecs: the catalog the platform sizes EcsSpec with.
+    gpus = client.list_ecs_specs(
+        dlc_models.ListEcsSpecsRequest(accelerator_type="GPU", page_size=100)
+    ).body
+    assert gpus.total_count == len(gpus.ecs_specs) > 0
+    assert all(spec.gpu > 0 for spec in gpus.ecs_specs)
+    assert "ecs.gn6e-c12g1.3xlarge" in [spec.instance_type for spec in gpus.ecs_specs]
+    client.stop_job(created.job_id)
+
+
+def test_a_resource_id_is_a_quota_an_administrator_maps_to_a_queue(client: Client) -> None:
+    mapped = client.create_job(
+        cpu_job("dlc-quota", "echo quota", resource_id="quota1ci8g793pgm")
+    ).body
+    job = wait_for(client, mapped.job_id, lambda b: b.status in DLC_TERMINAL)
+    assert job.status == "Succeeded", job.to_map()
+    assert job.resource_id == "quota1ci8g793pgm"
+    unknown = client.create_job(cpu_job("dlc-noquota", "echo", resource_id="quota-nope")).body
+    job = wait_for(client, unknown.job_id, lambda b: b.status in DLC_TERMINAL)
+    assert job.status == "Failed" and "quota-nope" in (job.reason_message or "")

@@ -48,6 +48,6 @@ def test_a_restart_keeps_history(tmp_path: Path) -> None:
         assert logs.text.strip() == "before-restart"
         after = api.submit(small_job("after-restart"))
         assert api.wait(after)["state"] == "SUCCEEDED"
-        # OpenPAI: a name is unique per user, across restarts too.
-        again = api.wait(api.submit(small_job("before-restart")))
-        assert again["state"] == "REJECTED" and again["errors"][0]["path"] == "$.jobName"
+        # OpenPAI: a name is unique per user, across restarts too (answered at once).
+        again = api.http.post("/v1/jobs", json=small_job("before-restart"))
+        assert again.status_code == 409 and before in again.json()["detail"]

@@ -225,7 +225,12 @@ def test_fields_map() -> None:
     assert spec.pip_packages == ["a==1"] and spec.pip_requirements_dir == "/req"
     assert spec.max_running_minutes == 5
     assert all(r.command == "echo hi" for r in spec.roles)
-    assert dlc.translate_dlc(cpu_job(WorkspaceId="ws-1")).spec.queue == "ws-1"
+    only_workspace = dlc.translate_dlc(cpu_job(WorkspaceId="ws-1", JobType="TFJob")).spec
+    assert only_workspace.queue == "default"
+    assert {(label.name, label.value) for label in only_workspace.labels} == {
+        (dlc.WORKSPACE_LABEL, "ws-1"),
+        (dlc.JOB_TYPE_LABEL, "TFJob"),
+    }
     assert dlc.translate_dlc(cpu_job(ResourceId="")).spec.queue == "default"
 
 

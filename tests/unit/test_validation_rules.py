@@ -755,7 +755,6 @@ LIMITS_GPU = ".template.spec.containers[0].resources.limits['nvidia.com/gpu']"
             "$.JobSpecs[0].EcsSpec",
             "unknown_gpu_type",
         ),
-        (_dlc(_dlc_spec("Worker"), WorkspaceId="nope"), "$.WorkspaceId", "unknown_queue"),
         (_dlc(_dlc_spec("Worker"), ResourceId="nope"), "$.ResourceId", "unknown_queue"),
         # native: roles found by name in the payload's list
         (
@@ -1035,3 +1034,21 @@ def test_a_gang_larger_than_the_whole_cluster_is_refused_at_once() -> None:
     assert gpus.code == "never_fits" and "8 GPUs (the cluster has 6)" in gpus.message
     # What fits the cluster as a whole is left to placement (it may wait, never forever).
     assert cluster_issues(("gpuType", DELETE), ("taskRoles.0.taskNumber", 6)) == []
+
+
+def test_a_queue_named_by_an_alias_is_accepted_into_the_queue_itself() -> None:
+    """A PAI-DLC body names its dedicated quota by id (ResourceId); an administrator maps
+    quota ids to queues in the cluster file."""
+    cluster = CLUSTER.model_copy(
+        update={"queues": ["default", QueueSpec(name="team-a", aliases=["quota1ci8g793pgm"])]}
+    )
+    spec = good_spec().model_copy(update={"queue": "quota1ci8g793pgm"})
+    event = submitted(spec.model_dump(mode="json"))
+    accepted = decide(event, cluster)
+    assert isinstance(accepted, JobAccepted) and accepted.spec.queue == "team-a"
+    unknown = decide(
+        submitted(good_spec().model_copy(update={"queue": "quota-x"}).model_dump(mode="json")),
+        cluster,
+    )
+    assert isinstance(unknown, JobRejected)
+    assert unknown.errors[0].code == "unknown_queue" and "aliases" in unknown.errors[0].message

@@ -48,7 +48,7 @@ GRANTS: dict[str, Grant] = {
     "intake": Grant(
         publish=(
             *events_of("submitted", "resource"),
-            *commands_of("stop", "pause", "resume", "restart", "scale"),
+            *commands_of("stop", "pause", "resume", "restart", "scale", "priority"),
         ),
         durables=("intake",),
         buckets=("yard_nonces",),

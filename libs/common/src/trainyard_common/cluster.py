@@ -42,6 +42,11 @@ class QueueSpec(Model):
 
     name: str
     quota: QueueQuota = Field(default_factory=QueueQuota)
+    aliases: list[str] = Field(
+        default_factory=list,
+        description="Other names jobs may give the queue: a PAI-DLC quota id (ResourceId), "
+        "an OpenPAI virtual cluster's or a Kueue LocalQueue's name.",
+    )
     borrowing: bool = Field(
         True, description="Jobs may use idle capacity beyond the quota (reclaimable)."
     )
@@ -67,6 +72,15 @@ class ClusterSpec(Model):
 
     def queue_names(self) -> list[str]:
         return [q if isinstance(q, str) else q.name for q in self.queues]
+
+    def resolve_queue(self, name: str) -> str | None:
+        """The queue a job naming ``name`` goes to (by its name or an alias), or None."""
+        if name in self.queue_names():
+            return name
+        for q in self.queues:
+            if isinstance(q, QueueSpec) and name in q.aliases:
+                return q.name
+        return None
 
     def queue(self, name: str) -> QueueSpec:
         """The queue's spec; a plain name, or a name the file does not list, has no quota."""

@@ -40,6 +40,7 @@ from .events import (
     RestartJob,
     ResumeJob,
     ScaleJob,
+    SetPriority,
     StopJob,
     TaskPlacement,
     TaskState,
@@ -160,6 +161,12 @@ def example_events() -> list[Event]:
             requested_by="alice",
             role="worker",
             replicas=4,
+            **common,
+        ),
+        SetPriority(
+            event_id=derived_id("example", "priority"),
+            requested_by="alice",
+            priority=8,
             **common,
         ),
         InterruptJob(

@@ -288,6 +288,16 @@ class ScaleJob(Event):
     replicas: int
 
 
+class SetPriority(Event):
+    """Command: the job's priority from now on (PAI-DLC's UpdateJob): its place in its
+    queue while it waits, and what preemption weighs while it runs."""
+
+    type: Literal["SetPriority"] = "SetPriority"
+    subject_suffix: ClassVar[str] = "priority"
+    requested_by: str
+    priority: int
+
+
 class InterruptJob(Event):
     """Command from placement to the launcher: end this attempt's tasks (keeping their
     directories) and answer with JobInterrupted. Placement alone decides interruptions."""
@@ -329,6 +339,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     PauseJob,
     ResumeJob,
     ScaleJob,
+    SetPriority,
     InterruptJob,
     RestartJob,
 )
@@ -339,6 +350,7 @@ COMMAND_TYPES: tuple[type[Event], ...] = (
     PauseJob,
     ResumeJob,
     ScaleJob,
+    SetPriority,
     InterruptJob,
     RestartJob,
 )

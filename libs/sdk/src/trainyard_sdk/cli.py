@@ -171,11 +171,11 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         ctx: typer.Context,
         server: Annotated[
             str | None,
-            typer.Option(help="the Kubernetes API URL [env: YARD_KUBE_URL; else the platform's]"),
+            typer.Option(help="the Kubernetes API URL \\[env: YARD_KUBE_URL; else the platform's]"),
         ] = None,
         ca_file: Annotated[
             str | None,
-            typer.Option(help="its CA certificate [env: YARD_KUBE_CA; else the platform's]"),
+            typer.Option(help="its CA certificate \\[env: YARD_KUBE_CA; else the platform's]"),
         ] = None,
         namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
         file: Annotated[

@@ -38,6 +38,7 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     # PAI-DLC (its paths as the official SDK calls them).
     (READ, re.compile(r"^/api/v1/jobs/[^/]+/pods/[^/]+/logs$"), "launcher"),
     (ANY, re.compile(r"^/api/v1/(datasources|codesources)(/.*)?$"), "intake"),
+    (READ, re.compile(r"^/api/v1/ecsspecs$"), "status"),
     (READ, re.compile(r"^/api/v1/jobs(/.*)?$"), "status"),
     (WRITE, re.compile(r"^/api/v1/jobs(/.*)?$"), "intake"),
     # OpenPAI REST (v2, and v1's per-user submission path); its virtual clusters are

@@ -24,6 +24,7 @@ from trainyard_common.events import (
     PauseJob,
     RestartJob,
     ResumeJob,
+    SetPriority,
     StopJob,
     derived_id,
     encode,
@@ -194,6 +195,13 @@ async def request_stop(
             delete=delete,
         )
     )
+
+
+async def request_priority(job_id: str, identity: Identity, deps: Deps, priority: int) -> None:
+    """A new priority for the job (PAI-DLC's UpdateJob); placement applies it while the
+    job waits or runs, and drops it for a job that has ended."""
+    await _check_owner(job_id, identity, deps)
+    await deps.publish(SetPriority(job_id=job_id, requested_by=identity.user, priority=priority))
 
 
 async def request_pause(

@@ -24,7 +24,16 @@ from typing import Any
 import yaml
 
 from ..events import FieldIssue
-from ..jobspec import CodeSource, DataSource, JobKind, JobSpec, Resources, RoleSpec, env_list
+from ..jobspec import (
+    CodeSource,
+    DataSource,
+    EnvVar,
+    JobKind,
+    JobSpec,
+    Resources,
+    RoleSpec,
+    env_list,
+)
 from .fields import mapping, sequence, text
 from .registry import Dialect
 from .translation import (
@@ -337,12 +346,6 @@ def field_path(payload: Any, role: str | None, field_name: str) -> str:
     """Where a canonical field is written in a CreateJob body: a role is the JobSpec of
     its Type; a resource is ResourceConfig's figure if given, else the EcsSpec's."""
     payload = payload if isinstance(payload, dict) else {}
-    if (
-        field_name == "queue"
-        and not _given(payload, "ResourceId")
-        and _given(payload, "WorkspaceId")
-    ):
-        return "$.WorkspaceId"  # the queue falls back to the workspace
     if role is None or field_name == "command":
         key = _JOB_FIELDS.get(field_name)
         return f"$.{key}" if key else "$"
@@ -676,7 +679,10 @@ def translate_dlc(
         name=name or "",
         kind=JOB_TYPES.get(job_type or "", JobKind.GENERIC),
         user=user,
-        queue=resource_id or workspace_id or "default",
+        # A dedicated quota (ResourceId: a queue, or a quota id an administrator maps to
+        # one); without one DLC runs the job on public resources: the default queue.
+        # The workspace is where the job is listed, not what it runs on.
+        queue=resource_id or "default",
         priority=priority or DEFAULT_PRIORITY,
         env=env_list(envs),
         code_source=code_source,
@@ -685,8 +691,18 @@ def translate_dlc(
         pip_requirements_dir=lib_dir or None,
         max_running_minutes=max_minutes or None,
         roles=roles,
+        # What ListJobs filters by (WorkspaceId, JobType), kept as labels.
+        labels=[
+            EnvVar(name=name, value=value)
+            for name, value in ((WORKSPACE_LABEL, workspace_id), (JOB_TYPE_LABEL, job_type))
+            if value
+        ],
     )
     return Translation(spec, DIALECT, issues.errors, issues.warnings, key=None)
+
+
+WORKSPACE_LABEL = "dlc_workspace_id"
+JOB_TYPE_LABEL = "dlc_job_type"
 
 
 def validate_dlc(payload: Any) -> list[FieldIssue]:
@@ -952,11 +968,25 @@ def render_list(
     return {"Jobs": jobs, "TotalCount": total}
 
 
-def render_events(history: Iterable[Mapping[str, Any]], limit: int | None = None) -> list[str]:
-    """GetJobEvents' Events: one line per history row, oldest first."""
+def render_events(
+    history: Iterable[Mapping[str, Any]],
+    limit: int | None = None,
+    task: tuple[str, int] | None = None,
+) -> list[str]:
+    """GetJobEvents' Events: one line per history row, oldest first; ``task`` (a pod's
+    role and index: GetPodEvents): only the rows about that task and the job-wide ones
+    before it started (queued, placed)."""
     lines = []
     for row in history:
         event = row.get("event") or {}
+        if task is not None and (
+            (
+                row.get("type") == "TaskStateChanged"
+                and (event.get("role"), event.get("index")) != task
+            )
+            or row.get("type") not in ("TaskStateChanged", "JobQueued", "JobPlaced", "JobFinished")
+        ):
+            continue
         detail = ""
         if row.get("type") == "TaskStateChanged":
             detail = f" {event.get('role')}[{event.get('index')}] {event.get('state')}" + (
@@ -1034,3 +1064,46 @@ def resolved_code(doc: Mapping[str, Any]) -> ResolvedCode:
         commit=doc.get("CodeCommit") or None,
         mount_path=doc.get("MountPath") or None,
     )
+
+
+# ----------------------------------------------------------------------- ListEcsSpecs
+
+
+def render_ecs_specs(
+    catalog: Mapping[str, EcsType],
+    accelerator: str | None,
+    instance_types: list[str],
+    sort_by: str,
+    ascending: bool,
+    page: int,
+    size: int,
+) -> dict[str, Any]:
+    """ListEcsSpecs' body (less RequestId): the instance types this platform knows (the
+    built-in table and YARD_DLC_ECS_CATALOG), filtered by AcceleratorType (CPU / GPU)
+    and InstanceTypes, sorted by Cpu, Gpu, Memory or InstanceType, one page."""
+    specs = []
+    for name, ecs in catalog.items():
+        kind = "GPU" if ecs.gpu else "CPU"
+        if accelerator and accelerator.upper() != kind:
+            continue
+        if instance_types and name not in instance_types:
+            continue
+        specs.append(
+            {
+                "InstanceType": name,
+                "AcceleratorType": kind,
+                "Cpu": int(ecs.cpu) if float(ecs.cpu).is_integer() else ecs.cpu,
+                "Memory": int(ecs.memory_gib)
+                if float(ecs.memory_gib).is_integer()
+                else ecs.memory_gib,
+                "Gpu": int(ecs.gpu) if float(ecs.gpu).is_integer() else ecs.gpu,
+                "GpuType": ecs.gpu_type or "",
+                "IsAvailable": True,
+                "ResourceType": "ECS",
+                "PaymentTypes": ["PostPaid"],
+            }
+        )
+    key = {"Cpu": "Cpu", "Gpu": "Gpu", "Memory": "Memory"}.get(sort_by, "InstanceType")
+    specs.sort(key=lambda item: (item[key], item["InstanceType"]), reverse=not ascending)
+    start = (page - 1) * size
+    return {"EcsSpecs": specs[start : start + size], "TotalCount": len(specs)}

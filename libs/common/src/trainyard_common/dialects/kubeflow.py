@@ -9,6 +9,7 @@ it (each role's ``min_failed`` stays 1).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -639,11 +640,16 @@ def render(kind_plural: str, job_view: dict[str, Any]) -> dict[str, Any]:
         status["startTime"] = min(started)
     if finished and state in ("SUCCEEDED", "FAILED", "STOPPED"):
         status["completionTime"] = finished
+    spec = copy.deepcopy(mapping(original.get("spec")))
+    # As the Training Operator defaults every job it stores: runPolicy is always there
+    # (clients such as the Kubeflow SDK's models require it).
+    if not isinstance(spec.get("runPolicy"), dict):
+        spec["runPolicy"] = {}
     return {
         "apiVersion": API_VERSION,
         "kind": label if kind else original.get("kind"),
         "metadata": resource_metadata(view, original),
-        "spec": original.get("spec", {}),
+        "spec": spec,
         "status": status,
     }
 

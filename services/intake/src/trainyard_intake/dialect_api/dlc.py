@@ -26,7 +26,13 @@ from trainyard_common.parsing import BodyError, parse_json
 from trainyard_common.telemetry import tracer
 
 from ..adapters.sources import DocSourceRegistry, Kind, SourceRegistry
-from ..handlers import JobNotFound, PayloadTooLarge, request_stop, submit_job
+from ..handlers import (
+    JobNotFound,
+    PayloadTooLarge,
+    request_priority,
+    request_stop,
+    submit_job,
+)
 from .context import IntakeContext
 
 MAX_BODY = 4 * 1024 * 1024
@@ -175,6 +181,33 @@ def router(ctx: IntakeContext) -> APIRouter:
     @api.post("/api/v1/jobs/{job_id}/stop")
     async def stop_job(job_id: str, request: Request, identity: Identity = Depends(signed)) -> dict:
         await _stop(job_id, identity, f"StopJob by {identity.user}")
+        return {"JobId": job_id, "RequestId": request_id(request)}
+
+    @api.put("/api/v1/jobs/{job_id}")
+    async def update_job(
+        job_id: str, request: Request, identity: Identity = Depends(signed)
+    ) -> dict:
+        """UpdateJob: a job's Priority (1-9), which placement applies where the job waits
+        or runs. The other fields UpdateJob takes (description, accessibility, the job's
+        specs and command) are refused naming the field: a submitted job's spec does not
+        change here, and Trainyard keeps no description apart from the job."""
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise AliyunError(400, "InvalidParameter", "$: the body must be a JSON object")
+        unchangeable = sorted(k for k in body if k != "Priority" and body[k] is not None)
+        if unchangeable:
+            raise AliyunError(
+                400,
+                "InvalidParameter",
+                f"{', '.join(unchangeable)}: only Priority can be updated on a submitted job",
+            )
+        priority = body.get("Priority")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= 9:
+            raise AliyunError(400, "InvalidParameter", "Priority must be an integer from 1 to 9")
+        try:
+            await request_priority(job_id, identity, ctx.deps, priority)
+        except JobNotFound as exc:
+            raise AliyunError(404, "JobNotFound", f"job {job_id} does not exist") from exc
         return {"JobId": job_id, "RequestId": request_id(request)}
 
     @api.delete("/api/v1/jobs/{job_id}")

@@ -29,6 +29,7 @@ from trainyard_common.events import (
     RestartJob,
     ResumeJob,
     ScaleJob,
+    SetPriority,
     StopJob,
 )
 from trainyard_common.subjects import subjects_for
@@ -60,6 +61,7 @@ from .control import (
     restart_job,
     resume_job,
     scale_job,
+    set_priority,
     stop_interrupted,
 )
 from .cycle import (
@@ -89,6 +91,7 @@ EVENT_HANDLERS: dict[type[Event], EventHandler[Deps]] = {
     PauseJob: pause_job,
     ResumeJob: resume_job,
     ScaleJob: scale_job,
+    SetPriority: set_priority,
     RestartJob: restart_job,
     JobInterrupted: release_interrupted,
 }
@@ -148,6 +151,7 @@ __all__ = [
     "run_cycle",
     "run_due_cycle",
     "scale_job",
+    "set_priority",
     "shut_down",
     "start",
     "stop_interrupted",

@@ -21,6 +21,7 @@ from trainyard_common.events import (
     RestartJob,
     ResumeJob,
     ScaleJob,
+    SetPriority,
     StopJob,
 )
 from trainyard_common.jobspec import JobSpec
@@ -209,6 +210,26 @@ async def scale_job(event: ScaleJob, delivery: Delivery, deps: Deps) -> None:
             )
         else:
             await send_interrupt(deps, record.job_id, record.attempt, *record.interrupt)
+
+
+async def set_priority(event: SetPriority, delivery: Delivery, deps: Deps) -> None:
+    """A new priority: kept on the job's spec (and on its next attempt's, when it is
+    being interrupted), so its place in the queue and preemption's weighing follow it."""
+    record = await known_record(deps, event.job_id, delivery)
+    if record is None or record.spec is None or record.state in (P.DONE, P.STOPPED_EARLY):
+        return
+    fields: dict[str, str] = {}
+    if record.spec.priority != event.priority:
+        fields.update(spec_fields(record.spec.model_copy(update={"priority": event.priority})))
+    if record.next_spec is not None and record.next_spec.priority != event.priority:
+        fields.update(
+            next_spec_fields(record.next_spec.model_copy(update={"priority": event.priority}))
+        )
+    if fields and await deps.store.change(
+        record.job_id, states=(record.state,), attempt=record.attempt, fields=fields
+    ):
+        await reload_job(deps, record.job_id)
+        await run_cycle(deps)
 
 
 async def release_interrupted(event: JobInterrupted, delivery: Delivery, deps: Deps) -> None:

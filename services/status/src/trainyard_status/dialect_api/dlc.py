@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -34,6 +35,21 @@ def _original(doc: dict[str, Any]) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _time(value: str, field: str) -> datetime:
+    """A DLC time filter (``2020-11-08T16:00:00Z``); a bad one is the caller's error."""
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise AliyunError(
+            400, "InvalidParameter", f"{field} {value!r} is not a time (2020-11-08T16:00:00Z)"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+# The instance types ListEcsSpecs lists: the built-in table and YARD_DLC_ECS_CATALOG.
+ECS_CATALOG = dlc.catalog_from_env()
 
 
 def _running_at(history: list[dict[str, Any]]) -> Any:
@@ -78,6 +94,50 @@ def router(ctx: StatusContext) -> APIRouter:
         events = dlc.render_events(await ctx.views.history(job_id), max_events)
         return {"JobId": job_id, "Events": events, "RequestId": request_id(request)}
 
+    @api.get("/api/v1/jobs/{job_id}/pods/{pod_id}/events")
+    async def get_pod_events(
+        job_id: str,
+        pod_id: str,
+        request: Request,
+        identity: Identity = Depends(signed),
+        max_events: int = Query(2000, alias="MaxEventsNum", ge=1, le=MAX_OFFSET),
+        pod_uid: str | None = Query(None, alias="PodUid"),
+    ) -> dict:
+        doc = await visible(job_id, identity)
+        task = dlc.parse_pod_id(job_id, pod_id)
+        roles = {r.get("name") for r in json.loads(doc.get("spec_json") or "{}").get("roles", [])}
+        if task is None or task[0] not in roles:
+            raise AliyunError(404, "PodNotFound", f"job {job_id} has no pod {pod_id}")
+        events = dlc.render_events(await ctx.views.history(job_id), max_events, task)
+        uid = pod_uid or f"{pod_id}-{doc.get('attempt') or 1}"
+        return {
+            "JobId": job_id,
+            "PodId": pod_id,
+            "PodUid": uid,
+            "Events": events,
+            "RequestId": request_id(request),
+        }
+
+    @api.get("/api/v1/ecsspecs")
+    async def list_ecs_specs(
+        request: Request,
+        identity: Identity = Depends(signed),
+        accelerator_type: str | None = Query(
+            None, alias="AcceleratorType", pattern="^(?i:cpu|gpu)$"
+        ),
+        instance_types: str | None = Query(None, alias="InstanceTypes", max_length=4096),
+        page_number: int = Query(1, alias="PageNumber", ge=1, le=MAX_PAGE),
+        page_size: int = Query(50, alias="PageSize", ge=1, le=1000),
+        sort_by: str = Query("Gpu", alias="SortBy", pattern="^(Cpu|Gpu|Memory|InstanceType)$"),
+        order: str = Query("asc", alias="Order", pattern="^(?i:asc|desc)$"),
+    ) -> dict:
+        wanted = [t.strip() for t in (instance_types or "").split(",") if t.strip()]
+        body = dlc.render_ecs_specs(
+            ECS_CATALOG, accelerator_type, wanted, sort_by, order.lower() == "asc",
+            page_number, page_size,
+        )  # fmt: skip
+        return {**body, "RequestId": request_id(request)}
+
     @api.get("/api/v1/jobs")
     async def list_jobs(
         request: Request,
@@ -91,6 +151,12 @@ def router(ctx: StatusContext) -> APIRouter:
         sort_by: str = Query("GmtCreateTime", alias="SortBy"),
         order: str = Query("desc", alias="Order"),
         show_own: bool | None = Query(None, alias="ShowOwn"),
+        workspace_id: str | None = Query(None, alias="WorkspaceId"),
+        job_type: str | None = Query(None, alias="JobType"),
+        job_ids: str | None = Query(None, alias="JobIds", max_length=20000),
+        username: str | None = Query(None, alias="Username"),
+        start_time: str | None = Query(None, alias="StartTime"),
+        end_time: str | None = Query(None, alias="EndTime"),
     ) -> dict:
         if sort_by not in SORT_BY:
             raise AliyunError(
@@ -105,6 +171,25 @@ def router(ctx: StatusContext) -> APIRouter:
             where["_id"] = job_id
         if resource_id:
             where["queue"] = resource_id
+        if workspace_id:
+            where[f"labels.{dlc.WORKSPACE_LABEL}"] = workspace_id
+        if job_type:
+            where[f"labels.{dlc.JOB_TYPE_LABEL}"] = job_type
+        if job_ids:
+            where["_id"] = {"$in": [j.strip() for j in job_ids.split(",") if j.strip()][:1000]}
+        if username and identity.admin:
+            where["user"] = username
+        window = {
+            op: _time(value, name)
+            for op, value, name in (
+                ("$gte", start_time, "StartTime"),
+                ("$lte", end_time, "EndTime"),
+            )
+            if value
+        }
+        if window:
+            # DLC's TimeRangeField defaults to GmtCreateTime: when the job was submitted.
+            where["submitted_at"] = window
         if status:
             states = sorted({s for part in status.split(",") for s in dlc.states_for(part)})
             if not states:

@@ -23,6 +23,7 @@ from trainyard_common.events import (
     JobRetrying,
     JobState,
     JobSubmitted,
+    SetPriority,
     StopJob,
     TaskState,
     TaskStateChanged,
@@ -316,6 +317,8 @@ def project(event: Event) -> Changes:
             return Changes(
                 JobChange(event.job_id, always={"stop_requested_by": event.requested_by, **deleted})
             )
+        case SetPriority():
+            return Changes(JobChange(event.job_id, always={"priority": event.priority}))
         case JobResourceChanged():
             return Changes(
                 JobChange(

@@ -159,13 +159,14 @@ def locator(submitted: JobSubmitted) -> Locate:
 def check_against_cluster(spec: JobSpec, cluster: ClusterSpec, locate: Locate) -> list[FieldIssue]:
     issues: list[FieldIssue] = []
     queues = cluster.queue_names()
-    if spec.queue not in queues:
+    if cluster.resolve_queue(spec.queue) is None:
         issues.append(
             FieldIssue(
                 path=locate(None, "queue"),
                 code="unknown_queue",
-                message=f"queue {spec.queue!r} does not exist; queues: "
-                f"{', '.join(queues) or 'none'}",
+                message=f"queue {spec.queue!r} does not exist (nor is it another name of "
+                f"one: an administrator maps quota ids to queues with the cluster file's "
+                f"aliases); queues: {', '.join(queues) or 'none'}",
             )
         )
     known_types = cluster.gpu_types()
@@ -264,10 +265,13 @@ def decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRe
     if chosen is not None and submitted.original is not None:
         warnings += chosen.warnings(submitted.original, submitted.spec)
     warnings += runtime_warnings(submitted.spec, cluster.runtime, locator(submitted))
+    spec = _with_defaults(submitted.spec)
+    # A queue named by an alias (a DLC quota id) is accepted into the queue itself.
+    queue = cluster.resolve_queue(spec.queue) or spec.queue
     return JobAccepted(
         event_id=result_id(submitted),
         job_id=submitted.job_id,
-        spec=_with_defaults(submitted.spec),
+        spec=spec.model_copy(update={"queue": queue}),
         warnings=dedupe(warnings),
     )
 
