@@ -182,3 +182,84 @@ def test_yard_ti_job_create_get_list(platform: Platform, api: Api) -> None:
     assert name in listed
     failed = yard(platform, "ti", "job", "get", unique("none"), "--cluster", CLUSTER, check=False)
     assert failed.returncode == 1 and "no TI job" in failed.stderr
+
+
+def test_tencent_cloud_sdk_creates_describes_lists_and_deletes(
+    api: Api, platform: Platform
+) -> None:
+    """The Tencent Cloud API itself (``tccli tia CreateJob``), through Tencent's own TIA
+    SDK unchanged: TC3-HMAC-SHA256 signatures with an access key, PascalCase bodies,
+    ``{"Response": ...}`` answers and errors."""
+    from tencentcloud.common import credential
+    from tencentcloud.common.exception.tencent_cloud_sdk_exception import (
+        TencentCloudSDKException,
+    )
+    from tencentcloud.common.profile.client_profile import ClientProfile
+    from tencentcloud.common.profile.http_profile import HttpProfile
+    from tencentcloud.tia.v20180226 import models, tia_client
+
+    key = api.http.post("/v1/access-keys", json={"user": "ti-carol"}).json()
+    http = HttpProfile(endpoint=platform.url.split("://", 1)[1], protocol="http")
+    client = tia_client.TiaClient(
+        credential.Credential(key["AccessKeyId"], key["AccessKeySecret"]),
+        "ap-guangzhou",
+        ClientProfile(httpProfile=http),
+    )
+
+    def request(kind: Any, **fields: Any) -> Any:
+        made = kind()
+        made.from_json_string(__import__("json").dumps(fields))
+        return made
+
+    name = unique("cloud")
+    created = client.CreateJob(request(
+        models.CreateJobRequest, Name=name, Cluster=CLUSTER, RuntimeVersion="tf-1.7.0-py3",
+        Command=["python3", "-c", "print('from the cloud api')"], ScaleTier="BASIC",
+        Debug=False,
+    )).Job  # fmt: skip
+    assert (created.Name, created.Cluster, created.State) == (name, CLUSTER, "Created")
+    assert created.ScaleTier == "BASIC" and created.Id
+
+    deadline = time.monotonic() + 60
+    described = client.DescribeJob(request(models.DescribeJobRequest, Name=name, Cluster=CLUSTER))
+    while described.Job.State not in ("Succeeded", "Failed") and time.monotonic() < deadline:
+        time.sleep(0.3)
+        described = client.DescribeJob(
+            request(models.DescribeJobRequest, Name=name, Cluster=CLUSTER)
+        )
+    job = described.Job
+    assert job.State == "Succeeded", job.Message
+    assert job.CreateTime.endswith(" +0000 UTC") and job.EndTime
+    assert job.Command == ["python3", "-c", "print('from the cloud api')"]
+    assert job.Uin == "ti-carol"
+    # Trainyard's own API shows the same job, owned by the access key's user.
+    assert api.job(created.Id)["state"] == "SUCCEEDED"
+
+    listed = client.ListJobs(request(models.ListJobsRequest, Cluster=CLUSTER, Limit=100))
+    assert name in [j.Name for j in listed.Jobs]
+
+    with pytest.raises(TencentCloudSDKException) as taken:
+        client.CreateJob(request(
+            models.CreateJobRequest, Name=name, Cluster=CLUSTER, Command=["true"],
+        ))  # fmt: skip
+    assert taken.value.code == "ResourceInUse"
+    with pytest.raises(TencentCloudSDKException) as bad:
+        client.CreateJob(request(
+            models.CreateJobRequest, Name=unique("bad"), Cluster=CLUSTER, Command=["true"],
+            ScaleTier="PREMIUM_1", WorkerCount=0,
+        ))  # fmt: skip
+    assert bad.value.code == "InvalidParameterValue"
+    assert "$.ScaleTier" in bad.value.message and "$.WorkerCount" in bad.value.message
+    with pytest.raises(TencentCloudSDKException) as missing:
+        client.DescribeJob(request(models.DescribeJobRequest, Name="none", Cluster=CLUSTER))
+    assert missing.value.code == "ResourceNotFound"
+
+    client.DeleteJob(request(models.DeleteJobRequest, Name=name, Cluster=CLUSTER))
+    forged = tia_client.TiaClient(
+        credential.Credential(key["AccessKeyId"], "not-the-secret"),
+        "ap-guangzhou",
+        ClientProfile(httpProfile=http),
+    )
+    with pytest.raises(TencentCloudSDKException) as refused:
+        forged.ListJobs(request(models.ListJobsRequest, Cluster=CLUSTER))
+    assert refused.value.code == "AuthFailure.SignatureFailure"

@@ -17,6 +17,7 @@ from starlette.types import Message, Receive, Scope, Send
 from yarl import URL
 
 from trainyard_common.runtime import health_app
+from trainyard_common.tencent_auth import TencentError, error_answer, new_request_id
 
 from .routes import BACKENDS, route
 
@@ -85,7 +86,14 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def forward(request: Request, path: str) -> Response:
-        service = route(request.method, request.url.path)
+        service = route(request.method, request.url.path, request.headers.get("x-tc-action"))
+        if service is None and request.method == "POST" and request.url.path == "/":
+            # A Tencent Cloud API action Trainyard does not serve, in that API's shape.
+            action = request.headers.get("x-tc-action") or "(none)"
+            return error_answer(
+                TencentError("InvalidAction", f"the action {action} is not served here"),
+                new_request_id(),
+            )
         if service is None or service not in backends:
             return JSONResponse(
                 {"detail": f"no route for {request.method} {request.url.path}"}, 404

@@ -59,6 +59,14 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
 
 BACKENDS = ("intake", "validation", "placement", "launcher", "status")
 
+# The Tencent Cloud API: every action is a POST to "/", named by its X-TC-Action header.
+CLOUD_ACTIONS = {
+    "CreateJob": "intake",
+    "DeleteJob": "intake",
+    "DescribeJob": "status",
+    "ListJobs": "status",
+}
+
 
 def _allows(methods: str | frozenset[str], method: str) -> bool:
     if isinstance(methods, frozenset):
@@ -66,7 +74,10 @@ def _allows(methods: str | frozenset[str], method: str) -> bool:
     return methods == ANY or methods == method
 
 
-def route(method: str, path: str) -> str | None:
+def route(method: str, path: str, action: str | None = None) -> str | None:
+    """The service that answers; ``action``: a Tencent Cloud API request's X-TC-Action."""
+    if method == "POST" and path == "/":
+        return CLOUD_ACTIONS.get(action or "")
     for methods, pattern, service in ROUTES:
         if _allows(methods, method) and pattern.match(path):
             return service

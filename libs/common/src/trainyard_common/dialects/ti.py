@@ -218,7 +218,10 @@ def parse_machine_type(value: str, table: Table) -> Machine:
 
 def field_path(payload: Any, role: str | None, field: str) -> str:
     """Where a canonical field is written in a TI payload: a role's resources all come
-    from its machine type (``workerType``, ``parameterServerType``, ``masterType``)."""
+    from its machine type (``workerType``, ``parameterServerType``, ``masterType``); in a
+    Cloud API body, by its PascalCase name."""
+    if is_cloud_api(payload):
+        return cloud_path(field_path({}, role, field))
     if role is None:
         return {
             "name": "$.name",
@@ -322,8 +325,104 @@ def _package_dirs(dirs: list[str]) -> list[DataSource]:
     ]
 
 
+# The Tencent Cloud API's own job body (``tccli tia CreateJob``, the TIA 2018-02-26 SDKs):
+# the same job in PascalCase, plus ScaleTier, Debug and RuntimeConf.
+CLOUD_KEYS = {
+    "Name": "name",
+    "Cluster": "cluster",
+    "RuntimeVersion": "runtimeVersion",
+    "PackageDir": "packageDir",
+    "Command": "command",
+    "Args": "args",
+    "MasterType": "masterType",
+    "WorkerType": "workerType",
+    "ParameterServerType": "parameterServerType",
+    "WorkerCount": "workerCount",
+    "ParameterServerCount": "parameterServerCount",
+}
+CLOUD_ONLY = ("ScaleTier", "Debug", "RuntimeConf")
+_TO_CLOUD = {camel: pascal for pascal, camel in CLOUD_KEYS.items()}
+# ScaleTier: CUSTOM takes the machine types given; BASIC is one worker of the default
+# machine type, BASIC_GPU one with a GPU. The tiers that stand for Tencent's own fleets
+# (STANDARD_1, PREMIUM_1, BASIC_TPU) have no meaning on a cluster of other machines.
+SCALE_TIERS = {"CUSTOM": None, "BASIC": "", "BASIC_GPU": "0U0G1P"}
+
+
+def is_cloud_api(payload: Any) -> bool:
+    """A body in the Tencent Cloud API's PascalCase (and none of tictl's fields)."""
+    return (
+        isinstance(payload, dict)
+        and any(k in CLOUD_KEYS or k in CLOUD_ONLY for k in payload)
+        and not any(k in INPUT_KEYS for k in payload)
+    )
+
+
+def cloud_path(path: str) -> str:
+    """A camelCase field path (``$.workerType``) as the Cloud API body names it."""
+    head, dot, rest = path.removeprefix("$.").partition(".")
+    bracket = head.find("[")
+    key, tail = (head[:bracket], head[bracket:]) if bracket >= 0 else (head, "")
+    if path.startswith("$.") and key in _TO_CLOUD:
+        return f"$.{_TO_CLOUD[key]}{tail}{dot}{rest}"
+    return path
+
+
+def _from_cloud_api(payload: dict[str, Any], issues: Issues) -> tuple[dict[str, Any], bool]:
+    """The tictl-shaped job a Cloud API body stands for, and its Debug flag."""
+    out = {CLOUD_KEYS.get(k, k): v for k, v in payload.items() if k not in CLOUD_ONLY}
+    tier = payload.get("ScaleTier")
+    if tier is not None and tier != "":
+        if not isinstance(tier, str) or tier.upper() not in SCALE_TIERS:
+            issues.error(
+                "$.ScaleTier",
+                f"ScaleTier {show(tier)} is not offered here: use CUSTOM with MasterType, "
+                "WorkerType, WorkerCount (and the parameter server's), or BASIC / BASIC_GPU",
+                "enum",
+            )
+        elif (machine := SCALE_TIERS[tier.upper()]) is not None:
+            for key in ("MasterType", "WorkerType", "ParameterServerType", "WorkerCount",
+                        "ParameterServerCount"):  # fmt: skip
+                if _given(payload.get(key)):
+                    issues.warn(
+                        f"$.{key}",
+                        f"{key} is ignored: ScaleTier {tier} sets the job's machines "
+                        "(CUSTOM takes them)",
+                        "unused_type",
+                    )
+            for key in ("masterType", "parameterServerType", "parameterServerCount"):
+                out.pop(key, None)
+            out["workerType"], out["workerCount"] = machine, 1
+    debug = payload.get("Debug")
+    if debug is not None and not isinstance(debug, bool):
+        issues.error("$.Debug", f"Debug must be a boolean, not {json_type(debug)}", "type")
+    conf = payload.get("RuntimeConf")
+    if conf not in (None, []):
+        issues.warn(
+            "$.RuntimeConf",
+            "RuntimeConf is kept but not applied: the runtime's settings are the platform's",
+            "not_applied",
+        )
+    return out, debug is True
+
+
 def translate_ti(payload: Any, user: str = "", table: Table | None = None) -> Translation:
-    """Any input to a JobSpec plus the TI errors and warnings; never raises."""
+    """Any input to a JobSpec plus the TI errors and warnings; never raises. A Tencent
+    Cloud API body (PascalCase) is read as the tictl job it stands for, its problems
+    named by its own fields."""
+    if is_cloud_api(payload):
+        cloud = Issues()
+        job, debug = _from_cloud_api(payload, cloud)
+        done = translate_ti(job, user, table)
+        errors = [
+            *cloud.errors,
+            *(e.model_copy(update={"path": cloud_path(e.path)}) for e in done.errors),
+        ]
+        warnings = [
+            *cloud.warnings,
+            *(w.model_copy(update={"path": cloud_path(w.path)}) for w in done.warnings),
+        ]
+        spec = done.spec.model_copy(update={"keep_failed_for_debug": debug})
+        return Translation(spec, DIALECT, errors, warnings, key=done.key)
     issues = Issues()
     if not isinstance(payload, dict):
         issues.error("$", f"a TI job must be a JSON object, not {json_type(payload)}", "type")
@@ -520,6 +619,10 @@ def ti_warnings(payload: Any, spec: JobSpec | None = None) -> list[FieldIssue]:
 def _looks_like(payload: dict[str, Any]) -> bool:
     if "apiVersion" in payload or "metadata" in payload:
         return False  # a Kubernetes-style resource (T9k, Kubeflow) that has a cluster key
+    if "RuntimeVersion" in payload or "ScaleTier" in payload:
+        return True  # the Tencent Cloud API's body
+    if "Cluster" in payload and "Name" in payload and "JobSpecs" not in payload:
+        return True
     if any(key in payload for key in _SIGNATURE_KEYS):
         return True
     return "cluster" in payload and "name" in payload and "roles" not in payload
@@ -597,6 +700,8 @@ def render(view: dict[str, Any]) -> dict[str, Any]:
     """TI's view of a job from the canonical job view (status's ``job_view``), plus
     ``original`` (the payload as submitted) and ``started_at`` when known."""
     original = mapping(view.get("original"))
+    if is_cloud_api(original):
+        original = {CLOUD_KEYS.get(k, k): v for k, v in original.items()}
     spec = mapping(view.get("spec"))
     out: dict[str, Any] = {key: original[key] for key in INPUT_ORDER if key in original}
     out["name"] = view.get("name") if view.get("name") is not None else original.get("name")
@@ -620,3 +725,34 @@ REGISTRATION = Dialect(
     validate=validate_ti,
     warnings=ti_warnings,
 )
+
+
+def go_time(value: Any) -> str | None:
+    """A time as the Cloud API writes it (Go's default format, UTC):
+    ``2006-01-02 15:04:05.999999999 -0700 MST``."""
+    text = rfc3339(value)
+    if text is None:
+        return None
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f").rstrip("0").rstrip(".") + " +0000 UTC"
+
+
+def render_cloud(view: dict[str, Any]) -> dict[str, Any]:
+    """The Cloud API's ``Job`` (DescribeJob, ListJobs, CreateJob): TI's view in
+    PascalCase, its times in Go's format, with the Cloud API's own fields."""
+    plain = render(view)
+    original = mapping(view.get("original"))
+    job: dict[str, Any] = {
+        _TO_CLOUD[k]: v for k, v in plain.items() if k in _TO_CLOUD and v is not None
+    }
+    job["CreateTime"] = go_time(view.get("submitted_at"))
+    job["StartTime"] = go_time(view.get("started_at"))
+    job["EndTime"] = go_time(view.get("finished_at"))
+    job["State"] = plain["state"]
+    job["Message"] = plain["message"]
+    job["Id"] = plain["id"]
+    job["ScaleTier"] = original.get("ScaleTier") or "CUSTOM"
+    job["Debug"] = bool(original.get("Debug"))
+    job["RuntimeConf"] = list(original.get("RuntimeConf") or [])
+    job["Uin"] = view.get("user")
+    return {k: v for k, v in job.items() if v is not None}

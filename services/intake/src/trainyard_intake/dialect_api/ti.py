@@ -9,14 +9,24 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Header, HTTPException
+from fastapi import APIRouter, Body, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from trainyard_common.auth import Identity
-from trainyard_common.dialects.ti import DIALECT, render, translate_ti
+from trainyard_common.auth import AccessKeyStore, Identity
+from trainyard_common.dialects.ti import DIALECT, render, render_cloud, translate_ti
+from trainyard_common.parsing import BodyError, parse_json
+from trainyard_common.tencent_auth import (
+    TencentError,
+    answer,
+    error_answer,
+    new_request_id,
+    tencent_identity,
+)
 
 from ..handlers import JobNotFound, NameTaken, PayloadTooLarge, request_stop, submit_job
 from .context import IntakeContext
+
+MAX_BODY = 1024 * 1024
 
 
 def router(ctx: IntakeContext) -> APIRouter:
@@ -86,4 +96,76 @@ def router(ctx: IntakeContext) -> APIRouter:
             raise HTTPException(404, f"no TI job {name!r} in cluster {cluster!r}")
         return {"name": name, "cluster": cluster, "stop": "requested", "ids": stopped}
 
-    return api
+    api_root = APIRouter(tags=["ti"])
+    signed = tencent_identity(AccessKeyStore.beside(ctx.tokens), ctx.tokens)
+
+    @api_root.post("/", response_model=None)
+    async def cloud_api(request: Request) -> JSONResponse:
+        """The Tencent Cloud API's writes (X-TC-Action CreateJob, DeleteJob), signed
+        TC3-HMAC-SHA256, in its ``{"Response": ...}`` shapes: the job body in PascalCase
+        (``tccli tia CreateJob``), its problems named by its own fields."""
+        rid = new_request_id()
+        try:
+            action = request.headers.get("x-tc-action", "")
+            if action not in ("CreateJob", "DeleteJob"):
+                raise TencentError("InvalidAction", f"the action {action!r} is not served here")
+            identity = await signed(request)
+            try:
+                body = parse_json(await request.body() or b"{}", MAX_BODY)
+            except BodyError as exc:
+                raise TencentError("InvalidParameter", f"the body cannot be read: {exc}") from exc
+            if not isinstance(body, dict):
+                raise TencentError("InvalidParameter", "the body must be a JSON object")
+            if action == "DeleteJob":
+                name, cluster = body.get("Name"), body.get("Cluster")
+                if not isinstance(name, str) or not isinstance(cluster, str):
+                    raise TencentError("MissingParameter", "Name and Cluster are required")
+                stopped = 0
+                for job_id in await ctx.deps.owners.job_ids(identity.user, f"{cluster}/{name}"):
+                    try:
+                        await request_stop(
+                            job_id, identity, ctx.deps, f"DeleteJob by {identity.user}"
+                        )
+                    except JobNotFound:
+                        continue
+                    stopped += 1
+                if not stopped:
+                    raise TencentError(
+                        "ResourceNotFound", f"job {name!r} does not exist in cluster {cluster!r}"
+                    )
+                return answer({}, rid)
+            checked = translate_ti(body, identity.user)
+            if checked.errors:
+                raise TencentError(
+                    "InvalidParameterValue",
+                    "; ".join(f"{e.path}: {e.message}" for e in checked.errors),
+                )
+            try:
+                result = await submit_job(
+                    body, identity, ctx.deps, dialect=DIALECT, translation=checked
+                )
+            except PayloadTooLarge as exc:
+                raise TencentError("InvalidParameter", str(exc)) from exc
+            except NameTaken as exc:
+                raise TencentError(
+                    "ResourceInUse",
+                    f"job {checked.spec.name!r} already exists in cluster "
+                    f"{checked.spec.queue!r} (job {exc.holder})",
+                ) from exc
+            view = {
+                "id": result.job_id,
+                "name": checked.spec.name,
+                "queue": checked.spec.queue,
+                "state": "SUBMITTED",
+                "submitted_at": datetime.now(UTC),
+                "original": body,
+                "user": identity.user,
+            }
+            return answer({"Job": render_cloud(view)}, rid)
+        except TencentError as exc:
+            return error_answer(exc, rid)
+
+    outer = APIRouter()
+    outer.include_router(api)
+    outer.include_router(api_root)
+    return outer

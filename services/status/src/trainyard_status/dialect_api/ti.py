@@ -7,11 +7,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
 
-from trainyard_common.auth import Identity
-from trainyard_common.dialects.ti import DIALECT, render
+from trainyard_common.auth import AccessKeyStore, Identity
+from trainyard_common.dialects.ti import DIALECT, render, render_cloud
 from trainyard_common.limits import MAX_OFFSET
+from trainyard_common.parsing import BodyError, parse_json
+from trainyard_common.tencent_auth import (
+    TencentError,
+    answer,
+    error_answer,
+    new_request_id,
+    tencent_identity,
+)
 
 from .context import StatusContext
 
@@ -29,12 +38,16 @@ async def _started_at(ctx: StatusContext, job_id: str) -> Any:
     return started
 
 
-async def ti_view(ctx: StatusContext, doc: dict[str, Any]) -> dict[str, Any]:
+async def full_ti_view(ctx: StatusContext, doc: dict[str, Any]) -> dict[str, Any]:
     original = doc.get("original_json")
     view = await ctx.full_view(doc)
     view["original"] = json.loads(original) if original else None
     view["started_at"] = await _started_at(ctx, doc["_id"])
-    return render(view)
+    return view
+
+
+async def ti_view(ctx: StatusContext, doc: dict[str, Any]) -> dict[str, Any]:
+    return render(await full_ti_view(ctx, doc))
 
 
 def router(ctx: StatusContext) -> APIRouter:
@@ -75,4 +88,63 @@ def router(ctx: StatusContext) -> APIRouter:
             raise HTTPException(404, f"no TI job {name!r} in cluster {cluster!r}")
         return await ti_view(ctx, doc)
 
-    return api
+    api_root = APIRouter(tags=["ti"])
+    signed = tencent_identity(AccessKeyStore.beside(ctx.tokens), ctx.tokens)
+
+    @api_root.post("/", response_model=None)
+    async def cloud_api(request: Request) -> JSONResponse:
+        """The Tencent Cloud API's reads (X-TC-Action DescribeJob, ListJobs), signed
+        TC3-HMAC-SHA256, in its ``{"Response": ...}`` shapes."""
+        rid = new_request_id()
+        try:
+            action = request.headers.get("x-tc-action", "")
+            if action not in ("DescribeJob", "ListJobs"):
+                raise TencentError("InvalidAction", f"the action {action!r} is not served here")
+            identity = await signed(request)
+            body = _cloud_body(await request.body())
+            if action == "DescribeJob":
+                name, cluster = body.get("Name"), body.get("Cluster")
+                if not isinstance(name, str) or not isinstance(cluster, str):
+                    raise TencentError("MissingParameter", "Name and Cluster are required")
+                doc = await ctx.views.find_by_key(
+                    identity.user, f"{cluster}/{name}", dialect=DIALECT
+                )
+                if doc is None:
+                    raise TencentError(
+                        "ResourceNotFound", f"job {name!r} does not exist in cluster {cluster!r}"
+                    )
+                return answer({"Job": render_cloud(await full_ti_view(ctx, doc))}, rid)
+            limit, offset = body.get("Limit", 20), body.get("Offset", 0)
+            for key, value, most in (("Limit", limit, 500), ("Offset", offset, MAX_OFFSET)):
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+                    raise TencentError("InvalidParameterValue", f"{key} must be 0-{most}")
+            where: dict[str, Any] = {"dialect": DIALECT}
+            if isinstance(body.get("Cluster"), str) and body["Cluster"]:
+                where["queue"] = body["Cluster"]
+            docs, _ = await ctx.views.list_jobs(
+                user=None if identity.admin else identity.user,
+                state=None,
+                limit=max(limit, 1),
+                offset=offset,
+                where=where,
+                full=True,
+            )
+            jobs = [render_cloud(await full_ti_view(ctx, doc)) for doc in docs[:limit]]
+            return answer({"Jobs": jobs}, rid)
+        except TencentError as exc:
+            return error_answer(exc, rid)
+
+    outer = APIRouter()
+    outer.include_router(api)
+    outer.include_router(api_root)
+    return outer
+
+
+def _cloud_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = parse_json(raw or b"{}", 64 * 1024)
+    except BodyError as exc:
+        raise TencentError("InvalidParameter", f"the body cannot be read: {exc}") from exc
+    if not isinstance(body, dict):
+        raise TencentError("InvalidParameter", "the body must be a JSON object")
+    return body

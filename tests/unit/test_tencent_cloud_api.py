@@ -1,0 +1,97 @@
+"""The Tencent Cloud API side of the TI dialect: TC3-HMAC-SHA256 verification as the
+SDK signs (its own signer computes the expected value), and the PascalCase job body read
+as the tictl job it stands for, its problems named by its own fields."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from tencentcloud.common.sign import Sign
+
+from trainyard_common.dialects import detect, translate
+from trainyard_common.dialects.ti import cloud_path, render_cloud
+from trainyard_common.tencent_auth import Signed, TencentError, verify
+
+NOW = datetime(2026, 11, 26, 8, 30, tzinfo=UTC)
+BODY = json.dumps({"Name": "mnist", "Cluster": "default"}).encode()
+
+
+def signed(secret: str = "s3cret", at: datetime = NOW, body: bytes = BODY) -> Signed:
+    """A request signed exactly as tencentcloud-sdk-python's abstract client does."""
+    timestamp = str(int(at.timestamp()))
+    date = at.strftime("%Y-%m-%d")
+    canonical = "\n".join([
+        "POST", "/", "", "content-type:application/json\nhost:yard.example:8080\n",
+        "content-type;host", hashlib.sha256(body).hexdigest(),
+    ])  # fmt: skip
+    to_sign = "\n".join([
+        "TC3-HMAC-SHA256", timestamp, f"{date}/tia/tc3_request",
+        hashlib.sha256(canonical.encode()).hexdigest(),
+    ])  # fmt: skip
+    signature = Sign.sign_tc3(secret, date, "tia", to_sign)
+    headers = {
+        "content-type": "application/json",
+        "host": "yard.example:8080",
+        "x-tc-timestamp": timestamp,
+        "authorization": f"TC3-HMAC-SHA256 Credential=AKID/{date}/tia/tc3_request, "
+        f"SignedHeaders=content-type;host, Signature={signature}",
+    }
+    return Signed("POST", "", headers, body)
+
+
+def test_a_request_signed_as_the_sdk_signs_it_verifies() -> None:
+    assert len(verify(signed(), "s3cret", NOW + timedelta(seconds=30))) == 64
+
+
+@pytest.mark.parametrize(
+    ("request_", "now", "code"),
+    [
+        (signed(secret="other"), NOW, "AuthFailure.SignatureFailure"),
+        (signed(), NOW + timedelta(minutes=6), "AuthFailure.SignatureExpire"),
+        (Signed("POST", "", {**signed().headers, "host": "elsewhere"}, BODY), NOW,
+         "AuthFailure.SignatureFailure"),
+        (Signed("POST", "", signed().headers, BODY + b" "), NOW, "AuthFailure.SignatureFailure"),
+        (Signed("POST", "", {**signed().headers, "authorization": "Bearer x"}, BODY), NOW,
+         "AuthFailure.SignatureFailure"),
+    ],
+)  # fmt: skip
+def test_what_does_not_verify_is_named(request_: Signed, now: datetime, code: str) -> None:
+    with pytest.raises(TencentError) as refused:
+        verify(request_, "s3cret", now)
+    assert refused.value.code == code
+
+
+def test_a_cloud_api_body_is_the_tictl_job_it_stands_for() -> None:
+    body = {
+        "Name": "mnist",
+        "Cluster": "default",
+        "RuntimeVersion": "tf-1.7.0-py3",
+        "Command": ["python3", "train.py"],
+        "ScaleTier": "BASIC_GPU",
+        "WorkerType": "4U8G0P",
+        "Debug": True,
+        "RuntimeConf": ["x=1"],
+    }
+    assert detect(body) == "ti"
+    done = translate(body, user="carol")
+    assert done.errors == [] and done.key == "default/mnist"
+    [worker] = done.spec.roles
+    assert (worker.name, worker.replicas, worker.resources.gpu) == ("worker", 1, 1)
+    assert done.spec.keep_failed_for_debug is True
+    assert {w.path for w in done.warnings} >= {"$.WorkerType", "$.RuntimeConf"}
+    bad = translate({**body, "ScaleTier": "STANDARD_1", "RuntimeVersion": "nope"}, user="c")
+    assert {e.path for e in bad.errors} == {"$.ScaleTier", "$.RuntimeVersion"}
+    assert cloud_path("$.parameterServerCount") == "$.ParameterServerCount"
+    assert cloud_path("$.command[0]") == "$.Command[0]"
+    shown = render_cloud({"id": "j1", "name": "mnist", "state": "SUCCEEDED", "user": "carol",
+                          "submitted_at": "2026-11-26T08:00:00.5+00:00", "original": body})  # fmt: skip
+    assert shown["CreateTime"] == "2026-11-26 08:00:00.5 +0000 UTC"
+    assert (shown["Name"], shown["State"], shown["ScaleTier"], shown["Uin"]) == (
+        "mnist",
+        "Succeeded",
+        "BASIC_GPU",
+        "carol",
+    )
