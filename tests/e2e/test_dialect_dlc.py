@@ -350,6 +350,7 @@ def test_a_resource_id_is_a_quota_an_administrator_maps_to_a_queue(client: Clien
     job = wait_for(client, mapped.job_id, lambda b: b.status in DLC_TERMINAL)
     assert job.status == "Succeeded", job.to_map()
     assert job.resource_id == "quota1ci8g793pgm"
-    unknown = client.create_job(cpu_job("dlc-noquota", "echo", resource_id="quota-nope")).body
-    job = wait_for(client, unknown.job_id, lambda b: b.status in DLC_TERMINAL)
-    assert job.status == "Failed" and "quota-nope" in (job.reason_message or "")
+    # A quota no queue stands for is refused at once, as DLC refuses an unknown one.
+    with pytest.raises(ClientException) as unknown:
+        client.create_job(cpu_job("dlc-noquota", "echo", resource_id="quota-nope"))
+    assert unknown.value.status_code == 400 and "$.ResourceId" in unknown.value.message

@@ -110,15 +110,23 @@ def test_an_invalid_ti_job_is_answered_at_once_field_by_field(api: Api) -> None:
     assert paths == {"$.workerType", "$.parameterServerCount"}
 
 
-def test_a_job_on_an_unknown_cluster_reads_back_failed_with_the_reason(api: Api) -> None:
+def test_a_job_on_an_unknown_cluster_is_refused_at_once_naming_the_field(api: Api) -> None:
     name = unique("nowhere")
     answer = api.http.post(
         "/ti/v1/jobs", json={"name": name, "cluster": "cls-nowhere", "command": ["true"]}
     )
-    assert answer.status_code == 202, answer.text
-    view = ti_job(api, name, cluster="cls-nowhere")
-    assert view["state"] == "Failed" and "$.cluster" in view["message"]
-    assert view["startTime"] is None and RFC3339.match(view["endTime"])
+    assert answer.status_code == 400, answer.text
+    errors = answer.json()["detail"]["errors"]
+    assert [(e["path"], e["code"]) for e in errors] == [("$.cluster", "unknown_queue")]
+    assert api.http.get(f"/ti/v1/jobs/cls-nowhere/{name}").status_code == 404
+    # Nor can a job larger than the whole cluster ever start: refused as well.
+    huge = api.http.post(
+        "/ti/v1/jobs",
+        json={"name": unique("huge"), "cluster": CLUSTER, "command": ["true"],
+              "workerCount": 40, "workerType": "8U30G0P"},
+    )  # fmt: skip
+    assert huge.status_code == 400, huge.text
+    assert huge.json()["detail"]["errors"][0]["code"] == "never_fits"
 
 
 def test_delete_stops_the_job(api: Api) -> None:

@@ -323,6 +323,35 @@ def test_errors_are_statuses_and_a_used_name_is_refused_in_each_dialect(
     assert yard(platform, "kubeconfig", "--server", "http://insecure", check=False).returncode == 1
 
 
+def test_a_job_larger_than_the_cluster_is_refused_at_once_in_each_dialect(api: Api) -> None:
+    """The e2e cluster has 16 CPUs: 40 tasks of 4 CPUs can never start anywhere."""
+    big = pytorchjob(unique("huge"), ["true"])
+    master = big["spec"]["pytorchReplicaSpecs"]["Master"]
+    master["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "4"}}
+    big["spec"]["pytorchReplicaSpecs"]["Worker"] = {**master, "replicas": 39}
+    refused = api.http.post(f"/apis/{GROUP}/{VERSION}/namespaces/ml/pytorchjobs", json=big)
+    assert refused.status_code == 422, refused.text
+    assert {c["reason"] for c in refused.json()["details"]["causes"]} == {"FieldValueInvalid"}
+    assert "never" in refused.json()["message"]
+    name = big["metadata"]["name"]
+    assert (
+        api.http.get(f"/apis/{GROUP}/{VERSION}/namespaces/ml/pytorchjobs/{name}").status_code == 404
+    )
+    pai = {
+        "protocolVersion": 2, "name": unique("huge"), "type": "job",
+        "prerequisites": [{"type": "dockerimage", "uri": "python:3.11", "name": "image"}],
+        "taskRoles": {"worker": {"instances": 500, "dockerImage": "image",
+                                 "resourcePerInstance": {"cpu": 4, "memoryMB": 8192, "gpu": 0},
+                                 "commands": ["true"]}},
+    }  # fmt: skip
+    answer = api.http.post("/api/v2/jobs", json=pai)
+    assert answer.status_code == 400 and answer.json()["code"] == "InvalidProtocolError"
+    assert any(e["code"] == "never_fits" for e in answer.json()["errors"])
+    native = api.http.post("/v1/jobs", json=pai)
+    assert native.status_code == 202 and native.json()["state"] == "REJECTED"
+    assert api.wait(native.json()["id"])["state"] == "REJECTED"
+
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kubeflow"
 
 

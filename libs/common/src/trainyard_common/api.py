@@ -147,9 +147,12 @@ class RebuildReport(Body):
 
 class SubmitAnswer(Body):
     id: str
-    state: Literal["SUBMITTED"]
+    state: Literal["SUBMITTED", "REJECTED"] = Field(
+        description="REJECTED: refused at once (every reason in errors), on record as such"
+    )
     dialect: str
     warnings: list[FieldIssue]
+    errors: list[FieldIssue] = Field(default_factory=list)
 
 
 class ControlAnswer(Body):

@@ -282,6 +282,10 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
                     typer.echo(answer["id"])
                     for warning in answer.get("warnings") or ():
                         s.err.print(Text("warning: ", style="yellow") + Text(_issue_text(warning)))
+                    for issue in answer.get("errors") or ():
+                        s.err.print(Text("error: ", style="bold red") + Text(_issue_text(issue)))
+                if answer.get("state") == "REJECTED":
+                    raise typer.Exit(1)
                 if wait:
                     _follow(s, client, answer["id"], timeout)
 

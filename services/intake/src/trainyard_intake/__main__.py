@@ -7,6 +7,7 @@ import asyncio
 from trainyard_common.aliyun_auth import NONCE_TTL_S
 from trainyard_common.auth import TokenStore, tokens_collection
 from trainyard_common.bus import Bus, Delivery, KvNonces
+from trainyard_common.cluster import load_cluster
 from trainyard_common.config import Settings
 from trainyard_common.runtime import run_service, serve, setup_logging
 from trainyard_common.secrets_box import SecretBox
@@ -28,6 +29,7 @@ async def main() -> None:
     settings = Settings.from_env("intake")
     setup_logging("intake")
     setup_telemetry("intake")
+    cluster = load_cluster()
     bus = await Bus.connect(settings.nats_url, name="intake")
     client = open_store(settings.mongo_url, settings.store_dir)
     owners = DocOwnerRegistry(client[settings.db_name()]["owners"])
@@ -45,6 +47,8 @@ async def main() -> None:
         owners=owners,
         names=names,
         settled=lambda seq: bus.consumed("status", seq, SETTLE_S),
+        # The nodes of a Kubernetes backend are known at run time (placement, validation).
+        cluster=cluster if cluster.runtime == "local" else None,
         box=SecretBox.from_env(),
         # What the server takes, less room for the headers (trace context, ids).
         max_payload=bus.nc.max_payload - 4096,

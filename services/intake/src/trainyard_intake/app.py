@@ -88,9 +88,12 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
             status_code=202,
             content={
                 "id": result.job_id,
-                "state": "SUBMITTED",
+                # Refused at once (its dialect's rules, or a cluster it can never run on):
+                # on record, as rejected, with every reason.
+                "state": "REJECTED" if result.errors else "SUBMITTED",
                 "dialect": result.dialect,
                 "warnings": [w.model_dump() for w in result.warnings],
+                "errors": [e.model_dump() for e in result.errors],
             },
         )
 

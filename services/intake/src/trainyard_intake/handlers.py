@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainyard_common.auth import Identity
-from trainyard_common.cluster import current_runtime
+from trainyard_common.cluster import ClusterSpec, current_runtime
 from trainyard_common.dialects import (
     BY_NAME,
     Translation,
@@ -30,8 +30,9 @@ from trainyard_common.events import (
     encode,
     new_id,
 )
+from trainyard_common.fit import check_against_cluster
 from trainyard_common.jobspec import JobSpec
-from trainyard_common.runtimes import runtime_warnings
+from trainyard_common.runtimes import runtime_errors, runtime_warnings
 from trainyard_common.secrets_box import SecretBox
 
 from .adapters.names import InMemoryNameClaims, NameClaims
@@ -66,6 +67,9 @@ class Deps:
     max_payload: int = 1024 * 1024 - 4096
     # Who holds which job name (adapters/names.py).
     names: NameClaims = field(default_factory=InMemoryNameClaims)
+    # The cluster as configured (its file), to refuse at once a job that can never run
+    # on it; None where the nodes are known only at run time (the Kubernetes backend).
+    cluster: ClusterSpec | None = None
     # Waits (bounded) until status has stored the effect of the message at a stream
     # sequence, so a write answered is a write the next read shows (the Kubernetes
     # API's read-your-writes); None: answer at once.
@@ -108,6 +112,10 @@ async def submit_job(
         event_id = derived_id("submitted", job_id)
     else:
         job_id, event_id = new_id(), new_id()
+    if not translation.errors:
+        errors = cluster_errors(translation, payload, deps)
+        if errors:
+            translation = replace(translation, errors=errors)
     if translation.key is not None and not translation.errors and not refuse_used_name:
         held = await deps.names.get(identity.user, translation.key)
         if held is not None and held.job_id != job_id:
@@ -167,6 +175,22 @@ async def submit_job(
             await deps.names.release(identity.user, translation.key, job_id)
         raise
     return Submitted(job_id, translation.dialect, warnings, translation.errors, seq)
+
+
+def cluster_errors(translation: Translation, payload: Any, deps: Deps) -> list[FieldIssue]:
+    """What the cluster as configured says of a job that broke no rule of its dialect:
+    the runtime cannot run it, its queue does not exist, or it can never fit (validation
+    says the same later; a submission is answered with it at once)."""
+    if deps.cluster is None or translation.errors:
+        return []
+
+    def locate(role: str | None, name: str) -> str:
+        return field_path(translation.dialect, payload, role, name)
+
+    spec = translation.spec
+    return runtime_errors(spec, deps.cluster.runtime, locate) or check_against_cluster(
+        spec, deps.cluster, locate
+    )
 
 
 def seal_secrets(spec: JobSpec, box: SecretBox | None, job_id: str) -> JobSpec:

@@ -29,6 +29,7 @@ from ..adapters.sources import DocSourceRegistry, Kind, SourceRegistry
 from ..handlers import (
     JobNotFound,
     PayloadTooLarge,
+    cluster_errors,
     request_priority,
     request_stop,
     submit_job,
@@ -159,12 +160,13 @@ def router(ctx: IntakeContext) -> APIRouter:
         with trace.start_as_current_span("dlc create job"):
             resolved = await _resolve(payload, owner, sources)
             translation = dlc.translate_dlc(payload, identity.user, resolved)
-            if translation.errors:
+            errors = translation.errors or cluster_errors(translation, payload, ctx.deps)
+            if errors:
                 # DLC refuses a bad CreateJob at once; no job id is handed out for it.
                 raise AliyunError(
                     400,
                     "InvalidParameter",
-                    "; ".join(f"{e.path}: {e.message}" for e in translation.errors),
+                    "; ".join(f"{e.path}: {e.message}" for e in errors),
                 )
             try:
                 submitted = await submit_job(payload, identity, ctx.deps, translation=translation)

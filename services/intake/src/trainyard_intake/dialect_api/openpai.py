@@ -29,7 +29,14 @@ from trainyard_common.auth import Identity
 from trainyard_common.dialects import openpai, openpai_v2
 from trainyard_common.parsing import BodyError, parse_json, parse_yaml
 
-from ..handlers import JobNotFound, NameTaken, PayloadTooLarge, request_stop, submit_job
+from ..handlers import (
+    JobNotFound,
+    NameTaken,
+    PayloadTooLarge,
+    cluster_errors,
+    request_stop,
+    submit_job,
+)
 from .context import IntakeContext
 
 MAX_BODY = 4 * 1024 * 1024
@@ -75,13 +82,14 @@ def router(ctx: IntakeContext) -> APIRouter:
             )
             return error(400, "InvalidProtocolError", f"the body is not {expected}")
         checked = dialect.translate(payload, identity.user)
-        if checked.errors:
-            summary = "; ".join(f"{e.path}: {e.message}" for e in checked.errors)
+        errors = checked.errors or cluster_errors(checked, payload, ctx.deps)
+        if errors:
+            summary = "; ".join(f"{e.path}: {e.message}" for e in errors)
             return error(
                 400,
                 "InvalidProtocolError",
                 summary,
-                errors=[e.model_dump() for e in checked.errors],
+                errors=[e.model_dump() for e in errors],
             )
         try:
             result = await submit_job(

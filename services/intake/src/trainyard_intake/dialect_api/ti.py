@@ -23,7 +23,14 @@ from trainyard_common.tencent_auth import (
     tencent_identity,
 )
 
-from ..handlers import JobNotFound, NameTaken, PayloadTooLarge, request_stop, submit_job
+from ..handlers import (
+    JobNotFound,
+    NameTaken,
+    PayloadTooLarge,
+    cluster_errors,
+    request_stop,
+    submit_job,
+)
 from .context import IntakeContext
 
 MAX_BODY = 1024 * 1024
@@ -38,15 +45,16 @@ def router(ctx: IntakeContext) -> APIRouter:
         identity: Identity = Depends(ctx.current),
         idempotency_key: str | None = Header(None),
     ) -> JSONResponse:
-        # TI answers a malformed job at once, field by field, as tictl expects; only the
-        # checks against the cluster (queue, capacity, name taken) come later.
+        # TI answers a malformed job at once, field by field, as tictl expects, and one
+        # the cluster as configured can never run (its queue, capacity) or a name in use.
         checked = translate_ti(payload, identity.user)
-        if checked.errors:
+        errors = checked.errors or cluster_errors(checked, payload, ctx.deps)
+        if errors:
             raise HTTPException(
                 400,
                 {
                     "message": "invalid TI job",
-                    "errors": [e.model_dump() for e in checked.errors],
+                    "errors": [e.model_dump() for e in errors],
                     "warnings": [w.model_dump() for w in checked.warnings],
                 },
             )
@@ -135,10 +143,11 @@ def router(ctx: IntakeContext) -> APIRouter:
                     )
                 return answer({}, rid)
             checked = translate_ti(body, identity.user)
-            if checked.errors:
+            errors = checked.errors or cluster_errors(checked, body, ctx.deps)
+            if errors:
                 raise TencentError(
                     "InvalidParameterValue",
-                    "; ".join(f"{e.path}: {e.message}" for e in checked.errors),
+                    "; ".join(f"{e.path}: {e.message}" for e in errors),
                 )
             try:
                 result = await submit_job(

@@ -234,7 +234,7 @@ class JobViews:
         if key:
             query["dialect_key"] = key
         cursor = self.jobs.find(query).sort([("submitted_at", ASCENDING), ("_id", ASCENDING)])
-        return [doc async for doc in cursor if doc.get("claimed") or doc["state"] != "REJECTED"]
+        return [doc async for doc in cursor if is_resource(doc)]
 
     async def resource_changes(
         self, dialect: str, after: int, limit: int = 500
@@ -287,6 +287,14 @@ class JobViews:
             }
             async for doc in cursor
         ]
+
+
+def is_resource(doc: dict[str, Any]) -> bool:
+    """A job of a Kubernetes-style dialect that is an object of its API: it claimed its
+    name at submission (one refused then never was an object); a job of an earlier
+    version, which claimed nothing, unless it was rejected."""
+    claimed = doc.get("claimed")
+    return bool(claimed) if claimed is not None else doc.get("state") != "REJECTED"
 
 
 def hide_secrets(event: dict[str, Any]) -> dict[str, Any]:

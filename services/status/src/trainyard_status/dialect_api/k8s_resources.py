@@ -33,6 +33,7 @@ from trainyard_common.dialects import k8s_api, kubeflow
 from trainyard_common.dialects.k8s_api import SelectorError, Served
 from trainyard_common.dialects.k8s_pod import latest_tasks
 
+from ..adapters.views import is_resource
 from .context import StatusContext
 
 WATCH_POLL_S = 0.5
@@ -235,7 +236,7 @@ def router(ctx: StatusContext) -> APIRouter:
                     seen = max(seen, int(doc.get("feed_seq") or 0))
                     if not (mine(doc, identity) and of(doc, served, namespace)):
                         continue
-                    if not doc.get("claimed") and doc.get("state") == "REJECTED":
+                    if not is_resource(doc):
                         continue
                     item = await resource(doc, served)
                     if not k8s_api.selected(item, labels, fields):
