@@ -333,6 +333,23 @@ def test_update_job_pod_events_ecs_specs_and_list_filters(client: Client, api: A
         )
     assert missing.value.status_code == 404
 
+    # GetJobMetrics: the running pod's memory and CPU now (GPU and the rest are not
+    # collected here, and said so).
+    memory = client.get_job_metrics(
+        created.job_id, dlc_models.GetJobMetricsRequest(metric_type="MemoryUsage")
+    ).body
+    [pod_metrics] = memory.pod_metrics
+    assert pod_metrics.pod_id == pod.pod_id and pod_metrics.metrics[0].value > 1_000_000
+    cpu = client.get_job_metrics(
+        created.job_id, dlc_models.GetJobMetricsRequest(metric_type="CpuCoreUsage")
+    ).body
+    assert 0 <= cpu.pod_metrics[0].metrics[0].value < 2
+    with pytest.raises(ClientException) as uncollected:
+        client.get_job_metrics(
+            created.job_id, dlc_models.GetJobMetricsRequest(metric_type="GpuCoreUsage")
+        )
+    assert uncollected.value.status_code == 400 and "MemoryUsage" in uncollected.value.message
+
     # ListEcsSpecs: the catalog the platform sizes EcsSpec with.
     gpus = client.list_ecs_specs(
         dlc_models.ListEcsSpecsRequest(accelerator_type="GPU", page_size=100)

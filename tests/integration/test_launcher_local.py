@@ -436,3 +436,27 @@ def test_a_delegated_cgroup_gets_the_task_limits_written(tmp_path: Path) -> None
 def test_this_machine_says_why_it_has_no_usable_cgroup_or_which_it_uses() -> None:
     base, controllers, why = find_cgroup()
     assert (base is not None and "memory" in controllers) or why
+
+
+async def test_usage_counts_every_process_of_the_task(tmp_path: Path) -> None:
+    """GetJobMetrics' figures: a task busy on one core (in a child of its command) and
+    holding ~64 MB reads as about one core and at least that memory; an ended task has
+    none."""
+    backend = LocalBackend(tmp_path)
+    task = ref("usage")
+    hog = (
+        "python3 -c 'import time; b = bytearray(64 << 20); t = time.time()\n"
+        "while time.time() - t < 30: pass' & wait"
+    )
+    launched = await launch(backend, task, hog, {}, [])
+    deadline = time.monotonic() + 10
+    used = None
+    while time.monotonic() < deadline:
+        used = await backend.usage(task, launched.handle)
+        if used is not None and used.memory_bytes > 64 << 20 and used.cpu_cores > 0.5:
+            break
+        await asyncio.sleep(0.2)
+    assert used is not None and used.memory_bytes > 64 << 20, used
+    assert 0.5 < used.cpu_cores < 1.5, used
+    await backend.kill(task, launched.handle, grace_s=1.0)
+    assert await backend.usage(task, launched.handle) is None

@@ -26,6 +26,7 @@ from trainyard_launcher.adapters.backend import (
     TaskOptions,
     TaskRef,
     TaskStatus,
+    Usage,
 )
 from trainyard_launcher.adapters.store import MemoryLauncherStore
 from trainyard_launcher.domain.frameworks import FrameworkContext
@@ -153,6 +154,9 @@ class ScriptedBackend:
         if self.status.get(ref.key, RUNNING).running:
             self.status[ref.key] = TaskStatus(running=False, exit_code=143, signal=15)
         return self.status[ref.key]
+
+    async def usage(self, ref: TaskRef, handle: TaskHandle) -> Usage | None:
+        return None
 
     async def progress(self, ref: TaskRef, handle: TaskHandle) -> Progress:
         return Progress(ref.key not in self.preparing, self.preparing.get(ref.key))

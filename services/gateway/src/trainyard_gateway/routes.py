@@ -36,7 +36,7 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     (READ, re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/log$"), "launcher"),
     (READ, re.compile(r"^/api/v1(/namespaces/[^/]+/pods(/[^/]+)?)?$"), "status"),
     # PAI-DLC (its paths as the official SDK calls them).
-    (READ, re.compile(r"^/api/v1/jobs/[^/]+/pods/[^/]+/logs$"), "launcher"),
+    (READ, re.compile(r"^/api/v1/jobs/[^/]+/(pods/[^/]+/logs|metrics)$"), "launcher"),
     (ANY, re.compile(r"^/api/v1/(datasources|codesources)(/.*)?$"), "intake"),
     (READ, re.compile(r"^/api/v1/ecsspecs$"), "status"),
     (READ, re.compile(r"^/api/v1/jobs(/.*)?$"), "status"),

@@ -4,7 +4,8 @@ in a running task."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
@@ -25,7 +26,7 @@ from trainyard_common.dialects import dlc, k8s_api
 from trainyard_common.limits import MAX_INDEX, MAX_OFFSET
 from trainyard_common.runtime import health_app
 
-from .adapters.backend import Stream, TaskBackend, TaskRef
+from .adapters.backend import Stream, TaskBackend, TaskHandle, TaskRef, Usage
 from .adapters.store import LauncherStore, task_id
 from .handlers import Deps
 from .taskexec import ExecRefused, exec_in_task
@@ -198,12 +199,57 @@ def kube_pod_logs(store: LauncherStore, backend: TaskBackend, current: Any) -> A
     return api
 
 
+# GetJobMetrics' MetricType -> the figure of a task's usage.
+JOB_METRICS: dict[str, Callable[[Usage], float]] = {
+    "CpuCoreUsage": lambda used: round(used.cpu_cores, 3),
+    "MemoryUsage": lambda used: float(used.memory_bytes),
+}
+
+
 def dlc_pod_logs(store: LauncherStore, tokens: TokenStore, backend: TaskBackend) -> APIRouter:
     """PAI-DLC's GetPodLogs at the SDK's path: a pod is one task (its PodId is
     ``dialects.dlc.pod_id``, the one GetJob shows), its log the task's stdout then
     stderr, as lines."""
     api = APIRouter(route_class=AliyunRoute)
     signed = aliyun_identity_dependency(AccessKeyStore.beside(tokens), tokens)
+
+    @api.get("/api/v1/jobs/{job_id}/metrics")
+    async def get_job_metrics(
+        job_id: str,
+        request: Request,
+        identity: Identity = Depends(signed),
+        metric_type: str = Query(alias="MetricType"),
+    ) -> dict:
+        """GetJobMetrics: each running pod's CPU (cores in use, sampled over 0.2 s) or
+        memory (resident bytes) now, one point per pod. The other metrics (GPU, network,
+        disk) are not collected here, and no history is kept: said as such."""
+        if metric_type not in JOB_METRICS:
+            raise AliyunError(
+                400,
+                "InvalidParameter",
+                f"MetricType {metric_type!r} is not collected here; "
+                f"these are: {', '.join(sorted(JOB_METRICS))}",
+            )
+        job = await store.get_job(job_id)
+        if job is None or job.spec is None or not identity.can_see(job.user):
+            raise AliyunError(404, "JobNotFound", f"job {job_id} does not exist")
+        now = int(datetime.now(UTC).timestamp() * 1000)
+        pods = []
+        for task in await store.tasks_of(job_id, job.attempt):
+            handle = TaskHandle(pid=task.pid, start_ticks=task.start_ticks, uid=task.uid)
+            used = (
+                None
+                if task.state.terminal
+                else await backend.usage(
+                    TaskRef(job_id, job.attempt, task.role, task.index), handle
+                )
+            )
+            value = None if used is None else JOB_METRICS[metric_type](used)
+            pods.append({
+                "PodId": dlc.pod_id(job_id, task.role, task.index),
+                "Metrics": [] if value is None else [{"Time": now, "Value": value}],
+            })  # fmt: skip
+        return {"JobId": job_id, "PodMetrics": pods, "RequestId": request_id(request)}
 
     @api.get("/api/v1/jobs/{job_id}/pods/{pod_id}/logs")
     async def get_pod_logs(

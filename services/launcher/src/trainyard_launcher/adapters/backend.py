@@ -62,6 +62,14 @@ class TaskHandle:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """What a running task uses now: CPU cores (over a short sample) and resident memory."""
+
+    cpu_cores: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
 class Launched:
     handle: TaskHandle
     # What the task is held to here (limits), or anything else a person should read.
@@ -226,6 +234,11 @@ class TaskBackend(Protocol):
     async def kill(self, ref: TaskRef, handle: TaskHandle, grace_s: float) -> TaskStatus: ...
 
     async def progress(self, ref: TaskRef, handle: TaskHandle) -> Progress: ...
+
+    async def usage(self, ref: TaskRef, handle: TaskHandle) -> Usage | None:
+        """What the running task uses now; None when it does not run, or where the
+        backend cannot see it (Kubernetes: the nodes' kubelets measure pods)."""
+        ...
 
     async def close_attempt(self, attempt: AttemptSpec, end: AttemptEnd) -> None:
         """Every task of the attempt has ended: remove what ``end`` leaves unneeded

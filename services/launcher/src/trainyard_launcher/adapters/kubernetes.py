@@ -78,6 +78,7 @@ from .backend import (
     TaskLaunch,
     TaskRef,
     TaskStatus,
+    Usage,
 )
 
 log = logging.getLogger("trainyard.launcher.kubernetes")
@@ -505,6 +506,10 @@ class KubernetesBackend:
 
     async def poll(self, ref: TaskRef, handle: TaskHandle) -> TaskStatus:
         return self._status(ref, handle)
+
+    async def usage(self, ref: TaskRef, handle: TaskHandle) -> Usage | None:
+        """Not measured here: the nodes' kubelets measure pods (metrics-server)."""
+        return None
 
     async def progress(self, ref: TaskRef, handle: TaskHandle) -> Progress:
         pod = self._pods.get(ref)

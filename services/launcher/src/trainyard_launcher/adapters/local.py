@@ -74,12 +74,15 @@ from .backend import (
     TaskOptions,
     TaskRef,
     TaskStatus,
+    Usage,
 )
-from .procfs import is_alive, proc_stat, session_members, start_ticks
+from .procfs import is_alive, proc_stat, session_members, session_usage, start_ticks
 from .rendezvous import reserve_port
 from .uids import TaskUids, UidsExhausted
 
 FILES_DIR = frameworkwrap.FILES_DIR
+# How long a task's CPU time is sampled for its usage (GetJobMetrics).
+USAGE_SAMPLE_S = 0.2
 
 # Launcher settings that must not reach a task (the admin token above all).
 _PRIVATE_ENV_PREFIXES = ("YARD_",)
@@ -387,6 +390,20 @@ class LocalBackend:
                 step = line.removeprefix("trainyard prepare: ").strip()[:200]
                 break
         return Progress(False, step)
+
+    async def usage(self, ref: TaskRef, handle: TaskHandle) -> Usage | None:
+        """The task's session (its command and everything it started): CPU cores over
+        a 0.2 s sample, resident memory now."""
+        if handle.pid is None or not is_alive(handle.pid, handle.start_ticks):
+            return None
+        stat = proc_stat(handle.pid)
+        if stat is None:
+            return None
+        before, _ = session_usage(stat.session)
+        await asyncio.sleep(USAGE_SAMPLE_S)
+        after, memory = session_usage(stat.session)
+        ticks = os.sysconf("SC_CLK_TCK")
+        return Usage(max(0.0, (after - before) / ticks / USAGE_SAMPLE_S), memory)
 
     async def clean_task(self, ref: TaskRef) -> list[str]:
         """Remove the task's files but its logs and records (a clean-up policy);

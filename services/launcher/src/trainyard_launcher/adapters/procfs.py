@@ -16,6 +16,8 @@ class ProcStat(NamedTuple):  # not a dataclass: importing dataclasses costs ever
     pgid: int
     session: int
     start_ticks: int
+    cpu_ticks: int = 0  # user and system time
+    rss_pages: int = 0
 
 
 def proc_stat(pid: int) -> ProcStat | None:
@@ -33,6 +35,8 @@ def proc_stat(pid: int) -> ProcStat | None:
         pgid=int(rest[2]),
         session=int(rest[3]),
         start_ticks=int(rest[19]),
+        cpu_ticks=int(rest[11]) + int(rest[12]),
+        rss_pages=int(rest[21]),
     )
 
 
@@ -48,6 +52,13 @@ def is_alive(pid: int, started: int | None) -> bool:
     if stat is None or stat.state in ("Z", "X"):
         return False
     return started is None or stat.start_ticks == started
+
+
+def session_usage(session: int) -> tuple[int, int]:
+    """CPU time (clock ticks) and resident memory (bytes) of a session's live processes."""
+    members = session_members(session)
+    page = os.sysconf("SC_PAGE_SIZE")
+    return sum(m.cpu_ticks for m in members), sum(m.rss_pages for m in members) * page
 
 
 def session_members(session: int) -> list[ProcStat]:
