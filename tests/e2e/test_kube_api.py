@@ -429,3 +429,29 @@ def test_kubeflow_training_sdk_creates_waits_reads_logs_and_deletes(
     assert api.wait(uid)["state"] in ("SUCCEEDED", "STOPPED")
     missing = kubectl(kubeconfig, "get", "pytorchjob", name)
     assert missing.returncode != 0 and "NotFound" in missing.stderr
+
+
+def test_kubectl_on_a_t9k_kind(kubeconfig: Path, api: Api) -> None:
+    name = unique("t9k")
+    job = {
+        "apiVersion": "batch.tensorstack.dev/v1beta1",
+        "kind": "GenericJob",
+        "metadata": {"name": name},
+        "spec": {
+            "successRules": [{"role": "master"}],
+            "replicaSpecs": [{
+                "type": "master", "replicas": 1,
+                "template": {"spec": {"containers": [
+                    {"name": "c", "image": "python:3.11", "command": ["sleep", "60"]}]}},
+            }],
+        },
+    }  # fmt: skip
+    assert "created" in ok(kubectl(kubeconfig, "create", "-f", "-", stdin=yaml.safe_dump(job)))
+    got = yaml.safe_load(ok(kubectl(kubeconfig, "get", "genericjob", name, "-o", "yaml")))
+    uid = got["metadata"]["uid"]
+    assert got["kind"] == "GenericJob" and got["metadata"]["generation"] == 1
+    ok(kubectl(kubeconfig, "patch", "genericjob", name, "--type=merge", "-p",
+               '{"spec":{"runMode":{"pause":{"enabled":true}}}}'))  # fmt: skip
+    assert api.wait(uid, {"PAUSED"}, 30)["state"] == "PAUSED"
+    ok(kubectl(kubeconfig, "delete", "genericjob", name))
+    assert api.wait(uid)["state"] == "STOPPED"

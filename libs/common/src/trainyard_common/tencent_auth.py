@@ -26,6 +26,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from .auth import AccessKeyStore, Identity, TokenStore
+from .parsing import BodyError, parse_json
 
 ALGORITHM = "TC3-HMAC-SHA256"
 SKEW_S = 300
@@ -51,6 +52,17 @@ def answer(body: dict[str, Any], request_id: str) -> JSONResponse:
 
 def error_answer(error: TencentError, request_id: str) -> JSONResponse:
     return answer({"Error": {"Code": error.code, "Message": error.message}}, request_id)
+
+
+def read_body(raw: bytes, limit: int = 1024 * 1024) -> dict[str, Any]:
+    """An action's JSON body (an object), bounded; TencentError says what is wrong."""
+    try:
+        body = parse_json(raw or b"{}", limit)
+    except BodyError as exc:
+        raise TencentError("InvalidParameter", f"the body cannot be read: {exc}") from exc
+    if not isinstance(body, dict):
+        raise TencentError("InvalidParameter", "the body must be a JSON object")
+    return body
 
 
 def new_request_id() -> str:

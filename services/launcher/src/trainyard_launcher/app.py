@@ -143,16 +143,9 @@ def kube_pod_logs(store: LauncherStore, backend: TaskBackend, current: Any) -> A
     def missing(name: str) -> JSONResponse:
         return JSONResponse(
             status_code=404,
-            content={
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Failure",
-                "message": f'pods "{name}" not found',
-                "reason": "NotFound",
-                "details": {"name": name, "kind": "pods"},
-                "code": 404,
-            },
+            content=k8s_api.status_object(
+                404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"}
+            ),
         )
 
     @api.get("/api/v1/namespaces/{namespace}/pods/{name}/log", response_model=None)

@@ -72,6 +72,24 @@ def lookup(group: str, version: str, plural: str) -> Served | None:
     return SERVED.get((group, version, plural))
 
 
+def status_object(
+    code: int, reason: str, message: str, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A Kubernetes ``Status``: the body of every API error (and of a delete)."""
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success" if code < 400 else "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details is not None:
+        body["details"] = details
+    return body
+
+
 # ------------------------------------------------------------------------------ discovery
 
 

@@ -85,18 +85,11 @@ def status(
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """A Kubernetes ``Status`` object, the body of every API error."""
-    body: dict[str, Any] = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Success" if code < 400 else "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    if details is not None:
-        body["details"] = details
-    return JSONResponse(status_code=code, content=body, headers=headers)
+    return JSONResponse(
+        status_code=code,
+        content=k8s_api.status_object(code, reason, message, details),
+        headers=headers,
+    )
 
 
 def _decode(raw: bytes, content_type: str) -> Any:

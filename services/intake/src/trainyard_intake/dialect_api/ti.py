@@ -14,12 +14,12 @@ from fastapi.responses import JSONResponse
 
 from trainyard_common.auth import AccessKeyStore, Identity
 from trainyard_common.dialects.ti import DIALECT, render, render_cloud, translate_ti
-from trainyard_common.parsing import BodyError, parse_json
 from trainyard_common.tencent_auth import (
     TencentError,
     answer,
     error_answer,
     new_request_id,
+    read_body,
     tencent_identity,
 )
 
@@ -118,12 +118,7 @@ def router(ctx: IntakeContext) -> APIRouter:
             if action not in ("CreateJob", "DeleteJob"):
                 raise TencentError("InvalidAction", f"the action {action!r} is not served here")
             identity = await signed(request)
-            try:
-                body = parse_json(await request.body() or b"{}", MAX_BODY)
-            except BodyError as exc:
-                raise TencentError("InvalidParameter", f"the body cannot be read: {exc}") from exc
-            if not isinstance(body, dict):
-                raise TencentError("InvalidParameter", "the body must be a JSON object")
+            body = read_body(await request.body(), MAX_BODY)
             if action == "DeleteJob":
                 name, cluster = body.get("Name"), body.get("Cluster")
                 if not isinstance(name, str) or not isinstance(cluster, str):

@@ -44,18 +44,9 @@ MAX_WATCH_S = 1800
 def status(
     code: int, reason: str, message: str, details: dict[str, Any] | None = None
 ) -> JSONResponse:
-    body: dict[str, Any] = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    if details is not None:
-        body["details"] = details
-    return JSONResponse(status_code=code, content=body)
+    return JSONResponse(
+        status_code=code, content=k8s_api.status_object(code, reason, message, details)
+    )
 
 
 def not_served(group: str, version: str, plural: str) -> JSONResponse:

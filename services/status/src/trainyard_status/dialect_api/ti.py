@@ -13,12 +13,12 @@ from fastapi.responses import JSONResponse
 from trainyard_common.auth import AccessKeyStore, Identity
 from trainyard_common.dialects.ti import DIALECT, render, render_cloud
 from trainyard_common.limits import MAX_OFFSET
-from trainyard_common.parsing import BodyError, parse_json
 from trainyard_common.tencent_auth import (
     TencentError,
     answer,
     error_answer,
     new_request_id,
+    read_body,
     tencent_identity,
 )
 
@@ -101,7 +101,7 @@ def router(ctx: StatusContext) -> APIRouter:
             if action not in ("DescribeJob", "ListJobs"):
                 raise TencentError("InvalidAction", f"the action {action!r} is not served here")
             identity = await signed(request)
-            body = _cloud_body(await request.body())
+            body = read_body(await request.body(), 64 * 1024)
             if action == "DescribeJob":
                 name, cluster = body.get("Name"), body.get("Cluster")
                 if not isinstance(name, str) or not isinstance(cluster, str):
@@ -138,13 +138,3 @@ def router(ctx: StatusContext) -> APIRouter:
     outer.include_router(api)
     outer.include_router(api_root)
     return outer
-
-
-def _cloud_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = parse_json(raw or b"{}", 64 * 1024)
-    except BodyError as exc:
-        raise TencentError("InvalidParameter", f"the body cannot be read: {exc}") from exc
-    if not isinstance(body, dict):
-        raise TencentError("InvalidParameter", "the body must be a JSON object")
-    return body
