@@ -438,7 +438,7 @@ def test_kubectl_on_a_t9k_kind(kubeconfig: Path, api: Api) -> None:
         "kind": "GenericJob",
         "metadata": {"name": name},
         "spec": {
-            "successRules": [{"role": "master"}],
+            "successRules": [{"master": [0]}],
             "replicaSpecs": [{
                 "type": "master", "replicas": 1,
                 "template": {"spec": {"containers": [
