@@ -3,6 +3,7 @@ TI's view of the job, DELETE to stop, and ``yard ti job`` as a user runs it."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from datetime import datetime
@@ -216,7 +217,7 @@ def test_tencent_cloud_sdk_creates_describes_lists_and_deletes(
 
     def request(kind: Any, **fields: Any) -> Any:
         made = kind()
-        made.from_json_string(__import__("json").dumps(fields))
+        made.from_json_string(json.dumps(fields))
         return made
 
     name = unique("cloud")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -64,8 +65,6 @@ def kubeconfig(platform: Platform, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def yard_cmd() -> list[str]:
-    import sys
-
     return [sys.executable, "-m", "trainyard_sdk"]
 
 

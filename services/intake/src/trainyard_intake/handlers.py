@@ -103,19 +103,19 @@ async def submit_job(
 
     A name another job of the user holds raises ``NameTaken`` (each API answers 409 in
     its own shape); with ``refuse_used_name`` False (a submission from the bus, which has
-    no one to answer) the job is published with that error, and validation rejects it."""
+    no one to answer) the job is published with that error, and validation rejects it.
+
+    A ``translation`` given is one the caller ``checked`` (a dialect's API that answers
+    its errors before submitting)."""
     # An unrecognisable payload is refused at the door (400), not turned into a job.
     if translation is None:
-        translation = translate(payload, dialect=dialect or detect(payload), user=identity.user)
+        found = translate(payload, dialect=dialect or detect(payload), user=identity.user)
+        translation = checked(found, payload, deps)
     if idempotency_key:
         job_id = derived_id("job", identity.user, idempotency_key)
         event_id = derived_id("submitted", job_id)
     else:
         job_id, event_id = new_id(), new_id()
-    if not translation.errors:
-        errors = cluster_errors(translation, payload, deps)
-        if errors:
-            translation = replace(translation, errors=errors)
     if translation.key is not None and not translation.errors and not refuse_used_name:
         held = await deps.names.get(identity.user, translation.key)
         if held is not None and held.job_id != job_id:
@@ -177,20 +177,21 @@ async def submit_job(
     return Submitted(job_id, translation.dialect, warnings, translation.errors, seq)
 
 
-def cluster_errors(translation: Translation, payload: Any, deps: Deps) -> list[FieldIssue]:
-    """What the cluster as configured says of a job that broke no rule of its dialect:
-    the runtime cannot run it, its queue does not exist, or it can never fit (validation
-    says the same later; a submission is answered with it at once)."""
+def checked(translation: Translation, payload: Any, deps: Deps) -> Translation:
+    """The translation with what the cluster as configured says of a job that broke no
+    rule of its dialect: the runtime cannot run it, its queue does not exist, or it can
+    never fit (validation says the same later; a submission is answered with it at once)."""
     if deps.cluster is None or translation.errors:
-        return []
+        return translation
 
     def locate(role: str | None, name: str) -> str:
         return field_path(translation.dialect, payload, role, name)
 
     spec = translation.spec
-    return runtime_errors(spec, deps.cluster.runtime, locate) or check_against_cluster(
+    errors = runtime_errors(spec, deps.cluster.runtime, locate) or check_against_cluster(
         spec, deps.cluster, locate
     )
+    return replace(translation, errors=errors) if errors else translation
 
 
 def seal_secrets(spec: JobSpec, box: SecretBox | None, job_id: str) -> JobSpec:

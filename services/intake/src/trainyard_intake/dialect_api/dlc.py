@@ -29,7 +29,7 @@ from ..adapters.sources import DocSourceRegistry, Kind, SourceRegistry
 from ..handlers import (
     JobNotFound,
     PayloadTooLarge,
-    cluster_errors,
+    checked,
     request_priority,
     request_stop,
     submit_job,
@@ -159,8 +159,10 @@ def router(ctx: IntakeContext) -> APIRouter:
         owner = None if identity.admin else identity.user
         with trace.start_as_current_span("dlc create job"):
             resolved = await _resolve(payload, owner, sources)
-            translation = dlc.translate_dlc(payload, identity.user, resolved)
-            errors = translation.errors or cluster_errors(translation, payload, ctx.deps)
+            translation = checked(
+                dlc.translate_dlc(payload, identity.user, resolved), payload, ctx.deps
+            )
+            errors = translation.errors
             if errors:
                 # DLC refuses a bad CreateJob at once; no job id is handed out for it.
                 raise AliyunError(

@@ -49,6 +49,7 @@ from ..handlers import (
     JobNotFound,
     NameTaken,
     PayloadTooLarge,
+    checked,
     request_stop,
     submit_job,
 )
@@ -251,7 +252,9 @@ def router(ctx: IntakeContext) -> APIRouter:
                 secrets.choice(alphabet) for _ in range(5)
             )
         name = text(meta.get("name"))
-        translation = translate(payload, dialect=served.dialect, user=identity.user)
+        translation = checked(
+            translate(payload, dialect=served.dialect, user=identity.user), payload, ctx.deps
+        )
         strict = strict_errors(request, served, translation.warnings)
         if strict is not None:
             return strict

@@ -33,7 +33,7 @@ from ..handlers import (
     JobNotFound,
     NameTaken,
     PayloadTooLarge,
-    cluster_errors,
+    checked,
     request_stop,
     submit_job,
 )
@@ -81,8 +81,8 @@ def router(ctx: IntakeContext) -> APIRouter:
                 else "an OpenPAI job (protocolVersion 2, or a v1 jobName and taskRoles)"
             )
             return error(400, "InvalidProtocolError", f"the body is not {expected}")
-        checked = dialect.translate(payload, identity.user)
-        errors = checked.errors or cluster_errors(checked, payload, ctx.deps)
+        translation = checked(dialect.translate(payload, identity.user), payload, ctx.deps)
+        errors = translation.errors
         if errors:
             summary = "; ".join(f"{e.path}: {e.message}" for e in errors)
             return error(
@@ -93,14 +93,18 @@ def router(ctx: IntakeContext) -> APIRouter:
             )
         try:
             result = await submit_job(
-                payload, identity, ctx.deps, dialect=dialect.name, idempotency_key=idempotency_key
+                payload,
+                identity,
+                ctx.deps,
+                translation=translation,
+                idempotency_key=idempotency_key,
             )
         except PayloadTooLarge as exc:
             return error(413, "RequestEntityTooLarge", str(exc))
         except NameTaken:
             # As OpenPAI's rest-server answers a framework that already exists.
-            return error(409, "ConflictJobError", f"Job {checked.spec.name} already exists.")
-        return result.job_id, checked.spec.name
+            return error(409, "ConflictJobError", f"Job {translation.spec.name} already exists.")
+        return result.job_id, translation.spec.name
 
     @api.post("/api/v2/jobs", status_code=202)
     async def submit_v2(

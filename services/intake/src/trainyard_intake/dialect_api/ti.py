@@ -13,7 +13,7 @@ from fastapi import APIRouter, Body, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from trainyard_common.auth import AccessKeyStore, Identity
-from trainyard_common.dialects.ti import DIALECT, render, render_cloud, translate_ti
+from trainyard_common.dialects.ti import render, render_cloud, translate_ti
 from trainyard_common.tencent_auth import (
     TencentError,
     answer,
@@ -27,7 +27,7 @@ from ..handlers import (
     JobNotFound,
     NameTaken,
     PayloadTooLarge,
-    cluster_errors,
+    checked,
     request_stop,
     submit_job,
 )
@@ -47,20 +47,20 @@ def router(ctx: IntakeContext) -> APIRouter:
     ) -> JSONResponse:
         # TI answers a malformed job at once, field by field, as tictl expects, and one
         # the cluster as configured can never run (its queue, capacity) or a name in use.
-        checked = translate_ti(payload, identity.user)
-        errors = checked.errors or cluster_errors(checked, payload, ctx.deps)
+        found = checked(translate_ti(payload, identity.user), payload, ctx.deps)
+        errors = found.errors
         if errors:
             raise HTTPException(
                 400,
                 {
                     "message": "invalid TI job",
                     "errors": [e.model_dump() for e in errors],
-                    "warnings": [w.model_dump() for w in checked.warnings],
+                    "warnings": [w.model_dump() for w in found.warnings],
                 },
             )
         try:
             result = await submit_job(
-                payload, identity, ctx.deps, dialect=DIALECT, idempotency_key=idempotency_key
+                payload, identity, ctx.deps, translation=found, idempotency_key=idempotency_key
             )
         except PayloadTooLarge as exc:
             raise HTTPException(413, str(exc)) from exc
@@ -68,16 +68,15 @@ def router(ctx: IntakeContext) -> APIRouter:
             raise HTTPException(
                 409,
                 {
-                    "message": f"job name {checked.spec.name!r} is already used by job "
-                    f"{exc.holder}",
+                    "message": f"job name {found.spec.name!r} is already used by job {exc.holder}",
                     "errors": [{"path": "$.name", "message": "already used", "code": "name_taken"}],
                 },
             ) from exc
         view = render(
             {
                 "id": result.job_id,
-                "name": checked.spec.name,
-                "queue": checked.spec.queue,
+                "name": found.spec.name,
+                "queue": found.spec.queue,
                 "state": "SUBMITTED",
                 "submitted_at": datetime.now(UTC),
                 "original": payload,
@@ -137,29 +136,27 @@ def router(ctx: IntakeContext) -> APIRouter:
                         "ResourceNotFound", f"job {name!r} does not exist in cluster {cluster!r}"
                     )
                 return answer({}, rid)
-            checked = translate_ti(body, identity.user)
-            errors = checked.errors or cluster_errors(checked, body, ctx.deps)
+            found = checked(translate_ti(body, identity.user), body, ctx.deps)
+            errors = found.errors
             if errors:
                 raise TencentError(
                     "InvalidParameterValue",
                     "; ".join(f"{e.path}: {e.message}" for e in errors),
                 )
             try:
-                result = await submit_job(
-                    body, identity, ctx.deps, dialect=DIALECT, translation=checked
-                )
+                result = await submit_job(body, identity, ctx.deps, translation=found)
             except PayloadTooLarge as exc:
                 raise TencentError("InvalidParameter", str(exc)) from exc
             except NameTaken as exc:
                 raise TencentError(
                     "ResourceInUse",
-                    f"job {checked.spec.name!r} already exists in cluster "
-                    f"{checked.spec.queue!r} (job {exc.holder})",
+                    f"job {found.spec.name!r} already exists in cluster "
+                    f"{found.spec.queue!r} (job {exc.holder})",
                 ) from exc
             view = {
                 "id": result.job_id,
-                "name": checked.spec.name,
-                "queue": checked.spec.queue,
+                "name": found.spec.name,
+                "queue": found.spec.queue,
                 "state": "SUBMITTED",
                 "submitted_at": datetime.now(UTC),
                 "original": body,

@@ -170,6 +170,31 @@ def _master_port(
     return (master, port) if port is not None else None
 
 
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where a task meets its peers: rank 0's task and port, and every task by rank."""
+
+    master: TaskPlacement
+    port: int
+    ranked: list[TaskPlacement]
+    rank: int  # this task's
+
+
+def _rendezvous(
+    spec: JobSpec,
+    tasks: list[TaskPlacement],
+    role: str,
+    index: int,
+    context: FrameworkContext | None,
+) -> Rendezvous | None:
+    found = _master_port(spec, tasks, context)
+    if found is None:
+        return None
+    ranked = ranked_tasks(spec, tasks)
+    rank = next(i for i, t in enumerate(ranked) if t.role == role and t.index == index)
+    return Rendezvous(found[0], found[1], ranked, rank)
+
+
 def _is_elastic(spec: JobSpec) -> bool:
     return spec.run_mode is RunMode.ELASTIC or any(
         r.min_replicas is not None or r.max_replicas is not None for r in spec.roles
@@ -185,12 +210,10 @@ def torch_env(
 ) -> dict[str, str]:
     """torch.distributed's env:// variables and torchrun's options (``PET_<OPTION>``,
     which torchrun reads for each of its command-line options), one node per task."""
-    found = _master_port(spec, tasks, context)
-    if found is None:
+    meet = _rendezvous(spec, tasks, role, index, context)
+    if meet is None:
         return {}
-    master, port = found
-    ranked = ranked_tasks(spec, tasks)
-    rank = next(i for i, t in enumerate(ranked) if t.role == role and t.index == index)
+    master, port, ranked, rank = meet.master, meet.port, meet.ranked, meet.rank
     current = spec.role(role)
     nproc = max(1, int(current.resources.gpu))
     env = {
@@ -235,12 +258,10 @@ def xgboost_env(
 ) -> dict[str, str]:
     """The Rabit tracker's DMLC_* (rank 0's wrapper runs the tracker on MASTER_PORT) and
     Kubeflow XGBoostJob's MASTER_*/WORKER_* variables."""
-    found = _master_port(spec, tasks, context)
-    if found is None:
+    meet = _rendezvous(spec, tasks, role, index, context)
+    if meet is None:
         return {}
-    master, port = found
-    ranked = ranked_tasks(spec, tasks)
-    rank = next(i for i, t in enumerate(ranked) if t.role == role and t.index == index)
+    master, port, ranked, rank = meet.master, meet.port, meet.ranked, meet.rank
     workers = [t for t in ranked if not (t.role == master.role and t.index == master.index)]
     return {
         "DMLC_TRACKER_URI": master.host_ip,
@@ -267,15 +288,14 @@ def paddle_env(
 ) -> dict[str, str]:
     """Kubeflow PaddleJob's variables, which ``paddle.distributed.launch`` reads: the
     rendezvous at the Master (parameter-server mode) or Worker 0 (collective mode)."""
-    found = _master_port(spec, tasks, context)
-    if found is None:
+    meet = _rendezvous(spec, tasks, role, index, context)
+    if meet is None:
         return {}
-    master, port = found
     env = {
         "PYTHONUNBUFFERED": "0",
         "PADDLE_JOB_ID": spec.name,
-        "PADDLE_NNODES": str(len(ranked_tasks(spec, tasks))),
-        "PADDLE_MASTER": f"{master.host_ip}:{port}",
+        "PADDLE_NNODES": str(len(meet.ranked)),
+        "PADDLE_MASTER": f"{meet.master.host_ip}:{meet.port}",
     }
     if _role_named(spec, ("master",)) is not None:
         # Parameter-server mode: each task is one server (the Master) or one trainer.
@@ -293,12 +313,10 @@ def jax_env(
 ) -> dict[str, str]:
     """Kubeflow JAXJob's variables for ``jax.distributed.initialize``: the coordinator is
     Worker 0."""
-    found = _master_port(spec, tasks, context)
-    if found is None:
+    meet = _rendezvous(spec, tasks, role, index, context)
+    if meet is None:
         return {}
-    master, port = found
-    ranked = ranked_tasks(spec, tasks)
-    rank = next(i for i, t in enumerate(ranked) if t.role == role and t.index == index)
+    master, port, ranked, rank = meet.master, meet.port, meet.ranked, meet.rank
     return {
         "PYTHONUNBUFFERED": "1",
         "COORDINATOR_ADDRESS": master.host_ip,

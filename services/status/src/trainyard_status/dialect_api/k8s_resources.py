@@ -65,7 +65,9 @@ def router(ctx: StatusContext) -> APIRouter:
     api = APIRouter(tags=["kubernetes-style resources"])
     views = ctx.views
 
-    async def resource(doc: dict[str, Any], served: Served) -> dict[str, Any]:
+    async def resource_view(doc: dict[str, Any]) -> dict[str, Any]:
+        """The canonical view a dialect renders a resource from, with the API server's
+        fields (the resource as it now is, its version and generation)."""
         view = await ctx.full_view(doc)
         original = doc.get("original_json")
         view["original"] = json.loads(original) if original else {}
@@ -73,7 +75,10 @@ def router(ctx: StatusContext) -> APIRouter:
         view["generation"] = doc.get("generation") or 1
         if doc.get("deleted_at"):
             view["deleted_at"] = doc["deleted_at"]
-        return jsonable_encoder(served.render(served.plural, view))
+        return view
+
+    async def resource(doc: dict[str, Any], served: Served) -> dict[str, Any]:
+        return jsonable_encoder(served.render(served.plural, await resource_view(doc)))
 
     def mine(doc: dict[str, Any], identity: Identity) -> bool:
         return identity.admin or doc.get("user") == identity.user
@@ -324,9 +329,7 @@ def router(ctx: StatusContext) -> APIRouter:
     kubeflow_kinds = [s for s in k8s_api.SERVED.values() if s.group == kubeflow.GROUP]
 
     async def pods_of(doc: dict[str, Any], served: Served) -> list[dict[str, Any]]:
-        view = await ctx.full_view(doc)
-        original = doc.get("original_json")
-        view["original"] = json.loads(original) if original else {}
+        view = await resource_view(doc)
         resource = jsonable_encoder(served.render(served.plural, view))
         spec = view.get("spec") or {}
         roles = {str(r.get("name")): r for r in spec.get("roles") or [] if isinstance(r, dict)}
