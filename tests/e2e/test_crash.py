@@ -189,7 +189,7 @@ EVERY_JOB_EVENT = {"JobSubmitted", "JobAccepted", "JobPlaced", "JobFinished"}
 
 
 def settled_history(
-    api: Api, job_id: str, transitions: int = 6, timeout: float = 90.0
+    api: Api, job_id: str, transitions: int = 6, timeout: float = 180.0
 ) -> list[dict]:
     """The job's history once every event has reached status. Messages a killed
     consumer had fetched but not acked come back only after JetStream's ack wait
