@@ -161,3 +161,23 @@ def test_a_job_whose_budget_runs_out_fails_naming_its_attempts(
     assert counts["JobRetrying"] == 1 and counts["JobFinished"] == 1 and counts["JobPlaced"] == 2, (
         counts
     )
+
+
+def test_retry_count_minus_two_runs_a_job_again_after_each_success_until_stopped(
+    retry_api: Api,
+) -> None:
+    # OpenPAI v1 retryCount -2: the framework is restarted after every end (a service).
+    job_id = retry_api.submit(openpai("runs-again", "true", -2))
+    deadline = time.monotonic() + 60
+    view = retry_api.job(job_id)
+    while view["attempt"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        view = retry_api.job(job_id)
+    assert view["attempt"] >= 3, view
+    retry_api.stop(job_id)
+    view = retry_api.wait(job_id, timeout=60)
+    assert view["state"] == "STOPPED", view
+    ended = [a for a in view["attempts"] if a["attempt"] < 3]
+    assert [(a["state"], a["failure_class"]) for a in ended] == [("SUCCEEDED", None)] * 2, view
+    assert all(a["reason"].startswith(f"attempt {a['attempt']} succeeded") for a in ended)
+    assert types(retry_api, job_id)["JobFinished"] == 1

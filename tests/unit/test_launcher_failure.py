@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from trainyard_common.events import FailureClass, JobState, TaskState
-from trainyard_common.jobspec import JobSpec, RestartPolicy, RoleSpec
+from trainyard_common.jobspec import RETRY_ALWAYS, RETRY_UNLIMITED, JobSpec, RestartPolicy, RoleSpec
 from trainyard_launcher.domain.completion import TaskOutcome, Verdict, decide
 from trainyard_launcher.domain.failure import (
     EndKind,
@@ -279,3 +279,31 @@ def test_the_budget_counts_retries_spent_not_attempts_started() -> None:
     verdict = verdict_of(spec, outcomes)
     assert retry_decision(spec, 3, verdict, outcomes, now=NOW) is None
     assert retry_decision(spec, 3, verdict, outcomes, now=NOW, retries_used=0) is not None
+
+
+def test_an_unlimited_budget_retries_every_failure_a_new_attempt_may_mend() -> None:
+    # OpenPAI retryCount -1: no limit on the count, the rules on whose failure stay.
+    spec = job(RETRY_UNLIMITED, F)
+    outcomes = {("w", 0): failed(1)}
+    verdict, retry = judge(spec, 40, verdict_of(spec, outcomes), outcomes, now=NOW)
+    assert retry is not None and retry.attempt == 41
+    assert "retrying as attempt 41 without limit" in retry.reason
+    outcomes = {("w", 0): failed(127)}
+    assert retry_decision(spec, 1, verdict_of(spec, outcomes), outcomes, now=NOW) is None
+
+
+def test_retry_always_runs_the_job_again_after_every_end_but_a_stop() -> None:
+    # OpenPAI retryCount -2 (FrameworkLauncher's extended unlimited): success too, and a
+    # failure the other rules would not retry; only a stop ends the job.
+    spec = job(RETRY_ALWAYS, N)
+    verdict = Verdict(JobState.SUCCEEDED, "1 of 1 w task(s) succeeded")
+    kept, retry = judge(spec, 3, verdict, {}, now=NOW, base_s=2.0)
+    assert kept == verdict
+    assert retry is not None and (retry.attempt, retry.failure_class) == (4, None)
+    assert retry.not_before == NOW + timedelta(seconds=2.0)
+    assert retry.reason.startswith("attempt 3 succeeded")
+    outcomes = {("w", 0): failed(127)}
+    retry = retry_decision(spec, 5, verdict_of(spec, outcomes), outcomes, now=NOW)
+    assert retry is not None and retry.failure_class is USER
+    stopped = Verdict(JobState.STOPPED, "stopped by its user")
+    assert judge(spec, 1, stopped, {}, now=NOW) == (stopped, None)

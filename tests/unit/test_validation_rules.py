@@ -281,7 +281,8 @@ OPENPAI_RULES = [
         with_(("taskRoles.0.minSucceededTaskCount", None)),
     ),
     ("gpuType string", with_(("gpuType", ["TITANX"])), "$.gpuType", with_(("gpuType", DELETE))),
-    ("retryCount >= 0", with_(("retryCount", -1)), "$.retryCount", with_(("retryCount", 5))),
+    ("retryCount >= -2", with_(("retryCount", -3)), "$.retryCount", with_(("retryCount", -2))),
+    ("retryCount <= 10", with_(("retryCount", 11)), "$.retryCount", with_(("retryCount", 10))),
     (
         "retryCount integer",
         with_(("retryCount", "3")),

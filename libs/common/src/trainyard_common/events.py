@@ -204,14 +204,18 @@ class JobFinished(Event):
 
 class JobRetrying(Event):
     """An attempt failed and the job runs again as a new attempt (in place of JobFinished
-    for that attempt): placement re-queues it, not before ``not_before``."""
+    for that attempt): placement re-queues it, not before ``not_before``. A job whose
+    retry limit is RETRY_ALWAYS (OpenPAI retryCount -2) runs again after a success too:
+    its JobRetrying has no failure class."""
 
     type: Literal["JobRetrying"] = "JobRetrying"
     subject_suffix: ClassVar[str] = "retrying"
     attempt: int = Field(description="The new attempt.")
     previous_attempt: int
     reason: str
-    failure_class: FailureClass
+    failure_class: FailureClass | None = Field(
+        description="None: the previous attempt succeeded (retryCount -2 runs it again)."
+    )
     not_before: datetime = Field(description="The new attempt is not placed before this time.")
 
 

@@ -169,6 +169,10 @@ class RoleSpec(Model):
         return self.container_form and not self.entrypoint
 
 
+RETRY_UNLIMITED = -1
+RETRY_ALWAYS = -2
+
+
 class JobSpec(Model):
     name: str
     kind: JobKind = JobKind.GENERIC
@@ -192,7 +196,10 @@ class JobSpec(Model):
     pip_packages: list[str] = Field(default_factory=list)
     pip_requirements_dir: str | None = None
     max_running_minutes: int | None = None
-    retry_limit: int = 0
+    # How many times a failed attempt runs again; RETRY_UNLIMITED: without limit,
+    # RETRY_ALWAYS: after every end, success too, until the job is stopped (OpenPAI's
+    # retryCount -1 and -2).
+    retry_limit: int = Field(0, ge=-2)
     keep_failed_for_debug: bool = False
     # What to remove when the job ends (T9k cleanUpPolicy: None, All, Unfinished).
     cleanup_policy: str | None = None

@@ -14,7 +14,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..events import FieldIssue
-from ..jobspec import JobSpec, PortSpec, Resources, RestartPolicy, RoleSpec, env_list
+from ..jobspec import (
+    RETRY_ALWAYS,
+    JobSpec,
+    PortSpec,
+    Resources,
+    RestartPolicy,
+    RoleSpec,
+    env_list,
+)
 from .registry import Dialect
 from .translation import (
     JOB_NAME_RE,
@@ -136,7 +144,10 @@ def check_openpai(payload: Any) -> Issues:
     issues.string(payload, "image", "$", required=True, non_blank=True)
     for key in ("authFile", "dataDir", "outputDir", "codeDir", "virtualCluster", "gpuType"):
         issues.string(payload, key, "$", required=False)
-    issues.integer(payload, "retryCount", "$", required=False, minimum=0)
+    # OpenPAI's own schema (rest-server job config): -2 to 10. -1 retries a failed job
+    # without limit, -2 runs it again after every end, success too (FrameworkLauncher's
+    # unlimited and extended-unlimited retry counts).
+    issues.integer(payload, "retryCount", "$", required=False, minimum=RETRY_ALWAYS, maximum=10)
     _check_job_envs(payload, issues)
     if (
         "extras" in payload
@@ -398,7 +409,7 @@ def translate_openpai(payload: Any, user: str = "") -> Translation:
         data_dir=_text(payload.get("dataDir")),
         output_dir=_text(payload.get("outputDir")),
         auth_file=_text(payload.get("authFile")),
-        retry_limit=_int(payload.get("retryCount"), 0, 0),
+        retry_limit=_int(payload.get("retryCount"), 0, RETRY_ALWAYS),
         keep_failed_for_debug=envs.get("isDebug") is True,
         roles=roles,
     )

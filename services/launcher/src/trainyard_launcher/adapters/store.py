@@ -221,7 +221,7 @@ def _retry_doc(retry: Retry | None) -> dict[str, Any] | None:
         "attempt": retry.attempt,
         "backoff_s": retry.backoff_s,
         "reason": retry.reason,
-        "failure_class": retry.failure_class.value,
+        "failure_class": retry.failure_class and retry.failure_class.value,
         "not_before": retry.not_before,
     }
 
@@ -233,7 +233,7 @@ def _retry(doc: dict[str, Any] | None) -> Retry | None:
         int(doc["attempt"]),
         float(doc["backoff_s"]),
         doc["reason"],
-        FailureClass(doc["failure_class"]),
+        _failure_class(doc.get("failure_class")),
         doc.get("not_before"),
     )
 

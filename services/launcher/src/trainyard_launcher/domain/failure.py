@@ -7,7 +7,9 @@ retried as a whole new attempt (``Retry``) or the job fails for good, with a rea
 says why it was not retried. The rules, and why, are in docs/lifecycle.md ("Failures and
 retries"); in short:
 
-- PLATFORM failures are retried while the budget (``spec.retry_limit``) lasts;
+- PLATFORM failures are retried while the budget (``spec.retry_limit``) lasts, for
+  ever with RETRY_UNLIMITED; with RETRY_ALWAYS every end runs again, a success and a
+  user's failure too (OpenPAI's retryCount -1 and -2);
 - UNKNOWN failures too (OpenPAI retries its unknown failures up to ``retryCount``, and a
   failure nobody can pin on the user should not be held against them), except where
   the role's restart policy is ``ExitCode`` and the exit code is not a retryable one;
@@ -29,7 +31,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from trainyard_common.events import FailureClass, JobState, TaskState
-from trainyard_common.jobspec import JobSpec, RestartPolicy
+from trainyard_common.jobspec import RETRY_ALWAYS, RETRY_UNLIMITED, JobSpec, RestartPolicy
 
 from .completion import TaskKey, TaskOutcome, Verdict
 
@@ -149,7 +151,7 @@ class Retry:
     attempt: int
     backoff_s: float
     reason: str
-    failure_class: FailureClass
+    failure_class: FailureClass | None  # None: a success that runs again (RETRY_ALWAYS)
     not_before: datetime | None = None
 
 
@@ -254,19 +256,30 @@ def judge(
     ``retries_used`` is the budget spent so far: attempt - 1 while every new attempt
     comes from a failure (a preemption or a manual restart would start one without
     spending it)."""
+    always = spec.retry_limit == RETRY_ALWAYS
+    if verdict.state is JobState.SUCCEEDED and always:
+        # FrameworkLauncher's extended-unlimited retry: the job runs until it is stopped.
+        wait = base_s
+        reason = (
+            f"attempt {attempt} succeeded: {verdict.reason}; running again as attempt "
+            f"{attempt + 1} after {wait:g}s (retryCount -2: after every end, until stopped)"
+        )
+        return verdict, Retry(attempt + 1, wait, reason, None, now + timedelta(seconds=wait))
     if verdict.state is not JobState.FAILED:
         return verdict, None
     failure = deciding_failure(verdict, outcomes)
     verdict = dataclasses.replace(verdict, failure_class=failure.failure_class)
     used = attempt - 1 if retries_used is None else retries_used
-    refusal = _refusal(spec, failure, verdict)
-    if refusal is None and used < spec.retry_limit:
+    # Extended-unlimited retries every end, whoever's failure it was (no fancy policy).
+    refusal = None if always else _refusal(spec, failure, verdict)
+    unlimited = spec.retry_limit in (RETRY_UNLIMITED, RETRY_ALWAYS)
+    if refusal is None and (unlimited or used < spec.retry_limit):
         # Counted in failures, not attempts: an interrupted attempt lengthens no backoff.
         wait = backoff_s(used + 1, base_s)
+        bound = "without limit" if unlimited else f"of at most {attempt + spec.retry_limit - used}"
         reason = (
             f"attempt {attempt} failed ({failure.failure_class.value} failure): "
-            f"{verdict.reason}; retrying as attempt {attempt + 1} of at most "
-            f"{attempt + spec.retry_limit - used} after {wait:g}s"
+            f"{verdict.reason}; retrying as attempt {attempt + 1} {bound} after {wait:g}s"
         )
         return verdict, Retry(
             attempt + 1, wait, reason, failure.failure_class, now + timedelta(seconds=wait)

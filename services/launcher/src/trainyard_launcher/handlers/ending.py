@@ -13,6 +13,7 @@ from trainyard_common.events import (
     JobState,
     TaskState,
 )
+from trainyard_common.jobspec import RETRY_ALWAYS
 
 from ..adapters.backend import (
     AttemptEnd,
@@ -162,7 +163,10 @@ async def finish_with(
     """Store the attempt's end (and, for a failure that runs again, its retry), then
     publish it. A retry's not_before is fixed here, once, so a re-publish is the same."""
     retry = None
-    if verdict.state == JobState.FAILED and job.spec is not None:
+    if job.spec is not None and (
+        verdict.state == JobState.FAILED
+        or (verdict.state == JobState.SUCCEEDED and job.spec.retry_limit == RETRY_ALWAYS)
+    ):
         if outcomes is None:
             outcomes = _outcomes(await deps.store.tasks_of(job.job_id, job.attempt))
         # Attempts started by a pause, a preemption or a scale spent no retry.

@@ -68,7 +68,8 @@ def observations(event: Event, job: dict[str, Any] | None) -> list[Observation]:
             failure = event.failure_class.value if event.failure_class else NONE
             return [Observation(TASK_EXITS, (event.state.value.lower(), failure))]
         case JobRetrying():
-            return [Observation(RETRIES, (event.failure_class.value,))]
+            failure = event.failure_class.value if event.failure_class else NONE
+            return [Observation(RETRIES, (failure,))]
         case JobInterrupted():
             return [Observation(INTERRUPTIONS, (event.cause.value,))]
     return []

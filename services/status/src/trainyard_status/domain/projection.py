@@ -299,10 +299,12 @@ def project(event: Event) -> Changes:
                     add_to_set={
                         "attempts": {
                             "attempt": event.previous_attempt,
-                            "state": JobState.FAILED.value,
+                            "state": (
+                                JobState.FAILED if event.failure_class else JobState.SUCCEEDED
+                            ).value,  # fmt: skip
                             "reason": event.reason,
                             "exit_code": None,
-                            "failure_class": event.failure_class.value,
+                            "failure_class": event.failure_class and event.failure_class.value,
                             "ended_at": at,
                             "retried_as": event.attempt,
                             "not_before": event.not_before,
