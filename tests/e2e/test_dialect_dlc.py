@@ -354,9 +354,15 @@ def test_update_job_pod_events_ecs_specs_and_list_filters(client: Client, api: A
     gpus = client.list_ecs_specs(
         dlc_models.ListEcsSpecsRequest(accelerator_type="GPU", page_size=100)
     ).body
-    assert gpus.total_count == len(gpus.ecs_specs) > 0
+    assert gpus.total_count > len(gpus.ecs_specs) == 100  # Alibaba's GPU families
     assert all(spec.gpu > 0 for spec in gpus.ecs_specs)
-    assert "ecs.gn6e-c12g1.3xlarge" in [spec.instance_type for spec in gpus.ecs_specs]
+    a10 = client.list_ecs_specs(
+        dlc_models.ListEcsSpecsRequest(instance_types="ecs.gn7i-c8g1.2xlarge,ecs.g6.large")
+    ).body
+    assert [(s.cpu, s.memory, s.gpu, s.gpu_type, s.gpu_memory) for s in a10.ecs_specs] == [
+        (2, 8, 0, "", 0),
+        (8, 30, 1, "A10", 24),
+    ]
     client.stop_job(created.job_id)
 
 

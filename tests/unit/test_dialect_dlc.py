@@ -441,3 +441,38 @@ def test_sdk_models_read_the_views() -> None:
     assert item.data_source_id == "d-1" and item.gmt_create_time == "2024-01-01T00:00:00Z"
     code = sdk.CodeSourceItem().from_map(dlc.render_code_source({"_id": "code-1"}))
     assert code.code_source_id == "code-1"
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "expected"),
+    [
+        # Figures of Alibaba Cloud's "GPU-accelerated compute-optimized instance families".
+        ("ecs.gn5-c8g1.2xlarge", dlc.EcsType(8, 60, 1, "P100", 16)),
+        ("ecs.gn5i-c2g1.large", dlc.EcsType(2, 8, 1, "P4", 8)),
+        ("ecs.gn6v-c8g1.16xlarge", dlc.EcsType(64, 256, 8, "V100", 16)),
+        ("ecs.gn6e-c12g1.3xlarge", dlc.EcsType(12, 92, 1, "V100", 32)),
+        ("ecs.gn6i-c4g1.xlarge", dlc.EcsType(4, 15, 1, "T4", 16)),
+        ("ecs.gn7-c13g1.26xlarge", dlc.EcsType(104, 756, 8, "A100", 40)),
+        ("ecs.gn7i-c8g1.2xlarge", dlc.EcsType(8, 30, 1, "A10", 24)),
+        ("ecs.gn7i-c32g1.32xlarge", dlc.EcsType(128, 752, 4, "A10", 24)),
+        ("ecs.gn7s-c8g1.2xlarge", dlc.EcsType(8, 60, 1, "A30", 24)),
+        ("ecs.gn8is.2xlarge", dlc.EcsType(8, 64, 1, "L20", 48)),
+        # The table gives 80 GB per GPU but names no model: any GPU of the cluster.
+        ("ecs.gn7e-c16g1.4xlarge", dlc.EcsType(16, 125, 1, None, 80)),
+        ("ecs.gn8v-8x.48xlarge", dlc.EcsType(192, 1024, 8, None, 96)),
+        ("ecs.g6.large", dlc.EcsType(2, 8)),
+    ],
+)
+def test_the_built_in_catalog_has_alibabas_gpu_families(
+    instance_type: str, expected: dlc.EcsType
+) -> None:
+    assert dlc.BUILTIN_CATALOG[instance_type] == expected
+
+
+def test_every_built_in_gpu_type_says_how_many_gpus_and_their_memory() -> None:
+    families = {name.split(".")[1].split("-")[0] for name in dlc.BUILTIN_CATALOG}
+    assert {"gn5", "gn5i", "gn6v", "gn6e", "gn6i", "gn7", "gn7i", "gn7e", "gn7s"} <= families
+    assert {"gn8is", "gn8v", "ebmgn7e"} <= families
+    for name, ecs in dlc.BUILTIN_CATALOG.items():
+        if ".gn" in name or "ebmgn" in name or "sccgn" in name:
+            assert ecs.gpu >= 1 and ecs.gpu_memory_gib, name

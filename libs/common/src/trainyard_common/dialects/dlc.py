@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -121,53 +122,14 @@ class EcsType:
     memory_gib: float
     gpu: float = 0
     gpu_type: str | None = None
+    gpu_memory_gib: float | None = None  # per GPU
 
 
-# Figures from Alibaba Cloud's ECS instance-family pages: general purpose g6 (1:4) and
-# compute c6 (1:2) from "Instance families" (help.aliyun.com/document_detail/25378.html);
-# the GPU families gn6e (V100 32 GB), gn6v (V100 16 GB), gn6i (T4) and gn7 (A100) from
-# "GPU-accelerated compute-optimized instance families" (document_detail/108490.html).
-# ecs.gn6e-c12g1.3xlarge is also the seed's example (one V100). A deployment corrects
-# or extends the table with YARD_DLC_ECS_CATALOG.
-BUILTIN_CATALOG: dict[str, EcsType] = {
-    "ecs.g6.large": EcsType(2, 8),
-    "ecs.g6.xlarge": EcsType(4, 16),
-    "ecs.g6.2xlarge": EcsType(8, 32),
-    "ecs.g6.3xlarge": EcsType(12, 48),
-    "ecs.g6.4xlarge": EcsType(16, 64),
-    "ecs.g6.6xlarge": EcsType(24, 96),
-    "ecs.g6.8xlarge": EcsType(32, 128),
-    "ecs.c6.large": EcsType(2, 4),
-    "ecs.c6.xlarge": EcsType(4, 8),
-    "ecs.c6.2xlarge": EcsType(8, 16),
-    "ecs.c6.3xlarge": EcsType(12, 24),
-    "ecs.c6.4xlarge": EcsType(16, 32),
-    "ecs.c6.6xlarge": EcsType(24, 48),
-    "ecs.c6.8xlarge": EcsType(32, 64),
-    "ecs.gn6e-c12g1.3xlarge": EcsType(12, 92, 1, "V100"),
-    "ecs.gn6e-c12g1.12xlarge": EcsType(48, 368, 4, "V100"),
-    "ecs.gn6e-c12g1.24xlarge": EcsType(96, 736, 8, "V100"),
-    "ecs.gn6v-c8g1.2xlarge": EcsType(8, 32, 1, "V100"),
-    "ecs.gn6v-c8g1.8xlarge": EcsType(32, 128, 4, "V100"),
-    "ecs.gn6v-c8g1.16xlarge": EcsType(64, 256, 8, "V100"),
-    "ecs.gn6i-c4g1.xlarge": EcsType(4, 15, 1, "T4"),
-    "ecs.gn6i-c8g1.2xlarge": EcsType(8, 31, 1, "T4"),
-    "ecs.gn6i-c16g1.4xlarge": EcsType(16, 62, 1, "T4"),
-    "ecs.gn6i-c24g1.6xlarge": EcsType(24, 93, 1, "T4"),
-    "ecs.gn6i-c24g1.12xlarge": EcsType(48, 186, 2, "T4"),
-    "ecs.gn6i-c24g1.24xlarge": EcsType(96, 372, 4, "T4"),
-    "ecs.gn7-c12g1.3xlarge": EcsType(12, 94, 1, "A100"),
-    "ecs.gn7-c13g1.13xlarge": EcsType(52, 378, 4, "A100"),
-    "ecs.gn7-c13g1.26xlarge": EcsType(104, 756, 8, "A100"),
-}
-
-
-def parse_catalog(
-    document: Any, base: Mapping[str, EcsType] = BUILTIN_CATALOG
-) -> dict[str, EcsType]:
-    """A catalog file's entries over ``base``. The file maps instance types to
-    ``{cpu, memory_gib, gpu, gpu_type}``; ValueError names a bad entry."""
-    catalog = dict(base)
+def parse_catalog(document: Any, base: Mapping[str, EcsType] | None = None) -> dict[str, EcsType]:
+    """A catalog file's entries over ``base`` (the built-in table by default). The file
+    maps instance types to ``{cpu, memory_gib, gpu, gpu_type, gpu_memory_gib}``;
+    ValueError names a bad entry."""
+    catalog = dict(BUILTIN_CATALOG if base is None else base)
     if document is None:
         return catalog
     if not isinstance(document, dict):
@@ -181,12 +143,23 @@ def parse_catalog(
                 memory_gib=float(entry["memory_gib"]),
                 gpu=float(entry.get("gpu", 0) or 0),
                 gpu_type=entry.get("gpu_type"),
+                gpu_memory_gib=None
+                if entry.get("gpu_memory_gib") is None
+                else float(entry["gpu_memory_gib"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(
                 f"{CATALOG_ENV}: {name!r} needs numeric cpu and memory_gib ({exc!r})"
             ) from None
     return catalog
+
+
+# The instance types of Alibaba Cloud's public spec tables (dlc_ecs_types.yaml says
+# which, and from where).
+BUILTIN_CATALOG: dict[str, EcsType] = parse_catalog(
+    yaml.safe_load(resources.files(__package__).joinpath("dlc_ecs_types.yaml").read_text()),
+    {},
+)
 
 
 @lru_cache(maxsize=4)
@@ -1092,12 +1065,11 @@ def render_ecs_specs(
             {
                 "InstanceType": name,
                 "AcceleratorType": kind,
-                "Cpu": int(ecs.cpu) if float(ecs.cpu).is_integer() else ecs.cpu,
-                "Memory": int(ecs.memory_gib)
-                if float(ecs.memory_gib).is_integer()
-                else ecs.memory_gib,
-                "Gpu": int(ecs.gpu) if float(ecs.gpu).is_integer() else ecs.gpu,
+                "Cpu": _whole(ecs.cpu),
+                "Memory": _whole(ecs.memory_gib),
+                "Gpu": _whole(ecs.gpu),
                 "GpuType": ecs.gpu_type or "",
+                "GpuMemory": _whole(ecs.gpu_memory_gib) if ecs.gpu_memory_gib else 0,
                 "IsAvailable": True,
                 "ResourceType": "ECS",
                 "PaymentTypes": ["PostPaid"],
@@ -1107,3 +1079,7 @@ def render_ecs_specs(
     specs.sort(key=lambda item: (item[key], item["InstanceType"]), reverse=not ascending)
     start = (page - 1) * size
     return {"EcsSpecs": specs[start : start + size], "TotalCount": len(specs)}
+
+
+def _whole(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
