@@ -139,6 +139,19 @@ def test_runtime_plugins_in_extras_are_kept_and_warned_about() -> None:
     assert t.spec.roles[0].min_succeeded is None  # -1
 
 
+def test_gang_allocation_false_places_the_tasks_one_by_one() -> None:
+    assert translate(job()).spec.gang is True
+    t = translate(job(extras={"gangAllocation": False}))
+    assert t.spec.gang is False and not t.errors and not t.warnings
+    assert translate(job(extras={"gangAllocation": True})).spec.gang is True
+    bad = translate(job(extras={"gangAllocation": "no"}))
+    assert paths(bad.errors) == ["$.extras.gangAllocation"]
+    # v1 jobs carry it in extras too (the launcher's platformSpecificParameters).
+    v1 = seed_job("helloworld_16be675e")
+    assert translate(v1).spec.gang is True
+    assert translate({**v1, "extras": {"gangAllocation": False}}).spec.gang is False
+
+
 def test_the_seed_v1_jobs_are_still_v1() -> None:
     for name in ("helloworld_16be675e", "jupyter_16be8b71"):
         assert detect(seed_job(name)) == "openpai"

@@ -3,6 +3,9 @@ sequences, derived ids, idempotent redelivery, stop, tombstones and adoption."""
 
 from __future__ import annotations
 
+import pytest
+
+from trainyard_common.errors import TransientError
 from trainyard_common.events import (
     Event,
     JobFinished,
@@ -11,6 +14,7 @@ from trainyard_common.events import (
     PortAssignment,
     StopJob,
     TaskPlacement,
+    TasksPlaced,
     TaskState,
     TaskStateChanged,
     derived_id,
@@ -25,6 +29,7 @@ from trainyard_launcher.handlers import (
     adopt,
     check_tasks,
     launch_job,
+    launch_more,
     stop_job,
 )
 
@@ -287,3 +292,31 @@ async def test_adopt_fails_a_task_launched_before_that_never_showed_a_pid() -> N
     assert "j1:1:ps:0" not in [key for key, _, _ in backend.launches]
     [done] = finished(published)
     assert done.state == JobState.FAILED
+
+
+async def test_tasks_placed_after_the_start_are_launched_once_and_the_job_waits_for_them() -> None:
+    deps, backend, published = make_deps()
+    first = placed()
+    first = first.model_copy(update={"spec": first.spec.model_copy(update={"gang": False}),
+                                     "tasks": first.tasks[:2]})  # fmt: skip
+    more = TasksPlaced(job_id="j1", tasks=placed().tasks)
+    # Before its JobPlaced is handled: a transient error, redelivered later.
+    with pytest.raises(TransientError):
+        await launch_more(more, RECEIVED, deps)
+    await launch_job(first, RECEIVED, deps)
+    assert [key for key, _, _ in backend.launches] == ["j1:1:ps:0", "j1:1:worker:0"]
+    # The tasks placed so far end: the job goes on, its third task is not placed yet.
+    backend.exit("j1", "ps", 0, 0, at=1)
+    backend.exit("j1", "worker", 0, 0, at=2)
+    await check_tasks(deps)
+    assert finished(published) == []
+    await launch_more(more, RECEIVED, deps)
+    await launch_more(more, RECEIVED, deps)  # a repeat launches nothing
+    assert [key for key, _, _ in backend.launches][2:] == ["j1:1:worker:1"]
+    job = await deps.store.get_job("j1")
+    assert job is not None and len(job.tasks) == 3
+    backend.exit("j1", "worker", 1, 0, at=3)
+    await check_tasks(deps)
+    await check_tasks(deps)
+    [done] = finished(published)
+    assert done.state == JobState.SUCCEEDED

@@ -1035,6 +1035,15 @@ def test_a_gang_larger_than_the_whole_cluster_is_refused_at_once() -> None:
     assert gpus.code == "never_fits" and "8 GPUs (the cluster has 6)" in gpus.message
     # What fits the cluster as a whole is left to placement (it may wait, never forever).
     assert cluster_issues(("gpuType", DELETE), ("taskRoles.0.taskNumber", 6)) == []
+    # Without gang placement (gangAllocation: false) its tasks run as they fit: accepted.
+    assert (
+        cluster_issues(
+            ("gpuType", DELETE),
+            ("taskRoles.0.taskNumber", 8),
+            ("extras", {"gangAllocation": False}),
+        )
+        == []
+    )
 
 
 def test_a_queue_named_by_an_alias_is_accepted_into_the_queue_itself() -> None:

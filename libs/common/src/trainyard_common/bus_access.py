@@ -59,7 +59,7 @@ GRANTS: dict[str, Grant] = {
     "validation": Grant(publish=tuple(events_of("accepted", "rejected")), durables=("validation",)),
     "placement": Grant(
         publish=(
-            *events_of("queued", "placed", "finished", "interrupted"),
+            *events_of("queued", "placed", "tasks", "finished", "interrupted"),
             *commands_of("interrupt", "scale"),
         ),
         durables=("placement",),

@@ -43,6 +43,7 @@ from .events import (
     SetPriority,
     StopJob,
     TaskPlacement,
+    TasksPlaced,
     TaskState,
     TaskStateChanged,
     derived_id,
@@ -106,6 +107,7 @@ def example_events() -> list[Event]:
             **common,
         ),
         JobPlaced(event_id=derived_id("example", "placed"), spec=spec, tasks=tasks, **common),
+        TasksPlaced(event_id=derived_id("example", "tasks", 2), tasks=tasks, **common),
         TaskStateChanged(
             event_id=derived_id("example", "task"),
             role="worker",

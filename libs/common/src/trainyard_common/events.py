@@ -172,6 +172,19 @@ class JobPlaced(Event):
     )
 
 
+class TasksPlaced(Event):
+    """More tasks of a placed attempt found capacity: a job without gang placement
+    (``spec.gang`` false) is placed with the tasks that fit and gets the others one by
+    one. ``tasks`` are all of the attempt's tasks placed so far (those of its JobPlaced
+    too), so a repeat or a late copy says nothing new; id derived_id(job, attempt,
+    "tasks", len(tasks))."""
+
+    type: Literal["TasksPlaced"] = "TasksPlaced"
+    subject_suffix: ClassVar[str] = "tasks"
+    attempt: int = 1
+    tasks: list[TaskPlacement]
+
+
 class TaskStateChanged(Event):
     type: Literal["TaskStateChanged"] = "TaskStateChanged"
     subject_suffix: ClassVar[str] = "task"
@@ -334,6 +347,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     JobRejected,
     JobQueued,
     JobPlaced,
+    TasksPlaced,
     TaskStateChanged,
     JobFinished,
     JobRetrying,

@@ -1,5 +1,6 @@
 """Whether a job can ever fit the cluster as configured: its queue exists, its GPU model
-exists, each task fits some node, and the whole gang fits the whole cluster. Pure: used
+exists, each task fits some node, and the whole gang (a job placed as one) fits the
+whole cluster. Pure: used
 by validation (every job, against the cluster it knows) and by intake (to answer a
 submission that can never run at once, where the cluster is configured by file)."""
 
@@ -168,7 +169,8 @@ def check_against_cluster(spec: JobSpec, cluster: ClusterSpec, locate: Locate) -
             continue  # as above: no node to measure the rest against
         if not any(_node_fits(node, role) for node in cluster.nodes):
             issues.append(_misfit(role, cluster, locate))
-    if not issues:
+    if not issues and spec.gang:
+        # Without gang placement the tasks need not fit at once: each fitting is enough.
         issues += _gang_misfit(spec, cluster, locate)
     return dedupe(issues)
 

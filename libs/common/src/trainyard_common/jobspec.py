@@ -200,6 +200,9 @@ class JobSpec(Model):
     # RETRY_ALWAYS: after every end, success too, until the job is stopped (OpenPAI's
     # retryCount -1 and -2).
     retry_limit: int = Field(0, ge=-2)
+    # False: the tasks need not start together; placement places each as capacity allows
+    # (OpenPAI extras.gangAllocation: false), the job runs with those placed so far.
+    gang: bool = True
     keep_failed_for_debug: bool = False
     # What to remove when the job ends (T9k cleanUpPolicy: None, All, Unfinished).
     cleanup_policy: str | None = None

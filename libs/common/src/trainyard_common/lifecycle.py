@@ -151,6 +151,8 @@ JOB: Machine[JobState] = Machine("job", (
 TASK: Machine[TaskState] = Machine("task", (
     Transition((), T.STARTING, "`JobPlaced`", "launcher (`launch_job`)",
                "every task of the attempt is recorded before any is spawned"),
+    Transition((), T.STARTING, "`TasksPlaced`", "launcher (`launch_more`)",
+               "a job without gang placement: its tasks placed after its start"),
     Transition((T.STARTING,), T.RUNNING, "spawned", "launcher (`start_task`)",
                "the wrapper process was spawned (or, after a restart, its pid file "
                "appeared)"),

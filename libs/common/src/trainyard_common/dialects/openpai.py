@@ -410,6 +410,12 @@ def translate_openpai(payload: Any, user: str = "") -> Translation:
         output_dir=_text(payload.get("outputDir")),
         auth_file=_text(payload.get("authFile")),
         retry_limit=_int(payload.get("retryCount"), 0, RETRY_ALWAYS),
+        # The launcher's platformSpecificParameters.gangAllocation: false places the
+        # tasks one by one.
+        gang=not (
+            isinstance(extras := payload.get("extras"), dict)
+            and extras.get("gangAllocation") is False
+        ),  # fmt: skip
         keep_failed_for_debug=envs.get("isDebug") is True,
         roles=roles,
     )

@@ -122,7 +122,6 @@ EXTRAS_NOT_APPLIED = {
     "are not run",
     "hivedscheduler": "HiveD scheduling hints are not used",
     "storages": "storage mounts are not made",
-    "gangAllocation": "tasks are always placed together (gang allocation)",
 }
 
 # k8s.js: the container's /dev/shm when extraContainerOptions.shmMB is not given.
@@ -511,6 +510,13 @@ class _Walk:
                 self.issues.warn(join("$.extras", key), f"kept, but {why}", "extras_not_applied")
         if HIVED in extras:
             self._hived(extras[HIVED], join("$.extras", HIVED))
+        gang = extras.get("gangAllocation")
+        if gang is not None and not isinstance(gang, bool):
+            self.issues.error(
+                join("$.extras", "gangAllocation"),
+                f"gangAllocation must be a boolean, not {json_type(gang)}",
+                "type",
+            )
 
     def _hived(self, hived: Any, path: str) -> None:
         """Warn of every HiveD hint but a role's SKU type, which is applied."""
@@ -954,6 +960,9 @@ def translate_openpai_v2(payload: Any, user: str = "") -> Translation:
         # One image for the job where every role uses the same one: views show it.
         image=roles[0].image if roles and len({r.image for r in roles}) == 1 else None,
         retry_limit=_int(p.get("jobRetryCount"), 0, 0),
+        # extras.gangAllocation: false places the tasks one by one (OpenPAI's rest server
+        # then drops the job's affinity group, and its runtime waits for no barrier).
+        gang=mapping(p.get("extras")).get("gangAllocation") is not False,
         secrets=secrets,
         roles=roles,
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -168,6 +169,12 @@ class LauncherStore(Protocol):
         self, job_id: str, attempt: int, verdict: Verdict, retry: Retry | None = None
     ) -> bool: ...
     async def note_stop(self, job_id: str, attempt: int, reason: str) -> bool: ...
+    async def set_placements(
+        self, job_id: str, attempt: int, tasks: Sequence[TaskPlacement]
+    ) -> bool:
+        """The running ``attempt``'s placements, now ``tasks`` (a job without gang
+        placement gets tasks after its start); False when it is not running."""
+
     async def set_interrupted(
         self, job_id: str, attempt: int, verdict: Verdict, cause: str
     ) -> bool: ...
@@ -250,7 +257,7 @@ def job_doc(job: JobRecord) -> dict[str, Any]:
         "attempt": job.attempt,
         "state": job.state,
         "spec_json": job.spec.model_dump_json() if job.spec else None,
-        "tasks_json": json.dumps([t.model_dump(mode="json") for t in job.tasks]),
+        "tasks_json": _placements_json(job.tasks),
         "user": job.user,
         # What a pod's name is made of (Kubernetes-style jobs: <name>-<role>-<index>).
         "name": job.spec.name if job.spec else None,
@@ -438,6 +445,15 @@ class DocLauncherStore:
         )
         return result.modified_count == 1
 
+    async def set_placements(
+        self, job_id: str, attempt: int, tasks: Sequence[TaskPlacement]
+    ) -> bool:
+        result = await self.jobs.update_one(
+            {"_id": job_id, "attempt": attempt, "state": JOB_RUNNING},
+            {"$set": {"tasks_json": _placements_json(tasks)}},
+        )
+        return result.modified_count == 1
+
     async def note_stop(self, job_id: str, attempt: int, reason: str) -> bool:
         """A stop that came while the finished ``attempt`` waits for its retry: the next
         attempt starts stopped. False when the job moved on meanwhile."""
@@ -575,6 +591,15 @@ class MemoryLauncherStore:
         )
         return True
 
+    async def set_placements(
+        self, job_id: str, attempt: int, tasks: Sequence[TaskPlacement]
+    ) -> bool:
+        doc = self.jobs.get(job_id)
+        if not doc or doc["attempt"] != attempt or doc["state"] != JOB_RUNNING:
+            return False
+        doc["tasks_json"] = _placements_json(tasks)
+        return True
+
     async def note_stop(self, job_id: str, attempt: int, reason: str) -> bool:
         doc = self.jobs.get(job_id)
         if not doc or doc["attempt"] != attempt or doc["state"] != JOB_FINISHED:
@@ -641,3 +666,7 @@ class MemoryLauncherStore:
 
     async def unpublished_tasks(self) -> list[TaskRecord]:
         return [task_record(copy.deepcopy(d)) for d in self.tasks.values() if d["outbox"]]
+
+
+def _placements_json(tasks: Sequence[TaskPlacement]) -> str:
+    return json.dumps([t.model_dump(mode="json") for t in tasks])

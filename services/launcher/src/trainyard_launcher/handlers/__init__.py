@@ -21,7 +21,7 @@ from.
 from __future__ import annotations
 
 from trainyard_common.bus import Delivery, EventHandler
-from trainyard_common.events import Event, InterruptJob, JobPlaced, StopJob
+from trainyard_common.events import Event, InterruptJob, JobPlaced, StopJob, TasksPlaced
 from trainyard_common.subjects import subjects_for
 
 from .common import (
@@ -59,6 +59,7 @@ from .ending import (
 )
 from .launching import (
     launch_job,
+    launch_more,
     placement_of,
     start_task,
 )
@@ -72,6 +73,7 @@ from .watching import (
 
 EVENT_HANDLERS: dict[type[Event], EventHandler[Deps]] = {
     JobPlaced: launch_job,
+    TasksPlaced: launch_more,
     StopJob: stop_job,
     InterruptJob: interrupt_job,
 }

@@ -13,6 +13,7 @@ from trainyard_common.events import (
     JobPlaced,
     JobState,
     TaskPlacement,
+    TasksPlaced,
     TaskState,
 )
 from trainyard_common.telemetry import current_traceparent
@@ -69,37 +70,67 @@ async def launch_job(event: JobPlaced, delivery: Delivery, deps: Deps) -> None:
                 await finish_job(deps, job)
             return
 
-        started: list[tuple[TaskRecord, TaskPlacement]] = []
-        # Every task is recorded STARTING before any is spawned, so ending the job
-        # early (a task that cannot start) finds and stops all of them.
-        for placement in event.tasks:
-            ref = TaskRef(event.job_id, event.attempt, placement.role, placement.index)
-            task = new_task(
-                event.job_id,
-                event.attempt,
-                placement.role,
-                placement.index,
-                deps.backend.location(ref, event.spec),
-                placement.node,
-                traceparent=current_traceparent(),
-            )
-            if not await deps.store.insert_task(task):
-                task = await deps.store.get_task(task.id) or task
-            started.append((await publish_pending(deps, task), placement))
-        if any(task.state == TaskState.STARTING for task, _ in started):
-            # What the attempt's tasks share (a Service, an owner object) comes first.
-            await deps.backend.open_attempt(attempt_of(job))
+        await _launch(deps, job, event.tasks)
 
-        for task, placement in started:
-            if task.state == TaskState.STARTING:
-                task = await start_task(deps, job, task, placement) or task
-            if task.state == TaskState.RUNNING:
-                deps.watching[task.id] = task
-            elif task.state == TaskState.FAILED and await evaluate_job(
-                deps, job.job_id, job.attempt
-            ):
-                return
-        await evaluate_job(deps, job.job_id, job.attempt)
+
+async def launch_more(event: TasksPlaced, delivery: Delivery, deps: Deps) -> None:
+    """Tasks of a running attempt placed after its start (a job without gang placement):
+    each one not known here is recorded and started as JobPlaced's are."""
+    async with deps.lock(event.job_id):
+        job = await deps.store.get_job(event.job_id)
+        if job is None or job.attempt < event.attempt:
+            # Its JobPlaced is not handled yet (a redelivery comes after this one).
+            raise TransientError(
+                f"tasks placed for attempt {event.attempt} of {event.job_id}, not launched here"
+            )
+        if job.attempt > event.attempt or job.state != JOB_RUNNING:
+            return  # the attempt ended: what it was given goes back with its end
+        # New: without a task record (placements stored by a run that then died count).
+        recorded = {(t.role, t.index) for t in await deps.store.tasks_of(job.job_id, job.attempt)}
+        new = [p for p in event.tasks if (p.role, p.index) not in recorded]
+        if not new:
+            return
+        known = {(p.role, p.index) for p in job.tasks}
+        tasks = [*job.tasks, *(p for p in new if (p.role, p.index) not in known)]
+        if len(tasks) > len(job.tasks) and not await deps.store.set_placements(
+            job.job_id, job.attempt, tasks
+        ):
+            return  # it ended meanwhile
+        await _launch(deps, dataclasses.replace(job, tasks=tasks), new)
+
+
+async def _launch(deps: Deps, job: JobRecord, placements: list[TaskPlacement]) -> None:
+    """Record each placed task STARTING, then start them, then judge the job."""
+    assert job.spec is not None
+    started: list[tuple[TaskRecord, TaskPlacement]] = []
+    # Every task is recorded STARTING before any is spawned, so ending the job early (a
+    # task that cannot start) finds and stops all of them.
+    for placement in placements:
+        ref = TaskRef(job.job_id, job.attempt, placement.role, placement.index)
+        task = new_task(
+            job.job_id,
+            job.attempt,
+            placement.role,
+            placement.index,
+            deps.backend.location(ref, job.spec),
+            placement.node,
+            traceparent=current_traceparent(),
+        )
+        if not await deps.store.insert_task(task):
+            task = await deps.store.get_task(task.id) or task
+        started.append((await publish_pending(deps, task), placement))
+    if any(task.state == TaskState.STARTING for task, _ in started):
+        # What the attempt's tasks share (a Service, an owner object) comes first.
+        await deps.backend.open_attempt(attempt_of(job))
+
+    for task, placement in started:
+        if task.state == TaskState.STARTING:
+            task = await start_task(deps, job, task, placement) or task
+        if task.state == TaskState.RUNNING:
+            deps.watching[task.id] = task
+        elif task.state == TaskState.FAILED and await evaluate_job(deps, job.job_id, job.attempt):
+            return
+    await evaluate_job(deps, job.job_id, job.attempt)
 
 
 async def _job_for(event: JobPlaced, deps: Deps) -> JobRecord | None:

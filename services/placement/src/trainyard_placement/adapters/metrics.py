@@ -21,8 +21,9 @@ CYCLE_SECONDS = Histogram(
 )
 DECISIONS = Counter(
     "trainyard_placement_decisions_total",
-    "What cycles decided: placed (a gang placed whole) or preempted (a running job "
-    "interrupted for a waiting one).",
+    "What cycles decided: placed (a job placed, whole or, without gang placement, with "
+    "the tasks that fit), tasks_placed (more tasks of such a job placed) or preempted (a "
+    "running job interrupted for a waiting one).",
     ["decision"],
 )
 

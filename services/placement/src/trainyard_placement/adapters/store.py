@@ -21,7 +21,7 @@ that it started itself.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -67,6 +67,9 @@ class JobRecord:
     interrupt_sent: bool = False
     # The ids of the RestartJobs already handled, oldest first (the last RESTARTS_KEPT).
     restarts: tuple[str, ...] = ()
+    # A job without gang placement gives back each task's capacity when the task ends:
+    # those tasks of the placed attempt, (role, index), never placed again.
+    released: tuple[tuple[str, int], ...] = ()
 
 
 def record_from_doc(doc: dict[str, Any]) -> JobRecord:
@@ -95,6 +98,7 @@ def record_from_doc(doc: dict[str, Any]) -> JobRecord:
         preempted_by=doc.get("preempted_by"),
         interrupt_sent=bool(doc.get("interrupt_sent")),
         restarts=tuple(doc.get("restarts") or ()),
+        released=tuple((str(r), int(i)) for r, i in doc.get("released") or ()),
     )
 
 
@@ -224,6 +228,7 @@ class DocJobStore:
             {"$set": {
                 "state": P.PLACED,
                 "allocation": [t.model_dump(mode="json") for t in tasks],
+                "released": [],
                 "placed_published": False,
                 "placed_at": utcnow(),
             }},
@@ -281,6 +286,17 @@ class DocJobStore:
             {"$set": fields},
         )
         return result.modified_count == 1
+
+
+def allocation_fields(
+    tasks: Sequence[TaskPlacement], released: Iterable[tuple[str, int]] = ()
+) -> dict[str, Any]:
+    """A placed job's allocation as it changes without gang placement: tasks placed one
+    by one, and the ended ones (``released``) given back."""
+    return {
+        "allocation": [t.model_dump(mode="json") for t in tasks],
+        "released": [list(key) for key in sorted(released)],
+    }
 
 
 def requeued_fields(
@@ -419,6 +435,7 @@ class MemoryJobStore:
         return self._update(job_id, P.QUEUED, {
             "state": P.PLACED,
             "allocation": [t.model_dump(mode="json") for t in tasks],
+            "released": [],
             "placed_published": False,
             "placed_at": utcnow(),
         })  # fmt: skip

@@ -8,6 +8,11 @@ The sizes tried are numbered by a step k: at step k every elastic role runs
 ``max(min, top - k)`` replicas, ``top`` being its ``replicas`` kept within the bounds, so
 step 0 is the size asked for and the last step every role at its minimum. Fixed roles
 keep ``replicas`` at every step.
+
+A job that does not ask for gang placement (``gang`` false, OpenPAI's
+``gangAllocation: false``) has sizes too: at step k its first n − k tasks, in role
+order, so it is placed with as many tasks as fit (at least one); the service places the
+others one by one as capacity frees (docs/placement.md, "Without gang placement").
 """
 
 from __future__ import annotations
@@ -35,13 +40,24 @@ def _top(role: RoleSpec, low: int, high: int) -> int:
     return min(max(role.replicas, low), high)
 
 
+def is_partial(spec: JobSpec) -> bool:
+    """Whether the job may be placed with part of its tasks (gang placement off; an
+    elastic job keeps its own sizes)."""
+    return not spec.gang and spec.task_count() > 1 and not is_elastic(spec)
+
+
 def last_step(spec: JobSpec) -> int:
-    """The step at which every elastic role is at its minimum (0 for a fixed job)."""
+    """The step at which every elastic role is at its minimum (0 for a fixed job); for
+    a job without gang placement, the step of its first task alone."""
+    if is_partial(spec):
+        return spec.task_count() - 1
     spans = [_top(role, *b) - b[0] for role in spec.roles if (b := bounds(role)) is not None]
     return max(spans, default=0)
 
 
 def at_step(spec: JobSpec, step: int) -> JobSpec:
+    if is_partial(spec):
+        return _first_tasks(spec, spec.task_count() - step)
     if not is_elastic(spec):
         return spec
     roles = []
@@ -58,6 +74,12 @@ def sized_to(spec: JobSpec, tasks: Iterable[TaskPlacement]) -> JobSpec:
     """The spec at the size its placed tasks have: an elastic job's allocation may be
     stored with the spec as submitted, and capacity, growth and the launcher read the
     replicas from the spec."""
+    if is_partial(spec):
+        placed = Counter(task.role for task in tasks)
+        if all(placed[role.name] == role.replicas for role in spec.roles):
+            return spec
+        return spec.model_copy(update={"roles": [
+            role.model_copy(update={"replicas": placed[role.name]}) for role in spec.roles]})  # fmt: skip
     if not is_elastic(spec):
         return spec
     count = Counter(task.role for task in tasks)
@@ -65,3 +87,23 @@ def sized_to(spec: JobSpec, tasks: Iterable[TaskPlacement]) -> JobSpec:
              if bounds(role) is not None and count[role.name] != role.replicas else role
              for role in spec.roles]  # fmt: skip
     return spec.model_copy(update={"roles": roles})
+
+
+def _first_tasks(spec: JobSpec, count: int) -> JobSpec:
+    """The spec with only its first ``count`` tasks, in role order."""
+    roles = []
+    for role in spec.roles:
+        replicas = min(role.replicas, max(count, 0))
+        count -= replicas
+        roles.append(
+            role if replicas == role.replicas else role.model_copy(update={"replicas": replicas})
+        )
+    return spec.model_copy(update={"roles": roles})
+
+
+def remaining_tasks(spec: JobSpec, tasks: Iterable[TaskPlacement]) -> list[tuple[str, int]]:
+    """The (role, index) of each task of ``spec`` not among the placed ``tasks``, in
+    role order."""
+    placed = {(task.role, task.index) for task in tasks}
+    return [(role.name, index) for role in spec.roles for index in range(role.replicas)
+            if (role.name, index) not in placed]  # fmt: skip

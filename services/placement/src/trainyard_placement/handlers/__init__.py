@@ -31,6 +31,7 @@ from trainyard_common.events import (
     ScaleJob,
     SetPriority,
     StopJob,
+    TaskStateChanged,
 )
 from trainyard_common.subjects import subjects_for
 
@@ -73,6 +74,7 @@ from .cycle import (
 from .jobs import (
     queue_job,
     release_job,
+    release_task,
     retry_job,
     stop_job,
 )
@@ -94,6 +96,7 @@ EVENT_HANDLERS: dict[type[Event], EventHandler[Deps]] = {
     SetPriority: set_priority,
     RestartJob: restart_job,
     JobInterrupted: release_interrupted,
+    TaskStateChanged: release_task,
 }
 # The consumer's subscription: exactly what the table handles.
 SUBJECTS = subjects_for(EVENT_HANDLERS)

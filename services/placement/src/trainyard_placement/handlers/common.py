@@ -23,9 +23,11 @@ from trainyard_common.events import (
     JobInterrupted,
     JobPlaced,
     JobState,
+    TasksPlaced,
     derived_id,
     utcnow,
 )
+from trainyard_common.jobspec import JobSpec
 from trainyard_common.lifecycle import PlacementState as P
 from trainyard_common.telemetry import continue_trace, current_traceparent
 
@@ -83,6 +85,13 @@ class Deps:
     retries_used: dict[str, int] = field(default_factory=dict)
     # Interrupted jobs whose InterruptJob a crash may have kept from going out.
     unsent_preemptions: set[str] = field(default_factory=set)
+    # Placed jobs without gang placement, as submitted (their allocation's spec counts
+    # only the tasks placed so far): what JobPlaced carries, and what is left to place.
+    ungang: dict[str, JobSpec] = field(default_factory=dict)
+    # Of those, the ones given tasks whose TasksPlaced is not known to be published, and
+    # the tasks of each that ended and gave their capacity back (never placed again).
+    unannounced_tasks: set[str] = field(default_factory=set)
+    released: dict[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
     # An elastic job grows only after running this long at its size, so capacity that
     # frees in bursts does not restart it again and again.
     growth_after_s: float = 30.0
@@ -280,12 +289,27 @@ async def announce_placed(deps: Deps, allocation: Allocation) -> None:
         event_id=placed_id(allocation.job_id, attempt),
         job_id=allocation.job_id,
         attempt=attempt,
-        spec=allocation.spec,
+        # A job placed with part of its tasks runs as submitted: the others follow.
+        spec=deps.ungang.get(allocation.job_id, allocation.spec),
         tasks=list(allocation.tasks),
         retries_used=deps.retries_used.get(allocation.job_id, attempt - 1),
     ))  # fmt: skip
     await deps.store.mark_placed_published(allocation.job_id)
     deps.unannounced.discard(allocation.job_id)
+
+
+async def announce_tasks(deps: Deps, job_id: str) -> None:
+    """TasksPlaced with every task the job's attempt holds now (after its JobPlaced)."""
+    allocation = deps.state.placed.get(job_id)
+    if allocation is not None and job_id not in deps.unannounced:
+        attempt = deps.attempts.get(job_id, FIRST_ATTEMPT)
+        # Counted in tasks ever placed: a task given back and another placed is news.
+        placed = len(allocation.tasks) + len(deps.released.get(job_id, ()))
+        await publish(deps, TasksPlaced(
+            event_id=derived_id(job_id, attempt, "tasks", placed),
+            job_id=job_id, attempt=attempt, tasks=list(allocation.tasks),
+        ))  # fmt: skip
+    deps.unannounced_tasks.discard(job_id)
 
 
 _BEHIND = re.compile(r"^waiting behind job \S+ at the head of ")
@@ -343,6 +367,12 @@ def adopt_record(deps: Deps, record: JobRecord) -> None:
             )
         adopt_preemption(deps, record)
     elif record.state in (P.PLACED, P.INTERRUPTING):
+        if not record.spec.gang:
+            deps.ungang[record.job_id] = record.spec
+            deps.released[record.job_id] = frozenset(record.released)
+            # Tasks it got after its start may not have been announced: again (the
+            # launcher and status take a repeat as nothing new).
+            deps.unannounced_tasks.add(record.job_id)
         # An interrupting job holds its allocation until the launcher lets it go.
         deps.state.commit(
             Allocation(record.job_id, record.spec, record.allocation),

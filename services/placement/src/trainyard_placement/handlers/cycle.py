@@ -14,14 +14,18 @@ from trainyard_common.lifecycle import PlacementState as P
 
 from ..adapters.metrics import CYCLE_SECONDS, DECISIONS
 from ..adapters.store import (
+    allocation_fields,
     interrupt_sent_fields,
     preempted_fields,
 )
-from ..domain import Placed, Preempt, Waiting
+from ..domain import Allocation, Placed, Preempt, Waiting
 from ..domain.growth import growth
+from ..domain.partial import more_tasks
 from .common import (
+    FIRST_ATTEMPT,
     Deps,
     announce_placed,
+    announce_tasks,
     interrupt_placed,
     notice_key,
     publish,
@@ -70,8 +74,13 @@ async def _cycle(deps: Deps) -> None:
         await announce_placed(deps, deps.state.placed[job_id])
     for job_id in sorted(deps.unsent_preemptions):
         await _resend_preemption(deps, job_id)
+    for job_id in sorted(deps.unannounced_tasks):
+        await announce_tasks(deps, job_id)
     if deps.draining:
         return  # shutting down: the next start places what waits
+    # 1b. Jobs placed without gang placement take what fits of their waiting tasks,
+    #     before the queue: they have started.
+    await _place_more_tasks(deps)
     # 2. Decide, on a snapshot derived from the placed jobs' allocations; retries whose
     #    backoff ended join the queue first.
     now = deps.clock()
@@ -180,18 +189,55 @@ async def _resend_preemption(deps: Deps, job_id: str) -> None:
 
 async def _commit_placement(deps: Deps, decision: Placed) -> None:
     allocation = decision.allocation
+    queued = deps.state.queued.get(allocation.job_id)
     if not await deps.store.mark_placed(allocation.job_id, allocation.tasks):
         # Memory and store disagree (an update that landed but whose reply was lost,
         # or a second writer): the store wins.
         log.warning("job %s was not queued in the store; reloading it", allocation.job_id)
         await reload_job(deps, allocation.job_id)
         return
+    if queued is not None and not queued.spec.gang:
+        deps.ungang[allocation.job_id] = queued.spec
+        deps.released[allocation.job_id] = frozenset()
     deps.state.commit(allocation, placed_at=deps.clock().timestamp())
     DECISIONS.labels("placed").inc()
     deps.attempts[allocation.job_id] = decision.attempt
     deps.notices.pop(allocation.job_id, None)
     deps.unannounced.add(allocation.job_id)
     await announce_placed(deps, allocation)
+
+
+async def _place_more_tasks(deps: Deps) -> None:
+    """Give each job placed without gang placement the waiting tasks that fit now
+    (domain/partial.py), stored, then announced (TasksPlaced), oldest placement first."""
+    state = deps.state
+    for job_id in sorted(deps.ungang, key=lambda j: (state.placed_at.get(j, 0.0), j)):
+        allocation = state.placed.get(job_id)
+        if allocation is None:
+            del deps.ungang[job_id]  # ended, or queued again: placed afresh later
+            deps.released.pop(job_id, None)
+            continue
+        spec = deps.ungang[job_id]
+        released = deps.released.get(job_id, frozenset())
+        if job_id in deps.unannounced or len(allocation.tasks) + len(released) >= (
+            spec.task_count()
+        ):
+            continue
+        added = more_tasks(state, job_id, spec, allocation.tasks, released)
+        if not added:
+            continue
+        tasks = (*allocation.tasks, *added)
+        attempt = deps.attempts.get(job_id, FIRST_ATTEMPT)
+        if not await deps.store.change(
+            job_id, states=(P.PLACED,), attempt=attempt, fields=allocation_fields(tasks, released)
+        ):
+            log.warning("job %s was not placed in the store; reloading it", job_id)
+            await reload_job(deps, job_id)
+            continue
+        state.commit(Allocation(job_id, spec, tasks), placed_at=state.placed_at.get(job_id))
+        DECISIONS.labels("tasks_placed").inc()
+        deps.unannounced_tasks.add(job_id)
+        await announce_tasks(deps, job_id)
 
 
 async def _notify_waiting(deps: Deps, decision: Waiting) -> None:

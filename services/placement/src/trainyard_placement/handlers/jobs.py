@@ -11,14 +11,16 @@ from trainyard_common.events import (
     JobFinished,
     JobRetrying,
     StopJob,
+    TaskStateChanged,
 )
 from trainyard_common.jobspec import RunMode
 from trainyard_common.lifecycle import PlacementState as P
 
 from ..adapters.store import (
+    allocation_fields,
     requeued_fields,
 )
-from ..domain import QueuedJob
+from ..domain import Allocation, QueuedJob
 from .common import (
     FIRST_ATTEMPT,
     SUBMITTED_PAUSED,
@@ -93,6 +95,32 @@ async def release_job(event: JobFinished, delivery: Delivery, deps: Deps) -> Non
         forget_queued(deps, record.job_id)
     else:
         return
+    await run_cycle(deps)
+
+
+async def release_task(event: TaskStateChanged, delivery: Delivery, deps: Deps) -> None:
+    """A task of a job placed without gang placement ended: its capacity goes back now,
+    while the job goes on (its last task's goes back with the job's end). Every other
+    job's task events are passed over without a read."""
+    job_id = event.job_id
+    spec = deps.ungang.get(job_id)
+    if spec is None or not event.state.terminal or job_id in deps.state.interrupting:
+        return
+    allocation = deps.state.placed.get(job_id)
+    if allocation is None or deps.attempts.get(job_id) != event.attempt:
+        return
+    key = (event.role, event.index)
+    tasks = tuple(t for t in allocation.tasks if (t.role, t.index) != key)
+    if len(tasks) == len(allocation.tasks) or not tasks:
+        return
+    released = deps.released.get(job_id, frozenset()) | {key}
+    if not await deps.store.change(
+        job_id, states=(P.PLACED,), attempt=event.attempt, fields=allocation_fields(tasks, released)
+    ):
+        await reload_job(deps, job_id)
+        return
+    deps.released[job_id] = released
+    deps.state.commit(Allocation(job_id, spec, tasks), placed_at=deps.state.placed_at.get(job_id))
     await run_cycle(deps)
 
 

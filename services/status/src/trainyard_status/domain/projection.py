@@ -25,6 +25,8 @@ from trainyard_common.events import (
     JobSubmitted,
     SetPriority,
     StopJob,
+    TaskPlacement,
+    TasksPlaced,
     TaskState,
     TaskStateChanged,
 )
@@ -184,22 +186,7 @@ def project(event: Event) -> Changes:
                 )
             )
         case JobPlaced():
-            tasks = [
-                TaskChange(
-                    task_id(event.job_id, event.attempt, t.role, t.index),
-                    {
-                        "job_id": event.job_id,
-                        "attempt": event.attempt,
-                        "role": t.role,
-                        "index": t.index,
-                        "node": t.node,
-                        "host_ip": t.host_ip,
-                        "gpu_indices": list(t.gpu_indices),
-                        "ports": [p.model_dump() for p in t.ports],
-                    },
-                )
-                for t in event.tasks
-            ]
+            total = event.spec.task_count()
             return Changes(
                 JobChange(
                     event.job_id,
@@ -208,14 +195,21 @@ def project(event: Event) -> Changes:
                     # The attempt's own spec: a scaled job runs at its new size.
                     with_state={
                         "attempt": event.attempt,
-                        "reason": None,
+                        # Without gang placement, part of the tasks may wait.
+                        "reason": None
+                        if len(event.tasks) >= total
+                        else f"{len(event.tasks)} of {total} tasks placed; the others are "
+                        "placed one by one as capacity frees (no gang placement)",
                         "queue_reasons": [],
                         "spec_json": event.spec.redacted().model_dump_json(),
                         "updated_at": at,
                     },
                 ),
-                tasks,
+                _placements(event.job_id, event.attempt, event.tasks),
             )
+        case TasksPlaced():
+            # Placement fields only: a task's state comes with its own transitions.
+            return Changes(tasks=_placements(event.job_id, event.attempt, event.tasks))
         case TaskStateChanged():
             task = TaskChange(
                 task_id(event.job_id, event.attempt, event.role, event.index),
@@ -333,6 +327,25 @@ def project(event: Event) -> Changes:
                 )
             )
     return Changes()
+
+
+def _placements(job_id: str, attempt: int, tasks: list[TaskPlacement]) -> list[TaskChange]:
+    return [
+        TaskChange(
+            task_id(job_id, attempt, t.role, t.index),
+            {
+                "job_id": job_id,
+                "attempt": attempt,
+                "role": t.role,
+                "index": t.index,
+                "node": t.node,
+                "host_ip": t.host_ip,
+                "gpu_indices": list(t.gpu_indices),
+                "ports": [p.model_dump() for p in t.ports],
+            },
+        )
+        for t in tasks
+    ]
 
 
 def _interrupted(event: JobInterrupted) -> Changes:
