@@ -1,6 +1,6 @@
 // Drives Trainyard with OpenPAI's own JavaScript SDK (@microsoft/openpai-js-sdk, pinned in
-// tools/js), unchanged: every call of its job, job history, cluster info and virtual
-// cluster clients. Prints one JSON object: each call's answer, or its error status.
+// tools/js), unchanged: every call of its job client (tags too), job history, cluster
+// info and virtual cluster clients. Prints one JSON object: each call's answer, or its error status.
 // Usage: node openpai_sdk.js <rest server URL> <token> <user> <job name> <queue>
 const path = require('path');
 const { PAIV2 } = require(path.join(__dirname, '..', '..', 'tools', 'js', 'node_modules',
@@ -49,7 +49,7 @@ function sleep(ms) { return new Promise((resolve) => setTimeout(resolve, ms)); }
   out.attempt = await call(() => client.job.getJob(user, name, 0));
   out.missingAttempt = await call(() => client.job.getJob(user, name, 7));
   out.config = await call(() => client.job.getJobConfig(user, name));
-  out.list = await call(() => client.job.listJobs(`username=${user}`));
+  out.list = await call(() => client.job.listJobs({ username: user }));
   out.task = await call(() => client.job.getTask(user, name, 0, 'worker', 1));
   out.missingTask = await call(() => client.job.getTask(user, name, 0, 'worker', 5));
   out.taskLogs = await call(() => client.job.getTaskLogs(user, name, 0, 'worker', 1, 0));
@@ -62,6 +62,17 @@ function sleep(ms) { return new Promise((resolve) => setTimeout(resolve, ms)); }
   out.virtualCluster = await call(() => client.virtualCluster.getVirtualCluster(queue));
   out.missingVirtualCluster = await call(() => client.virtualCluster.getVirtualCluster('nope'));
   out.skuTypes = await call(() => client.virtualCluster.getVirtualClusterSkuTypes(queue));
+  out.addTag = await call(() => client.job.addTag(user, name, 'nightly'));
+  await call(() => client.job.addTag(user, name, 'keep'));
+  out.tagged = await call(() => client.job.getJob(user, name));
+  out.listTagged = await call(() => client.job.listJobs({ tagsContain: 'nightly' }));
+  out.listNotTagged = await call(() => client.job.listJobs({ tagsNotContain: 'nightly,other' }));
+  out.listKeyword = await call(() => client.job.listJobs({ keyword: name.slice(3, 10) }));
+  out.listNoKeyword = await call(() => client.job.listJobs({ keyword: name + '-x' }));
+  out.listOrdered = await call(() => client.job.listJobs({ order: 'jobName,ASC' }));
+  out.deleteTag = await call(() => client.job.deleteTag(user, name, 'nightly'));
+  out.untagged = await call(() => client.job.getJob(user, name));
+  out.tagMissingJob = await call(() => client.job.addTag(user, name + '-none', 'x'));
   out.stop = await call(() => client.job.updateJobExecutionType(user, name, 'STOP'));
   out.missingJob = await call(() => client.job.getJob(user, name + '-none'));
   console.log(JSON.stringify(out));

@@ -320,6 +320,33 @@ def test_update_job_pod_events_ecs_specs_and_list_filters(client: Client, api: A
     assert created.job_id in listed(start_time="2020-01-01T00:00:00Z")
     assert created.job_id not in listed(start_time="2099-01-01T00:00:00Z")
     assert created.job_id not in listed(end_time="2020-01-01T00:00:00Z")
+    # ... and the rest DLC documents: DisplayName fuzzy and case-insensitive (exact on
+    # request), searches, quota, payment, visibility, tags as labels, sort and order.
+    assert created.job_id in listed(display_name="DLC-UPD")
+    assert created.job_id not in listed(display_name="dlc-upd", display_name_search_mode="exact")
+    assert created.job_id in listed(display_name="dlc-update", display_name_search_mode="exact")
+    assert created.job_id in listed(image_search="PYTHON:3.11")
+    assert created.job_id in listed(user_command_search="sleep 30")
+    assert created.job_id not in listed(user_command_search="rm -rf")
+    assert created.job_id in listed(payment_type="PostPaid")
+    assert created.job_id not in listed(payment_type="PrePaid")
+    assert created.job_id in listed(accessibility="PRIVATE")
+    assert created.job_id not in listed(accessibility="PUBLIC")
+    assert created.job_id in listed(tags={"dlc_workspace_id": "ws-1"})
+    assert created.job_id not in listed(tags={"dlc_workspace_id": "ws-2"})
+    assert created.job_id in listed(username=job.user_id, time_range_field="GmtCreateTime")
+    assert created.job_id not in listed(username=job.user_id + "-not")
+    assert created.job_id not in listed(resource_quota_name="team")
+    names = [
+        j.display_name
+        for j in client.list_jobs(
+            dlc_models.ListJobsRequest(sort_by="DisplayName", order="asc", page_size=100)
+        ).body.jobs
+    ]
+    assert names == sorted(names) and "dlc-update" in names
+    with pytest.raises(ClientException) as unsupported:
+        listed(numeric_range_field="RequestGPU", numeric_range_min=1)
+    assert unsupported.value.status_code == 400 and "NumericRangeField" in unsupported.value.message
 
     # GetPodEvents: the pod's own history.
     [pod] = job.pods

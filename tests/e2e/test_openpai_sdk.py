@@ -85,5 +85,17 @@ def test_the_openpai_js_sdk_works_unchanged(platform: Platform) -> None:
         "data": "Error: Virtual cluster nope is not found.",
     }
     assert out["skuTypes"]["ok"]["TITANX"]["gpu"] == 1
+    # Tags: added and removed by the owner, shown by the job, filtered by the list.
+    assert out["addTag"]["ok"]["message"] == f"Add tag nightly for job admin~{name} successfully."
+    assert sorted(out["tagged"]["ok"]["tags"]) == ["keep", "nightly"]
+    assert [j["name"] for j in out["listTagged"]["ok"]] == [name]
+    assert name not in [j["name"] for j in out["listNotTagged"]["ok"]]
+    assert name in [j["name"] for j in out["listKeyword"]["ok"]]
+    assert out["listNoKeyword"]["ok"] == []
+    ordered = [j["name"] for j in out["listOrdered"]["ok"]]
+    assert ordered == sorted(ordered) and name in ordered
+    assert "ok" in out["deleteTag"], out["deleteTag"]
+    assert out["untagged"]["ok"]["tags"] == ["keep"]
+    assert out["tagMissingJob"]["status"] == 404
     assert "ok" in out["stop"], out["stop"]
     assert out["missingJob"]["status"] == 404

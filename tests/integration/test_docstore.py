@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -41,6 +42,17 @@ QUERIES: list[dict[str, Any]] = [
     {"meta.zone": "b"},
     {"_id": "j07", "rank": {"$lt": 9}},
     {"_id": {"$in": ["j01", "j02", "nope"]}},
+    # An array field: its elements are what $in and $nin test.
+    {"meta.tags": {"$in": ["y", "z"]}},
+    {"meta.tags": {"$nin": ["y"]}},
+    {"meta.tags": {"$in": ["x"]}, "user": {"$nin": ["bob"]}},
+    # Substring searches (an escaped literal), and a top-level $or.
+    {"user": {"$regex": "AR", "$options": "i"}},
+    {"user": {"$regex": "AR"}},
+    {"text": {"$regex": re.escape("plain 1")}},
+    {"text": {"$regex": re.escape("like a (mark)"[:6])}},
+    {"$or": [{"user": "bob"}, {"meta.zone": "a"}], "flag": True},
+    {"$or": [{"user": {"$regex": "o", "$options": "i"}}, {"rank": {"$gt": 4}}]},
 ]
 
 
@@ -96,6 +108,11 @@ async def run_script(client: Client, db: str) -> list[Any]:
     out.append(
         counts(await col.update_one({"_id": "j05"}, {"$inc": {"rank": 2}, "$unset": {"flag": ""}}))
     )
+    out.append(counts(await col.update_one({"_id": "j05"}, {"$addToSet": {"tags": "a"}})))
+    out.append(counts(await col.update_one({"_id": "j05"}, {"$addToSet": {"tags": "b"}})))
+    out.append(counts(await col.update_one({"_id": "j05"}, {"$pull": {"tags": "a"}})))
+    out.append(counts(await col.update_one({"_id": "j05"}, {"$pull": {"tags": "a"}})))
+    out.append(counts(await col.update_one({"_id": "j04"}, {"$pull": {"tags": "a"}})))
     out.append(counts(await col.update_many({"user": "carol"}, {"$set": {"seen": True}})))
     out.append(counts(await col.replace_one({"_id": "j06"}, {"only": "this"})))
     out.append(counts(await col.replace_one({"_id": "new"}, {"_id": "new", "v": 1}, upsert=True)))
@@ -132,8 +149,9 @@ async def test_datetimes_and_marked_strings_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("call", "args"),
     [
-        ("find_one", ({"$or": [{"a": 1}]},)),
-        ("find_one", ({"a": {"$regex": "x"}},)),
+        ("find_one", ({"$and": [{"a": 1}]},)),
+        ("find_one", ({"a": {"$regex": "x.*"}},)),
+        ("find_one", ({"a": {"$regex": "x", "$options": "m"}},)),
         ("find_one", ({"a": {"$lt": None}},)),
         ("find_one", ({"a": {"b": 1}},)),
         ("update_one", ({"_id": "a"}, {"a": 1})),

@@ -4,7 +4,7 @@ every rule), and GetJob / ListJobs views back."""
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -476,3 +476,83 @@ def test_every_built_in_gpu_type_says_how_many_gpus_and_their_memory() -> None:
     for name, ecs in dlc.BUILTIN_CATALOG.items():
         if ".gn" in name or "ebmgn" in name or "sccgn" in name:
             assert ecs.gpu >= 1 and ecs.gpu_memory_gib, name
+
+
+NOW = datetime(2026, 11, 26, tzinfo=UTC)
+
+
+def listing(admin: bool = False, **params: str) -> dlc.ListQuery:
+    return dlc.list_query(params, user="alice", admin=admin, now=NOW)
+
+
+def test_list_jobs_defaults_to_the_callers_jobs_of_the_last_seven_days_newest_first() -> None:
+    query = listing()
+    assert query.where == {
+        "dialect": dlc.DIALECT,
+        "user": "alice",
+        "submitted_at": {"$gte": NOW - timedelta(days=7)},
+    }
+    assert (query.sort, query.ascending, query.empty) == ("submitted_at", False, False)
+    # An admin sees everyone's; StartTime alone lifts the 7-day window.
+    assert "user" not in listing(admin=True).where
+    window = listing(StartTime="2020-01-01T00:00:00Z").where["submitted_at"]
+    assert window == {"$gte": datetime(2020, 1, 1, tzinfo=UTC)}
+
+
+def test_list_jobs_filters_as_dlc_documents_them() -> None:
+    q = listing(
+        DisplayName="Train", JobId="ABC", JobIds="x,y", ResourceId="quota1", ImageSearch="a.b",
+        ReasonSearch="OOM", SortBy="GmtFinishTime", Order="asc", TimeRangeField="GmtFinishTime",
+        Tags='{"team": "nlp"}', Accessibility="PUBLIC", TemplateId="t-1",
+    )  # fmt: skip
+    w = q.where
+    assert w["name"] == {"$regex": "Train", "$options": "i"}
+    assert w["_id"] == "abc"  # JobId before JobIds, case-insensitive
+    assert w["labels.dlc_resource_id"] == {"$in": ["quota1"]}
+    assert w["search.images"] == {"$regex": r"a\.b", "$options": "i"}
+    assert w["reason"] == {"$regex": "OOM", "$options": "i"}
+    assert w["labels.team"] == "nlp" and w["labels.dlc_template_id"] == "t-1"
+    assert w["labels.dlc_accessibility"] == "PUBLIC"
+    assert "finished_at" in w and "submitted_at" not in w
+    assert (q.sort, q.ascending) == ("finished_at", True)
+    assert listing(Accessibility="PRIVATE").where["labels.dlc_accessibility"] == {"$ne": "PUBLIC"}
+    assert listing(DisplayName="t", DisplayNameSearchMode="exact").where["name"] == "t"
+    assert listing(PaymentType="PrePaid").where["labels.dlc_resource_id"] == {"$ne": None}
+    assert listing(PaymentType="PostPaid").where["labels.dlc_resource_id"] is None
+
+
+@pytest.mark.parametrize(
+    ("params", "admin"),
+    [
+        ({"Username": "bob"}, False),  # another user's jobs, to a user
+        ({"Username": "bob", "UserIdForFilter": "carol"}, True),
+        ({"PaymentType": "Spot"}, False),
+        ({"EnableAssignNode": "true"}, False),
+        ({"ResourceId": "q", "PaymentType": "PostPaid"}, False),
+    ],
+)
+def test_list_jobs_that_nothing_can_match_are_empty(params: dict[str, str], admin: bool) -> None:
+    assert listing(admin=admin, **params).empty
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"NumericRangeField": "RequestGPU"},
+        {"OversoldInfo": "ForceQuotaOverSold"},
+        {"SortBy": "Priority"},
+        {"Order": "up"},
+        {"TimeRangeField": "GmtRunningTime"},
+        {"Tags": "[1]"},
+        {"StartTime": "yesterday"},
+        {"Status": "Dancing"},
+        {"PaymentType": "Free"},
+        {"DisplayName": "x", "DisplayNameSearchMode": "regex"},
+    ],
+)
+def test_list_jobs_refuses_what_it_cannot_honour_naming_the_parameter(
+    params: dict[str, str],
+) -> None:
+    with pytest.raises(dlc.ListJobsError) as refused:
+        listing(**params)
+    assert refused.value.field in params

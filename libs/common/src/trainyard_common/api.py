@@ -91,6 +91,9 @@ class AttemptView(Body):
 
 class JobView(JobSummary):
     priority: int | None
+    tags: list[str] = Field(
+        default_factory=list, description="OpenPAI job tags, as added (PUT .../tag)"
+    )
     attempt: int
     retries: int
     attempts: list[AttemptView]

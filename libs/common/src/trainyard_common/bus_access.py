@@ -47,7 +47,7 @@ class Grant:
 GRANTS: dict[str, Grant] = {
     "intake": Grant(
         publish=(
-            *events_of("submitted", "resource"),
+            *events_of("submitted", "resource", "tag"),
             *commands_of("stop", "pause", "resume", "restart", "scale", "priority"),
         ),
         durables=("intake",),

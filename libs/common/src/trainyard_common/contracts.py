@@ -35,6 +35,7 @@ from .events import (
     JobRetrying,
     JobState,
     JobSubmitted,
+    JobTagged,
     PauseJob,
     PortAssignment,
     RestartJob,
@@ -108,6 +109,7 @@ def example_events() -> list[Event]:
         ),
         JobPlaced(event_id=derived_id("example", "placed"), spec=spec, tasks=tasks, **common),
         TasksPlaced(event_id=derived_id("example", "tasks", 2), tasks=tasks, **common),
+        JobTagged(event_id=derived_id("example", "tag", "nightly"), tag="nightly", **common),
         TaskStateChanged(
             event_id=derived_id("example", "task"),
             role="worker",

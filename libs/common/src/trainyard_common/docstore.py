@@ -13,8 +13,11 @@ and are still filterable (``json_extract``).
 
 Only the subset of MongoDB the services use is implemented, and anything else is refused
 loudly (``Unsupported``), never half-done: filters by equality (``None`` matches a missing
-field, as in MongoDB), ``$in``, ``$nin``, ``$ne``, ``$lt``, ``$lte``, ``$gt``, ``$gte``;
-updates by ``$set``, ``$unset``, ``$push``, ``$addToSet``, ``$inc``; replacement with
+field, as in MongoDB), ``$in``, ``$nin`` (on a field holding an array: its elements),
+``$ne``, ``$lt``, ``$lte``, ``$gt``, ``$gte``, ``$regex`` of an escaped literal (a
+substring search, ``$options`` "i" or none), a top-level ``$or``; updates by ``$set``,
+``$unset``, ``$push``,
+``$addToSet``, ``$pull`` (of one value), ``$inc``; replacement with
 upsert; sort, skip, limit; inclusion or exclusion projections; ``count_documents``.
 
 Datetimes keep their type: stored as fixed-width UTC ISO text behind a private-use mark
@@ -310,12 +313,29 @@ class SqliteCollection:
         clauses: list[str] = []
         params: list[Any] = []
         for field, cond in (query or {}).items():
+            if field == "$or" and isinstance(cond, list | tuple) and cond:
+                parts = [self._where(sub) for sub in cond]
+                clauses.append("(" + " OR ".join(f"({w})" for w, _ in parts) + ")")
+                params.extend(p for _, more in parts for p in more)
+                continue
             if field.startswith("$"):
                 raise Unsupported(f"query operator {field}")
             expr = self._expr(field)
             if isinstance(cond, Mapping) and cond and all(str(k).startswith("$") for k in cond):
+                # A field that is not a column may hold an array: $in / $nin test its
+                # elements then, as MongoDB does (a scalar is its one element).
+                elements = (
+                    None
+                    if expr == "id" or not expr.startswith("json_extract")
+                    else (f"json_each(doc, '{_path(field)}')")
+                )
                 for op, value in cond.items():
-                    clause, more = _condition(expr, op, value)
+                    if op == "$options":
+                        continue  # read with $regex
+                    if op == "$regex":
+                        clause, more = _contains(expr, value, cond.get("$options", ""))
+                    else:
+                        clause, more = _condition(expr, op, value, elements)
                     clauses.append(clause)
                     params.extend(more)
             elif cond is None:
@@ -498,7 +518,9 @@ class _AsyncList:
 # --- the pure parts ---------------------------------------------------------------------
 
 
-def _condition(expr: str, op: str, value: Any) -> tuple[str, list[Any]]:
+def _condition(
+    expr: str, op: str, value: Any, elements: str | None = None
+) -> tuple[str, list[Any]]:
     comparisons = {"$lt": "<", "$lte": "<=", "$gt": ">", "$gte": ">="}
     if op in comparisons:
         if value is None:
@@ -514,7 +536,10 @@ def _condition(expr: str, op: str, value: Any) -> tuple[str, list[Any]]:
             raise Unsupported(f"{op} needs a list")
         values = [_param(v) for v in value if v is not None]
         has_null = any(v is None for v in value)
-        inside = f"{expr} IN ({', '.join('?' * len(values))})" if values else "0"
+        marks = ", ".join("?" * len(values))
+        inside = f"{expr} IN ({marks})" if values else "0"
+        if elements is not None and values:
+            inside = f"EXISTS (SELECT 1 FROM {elements} WHERE value IN ({marks}))"
         if op == "$in":
             return (f"({inside} OR {expr} IS NULL)" if has_null else inside), values
         # $nin matches a missing field unless null is among the values.
@@ -524,6 +549,20 @@ def _condition(expr: str, op: str, value: Any) -> tuple[str, list[Any]]:
     raise Unsupported(f"query operator {op}")
 
 
+_LITERAL = re.compile(r"(?:\\.|[^\\.^$*+?()\[\]{}|])*")
+
+
+def _contains(expr: str, pattern: Any, options: Any) -> tuple[str, list[Any]]:
+    """``$regex`` of a literal (``re.escape``'d) pattern, ``$options`` "" or "i": the
+    substring searches the services make. Any other pattern is refused."""
+    if not isinstance(pattern, str) or not _LITERAL.fullmatch(pattern) or options not in ("", "i"):
+        raise Unsupported("$regex other than an escaped literal (options '' or 'i')")
+    literal = re.sub(r"\\(.)", r"\1", pattern)
+    if options == "i":
+        return f"instr(lower({expr}), lower(?)) > 0", [literal]
+    return f"instr({expr}, ?) > 0", [literal]
+
+
 def apply_update(doc: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     """``update``'s operators applied to ``doc`` (decoded, the caller's own copy)."""
     out = doc
@@ -531,7 +570,7 @@ def apply_update(doc: dict[str, Any], update: Mapping[str, Any]) -> dict[str, An
         if not isinstance(fields, Mapping):
             raise Unsupported(f"{op} takes a document of fields")
         for field, value in fields.items():
-            parent, last = _parent(out, field, create=op != "$unset")
+            parent, last = _parent(out, field, create=op not in ("$unset", "$pull"))
             if parent is None:
                 continue
             if op == "$set":
@@ -550,6 +589,13 @@ def apply_update(doc: dict[str, Any], update: Mapping[str, Any]) -> dict[str, An
                     raise Unsupported(f"{op} modifiers ($each, ...)")
                 if op == "$push" or encode(value) not in [encode(i) for i in items]:
                     items.append(value)
+            elif op == "$pull":
+                items = parent.get(last)
+                if items is None:
+                    continue
+                if not isinstance(items, list) or isinstance(value, Mapping):
+                    raise Unsupported(f"$pull on {field}: an array and a value to remove")
+                parent[last] = [i for i in items if encode(i) != encode(value)]
             else:
                 raise Unsupported(f"update operator {op}")
     return out

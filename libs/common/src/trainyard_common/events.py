@@ -257,6 +257,17 @@ class JobResourceChanged(Event):
     generation: int
 
 
+class JobTagged(Event):
+    """A tag added to (``present``) or removed from a job by its owner or an admin
+    (OpenPAI's job tags: ``PUT``/``DELETE /api/v2/jobs/{user}~{name}/tag``). Views show
+    the job's tags; OpenPAI's job list filters by them."""
+
+    type: Literal["JobTagged"] = "JobTagged"
+    subject_suffix: ClassVar[str] = "tag"
+    tag: str = Field(min_length=1, max_length=256)
+    present: bool = True
+
+
 class InterruptCause(StrEnum):
     """Why an attempt ends without failing: none of these spends the retry budget."""
 
@@ -353,6 +364,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     JobRetrying,
     JobInterrupted,
     JobResourceChanged,
+    JobTagged,
     StopJob,
     PauseJob,
     ResumeJob,

@@ -11,12 +11,13 @@ and passed in as ``Sources``; unresolved, the id itself stands for the source.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -101,6 +102,8 @@ JOB_KEYS = frozenset(
         "WorkspaceId",
         "ResourceId",
         "Priority",
+        # Who may see the job in its workspace: kept for ListJobs' Accessibility filter.
+        "Accessibility",
     }
 )
 SPEC_KEYS = frozenset({"Type", "Image", "PodCount", "EcsSpec", "ResourceConfig"})
@@ -639,6 +642,9 @@ def translate_dlc(
         payload, "JobMaxRunningTimeMinutes", "$", required=False, minimum=0
     )
     resource_id = issues.string(payload, "ResourceId", "$", required=False)
+    access = issues.string(payload, "Accessibility", "$", required=False)
+    if access is not None and access not in ("PUBLIC", "PRIVATE"):
+        issues.error("$.Accessibility", "Accessibility must be PUBLIC or PRIVATE", "enum")
     workspace_id = issues.string(payload, "WorkspaceId", "$", required=False)
     lib_dir = issues.string(payload, "ThirdpartyLibDir", "$", required=False)
     envs = _envs(payload, issues)
@@ -664,10 +670,17 @@ def translate_dlc(
         pip_requirements_dir=lib_dir or None,
         max_running_minutes=max_minutes or None,
         roles=roles,
-        # What ListJobs filters by (WorkspaceId, JobType), kept as labels.
+        # What ListJobs filters by (WorkspaceId, JobType, ResourceId, Accessibility,
+        # TemplateId), kept as labels.
         labels=[
             EnvVar(name=name, value=value)
-            for name, value in ((WORKSPACE_LABEL, workspace_id), (JOB_TYPE_LABEL, job_type))
+            for name, value in (
+                (WORKSPACE_LABEL, workspace_id),
+                (JOB_TYPE_LABEL, job_type),
+                (RESOURCE_LABEL, resource_id),
+                (ACCESS_LABEL, text(payload.get("Accessibility"))),
+                (TEMPLATE_LABEL, text(payload.get("TemplateId"))),
+            )
             if value
         ],
     )
@@ -676,6 +689,10 @@ def translate_dlc(
 
 WORKSPACE_LABEL = "dlc_workspace_id"
 JOB_TYPE_LABEL = "dlc_job_type"
+RESOURCE_LABEL = "dlc_resource_id"
+ACCESS_LABEL = "dlc_accessibility"
+PIPELINE_LABEL = "dlc_pipeline_id"
+TEMPLATE_LABEL = "dlc_template_id"
 
 
 def validate_dlc(payload: Any) -> list[FieldIssue]:
@@ -754,6 +771,190 @@ POD_STATUS = {
     "FAILED": "Failed",
     "STOPPED": "Stopped",
 }
+
+
+# --------------------------------------------------------------------------- ListJobs
+
+
+class ListJobsError(ValueError):
+    """A ListJobs parameter this platform cannot take: ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+# SortBy (DLC's documented values, and the two older ones) -> the job view's field.
+LIST_SORT_FIELDS = {
+    "DisplayName": "name",
+    "JobType": f"labels.{JOB_TYPE_LABEL}",
+    "Status": "state",
+    "GmtCreateTime": "submitted_at",
+    "GmtSubmittedTime": "submitted_at",
+    "GmtFinishTime": "finished_at",
+    "GmtModifiedTime": "updated_at",
+}
+# TimeRangeField -> the job view's time field (StartTime / EndTime bound it).
+TIME_RANGE_FIELDS = {
+    "GmtCreateTime": "submitted_at",
+    "GmtSubmittedTime": "submitted_at",
+    "GmtFinishTime": "finished_at",
+    "GmtModifiedTime": "updated_at",
+}
+# Without StartTime or EndTime DLC lists the jobs of the last 7 days.
+DEFAULT_LIST_WINDOW_DAYS = 7
+# ListJobs filters about what no job here has: a value is refused, naming it.
+LIST_NOT_APPLICABLE = {
+    "NumericRangeField": "numeric range filters are not supported here",
+    "OversoldInfo": "jobs here do not run on oversold (idle) quota resources",
+    "Caller": "jobs here record no caller apart from their user (UserIdForFilter)",
+}
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """What a ListJobs request asks of the job views: a filter (MongoDB's query
+    language, over the status service's job documents), the field to sort by and the
+    direction, or ``empty`` when nothing can match."""
+
+    where: dict[str, Any]
+    sort: str = "submitted_at"
+    ascending: bool = False
+    empty: bool = False
+
+
+def _contains(text_value: str) -> dict[str, Any]:
+    """A case-insensitive substring match (DLC's fuzzy searches)."""
+    return {"$regex": re.escape(text_value), "$options": "i"}
+
+
+def _csv(value: str | None) -> list[str]:
+    return [part.strip() for part in (value or "").split(",") if part.strip()]
+
+
+def list_query(params: Mapping[str, Any], *, user: str, admin: bool, now: datetime) -> ListQuery:
+    """ListJobs' query parameters (DLC's names) as a filter on the job views, as DLC
+    documents each: DisplayName (fuzzy, case-insensitive; DisplayNameSearchMode exact),
+    JobId (before JobIds), JobType, Status, ResourceId(s), ResourceQuotaName (fuzzy),
+    WorkspaceId (FromAllWorkspaces drops it), ShowOwn, Username, UserIdForFilter and
+    BusinessUserId, StartTime / EndTime over TimeRangeField (the last 7 days by default),
+    Tags (a JSON object of labels), PaymentType, Accessibility, PipelineId, TemplateId,
+    EnableAssignNode, ImageSearch, UserCommandSearch, ReasonSearch, SortBy and Order.
+    ``user``: the caller, who sees only their own jobs unless ``admin``."""
+
+    def get(name: str) -> str | None:
+        value = params.get(name)
+        return str(value) if value not in (None, "") else None
+
+    for param, why in LIST_NOT_APPLICABLE.items():
+        if get(param) is not None:
+            raise ListJobsError(param, why)
+    where: dict[str, Any] = {"dialect": DIALECT}
+    empty = False
+    if (display := get("DisplayName")) is not None:
+        mode = (get("DisplayNameSearchMode") or "fuzzy").lower()
+        if mode not in ("exact", "fuzzy", "wildcard"):
+            raise ListJobsError("DisplayNameSearchMode", "must be exact or fuzzy")
+        where["name"] = display if mode == "exact" else _contains(display)
+    if (job_id := get("JobId")) is not None:
+        where["_id"] = job_id.lower()
+    elif ids := _csv(get("JobIds")):
+        where["_id"] = {"$in": [i.lower() for i in ids][:1000]}
+    if (job_type := get("JobType")) is not None:
+        where[f"labels.{JOB_TYPE_LABEL}"] = job_type
+    if (status := get("Status")) is not None:
+        states = sorted({s for part in _csv(status) for s in states_for(part)})
+        if not states:
+            raise ListJobsError(
+                "Status", f"{status!r} is not one of {', '.join(sorted(set(STATUS.values())))}"
+            )
+        where["state"] = {"$in": states}
+    quotas = _csv(get("ResourceId")) or _csv(get("ResourceIds"))
+    if quotas:
+        where[f"labels.{RESOURCE_LABEL}"] = {"$in": quotas}
+    if (quota_name := get("ResourceQuotaName")) is not None:
+        where["queue"] = _contains(quota_name)
+    workspace = get("WorkspaceId")
+    if workspace is not None and str(params.get("FromAllWorkspaces")).lower() != "true":
+        where[f"labels.{WORKSPACE_LABEL}"] = workspace
+    show_own = str(params.get("ShowOwn")).lower() == "true"
+    # A job's user is its Username, UserId and BusinessUserId here.
+    asked = {v for v in (get("Username"), get("UserIdForFilter"), get("BusinessUserId")) if v}
+    if len(asked) > 1:
+        empty = True  # two users at once: no job is both's
+    if not admin or show_own:
+        if asked - {user}:
+            empty = True  # another user's jobs are not this caller's to list
+        where["user"] = user
+    elif asked:
+        where["user"] = min(asked)
+    field_name = get("TimeRangeField") or "GmtCreateTime"
+    if field_name not in TIME_RANGE_FIELDS:
+        raise ListJobsError(
+            "TimeRangeField", f"must be one of {', '.join(sorted(TIME_RANGE_FIELDS))}"
+        )
+    start, end = get("StartTime"), get("EndTime")
+    window: dict[str, datetime] = {}
+    if start is None and end is None:
+        window["$gte"] = now - timedelta(days=DEFAULT_LIST_WINDOW_DAYS)
+    if start is not None:
+        window["$gte"] = _list_time(start, "StartTime")
+    if end is not None:
+        window["$lte"] = _list_time(end, "EndTime")
+    where[TIME_RANGE_FIELDS[field_name]] = window
+    if (tags := get("Tags")) is not None:
+        try:
+            wanted = json.loads(tags)
+        except ValueError:
+            wanted = None
+        if not isinstance(wanted, dict) or not all(isinstance(v, str) for v in wanted.values()):
+            raise ListJobsError("Tags", 'must be a JSON object of strings ({"key": "value"})')
+        for key, value in wanted.items():
+            where[f"labels.{key}"] = value
+    if (payment := get("PaymentType")) is not None:
+        if payment not in ("PrePaid", "PostPaid", "Spot"):
+            raise ListJobsError("PaymentType", "must be PrePaid, PostPaid or Spot")
+        if payment == "Spot":
+            empty = True  # no preemptible (spot) resources here
+        elif payment == "PrePaid":
+            where.setdefault(f"labels.{RESOURCE_LABEL}", {"$ne": None})
+        elif f"labels.{RESOURCE_LABEL}" in where:
+            empty = True  # a quota's jobs are PrePaid
+        else:
+            where[f"labels.{RESOURCE_LABEL}"] = None
+    if (access := get("Accessibility")) is not None:
+        if access not in ("PUBLIC", "PRIVATE"):
+            raise ListJobsError("Accessibility", "must be PUBLIC or PRIVATE")
+        # A job that did not say is PRIVATE (DLC's default).
+        where[f"labels.{ACCESS_LABEL}"] = "PUBLIC" if access == "PUBLIC" else {"$ne": "PUBLIC"}
+    for param, label in (("PipelineId", PIPELINE_LABEL), ("TemplateId", TEMPLATE_LABEL)):
+        if (value := get(param)) is not None:
+            where[f"labels.{label}"] = value
+    if (assign := get("EnableAssignNode")) is not None and assign.lower() == "true":
+        empty = True  # no job here runs with DLC's assigned-node execution
+    for param, stored in (
+        ("ImageSearch", "search.images"),
+        ("UserCommandSearch", "search.commands"),
+        ("ReasonSearch", "reason"),
+    ):
+        if (value := get(param)) is not None:
+            where[stored] = _contains(value)
+    sort_by = get("SortBy") or "GmtCreateTime"
+    if sort_by not in LIST_SORT_FIELDS:
+        raise ListJobsError("SortBy", f"must be one of {', '.join(LIST_SORT_FIELDS)}")
+    order = (get("Order") or "desc").lower()
+    if order not in ("asc", "desc"):
+        raise ListJobsError("Order", "must be asc or desc")
+    return ListQuery(where, LIST_SORT_FIELDS[sort_by], order == "asc", empty)
+
+
+def _list_time(value: str, name: str) -> datetime:
+    """A DLC time filter (``2020-11-08T16:00:00Z``)."""
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ListJobsError(name, f"{value!r} is not a time (2020-11-08T16:00:00Z)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def states_for(status: str) -> list[str]:
@@ -899,7 +1100,8 @@ def render_job(
         "Priority": view.get("priority")
         if view.get("priority") is not None
         else spec.get("priority"),
-        "ResourceId": original.get("ResourceId") or spec.get("queue"),
+        # The quota the job named; none: public resources (DLC shows an empty id).
+        "ResourceId": original.get("ResourceId") or "",
         "WorkspaceId": original.get("WorkspaceId"),
         "DataSources": data_sources,
         "ThirdpartyLibs": spec.get("pip_packages", []),

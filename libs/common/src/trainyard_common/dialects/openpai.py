@@ -599,7 +599,7 @@ def render_status(view: dict[str, Any], attempt: int | None = None) -> dict[str,
     return {
         "debugId": framework_name(view),
         "name": view.get("name"),
-        "tags": [],
+        "tags": list(view.get("tags") or []),
         "jobPriority": view.get("priority"),
         "jobStatus": {
             "username": view.get("user"),
@@ -874,7 +874,7 @@ def render_list_item(view: dict[str, Any]) -> dict[str, Any]:
         "state": state,
         "subState": sub,
         "executionType": execution,
-        "tags": [],
+        "tags": list(view.get("tags") or []),
         "retries": sum(retries.values()),
         "retryDetails": retries,
         "retryDelayTime": 0,

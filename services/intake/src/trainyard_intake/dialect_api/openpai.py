@@ -6,7 +6,9 @@
 - ``POST /api/v1/user/{user}/jobs`` — a v1 JSON job; 202
   ``{"message": "update job <name> successfully"}`` and a Location (the v1 controller);
 - ``PUT /api/v2/jobs/{user}~{name}/executionType`` ``{"value": "STOP"}`` — stop it; 202
-  ``{"status": 202, "message": "Execute job <user>~<name> successfully."}``.
+  ``{"status": 202, "message": "Execute job <user>~<name> successfully."}``;
+- ``PUT`` / ``DELETE /api/v2/jobs/{user}~{name}/tag`` ``{"value": "<tag>"}`` — add or
+  remove a tag (JobTagged); 200 ``{"status": 200, "message": "Add tag ..."}``.
 
 Errors are OpenPAI's ``{"code": "...", "message": "..."}``. A job the protocol rejects is
 answered 400 at once (``InvalidProtocolError``), as OpenPAI does; checks against the
@@ -27,6 +29,7 @@ from fastapi.responses import JSONResponse
 
 from trainyard_common.auth import Identity
 from trainyard_common.dialects import openpai, openpai_v2
+from trainyard_common.events import JobTagged
 from trainyard_common.parsing import BodyError, parse_json, parse_yaml
 
 from ..handlers import (
@@ -40,6 +43,8 @@ from ..handlers import (
 from .context import IntakeContext
 
 MAX_BODY = 4 * 1024 * 1024
+# The longest tag taken (OpenPAI names no limit; a bound keeps views small).
+MAX_TAG = 256
 
 
 def error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
@@ -206,6 +211,61 @@ def router(ctx: IntakeContext) -> APIRouter:
                 "status": 202,
                 "message": f"Execute job {framework_name} successfully.",
             },
+        )
+
+    @api.put("/api/v2/jobs/{framework_name}/tag")
+    async def add_tag(
+        framework_name: str, request: Request, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
+        return await tag(framework_name, request, identity, present=True)
+
+    @api.delete("/api/v2/jobs/{framework_name}/tag")
+    async def delete_tag(
+        framework_name: str, request: Request, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
+        return await tag(framework_name, request, identity, present=False)
+
+    async def tag(
+        framework_name: str, request: Request, identity: Identity, *, present: bool
+    ) -> JSONResponse:
+        """OpenPAI's job tags (rest-server controllers/v2/job.js addTag / deleteTag):
+        ``{"value": "<tag>"}``, by the job's owner or an admin; 200 once a read of the
+        job shows the change."""
+        try:
+            body = parse_json(await request.body() or b"{}", MAX_BODY)
+        except BodyError:
+            body = None
+        value = body.get("value") if isinstance(body, dict) else None
+        if not isinstance(value, str) or not 0 < len(value) <= MAX_TAG:
+            return error(
+                400,
+                "InvalidParametersError",
+                f'value: a tag must be {{"value": "<tag>"}}, 1 to {MAX_TAG} characters',
+            )
+        parts = _split(framework_name)
+        if parts is None:
+            return error(404, "NoJobError", f"Job {framework_name} is not found.")
+        user, name = parts
+        verb, preposition = ("add", "to") if present else ("delete", "from")
+        if user != identity.user and not identity.admin:
+            return error(
+                403,
+                "ForbiddenUserError",
+                f"User {identity.user} is not allowed to {verb} tag {preposition} job "
+                f"{framework_name}.",
+            )
+        job_ids = await ctx.deps.owners.job_ids(user, name)
+        if not job_ids:
+            return error(404, "NoJobError", f"Job {framework_name} is not found.")
+        seq = None
+        for job_id in job_ids:
+            seq = await ctx.deps.publish(JobTagged(job_id=job_id, tag=value, present=present))
+        if seq and ctx.deps.settled is not None:
+            await ctx.deps.settled(seq)
+        done = f"Add tag {value} for" if present else f"Delete tag {value} from"
+        return JSONResponse(
+            status_code=200,
+            content={"status": 200, "message": f"{done} job {framework_name} successfully."},
         )
 
     return api

@@ -101,6 +101,8 @@ class JobViews:
             await self.jobs.update_one({"_id": change.job_id}, {"$set": {**change.always, **fed}})
         if change.add_to_set:
             await self.jobs.update_one({"_id": change.job_id}, {"$addToSet": change.add_to_set})
+        if change.pull:
+            await self.jobs.update_one({"_id": change.job_id}, {"$pull": change.pull})
         if change.state is None:
             return
         stored = current.get("state_rank", -1)
@@ -156,11 +158,14 @@ class JobViews:
         full: bool = False,
         after: tuple[datetime, str] | None = None,
         oldest_first: bool = False,
+        sort: str = "submitted_at",
     ) -> tuple[list[dict[str, Any]], int]:
-        """Jobs newest first (``oldest_first``: the other way). ``where`` adds filters on
-        stored fields (a dialect's API narrows by dialect or queue); ``full`` returns
-        whole documents. ``after``: the (submitted_at, id) of the last job of the page
-        before (a cursor: pages stay right while jobs are written; no ``offset`` then)."""
+        """Jobs newest first (``oldest_first``: the other way), or by another stored
+        field (``sort``: a dialect's list order; then the id breaks ties). ``where`` adds
+        filters on stored fields (a dialect's API narrows by dialect or queue); ``full``
+        returns whole documents. ``after``: the (submitted_at, id) of the last job of the
+        page before (a cursor: pages stay right while jobs are written; no ``offset``
+        then, nor another ``sort``)."""
         query: dict[str, Any] = {"state": {"$ne": None}, **(where or {})}
         if user:
             query["user"] = user
@@ -176,7 +181,7 @@ class JobViews:
             total = await self.jobs.count_documents(query)
         projection = None if full else {"spec_json": 0, "original_json": 0}
         way = ASCENDING if oldest_first else DESCENDING
-        order = [("submitted_at", way), ("_id", way)]
+        order = [(sort, way), ("_id", way)]
         if after is None:
             cursor = self.jobs.find(query, projection).sort(order).skip(offset).limit(limit)
             docs = [doc async for doc in cursor]
@@ -333,6 +338,7 @@ def job_view(doc: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any]
         **summary(doc),
         "queue": doc.get("queue"),
         "priority": doc.get("priority"),
+        "tags": doc.get("tags") or [],
         # Retries are failed attempts run again; an interrupted one (paused, preempted,
         # scaled) is not one.
         "attempt": attempt,

@@ -23,9 +23,8 @@ from trainyard_common.limits import MAX_OFFSET, MAX_PAGE
 from ..adapters.views import job_view
 from .context import StatusContext
 
-# ListJobs' SortBy values Trainyard can order by; every one orders by submission time,
-# the only order the job store keeps an index for.
-SORT_BY = {"GmtCreateTime", "GmtSubmittedTime", "GmtModifiedTime"}
+# The longest ListJobs parameter value read (a longer one is left out).
+MAX_PARAM = 20000
 
 
 def _original(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -35,17 +34,6 @@ def _original(doc: dict[str, Any]) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def _time(value: str, field: str) -> datetime:
-    """A DLC time filter (``2020-11-08T16:00:00Z``); a bad one is the caller's error."""
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise AliyunError(
-            400, "InvalidParameter", f"{field} {value!r} is not a time (2020-11-08T16:00:00Z)"
-        ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 # The instance types ListEcsSpecs lists: the built-in table and YARD_DLC_ECS_CATALOG.
@@ -144,84 +132,28 @@ def router(ctx: StatusContext) -> APIRouter:
         identity: Identity = Depends(signed),
         page_number: int = Query(1, alias="PageNumber", ge=1, le=MAX_PAGE),
         page_size: int = Query(50, alias="PageSize", ge=1, le=1000),
-        display_name: str | None = Query(None, alias="DisplayName"),
-        status: str | None = Query(None, alias="Status"),
-        job_id: str | None = Query(None, alias="JobId"),
-        resource_id: str | None = Query(None, alias="ResourceId"),
-        sort_by: str = Query("GmtCreateTime", alias="SortBy"),
-        order: str = Query("desc", alias="Order"),
-        show_own: bool | None = Query(None, alias="ShowOwn"),
-        workspace_id: str | None = Query(None, alias="WorkspaceId"),
-        job_type: str | None = Query(None, alias="JobType"),
-        job_ids: str | None = Query(None, alias="JobIds", max_length=20000),
-        username: str | None = Query(None, alias="Username"),
-        start_time: str | None = Query(None, alias="StartTime"),
-        end_time: str | None = Query(None, alias="EndTime"),
     ) -> dict:
-        if sort_by not in SORT_BY:
-            raise AliyunError(
-                400, "InvalidParameter", f"SortBy must be one of {', '.join(sorted(SORT_BY))}"
+        # Every documented filter (dlc.list_query), read by DLC's own names; a bounded
+        # request: each value at most a few kilobytes.
+        params = {k: v for k, v in request.query_params.items() if len(v) <= MAX_PARAM}
+        try:
+            query = dlc.list_query(
+                params, user=identity.user, admin=identity.admin, now=datetime.now(UTC)
             )
-        if order.lower() not in ("asc", "desc"):
-            raise AliyunError(400, "InvalidParameter", "Order must be asc or desc")
-        where: dict[str, Any] = {"dialect": dlc.DIALECT}
-        if display_name:
-            where["name"] = display_name
-        if job_id:
-            where["_id"] = job_id
-        if resource_id:
-            where["queue"] = resource_id
-        if workspace_id:
-            where[f"labels.{dlc.WORKSPACE_LABEL}"] = workspace_id
-        if job_type:
-            where[f"labels.{dlc.JOB_TYPE_LABEL}"] = job_type
-        if job_ids:
-            where["_id"] = {"$in": [j.strip() for j in job_ids.split(",") if j.strip()][:1000]}
-        if username and identity.admin:
-            where["user"] = username
-        window = {
-            op: _time(value, name)
-            for op, value, name in (
-                ("$gte", start_time, "StartTime"),
-                ("$lte", end_time, "EndTime"),
-            )
-            if value
-        }
-        if window:
-            # DLC's TimeRangeField defaults to GmtCreateTime: when the job was submitted.
-            where["submitted_at"] = window
-        if status:
-            states = sorted({s for part in status.split(",") for s in dlc.states_for(part)})
-            if not states:
-                raise AliyunError(
-                    400,
-                    "InvalidParameter",
-                    f"Status {status!r} is not one of "
-                    f"{', '.join(sorted(set(dlc.STATUS.values())))}",
-                )
-            where["state"] = {"$in": states}
-        user = identity.user if (not identity.admin or show_own) else None
-        offset = (page_number - 1) * page_size
-        if order.lower() == "asc":
-            # The store lists newest first: the asc page is a reversed slice from the end.
-            _, total = await ctx.views.list_jobs(
-                user=user, state=None, limit=1, offset=0, where=where
-            )
-            end = max(0, total - offset)
-            start = max(0, end - page_size)
-            docs, total = await ctx.views.list_jobs(
-                user=user,
-                state=None,
-                limit=max(1, end - start),
-                offset=start,
-                where=where,
-                full=True,
-            )
-            docs = list(reversed(docs[: end - start]))
-        else:
-            docs, total = await ctx.views.list_jobs(
-                user=user, state=None, limit=page_size, offset=offset, where=where, full=True
-            )
+        except dlc.ListJobsError as exc:
+            raise AliyunError(400, "InvalidParameter", str(exc)) from None
+        if query.empty:
+            return {**dlc.render_list([], 0), "RequestId": request_id(request)}
+        docs, total = await ctx.views.list_jobs(
+            user=None,
+            state=None,
+            limit=page_size,
+            offset=(page_number - 1) * page_size,
+            where=query.where,
+            full=True,
+            oldest_first=query.ascending,
+            sort=query.sort,
+        )
         items = [
             (job_view(doc, await ctx.views.job_tasks(doc["_id"])), _original(doc)) for doc in docs
         ]

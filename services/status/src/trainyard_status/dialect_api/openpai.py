@@ -4,7 +4,9 @@ dialect's pure ``render_status`` / ``render_list_item`` from the canonical view)
 - ``GET /api/v2/jobs/{user}~{name}`` (and v1's ``GET /api/v1/user/{user}/jobs/{name}``);
 - ``GET /api/v2/jobs/{user}~{name}/config``: the job as submitted, secrets hidden;
 - ``GET /api/v2/jobs`` with OpenPAI's filters ``username``, ``vc``, ``state`` (each a
-  comma list), ``offset``, ``limit`` and ``withTotalCount``.
+  comma list), ``tagsContain`` / ``tagsNotContain``, ``keyword`` (a substring of the
+  user, name or VC), ``order`` (``field,ASC|DESC``), ``offset``, ``limit`` and
+  ``withTotalCount``.
 
 Jobs submitted in either OpenPAI dialect are shown. Unlike OpenPAI, a user sees only
 their own jobs (an admin sees all): another user's job answers 404 like a missing one.
@@ -13,6 +15,7 @@ their own jobs (an admin sees all): another user's job answers 404 like a missin
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import quote
 
@@ -234,6 +237,18 @@ def router(ctx: StatusContext) -> APIRouter:
     ) -> JSONResponse:
         return await status_of(user, name, identity)
 
+    # The list's ``order`` fields (rest-server controllers/v2/job.js) -> stored fields; an
+    # unknown field or direction is passed over, as OpenPAI does.
+    ORDER_FIELDS = {
+        "jobName": "name",
+        "submissionTime": "submitted_at",
+        "username": "user",
+        "vc": "queue",
+        "state": "state",
+        "completionTime": "finished_at",
+    }
+    ORDER_UNSUPPORTED = {"retries", "totalTaskNumber", "totalGpuNumber"}
+
     @api.get("/api/v2/jobs")
     async def list_jobs(
         identity: Identity = Depends(ctx.current),
@@ -243,6 +258,10 @@ def router(ctx: StatusContext) -> APIRouter:
         offset: int = Query(0, ge=0, le=MAX_OFFSET),
         limit: int = Query(5000, ge=1, le=MAX_PAGE_SIZE),
         withTotalCount: bool = False,  # noqa: N803 - OpenPAI's parameter name
+        tagsContain: str | None = Query(None, max_length=4096),  # noqa: N803
+        tagsNotContain: str | None = Query(None, max_length=4096),  # noqa: N803
+        keyword: str | None = Query(None, max_length=1024),
+        order: str | None = Query(None, max_length=64),
     ) -> Any:
         if limit > MAX_LIMIT:
             return error(400, "InvalidParametersError", f"Limit exceeds max number {MAX_LIMIT}.")
@@ -263,9 +282,31 @@ def router(ctx: StatusContext) -> APIRouter:
         if state:
             wanted = [ours for s in state.split(",") for ours in STATES.get(s.upper(), ())]
             where["state"] = {"$in": wanted}
+        # OpenPAI's tag filters: any of tagsContain, none of tagsNotContain.
+        tags: dict[str, list[str]] = {}
+        if tagsContain:
+            tags["$in"] = [t for t in tagsContain.split(",") if t]
+        if tagsNotContain:
+            tags["$nin"] = [t for t in tagsNotContain.split(",") if t]
+        if tags:
+            where["tags"] = tags
+        if keyword:
+            # OpenPAI's keyword: a substring of the user, the job's name or its VC.
+            found = {"$regex": re.escape(keyword)}
+            where["$or"] = [{"user": found}, {"name": found}, {"queue": found}]
+        sort, ascending = "submitted_at", False  # OpenPAI's default: submissionTime,DESC
+        if order:
+            field, _, way = order.partition(",")
+            if field in ORDER_UNSUPPORTED:
+                return error(
+                    400, "InvalidParametersError", f"order by {field} is not supported here"
+                )
+            if field in ORDER_FIELDS and way in ("ASC", "DESC"):
+                sort, ascending = ORDER_FIELDS[field], way == "ASC"
         docs, total = await ctx.views.list_jobs(
-            user=None, state=None, limit=limit, offset=offset, where=where, full=True
-        )
+            user=None, state=None, limit=limit, offset=offset, where=where, full=True,
+            sort=sort, oldest_first=ascending,
+        )  # fmt: skip
         items = [render_list_item(_with_stop(job_view(doc, []), doc)) for doc in docs]
         return {"totalCount": total, "data": items} if withTotalCount else items
 

@@ -23,6 +23,7 @@ from trainyard_common.events import (
     JobRetrying,
     JobState,
     JobSubmitted,
+    JobTagged,
     SetPriority,
     StopJob,
     TaskPlacement,
@@ -30,6 +31,7 @@ from trainyard_common.events import (
     TaskState,
     TaskStateChanged,
 )
+from trainyard_common.jobspec import JobSpec
 
 # A job's state only moves forward; a late event of an earlier step never moves it back.
 # Within an attempt by this order; a later attempt ranks above every step of an earlier
@@ -74,6 +76,8 @@ class JobChange:
     attempt: int = 1
     rank_state: JobState | None = None
     add_to_set: dict[str, Any] = field(default_factory=dict)
+    # Values to remove from arrays (whatever the rank), as ``add_to_set`` adds them.
+    pull: dict[str, Any] = field(default_factory=dict)
     # The job's first event (JobSubmitted): its stream sequence is kept as created_seq,
     # which tells a Kubernetes-style watch an ADDED object from a MODIFIED one.
     created: bool = False
@@ -136,6 +140,9 @@ def project(event: Event) -> Changes:
                         "priority": spec.priority,
                         "kind": spec.kind.value,
                         "labels": {label.name: label.value for label in spec.labels},
+                        # What a dialect's searches read (PAI-DLC's ImageSearch and
+                        # UserCommandSearch): the images and commands, as text.
+                        "search": _search(spec),
                         "submitted_at": at,
                         "spec_json": spec.redacted().model_dump_json(),
                         "original_json": _original(event),
@@ -315,6 +322,11 @@ def project(event: Event) -> Changes:
             )
         case SetPriority():
             return Changes(JobChange(event.job_id, always={"priority": event.priority}))
+        case JobTagged():
+            tags = {"tags": event.tag}
+            if event.present:
+                return Changes(JobChange(event.job_id, add_to_set=tags))
+            return Changes(JobChange(event.job_id, pull=tags))
         case JobResourceChanged():
             return Changes(
                 JobChange(
@@ -327,6 +339,12 @@ def project(event: Event) -> Changes:
                 )
             )
     return Changes()
+
+
+def _search(spec: JobSpec) -> dict[str, str]:
+    images = dict.fromkeys(i for i in (spec.image, *(r.image for r in spec.roles)) if i)
+    commands = dict.fromkeys(r.command for r in spec.redacted().roles if r.command)
+    return {"images": "\n".join(images), "commands": "\n".join(commands)}
 
 
 def _placements(job_id: str, attempt: int, tasks: list[TaskPlacement]) -> list[TaskChange]:
