@@ -61,6 +61,30 @@ def test_placed_creates_each_task_with_its_node_and_ports() -> None:
     assert changes.tasks[1].fields["ports"] == [{"label": "http", "ports": [20101]}]
 
 
+def test_a_partly_placed_job_says_its_tasks_wait_and_more_tasks_add_placements() -> None:
+    placed = EVENTS["JobPlaced"]
+    partial = placed.model_copy(update={"tasks": placed.tasks[:1]})
+    assert project(placed).job.with_state["reason"] is None
+    assert project(partial).job.with_state["reason"].startswith("1 of 2 tasks placed")
+    more = project(EVENTS["TasksPlaced"])
+    assert more.job is None  # the job's state is its tasks' to move
+    assert [t.fields["index"] for t in more.tasks] == [0, 1]
+    assert all(t.seq is None for t in more.tasks)
+
+
+def test_a_tag_is_added_to_or_removed_from_the_set_whatever_the_state() -> None:
+    tagged = EVENTS["JobTagged"]
+    added = project(tagged).job
+    assert (added.add_to_set, added.pull, added.state) == ({"tags": "nightly"}, {}, None)
+    removed = project(tagged.model_copy(update={"present": False})).job
+    assert (removed.add_to_set, removed.pull) == ({}, {"tags": "nightly"})
+
+
+def test_the_images_and_commands_are_kept_as_text_for_searches() -> None:
+    search = project(EVENTS["JobSubmitted"]).job.always["search"]
+    assert search == {"images": "", "commands": "python3 train.py"}
+
+
 def test_a_running_task_makes_the_job_running_other_transitions_do_not() -> None:
     base = EVENTS["TaskStateChanged"]
     running = base.model_copy(update={"state": TaskState.RUNNING, "seq": 2, "exit_code": None})
