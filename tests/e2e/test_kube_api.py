@@ -465,3 +465,71 @@ def test_kubectl_on_a_t9k_kind(kubeconfig: Path, api: Api) -> None:
     assert api.wait(uid, {"PAUSED"}, 30)["state"] == "PAUSED"
     ok(kubectl(kubeconfig, "delete", "genericjob", name))
     assert api.wait(uid)["state"] == "STOPPED"
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+# One published example of every served kind (T9k's manuals, Kubeflow's operators).
+KIND_EXAMPLES = {
+    "beamjobs": "t9k/beamjob-1.yaml",
+    "colossalaijobs": "t9k/colossalaijob-1.yaml",
+    "deepspeedjobs": "t9k/deepspeedjob-1.yaml",
+    "genericjobs": "t9k/genericjob-1.yaml",
+    "mpijobs.batch.tensorstack.dev": "t9k/mpijob-1.yaml",
+    "pytorchtrainingjobs": "t9k/pytorchtrainingjob-1.yaml",
+    "tensorflowtrainingjobs": "t9k/tensorflowtrainingjob-1.yaml",
+    "xgboosttrainingjobs": "t9k/xgboosttrainingjob-1.yaml",
+    "jaxjobs": "kubeflow/jaxjob-simple.yaml",
+    "mpijobs.kubeflow.org": "kubeflow/mpijob-hello.yaml",
+    "paddlejobs": "kubeflow/paddlejob-collective.yaml",
+    "pytorchjobs": "kubeflow/pytorchjob-simple.yaml",
+    "tfjobs": "kubeflow/tfjob-simple.yaml",
+    "xgboostjobs": "kubeflow/xgboostjob-rabit.yaml",
+}
+
+
+def test_every_served_kind_has_an_example() -> None:
+    from trainyard_common.dialects.k8s_api import SERVED
+
+    served = {s.plural for s in SERVED.values()}
+    assert {key.split(".")[0] for key in KIND_EXAMPLES} == served
+    assert len(KIND_EXAMPLES) == len(SERVED)
+
+
+@pytest.mark.parametrize("resource", sorted(KIND_EXAMPLES))
+def test_kubectl_apply_get_label_and_delete_every_served_kind(
+    kubeconfig: Path, api: Api, resource: str
+) -> None:
+    """Each kind's published example, held paused at submission (T9k runMode.pause,
+    Kubeflow runPolicy.suspend) so nothing runs: apply, get -o yaml, label, select,
+    apply again unchanged, delete."""
+    job = next(
+        d for d in yaml.safe_load_all((EXAMPLES / KIND_EXAMPLES[resource]).read_text())
+        if d and d.get("kind")
+    )  # fmt: skip
+    name = unique(resource.split(".")[0][:-1])
+    job["metadata"] = {"name": name}
+    # T9k's manual spells one kind "DeepspeedJob"; its CRD (and so kubectl) knows only
+    # "DeepSpeedJob" (the REST API takes both).
+    job["kind"] = {"DeepspeedJob": "DeepSpeedJob"}.get(job["kind"], job["kind"])
+    paused = job["kind"] != "BeamJob"  # T9k's BeamJob has no pause mode: it runs
+    if paused and job["apiVersion"].startswith("batch.tensorstack.dev"):
+        job["spec"]["runMode"] = {"pause": {"enabled": True}}
+    elif paused:
+        job["spec"].setdefault("runPolicy", {})["suspend"] = True
+    manifest = yaml.safe_dump(job)
+    assert "created" in ok(kubectl(kubeconfig, "apply", "-f", "-", stdin=manifest))
+    got = yaml.safe_load(ok(kubectl(kubeconfig, "get", resource, name, "-o", "yaml")))
+    assert (got["kind"], got["metadata"]["name"]) == (job["kind"], name)
+    assert got["metadata"]["generation"] == 1
+    uid = got["metadata"]["uid"]
+    if paused:
+        assert api.wait(uid, {"PAUSED"}, 30)["state"] == "PAUSED"
+    ok(kubectl(kubeconfig, "label", resource, name, "checked=yes"))
+    selected = ok(kubectl(kubeconfig, "get", resource, "-l", "checked=yes", "-o", "name"))
+    assert [line.rsplit("/", 1)[1] for line in selected.split()] == [name]
+    assert "unchanged" in ok(kubectl(kubeconfig, "apply", "-f", "-", stdin=manifest))
+    assert f'"{name}" deleted' in ok(kubectl(kubeconfig, "delete", resource, name))
+    ended = api.wait(uid)["state"]
+    assert ended == "STOPPED" if paused else ended in ("STOPPED", "SUCCEEDED", "FAILED")
+    missing = kubectl(kubeconfig, "get", resource, name)
+    assert missing.returncode != 0 and "NotFound" in missing.stderr
