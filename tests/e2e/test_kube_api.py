@@ -467,7 +467,7 @@ def test_kubectl_on_a_t9k_kind(kubeconfig: Path, api: Api) -> None:
     assert api.wait(uid)["state"] == "STOPPED"
 
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ALL_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # One published example of every served kind (T9k's manuals, Kubeflow's operators).
 KIND_EXAMPLES = {
     "beamjobs": "t9k/beamjob-1.yaml",
@@ -479,7 +479,8 @@ KIND_EXAMPLES = {
     "tensorflowtrainingjobs": "t9k/tensorflowtrainingjob-1.yaml",
     "xgboosttrainingjobs": "t9k/xgboosttrainingjob-1.yaml",
     "jaxjobs": "kubeflow/jaxjob-simple.yaml",
-    "mpijobs.kubeflow.org": "kubeflow/mpijob-hello.yaml",
+    "mpijobs.v1.kubeflow.org": "kubeflow/mpijob-hello.yaml",
+    "mpijobs.v2beta1.kubeflow.org": "kubeflow/mpijob-v2beta1-hello.yaml",
     "paddlejobs": "kubeflow/paddlejob-collective.yaml",
     "pytorchjobs": "kubeflow/pytorchjob-simple.yaml",
     "tfjobs": "kubeflow/tfjob-simple.yaml",
@@ -492,7 +493,7 @@ def test_every_served_kind_has_an_example() -> None:
 
     served = {s.plural for s in SERVED.values()}
     assert {key.split(".")[0] for key in KIND_EXAMPLES} == served
-    assert len(KIND_EXAMPLES) == len(SERVED)
+    assert len(KIND_EXAMPLES) == len(SERVED)  # MPIJob at each of its two versions
 
 
 @pytest.mark.parametrize("resource", sorted(KIND_EXAMPLES))
@@ -503,7 +504,7 @@ def test_kubectl_apply_get_label_and_delete_every_served_kind(
     Kubeflow runPolicy.suspend) so nothing runs: apply, get -o yaml, label, select,
     apply again unchanged, delete."""
     job = next(
-        d for d in yaml.safe_load_all((EXAMPLES / KIND_EXAMPLES[resource]).read_text())
+        d for d in yaml.safe_load_all((ALL_EXAMPLES / KIND_EXAMPLES[resource]).read_text())
         if d and d.get("kind")
     )  # fmt: skip
     name = unique(resource.split(".")[0][:-1])
@@ -528,6 +529,13 @@ def test_kubectl_apply_get_label_and_delete_every_served_kind(
     selected = ok(kubectl(kubeconfig, "get", resource, "-l", "checked=yes", "-o", "name"))
     assert [line.rsplit("/", 1)[1] for line in selected.split()] == [name]
     assert "unchanged" in ok(kubectl(kubeconfig, "apply", "-f", "-", stdin=manifest))
+    if resource.startswith("mpijobs.") and resource.endswith(".kubeflow.org"):
+        # One resource at both versions: the other version shows the job too, at its own.
+        other = "v1" if ".v2beta1." in resource else "v2beta1"
+        shown = yaml.safe_load(
+            ok(kubectl(kubeconfig, "get", f"mpijobs.{other}.kubeflow.org", name, "-o", "yaml"))
+        )
+        assert (shown["apiVersion"], shown["metadata"]["uid"]) == (f"kubeflow.org/{other}", uid)
     assert f'"{name}" deleted' in ok(kubectl(kubeconfig, "delete", resource, name))
     ended = api.wait(uid)["state"]
     assert ended == "STOPPED" if paused else ended in ("STOPPED", "SUCCEEDED", "FAILED")

@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 
 from trainyard_common.dialects import detect, kubeflow, translate
 from trainyard_common.dialects.kubeflow import render, translate_kubeflow
-from trainyard_common.jobspec import JobKind, RestartPolicy, RunMode
+from trainyard_common.jobspec import (
+    MPI_IMPLEMENTATION_ENV,
+    JobKind,
+    RestartPolicy,
+    RunMode,
+    env_dict,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kubeflow"
 
@@ -367,3 +373,35 @@ def test_kind_rules_of_the_new_kinds() -> None:
     # A worker-only MPI job (no launcher) still needs its workers' commands.
     tf = load("tfjob-simple.yaml")
     assert translate_kubeflow(tf).spec.kind is JobKind.TENSORFLOW
+
+
+def test_the_mpi_operators_v2beta1_mpijob_translates_with_its_own_fields() -> None:
+    payload = load("mpijob-v2beta1-hello.yaml")
+    result = translate(payload, user="bob")
+    assert result.errors == [] and result.warnings == [], (result.errors, result.warnings)
+    assert result.spec.kind is JobKind.MPI
+    # One resource with v1's MPIJobs: the same name key.
+    assert result.key == "default/mpijobs/mpi-v2-hello"
+    assert rules(result.spec) == [[("Launcher", 0)]]
+    assert env_dict(result.spec.env) == {MPI_IMPLEMENTATION_ENV: "OpenMPI"}
+    mpich = copy.deepcopy(payload)
+    mpich["spec"]["mpiImplementation"] = "MPICH"
+    mpich["spec"]["sshAuthMountPath"] = "/home/mpiuser/.ssh"
+    done = translate_kubeflow(mpich)
+    assert env_dict(done.spec.env) == {MPI_IMPLEMENTATION_ENV: "MPICH"}
+    assert [w.path for w in done.warnings] == ["$.spec.sshAuthMountPath"]
+    bad = copy.deepcopy(payload)
+    bad["spec"]["mpiImplementation"] = "LAM"
+    bad["spec"]["launcherCreationPolicy"] = "Never"
+    assert [e.path for e in translate_kubeflow(bad).errors] == [
+        "$.spec.mpiImplementation",
+        "$.spec.launcherCreationPolicy",
+    ]
+    # v1's own fields are not v2beta1's, and v2beta1 is MPIJob's alone.
+    old = copy.deepcopy(payload)
+    old["spec"]["mainContainer"] = "mpi"
+    assert [w.code for w in translate_kubeflow(old).warnings] == ["unknown_field"]
+    torch = load("pytorchjob-simple.yaml")
+    torch["apiVersion"] = "kubeflow.org/v2beta1"
+    [wrong] = translate_kubeflow(torch).errors
+    assert wrong.path == "$.apiVersion" and "'kubeflow.org/v1'" in wrong.message

@@ -16,7 +16,17 @@ import pytest
 from trainyard_common.dialects.t9k import translate_t9k
 from trainyard_common.dialects.ti import translate_ti
 from trainyard_common.events import PortAssignment, TaskPlacement
-from trainyard_common.jobspec import EnvVar, JobKind, JobSpec, PortSpec, Resources, RoleSpec
+from trainyard_common.jobspec import (
+    MPI_IMPLEMENTATION_ENV,
+    EnvVar,
+    JobKind,
+    JobSpec,
+    PortSpec,
+    Resources,
+    RoleSpec,
+    env_list,
+)
+from trainyard_launcher import frameworkwrap
 from trainyard_launcher.adapters.rendezvous import reserve_port
 from trainyard_launcher.domain.env import build_task_env
 from trainyard_launcher.domain.frameworks import (
@@ -26,7 +36,9 @@ from trainyard_launcher.domain.frameworks import (
     mpi_layout,
     port_to_reserve,
     tf_config,
+    uses_hydra,
 )
+from trainyard_launcher.domain.pods import mpi_hostfile
 
 
 def role(name: str, replicas: int, ports: list[PortSpec] | None = None) -> RoleSpec:
@@ -425,6 +437,29 @@ def test_the_launcher_runs_mpirun_and_workers_wait_for_it() -> None:
         "--until",
         "/a/attempt-1/launcher-0/exit.json",
     ]
+
+
+def test_intel_mpi_and_mpich_get_hydras_hostfile_form(tmp_path: Path) -> None:
+    spec, tasks = mpi_job()
+    spec = spec.model_copy(update={"env": env_list({MPI_IMPLEMENTATION_ENV: "MPICH"})})
+    words = shlex.split(
+        framework_command(spec, tasks, "launcher", 0, "mpirun ./prog", ctx("/a/attempt-1/l-0"))
+    )
+    assert words[words.index("--hostfile-format") + 1] == "hydra"
+    assert uses_hydra(spec) and not uses_hydra(mpi_job()[0])
+    # On Kubernetes, the hostfile of the attempt's ConfigMap.
+    assert mpi_hostfile([("w-0.svc", 2)], hydra=True) == "w-0.svc:2\n"
+    assert mpi_hostfile([("w-0.svc", 2)]) == "w-0.svc slots=2\n"
+    # The wrapper writes what it is told.
+    frameworkwrap._mpi_files(tmp_path, [("worker-0", 2)], hydra=True)
+    assert (tmp_path / "hostfile").read_text() == "worker-0:2\n"
+    frameworkwrap._mpi_files(tmp_path, [("worker-0", 2)])
+    assert (tmp_path / "hostfile").read_text() == "worker-0 slots=2\n"
+    # OpenMPI (the default) keeps Open MPI's form.
+    plain = shlex.split(
+        framework_command(mpi_job()[0], tasks, "launcher", 0, "mpirun", ctx("/a/attempt-1/l-0"))
+    )
+    assert "--hostfile-format" not in plain
 
 
 def test_volcanos_master_role_is_the_mpi_launcher() -> None:

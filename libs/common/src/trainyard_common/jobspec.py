@@ -237,6 +237,9 @@ REDACTED = "******"
 # A role variable holding extra mpirun arguments (shell words, already quoted) for the
 # mpirun the launcher runs for an MPI job (T9k MPIJob's worker.extraMPIArgs).
 MPIRUN_ARGS_ENV = "TRAINYARD_MPIRUN_ARGS"
+# A job variable naming its MPI implementation (the MPI Operator's mpiImplementation:
+# OpenMPI, Intel, MPICH): the launcher writes the hostfile in that one's form.
+MPI_IMPLEMENTATION_ENV = "TRAINYARD_MPI_IMPLEMENTATION"
 
 
 def env_dict(pairs: list[EnvVar]) -> dict[str, str]:

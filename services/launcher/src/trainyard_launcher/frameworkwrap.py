@@ -107,8 +107,10 @@ def _host_of(files_dir: Path) -> str:
     return files_dir.parent.name
 
 
-def _mpi_files(files_dir: Path, hosts: list[tuple[str, int]]) -> None:
-    _write(files_dir / HOSTFILE, "".join(f"{name} slots={slots}\n" for name, slots in hosts))
+def _mpi_files(files_dir: Path, hosts: list[tuple[str, int]], hydra: bool = False) -> None:
+    # Open MPI's "host slots=N" lines, or Hydra's "host:N" (Intel MPI, MPICH).
+    line = "{}:{}\n" if hydra else "{} slots={}\n"
+    _write(files_dir / HOSTFILE, "".join(line.format(name, slots) for name, slots in hosts))
     if _host_of(files_dir) in {name for name, _ in hosts}:
         # What a rank started on this "host" runs with: this task's own environment.
         _write(
@@ -119,7 +121,7 @@ def _mpi_files(files_dir: Path, hosts: list[tuple[str, int]]) -> None:
 def mpi_launcher(options: dict[str, str]) -> int:
     files_dir = Path(options["dir"])
     command = _wrapped_command(files_dir)
-    _mpi_files(files_dir, _hosts(options["hosts"]))
+    _mpi_files(files_dir, _hosts(options["hosts"]), options.get("hostfile-format") == "hydra")
     # This very script, with the interpreter that runs it: both readable by the task.
     agent = [sys.executable, "-I", os.path.abspath(__file__), "mpi-rsh"]
     agent += ["--attempt-dir", options["attempt-dir"]]
@@ -137,7 +139,7 @@ def mpi_launcher(options: dict[str, str]) -> int:
 
 def mpi_worker(options: dict[str, str]) -> int:
     files_dir = Path(options["dir"])
-    _mpi_files(files_dir, _hosts(options["hosts"]))
+    _mpi_files(files_dir, _hosts(options["hosts"]), options.get("hostfile-format") == "hydra")
     until = Path(options["until"])
     say(
         f"MPI worker {_host_of(files_dir)}: ranks arrive through mpirun; waiting until "

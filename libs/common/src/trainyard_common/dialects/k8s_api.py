@@ -54,10 +54,23 @@ def _served() -> dict[tuple[str, str, str], Served]:
     found: dict[tuple[str, str, str], Served] = {}
     for module in (t9k, kubeflow):
         for plural, kind in module.PLURALS.items():
-            found[(module.GROUP, module.VERSION, plural)] = Served(
-                module.GROUP, module.VERSION, plural, kind.name, module.DIALECT, module.render
-            )
+            # A kind served at several versions (Kubeflow's MPIJob: v1 and v2beta1) is
+            # one resource: each version shows the same jobs, at that version.
+            for version in getattr(kind, "versions", (module.VERSION,)):
+                found[(module.GROUP, version, plural)] = Served(
+                    module.GROUP, version, plural, kind.name, module.DIALECT,
+                    _at_version(module.render, f"{module.GROUP}/{version}"),
+                )  # fmt: skip
     return found
+
+
+def _at_version(
+    render: Callable[[str, dict[str, Any]], dict[str, Any]], api_version: str
+) -> Callable[[str, dict[str, Any]], dict[str, Any]]:
+    def rendered(plural: str, view: dict[str, Any]) -> dict[str, Any]:
+        return {**render(plural, view), "apiVersion": api_version}
+
+    return rendered
 
 
 SERVED = _served()

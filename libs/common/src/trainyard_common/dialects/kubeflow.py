@@ -15,7 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..events import FieldIssue
-from ..jobspec import JobKind, JobSpec, PortSpec, RestartPolicy, RoleSpec, RunMode, TaskRef
+from ..jobspec import (
+    MPI_IMPLEMENTATION_ENV,
+    EnvVar,
+    JobKind,
+    JobSpec,
+    PortSpec,
+    RestartPolicy,
+    RoleSpec,
+    RunMode,
+    TaskRef,
+)
 from .fields import mapping
 from .k8s_pod import (
     DNS_LABEL_RE,
@@ -63,6 +73,9 @@ class Kind:
     # Which tasks' success is the job's: "main" (the Chief, Master or Worker 0),
     # "launcher" (MPIJob's Launcher), "workers" (every Worker, without a Master).
     success: str = "main"
+    # The API versions the kind is served at (MPIJob: the Training Operator's v1 and
+    # the MPI Operator's v2beta1, one resource as in a cluster with either installed).
+    versions: tuple[str, ...] = (VERSION,)
 
 
 KINDS: dict[str, Kind] = {
@@ -107,6 +120,7 @@ KINDS: dict[str, Kind] = {
                 }
             ),
             success="launcher",
+            versions=(VERSION, "v2beta1"),
         ),
         Kind(
             "XGBoostJob",
@@ -145,6 +159,20 @@ KINDS: dict[str, Kind] = {
         ),
     )
 }
+# The MPI Operator's MPIJob (kubeflow.org/v2beta1): its spec fields, its MPI
+# implementations (how the hostfile is written) and launcher creation policies.
+MPI_V2 = f"{GROUP}/v2beta1"
+MPI_V2_FIELDS = frozenset(
+    {
+        "mpiReplicaSpecs",
+        "runPolicy",
+        "slotsPerWorker",
+        "sshAuthMountPath",
+        "launcherCreationPolicy",
+        "mpiImplementation",
+    }
+)
+MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")
 # Replica types of which a job has exactly one task.
 SINGLE = ("Master", "Chief", "Launcher")
 PLURALS: dict[str, Kind] = {k.plural: k for k in KINDS.values()}
@@ -253,7 +281,12 @@ def _restart(raw: Any, path: str, kind: Kind, issues: Issues) -> RestartPolicy:
     return _RESTART[raw]
 
 
-def _roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[RoleSpec]:
+def _roles(
+    kind: Kind, spec: dict[str, Any], issues: Issues, *, named_container: bool = True
+) -> list[RoleSpec]:
+    """The replica specs as roles; ``named_container``: the operator runs the container
+    named after the framework (the Training Operator), not the first one (the MPI
+    Operator v2)."""
     path = join("$.spec", kind.replica_key)
     raw = spec.get(kind.replica_key)
     if not isinstance(raw, dict) or not raw:
@@ -292,7 +325,11 @@ def _roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[RoleSpec]:
             preferred=(kind.container,),
             owner=f"replica type {rtype}",
         )
-        if pod.container_name not in (None, kind.container) and pod.container_path:
+        if (
+            named_container
+            and pod.container_name not in (None, kind.container)
+            and pod.container_path
+        ):
             issues.warn(
                 join(pod.container_path, "name"),
                 f"Kubeflow runs the container "
@@ -367,7 +404,7 @@ def _elastic(spec: dict[str, Any], roles: list[RoleSpec], issues: Issues) -> boo
     return True
 
 
-def _mpi(spec: dict[str, Any], roles: list[RoleSpec], issues: Issues) -> None:
+def _mpi(spec: dict[str, Any], roles: list[RoleSpec], issues: Issues, *, v2: bool) -> None:
     """MPIJob's own fields: a Launcher is required (it runs mpirun); slotsPerWorker is
     what the hostfile gives each worker, which here is one slot per GPU (1 without)."""
     if roles and not any(r.name == "Launcher" for r in roles):
@@ -386,12 +423,44 @@ def _mpi(spec: dict[str, Any], roles: list[RoleSpec], issues: Issues) -> None:
             "not_applied",
         )
     for extra in ("mainContainer", "cleanPodPolicy"):
-        if extra in spec:
+        if extra in spec and not v2:
             issues.warn(
                 join("$.spec", extra),
                 f"{extra} is kept but not applied (runPolicy.cleanPodPolicy is)",
                 "not_applied",
             )
+
+
+def _mpi_v2(spec: dict[str, Any], issues: Issues) -> list[EnvVar]:
+    """The MPI Operator v2's own fields: ``mpiImplementation`` (OpenMPI, Intel, MPICH)
+    decides the hostfile's form (``host slots=N`` or Hydra's ``host:N``) and is given to
+    the tasks; ``launcherCreationPolicy`` needs nothing here (the gang starts together,
+    workers with the launcher); ``sshAuthMountPath`` is kept, unused (nothing connects
+    over ssh: ranks start through the launcher's agent)."""
+    implementation = issues.string(spec, "mpiImplementation", "$.spec", required=False)
+    if implementation is not None and implementation not in MPI_IMPLEMENTATIONS:
+        issues.error(
+            "$.spec.mpiImplementation",
+            f"mpiImplementation {show(implementation)} must be one of "
+            f"{', '.join(MPI_IMPLEMENTATIONS)}",
+            "enum",
+        )
+        implementation = None
+    policy = issues.string(spec, "launcherCreationPolicy", "$.spec", required=False)
+    if policy is not None and policy not in ("AtStartup", "WaitForWorkersReady"):
+        issues.error(
+            "$.spec.launcherCreationPolicy",
+            f"launcherCreationPolicy {show(policy)} must be AtStartup or WaitForWorkersReady",
+            "enum",
+        )
+    if issues.string(spec, "sshAuthMountPath", "$.spec", required=False) is not None:
+        issues.warn(
+            "$.spec.sshAuthMountPath",
+            "sshAuthMountPath is kept but not used: ranks start through the launcher's "
+            "agent, not ssh",
+            "not_applied",
+        )
+    return [EnvVar(name=MPI_IMPLEMENTATION_ENV, value=implementation or "OpenMPI")]
 
 
 def _success(
@@ -421,13 +490,15 @@ def translate_kubeflow(payload: Any, user: str = "") -> Translation:
         issues.error("$", f"a Kubeflow job must be an object, not {json_type(payload)}", "type")
         return Translation(empty_spec(user=user), DIALECT, issues.errors, issues.warnings)
     version = payload.get("apiVersion")
-    if version != API_VERSION:
+    kind = KINDS.get(raw_kind) if isinstance(raw_kind := payload.get("kind"), str) else None
+    allowed = [f"{GROUP}/{v}" for v in (kind.versions if kind else (VERSION,))]
+    if version not in allowed:
         issues.error(
             "$.apiVersion",
-            f"apiVersion must be {API_VERSION!r}, got {show(version)}",
+            f"apiVersion must be {' or '.join(repr(a) for a in allowed)}, got {show(version)}",
             "invalid" if version is not None else "required",
         )
-    kind = KINDS.get(raw_kind) if isinstance(raw_kind := payload.get("kind"), str) else None
+    v2 = version == MPI_V2
     if kind is None:
         issues.error(
             "$.kind", f"kind {show(payload.get('kind'))} must be one of {', '.join(KINDS)}", "enum"
@@ -460,7 +531,7 @@ def translate_kubeflow(payload: Any, user: str = "") -> Translation:
     if kind is None or not isinstance(spec, dict):
         key = key_of(namespace, kind.plural, name) if kind and name else None
         return Translation(empty_spec(name, user), DIALECT, issues.errors, issues.warnings, key=key)
-    for extra in sorted(k for k in spec if k not in kind.fields):
+    for extra in sorted(k for k in spec if k not in (MPI_V2_FIELDS if v2 else kind.fields)):
         issues.warn(
             join("$.spec", extra),
             f"{extra} is not a field of {kind.name}; it is kept but not used",
@@ -473,9 +544,12 @@ def translate_kubeflow(payload: Any, user: str = "") -> Translation:
                 f"{extra} is kept but not applied: each task runs its command once",
                 "not_applied",
             )
-    roles = _roles(kind, spec, issues)
+    roles = _roles(kind, spec, issues, named_container=not v2)
+    env: list[EnvVar] = []
     if kind.name == "MPIJob":
-        _mpi(spec, roles, issues)
+        _mpi(spec, roles, issues, v2=v2)
+        if v2:
+            env = _mpi_v2(spec, issues)
     fields = _run_policy(spec, issues)
     elastic = kind.name == "PyTorchJob" and _elastic(spec, roles, issues)
     run_mode = fields.pop("run_mode", RunMode.ELASTIC if elastic else RunMode.IMMEDIATE)
@@ -488,6 +562,7 @@ def translate_kubeflow(payload: Any, user: str = "") -> Translation:
         success_rules=_success(kind, spec, roles, issues),
         image=next((r.image for r in roles if r.image), None),
         namespace=namespace,
+        env=env,
         **fields,
     )
     return Translation(
@@ -646,7 +721,7 @@ def render(kind_plural: str, job_view: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(spec.get("runPolicy"), dict):
         spec["runPolicy"] = {}
     return {
-        "apiVersion": API_VERSION,
+        "apiVersion": original.get("apiVersion") or API_VERSION,
         "kind": label if kind else original.get("kind"),
         "metadata": resource_metadata(view, original),
         "spec": spec,

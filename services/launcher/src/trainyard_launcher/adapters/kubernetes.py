@@ -41,7 +41,7 @@ from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec
 
 from ..domain.failure import EndKind
-from ..domain.frameworks import FrameworkContext, mpi_layout, rendezvous_task
+from ..domain.frameworks import FrameworkContext, mpi_layout, rendezvous_task, uses_hydra
 from ..domain.pods import (
     CONTAINER,
     HOSTFILE_KEY,
@@ -383,7 +383,8 @@ class KubernetesBackend:
             [
                 (task_address(attempt.job_id, attempt.attempt, role, index, namespace), slots)
                 for role, index, slots in layout.hosts
-            ]
+            ],
+            hydra=uses_hydra(attempt.spec),
         )
 
     async def _create(

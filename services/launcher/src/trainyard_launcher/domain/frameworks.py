@@ -36,7 +36,14 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from trainyard_common.events import TaskPlacement
-from trainyard_common.jobspec import MPIRUN_ARGS_ENV, JobKind, JobSpec, RunMode, env_dict
+from trainyard_common.jobspec import (
+    MPI_IMPLEMENTATION_ENV,
+    MPIRUN_ARGS_ENV,
+    JobKind,
+    JobSpec,
+    RunMode,
+    env_dict,
+)
 
 TF_PORT_LABEL = "tfport"
 EVALUATOR = "evaluator"
@@ -55,6 +62,8 @@ MPI_LAUNCHER_ROLES = ("launcher", "master")
 
 WRAPPER_MODULE = "trainyard_launcher.frameworkwrap"
 HOSTFILE = "hostfile"
+# The MPI implementations whose launcher, Hydra, reads "host:slots" hostfiles.
+HYDRA_IMPLEMENTATIONS = ("Intel", "MPICH")
 RSH_AGENT = "mpi-agent"  # frameworkwrap writes both files under the same names
 EXIT_FILE = "exit.json"  # what the task wrapper writes when the command ended
 # Carries the wrapped command to frameworkwrap: an argument would show it (with its
@@ -374,6 +383,12 @@ def _slots(spec: JobSpec, role: str) -> int:
     return max(1, int(spec.role(role).resources.gpu))
 
 
+def uses_hydra(spec: JobSpec) -> bool:
+    """Intel MPI and MPICH (Hydra) read "host:slots" hostfile lines, as the MPI Operator
+    writes them for those implementations; Open MPI "host slots=N"."""
+    return env_dict(spec.env).get(MPI_IMPLEMENTATION_ENV) in HYDRA_IMPLEMENTATIONS
+
+
 def mpi_env(layout: MpiLayout, role: str, index: int, context: FrameworkContext) -> dict[str, str]:
     hostfile = f"{context.files_dir}/{HOSTFILE}"
     env = {
@@ -488,6 +503,8 @@ def framework_command(
             return command
         attempt_dir = PurePosixPath(context.files_dir).parent.parent
         common = ["--hosts", layout.hosts_arg()]
+        if uses_hydra(spec):
+            common += ["--hostfile-format", "hydra"]
         if (role, index) == layout.launcher:
             if _role_named(spec, MPI_LAUNCHER_ROLES) is None:
                 # T9k's MPIJob names the MPI program; worker 0 runs it under mpirun.

@@ -438,7 +438,10 @@ def owner_manifest(
     }
 
 
-def mpi_hostfile(hosts: list[tuple[str, int]]) -> str:
+def mpi_hostfile(hosts: list[tuple[str, int]], hydra: bool = False) -> str:
+    """Open MPI's "host slots=N" lines, or Hydra's "host:N" (Intel MPI, MPICH)."""
+    if hydra:
+        return "".join(f"{host}:{slots}\n" for host, slots in hosts)
     return "".join(f"{host} slots={slots}\n" for host, slots in hosts)
 
 
