@@ -1,6 +1,6 @@
 // Drives Trainyard with OpenPAI's own JavaScript SDK (@microsoft/openpai-js-sdk, pinned in
-// tools/js), unchanged: every call of its job client (tags too), job history, cluster
-// info and virtual cluster clients. Prints one JSON object: each call's answer, or its error status.
+// tools/js), unchanged: every call of its job (tags too), job history, cluster info,
+// virtual cluster, user, group, token and storage clients. Prints one JSON object: each call's answer, or its error status.
 // Usage: node openpai_sdk.js <rest server URL> <token> <user> <job name> <queue>
 const path = require('path');
 const { PAIV2 } = require(path.join(__dirname, '..', '..', 'tools', 'js', 'node_modules',
@@ -73,6 +73,35 @@ function sleep(ms) { return new Promise((resolve) => setTimeout(resolve, ms)); }
   out.deleteTag = await call(() => client.job.deleteTag(user, name, 'nightly'));
   out.untagged = await call(() => client.job.getJob(user, name));
   out.tagMissingJob = await call(() => client.job.addTag(user, name + '-none', 'x'));
+  // Accounts: users, groups, tokens, storages.
+  out.me = await call(() => client.user.getUser(user));
+  out.users = await call(() => client.user.getAllUser());
+  out.missingUser = await call(() => client.user.getUser('nobody-here'));
+  out.createUser = await call(() => client.user.createUser({ username: 'x', password: 'secret1' }));
+  out.updateUser = await call(() => client.user.updateUser({ username: user, email: 'a@b' }));
+  out.updateSelf = await call(() => client.user.updateUserSelf({ email: 'a@b' }));
+  out.deleteUser = await call(() => client.user.deleteUser('x'));
+  out.userGroup = await call(() => client.user.updateUserGroup(user, 'g'));
+  out.deleteUserGroup = await call(() => client.user.deleteUserGroup(user, 'g'));
+  out.userGrouplist = await call(() => client.user.updateUserGrouplist(user, ['g']));
+  out.groups = await call(() => client.group.getAllGroup());
+  out.group = await call(() => client.group.getGroup('admingroup'));
+  out.missingGroup = await call(() => client.group.getGroup('nope'));
+  out.members = await call(() => client.group.getGroupMembers('default'));
+  out.createGroup = await call(() => client.group.createGroup({ groupname: 'g' }));
+  out.updateGroup = await call(() => client.group.updateGroup({ groupname: 'g' }));
+  out.deleteGroup = await call(() => client.group.deleteGroup('g'));
+  out.tokens = await call(() => client.token.getTokens());
+  out.appToken = await call(() => client.token.createApplicationToken());
+  if (out.appToken.ok) {
+    const app = new PAIV2.OpenPAIClient({ rest_server_uri: url, token: out.appToken.ok.token, username: user });
+    out.withAppToken = await call(() => app.job.getJob(user, name));
+    out.appTokens = await call(() => app.token.getTokens());
+    out.revoke = await call(() => client.token.deleteToken(out.appToken.ok.token));
+    out.afterRevoke = await call(() => app.token.getTokens());
+  }
+  out.storages = await call(() => client.storage.getStorages());
+  out.missingStorage = await call(() => client.storage.getStorage('nfs'));
   out.stop = await call(() => client.job.updateJobExecutionType(user, name, 'STOP'));
   out.missingJob = await call(() => client.job.getJob(user, name + '-none'));
   console.log(JSON.stringify(out));

@@ -97,5 +97,35 @@ def test_the_openpai_js_sdk_works_unchanged(platform: Platform) -> None:
     assert "ok" in out["deleteTag"], out["deleteTag"]
     assert out["untagged"]["ok"]["tags"] == ["keep"]
     assert out["tagMissingJob"]["status"] == 404
+    # Accounts: the caller's record and everyone's to an admin; users and groups are not
+    # kept here (refused, saying how users are made); tokens: the caller's own, a new
+    # application token that works and is revoked; no storages.
+    me = out["me"]["ok"]
+    assert (me["username"], me["admin"], me["grouplist"]) == (
+        "admin",
+        True,
+        ["default", "admingroup"],
+    )
+    assert "default" in me["virtualCluster"]
+    assert "admin" in [u["username"] for u in out["users"]["ok"]]
+    assert out["missingUser"]["status"] == 404
+    for refused in ("createUser", "updateUser", "updateSelf", "deleteUser", "userGroup",
+                    "deleteUserGroup", "userGrouplist", "createGroup", "updateGroup",
+                    "deleteGroup"):  # fmt: skip
+        assert out[refused]["status"] == 400, (refused, out[refused])
+        assert "tokens an admin issues" in out[refused]["data"], out[refused]
+    assert [g["groupname"] for g in out["groups"]["ok"]] == ["default", "admingroup"]
+    assert out["group"]["ok"]["extension"]["acls"]["admin"] is True
+    assert out["missingGroup"]["status"] == 404
+    assert "admin" in [u["username"] for u in out["members"]["ok"]]
+    assert out["tokens"]["ok"] == {"tokens": [platform.token]}
+    app_token = out["appToken"]["ok"]["token"]
+    assert out["appToken"]["ok"]["application"] is True
+    assert out["withAppToken"]["ok"]["name"] == name
+    assert out["appTokens"]["ok"] == {"tokens": [app_token]}
+    assert out["revoke"]["ok"] == {"message": "revoke successfully"}
+    assert out["afterRevoke"]["status"] == 401
+    assert out["storages"]["ok"] == {"storages": []}
+    assert out["missingStorage"]["status"] == 404
     assert "ok" in out["stop"], out["stop"]
     assert out["missingJob"]["status"] == 404

@@ -34,6 +34,21 @@ async def test_tokens_issue_resolve_and_refuse(client, db_prefix: str) -> None:
         await store.issue("bad~name")
 
 
+async def test_tokens_list_their_users_and_revoke(client, db_prefix: str) -> None:
+    store = TokenStore(tokens_collection(client, db_prefix), admin_token="bootstrap-admin-xyz")
+    first = await store.issue("bob")
+    await store.issue("bob")
+    await store.issue("carol", admin=True)
+    assert await store.users() == {"admin": True, "bob": False, "carol": True}
+    other = TokenStore(tokens_collection(client, db_prefix), admin_token=None)
+    assert await other.resolve(first) == Identity("bob")
+    assert await store.revoke(first)
+    assert await store.resolve(first) is None  # here at once
+    assert not await store.revoke(first)
+    assert not await store.revoke("bootstrap-admin-xyz")  # not in the store
+    assert await store.users() == {"admin": True, "bob": False, "carol": True}  # bob has one
+
+
 @pytest.fixture(params=["store", "memory"])
 async def owners(request, client, db_prefix: str):
     if request.param == "store":

@@ -119,6 +119,26 @@ class TokenStore:
         )
         return token
 
+    async def revoke(self, token: str) -> bool:
+        """The token stops resolving: here at once, in other services' caches within
+        CACHE_S. False for an unknown token (and the bootstrap admin token, which is
+        not in the store)."""
+        if self._tokens is None:
+            return False
+        key = token_hash(token)
+        self._cache.pop(key, None)
+        return bool((await self._tokens.delete_one({"_id": key})).deleted_count)
+
+    async def users(self) -> dict[str, bool]:
+        """Every user a token was issued to (and the bootstrap admin), each with whether
+        any of their tokens is an admin's."""
+        found = {ADMIN_USER: True} if self._admin_token else {}
+        if self._tokens is not None:
+            async for doc in self._tokens.find({}, {"user": 1, "admin": 1}):
+                user = str(doc.get("user"))
+                found[user] = found.get(user, False) or bool(doc.get("admin"))
+        return found
+
     async def resolve(self, token: str) -> Identity | None:
         if self._admin_token and hmac.compare_digest(token, self._admin_token):
             return Identity(ADMIN_USER, admin=True)

@@ -44,6 +44,8 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     # OpenPAI REST (v2, and v1's per-user submission path); its virtual clusters are
     # placement's queues.
     (READ, re.compile(r"^/api/v2/info$"), "status"),
+    # OpenPAI's accounts: over intake's token registry (users are token holders).
+    (ANY, re.compile(r"^/api/v2/(users|groups|tokens|storages)(/.*)?$"), "intake"),
     (READ, re.compile(r"^/api/v2/virtual-clusters(/[^/]+(/sku-types)?)?$"), "placement"),
     (READ, re.compile(r"^/api/v[12]/(user/[^/]+/)?jobs(/.*)?$"), "status"),
     (WRITE, re.compile(r"^/api/v[12]/(user/[^/]+/)?jobs(/.*)?$"), "intake"),

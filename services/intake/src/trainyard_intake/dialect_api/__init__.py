@@ -8,13 +8,14 @@ from collections.abc import Callable
 
 from fastapi import APIRouter
 
-from . import dlc, k8s_resources, openpai, ti
+from . import dlc, k8s_resources, openpai, openpai_accounts, ti
 from .context import IntakeContext
 
 ROUTERS: list[Callable[[IntakeContext], APIRouter]] = [
     dlc.router,
     ti.router,
     openpai.router,
+    openpai_accounts.router,
     k8s_resources.router,
 ]
 
