@@ -40,6 +40,7 @@ async def test_tokens_list_their_users_and_revoke(client, db_prefix: str) -> Non
     await store.issue("bob")
     await store.issue("carol", admin=True)
     assert await store.users() == {"admin": True, "bob": False, "carol": True}
+    assert (await store.count("bob"), await store.count("nobody")) == (2, 0)
     other = TokenStore(tokens_collection(client, db_prefix), admin_token=None)
     assert await other.resolve(first) == Identity("bob")
     assert await store.revoke(first)

@@ -129,6 +129,12 @@ class TokenStore:
         self._cache.pop(key, None)
         return bool((await self._tokens.delete_one({"_id": key})).deleted_count)
 
+    async def count(self, user: str) -> int:
+        """How many tokens ``user`` holds in the store."""
+        if self._tokens is None:
+            return 0
+        return int(await self._tokens.count_documents({"user": user}))
+
     async def users(self) -> dict[str, bool]:
         """Every user a token was issued to (and the bootstrap admin), each with whether
         any of their tokens is an admin's."""

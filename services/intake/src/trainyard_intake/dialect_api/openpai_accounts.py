@@ -12,7 +12,7 @@ group memberships an admin edits, PVC storages) is answered as such:
 - ``GET /api/v2/tokens`` — ``{"tokens": [<this request's token>]}``: tokens are kept
   hashed, so the others cannot be shown again; ``POST /api/v2/tokens/application`` —
   a new token for the caller, without admin rights (OpenPAI's application tokens are
-  for job operations); ``DELETE /api/v2/tokens/{token}`` — revoke one of the caller's
+  for job operations), at most MAX_TOKENS_PER_USER held; ``DELETE /api/v2/tokens/{token}`` — revoke one of the caller's
   tokens (an admin: anyone's).
 - ``GET /api/v2/storages`` — ``{"storages": []}``; ``GET /api/v2/storages/{name}`` —
   404 ``NoStorageError``.
@@ -35,6 +35,8 @@ from .context import IntakeContext
 from .openpai import error
 
 DEFAULT_GROUP = "default"
+# The most tokens one user may mint for themselves (each is a row of the registry).
+MAX_TOKENS_PER_USER = 100
 ADMIN_GROUP = "admingroup"
 USERS_HERE = (
     "users here are the holders of the tokens an admin issues (POST /v1/tokens, "
@@ -152,6 +154,13 @@ def router(ctx: IntakeContext) -> APIRouter:
 
     @api.post("/api/v2/tokens/application")
     async def application_token(identity: Identity = Depends(ctx.current)) -> Any:
+        if await ctx.tokens.count(identity.user) >= MAX_TOKENS_PER_USER:
+            return error(
+                400,
+                "InvalidParametersError",
+                f"User {identity.user} holds {MAX_TOKENS_PER_USER} tokens already: revoke "
+                "one (DELETE /api/v2/tokens/<token>) first",
+            )
         return {"token": await ctx.tokens.issue(identity.user), "application": True}
 
     @api.delete("/api/v2/tokens/{token}")
