@@ -471,3 +471,30 @@ def test_admin_routes_refuse_an_ordinary_user(
         }
     )
     assert alice.api.wait(quick, timeout=60)["state"] == "SUCCEEDED"
+
+
+def test_openpai_account_calls_keep_bob_to_his_own(alice: User, bob: User) -> None:
+    mine = bob.api.http.get(f"/api/v2/users/{bob.name}")
+    assert mine.status_code == 200 and mine.json()["admin"] is False, mine.text
+    for method, path in (
+        ("GET", f"/api/v2/users/{alice.name}"),
+        ("GET", "/api/v2/users"),
+        ("GET", "/api/v2/groups/default/userlist"),
+        ("POST", "/api/v2/users"),
+        ("DELETE", f"/api/v2/users/{alice.name}"),
+        ("PUT", f"/api/v2/users/{bob.name}/grouplist"),
+    ):
+        answer = bob.api.http.request(method, path, json={"grouplist": ["admingroup"]})
+        assert answer.status_code == 403, (method, path, answer.text)
+        assert answer.json()["code"] == "ForbiddenUserError"
+    # Alice's token cannot be revoked by Bob, nor read back by him.
+    alice_token = alice.api.http.headers["Authorization"].split()[1]
+    revoke = bob.api.http.delete(f"/api/v2/tokens/{alice_token}")
+    assert revoke.status_code == 403, revoke.text
+    assert alice.api.http.get(f"/api/v2/users/{alice.name}").status_code == 200
+    assert bob.api.http.get("/api/v2/tokens").json()["tokens"] != [alice_token]
+    # A token Bob mints is his and no admin's.
+    minted = bob.api.http.post("/api/v2/tokens/application", json={}).json()["token"]
+    as_minted = bob.api.as_token(minted).http.get(f"/api/v2/users/{bob.name}")
+    assert as_minted.json()["username"] == bob.name and as_minted.json()["admin"] is False
+    assert bob.api.as_token(minted).http.get("/v1/admin/tasks").status_code == 403
