@@ -1,6 +1,6 @@
 // Drives Trainyard with OpenPAI's own JavaScript SDK (@microsoft/openpai-js-sdk, pinned in
 // tools/js), unchanged: every call of its job (tags too), job history, cluster info,
-// virtual cluster, user, group, token and storage clients. Prints one JSON object: each call's answer, or its error status.
+// virtual cluster, user, group, token, storage and authn clients. Prints one JSON object: each call's answer, or its error status.
 // Usage: node openpai_sdk.js <rest server URL> <token> <user> <job name> <queue>
 const path = require('path');
 const { PAIV2 } = require(path.join(__dirname, '..', '..', 'tools', 'js', 'node_modules',
@@ -100,6 +100,9 @@ function sleep(ms) { return new Promise((resolve) => setTimeout(resolve, ms)); }
     out.revoke = await call(() => client.token.deleteToken(out.appToken.ok.token));
     out.afterRevoke = await call(() => app.token.getTokens());
   }
+  out.basicLogin = await call(() => client.authn.basicLogin(user, 'password'));
+  out.basicLogout = await call(() => client.authn.basicLogout());
+  out.oidcLogin = await call(() => client.authn.oidcLogin());
   out.storages = await call(() => client.storage.getStorages());
   out.missingStorage = await call(() => client.storage.getStorage('nfs'));
   out.stop = await call(() => client.job.updateJobExecutionType(user, name, 'STOP'));

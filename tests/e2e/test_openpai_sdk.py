@@ -125,6 +125,10 @@ def test_the_openpai_js_sdk_works_unchanged(platform: Platform) -> None:
     assert out["appTokens"]["ok"] == {"tokens": [app_token]}
     assert out["revoke"]["ok"] == {"message": "revoke successfully"}
     assert out["afterRevoke"]["status"] == 401
+    # Tokens only, and said so (the SDK's login keeps no message of a refusal).
+    for sign_in in ("basicLogin", "basicLogout", "oidcLogin"):
+        assert out[sign_in]["status"] == 400, (sign_in, out[sign_in])
+    assert "signs in with a token" in str(out["basicLogout"]["data"]), out["basicLogout"]
     assert out["storages"]["ok"] == {"storages": []}
     assert out["missingStorage"]["status"] == 404
     assert "ok" in out["stop"], out["stop"]

@@ -45,7 +45,7 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     # placement's queues.
     (READ, re.compile(r"^/api/v2/info$"), "status"),
     # OpenPAI's accounts: over intake's token registry (users are token holders).
-    (ANY, re.compile(r"^/api/v2/(users|groups|tokens|storages)(/.*)?$"), "intake"),
+    (ANY, re.compile(r"^/api/v2/(users|groups|tokens|storages|authn)(/.*)?$"), "intake"),
     (READ, re.compile(r"^/api/v2/virtual-clusters(/[^/]+(/sku-types)?)?$"), "placement"),
     (READ, re.compile(r"^/api/v[12]/(user/[^/]+/)?jobs(/.*)?$"), "status"),
     (WRITE, re.compile(r"^/api/v[12]/(user/[^/]+/)?jobs(/.*)?$"), "intake"),

@@ -16,6 +16,8 @@ group memberships an admin edits, PVC storages) is answered as such:
   tokens (an admin: anyone's).
 - ``GET /api/v2/storages`` — ``{"storages": []}``; ``GET /api/v2/storages/{name}`` —
   404 ``NoStorageError``.
+- Signing in (``/api/v2/authn/basic/login``, ``.../logout``, OIDC) is refused (400)
+  saying how: a bearer token.
 - Creating, changing or deleting users and groups is refused (400
   ``InvalidParametersError``, to an admin; 403 to anyone else) saying how users are
   made here: their tokens.
@@ -64,6 +66,15 @@ def group_info(name: str, queues: list[str]) -> dict[str, Any]:
         "externalName": "",
         "extension": {"acls": {"admin": admin, "virtualClusters": queues, "storageConfigs": []}},
     }
+
+
+async def sign_in_refused() -> JSONResponse:
+    return error(
+        400,
+        "InvalidParametersError",
+        "this platform signs in with a token (an admin issues it: POST /v1/tokens, yard "
+        "token), not a password or OIDC: send it as Authorization: Bearer <token>",
+    )
 
 
 def router(ctx: IntakeContext) -> APIRouter:
@@ -177,6 +188,15 @@ def router(ctx: IntakeContext) -> APIRouter:
                 400, "InvalidParametersError", "the platform's bootstrap token cannot be revoked"
             )
         return {"message": "revoke successfully"}
+
+    # Signing in: with a token here, never a password or an OIDC provider.
+    for method, path in (
+        ("POST", "/api/v2/authn/basic/login"),
+        ("DELETE", "/api/v2/authn/basic/logout"),
+        ("GET", "/api/v2/authn/oidc/login"),
+        ("GET", "/api/v2/authn/oidc/logout"),
+    ):
+        api.add_api_route(path, sign_in_refused, methods=[method], include_in_schema=False)
 
     @api.get("/api/v2/storages")
     async def storages(identity: Identity = Depends(ctx.current)) -> Any:
