@@ -27,6 +27,7 @@ async def test_tokens_issue_resolve_and_refuse(client, db_prefix: str) -> None:
     assert await other.resolve(token) == Identity("alice")
     assert await other.resolve("bootstrap-admin-xyz") is None
     assert await store.resolve("guess") is None
+    assert await store.resolve("\N{GRINNING FACE}") is None  # not ASCII: refused, no error
     # Only a hash is stored.
     doc = await tokens_collection(client, db_prefix).find_one({"user": "alice"})
     assert token not in str(doc)

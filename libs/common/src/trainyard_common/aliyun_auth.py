@@ -236,7 +236,7 @@ def verify(
                 "IncompleteSignature", "a request with a body must sign x-acs-content-sha256"
             )
         expected = acs3_signature(request, signed, body_hash, secret)
-        if not hmac.compare_digest(expected, acs3.group("sig").lower()):
+        if not hmac.compare_digest(expected.encode(), acs3.group("sig").lower().encode()):
             raise SignatureError(
                 "SignatureDoesNotMatch", "the request signature does not match (ACS3-HMAC-SHA256)"
             )
@@ -256,7 +256,9 @@ def verify(
                 )
             if md5 != base64.b64encode(hashlib.md5(request.body).digest()).decode():  # noqa: S324
                 raise SignatureError("ContentMD5Mismatch", "Content-MD5 is not the body's")
-        if not hmac.compare_digest(roa_signature(request, secret), roa.group("sig")):
+        if not hmac.compare_digest(
+            roa_signature(request, secret).encode(), roa.group("sig").encode()
+        ):
             raise SignatureError(
                 "SignatureDoesNotMatch", "the request signature does not match (ROA HMAC-SHA1)"
             )

@@ -146,7 +146,8 @@ class TokenStore:
         return found
 
     async def resolve(self, token: str) -> Identity | None:
-        if self._admin_token and hmac.compare_digest(token, self._admin_token):
+        # As bytes: compare_digest raises on a str with non-ASCII characters.
+        if self._admin_token and hmac.compare_digest(token.encode(), self._admin_token.encode()):
             return Identity(ADMIN_USER, admin=True)
         key = token_hash(token)
         hit = self._cache.get(key)

@@ -134,7 +134,7 @@ def verify(signed: Signed, secret_key: str, now: datetime) -> str:
         secret_key, found["date"], found["service"],
         string_to_sign(signed, names, found["date"], found["service"]),
     )  # fmt: skip
-    if not hmac.compare_digest(expected, found["sig"]):
+    if not hmac.compare_digest(expected.encode(), found["sig"].encode()):
         raise TencentError("AuthFailure.SignatureFailure", "the request signature does not match")
     return found["sig"]
 
