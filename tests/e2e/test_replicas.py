@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 import dataclasses
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
