@@ -341,10 +341,17 @@ def project(event: Event) -> Changes:
     return Changes()
 
 
+# The most search text kept per field: a search reads the start of a long command.
+MAX_SEARCH_TEXT = 16 * 1024
+
+
 def _search(spec: JobSpec) -> dict[str, str]:
     images = dict.fromkeys(i for i in (spec.image, *(r.image for r in spec.roles)) if i)
     commands = dict.fromkeys(r.command for r in spec.redacted().roles if r.command)
-    return {"images": "\n".join(images), "commands": "\n".join(commands)}
+    return {
+        "images": "\n".join(images)[:MAX_SEARCH_TEXT],
+        "commands": "\n".join(commands)[:MAX_SEARCH_TEXT],
+    }
 
 
 def _placements(job_id: str, attempt: int, tasks: list[TaskPlacement]) -> list[TaskChange]:
