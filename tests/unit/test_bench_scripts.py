@@ -128,3 +128,29 @@ def test_replay_refuses_a_pod_list_without_times(
     with pytest.raises(SystemExit):
         replay.main(["--nodes", str(tmp_path / "nodes.csv"), "--pods", str(tmp_path / "pods.csv")])
     assert "no creation_time/deletion_time" in capsys.readouterr().err
+
+
+def test_outside_definitions_counts_what_each_dialect_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "kubeflow").mkdir()
+    (tmp_path / "openpai").mkdir()
+    good = {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "a"},
+        "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {
+            "containers": [{"name": "pytorch", "image": "i", "command": ["true"]}]}}}}},
+    }  # fmt: skip
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}
+    (tmp_path / "kubeflow" / "two.yaml").write_text(
+        "\n---\n".join(
+            json.dumps(d) for d in (good, service, {**good, "apiVersion": "kubeflow.org/v9"})
+        )
+    )
+    (tmp_path / "openpai" / "broken.json").write_text('{"jobName": // a comment\n}')
+    (tmp_path / "openpai" / "cm.yaml").write_text(json.dumps(service))
+    report = run(load("outside_definitions"), [str(tmp_path)], capsys)
+    kubeflow, openpai = report["platforms"]["kubeflow"], report["platforms"]["openpai"]
+    assert (kubeflow["documents"], kubeflow["translated"]) == (2, 1)
+    assert kubeflow["refused"][0]["file"] == "kubeflow/two.yaml"
+    assert "$.apiVersion" in kubeflow["refused"][0]["errors"][0]
+    assert (openpai["files"], openpai["unreadable"], openpai["no_job"]) == (2, 1, 1)
