@@ -12,8 +12,8 @@ group memberships an admin edits, PVC storages) is answered as such:
 - ``GET /api/v2/tokens`` — ``{"tokens": [<this request's token>]}``: tokens are kept
   hashed, so the others cannot be shown again; ``POST /api/v2/tokens/application`` —
   a new token for the caller, without admin rights (OpenPAI's application tokens are
-  for job operations), at most MAX_TOKENS_PER_USER held; ``DELETE /api/v2/tokens/{token}`` — revoke one of the caller's
-  tokens (an admin: anyone's).
+  for job operations), at most MAX_TOKENS_PER_USER held; ``DELETE
+  /api/v2/tokens/{token}`` — revoke one of the caller's tokens (an admin: anyone's).
 - ``GET /api/v2/storages`` — ``{"storages": []}``; ``GET /api/v2/storages/{name}`` —
   404 ``NoStorageError``.
 - Signing in (``/api/v2/authn/basic/login``, ``.../logout``, OIDC) is refused (400)
@@ -37,9 +37,9 @@ from .context import IntakeContext
 from .openpai import error
 
 DEFAULT_GROUP = "default"
+ADMIN_GROUP = "admingroup"
 # The most tokens one user may mint for themselves (each is a row of the registry).
 MAX_TOKENS_PER_USER = 100
-ADMIN_GROUP = "admingroup"
 USERS_HERE = (
     "users here are the holders of the tokens an admin issues (POST /v1/tokens, "
     "yard token); OpenPAI's user and group records are not kept"

@@ -23,7 +23,7 @@ from trainyard_common.limits import MAX_OFFSET, MAX_PAGE
 from ..adapters.views import job_view
 from .context import StatusContext
 
-# The longest ListJobs parameter value read (a longer one is left out).
+# The longest ListJobs parameter value taken (a longer one is refused, named).
 MAX_PARAM = 20000
 
 
@@ -134,8 +134,13 @@ def router(ctx: StatusContext) -> APIRouter:
         page_size: int = Query(50, alias="PageSize", ge=1, le=1000),
     ) -> dict:
         # Every documented filter (dlc.list_query), read by DLC's own names; a bounded
-        # request: each value at most a few kilobytes.
-        params = {k: v for k, v in request.query_params.items() if len(v) <= MAX_PARAM}
+        # request: each value at most MAX_PARAM characters.
+        params = dict(request.query_params.items())
+        for name, value in params.items():
+            if len(value) > MAX_PARAM:
+                raise AliyunError(
+                    400, "InvalidParameter", f"{name}: at most {MAX_PARAM} characters"
+                )
         try:
             query = dlc.list_query(
                 params, user=identity.user, admin=identity.admin, now=datetime.now(UTC)
