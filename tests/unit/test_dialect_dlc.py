@@ -544,6 +544,8 @@ def test_list_jobs_that_nothing_can_match_are_empty(params: dict[str, str], admi
         {"Order": "up"},
         {"TimeRangeField": "GmtRunningTime"},
         {"Tags": "[1]"},
+        {"Tags": '{"$where": "x"}'},
+        {"Tags": '{"a.b": "x"}'},
         {"StartTime": "yesterday"},
         {"Status": "Dancing"},
         {"PaymentType": "Free"},

@@ -823,6 +823,10 @@ class ListQuery:
     empty: bool = False
 
 
+# A Tags filter key, as a job's label name can be here (no dots: a key is a field).
+_TAG_KEY = re.compile(r"[A-Za-z0-9_\-/:]{1,128}")
+
+
 def _contains(text_value: str) -> dict[str, Any]:
     """A case-insensitive substring match (DLC's fuzzy searches)."""
     return {"$regex": re.escape(text_value), "$options": "i"}
@@ -909,6 +913,9 @@ def list_query(params: Mapping[str, Any], *, user: str, admin: bool, now: dateti
             wanted = None
         if not isinstance(wanted, dict) or not all(isinstance(v, str) for v in wanted.values()):
             raise ListJobsError("Tags", 'must be a JSON object of strings ({"key": "value"})')
+        for key in wanted:
+            if not _TAG_KEY.fullmatch(key):
+                raise ListJobsError("Tags", f"tag key {key!r} must match {_TAG_KEY.pattern}")
         for key, value in wanted.items():
             where[f"labels.{key}"] = value
     if (payment := get("PaymentType")) is not None:
