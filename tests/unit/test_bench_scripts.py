@@ -154,3 +154,62 @@ def test_outside_definitions_counts_what_each_dialect_takes(
     assert kubeflow["refused"][0]["file"] == "kubeflow/two.yaml"
     assert "$.apiVersion" in kubeflow["refused"][0]["errors"][0]
     assert (openpai["files"], openpai["unreadable"], openpai["no_job"]) == (2, 1, 1)
+
+
+def test_mixes_vary_one_class_of_pods_to_the_level_asked(tmp_path: Path) -> None:
+    mixes = load("mixes")
+    rows = ["c0,1000,100,0,0", "c1,1000,100,0,0"]
+    rows += [f"s{i},1000,100,1,{300 + i}" for i in range(4)]
+    rows += [f"w{i},1000,100,1,1000" for i in range(3)] + ["m0,1000,100,4,1000"]
+    (tmp_path / "pods.csv").write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
+        + "\n".join(r + "," for r in rows) + "\n"
+    )  # fmt: skip
+    pods = mixes.load(tmp_path / "pods.csv")
+    rng = mixes.random.Random(3)
+    gpu = lambda out: [p for p in out if mixes.gpu_of(p) > 0]  # noqa: E731
+
+    shared = mixes.mix(pods, "share", 0.5, rng)
+    assert len(shared) == 10 and sum(map(mixes.is_sharing, gpu(shared))) == 4
+    multi = mixes.mix(pods, "multi", 0.6, rng)
+    held = sum(mixes.demand(p) for p in multi if mixes.gpu_of(p) >= 2)
+    assert held / sum(map(mixes.demand, multi)) >= 0.6
+    assert sum(1 for p in multi if mixes.gpu_of(p) >= 2) > 1  # drawn again, added
+    fewer = mixes.mix(pods, "multi", 0.0, rng)
+    assert all(mixes.gpu_of(p) < 2 for p in fewer)
+    spec = mixes.mix(pods, "spec", 0.25, rng, ["T4", "V100M16|V100M32"])
+    assert sum(1 for p in spec if p["gpu_spec"]) == 2
+    assert all(not p["gpu_spec"] for p in spec if mixes.gpu_of(p) == 0)
+    cpu = mixes.mix(pods, "cpu", 2.0, rng)
+    assert sum(1 for p in cpu if mixes.gpu_of(p) == 0) == 4 and len(gpu(cpu)) == 8
+    assert len({p["name"] for p in cpu}) == len(cpu)  # every pod its own name
+    with pytest.raises(ValueError):
+        mixes.mix(pods, "nope", 0.5, rng)
+
+
+def test_placement_mixes_compares_the_policy_with_fgd_on_every_mix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    load("placement_quality")  # what placement_mixes imports
+    # Small GPU shares: the arrived workload passes through every percent.
+    shapes = ["1000,2048,1,100", "2000,4096,1,150", "1000,1024,0,0", "1000,2048,1,50"]
+    files = write_trace(
+        tmp_path,
+        ["n0,96000,393216,8,G2", "n1,32000,131072,2,T4"],
+        [f"p{i:03},{shapes[i % len(shapes)]},,LS,Running,{i},{i + 100},{i}" for i in range(120)],
+    )
+    for part in ("develop", "held_out"):
+        (tmp_path / part).mkdir()
+        (tmp_path / part / "mix_a.csv").write_text((tmp_path / "pods.csv").read_text())
+    report = run(
+        load("placement_mixes"), [str(tmp_path), "--nodes", files[1], "--seeds", "1,2"], capsys
+    )
+    assert report["seeds"] == [1, 2]
+    for part in ("develop", "held_out"):
+        figures = report[part]["mix_a"]["alloc_rate_at_100"]
+        assert set(figures) == {"trainyard", "fgd", "lead", "ahead_level_behind"}
+        assert sum(figures["ahead_level_behind"]) == 2
+        assert 0 < figures["fgd"]["mean"] <= 100
+        assert figures["lead"] == pytest.approx(
+            figures["trainyard"]["mean"] - figures["fgd"]["mean"], abs=0.02
+        )

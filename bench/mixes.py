@@ -1,0 +1,165 @@
+"""Workload mixes of the GPU trace's family, resampled from its default pod list.
+
+    .venv/bin/python bench/mixes.py --family share --level 0.6 --seed 1 --out mix.csv
+    .venv/bin/python bench/mixes.py --suite DIR [--seed 1]
+
+The FGD paper varies its default list (openb_pod_list_default) along four classes of
+pods; what each variant of its published lists holds shows how (bench/README.md,
+"mixes.py"), and this builds variants the same ways, at any level:
+
+- ``share`` L: a share L of the GPU pods (by count) share a GPU (gpu_milli < 1000); the
+  GPU pods are drawn again, with replacement, from the default list's sharing and whole-
+  GPU pods in that proportion, as many as it has; CPU-only pods are kept
+  (gpushare100: every GPU pod shares one).
+- ``multi`` L: pods asking for two or more GPUs make up a share L of the GPU demand;
+  multi-GPU pods are drawn from the default list's and added (or removed, below its
+  7 %) until they do (multigpu20: 247 such pods where the default has 75).
+- ``spec`` L: a share L of the GPU pods name GPU models they may use (``gpu_spec``),
+  drawn from the model constraints the trace's own pods name (gpuspec10's), each pod
+  otherwise unchanged (gpuspec10: 10.4 %).
+- ``cpu`` L: the CPU-only pods are L times as many as the default list's, drawn with
+  replacement.
+
+``--suite DIR`` writes the mixes the placement work develops against and, apart, the
+ones kept aside for validation (``SUITE``): the levels of a family are split so that
+neither set holds every level of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+DATA_DIR = Path(os.environ.get("YARD_OPENB_DIR", "/work/shared/data/openb"))
+
+DEFAULT_PODS = DATA_DIR / "openb_pod_list_default.csv"
+SPEC_SOURCE = DATA_DIR / "openb_pod_list_gpuspec10.csv"
+COLUMNS = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    "creation_time,deletion_time,scheduled_time"
+).split(",")
+FAMILIES = ("share", "multi", "spec", "cpu")
+# (family, level) -> development or held out. Every family has levels on both sides,
+# and the published lists' own levels (gpushare100, multigpu20, gpuspec10) are kept aside.
+SUITE: dict[str, list[tuple[str, float]]] = {
+    "develop": [
+        ("share", 0.2), ("share", 0.6), ("share", 0.8),
+        ("multi", 0.03), ("multi", 0.15), ("multi", 0.35),
+        ("spec", 0.05), ("spec", 0.25),
+        ("cpu", 0.5), ("cpu", 2.0),
+    ],
+    "held_out": [
+        ("share", 0.4), ("share", 1.0),
+        ("multi", 0.2), ("multi", 0.5),
+        ("spec", 0.1), ("spec", 0.33),
+        ("cpu", 1.0), ("cpu", 2.5),
+    ],
+}  # fmt: skip
+
+Row = dict[str, str]
+
+
+def load(path: Path) -> list[Row]:
+    with path.open(newline="") as f:
+        return [{c: row.get(c, "") or "" for c in COLUMNS} for row in csv.DictReader(f)]
+
+
+def gpu_of(row: Row) -> int:
+    return int(row["num_gpu"] or 0)
+
+
+def is_sharing(row: Row) -> bool:
+    return gpu_of(row) == 1 and int(row["gpu_milli"] or 0) < 1000
+
+
+def demand(row: Row) -> int:
+    return gpu_of(row) * int(row["gpu_milli"] or 0)
+
+
+def mix(
+    pods: list[Row], family: str, level: float, rng: random.Random, specs: Sequence[str] = ()
+) -> list[Row]:
+    """The default list ``pods`` varied along ``family`` to ``level`` (the docstring's
+    rules). Pure but for ``rng``."""
+    cpu = [p for p in pods if gpu_of(p) == 0]
+    gpu = [p for p in pods if gpu_of(p) > 0]
+    if family == "share":
+        sharing = [p for p in gpu if is_sharing(p)]
+        whole = [p for p in gpu if not is_sharing(p)]
+        count = round(level * len(gpu))
+        drawn = rng.choices(sharing, k=count) + rng.choices(whole, k=len(gpu) - count)
+        out = cpu + drawn
+    elif family == "multi":
+        multi = [p for p in gpu if gpu_of(p) >= 2]
+        out = list(pods)
+        total = sum(demand(p) for p in out)
+        held = sum(demand(p) for p in out if gpu_of(p) >= 2)
+        if held < level * total:  # more: multi-GPU pods drawn again and added
+            while held < level * total:
+                pod = rng.choice(multi)
+                out.append(pod)
+                total, held = total + demand(pod), held + demand(pod)
+        else:  # fewer (below the default list's share): multi-GPU pods left out
+            while held > level * total:
+                victim = rng.choice([i for i, p in enumerate(out) if gpu_of(p) >= 2])
+                total, held = total - demand(out[victim]), held - demand(out[victim])
+                out.pop(victim)
+    elif family == "spec":
+        if not specs:
+            raise ValueError("spec: no GPU model constraints to draw from")
+        chosen = set(rng.sample(range(len(gpu)), round(level * len(gpu))))
+        gpu = [{**p, "gpu_spec": rng.choice(specs) if i in chosen else ""}
+               for i, p in enumerate(gpu)]  # fmt: skip
+        out = cpu + gpu
+    elif family == "cpu":
+        out = rng.choices(cpu, k=round(level * len(cpu))) + gpu
+    else:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}")
+    rng.shuffle(out)
+    return [{**p, "name": f"mix-pod-{i:05d}"} for i, p in enumerate(out)]
+
+
+def write(rows: list[Row], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def name_of(family: str, level: float) -> str:
+    return f"mix_{family}{round(level * 100):03d}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pods", type=Path, default=DEFAULT_PODS)
+    parser.add_argument("--specs", type=Path, default=SPEC_SOURCE,
+                        help="a pod list whose gpu_spec values are drawn for 'spec' mixes")  # fmt: skip
+    parser.add_argument("--family", choices=FAMILIES)
+    parser.add_argument("--level", type=float)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--suite", type=Path, help="write every SUITE mix under this directory")
+    args = parser.parse_args(argv)
+    pods = load(args.pods)
+    specs = [r["gpu_spec"] for r in load(args.specs) if r["gpu_spec"]] if args.specs else []
+    if args.suite:
+        for part, items in SUITE.items():
+            (args.suite / part).mkdir(parents=True, exist_ok=True)
+            for family, level in items:
+                rows = mix(pods, family, level, random.Random(args.seed), specs)
+                write(rows, args.suite / part / f"{name_of(family, level)}.csv")
+        return 0
+    if args.family is None or args.level is None or args.out is None:
+        parser.error("--family, --level and --out (or --suite)")
+    write(mix(pods, args.family, args.level, random.Random(args.seed), specs), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
