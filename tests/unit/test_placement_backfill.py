@@ -12,7 +12,8 @@ def two_nodes(rules: Rules | None = None) -> World:
     """n1 (4 GPUs) holds a 3-GPU job of the head's priority; n2 (3 GPUs) a 2-GPU one: one
     GPU free on each."""
     w = World.of(node("n1", gpus=4, labels={"pool": "big"}), node("n2", gpus=3), rules=rules)
-    w.submit("r1", gpus(3, priority=9))
+    # Pinned: a policy may well put a 3-GPU job on the 3-GPU node (FGD does).
+    w.submit("r1", job(role(gpus=3, selector={"pool": "big"}), priority=9))
     w.cycle()
     w.submit("r2", gpus(2, priority=9))
     w.cycle()

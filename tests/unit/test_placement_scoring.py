@@ -152,6 +152,28 @@ def test_trainyard_counts_the_cpu_that_a_node_has_left_for_its_gpus() -> None:
     assert trainyard.frag(b, workload) == 0  # type: ignore[attr-defined]
 
 
+def test_trainyard_follows_fgd_where_multi_gpu_tasks_ask_for_most_gpus() -> None:
+    from trainyard_placement.domain.policies import MULTI_GPU_SHARE_FOR_FGD, multi_gpu_share
+
+    few = (Typical(whole(1, cpu=8000), 0.9), Typical(whole(8, cpu=8000), 0.01))
+    many = (Typical(whole(1, cpu=8000), 0.5), Typical(whole(8, cpu=8000), 0.5))
+    assert multi_gpu_share(few) < MULTI_GPU_SHARE_FOR_FGD < multi_gpu_share(many)
+    assert multi_gpu_share(()) == 0.0
+    a = state((MILLI,) * 4, cpu=8000)
+    trainyard, fgd = scorer_named("trainyard"), scorer_named("fgd")
+    # Few: its own measure (the CPU left strands GPUs FGD counts free) and its step.
+    own = trainyard.frag(a, ClusterContext(workload=few))  # type: ignore[attr-defined]
+    assert own > fgd.frag(a, ClusterContext(workload=few))  # type: ignore[attr-defined]
+    assert trainyard.step == 2.0  # type: ignore[attr-defined]
+    # Many: FGD's measure and step, and back when the workload changes again.
+    assert trainyard.frag(a, ClusterContext(workload=many)) == fgd.frag(  # type: ignore[attr-defined]
+        a, ClusterContext(workload=many)
+    )
+    assert trainyard.step == 1.0  # type: ignore[attr-defined]
+    trainyard.frag(a, ClusterContext(workload=few))  # type: ignore[attr-defined]
+    assert trainyard.step == 2.0  # type: ignore[attr-defined]
+
+
 def test_random_is_seeded_and_reaches_every_feasible_node() -> None:
     c = ClusterSpec(nodes=[NodeSpec(name=n, cpu=4, memory_mb=4096) for n in "abcd"])
     spec = JobSpec(name="j", roles=[RoleSpec(name="w", command="true")])
