@@ -128,6 +128,7 @@ def project(event: Event) -> Changes:
     match event:
         case JobSubmitted():
             spec = event.spec
+            shown = spec.redacted()
             return Changes(
                 JobChange(
                     event.job_id,
@@ -142,9 +143,9 @@ def project(event: Event) -> Changes:
                         "labels": {label.name: label.value for label in spec.labels},
                         # What a dialect's searches read (PAI-DLC's ImageSearch and
                         # UserCommandSearch): the images and commands, as text.
-                        "search": _search(spec),
+                        "search": _search(shown),
                         "submitted_at": at,
-                        "spec_json": spec.redacted().model_dump_json(),
+                        "spec_json": shown.model_dump_json(),
                         "original_json": _original(event),
                         "warnings": _issues(event.warnings),
                         "claimed": event.name_claimed,
@@ -346,8 +347,9 @@ MAX_SEARCH_TEXT = 16 * 1024
 
 
 def _search(spec: JobSpec) -> dict[str, str]:
+    """``spec`` as views show it (secrets hidden)."""
     images = dict.fromkeys(i for i in (spec.image, *(r.image for r in spec.roles)) if i)
-    commands = dict.fromkeys(r.command for r in spec.redacted().roles if r.command)
+    commands = dict.fromkeys(r.command for r in spec.roles if r.command)
     return {
         "images": "\n".join(images)[:MAX_SEARCH_TEXT],
         "commands": "\n".join(commands)[:MAX_SEARCH_TEXT],
