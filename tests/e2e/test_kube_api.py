@@ -501,8 +501,8 @@ def test_kubectl_apply_get_label_and_delete_every_served_kind(
     kubeconfig: Path, api: Api, resource: str
 ) -> None:
     """Each kind's published example, held paused at submission (T9k runMode.pause,
-    Kubeflow runPolicy.suspend) so nothing runs: apply, get -o yaml, label, select,
-    apply again unchanged, delete."""
+    Kubeflow runPolicy.suspend) so nothing runs: apply, get -o yaml, label, patch, get
+    -w, select, apply again unchanged, delete."""
     job = next(
         d for d in yaml.safe_load_all((ALL_EXAMPLES / KIND_EXAMPLES[resource]).read_text())
         if d and d.get("kind")
@@ -526,6 +526,14 @@ def test_kubectl_apply_get_label_and_delete_every_served_kind(
     if paused:
         assert api.wait(uid, {"PAUSED"}, 30)["state"] == "PAUSED"
     ok(kubectl(kubeconfig, "label", resource, name, "checked=yes"))
+    ok(kubectl(kubeconfig, "patch", resource, name, "--type=merge", "-p",
+               '{"metadata":{"annotations":{"reviewed":"yes"}}}'))  # fmt: skip
+    # get -w: the object at once, then its changes until the watch's time is up.
+    watched = kubectl(
+        kubeconfig, "get", resource, name, "-w", "--request-timeout=2s",
+        "-o", "jsonpath={.metadata.annotations.reviewed}{'\\n'}",
+    )  # fmt: skip
+    assert watched.stdout.split()[:1] == ["yes"], (watched.stdout, watched.stderr)
     selected = ok(kubectl(kubeconfig, "get", resource, "-l", "checked=yes", "-o", "name"))
     assert [line.rsplit("/", 1)[1] for line in selected.split()] == [name]
     assert "unchanged" in ok(kubectl(kubeconfig, "apply", "-f", "-", stdin=manifest))
