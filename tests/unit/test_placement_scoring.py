@@ -174,6 +174,37 @@ def test_trainyard_follows_fgd_where_multi_gpu_tasks_ask_for_most_gpus() -> None
     assert trainyard.step == 2.0  # type: ignore[attr-defined]
 
 
+def test_trainyard_scores_whole_gpu_tasks_finer_where_sharing_tasks_ask_for_most_gpus() -> None:
+    import math
+
+    from trainyard_placement.domain.gpu_share import take
+    from trainyard_placement.domain.policies import SHARING_SHARE_FOR_FINE_WHOLE, sharing_share
+
+    mostly_whole = (Typical(whole(1), 0.7), Typical(share(500), 0.3))
+    mostly_shared = (Typical(whole(1), 0.2), Typical(share(500), 0.8))
+    assert sharing_share(mostly_whole) < SHARING_SHARE_FOR_FINE_WHOLE
+    assert sharing_share(mostly_shared) > SHARING_SHARE_FOR_FINE_WHOLE
+    assert sharing_share(()) == 0.0
+    node = state((MILLI, MILLI, 300))
+
+    def points(scorer: object, ctx: ClusterContext, demand: Demand, step: float) -> float:
+        devices = scorer.devices(node, demand, ctx)  # type: ignore[attr-defined]
+        delta = scorer.frag(node, ctx) - scorer.frag(take(node, demand, devices), ctx)  # type: ignore[attr-defined]
+        return float(math.floor(100 / (1 + math.exp(-delta / MILLI)) / step))
+
+    for workload, whole_step in ((mostly_whole, 2.0), (mostly_shared, 1.0)):
+        trainyard = scorer_named("trainyard")
+        ctx = ClusterContext(workload=workload)
+        assert trainyard.score(node, whole(1), ctx) == points(trainyard, ctx, whole(1), whole_step)
+        # Tasks of part of a GPU keep the coarser step either way.
+        assert trainyard.score(node, share(500), ctx) == points(trainyard, ctx, share(500), 2.0)
+    # The two steps give different scores here, so the test tells them apart.
+    ctx = ClusterContext(workload=mostly_shared)
+    assert points(scorer_named("trainyard"), ctx, whole(1), 1.0) != points(
+        scorer_named("trainyard"), ctx, whole(1), 2.0
+    )
+
+
 def test_random_is_seeded_and_reaches_every_feasible_node() -> None:
     c = ClusterSpec(nodes=[NodeSpec(name=n, cpu=4, memory_mb=4096) for n in "abcd"])
     spec = JobSpec(name="j", roles=[RoleSpec(name="w", command="true")])
