@@ -262,6 +262,34 @@ def test_pause_deletes_the_pods_and_resume_makes_them_again(
     api.wait(job_id)
 
 
+def test_a_namespace_deleted_between_jobs_is_made_again(
+    api: Api, kube_cluster: KubeCluster
+) -> None:
+    # The launcher remembers the namespaces it has made (no read per job); one deleted
+    # under it must not stop the next job there.
+    namespace = f"gone-{uuid.uuid4().hex[:6]}"
+
+    def job() -> str:
+        return api.submit({
+            "name": f"in-{namespace}-{uuid.uuid4().hex[:4]}", "namespace": namespace,
+            "image": "busybox", "roles": [{"name": "w", "command": "true"}],
+        })  # fmt: skip
+
+    first = job()
+    assert api.wait(first)["state"] == "SUCCEEDED"
+    assert pods(kube_cluster, first, namespace)
+    with kube_cluster.client() as http:
+        assert http.delete(f"/api/v1/namespaces/{namespace}").status_code == 200
+
+        def gone() -> bool:
+            return http.get(f"/api/v1/namespaces/{namespace}").status_code == 404
+
+        wait_for(gone, timeout=120, what=f"namespace {namespace} deleted")
+    second = job()
+    assert api.wait(second, timeout=120)["state"] == "SUCCEEDED"
+    assert pods(kube_cluster, second, namespace)
+
+
 def test_a_killed_launcher_adopts_its_pods(
     kube_platform: Platform, api: Api, kube_cluster: KubeCluster
 ) -> None:
