@@ -191,6 +191,7 @@ MPI_ALLREDUCE = """
         json.dump({"rank": comm.Get_rank(), "size": comm.Get_size(), "sum": total,
                    "gathered": gathered, "role": os.environ["TRAINYARD_ROLE"],
                    "index": os.environ["TRAINYARD_INDEX"],
+                   "session": os.environ.get("OMPI_FILE_LOCATION", ""),
                    "python": sys.executable}, f)
 """
 
@@ -218,6 +219,13 @@ def test_mpirun_from_the_launcher_allreduces_across_two_workers(fw_api: Api, out
     assert {(r["role"], r["index"]) for r in ranks} == {("worker", "0"), ("worker", "1")}
     assert sorted(ranks[0]["gathered"]) == ["0", "1"]
     assert all("/venv/" in r["python"] for r in ranks), ranks
+    # Each worker's ranks keep Open MPI's session directory under a base of that worker's
+    # own (two daemons making one directory at once fail Open MPI 4's orte_session_dir).
+    bases = [
+        next((p for p in Path(r["session"]).parts if p.startswith("trainyard-mpi-")), None)
+        for r in ranks
+    ]
+    assert None not in bases and len(set(bases)) == 2, ranks
 
 
 @needs_mpirun

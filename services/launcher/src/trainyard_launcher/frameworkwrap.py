@@ -34,6 +34,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -139,14 +140,26 @@ def mpi_launcher(options: dict[str, str]) -> int:
 
 def mpi_worker(options: dict[str, str]) -> int:
     files_dir = Path(options["dir"])
-    _mpi_files(files_dir, _hosts(options["hosts"]), options.get("hostfile-format") == "hydra")
-    until = Path(options["until"])
-    say(
-        f"MPI worker {_host_of(files_dir)}: ranks arrive through mpirun; waiting until "
-        f"{until.parent.name} ends"
-    )
-    while not until.exists():
-        time.sleep(0.2)
+    # This "host"'s own base for Open MPI's session directories, in the environment its
+    # ranks' daemon starts with (mpirun passes only its own MCA settings on): the workers
+    # of one job on one machine otherwise all make <tmp>/ompi.<node>.<uid>/jf.<n> at the
+    # same moment, and Open MPI 4 fails the one that loses ("mkdir ... File exists",
+    # orte_session_dir). Each pod has its own /tmp on Kubernetes; this is that.
+    session_base = tempfile.mkdtemp(prefix="trainyard-mpi-")
+    os.environ["OMPI_MCA_orte_tmpdir_base"] = session_base
+    os.environ["PRTE_MCA_prte_tmpdir_base"] = session_base
+    try:
+        hydra = options.get("hostfile-format") == "hydra"
+        _mpi_files(files_dir, _hosts(options["hosts"]), hydra)
+        until = Path(options["until"])
+        say(
+            f"MPI worker {_host_of(files_dir)}: ranks arrive through mpirun; waiting until "
+            f"{until.parent.name} ends"
+        )
+        while not until.exists():
+            time.sleep(0.2)
+    finally:
+        shutil.rmtree(session_base, ignore_errors=True)
     return 0
 
 
