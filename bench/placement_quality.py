@@ -111,6 +111,188 @@ PUBLISHED = {
             "fgd": 94.95,
         },
     },
+    "openb_pod_list_cpu050": {
+        "alloc_rate_at_100": {
+            "random": 89.02,
+            "dot-product": 93.03,
+            "best-fit": 93.56,
+            "fgd": 95.00,
+        },
+        "alloc_rate_at_130": {
+            "random": 91.24,
+            "dot-product": 93.27,
+            "best-fit": 93.79,
+            "fgd": 95.21,
+        },
+    },
+    "openb_pod_list_cpu100": {
+        "alloc_rate_at_100": {
+            "random": 87.44,
+            "dot-product": 91.73,
+            "best-fit": 93.26,
+            "fgd": 95.21,
+        },
+        "alloc_rate_at_130": {
+            "random": 89.11,
+            "dot-product": 91.95,
+            "best-fit": 93.44,
+            "fgd": 95.35,
+        },
+    },
+    "openb_pod_list_cpu200": {
+        "alloc_rate_at_100": {
+            "random": 83.03,
+            "dot-product": 87.45,
+            "best-fit": 92.15,
+            "fgd": 94.82,
+        },
+        "alloc_rate_at_130": {
+            "random": 83.77,
+            "dot-product": 87.70,
+            "best-fit": 92.40,
+            "fgd": 95.04,
+        },
+    },
+    "openb_pod_list_cpu250": {
+        "alloc_rate_at_100": {
+            "random": 80.00,
+            "dot-product": 83.57,
+            "best-fit": 91.21,
+            "fgd": 93.20,
+        },
+        "alloc_rate_at_130": {
+            "random": 80.41,
+            "dot-product": 83.80,
+            "best-fit": 91.45,
+            "fgd": 93.41,
+        },
+    },
+    "openb_pod_list_gpushare40": {
+        "alloc_rate_at_100": {
+            "random": 84.86,
+            "dot-product": 89.30,
+            "best-fit": 91.44,
+            "fgd": 93.96,
+        },
+        "alloc_rate_at_130": {
+            "random": 86.00,
+            "dot-product": 89.56,
+            "best-fit": 91.69,
+            "fgd": 94.15,
+        },
+    },
+    "openb_pod_list_gpushare60": {
+        "alloc_rate_at_100": {
+            "random": 82.81,
+            "dot-product": 86.82,
+            "best-fit": 89.06,
+            "fgd": 91.25,
+        },
+        "alloc_rate_at_130": {
+            "random": 83.65,
+            "dot-product": 87.11,
+            "best-fit": 89.36,
+            "fgd": 91.40,
+        },
+    },
+    "openb_pod_list_gpushare80": {
+        "alloc_rate_at_100": {
+            "random": 80.62,
+            "dot-product": 84.14,
+            "best-fit": 86.66,
+            "fgd": 89.08,
+        },
+        "alloc_rate_at_130": {
+            "random": 81.22,
+            "dot-product": 84.49,
+            "best-fit": 87.01,
+            "fgd": 89.30,
+        },
+    },
+    "openb_pod_list_gpuspec20": {
+        "alloc_rate_at_100": {
+            "random": 85.90,
+            "dot-product": 88.29,
+            "best-fit": 88.46,
+            "fgd": 94.66,
+        },
+        "alloc_rate_at_130": {
+            "random": 87.24,
+            "dot-product": 89.97,
+            "best-fit": 93.30,
+            "fgd": 94.84,
+        },
+    },
+    "openb_pod_list_gpuspec25": {
+        "alloc_rate_at_100": {
+            "random": 85.42,
+            "dot-product": 85.44,
+            "best-fit": 85.67,
+            "fgd": 93.91,
+        },
+        "alloc_rate_at_130": {
+            "random": 86.94,
+            "dot-product": 89.63,
+            "best-fit": 93.23,
+            "fgd": 94.74,
+        },
+    },
+    "openb_pod_list_gpuspec33": {
+        "alloc_rate_at_100": {
+            "random": 83.87,
+            "dot-product": 79.82,
+            "best-fit": 80.40,
+            "fgd": 87.84,
+        },
+        "alloc_rate_at_130": {
+            "random": 86.46,
+            "dot-product": 89.14,
+            "best-fit": 93.09,
+            "fgd": 94.55,
+        },
+    },
+    "openb_pod_list_multigpu30": {
+        "alloc_rate_at_100": {
+            "random": 86.63,
+            "dot-product": 93.11,
+            "best-fit": 94.57,
+            "fgd": 96.36,
+        },
+        "alloc_rate_at_130": {
+            "random": 89.27,
+            "dot-product": 93.28,
+            "best-fit": 94.72,
+            "fgd": 96.46,
+        },
+    },
+    "openb_pod_list_multigpu40": {
+        "alloc_rate_at_100": {
+            "random": 85.38,
+            "dot-product": 94.04,
+            "best-fit": 95.10,
+            "fgd": 96.91,
+        },
+        "alloc_rate_at_130": {
+            "random": 90.09,
+            "dot-product": 94.19,
+            "best-fit": 95.23,
+            "fgd": 96.99,
+        },
+    },
+    "openb_pod_list_multigpu50": {
+        "alloc_rate_at_100": {
+            "random": 81.28,
+            "dot-product": 94.73,
+            "best-fit": 95.62,
+            "fgd": 97.09,
+        },
+        "alloc_rate_at_130": {
+            "random": 90.28,
+            "dot-product": 94.85,
+            "best-fit": 95.74,
+            "fgd": 97.18,
+        },
+    },
 }
 
 
