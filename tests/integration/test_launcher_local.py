@@ -256,6 +256,20 @@ async def test_a_log_is_capped_keeping_its_newest_part(tmp_path: Path) -> None:
     assert all(line.startswith(b"line ") for line in kept.splitlines())
 
 
+def test_a_capped_log_written_line_by_line_keeps_whole_lines(tmp_path: Path) -> None:
+    # A line that does not fit in what is left of a part starts the next part instead of
+    # being cut (the full run once read a part that began mid-line).
+    path = tmp_path / "stdout.log"
+    log = CappedLog(path, 40)
+    for i in range(1, 31):
+        log.write(f"line {i}\n".encode())
+    log.close()
+    assert path.stat().st_size <= 20 and older_part(path).stat().st_size <= 20
+    for part in (older_part(path), path):
+        assert all(line.startswith(b"line ") for line in part.read_bytes().splitlines())
+    assert read_log(path).endswith(b"line 30\n")
+
+
 async def test_following_a_log_goes_on_across_its_rotation(tmp_path: Path) -> None:
     path = tmp_path / "stdout.log"
     writer = CappedLog(path, 200)

@@ -32,6 +32,8 @@ class CappedLog:
         self.part = max(max_bytes // 2, 1) if max_bytes > 0 else 0
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.size = os.fstat(self._fd).st_size
+        # Whether the part ends at a line's end (an existing one is not looked at).
+        self._at_line_end = self.size == 0
 
     def write(self, data: bytes) -> None:
         while data:
@@ -40,9 +42,17 @@ class CappedLog:
             room = len(data) if not self.part else self.part - self.size
             take = len(data)
             if take > room:
-                # End the part at a line's end when one fits, else cut where it is full.
+                # End the part at a line's end when one fits; where the next line does
+                # not fit and the part, at least half full, ends at a line's end, it ends
+                # there; else cut where it is full.
                 cut = data.rfind(b"\n", 0, room)
-                take = cut + 1 if cut >= 0 and self.size + cut + 1 > self.part // 2 else room
+                if cut >= 0 and self.size + cut + 1 > self.part // 2:
+                    take = cut + 1
+                elif self._at_line_end and self.size > 0 and self.size >= self.part // 2:
+                    self._rotate()
+                    continue
+                else:
+                    take = room
             self._write_all(data[:take])
             data = data[take:]
             if data and self.part:
@@ -54,12 +64,15 @@ class CappedLog:
             written = os.write(self._fd, view)
             view = view[written:]
             self.size += written
+        if data:
+            self._at_line_end = data.endswith(b"\n")
 
     def _rotate(self) -> None:
         os.replace(self.path, older_part(self.path))
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
         self.size = 0
+        self._at_line_end = True
 
     def close(self) -> None:
         if self._fd >= 0:
