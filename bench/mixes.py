@@ -7,18 +7,20 @@ The FGD paper varies its default list (openb_pod_list_default) along four classe
 pods; what each variant of its published lists holds shows how (bench/README.md,
 "mixes.py"), and this builds variants the same ways, at any level:
 
-- ``share`` L: a share L of the GPU pods (by count) share a GPU (gpu_milli < 1000); the
-  GPU pods are drawn again, with replacement, from the default list's sharing and whole-
-  GPU pods in that proportion, as many as it has; CPU-only pods are kept
-  (gpushare100: every GPU pod shares one).
+- ``share`` L: tasks of part of a GPU (gpu_milli < 1000) ask for a share L of the GPU
+  demand; the GPU pods are drawn again, with replacement, from the default list's sharing
+  and whole-GPU pods, as many as it has, each draw a sharing pod while their share of the
+  demand so far is at most L; CPU-only pods are kept (the paper's gpushare40/60/80 put
+  0.401/0.600/0.800 of the demand on shares with the default list's 7,064 GPU pods;
+  gpushare100: every GPU pod shares one).
 - ``multi`` L: pods asking for two or more GPUs make up a share L of the GPU demand;
   multi-GPU pods are drawn from the default list's and added (or removed, below its
   7 %) until they do (multigpu20: 247 such pods where the default has 75).
 - ``spec`` L: a share L of the GPU pods name GPU models they may use (``gpu_spec``),
   drawn from the model constraints the trace's own pods name (gpuspec10's), each pod
   otherwise unchanged (gpuspec10: 10.4 %).
-- ``cpu`` L: the CPU-only pods are L times as many as the default list's, drawn with
-  replacement.
+- ``cpu`` L: CPU-only pods make up a share L of all the pods, drawn with replacement
+  from the default list's, the GPU pods unchanged (cpu250: 25 %, the default 13.3 %).
 
 ``--suite DIR`` writes the mixes the placement work develops against and, apart, the
 ones kept aside for validation (``SUITE``): the levels of a family are split so that
@@ -44,22 +46,22 @@ COLUMNS = (
     "creation_time,deletion_time,scheduled_time"
 ).split(",")
 FAMILIES = ("share", "multi", "spec", "cpu")
-# (family, level) -> development or held out. Every family has levels on both sides,
-# and the published lists' own levels (gpushare100, multigpu20, gpuspec10) are kept aside.
-# share 0.7 and 0.9 were added after the sharing rule was chosen on the develop mixes, to
-# check it where it applies (docs/placement.md); nothing was chosen on them.
+# (family, level) -> development or held out. Every family has levels on both sides.
+# The share and cpu families follow the paper's definitions (share of the GPU demand, of
+# the pods) since 2026-11-26; before, they drew a share of the GPU pods by count and a
+# multiple of the CPU-only pods, and the levels were chosen again then.
 SUITE: dict[str, list[tuple[str, float]]] = {
     "develop": [
-        ("share", 0.2), ("share", 0.6), ("share", 0.8),
+        ("share", 0.2), ("share", 0.5), ("share", 0.75),
         ("multi", 0.03), ("multi", 0.15), ("multi", 0.35),
         ("spec", 0.05), ("spec", 0.25),
-        ("cpu", 0.5), ("cpu", 2.0),
+        ("cpu", 0.06), ("cpu", 0.22),
     ],
     "held_out": [
-        ("share", 0.4), ("share", 0.7), ("share", 0.9), ("share", 1.0),
+        ("share", 0.4), ("share", 0.6), ("share", 0.85), ("share", 1.0),
         ("multi", 0.2), ("multi", 0.5),
         ("spec", 0.1), ("spec", 0.33),
-        ("cpu", 1.0), ("cpu", 2.5),
+        ("cpu", 0.12), ("cpu", 0.3),
     ],
 }  # fmt: skip
 
@@ -93,8 +95,14 @@ def mix(
     if family == "share":
         sharing = [p for p in gpu if is_sharing(p)]
         whole = [p for p in gpu if not is_sharing(p)]
-        count = round(level * len(gpu))
-        drawn = rng.choices(sharing, k=count) + rng.choices(whole, k=len(gpu) - count)
+        drawn: list[Row] = []
+        held = total = 0
+        for _ in gpu:
+            pick = level >= 1 or (level > 0 and held <= level * total)
+            pod = rng.choice(sharing if pick else whole)
+            drawn.append(pod)
+            total += demand(pod)
+            held += demand(pod) if is_sharing(pod) else 0
         out = cpu + drawn
     elif family == "multi":
         multi = [p for p in gpu if gpu_of(p) >= 2]
@@ -119,7 +127,9 @@ def mix(
                for i, p in enumerate(gpu)]  # fmt: skip
         out = cpu + gpu
     elif family == "cpu":
-        out = rng.choices(cpu, k=round(level * len(cpu))) + gpu
+        if not 0 <= level < 1:
+            raise ValueError("cpu: the CPU-only pods' share must be in [0, 1)")
+        out = rng.choices(cpu, k=round(level * len(gpu) / (1 - level))) + gpu
     else:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}")
     rng.shuffle(out)

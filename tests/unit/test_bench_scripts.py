@@ -169,8 +169,16 @@ def test_mixes_vary_one_class_of_pods_to_the_level_asked(tmp_path: Path) -> None
     rng = mixes.random.Random(3)
     gpu = lambda out: [p for p in out if mixes.gpu_of(p) > 0]  # noqa: E731
 
-    shared = mixes.mix(pods, "share", 0.5, rng)
-    assert len(shared) == 10 and sum(map(mixes.is_sharing, gpu(shared))) == 4
+    def sharing_share(out: list[dict[str, str]]) -> float:
+        held = sum(mixes.demand(p) for p in out if mixes.is_sharing(p))
+        return held / sum(map(mixes.demand, out))
+
+    shared = mixes.mix(pods, "share", 0.5, rng)  # a share of the GPU demand, as the paper's
+    assert len(shared) == 10 and len(gpu(shared)) == 8
+    assert 0.4 <= sharing_share(shared) <= 0.6
+    assert sharing_share(mixes.mix(pods, "share", 0.1, rng)) <= 0.2
+    assert all(map(mixes.is_sharing, gpu(mixes.mix(pods, "share", 1.0, rng))))
+    assert not any(map(mixes.is_sharing, mixes.mix(pods, "share", 0.0, rng)))
     multi = mixes.mix(pods, "multi", 0.6, rng)
     held = sum(mixes.demand(p) for p in multi if mixes.gpu_of(p) >= 2)
     assert held / sum(map(mixes.demand, multi)) >= 0.6
@@ -180,11 +188,13 @@ def test_mixes_vary_one_class_of_pods_to_the_level_asked(tmp_path: Path) -> None
     spec = mixes.mix(pods, "spec", 0.25, rng, ["T4", "V100M16|V100M32"])
     assert sum(1 for p in spec if p["gpu_spec"]) == 2
     assert all(not p["gpu_spec"] for p in spec if mixes.gpu_of(p) == 0)
-    cpu = mixes.mix(pods, "cpu", 2.0, rng)
-    assert sum(1 for p in cpu if mixes.gpu_of(p) == 0) == 4 and len(gpu(cpu)) == 8
+    cpu = mixes.mix(pods, "cpu", 0.6, rng)  # CPU-only pods: 60 % of all pods
+    assert sum(1 for p in cpu if mixes.gpu_of(p) == 0) == 12 and len(gpu(cpu)) == 8
     assert len({p["name"] for p in cpu}) == len(cpu)  # every pod its own name
     with pytest.raises(ValueError):
         mixes.mix(pods, "nope", 0.5, rng)
+    with pytest.raises(ValueError):
+        mixes.mix(pods, "cpu", 1.0, rng)
 
 
 def test_placement_mixes_compares_the_policy_with_fgd_on_every_mix(
