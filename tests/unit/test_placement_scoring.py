@@ -161,48 +161,70 @@ def test_trainyard_follows_fgd_where_multi_gpu_tasks_ask_for_most_gpus() -> None
     assert multi_gpu_share(()) == 0.0
     a = state((MILLI,) * 4, cpu=8000)
     trainyard, fgd = scorer_named("trainyard"), scorer_named("fgd")
-    # Few: its own measure (the CPU left strands GPUs FGD counts free) and its step.
+    # Few: its own measure (the CPU left strands GPUs FGD counts free).
     own = trainyard.frag(a, ClusterContext(workload=few))  # type: ignore[attr-defined]
     assert own > fgd.frag(a, ClusterContext(workload=few))  # type: ignore[attr-defined]
-    assert trainyard.step == 2.0  # type: ignore[attr-defined]
-    # Many: FGD's measure and step, and back when the workload changes again.
+    # Many: FGD's measure, and back when the workload changes again.
     assert trainyard.frag(a, ClusterContext(workload=many)) == fgd.frag(  # type: ignore[attr-defined]
         a, ClusterContext(workload=many)
     )
-    assert trainyard.step == 1.0  # type: ignore[attr-defined]
-    trainyard.frag(a, ClusterContext(workload=few))  # type: ignore[attr-defined]
-    assert trainyard.step == 2.0  # type: ignore[attr-defined]
+    assert trainyard.frag(a, ClusterContext(workload=few)) == own  # type: ignore[attr-defined]
 
 
-def test_trainyard_scores_whole_gpu_tasks_finer_where_sharing_tasks_ask_for_most_gpus() -> None:
-    import math
-
-    from trainyard_placement.domain.gpu_share import take
-    from trainyard_placement.domain.policies import SHARING_SHARE_FOR_FINE_WHOLE, sharing_share
-
-    mostly_whole = (Typical(whole(1), 0.7), Typical(share(500), 0.3))
-    mostly_shared = (Typical(whole(1), 0.2), Typical(share(500), 0.8))
-    assert sharing_share(mostly_whole) < SHARING_SHARE_FOR_FINE_WHOLE
-    assert sharing_share(mostly_shared) > SHARING_SHARE_FOR_FINE_WHOLE
-    assert sharing_share(()) == 0.0
-    node = state((MILLI, MILLI, 300))
-
-    def points(scorer: object, ctx: ClusterContext, demand: Demand, step: float) -> float:
-        devices = scorer.devices(node, demand, ctx)  # type: ignore[attr-defined]
-        delta = scorer.frag(node, ctx) - scorer.frag(take(node, demand, devices), ctx)  # type: ignore[attr-defined]
-        return float(math.floor(100 / (1 + math.exp(-delta / MILLI)) / step))
-
-    for workload, whole_step in ((mostly_whole, 2.0), (mostly_shared, 1.0)):
-        trainyard = scorer_named("trainyard")
-        ctx = ClusterContext(workload=workload)
-        assert trainyard.score(node, whole(1), ctx) == points(trainyard, ctx, whole(1), whole_step)
-        # Tasks of part of a GPU keep the coarser step either way.
-        assert trainyard.score(node, share(500), ctx) == points(trainyard, ctx, share(500), 2.0)
-    # The two steps give different scores here, so the test tells them apart.
-    ctx = ClusterContext(workload=mostly_shared)
-    assert points(scorer_named("trainyard"), ctx, whole(1), 1.0) != points(
-        scorer_named("trainyard"), ctx, whole(1), 2.0
+def test_trainyard_sums_both_measures_unless_gpu_model_constrained_tasks_ask_for_a_tenth() -> None:
+    from trainyard_placement.domain.policies import (
+        CONSTRAINED_SHARE_FOR_STRANDED,
+        constrained_share,
     )
+    from trainyard_placement.domain.scoring import stranded
+
+    t4 = Demand(cpu_milli=4000, memory_mib=0, gpu_count=1, gpu_milli=MILLI,
+                gpu_models=frozenset({"t4"}))  # fmt: skip
+    free = (Typical(whole(1, cpu=8000), 0.6), Typical(share(300), 0.35), Typical(t4, 0.05))
+    constrained = (Typical(whole(1, cpu=8000), 0.6), Typical(t4, 0.4))
+    assert constrained_share(free) < CONSTRAINED_SHARE_FOR_STRANDED
+    assert constrained_share(constrained) > CONSTRAINED_SHARE_FOR_STRANDED
+    assert constrained_share(()) == 0.0
+    # Three GPUs with room for one task by CPU, one device too full for the share.
+    node = state((MILLI, MILLI, 200, MILLI), cpu=8000)
+    for workload, summed, step in ((free, True, 1.0), (constrained, False, 2.0)):
+        trainyard = scorer_named("trainyard")
+        got = trainyard.frag(node, ClusterContext(workload=workload))  # type: ignore[attr-defined]
+        want = stranded(node, workload) + (fragmentation(node, workload) if summed else 0.0)
+        assert got == pytest.approx(want)
+        assert trainyard.step == step  # type: ignore[attr-defined]
+    assert fragmentation(node, free) > 0  # the sum differs from the stranded measure here
+
+
+def test_the_summed_measure_is_both_measures_added_to_the_bit() -> None:
+    import random
+
+    from trainyard_placement.domain.scoring import stranded, summed_measure
+
+    rng = random.Random(7)
+    for _ in range(300):
+        workload = tuple(
+            Typical(
+                Demand(
+                    cpu_milli=rng.choice((0, 2000, 8000, 40_000)),
+                    memory_mib=rng.choice((0, 4096, 65536)),
+                    gpu_count=(count := rng.choice((0, 1, 1, 2, 4))),
+                    gpu_milli=rng.choice((250, 500, MILLI)) if count == 1 else MILLI * bool(count),
+                    gpu_models=rng.choice((frozenset(), frozenset({"t4"})))
+                    if count
+                    else frozenset(),
+                ),
+                rng.random(),
+            )
+            for _ in range(rng.randint(1, 6))
+        )
+        node = NodeState(
+            rng.choice(("t4", "v100")), rng.randint(0, 64_000), rng.randint(0, 200_000),
+            tuple(rng.choice((0, 100, 500, 800, MILLI)) for _ in range(rng.choice((1, 2, 4, 8)))),
+            64_000, 200_000,
+        )  # fmt: skip
+        want = fragmentation(node, workload) + stranded(node, workload)
+        assert summed_measure(workload)(node) == want
 
 
 def test_random_is_seeded_and_reaches_every_feasible_node() -> None:
@@ -329,3 +351,14 @@ def test_benchmark_inflates_to_the_target_and_keeps_every_pod(tmp_path: Path) ->
     assert sorted(stream[:11], key=lambda d: d.gpu_count) == sorted(
         (p.demand for p in pods), key=lambda d: d.gpu_count
     )
+
+
+def test_benchmark_breaks_ties_by_a_node_order_shuffled_with_each_seed() -> None:
+    # The paper's simulator names its nodes after a random permutation and its scheduler
+    # takes the smallest name among equal scores: ties go by a random order per run.
+    bench = load_bench()
+    nodes = [NodeState("g2", 8000 + i, 65536, (MILLI,) * 8, 8000 + i, 65536) for i in range(12)]
+    order = bench.node_order(nodes, 42)
+    assert order == bench.node_order(nodes, 42)  # the same run, the same order
+    assert sorted(order, key=lambda n: n.cpu_milli) == nodes  # every node once
+    assert order != nodes and order != bench.node_order(nodes, 43)

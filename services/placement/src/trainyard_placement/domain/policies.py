@@ -13,8 +13,9 @@ here compare with the published ones:
   the task's request, normalised by the largest spec; the smallest product wins.
 - ``fgd``: fragmentation gradient descent (Weng et al., USENIX ATC '23): the node and
   device where the expected fragmentation of the target workload grows least.
-- ``trainyard``: FGD's descent on a CPU- and memory-aware measure of stranded GPUs
-  (docs/placement.md has what each change buys on the trace).
+- ``trainyard``: FGD's descent on its own measure plus a CPU- and memory-aware measure
+  of stranded GPUs, switching by the target workload (docs/placement.md has what each
+  part buys on the trace and on mixes it was not tuned on).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .scoring import (
     Typical,
     fragmentation_measure,
     stranded_measure,
+    summed_measure,
 )
 
 # Entries per memo before it is dropped and refilled: bounds a long-lived scorer's memory
@@ -172,7 +174,7 @@ class Fgd:
         if not demand.is_share:
             devices = whole_devices(node, demand.gpu_count) if demand.gpu_count else ()
             after = self.frag(take(node, demand, devices), ctx)
-            return _points(before - after, self.whole_step), devices
+            return _points(before - after, self.step), devices
         best: tuple[float, tuple[int, ...]] | None = None
         tried: set[int] = set()
         for i in share_candidates(node, demand):
@@ -184,11 +186,6 @@ class Fgd:
                 best = (points, (i,))
         assert best is not None, "score() is only called where the task fits"
         return best
-
-    @property
-    def whole_step(self) -> float:
-        """The score step for tasks of whole GPUs (and of none); ``step`` for shares."""
-        return self.step
 
     def frag(self, node: NodeState, ctx: ClusterContext) -> float:
         self._follow(ctx.workload)
@@ -233,11 +230,12 @@ def _points(delta: float, step: float) -> float:
 # bench/mixes.py, whose typical workloads put it at 0.10 where Trainyard's measure was
 # ahead of FGD and 0.30 where it was behind; docs/placement.md).
 MULTI_GPU_SHARE_FOR_FGD = 0.25
-# ... and scores tasks of whole GPUs with FGD's finer step where tasks of part of a GPU
-# ask for more than this share of the GPU demand: half, a majority (not tuned; the
-# develop mixes have 0.44, where the step of whole-GPU tasks made no difference, and
-# 0.68, where the finer one gained 0.37 points).
-SHARING_SHARE_FOR_FINE_WHOLE = 0.5
+# ... follows the stranded measure alone, at twice the paper's step, where tasks naming
+# the GPU models they may use ask for more than this share of the GPU demand: a tenth,
+# not fitted (the develop mixes have 0.014, where the sum of both measures was ahead of
+# the stranded one alone, and 0.218, where it fell 1.3 points below it and FGD);
+# elsewhere, the sum of both measures at the paper's step.
+CONSTRAINED_SHARE_FOR_STRANDED = 0.1
 
 
 def multi_gpu_share(workload: tuple[Typical, ...]) -> float:
@@ -245,9 +243,9 @@ def multi_gpu_share(workload: tuple[Typical, ...]) -> float:
     return _gpu_share(workload, lambda demand: demand.gpu_count >= 2)
 
 
-def sharing_share(workload: tuple[Typical, ...]) -> float:
-    """The share of the workload's GPU demand asked by tasks of part of one GPU."""
-    return _gpu_share(workload, lambda demand: demand.is_share)
+def constrained_share(workload: tuple[Typical, ...]) -> float:
+    """The share of the workload's GPU demand asked by tasks naming GPU models."""
+    return _gpu_share(workload, lambda demand: bool(demand.gpu_models))
 
 
 def _gpu_share(workload: tuple[Typical, ...], counted: Callable[[Demand], bool]) -> float:
@@ -262,33 +260,27 @@ def _gpu_share(workload: tuple[Typical, ...], counted: Callable[[Demand], bool])
 
 @dataclass
 class Trainyard(Fgd):
-    """FGD's descent on Trainyard's measure, ``scoring.stranded``: what the typical tasks
-    could not take counting the CPU, memory and device slots they need together, with
-    twice the paper's score step (near-equal placements tie more often, and ties go to
-    the earlier node, which packs); where sharing tasks ask for most of the GPUs
-    (SHARING_SHARE_FOR_FINE_WHOLE), tasks of whole GPUs keep the paper's step. Where
-    multi-GPU tasks ask for most of the GPUs (MULTI_GPU_SHARE_FOR_FGD), FGD's own measure
-    and step. What each part buys is in docs/placement.md."""
+    """FGD's descent on what both measures count lost: the paper's fragmentation (free
+    milli on devices too full for a shape) plus ``scoring.stranded`` (what the typical
+    tasks could not take counting the CPU, memory and device slots they need together),
+    at the paper's step. Where tasks naming GPU models ask for a tenth of the GPUs
+    (CONSTRAINED_SHARE_FOR_STRANDED), the stranded measure alone at twice the step
+    (near-equal placements tie and go to the earlier node, which packs); where multi-GPU
+    tasks ask for a quarter (MULTI_GPU_SHARE_FOR_FGD), FGD itself. What each part buys
+    is in docs/placement.md."""
 
     name: str = "trainyard"
-    step: float = 2.0
-    _whole_step: float = field(default=2.0, repr=False)
-
-    @property
-    def whole_step(self) -> float:
-        return self._whole_step
+    step: float = 1.0
 
     def measure_for(self, workload: tuple[Typical, ...]) -> Measure:
         if multi_gpu_share(workload) > MULTI_GPU_SHARE_FOR_FGD:
-            self.step = self._whole_step = Fgd.step
+            self.step = Fgd.step
             return fragmentation_measure(workload)
-        self.step = Trainyard.step
-        # Where sharing tasks ask most of the GPUs, whole devices are few, and tasks of
-        # whole GPUs are better told apart by the finer step than sent to the earlier
-        # node of a near tie (docs/placement.md).
-        sharing = sharing_share(workload) > SHARING_SHARE_FOR_FINE_WHOLE
-        self._whole_step = Fgd.step if sharing else Trainyard.step
-        return stranded_measure(workload)
+        if constrained_share(workload) > CONSTRAINED_SHARE_FOR_STRANDED:
+            self.step = 2 * Fgd.step
+            return stranded_measure(workload)
+        self.step = Fgd.step
+        return summed_measure(workload)
 
     def _key(self, node: NodeState) -> object:
         return (node.model, node.cpu_milli, node.memory_mib, tuple(sorted(node.gpu_free)))
