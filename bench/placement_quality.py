@@ -393,7 +393,7 @@ def node_order(nodes: Sequence[NodeState], seed: int) -> list[NodeState]:
     the smallest name among the best-scored nodes (its patched ``selectHost``). A policy
     whose scores tie often is thus measured over random orders, not the node file's one
     (FGD's integer scores: 95.09 at 100 % arrived on the default list in file order,
-    95.23 shuffled, published 95.23)."""
+    95.20 shuffled, published 95.23)."""
     order = list(nodes)
     random.Random(f"node-order-{seed}").shuffle(order)
     return order
