@@ -150,28 +150,42 @@ def fragmentation_measure(workload: Sequence[Typical]) -> Measure:
                 continue
             found = split.get(milli)
             if found is None:
-                usable = unusable = 0
-                for f in free:
-                    if f >= milli:
-                        usable += 1
-                    else:
-                        unusable += f
-                found = split[milli] = (usable, unusable)
+                found = split[milli] = _split(free, milli)
             frag += freq * (found[1] if found[0] >= count else total)
         return frag
 
     return measure
 
 
+def _split(free: tuple[int, ...], milli: int) -> tuple[int, int]:
+    """The devices with at least ``milli`` free, and the milli free on the others."""
+    usable = unusable = 0
+    for f in free:
+        if f >= milli:
+            usable += 1
+        else:
+            unusable += f
+    return usable, unusable
+
+
 def summed_measure(workload: Sequence[Typical]) -> Measure:
     """``fragmentation`` plus ``stranded``. The paper's measure asks whether one task of
     a shape fits, the stranded one how many do; their sum weighs free milli on devices
     too full for a shape (both count it) twice, and GPUs that the node's CPU or memory
-    leaves unusable once (only the stranded measure counts them).
-
-    One pass over the shapes for both (the placer's hot path), each summed in the order
-    of its own measure, so the result is ``fragmentation_measure(w)(node) +
+    leaves unusable once (only the stranded measure counts them). Both are summed in
+    one pass over the shapes (the placer's hot path), each in the order of its own
+    measure, so the result is ``fragmentation_measure(w)(node) +
     stranded_measure(w)(node)`` to the bit."""
+    return _stranded(workload, with_paper=True)
+
+
+def stranded_measure(workload: Sequence[Typical]) -> Measure:
+    """``stranded`` against one workload, as a function of the node (see
+    ``fragmentation_measure``)."""
+    return _stranded(workload, with_paper=False)
+
+
+def _stranded(workload: Sequence[Typical], *, with_paper: bool) -> Measure:
     shapes = tuple(
         (t.freq, t.demand.gpu_count, t.demand.cpu_milli, t.demand.memory_mib,
          t.demand.gpu_models, t.demand.gpu_milli,
@@ -186,72 +200,20 @@ def summed_measure(workload: Sequence[Typical]) -> Measure:
             return 0.0
         cpu, memory, model = node.cpu_milli, node.memory_mib, node.model
         whole = free.count(MILLI)
-        split: dict[int, tuple[int, int]] = {}
-        shares: dict[int, int] = {}
-        paper = mine = 0.0
+        split: dict[int, tuple[int, int]] = {}  # as in fragmentation_measure
+        shares: dict[int, int] = {}  # milli of a share -> how many fit on the devices
+        paper = frag = 0.0
         for freq, count, cpu_milli, memory_mib, models, milli, share, task_milli in shapes:
             if not count or cpu < cpu_milli or (models and model not in models):
                 paper += freq * total
-                mine += freq * total
+                frag += freq * total
                 continue
-            found = split.get(milli)
-            if found is None:
-                usable = unusable = 0
-                for f in free:
-                    if f >= milli:
-                        usable += 1
-                    else:
-                        unusable += f
-                found = split[milli] = (usable, unusable)
-            paper += freq * (found[1] if found[0] >= count else total)
+            if with_paper:
+                found = split.get(milli)
+                if found is None:
+                    found = split[milli] = _split(free, milli)
+                paper += freq * (found[1] if found[0] >= count else total)
             if memory < memory_mib:
-                mine += freq * total
-                continue
-            if share:
-                slots = shares.get(share)
-                if slots is None:
-                    slots = 0
-                    for f in free:
-                        slots += f // share
-                    shares[share] = slots
-            else:
-                slots = whole // count
-            if cpu_milli and cpu // cpu_milli < slots:
-                slots = cpu // cpu_milli
-            if memory_mib and memory // memory_mib < slots:
-                slots = memory // memory_mib
-            mine += freq * (total - slots * task_milli)
-        return paper + mine
-
-    return measure
-
-
-def stranded_measure(workload: Sequence[Typical]) -> Measure:
-    """``stranded`` against one workload, as a function of the node (see
-    ``fragmentation_measure``)."""
-    shapes = tuple(
-        (t.freq, t.demand.gpu_count, t.demand.cpu_milli, t.demand.memory_mib,
-         t.demand.gpu_models, t.demand.gpu_milli if t.demand.is_share else 0,
-         t.demand.total_gpu_milli)
-        for t in workload
-    )  # fmt: skip
-
-    def measure(node: NodeState) -> float:
-        free = node.gpu_free
-        total = sum(free)
-        if not total:
-            return 0.0
-        cpu, memory, model = node.cpu_milli, node.memory_mib, node.model
-        whole = free.count(MILLI)
-        shares: dict[int, int] = {}  # milli of a share -> how many fit on the devices
-        frag = 0.0
-        for freq, count, cpu_milli, memory_mib, models, share, task_milli in shapes:
-            if (
-                not count
-                or cpu < cpu_milli
-                or memory < memory_mib
-                or (models and model not in models)
-            ):
                 frag += freq * total
                 continue
             if share:
@@ -268,6 +230,6 @@ def stranded_measure(workload: Sequence[Typical]) -> Measure:
             if memory_mib and memory // memory_mib < slots:
                 slots = memory // memory_mib
             frag += freq * (total - slots * task_milli)
-        return frag
+        return paper + frag if with_paper else frag
 
     return measure
