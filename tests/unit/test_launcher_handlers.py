@@ -320,3 +320,35 @@ async def test_tasks_placed_after_the_start_are_launched_once_and_the_job_waits_
     await check_tasks(deps)
     [done] = finished(published)
     assert done.state == JobState.SUCCEEDED
+
+
+async def test_a_task_end_recorded_while_the_bus_is_down_is_published_before_the_job_end() -> None:
+    # Seen in the crash test: NATS killed as a task ended; its SUCCEEDED stayed in the
+    # outbox until the launcher's next start, while the job's end went out without it.
+    deps, backend, published = make_deps()
+    collect = deps.publish
+    await launch_job(placed(), RECEIVED, deps)
+    backend.exit("j1", "worker", 0, 0, at=1)
+    backend.exit("j1", "worker", 1, 0, at=2)
+    await check_tasks(deps)
+    down = True
+
+    async def publish(event: Event) -> None:
+        if down:
+            raise ConnectionError("nats: connection closed")
+        await collect(event)
+
+    deps.publish = publish
+    backend.exit("j1", "ps", 0, 0, at=3)
+    with pytest.raises(ConnectionError):  # the watcher logs it and looks again
+        await check_tasks(deps)
+    with pytest.raises(ConnectionError):  # still down: the outbox cannot be sent yet
+        await check_tasks(deps)
+    down = False
+    await check_tasks(deps)
+    ends = [(r, i, s, q) for r, i, s, q in task_events(published) if q == 3]
+    assert ("ps", 0, TaskState.SUCCEEDED, 3) in ends
+    [done] = finished(published)
+    assert isinstance(published[-1], JobFinished)  # after every task's last transition
+    assert not await deps.store.unpublished_tasks()
+    assert deps.unsettled == set()

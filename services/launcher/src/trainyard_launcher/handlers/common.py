@@ -101,6 +101,8 @@ class Deps:
     # (the store or the bus failed in between): the watcher applies them again until
     # that succeeds, since the ended task is no longer watched to remind it.
     unsettled: set[tuple[str, int]] = field(default_factory=set)
+    # When the watcher last published what the outbox held (time.monotonic()).
+    outbox_swept: float = 0.0
     # What time it is, to the store's precision (tests pass a clock they move instead of
     # sleeping).
     clock: Callable[[], datetime] = now_ms

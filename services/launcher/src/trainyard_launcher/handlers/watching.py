@@ -32,12 +32,35 @@ from .launching import placement_of, start_task
 
 log = logging.getLogger("trainyard.launcher")
 
+# How often the watcher publishes what the outbox holds, failures or not (seconds).
+OUTBOX_SWEEP_S = 5.0
+
 
 # --- watching and adopting ------------------------------------------------------------
 
 
+async def drain_outbox(deps: Deps) -> None:
+    """Publish the transitions stored but not published: the bus was down when they were
+    made (a task's end recorded during a NATS outage). Without this they would wait for
+    the launcher's next start, while the job's end went out without them."""
+    for task in await deps.store.unpublished_tasks():
+        lock = deps.lock(task.job_id)
+        if lock.locked():
+            continue  # its owner publishes it, or the next sweep does
+        async with lock:
+            current = await deps.store.get_task(task.id)
+            if current is not None and current.outbox:
+                await publish_pending(deps, current)
+
+
 async def check_tasks(deps: Deps) -> None:
-    """One look at every watched task; record the ends and apply the rules."""
+    """One look at every watched task; record the ends and apply the rules. After a
+    failure (an unsettled attempt) and every OUTBOX_SWEEP_S, first the outbox, so a
+    job's end is never published before its tasks' last transitions."""
+    now = time.monotonic()
+    if deps.unsettled or now - deps.outbox_swept >= OUTBOX_SWEEP_S:
+        await drain_outbox(deps)
+        deps.outbox_swept = now
     for job_id, attempt in sorted(deps.unsettled):
         lock = deps.lock(job_id)
         if lock.locked():
