@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import yaml
 
 from trainyard_stack.platform import Platform
 
-from .conftest import yard
+from .conftest import Api, yard
 
 pytestmark = pytest.mark.e2e
 
@@ -88,12 +87,8 @@ def test_stop_from_the_cli_and_follow_logs_to_the_end(platform: Platform, tmp_pa
     follower.wait(timeout=30)  # the followed log ends with the task
     # The log ends when the task does; the job's state follows once the status service
     # has the launcher's event (eventually consistent, as OpenPAI's STOPPING → STOPPED).
-    deadline = time.monotonic() + 30
-    state = json.loads(yard(platform, "get", job_id, "-o", "json").stdout)["state"]
-    while state != "STOPPED" and time.monotonic() < deadline:
-        time.sleep(0.2)
-        state = json.loads(yard(platform, "get", job_id, "-o", "json").stdout)["state"]
-    assert state == "STOPPED"
+    Api(platform.url, platform.token).wait(job_id, timeout=30)
+    assert json.loads(yard(platform, "get", job_id, "-o", "json").stdout)["state"] == "STOPPED"
     failed = yard(platform, "get", "no-such-job", check=False)
     assert failed.returncode == 1 and "no job" in failed.stderr.lower()
 

@@ -215,8 +215,7 @@ async def watch_tasks(deps: Deps, stop: asyncio.Event, interval_s: float = 0.3) 
 async def adopt(deps: Deps) -> None:
     """At startup: take over the tasks the store says are starting or running, finish
     what was decided but not published, and publish transitions left in the outbox."""
-    for task in await deps.store.unpublished_tasks():
-        await publish_pending(deps, task)
+    await drain_outbox(deps)
     jobs: set[tuple[str, int]] = set()
     for task in await deps.store.active_tasks():
         jobs.add((task.job_id, task.attempt))
