@@ -196,7 +196,7 @@ def test_trainyard_sums_both_measures_unless_gpu_model_constrained_tasks_ask_for
     assert fragmentation(node, free) > 0  # the sum differs from the stranded measure here
 
 
-def test_the_summed_measure_is_both_measures_added_to_the_bit() -> None:
+def test_the_summed_measure_is_both_measures_added_to_the_bit_without_multi_gpu_strands() -> None:
     import random
 
     from trainyard_placement.domain.scoring import stranded, summed_measure
@@ -223,7 +223,8 @@ def test_the_summed_measure_is_both_measures_added_to_the_bit() -> None:
             tuple(rng.choice((0, 100, 500, 800, MILLI)) for _ in range(rng.choice((1, 2, 4, 8)))),
             64_000, 200_000,
         )  # fmt: skip
-        want = fragmentation(node, workload) + stranded(node, workload)
+        single = tuple(t for t in workload if t.demand.gpu_count < 2)
+        want = fragmentation(node, workload) + stranded(node, single)
         assert summed_measure(workload)(node) == want
 
 

@@ -169,13 +169,17 @@ def _split(free: tuple[int, ...], milli: int) -> tuple[int, int]:
 
 
 def summed_measure(workload: Sequence[Typical]) -> Measure:
-    """``fragmentation`` plus ``stranded``. The paper's measure asks whether one task of
-    a shape fits, the stranded one how many do; their sum weighs free milli on devices
-    too full for a shape (both count it) twice, and GPUs that the node's CPU or memory
-    leaves unusable once (only the stranded measure counts them). Both are summed in
-    one pass over the shapes (the placer's hot path), each in the order of its own
-    measure, so the result is ``fragmentation_measure(w)(node) +
-    stranded_measure(w)(node)`` to the bit."""
+    """``fragmentation`` over every shape plus ``stranded`` over the shapes of fewer than
+    two GPUs. The paper's measure asks whether one task of a shape fits, the stranded one
+    how many do; their sum weighs free milli on devices too full for a shape (both count
+    it) twice, and GPUs that the node's CPU or memory leaves unusable once (only the
+    stranded measure counts them). A multi-GPU shape counts in the paper's measure only:
+    its stranded count would call the whole GPUs left over a multiple of its size lost,
+    and those are what the one-GPU and sharing tasks take (docs/placement.md has what
+    that cost on the develop mixes with more multi-GPU tasks). Both are summed in one
+    pass over the shapes (the placer's hot path), each in the order of its own measure,
+    so the result is ``fragmentation_measure(w)(node) + stranded_measure(single(w))(node)``
+    to the bit, ``single`` keeping the shapes of fewer than two GPUs."""
     return _stranded(workload, with_paper=True)
 
 
@@ -206,13 +210,16 @@ def _stranded(workload: Sequence[Typical], *, with_paper: bool) -> Measure:
         for freq, count, cpu_milli, memory_mib, models, milli, share, task_milli in shapes:
             if not count or cpu < cpu_milli or (models and model not in models):
                 paper += freq * total
-                frag += freq * total
+                if not with_paper or count < 2:
+                    frag += freq * total
                 continue
             if with_paper:
                 found = split.get(milli)
                 if found is None:
                     found = split[milli] = _split(free, milli)
                 paper += freq * (found[1] if found[0] >= count else total)
+                if count >= 2:
+                    continue
             if memory < memory_mib:
                 frag += freq * total
                 continue
