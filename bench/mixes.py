@@ -49,13 +49,14 @@ FAMILIES = ("share", "multi", "spec", "cpu")
 # (family, level) -> development or held out. Every family has levels on both sides.
 # The share and cpu families follow the paper's definitions (share of the GPU demand, of
 # the pods) since 2026-11-26; before, they drew a share of the GPU pods by count and a
-# multiple of the CPU-only pods, and the levels were chosen again then. Multi 0.25 and
-# 0.3 were added later that day: no develop mix lay between 0.15 and 0.35, where the
-# policy hands over to FGD.
+# multiple of the CPU-only pods, and the levels were chosen again then. Multi 0.25, 0.3
+# and 0.42 were added later that day: no develop mix lay between 0.15 and 0.35, where
+# the policy changes its measure, and only one above it.
 SUITE: dict[str, list[tuple[str, float]]] = {
     "develop": [
         ("share", 0.2), ("share", 0.5), ("share", 0.75),
         ("multi", 0.03), ("multi", 0.15), ("multi", 0.25), ("multi", 0.3), ("multi", 0.35),
+        ("multi", 0.42),
         ("spec", 0.05), ("spec", 0.25),
         ("cpu", 0.06), ("cpu", 0.22),
     ],

@@ -152,23 +152,34 @@ def test_trainyard_counts_the_cpu_that_a_node_has_left_for_its_gpus() -> None:
     assert trainyard.frag(b, workload) == 0  # type: ignore[attr-defined]
 
 
-def test_trainyard_follows_fgd_where_multi_gpu_tasks_ask_for_most_gpus() -> None:
-    from trainyard_placement.domain.policies import MULTI_GPU_SHARE_FOR_FGD, multi_gpu_share
-
-    few = (Typical(whole(1, cpu=8000), 0.9), Typical(whole(8, cpu=8000), 0.01))
-    many = (Typical(whole(1, cpu=8000), 0.5), Typical(whole(8, cpu=8000), 0.5))
-    assert multi_gpu_share(few) < MULTI_GPU_SHARE_FOR_FGD < multi_gpu_share(many)
-    assert multi_gpu_share(()) == 0.0
-    a = state((MILLI,) * 4, cpu=8000)
-    trainyard, fgd = scorer_named("trainyard"), scorer_named("fgd")
-    # Few: its own measure (the CPU left strands GPUs FGD counts free).
-    own = trainyard.frag(a, ClusterContext(workload=few))  # type: ignore[attr-defined]
-    assert own > fgd.frag(a, ClusterContext(workload=few))  # type: ignore[attr-defined]
-    # Many: FGD's measure, and back when the workload changes again.
-    assert trainyard.frag(a, ClusterContext(workload=many)) == fgd.frag(  # type: ignore[attr-defined]
-        a, ClusterContext(workload=many)
+def test_trainyard_strands_only_shares_where_multi_gpu_tasks_ask_for_most_gpus() -> None:
+    from trainyard_placement.domain.policies import (
+        MULTI_GPU_SHARE_FOR_SHARES_ONLY,
+        multi_gpu_share,
     )
-    assert trainyard.frag(a, ClusterContext(workload=few)) == own  # type: ignore[attr-defined]
+    from trainyard_placement.domain.scoring import stranded
+
+    few = (Typical(whole(1, cpu=8000), 0.8), Typical(share(300), 0.19),
+           Typical(whole(8, cpu=8000), 0.01))  # fmt: skip
+    many = (Typical(whole(1, cpu=8000), 0.4), Typical(share(300), 0.2),
+            Typical(whole(8, cpu=8000), 0.4))  # fmt: skip
+    assert multi_gpu_share(few) < MULTI_GPU_SHARE_FOR_SHARES_ONLY < multi_gpu_share(many)
+    assert multi_gpu_share(()) == 0.0
+    # Four whole GPUs with CPU for one task, a device too full for the share.
+    a = state((MILLI,) * 4 + (200,), cpu=8000)
+    trainyard = scorer_named("trainyard")
+
+    def measured(workload: tuple[Typical, ...]) -> float:
+        return trainyard.frag(a, ClusterContext(workload=workload))  # type: ignore[attr-defined,no-any-return]
+
+    # Few: FGD's measure and the strands of the shapes of fewer than two GPUs.
+    own = measured(few)
+    assert own == fragmentation(a, few) + stranded(a, few[:2])
+    # Many: FGD's measure and the shares' strands only (the CPU-stranded whole GPUs
+    # are left to FGD's measure), and back when the workload changes again.
+    assert measured(many) == fragmentation(a, many) + stranded(a, many[1:2])
+    assert stranded(a, many[:1]) > 0 and stranded(a, many[1:2]) > 0
+    assert measured(few) == own
 
 
 def test_trainyard_sums_both_measures_unless_gpu_model_constrained_tasks_ask_for_a_tenth() -> None:
@@ -226,6 +237,9 @@ def test_the_summed_measure_is_both_measures_added_to_the_bit_without_multi_gpu_
         single = tuple(t for t in workload if t.demand.gpu_count < 2)
         want = fragmentation(node, workload) + stranded(node, single)
         assert summed_measure(workload)(node) == want
+        shares = tuple(t for t in workload if t.demand.is_share)
+        want = fragmentation(node, workload) + stranded(node, shares)
+        assert summed_measure(workload, shares_only=True)(node) == want
 
 
 def test_random_is_seeded_and_reaches_every_feasible_node() -> None:

@@ -225,11 +225,12 @@ def _points(delta: float, step: float) -> float:
     return float(math.floor(100 / (1 + math.exp(-delta / MILLI)) / step))
 
 
-# Trainyard's policy follows FGD itself where tasks of two or more GPUs ask for more
-# than this share of the target workload's GPU demand (chosen on the develop mixes of
-# bench/mixes.py, whose typical workloads put it at 0.10 where Trainyard's measure was
-# ahead of FGD and 0.30 where it was behind; docs/placement.md).
-MULTI_GPU_SHARE_FOR_FGD = 0.25
+# Trainyard's policy counts only the sharing shapes in the stranded part of its sum
+# where tasks of two or more GPUs ask for more than this share of the target workload's
+# GPU demand (the develop mixes of bench/mixes.py put that share at 0.10, 0.20, 0.24,
+# 0.30 and 0.38: the full sum was ahead up to 0.24, the shares-only sum from 0.30;
+# docs/placement.md). Until 2026-11-26 FGD itself took over there.
+MULTI_GPU_SHARE_FOR_SHARES_ONLY = 0.25
 # ... follows the stranded measure alone, at twice the paper's step, where tasks naming
 # the GPU models they may use ask for more than this share of the GPU demand: a tenth,
 # not fitted (the develop mixes have 0.014, where the sum of both measures was ahead of
@@ -262,20 +263,21 @@ def _gpu_share(workload: tuple[Typical, ...], counted: Callable[[Demand], bool])
 class Trainyard(Fgd):
     """FGD's descent on what both measures count lost: the paper's fragmentation (free
     milli on devices too full for a shape) plus ``scoring.stranded`` (what the typical
-    tasks could not take counting the CPU, memory and device slots they need together),
-    at the paper's step. Where tasks naming GPU models ask for a tenth of the GPUs
+    tasks of fewer than two GPUs could not take counting the CPU, memory and device
+    slots they need together), at the paper's step. Where multi-GPU tasks ask for a
+    quarter of the GPUs (MULTI_GPU_SHARE_FOR_SHARES_ONLY), the stranded part counts the
+    sharing shapes only; where tasks naming GPU models ask for a tenth
     (CONSTRAINED_SHARE_FOR_STRANDED), the stranded measure alone at twice the step
-    (near-equal placements tie and go to the earlier node, which packs); where multi-GPU
-    tasks ask for a quarter (MULTI_GPU_SHARE_FOR_FGD), FGD itself. What each part buys
-    is in docs/placement.md."""
+    (near-equal placements tie and go to the earlier node, which packs). What each part
+    buys is in docs/placement.md."""
 
     name: str = "trainyard"
     step: float = 1.0
 
     def measure_for(self, workload: tuple[Typical, ...]) -> Measure:
-        if multi_gpu_share(workload) > MULTI_GPU_SHARE_FOR_FGD:
+        if multi_gpu_share(workload) > MULTI_GPU_SHARE_FOR_SHARES_ONLY:
             self.step = Fgd.step
-            return fragmentation_measure(workload)
+            return summed_measure(workload, shares_only=True)
         if constrained_share(workload) > CONSTRAINED_SHARE_FOR_STRANDED:
             self.step = 2 * Fgd.step
             return stranded_measure(workload)

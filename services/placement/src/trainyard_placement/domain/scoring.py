@@ -168,7 +168,7 @@ def _split(free: tuple[int, ...], milli: int) -> tuple[int, int]:
     return usable, unusable
 
 
-def summed_measure(workload: Sequence[Typical]) -> Measure:
+def summed_measure(workload: Sequence[Typical], *, shares_only: bool = False) -> Measure:
     """``fragmentation`` over every shape plus ``stranded`` over the shapes of fewer than
     two GPUs. The paper's measure asks whether one task of a shape fits, the stranded one
     how many do; their sum weighs free milli on devices too full for a shape (both count
@@ -179,8 +179,14 @@ def summed_measure(workload: Sequence[Typical]) -> Measure:
     that cost on the develop mixes with more multi-GPU tasks). Both are summed in one
     pass over the shapes (the placer's hot path), each in the order of its own measure,
     so the result is ``fragmentation_measure(w)(node) + stranded_measure(single(w))(node)``
-    to the bit, ``single`` keeping the shapes of fewer than two GPUs."""
-    return _stranded(workload, with_paper=True)
+    to the bit, ``single`` keeping the shapes of fewer than two GPUs.
+
+    ``shares_only``: the stranded part counts the sharing shapes (part of one GPU)
+    alone, for workloads where multi-GPU tasks ask for most of the GPUs: there keeping
+    whole GPUs together is what matters, which FGD's measure follows, and the stranded
+    count of whole-GPU and CPU-only shapes packs partial nodes instead; the shares'
+    count still fills devices already shared (docs/placement.md)."""
+    return _stranded(workload, with_paper=True, shares_only=shares_only)
 
 
 def stranded_measure(workload: Sequence[Typical]) -> Measure:
@@ -189,11 +195,20 @@ def stranded_measure(workload: Sequence[Typical]) -> Measure:
     return _stranded(workload, with_paper=False)
 
 
-def _stranded(workload: Sequence[Typical], *, with_paper: bool) -> Measure:
+def _stranded(
+    workload: Sequence[Typical], *, with_paper: bool, shares_only: bool = False
+) -> Measure:
+    def strands(demand: Demand) -> bool:
+        """Whether the shape counts in the stranded part."""
+        if not with_paper:
+            return True
+        return demand.is_share if shares_only else demand.gpu_count < 2
+
     shapes = tuple(
         (t.freq, t.demand.gpu_count, t.demand.cpu_milli, t.demand.memory_mib,
          t.demand.gpu_models, t.demand.gpu_milli,
-         t.demand.gpu_milli if t.demand.is_share else 0, t.demand.total_gpu_milli)
+         t.demand.gpu_milli if t.demand.is_share else 0, t.demand.total_gpu_milli,
+         strands(t.demand))
         for t in workload
     )  # fmt: skip
 
@@ -207,10 +222,10 @@ def _stranded(workload: Sequence[Typical], *, with_paper: bool) -> Measure:
         split: dict[int, tuple[int, int]] = {}  # as in fragmentation_measure
         shares: dict[int, int] = {}  # milli of a share -> how many fit on the devices
         paper = frag = 0.0
-        for freq, count, cpu_milli, memory_mib, models, milli, share, task_milli in shapes:
+        for freq, count, cpu_milli, memory_mib, models, milli, share, task_milli, strand in shapes:
             if not count or cpu < cpu_milli or (models and model not in models):
                 paper += freq * total
-                if not with_paper or count < 2:
+                if strand:
                     frag += freq * total
                 continue
             if with_paper:
@@ -218,7 +233,7 @@ def _stranded(workload: Sequence[Typical], *, with_paper: bool) -> Measure:
                 if found is None:
                     found = split[milli] = _split(free, milli)
                 paper += freq * (found[1] if found[0] >= count else total)
-                if count >= 2:
+                if not strand:
                     continue
             if memory < memory_mib:
                 frag += freq * total
