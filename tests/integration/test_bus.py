@@ -4,16 +4,23 @@ transient failures, termination of permanent ones, and trace context across hops
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
-from trainyard_common.bus import Bus, DeadLetters, Delivery
+from trainyard_common.bus import Atomic, Bus, DeadLetters, Delivery
+from trainyard_common.docstore import SqliteClient
 from trainyard_common.errors import PermanentError
 from trainyard_common.events import Event, JobSubmitted, StopJob, decode
 from trainyard_common.jobspec import JobSpec, RoleSpec
-from trainyard_common.subjects import commands_of, events_of
+from trainyard_common.storage import insert_once
+from trainyard_common.subjects import STREAM, commands_of, events_of
 from trainyard_common.telemetry import setup_telemetry, tracer
 
 
@@ -37,10 +44,16 @@ async def bus(nats_url: str):
 
 
 async def consume_until(
-    bus: Bus, durable: str, subjects: list[str], handler, done: asyncio.Event, timeout: float = 15.0
+    bus: Bus,
+    durable: str,
+    subjects: list[str],
+    handler,
+    done: asyncio.Event,
+    timeout: float = 15.0,
+    atomic: Atomic | None = None,
 ) -> None:
     stop = asyncio.Event()
-    task = asyncio.create_task(bus.consume(durable, subjects, handler, stop=stop))
+    task = asyncio.create_task(bus.consume(durable, subjects, handler, stop=stop, atomic=atomic))
     try:
         await asyncio.wait_for(done.wait(), timeout)
     finally:
@@ -249,3 +262,79 @@ async def test_a_consumers_lag_is_what_the_stream_still_holds_for_it(bus: Bus) -
         await task
     # Read while handling each batch: the lag the batch before it left (2 fetched of 5).
     assert seen == [0, 0, 3, 3, 1]
+
+
+async def test_a_batch_is_one_transaction_acked_after_it_and_a_failure_is_undone_alone(
+    bus: Bus, tmp_path: Path
+) -> None:
+    job = uuid.uuid4().hex
+    durable = f"batch-{job[:8]}"
+    seqs = await bus.publish_all([StopJob(job_id=job, requested_by=f"u{i}") for i in range(6)])
+    database = SqliteClient(tmp_path)["db"]
+    mine = database["c"]
+    theirs = SqliteClient(tmp_path)["db"]["c"]  # another connection: sees commits only
+    committed: list[int] = []  # what the other connection saw as each message was handled
+    fresh: dict[str, list[bool]] = defaultdict(list)  # insert_once per delivery
+    acked_during_batch: list[int] = []
+    done = asyncio.Event()
+
+    async def store(event: StopJob, delivery: Delivery) -> None:
+        who = event.requested_by
+        fresh[who].append(await insert_once(mine, {"_id": who}))
+        committed.append(await theirs.count_documents({}))
+        if who == "u5":  # the batch's last: none of it acked yet
+            info = await bus.js.consumer_info(STREAM, durable)
+            acked_during_batch.append(info.ack_floor.stream_seq or 0)
+        if who == "u2" and delivery.num_delivered == 1:
+            raise ConnectionError("transient, after its write")
+        if who == "u4":
+            raise PermanentError("never, after its write")
+        if who == "u2":
+            done.set()
+
+    await consume_until(bus, durable, [f"yard.cmd.{job}.>"], store, done, atomic=database)
+    # The first fetch held all six: nothing committed while any of them was handled.
+    assert committed[:6] == [0] * 6
+    assert len(acked_during_batch) == 1 and acked_during_batch[0] < seqs[0]
+    # u2's first write was undone with its failure (its redelivery wrote it anew);
+    # u4's too, and it went to the dead letters; the others were stored once.
+    assert fresh["u2"] == [True, True]
+    assert sorted([d["_id"] async for d in theirs.find({})]) == ["u0", "u1", "u2", "u3", "u5"]
+    assert await bus.consumed(durable, seqs[-1])
+    letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
+    assert [d.error.split(":")[0] for d in letters] == ["permanent error"]
+
+
+class CommitFailsOnce:
+    """A store whose first commit fails (a full disk): the adapter's own failure is
+    tested in test_docstore; here, what the bus makes of it."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        yield
+        if not self.failed:
+            self.failed = True
+            raise sqlite3.OperationalError("database or disk is full")
+
+    def savepoint(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+async def test_a_batch_whose_commit_fails_is_redelivered_whole(bus: Bus) -> None:
+    job = uuid.uuid4().hex
+    await bus.publish_all([StopJob(job_id=job, requested_by=f"u{i}") for i in range(3)])
+    deliveries: dict[str, list[int]] = defaultdict(list)
+    done = asyncio.Event()
+
+    async def note(event: StopJob, delivery: Delivery) -> None:
+        deliveries[event.requested_by].append(delivery.num_delivered)
+        if all(len(d) == 2 for d in deliveries.values()) and len(deliveries) == 3:
+            done.set()
+
+    durable = f"commit-{job[:8]}"
+    await consume_until(bus, durable, [f"yard.cmd.{job}.>"], note, done, atomic=CommitFailsOnce())
+    assert dict(deliveries) == {"u0": [1, 2], "u1": [1, 2], "u2": [1, 2]}
+    assert metric("trainyard_bus_messages_total", durable=durable, outcome="retried") == 3

@@ -216,6 +216,58 @@ async def test_two_processes_sharing_a_file_never_both_win(tmp_path: Path) -> No
     assert sum(r.modified_count for r in results) == 1
 
 
+async def test_a_savepoint_undoes_its_own_writes_and_the_transaction_goes_on(
+    tmp_path: Path,
+) -> None:
+    database = SqliteClient(tmp_path)["db"]
+    col = database["c"]
+    other = SqliteClient(tmp_path)["db"]["c"]  # another connection: sees only commits
+    with database.transaction():
+        with database.savepoint():
+            await col.insert_one({"_id": "kept"})
+        with pytest.raises(ValueError), database.savepoint():
+            await col.insert_one({"_id": "undone"})
+            await col.update_one({"_id": "kept"}, {"$set": {"by": "undone"}})
+            raise ValueError("a failing message")
+        with database.savepoint():
+            await col.insert_one({"_id": "after"})
+        assert await other.count_documents({}) == 0  # nothing committed yet
+    assert sorted([d["_id"] async for d in other.find({})]) == ["after", "kept"]
+    assert (await other.find_one({"_id": "kept"})) == {"_id": "kept"}
+    # Outside a transaction, a savepoint is a transaction of its own.
+    with pytest.raises(ValueError), database.savepoint():
+        await col.insert_one({"_id": "alone"})
+        raise ValueError("undone too")
+    assert await other.count_documents({"_id": "alone"}) == 0
+    with database.savepoint():
+        await col.insert_one({"_id": "alone"})
+    assert await other.count_documents({"_id": "alone"}) == 1
+
+
+async def test_another_tasks_write_during_an_open_transaction_is_refused(
+    tmp_path: Path,
+) -> None:
+    """One connection per database and process: a write of another task would join the
+    open transaction (and be lost with it), so it fails instead."""
+    database = SqliteClient(tmp_path)["db"]
+    col = database["c"]
+    opened, release = asyncio.Event(), asyncio.Event()
+
+    async def batch() -> None:
+        with database.transaction():
+            await col.insert_one({"_id": "batch"})
+            opened.set()
+            await release.wait()  # what a batch must never do: wait inside
+
+    task = asyncio.create_task(batch())
+    await opened.wait()
+    with pytest.raises(RuntimeError, match="another task's transaction"):
+        await col.insert_one({"_id": "intruder"})
+    release.set()
+    await task
+    assert [d["_id"] async for d in col.find({})] == ["batch"]
+
+
 async def test_replicas_declaring_the_same_index_at_once_both_start(tmp_path: Path) -> None:
     """Two replicas open the table, then both declare its indexes: the second finds the
     column the first added (no "duplicate column" at start)."""

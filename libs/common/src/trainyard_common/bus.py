@@ -7,7 +7,9 @@ stored the message.
 
 Consuming: durable pull consumers with an explicit ack policy. A handler's effect is
 stored before the ack; anything but :class:`PermanentError` naks the message with a
-growing delay so JetStream redelivers it. Handlers must be idempotent. A message that
+growing delay so JetStream redelivers it (a consumer whose writes all go to one local
+store may store each fetched batch in one transaction: ``Atomic``, acks after the
+commit). Handlers must be idempotent. A message that
 cannot be processed (undecodable, a permanent error, or still failing on its last
 delivery) is never dropped silently: it goes to the dead-letter stream with its error,
 is counted and logged, then terminated; an admin can replay it (status's admin API),
@@ -27,11 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import nats
@@ -102,6 +106,21 @@ Handler = Callable[[Any, Delivery], Awaitable[None]]
 EventHandler = Callable[[Any, Delivery, D], Awaitable[None]]
 # What a consumer makes of a message's bytes (an event, by default).
 Decoder = Callable[[bytes, str, dict[str, str]], Any]
+
+
+# What settles a handled message with the server (ack, nak or dead letter), once its
+# effect is stored.
+Settle = Callable[[], Awaitable[None]]
+
+
+class Atomic(Protocol):
+    """A local store's transactions (docstore.SqliteDatabase), for a consumer whose
+    handlers write only to it and never wait on anything else: a fetched batch's effects
+    are one ``transaction()``, each message's a ``savepoint()`` inside it."""
+
+    def transaction(self) -> AbstractContextManager[None]: ...
+
+    def savepoint(self) -> AbstractContextManager[None]: ...
 
 
 def decode_event(data: bytes, _subject: str, _headers: dict[str, str]) -> Event:
@@ -258,10 +277,13 @@ class Bus:
         ready: asyncio.Event | None = None,
         decoder: Decoder = decode_event,
         after_batch: Callable[[], Awaitable[None]] | None = None,
+        atomic: Atomic | None = None,
     ) -> None:
         """Run ``handler`` for every message of the durable consumer until ``stop``
         (its subjects and the dead letters an admin sends back to it); ``after_batch``
-        after the messages of each fetch (work several messages share, done once)."""
+        after the messages of each fetch (work several messages share, done once).
+        With ``atomic``, each fetch's effects are stored in one transaction and its
+        messages settled after the commit (``_handle_batch``)."""
         await self.ensure_consumer(durable, [*subjects, replays_of(durable)])
         sub = await self.js.pull_subscribe_bind(durable=durable, stream=STREAM)
         if ready is not None:
@@ -273,8 +295,11 @@ class Bus:
                 except (TimeoutError, NatsTimeoutError):
                     BUS_PENDING.labels(durable).set(0)
                     continue
-                for msg in msgs:
-                    await self._handle(msg, handler, decoder)
+                if atomic is None:
+                    for msg in msgs:
+                        await (await self._handle(msg, handler, decoder))()
+                elif msgs:
+                    await self._handle_batch(msgs, handler, decoder, atomic)
                 if msgs:
                     BUS_PENDING.labels(durable).set(msgs[-1].metadata.num_pending)
                 if after_batch is not None and msgs:
@@ -358,7 +383,39 @@ class Bus:
         """The sequence of the newest message in the stream."""
         return int((await self.js.stream_info(STREAM)).state.last_seq)
 
-    async def _handle(self, msg: Msg, handler: Handler, decoder: Decoder) -> None:
+    async def _handle_batch(
+        self, msgs: list[Msg], handler: Handler, decoder: Decoder, atomic: Atomic
+    ) -> None:
+        """A fetched batch in one transaction, each message in a savepoint (a failing
+        message's writes are undone alone, and it is redelivered or dead-lettered as
+        ever); the acks, naks and dead letters go out after the commit, so nothing is
+        acked before it is stored. A failed commit stores none of them: all are
+        redelivered. One commit per batch instead of one per write: the status
+        service's projection spent about a sixth of its CPU committing."""
+        settles: list[Settle] = []
+        try:
+            with atomic.transaction():
+                for msg in msgs:
+                    settles.append(await self._handle(msg, handler, decoder, atomic.savepoint))
+        except Exception as exc:  # noqa: BLE001 - nothing of the batch is stored
+            durable = msgs[0].metadata.consumer or "unknown"
+            log.error("%s: a batch of %d not stored, redelivering: %r", durable, len(msgs), exc)
+            for msg in msgs:
+                await msg.nak(delay=nak_delay(msg.metadata.num_delivered))
+                BUS_MESSAGES.labels(durable, "retried").inc()
+            return
+        for settle in settles:
+            await settle()
+
+    async def _handle(
+        self,
+        msg: Msg,
+        handler: Handler,
+        decoder: Decoder,
+        scope: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+    ) -> Settle:
+        """Run ``handler`` on ``msg`` (inside ``scope``, which undoes its writes if it
+        raises); returns what settles the message once its effect is stored."""
         meta = msg.metadata
         headers = dict(msg.headers or {})
         durable = meta.consumer or "unknown"
@@ -370,8 +427,7 @@ class Bus:
         try:
             event = decoder(msg.data, subject, headers)
         except (ValidationError, ValueError) as exc:
-            await self._dead_letter(msg, durable, f"undecodable: {exc}")
-            return
+            return functools.partial(self._dead_letter, msg, durable, f"undecodable: {exc}")
         delivery = Delivery(
             stream_seq=meta.sequence.stream,
             num_delivered=meta.num_delivered,
@@ -402,18 +458,16 @@ class Bus:
         ):
             began = time.perf_counter()
             try:
-                await handler(event, delivery)
+                with scope():
+                    await handler(event, delivery)
                 if log.isEnabledFor(logging.DEBUG):  # a line per message: only when asked
                     log.debug("%s handled %s (delivery %d)", durable, subject, meta.num_delivered)
             except PermanentError as exc:
-                await self._dead_letter(msg, durable, f"permanent error: {exc}")
-                return
+                return functools.partial(self._dead_letter, msg, durable, f"permanent error: {exc}")
             except Exception as exc:  # noqa: BLE001 - anything else may pass on redelivery
                 if meta.num_delivered >= self.max_deliver:
-                    await self._dead_letter(
-                        msg, durable, f"failed on all {meta.num_delivered} deliveries: {exc!r}"
-                    )
-                    return
+                    error = f"failed on all {meta.num_delivered} deliveries: {exc!r}"
+                    return functools.partial(self._dead_letter, msg, durable, error)
                 delay = nak_delay(meta.num_delivered)
                 log.warning(
                     "transient error on %s (delivery %d), redelivering in %.1fs: %r",
@@ -422,14 +476,21 @@ class Bus:
                     delay,
                     exc,
                 )
-                await msg.nak(delay=delay)
-                BUS_MESSAGES.labels(durable, "retried").inc()
-                return
+                return functools.partial(self._retry, msg, durable, delay)
             finally:
                 BUS_HANDLE.labels(durable).observe(time.perf_counter() - began)
                 current_job.reset(job_token)
+        return functools.partial(self._ack, msg, durable)
+
+    @staticmethod
+    async def _ack(msg: Msg, durable: str) -> None:
         await msg.ack()
         BUS_MESSAGES.labels(durable, "acked").inc()
+
+    @staticmethod
+    async def _retry(msg: Msg, durable: str, delay: float) -> None:
+        await msg.nak(delay=delay)
+        BUS_MESSAGES.labels(durable, "retried").inc()
 
     async def _dead_letter(self, msg: Msg, durable: str, error: str) -> None:
         """Keep ``msg`` in the dead letters with why, count it, then drop it from the

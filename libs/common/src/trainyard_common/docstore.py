@@ -34,6 +34,7 @@ JetStream file store with its default sync interval.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
@@ -98,7 +99,9 @@ def _key(key: object) -> str:
 def decode(value: Any) -> Any:
     if isinstance(value, str):
         if value[:1] == _DATE:
-            return datetime.strptime(value[1:], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+            # The fixed form _date_text writes; fromisoformat reads it (UTC from the
+            # "Z") some fifty times faster than strptime, on every document read.
+            return datetime.fromisoformat(value[1:])
         return value[1:] if value[:1] == _ESC else value
     if isinstance(value, dict):
         return {k: decode(v) for k, v in value.items()}
@@ -197,6 +200,7 @@ class SqliteDatabase:
         self.conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
         self._collections: dict[str, SqliteCollection] = {}
         self._depth = 0
+        self._owner: asyncio.Task[Any] | None = None
 
     def __getitem__(self, name: str) -> SqliteCollection:
         if name not in self._collections:
@@ -210,8 +214,17 @@ class SqliteDatabase:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """Everything inside is one transaction (nested blocks join the outer one)."""
+        """Everything inside is one transaction (nested blocks join the outer one).
+
+        The connection is the process's one: a transaction open across an ``await``
+        would take in another task's writes (and lose them with its own if it rolled
+        back). Nothing here awaits; a consumer that batches its writes (bus.Atomic)
+        never awaits inside, and the one caller that does (the migration) is its
+        database's only user. A write from another task while one is open is refused
+        loudly rather than joined."""
         if self._depth:
+            if _task() is not self._owner:
+                raise RuntimeError(f"{self.path.name}: another task's transaction is open")
             self._depth += 1
             try:
                 yield
@@ -220,11 +233,13 @@ class SqliteDatabase:
             return
         self.conn.execute("BEGIN IMMEDIATE")
         self._depth = 1
+        self._owner = _task()
         try:
             yield
         except BaseException:
             self._depth = 0
-            self.conn.execute("ROLLBACK")
+            if self.conn.in_transaction:  # SQLite may have ended it (a full disk)
+                self.conn.execute("ROLLBACK")
             raise
         self._depth = 0
         try:
@@ -235,6 +250,37 @@ class SqliteDatabase:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
             raise
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Inside a transaction, a block whose writes are undone alone if it raises (the
+        transaction goes on without them); outside one, a transaction of its own."""
+        if not self._depth:
+            with self.transaction():
+                yield
+            return
+        if _task() is not self._owner:
+            raise RuntimeError(f"{self.path.name}: another task's transaction is open")
+        name = f"sp{self._depth}"
+        self.conn.execute(f"SAVEPOINT {name}")
+        self._depth += 1
+        try:
+            yield
+        except BaseException:
+            self._depth -= 1
+            if self.conn.in_transaction:
+                self.conn.execute(f"ROLLBACK TO {name}")
+                self.conn.execute(f"RELEASE {name}")
+            raise
+        self._depth -= 1
+        self.conn.execute(f"RELEASE {name}")
+
+
+def _task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop: plain synchronous use
+        return None
 
 
 def _column(field: str) -> str:

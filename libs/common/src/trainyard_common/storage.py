@@ -39,6 +39,13 @@ def open_store(mongo_url: str | None, store_dir: Path) -> Client:
     return SqliteClient(store_dir)
 
 
+def batch_transactions(db: Database) -> SqliteDatabase | None:
+    """The embedded store's transactions, for a consumer that stores each fetched batch
+    at once (``Bus.consume(atomic=...)``); None on MongoDB, where each write stands
+    alone as before."""
+    return db if isinstance(db, SqliteDatabase) else None
+
+
 async def insert_once(collection: Collection, document: dict[str, Any]) -> bool:
     """Insert ``document``; False when one with the same ``_id`` is already there."""
     try:

@@ -22,13 +22,14 @@ REBUILD_DURABLE = "status-rebuild"
 async def project_event(event: Event, delivery: Delivery, views: JobViews) -> None:
     # History first, then the views; both are idempotent, so a crash between them is
     # healed by the redelivery that follows. Only an event new to the history is
-    # counted (before the views change: a redelivery after a failed apply counts
-    # nothing again), with the job as it was before it.
+    # counted, with the job as it was before it, and only once the views took it: in a
+    # batch (bus.Atomic) a failed apply undoes the history row too, and the redelivery
+    # finds the event new again.
     new = await views.record(event, delivery.stream_seq, delivery.trace_id)
-    if new:
-        job = await views.get_job(event.job_id) if isinstance(event, NEEDS_JOB) else None
-        observe(observations(event, job))
+    job = await views.get_job(event.job_id) if new and isinstance(event, NEEDS_JOB) else None
     await views.apply(project(event), delivery.stream_seq)
+    if new:
+        observe(observations(event, job))
 
 
 async def project_only(event: Event, delivery: Delivery, views: JobViews) -> None:
