@@ -15,6 +15,7 @@ from trainyard_stack.components import (
     ExternalService,
     FerretDB,
     NatsServer,
+    _ephemeral_range,
     free_port,
     mongo_for,
     nats_for,
@@ -26,7 +27,11 @@ from trainyard_stack.components import (
 def test_helpers() -> None:
     assert (repo_root() / "tools" / "ferretdb" / "build.sh").exists()
     assert nats_server_binary().name == "nats-server"
-    assert 0 < free_port() < 65536
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50  # never the same port twice before a child binds it
+    low, _ = _ephemeral_range()
+    # Outside the range outgoing connections take their ports from.
+    assert all(0 < port < low for port in ports)
 
 
 async def _publish(url: str, payloads: list[bytes]) -> None:

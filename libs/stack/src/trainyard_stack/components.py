@@ -14,6 +14,7 @@ import functools
 import importlib.metadata
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -65,15 +66,54 @@ class ServiceHandle(Protocol):
     def stop(self) -> None: ...
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago.
+# Ports this process has handed out: a port is chosen long before its child binds
+# it (a platform picks all its services' ports first), so the same one must not be
+# handed out twice meanwhile.
+_handed_out: set[int] = set()
+_rng = random.SystemRandom()
 
-    There is an unavoidable race between closing this socket and the child
-    binding the port; it is small enough for tests on one machine.
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The range the kernel picks local ports from for outgoing connections and
+    for binding port 0 (Linux's default when /proc does not say)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((_LOCALHOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago, for a child to bind.
+
+    The port comes from below the kernel's ephemeral range where there is room: a
+    port the kernel hands out itself (``bind(("", 0))``) can be taken by any outgoing
+    connection (to NATS, to the store, between tests) before the child binds it,
+    which is what made a service fail to start with "address already in use". Below
+    that range only another listener can take it. The race with another listener
+    choosing the same port remains, and is small.
     """
+    low, _ = _ephemeral_range()
+    if low > 11000:
+        for _ in range(500):
+            port = _rng.randrange(10000, low)
+            if port not in _handed_out and _bindable(port):
+                _handed_out.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((_LOCALHOST, 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    _handed_out.add(port)
+    return port
 
 
 def repo_root() -> Path:
