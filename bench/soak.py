@@ -7,7 +7,10 @@ Starts the platform (every service its own process, the embedded SQLite store) a
 jobs that fail and are retried once, jobs that run a while and are paused then resumed,
 jobs stopped while running; in between it queries lists, job pages and histories. Every
 minute it records each service's resident memory and the p50/p99 of the queries and of
-submissions in that minute. At the end every job must have ended as its kind says.
+submissions in that minute, and how long after its 202 a submitted job's page shows it
+(one submission in ten is followed). A job's page is queried only once it is five
+seconds old. Answers that are not 2xx are counted, not fatal. At the end every job must
+have ended as its kind says.
 
 Prints JSON: the per-minute series, and per series the change from the first third of
 the run to the last (a leak or a cost that grows with history shows there).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import collections
 import json
 import os
@@ -75,42 +79,86 @@ def pct(values: list[float], q: float) -> float:
     return round(values[min(len(values) - 1, int(len(values) * q))] * 1000, 1)
 
 
-async def soak(platform: Platform, minutes: float, rate: float) -> dict[str, Any]:
+# A job's page is queried only once its submission is this old: the native API answers
+# 202 when the bus has stored the job, and the status view follows a moment later (the
+# visibility lag is measured on its own, below).
+QUERY_AFTER_S = 5.0
+# One submission in this many is followed until its page shows it.
+TRACK_EVERY = 10
+
+
+async def soak(
+    platform: Platform, minutes: float, rate: float, progress: Path | None = None
+) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {platform.token}"}
     rng = random.Random(1)
     jobs: dict[str, str] = {}
+    submitted_at: list[tuple[float, str]] = []
     series: list[dict[str, Any]] = []
+    # Answers that were not 2xx, by call and status (an hour's run is not thrown away for
+    # one; the count is the figure), and the first of each.
+    errors: collections.Counter[str] = collections.Counter()
+    first_errors: dict[str, str] = {}
     async with httpx.AsyncClient(base_url=platform.url, headers=headers, timeout=60) as http:
         submit_times: list[float] = []
         query_times: list[float] = []
+        visible_times: list[float] = []
 
-        async def timed(bucket: list[float], call: Any) -> httpx.Response:
+        async def timed(bucket: list[float], what: str, call: Any) -> httpx.Response | None:
             t0 = time.perf_counter()
-            answer = await call
+            try:
+                answer = await call
+            except httpx.HTTPError as exc:
+                key = f"{what} {type(exc).__name__}"
+                errors[key] += 1
+                first_errors.setdefault(key, str(exc))
+                return None
             bucket.append(time.perf_counter() - t0)
-            answer.raise_for_status()
+            if answer.status_code >= 400:
+                key = f"{what} {answer.status_code}"
+                errors[key] += 1
+                first_errors.setdefault(key, f"{answer.request.url}: {answer.text[:300]}")
+                return None
             return answer
 
-        async def one(kind: str) -> None:
-            answer = await timed(submit_times, http.post("/v1/jobs", json=job(kind)))
+        async def visible(job_id: str, since: float) -> None:
+            """How long after its 202 the job's page shows it."""
+            while time.perf_counter() - since < 60:
+                answer = await http.get(f"/v1/jobs/{job_id}")
+                if answer.status_code == 200:
+                    visible_times.append(time.perf_counter() - since)
+                    return
+                await asyncio.sleep(0.02)
+            errors["job page never showed a submitted job"] += 1
+            first_errors.setdefault("job page never showed a submitted job", job_id)
+
+        async def one(kind: str, track: bool) -> None:
+            answer = await timed(submit_times, "submit", http.post("/v1/jobs", json=job(kind)))
+            if answer is None:
+                return
+            answered = time.perf_counter()
             job_id = answer.json()["id"]
             jobs[job_id] = kind
+            submitted_at.append((time.monotonic(), job_id))
+            if track:
+                await visible(job_id, answered)
             if kind in ("paused", "stopped"):
                 await asyncio.sleep(1.5)
                 verb = "pause" if kind == "paused" else "stop"
-                await http.post(f"/v1/jobs/{job_id}/{verb}")
+                await timed([], verb, http.post(f"/v1/jobs/{job_id}/{verb}"))
                 if kind == "paused":
                     await asyncio.sleep(1.0)
-                    await http.post(f"/v1/jobs/{job_id}/resume")
+                    await timed([], "resume", http.post(f"/v1/jobs/{job_id}/resume"))
 
         async def queries() -> None:
-            ids = list(jobs)
-            await timed(query_times, http.get("/v1/jobs", params={"limit": 50}))
-            await timed(query_times, http.get("/v1/jobs", params={"state": "RUNNING"}))
-            if ids:
-                job_id = rng.choice(ids)
-                await timed(query_times, http.get(f"/v1/jobs/{job_id}"))
-                await timed(query_times, http.get(f"/v1/jobs/{job_id}/events"))
+            await timed(query_times, "list", http.get("/v1/jobs", params={"limit": 50}))
+            await timed(query_times, "list", http.get("/v1/jobs", params={"state": "RUNNING"}))
+            cutoff = time.monotonic() - QUERY_AFTER_S
+            old = bisect.bisect_right(submitted_at, (cutoff, "~"))
+            if old:
+                job_id = submitted_at[rng.randrange(old)][1]
+                await timed(query_times, "job page", http.get(f"/v1/jobs/{job_id}"))
+                await timed(query_times, "history", http.get(f"/v1/jobs/{job_id}/events"))
 
         start = time.monotonic()
         minute_end = start + 60
@@ -120,7 +168,8 @@ async def soak(platform: Platform, minutes: float, rate: float) -> dict[str, Any
         weights = [KINDS[k][0] for k in kinds]
         while time.monotonic() - start < minutes * 60:
             await asyncio.sleep(max(0.0, start + n / rate - time.monotonic()))
-            tasks.append(asyncio.create_task(one(rng.choices(kinds, weights)[0])))
+            kind = rng.choices(kinds, weights)[0]
+            tasks.append(asyncio.create_task(one(kind, n % TRACK_EVERY == 0)))
             n += 1
             if n % 4 == 0:
                 tasks.append(asyncio.create_task(queries()))
@@ -135,10 +184,21 @@ async def soak(platform: Platform, minutes: float, rate: float) -> dict[str, Any
                         "submit_p99_ms": pct(submit_times, 0.99),
                         "query_p50_ms": pct(query_times, 0.5),
                         "query_p99_ms": pct(query_times, 0.99),
+                        "visible_p50_ms": pct(visible_times, 0.5),
+                        "visible_p99_ms": pct(visible_times, 0.99),
+                        "errors": sum(errors.values()),
                     }
                 )
+                if progress is not None:  # a run cut short still leaves its minutes
+                    with progress.open("a") as out:
+                        out.write(json.dumps(series[-1]) + "\n")
                 submit_times.clear()
                 query_times.clear()
+                visible_times.clear()
+                for t in tasks:
+                    if t.done():
+                        t.result()  # a bug in the soak itself stops it
+                tasks = [t for t in tasks if not t.done()]
         await asyncio.gather(*tasks)
         ends = await settle(http, jobs)
     wrong = collections.Counter(
@@ -150,6 +210,8 @@ async def soak(platform: Platform, minutes: float, rate: float) -> dict[str, Any
         "rate": rate,
         "jobs": len(jobs),
         "series": series,
+        "errors": dict(errors),
+        "first_errors": first_errors,
         "wrong_ends": dict(wrong),
         "a_wrong_job": example and (await http_view(platform, example)),
     }
@@ -195,6 +257,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=60)
     parser.add_argument("--rate", type=float, default=4.0)
+    parser.add_argument(
+        "--progress", type=Path, help="append each minute's figures to this file as they come"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o711)  # the tasks' uids pass through to their directories
@@ -208,12 +273,19 @@ def main() -> None:
             Path(tmp) / "data", cluster_file=cluster, log_level="WARNING"
         )
         with Platform(config) as platform:
-            result = asyncio.run(soak(platform, args.minutes, args.rate))
+            result = asyncio.run(soak(platform, args.minutes, args.rate, args.progress))
     series = result["series"]
     if series:
         result["trends"] = {
             key: trend(series, key)
-            for key in ("submit_p99_ms", "query_p99_ms", "submit_p50_ms", "query_p50_ms")
+            for key in (
+                "submit_p99_ms",
+                "query_p99_ms",
+                "visible_p99_ms",
+                "submit_p50_ms",
+                "query_p50_ms",
+                "visible_p50_ms",
+            )
         }
         result["rss_trends"] = {
             name: trend([{"v": m["rss_mb"][name]} for m in series], "v")
