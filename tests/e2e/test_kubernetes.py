@@ -2,8 +2,9 @@
 every dialect's job runs as pods to SUCCEEDED; the pods carry the node placement chose,
 the limits, the environment and the DNS names (read back); a failing task retries as a
 new attempt with new pods; pause deletes the pods and resume makes them again; stop
-leaves no pod and no Service; a SIGKILLed launcher adopts its pods (one per task); a
-node deleted mid-run fails its tasks as lost with their node."""
+leaves no pod and no Service; a lone task gets no Service and no owner; a SIGKILLed launcher adopts
+its pods (one per task); a node deleted mid-run fails its tasks as lost with their
+node."""
 
 from __future__ import annotations
 
@@ -207,6 +208,32 @@ def test_a_pod_is_what_placement_and_the_dialect_said(api: Api, kube_cluster: Ku
     # Stopped: no pod and no Service left.
     wait_for(lambda: not pods(kube_cluster, job_id) and not services(kube_cluster, job_id),
              what="the job's pods and Service gone")  # fmt: skip
+
+
+def test_a_lone_task_gets_no_service_nor_owner_and_meets_itself_at_its_hostname(
+    api: Api, kube_cluster: KubeCluster
+) -> None:
+    payload = renamed(load("kubeflow/pytorchjob-simple.yaml"), "metadata")
+    del payload["spec"]["pytorchReplicaSpecs"]["Worker"]
+    template = payload["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    template.setdefault("metadata", {})["annotations"] = {RUN_DURATION: "60s"}
+    job_id = api.submit(payload)
+    running(api, job_id)
+    [master] = pods(kube_cluster, job_id)
+    env = {e["name"]: e.get("value", "") for e in master["spec"]["containers"][0]["env"]}
+    # Its own hostname, which the kubelet writes into the pod's /etc/hosts.
+    assert env["MASTER_ADDR"] == master["spec"]["hostname"] == master["metadata"]["name"]
+    assert env["WORLD_SIZE"] == "1"
+    assert services(kube_cluster, job_id) == []
+    # Nor an owner: the pod is the whole attempt, and stop deletes it itself.
+    assert "ownerReferences" not in master["metadata"]
+    namespace = master["metadata"]["namespace"]
+    with kube_cluster.client() as http:
+        owner = http.get(f"/api/v1/namespaces/{namespace}/configmaps/ty-{job_id}-a1")
+    assert owner.status_code == 404
+    api.stop(job_id)
+    assert api.wait(job_id)["state"] == "STOPPED"
+    wait_for(lambda: not pods(kube_cluster, job_id), what="the job's pod gone")
 
 
 def test_a_failing_task_retries_as_a_new_attempt_with_new_pods(

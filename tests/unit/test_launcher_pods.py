@@ -22,6 +22,8 @@ from trainyard_launcher.domain.pods import (
     PodProblem,
     PodSettings,
     escape_shell,
+    needs_owner,
+    needs_service,
     owner_name,
     pod_manifest,
     pod_name,
@@ -171,7 +173,34 @@ def test_a_pod_needs_an_image() -> None:
         )  # fmt: skip
 
 
-def test_the_service_is_headless_and_answers_before_readiness() -> None:
+def test_only_an_attempt_of_several_tasks_gets_the_service() -> None:
+    def spec(*roles: RoleSpec) -> JobSpec:
+        return JobSpec(name="j", image="img", roles=list(roles))
+
+    assert not needs_service(spec(RoleSpec(name="w", command="x")))
+    assert needs_service(spec(RoleSpec(name="w", command="x", replicas=2)))
+    assert needs_service(spec(RoleSpec(name="m", command="x"), RoleSpec(name="w", command="x")))
+    # An elastic role that may grow, or a job placed without a gang that may start with
+    # one task and get more in the same attempt: the spec, not the first placement.
+    assert needs_service(spec(RoleSpec(name="w", command="x", min_replicas=1, max_replicas=3)))
+    # The lone task is reached at its hostname, which is its pod's name.
+    alone = task_address(JOB, 1, "master", 0, "ns", lone=True)
+    assert alone == pod_name(JOB, 1, "master", 0)
+    assert task_address(JOB, 1, "master", 0, "ns") == f"{alone}.ty-{JOB}.ns.svc"
+
+
+def test_a_lone_task_without_a_hostfile_has_no_owner() -> None:
+    alone = JobSpec(name="j", image="img", roles=[RoleSpec(name="w", command="x")])
+    pair = JobSpec(name="j", image="img", roles=[RoleSpec(name="w", command="x", replicas=2)])
+    assert not needs_owner(alone, None)
+    assert needs_owner(alone, "host slots=1\n") and needs_owner(pair, None)
+    pod = pod_manifest(
+        spec=JobSpec(name="j", image="img", roles=[RoleSpec(name="w", command="x")]),
+        job_id=JOB, attempt=1, placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),
+        env={}, command="x", namespace="ns", owner_uid=None, settings=PodSettings(),
+    )  # fmt: skip
+    assert "ownerReferences" not in pod["metadata"]
+
     svc = service_manifest(JOB, "team-a")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
 

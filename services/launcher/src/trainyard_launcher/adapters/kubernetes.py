@@ -2,8 +2,9 @@
 
 Per job a headless Service (the tasks' DNS names); per attempt an owner ConfigMap
 (with the MPI hostfile) that each of the attempt's pods names as its owner, so deleting
-it deletes them; per task a Pod (domain/pods.py builds them). One watch per namespace
-with our label selector keeps a cache of our pods, resumed from the last
+it deletes them; per task a Pod (domain/pods.py builds them). A job of one task (no
+MPI) has neither Service nor owner: its pod is the whole attempt. One watch per
+namespace with our label selector keeps a cache of our pods, resumed from the last
 resourceVersion after a disconnect and relisted when that version is gone (410); a
 watch of the Nodes marks the tasks of a node that disappears as lost with it. Anything
 the watches see wakes the launcher's watcher (``changes``).
@@ -52,6 +53,8 @@ from ..domain.pods import (
     PodSettings,
     PodState,
     mpi_hostfile,
+    needs_owner,
+    needs_service,
     owner_manifest,
     owner_name,
     pod_manifest,
@@ -159,7 +162,8 @@ class KubernetesBackend:
         # answers 404, so the next try makes it again.
         self._present: set[str] = set()
         self._job_namespace: dict[str, str] = {}
-        self._owner_uids: dict[tuple[str, int], str] = {}
+        # Each open attempt's owner ConfigMap uid (None: a lone task's, which has none).
+        self._owner_uids: dict[tuple[str, int], str | None] = {}
         self._changed = asyncio.Event()
         self._node_watch: asyncio.Task[None] | None = None
         self._listed: dict[str, asyncio.Event] = {}
@@ -251,12 +255,21 @@ class KubernetesBackend:
         self._changed.set()
         return str(listed["metadata"]["resourceVersion"])
 
-    def _remember(self, namespace: str, body: dict[str, Any]) -> TaskRef | None:
+    def _remember(
+        self, namespace: str, body: dict[str, Any], *, unless_seen: bool = False
+    ) -> TaskRef | None:
+        """Keep a pod's latest state. ``unless_seen``: ``body`` is a create's or a read's
+        answer, which the namespace's watch may already have overtaken while it was
+        awaited (a pod that ran and ended at once): the watch's state of the same pod
+        is then newer and is kept; written over, the task would look running forever."""
         task = pod_task(body)
         if task is None:
             return None
         ref = TaskRef(task.job_id, task.attempt, task.role, task.index)
         meta = body.get("metadata") or {}
+        if unless_seen and (seen := self._pods.get(ref)) is not None:
+            if seen.uid == meta.get("uid"):
+                return ref
         node = (body.get("spec") or {}).get("nodeName")
         self._pods[ref] = _Pod(namespace, meta.get("name", ""), meta.get("uid", ""), node, body)
         if node in self._lost_nodes:
@@ -360,11 +373,12 @@ class KubernetesBackend:
 
     def addressed(self, attempt: AttemptSpec) -> tuple[TaskPlacement, ...]:
         namespace = self.namespace_of(attempt.job_id, attempt.spec.namespace)
+        lone = not needs_service(attempt.spec)
         return tuple(
             t.model_copy(
                 update={
                     "host_ip": task_address(
-                        attempt.job_id, attempt.attempt, t.role, t.index, namespace
+                        attempt.job_id, attempt.attempt, t.role, t.index, namespace, lone=lone
                     )
                 }
             )
@@ -386,9 +400,13 @@ class KubernetesBackend:
         namespace = self.settings.namespace_for(attempt.spec.namespace)
         self._job_namespace[attempt.job_id] = namespace
         await self._ensure_namespace(namespace)
-        await self._create(self.core.create_namespaced_service, namespace,
-                           service_manifest(attempt.job_id, namespace))  # fmt: skip
+        if needs_service(attempt.spec):
+            await self._create(self.core.create_namespaced_service, namespace,
+                               service_manifest(attempt.job_id, namespace))  # fmt: skip
         hostfile = self._hostfile(attempt, namespace)
+        if not needs_owner(attempt.spec, hostfile):
+            self._owner_uids[(attempt.job_id, attempt.attempt)] = None
+            return
         owner = owner_manifest(attempt.job_id, attempt.attempt, namespace, hostfile)
         made = await self._create(self.core.create_namespaced_config_map, namespace, owner)
         if made is None:  # there already, from an earlier try of this attempt
@@ -404,9 +422,15 @@ class KubernetesBackend:
         layout = mpi_layout(attempt.spec, list(attempt.tasks))
         if layout is None:
             return None
+        lone = not needs_service(attempt.spec)
         return mpi_hostfile(
             [
-                (task_address(attempt.job_id, attempt.attempt, role, index, namespace), slots)
+                (
+                    task_address(
+                        attempt.job_id, attempt.attempt, role, index, namespace, lone=lone
+                    ),
+                    slots,
+                )
                 for role, index, slots in layout.hosts
             ],
             hydra=uses_hydra(attempt.spec),
@@ -430,6 +454,7 @@ class KubernetesBackend:
 
     async def close_attempt(self, attempt: AttemptSpec, end: AttemptEnd) -> None:
         namespace = self.namespace_of(attempt.job_id, attempt.spec.namespace)
+        self._owner_uids.pop((attempt.job_id, attempt.attempt), None)
         if end in (AttemptEnd.STOPPED, AttemptEnd.INTERRUPTED):
             # Its owner goes, and every pod and the hostfile and keys with it.
             await self._delete(
@@ -437,6 +462,15 @@ class KubernetesBackend:
                 owner_name(attempt.job_id, attempt.attempt),
                 namespace,
             )
+            for task in attempt.tasks if not needs_service(attempt.spec) else ():
+                # A lone task's pod has no owner: it goes itself.
+                await self._delete(
+                    self.core.delete_namespaced_pod,
+                    pod_name(attempt.job_id, attempt.attempt, task.role, task.index),
+                    namespace,
+                )
+        # A lone job's has none; the delete (a 404 then) stays for a job opened by a
+        # launcher from before that.
         if end in (AttemptEnd.STOPPED, AttemptEnd.FINISHED):
             await self._delete(
                 self.core.delete_namespaced_service, service_name(attempt.job_id), namespace
@@ -481,17 +515,17 @@ class KubernetesBackend:
             if exc.status == 404:
                 return None
             raise
-        self._remember(namespace, pod)
+        self._remember(namespace, pod, unless_seen=True)
         return self._pods.get(ref)
 
     async def launch(self, task: TaskLaunch) -> Launched:
         ref = task.ref
         spec = task.spec
         namespace = self.namespace_of(ref.job_id, spec.namespace)
-        owner = self._owner_uids.get((ref.job_id, ref.attempt))
-        if owner is None:
+        key = (ref.job_id, ref.attempt)
+        if key not in self._owner_uids:
             await self.open_attempt(task.attempt)
-            owner = self._owner_uids[(ref.job_id, ref.attempt)]
+        owner = self._owner_uids[key]
         mpi = mpi_layout(spec, list(task.attempt.tasks)) is not None
         try:
             body = pod_manifest(
@@ -502,7 +536,16 @@ class KubernetesBackend:
         except PodProblem as exc:
             raise LaunchRefused(str(exc)) from exc
         try:
-            made = await self._raw(self.core.create_namespaced_pod, namespace, as_given(body))
+            try:
+                made = await self._raw(self.core.create_namespaced_pod, namespace, as_given(body))
+            except ApiException as exc:
+                if exc.status != 404 or owner is not None:
+                    raise
+                # The namespace was deleted under us, and a lone task's attempt made
+                # nothing in it before its pod to find that out: make it again, once.
+                self._present.discard(namespace)
+                await self._ensure_namespace(namespace)
+                made = await self._raw(self.core.create_namespaced_pod, namespace, as_given(body))
         except ApiException as exc:
             if exc.status == 409:
                 raise AlreadyLaunched(f"pod {body['metadata']['name']} exists") from exc
@@ -511,7 +554,7 @@ class KubernetesBackend:
             if exc.status in (400, 403, 422):
                 raise LaunchRefused(f"the cluster refused the pod: {_why(exc)}") from exc
             raise LaunchError(f"the pod could not be created: {_why(exc)}") from exc
-        self._remember(namespace, made)
+        self._remember(namespace, made, unless_seen=True)
         meta = made["metadata"]
         note = f"pod {namespace}/{meta['name']} on node {task.placement.node}"
         return Launched(TaskHandle(uid=meta["uid"]), note)

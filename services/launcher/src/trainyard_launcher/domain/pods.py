@@ -101,9 +101,44 @@ def pod_name(job_id: str, attempt: int, role: str, index: int) -> str:
     return f"{owner_name(job_id, attempt)}-{_label(role, 10)}-{index}"
 
 
-def task_address(job_id: str, attempt: int, role: str, index: int, namespace: str) -> str:
-    """The DNS name other tasks reach this one at (the job's headless Service)."""
-    return f"{pod_name(job_id, attempt, role, index)}.{service_name(job_id)}.{namespace}.svc"
+def is_lone(spec: JobSpec) -> bool:
+    """Whether every attempt of the job is one task, and stays one: one replica in all
+    and no elastic bound above it. (A job placed without a gang may start with fewer
+    tasks than it has and get the rest later in the same attempt: only the spec says
+    what an attempt may become, not its first placement.)"""
+    most = sum(
+        max(r.replicas, r.max_replicas if r.max_replicas is not None else 0) for r in spec.roles
+    )
+    return most == 1
+
+
+def needs_service(spec: JobSpec) -> bool:
+    """Whether the job's attempts get its headless Service.
+
+    A lone task (``is_lone``) has no peer to find it, so it gets none: the Service, its
+    EndpointSlice and their controllers cost the API server and etcd more than the pod
+    itself (bench/README.md, the Kubernetes backend). It reaches itself at its
+    hostname, which the kubelet writes into its ``/etc/hosts``."""
+    return not is_lone(spec)
+
+
+def needs_owner(spec: JobSpec, hostfile: str | None) -> bool:
+    """Whether an attempt gets its owner ConfigMap: it holds an MPI hostfile, or it
+    has several pods to delete at once. A lone task's pod is the whole attempt and is
+    deleted as itself."""
+    return hostfile is not None or not is_lone(spec)
+
+
+def task_address(
+    job_id: str, attempt: int, role: str, index: int, namespace: str, *, lone: bool = False
+) -> str:
+    """The name the attempt's tasks reach this one at: its DNS name under the job's
+    headless Service, or, for the attempt's only task (``lone``, no Service), its
+    hostname (Kubeflow's PyTorchJob gives its master ``localhost`` likewise)."""
+    name = pod_name(job_id, attempt, role, index)
+    if lone:
+        return name
+    return f"{name}.{service_name(job_id)}.{namespace}.svc"
 
 
 def job_labels(job_id: str) -> dict[str, str]:
@@ -246,7 +281,7 @@ def pod_manifest(
     env: dict[str, str],
     command: str,
     namespace: str,
-    owner_uid: str,
+    owner_uid: str | None,
     settings: PodSettings,
     mpi: bool = False,
 ) -> dict[str, Any]:
@@ -383,16 +418,22 @@ def pod_manifest(
             "namespace": namespace,
             "labels": task_labels(job_id, attempt, placement.role, placement.index),
             "annotations": annotations,
-            "ownerReferences": [
-                {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "name": owner_name(job_id, attempt),
-                    "uid": owner_uid,
-                    "blockOwnerDeletion": True,
-                    "controller": True,
+            **(
+                {}
+                if owner_uid is None  # a lone task's pod is its attempt (needs_owner)
+                else {
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "ConfigMap",
+                            "name": owner_name(job_id, attempt),
+                            "uid": owner_uid,
+                            "blockOwnerDeletion": True,
+                            "controller": True,
+                        }
+                    ]
                 }
-            ],
+            ),
         },
         "spec": pod_spec,
     }
