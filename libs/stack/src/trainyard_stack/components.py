@@ -35,6 +35,7 @@ import pymongo
 import pymongo.errors
 
 from trainyard_common.bus_access import ServerPermissions
+from trainyard_common.cluster import NodeSpec
 
 __all__ = [
     "ComponentError",
@@ -71,6 +72,8 @@ class ServiceHandle(Protocol):
 # handed out twice meanwhile.
 _handed_out: set[int] = set()
 _rng = random.SystemRandom()
+# Where a node's task ports begin by default.
+_TASK_PORTS_FROM: int = NodeSpec.model_fields["port_range"].default[0]
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -99,13 +102,15 @@ def free_port() -> int:
     port the kernel hands out itself (``bind(("", 0))``) can be taken by any outgoing
     connection (to NATS, to the store, between tests) before the child binds it,
     which is what made a service fail to start with "address already in use". Below
-    that range only another listener can take it. The race with another listener
-    choosing the same port remains, and is small.
+    that range only another listener can take it; below 20000, not a task's declared
+    port either (placement hands those out from a node's port range, 20000-40000 by
+    default). The race with another listener choosing the same port remains, and is
+    small.
     """
-    low, _ = _ephemeral_range()
-    if low > 11000:
+    high = min(_ephemeral_range()[0], _TASK_PORTS_FROM)
+    if high > 11000:
         for _ in range(500):
-            port = _rng.randrange(10000, low)
+            port = _rng.randrange(10000, high)
             if port not in _handed_out and _bindable(port):
                 _handed_out.add(port)
                 return port
