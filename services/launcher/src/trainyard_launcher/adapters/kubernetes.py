@@ -469,8 +469,8 @@ class KubernetesBackend:
                     pod_name(attempt.job_id, attempt.attempt, task.role, task.index),
                     namespace,
                 )
-        # A lone job's has none; the delete (a 404 then) stays for a job opened by a
-        # launcher from before that.
+        # A lone job has no Service; the delete (a 404 then) stays for a job opened by
+        # a launcher from before that.
         if end in (AttemptEnd.STOPPED, AttemptEnd.FINISHED):
             await self._delete(
                 self.core.delete_namespaced_service, service_name(attempt.job_id), namespace
