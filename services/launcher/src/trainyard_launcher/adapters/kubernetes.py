@@ -52,6 +52,7 @@ from ..domain.pods import (
     PodProblem,
     PodSettings,
     PodState,
+    is_lone,
     mpi_hostfile,
     needs_owner,
     needs_service,
@@ -373,7 +374,7 @@ class KubernetesBackend:
 
     def addressed(self, attempt: AttemptSpec) -> tuple[TaskPlacement, ...]:
         namespace = self.namespace_of(attempt.job_id, attempt.spec.namespace)
-        lone = not needs_service(attempt.spec)
+        lone = is_lone(attempt.spec)
         return tuple(
             t.model_copy(
                 update={
@@ -422,7 +423,7 @@ class KubernetesBackend:
         layout = mpi_layout(attempt.spec, list(attempt.tasks))
         if layout is None:
             return None
-        lone = not needs_service(attempt.spec)
+        lone = is_lone(attempt.spec)
         return mpi_hostfile(
             [
                 (
@@ -462,7 +463,7 @@ class KubernetesBackend:
                 owner_name(attempt.job_id, attempt.attempt),
                 namespace,
             )
-            for task in attempt.tasks if not needs_service(attempt.spec) else ():
+            for task in attempt.tasks if is_lone(attempt.spec) else ():
                 # A lone task's pod has no owner: it goes itself.
                 await self._delete(
                     self.core.delete_namespaced_pod,
