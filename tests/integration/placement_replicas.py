@@ -47,11 +47,12 @@ def spec(name: str) -> JobSpec:
 
 
 class Replica:
-    """One ``python -m trainyard_placement`` process."""
+    """One ``python -m trainyard_placement`` process (or another ``service``'s)."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(self, env: dict[str, str], log: Path, service: str = "placement") -> None:
         self.port = free_port()
-        self.env = {**env, "YARD_PLACEMENT_PORT": str(self.port)}
+        self.service = service
+        self.env = {**env, f"YARD_{service.upper()}_PORT": str(self.port)}
         self.log_path = log
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -62,7 +63,7 @@ class Replica:
     def start(self) -> Replica:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "trainyard_placement"],
+                [sys.executable, "-m", f"trainyard_{self.service}"],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -75,7 +76,7 @@ class Replica:
                     return self
             except httpx.HTTPError:
                 pass
-            assert time.monotonic() < deadline, "placement did not become healthy"
+            assert time.monotonic() < deadline, f"{self.service} did not become healthy"
             time.sleep(0.1)
 
     def lease(self) -> dict[str, object]:

@@ -8,8 +8,8 @@ import contextlib
 import sqlite3
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -19,7 +19,7 @@ from trainyard_common.docstore import SqliteClient
 from trainyard_common.errors import PermanentError
 from trainyard_common.events import Event, JobSubmitted, StopJob, decode
 from trainyard_common.jobspec import JobSpec, RoleSpec
-from trainyard_common.storage import insert_once
+from trainyard_common.storage import Client, Collection, batch_writes, batching, insert_once
 from trainyard_common.subjects import STREAM, commands_of, events_of
 from trainyard_common.telemetry import setup_telemetry, tracer
 
@@ -51,9 +51,12 @@ async def consume_until(
     done: asyncio.Event,
     timeout: float = 15.0,
     atomic: Atomic | None = None,
+    before_batch: Callable[[list[Any]], Awaitable[None]] | None = None,
 ) -> None:
     stop = asyncio.Event()
-    task = asyncio.create_task(bus.consume(durable, subjects, handler, stop=stop, atomic=atomic))
+    task = asyncio.create_task(
+        bus.consume(durable, subjects, handler, stop=stop, atomic=atomic, before_batch=before_batch)
+    )
     try:
         await asyncio.wait_for(done.wait(), timeout)
     finally:
@@ -264,15 +267,21 @@ async def test_a_consumers_lag_is_what_the_stream_still_holds_for_it(bus: Bus) -
     assert seen == [0, 0, 3, 3, 1]
 
 
-async def test_a_batch_is_one_transaction_acked_after_it_and_a_failure_is_undone_alone(
-    bus: Bus, tmp_path: Path
+async def test_a_batch_is_stored_at_once_acked_after_it_and_a_failure_is_undone_alone(
+    bus: Bus, doc_client: Client, db_prefix: str
 ) -> None:
+    """On each store: one SQLite transaction, or a unit of work on MongoDB."""
     job = uuid.uuid4().hex
     durable = f"batch-{job[:8]}"
     seqs = await bus.publish_all([StopJob(job_id=job, requested_by=f"u{i}") for i in range(6)])
-    database = SqliteClient(tmp_path)["db"]
+    database = batching(doc_client[f"{db_prefix}_batch"])
     mine = database["c"]
-    theirs = SqliteClient(tmp_path)["db"]["c"]  # another connection: sees commits only
+    # Another connection (SQLite) or a plain collection (MongoDB): sees what is stored only.
+    theirs: Collection
+    if isinstance(doc_client, SqliteClient):
+        theirs = SqliteClient(doc_client.directory)[f"{db_prefix}_batch"]["c"]
+    else:
+        theirs = doc_client[f"{db_prefix}_batch"]["c"]
     committed: list[int] = []  # what the other connection saw as each message was handled
     fresh: dict[str, list[bool]] = defaultdict(list)  # insert_once per delivery
     acked_during_batch: list[int] = []
@@ -292,9 +301,19 @@ async def test_a_batch_is_one_transaction_acked_after_it_and_a_failure_is_undone
         if who == "u2":
             done.set()
 
-    await consume_until(bus, durable, [f"yard.cmd.{job}.>"], store, done, atomic=database)
+    atomic = batch_writes(database)
+    before: list[list[str]] = []  # each batch's events, as given before its handlers
+
+    async def read_ahead(events: list[Any]) -> None:
+        before.append([e.requested_by for e in events])
+        committed.append(await theirs.count_documents({}))
+
+    await consume_until(
+        bus, durable, [f"yard.cmd.{job}.>"], store, done, atomic=atomic, before_batch=read_ahead
+    )
+    assert before[0] == [f"u{i}" for i in range(6)]
     # The first fetch held all six: nothing committed while any of them was handled.
-    assert committed[:6] == [0] * 6
+    assert committed[:7] == [0] * 7
     assert len(acked_during_batch) == 1 and acked_during_batch[0] < seqs[0]
     # u2's first write was undone with its failure (its redelivery wrote it anew);
     # u4's too, and it went to the dead letters; the others were stored once.
@@ -312,14 +331,14 @@ class CommitFailsOnce:
     def __init__(self) -> None:
         self.failed = False
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
         yield
         if not self.failed:
             self.failed = True
             raise sqlite3.OperationalError("database or disk is full")
 
-    def savepoint(self) -> contextlib.AbstractContextManager[None]:
+    def savepoint(self) -> contextlib.AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
 
 

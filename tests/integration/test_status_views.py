@@ -19,6 +19,7 @@ from trainyard_common.events import (
     TaskStateChanged,
 )
 from trainyard_common.jobspec import EnvVar
+from trainyard_common.storage import Client, batch_writes, batching
 from trainyard_status.adapters.views import JobViews, job_view
 from trainyard_status.domain.projection import project
 
@@ -104,6 +105,71 @@ async def test_redelivered_and_shuffled_events_give_the_same_view(views: JobView
     for key in ("state", "exit_code", "reason", "tasks", "spec"):
         assert a[key] == b[key], key
     assert len(await views.history(job_b)) == len(events_b)  # no duplicate history rows
+
+
+def interrupted(job_id: str):
+    """Submitted .. placed, one task running and one failed, then paused."""
+    events = lifecycle(job_id)[:4]
+    events += [
+        TaskStateChanged(job_id=job_id, role="worker", index=0, state=TaskState.RUNNING, seq=2),
+        TaskStateChanged(
+            job_id=job_id, role="worker", index=1, state=TaskState.FAILED, seq=2, exit_code=1
+        ),
+        JobInterrupted(job_id=job_id, attempt=1, cause=InterruptCause.PAUSED, reason="paused"),
+    ]
+    return events
+
+
+class Failed(Exception):
+    pass
+
+
+async def test_a_batch_stores_what_its_messages_one_at_a_time_store(
+    views: JobViews, doc_client: Client, db_prefix: str
+) -> None:
+    """The status consumer's batches (one SQLite transaction; on MongoDB a unit of work
+    sent as bulk writes, mongo_batch.py) against the same events applied one by one: the
+    same views and history, with a redelivered copy of every event, shuffled, and two
+    handlers failing after their writes (one after a write the batch had to send at
+    once: the interrupt's update of the attempt's tasks), each delivered again later."""
+    jobs = [uuid.uuid4().hex for _ in range(3)]
+    events = [*lifecycle(jobs[0]), *lifecycle(jobs[1]), *interrupted(jobs[2])]
+    deliveries = list(enumerate(events, 1)) * 2
+    random.Random(11).shuffle(deliveries)
+    failing = {
+        next(i for i, (_, e) in enumerate(deliveries) if isinstance(e, JobInterrupted)),
+        next(i for i, (_, e) in enumerate(deliveries) if type(e).__name__ == "JobPlaced"),
+    }
+    deliveries += [deliveries[i] for i in sorted(failing)]
+    for seq, event in deliveries:
+        await views.record(event, seq, None)
+        await views.apply(project(event), seq)
+
+    database = batching(doc_client[f"{db_prefix}_batched"])
+    batched = JobViews(database)
+    await batched.ensure_indexes()
+    atomic = batch_writes(database)
+    failures = 0
+    async with atomic.transaction():
+        for i, (seq, event) in enumerate(deliveries):
+            try:
+                async with atomic.savepoint():
+                    await batched.record(event, seq, None)
+                    await batched.apply(project(event), seq)
+                    if i in failing:
+                        raise Failed
+            except Failed:
+                failures += 1
+    assert failures == 2
+    for job in jobs:
+        one, batch = await snapshot(views, job), await snapshot(batched, job)
+        assert batch == one, job
+        assert await batched.history(job) == await views.history(job)
+    assert (await snapshot(batched, jobs[2]))["state"] == "PAUSED"
+    assert [t["state"] for t in (await snapshot(batched, jobs[2]))["tasks"]] == [
+        "STOPPED",
+        "FAILED",
+    ]
 
 
 async def test_list_filters_and_pages_newest_first(views: JobViews) -> None:

@@ -7,9 +7,8 @@ stored the message.
 
 Consuming: durable pull consumers with an explicit ack policy. A handler's effect is
 stored before the ack; anything but :class:`PermanentError` naks the message with a
-growing delay so JetStream redelivers it (a consumer whose writes all go to one local
-store may store each fetched batch in one transaction: ``Atomic``, acks after the
-commit). Handlers must be idempotent. A message that
+growing delay so JetStream redelivers it (a consumer whose writes all go to its store
+may store each fetched batch at once: ``Atomic``, acks after it is stored). Handlers must be idempotent. A message that
 cannot be processed (undecodable, a permanent error, or still failing on its last
 delivery) is never dropped silently: it goes to the dead-letter stream with its error,
 is counted and logged, then terminated; an admin can replay it (status's admin API),
@@ -33,7 +32,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -114,13 +113,19 @@ Settle = Callable[[], Awaitable[None]]
 
 
 class Atomic(Protocol):
-    """A local store's transactions (docstore.SqliteDatabase), for a consumer whose
-    handlers write only to it and never wait on anything else: a fetched batch's effects
-    are one ``transaction()``, each message's a ``savepoint()`` inside it."""
+    """A store's batches (``storage.batch_writes``: SQLite's transactions, a unit of
+    work on MongoDB), for a consumer whose handlers write only to it: a fetched batch's
+    effects are one ``transaction()``, each message's a ``savepoint()`` inside it (undone
+    alone if its handler fails)."""
 
-    def transaction(self) -> AbstractContextManager[None]: ...
+    def transaction(self) -> AbstractAsyncContextManager[None]: ...
 
-    def savepoint(self) -> AbstractContextManager[None]: ...
+    def savepoint(self) -> AbstractAsyncContextManager[None]: ...
+
+
+def _original_subject(subject: str, durable: str) -> str:
+    """A message's subject, or the one it had before an admin replayed it to ``durable``."""
+    return subject.removeprefix(f"{REPLAY_PREFIX}.{durable}.")
 
 
 def decode_event(data: bytes, _subject: str, _headers: dict[str, str]) -> Event:
@@ -278,12 +283,15 @@ class Bus:
         decoder: Decoder = decode_event,
         after_batch: Callable[[], Awaitable[None]] | None = None,
         atomic: Atomic | None = None,
+        before_batch: Callable[[list[Any]], Awaitable[None]] | None = None,
     ) -> None:
         """Run ``handler`` for every message of the durable consumer until ``stop``
         (its subjects and the dead letters an admin sends back to it); ``after_batch``
         after the messages of each fetch (work several messages share, done once).
         With ``atomic``, each fetch's effects are stored in one transaction and its
-        messages settled after the commit (``_handle_batch``)."""
+        messages settled after the commit (``_handle_batch``); ``before_batch``, with
+        ``atomic`` only, gets each batch's decodable messages first, inside it (to read
+        at once what their handlers will read)."""
         await self.ensure_consumer(durable, [*subjects, replays_of(durable)])
         sub = await self.js.pull_subscribe_bind(durable=durable, stream=STREAM)
         if ready is not None:
@@ -299,7 +307,7 @@ class Bus:
                     for msg in msgs:
                         await (await self._handle(msg, handler, decoder))()
                 elif msgs:
-                    await self._handle_batch(msgs, handler, decoder, atomic)
+                    await self._handle_batch(msgs, handler, decoder, atomic, before_batch)
                 if msgs:
                     BUS_PENDING.labels(durable).set(msgs[-1].metadata.num_pending)
                 if after_batch is not None and msgs:
@@ -384,7 +392,12 @@ class Bus:
         return int((await self.js.stream_info(STREAM)).state.last_seq)
 
     async def _handle_batch(
-        self, msgs: list[Msg], handler: Handler, decoder: Decoder, atomic: Atomic
+        self,
+        msgs: list[Msg],
+        handler: Handler,
+        decoder: Decoder,
+        atomic: Atomic,
+        before: Callable[[list[Any]], Awaitable[None]] | None = None,
     ) -> None:
         """A fetched batch in one transaction, each message in a savepoint (a failing
         message's writes are undone alone, and it is redelivered or dead-lettered as
@@ -394,7 +407,9 @@ class Bus:
         service's projection spent about a sixth of its CPU committing."""
         settles: list[Settle] = []
         try:
-            with atomic.transaction():
+            async with atomic.transaction():
+                if before is not None:
+                    await before(self._decodable(msgs, decoder))
                 for msg in msgs:
                     settles.append(await self._handle(msg, handler, decoder, atomic.savepoint))
         except Exception as exc:  # noqa: BLE001 - nothing of the batch is stored
@@ -407,12 +422,27 @@ class Bus:
         for settle in settles:
             await settle()
 
+    @staticmethod
+    def _decodable(msgs: list[Msg], decoder: Decoder) -> list[Any]:
+        decoded = []
+        for msg in msgs:
+            durable = msg.metadata.consumer or "unknown"
+            try:
+                decoded.append(
+                    decoder(
+                        msg.data, _original_subject(msg.subject, durable), dict(msg.headers or {})
+                    )
+                )
+            except (ValidationError, ValueError):
+                continue  # _handle sends it to the dead letters
+        return decoded
+
     async def _handle(
         self,
         msg: Msg,
         handler: Handler,
         decoder: Decoder,
-        scope: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        scope: Callable[[], AbstractAsyncContextManager[None]] = contextlib.nullcontext,
     ) -> Settle:
         """Run ``handler`` on ``msg`` (inside ``scope``, which undoes its writes if it
         raises); returns what settles the message once its effect is stored."""
@@ -421,9 +451,7 @@ class Bus:
         durable = meta.consumer or "unknown"
         if meta.num_delivered > 1:
             BUS_REDELIVERIES.labels(durable).inc()
-        subject = msg.subject
-        if subject.startswith(f"{REPLAY_PREFIX}.{durable}."):
-            subject = subject.removeprefix(f"{REPLAY_PREFIX}.{durable}.")
+        subject = _original_subject(msg.subject, durable)
         try:
             event = decoder(msg.data, subject, headers)
         except (ValidationError, ValueError) as exc:
@@ -458,7 +486,7 @@ class Bus:
         ):
             began = time.perf_counter()
             try:
-                with scope():
+                async with scope():
                     await handler(event, delivery)
                 if log.isEnabledFor(logging.DEBUG):  # a line per message: only when asked
                     log.debug("%s handled %s (delivery %d)", durable, subject, meta.num_delivered)
@@ -496,9 +524,7 @@ class Bus:
         """Keep ``msg`` in the dead letters with why, count it, then drop it from the
         consumer. Not stored (the dead-letter stream unreachable): redelivered later."""
         meta = msg.metadata
-        original = msg.subject
-        if original.startswith(f"{REPLAY_PREFIX}.{durable}."):
-            original = original.removeprefix(f"{REPLAY_PREFIX}.{durable}.")
+        original = _original_subject(msg.subject, durable)
         headers = {
             **{k: v for k, v in (msg.headers or {}).items() if k != "Nats-Msg-Id"},
             # One dead letter per message and delivery that gave up on it.

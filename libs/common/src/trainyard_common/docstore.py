@@ -413,7 +413,7 @@ class SqliteCollection:
         self, query: Mapping[str, Any] | None = None, projection: Any = None
     ) -> dict[str, Any] | None:
         rows = self._select(query, limit=1)
-        return _project(_load(rows[0]), projection) if rows else None
+        return project(_load(rows[0]), projection) if rows else None
 
     def find(self, query: Mapping[str, Any] | None = None, projection: Any = None) -> SqliteCursor:
         return SqliteCursor(self, query, projection)
@@ -447,7 +447,7 @@ class SqliteCollection:
             if not rows:
                 if not upsert:
                     return UpdateResult(0, 0)
-                doc = {**_upsert_base(query), **document}
+                doc = {**upsert_base(query), **document}
                 self._insert(doc)
                 return UpdateResult(0, 0, _id_of(doc))
             doc_id, old = rows[0]
@@ -488,7 +488,7 @@ class SqliteCollection:
             if not rows:
                 if not upsert:
                     return UpdateResult(0, 0)
-                doc = apply_update(copy.deepcopy(_upsert_base(query)), update)
+                doc = apply_update(copy.deepcopy(upsert_base(query)), update)
                 self._insert(doc)
                 return UpdateResult(0, 0, _id_of(doc))
             modified = 0
@@ -541,7 +541,7 @@ class SqliteCursor:
 
     def _documents(self) -> list[dict[str, Any]]:
         rows = self._collection._select(self._query, self._sort, self._skip, self._limit)
-        return [_project(_load(row), self._projection) for row in rows]
+        return [project(_load(row), self._projection) for row in rows]
 
     def __aiter__(self) -> _AsyncList:
         return _AsyncList(self._documents())
@@ -663,7 +663,7 @@ def _parent(doc: dict[str, Any], field: str, create: bool) -> tuple[dict[str, An
     return node, parts[-1]
 
 
-def _upsert_base(query: Mapping[str, Any]) -> dict[str, Any]:
+def upsert_base(query: Mapping[str, Any]) -> dict[str, Any]:
     """The equality fields of an upsert's query, as MongoDB seeds the new document."""
     return {
         k: v
@@ -684,7 +684,7 @@ def _load(row: tuple[str, str]) -> dict[str, Any]:
     return doc
 
 
-def _project(doc: dict[str, Any], projection: Any) -> dict[str, Any]:
+def project(doc: dict[str, Any], projection: Any) -> dict[str, Any]:
     if not projection:
         return doc
     fields = dict.fromkeys(projection, 1) if isinstance(projection, list) else dict(projection)

@@ -8,10 +8,14 @@
 The adapters use only what both give and what MongoDB and FerretDB v1 both support
 (DESIGN §7): no transactions, no change streams, no '.'-keys, a few query and update
 operators. Idempotency therefore lives inside single documents: unique keys and
-conditional updates."""
+conditional updates. A consumer whose handlers write only to its store stores each
+fetched batch at once on both (``batch_writes``): one SQLite transaction, or one unit
+of work sent to MongoDB as bounded bulk writes (mongo_batch.py)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from .docstore import DuplicateKey, SqliteClient, SqliteCollection, SqliteDatabase
+from .mongo_batch import BatchedCollection, BatchedDatabase, MongoBatches, batched
 
 # What an adapter is given: a database or a collection of either store.
 Database = AsyncDatabase[dict[str, Any]] | SqliteDatabase
@@ -39,11 +44,55 @@ def open_store(mongo_url: str | None, store_dir: Path) -> Client:
     return SqliteClient(store_dir)
 
 
-def batch_transactions(db: Database) -> SqliteDatabase | None:
-    """The embedded store's transactions, for a consumer that stores each fetched batch
-    at once (``Bus.consume(atomic=...)``); None on MongoDB, where each write stands
-    alone as before."""
-    return db if isinstance(db, SqliteDatabase) else None
+class SqliteBatches:
+    """``bus.Atomic`` for the embedded store: a fetched batch is one SQLite
+    transaction, each message a savepoint in it."""
+
+    def __init__(self, database: SqliteDatabase) -> None:
+        self.database = database
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        with self.database.transaction():
+            yield
+
+    @asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        with self.database.savepoint():
+            yield
+
+
+def batching(db: Database) -> Database:
+    """``db`` as a consumer that stores each fetched batch at once must use it: on
+    MongoDB, a database whose collections join the running batch (mongo_batch.py); the
+    embedded store's own database as it is."""
+    if isinstance(db, AsyncDatabase) and not isinstance(db, BatchedDatabase):
+        return batched(db)
+    return db
+
+
+def batch_writes(db: Database) -> SqliteBatches | MongoBatches:
+    """The batches of a database from ``batching`` (``Bus.consume(atomic=...)``)."""
+    if isinstance(db, SqliteDatabase):
+        return SqliteBatches(db)
+    if isinstance(db, BatchedDatabase):
+        return MongoBatches(db)
+    raise TypeError("batch_writes() takes a database from batching()")
+
+
+def reads_ahead(db: Database) -> bool:
+    """Whether a consumer's batch on ``db`` gains from reading its documents at once
+    before its handlers run (``preload``): on MongoDB each read is a round trip; on the
+    embedded store an index lookup, and the work of finding the ids would cost more."""
+    return isinstance(db, BatchedDatabase)
+
+
+async def preload(collection: Collection, ids: Iterable[Any]) -> None:
+    """Inside a consumer's batch on MongoDB, read these documents at once
+    (``BatchedCollection.preload``); nothing on the embedded store, whose reads by
+    ``_id`` are a local index lookup each."""
+    if isinstance(collection, BatchedCollection):
+        await collection.preload(ids)
 
 
 async def insert_once(collection: Collection, document: dict[str, Any]) -> bool:

@@ -11,7 +11,7 @@ from trainyard_common.auth import TokenStore, tokens_collection
 from trainyard_common.bus import Bus, DeadLetters, KvNonces
 from trainyard_common.config import Settings
 from trainyard_common.runtime import run_service, serve, setup_logging
-from trainyard_common.storage import batch_transactions, open_store
+from trainyard_common.storage import batch_writes, batching, open_store, reads_ahead
 from trainyard_common.subjects import ALL_COMMANDS, ALL_EVENTS
 from trainyard_common.telemetry import setup_telemetry
 
@@ -28,7 +28,7 @@ async def main() -> None:
     setup_telemetry("status")
     bus = await Bus.connect(settings.nats_url, name="status")
     client = open_store(settings.mongo_url, settings.store_dir)
-    db = client[settings.db_name()]
+    db = batching(client[settings.db_name()])
     views = JobViews(db)
     await views.ensure_indexes()
     tokens = TokenStore(
@@ -40,11 +40,12 @@ async def main() -> None:
 
     async def consume(stop: asyncio.Event) -> None:
         handler = partial(project_event, views=views)
-        # The projection writes only to its store and awaits nothing else: on SQLite a
-        # fetched batch is one transaction (bus.Atomic).
+        # The projection writes only to its store: a fetched batch is stored at once
+        # (bus.Atomic; one transaction on SQLite, bounded bulk writes on MongoDB).
         await bus.consume(
             "status", [ALL_EVENTS, ALL_COMMANDS], handler, stop=stop,
-            atomic=batch_transactions(db),
+            atomic=batch_writes(db),
+            before_batch=views.preload if reads_ahead(db) else None,
         )  # fmt: skip
 
     try:

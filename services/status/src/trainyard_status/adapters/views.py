@@ -13,9 +13,9 @@ from pymongo import ASCENDING, DESCENDING
 from trainyard_common.dialects import BY_NAME
 from trainyard_common.events import Event, JobState, TaskState, decode
 from trainyard_common.jobspec import REDACTED
-from trainyard_common.storage import Database, insert_once
+from trainyard_common.storage import Database, insert_once, preload
 
-from ..domain.projection import Changes, EndTasks, JobChange, TaskChange
+from ..domain.projection import Changes, EndTasks, JobChange, TaskChange, project
 
 
 class JobViews:
@@ -38,6 +38,15 @@ class JobViews:
         await self.events.create_index([("job_id", ASCENDING), ("seq", ASCENDING)])
 
     # -- writes ---------------------------------------------------------------------------
+
+    async def preload(self, events: list[Event]) -> None:
+        """What a batch of ``events`` will read by ``_id``, read at once: on MongoDB
+        inside a consumer's batch, one query per collection instead of a few per event
+        (storage.preload); nothing on the embedded store."""
+        await preload(self.events, [event.event_id for event in events])
+        await preload(self.jobs, [event.job_id for event in events])
+        tasks = [task.task_id for event in events for task in project(event).tasks]
+        await preload(self.tasks, tasks)
 
     async def record(self, event: Event, seq: int, trace_id: str | None) -> bool:
         """Append to the history; False when this event is already there."""
