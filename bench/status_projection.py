@@ -1,13 +1,18 @@
-"""The status service's projection on the embedded store: each write its own commit
-against each fetched batch one transaction (``Bus.consume(atomic=...)``), same run.
+"""The status service's projection: each write on its own against each fetched batch
+stored at once (``Bus.consume(atomic=...)``: one SQLite transaction, or on MongoDB a unit
+of work sent as bounded bulk writes), same run.
 
-    .venv/bin/python bench/status_projection.py [--jobs 1000] [--rounds 2]
+    .venv/bin/python bench/status_projection.py [--jobs 1000] [--rounds 2] [--store mongo]
+
+``--store mongo``: the MongoDB wire, at ``MONGO_URL`` when set, else the embedded
+FerretDB build (which scans its table for every ``_id`` operation: keep ``--jobs``
+small there, a few hundred).
 
 Starts a real NATS server, publishes every event of ``--jobs`` one-task jobs (submitted,
 accepted, queued, placed, the task's three transitions, finished: eight each) once, then
 projects the whole stream into a fresh SQLite store with the status service's own
 consumer and handler, once per way and round (the ways alternate), each with its own
-durable. Measures events projected per second and this process's CPU time per event
+durable and a fresh database. Measures events projected per second and this process's CPU time per event
 (the projection runs in the benchmark's process, as in the service's). Prints one JSON
 object.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -25,6 +31,8 @@ import time
 import uuid
 from functools import partial
 from pathlib import Path
+
+from pymongo import AsyncMongoClient, monitoring
 
 from trainyard_common.bus import Bus
 from trainyard_common.docstore import SqliteClient
@@ -41,8 +49,9 @@ from trainyard_common.events import (
     TaskStateChanged,
 )
 from trainyard_common.jobspec import JobSpec, RoleSpec
+from trainyard_common.storage import Client, batch_writes, batching, reads_ahead
 from trainyard_common.subjects import ALL_COMMANDS, ALL_EVENTS
-from trainyard_stack.components import NatsServer
+from trainyard_stack.components import FerretDB, NatsServer
 from trainyard_status.adapters.views import JobViews
 from trainyard_status.handlers import project_event
 
@@ -74,9 +83,27 @@ def job_events(job_id: str) -> list[Event]:
     ]
 
 
-async def project(bus: Bus, store: Path, durable: str, batched: bool, until: int) -> dict:
-    client = SqliteClient(store)
-    db = client["status"]
+class Commands(monitoring.CommandListener):
+    """Commands the MongoDB client sent (each a round trip to the server)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.count += 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+async def project(
+    bus: Bus, client: Client, name: str, durable: str, batched: bool, until: int
+) -> dict:
+    commands = COMMANDS.count
+    db = batching(client[name]) if batched else client[name]
     views = JobViews(db)
     await views.ensure_indexes()
     stop = asyncio.Event()
@@ -87,40 +114,58 @@ async def project(bus: Bus, store: Path, durable: str, batched: bool, until: int
             [ALL_EVENTS, ALL_COMMANDS],
             partial(project_event, views=views),
             stop=stop,
-            atomic=db if batched else None,
+            atomic=batch_writes(db) if batched else None,
+            before_batch=views.preload if batched and reads_ahead(db) else None,
         )  # fmt: skip
     )
     while not await bus.consumed(durable, until, timeout_s=5.0):
         if task.done():
             task.result()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    commands = COMMANDS.count - commands
     stop.set()
     await task
     jobs = await views.jobs.count_documents({"state": "SUCCEEDED"})
-    await client.close()
-    return {"wall_s": wall, "cpu_s": cpu, "jobs_succeeded": jobs}
+    await client.drop_database(name)
+    return {"wall_s": wall, "cpu_s": cpu, "jobs_succeeded": jobs, "commands": commands}
 
 
-async def run(jobs: int, rounds: int) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
+COMMANDS = Commands()
+
+
+def counted_client(url: str) -> AsyncMongoClient[dict]:
+    return AsyncMongoClient(url, tz_aware=True, event_listeners=[COMMANDS])
+
+
+async def run(jobs: int, rounds: int, store: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         server = NatsServer(Path(tmp) / "nats").start()
-        try:
-            bus = await Bus.connect(server.url, name="bench")
-            events = [e for _ in range(jobs) for e in job_events(uuid.uuid4().hex)]
-            for start in range(0, len(events), 500):
-                await bus.publish_all(events[start : start + 500])
-            until = await bus.last_seq()
-            results: dict[str, list[dict]] = {way: [] for way in WAYS}
-            for r in range(rounds):
-                for i, way in enumerate(WAYS):
-                    store = Path(tmp) / f"store-{r}-{i}"
-                    results[way].append(
-                        await project(bus, store, f"bench-{r}-{i}", way == "per batch", until)
-                    )
-            await bus.close()
-        finally:
-            server.stop()
-    report: dict = {"jobs": jobs, "events": len(events), "rounds": rounds}
+        stack.callback(server.stop)
+        client: Client
+        if store == "sqlite":
+            client = SqliteClient(Path(tmp) / "store")
+        elif os.environ.get("MONGO_URL"):
+            client = counted_client(os.environ["MONGO_URL"])
+        else:
+            ferretdb = FerretDB(Path(tmp) / "ferretdb").start()
+            stack.callback(ferretdb.stop)
+            client = counted_client(ferretdb.url)
+        bus = await Bus.connect(server.url, name="bench")
+        events = [e for _ in range(jobs) for e in job_events(uuid.uuid4().hex)]
+        for start in range(0, len(events), 500):
+            await bus.publish_all(events[start : start + 500])
+        until = await bus.last_seq()
+        results: dict[str, list[dict]] = {way: [] for way in WAYS}
+        prefix = "bench" + uuid.uuid4().hex[:8]
+        for r in range(rounds):
+            for i, way in enumerate(WAYS):
+                name, durable = f"{prefix}_{r}_{i}", f"bench-{r}-{i}"
+                results[way].append(
+                    await project(bus, client, name, durable, way == "per batch", until)
+                )
+        await bus.close()
+        await client.close()
+    report: dict = {"store": store, "jobs": jobs, "events": len(events), "rounds": rounds}
     for way, runs in results.items():
         assert all(run["jobs_succeeded"] == jobs for run in runs), runs
         report[way] = {
@@ -130,6 +175,10 @@ async def run(jobs: int, rounds: int) -> dict:
             ),
             "runs_events_per_s": [round(len(events) / run["wall_s"]) for run in runs],
         }
+        if store == "mongo":  # round trips to the server, the consumer's reads and writes
+            report[way]["commands_per_event"] = round(
+                statistics.fmean(run["commands"] / len(events) for run in runs), 2
+            )
     report["speedup"] = round(
         report["per batch"]["events_per_s"] / report["per write"]["events_per_s"], 2
     )
@@ -141,8 +190,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--store", choices=("sqlite", "mongo"), default="sqlite")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.jobs, args.rounds)), indent=2))
+    print(json.dumps(asyncio.run(run(args.jobs, args.rounds, args.store)), indent=2))
     return 0
 
 
