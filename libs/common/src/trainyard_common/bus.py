@@ -8,11 +8,12 @@ stored the message.
 Consuming: durable pull consumers with an explicit ack policy. A handler's effect is
 stored before the ack; anything but :class:`PermanentError` naks the message with a
 growing delay so JetStream redelivers it (a consumer whose writes all go to its store
-may store each fetched batch at once: ``Atomic``, acks after it is stored). Handlers must be idempotent. A message that
-cannot be processed (undecodable, a permanent error, or still failing on its last
-delivery) is never dropped silently: it goes to the dead-letter stream with its error,
-is counted and logged, then terminated; an admin can replay it (status's admin API),
-and it comes back to the same durable on ``yard.replay.<durable>.…``.
+may store each fetched batch at once: ``Atomic``, acks after it is stored). Handlers
+must be idempotent. A message that cannot be processed (undecodable, a permanent
+error, or still failing on its last delivery) is never dropped silently: it goes to the
+dead-letter stream with its error, is counted and logged, then terminated; an admin can
+replay it (status's admin API), and it comes back to the same durable on
+``yard.replay.<durable>.…``.
 
 Identity: a URL with a user (``nats://intake:…@host``) connects as that service, whose
 replies arrive on its own inbox prefix (bus_access.py).
@@ -399,12 +400,13 @@ class Bus:
         atomic: Atomic,
         before: Callable[[list[Any]], Awaitable[None]] | None = None,
     ) -> None:
-        """A fetched batch in one transaction, each message in a savepoint (a failing
-        message's writes are undone alone, and it is redelivered or dead-lettered as
-        ever); the acks, naks and dead letters go out after the commit, so nothing is
-        acked before it is stored. A failed commit stores none of them: all are
-        redelivered. One commit per batch instead of one per write: the status
-        service's projection spent about a sixth of its CPU committing."""
+        """A fetched batch in one transaction (on MongoDB a unit of work: mongo_batch.py),
+        each message in a savepoint (a failing message's writes are undone alone, and it
+        is redelivered or dead-lettered as ever); the acks, naks and dead letters go out
+        after the commit, so nothing is acked before it is stored. A failed commit
+        stores none of them: all are redelivered. One commit per batch instead of one
+        per write: the status service's projection spent about a sixth of its CPU
+        committing (on MongoDB: 4.6 commands per event, 0.18 batched)."""
         settles: list[Settle] = []
         try:
             async with atomic.transaction():
