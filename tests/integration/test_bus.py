@@ -307,6 +307,7 @@ async def test_a_batch_is_stored_at_once_acked_after_it_and_a_failure_is_undone_
     async def read_ahead(events: list[Any]) -> None:
         before.append([e.requested_by for e in events])
         committed.append(await theirs.count_documents({}))
+        raise ConnectionError("a read ahead that failed: the handlers read for themselves")
 
     await consume_until(
         bus, durable, [f"yard.cmd.{job}.>"], store, done, atomic=atomic, before_batch=read_ahead
@@ -324,36 +325,47 @@ async def test_a_batch_is_stored_at_once_acked_after_it_and_a_failure_is_undone_
     assert [d.error.split(":")[0] for d in letters] == ["permanent error"]
 
 
-class CommitFailsOnce:
-    """A store whose first commit fails (a full disk): the adapter's own failure is
-    tested in test_docstore; here, what the bus makes of it."""
-
-    def __init__(self) -> None:
-        self.failed = False
+class CommitFails:
+    """A store whose every commit fails (a write it refuses, a full disk): the adapters'
+    own failures are tested with them (test_docstore, test_mongo_batch); here, what the
+    bus makes of it."""
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         yield
-        if not self.failed:
-            self.failed = True
-            raise sqlite3.OperationalError("database or disk is full")
+        raise sqlite3.OperationalError("database or disk is full")
 
     def savepoint(self) -> contextlib.AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
 
 
-async def test_a_batch_whose_commit_fails_is_redelivered_whole(bus: Bus) -> None:
+async def test_a_batch_that_cannot_be_stored_is_handled_one_message_at_a_time(
+    bus: Bus,
+) -> None:
+    # Naking the whole batch again and again would end, at its last delivery, with all
+    # its messages gone and none in the dead letters. Alone, the good ones are stored
+    # and acked, and the one that keeps failing goes to the dead letters by itself.
+    bus.max_deliver = 2
     job = uuid.uuid4().hex
-    await bus.publish_all([StopJob(job_id=job, requested_by=f"u{i}") for i in range(3)])
+    seqs = await bus.publish_all([StopJob(job_id=job, requested_by=f"u{i}") for i in range(3)])
     deliveries: dict[str, list[int]] = defaultdict(list)
     done = asyncio.Event()
+    durable = f"commit-{job[:8]}"
 
     async def note(event: StopJob, delivery: Delivery) -> None:
         deliveries[event.requested_by].append(delivery.num_delivered)
-        if all(len(d) == 2 for d in deliveries.values()) and len(deliveries) == 3:
-            done.set()
+        if event.requested_by == "u1":
+            if delivery.num_delivered == 2:
+                done.set()
+            raise ConnectionError("a poison message")
 
-    durable = f"commit-{job[:8]}"
-    await consume_until(bus, durable, [f"yard.cmd.{job}.>"], note, done, atomic=CommitFailsOnce())
-    assert dict(deliveries) == {"u0": [1, 2], "u1": [1, 2], "u2": [1, 2]}
-    assert metric("trainyard_bus_messages_total", durable=durable, outcome="retried") == 3
+    await consume_until(bus, durable, [f"yard.cmd.{job}.>"], note, done, atomic=CommitFails())
+    # Each batch ran once whole (its commit failed), then each message alone.
+    assert deliveries["u0"] == [1, 1] and deliveries["u2"] == [1, 1]
+    assert deliveries["u1"] == [1, 1, 2, 2]
+    assert metric("trainyard_bus_batches_split_total", durable=durable) == 2
+    assert metric("trainyard_bus_messages_total", durable=durable, outcome="acked") == 2
+    assert await bus.consumed(durable, seqs[-1])
+    letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
+    assert [d.original_seq for d in letters] == [seqs[1]]
+    assert "failed on all 2 deliveries" in letters[0].error

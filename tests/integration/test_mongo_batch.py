@@ -45,10 +45,16 @@ async def test_a_batch_reads_its_own_writes_and_stores_them_only_at_its_end(
     await plain["jobs"].insert_one({"_id": "old", "rank": 1, "tags": ["a"]})
     batches = MongoBatches(db)
     seen_elsewhere: list[Any] = []
+    asked = asyncio.Event()
 
-    async def another_task() -> None:  # the service's HTTP reads: never inside the batch
+    async def http_read() -> None:  # the service's HTTP reads: another task, never inside
+        await asked.wait()
         seen_elsewhere.append(await jobs.find_one({"_id": "new"}))
 
+    async def started_inside() -> None:
+        await jobs.find_one({"_id": "new"})
+
+    reader = asyncio.create_task(http_read())
     async with batches.transaction():
         assert await insert_once(jobs, {"_id": "new", "rank": 0})
         assert not await insert_once(jobs, {"_id": "new", "rank": 5})  # already written
@@ -57,7 +63,10 @@ async def test_a_batch_reads_its_own_writes_and_stores_them_only_at_its_end(
         assert moved.matched_count == 1 and moved.modified_count == 1
         assert await jobs.find_one({"_id": "new"}, {"rank": 1}) == {"_id": "new", "rank": 2}
         assert (await jobs.find_one({"_id": "old"}))["tags"] == ["a", "b"]
-        await asyncio.create_task(another_task())
+        asked.set()
+        await reader
+        with pytest.raises(RuntimeError, match="inside a batch"):
+            await asyncio.create_task(started_inside())
         assert await plain["jobs"].find_one({"_id": "new"}) is None  # nothing sent yet
         assert (await plain["jobs"].find_one({"_id": "old"}))["tags"] == ["a"]
     assert seen_elsewhere == [None]
@@ -236,3 +245,19 @@ async def test_a_write_sent_early_that_fails_fails_the_whole_batch(
             async with batches.savepoint():
                 await db["other"].insert_one({"_id": "x"})
     assert await plain["other"].find_one({"_id": "x"}) is None
+
+
+async def test_the_rest_of_the_api_sends_the_queue_first(
+    db: BatchedDatabase, plain: AsyncDatabase[dict[str, Any]]
+) -> None:
+    c = db["c"]
+    async with MongoBatches(db).transaction():
+        await c.insert_one({"_id": "a", "kind": "x"})
+        assert await c.distinct("kind") == ["x"]  # the queued insert went first
+        await c.update_one({"_id": "a"}, {"$set": {"kind": "y"}})
+        await c.find_one_and_update({"_id": "a"}, {"$set": {"kind": "z"}})
+        assert (await c.find_one({"_id": "a"}))["kind"] == "z"  # read again, not the copy
+        await c.insert_many([{"_id": "b"}, {"_id": "c"}])
+        await c.delete_many({"_id": {"$in": ["b"]}})
+        assert await c.estimated_document_count() == 2
+    assert sorted([d["_id"] async for d in plain["c"].find({})]) == ["a", "c"]

@@ -66,7 +66,14 @@ from pydantic import ValidationError
 from .bus_access import inbox_prefix
 from .errors import PermanentError
 from .events import Event, decode, encode
-from .metrics import BUS_DEAD_LETTERS, BUS_HANDLE, BUS_MESSAGES, BUS_PENDING, BUS_REDELIVERIES
+from .metrics import (
+    BUS_BATCHES_SPLIT,
+    BUS_DEAD_LETTERS,
+    BUS_HANDLE,
+    BUS_MESSAGES,
+    BUS_PENDING,
+    BUS_REDELIVERIES,
+)
 from .subjects import (
     DEAD_LETTER_PREFIX,
     DEAD_LETTER_STREAM,
@@ -403,23 +410,34 @@ class Bus:
         """A fetched batch in one transaction (on MongoDB a unit of work: mongo_batch.py),
         each message in a savepoint (a failing message's writes are undone alone, and it
         is redelivered or dead-lettered as ever); the acks, naks and dead letters go out
-        after the commit, so nothing is acked before it is stored. A failed commit
-        stores none of them: all are redelivered. One commit per batch instead of one
+        after the commit, so nothing is acked before it is stored. A batch that cannot
+        be stored whole is handled again one message at a time. One commit per batch instead of one
         per write: the status service's projection spent about a sixth of its CPU
         committing (on MongoDB: 4.6 commands per event, 0.18 batched)."""
         settles: list[Settle] = []
+        durable = msgs[0].metadata.consumer or "unknown"
         try:
             async with atomic.transaction():
                 if before is not None:
-                    await before(self._decodable(msgs, decoder))
+                    try:
+                        await before(self._decodable(msgs, decoder))
+                    except Exception:  # noqa: BLE001 - a read ahead; the handlers read anyway
+                        log.exception("%s: reading ahead for a batch of %d", durable, len(msgs))
                 for msg in msgs:
                     settles.append(await self._handle(msg, handler, decoder, atomic.savepoint))
-        except Exception as exc:  # noqa: BLE001 - nothing of the batch is stored
-            durable = msgs[0].metadata.consumer or "unknown"
-            log.error("%s: a batch of %d not stored, redelivering: %r", durable, len(msgs), exc)
+        except Exception as exc:  # noqa: BLE001 - handled again, one message at a time
+            # A write the store refuses, or another replica's document met by an
+            # insert: the batch as a whole would fail on every delivery, and after the
+            # last one its messages would be gone without a dead letter. Alone, each
+            # message is stored, or retried and dead-lettered by itself as ever (its
+            # handler runs again: handlers are idempotent).
+            log.warning(
+                "%s: a batch of %d not stored (%r); handling it one message at a time",
+                durable, len(msgs), exc,
+            )  # fmt: skip
+            BUS_BATCHES_SPLIT.labels(durable).inc()
             for msg in msgs:
-                await msg.nak(delay=nak_delay(msg.metadata.num_delivered))
-                BUS_MESSAGES.labels(durable, "retried").inc()
+                await (await self._handle(msg, handler, decoder))()
             return
         for settle in settles:
             await settle()

@@ -40,6 +40,12 @@ BUS_REDELIVERIES = Counter(
     "Messages received again after an earlier delivery was not acked.",
     ["durable"],
 )
+BUS_BATCHES_SPLIT = Counter(
+    "trainyard_bus_batches_split_total",
+    "Fetched batches a consumer could not store whole (a write the store refused, a "
+    "document another replica made first) and handled again one message at a time.",
+    ["durable"],
+)
 BUS_DEAD_LETTERS = Counter(
     "trainyard_bus_dead_letters_total",
     "Messages a durable consumer gave up on and kept in the dead letters.",

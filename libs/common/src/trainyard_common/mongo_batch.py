@@ -7,9 +7,10 @@ the process instead: inside it, the collections of a ``BatchedDatabase`` answer 
 by ``_id`` from what the batch has already read or written (each document read from the
 store once per batch: an identity map) and keep each write by ``_id``, applied to that
 copy and queued for the store (``docstore.apply_update``, the embedded store's own
-update rules). Anything else (a write by another filter, a count) sends what is queued
-first and then goes to the store as it is; a query cursor (``find``) with writes queued
-is refused, never answered stale.
+update rules). Anything else (a write by another filter, a count, the rest of the
+API) sends what is queued first and then goes to the store as it is; a query cursor
+(``find``) with writes queued is refused, never answered stale, and so is a task
+started inside the batch that uses its collections.
 
 - A message's writes are undone alone when its handler fails (``savepoint``), as the
   embedded store's savepoints do: its queued writes are dropped and the copies it
@@ -143,11 +144,14 @@ _current: ContextVar[_Work | None] = ContextVar("trainyard_mongo_batch", default
 
 
 def _running(database: AsyncDatabase[Any]) -> _Work | None:
-    """The batch this task opened on ``database``, if any (a task started inside a
-    batch inherits the context variable, not the batch)."""
+    """The batch this task opened on ``database``, if any. A task started inside a
+    batch inherits the context variable, not the batch: its reads and writes would go
+    around the batch's queue, so it is refused."""
     work = _current.get()
-    if work is None or work.database is not database or work.owner is not asyncio.current_task():
+    if work is None or work.database is not database:
         return None
+    if work.owner is not asyncio.current_task():
+        raise RuntimeError("a task started inside a batch uses its collections")
     return work
 
 
@@ -160,7 +164,14 @@ class BatchedDatabase(AsyncDatabase[dict[str, Any]]):
 
 
 def batched(database: AsyncDatabase[dict[str, Any]]) -> BatchedDatabase:
-    return BatchedDatabase(database.client, database.name)
+    return BatchedDatabase(
+        database.client,
+        database.name,
+        codec_options=database.codec_options,
+        read_preference=database.read_preference,
+        write_concern=database.write_concern,
+        read_concern=database.read_concern,
+    )
 
 
 def _plain_id(query: Mapping[str, Any]) -> Any:
@@ -294,19 +305,59 @@ class BatchedCollection(AsyncCollection[dict[str, Any]]):
         *args: Any,
         **kwargs: Any,
     ) -> UpdateResult:
-        work = self._work()
-        if work is None:
-            return await super().update_many(filter, update, upsert, *args, **kwargs)
-        await work.flush()
-        result = await super().update_many(filter, update, upsert, *args, **kwargs)
-        work.forget(self.name)
+        result: UpdateResult = await self._write_around(
+            "update_many", filter, update, upsert, *args, **kwargs
+        )
         return result
 
     async def count_documents(self, filter: Mapping[str, Any], *args: Any, **kwargs: Any) -> int:
+        count: int = await self._read_around("count_documents", filter, *args, **kwargs)
+        return count
+
+    # The rest of the API, inside a batch: what writes sends the queue first and drops
+    # the copies after; what reads sends the queue first.
+
+    async def _write_around(self, method: str, *args: Any, **kwargs: Any) -> Any:
         work = self._work()
         if work is not None:
             await work.flush()
-        return await super().count_documents(filter, *args, **kwargs)
+        result = await getattr(super(), method)(*args, **kwargs)
+        if work is not None:
+            work.forget(self.name)
+        return result
+
+    async def _read_around(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        work = self._work()
+        if work is not None:
+            await work.flush()
+        return await getattr(super(), method)(*args, **kwargs)
+
+    async def insert_many(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._write_around("insert_many", *args, **kwargs)
+
+    async def delete_many(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._write_around("delete_many", *args, **kwargs)
+
+    async def bulk_write(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._write_around("bulk_write", *args, **kwargs)
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._write_around("find_one_and_update", *args, **kwargs)
+
+    async def find_one_and_replace(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._write_around("find_one_and_replace", *args, **kwargs)
+
+    async def find_one_and_delete(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._write_around("find_one_and_delete", *args, **kwargs)
+
+    async def distinct(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._read_around("distinct", *args, **kwargs)
+
+    async def aggregate(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._read_around("aggregate", *args, **kwargs)
+
+    async def estimated_document_count(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._read_around("estimated_document_count", *args, **kwargs)
 
     def find(self, *args: Any, **kwargs: Any) -> Any:
         work = self._work()

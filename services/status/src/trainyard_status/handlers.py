@@ -24,7 +24,9 @@ async def project_event(event: Event, delivery: Delivery, views: JobViews) -> No
     # healed by the redelivery that follows. Only an event new to the history is
     # counted, with the job as it was before it, and only once the views took it: in a
     # batch (bus.Atomic) a failed apply undoes the history row too, and the redelivery
-    # finds the event new again.
+    # finds the event new again. Metrics only, and not exact where a write went out
+    # and a later one failed (a crash between them; on MongoDB a batch stored in part,
+    # mongo_batch.py): the history row stays, and its redelivery is not counted.
     new = await views.record(event, delivery.stream_seq, delivery.trace_id)
     job = await views.get_job(event.job_id) if new and isinstance(event, NEEDS_JOB) else None
     await views.apply(project(event), delivery.stream_seq)
