@@ -3,18 +3,21 @@ stored at once (``Bus.consume(atomic=...)``: one SQLite transaction, or on Mongo
 of work sent as bounded bulk writes), same run.
 
     .venv/bin/python bench/status_projection.py [--jobs 1000] [--rounds 2] [--store mongo]
+        [--consumers 1]
 
 ``--store mongo``: the MongoDB wire, at ``MONGO_URL`` when set, else the embedded
 FerretDB build (which scans its table for every ``_id`` operation: keep ``--jobs``
-small there, a few hundred).
+small there, a few hundred). ``--consumers``: that many consumers of the one durable
+(status replicas), sharing the documents; each batch that could not be stored whole and
+was handled one message at a time is counted.
 
 Starts a real NATS server, publishes every event of ``--jobs`` one-task jobs (submitted,
 accepted, queued, placed, the task's three transitions, finished: eight each) once, then
-projects the whole stream into a fresh SQLite store with the status service's own
-consumer and handler, once per way and round (the ways alternate), each with its own
-durable and a fresh database. Measures events projected per second and this process's CPU time per event
-(the projection runs in the benchmark's process, as in the service's). Prints one JSON
-object.
+projects the whole stream into a fresh store with the status service's own consumer and
+handler, once per way and round (the ways alternate), each with its own durable and a
+fresh database. Measures events projected per second and this process's CPU time per
+event (the projection runs in the benchmark's process, as in the service's). Prints one
+JSON object.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import uuid
 from functools import partial
 from pathlib import Path
 
+from prometheus_client import REGISTRY
 from pymongo import AsyncMongoClient, monitoring
 
 from trainyard_common.bus import Bus
@@ -100,7 +104,13 @@ class Commands(monitoring.CommandListener):
 
 
 async def project(
-    bus: Bus, client: Client, name: str, durable: str, batched: bool, until: int
+    bus: Bus,
+    client: Client,
+    name: str,
+    durable: str,
+    batched: bool,
+    until: int,
+    consumers: int = 1,
 ) -> dict:
     commands = COMMANDS.count
     db = batching(client[name]) if batched else client[name]
@@ -108,26 +118,38 @@ async def project(
     await views.ensure_indexes()
     stop = asyncio.Event()
     cpu, wall = time.process_time(), time.perf_counter()
-    task = asyncio.create_task(
-        bus.consume(
-            durable,
-            [ALL_EVENTS, ALL_COMMANDS],
-            partial(project_event, views=views),
-            stop=stop,
-            atomic=batch_writes(db) if batched else None,
-            before_batch=views.preload if batched and reads_ahead(db) else None,
-        )  # fmt: skip
-    )
+    # Several consumers of one durable: status replicas, sharing the store's documents.
+    tasks = [
+        asyncio.create_task(
+            bus.consume(
+                durable,
+                [ALL_EVENTS, ALL_COMMANDS],
+                partial(project_event, views=views),
+                stop=stop,
+                atomic=batch_writes(db) if batched else None,
+                before_batch=views.preload if batched and reads_ahead(db) else None,
+            )  # fmt: skip
+        )
+        for _ in range(consumers)
+    ]
     while not await bus.consumed(durable, until, timeout_s=5.0):
-        if task.done():
-            task.result()
+        for task in tasks:
+            if task.done():
+                task.result()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     commands = COMMANDS.count - commands
     stop.set()
-    await task
+    await asyncio.gather(*tasks)
     jobs = await views.jobs.count_documents({"state": "SUCCEEDED"})
     await client.drop_database(name)
-    return {"wall_s": wall, "cpu_s": cpu, "jobs_succeeded": jobs, "commands": commands}
+    splits = REGISTRY.get_sample_value("trainyard_bus_batches_split_total", {"durable": durable})
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "jobs_succeeded": jobs,
+        "commands": commands,
+        "batches_split": int(splits or 0),
+    }
 
 
 COMMANDS = Commands()
@@ -137,7 +159,7 @@ def counted_client(url: str) -> AsyncMongoClient[dict]:
     return AsyncMongoClient(url, tz_aware=True, event_listeners=[COMMANDS])
 
 
-async def run(jobs: int, rounds: int, store: str) -> dict:
+async def run(jobs: int, rounds: int, store: str, consumers: int = 1) -> dict:
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         server = NatsServer(Path(tmp) / "nats").start()
         stack.callback(server.stop)
@@ -161,11 +183,17 @@ async def run(jobs: int, rounds: int, store: str) -> dict:
             for i, way in enumerate(WAYS):
                 name, durable = f"{prefix}_{r}_{i}", f"bench-{r}-{i}"
                 results[way].append(
-                    await project(bus, client, name, durable, way == "per batch", until)
+                    await project(bus, client, name, durable, way == "per batch", until, consumers)
                 )
         await bus.close()
         await client.close()
-    report: dict = {"store": store, "jobs": jobs, "events": len(events), "rounds": rounds}
+    report: dict = {
+        "store": store,
+        "jobs": jobs,
+        "events": len(events),
+        "rounds": rounds,
+        "consumers": consumers,
+    }
     for way, runs in results.items():
         assert all(run["jobs_succeeded"] == jobs for run in runs), runs
         report[way] = {
@@ -179,6 +207,7 @@ async def run(jobs: int, rounds: int, store: str) -> dict:
             report[way]["commands_per_event"] = round(
                 statistics.fmean(run["commands"] / len(events) for run in runs), 2
             )
+            report[way]["batches_split"] = [run["batches_split"] for run in runs]
     report["speedup"] = round(
         report["per batch"]["events_per_s"] / report["per write"]["events_per_s"], 2
     )
@@ -191,8 +220,14 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--store", choices=("sqlite", "mongo"), default="sqlite")
+    parser.add_argument(
+        "--consumers", type=int, default=1, help="consumers of one durable (MongoDB only)"
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.jobs, args.rounds, args.store)), indent=2))
+    if args.consumers > 1 and args.store != "mongo":
+        parser.error("--consumers > 1 needs --store mongo (one SQLite connection here)")
+    report = asyncio.run(run(args.jobs, args.rounds, args.store, args.consumers))
+    print(json.dumps(report, indent=2))
     return 0
 
 
