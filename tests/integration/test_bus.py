@@ -360,12 +360,47 @@ async def test_a_batch_that_cannot_be_stored_is_handled_one_message_at_a_time(
             raise ConnectionError("a poison message")
 
     await consume_until(bus, durable, [f"yard.cmd.{job}.>"], note, done, atomic=CommitFails())
-    # Each batch ran once whole (its commit failed), then each message alone.
-    assert deliveries["u0"] == [1, 1] and deliveries["u2"] == [1, 1]
-    assert deliveries["u1"] == [1, 1, 2, 2]
+    # Each batch ran whole twice (its commit failed both times), then each message alone.
+    assert deliveries["u0"] == [1, 1, 1] and deliveries["u2"] == [1, 1, 1]
+    assert deliveries["u1"] == [1, 1, 1, 2, 2, 2]
     assert metric("trainyard_bus_batches_split_total", durable=durable) == 2
     assert metric("trainyard_bus_messages_total", durable=durable, outcome="acked") == 2
     assert await bus.consumed(durable, seqs[-1])
     letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
     assert [d.original_seq for d in letters] == [seqs[1]]
     assert "failed on all 2 deliveries" in letters[0].error
+
+
+class CommitFailsOnce(CommitFails):
+    """The first commit fails (another replica's document met by an insert), the next
+    ones do not."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        yield
+        if not self.failed:
+            self.failed = True
+            raise sqlite3.IntegrityError("a document another replica made first")
+
+
+async def test_a_batch_that_fails_once_is_stored_whole_on_its_second_try(bus: Bus) -> None:
+    job = uuid.uuid4().hex
+    seqs = await bus.publish_all([StopJob(job_id=job, requested_by=f"u{i}") for i in range(3)])
+    deliveries: dict[str, list[int]] = defaultdict(list)
+    done = asyncio.Event()
+    durable = f"once-{job[:8]}"
+
+    async def note(event: StopJob, delivery: Delivery) -> None:
+        deliveries[event.requested_by].append(delivery.num_delivered)
+        if sum(map(len, deliveries.values())) == 6:
+            done.set()
+
+    atomic = CommitFailsOnce()
+    await consume_until(bus, durable, [f"yard.cmd.{job}.>"], note, done, atomic=atomic)
+    assert dict(deliveries) == {"u0": [1, 1], "u1": [1, 1], "u2": [1, 1]}
+    assert metric("trainyard_bus_batches_split_total", durable=durable) == 0
+    assert await bus.consumed(durable, seqs[-1])
+    assert metric("trainyard_bus_messages_total", durable=durable, outcome="acked") == 3

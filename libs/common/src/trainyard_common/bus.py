@@ -410,37 +410,57 @@ class Bus:
         """A fetched batch in one transaction (on MongoDB a unit of work: mongo_batch.py),
         each message in a savepoint (a failing message's writes are undone alone, and it
         is redelivered or dead-lettered as ever); the acks, naks and dead letters go out
-        after the commit, so nothing is acked before it is stored. A batch that cannot
-        be stored whole is handled again one message at a time. One commit per batch instead of one
-        per write: the status service's projection spent about a sixth of its CPU
-        committing (on MongoDB: 4.6 commands per event, 0.18 batched)."""
-        settles: list[Settle] = []
+        after the commit, so nothing is acked before it is stored. One commit per batch
+        instead of one per write: the status service's projection spent about a sixth
+        of its CPU committing (on MongoDB: 4.6 commands per event, 0.18 batched).
+
+        A batch that cannot be stored whole is tried whole once more (another status
+        replica's document met by an insert: the race is over, and the batch's reads
+        now see that document), then handled one message at a time: a write the store
+        refuses would fail the batch on every delivery, and after the last one all its
+        messages would be gone without a dead letter; alone, each message is stored, or
+        retried and dead-lettered by itself as ever. Handlers are idempotent: running
+        them again is safe."""
         durable = msgs[0].metadata.consumer or "unknown"
         try:
-            async with atomic.transaction():
-                if before is not None:
-                    try:
-                        await before(self._decodable(msgs, decoder))
-                    except Exception:  # noqa: BLE001 - a read ahead; the handlers read anyway
-                        log.exception("%s: reading ahead for a batch of %d", durable, len(msgs))
+            settles = await self._store_batch(msgs, handler, decoder, atomic, before)
+        except Exception as exc:  # noqa: BLE001 - tried again
+            log.info("%s: a batch of %d not stored (%r); trying it again", durable, len(msgs), exc)
+            try:
+                settles = await self._store_batch(msgs, handler, decoder, atomic, before)
+            except Exception as again:  # noqa: BLE001 - handled one message at a time
+                log.warning(
+                    "%s: a batch of %d not stored twice (%r); one message at a time",
+                    durable, len(msgs), again,
+                )  # fmt: skip
+                BUS_BATCHES_SPLIT.labels(durable).inc()
                 for msg in msgs:
-                    settles.append(await self._handle(msg, handler, decoder, atomic.savepoint))
-        except Exception as exc:  # noqa: BLE001 - handled again, one message at a time
-            # A write the store refuses, or another replica's document met by an
-            # insert: the batch as a whole would fail on every delivery, and after the
-            # last one its messages would be gone without a dead letter. Alone, each
-            # message is stored, or retried and dead-lettered by itself as ever (its
-            # handler runs again: handlers are idempotent).
-            log.warning(
-                "%s: a batch of %d not stored (%r); handling it one message at a time",
-                durable, len(msgs), exc,
-            )  # fmt: skip
-            BUS_BATCHES_SPLIT.labels(durable).inc()
-            for msg in msgs:
-                await (await self._handle(msg, handler, decoder))()
-            return
+                    await (await self._handle(msg, handler, decoder))()
+                return
         for settle in settles:
             await settle()
+
+    async def _store_batch(
+        self,
+        msgs: list[Msg],
+        handler: Handler,
+        decoder: Decoder,
+        atomic: Atomic,
+        before: Callable[[list[Any]], Awaitable[None]] | None,
+    ) -> list[Settle]:
+        """The batch's handlers in one transaction; what settles each message, once the
+        transaction is stored (it raises otherwise)."""
+        settles: list[Settle] = []
+        async with atomic.transaction():
+            if before is not None:
+                try:
+                    await before(self._decodable(msgs, decoder))
+                except Exception:  # noqa: BLE001 - a read ahead; the handlers read anyway
+                    durable = msgs[0].metadata.consumer or "unknown"
+                    log.exception("%s: reading ahead for a batch of %d", durable, len(msgs))
+            for msg in msgs:
+                settles.append(await self._handle(msg, handler, decoder, atomic.savepoint))
+        return settles
 
     @staticmethod
     def _decodable(msgs: list[Msg], decoder: Decoder) -> list[Any]:

@@ -42,8 +42,8 @@ BUS_REDELIVERIES = Counter(
 )
 BUS_BATCHES_SPLIT = Counter(
     "trainyard_bus_batches_split_total",
-    "Fetched batches a consumer could not store whole (a write the store refused, a "
-    "document another replica made first) and handled again one message at a time.",
+    "Fetched batches a consumer could not store whole, twice (a write the store "
+    "refused), and handled again one message at a time.",
     ["durable"],
 )
 BUS_DEAD_LETTERS = Counter(
