@@ -1,0 +1,38 @@
+"""A TI create is answered once status shows the job (bounded), as tictl and the Tencent
+Cloud SDK expect when they describe the job they just made: intake's app with a
+collecting publisher and a recording ``settled``."""
+
+from __future__ import annotations
+
+import httpx
+
+from trainyard_common.auth import TokenStore
+from trainyard_common.events import Event, JobSubmitted
+from trainyard_intake.adapters.owners import InMemoryOwnerRegistry
+from trainyard_intake.app import create_app
+from trainyard_intake.handlers import Deps
+
+ADMIN = "ti-settle-admin-token"
+
+
+async def test_a_ti_create_waits_until_status_has_the_job() -> None:
+    steps: list[tuple[str, int]] = []
+
+    async def publish(event: Event) -> int:
+        steps.append((type(event).__name__, 41))
+        return 41
+
+    async def settled(seq: int) -> bool:
+        steps.append(("settled", seq))
+        return True
+
+    deps = Deps(publish=publish, owners=InMemoryOwnerRegistry(), settled=settled)
+    app = create_app(deps, TokenStore(None, ADMIN))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://intake", headers={"Authorization": f"Bearer {ADMIN}"}
+    ) as client:
+        job = {"name": "made", "cluster": "default", "command": ["true"], "workerType": "1U1G0P"}
+        answer = await client.post("/ti/v1/jobs", json=job)
+    assert answer.status_code == 202, answer.text
+    assert steps == [(JobSubmitted.__name__, 41), ("settled", 41)]
