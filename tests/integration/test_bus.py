@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from trainyard_common.bus import Atomic, Bus, DeadLetters, Delivery
+from trainyard_common.bus import Atomic, Bus, DeadLetters, Delivery, when_stored
 from trainyard_common.docstore import SqliteClient
 from trainyard_common.errors import PermanentError
 from trainyard_common.events import Event, JobSubmitted, StopJob, decode
@@ -404,3 +404,55 @@ async def test_a_batch_that_fails_once_is_stored_whole_on_its_second_try(bus: Bu
     assert metric("trainyard_bus_batches_split_total", durable=durable) == 0
     assert await bus.consumed(durable, seqs[-1])
     assert metric("trainyard_bus_messages_total", durable=durable, outcome="acked") == 3
+
+
+class CountsCommits(CommitFailsOnce):
+    """The first commit fails; counts the ones that store."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stored = 0
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        async with super().transaction():
+            yield
+        self.stored += 1
+
+
+@pytest.mark.parametrize("batched", [True, False])
+async def test_what_a_handler_leaves_for_after_the_store_runs_once_it_is_stored(
+    bus: Bus, batched: bool
+) -> None:
+    # Status counts its metrics so: an event counted before a batch that then failed
+    # to commit was counted again on its redelivery.
+    ran: list[tuple[str, int]] = []
+    when_stored(lambda: ran.append(("outside a handler", 0)))
+    assert ran == [("outside a handler", 0)]
+    ran.clear()
+    job = uuid.uuid4().hex
+    seqs = await bus.publish_all([StopJob(job_id=job, requested_by=f"u{i}") for i in range(3)])
+    atomic = CountsCommits() if batched else None
+    handled: list[tuple[str, int]] = []
+    done = asyncio.Event()
+    durable = f"stored-{batched}-{job[:8]}"
+
+    async def note(event: StopJob, delivery: Delivery) -> None:
+        who = event.requested_by
+        handled.append((who, delivery.num_delivered))
+        when_stored(lambda: ran.append((who, atomic.stored if atomic else len(handled))))
+        if who == "u1" and delivery.num_delivered == 1:
+            raise ConnectionError("transient, after asking for its hook")
+        if who == "u1":
+            done.set()
+
+    await consume_until(bus, durable, [f"yard.cmd.{job}.>"], note, done, atomic=atomic)
+    assert await bus.consumed(durable, seqs[-1])
+    if batched:
+        # The first try's commit failed: nothing ran. The second stored u0 and u2
+        # (u1 failed again, undone alone); u1's redelivery, the next commit.
+        assert handled == [("u0", 1), ("u1", 1), ("u2", 1)] * 2 + [("u1", 2)]
+        assert ran == [("u0", 1), ("u2", 1), ("u1", 2)]
+    else:
+        assert handled == [("u0", 1), ("u1", 1), ("u2", 1), ("u1", 2)]
+        assert ran == [("u0", 1), ("u2", 3), ("u1", 4)]

@@ -3,12 +3,17 @@ events change nothing twice, history keeps stream order."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 import uuid
+from collections.abc import AsyncIterator
 from datetime import timedelta
+from functools import partial
 
 import pytest
 
+from trainyard_common.bus import Atomic, Bus
 from trainyard_common.contracts import example_events
 from trainyard_common.events import (
     InterruptCause,
@@ -22,6 +27,7 @@ from trainyard_common.jobspec import EnvVar
 from trainyard_common.storage import Client, batch_writes, batching
 from trainyard_status.adapters.views import JobViews, job_view
 from trainyard_status.domain.projection import project
+from trainyard_status.handlers import project_event
 
 
 @pytest.fixture
@@ -425,3 +431,68 @@ async def test_cursor_pages_stay_right_while_jobs_are_written_both_ways(views: J
         assert seen == expected, (oldest_first, seen)
     counts = await views.count_states(where)
     assert counts == {"SUBMITTED": len(ids)}
+
+
+class FailsFirstCommit:
+    """The store's batches, the first one lost at its commit (a full disk, a replica's
+    insert met)."""
+
+    def __init__(self, atomic: Atomic) -> None:
+        self.atomic = atomic
+        self.failed = False
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        async with self.atomic.transaction():
+            yield
+            if not self.failed:
+                self.failed = True
+                raise ConnectionError("the first commit is lost")
+
+    def savepoint(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.atomic.savepoint()
+
+
+async def test_an_event_is_counted_once_when_its_first_batch_is_not_stored(
+    bus: Bus, doc_client: Client, db_prefix: str
+) -> None:
+    # Counted in the handler, before the commit, each event of a lost batch was
+    # counted on both tries.
+    from prometheus_client import REGISTRY
+
+    def submitted() -> float:
+        return sum(
+            sample.value
+            for family in REGISTRY.collect()
+            if family.name == "trainyard_jobs_submitted"
+            for sample in family.samples
+            if sample.name == "trainyard_jobs_submitted_total"
+        )
+
+    job = uuid.uuid4().hex
+    events = lifecycle(job)
+    seqs = await bus.publish_all(events)
+    database = batching(doc_client[f"{db_prefix}_counted"])
+    views = JobViews(database)
+    await views.ensure_indexes()
+    atomic = FailsFirstCommit(batch_writes(database))
+    before = submitted()
+    stop = asyncio.Event()
+    durable = f"counted-{job[:8]}"
+    task = asyncio.create_task(
+        bus.consume(
+            durable,
+            [f"yard.job.{job}.>"],
+            partial(project_event, views=views),
+            stop=stop,
+            atomic=atomic,
+        )
+    )
+    try:
+        assert await bus.consumed(durable, seqs[-1], timeout_s=15)
+    finally:
+        stop.set()
+        await task
+    assert atomic.failed
+    assert (await views.get_job(job))["state"] == "SUCCEEDED"
+    assert submitted() - before == 1

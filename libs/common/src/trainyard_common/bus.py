@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import time
@@ -118,6 +119,25 @@ Decoder = Callable[[bytes, str, dict[str, str]], Any]
 # What settles a handled message with the server (ack, nak or dead letter), once its
 # effect is stored.
 Settle = Callable[[], Awaitable[None]]
+
+# What the handler of the message being handled left for after its effects are stored.
+_when_stored: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
+    "trainyard_bus_when_stored", default=None
+)
+
+
+def when_stored(hook: Callable[[], None]) -> None:
+    """Run ``hook`` once the effects of the message being handled are stored: as its
+    handler returns, or, in a batch (``Atomic``), after the batch's commit; never if the
+    handler raises or the batch is not stored (the message's next delivery runs its
+    handler again, which asks again). For what must count a message once, metrics: a
+    crash between the commit and the hook skips it, and the hook's own errors are
+    logged, not raised. Outside a handler run by a ``Bus``, at once."""
+    hooks = _when_stored.get()
+    if hooks is None:
+        hook()
+    else:
+        hooks.append(hook)
 
 
 class Atomic(Protocol):
@@ -525,6 +545,8 @@ class Bus:
             attributes=attributes,
         ):
             began = time.perf_counter()
+            hooks: list[Callable[[], None]] = []
+            hooks_token = _when_stored.set(hooks)
             try:
                 async with scope():
                     await handler(event, delivery)
@@ -546,9 +568,22 @@ class Bus:
                 )
                 return functools.partial(self._retry, msg, durable, delay)
             finally:
+                _when_stored.reset(hooks_token)
                 BUS_HANDLE.labels(durable).observe(time.perf_counter() - began)
                 current_job.reset(job_token)
+        if hooks:
+            return functools.partial(self._stored, msg, durable, hooks)
         return functools.partial(self._ack, msg, durable)
+
+    @classmethod
+    async def _stored(cls, msg: Msg, durable: str, hooks: list[Callable[[], None]]) -> None:
+        """The handler's ``when_stored`` hooks, then the ack."""
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - metrics and the like; the message is stored
+                log.exception("%s: after storing %s", durable, msg.subject)
+        await cls._ack(msg, durable)
 
     @staticmethod
     async def _ack(msg: Msg, durable: str) -> None:

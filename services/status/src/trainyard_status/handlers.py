@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from trainyard_common.bus import Bus, Delivery
+from trainyard_common.bus import Bus, Delivery, when_stored
 from trainyard_common.events import Event
 from trainyard_common.storage import Client
 from trainyard_common.subjects import ALL_COMMANDS, ALL_EVENTS
@@ -22,16 +22,17 @@ REBUILD_DURABLE = "status-rebuild"
 async def project_event(event: Event, delivery: Delivery, views: JobViews) -> None:
     # History first, then the views; both are idempotent, so a crash between them is
     # healed by the redelivery that follows. Only an event new to the history is
-    # counted, with the job as it was before it, and only once the views took it: in a
-    # batch (bus.Atomic) a failed apply undoes the history row too, and the redelivery
-    # finds the event new again. Metrics only, and not exact where a write went out
-    # and a later one failed (a crash between them; on MongoDB a batch stored in part,
+    # counted, with the job as it was before it, and only once its effects are stored
+    # (bus.when_stored: in a batch, after the commit; a batch not stored undoes the
+    # history row, and the redelivery finds the event new again and counts it then).
+    # Metrics only, and not exact where a write went out and a later one failed (a
+    # crash between them or before the count; on MongoDB a batch stored in part,
     # mongo_batch.py): the history row stays, and its redelivery is not counted.
     new = await views.record(event, delivery.stream_seq, delivery.trace_id)
     job = await views.get_job(event.job_id) if new and isinstance(event, NEEDS_JOB) else None
     await views.apply(project(event), delivery.stream_seq)
     if new:
-        observe(observations(event, job))
+        when_stored(partial(observe, observations(event, job)))
 
 
 async def project_only(event: Event, delivery: Delivery, views: JobViews) -> None:
