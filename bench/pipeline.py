@@ -11,7 +11,11 @@ seen SUCCEEDED. In the same run it measures the floor the design budget names (D
     .venv/bin/python bench/pipeline.py --rate 20 --jobs 600 --stores sqlite
 
 With ``--rate`` the jobs are offered at that rate and each one's time from submission to
-its task running is measured (p50, p99).
+its task running is measured (p50, p99). With ``--held`` every node is drained first:
+every job is accepted and waits in its queue, so the submissions are measured with every
+service at work but no task's process (what spawning costs on a small machine is then
+out of the submission figure); the run ends when the status views show every job
+queued.
 
 Prints one JSON object. The ratios say what share of the raw bus rate the platform
 keeps: every job crosses at least seven hops (submitted, accepted, placed, 3 task
@@ -79,7 +83,12 @@ def job(i: int) -> dict:
     }
 
 
-async def run_jobs(platform: Platform, jobs: int, concurrency: int) -> dict[str, float]:
+NODES = 4  # of the local backend's cluster, n0 .. n3
+
+
+async def run_jobs(
+    platform: Platform, jobs: int, concurrency: int, held: bool = False
+) -> dict[str, float]:
     headers = {"Authorization": f"Bearer {platform.token}"}
     async with httpx.AsyncClient(base_url=platform.url, headers=headers, timeout=60) as http:
         gate = asyncio.Semaphore(concurrency)
@@ -93,10 +102,12 @@ async def run_jobs(platform: Platform, jobs: int, concurrency: int) -> dict[str,
                 latencies.append(time.perf_counter() - t0)
                 return answer.json()["id"]
 
+        for i in range(NODES if held else 0):
+            (await http.post(f"/v1/placement/nodes/n{i}/drain")).raise_for_status()
         start = time.perf_counter()
         ids = await asyncio.gather(*(submit(i) for i in range(jobs)))
         submitted = time.perf_counter() - start
-        await wait_succeeded(http, set(ids))
+        await wait_in_state(http, set(ids), "QUEUED" if held else "SUCCEEDED")
         total = time.perf_counter() - start
     latencies.sort()
     return {
@@ -104,7 +115,7 @@ async def run_jobs(platform: Platform, jobs: int, concurrency: int) -> dict[str,
         "submit_per_s": round(jobs / submitted, 1),
         "submit_p50_ms": round(latencies[len(latencies) // 2] * 1000, 1),
         "submit_p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1),
-        "jobs_end_to_end_per_s": round(jobs / total, 1),
+        ("jobs_queued_per_s" if held else "jobs_end_to_end_per_s"): round(jobs / total, 1),
     }
 
 
@@ -151,9 +162,16 @@ async def offered_load(platform: Platform, jobs: int, rate: float) -> dict[str, 
 
 async def wait_succeeded(http: httpx.AsyncClient, ids: set[str], timeout: float = 900) -> None:
     """Until every job of this run (the platform's only jobs) has succeeded."""
+    await wait_in_state(http, ids, "SUCCEEDED", timeout)
+
+
+async def wait_in_state(
+    http: httpx.AsyncClient, ids: set[str], state: str, timeout: float = 900
+) -> None:
+    """Until every job of this run (the platform's only jobs) is in ``state``."""
     deadline = time.monotonic() + timeout
     while True:
-        page = await http.get("/v1/jobs", params={"state": "SUCCEEDED", "limit": 1})
+        page = await http.get("/v1/jobs", params={"state": state, "limit": 1})
         if page.json()["total"] >= len(ids):
             return
         failed = await http.get("/v1/jobs", params={"state": "FAILED", "limit": 10})
@@ -230,25 +248,22 @@ def run_on_kube(jobs: int, concurrency: int) -> dict[str, object]:
 
 
 def run_platform(
-    store: str, jobs: int, concurrency: int, rate: float | None = None
+    store: str, jobs: int, concurrency: int, rate: float | None = None, held: bool = False
 ) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         # Run as root, each user's tasks run under their own uid and must reach their
         # directories under the data directory: traversable (not listable) by others.
         os.chmod(tmp, 0o711)
         cluster = Path(tmp) / "cluster.yaml"
-        cluster.write_text(
-            yaml.safe_dump(
-                {"nodes": [{"name": f"n{i}", "cpu": 64, "memory_mb": 262144} for i in range(4)]}
-            )
-        )
+        nodes = [{"name": f"n{i}", "cpu": 64, "memory_mb": 262144} for i in range(NODES)]
+        cluster.write_text(yaml.safe_dump({"nodes": nodes}))
         config = PlatformConfig.with_free_ports(
             Path(tmp) / "data", cluster_file=cluster, log_level="WARNING", store=store
         )
         with Platform(config) as platform:
             if rate:
                 return asyncio.run(offered_load(platform, jobs, rate))
-            return asyncio.run(run_jobs(platform, jobs, concurrency))
+            return asyncio.run(run_jobs(platform, jobs, concurrency, held))
 
 
 def main() -> None:
@@ -269,6 +284,12 @@ def main() -> None:
         "store), against bare pods through the API server in the same run",
     )
     parser.add_argument(
+        "--held",
+        action="store_true",
+        help="every node drained first: the jobs wait in their queue, and the submissions "
+        "are measured without the tasks' processes",
+    )
+    parser.add_argument(
         "--stores",
         default="sqlite,ferretdb",
         help="the platform's stores to run on, in turn (the first is the one measured; "
@@ -282,7 +303,7 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         return
     for store in args.stores.split(","):
-        measured = run_platform(store, args.jobs, args.concurrency, args.rate)
+        measured = run_platform(store, args.jobs, args.concurrency, args.rate, args.held)
         if "submit_per_s" in measured:
             measured["submit_vs_publish_ack"] = round(
                 measured["submit_per_s"] / floor["publish_ack_per_s"], 3
