@@ -352,8 +352,11 @@ async def test_a_batch_that_cannot_be_stored_is_handled_one_message_at_a_time(
     done = asyncio.Event()
     durable = f"commit-{job[:8]}"
 
+    stored: list[str] = []  # when_stored hooks that ran
+
     async def note(event: StopJob, delivery: Delivery) -> None:
         deliveries[event.requested_by].append(delivery.num_delivered)
+        when_stored(lambda: stored.append(event.requested_by))
         if event.requested_by == "u1":
             if delivery.num_delivered == 2:
                 done.set()
@@ -363,6 +366,8 @@ async def test_a_batch_that_cannot_be_stored_is_handled_one_message_at_a_time(
     # Each batch ran whole twice (its commit failed both times), then each message alone.
     assert deliveries["u0"] == [1, 1, 1] and deliveries["u2"] == [1, 1, 1]
     assert deliveries["u1"] == [1, 1, 1, 2, 2, 2]
+    # Only what was stored (alone) ran its hook, once; the dead letter none.
+    assert stored == ["u0", "u2"]
     assert metric("trainyard_bus_batches_split_total", durable=durable) == 2
     assert metric("trainyard_bus_messages_total", durable=durable, outcome="acked") == 2
     assert await bus.consumed(durable, seqs[-1])
@@ -430,6 +435,18 @@ async def test_what_a_handler_leaves_for_after_the_store_runs_once_it_is_stored(
     when_stored(lambda: ran.append(("outside a handler", 0)))
     assert ran == [("outside a handler", 0)]
     ran.clear()
+
+    async def coroutine() -> None: ...
+
+    with pytest.raises(TypeError):
+        when_stored(coroutine)  # type: ignore[arg-type]
+    late: list[str] = []  # from a task a handler started, after the handler returned
+    tasks: list[asyncio.Task[None]] = []
+
+    async def asks_late(who: str) -> None:
+        await asyncio.sleep(0.05)
+        when_stored(lambda: late.append(who))
+
     job = uuid.uuid4().hex
     seqs = await bus.publish_all([StopJob(job_id=job, requested_by=f"u{i}") for i in range(3)])
     atomic = CountsCommits() if batched else None
@@ -441,6 +458,8 @@ async def test_what_a_handler_leaves_for_after_the_store_runs_once_it_is_stored(
         who = event.requested_by
         handled.append((who, delivery.num_delivered))
         when_stored(lambda: ran.append((who, atomic.stored if atomic else len(handled))))
+        if who == "u0" and delivery.num_delivered == 1 and not tasks:
+            tasks.append(asyncio.create_task(asks_late(who)))
         if who == "u1" and delivery.num_delivered == 1:
             raise ConnectionError("transient, after asking for its hook")
         if who == "u1":
@@ -448,6 +467,8 @@ async def test_what_a_handler_leaves_for_after_the_store_runs_once_it_is_stored(
 
     await consume_until(bus, durable, [f"yard.cmd.{job}.>"], note, done, atomic=atomic)
     assert await bus.consumed(durable, seqs[-1])
+    await tasks[0]
+    assert late == ["u0"]  # not lost in a list nobody reads: at once
     if batched:
         # The first try's commit failed: nothing ran. The second stored u0 and u2
         # (u1 failed again, undone alone); u1's redelivery, the next commit.

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -117,11 +118,19 @@ Decoder = Callable[[bytes, str, dict[str, str]], Any]
 
 
 # What settles a handled message with the server (ack, nak or dead letter), once its
-# effect is stored.
+# effect is stored; an ack runs the handler's when_stored hooks first.
 Settle = Callable[[], Awaitable[None]]
 
-# What the handler of the message being handled left for after its effects are stored.
-_when_stored: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
+
+class _Hooks(list[Callable[[], None]]):
+    """What the handler of the message being handled left for after its effects are
+    stored; closed when the handler returns (a task it started and that asks later is
+    no longer part of that message)."""
+
+    closed = False
+
+
+_when_stored: contextvars.ContextVar[_Hooks | None] = contextvars.ContextVar(
     "trainyard_bus_when_stored", default=None
 )
 
@@ -132,9 +141,12 @@ def when_stored(hook: Callable[[], None]) -> None:
     handler raises or the batch is not stored (the message's next delivery runs its
     handler again, which asks again). For what must count a message once, metrics: a
     crash between the commit and the hook skips it, and the hook's own errors are
-    logged, not raised. Outside a handler run by a ``Bus``, at once."""
+    logged, not raised. Outside a handler run by a ``Bus`` (or from a task it started,
+    once it has returned), at once. A hook is a plain function, not a coroutine."""
+    if inspect.iscoroutinefunction(hook):
+        raise TypeError("when_stored takes a plain function, not a coroutine function")
     hooks = _when_stored.get()
-    if hooks is None:
+    if hooks is None or hooks.closed:
         hook()
     else:
         hooks.append(hook)
@@ -379,16 +391,21 @@ class Bus:
                     except (ValidationError, ValueError):
                         await msg.ack()  # never an event (it went to the dead letters)
                         continue
-                    await handler(
-                        event,
-                        Delivery(
-                            stream_seq=meta.sequence.stream,
-                            num_delivered=meta.num_delivered,
-                            subject=subject,
-                            trace_id=trace_id_of(headers),
-                            headers=headers,
-                        ),
-                    )
+                    # Not inside a message of another consumer: its hooks run at once.
+                    hooks_token = _when_stored.set(None)
+                    try:
+                        await handler(
+                            event,
+                            Delivery(
+                                stream_seq=meta.sequence.stream,
+                                num_delivered=meta.num_delivered,
+                                subject=subject,
+                                trace_id=trace_id_of(headers),
+                                headers=headers,
+                            ),
+                        )
+                    finally:
+                        _when_stored.reset(hooks_token)
                     await msg.ack()
                     handled += 1
                     if meta.sequence.stream >= until_seq:
@@ -545,7 +562,7 @@ class Bus:
             attributes=attributes,
         ):
             began = time.perf_counter()
-            hooks: list[Callable[[], None]] = []
+            hooks = _Hooks()
             hooks_token = _when_stored.set(hooks)
             try:
                 async with scope():
@@ -568,6 +585,7 @@ class Bus:
                 )
                 return functools.partial(self._retry, msg, durable, delay)
             finally:
+                hooks.closed = True
                 _when_stored.reset(hooks_token)
                 BUS_HANDLE.labels(durable).observe(time.perf_counter() - began)
                 current_job.reset(job_token)
@@ -582,7 +600,10 @@ class Bus:
             try:
                 hook()
             except Exception:  # noqa: BLE001 - metrics and the like; the message is stored
-                log.exception("%s: after storing %s", durable, msg.subject)
+                log.exception(
+                    "%s: after storing %s (stream seq %d)",
+                    durable, msg.subject, msg.metadata.sequence.stream,
+                )  # fmt: skip
         await cls._ack(msg, durable)
 
     @staticmethod
