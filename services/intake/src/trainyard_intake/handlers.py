@@ -75,6 +75,12 @@ class Deps:
     # API's read-your-writes); None: answer at once.
     settled: Callable[[int], Awaitable[bool]] | None = None
 
+    async def settle(self, seq: int | None) -> None:
+        """Until a read shows the message at stream sequence ``seq`` (``settled``,
+        bounded); at once without it or without a sequence."""
+        if seq and self.settled is not None:
+            await self.settled(seq)
+
 
 @dataclass
 class Submitted:

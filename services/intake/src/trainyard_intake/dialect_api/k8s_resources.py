@@ -117,11 +117,6 @@ def _causes(errors: list[FieldIssue]) -> list[dict[str, str]]:
 def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(tags=["kubernetes-style resources"])
 
-    async def settle(seq: int | None) -> None:
-        """Answer a write once a read shows it, as the API server does (bounded)."""
-        if seq and ctx.deps.settled is not None:
-            await ctx.deps.settled(seq)
-
     def not_found_resource(group: str, version: str, plural: str) -> JSONResponse:
         return status(
             404,
@@ -276,7 +271,8 @@ def router(ctx: IntakeContext) -> APIRouter:
             return status(413, "RequestEntityTooLarge", str(exc))
         except NameTaken:
             return already_exists(served, name)
-        await settle(result.seq)
+        # Answered once a read shows it, as the API server does (bounded).
+        await ctx.deps.settle(result.seq)
         if result.errors:
             response = invalid(served, name, result.errors, result.job_id)
         else:
@@ -329,7 +325,7 @@ def router(ctx: IntakeContext) -> APIRouter:
             except JobNotFound:
                 continue
             stopped = job_id
-            await settle(seq)
+            await ctx.deps.settle(seq)
         if claim is not None:
             # After the stop is on the bus: a name freed first could go to a new job
             # while the command for the old one was still to be sent.
@@ -451,7 +447,7 @@ def router(ctx: IntakeContext) -> APIRouter:
         seq = await ctx.deps.publish(
             JobResourceChanged(job_id=claim.job_id, resource=wanted, generation=generation)
         )
-        await settle(seq)
+        await ctx.deps.settle(seq)
         return JSONResponse(shown(wanted, claim.job_id, generation, seq))
 
     @api.put("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")

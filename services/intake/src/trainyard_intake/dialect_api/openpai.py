@@ -260,8 +260,7 @@ def router(ctx: IntakeContext) -> APIRouter:
         seq = None
         for job_id in job_ids:
             seq = await ctx.deps.publish(JobTagged(job_id=job_id, tag=value, present=present))
-        if seq and ctx.deps.settled is not None:
-            await ctx.deps.settled(seq)
+        await ctx.deps.settle(seq)
         done = f"Add tag {value} for" if present else f"Delete tag {value} from"
         return JSONResponse(
             status_code=200,

@@ -39,12 +39,6 @@ MAX_BODY = 1024 * 1024
 def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(prefix="/ti/v1", tags=["ti"])
 
-    async def settle(seq: int | None) -> None:
-        """Answer a create once a read shows the job (bounded): tictl and the Tencent
-        Cloud SDK describe a job right after creating it, and TI finds it."""
-        if seq and ctx.deps.settled is not None:
-            await ctx.deps.settled(seq)
-
     @api.post("/jobs", status_code=202)
     async def create_job(
         payload: Any = Body(...),
@@ -78,7 +72,9 @@ def router(ctx: IntakeContext) -> APIRouter:
                     "errors": [{"path": "$.name", "message": "already used", "code": "name_taken"}],
                 },
             ) from exc
-        await settle(result.seq)
+        # Answered once a read shows the job (bounded): tictl and the Tencent Cloud SDK
+        # describe a job right after creating it, and TI finds it.
+        await ctx.deps.settle(result.seq)
         view = render(
             {
                 "id": result.job_id,
@@ -160,7 +156,7 @@ def router(ctx: IntakeContext) -> APIRouter:
                     f"job {found.spec.name!r} already exists in cluster "
                     f"{found.spec.queue!r} (job {exc.holder})",
                 ) from exc
-            await settle(result.seq)
+            await ctx.deps.settle(result.seq)
             view = {
                 "id": result.job_id,
                 "name": found.spec.name,
