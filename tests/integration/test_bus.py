@@ -267,6 +267,59 @@ async def test_a_consumers_lag_is_what_the_stream_still_holds_for_it(bus: Bus) -
     assert seen == [0, 0, 3, 3, 1]
 
 
+async def test_a_batch_decodes_each_message_once_for_its_read_ahead_and_handler(
+    bus: Bus, doc_client: Client, db_prefix: str
+) -> None:
+    """The read ahead and the handlers share one decoding of each message; one the
+    decoder refuses is left out of the read ahead and goes to the dead letters."""
+    job = uuid.uuid4().hex
+    durable = f"once-{job[:8]}"
+    await bus.publish_all([StopJob(job_id=job, requested_by=f"u{i}") for i in range(2)])
+    await bus.publish_raw(f"yard.cmd.{job}.stop", b"{not json", {"Nats-Msg-Id": f"{job}-bad"})
+    seqs = await bus.publish_all([StopJob(job_id=job, requested_by="u2")])
+    decoded: list[bytes] = []
+
+    def counting(data: bytes, subject: str, headers: dict[str, str]) -> Any:
+        decoded.append(data)
+        return decode(data)
+
+    handled: list[Any] = []
+    ahead: list[Any] = []
+    done = asyncio.Event()
+
+    async def handle(event: StopJob, _delivery: Delivery) -> None:
+        handled.append(event)
+        if len(handled) == 3:
+            done.set()
+
+    async def read_ahead(events: list[Any]) -> None:
+        ahead.extend(events)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        bus.consume(
+            durable,
+            [f"yard.cmd.{job}.>"],
+            handle,
+            stop=stop,
+            decoder=counting,
+            atomic=batch_writes(batching(doc_client[f"{db_prefix}_once"])),
+            before_batch=read_ahead,
+        )
+    )
+    try:
+        await asyncio.wait_for(done.wait(), 15)
+        assert await bus.consumed(durable, seqs[-1])
+    finally:
+        stop.set()
+        await task
+    assert len(decoded) == 4  # once each, the refused one too
+    assert [e.requested_by for e in ahead] == ["u0", "u1", "u2"]
+    assert [e is a for e, a in zip(handled, ahead, strict=True)] == [True] * 3
+    letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
+    assert [d.error.split(":")[0] for d in letters] == ["undecodable"]
+
+
 async def test_a_batch_is_stored_at_once_acked_after_it_and_a_failure_is_undone_alone(
     bus: Bus, doc_client: Client, db_prefix: str
 ) -> None:

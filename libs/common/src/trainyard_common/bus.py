@@ -168,6 +168,22 @@ def _original_subject(subject: str, durable: str) -> str:
     return subject.removeprefix(f"{REPLAY_PREFIX}.{durable}.")
 
 
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A message its decoder refused, and why (it goes to the dead letters)."""
+
+    error: str
+
+
+def _decode(msg: Msg, decoder: Decoder) -> Any:
+    """``msg``'s event, or :class:`Undecodable`."""
+    durable = msg.metadata.consumer or "unknown"
+    try:
+        return decoder(msg.data, _original_subject(msg.subject, durable), dict(msg.headers or {}))
+    except (ValidationError, ValueError) as exc:
+        return Undecodable(str(exc))
+
+
 def decode_event(data: bytes, _subject: str, _headers: dict[str, str]) -> Event:
     return decode(data)
 
@@ -488,31 +504,18 @@ class Bus:
         """The batch's handlers in one transaction; what settles each message, once the
         transaction is stored (it raises otherwise)."""
         settles: list[Settle] = []
+        # Each message decoded once, for the read ahead and its handler both.
+        decoded = [_decode(msg, decoder) for msg in msgs]
         async with atomic.transaction():
             if before is not None:
                 try:
-                    await before(self._decodable(msgs, decoder))
+                    await before([e for e in decoded if not isinstance(e, Undecodable)])
                 except Exception:  # noqa: BLE001 - a read ahead; the handlers read anyway
                     durable = msgs[0].metadata.consumer or "unknown"
                     log.exception("%s: reading ahead for a batch of %d", durable, len(msgs))
-            for msg in msgs:
-                settles.append(await self._handle(msg, handler, decoder, atomic.savepoint))
+            for msg, event in zip(msgs, decoded, strict=True):
+                settles.append(await self._handle(msg, handler, decoder, atomic.savepoint, event))
         return settles
-
-    @staticmethod
-    def _decodable(msgs: list[Msg], decoder: Decoder) -> list[Any]:
-        decoded = []
-        for msg in msgs:
-            durable = msg.metadata.consumer or "unknown"
-            try:
-                decoded.append(
-                    decoder(
-                        msg.data, _original_subject(msg.subject, durable), dict(msg.headers or {})
-                    )
-                )
-            except (ValidationError, ValueError):
-                continue  # _handle sends it to the dead letters
-        return decoded
 
     async def _handle(
         self,
@@ -520,19 +523,20 @@ class Bus:
         handler: Handler,
         decoder: Decoder,
         scope: Callable[[], AbstractAsyncContextManager[None]] = contextlib.nullcontext,
+        decoded: Any = None,
     ) -> Settle:
         """Run ``handler`` on ``msg`` (inside ``scope``, which undoes its writes if it
-        raises); returns what settles the message once its effect is stored."""
+        raises); returns what settles the message once its effect is stored.
+        ``decoded``: what :func:`_decode` made of it already (None: decoded here)."""
         meta = msg.metadata
         headers = dict(msg.headers or {})
         durable = meta.consumer or "unknown"
         if meta.num_delivered > 1:
             BUS_REDELIVERIES.labels(durable).inc()
         subject = _original_subject(msg.subject, durable)
-        try:
-            event = decoder(msg.data, subject, headers)
-        except (ValidationError, ValueError) as exc:
-            return functools.partial(self._dead_letter, msg, durable, f"undecodable: {exc}")
+        event = decoded if decoded is not None else _decode(msg, decoder)
+        if isinstance(event, Undecodable):
+            return functools.partial(self._dead_letter, msg, durable, f"undecodable: {event.error}")
         delivery = Delivery(
             stream_seq=meta.sequence.stream,
             num_delivered=meta.num_delivered,
