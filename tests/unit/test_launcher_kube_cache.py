@@ -9,7 +9,7 @@ import copy
 
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec, RoleSpec
-from trainyard_launcher.adapters.backend import TaskHandle, TaskRef
+from trainyard_launcher.adapters.backend import AttemptEnd, AttemptSpec, TaskHandle, TaskRef
 from trainyard_launcher.adapters.kubernetes import KubernetesBackend, KubeSettings
 from trainyard_launcher.domain.pods import PodSettings, pod_manifest
 
@@ -41,6 +41,13 @@ def ended(pod: dict) -> dict:
 REF = TaskRef(JOB, 1, "w", 0)
 
 
+class _NoApi:
+    """Names API calls for a replaced ``_delete`` to record; calls none."""
+
+    def __getattr__(self, name: str) -> str:
+        return name
+
+
 async def test_the_watch_state_is_kept_over_an_older_create_answer() -> None:
     backend = KubernetesBackend(KubeSettings())
     pod = created()
@@ -58,3 +65,31 @@ async def test_a_create_answer_fills_in_what_the_watch_has_not_seen() -> None:
     # And from the watch, the newest state always wins.
     backend._remember("ns", ended(created("uid-2")))
     assert not (await backend.poll(REF, TaskHandle(uid="uid-2"))).running
+
+
+async def test_a_closed_attempt_forgets_its_namespace_and_its_kept_pod_is_still_found(
+    monkeypatch,
+) -> None:
+    """One namespace entry per job ever run would grow with history: it goes when the
+    attempt closes, and what still asks about a closed job's pods finds them in the
+    watch's cache with their own namespace. (The API calls themselves are the e2e
+    tests' business: tests/e2e/test_kubernetes.py runs jobs in other namespaces.)"""
+    backend = KubernetesBackend(KubeSettings(namespace="yard", allowed_namespaces=frozenset({"*"})))
+    deleted: list[tuple[str, str]] = []
+
+    async def delete(_call, name: str, namespace: str, grace: int | None = None) -> None:
+        deleted.append((name, namespace))
+
+    monkeypatch.setattr(backend, "_delete", delete)
+    monkeypatch.setattr(KubernetesBackend, "core", property(lambda _self: _NoApi()))
+    spec = JobSpec(name="j", image="img", namespace="ns",
+                   roles=[RoleSpec(name="w", command="true")])  # fmt: skip
+    attempt = AttemptSpec(JOB, 1, spec, (TaskPlacement(role="w", index=0, node="n", host_ip="x"),))
+    backend._job_namespace[JOB] = "ns"  # as open_attempt leaves it
+    backend._remember("ns", ended(created()))  # the failed pod, kept for debugging
+    await backend.close_attempt(attempt, AttemptEnd.FINISHED)
+    assert backend._job_namespace == {}
+    assert deleted and {namespace for _, namespace in deleted} == {"ns"}
+    assert await backend.write_debug_env(REF, "A=1\n") == f"ns/{created()['metadata']['name']}"
+    # A pod the cache does not hold is looked for where the job's spec says.
+    assert backend.location(TaskRef(JOB, 1, "w", 1), spec).startswith("ns/")

@@ -162,6 +162,9 @@ class KubernetesBackend:
         # Namespaces this launcher has seen exist; forgotten when a create in one of them
         # answers 404, so the next try makes it again.
         self._present: set[str] = set()
+        # Each open attempt's job's namespace (forgotten when the attempt closes: one
+        # entry per job ever run would grow with history; a closed job's pods are known
+        # by the namespace's watch, with their namespace).
         self._job_namespace: dict[str, str] = {}
         # Each open attempt's owner ConfigMap uid (None: a lone task's, which has none).
         self._owner_uids: dict[tuple[str, int], str | None] = {}
@@ -456,6 +459,7 @@ class KubernetesBackend:
     async def close_attempt(self, attempt: AttemptSpec, end: AttemptEnd) -> None:
         namespace = self.namespace_of(attempt.job_id, attempt.spec.namespace)
         self._owner_uids.pop((attempt.job_id, attempt.attempt), None)
+        self._job_namespace.pop(attempt.job_id, None)  # the next attempt's open sets it
         if end in (AttemptEnd.STOPPED, AttemptEnd.INTERRUPTED):
             # Its owner goes, and every pod and the hostfile and keys with it.
             await self._delete(
@@ -633,7 +637,8 @@ class KubernetesBackend:
 
     async def write_debug_env(self, ref: TaskRef, text: str) -> str:
         # OpenPAI's isDebug: the failed task's pod is kept; its environment is the pod's.
-        return self.location(ref)
+        pod = self._pods.get(ref)
+        return f"{pod.namespace}/{pod.name}" if pod is not None else self.location(ref)
 
     # --- logs and exec ----------------------------------------------------------------
 
