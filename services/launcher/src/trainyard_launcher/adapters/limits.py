@@ -12,7 +12,6 @@ import resource
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -274,6 +273,8 @@ def enter_limits(plan: LimitPlan, cgroup: str | None) -> None:
 
 
 def _probe_shm() -> int:
+    import tempfile  # here only: the task wrapper imports this module and starts fast
+
     try:
         if _libc.unshare(_CLONE_NEWNS) != 0:
             raise OSError(ctypes.get_errno(), "unshare")
