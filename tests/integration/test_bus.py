@@ -241,6 +241,28 @@ async def test_a_permanent_error_and_an_undecodable_message_are_dead_letters_at_
     assert all(d.deliveries == 1 for d in letters)
 
 
+async def test_json_that_is_no_event_object_is_a_dead_letter_and_the_consumer_goes_on(
+    bus: Bus,
+) -> None:
+    """A list, a null schema_version, an unhashable type: each raised past the decoder's
+    refusals once (AttributeError, TypeError), which stopped the consumer on every
+    delivery of it. Now each is a dead letter and the next message is handled."""
+    job = uuid.uuid4().hex
+    durable = f"not-obj-{job[:8]}"
+    bad = [b"[1]", b'{"schema_version": null}', b'{"type": [1], "schema_version": 1}']
+    for i, data in enumerate(bad):
+        await bus.publish_raw(f"yard.job.{job}.task", data, {"Nats-Msg-Id": f"{job}-{i}"})
+    await bus.publish(submitted(job))
+    seen = asyncio.Event()
+
+    async def note(event: Event, delivery: Delivery) -> None:
+        seen.set()
+
+    await consume_until(bus, durable, [f"yard.job.{job}.>"], note, seen)
+    letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
+    assert [d.error.split(":")[0] for d in letters] == ["undecodable"] * 3
+
+
 async def test_a_consumers_lag_is_what_the_stream_still_holds_for_it(bus: Bus) -> None:
     job = uuid.uuid4().hex
     durable = f"lag-{job[:8]}"

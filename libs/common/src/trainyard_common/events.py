@@ -403,10 +403,18 @@ def upcast(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def decode(raw: bytes | str | dict[str, Any]) -> Event:
-    """Parse any message from the bus into its model (raises pydantic.ValidationError)."""
-    if isinstance(raw, dict):
-        return _adapter.validate_python(upcast(raw))
-    return _adapter.validate_python(upcast(json.loads(raw)))
+    """Parse any message from the bus into its model. What is not an event raises
+    pydantic.ValidationError or ValueError (the bus dead-letters both): JSON that is not
+    an object, or whose ``schema_version`` or ``type`` cannot be read, included; those
+    raised AttributeError or TypeError once, which stopped a consumer on every delivery."""
+    data = raw if isinstance(raw, dict) else json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"an event is a JSON object, not {type(data).__name__}")
+    try:
+        data = upcast(data)
+    except TypeError as exc:
+        raise ValueError(f"schema_version or type cannot be read: {exc}") from exc
+    return _adapter.validate_python(data)
 
 
 def encode(event: Event) -> bytes:
