@@ -85,7 +85,7 @@ async def test_a_closed_attempt_forgets_its_namespace_and_its_kept_pod_is_still_
     spec = JobSpec(name="j", image="img", namespace="ns",
                    roles=[RoleSpec(name="w", command="true")])  # fmt: skip
     attempt = AttemptSpec(JOB, 1, spec, (TaskPlacement(role="w", index=0, node="n", host_ip="x"),))
-    backend._job_namespace[JOB] = "ns"  # as open_attempt leaves it
+    backend._job_namespace[JOB] = (1, "ns")  # as open_attempt leaves it
     backend._remember("ns", ended(created()))  # the failed pod, kept for debugging
     await backend.close_attempt(attempt, AttemptEnd.FINISHED)
     assert backend._job_namespace == {}
@@ -93,3 +93,12 @@ async def test_a_closed_attempt_forgets_its_namespace_and_its_kept_pod_is_still_
     assert await backend.write_debug_env(REF, "A=1\n") == f"ns/{created()['metadata']['name']}"
     # A pod the cache does not hold is looked for where the job's spec says.
     assert backend.location(TaskRef(JOB, 1, "w", 1), spec).startswith("ns/")
+    # A late close of an earlier attempt leaves the open one's entry; closing twice is
+    # harmless.
+    backend._job_namespace[JOB] = (2, "ns")
+    await backend.close_attempt(attempt, AttemptEnd.FINISHED)
+    assert backend._job_namespace == {JOB: (2, "ns")}
+    second = AttemptSpec(JOB, 2, spec, attempt.tasks)
+    await backend.close_attempt(second, AttemptEnd.FINISHED)
+    await backend.close_attempt(second, AttemptEnd.FINISHED)
+    assert backend._job_namespace == {}

@@ -165,7 +165,8 @@ class KubernetesBackend:
         # Each open attempt's job's namespace (forgotten when the attempt closes: one
         # entry per job ever run would grow with history; a closed job's pods are known
         # by the namespace's watch, with their namespace).
-        self._job_namespace: dict[str, str] = {}
+        # (attempt, namespace) by job: a late close of an earlier attempt leaves it.
+        self._job_namespace: dict[str, tuple[int, str]] = {}
         # Each open attempt's owner ConfigMap uid (None: a lone task's, which has none).
         self._owner_uids: dict[tuple[str, int], str | None] = {}
         self._changed = asyncio.Event()
@@ -369,7 +370,12 @@ class KubernetesBackend:
     # --- where things are -------------------------------------------------------------
 
     def namespace_of(self, job_id: str, wanted: str | None = None) -> str:
-        return self._job_namespace.get(job_id) or self.settings.namespace_for(wanted)
+        return self._known_namespace(job_id) or self.settings.namespace_for(wanted)
+
+    def _known_namespace(self, job_id: str) -> str | None:
+        """The namespace of the job's open attempt, if one is open here."""
+        known = self._job_namespace.get(job_id)
+        return known[1] if known is not None else None
 
     def location(self, ref: TaskRef, spec: JobSpec | None = None) -> str:
         namespace = self.namespace_of(ref.job_id, spec.namespace if spec else None)
@@ -402,7 +408,7 @@ class KubernetesBackend:
 
     async def open_attempt(self, attempt: AttemptSpec) -> None:
         namespace = self.settings.namespace_for(attempt.spec.namespace)
-        self._job_namespace[attempt.job_id] = namespace
+        self._job_namespace[attempt.job_id] = (attempt.attempt, namespace)
         await self._ensure_namespace(namespace)
         if needs_service(attempt.spec):
             await self._create(self.core.create_namespaced_service, namespace,
@@ -459,7 +465,9 @@ class KubernetesBackend:
     async def close_attempt(self, attempt: AttemptSpec, end: AttemptEnd) -> None:
         namespace = self.namespace_of(attempt.job_id, attempt.spec.namespace)
         self._owner_uids.pop((attempt.job_id, attempt.attempt), None)
-        self._job_namespace.pop(attempt.job_id, None)  # the next attempt's open sets it
+        known = self._job_namespace.get(attempt.job_id)
+        if known is not None and known[0] == attempt.attempt:
+            del self._job_namespace[attempt.job_id]  # the next attempt's open sets it
         if end in (AttemptEnd.STOPPED, AttemptEnd.INTERRUPTED):
             # Its owner goes, and every pod and the hostfile and keys with it.
             await self._delete(
@@ -500,7 +508,7 @@ class KubernetesBackend:
     # --- a task -----------------------------------------------------------------------
 
     async def was_launched(self, ref: TaskRef) -> bool:
-        namespace = self._job_namespace.get(ref.job_id)
+        namespace = self._known_namespace(ref.job_id)
         if namespace in self._present:
             # That namespace's watch has listed its pods and follows them, and a pod this
             # launcher makes is remembered as it is made: no read per task. (A pod another
@@ -511,7 +519,7 @@ class KubernetesBackend:
     async def _read(self, ref: TaskRef) -> _Pod | None:
         if (cached := self._pods.get(ref)) is not None:
             return cached
-        namespace = self._job_namespace.get(ref.job_id, self.settings.namespace)
+        namespace = self._known_namespace(ref.job_id) or self.settings.namespace
         try:
             pod = await self._raw(self.core.read_namespaced_pod,
                                   pod_name(ref.job_id, ref.attempt, ref.role, ref.index),
