@@ -5,7 +5,9 @@ working directory), ``stdout.log``, ``stderr.log``, ``launched`` (written before
 spawn), ``pid`` (written by the wrapper first thing) and ``exit.json`` (written by the
 wrapper when the command ended). The wrapper (:mod:`trainyard_launcher.taskwrap`) runs
 in a session of its own, so tasks outlive the launcher and are adopted by pid and
-process start time when it comes back.
+process start time when it comes back. It is forked by a warm process that has it
+loaded (:mod:`trainyard_launcher.spawner`: a fresh interpreter per task was about half
+of a one-task job's CPU on two cores), or, where that process is gone, started fresh.
 
 No duplicate launch, ever: the ``launched`` marker is created with O_EXCL before the
 spawn, and a task whose marker exists is never spawned again; if its pid file never
@@ -29,6 +31,7 @@ import asyncio
 import dataclasses
 import errno
 import json
+import logging
 import os
 import shutil
 import signal
@@ -56,6 +59,7 @@ from ..domain.prepare import (
     prepared_env,
 )
 from ..logs import DEFAULT_MAX_BYTES, follow, older_part, read_from
+from ..spawner import Spawner, SpawnerGone
 from .backend import (
     AlreadyLaunched,
     AttemptEnd,
@@ -79,6 +83,8 @@ from .backend import (
 from .procfs import is_alive, proc_stat, session_members, session_usage, start_ticks
 from .rendezvous import reserve_port
 from .uids import TaskUids, UidsExhausted
+
+log = logging.getLogger(__name__)
 
 FILES_DIR = frameworkwrap.FILES_DIR
 # How long a task's CPU time is sampled for its usage (GetJobMetrics).
@@ -133,6 +139,7 @@ class LocalBackend:
         poll_interval_s: float = 0.3,
         uids: TaskUids | None = None,
         task_python: str | None = None,
+        spawner: bool = True,
     ) -> None:
         self.root = root
         self.log_max_bytes = log_max_bytes
@@ -144,6 +151,9 @@ class LocalBackend:
         self.poll_interval_s = poll_interval_s
         # Our own children, kept only to collect their exit status (no zombies).
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        # The warm process that forks the wrappers (spawner.py); None: each wrapper a
+        # fresh interpreter.
+        self._spawner = Spawner() if spawner else None
         # Commands run in tasks (exec), by task key: ended with the task.
         self._execs: dict[str, set[subprocess.Popen[bytes]]] = {}
         # Where each user's tasks run as (docs/security.md); None: as this process.
@@ -184,7 +194,8 @@ class LocalBackend:
         self.task_python = runnable_python(self.task_python)
 
     async def close(self) -> None:
-        return None
+        if self._spawner is not None:
+            self._spawner.close()
 
     # --- where things are ---------------------------------------------------------
 
@@ -284,13 +295,12 @@ class LocalBackend:
         os.write(fd, f"{time.time()}\n".encode())
         os.close(fd)
 
-        # -I: the task's PYTHON* variables must not change how the wrapper starts.
-        argv = [sys.executable, "-I", "-m", "trainyard_launcher.taskwrap", "--dir", str(directory)]
+        args = ["--dir", str(directory)]  # the wrapper's
         if plan is not None:
             # Private: the plan holds the task's environment and the repository URL,
             # which may carry a token.
             plan_file = _write_private(directory / "prepare.json", plan.to_json())
-            argv += ["--prepare", str(plan_file)]
+            args += ["--prepare", str(plan_file)]
         limits = self.limit_plan(ref, task.options)
         wrapper_options = {
             "debug": task.options.debug,
@@ -300,7 +310,7 @@ class LocalBackend:
         }
         options_file = directory / "task.json"
         options_file.write_text(json.dumps(wrapper_options))
-        argv += ["--options", str(options_file)]
+        args += ["--options", str(options_file)]
         # The command goes in a private file, not on the command line: with its secrets
         # substituted it must not show in `ps` to every user of the node.
         command_file = _write_private(directory / "command.sh", task.command + "\n")
@@ -308,16 +318,37 @@ class LocalBackend:
             # Readable by the task's own group (its user), by no other task.
             os.chown(command_file, 0, run_as[1])
             os.chmod(command_file, 0o640)
-        argv += ["--", _bash(), str(command_file)]
+        args += ["--", _bash(), str(command_file)]
+        pid = self._start_wrapper(args, directory, _with_defaults(self._base_env(task)))
+        handle = TaskHandle(pid=pid, start_ticks=start_ticks(pid))
+        notes = [limits.summary] if limits else []
+        if run_as is not None:
+            notes.append(f"runs as uid {run_as[0]}")
+        return Launched(handle, "; ".join(notes) or None)
+
+    def _start_wrapper(self, args: list[str], directory: Path, env: dict[str, str]) -> int:
+        """The pid of the wrapper run with ``args``: forked by the warm spawner
+        (spawner.py), or, where there is none, a fresh interpreter; either way in a
+        session of its own."""
+        if self._spawner is not None:
+            try:
+                return self._spawner.spawn(args, str(directory / "work"), env,
+                                           str(directory / "stdout.log"),
+                                           str(directory / "stderr.log"))  # fmt: skip
+            except SpawnerGone as exc:
+                log.warning("the task spawner is gone (%s); starting the wrapper alone", exc)
+            except OSError as exc:
+                raise LaunchError(f"cannot start the task wrapper: {exc}") from exc
         with (
             open(directory / "stdout.log", "ab") as out,
             open(directory / "stderr.log", "ab") as err,
         ):
             try:
                 proc = subprocess.Popen(
-                    argv,
+                    # -I: the task's PYTHON* variables must not change how it starts.
+                    [sys.executable, "-I", "-m", "trainyard_launcher.taskwrap", *args],
                     cwd=directory / "work",
-                    env=_with_defaults(self._base_env(task)),
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
@@ -327,11 +358,7 @@ class LocalBackend:
             except OSError as exc:
                 raise LaunchError(f"cannot start the task wrapper: {exc}") from exc
         self._children[proc.pid] = proc
-        handle = TaskHandle(pid=proc.pid, start_ticks=start_ticks(proc.pid))
-        notes = [limits.summary] if limits else []
-        if run_as is not None:
-            notes.append(f"runs as uid {run_as[0]}")
-        return Launched(handle, "; ".join(notes) or None)
+        return proc.pid
 
     async def _run_as(self, task: TaskLaunch) -> tuple[int, int] | None:
         if self.uids is None:

@@ -1,0 +1,246 @@
+"""A warm process that starts the task wrappers by forking itself.
+
+Each task's wrapper (:mod:`trainyard_launcher.taskwrap`) was a fresh interpreter: on two
+cores its start (the interpreter, then the wrapper's imports) was about half of a
+one-task job's CPU. The local backend starts this process once instead, with the
+wrapper and what it imports already loaded, and asks it for each task: it forks, and
+the child becomes exactly what a fresh ``python -I -m trainyard_launcher.taskwrap``
+would have been for that task (its own session, working directory, environment,
+stdin from /dev/null, stdout and stderr to the task's logs, no other descriptor, a
+fresh interpreter's signal dispositions) and runs the wrapper's ``main``.
+
+One request per line on stdin, one answer per line on stdout, JSON:
+``{"args", "cwd", "env", "stdout", "stderr"}`` -> ``{"pid"}`` or ``{"error"}``. The
+process ends when its stdin does (the launcher went): the wrappers it started live on
+in their sessions, as ever. It reaps its children itself, so their CPU time counts
+in its own and then the launcher's, as the wrappers' did.
+
+It is started with an empty environment: a forked wrapper's ``/proc/<pid>/environ``
+shows the environment its process image started with, which is this process's, and
+that must not be the launcher's. Standard library only, as the wrapper.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import select
+import subprocess
+import sys
+import traceback
+from typing import IO, Any
+
+_REAP_EVERY_S = 0.5
+_MAX_LINE = 4 * 1024 * 1024  # a request carries the task's environment
+
+
+class SpawnerGone(Exception):
+    """The spawner process is not there to answer (it died or never started)."""
+
+
+class Spawner:
+    """The launcher's side: starts the spawner process and asks it for wrappers."""
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self.python = python
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def spawn(
+        self, args: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: str
+    ) -> int:
+        """The pid of a new wrapper run with ``args`` (taskwrap's arguments); OSError
+        when it cannot be started (as Popen would raise), SpawnerGone when the spawner
+        is not there (the caller starts the wrapper itself then)."""
+        proc = self._running()
+        request = {"args": args, "cwd": cwd, "env": env, "stdout": stdout, "stderr": stderr}
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(request).encode() + b"\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except OSError as exc:
+            self._forget()
+            raise SpawnerGone(str(exc)) from exc
+        if not line:
+            self._forget()
+            raise SpawnerGone("the spawner ended")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise OSError(answer.get("errno") or 0, answer["error"])
+        return int(answer["pid"])
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        assert proc.stdin is not None
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        self._forget()
+        try:
+            self._proc = subprocess.Popen(
+                [self.python, "-I", "-m", "trainyard_launcher.spawner"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env={},
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise SpawnerGone(f"cannot start the spawner: {exc}") from exc
+        return self._proc
+
+    def _forget(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+# --- the spawner process ------------------------------------------------------------------
+
+
+def serve(requests: int = 0, answers: int = 1) -> None:
+    """Answer requests on fd ``requests`` until it ends, reaping children meanwhile."""
+    pending = b""
+    while True:
+        ready, _, _ = select.select([requests], [], [], _REAP_EVERY_S)
+        _reap()
+        if not ready:
+            continue
+        chunk = os.read(requests, 65536)
+        if not chunk:
+            _reap()
+            return
+        pending += chunk
+        if len(pending) > _MAX_LINE and b"\n" not in pending:
+            _answer(answers, {"error": "request too long"})
+            pending = b""
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            try:
+                answer: dict[str, Any] = {"pid": start(json.loads(line))}
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+                answer = {"error": f"{why}: {exc.filename}" if exc.filename else why,
+                          "errno": exc.errno}  # fmt: skip
+            except (ValueError, KeyError, TypeError) as exc:
+                answer = {"error": f"bad request: {exc!r}"}
+            _answer(answers, answer)
+
+
+def _answer(fd: int, answer: dict[str, Any]) -> None:
+    data = json.dumps(answer).encode() + b"\n"
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def start(request: dict[str, Any]) -> int:
+    """Fork a wrapper for ``request``; its pid. What Popen would refuse (no working
+    directory, a log that cannot be opened) raises OSError here, in the spawner."""
+    args = [str(a) for a in request["args"]]
+    cwd = str(request["cwd"])
+    env = {str(k): str(v) for k, v in request["env"].items()}
+    if not os.path.isdir(cwd):
+        raise FileNotFoundError(errno.ENOENT, "no such directory", cwd)
+    fds = [os.open(os.devnull, os.O_RDONLY)]
+    try:
+        for path in (request["stdout"], request["stderr"]):
+            fds.append(os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+        ready_r, ready_w = os.pipe()
+        fds.append(ready_r)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child; its end is os._exit
+            _become_wrapper(args, cwd, env, fds[:3], ready_w)
+        os.close(ready_w)
+        # As Popen: the answer comes once the child is in its session and directory,
+        # or says why it could not get there.
+        why = b""
+        while chunk := os.read(ready_r, 4096):
+            why += chunk
+        if why:
+            raise OSError(errno.EIO, why.decode(errors="replace"))
+        return pid
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _become_wrapper(
+    args: list[str], cwd: str, env: dict[str, str], fds: list[int], ready: int
+) -> None:
+    code = 1
+    try:
+        try:
+            os.setsid()
+            os.chdir(cwd)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+        except OSError as exc:
+            os.write(ready, f"{exc.strerror or exc}: {exc.filename or cwd}".encode())
+            raise
+        os.close(ready)  # ready: the spawner answers with this pid
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        # Signal dispositions: this process never changes Python's, so they are a
+        # fresh interpreter's already.
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = ["trainyard_launcher.taskwrap", *args]
+        from trainyard_launcher import taskwrap  # loaded already: _warm()
+
+        code = taskwrap.main(args)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - the child must end here, whatever happened
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            _flush(stream)
+        os._exit(code)
+
+
+def _flush(stream: IO[str] | None) -> None:
+    try:
+        if stream is not None:
+            stream.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _warm() -> None:
+    """What a wrapper may import, loaded once here instead of in every task."""
+    import trainyard_launcher.adapters.identity  # noqa: F401
+    import trainyard_launcher.adapters.limits  # noqa: F401
+    import trainyard_launcher.logs  # noqa: F401
+    import trainyard_launcher.taskwrap  # noqa: F401
+
+
+if __name__ == "__main__":
+    # Forked wrappers must not keep the spawner's pipes: they are 0 and 1 here, which
+    # every child replaces at once; nothing else is open.
+    _warm()
+    serve()
