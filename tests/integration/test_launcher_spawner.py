@@ -113,10 +113,15 @@ async def test_a_dead_spawner_is_started_again_and_a_refusal_is_a_launch_error(
         await launch(backend, second, "exit 7")
         await ended(backend, second)
         assert spawner._proc is not None and spawner._proc.pid != old
-        # What Popen would refuse, the spawner refuses too, naming it.
+        # What Popen would refuse, the spawner refuses too, naming it: a directory that
+        # is not there, a variable the environment cannot hold (the child's refusal).
         with pytest.raises(OSError, match="no such directory: /nowhere"):
             spawner.spawn(["--dir", "/nowhere", "--", "true"], "/nowhere", {}, "/dev/null",
                           "/dev/null")  # fmt: skip
+        with pytest.raises(OSError, match="embedded null byte"):
+            spawner.spawn(["--dir", "/", "--", "true"], "/", {"BAD": "a\0b"}, "/dev/null",
+                          "/dev/null")  # fmt: skip
+        assert spawner._proc is not None and spawner._proc.poll() is None  # still serving
     finally:
         await backend.close()
     assert spawner._proc is None

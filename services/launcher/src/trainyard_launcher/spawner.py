@@ -171,7 +171,11 @@ def start(request: dict[str, Any]) -> int:
             fds.append(os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
         ready_r, ready_w = os.pipe()
         fds.append(ready_r)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(ready_w)
+            raise
         if pid == 0:  # pragma: no cover - the child; its end is os._exit
             _become_wrapper(args, cwd, env, fds[:3], ready_w)
         os.close(ready_w)
@@ -198,15 +202,16 @@ def _become_wrapper(
             os.chdir(cwd)
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
-        except OSError as exc:
-            os.write(ready, f"{exc.strerror or exc}: {exc.filename or cwd}".encode())
+            os.environ.clear()
+            os.environ.update(env)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in a variable
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            os.write(ready, f"{why}: {cwd}".encode())
             raise
         os.close(ready)  # ready: the spawner answers with this pid
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         # Signal dispositions: this process never changes Python's, so they are a
         # fresh interpreter's already.
-        os.environ.clear()
-        os.environ.update(env)
         sys.argv = ["trainyard_launcher.taskwrap", *args]
         from trainyard_launcher import taskwrap  # loaded already: _warm()
 
