@@ -168,19 +168,24 @@ def wait_all(api: Api, jobs: list[str], timeout: float) -> dict[str, dict]:
 
 
 def task_processes(job_ids: set[str]) -> list[int]:
-    """Processes on this machine that belong to one of ``job_ids`` (by the job id in
-    their environment, which every task's process inherits)."""
+    """Processes on this machine that belong to one of ``job_ids``: by the job id in
+    their environment, which every task's command inherits, or by a working directory
+    in one of the jobs' directories (the wrappers: forked by the launcher's spawner,
+    their /proc environ is the spawner's)."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             environ = Path(entry.path, "environ").read_bytes().split(b"\0")
+            cwd = os.readlink(Path(entry.path, "cwd"))
         except OSError:  # gone, or a kernel thread
             continue
-        for var in environ:
-            if var.startswith(b"TRAINYARD_JOB_ID=") and var[17:].decode() in job_ids:
-                found.append(int(entry.name))
+        ours = any(f"/jobs/{job_id}/" in cwd for job_id in job_ids) or any(
+            var.startswith(b"TRAINYARD_JOB_ID=") and var[17:].decode() in job_ids for var in environ
+        )
+        if ours:
+            found.append(int(entry.name))
     return found
 
 

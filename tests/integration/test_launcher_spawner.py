@@ -6,20 +6,23 @@ spawner that died is replaced or done without."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from trainyard_common.jobspec import Resources
+from trainyard_launcher import spawner as spawner_module
 from trainyard_launcher.adapters.backend import LaunchError, TaskHandle, TaskOptions, TaskRef
 from trainyard_launcher.adapters.limits import find_mechanisms
 from trainyard_launcher.adapters.local import LocalBackend
 from trainyard_launcher.adapters.procfs import proc_stat
-from trainyard_launcher.spawner import Spawner
+from trainyard_launcher.spawner import Spawner, SpawnerLost
 
 from ..support.launcher import launch
 
@@ -158,5 +161,74 @@ async def test_a_launch_into_a_missing_directory_is_a_launch_error(tmp_path: Pat
         with pytest.raises(LaunchError, match="cannot start the task wrapper"):
             backend._start_wrapper(["--dir", str(tmp_path / "none"), "--", "true"],
                                    tmp_path / "none", {})  # fmt: skip
+    finally:
+        await backend.close()
+
+
+async def test_a_spawner_lost_with_the_request_never_starts_a_second_wrapper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It forked the wrapper, then died before answering: the launch takes the wrapper
+    from its pid file, and starts no other (two would run one task twice)."""
+    backend = LocalBackend(tmp_path)
+    spawner = backend._spawner
+    assert spawner is not None
+    real = spawner.spawn
+
+    def lost(*args: object) -> tuple[int, int | None]:
+        real(*args)  # type: ignore[arg-type]
+        raise SpawnerLost("the spawner ended")
+
+    monkeypatch.setattr(spawner, "spawn", lost)
+    task = TaskRef(job_id="job-lost", attempt=1, role="worker", index=0)
+    try:
+        launched = await launch(backend, task, "exit 7")
+        assert launched.handle.pid is not None and backend._children == {}
+        assert launched.handle == backend.read_pid(task).handle  # type: ignore[union-attr]
+        await ended(backend, task)
+    finally:
+        await backend.close()
+
+
+def test_the_spawner_answers_each_request_once_even_after_one_too_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A line over the limit gets one answer, without the id it carried (the launcher
+    finds that out of step and starts another spawner); the next line is answered as
+    itself."""
+    monkeypatch.setattr(spawner_module, "_MAX_LINE", 1000)
+    monkeypatch.setattr(spawner_module, "_reap", lambda: None)  # this process's children
+    requests_r, requests_w = os.pipe()
+    answers_r, answers_w = os.pipe()
+    # More than one read holds (64 KiB): the first read has no end of line.
+    data = b'{"id": 1, "args": ["' + b"x" * 200_000 + b'"]}\n{"id": 2}\n'
+
+    def write() -> None:
+        with os.fdopen(requests_w, "wb") as requests:
+            requests.write(data)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    spawner_module.serve(requests_r, answers_w)
+    writer.join()
+    os.close(answers_w)
+    with os.fdopen(answers_r, "rb") as answers:
+        lines = [json.loads(line) for line in answers.read().splitlines()]
+    assert lines == [
+        {"id": None, "error": "request too long"},
+        {"id": 2, "error": "bad request: KeyError('args')"},
+    ]
+    os.close(requests_r)
+
+
+async def test_an_environment_exec_cannot_take_is_refused_at_launch(tmp_path: Path) -> None:
+    """A fresh wrapper's own exec failed on it (E2BIG); a forked one would only have
+    failed its command: the launch refuses it, naming the variable."""
+    backend = LocalBackend(tmp_path)
+    task = TaskRef(job_id="job-big", attempt=1, role="worker", index=0)
+    try:
+        with pytest.raises(LaunchError, match="environment variable 'HUGE' is 200006 bytes"):
+            await launch(backend, task, "true", {"HUGE": "x" * 200_000})
+        assert backend.read_pid(task) is None
     finally:
         await backend.close()

@@ -9,11 +9,16 @@ would have been for that task (its own session, working directory, environment,
 stdin from /dev/null, stdout and stderr to the task's logs, no other descriptor, a
 fresh interpreter's signal dispositions) and runs the wrapper's ``main``.
 
-One request per line on stdin, one answer per line on stdout, JSON:
-``{"args", "cwd", "env", "stdout", "stderr"}`` -> ``{"pid"}`` or ``{"error"}``. The
-process ends when its stdin does (the launcher went): the wrappers it started live on
-in their sessions, as ever. It reaps its children itself, so their CPU time counts
-in its own and then the launcher's, as the wrappers' did.
+One request per line on stdin, exactly one answer per line on stdout, JSON:
+``{"id", "args", "cwd", "env", "stdout", "stderr"}`` -> ``{"id", "pid", "start_ticks"}``
+or ``{"id", "error"}``; the answer comes once the child is in its session and
+directory. An answer out of step, or none, and the launcher stops this spawner and
+starts another; a request it may have acted on is never sent again to anyone (the
+wrapper's pid file says whether it started: local.py). It runs in a session of its
+own (a Ctrl-C to the launcher's group must not kill it mid-request) and ends when its
+stdin does (the launcher went): the wrappers it started live on in their sessions, as
+ever. It reaps its children itself, so their CPU time counts in its own and then the
+launcher's, as the wrappers' did.
 
 It is started with an empty environment: a forked wrapper's ``/proc/<pid>/environ``
 shows the environment its process image started with, which is this process's, and
@@ -31,12 +36,20 @@ import sys
 import traceback
 from typing import IO, Any
 
+from trainyard_launcher.adapters.procfs import start_ticks
+
 _REAP_EVERY_S = 0.5
-_MAX_LINE = 4 * 1024 * 1024  # a request carries the task's environment
+_MAX_LINE = 64 * 1024 * 1024  # a request carries the task's environment (bounded: local.py)
 
 
 class SpawnerGone(Exception):
-    """The spawner process is not there to answer (it died or never started)."""
+    """The spawner was not there to take the request: no wrapper was started for it
+    (the caller starts one itself)."""
+
+
+class SpawnerLost(Exception):
+    """The spawner took the request and gave no answer (it died, or answered another
+    request): a wrapper may or may not have started; its pid file says."""
 
 
 class Spawner:
@@ -45,42 +58,51 @@ class Spawner:
     def __init__(self, python: str = sys.executable) -> None:
         self.python = python
         self._proc: subprocess.Popen[bytes] | None = None
+        self._sent = 0
 
     def spawn(
         self, args: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: str
-    ) -> int:
-        """The pid of a new wrapper run with ``args`` (taskwrap's arguments); OSError
-        when it cannot be started (as Popen would raise), SpawnerGone when the spawner
-        is not there (the caller starts the wrapper itself then)."""
+    ) -> tuple[int, int | None]:
+        """The pid and start ticks of a new wrapper run with ``args`` (taskwrap's
+        arguments). OSError when it cannot be started (what Popen would raise);
+        SpawnerGone or SpawnerLost when the spawner cannot say (see each)."""
         proc = self._running()
-        request = {"args": args, "cwd": cwd, "env": env, "stdout": stdout, "stderr": stderr}
+        self._sent += 1
+        request = {"id": self._sent, "args": args, "cwd": cwd, "env": env,
+                   "stdout": stdout, "stderr": stderr}  # fmt: skip
         assert proc.stdin is not None and proc.stdout is not None
         try:
             proc.stdin.write(json.dumps(request).encode() + b"\n")
             proc.stdin.flush()
-            line = proc.stdout.readline()
-        except OSError as exc:
+        except OSError as exc:  # it ended before it had the whole request
             self._forget()
             raise SpawnerGone(str(exc)) from exc
-        if not line:
+        try:
+            line = proc.stdout.readline()
+            answer = json.loads(line) if line else {}
+        except (OSError, ValueError) as exc:
             self._forget()
-            raise SpawnerGone("the spawner ended")
-        answer = json.loads(line)
+            raise SpawnerLost(repr(exc)) from exc
+        if answer.get("id") != self._sent:
+            self._forget()  # out of step: nothing it says can be trusted now
+            raise SpawnerLost("the spawner ended" if not line else f"answer out of step: {line!r}")
         if "error" in answer:
             raise OSError(answer.get("errno") or 0, answer["error"])
-        return int(answer["pid"])
+        return int(answer["pid"]), answer.get("start_ticks")
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        assert proc.stdin is not None
+        assert proc.stdin is not None and proc.stdout is not None
         try:
             proc.stdin.close()
             proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
             proc.wait()
+        finally:
+            proc.stdout.close()
 
     def _running(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
@@ -93,6 +115,9 @@ class Spawner:
                 stdout=subprocess.PIPE,
                 env={},
                 close_fds=True,
+                # Out of the launcher's process group: a Ctrl-C or a group's SIGINT
+                # stops the launcher gracefully, and must not kill this mid-request.
+                start_new_session=True,
             )
         except OSError as exc:
             raise SpawnerGone(f"cannot start the spawner: {exc}") from exc
@@ -113,8 +138,10 @@ class Spawner:
 
 
 def serve(requests: int = 0, answers: int = 1) -> None:
-    """Answer requests on fd ``requests`` until it ends, reaping children meanwhile."""
+    """Answer requests on fd ``requests`` until it ends, reaping children meanwhile:
+    exactly one answer per request line, with the request's id."""
     pending = b""
+    skipping = False  # inside a line that was too long, answered already
     while True:
         ready, _, _ = select.select([requests], [], [], _REAP_EVERY_S)
         _reap()
@@ -125,20 +152,37 @@ def serve(requests: int = 0, answers: int = 1) -> None:
             _reap()
             return
         pending += chunk
-        if len(pending) > _MAX_LINE and b"\n" not in pending:
-            _answer(answers, {"error": "request too long"})
-            pending = b""
-        while b"\n" in pending:
+        while True:
+            if skipping:  # inside a line too long, answered already: drop to its end
+                if b"\n" not in pending:
+                    pending = b""
+                    break
+                pending, skipping = pending.split(b"\n", 1)[1], False
+                continue
+            if b"\n" not in pending:
+                if len(pending) > _MAX_LINE:
+                    # Its id is in what is dropped: the launcher finds this answer out
+                    # of step and starts another spawner.
+                    _answer(answers, {"id": None, "error": "request too long"})
+                    pending, skipping = b"", True
+                break
             line, pending = pending.split(b"\n", 1)
-            try:
-                answer: dict[str, Any] = {"pid": start(json.loads(line))}
-            except OSError as exc:
-                why = exc.strerror or str(exc)
-                answer = {"error": f"{why}: {exc.filename}" if exc.filename else why,
-                          "errno": exc.errno}  # fmt: skip
-            except (ValueError, KeyError, TypeError) as exc:
-                answer = {"error": f"bad request: {exc!r}"}
-            _answer(answers, answer)
+            _answer(answers, _handle(line))
+
+
+def _handle(line: bytes) -> dict[str, Any]:
+    request_id = None
+    try:
+        request = json.loads(line)
+        request_id = request.get("id")
+        pid, ticks = start(request)
+        return {"id": request_id, "pid": pid, "start_ticks": ticks}
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        return {"id": request_id, "errno": exc.errno,
+                "error": f"{why}: {exc.filename}" if exc.filename else why}  # fmt: skip
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return {"id": request_id, "error": f"bad request: {exc!r}"}
 
 
 def _answer(fd: int, answer: dict[str, Any]) -> None:
@@ -157,9 +201,10 @@ def _reap() -> None:
             return
 
 
-def start(request: dict[str, Any]) -> int:
-    """Fork a wrapper for ``request``; its pid. What Popen would refuse (no working
-    directory, a log that cannot be opened) raises OSError here, in the spawner."""
+def start(request: dict[str, Any]) -> tuple[int, int | None]:
+    """Fork a wrapper for ``request``; its pid and start ticks (read before this
+    process can reap it). What Popen would refuse (no working directory, a log that
+    cannot be opened) raises OSError here, in the spawner."""
     args = [str(a) for a in request["args"]]
     cwd = str(request["cwd"])
     env = {str(k): str(v) for k, v in request["env"].items()}
@@ -186,7 +231,7 @@ def start(request: dict[str, Any]) -> int:
             why += chunk
         if why:
             raise OSError(errno.EIO, why.decode(errors="replace"))
-        return pid
+        return pid, start_ticks(pid)
     finally:
         for fd in fds:
             os.close(fd)

@@ -59,7 +59,7 @@ from ..domain.prepare import (
     prepared_env,
 )
 from ..logs import DEFAULT_MAX_BYTES, follow, older_part, read_from
-from ..spawner import Spawner, SpawnerGone
+from ..spawner import Spawner, SpawnerGone, SpawnerLost
 from .backend import (
     AlreadyLaunched,
     AttemptEnd,
@@ -319,17 +319,31 @@ class LocalBackend:
             os.chown(command_file, 0, run_as[1])
             os.chmod(command_file, 0o640)
         args += ["--", _bash(), str(command_file)]
-        pid = self._start_wrapper(args, directory, _with_defaults(self._base_env(task)))
-        handle = TaskHandle(pid=pid, start_ticks=start_ticks(pid))
+        started = self._start_wrapper(args, directory, _with_defaults(self._base_env(task)))
+        if started is None:
+            # The spawner died holding the request: the wrapper's pid file says whether
+            # it started (the marker above keeps it from being started twice).
+            launched = await self.wait_started(ref, SPAWN_LOST_WAIT_S)
+            handle = launched.handle if launched is not None else TaskHandle()
+        else:
+            pid, ticks = started
+            handle = TaskHandle(
+                pid=pid, start_ticks=ticks if ticks is not None else start_ticks(pid)
+            )
         notes = [limits.summary] if limits else []
         if run_as is not None:
             notes.append(f"runs as uid {run_as[0]}")
         return Launched(handle, "; ".join(notes) or None)
 
-    def _start_wrapper(self, args: list[str], directory: Path, env: dict[str, str]) -> int:
-        """The pid of the wrapper run with ``args``: forked by the warm spawner
-        (spawner.py), or, where there is none, a fresh interpreter; either way in a
-        session of its own."""
+    def _start_wrapper(
+        self, args: list[str], directory: Path, env: dict[str, str]
+    ) -> tuple[int, int | None] | None:
+        """The pid (and start ticks, when known) of the wrapper run with ``args``:
+        forked by the warm spawner (spawner.py), or, where there is none, a fresh
+        interpreter; either way in a session of its own. None: the spawner died with
+        the request, and whether the wrapper started is not known here."""
+        if (problem := exec_size_problem(args, env)) is not None:
+            raise LaunchError(f"cannot start the task wrapper: {problem}")
         if self._spawner is not None:
             try:
                 return self._spawner.spawn(args, str(directory / "work"), env,
@@ -337,6 +351,9 @@ class LocalBackend:
                                            str(directory / "stderr.log"))  # fmt: skip
             except SpawnerGone as exc:
                 log.warning("the task spawner is gone (%s); starting the wrapper alone", exc)
+            except SpawnerLost as exc:
+                log.warning("the task spawner was lost with a request (%s)", exc)
+                return None
             except OSError as exc:
                 raise LaunchError(f"cannot start the task wrapper: {exc}") from exc
         with (
@@ -358,7 +375,7 @@ class LocalBackend:
             except OSError as exc:
                 raise LaunchError(f"cannot start the task wrapper: {exc}") from exc
         self._children[proc.pid] = proc
-        return proc.pid
+        return proc.pid, start_ticks(proc.pid)
 
     async def _run_as(self, task: TaskLaunch) -> tuple[int, int] | None:
         if self.uids is None:
@@ -689,6 +706,30 @@ def _write_private(path: Path, text: str) -> Path:
     with os.fdopen(fd, "w") as out:
         out.write(text)
     return path
+
+
+# What execve takes (linux/binfmts.h: MAX_ARG_STRLEN, one string; ARG_MAX, all of them
+# with their pointers): above it the command cannot start, so the launch is refused.
+MAX_ARG_STRLEN = 32 * 4096
+SPAWN_LOST_WAIT_S = 2.0
+
+
+def exec_size_problem(args: list[str], env: dict[str, str]) -> str | None:
+    """Why a wrapper with ``args`` and ``env`` (which its command gets) could not
+    exec, or None. Checked for every launch: a fresh wrapper's own exec failed there
+    (E2BIG), a forked one would only fail its command's."""
+    total = 0
+    for name, value in env.items():
+        size = len(name.encode()) + len(value.encode()) + 2
+        if size > MAX_ARG_STRLEN:
+            return (f"environment variable {name!r} is {size} bytes; the most one may "
+                    f"hold is {MAX_ARG_STRLEN}")  # fmt: skip
+        total += size + 8
+    total += sum(len(a.encode()) + 9 for a in args)
+    limit = os.sysconf("SC_ARG_MAX")
+    if total > limit:
+        return f"the environment and arguments take {total} bytes; the most is {limit}"
+    return None
 
 
 def _with_defaults(env: dict[str, str]) -> dict[str, str]:
