@@ -23,7 +23,6 @@ from trainyard_launcher.adapters.backend import (
     TaskHandle,
     TaskOptions,
     TaskRef,
-    TaskStatus,
 )
 from trainyard_launcher.adapters.limits import find_cgroup, find_mechanisms, make_cgroup, oom_kills
 from trainyard_launcher.adapters.local import LocalBackend
@@ -33,22 +32,11 @@ from trainyard_launcher.domain.limits import Mechanisms
 from trainyard_launcher.handlers.ending import _end_of
 from trainyard_launcher.logs import CappedLog, follow, older_part, read_log
 
-from ..support.launcher import launch
+from ..support.launcher import launch, wait_ended
 
 
 def ref(name: str = "t") -> TaskRef:
     return TaskRef(job_id=f"job-{name}", attempt=1, role="worker", index=0)
-
-
-async def wait_ended(backend: LocalBackend, task: TaskRef, timeout: float = 20.0) -> TaskStatus:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        launched = backend.read_pid(task)
-        status = await backend.poll(task, launched.handle if launched else TaskHandle())
-        if launched and status.ended:
-            return status
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{task.key} did not end within {timeout}s")
 
 
 async def test_task_that_exits_zero_writes_logs_and_exit_record(tmp_path: Path) -> None:

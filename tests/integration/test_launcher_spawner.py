@@ -5,26 +5,24 @@ spawner that died is replaced or done without."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from trainyard_common.jobspec import Resources
 from trainyard_launcher import spawner as spawner_module
-from trainyard_launcher.adapters.backend import LaunchError, TaskHandle, TaskOptions, TaskRef
+from trainyard_launcher.adapters.backend import LaunchError, TaskOptions, TaskRef
 from trainyard_launcher.adapters.limits import find_mechanisms
 from trainyard_launcher.adapters.local import LocalBackend
 from trainyard_launcher.adapters.procfs import proc_stat
 from trainyard_launcher.spawner import Spawner, SpawnerLost
 
-from ..support.launcher import launch
+from ..support.launcher import launch, wait_ended
 
 # What the task's command reports of itself: the wrapper's and its own session, its
 # directory, environment, descriptors and ignored signals.
@@ -36,16 +34,9 @@ REPORT = (
 )
 
 
-async def ended(backend: LocalBackend, task: TaskRef, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        launched = backend.read_pid(task)
-        status = await backend.poll(task, launched.handle if launched else TaskHandle())
-        if launched and status.ended:
-            assert status.exit_code == 7, status
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{task.key} did not end")
+async def ended(backend: LocalBackend, task: TaskRef) -> None:
+    status = await wait_ended(backend, task)
+    assert status.exit_code == 7, status
 
 
 async def report(tmp_path: Path, spawner: bool) -> tuple[str, str]:

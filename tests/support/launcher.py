@@ -4,7 +4,9 @@ backend tests: one role, one task, the command and environment the test gives.""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from trainyard_common.events import Event, TaskPlacement
 from trainyard_common.jobspec import EnvVar, JobSpec, RoleSpec
@@ -31,6 +33,9 @@ from trainyard_launcher.adapters.backend import (
 from trainyard_launcher.adapters.store import MemoryLauncherStore
 from trainyard_launcher.domain.frameworks import FrameworkContext
 from trainyard_launcher.handlers import Deps
+
+if TYPE_CHECKING:
+    from trainyard_launcher.adapters.local import LocalBackend
 
 
 def one_task_launch(
@@ -216,3 +221,15 @@ def make_deps() -> tuple[Deps, ScriptedBackend, list[Event]]:
 
     backend = ScriptedBackend()
     return Deps(MemoryLauncherStore(), backend, publish, kill_grace_s=0.1), backend, published
+
+
+async def wait_ended(backend: LocalBackend, task: TaskRef, timeout: float = 20.0) -> TaskStatus:
+    """The task's end, as the local backend polls it (its pid file, then its exit)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        launched = backend.read_pid(task)
+        status = await backend.poll(task, launched.handle if launched else TaskHandle())
+        if launched and status.ended:
+            return status
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{task.key} did not end within {timeout}s")
