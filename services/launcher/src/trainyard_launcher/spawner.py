@@ -252,7 +252,7 @@ def _become_wrapper(
         except (OSError, ValueError) as exc:  # ValueError: a NUL in a variable
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             os.write(ready, f"{why}: {cwd}".encode())
-            raise
+            os._exit(1)  # refused through the answer: nothing for the task's log
         os.close(ready)  # ready: the spawner answers with this pid
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         # Signal dispositions: this process never changes Python's, so they are a
