@@ -175,11 +175,15 @@ class Undecodable:
     error: str
 
 
-def _decode(msg: Msg, decoder: Decoder) -> Any:
-    """``msg``'s event, or :class:`Undecodable`."""
-    durable = msg.metadata.consumer or "unknown"
+def _decode(
+    msg: Msg, decoder: Decoder, subject: str | None = None, headers: dict[str, str] | None = None
+) -> Any:
+    """``msg``'s event, or :class:`Undecodable` (``subject`` and ``headers``: as the
+    caller has them already)."""
+    if subject is None:
+        subject = _original_subject(msg.subject, msg.metadata.consumer or "unknown")
     try:
-        return decoder(msg.data, _original_subject(msg.subject, durable), dict(msg.headers or {}))
+        return decoder(msg.data, subject, dict(msg.headers or {}) if headers is None else headers)
     except (ValidationError, ValueError) as exc:
         return Undecodable(str(exc))
 
@@ -534,7 +538,7 @@ class Bus:
         if meta.num_delivered > 1:
             BUS_REDELIVERIES.labels(durable).inc()
         subject = _original_subject(msg.subject, durable)
-        event = decoded if decoded is not None else _decode(msg, decoder)
+        event = decoded if decoded is not None else _decode(msg, decoder, subject, headers)
         if isinstance(event, Undecodable):
             return functools.partial(self._dead_letter, msg, durable, f"undecodable: {event.error}")
         delivery = Delivery(
