@@ -87,8 +87,13 @@ async def test_a_closed_attempt_forgets_its_namespace_and_its_kept_pod_is_still_
     attempt = AttemptSpec(JOB, 1, spec, (TaskPlacement(role="w", index=0, node="n", host_ip="x"),))
     backend._job_namespace[JOB] = (1, "ns")  # as open_attempt leaves it
     backend._remember("ns", ended(created()))  # the failed pod, kept for debugging
+    backend._lost("n")  # and its node went away
+    other = TaskRef(JOB, 2, "w", 0)
+    backend._node_of_lost[other] = "n"  # a later attempt's task, on the same lost node
+    assert backend._node_of_lost == {REF: "n", other: "n"}
     await backend.close_attempt(attempt, AttemptEnd.FINISHED)
     assert backend._job_namespace == {}
+    assert backend._node_of_lost == {other: "n"}  # the closed attempt's entries go
     assert deleted and {namespace for _, namespace in deleted} == {"ns"}
     assert await backend.write_debug_env(REF, "A=1\n") == f"ns/{created()['metadata']['name']}"
     # A pod the cache does not hold is looked for where the job's spec says.
@@ -102,3 +107,4 @@ async def test_a_closed_attempt_forgets_its_namespace_and_its_kept_pod_is_still_
     await backend.close_attempt(second, AttemptEnd.FINISHED)
     await backend.close_attempt(second, AttemptEnd.FINISHED)
     assert backend._job_namespace == {}
+    assert backend._node_of_lost == {}

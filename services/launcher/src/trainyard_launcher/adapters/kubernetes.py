@@ -468,6 +468,11 @@ class KubernetesBackend:
         known = self._job_namespace.get(attempt.job_id)
         if known is not None and known[0] == attempt.attempt:
             del self._job_namespace[attempt.job_id]  # the next attempt's open sets it
+        # Its tasks' ends on a lost node are known by now; kept, one entry per such
+        # task would grow with history (the dict holds only lost nodes' tasks: small).
+        for ref in [r for r in self._node_of_lost if (r.job_id, r.attempt) == (
+            attempt.job_id, attempt.attempt)]:  # fmt: skip
+            del self._node_of_lost[ref]
         if end in (AttemptEnd.STOPPED, AttemptEnd.INTERRUPTED):
             # Its owner goes, and every pod and the hostfile and keys with it.
             await self._delete(
