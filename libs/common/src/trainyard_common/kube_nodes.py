@@ -16,13 +16,18 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
-
-from kubernetes_asyncio import client, config, watch
+from typing import TYPE_CHECKING, Any
 
 from .cluster import ClusterSpec, NodeSpec
 from .dialects.k8s_pod import quantity
 from .jobspec import EnvVar
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client
+
+# The Kubernetes client is imported by the functions that talk to the API server: it is
+# half of a service's start and some 65 MB of its memory, and placement and validation
+# import this module whatever their cluster (tests/unit/test_kube_imports.py).
 
 log = logging.getLogger("trainyard.kube_nodes")
 
@@ -66,6 +71,8 @@ def node_spec(node: dict[str, Any]) -> KubeNode | None:
 
 
 async def load_client(kubeconfig: str | None = None) -> client.ApiClient:
+    from kubernetes_asyncio import client, config
+
     path = kubeconfig or os.environ.get("KUBECONFIG")
     if path:
         await config.load_kube_config(config_file=path)
@@ -75,6 +82,8 @@ async def load_client(kubeconfig: str | None = None) -> client.ApiClient:
 
 
 async def list_nodes(api: client.ApiClient) -> tuple[list[KubeNode], str]:
+    from kubernetes_asyncio import client
+
     listed = await client.CoreV1Api(api).list_node()
     nodes = [n for n in (node_spec(api.sanitize_for_serialization(i)) for i in listed.items) if n]
     return nodes, listed.metadata.resource_version
@@ -117,6 +126,8 @@ class NodeWatch:
             await api.close()
 
     async def _follow(self, api: client.ApiClient, stop: asyncio.Event) -> None:
+        from kubernetes_asyncio import client, watch
+
         nodes, version = await list_nodes(api)
         self.nodes = {n.spec.name: n for n in nodes}
         await self.on_change(dict(self.nodes))

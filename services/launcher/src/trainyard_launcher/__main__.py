@@ -21,7 +21,6 @@ from trainyard_common.storage import Database, open_store
 from trainyard_common.telemetry import setup_telemetry
 
 from .adapters.backend import TaskBackend
-from .adapters.kubernetes import KubernetesBackend, KubeSettings
 from .adapters.limits import find_mechanisms
 from .adapters.local import IsolationError, LocalBackend
 from .adapters.store import DocLauncherStore
@@ -39,6 +38,10 @@ DURABLE = "launcher"
 def make_backend(settings: Settings, launcher: LauncherSettings, db: Database) -> TaskBackend:
     """The backend YARD_LAUNCHER names: ``local`` (the default) or ``kubernetes``."""
     if launcher.backend == "kubernetes":
+        # Imported only here: the Kubernetes client is half of the launcher's start and
+        # some 65 MB of its memory, which the local backend has no use for.
+        from .adapters.kubernetes import KubernetesBackend, KubeSettings
+
         kube = KubeSettings.from_env()
         log.info("tasks run as pods on Kubernetes, in namespace %s", kube.namespace)
         return KubernetesBackend(kube)
