@@ -18,6 +18,8 @@ each (reported apart, as ``burst``). The cases:
   replacement) from the default pod list.
 - ``synthetic``: ``--synthetic-nodes`` nodes of 8 GPUs; jobs of 1 to 8 tasks of the
   shapes of placement_speed.py (shares, 1, 2, 4 and 8 GPUs per task).
+- ``alike``: four nodes of 8 CPUs and a burst of one-task one-CPU jobs, all of one
+  shape (what bench/pipeline.py submits): a long queue behind one head.
 
 Prints one JSON object: per case the cycle time (ms) p50 / p99 / mean / max, the same
 with the commits, the cycle time after each kind of event, the waiting and placed jobs
@@ -51,8 +53,8 @@ from openb import (  # noqa: E402
 )
 from placement_speed import SHAPES, latency_ms, synthetic_cluster  # noqa: E402
 
-from trainyard_common.cluster import ClusterSpec  # noqa: E402
-from trainyard_common.jobspec import JobSpec  # noqa: E402
+from trainyard_common.cluster import ClusterSpec, NodeSpec  # noqa: E402
+from trainyard_common.jobspec import JobSpec, Resources  # noqa: E402
 from trainyard_placement.domain.gpu_share import MILLI, gpu_request  # noqa: E402
 from trainyard_placement.domain.policies import DEFAULT_POLICY, scorer_named  # noqa: E402
 from trainyard_placement.domain.queue import Placed, Preempt, QueuedJob  # noqa: E402
@@ -182,6 +184,16 @@ def synthetic_jobs(seed: int) -> Callable[[int], JobSpec]:
     return jobs
 
 
+def alike_jobs() -> Callable[[int], JobSpec]:
+    spec = job("alike", Resources(cpu=1, memory_mb=256))
+    return lambda i: spec
+
+
+def alike_cluster() -> ClusterSpec:
+    return ClusterSpec(nodes=[NodeSpec(name=f"node-{i}", cpu=8, memory_mb=32768)
+                              for i in range(4)])  # fmt: skip
+
+
 def run_case(cluster: ClusterSpec, jobs: Callable[[int], JobSpec],
              args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
     driver = Driver(cluster, args.policy, jobs, args.seed)
@@ -245,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "synthetic": run_case(
             synthetic_cluster(args.synthetic_nodes), synthetic_jobs(args.seed), args
         ),  # fmt: skip
+        "alike": run_case(alike_cluster(), alike_jobs(), args),
         "seconds": round(time.perf_counter() - started, 1),
         "machine": (
             f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "

@@ -94,3 +94,20 @@ def test_positions_count_every_waiting_job_from_one() -> None:
         w.submit(name, gpus(4, priority=9))
     w.cycle()
     assert [w.waiting(n).position for n in ("h", "x", "y")] == [1, 2, 3]
+
+
+def test_alike_jobs_behind_the_head_are_answered_by_what_decides_their_fit() -> None:
+    """A long queue of one shape asks the cycle the same question once per job, and one
+    alike job's misfit answers the next (queue._Cycle._behind_key): but only as far as
+    the answer is the same. Two one-CPU jobs behind a head that fits nowhere, beyond
+    their queue's quota: the first was preempted too often to borrow idle capacity, so
+    it waits; the second may borrow, and is placed."""
+    w = World.of(node("n1", cpu=8), queues=[queue("qa", cpu=2)])
+    w.submit("head", job(role(cpu=10), queue="qa"))
+    w.submit("reclaimed", job(role(cpu=1), queue="qa"))
+    w.submit("fresh", job(role(cpu=1), queue="qa"))
+    w.state.preemptions["reclaimed"] = w.state.rules.max_preemptions
+    reference = w.state.reference_cycle()
+    assert w.cycle() == reference
+    assert w.placed() == ["fresh"]
+    assert w.waiting("reclaimed").reasons == ("waiting behind job head at the head of the queue",)

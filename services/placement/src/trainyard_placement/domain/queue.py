@@ -302,6 +302,10 @@ class _Cycle:
         self._views_of: Snapshot | None = None
         # Keyed by the view itself (kept alive, so no other view takes its id).
         self._misfits: dict[tuple[Snapshot, tuple[str, ...]], Unschedulable] = {}
+        # Jobs behind a head that found no room, by what decided it (_behind_key): a
+        # long queue of one shape asks the same question once per job. Cleared with
+        # _misfits, whenever the cycle places a job.
+        self._behind_misfits: set[tuple[object, ...]] = set()
         self._qspecs: dict[str, QueueSpec] = {}
         self.used.update(self.index.used)
         self.multi_queue = len(self.index.used) > 1
@@ -324,20 +328,44 @@ class _Cycle:
         if head is not None and not self.rules.backfill:
             self._wait(job, (self._behind(head, queue),))
             return
+        key = self._behind_key(job) if head is not None else None
+        if head is not None and key is not None and key in self._behind_misfits:
+            self._wait(job, (self._behind(head, queue),))
+            return
         outcome = self._fit(job, self.current, reasons=head is None)
         if isinstance(outcome, _Fit):
             allocation = Allocation(job.job_id, outcome.spec, outcome.plan.tasks)
             self.extra.append(allocation)
             self.current = self.current.with_allocation(allocation)
             self._misfits = {}  # keyed by views of the snapshot just replaced
+            self._behind_misfits = set()
             self.used[queue] = self.used.get(queue, Usage()) + outcome.ask
             self.decisions.append(Placed(job.job_id, allocation, job.attempt))
             return
         if head is not None:
+            if key is not None:
+                self._behind_misfits.add(key)
             self._wait(job, (self._behind(head, queue),))
             return
         self.heads[queue] = job.job_id
         self._head(job, outcome)
+
+    def _behind_key(self, job: QueuedJob) -> tuple[object, ...] | None:
+        """What decides whether a job behind its queue's head fits on the current
+        snapshot, where one alike job's answer is every such job's (with a memo, a
+        deterministic scorer, no ports: CycleMemo's misfits): its smallest size's
+        shape, its queue's usage and the quota kept for the head, whether it may
+        borrow, the reservations made so far (they only grow within a cycle). None:
+        the job must be tried itself."""
+        if not (self.fit_only and self._kept):
+            return None
+        facts = self._facts(job)
+        size = self._size(facts, facts.last)  # _fit tries it first: no fit, no job
+        if size.ports:
+            return None
+        queue = job.spec.queue
+        return (queue, size.shape, self.used.get(queue), self.held.get(queue),
+                self._may_borrow(job, self._qspec(queue)), len(self.reserved))  # fmt: skip
 
     def _head(self, job: QueuedJob, misfit: _Misfit) -> None:
         queue = job.spec.queue

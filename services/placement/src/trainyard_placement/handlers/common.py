@@ -4,6 +4,7 @@ keeping the in-memory state and the store as one (reload, adopt, announce)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import math
@@ -65,6 +66,11 @@ class Publisher(Protocol):
     async def publish(self, event: Event) -> Any: ...
 
 
+# What a waiting job was last told (notice_key): its reasons' kinds and its position's
+# order of magnitude.
+NoticeKey = tuple[tuple[str, ...], int]
+
+
 @dataclass
 class Deps:
     store: JobStore
@@ -74,7 +80,7 @@ class Deps:
     # Placed jobs whose JobPlaced is not known to be published yet.
     unannounced: set[str] = field(default_factory=set)
     # How many JobQueued each waiting job was sent, and the notice key of the last one.
-    notices: dict[str, tuple[int, tuple[tuple[str, ...], int] | None]] = field(default_factory=dict)
+    notices: dict[str, tuple[int, NoticeKey | None]] = field(default_factory=dict)
     # The last cycle's verdict on each waiting job, for the queue view.
     waiting: dict[str, Waiting] = field(default_factory=dict)
     # Retried jobs whose backoff has not ended: (job, not_before), outside the queue.
@@ -315,15 +321,20 @@ async def announce_tasks(deps: Deps, job_id: str) -> None:
 _BEHIND = re.compile(r"^waiting behind job \S+ at the head of ")
 
 
-def notice_key(reasons: tuple[str, ...], position: int) -> tuple[tuple[str, ...], int]:
+def notice_key(reasons: tuple[str, ...], position: int) -> NoticeKey:
     """What must change for a waiting job to be told again (a new JobQueued): its own
     reasons, but not which job happens to head its queue (every job behind a head would
     be told again each time the head changes: quadratic in the queue), and the order of
     magnitude of its position (1, 2-10, 11-100, ...: each job crosses a handful of those
     on its way to the head, not one per job placed ahead of it). The queue view shows the
     exact position and the current head at any time."""
-    kinds = tuple(_BEHIND.sub("waiting behind the head of ", reason) for reason in reasons)
-    return kinds, 0 if position <= 1 else math.ceil(math.log10(position))
+    return _kinds(reasons), 0 if position <= 1 else math.ceil(math.log10(position))
+
+
+@functools.lru_cache(maxsize=1024)
+def _kinds(reasons: tuple[str, ...]) -> tuple[str, ...]:
+    # Every job behind one head has the same reasons: one rewrite per cycle, not per job.
+    return tuple(_BEHIND.sub("waiting behind the head of ", reason) for reason in reasons)
 
 
 async def announce_stopped_in_queue(deps: Deps, record: JobRecord) -> None:

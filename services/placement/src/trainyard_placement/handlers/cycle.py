@@ -24,6 +24,7 @@ from ..domain.partial import more_tasks
 from .common import (
     FIRST_ATTEMPT,
     Deps,
+    NoticeKey,
     announce_placed,
     announce_tasks,
     interrupt_placed,
@@ -113,7 +114,8 @@ async def _cycle(deps: Deps) -> None:
     deps.waiting = waiting
     # 4. Explain the wait, only when the explanation changed.
     for decision in waiting.values():
-        await _notify_waiting(deps, decision)
+        if (notice := _notice_due(deps, decision)) is not None:
+            await _notify_waiting(deps, decision, *notice)
     # 5. With nobody waiting, elastic jobs below their size grow into the free capacity.
     if not waiting:
         await _grow(deps, now.timestamp())
@@ -240,17 +242,23 @@ async def _place_more_tasks(deps: Deps) -> None:
         await announce_tasks(deps, job_id)
 
 
-async def _notify_waiting(deps: Deps, decision: Waiting) -> None:
+def _notice_due(deps: Deps, decision: Waiting) -> tuple[int, NoticeKey] | None:
+    """The number and key of the notice a waiting job is due, or None when what it was
+    last told still holds (a plain function: called for every waiting job each cycle,
+    and most are due nothing)."""
     sent, last = deps.notices.get(decision.job_id, (0, None))
     key = notice_key(decision.reasons, decision.position)
+    if key == last:
+        return None
     if last is not None and last[1] < 0 and last[0] == key[0]:
         # Restored after a restart with its reasons but not its position: the same
         # reasons need no new notice; the position's class is known from now on.
         deps.notices[decision.job_id] = (sent, key)
-        return
-    if key == last:
-        return
-    notice = sent + 1
+        return None
+    return sent + 1, key
+
+
+async def _notify_waiting(deps: Deps, decision: Waiting, notice: int, key: NoticeKey) -> None:
     # Published before it is recorded: it is only information, and a crash in between
     # re-publishes the same id, which JetStream drops.
     await publish(deps, JobQueued(
