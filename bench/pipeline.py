@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -91,6 +92,9 @@ async def run_jobs(
 ) -> dict[str, float]:
     headers = {"Authorization": f"Bearer {platform.token}"}
     async with httpx.AsyncClient(base_url=platform.url, headers=headers, timeout=60) as http:
+        state = "QUEUED" if held else "SUCCEEDED"
+        # Jobs of earlier runs on this platform (--history) are in that state already.
+        before = (await http.get("/v1/jobs", params={"state": state, "limit": 1})).json()["total"]
         gate = asyncio.Semaphore(concurrency)
         latencies: list[float] = []
 
@@ -107,7 +111,7 @@ async def run_jobs(
         start = time.perf_counter()
         ids = await asyncio.gather(*(submit(i) for i in range(jobs)))
         submitted = time.perf_counter() - start
-        await wait_in_state(http, set(ids), "QUEUED" if held else "SUCCEEDED")
+        await wait_in_state(http, before + len(set(ids)), state)
         total = time.perf_counter() - start
     latencies.sort()
     return {
@@ -162,17 +166,18 @@ async def offered_load(platform: Platform, jobs: int, rate: float) -> dict[str, 
 
 async def wait_succeeded(http: httpx.AsyncClient, ids: set[str], timeout: float = 900) -> None:
     """Until every job of this run (the platform's only jobs) has succeeded."""
-    await wait_in_state(http, ids, "SUCCEEDED", timeout)
+    await wait_in_state(http, len(ids), "SUCCEEDED", timeout)
 
 
 async def wait_in_state(
-    http: httpx.AsyncClient, ids: set[str], state: str, timeout: float = 900
+    http: httpx.AsyncClient, count: int, state: str, timeout: float = 900
 ) -> None:
-    """Until every job of this run (the platform's only jobs) is in ``state``."""
+    """Until ``count`` jobs (this run's and the earlier runs' on this platform) are in
+    ``state``."""
     deadline = time.monotonic() + timeout
     while True:
         page = await http.get("/v1/jobs", params={"state": state, "limit": 1})
-        if page.json()["total"] >= len(ids):
+        if page.json()["total"] >= count:
             return
         failed = await http.get("/v1/jobs", params={"state": "FAILED", "limit": 10})
         if failed.json()["total"]:
@@ -248,8 +253,13 @@ def run_on_kube(jobs: int, concurrency: int) -> dict[str, object]:
 
 
 def run_platform(
-    store: str, jobs: int, concurrency: int, rate: float | None = None, held: bool = False
-) -> dict[str, float]:
+    store: str,
+    jobs: int,
+    concurrency: int,
+    rate: float | None = None,
+    held: bool = False,
+    history: int = 0,
+) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         # Run as root, each user's tasks run under their own uid and must reach their
         # directories under the data directory: traversable (not listable) by others.
@@ -262,8 +272,52 @@ def run_platform(
         )
         with Platform(config) as platform:
             if rate:
-                return asyncio.run(offered_load(platform, jobs, rate))
-            return asyncio.run(run_jobs(platform, jobs, concurrency, held))
+                return dict(asyncio.run(offered_load(platform, jobs, rate)))
+            if not history:
+                return dict(asyncio.run(run_jobs(platform, jobs, concurrency, held)))
+            return asyncio.run(with_history(platform, jobs, concurrency, history))
+
+
+HISTORY_CHUNK = 10_000
+
+
+def footprint(platform: Platform) -> dict[str, object]:
+    """Each service's resident memory (MB) and the data directory's size (MB) now."""
+    rss = {}
+    for name, proc in sorted(platform.procs.items()):
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            continue
+        kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
+        rss[name] = round(kb / 1024, 1)
+    size = sum(p.stat().st_size for p in platform.data_dir.rglob("*") if p.is_file())
+    return {"rss_mb": rss, "data_dir_mb": round(size / 2**20, 1)}
+
+
+async def with_history(
+    platform: Platform, jobs: int, concurrency: int, history: int
+) -> dict[str, object]:
+    """``jobs`` measured on the fresh platform, then ``history`` more run to the end (in
+    chunks, each counted), then ``jobs`` measured again on the same platform: whether any
+    stage's cost grows with the jobs it has seen."""
+    first: dict[str, object] = {**await run_jobs(platform, jobs, concurrency),
+                                **footprint(platform)}  # fmt: skip
+    chunks = []
+    started = time.perf_counter()
+    for done in range(0, history, HISTORY_CHUNK):
+        chunk = await run_jobs(platform, min(HISTORY_CHUNK, history - done), concurrency)
+        chunks.append(chunk["jobs_end_to_end_per_s"])
+        print(f"history: {done + chunk['jobs']} jobs, {chunk}", file=sys.stderr, flush=True)
+    fill = time.perf_counter() - started
+    after = {**await run_jobs(platform, jobs, concurrency), **footprint(platform)}
+    return {
+        "fresh": first,
+        "history_jobs": history,
+        "history_per_s_by_chunk": chunks,
+        "history_seconds": round(fill),
+        "after_history": after,
+    }
 
 
 def main() -> None:
@@ -290,6 +344,13 @@ def main() -> None:
         "are measured without the tasks' processes",
     )
     parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="measure --jobs on the fresh platform, run this many more jobs to the end, "
+        "then measure --jobs again on the same platform",
+    )
+    parser.add_argument(
         "--stores",
         default="sqlite,ferretdb",
         help="the platform's stores to run on, in turn (the first is the one measured; "
@@ -303,11 +364,11 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         return
     for store in args.stores.split(","):
-        measured = run_platform(store, args.jobs, args.concurrency, args.rate, args.held)
-        if "submit_per_s" in measured:
-            measured["submit_vs_publish_ack"] = round(
-                measured["submit_per_s"] / floor["publish_ack_per_s"], 3
-            )
+        measured = run_platform(
+            store, args.jobs, args.concurrency, args.rate, args.held, args.history
+        )
+        if isinstance(rate := measured.get("submit_per_s"), float):
+            measured["submit_vs_publish_ack"] = round(rate / floor["publish_ack_per_s"], 3)
         result[store] = measured
     print(json.dumps(result, indent=2))
 
