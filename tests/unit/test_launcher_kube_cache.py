@@ -11,6 +11,7 @@ from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec, RoleSpec
 from trainyard_launcher.adapters.backend import AttemptEnd, AttemptSpec, TaskHandle, TaskRef
 from trainyard_launcher.adapters.kubernetes import KubernetesBackend, KubeSettings
+from trainyard_launcher.domain.failure import EndKind
 from trainyard_launcher.domain.pods import PodSettings, pod_manifest
 
 JOB = "0123456789abcdef0123456789abcdef"
@@ -87,13 +88,8 @@ async def test_a_closed_attempt_forgets_its_namespace_and_its_kept_pod_is_still_
     attempt = AttemptSpec(JOB, 1, spec, (TaskPlacement(role="w", index=0, node="n", host_ip="x"),))
     backend._job_namespace[JOB] = (1, "ns")  # as open_attempt leaves it
     backend._remember("ns", ended(created()))  # the failed pod, kept for debugging
-    backend._lost("n")  # and its node went away
-    other = TaskRef(JOB, 2, "w", 0)
-    backend._node_of_lost[other] = "n"  # a later attempt's task, on the same lost node
-    assert backend._node_of_lost == {REF: "n", other: "n"}
     await backend.close_attempt(attempt, AttemptEnd.FINISHED)
     assert backend._job_namespace == {}
-    assert backend._node_of_lost == {other: "n"}  # the closed attempt's entries go
     assert deleted and {namespace for _, namespace in deleted} == {"ns"}
     assert await backend.write_debug_env(REF, "A=1\n") == f"ns/{created()['metadata']['name']}"
     # A pod the cache does not hold is looked for where the job's spec says.
@@ -107,4 +103,39 @@ async def test_a_closed_attempt_forgets_its_namespace_and_its_kept_pod_is_still_
     await backend.close_attempt(second, AttemptEnd.FINISHED)
     await backend.close_attempt(second, AttemptEnd.FINISHED)
     assert backend._job_namespace == {}
+
+
+async def test_a_lost_nodes_task_is_known_while_its_attempt_is_open_or_its_pod_cached(
+    monkeypatch,
+) -> None:
+    """A task on a node that disappeared ends as NODE_LOST, even when its pod is gone
+    before the launcher asks (the pod garbage collector deletes a lost node's pods).
+    What says so is kept while the attempt is open or the pod is cached, no longer:
+    one entry per such task ever seen would grow with history (the pods' last events
+    come after their attempt closed, and must not bring it back for good)."""
+    backend = KubernetesBackend(KubeSettings(namespace="yard", allowed_namespaces=frozenset({"*"})))
+
+    async def delete(_call, name: str, namespace: str, grace: int | None = None) -> None:
+        return None
+
+    monkeypatch.setattr(backend, "_delete", delete)
+    monkeypatch.setattr(KubernetesBackend, "core", property(lambda _self: _NoApi()))
+    spec = JobSpec(name="j", image="img", namespace="ns",
+                   roles=[RoleSpec(name="w", command="true")])  # fmt: skip
+    attempt = AttemptSpec(JOB, 1, spec, (TaskPlacement(role="w", index=0, node="n", host_ip="x"),))
+    backend._job_namespace[JOB] = (1, "ns")  # as open_attempt leaves it
+    pod = created()
+    pod["spec"]["nodeName"] = "n"
+    pod["status"] = {"phase": "Running"}
+    backend._remember("ns", pod)
+    backend._lost("n")
+    backend._forget(REF)  # its pod deleted before the launcher looked
+    status = await backend.poll(REF, TaskHandle(uid="uid-1"))
+    assert not status.running and status.end_kind == EndKind.NODE_LOST.value
+    await backend.close_attempt(attempt, AttemptEnd.INTERRUPTED)
     assert backend._node_of_lost == {}
+    # The pod's last events, after the close: kept while the pod is cached, gone with it.
+    assert backend._remember("ns", pod) == REF
+    assert REF in backend._node_of_lost
+    backend._forget(REF)  # its DELETED
+    assert backend._node_of_lost == {} and backend._pods == {}

@@ -283,6 +283,14 @@ class KubernetesBackend:
 
     def _forget(self, ref: TaskRef) -> None:
         self._pods.pop(ref, None)
+        # A lost node's task whose pod is gone: its end (NODE_LOST) stays known while its
+        # attempt is open here; after that nothing asks, and an entry per such task ever
+        # seen would grow with history. So every entry is an open attempt's task's or a
+        # cached pod's. (An attempt adopted after a restart is not "open here": its
+        # tasks' ends are read at the node's loss, long before the pods are collected.)
+        known = self._job_namespace.get(ref.job_id)
+        if ref in self._node_of_lost and (known is None or known[0] != ref.attempt):
+            del self._node_of_lost[ref]
 
     async def _watch_pods(self, namespace: str) -> None:
         version: str | None = None
@@ -468,8 +476,8 @@ class KubernetesBackend:
         known = self._job_namespace.get(attempt.job_id)
         if known is not None and known[0] == attempt.attempt:
             del self._job_namespace[attempt.job_id]  # the next attempt's open sets it
-        # Its tasks' ends on a lost node are known by now; kept, one entry per such
-        # task would grow with history (the dict holds only lost nodes' tasks: small).
+        # Its tasks' ends on a lost node are known by now (an entry comes back while a
+        # pod of it is still cached, and goes with the pod: _forget).
         for ref in [r for r in self._node_of_lost if (r.job_id, r.attempt) == (
             attempt.job_id, attempt.attempt)]:  # fmt: skip
             del self._node_of_lost[ref]
