@@ -9,13 +9,18 @@ seen SUCCEEDED. In the same run it measures the floor the design budget names (D
 
     .venv/bin/python bench/pipeline.py [--jobs 200] [--concurrency 16] [--stores sqlite,ferretdb]
     .venv/bin/python bench/pipeline.py --rate 20 --jobs 600 --stores sqlite
+    .venv/bin/python bench/pipeline.py --held --jobs 3000 --stores sqlite --client aiohttp
+    .venv/bin/python bench/pipeline.py --jobs 2000 --history 100000 --stores sqlite
 
 With ``--rate`` the jobs are offered at that rate and each one's time from submission to
 its task running is measured (p50, p99). With ``--held`` every node is drained first:
 every job is accepted and waits in its queue, so the submissions are measured with every
 service at work but no task's process (what spawning costs on a small machine is then
 out of the submission figure); the run ends when the status views show every job
-queued.
+queued. ``--client aiohttp``: the submitters use aiohttp (they share the machine with
+the platform, and httpx costs them twice the CPU). ``--history N``: ``--jobs`` measured
+on the fresh platform, N more run to the end, then ``--jobs`` again on the same platform
+(whether any stage's cost grows with the jobs it has seen).
 
 Prints one JSON object. The ratios say what share of the raw bus rate the platform
 keeps: every job crosses at least seven hops (submitted, accepted, placed, 3 task
@@ -35,6 +40,7 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
+import aiohttp
 import httpx
 import nats
 import yaml
@@ -88,10 +94,13 @@ NODES = 4  # of the local backend's cluster, n0 .. n3
 
 
 async def run_jobs(
-    platform: Platform, jobs: int, concurrency: int, held: bool = False
+    platform: Platform, jobs: int, concurrency: int, held: bool = False, client: str = "httpx"
 ) -> dict[str, float]:
     headers = {"Authorization": f"Bearer {platform.token}"}
-    async with httpx.AsyncClient(base_url=platform.url, headers=headers, timeout=60) as http:
+    async with (
+        httpx.AsyncClient(base_url=platform.url, headers=headers, timeout=60) as http,
+        aiohttp.ClientSession(platform.url, headers=headers) as session,
+    ):
         state = "QUEUED" if held else "SUCCEEDED"
         # Jobs of earlier runs on this platform (--history) are in that state already.
         before = (await http.get("/v1/jobs", params={"state": state, "limit": 1})).json()["total"]
@@ -101,10 +110,16 @@ async def run_jobs(
         async def submit(i: int) -> str:
             async with gate:
                 t0 = time.perf_counter()
-                answer = await http.post("/v1/jobs", json=job(i))
-                answer.raise_for_status()
+                if client == "aiohttp":
+                    async with session.post("/v1/jobs", json=job(i)) as response:
+                        response.raise_for_status()
+                        made = await response.json()
+                else:
+                    answer = await http.post("/v1/jobs", json=job(i))
+                    answer.raise_for_status()
+                    made = answer.json()
                 latencies.append(time.perf_counter() - t0)
-                return answer.json()["id"]
+                return str(made["id"])
 
         for i in range(NODES if held else 0):
             (await http.post(f"/v1/placement/nodes/n{i}/drain")).raise_for_status()
@@ -259,6 +274,7 @@ def run_platform(
     rate: float | None = None,
     held: bool = False,
     history: int = 0,
+    client: str = "httpx",
 ) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         # Run as root, each user's tasks run under their own uid and must reach their
@@ -274,8 +290,8 @@ def run_platform(
             if rate:
                 return dict(asyncio.run(offered_load(platform, jobs, rate)))
             if not history:
-                return dict(asyncio.run(run_jobs(platform, jobs, concurrency, held)))
-            return asyncio.run(with_history(platform, jobs, concurrency, history))
+                return dict(asyncio.run(run_jobs(platform, jobs, concurrency, held, client)))
+            return asyncio.run(with_history(platform, jobs, concurrency, history, client))
 
 
 HISTORY_CHUNK = 10_000
@@ -296,21 +312,23 @@ def footprint(platform: Platform) -> dict[str, object]:
 
 
 async def with_history(
-    platform: Platform, jobs: int, concurrency: int, history: int
+    platform: Platform, jobs: int, concurrency: int, history: int, client: str
 ) -> dict[str, object]:
     """``jobs`` measured on the fresh platform, then ``history`` more run to the end (in
     chunks, each counted), then ``jobs`` measured again on the same platform: whether any
     stage's cost grows with the jobs it has seen."""
-    first: dict[str, object] = {**await run_jobs(platform, jobs, concurrency),
+    first: dict[str, object] = {**await run_jobs(platform, jobs, concurrency, client=client),
                                 **footprint(platform)}  # fmt: skip
     chunks = []
     started = time.perf_counter()
     for done in range(0, history, HISTORY_CHUNK):
-        chunk = await run_jobs(platform, min(HISTORY_CHUNK, history - done), concurrency)
+        chunk = await run_jobs(
+            platform, min(HISTORY_CHUNK, history - done), concurrency, client=client
+        )
         chunks.append(chunk["jobs_end_to_end_per_s"])
         print(f"history: {done + chunk['jobs']} jobs, {chunk}", file=sys.stderr, flush=True)
     fill = time.perf_counter() - started
-    after = {**await run_jobs(platform, jobs, concurrency), **footprint(platform)}
+    after = {**await run_jobs(platform, jobs, concurrency, client=client), **footprint(platform)}
     return {
         "fresh": first,
         "history_jobs": history,
@@ -344,6 +362,13 @@ def main() -> None:
         "are measured without the tasks' processes",
     )
     parser.add_argument(
+        "--client",
+        choices=["httpx", "aiohttp"],
+        default="httpx",
+        help="the HTTP client the 16 submitters use (they share the machine with the "
+        "platform: aiohttp costs them less CPU per request)",
+    )
+    parser.add_argument(
         "--history",
         type=int,
         default=0,
@@ -365,7 +390,7 @@ def main() -> None:
         return
     for store in args.stores.split(","):
         measured = run_platform(
-            store, args.jobs, args.concurrency, args.rate, args.held, args.history
+            store, args.jobs, args.concurrency, args.rate, args.held, args.history, args.client
         )
         if isinstance(rate := measured.get("submit_per_s"), float):
             measured["submit_vs_publish_ack"] = round(rate / floor["publish_ack_per_s"], 3)
