@@ -68,13 +68,9 @@ async def test_a_create_answer_fills_in_what_the_watch_has_not_seen() -> None:
     assert not (await backend.poll(REF, TaskHandle(uid="uid-2"))).running
 
 
-async def test_a_closed_attempt_forgets_its_namespace_and_its_kept_pod_is_still_found(
-    monkeypatch,
-) -> None:
-    """One namespace entry per job ever run would grow with history: it goes when the
-    attempt closes, and what still asks about a closed job's pods finds them in the
-    watch's cache with their own namespace. (The API calls themselves are the e2e
-    tests' business: tests/e2e/test_kubernetes.py runs jobs in other namespaces.)"""
+def offline(monkeypatch) -> tuple[KubernetesBackend, list[tuple[str, str]], AttemptSpec]:
+    """A backend that calls no API (its deletes recorded: name, namespace) and the open
+    first attempt of a one-task job in namespace "ns", as open_attempt leaves it."""
     backend = KubernetesBackend(KubeSettings(namespace="yard", allowed_namespaces=frozenset({"*"})))
     deleted: list[tuple[str, str]] = []
 
@@ -86,7 +82,19 @@ async def test_a_closed_attempt_forgets_its_namespace_and_its_kept_pod_is_still_
     spec = JobSpec(name="j", image="img", namespace="ns",
                    roles=[RoleSpec(name="w", command="true")])  # fmt: skip
     attempt = AttemptSpec(JOB, 1, spec, (TaskPlacement(role="w", index=0, node="n", host_ip="x"),))
-    backend._job_namespace[JOB] = (1, "ns")  # as open_attempt leaves it
+    backend._job_namespace[JOB] = (1, "ns")
+    return backend, deleted, attempt
+
+
+async def test_a_closed_attempt_forgets_its_namespace_and_its_kept_pod_is_still_found(
+    monkeypatch,
+) -> None:
+    """One namespace entry per job ever run would grow with history: it goes when the
+    attempt closes, and what still asks about a closed job's pods finds them in the
+    watch's cache with their own namespace. (The API calls themselves are the e2e
+    tests' business: tests/e2e/test_kubernetes.py runs jobs in other namespaces.)"""
+    backend, deleted, attempt = offline(monkeypatch)
+    spec = attempt.spec
     backend._remember("ns", ended(created()))  # the failed pod, kept for debugging
     await backend.close_attempt(attempt, AttemptEnd.FINISHED)
     assert backend._job_namespace == {}
@@ -113,17 +121,7 @@ async def test_a_lost_nodes_task_is_known_while_its_attempt_is_open_or_its_pod_c
     What says so is kept while the attempt is open or the pod is cached, no longer:
     one entry per such task ever seen would grow with history (the pods' last events
     come after their attempt closed, and must not bring it back for good)."""
-    backend = KubernetesBackend(KubeSettings(namespace="yard", allowed_namespaces=frozenset({"*"})))
-
-    async def delete(_call, name: str, namespace: str, grace: int | None = None) -> None:
-        return None
-
-    monkeypatch.setattr(backend, "_delete", delete)
-    monkeypatch.setattr(KubernetesBackend, "core", property(lambda _self: _NoApi()))
-    spec = JobSpec(name="j", image="img", namespace="ns",
-                   roles=[RoleSpec(name="w", command="true")])  # fmt: skip
-    attempt = AttemptSpec(JOB, 1, spec, (TaskPlacement(role="w", index=0, node="n", host_ip="x"),))
-    backend._job_namespace[JOB] = (1, "ns")  # as open_attempt leaves it
+    backend, _, attempt = offline(monkeypatch)
     pod = created()
     pod["spec"]["nodeName"] = "n"
     pod["status"] = {"phase": "Running"}
