@@ -134,9 +134,8 @@ async def test_finish_releases_capacity_and_the_queued_job_is_placed(h: Harness)
 
 async def test_ended_jobs_leave_no_entries_behind(h: Harness) -> None:
     """Placement kept the attempt and the retry count of every job it ever placed: one
-    entry each per job in its history (its memory grew 102 -> 169 MB over 100,000 jobs,
-    bench/README.md "--history"). Ended jobs' entries go, a while after they end
-    (amortized); a job still in memory keeps its own."""
+    entry each per job in its history (bench/README.md, "--history"). Ended jobs' entries
+    go, a while after they end (amortized); a job still in memory keeps its own."""
     for i in range(1100):
         job_id = f"done-{i:04}"
         await h.accept(job_id, spec(gpus=1))

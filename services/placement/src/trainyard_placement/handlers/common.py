@@ -132,8 +132,8 @@ def forget_ended(deps: Deps, keep: str | None = None) -> None:
     """Drop the traces, attempts and retry counts of jobs no longer in memory (ended,
     or paused: a resume reads them back from the store, as a restart does for every
     job), once there are many more of them than jobs in memory: amortized, one pass per
-    so many ended jobs. Kept, an entry per job ever seen grew placement by some 1.5 kB a
-    job (bench/README.md, "--history")."""
+    so many ended jobs. Kept, they were an entry each per job in placement's history
+    (found by bench/pipeline.py --history)."""
     limit = 1000 + 2 * (len(deps.state.queued) + len(deps.state.placed) + len(deps.deferred))
     if max(len(deps.traces), len(deps.attempts), len(deps.retries_used)) <= limit:
         return
