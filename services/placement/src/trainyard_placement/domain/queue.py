@@ -306,6 +306,7 @@ class _Cycle:
         # long queue of one shape asks the same question once per job. Cleared with
         # _misfits, whenever the cycle places a job.
         self._behind_misfits: set[tuple[object, ...]] = set()
+        self._behind_text: dict[str, tuple[str]] = {}
         self._qspecs: dict[str, QueueSpec] = {}
         self.used.update(self.index.used)
         self.multi_queue = len(self.index.used) > 1
@@ -326,11 +327,11 @@ class _Cycle:
         queue = job.spec.queue
         head = self.heads.get(queue)
         if head is not None and not self.rules.backfill:
-            self._wait(job, (self._behind(head, queue),))
+            self._wait(job, self._behind(head, queue))
             return
         key = self._behind_key(job) if head is not None else None
         if head is not None and key is not None and key in self._behind_misfits:
-            self._wait(job, (self._behind(head, queue),))
+            self._wait(job, self._behind(head, queue))
             return
         outcome = self._fit(job, self.current, reasons=head is None)
         if isinstance(outcome, _Fit):
@@ -345,7 +346,7 @@ class _Cycle:
         if head is not None:
             if key is not None:
                 self._behind_misfits.add(key)
-            self._wait(job, (self._behind(head, queue),))
+            self._wait(job, self._behind(head, queue))
             return
         self.heads[queue] = job.job_id
         self._head(job, outcome)
@@ -354,9 +355,11 @@ class _Cycle:
         """What decides whether a job behind its queue's head fits on the current
         snapshot, where one alike job's answer is every such job's (with a memo, a
         deterministic scorer, no ports: CycleMemo's misfits): its smallest size's
-        shape, its queue's usage and the quota kept for the head, whether it may
-        borrow, the reservations made so far (they only grow within a cycle). None:
-        the job must be tried itself."""
+        shape, its queue, whether it may borrow, the reservations made so far (they
+        only grow within a cycle). The queue stands for its usage and the quota kept
+        for its head: while the answers are kept neither changes (usage only with a
+        placement, which clears them; the quota once, when the queue's head is found,
+        before any job behind it is asked). None: the job must be tried itself."""
         if not (self.fit_only and self._kept):
             return None
         facts = self._facts(job)
@@ -364,8 +367,8 @@ class _Cycle:
         if size.ports:
             return None
         queue = job.spec.queue
-        return (queue, size.shape, self.used.get(queue), self.held.get(queue),
-                self._may_borrow(job, self._qspec(queue)), len(self.reserved))  # fmt: skip
+        return (queue, size.shape, self._may_borrow(job, self._qspec(queue)),
+                len(self.reserved))  # fmt: skip
 
     def _head(self, job: QueuedJob, misfit: _Misfit) -> None:
         queue = job.spec.queue
@@ -739,9 +742,14 @@ class _Cycle:
         self.position += 1
         self.decisions.append(Waiting(job.job_id, self.position, reasons, job.attempt))
 
-    def _behind(self, head: str, queue: str) -> str:
-        where = f"the queue {queue}" if self.multi_queue else "the queue"
-        return f"waiting behind job {head} at the head of {where}"
+    def _behind(self, head: str, queue: str) -> tuple[str]:
+        reasons = self._behind_text.get(head)
+        if reasons is None:  # every job behind one head is told the same
+            where = f"the queue {queue}" if self.multi_queue else "the queue"
+            reasons = self._behind_text[head] = (
+                f"waiting behind job {head} at the head of {where}",
+            )
+        return reasons
 
 
 def _hosts(view: Snapshot, role: RoleSpec, demand: Demand) -> list[GroupKey]:
