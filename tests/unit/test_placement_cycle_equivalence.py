@@ -22,12 +22,14 @@ from hypothesis import strategies as st
 from trainyard_common.cluster import ClusterSpec, NodeSpec, QueueSpec
 from trainyard_common.jobspec import EnvVar, JobSpec, PortSpec, Resources, RoleSpec
 from trainyard_placement.domain import (
+    Decision,
     Placed,
     Preempt,
     QueuedJob,
     Rules,
     SchedulerState,
     Snapshot,
+    Waiting,
     scorer_named,
 )
 from trainyard_placement.domain.eligible import place_job
@@ -323,3 +325,125 @@ def test_an_unchanged_state_keeps_its_snapshot_and_workload() -> None:
     state.release("a")
     assert state.snapshot() is not snapshot
     assert state.snapshot().node("a").gpu_free == (1000,)
+
+
+# --- arrivals carry the last cycle on ---------------------------------------------------
+
+one_shape_events = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), st.integers(1, 4)),
+        st.tuples(st.just("submit"), st.integers(1, 4)),
+        st.tuples(st.just("submit"), st.integers(1, 4)),
+        st.tuples(
+            st.sampled_from(["end", "stop", "cycle", "drain", "undrain"]), st.integers(0, 9)
+        ),  # fmt: skip
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=cluster_nodes(), queues=queue_specs(QUEUES), shape=job_specs(),
+       plan=one_shape_events, rule=rules, policy=policies,
+       priorities=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+       spread=st.booleans())  # fmt: skip
+def test_arrivals_alone_carry_the_last_cycle_on_as_a_whole_cycle_decides(
+    nodes: list[NodeSpec],
+    queues: list[str | QueueSpec],
+    shape: JobSpec,
+    plan: list,  # type: ignore[type-arg]
+    rule: Rules,
+    policy: str,
+    priorities: list[int],
+    spread: bool,
+) -> None:
+    """Jobs of one shape (so the target workload stays the same object and a cycle whose
+    only news is arrivals carries the last one on) with their queue and priority drawn:
+    every cycle, carried on or not, decides as one derived afresh."""
+    state = SchedulerState(ClusterSpec(nodes=nodes, queues=queues), scorer=scorer_named(policy),
+                           rules=rule)  # fmt: skip
+    seq, now = 0, 0.0
+    previous: list[Decision] = []
+    for op, arg in plan:
+        now += 1.0
+        names = [n.name for n in state.cluster.nodes]
+        placed, queued = sorted(state.placed), sorted(state.queued)
+        if op == "submit":
+            for _ in range(arg):
+                seq += 1
+                spec = shape.model_copy(update={
+                    "priority": priorities[seq % len(priorities)],
+                    "queue": QUEUES[seq % 2] if spread else shape.queue,
+                })  # fmt: skip
+                state.enqueue(QueuedJob(f"job{seq}", spec, arrival_seq=seq))
+        elif op == "end" and placed:
+            state.release(placed[arg % len(placed)])
+        elif op == "stop" and queued:
+            state.dequeue(queued[arg % len(queued)])
+        elif op == "drain" and names:
+            state.drain_node(names[arg % len(names)])
+        elif op == "undrain" and names:
+            state.undrain_node(names[arg % len(names)])
+        expected = state.reference_cycle(now)
+        decisions = state.cycle(now)
+        assert decisions == expected
+        if state.carried:  # what it repeats is what the last cycle decided
+            assert decisions[: state.carried] == previous[: state.carried]
+        previous = decisions
+        for decision in decisions:
+            if isinstance(decision, Placed):
+                state.commit(decision.allocation, placed_at=now)
+            elif isinstance(decision, Preempt):
+                for victim in decision.victims:
+                    state.preempting(victim, decision.job_id)
+
+
+def test_a_cycle_whose_only_news_is_arrivals_walks_only_them() -> None:
+    """One node full, a queue behind it: arrivals after the queue's last job carry the
+    last cycle on (``carried`` counts the decisions it repeats); an arrival that goes
+    ahead of waiting jobs, or anything else that changed, makes a whole cycle."""
+    one_cpu = RoleSpec(name="w", replicas=1, command="true", resources=Resources(cpu=1))
+
+    def job(seq: int, priority: int = 3) -> QueuedJob:
+        return QueuedJob(f"j{seq}", JobSpec(name="j", priority=priority, roles=[one_cpu]), seq)
+
+    state = SchedulerState(ClusterSpec(nodes=[NodeSpec(name="n", cpu=2, memory_mb=4096)]),
+                           rules=Rules(victims=None))  # fmt: skip
+
+    def cycle() -> list[Decision]:
+        decisions = state.cycle()
+        assert decisions == state.reference_cycle()
+        for decision in decisions:
+            if isinstance(decision, Placed):
+                state.commit(decision.allocation)
+        return decisions
+
+    for seq in range(1, 6):
+        state.enqueue(job(seq))
+    assert len([d for d in cycle() if isinstance(d, Placed)]) == 2
+    assert state.carried == 0
+    cycle()  # the placements were news: a whole cycle, three waiting
+    assert state.carried == 0 and len(state.queued) == 3
+    for seq in range(6, 9):
+        state.enqueue(job(seq))
+    decisions = cycle()
+    assert state.carried == 3
+    new = [(d.job_id, d.position) for d in decisions[3:] if isinstance(d, Waiting)]
+    assert new == [("j6", 4), ("j7", 5), ("j8", 6)]
+    cycle()  # nothing new: the same decisions, all carried
+    assert state.carried == 6
+    state.enqueue(job(9, priority=5))  # ahead of every waiting job (no preemption here)
+    decisions = cycle()
+    assert state.carried == 0 and decisions[0].job_id == "j9"
+    state.enqueue(job(10))
+    cycle()
+    assert state.carried == 7
+    state.release(next(iter(state.placed)))  # capacity freed: the head is placed
+    decisions = state.cycle()
+    assert state.carried == 0 and isinstance(decisions[0], Placed)
+    # Not committed (the service could not store it): a cycle after an arrival must not
+    # carry on from one that counted that placement.
+    state.enqueue(job(11))
+    assert state.cycle() == state.reference_cycle()
+    assert state.carried == 0

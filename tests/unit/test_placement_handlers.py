@@ -306,3 +306,40 @@ async def test_a_deferred_cycle_that_fails_stays_due() -> None:
     assert h.deps.cycle_due
     await run_due_cycle(h.deps)
     assert [e.job_id for e in h.pub.of(JobPlaced)] == ["a"]
+
+
+async def test_arrivals_behind_a_full_node_are_handled_alone_and_shown_with_the_rest(
+    h: Harness,
+) -> None:
+    """A cycle whose only news is arrivals carries the last one on: only the new jobs'
+    verdicts are handled (each told once, at its place), the queue view shows them all;
+    a pass whose notices did not all go out is followed by one that handles every
+    verdict."""
+    carried: list[int] = []
+    real = h.deps.state.cycle
+
+    def spied(*args: object, **kwargs: object) -> object:
+        decisions = real(*args, **kwargs)  # type: ignore[arg-type]
+        carried.append(h.deps.state.carried)
+        return decisions
+
+    h.deps.state.cycle = spied  # type: ignore[method-assign]
+    for job_id in "abcde":
+        await h.accept(job_id)
+    assert carried[-2:] == [2, 3]  # d, then e, carried the cycle before on
+    told = [(e.job_id, e.position) for e in h.pub.of(JobQueued)]  # type: ignore[attr-defined]
+    assert told == [("b", 1), ("c", 2), ("d", 3), ("e", 4)]
+    view = [(r["job_id"], r["position"]) for r in queue_view(h.deps)]
+    assert view == [("b", 1), ("c", 2), ("d", 3), ("e", 4)]
+
+    h.pub.fail_next = 1  # f's notice does not go out
+    with pytest.raises(ConnectionError):
+        await h.accept("f")
+    await h.accept("f")  # redelivered
+    assert [(e.job_id, e.position) for e in h.pub.of(JobQueued, "f")] == [("f", 5)]  # type: ignore[attr-defined]
+    assert len(h.pub.of(JobQueued)) == 5
+
+    await h.finish("a")  # b is placed; the others move up
+    assert [e.job_id for e in h.pub.of(JobPlaced)] == ["a", "b"]
+    view = [(r["job_id"], r["position"]) for r in queue_view(h.deps)]
+    assert view == [("c", 1), ("d", 2), ("e", 3), ("f", 4)]

@@ -66,6 +66,17 @@ class SchedulerState:
     # What cycles need, kept up to date by the methods below (None: derive it at the next
     # use). queued and placed change only through them.
     _kept: _Kept | None = field(default=None, init=False, repr=False, compare=False)
+    # Counts every change but an arrival; the jobs that arrived since the last cycle; and
+    # what that cycle started from. A cycle whose only news is arrivals carries the last
+    # one on with them (_Cycle.extend) instead of walking the whole queue again.
+    _changes: int = field(default=0, init=False, repr=False, compare=False)
+    _arrived: list[QueuedJob] = field(default_factory=list, init=False, repr=False,
+                                      compare=False)  # fmt: skip
+    _last_inputs: tuple[object, ...] | None = field(default=None, init=False, repr=False,
+                                                    compare=False)  # fmt: skip
+    # How many decisions at the head of the last cycle's are the cycle before's,
+    # unchanged (all of them Waiting): 0 after a whole cycle.
+    carried: int = field(default=0, init=False, repr=False, compare=False)
 
     def snapshot(self) -> Snapshot:
         """Free capacity of every node, drained ones included."""
@@ -74,6 +85,10 @@ class SchedulerState:
     def enqueue(self, job: QueuedJob) -> None:
         old = self.queued.get(job.job_id)
         self.queued[job.job_id] = job
+        if old is None:
+            self._arrived.append(job)
+        else:
+            self._changes += 1
         if self._kept is not None:
             if old is not None:
                 self._kept.shapes(old.spec, -1)
@@ -81,13 +96,14 @@ class SchedulerState:
 
     def dequeue(self, job_id: str) -> QueuedJob | None:
         job = self.queued.pop(job_id, None)
+        self._changes += 1
         if job is not None and self._kept is not None:
             self._kept.shapes(job.spec, -1)
             self._kept.memo.forget(job_id)
         return job
 
     def commit(self, allocation: Allocation, placed_at: float | None = None) -> None:
-        self.dequeue(allocation.job_id)
+        self.dequeue(allocation.job_id)  # counts as a change
         # An elastic job's stored allocation may come with the spec as submitted.
         spec = sized_to(allocation.spec, allocation.tasks)
         if spec is not allocation.spec:
@@ -103,6 +119,7 @@ class SchedulerState:
             self._kept.place(allocation, placed_at)
 
     def release(self, job_id: str) -> Allocation | None:
+        self._changes += 1
         self.placed_at.pop(job_id, None)
         self.interrupting.pop(job_id, None)
         allocation = self.placed.pop(job_id, None)
@@ -112,6 +129,7 @@ class SchedulerState:
 
     def preempting(self, victim: str, by: str) -> None:
         """``victim`` is being preempted for queued job ``by``: counted once."""
+        self._changes += 1
         if self.interrupting.get(victim) != by:
             self.preemptions[victim] = self.preemptions.get(victim, 0) + 1
         self.interrupting[victim] = by
@@ -123,6 +141,15 @@ class SchedulerState:
         if now is None:
             now = max(self.placed_at.values(), default=0.0) + 1
         kept = self._up_to_date()
+        arrived, self._arrived = self._arrived, []
+        inputs = self._inputs(kept)
+        last = kept.memo.last
+        if last is not None and self._same_inputs(inputs):
+            decisions = last.extend(arrived, now)
+            if decisions is not None:
+                self.carried = last.carried
+                return decisions
+        self._last_inputs, self.carried = inputs, 0
         running: Mapping[str, Running] = kept.running
         preempting: dict[str, list[str]] = {}
         interrupted = [job_id for job_id in self.interrupting if job_id in running]
@@ -145,6 +172,23 @@ class SchedulerState:
             drained=self.drained, preemptions=self.preemptions, now=now, index=index,
             memo=kept.memo,
         )  # fmt: skip
+
+    def _inputs(self, kept: _Kept) -> tuple[object, ...]:
+        """What a cycle starts from besides the queue: the changes counted, then what
+        may be set from outside (the policy, the rules, drained nodes, preemptions and
+        interruptions restored by the service), then the kept snapshot and workload (the
+        same objects while they stay the same)."""
+        context = kept.context()
+        return (self._changes, self.scorer, self.rules, frozenset(self.drained),
+                dict(self.preemptions), dict(self.interrupting),
+                (context.max_cpu_milli, context.max_gpu_milli), kept.snapshot(),
+                context.workload)  # fmt: skip
+
+    def _same_inputs(self, inputs: tuple[object, ...]) -> bool:
+        last = self._last_inputs
+        return (last is not None and last[0] == inputs[0] and last[1] is inputs[1]
+                and last[2] is inputs[2] and last[3:7] == inputs[3:7]
+                and last[7] is inputs[7] and last[8] is inputs[8])  # fmt: skip
 
     def reference_cycle(self, now: float | None = None) -> list[Decision]:
         """``cycle`` with everything derived afresh from the placed and queued jobs, as
@@ -198,21 +242,25 @@ class SchedulerState:
         """A new node, after the others (ValueError if the name is taken)."""
         if any(node.name == spec.name for node in self.cluster.nodes):
             raise ValueError(f"name: node {spec.name} already exists")
+        self._changes += 1
         self.cluster = self.cluster.model_copy(update={"nodes": [*self.cluster.nodes, spec]})
 
     def drain_node(self, name: str) -> None:
         """Nothing new goes to the node; its jobs keep running (KeyError if unknown)."""
         self._node(name)
+        self._changes += 1
         self.drained.add(name)
 
     def undrain_node(self, name: str) -> None:
         self._node(name)
+        self._changes += 1
         self.drained.discard(name)
 
     def remove_node(self, name: str) -> list[str]:
         """The node leaves the cluster; returns the placed jobs with a task on it, which
         the caller interrupts (cause node_removed). Until they are released they keep
         what they hold on their other nodes; capacity on the removed node is gone."""
+        self._changes += 1
         self.cluster = self.cluster.model_copy(
             update={"nodes": [n for n in self.cluster.nodes if n.name != name]}
         )

@@ -83,6 +83,10 @@ class Deps:
     notices: dict[str, tuple[int, NoticeKey | None]] = field(default_factory=dict)
     # The last cycle's verdict on each waiting job, for the queue view.
     waiting: dict[str, Waiting] = field(default_factory=dict)
+    # Of those, the queue's (not the retries in backoff), and whether the last cycle's
+    # were all handled (then a cycle that carries them on handles only its new ones).
+    queue_waiting: dict[str, Waiting] = field(default_factory=dict)
+    waiting_handled: bool = False
     # Retried jobs whose backoff has not ended: (job, not_before), outside the queue.
     deferred: dict[str, tuple[QueuedJob, datetime]] = field(default_factory=dict)
     # The attempt of each placed job (its JobPlaced carries it).

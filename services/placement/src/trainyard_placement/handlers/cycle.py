@@ -3,6 +3,7 @@ why (only when that changes meaningfully), grow elastic jobs."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -91,17 +92,25 @@ async def _cycle(deps: Deps) -> None:
             deps.state.enqueue(job)
     decisions = deps.state.cycle(now=now.timestamp())
     # 3. Store each placement, then take it into memory, then announce it; the next
-    #    decisions already counted its capacity as used.
-    waiting: dict[str, Waiting] = {}
-    for decision in decisions:
+    #    decisions already counted its capacity as used. A cycle that carried the last
+    #    one on (only arrivals since) repeats its verdicts first: those were handled.
+    carried = deps.state.carried if deps.waiting_handled else 0
+    deps.waiting_handled = False
+    queued: dict[str, Waiting] = deps.queue_waiting if carried else {}
+    fresh: list[Waiting] = []
+    for decision in itertools.islice(decisions, carried, None):
         if isinstance(decision, Placed):
             await _commit_placement(deps, decision)
         elif isinstance(decision, Preempt):
             await _preempt(deps, decision)
         else:
-            waiting[decision.job_id] = decision
+            queued[decision.job_id] = decision
+            fresh.append(decision)
+    deps.queue_waiting = queued
+    waiting = dict(queued)
+    deferred: list[Waiting] = []
     for job_id, (job, not_before) in sorted(deps.deferred.items(), key=lambda d: d[1][1]):
-        waiting[job_id] = Waiting(
+        waiting[job_id] = retrying = Waiting(
             job_id,
             len(waiting) + 1,
             (
@@ -111,11 +120,13 @@ async def _cycle(deps: Deps) -> None:
             ),
             job.attempt,
         )
+        deferred.append(retrying)
     deps.waiting = waiting
     # 4. Explain the wait, only when the explanation changed.
-    for decision in waiting.values():
+    for decision in itertools.chain(fresh, deferred) if carried else waiting.values():
         if (notice := _notice_due(deps, decision)) is not None:
             await _notify_waiting(deps, decision, *notice)
+    deps.waiting_handled = True
     # 5. With nobody waiting, elastic jobs below their size grow into the free capacity.
     if not waiting:
         await _grow(deps, now.timestamp())
