@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,7 +37,7 @@ from trainyard_placement.domain.eligible import place_job
 from trainyard_placement.domain.gang import Plan
 from trainyard_placement.domain.gpu_share import Demand
 from trainyard_placement.domain.growth import _grown, _room, growth
-from trainyard_placement.domain.plugins import Fifo, LowestPriority
+from trainyard_placement.domain.plugins import Fifo, LeastWork, LowestPriority
 from trainyard_placement.domain.queue import CycleMemo, RunningIndex, _Cycle
 from trainyard_placement.domain.quota import Usage, usage_of, within
 from trainyard_placement.domain.scoring import typical_of_counts, typical_workload
@@ -446,4 +447,129 @@ def test_a_cycle_whose_only_news_is_arrivals_walks_only_them() -> None:
     # carry on from one that counted that placement.
     state.enqueue(job(11))
     assert state.cycle() == state.reference_cycle()
+    assert state.carried == 0
+
+
+def _one_cpu(priority: int = 3, replicas: int = 1, cpu: float = 1) -> JobSpec:
+    role = RoleSpec(name="w", replicas=replicas, command="true", resources=Resources(cpu=cpu))
+    return JobSpec(name="j", priority=priority, roles=[role])
+
+
+def _apply(state: SchedulerState, now: float | None = None) -> list[Decision]:
+    decisions = state.cycle(now)
+    for decision in decisions:
+        if isinstance(decision, Placed):
+            state.commit(decision.allocation, placed_at=now)
+    return decisions
+
+
+def _full_node(jobs: int) -> SchedulerState:
+    """One one-CPU node, ``jobs`` jobs: one placed, the rest waiting after a whole cycle."""
+    state = SchedulerState(ClusterSpec(nodes=[NodeSpec(name="n", cpu=1, memory_mb=4096)]),
+                           rules=Rules(victims=None))  # fmt: skip
+    for seq in range(1, jobs + 1):
+        state.enqueue(QueuedJob(f"j{seq}", _one_cpu(), seq))
+    _apply(state)
+    _apply(state)
+    return state
+
+
+@pytest.mark.parametrize("stop_first", [True, False])
+def test_a_cycle_cut_short_is_not_carried_on(
+    monkeypatch: pytest.MonkeyPatch, stop_first: bool
+) -> None:
+    """A cycle that raised (a whole one, or one carried on with arrivals) leaves no end to
+    carry on: the next cycle, with nothing else changed, decides as a whole one and
+    loses none of the arrivals."""
+    state = _full_node(5)
+    real = _Cycle._consider
+    raised: list[str] = []
+
+    def once(self: _Cycle, job: QueuedJob) -> None:
+        if job.job_id in ("j3", "j6") and not raised:
+            raised.append(job.job_id)
+            raise MemoryError("transient")
+        real(self, job)
+
+    monkeypatch.setattr(_Cycle, "_consider", once)
+    if stop_first:
+        state.dequeue("j5")  # news: the cycle is whole, and it raises at j3
+    else:
+        state.enqueue(QueuedJob("j6", _one_cpu(), 6))  # carried on, and it raises at j6
+        state.enqueue(QueuedJob("j7", _one_cpu(), 7))
+    with pytest.raises(MemoryError):
+        state.cycle(10.0)
+    assert raised == ["j3" if stop_first else "j6"]
+    assert state.cycle(11.0) == state.reference_cycle(11.0)
+    assert state.carried == 0
+
+
+def test_what_a_cycle_returned_does_not_grow_when_the_next_carries_it_on() -> None:
+    state = _full_node(4)
+    state.dequeue("j4")  # news: a whole cycle
+    first = state.cycle()
+    kept = list(first)
+    assert state.carried == 0
+    state.enqueue(QueuedJob("j4", _one_cpu(), 4))
+    assert len(state.cycle()) == len(kept) + 1 and state.carried == len(kept)
+    assert first == kept
+
+
+def test_news_that_is_no_arrival_makes_a_whole_cycle() -> None:
+    """A job queued again under its id (its priority raised), another policy, other
+    rules: each is news, though the workload and snapshot stay the same objects."""
+    state = _full_node(3)
+    state.enqueue(QueuedJob("j3", _one_cpu(priority=5), 3))
+    assert state.cycle() == state.reference_cycle() and state.carried == 0
+
+    nodes = [NodeSpec(name="n1", cpu=4, memory_mb=4096), NodeSpec(name="n2", cpu=2, memory_mb=4096)]
+    state = SchedulerState(ClusterSpec(nodes=nodes), scorer=scorer_named("first-fit"),
+                           rules=Rules(victims=None))  # fmt: skip
+    state.enqueue(QueuedJob("y", _one_cpu(), 0))
+    _apply(state)
+    _apply(state)
+    state.scorer = scorer_named("best-fit")
+    state.enqueue(QueuedJob("x", _one_cpu(), 1))
+    decisions = state.cycle()
+    assert decisions == state.reference_cycle() and state.carried == 0
+
+    state = SchedulerState(ClusterSpec(nodes=[NodeSpec(name="n", cpu=1, memory_mb=4096)]),
+                           rules=Rules(victims=None))  # fmt: skip
+    state.enqueue(QueuedJob("low", _one_cpu(priority=1, cpu=2), 1))
+    state.enqueue(QueuedJob("high", _one_cpu(priority=5, cpu=2), 2))
+    _apply(state)
+    _apply(state)
+    state.rules = Rules(victims=None, order=Fifo())
+    assert state.cycle() == state.reference_cycle() and state.carried == 0
+
+
+def _preempting_state() -> SchedulerState:
+    """Two low-priority jobs running on a 3-CPU node (a: one task from t=0, b: two from
+    t=8) and an empty queue after a whole cycle at t=10. Least work at t=10 is b (4 < 10),
+    at t=100 a (100 < 184)."""
+    cluster = ClusterSpec(nodes=[NodeSpec(name="n", cpu=3, memory_mb=4096)],
+                          queues=[QueueSpec(name="default", preemption=True)])  # fmt: skip
+    state = SchedulerState(cluster, rules=Rules(victims=LeastWork()))
+    state.enqueue(QueuedJob("a", _one_cpu(priority=1), 1))
+    _apply(state, 0.0)
+    state.enqueue(QueuedJob("b", _one_cpu(priority=1, replicas=2), 2))
+    _apply(state, 8.0)
+    _apply(state, 10.0)
+    state.enqueue(QueuedJob("h", _one_cpu(priority=5), 3))
+    return state
+
+
+def test_an_arrival_that_preempts_ranks_its_victims_at_the_cycles_time() -> None:
+    state = _preempting_state()
+    expected = state.reference_cycle(100.0)
+    assert state.cycle(100.0) == expected
+    assert [d.victims for d in expected if isinstance(d, Preempt)] == [("a",)]
+
+
+def test_a_preemption_not_stored_is_decided_again_at_the_new_time() -> None:
+    state = _preempting_state()
+    first = state.cycle(10.0)
+    assert [d.victims for d in first if isinstance(d, Preempt)] == [("b",)]
+    # The service could not store it (no preempting() follows): decided again at t=100.
+    assert state.cycle(100.0) == state.reference_cycle(100.0)
     assert state.carried == 0

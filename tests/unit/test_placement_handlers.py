@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import pytest
 
@@ -11,16 +12,20 @@ from trainyard_common.bus import Delivery
 from trainyard_common.cluster import ClusterSpec, NodeSpec
 from trainyard_common.events import (
     Event,
+    FailureClass,
     JobAccepted,
     JobFinished,
     JobPlaced,
     JobQueued,
+    JobRetrying,
     JobState,
     StopJob,
     derived_id,
 )
 from trainyard_common.jobspec import JobSpec, PortSpec, Resources, RoleSpec
 from trainyard_placement.adapters.store import MemoryJobStore
+from trainyard_placement.domain import QueuedJob
+from trainyard_placement.domain.queue import _Cycle
 from trainyard_placement.handlers import Deps, handle, load, queue_view, run_due_cycle, start
 
 CLUSTER = ClusterSpec(
@@ -343,3 +348,48 @@ async def test_arrivals_behind_a_full_node_are_handled_alone_and_shown_with_the_
     assert [e.job_id for e in h.pub.of(JobPlaced)] == ["a", "b"]
     view = [(r["job_id"], r["position"]) for r in queue_view(h.deps)]
     assert view == [("c", 1), ("d", 2), ("e", 3), ("f", 4)]
+
+
+async def test_an_arrival_whose_cycle_failed_is_placed_in_the_queue_when_redelivered(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for job_id in "abc":
+        await h.accept(job_id)  # a placed, b and c wait
+    real = _Cycle._consider
+    failed: list[str] = []
+
+    def once(self: _Cycle, job: QueuedJob) -> None:
+        if job.job_id == "d" and not failed:
+            failed.append(job.job_id)
+            raise MemoryError("transient")
+        real(self, job)
+
+    monkeypatch.setattr(_Cycle, "_consider", once)
+    with pytest.raises(MemoryError):
+        await h.accept("d")
+    await h.accept("d")  # redelivered: stored already, the cycle runs again
+    await h.accept("e")
+    assert failed == ["d"]
+    view = [(r["job_id"], r["position"]) for r in queue_view(h.deps)]
+    assert view == [("b", 1), ("c", 2), ("d", 3), ("e", 4)]
+    told = [(e.job_id, e.position) for e in h.pub.of(JobQueued)]  # type: ignore[attr-defined]
+    assert told == [("b", 1), ("c", 2), ("d", 3), ("e", 4)]
+
+
+async def test_a_retry_in_backoff_is_told_its_place_while_arrivals_carry_cycles_on(
+    h: Harness,
+) -> None:
+    """Retries in backoff are listed after the queue; when arrivals carry cycles on,
+    their place still moves and is told when it means something (from the tens)."""
+    await h.accept("a")
+    await h.send(JobRetrying(
+        event_id=derived_id("a", 1, "retry"), job_id="a", attempt=2, previous_attempt=1,
+        reason="attempt failed", failure_class=FailureClass.PLATFORM,
+        not_before=h.deps.clock() + timedelta(hours=1),
+    ))  # fmt: skip
+    await h.accept("z")  # placed: the node is full
+    for job_id in "bcdefghijk":
+        await h.accept(job_id)
+    assert h.deps.state.carried  # the arrivals carried cycles on
+    told = [(e.job_id, e.position) for e in h.pub.of(JobQueued, "a")]  # type: ignore[attr-defined]
+    assert told[-1] == ("a", 11), told

@@ -333,7 +333,7 @@ class _Cycle:
             self._consider(job)
         if jobs:
             self.last_job = jobs[-1]
-        return self.decisions
+        return list(self.decisions)  # extend goes on appending to its own
 
     def extend(self, arrived: Iterable[QueuedJob], now: float) -> list[Decision] | None:
         """This cycle's decisions as if ``arrived`` had been in its queue, where that is

@@ -144,12 +144,22 @@ class SchedulerState:
         arrived, self._arrived = self._arrived, []
         inputs = self._inputs(kept)
         last = kept.memo.last
-        if last is not None and self._same_inputs(inputs):
-            decisions = last.extend(arrived, now)
-            if decisions is not None:
-                self.carried = last.carried
-                return decisions
+        try:
+            if last is not None and self._same_inputs(inputs):
+                decisions = last.extend(arrived, now)
+                if decisions is not None:
+                    self.carried = last.carried
+                    return decisions
+            decisions = self._whole_cycle(kept, now)
+        except BaseException:
+            # A cycle cut short is no end to carry on (and the arrivals it took are
+            # still queued): the next one is whole.
+            kept.memo.last, self._last_inputs, self.carried = None, None, 0
+            raise
         self._last_inputs, self.carried = inputs, 0
+        return decisions
+
+    def _whole_cycle(self, kept: _Kept, now: float) -> list[Decision]:
         running: Mapping[str, Running] = kept.running
         preempting: dict[str, list[str]] = {}
         interrupted = [job_id for job_id in self.interrupting if job_id in running]
