@@ -145,13 +145,16 @@ async def test_ended_jobs_leave_no_entries_behind(h: Harness) -> None:
         job_id = f"done-{i:04}"
         await h.accept(job_id, spec(gpus=1))
         assert h.pub.of(JobPlaced, job_id)  # placed, so it had an attempt in memory
+        h.deps.state.preemptions[job_id] = 1  # as if it had been preempted once
         await h.finish(job_id)
     await h.accept("running", spec(gpus=1))
+    h.deps.state.preemptions["running"] = 2
     await h.accept("waiting", spec(gpus=2))
     assert set(h.deps.state.placed) == {"running"} and set(h.deps.state.queued) == {"waiting"}
-    for kept in (h.deps.attempts, h.deps.retries_used, h.deps.traces):
-        assert len(kept) <= 1000 + 2 * 2 + 1
-    assert h.deps.attempts["running"] == 1
+    kept = (h.deps.attempts, h.deps.retries_used, h.deps.traces, h.deps.state.preemptions)
+    for entries in kept:
+        assert len(entries) <= 1000 + 2 * 2 + 1
+    assert h.deps.attempts["running"] == 1 and h.deps.state.preemptions["running"] == 2
     assert h.deps.retries_used["running"] == 0 and h.deps.retries_used["waiting"] == 0
 
 

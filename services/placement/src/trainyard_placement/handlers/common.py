@@ -133,13 +133,15 @@ def note_trace(deps: Deps, job_id: str) -> None:
 
 
 def forget_ended(deps: Deps, keep: str | None = None) -> None:
-    """Drop the traces, attempts and retry counts of jobs no longer in memory (ended,
-    or paused: a resume reads them back from the store, as a restart does for every
-    job), once there are many more of them than jobs in memory: amortized, one pass per
-    so many ended jobs. Kept, they were an entry each per job in placement's history
-    (found by bench/pipeline.py --history)."""
+    """Drop the traces, attempts, retry and preemption counts of jobs no longer in
+    memory (ended, or paused: a resume reads them back from the store, as a restart
+    does for every job), once there are many more of them than jobs in memory:
+    amortized, one pass per so many ended jobs. Kept, they were an entry each per job
+    in placement's history (found by bench/pipeline.py --history); the preemption
+    counts are also compared by every cycle (SchedulerState._inputs)."""
     limit = 1000 + 2 * (len(deps.state.queued) + len(deps.state.placed) + len(deps.deferred))
-    if max(len(deps.traces), len(deps.attempts), len(deps.retries_used)) <= limit:
+    kept = (deps.traces, deps.attempts, deps.retries_used, deps.state.preemptions)
+    if max(len(entries) for entries in kept) <= limit:
         return
     active = deps.state.queued.keys() | deps.state.placed.keys() | deps.deferred.keys()
     if keep is not None:
@@ -147,6 +149,7 @@ def forget_ended(deps: Deps, keep: str | None = None) -> None:
     deps.traces = {j: t for j, t in deps.traces.items() if j in active}
     deps.attempts = {j: a for j, a in deps.attempts.items() if j in active}
     deps.retries_used = {j: r for j, r in deps.retries_used.items() if j in active}
+    deps.state.preemptions = {j: n for j, n in deps.state.preemptions.items() if j in active}
 
 
 async def publish(deps: Deps, event: Event) -> None:
