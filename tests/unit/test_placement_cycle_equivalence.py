@@ -117,6 +117,24 @@ rules = st.sampled_from([
 policies = st.sampled_from(["trainyard", "fgd", "first-fit", "best-fit", "random"])
 
 
+def plain_event(state: SchedulerState, op: str, arg: int) -> bool:
+    """A job ended or stopped, a node drained or undrained (``arg`` picks which): False
+    when ``op`` is none of those, or there is nothing to pick."""
+    placed, queued = sorted(state.placed), sorted(state.queued)
+    names = [n.name for n in state.cluster.nodes]
+    if op == "end" and placed:
+        state.release(placed[arg % len(placed)])
+    elif op == "stop" and queued:
+        state.dequeue(queued[arg % len(queued)])
+    elif op == "drain" and names:
+        state.drain_node(names[arg % len(names)])
+    elif op == "undrain" and names:
+        state.undrain_node(names[arg % len(names)])
+    else:
+        return False
+    return True
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes=cluster_nodes(), queues=queue_specs(QUEUES), plan=events, rule=rules, policy=policies)
 def test_every_cycle_decides_as_one_derived_afresh(
@@ -139,10 +157,8 @@ def test_every_cycle_decides_as_one_derived_afresh(
         if op == "submit":
             seq += 1
             state.enqueue(QueuedJob(f"job{seq}", arg, arrival_seq=seq))
-        elif op == "end" and placed:
-            state.release(placed[arg % len(placed)])
-        elif op == "stop" and queued:
-            state.dequeue(queued[arg % len(queued)])
+        elif plain_event(state, op, arg):
+            pass
         elif op == "retry" and placed:
             job_id = placed[arg % len(placed)]
             allocation = state.release(job_id)
@@ -167,15 +183,9 @@ def test_every_cycle_decides_as_one_derived_afresh(
             victim, by = deferred_victims.pop(arg % len(deferred_victims))
             if victim in state.placed:
                 state.preempting(victim, by)
-        elif op in ("drain", "undrain", "remove") and names:
-            name = names[arg % len(names)]
-            if op == "drain":
-                state.drain_node(name)
-            elif op == "undrain":
-                state.undrain_node(name)
-            else:
-                for job_id in state.remove_node(name):
-                    state.interrupting.setdefault(job_id, None)
+        elif op == "remove" and names:
+            for job_id in state.remove_node(names[arg % len(names)]):
+                state.interrupting.setdefault(job_id, None)
         elif op == "add" and spare:
             state.add_node(spare.pop())
 
@@ -368,8 +378,6 @@ def test_arrivals_alone_carry_the_last_cycle_on_as_a_whole_cycle_decides(
     previous: list[Decision] = []
     for op, arg in plan:
         now += 1.0
-        names = [n.name for n in state.cluster.nodes]
-        placed, queued = sorted(state.placed), sorted(state.queued)
         if op == "submit":
             for _ in range(arg):
                 seq += 1
@@ -378,14 +386,8 @@ def test_arrivals_alone_carry_the_last_cycle_on_as_a_whole_cycle_decides(
                     "queue": QUEUES[seq % 2] if spread else shape.queue,
                 })  # fmt: skip
                 state.enqueue(QueuedJob(f"job{seq}", spec, arrival_seq=seq))
-        elif op == "end" and placed:
-            state.release(placed[arg % len(placed)])
-        elif op == "stop" and queued:
-            state.dequeue(queued[arg % len(queued)])
-        elif op == "drain" and names:
-            state.drain_node(names[arg % len(names)])
-        elif op == "undrain" and names:
-            state.undrain_node(names[arg % len(names)])
+        else:
+            plain_event(state, op, arg)
         expected = state.reference_cycle(now)
         decisions = state.cycle(now)
         assert decisions == expected
