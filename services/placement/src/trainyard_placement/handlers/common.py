@@ -140,8 +140,9 @@ def forget_ended(deps: Deps, keep: str | None = None) -> None:
     in placement's history (found by bench/pipeline.py --history); the preemption
     counts are also compared by every cycle (SchedulerState._inputs)."""
     limit = 1000 + 2 * (len(deps.state.queued) + len(deps.state.placed) + len(deps.deferred))
-    kept = (deps.traces, deps.attempts, deps.retries_used, deps.state.preemptions)
-    if max(len(entries) for entries in kept) <= limit:
+    most = max(len(deps.traces), len(deps.attempts), len(deps.retries_used),
+               len(deps.state.preemptions))  # fmt: skip
+    if most <= limit:  # (every message comes here: no generator)
         return
     active = deps.state.queued.keys() | deps.state.placed.keys() | deps.deferred.keys()
     if keep is not None:
