@@ -9,6 +9,7 @@ import sqlite3
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,12 +17,13 @@ from prometheus_client import REGISTRY
 
 from trainyard_common.bus import Atomic, Bus, DeadLetters, Delivery, when_stored
 from trainyard_common.docstore import SqliteClient
-from trainyard_common.errors import PermanentError
+from trainyard_common.errors import BusUnavailable, PermanentError, TransientError
 from trainyard_common.events import Event, JobSubmitted, StopJob, decode
 from trainyard_common.jobspec import JobSpec, RoleSpec
 from trainyard_common.storage import Client, Collection, batch_writes, batching, insert_once
 from trainyard_common.subjects import STREAM, commands_of, events_of
 from trainyard_common.telemetry import setup_telemetry, tracer
+from trainyard_stack.components import NatsServer
 
 
 def submitted(job_id: str) -> JobSubmitted:
@@ -552,3 +554,20 @@ async def test_what_a_handler_leaves_for_after_the_store_runs_once_it_is_stored(
     else:
         assert handled == [("u0", 1), ("u1", 1), ("u2", 1), ("u1", 2)]
         assert ran == [("u0", 1), ("u2", 3), ("u1", 4)]
+
+
+async def test_a_publish_the_bus_did_not_store_is_bus_unavailable(tmp_path: Path) -> None:
+    """The server down (killed, restarting): a publish fails as the project's transient
+    BusUnavailable, which an HTTP route answers 503 and a consumer redelivers, not as
+    the client's own errors (which were a 500 at the door)."""
+    server = NatsServer(tmp_path / "nats").start()
+    bus = await Bus.connect(server.url, name="test-down")
+    try:
+        assert await bus.publish(submitted("up")) > 0
+        quick = Bus(bus.nc, bus.nc.jetstream(timeout=0.5))
+        server.stop()
+        with pytest.raises(BusUnavailable) as raised:
+            await quick.publish(submitted("down"))
+        assert isinstance(raised.value, TransientError)
+    finally:
+        await bus.nc.close()

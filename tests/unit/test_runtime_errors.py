@@ -1,11 +1,13 @@
 """A route with a typed body answers a 422 that names the problem to a body that is not
-even text, never a 500 (found by tests/security/test_fuzz.py)."""
+even text, never a 500 (found by tests/security/test_fuzz.py); a route that meets the
+bus down answers 503 with Retry-After, never a 500 (found by tests/e2e/test_crash.py)."""
 
 from __future__ import annotations
 
 import httpx
 from pydantic import BaseModel
 
+from trainyard_common.errors import BusUnavailable
 from trainyard_common.runtime import health_app
 
 
@@ -30,3 +32,18 @@ async def test_a_body_that_is_not_utf8_is_a_422_not_a_500() -> None:
         assert error["loc"][0] == "body" and error["input"] == "\ufffd"
         ok = await http.post("/v1/things/x/stop", json={"reason": "done"})
         assert ok.status_code == 200
+
+
+async def test_the_bus_unavailable_is_a_503_to_retry_not_a_500() -> None:
+    app = health_app("probe")
+
+    @app.post("/v1/jobs")
+    async def submit() -> dict[str, str]:
+        raise BusUnavailable("the bus did not store the message on events: nats: timeout")
+
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://probe") as http:
+        answer = await http.post("/v1/jobs", json={})
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["Retry-After"] == "1"
+    assert "bus is unavailable" in answer.json()["detail"]

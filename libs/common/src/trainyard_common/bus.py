@@ -34,7 +34,7 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -59,14 +59,16 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
+    NoStreamResponseError,
     NotFoundError,
+    ServiceUnavailableError,
 )
 from nats.js.kv import KeyValue
 from opentelemetry import trace
 from pydantic import ValidationError
 
 from .bus_access import inbox_prefix
-from .errors import PermanentError
+from .errors import BusUnavailable, PermanentError
 from .events import Event, decode, encode
 from .metrics import (
     BUS_BATCHES_SPLIT,
@@ -192,6 +194,27 @@ def decode_event(data: bytes, _subject: str, _headers: dict[str, str]) -> Event:
     return decode(data)
 
 
+# A publish's failures that say the server is not there now, not that the message is
+# wrong: no server, a connection closed, reconnecting or stale, no stream answering
+# (JetStream restarting), the ack's timeout, JetStream's own 503.
+_GONE = (
+    nats.errors.TimeoutError, TimeoutError, nats.errors.NoServersError,
+    nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError, nats.errors.NoRespondersError,
+    nats.errors.UnexpectedEOF, nats.errors.OutboundBufferLimitError,
+    NoStreamResponseError, ServiceUnavailableError,
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _unavailable(subject: str) -> Iterator[None]:
+    """A publish's failures of the bus (_GONE) as the project's BusUnavailable."""
+    try:
+        yield
+    except _GONE as exc:
+        raise BusUnavailable(f"the bus did not store the message on {subject}: {exc!r}") from exc
+
+
 def nak_delay(num_delivered: int) -> float:
     """Redelivery backoff: 0.2 s, 0.4 s, ... capped at 10 s."""
     return min(0.2 * 2 ** max(num_delivered - 1, 0), 10.0)
@@ -280,10 +303,11 @@ class Bus:
         )
 
     async def publish(self, event: Event) -> int:
-        """Publish and wait for JetStream's ack; returns the stream sequence."""
+        """Publish and wait for JetStream's ack; returns the stream sequence
+        (BusUnavailable when the bus did not store it)."""
         subject = subject_for(event)
         span = self._send_span(subject, event.event_id, event.job_id)
-        with trace.use_span(span, end_on_exit=True):
+        with trace.use_span(span, end_on_exit=True), _unavailable(subject):
             ack = await self.js.publish(subject, encode(event), headers=self._headers(event))
             return ack.seq
 
@@ -291,7 +315,7 @@ class Bus:
         """Publish bytes as they are (a submission, a replayed dead letter); ``headers``
         should carry a ``Nats-Msg-Id`` so a retried publish is stored once."""
         span = self._send_span(subject, headers.get("Nats-Msg-Id", ""), None)
-        with trace.use_span(span, end_on_exit=True):
+        with trace.use_span(span, end_on_exit=True), _unavailable(subject):
             ack = await self.js.publish(subject, data, headers=inject_headers(dict(headers)))
             return ack.seq
 

@@ -17,3 +17,9 @@ class PermanentError(TrainyardError):
 
 class TransientError(TrainyardError):
     """Retrying may help; the message is redelivered after a delay."""
+
+
+class BusUnavailable(TransientError):
+    """The bus did not store a message: it is down, restarting, or its ack did not come
+    in time (a retry with the same message id is stored once). A request that meets it
+    is answered 503 with Retry-After (runtime.health_app), never a 500."""

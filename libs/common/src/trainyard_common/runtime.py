@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import Settings
+from .errors import BusUnavailable
 from .metrics import HttpMetrics, exposition
 from .parsing import MAX_BODY, BodyError, parse_json
 from .telemetry import instrument_app, log_formatter
@@ -225,6 +226,17 @@ def health_app(service: str, title: str | None = None) -> FastAPI:
             exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")}
         )
         return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.exception_handler(BusUnavailable)
+    async def bus_unavailable(_request: Request, exc: BusUnavailable) -> JSONResponse:
+        # Down or restarting, or the ack was lost: the client sends it again (a job with
+        # the same idempotency key, an event with the same id, is stored once).
+        log.warning("answered 503: %s", exc)
+        return JSONResponse(
+            {"detail": "the event bus is unavailable; try again"},
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
