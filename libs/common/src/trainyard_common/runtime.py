@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.telemetry import TelemetryConfig
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import Settings
@@ -206,8 +207,19 @@ async def _refuse(send: Send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+NO_NATIVE_TELEMETRY: TelemetryConfig = {
+    "tracing": False, "metrics": False, "logs": False, "operation_spans": False,
+}  # fmt: skip
+
+
 def health_app(service: str, title: str | None = None) -> FastAPI:
-    app = FastAPI(title=title or f"trainyard-{service}")
+    # FastAPI's own telemetry (0.142 on) traces every request, with spans for its
+    # dependencies, endpoint and serialisation, whenever a tracer provider is set, and
+    # every service sets one, exporting or not (trace ids go into each job's history):
+    # two thirds of a plain request's CPU for spans that go nowhere. Server spans come
+    # from instrument_app, and only while spans leave the process; metrics from
+    # HttpMetrics.
+    app = FastAPI(title=title or f"trainyard-{service}", telemetry=NO_NATIVE_TELEMETRY)
     app.add_middleware(InputGuard)
     # Outermost: what InputGuard refuses is counted too.
     app.add_middleware(HttpMetrics)
