@@ -81,3 +81,43 @@ async def test_a_replica_that_is_gone_costs_no_request(gateway: httpx.AsyncClien
         assert answer.json()["replica"] == "a"
         assert json.loads(answer.json()["body"]) == {"n": i}
         assert answer.json()["headers"]["content-type"] == "application/json"
+
+
+async def test_a_sized_answer_goes_back_whole_and_one_of_unknown_length_streams() -> None:
+    async def sized(request: web.Request) -> web.Response:
+        return web.Response(
+            status=201, body=b'{"made": true}', headers={"X-Kept": "1"},
+            content_type="application/json",
+        )  # fmt: skip
+
+    async def chunked(request: web.Request) -> web.StreamResponse:
+        answer = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        answer.enable_chunked_encoding()
+        await answer.prepare(request)
+        for line in (b"one\n", b"two\n"):
+            await answer.write(line)
+        await answer.write_eof()
+        return answer
+
+    app = web.Application()
+    app.router.add_post("/v1/jobs", sized)
+    app.router.add_get("/v1/jobs/j/logs", chunked)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}"
+    transport = httpx.ASGITransport(app=create_app({"intake": (url,), "launcher": (url,)}))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://yard.test") as client:
+            made = await client.post("/v1/jobs", content=b"{}")
+            logs = await client.get("/v1/jobs/j/logs")
+    finally:
+        await runner.cleanup()
+    # Whole: its length said, status and headers as the service gave them.
+    assert made.status_code == 201 and made.json() == {"made": True}
+    assert made.headers["content-length"] == str(len(b'{"made": true}'))
+    assert made.headers["x-kept"] == "1" and made.headers["content-type"] == "application/json"
+    # Of unknown length (a followed log): relayed as it comes, no length made up.
+    assert logs.status_code == 200 and logs.text == "one\ntwo\n"
+    assert "content-length" not in logs.headers
