@@ -190,6 +190,8 @@ async def relay(answer: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
 # Answers up to this size with a Content-Length are read whole and sent on in one piece;
 # larger ones, and those of unknown length (a followed log), stream as they come.
 WHOLE_ANSWER_BYTES = 1 << 20
+
+
 def unavailable(service: str, exc: BaseException) -> JSONResponse:
     return JSONResponse({"detail": f"{service} service unavailable: {exc!r}"}, 503)
 
