@@ -2,8 +2,7 @@
 job through every service, and log lines that carry their job and trace.
 
 A tracer provider is always installed (spans get real ids that travel in message
-headers, and each event's trace id is kept in the job's history; not exporting, they
-are sampled out and record nothing). Exporting follows the
+headers, and each event's trace id is kept in the job's history). Exporting follows the
 standard variables: ``OTEL_TRACES_EXPORTER`` = ``otlp`` (to ``OTEL_EXPORTER_OTLP_ENDPOINT``
 or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, OTLP over HTTP), ``console`` or ``none`` (the
 default; ``YARD_OTEL_EXPORTER`` is read when it is unset), ``OTEL_SERVICE_NAME`` (default
@@ -28,7 +27,6 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 _configured = False
 _exporting = False
@@ -54,8 +52,9 @@ def setup_telemetry(service: str, exporter: str | None = None) -> None:
     if _configured:
         return
     _configured = True
+    name = os.environ.get("OTEL_SERVICE_NAME") or f"trainyard-{service}"
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
     exporter = (exporter or exporter_name()).lower()
-    provider = tracer_provider(service, exporter)
     if exporter == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif exporter == "otlp":
@@ -66,18 +65,6 @@ def setup_telemetry(service: str, exporter: str | None = None) -> None:
     _exporting = exporter != "none"
     if _exporting:
         _instrument_clients()
-
-
-def tracer_provider(service: str, exporter: str) -> TracerProvider:
-    """The provider for ``exporter``. Not exporting, spans are sampled out: they still
-    get ids (the trace travels in headers and goes into the history) but record
-    nothing, which costs a third of a recorded span (a few per message, in every
-    service); exporting, ``OTEL_TRACES_SAMPLER`` decides as usual."""
-    name = os.environ.get("OTEL_SERVICE_NAME") or f"trainyard-{service}"
-    return TracerProvider(
-        resource=Resource.create({"service.name": name}),
-        sampler=ALWAYS_OFF if exporter == "none" else None,
-    )
 
 
 def exporting() -> bool:
