@@ -84,14 +84,40 @@ def _instrument_clients() -> None:
 
 def instrument_app(app: Any) -> None:
     """Server spans for a FastAPI app's requests (health checks and scrapes left out),
-    continuing the caller's trace from its ``traceparent``; only while exporting."""
+    continuing the caller's trace from its ``traceparent``, while exporting; otherwise
+    no span, but the caller's trace is still made current (``CallerTrace``)."""
     if not _exporting:
+        app.add_middleware(CallerTrace)
         return
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
     FastAPIInstrumentor.instrument_app(
         app, excluded_urls="healthz,metrics", exclude_spans=["receive", "send"]
     )
+
+
+class CallerTrace:
+    """ASGI middleware: a request's ``traceparent`` (and ``tracestate``) made the current
+    context while it is handled, so what it publishes (the submitted job's events, their
+    history) stays in the caller's trace when no server span does that (not exporting)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        carrier = {}
+        if scope["type"] == "http":
+            for name, value in scope.get("headers") or ():
+                if name in (b"traceparent", b"tracestate"):
+                    carrier[name.decode()] = value.decode("latin-1")
+        if "traceparent" not in carrier:
+            await self.app(scope, receive, send)
+            return
+        token = context.attach(extract_context(carrier))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            context.detach(token)
 
 
 def tracer(name: str = "trainyard") -> trace.Tracer:
