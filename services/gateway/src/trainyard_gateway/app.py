@@ -1,5 +1,6 @@
 """The gateway: one base URL in front of the separate services. It forwards requests
-as they are (authentication stays with each service) and streams answers back, so a
+as they are (authentication stays with each service) and sends the answers back: whole
+where the service said their length (up to 1 MiB), else streamed as they come, so a
 followed log flows through it live."""
 
 from __future__ import annotations

@@ -268,7 +268,8 @@ def create_app(
         return {"items": await views.history(job_id)}
 
     # The dialects' routes after Trainyard's own, as in intake's app: matched in order,
-    # the dialects' are many, and no path is served by both (tests/unit/test_route_order.py).
+    # the dialects' are many, and every request is answered by the same route either way
+    # (tests/unit/test_route_order.py).
     for make_router in ROUTERS:
         app.include_router(make_router(context))
     if dead_letters is not None:
