@@ -105,7 +105,7 @@ class CallerTrace:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        carrier = {}
+        carrier: dict[str, str] = {}
         if scope["type"] == "http":
             for name, value in scope.get("headers") or ():
                 if name in (b"traceparent", b"tracestate"):
