@@ -1,0 +1,89 @@
+"""The bounded JSON parser's checks, found on the text without a step of Python per
+character: nesting against a plain scan of every character (the form it had), and lone
+surrogates looked for only where a \\u escape could make one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainyard_common.parsing import BodyError, json_depth, parse_json
+
+
+def scanned_depth(text: str, max_depth: int) -> int | None:
+    """Where a scan of every character finds the nesting too deep (None: it does not)."""
+    depth, in_string, escaped = 0, False, False
+    for position, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > max_depth:
+                return position
+        elif char in "]}":
+            depth -= 1
+    return None
+
+
+def refused_at(text: str, max_depth: int) -> int | None:
+    try:
+        json_depth(text, max_depth)
+    except BodyError as exc:
+        return int(str(exc).rsplit("character ", 1)[1].rstrip(")"))
+    return None
+
+
+# Texts of what matters to the scan (quotes, escapes, brackets, newlines) and filler.
+TEXTS = st.text(alphabet=st.sampled_from('"\\[]{}\n ax:,'), max_size=200)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(TEXTS, st.integers(min_value=0, max_value=6))
+def test_nesting_is_refused_where_a_scan_of_every_character_refuses_it(
+    text: str, max_depth: int
+) -> None:
+    assert refused_at(text, max_depth) == scanned_depth(text, max_depth)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(), inner, max_size=4), max_leaves=30),
+       st.integers(min_value=1, max_value=8))  # fmt: skip
+def test_real_json_is_refused_exactly_when_nested_too_deep(value: object, max_depth: int) -> None:
+    text = json.dumps(value)
+    assert refused_at(text, max_depth) == scanned_depth(text, max_depth)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "\\ud800"}',  # a lone high surrogate
+        '{"\\uDC00": 1}',  # a lone low one, as a key
+        '["ok", {"deep": ["\\udbff"]}]',
+    ],
+)
+def test_a_lone_surrogate_escape_is_refused(text: str) -> None:
+    with pytest.raises(BodyError, match="lone surrogate"):
+        parse_json(text)
+
+
+def test_a_surrogate_pair_and_an_escaped_backslash_are_accepted() -> None:
+    assert parse_json('{"smile": "\\ud83d\\ude00"}') == {"smile": "\U0001f600"}
+    assert parse_json('{"path": "C:\\\\ud800"}') == {"path": "C:\\ud800"}
+
+
+def test_numbers_out_of_range_are_still_refused() -> None:
+    for text in ('{"a": 1e999}', '{"a": NaN}', '{"a": -Infinity}'):
+        with pytest.raises(BodyError):
+            parse_json(text)
