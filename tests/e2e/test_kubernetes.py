@@ -2,7 +2,8 @@
 every dialect's job runs as pods to SUCCEEDED; the pods carry the node placement chose,
 the limits, the environment and the DNS names (read back); a failing task retries as a
 new attempt with new pods; pause deletes the pods and resume makes them again; stop
-leaves no pod and no Service; a lone task gets no Service and no owner; a SIGKILLed
+leaves no pod and no Service; a lone task gets no Service and no owner, and its end
+deletes none; a SIGKILLed
 launcher adopts its pods (one per task); a node deleted mid-run fails its tasks as lost
 with their node."""
 
@@ -234,6 +235,49 @@ def test_a_lone_task_gets_no_service_nor_owner_and_meets_itself_at_its_hostname(
     api.stop(job_id)
     assert api.wait(job_id)["state"] == "STOPPED"
     wait_for(lambda: not pods(kube_cluster, job_id), what="the job's pod gone")
+
+
+def deletes(kube: KubeCluster, resource: str) -> float:
+    """DELETE requests for ``resource`` the API server has answered, any code (its own
+    metrics: what the launcher asked of it, needless 404s included)."""
+    with kube.client() as http:
+        text = http.get("/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("apiserver_request_total{")
+        and f'resource="{resource}"' in line and 'verb="DELETE"' in line
+    )  # fmt: skip
+
+
+def pytorchjob(*, lone: bool, run: str) -> dict:
+    payload = renamed(load("kubeflow/pytorchjob-simple.yaml"), "metadata")
+    if lone:
+        del payload["spec"]["pytorchReplicaSpecs"]["Worker"]
+    for role in payload["spec"]["pytorchReplicaSpecs"].values():
+        role["template"].setdefault("metadata", {})["annotations"] = {RUN_DURATION: run}
+    return payload
+
+
+def test_a_lone_jobs_end_deletes_nothing_it_never_had(api: Api, kube_cluster: KubeCluster) -> None:
+    before = deletes(kube_cluster, "services"), deletes(kube_cluster, "configmaps")
+    finished = api.submit(pytorchjob(lone=True, run=SHORT))
+    assert api.wait(finished)["state"] == "SUCCEEDED"
+    stopped = api.submit(pytorchjob(lone=True, run="60s"))
+    running(api, stopped)
+    api.stop(stopped)
+    assert api.wait(stopped)["state"] == "STOPPED"
+    wait_for(lambda: not pods(kube_cluster, stopped), what="the lone job's pod gone")
+    # A job with a Service and an owner has both deleted when stopped: the counts move.
+    gang = api.submit(pytorchjob(lone=False, run="60s"))
+    running(api, gang)
+    api.stop(gang)
+    assert api.wait(gang)["state"] == "STOPPED"
+    wait_for(lambda: not services(kube_cluster, gang), what="the gang's Service gone")
+    # One of each, the gang's: a lone job's end asked for no Service and no owner (each
+    # was a 404 before).
+    after = deletes(kube_cluster, "services"), deletes(kube_cluster, "configmaps")
+    assert after == (before[0] + 1, before[1] + 1)
 
 
 def test_a_failing_task_retries_as_a_new_attempt_with_new_pods(
