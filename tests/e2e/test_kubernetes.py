@@ -3,9 +3,8 @@ every dialect's job runs as pods to SUCCEEDED; the pods carry the node placement
 the limits, the environment and the DNS names (read back); a failing task retries as a
 new attempt with new pods; pause deletes the pods and resume makes them again; stop
 leaves no pod and no Service; a lone task gets no Service and no owner, and its end
-deletes none; a SIGKILLed
-launcher adopts its pods (one per task); a node deleted mid-run fails its tasks as lost
-with their node."""
+deletes none; a SIGKILLed launcher adopts its pods (one per task); a node deleted
+mid-run fails its tasks as lost with their node."""
 
 from __future__ import annotations
 
