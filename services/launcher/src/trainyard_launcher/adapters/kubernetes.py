@@ -472,7 +472,13 @@ class KubernetesBackend:
 
     async def close_attempt(self, attempt: AttemptSpec, end: AttemptEnd) -> None:
         namespace = self.namespace_of(attempt.job_id, attempt.spec.namespace)
-        self._owner_uids.pop((attempt.job_id, attempt.attempt), None)
+        # Opened by this launcher: it knows what it made (no Service for a lone task, no
+        # owner without a hostfile or several pods), and deletes only that; an attempt
+        # it adopted may have either, from a launcher before it, and is cleared of both.
+        key = (attempt.job_id, attempt.attempt)
+        opened_here = key in self._owner_uids
+        owner_made = self._owner_uids.pop(key, None) is not None or not opened_here
+        service_made = needs_service(attempt.spec) or not opened_here
         known = self._job_namespace.get(attempt.job_id)
         if known is not None and known[0] == attempt.attempt:
             del self._job_namespace[attempt.job_id]  # the next attempt's open sets it
@@ -483,11 +489,12 @@ class KubernetesBackend:
             del self._node_of_lost[ref]
         if end in (AttemptEnd.STOPPED, AttemptEnd.INTERRUPTED):
             # Its owner goes, and every pod and the hostfile and keys with it.
-            await self._delete(
-                self.core.delete_namespaced_config_map,
-                owner_name(attempt.job_id, attempt.attempt),
-                namespace,
-            )
+            if owner_made:
+                await self._delete(
+                    self.core.delete_namespaced_config_map,
+                    owner_name(attempt.job_id, attempt.attempt),
+                    namespace,
+                )
             for task in attempt.tasks if is_lone(attempt.spec) else ():
                 # A lone task's pod has no owner: it goes itself.
                 await self._delete(
@@ -495,9 +502,8 @@ class KubernetesBackend:
                     pod_name(attempt.job_id, attempt.attempt, task.role, task.index),
                     namespace,
                 )
-        # A lone job has no Service; the delete (a 404 then) stays for a job opened by
-        # a launcher from before that.
-        if end in (AttemptEnd.STOPPED, AttemptEnd.FINISHED):
+        # A lone job has no Service: one request per job less for the API server.
+        if end in (AttemptEnd.STOPPED, AttemptEnd.FINISHED) and service_made:
             await self._delete(
                 self.core.delete_namespaced_service, service_name(attempt.job_id), namespace
             )
