@@ -72,9 +72,13 @@ async def test_not_exporting_a_request_still_continues_its_callers_trace() -> No
         return {"trace_id": format(context.trace_id, "032x") if context.is_valid else ""}
 
     caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    other = "00-11111111111111111111111111111111-2222222222222222-01"
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://probe") as client:
         continued = (await client.get("/trace", headers={"traceparent": caller})).json()
         alone = (await client.get("/trace")).json()  # nothing left over from the one before
-    assert continued == {"trace_id": "0af7651916cd43dd8448eb211c80319c"}
+        # Two traceparent headers: the first, as OpenTelemetry's own instrumentation reads.
+        twice = [("traceparent", caller), ("traceparent", other)]
+        first = (await client.get("/trace", headers=twice)).json()
+    assert continued == first == {"trace_id": "0af7651916cd43dd8448eb211c80319c"}
     assert alone == {"trace_id": ""}

@@ -12,7 +12,13 @@ from trainyard_common.jobspec import JobSpec, RoleSpec
 from trainyard_launcher.adapters.backend import AttemptEnd, AttemptSpec, TaskHandle, TaskRef
 from trainyard_launcher.adapters.kubernetes import KubernetesBackend, KubeSettings
 from trainyard_launcher.domain.failure import EndKind
-from trainyard_launcher.domain.pods import PodSettings, pod_manifest
+from trainyard_launcher.domain.pods import (
+    PodSettings,
+    owner_name,
+    pod_manifest,
+    pod_name,
+    service_name,
+)
 
 JOB = "0123456789abcdef0123456789abcdef"
 
@@ -70,7 +76,8 @@ async def test_a_create_answer_fills_in_what_the_watch_has_not_seen() -> None:
 
 def offline(monkeypatch) -> tuple[KubernetesBackend, list[tuple[str, str]], AttemptSpec]:
     """A backend that calls no API (its deletes recorded: name, namespace) and the open
-    first attempt of a one-task job in namespace "ns", as open_attempt leaves it."""
+    first attempt of a one-task job in namespace "ns", its namespace known but not what
+    was made for it (as for an attempt adopted from a launcher before this one)."""
     backend = KubernetesBackend(KubeSettings(namespace="yard", allowed_namespaces=frozenset({"*"})))
     deleted: list[tuple[str, str]] = []
 
@@ -111,6 +118,34 @@ async def test_a_closed_attempt_forgets_its_namespace_and_its_kept_pod_is_still_
     await backend.close_attempt(second, AttemptEnd.FINISHED)
     await backend.close_attempt(second, AttemptEnd.FINISHED)
     assert backend._job_namespace == {}
+
+
+async def test_an_attempt_opened_here_deletes_only_what_it_made(monkeypatch) -> None:
+    """A lone task's attempt has no Service and no owner: its end asks for no delete of
+    either (each was a 404 for every such job); a gang's has both; an adopted attempt,
+    which a launcher before this one may have given both, is cleared of both."""
+    backend, deleted, lone = offline(monkeypatch)
+    key = (JOB, 1)
+    backend._owner_uids[key] = None  # as open_attempt leaves a lone task's
+    await backend.close_attempt(lone, AttemptEnd.FINISHED)
+    assert deleted == []
+    backend._owner_uids[key] = None
+    await backend.close_attempt(lone, AttemptEnd.STOPPED)
+    assert deleted == [(pod_name(JOB, 1, "w", 0), "ns")]  # its pod, itself
+    deleted.clear()
+    await backend.close_attempt(lone, AttemptEnd.STOPPED)  # adopted: nothing known
+    assert sorted(deleted) == sorted([(owner_name(JOB, 1), "ns"), (pod_name(JOB, 1, "w", 0), "ns"),
+                                      (service_name(JOB), "ns")])  # fmt: skip
+    gang_spec = JobSpec(name="j", image="img", namespace="ns",
+                        roles=[RoleSpec(name="w", command="true", replicas=2)])  # fmt: skip
+    tasks = tuple(TaskPlacement(role="w", index=i, node="n", host_ip="x") for i in range(2))
+    gang = AttemptSpec(JOB, 1, gang_spec, tasks)
+    for end, made in ((AttemptEnd.FINISHED, [service_name(JOB)]),
+                      (AttemptEnd.STOPPED, [owner_name(JOB, 1), service_name(JOB)])):  # fmt: skip
+        deleted.clear()
+        backend._owner_uids[key] = "owner-uid"  # as open_attempt leaves a gang's
+        await backend.close_attempt(gang, end)
+        assert sorted(name for name, _ in deleted) == sorted(made), end
 
 
 async def test_a_lost_nodes_task_is_known_while_its_attempt_is_open_or_its_pod_cached(

@@ -60,10 +60,12 @@ def _no_surrogates(text: str, where: str) -> None:
         ) from None
 
 
-# What nesting depends on: a string (skipped whole, escapes and all; one left open runs
-# to the end) or a bracket. Everything else is passed over by the regex engine, so a
-# body costs a step of Python per string and bracket, not per character.
-_DEPTH_TOKENS = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)|[\[\]{}]', re.DOTALL)
+# JSON strings, escapes and all (one left open runs to the end), and what is left of a
+# text without them that is not a bracket: both removed by the regex engine, so what
+# Python steps over is the brackets outside strings, not every character.
+_STRINGS = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]++")
+_DEPTH_TOKENS = re.compile(f"{_STRINGS.pattern}|[\\[\\]{{}}]", re.DOTALL)
 # A \u escape of a UTF-16 surrogate: the one way a lone surrogate gets into parsed JSON
 # (the text itself is strict UTF-8, checked first).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
@@ -74,19 +76,31 @@ def json_depth(text: str, max_depth: int) -> None:
     if text.count("[") + text.count("{") <= max_depth:
         return  # not that many brackets at all, in strings or out
     depth = 0
-    for token in _DEPTH_TOKENS.finditer(text):
-        position = token.start()
-        char = text[position]
-        if char == '"':
-            continue
+    for char in _NOT_BRACKETS.sub("", _STRINGS.sub("", text)):
         if char in "[{":
             depth += 1
             if depth > max_depth:
                 raise BodyError(
-                    f"JSON nested deeper than {max_depth} levels (at character {position})"
+                    f"JSON nested deeper than {max_depth} levels "
+                    f"(at character {_too_deep_at(text, max_depth)})"
                 )
         else:
             depth -= 1
+
+
+def _too_deep_at(text: str, max_depth: int) -> int:
+    """Where in ``text`` the nesting first goes past ``max_depth`` (it does)."""
+    depth = 0
+    for token in _DEPTH_TOKENS.finditer(text):
+        position = token.start()
+        char = text[position]
+        if char in "[{":
+            depth += 1
+            if depth > max_depth:
+                return position
+        elif char != '"':
+            depth -= 1
+    raise AssertionError("json_depth found it deeper")
 
 
 def _constant(name: str) -> Any:

@@ -106,10 +106,17 @@ class CallerTrace:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         carrier: dict[str, str] = {}
+        states: list[str] = []
         if scope["type"] == "http":
+            # As OpenTelemetry's ASGI getter reads them: the first traceparent, and
+            # every tracestate header joined.
             for name, value in scope.get("headers") or ():
-                if name in (b"traceparent", b"tracestate"):
-                    carrier[name.decode()] = value.decode("latin-1")
+                if name == b"traceparent":
+                    carrier.setdefault("traceparent", value.decode("latin-1"))
+                elif name == b"tracestate":
+                    states.append(value.decode("latin-1"))
+        if states:
+            carrier["tracestate"] = ",".join(states)
         if "traceparent" not in carrier:
             await self.app(scope, receive, send)
             return
