@@ -85,10 +85,13 @@ async def test_a_replica_that_is_gone_costs_no_request(gateway: httpx.AsyncClien
 
 async def test_a_sized_answer_goes_back_whole_and_one_of_unknown_length_streams() -> None:
     async def sized(request: web.Request) -> web.Response:
-        return web.Response(
+        answer = web.Response(
             status=201, body=b'{"made": true}', headers={"X-Kept": "1"},
             content_type="application/json",
         )  # fmt: skip
+        answer.headers.add("Set-Cookie", "a=1")
+        answer.headers.add("Set-Cookie", "b=2")
+        return answer
 
     async def chunked(request: web.Request) -> web.StreamResponse:
         answer = web.StreamResponse(headers={"Content-Type": "text/plain"})
@@ -118,6 +121,8 @@ async def test_a_sized_answer_goes_back_whole_and_one_of_unknown_length_streams(
     assert made.status_code == 201 and made.json() == {"made": True}
     assert made.headers["content-length"] == str(len(b'{"made": true}'))
     assert made.headers["x-kept"] == "1" and made.headers["content-type"] == "application/json"
+    assert made.headers.get_list("set-cookie") == ["a=1", "b=2"]  # repeated headers kept
+    assert made.headers.get_list("content-length") == [str(len(b'{"made": true}'))]
     # Of unknown length (a followed log): relayed as it comes, no length made up.
     assert logs.status_code == 200 and logs.text == "one\ntwo\n"
     assert "content-length" not in logs.headers

@@ -131,20 +131,29 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
                 return unavailable(service, exc)
             except (aiohttp.ClientError, ValueError) as exc:
                 return unavailable(service, exc)
-        out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP}
         length = answer.content_length
+        response: Response
         if length is None or length > WHOLE_ANSWER_BYTES:
-            return StreamingResponse(relay(answer), status_code=answer.status, headers=out_headers)
-        # An answer of a known, small size goes back whole: streamed, each one cost a task
-        # group and a disconnect listener (the gateway's CPU in the held bench fell by a
-        # fifth without them, bench/README.md).
-        try:
-            whole = await answer.read()
-        except (aiohttp.ClientError, ValueError) as exc:
-            answer.close()
-            return unavailable(service, exc)
-        answer.release()
-        return Response(whole, status_code=answer.status, headers=out_headers)
+            response = StreamingResponse(relay(answer), status_code=answer.status)
+        else:
+            # An answer of a known, small size goes back whole: streamed, each one cost a
+            # task group and a disconnect listener (the gateway's CPU in the held bench
+            # fell by a fifth without them, bench/README.md).
+            try:
+                whole = await answer.read()
+            except (aiohttp.ClientError, ValueError) as exc:
+                answer.close()
+                return unavailable(service, exc)
+            answer.release()
+            response = Response(whole, status_code=answer.status)
+        # The service's headers as it sent them, repeated ones too (two Set-Cookie stay
+        # two); the length, where there is one, is the response's own.
+        response.raw_headers.extend(
+            (name.lower(), value)
+            for name, value in answer.raw_headers
+            if name.decode("latin-1").lower() not in HOP_BY_HOP
+        )
+        return response
 
     return app
 
