@@ -4,6 +4,7 @@ replica that is gone costs no request."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -11,7 +12,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from trainyard_gateway.app import HOP_BY_HOP, create_app
+from trainyard_gateway.app import HOP_BY_HOP, WHOLE_ANSWER_BYTES, create_app
 from trainyard_stack.components import free_port
 
 
@@ -126,3 +127,43 @@ async def test_a_sized_answer_goes_back_whole_and_one_of_unknown_length_streams(
     # Of unknown length (a followed log): relayed as it comes, no length made up.
     assert logs.status_code == 200 and logs.text == "one\ntwo\n"
     assert "content-length" not in logs.headers
+
+
+async def test_a_large_answer_streams_and_one_cut_short_is_a_503() -> None:
+    big = b"x" * (WHOLE_ANSWER_BYTES + 1)
+
+    async def large(request: web.Request) -> web.Response:
+        return web.Response(body=big, content_type="application/octet-stream")
+
+    app = web.Application()
+    app.router.add_get("/v1/jobs", large)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+
+    async def cut_short(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the request's head (a GET: no body)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhello")
+        await writer.drain()
+        writer.close()  # 5 bytes of the 100 it said
+
+    server = await asyncio.start_server(cut_short, "127.0.0.1", 0)
+    cut_port = server.sockets[0].getsockname()[1]
+    backends = {
+        "status": (f"http://127.0.0.1:{port}",),
+        "launcher": (f"http://127.0.0.1:{cut_port}",),
+    }
+    transport = httpx.ASGITransport(app=create_app(backends))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://yard.test") as client:
+            streamed = await client.get("/v1/jobs")
+            broken = await client.get("/v1/jobs/j/logs")
+    finally:
+        await runner.cleanup()
+        server.close()
+    # Over the size read whole: streamed as it comes, so no length of the gateway's own.
+    assert streamed.status_code == 200 and streamed.content == big
+    assert "content-length" not in streamed.headers
+    # An answer shorter than its length said is the service's failure, not a short 200.
+    assert broken.status_code == 503 and "launcher service unavailable" in broken.text
