@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +24,10 @@ from trainyard_placement.domain.scoring import (
     MAX_SPEC_CPU_MILLI,
     MAX_SPEC_GPU_MILLI,
     ClusterContext,
-    typical_workload,
+    typical_of_counts,
+    workload_by_gpus,
 )
+from trainyard_placement.domain.state import capacity_milli
 
 DATA_DIR = Path(os.environ.get("YARD_OPENB_DIR", "/work/shared/data/openb"))
 DEFAULT_NODES = DATA_DIR / "openb_node_list_all_node.csv"
@@ -124,8 +127,10 @@ def context_for(cluster: ClusterSpec, specs: Sequence[JobSpec]) -> ClusterContex
     """The target workload of the fragmentation-aware policies: the shapes of ``specs``
     (the pod list, as placement_quality.py takes it), and the normalisation spec as
     SchedulerState.context computes it."""
+    counts = Counter(demands(specs))
     return ClusterContext(
-        workload=typical_workload(demands(specs)),
+        workload=typical_of_counts(counts),
+        workload_by_gpus=workload_by_gpus(counts, *capacity_milli(cluster.nodes)),
         max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in cluster.nodes)]),
         max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in cluster.nodes)]),
     )

@@ -31,6 +31,7 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,8 @@ from trainyard_placement.domain.scoring import (
     Scorer,
     Typical,
     fragmentation,
-    typical_workload,
+    typical_of_counts,
+    workload_by_gpus,
 )
 
 DATA_DIR = Path(os.environ.get("YARD_OPENB_DIR", "/work/shared/data/openb"))
@@ -523,8 +525,11 @@ def rate_at(alloc: dict[int, float], percent: int) -> float | None:
 
 
 def context_for(nodes: Sequence[NodeState], pods: Sequence[Pod], seed: int) -> ClusterContext:
+    counts = Counter(p.demand for p in pods)
+    capacity = (sum(n.cpu_capacity for n in nodes), sum(len(n.gpu_free) for n in nodes) * MILLI)
     return ClusterContext(
-        workload=typical_workload(p.demand for p in pods),
+        workload=typical_of_counts(counts),
+        workload_by_gpus=workload_by_gpus(counts, *capacity),
         max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(n.cpu_capacity for n in nodes)]),
         max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(len(n.gpu_free) * MILLI for n in nodes)]),
         rng=random.Random(seed),

@@ -40,8 +40,14 @@ from trainyard_placement.domain.growth import _grown, _room, growth
 from trainyard_placement.domain.plugins import Fifo, LeastWork, LowestPriority
 from trainyard_placement.domain.queue import CycleMemo, RunningIndex, _Cycle
 from trainyard_placement.domain.quota import Usage, usage_of, within
-from trainyard_placement.domain.scoring import typical_of_counts, typical_workload
+from trainyard_placement.domain.scoring import (
+    TYPICAL_COVERAGE,
+    typical_of_counts,
+    typical_workload,
+    workload_by_gpus,
+)
 from trainyard_placement.domain.sizes import at_step, is_elastic, last_step
+from trainyard_placement.domain.state import capacity_milli
 
 from .placement_cases import queue_specs
 
@@ -216,6 +222,9 @@ def assert_kept_equals_fresh(state: SchedulerState) -> None:
     groups = {key: list(names) for key, names in state.snapshot().groups().items()}
     assert groups == {key: list(names) for key, names in fresh.groups().items()}
     assert state.context().workload == typical_workload(state._demands())
+    assert state.context().workload_by_gpus == workload_by_gpus(
+        Counter(state._demands()), *capacity_milli(state.cluster.nodes)
+    )
     running = state._up_to_date().running
     assert set(running) == set(state.placed)
     fresh_index = RunningIndex.of(running, state.cluster.queue)
@@ -307,9 +316,13 @@ demands = st.builds(
 )
 
 
-@given(st.lists(demands, max_size=40))
-def test_the_workload_from_counts_is_the_workload_from_every_task(tasks: list[Demand]) -> None:
-    assert typical_of_counts(Counter(tasks)) == typical_workload(tasks)
+@given(st.lists(demands, max_size=40), st.sampled_from([0.0, 0.5, TYPICAL_COVERAGE, 1.0]))
+def test_the_workload_from_counts_is_the_workload_from_every_task(
+    tasks: list[Demand], gpu_coverage: float
+) -> None:
+    assert typical_of_counts(Counter(tasks), gpu_coverage=gpu_coverage) == typical_workload(
+        tasks, gpu_coverage=gpu_coverage
+    )
 
 
 def test_an_unchanged_state_keeps_its_snapshot_and_workload() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
@@ -22,10 +23,13 @@ from trainyard_placement.domain.policies import (
     scorer_named,
 )
 from trainyard_placement.domain.scoring import (
+    TYPICAL_COVERAGE,
     ClusterContext,
     Typical,
     fragmentation,
+    typical_of_counts,
     typical_workload,
+    workload_by_gpus,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -303,6 +307,55 @@ def test_typical_workload_takes_the_common_shapes_and_renormalises() -> None:
     shapes = [(t.demand.gpu_count, t.demand.gpu_milli) for t in workload]
     assert shapes == [(1, 500), (1, MILLI)]
     assert [t.freq for t in workload] == pytest.approx([60 / 96, 36 / 96])
+
+
+def test_by_gpus_the_multi_gpu_shapes_the_gpu_demand_needs_join_most_demand_first() -> None:
+    # GPU demand: shares 40,000, one-GPU 36,000, 8-GPU 24,000, 2-GPU 4,000 milli: the
+    # count's shapes (116 of 122 tasks) hold 76,000 of 104,000 (73 %); with the 8-GPU
+    # shape, 96 %.
+    demands = (
+        [share(500)] * 80 + [whole(1)] * 36 + [whole(2)] * 2 + [whole(8)] * 3 + [cpu_only(4000)]
+    )
+    paper = typical_workload(demands, coverage=0.95)
+    assert [(t.demand.gpu_count, t.demand.gpu_milli) for t in paper] == [(1, 500), (1, MILLI)]
+    wide = typical_workload(demands, coverage=0.95, gpu_coverage=0.95)
+    assert [(t.demand.gpu_count, t.demand.gpu_milli) for t in wide] == [
+        (1, 500), (1, MILLI), (8, MILLI),
+    ]  # fmt: skip
+    assert [t.freq for t in wide] == pytest.approx([80 / 119, 36 / 119, 3 / 119])
+    # Every shape where the coverage asks for all of the GPU demand; nothing added where
+    # the count's shapes hold enough of it already.
+    everything = typical_workload(demands, coverage=0.95, gpu_coverage=1.0)
+    assert [t.demand.gpu_count for t in everything] == [1, 1, 8, 2]
+    assert typical_workload(demands, coverage=0.95, gpu_coverage=0.7) == paper
+
+
+def test_the_shapes_by_gpus_only_where_the_gpus_run_out_before_the_cpu() -> None:
+    counts = Counter({whole(1, cpu=8000): 96, whole(8, cpu=64_000): 4})
+    # 1,024 cores for 128 GPUs asked: 8 cores a GPU.
+    wide = workload_by_gpus(counts, cpu_milli=12_000 * 800, gpu_milli=MILLI * 800)
+    assert wide is not None and [t.demand.gpu_count for t in wide] == [1, 8]
+    assert wide == typical_of_counts(counts, gpu_coverage=TYPICAL_COVERAGE)
+    assert workload_by_gpus(counts, cpu_milli=8_000 * 800, gpu_milli=MILLI * 800) is not None
+    assert workload_by_gpus(counts, cpu_milli=7_900 * 800, gpu_milli=MILLI * 800) is None
+    assert workload_by_gpus(Counter({cpu_only(4000): 3}), 10**6, 10**6) is None
+
+
+def test_trainyard_keeps_a_whole_node_for_the_multi_gpu_shapes_counted_by_gpus() -> None:
+    # One-GPU tasks alone in the paper's workload: an empty 8-GPU node and a half-used
+    # one look alike to both measures, and the tie goes to the first (the empty one).
+    # With the 8-GPU shape in view, the half-used node is the one to fill.
+    nodes = {
+        "empty": state((MILLI,) * 8, cpu=96_000, memory=393_216),
+        "half": state((0,) * 4 + (MILLI,) * 4, cpu=48_000, memory=196_608),
+    }
+    paper = (Typical(whole(1), 1.0),)
+    wide = (Typical(whole(1), 0.9), Typical(whole(8), 0.1))
+    task = whole(1)
+    assert pick("trainyard", nodes, task, ClusterContext(workload=paper)) == "empty"
+    by_gpus = ClusterContext(workload=paper, workload_by_gpus=wide)
+    assert pick("trainyard", nodes, task, by_gpus) == "half"
+    assert pick("fgd", nodes, task, by_gpus) == "empty"  # the paper's FGD: its workload
 
 
 # --- the registry ----------------------------------------------------------------------------

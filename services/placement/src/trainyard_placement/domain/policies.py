@@ -133,13 +133,17 @@ class Fgd:
         default_factory=dict, repr=False
     )
     _chosen_count: int = field(default=0, repr=False)
+    # The context's workloads the memos were made for (by identity: a lookup's test),
+    # and what the measure depends on (by equality: a new context alike keeps them).
     _memo_for: tuple[Typical, ...] | None = field(default=None, repr=False)
+    _wide_for: tuple[Typical, ...] | None = field(default=None, repr=False)
+    _memo_key: object = field(default=None, repr=False)
     _measure: Measure | None = field(default=None, repr=False)
 
     def score(self, node: NodeState, demand: Demand, ctx: ClusterContext) -> float:
         # choose() inlined for a remembered pair: the placer asks once per distinct node
         # state for every task.
-        if self._memo_for is ctx.workload:
+        if self._memo_for is ctx.workload and self._wide_for is ctx.workload_by_gpus:
             chosen = self._chosen.get(demand, _NOTHING).get(node)
             if chosen is not None:
                 return chosen[0]
@@ -153,7 +157,7 @@ class Fgd:
     ) -> tuple[float, tuple[int, ...]]:
         """The score and devices of ``demand`` on ``node``, computed once per pair: the
         placer asks again for every task while the node is unchanged."""
-        self._follow(ctx.workload)
+        self._follow(ctx)
         table = self._chosen.get(demand)
         if table is None:
             table = self._chosen[demand] = {}
@@ -188,7 +192,7 @@ class Fgd:
         return best
 
     def frag(self, node: NodeState, ctx: ClusterContext) -> float:
-        self._follow(ctx.workload)
+        self._follow(ctx)
         key = self._key(node)
         value = self._memo.get(key)
         if value is None:
@@ -198,21 +202,28 @@ class Fgd:
             value = self._memo[key] = self._measure(node)
         return value
 
-    def _follow(self, workload: tuple[Typical, ...]) -> None:
+    def _follow(self, ctx: ClusterContext) -> None:
         """Drop the memos when the target workload is another one; an equal workload
         in a new context (each scheduling cycle builds one) keeps them."""
-        if self._memo_for is workload:
+        if self._memo_for is ctx.workload and self._wide_for is ctx.workload_by_gpus:
             return
-        if self._measure is None or self._memo_for != workload:
+        key = self.depends_on(ctx)
+        if self._measure is None or self._memo_key != key:
             self._memo.clear()
             self._chosen.clear()
             self._chosen_count = 0
-            self._measure = self.measure_for(workload)
-        self._memo_for = workload
+            self._measure = self.measure_for(ctx)
+            self._memo_key = key
+        self._memo_for, self._wide_for = ctx.workload, ctx.workload_by_gpus
 
-    def measure_for(self, workload: tuple[Typical, ...]) -> Measure:
-        """The fragmentation measure the descent follows, against ``workload``."""
-        return fragmentation_measure(workload)
+    def depends_on(self, ctx: ClusterContext) -> object:
+        """What of the context the measure depends on."""
+        return ctx.workload
+
+    def measure_for(self, ctx: ClusterContext) -> Measure:
+        """The fragmentation measure the descent follows: the paper's, against its
+        target workload."""
+        return fragmentation_measure(ctx.workload)
 
     def _key(self, node: NodeState) -> object:
         # The paper's measure ignores memory: one entry serves every node alike in
@@ -268,21 +279,34 @@ class Trainyard(Fgd):
     quarter of the GPUs (MULTI_GPU_SHARE_FOR_SHARES_ONLY), the stranded part counts the
     sharing shapes only; where tasks naming GPU models ask for a tenth
     (CONSTRAINED_SHARE_FOR_STRANDED), the stranded measure alone at twice the step
-    (near-equal placements tie and go to the earlier node, which packs). What each part
-    buys is in docs/placement.md."""
+    (near-equal placements tie and go to the earlier node, which packs). The rules
+    read the paper's target workload; the measure counts, beside its shapes, the
+    multi-GPU shapes the GPU demand needs (``ClusterContext.workload_by_gpus``): few by
+    count, they are left out of the paper's workload even where they ask for a tenth of
+    the GPUs, and a measure blind to them spreads one-GPU tasks over the whole nodes
+    they need. What each part buys is in docs/placement.md."""
 
     name: str = "trainyard"
     step: float = 1.0
 
-    def measure_for(self, workload: tuple[Typical, ...]) -> Measure:
+    def depends_on(self, ctx: ClusterContext) -> object:
+        return ctx.workload, ctx.workload_by_gpus
+
+    def measure_for(self, ctx: ClusterContext) -> Measure:
+        # The rules read the paper's workload (where they were chosen). The sums count
+        # the multi-GPU shapes the GPU demand needs too, in FGD's part; the stranded
+        # measure alone does not: it would call their leftover whole GPUs lost, which is
+        # why the sums leave multi-GPU shapes out of their stranded part.
+        workload = ctx.workload
+        shapes = workload if ctx.workload_by_gpus is None else ctx.workload_by_gpus
         if multi_gpu_share(workload) > MULTI_GPU_SHARE_FOR_SHARES_ONLY:
             self.step = Fgd.step
-            return summed_measure(workload, shares_only=True)
+            return summed_measure(shapes, shares_only=True)
         if constrained_share(workload) > CONSTRAINED_SHARE_FOR_STRANDED:
             self.step = 2 * Fgd.step
             return stranded_measure(workload)
         self.step = Fgd.step
-        return summed_measure(workload)
+        return summed_measure(shapes)
 
     def _key(self, node: NodeState) -> object:
         return (node.model, node.cpu_milli, node.memory_mib, tuple(sorted(node.gpu_free)))

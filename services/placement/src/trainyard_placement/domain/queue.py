@@ -180,7 +180,8 @@ class CycleMemo:
     facts: dict[str, _JobFacts] = field(default_factory=dict)
     base: Snapshot | None = None
     scorer: Scorer | None = None
-    workload: tuple[Typical, ...] | None = None
+    # The context's target workloads (ClusterContext.workload, .workload_by_gpus).
+    workload: tuple[tuple[Typical, ...], tuple[Typical, ...] | None] | None = None
     limits: tuple[int, int] | None = None
     drained: frozenset[str] = frozenset()
     views: list[tuple[str | None, list[Allocation], Snapshot]] = field(default_factory=list)
@@ -201,7 +202,7 @@ class CycleMemo:
         drained: AbstractSet[str],
     ) -> None:
         """Keep what the last cycle found if this one starts where it did."""
-        workload = context.workload if context is not None else None
+        workload = (context.workload, context.workload_by_gpus) if context is not None else None
         limits = (context.max_cpu_milli, context.max_gpu_milli) if context is not None else None
         if not (snapshot is self.base and scorer is self.scorer and drained == self.drained):
             self.base, self.scorer, self.drained = snapshot, scorer, frozenset(drained)

@@ -46,6 +46,9 @@ class ClusterContext:
     normalisation spec and a seeded random source (random policies only)."""
 
     workload: tuple[Typical, ...] = ()
+    # The same with the multi-GPU shapes the GPU demand needs as well, where the GPUs
+    # run out before the CPU (``workload_by_gpus``); None: ``workload`` alone.
+    workload_by_gpus: tuple[Typical, ...] | None = None
     max_cpu_milli: int = MAX_SPEC_CPU_MILLI
     max_gpu_milli: int = MAX_SPEC_GPU_MILLI
     rng: random.Random = field(default_factory=lambda: random.Random(0))
@@ -66,17 +69,49 @@ class Scorer(Protocol):
 
 
 def typical_workload(
-    demands: Iterable[Demand], coverage: float = TYPICAL_COVERAGE
+    demands: Iterable[Demand],
+    coverage: float = TYPICAL_COVERAGE,
+    *,
+    gpu_coverage: float = 0.0,
 ) -> tuple[Typical, ...]:
     """The most frequent task shapes covering ``coverage`` of the tasks, frequencies
     renormalised to sum to 1. A shape is (CPU, GPUs, milli per GPU, models), as in the
     paper; the memory it carries is the mean over its tasks (the paper's measure ignores
-    it, Trainyard's counts it)."""
-    return typical_of_counts(Counter(demands), coverage)
+    it, Trainyard's counts it).
+
+    ``gpu_coverage``: then the multi-GPU shapes left out, most GPU demand first, until
+    the shapes cover that share of the GPU demand as well (frequencies renormalised over
+    all of them). Tasks of 4 or 8 GPUs are few by count and many by GPUs: the paper's
+    workload can leave every one of them out, and a measure blind to them lets one-GPU
+    tasks break every whole node they need (docs/placement.md, "Shapes by GPUs")."""
+    return typical_of_counts(Counter(demands), coverage, gpu_coverage=gpu_coverage)
+
+
+def workload_by_gpus(
+    counts: Mapping[Demand, int], cpu_milli: int, gpu_milli: int
+) -> tuple[Typical, ...] | None:
+    """``ClusterContext.workload_by_gpus`` for tasks counted by demand on a cluster of
+    ``cpu_milli`` and ``gpu_milli``: the typical workload with the multi-GPU shapes the
+    GPU demand needs, where the tasks ask at most the cluster's CPU per GPU; None where
+    they ask more. There the CPU runs out before the GPUs, the large tasks fail for
+    want of CPU whatever nodes are kept whole for them, and keeping nodes whole sends
+    the one-GPU tasks to the nodes with the least CPU left (docs/placement.md, "Shapes
+    by GPUs")."""
+    cpu = gpu = 0
+    for demand, n in counts.items():
+        if n > 0:
+            cpu += demand.cpu_milli * n
+            gpu += demand.total_gpu_milli * n
+    if not gpu or cpu * gpu_milli > gpu * cpu_milli:
+        return None
+    return typical_of_counts(counts, gpu_coverage=TYPICAL_COVERAGE)
 
 
 def typical_of_counts(
-    counts: Mapping[Demand, int], coverage: float = TYPICAL_COVERAGE
+    counts: Mapping[Demand, int],
+    coverage: float = TYPICAL_COVERAGE,
+    *,
+    gpu_coverage: float = 0.0,
 ) -> tuple[Typical, ...]:
     """:func:`typical_workload` of tasks given as how many have each demand, so the
     scheduler, which keeps those counts, never walks every task."""
@@ -103,6 +138,21 @@ def typical_of_counts(
         covered += count
         if covered >= coverage * total:
             break
+    if gpu_coverage:
+        taken = {shape for shape, _ in ranked[: len(chosen)]}
+        asked = sum(count * shape[1] * shape[2] for shape, count in ranked)
+        held = sum(count * shape[1] * shape[2] for shape, count in ranked[: len(chosen)])
+        left = sorted(
+            ((shape, count) for shape, count in ranked if shape[1] >= 2 and shape not in taken),
+            key=lambda kv: -kv[1] * kv[0][1] * kv[0][2],
+        )  # stable: equal demands keep the count order
+        for (cpu, gpus, milli, models), count in left:
+            if held >= gpu_coverage * asked:
+                break
+            chosen.append((Demand(cpu, memory[cpu, gpus, milli, models] // count, gpus, milli,
+                                  models), count))  # fmt: skip
+            covered += count
+            held += count * gpus * milli
     return tuple(Typical(demand, count / covered) for demand, count in chosen)
 
 

@@ -39,7 +39,7 @@ from .scoring import (
     ClusterContext,
     Scorer,
     typical_of_counts,
-    typical_workload,
+    workload_by_gpus,
 )
 from .sizes import sized_to
 
@@ -192,13 +192,14 @@ class SchedulerState:
         return (self._changes, self.scorer, self.rules, frozenset(self.drained),
                 dict(self.preemptions), dict(self.interrupting),
                 (context.max_cpu_milli, context.max_gpu_milli), kept.snapshot(),
-                context.workload)  # fmt: skip
+                context.workload, context.workload_by_gpus)  # fmt: skip
 
     def _same_inputs(self, inputs: tuple[object, ...]) -> bool:
         last = self._last_inputs
         return (last is not None and last[0] == inputs[0] and last[1] is inputs[1]
                 and last[2] is inputs[2] and last[3:7] == inputs[3:7]
-                and last[7] is inputs[7] and last[8] is inputs[8])  # fmt: skip
+                and last[7] is inputs[7] and last[8] is inputs[8]
+                and last[9] is inputs[9])  # fmt: skip
 
     def reference_cycle(self, now: float | None = None) -> list[Decision]:
         """``cycle`` with everything derived afresh from the placed and queued jobs, as
@@ -215,8 +216,10 @@ class SchedulerState:
             for job_id, allocation in self.placed.items()
         }
         nodes = self.cluster.nodes
+        counts = Counter(self._demands())
         context = ClusterContext(
-            workload=typical_workload(self._demands()),
+            workload=typical_of_counts(counts),
+            workload_by_gpus=workload_by_gpus(counts, *capacity_milli(nodes)),
             max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in nodes)]),
             max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in nodes)]),
         )
@@ -301,6 +304,15 @@ class SchedulerState:
                     yield demand
 
 
+def capacity_milli(nodes: Iterable[NodeSpec]) -> tuple[int, int]:
+    """The cluster's milli-CPU and milli-GPU."""
+    cpu = gpu = 0
+    for node in nodes:
+        cpu += round(node.cpu * MILLI)
+        gpu += node.gpus * MILLI
+    return cpu, gpu
+
+
 class _Kept:
     """What SchedulerState keeps for its cycles, for one cluster: the snapshot (nodes to
     derive again marked ``dirty``), the target workload's task shapes counted, each
@@ -316,6 +328,7 @@ class _Kept:
             max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in nodes)]),
             max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in nodes)]),
         )
+        self.capacity = capacity_milli(nodes)
         self._snapshot = Snapshot.of(state.cluster, state.placed.values())
         self.dirty: set[str] = set()
         # Placed jobs: their place in the placement order, the jobs on each node.
@@ -453,11 +466,17 @@ class _Kept:
 
     def context(self) -> ClusterContext:
         if self._context is None:
-            workload = typical_of_counts(self.counts)
+            workloads = (
+                typical_of_counts(self.counts),
+                workload_by_gpus(self.counts, *self.capacity),
+            )
             old = self.memo.workload
-            if old is not None and old == workload:
-                workload = old  # the same object: the scorers' memos need not compare
+            if old is not None and old == workloads:
+                workloads = old  # the same objects: the scorers' memos need not compare
             self._context = ClusterContext(
-                workload=workload, max_cpu_milli=self.limits[0], max_gpu_milli=self.limits[1]
+                workload=workloads[0],
+                workload_by_gpus=workloads[1],
+                max_cpu_milli=self.limits[0],
+                max_gpu_milli=self.limits[1],
             )
         return self._context
