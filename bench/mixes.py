@@ -51,17 +51,19 @@ FAMILIES = ("share", "multi", "spec", "cpu")
 # the pods) since 2026-11-26; before, they drew a share of the GPU pods by count and a
 # multiple of the CPU-only pods, and the levels were chosen again then. Multi 0.25, 0.3
 # and 0.42 were added later that day: no develop mix lay between 0.15 and 0.35, where
-# the policy changes its measure, and only one above it.
+# the policy changes its measure, and only one above it. Share 0 and 0.05 were added on
+# 2026-11-27: without sharing tasks the paper's typical workload held no multi-GPU shape
+# (docs/placement.md, "Shapes by GPUs"), and no mix had fewer sharing tasks than 0.2.
 SUITE: dict[str, list[tuple[str, float]]] = {
     "develop": [
-        ("share", 0.2), ("share", 0.5), ("share", 0.75),
+        ("share", 0.0), ("share", 0.2), ("share", 0.5), ("share", 0.75),
         ("multi", 0.03), ("multi", 0.15), ("multi", 0.25), ("multi", 0.3), ("multi", 0.35),
         ("multi", 0.42),
         ("spec", 0.05), ("spec", 0.25),
         ("cpu", 0.06), ("cpu", 0.22),
     ],
     "held_out": [
-        ("share", 0.4), ("share", 0.6), ("share", 0.85), ("share", 1.0),
+        ("share", 0.05), ("share", 0.4), ("share", 0.6), ("share", 0.85), ("share", 1.0),
         ("multi", 0.2), ("multi", 0.5),
         ("spec", 0.1), ("spec", 0.33),
         ("cpu", 0.12), ("cpu", 0.3),
