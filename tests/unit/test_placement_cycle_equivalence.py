@@ -34,14 +34,15 @@ from trainyard_placement.domain import (
     scorer_named,
 )
 from trainyard_placement.domain.eligible import place_job
-from trainyard_placement.domain.gang import Plan
+from trainyard_placement.domain.gang import Plan, Unschedulable
 from trainyard_placement.domain.gpu_share import Demand
 from trainyard_placement.domain.growth import _grown, _room, growth
 from trainyard_placement.domain.plugins import Fifo, LeastWork, LowestPriority
 from trainyard_placement.domain.queue import CycleMemo, RunningIndex, _Cycle
 from trainyard_placement.domain.quota import Usage, usage_of, within
 from trainyard_placement.domain.scoring import (
-    TYPICAL_COVERAGE,
+    ClusterContext,
+    Typical,
     typical_of_counts,
     typical_workload,
     workload_by_gpus,
@@ -316,13 +317,53 @@ demands = st.builds(
 )
 
 
-@given(st.lists(demands, max_size=40), st.sampled_from([0.0, 0.5, TYPICAL_COVERAGE, 1.0]))
-def test_the_workload_from_counts_is_the_workload_from_every_task(
-    tasks: list[Demand], gpu_coverage: float
-) -> None:
-    assert typical_of_counts(Counter(tasks), gpu_coverage=gpu_coverage) == typical_workload(
-        tasks, gpu_coverage=gpu_coverage
+@given(st.lists(demands, max_size=40))
+def test_the_workload_from_counts_is_the_workload_from_every_task(tasks: list[Demand]) -> None:
+    assert typical_of_counts(Counter(tasks)) == typical_workload(tasks)
+
+
+def _gpu_job(gpus: int) -> JobSpec:
+    resources = Resources(cpu=1, memory_mb=512, gpu=gpus)
+    return JobSpec(name="j", roles=[RoleSpec(name="w", command="true", resources=resources)])
+
+
+def test_a_rare_multi_gpu_job_changes_the_workload_by_gpus_alone() -> None:
+    # One 8-GPU job among 21 one-GPU ones: not in the paper's workload (95 % of the
+    # tasks), in the one by GPUs. The kept context must follow, not keep the old pair.
+    nodes = [NodeSpec(name=f"n{i}", cpu=96, memory_mb=393_216, gpus=8) for i in range(4)]
+    state = SchedulerState(ClusterSpec(nodes=nodes), scorer=scorer_named("trainyard"))
+    for seq in range(20):
+        state.enqueue(QueuedJob(f"a{seq}", _gpu_job(1), arrival_seq=seq))
+    for decision in state.cycle(1.0):
+        if isinstance(decision, Placed):
+            state.commit(decision.allocation, placed_at=1.0)
+    before = state.context()
+    state.enqueue(QueuedJob("big", _gpu_job(8), arrival_seq=100))
+    state.enqueue(QueuedJob("one", _gpu_job(1), arrival_seq=101))
+    after = state.context()
+    assert after.workload == before.workload
+    assert after.workload_by_gpus != before.workload_by_gpus
+    assert after.workload_by_gpus == workload_by_gpus(
+        Counter(state._demands()), *capacity_milli(nodes)
     )
+    assert state.cycle(2.0) == state.reference_cycle(2.0)
+
+
+def test_gang_misfits_go_when_the_workload_by_gpus_alone_changes() -> None:
+    one = Demand(cpu_milli=1000, memory_mib=1024, gpu_count=1, gpu_milli=1000)
+    eight = Demand(cpu_milli=1000, memory_mib=1024, gpu_count=8, gpu_milli=1000)
+    paper = (Typical(one, 1.0),)
+    memo = CycleMemo()
+    snapshot = Snapshot.of(ClusterSpec(nodes=[]), [])
+    scorer = scorer_named("trainyard")
+    misfit = Unschedulable(("no room",))
+    memo.start(snapshot, scorer, ClusterContext(workload=paper), frozenset())
+    memo.gang_misfits[(snapshot, ("x",))] = misfit
+    memo.start(snapshot, scorer, ClusterContext(workload=paper), frozenset())
+    assert memo.gang_misfits  # an equal context keeps them
+    wide = (Typical(one, 0.9), Typical(eight, 0.1))
+    memo.start(snapshot, scorer, ClusterContext(workload=paper, workload_by_gpus=wide), frozenset())
+    assert not memo.gang_misfits
 
 
 def test_an_unchanged_state_keeps_its_snapshot_and_workload() -> None:

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -19,6 +20,7 @@ from trainyard_placement.domain.gpu_share import MILLI, Demand, NodeState
 from trainyard_placement.domain.policies import (
     DEFAULT_POLICY,
     POLICIES,
+    Trainyard,
     UnknownPolicy,
     scorer_named,
 )
@@ -27,6 +29,8 @@ from trainyard_placement.domain.scoring import (
     ClusterContext,
     Typical,
     fragmentation,
+    stranded_measure,
+    summed_measure,
     typical_of_counts,
     typical_workload,
     workload_by_gpus,
@@ -356,6 +360,84 @@ def test_trainyard_keeps_a_whole_node_for_the_multi_gpu_shapes_counted_by_gpus()
     by_gpus = ClusterContext(workload=paper, workload_by_gpus=wide)
     assert pick("trainyard", nodes, task, by_gpus) == "half"
     assert pick("fgd", nodes, task, by_gpus) == "empty"  # the paper's FGD: its workload
+
+
+def test_one_trainyard_scorer_follows_a_change_of_the_workload_by_gpus_alone() -> None:
+    # The placer keeps one scorer across cycles: its memos must follow the second
+    # workload too, also when the paper's one is the same object.
+    nodes = {
+        "empty": state((MILLI,) * 8, cpu=96_000, memory=393_216),
+        "half": state((0,) * 4 + (MILLI,) * 4, cpu=48_000, memory=196_608),
+    }
+    paper = (Typical(whole(1), 1.0),)
+    by_gpus = ClusterContext(
+        workload=paper, workload_by_gpus=(Typical(whole(1), 0.9), Typical(whole(8), 0.1))
+    )
+    scorer = scorer_named("trainyard")
+
+    def choice(ctx: ClusterContext) -> str:
+        scores = {name: scorer.score(node, whole(1), ctx) for name, node in nodes.items()}
+        return max(scores, key=lambda name: (scores[name], name == "empty"))
+
+    assert choice(ClusterContext(workload=paper)) == "empty"
+    assert choice(by_gpus) == "half"
+    assert choice(replace(by_gpus, max_cpu_milli=1)) == "half"  # a copy, as gang.py makes
+    assert choice(ClusterContext(workload=paper)) == "empty"
+
+
+def nodes_to_measure() -> list[NodeState]:
+    return [
+        state((MILLI,) * 8, cpu=48_000, memory=196_608),
+        state((0,) * 4 + (MILLI,) * 4, cpu=48_000, memory=196_608),
+        state((500,) + (MILLI,) * 3, cpu=48_000, memory=196_608),
+        state((0,) * 7 + (MILLI,), cpu=48_000, memory=196_608),
+    ]
+
+
+def test_the_stranded_measure_alone_keeps_the_papers_workload() -> None:
+    # Constrained tasks ask for half the GPUs: the stranded measure alone, at twice the
+    # step, and without the added multi-GPU shapes (it would count their strands).
+    t4 = Demand(cpu_milli=1000, memory_mib=1024, gpu_count=1, gpu_milli=MILLI,
+                gpu_models=frozenset({"t4"}))  # fmt: skip
+    paper = (Typical(whole(1), 0.5), Typical(t4, 0.5))
+    wide = (Typical(whole(1), 0.45), Typical(t4, 0.45), Typical(whole(8, cpu=8000), 0.1))
+    scorer = Trainyard()
+    measure = scorer.measure_for(ClusterContext(workload=paper, workload_by_gpus=wide))
+    assert scorer.step == 2
+    assert [measure(n) for n in nodes_to_measure()] == [
+        stranded_measure(paper)(n) for n in nodes_to_measure()
+    ]
+
+
+def test_the_rules_read_the_papers_workload_and_the_sum_the_wider_one() -> None:
+    # Multi-GPU tasks ask for two thirds of the GPUs in the wider workload and none in
+    # the paper's: the full sum (not the shares-only one), over the wider workload.
+    paper = (Typical(whole(1), 1.0),)
+    wide = (Typical(whole(1), 0.8), Typical(whole(8, cpu=8000), 0.2))
+    scorer = Trainyard()
+    measure = scorer.measure_for(ClusterContext(workload=paper, workload_by_gpus=wide))
+    got = [measure(n) for n in nodes_to_measure()]
+    assert scorer.step == 1
+    assert got == [summed_measure(wide)(n) for n in nodes_to_measure()]
+    assert got != [summed_measure(wide, shares_only=True)(n) for n in nodes_to_measure()]
+    assert got != [summed_measure(paper)(n) for n in nodes_to_measure()]
+
+
+def test_the_shares_only_sum_takes_the_wider_workload_too() -> None:
+    paper = (Typical(whole(1), 0.5), Typical(whole(4), 0.5))  # 4-GPU tasks: 80 % of GPUs
+    wide = (Typical(whole(1), 0.45), Typical(whole(4), 0.45), Typical(whole(8), 0.1))
+    measure = Trainyard().measure_for(ClusterContext(workload=paper, workload_by_gpus=wide))
+    got = [measure(n) for n in nodes_to_measure()]
+    assert got == [summed_measure(wide, shares_only=True)(n) for n in nodes_to_measure()]
+    assert got != [summed_measure(paper, shares_only=True)(n) for n in nodes_to_measure()]
+
+
+def test_only_multi_gpu_shapes_join_by_gpus() -> None:
+    large_one_gpu = whole(1, cpu=4000)
+    demands = [whole(1)] * 100 + [share(300)] * 2 + [large_one_gpu] * 2 + [whole(8)]
+    assert [t.demand for t in typical_workload(demands)] == [whole(1)]
+    wide = typical_workload(demands, gpu_coverage=1.0)
+    assert [t.demand for t in wide] == [whole(1), whole(8)]
 
 
 # --- the registry ----------------------------------------------------------------------------

@@ -171,9 +171,10 @@ class CycleMemo:
     same snapshot with the same scorer and drained nodes (then they are what it would
     find again). Only deterministic scorers' misfits are kept, and only for shapes
     without ports: those are the same whichever job asked. A gang's misfit depends on
-    where the scorer puts its first tasks, so on the target workload too: those are
-    dropped when it changes (every arrival changes it); a single task fits nowhere
-    whatever the scores, and reservations are first fit."""
+    where the scorer puts its first tasks, so on the target workloads too (the paper's
+    and the one by GPUs): those are dropped when either changes (every arrival may
+    change them); a single task fits nowhere whatever the scores, and reservations are
+    first fit."""
 
     empty: Snapshot | None = None
     empty_state: dict[str, GroupKey] | None = None

@@ -57,8 +57,8 @@ class ClusterContext:
 class Scorer(Protocol):
     """A placement policy. ``score`` is called only for nodes where ``fits`` holds;
     higher is better, and ties go to the node met first (cluster order). ``deterministic``
-    says the score is a function of (node, demand, context.workload) alone, so a caller
-    may cache it."""
+    says the score is a function of (node, demand, context.workload,
+    context.workload_by_gpus) alone, so a caller may cache it while those stay the same."""
 
     name: str
     deterministic: bool
@@ -102,7 +102,7 @@ def workload_by_gpus(
         if n > 0:
             cpu += demand.cpu_milli * n
             gpu += demand.total_gpu_milli * n
-    if not gpu or cpu * gpu_milli > gpu * cpu_milli:
+    if not gpu or not gpu_milli or cpu * gpu_milli > gpu * cpu_milli:
         return None
     return typical_of_counts(counts, gpu_coverage=TYPICAL_COVERAGE)
 
