@@ -198,7 +198,7 @@ def test_every_cycle_decides_as_one_derived_afresh(
 
         assert_kept_equals_fresh(state)
         assert_shortcuts_reserve_alike(state, now)
-        expected = state.reference_cycle(now)
+        expected = state.reference_cycle(now, scorer=scorer_named(state.scorer.name))
         decisions = state.cycle(now)
         assert decisions == expected
         assert growth(state) == growth_afresh(state)
@@ -442,7 +442,7 @@ def test_arrivals_alone_carry_the_last_cycle_on_as_a_whole_cycle_decides(
                 state.enqueue(QueuedJob(f"job{seq}", spec, arrival_seq=seq))
         else:
             plain_event(state, op, arg)
-        expected = state.reference_cycle(now)
+        expected = state.reference_cycle(now, scorer=scorer_named(state.scorer.name))
         decisions = state.cycle(now)
         assert decisions == expected
         if state.carried:  # what it repeats is what the last cycle decided

@@ -201,9 +201,13 @@ class SchedulerState:
                 and last[7] is inputs[7] and last[8] is inputs[8]
                 and last[9] is inputs[9])  # fmt: skip
 
-    def reference_cycle(self, now: float | None = None) -> list[Decision]:
+    def reference_cycle(
+        self, now: float | None = None, *, scorer: Scorer | None = None
+    ) -> list[Decision]:
         """``cycle`` with everything derived afresh from the placed and queued jobs, as
-        every cycle once did: what ``cycle`` must decide too (a check for tests)."""
+        every cycle once did: what ``cycle`` must decide too (a check for tests).
+        ``scorer``: another instance of the policy, so that what the state's scorer
+        remembers from cycle to cycle is checked as well."""
         if now is None:
             now = max(self.placed_at.values(), default=0.0) + 1
         running = {
@@ -225,7 +229,7 @@ class SchedulerState:
         )
         return schedule(
             self.queued.values(), Snapshot.of(self.cluster, self.placed.values()),
-            self.scorer, context, rules=self.rules, running=running,
+            scorer or self.scorer, context, rules=self.rules, running=running,
             queues=self.cluster.queue, drained=self.drained, preemptions=self.preemptions,
             now=now,
         )  # fmt: skip
