@@ -24,8 +24,7 @@ from trainyard_placement.domain.scoring import (
     MAX_SPEC_CPU_MILLI,
     MAX_SPEC_GPU_MILLI,
     ClusterContext,
-    typical_of_counts,
-    workload_by_gpus,
+    target_workloads,
 )
 from trainyard_placement.domain.state import capacity_milli
 
@@ -127,10 +126,10 @@ def context_for(cluster: ClusterSpec, specs: Sequence[JobSpec]) -> ClusterContex
     """The target workload of the fragmentation-aware policies: the shapes of ``specs``
     (the pod list, as placement_quality.py takes it), and the normalisation spec as
     SchedulerState.context computes it."""
-    counts = Counter(demands(specs))
+    workload, by_gpus = target_workloads(Counter(demands(specs)), *capacity_milli(cluster.nodes))
     return ClusterContext(
-        workload=typical_of_counts(counts),
-        workload_by_gpus=workload_by_gpus(counts, *capacity_milli(cluster.nodes)),
+        workload=workload,
+        workload_by_gpus=by_gpus,
         max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in cluster.nodes)]),
         max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in cluster.nodes)]),
     )

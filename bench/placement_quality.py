@@ -45,8 +45,7 @@ from trainyard_placement.domain.scoring import (
     Scorer,
     Typical,
     fragmentation,
-    typical_of_counts,
-    workload_by_gpus,
+    target_workloads,
 )
 
 DATA_DIR = Path(os.environ.get("YARD_OPENB_DIR", "/work/shared/data/openb"))
@@ -527,9 +526,10 @@ def rate_at(alloc: dict[int, float], percent: int) -> float | None:
 def context_for(nodes: Sequence[NodeState], pods: Sequence[Pod], seed: int) -> ClusterContext:
     counts = Counter(p.demand for p in pods)
     capacity = (sum(n.cpu_capacity for n in nodes), sum(len(n.gpu_free) for n in nodes) * MILLI)
+    workload, by_gpus = target_workloads(counts, *capacity)
     return ClusterContext(
-        workload=typical_of_counts(counts),
-        workload_by_gpus=workload_by_gpus(counts, *capacity),
+        workload=workload,
+        workload_by_gpus=by_gpus,
         max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(n.cpu_capacity for n in nodes)]),
         max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(len(n.gpu_free) * MILLI for n in nodes)]),
         rng=random.Random(seed),

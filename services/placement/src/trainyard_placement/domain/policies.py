@@ -270,6 +270,16 @@ def _gpu_share(workload: tuple[Typical, ...], counted: Callable[[Demand], bool])
     return part / total if total else 0.0
 
 
+def _shares_only(workload: tuple[Typical, ...]) -> bool:
+    return multi_gpu_share(workload) > MULTI_GPU_SHARE_FOR_SHARES_ONLY
+
+
+def _stranded_alone(workload: tuple[Typical, ...]) -> bool:
+    return not _shares_only(workload) and (
+        constrained_share(workload) > CONSTRAINED_SHARE_FOR_STRANDED
+    )
+
+
 @dataclass
 class Trainyard(Fgd):
     """FGD's descent on what both measures count lost: the paper's fragmentation (free
@@ -290,6 +300,10 @@ class Trainyard(Fgd):
     step: float = 1.0
 
     def depends_on(self, ctx: ClusterContext) -> object:
+        # The stranded measure alone does not read the workload by GPUs: its changes
+        # keep the memos there.
+        if _stranded_alone(ctx.workload):
+            return ctx.workload, None
         return ctx.workload, ctx.workload_by_gpus
 
     def measure_for(self, ctx: ClusterContext) -> Measure:
@@ -298,15 +312,12 @@ class Trainyard(Fgd):
         # measure alone does not: it would call their leftover whole GPUs lost, which is
         # why the sums leave multi-GPU shapes out of their stranded part.
         workload = ctx.workload
-        shapes = workload if ctx.workload_by_gpus is None else ctx.workload_by_gpus
-        if multi_gpu_share(workload) > MULTI_GPU_SHARE_FOR_SHARES_ONLY:
-            self.step = Fgd.step
-            return summed_measure(shapes, shares_only=True)
-        if constrained_share(workload) > CONSTRAINED_SHARE_FOR_STRANDED:
+        if _stranded_alone(workload):
             self.step = 2 * Fgd.step
             return stranded_measure(workload)
         self.step = Fgd.step
-        return summed_measure(shapes)
+        shapes = workload if ctx.workload_by_gpus is None else ctx.workload_by_gpus
+        return summed_measure(shapes, shares_only=_shares_only(workload))
 
     def _key(self, node: NodeState) -> object:
         return (node.model, node.cpu_milli, node.memory_mib, tuple(sorted(node.gpu_free)))

@@ -87,24 +87,33 @@ def typical_workload(
     return typical_of_counts(Counter(demands), coverage, gpu_coverage=gpu_coverage)
 
 
+def target_workloads(
+    counts: Mapping[Demand, int], cpu_milli: int, gpu_milli: int
+) -> tuple[tuple[Typical, ...], tuple[Typical, ...] | None]:
+    """``ClusterContext.workload`` and ``.workload_by_gpus`` for tasks counted by demand
+    on a cluster of ``cpu_milli`` and ``gpu_milli``, from one count of their shapes: the
+    typical workload, and the same with the multi-GPU shapes the GPU demand needs where
+    the tasks ask at most the cluster's CPU per GPU (None where they ask more). There
+    the CPU runs out before the GPUs, the large tasks fail for want of CPU whatever
+    nodes are kept whole for them, and keeping nodes whole sends the one-GPU tasks to
+    the nodes with the least CPU left (docs/placement.md, "Shapes by GPUs")."""
+    ranked, memory = _ranked(counts)
+    paper = _typical(ranked, memory, TYPICAL_COVERAGE)
+    cpu = sum(count * shape[0] for shape, count in ranked)
+    gpu = sum(count * shape[1] * shape[2] for shape, count in ranked)
+    if not gpu or not gpu_milli or cpu * gpu_milli > gpu * cpu_milli:
+        return paper, None
+    return paper, _typical(ranked, memory, TYPICAL_COVERAGE, TYPICAL_COVERAGE)
+
+
 def workload_by_gpus(
     counts: Mapping[Demand, int], cpu_milli: int, gpu_milli: int
 ) -> tuple[Typical, ...] | None:
-    """``ClusterContext.workload_by_gpus`` for tasks counted by demand on a cluster of
-    ``cpu_milli`` and ``gpu_milli``: the typical workload with the multi-GPU shapes the
-    GPU demand needs, where the tasks ask at most the cluster's CPU per GPU; None where
-    they ask more. There the CPU runs out before the GPUs, the large tasks fail for
-    want of CPU whatever nodes are kept whole for them, and keeping nodes whole sends
-    the one-GPU tasks to the nodes with the least CPU left (docs/placement.md, "Shapes
-    by GPUs")."""
-    cpu = gpu = 0
-    for demand, n in counts.items():
-        if n > 0:
-            cpu += demand.cpu_milli * n
-            gpu += demand.total_gpu_milli * n
-    if not gpu or not gpu_milli or cpu * gpu_milli > gpu * cpu_milli:
-        return None
-    return typical_of_counts(counts, gpu_coverage=TYPICAL_COVERAGE)
+    """``ClusterContext.workload_by_gpus`` alone (``target_workloads``)."""
+    return target_workloads(counts, cpu_milli, gpu_milli)[1]
+
+
+Shape = tuple[int, int, int, frozenset[str]]  # CPU, GPUs, milli per GPU, models
 
 
 def typical_of_counts(
@@ -115,21 +124,35 @@ def typical_of_counts(
 ) -> tuple[Typical, ...]:
     """:func:`typical_workload` of tasks given as how many have each demand, so the
     scheduler, which keeps those counts, never walks every task."""
-    shape_counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
-    memory: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+    return _typical(*_ranked(counts), coverage, gpu_coverage)
+
+
+def _ranked(counts: Mapping[Demand, int]) -> tuple[list[tuple[Shape, int]], Counter[Shape]]:
+    """The tasks' shapes, most frequent first, with their counts; and their memory."""
+    shape_counts: Counter[Shape] = Counter()
+    memory: Counter[Shape] = Counter()
     for d, n in counts.items():
         if n <= 0:
             continue
         shape = (d.cpu_milli, d.gpu_count, d.gpu_milli, d.gpu_models)
         shape_counts[shape] += n
         memory[shape] += d.memory_mib * n
-    total = sum(shape_counts.values())
-    if not total:
-        return ()
     ranked = sorted(
         shape_counts.items(),
         key=lambda kv: (-kv[1], kv[0][0], kv[0][2], kv[0][1], sorted(kv[0][3])),
     )
+    return ranked, memory
+
+
+def _typical(
+    ranked: list[tuple[Shape, int]],
+    memory: Counter[Shape],
+    coverage: float,
+    gpu_coverage: float = 0.0,
+) -> tuple[Typical, ...]:
+    total = sum(count for _, count in ranked)
+    if not total:
+        return ()
     chosen: list[tuple[Demand, int]] = []
     covered = 0
     for (cpu, gpus, milli, models), count in ranked:

@@ -38,8 +38,7 @@ from .scoring import (
     MAX_SPEC_GPU_MILLI,
     ClusterContext,
     Scorer,
-    typical_of_counts,
-    workload_by_gpus,
+    target_workloads,
 )
 from .sizes import sized_to
 
@@ -220,10 +219,10 @@ class SchedulerState:
             for job_id, allocation in self.placed.items()
         }
         nodes = self.cluster.nodes
-        counts = Counter(self._demands())
+        workload, by_gpus = target_workloads(Counter(self._demands()), *capacity_milli(nodes))
         context = ClusterContext(
-            workload=typical_of_counts(counts),
-            workload_by_gpus=workload_by_gpus(counts, *capacity_milli(nodes)),
+            workload=workload,
+            workload_by_gpus=by_gpus,
             max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in nodes)]),
             max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in nodes)]),
         )
@@ -470,10 +469,7 @@ class _Kept:
 
     def context(self) -> ClusterContext:
         if self._context is None:
-            workloads = (
-                typical_of_counts(self.counts),
-                workload_by_gpus(self.counts, *self.capacity),
-            )
+            workloads = target_workloads(self.counts, *self.capacity)
             old = self.memo.workload
             if old is not None and old == workloads:
                 workloads = old  # the same objects: the scorers' memos need not compare
