@@ -29,6 +29,7 @@ from trainyard_placement.domain.scoring import (
     ClusterContext,
     Typical,
     fragmentation,
+    fragmentation_measure,
     stranded_measure,
     summed_measure,
     typical_of_counts,
@@ -192,8 +193,10 @@ def test_trainyard_strands_only_shares_where_multi_gpu_tasks_ask_for_most_gpus()
 
 def test_trainyard_sums_both_measures_unless_gpu_model_constrained_tasks_ask_for_a_tenth() -> None:
     from trainyard_placement.domain.policies import (
-        CONSTRAINED_SHARE_FOR_STRANDED,
+        CONSTRAINED_SHARE_FOR_ONE_MEASURE,
+        SHARING_SHARE_FOR_STRANDED,
         constrained_share,
+        sharing_share,
     )
     from trainyard_placement.domain.scoring import stranded
 
@@ -201,18 +204,31 @@ def test_trainyard_sums_both_measures_unless_gpu_model_constrained_tasks_ask_for
                 gpu_models=frozenset({"t4"}))  # fmt: skip
     free = (Typical(whole(1, cpu=8000), 0.6), Typical(share(300), 0.35), Typical(t4, 0.05))
     constrained = (Typical(whole(1, cpu=8000), 0.6), Typical(t4, 0.4))
-    assert constrained_share(free) < CONSTRAINED_SHARE_FOR_STRANDED
-    assert constrained_share(constrained) > CONSTRAINED_SHARE_FOR_STRANDED
-    assert constrained_share(()) == 0.0
+    # Shares ask for a third of the GPUs, constrained tasks for two fifths.
+    shared = (Typical(whole(1, cpu=8000), 0.2), Typical(share(500), 0.5), Typical(t4, 0.3))
+    assert constrained_share(free) < CONSTRAINED_SHARE_FOR_ONE_MEASURE
+    assert constrained_share(constrained) > CONSTRAINED_SHARE_FOR_ONE_MEASURE
+    assert constrained_share(shared) > CONSTRAINED_SHARE_FOR_ONE_MEASURE
+    assert constrained_share(()) == 0.0 == sharing_share(())
+    assert sharing_share(constrained) == 0.0
+    assert sharing_share(shared) > SHARING_SHARE_FOR_STRANDED
+    assert sharing_share(shared) == pytest.approx(250 / 750)
     # Three GPUs with room for one task by CPU, one device too full for the share.
     node = state((MILLI, MILLI, 200, MILLI), cpu=8000)
-    for workload, summed, step in ((free, True, 1.0), (constrained, False, 2.0)):
+    cases = (
+        (free, fragmentation(node, free) + stranded(node, free), 1.0),
+        (constrained, fragmentation(node, constrained), 2.0),
+        (shared, stranded(node, shared), 2.0),
+    )
+    for workload, want, step in cases:
         trainyard = scorer_named("trainyard")
         got = trainyard.frag(node, ClusterContext(workload=workload))  # type: ignore[attr-defined]
-        want = stranded(node, workload) + (fragmentation(node, workload) if summed else 0.0)
         assert got == pytest.approx(want)
         assert trainyard.step == step  # type: ignore[attr-defined]
-    assert fragmentation(node, free) > 0  # the sum differs from the stranded measure here
+    # The measures differ on this node: the CPU leaves two of its GPUs to no task.
+    assert stranded(node, free) > 0
+    assert stranded(node, constrained) != fragmentation(node, constrained)
+    assert stranded(node, shared) != fragmentation(node, shared)
 
 
 def test_the_summed_measure_is_both_measures_added_to_the_bit_without_multi_gpu_strands() -> None:
@@ -391,22 +407,32 @@ def nodes_to_measure() -> list[NodeState]:
         state((0,) * 4 + (MILLI,) * 4, cpu=48_000, memory=196_608),
         state((500,) + (MILLI,) * 3, cpu=48_000, memory=196_608),
         state((0,) * 7 + (MILLI,), cpu=48_000, memory=196_608),
+        state((MILLI,) * 4, cpu=2000, memory=196_608),  # CPU for two one-GPU tasks
+        state((MILLI,) * 4, cpu=48_000, memory=196_608, model="v100"),
     ]
 
 
-def test_the_stranded_measure_alone_keeps_the_papers_workload() -> None:
-    # Constrained tasks ask for half the GPUs: the stranded measure alone, at twice the
-    # step, and without the added multi-GPU shapes (it would count their strands).
+def test_a_measure_alone_keeps_the_papers_workload() -> None:
+    # Constrained tasks ask for half the GPUs: one measure alone, at twice the step, and
+    # without the added multi-GPU shapes (the stranded measure would count their
+    # leftover whole GPUs lost; among constrained tasks they cost FGD's). FGD's without
+    # sharing tasks, the stranded one with shares asking for a quarter of the GPUs.
     t4 = Demand(cpu_milli=1000, memory_mib=1024, gpu_count=1, gpu_milli=MILLI,
                 gpu_models=frozenset({"t4"}))  # fmt: skip
-    paper = (Typical(whole(1), 0.5), Typical(t4, 0.5))
-    wide = (Typical(whole(1), 0.45), Typical(t4, 0.45), Typical(whole(8, cpu=8000), 0.1))
-    scorer = Trainyard()
-    measure = scorer.measure_for(ClusterContext(workload=paper, workload_by_gpus=wide))
-    assert scorer.step == 2
-    assert [measure(n) for n in nodes_to_measure()] == [
-        stranded_measure(paper)(n) for n in nodes_to_measure()
-    ]
+    eight = Typical(whole(8, cpu=8000), 0.1)
+    for paper, measure_of in (
+        ((Typical(whole(1), 0.5), Typical(t4, 0.5)), fragmentation_measure),
+        ((Typical(share(400), 0.5), Typical(t4, 0.5)), stranded_measure),
+    ):
+        wide = (*(Typical(t.demand, 0.45) for t in paper), eight)
+        scorer = Trainyard()
+        measure = scorer.measure_for(ClusterContext(workload=paper, workload_by_gpus=wide))
+        assert scorer.step == 2
+        got = [measure(n) for n in nodes_to_measure()]
+        assert got == [measure_of(paper)(n) for n in nodes_to_measure()]
+        assert got != [measure_of(wide)(n) for n in nodes_to_measure()]
+        other = stranded_measure if measure_of is fragmentation_measure else fragmentation_measure
+        assert got != [other(paper)(n) for n in nodes_to_measure()]
 
 
 def test_the_rules_read_the_papers_workload_and_the_sum_the_wider_one() -> None:

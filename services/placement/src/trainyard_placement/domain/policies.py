@@ -242,12 +242,18 @@ def _points(delta: float, step: float) -> float:
 # 0.30 and 0.38: the full sum was ahead up to 0.24, the shares-only sum from 0.30;
 # docs/placement.md). Until 2026-11-26 FGD itself took over there.
 MULTI_GPU_SHARE_FOR_SHARES_ONLY = 0.25
-# ... follows the stranded measure alone, at twice the paper's step, where tasks naming
-# the GPU models they may use ask for more than this share of the GPU demand: a tenth,
-# not fitted (the develop mixes have 0.014, where the sum of both measures was ahead of
-# the stranded one alone, and 0.218, where it fell 1.3 points below it and FGD);
+# ... follows one measure alone, at twice the paper's step, where tasks naming the GPU
+# models they may use ask for more than this share of the GPU demand: a tenth, not fitted
+# (the develop mixes have 0.014, where the sum of both measures was ahead, and 0.106 to
+# 0.370: on the four of them where it was run, the sum fell behind both measures alone);
 # elsewhere, the sum of both measures at the paper's step.
-CONSTRAINED_SHARE_FOR_STRANDED = 0.1
+CONSTRAINED_SHARE_FOR_ONE_MEASURE = 0.1
+# There the stranded measure, where sharing tasks ask for more than this share of the GPU
+# demand, and FGD's otherwise: the develop mixes put FGD's measure ahead at sharing
+# shares 0 to 0.206 (by 0.33 to 2.10) and the stranded one ahead at 0.253 and 0.410 (by
+# 0.66 and 0.62), mixed at 0.29-0.30 (three of five; docs/placement.md, "Constrained
+# tasks"). Without shares to fill, every measure with a stranded part fell behind FGD's.
+SHARING_SHARE_FOR_STRANDED = 0.25
 
 
 def multi_gpu_share(workload: tuple[Typical, ...]) -> float:
@@ -274,9 +280,14 @@ def _shares_only(workload: tuple[Typical, ...]) -> bool:
     return multi_gpu_share(workload) > MULTI_GPU_SHARE_FOR_SHARES_ONLY
 
 
-def _stranded_alone(workload: tuple[Typical, ...]) -> bool:
+def sharing_share(workload: tuple[Typical, ...]) -> float:
+    """The share of the workload's GPU demand asked by tasks of part of one GPU."""
+    return _gpu_share(workload, lambda demand: demand.is_share)
+
+
+def _one_measure(workload: tuple[Typical, ...]) -> bool:
     return not _shares_only(workload) and (
-        constrained_share(workload) > CONSTRAINED_SHARE_FOR_STRANDED
+        constrained_share(workload) > CONSTRAINED_SHARE_FOR_ONE_MEASURE
     )
 
 
@@ -288,8 +299,10 @@ class Trainyard(Fgd):
     slots they need together), at the paper's step. Where multi-GPU tasks ask for a
     quarter of the GPUs (MULTI_GPU_SHARE_FOR_SHARES_ONLY), the stranded part counts the
     sharing shapes only; where tasks naming GPU models ask for a tenth
-    (CONSTRAINED_SHARE_FOR_STRANDED), the stranded measure alone at twice the step
-    (near-equal placements tie and go to the earlier node, which packs). The rules
+    (CONSTRAINED_SHARE_FOR_ONE_MEASURE), one measure alone at twice the step
+    (near-equal placements tie and go to the earlier node, which packs): the stranded
+    one where sharing tasks ask for a quarter of the GPUs (SHARING_SHARE_FOR_STRANDED),
+    FGD's otherwise. The rules
     read the paper's target workload; the measure counts, beside its shapes, the
     multi-GPU shapes the GPU demand needs (``ClusterContext.workload_by_gpus``): few by
     count, they are left out of the paper's workload even where they ask for a tenth of
@@ -300,21 +313,24 @@ class Trainyard(Fgd):
     step: float = 1.0
 
     def depends_on(self, ctx: ClusterContext) -> object:
-        # The stranded measure alone does not read the workload by GPUs: its changes
-        # keep the memos there.
-        if _stranded_alone(ctx.workload):
+        # A measure alone does not read the workload by GPUs: its changes keep the memos
+        # there.
+        if _one_measure(ctx.workload):
             return ctx.workload, None
         return ctx.workload, ctx.workload_by_gpus
 
     def measure_for(self, ctx: ClusterContext) -> Measure:
         # The rules read the paper's workload (where they were chosen). The sums count
-        # the multi-GPU shapes the GPU demand needs too, in FGD's part; the stranded
-        # measure alone does not: it would call their leftover whole GPUs lost, which is
-        # why the sums leave multi-GPU shapes out of their stranded part.
+        # the multi-GPU shapes the GPU demand needs too, in FGD's part; a measure alone
+        # does not: the stranded one would call their leftover whole GPUs lost (why the
+        # sums leave them out of their stranded part), and among constrained shapes they
+        # cost FGD's 0.4 to 6.6 points (docs/placement.md, "Constrained tasks").
         workload = ctx.workload
-        if _stranded_alone(workload):
+        if _one_measure(workload):
             self.step = 2 * Fgd.step
-            return stranded_measure(workload)
+            if sharing_share(workload) > SHARING_SHARE_FOR_STRANDED:
+                return stranded_measure(workload)
+            return fragmentation_measure(workload)
         self.step = Fgd.step
         shapes = workload if ctx.workload_by_gpus is None else ctx.workload_by_gpus
         return summed_measure(shapes, shares_only=_shares_only(workload))
