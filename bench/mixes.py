@@ -22,9 +22,12 @@ pods; what each variant of its published lists holds shows how (bench/README.md,
 - ``cpu`` L: CPU-only pods make up a share L of all the pods, drawn with replacement
   from the default list's, the GPU pods unchanged (cpu250: 25 %, the default 13.3 %).
 
+Two families at once: ``--family share --level 0.05 --then spec 0.3`` varies the mix
+again (the second family drawn from the first's result, with the same random source).
+
 ``--suite DIR`` writes the mixes the placement work develops against and, apart, the
-ones kept aside for validation (``SUITE``): the levels of a family are split so that
-neither set holds every level of it.
+ones kept aside for validation (``SUITE``, and ``COMBINED`` for two families at once):
+the levels of a family are split so that neither set holds every level of it.
 """
 
 from __future__ import annotations
@@ -68,6 +71,16 @@ SUITE: dict[str, list[tuple[str, float]]] = {
         ("spec", 0.1), ("spec", 0.33),
         ("cpu", 0.12), ("cpu", 0.3),
     ],
+}  # fmt: skip
+# Few sharing tasks among many GPU-model constraints, where the policy chooses between
+# its two measures by the sharing tasks' share of the GPU demand (added 2026-11-27, after
+# draws of them put the policy of the day before 0.6-3.5 behind FGD; docs/placement.md,
+# "Constrained tasks among few sharing ones").
+COMBINED: dict[str, list[tuple[tuple[str, float], ...]]] = {
+    "develop": [(("share", 0.0), ("spec", 0.2)), (("share", 0.05), ("spec", 0.3)),
+                (("share", 0.25), ("spec", 0.2))],
+    "held_out": [(("share", 0.02), ("spec", 0.15)), (("share", 0.15), ("spec", 0.3)),
+                 (("share", 0.33), ("spec", 0.3))],
 }  # fmt: skip
 
 Row = dict[str, str]
@@ -141,6 +154,19 @@ def mix(
     return [{**p, "name": f"mix-pod-{i:05d}"} for i, p in enumerate(out)]
 
 
+def mix_in_turn(
+    pods: list[Row],
+    steps: Sequence[tuple[str, float]],
+    rng: random.Random,
+    specs: Sequence[str] = (),
+) -> list[Row]:
+    """``pods`` varied along each (family, level) of ``steps`` in turn, each drawing from
+    the mix before it."""
+    for family, level in steps:
+        pods = mix(pods, family, level, rng, specs)
+    return pods
+
+
 def write(rows: list[Row], path: Path) -> None:
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -148,8 +174,8 @@ def write(rows: list[Row], path: Path) -> None:
         writer.writerows(rows)
 
 
-def name_of(family: str, level: float) -> str:
-    return f"mix_{family}{round(level * 100):03d}"
+def name_of(*steps: tuple[str, float]) -> str:
+    return "mix_" + "_".join(f"{family}{round(level * 100):03d}" for family, level in steps)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="a pod list whose gpu_spec values are drawn for 'spec' mixes")  # fmt: skip
     parser.add_argument("--family", choices=FAMILIES)
     parser.add_argument("--level", type=float)
+    parser.add_argument("--then", nargs=2, metavar=("FAMILY", "LEVEL"),
+                        help="vary the mix again along a second family")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--suite", type=Path, help="write every SUITE mix under this directory")
@@ -168,13 +196,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.suite:
         for part, items in SUITE.items():
             (args.suite / part).mkdir(parents=True, exist_ok=True)
-            for family, level in items:
-                rows = mix(pods, family, level, random.Random(args.seed), specs)
-                write(rows, args.suite / part / f"{name_of(family, level)}.csv")
+            for steps in [((family, level),) for family, level in items] + COMBINED[part]:
+                rows = mix_in_turn(pods, steps, random.Random(args.seed), specs)
+                write(rows, args.suite / part / f"{name_of(*steps)}.csv")
         return 0
     if args.family is None or args.level is None or args.out is None:
         parser.error("--family, --level and --out (or --suite)")
-    write(mix(pods, args.family, args.level, random.Random(args.seed), specs), args.out)
+    steps = [(args.family, args.level)]
+    if args.then:
+        if args.then[0] not in FAMILIES:
+            parser.error(f"--then: the family must be one of {', '.join(FAMILIES)}")
+        try:
+            steps.append((args.then[0], float(args.then[1])))
+        except ValueError:
+            parser.error(f"--then: the level must be a number, not {args.then[1]!r}")
+    write(mix_in_turn(pods, steps, random.Random(args.seed), specs), args.out)
     return 0
 
 

@@ -195,6 +195,24 @@ def test_mixes_vary_one_class_of_pods_to_the_level_asked(tmp_path: Path) -> None
         mixes.mix(pods, "nope", 0.5, rng)
     with pytest.raises(ValueError):
         mixes.mix(pods, "cpu", 1.0, rng)
+    # Two families in turn: no sharing pod left, then a quarter of the GPU pods
+    # constrained, from the command line as in the suite.
+    both = mixes.mix_in_turn(pods, [("share", 0.0), ("spec", 0.25)], rng, ["T4"])
+    assert not any(map(mixes.is_sharing, both))
+    assert sum(1 for p in both if p["gpu_spec"] == "T4") == 2
+    out = tmp_path / "both.csv"
+    specs = tmp_path / "specs.csv"
+    specs.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\nx,1,1,1,1000,A10\n")
+    argv = ["--pods", str(tmp_path / "pods.csv"), "--specs", str(specs)]
+    assert mixes.main([*argv, "--family", "share", "--level", "0", "--then", "spec", "0.25",
+                       "--out", str(out)]) == 0  # fmt: skip
+    written = mixes.load(out)
+    assert not any(map(mixes.is_sharing, written))
+    assert sum(1 for p in written if p["gpu_spec"] == "A10") == 2
+    with pytest.raises(SystemExit):
+        mixes.main([*argv, "--family", "share", "--level", "0", "--then", "gpu", "1",
+                    "--out", str(out)])  # fmt: skip
+    assert mixes.name_of(("share", 0.05), ("spec", 0.3)) == "mix_share005_spec030"
 
 
 def test_placement_mixes_compares_the_policy_with_fgd_on_every_mix(
