@@ -45,6 +45,7 @@ from trainyard_placement.domain.scoring import (
     Scorer,
     Typical,
     fragmentation,
+    model_scarcity,
     target_workloads,
 )
 
@@ -527,9 +528,13 @@ def context_for(nodes: Sequence[NodeState], pods: Sequence[Pod], seed: int) -> C
     counts = Counter(p.demand for p in pods)
     capacity = (sum(n.cpu_capacity for n in nodes), sum(len(n.gpu_free) for n in nodes) * MILLI)
     workload, by_gpus = target_workloads(counts, *capacity)
+    by_model: Counter[str] = Counter()
+    for n in nodes:
+        by_model[n.model or ""] += len(n.gpu_free)
     return ClusterContext(
         workload=workload,
         workload_by_gpus=by_gpus,
+        scarcity=model_scarcity(counts, by_model),
         max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(n.cpu_capacity for n in nodes)]),
         max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(len(n.gpu_free) * MILLI for n in nodes)]),
         rng=random.Random(seed),

@@ -24,6 +24,7 @@ from trainyard_placement.domain.policies import (
     UnknownPolicy,
     scorer_named,
 )
+from trainyard_placement.domain.queue import QueuedJob
 from trainyard_placement.domain.scoring import (
     TYPICAL_COVERAGE,
     ClusterContext,
@@ -464,6 +465,96 @@ def test_only_multi_gpu_shapes_join_by_gpus() -> None:
     assert [t.demand for t in typical_workload(demands)] == [whole(1)]
     wide = typical_workload(demands, gpu_coverage=1.0)
     assert [t.demand for t in wide] == [whole(1), whole(8)]
+
+
+# --- scarce GPU models ------------------------------------------------------------------------
+
+
+def test_a_models_scarcity_is_its_share_of_the_demand_over_its_share_of_the_gpus() -> None:
+    from trainyard_placement.domain.scoring import model_scarcity
+
+    t4 = Demand(1000, 1024, 1, MILLI, frozenset({"t4"}))
+    either = Demand(1000, 1024, 2, MILLI, frozenset({"t4", "p100", "h100"}))  # no h100 here
+    counts = {whole(1): 50, t4: 10, either: 10, share(500): 40, cpu_only(4000): 99}
+    # 100 GPUs asked: t4 10 + 10 of the 20 either asks, p100 the other 10.
+    gpus = {"g2": 60, "t4": 10, "p100": 30}
+    assert model_scarcity(counts, gpus) == (("p100", pytest.approx(0.1 / 0.3)), ("t4", 1.0))
+    assert dict(model_scarcity({t4: 1, whole(1): 99}, gpus))["t4"] == pytest.approx(0.1)
+    assert model_scarcity({whole(1): 5}, gpus) == ()  # no task names a model
+    assert model_scarcity({t4: 0, whole(1): 5}, gpus) == ()
+    assert model_scarcity({t4: 3}, {}) == ()
+    assert model_scarcity({cpu_only(1000): 3}, gpus) == ()
+
+
+def test_the_scarce_measure_counts_a_scarce_models_gpus_taken() -> None:
+    from trainyard_placement.domain.scoring import scarce_measure
+
+    def base(node: NodeState) -> float:
+        return 7.0
+
+    assert scarce_measure(base, ()) is base
+    assert scarce_measure(base, (("t4", 0.5),), 0.0) is base
+    measure = scarce_measure(base, (("t4", 0.5), ("p100", 1.0)), 2.0)
+    assert measure(state((MILLI, 300, 0), model="t4")) == 7.0 + 2.0 * 0.5 * 1700
+    assert measure(state((MILLI, MILLI), model="p100")) == 7.0  # nothing taken yet
+    assert measure(state((0, MILLI), model="g2")) == 7.0  # not a scarce model
+    assert measure(state((0, MILLI), model=None)) == 7.0
+
+
+def test_trainyard_keeps_a_scarce_models_gpus_for_the_tasks_that_need_them() -> None:
+    # Two nodes alike but for their model; the T4 node comes first, so a tie goes to it.
+    nodes = {
+        "t4": state((MILLI,) * 4, cpu=48_000, memory=196_608, model="t4"),
+        "g2": state((MILLI,) * 4, cpu=48_000, memory=196_608, model="g2"),
+    }
+    paper = (Typical(whole(1), 1.0),)
+    scorer = scorer_named("trainyard")
+
+    def choice(ctx: ClusterContext, demand: Demand) -> str:
+        fits = [name for name, node in nodes.items()
+                if not demand.gpu_models or node.model in demand.gpu_models]  # fmt: skip
+        scores = {name: scorer.score(nodes[name], demand, ctx) for name in fits}
+        return max(fits, key=lambda name: (scores[name], name == "t4"))
+
+    scarce = ClusterContext(workload=paper, scarcity=(("t4", 1.0),))
+    assert choice(ClusterContext(workload=paper), whole(1)) == "t4"
+    assert choice(scarce, whole(1)) == "g2"  # the same scorer follows the new scarcity
+    assert choice(replace(scarce, scarcity=(("t4", 1.0),)), whole(1)) == "g2"  # an equal copy
+    t4 = Demand(1000, 1024, 1, MILLI, frozenset({"t4"}))
+    assert choice(scarce, t4) == "t4"  # the tasks naming it still go there
+    assert choice(ClusterContext(workload=paper), whole(1)) == "t4"
+    assert scorer_named("fgd").score(nodes["t4"], whole(1), scarce) == scorer_named("fgd").score(
+        nodes["g2"], whole(1), scarce
+    )  # FGD as the paper defines it ignores it
+
+
+def test_the_scheduler_state_measures_scarcity_over_placed_and_waiting_tasks() -> None:
+    from trainyard_placement.domain.state import gpus_by_model
+
+    nodes = [
+        NodeSpec(name="a", cpu=32, memory_mb=65_536, gpus=8, gpu_type="T4"),
+        NodeSpec(name="b", cpu=32, memory_mb=65_536, gpus=4, gpu_type="G2"),
+        NodeSpec(name="c", cpu=32, memory_mb=65_536),
+    ]
+    assert gpus_by_model(nodes) == {"t4": 8, "g2": 4}
+    sched = SchedulerState(ClusterSpec(nodes=nodes))
+    assert sched.context().scarcity == ()
+
+    def job(name: str, gpu_type: str | None) -> JobSpec:
+        resources = Resources(cpu=1, memory_mb=1024, gpu=1, gpu_type=gpu_type)
+        role = RoleSpec(name="w", replicas=2, command="true", resources=resources)
+        return JobSpec(name=name, roles=[role])
+
+    spec, other = job("t4-job", "t4"), job("any-job", None)
+    sched.enqueue(QueuedJob("j1", spec, arrival_seq=1))
+    sched.enqueue(QueuedJob("j2", other, arrival_seq=2))
+    # Half the GPUs asked must go to T4, which has two thirds of the GPUs.
+    assert sched.context().scarcity == (("t4", pytest.approx(0.75)),)
+    reference = sched.reference_cycle(now=1.0)
+    decisions = sched.cycle(now=1.0)
+    assert decisions == reference
+    placed = {d.job_id: {t.node for t in d.allocation.tasks} for d in decisions}  # type: ignore[union-attr]
+    assert placed == {"j1": {"a"}, "j2": {"b"}}  # the other job keeps off the T4s
 
 
 # --- the registry ----------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from .gang import Plan, Unschedulable
 from .gpu_share import MILLI, Demand
 from .plugins import Candidate, Rules
 from .quota import Usage, borrowers, over_quota_text, usage_of, within
-from .scoring import ClusterContext, Scorer, Typical
+from .scoring import ClusterContext, Scarcity, Scorer, Typical
 from .sizes import at_step, last_step
 
 
@@ -181,8 +181,9 @@ class CycleMemo:
     facts: dict[str, _JobFacts] = field(default_factory=dict)
     base: Snapshot | None = None
     scorer: Scorer | None = None
-    # The context's target workloads (ClusterContext.workload, .workload_by_gpus).
-    workload: tuple[tuple[Typical, ...], tuple[Typical, ...] | None] | None = None
+    # The context's target workloads and scarcity (ClusterContext.workload,
+    # .workload_by_gpus, .scarcity).
+    workload: tuple[tuple[Typical, ...], tuple[Typical, ...] | None, Scarcity] | None = None
     limits: tuple[int, int] | None = None
     drained: frozenset[str] = frozenset()
     views: list[tuple[str | None, list[Allocation], Snapshot]] = field(default_factory=list)
@@ -203,7 +204,11 @@ class CycleMemo:
         drained: AbstractSet[str],
     ) -> None:
         """Keep what the last cycle found if this one starts where it did."""
-        workload = (context.workload, context.workload_by_gpus) if context is not None else None
+        workload = (
+            (context.workload, context.workload_by_gpus, context.scarcity)
+            if context is not None
+            else None
+        )
         limits = (context.max_cpu_milli, context.max_gpu_milli) if context is not None else None
         if not (snapshot is self.base and scorer is self.scorer and drained == self.drained):
             self.base, self.scorer, self.drained = snapshot, scorer, frozenset(drained)

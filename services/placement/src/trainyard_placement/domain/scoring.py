@@ -40,6 +40,13 @@ class Typical:
     freq: float
 
 
+# What a node has lost for a target workload, in milli-GPU (lower is better).
+Measure = Callable[[NodeState], float]
+# GPU model -> how scarce it is for the tasks that name it (``model_scarcity``), in the
+# models' order.
+Scarcity = tuple[tuple[str, float], ...]
+
+
 @dataclass
 class ClusterContext:
     """What a scorer may know beyond the node and the task: the target workload, the
@@ -49,6 +56,8 @@ class ClusterContext:
     # The same with the multi-GPU shapes the GPU demand needs as well, where the GPUs
     # run out before the CPU (``workload_by_gpus``); None: ``workload`` alone.
     workload_by_gpus: tuple[Typical, ...] | None = None
+    # How scarce each GPU model is for the tasks naming it (``model_scarcity``).
+    scarcity: Scarcity = ()
     max_cpu_milli: int = MAX_SPEC_CPU_MILLI
     max_gpu_milli: int = MAX_SPEC_GPU_MILLI
     rng: random.Random = field(default_factory=lambda: random.Random(0))
@@ -58,7 +67,8 @@ class Scorer(Protocol):
     """A placement policy. ``score`` is called only for nodes where ``fits`` holds;
     higher is better, and ties go to the node met first (cluster order). ``deterministic``
     says the score is a function of (node, demand, context.workload,
-    context.workload_by_gpus) alone, so a caller may cache it while those stay the same."""
+    context.workload_by_gpus, context.scarcity) alone, so a caller may cache it while
+    those stay the same."""
 
     name: str
     deterministic: bool
@@ -111,6 +121,50 @@ def workload_by_gpus(
 ) -> tuple[Typical, ...] | None:
     """``ClusterContext.workload_by_gpus`` alone (``target_workloads``)."""
     return target_workloads(counts, cpu_milli, gpu_milli)[1]
+
+
+def model_scarcity(counts: Mapping[Demand, int], gpus_by_model: Mapping[str, int]) -> Scarcity:
+    """How scarce each GPU model is for the tasks that name it: the share of the GPU
+    demand that must go to the model (a task naming several models counted evenly
+    among those the cluster has) over the model's share of the cluster's GPUs, at most
+    1; models no task names are left out. A model at 1 is asked for all its GPUs by
+    the tasks that can run nowhere else, so each of its GPUs another task takes is one
+    they lose (docs/placement.md, "Scarce GPU models")."""
+    capacity = sum(gpus_by_model.values())
+    demand = 0
+    named: dict[str, float] = {}
+    for d, n in counts.items():
+        asked = n * d.gpu_count * d.gpu_milli
+        if n <= 0 or not asked:
+            continue
+        demand += asked
+        models = [m for m in d.gpu_models if gpus_by_model.get(m)]
+        for model in models:
+            named[model] = named.get(model, 0.0) + asked / len(models)
+    if not demand or not capacity:
+        return ()
+    return tuple(
+        (model, min(1.0, (asked / demand) / (gpus_by_model[model] / capacity)))
+        for model, asked in sorted(named.items())
+    )
+
+
+def scarce_measure(measure: Measure, scarcity: Scarcity, weight: float = 1.0) -> Measure:
+    """``measure`` plus, on a node of a scarce model, the milli-GPU taken there times the
+    model's scarcity (and ``weight``): what the tasks that need the model are expected
+    to lose. A task naming one model pays it on every node it may use; a task that
+    could run elsewhere pays it only where it takes a scarce model's GPUs."""
+    weights = {model: weight * value for model, value in scarcity if value and weight}
+    if not weights:
+        return measure
+
+    def scarce(node: NodeState) -> float:
+        paid = weights.get(node.model) if node.model is not None else None
+        if paid is None:
+            return measure(node)
+        return measure(node) + paid * (len(node.gpu_free) * MILLI - sum(node.gpu_free))
+
+    return scarce
 
 
 Shape = tuple[int, int, int, frozenset[str]]  # CPU, GPUs, milli per GPU, models
@@ -193,9 +247,6 @@ def stranded(node: NodeState, workload: Sequence[Typical]) -> float:
     CPU for one task are three stranded GPUs, and 1000 milli free hold two 460-milli
     shares, leaving 80."""
     return stranded_measure(workload)(node)
-
-
-Measure = Callable[[NodeState], float]
 
 
 def fragmentation_measure(workload: Sequence[Typical]) -> Measure:

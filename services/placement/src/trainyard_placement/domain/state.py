@@ -38,6 +38,7 @@ from .scoring import (
     MAX_SPEC_GPU_MILLI,
     ClusterContext,
     Scorer,
+    model_scarcity,
     target_workloads,
 )
 from .sizes import sized_to
@@ -185,20 +186,20 @@ class SchedulerState:
     def _inputs(self, kept: _Kept) -> tuple[object, ...]:
         """What a cycle starts from besides the queue: the changes counted, then what
         may be set from outside (the policy, the rules, drained nodes, preemptions and
-        interruptions restored by the service), then the kept snapshot and workload (the
-        same objects while they stay the same)."""
+        interruptions restored by the service), then the kept snapshot, workload and
+        scarcity (the same objects while they stay the same)."""
         context = kept.context()
         return (self._changes, self.scorer, self.rules, frozenset(self.drained),
                 dict(self.preemptions), dict(self.interrupting),
                 (context.max_cpu_milli, context.max_gpu_milli), kept.snapshot(),
-                context.workload, context.workload_by_gpus)  # fmt: skip
+                context.workload, context.workload_by_gpus, context.scarcity)  # fmt: skip
 
     def _same_inputs(self, inputs: tuple[object, ...]) -> bool:
         last = self._last_inputs
         return (last is not None and last[0] == inputs[0] and last[1] is inputs[1]
                 and last[2] is inputs[2] and last[3:7] == inputs[3:7]
                 and last[7] is inputs[7] and last[8] is inputs[8]
-                and last[9] is inputs[9])  # fmt: skip
+                and last[9] is inputs[9] and last[10] is inputs[10])  # fmt: skip
 
     def reference_cycle(
         self, now: float | None = None, *, scorer: Scorer | None = None
@@ -219,10 +220,12 @@ class SchedulerState:
             for job_id, allocation in self.placed.items()
         }
         nodes = self.cluster.nodes
-        workload, by_gpus = target_workloads(Counter(self._demands()), *capacity_milli(nodes))
+        counts = Counter(self._demands())
+        workload, by_gpus = target_workloads(counts, *capacity_milli(nodes))
         context = ClusterContext(
             workload=workload,
             workload_by_gpus=by_gpus,
+            scarcity=model_scarcity(counts, gpus_by_model(nodes)),
             max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in nodes)]),
             max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in nodes)]),
         )
@@ -316,6 +319,17 @@ def capacity_milli(nodes: Iterable[NodeSpec]) -> tuple[int, int]:
     return cpu, gpu
 
 
+def gpus_by_model(nodes: Iterable[NodeSpec]) -> dict[str, int]:
+    """The cluster's GPUs by model (lower case, as tasks name them); nodes whose GPUs
+    name no model count under ""."""
+    found: dict[str, int] = {}
+    for node in nodes:
+        if node.gpus:
+            model = (node.gpu_type or "").lower()
+            found[model] = found.get(model, 0) + node.gpus
+    return found
+
+
 class _Kept:
     """What SchedulerState keeps for its cycles, for one cluster: the snapshot (nodes to
     derive again marked ``dirty``), the target workload's task shapes counted, each
@@ -332,6 +346,7 @@ class _Kept:
             max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in nodes)]),
         )
         self.capacity = capacity_milli(nodes)
+        self.gpus_by_model = gpus_by_model(nodes)
         self._snapshot = Snapshot.of(state.cluster, state.placed.values())
         self.dirty: set[str] = set()
         # Placed jobs: their place in the placement order, the jobs on each node.
@@ -469,13 +484,17 @@ class _Kept:
 
     def context(self) -> ClusterContext:
         if self._context is None:
-            workloads = target_workloads(self.counts, *self.capacity)
+            workloads = (
+                *target_workloads(self.counts, *self.capacity),
+                model_scarcity(self.counts, self.gpus_by_model),
+            )
             old = self.memo.workload
             if old is not None and old == workloads:
                 workloads = old  # the same objects: the scorers' memos need not compare
             self._context = ClusterContext(
                 workload=workloads[0],
                 workload_by_gpus=workloads[1],
+                scarcity=workloads[2],
                 max_cpu_milli=self.limits[0],
                 max_gpu_milli=self.limits[1],
             )
