@@ -210,7 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             steps.append((args.then[0], float(args.then[1])))
         except ValueError:
             parser.error(f"--then: the level must be a number, not {args.then[1]!r}")
-    write(mix_in_turn(pods, steps, random.Random(args.seed), specs), args.out)
+    try:
+        rows = mix_in_turn(pods, steps, random.Random(args.seed), specs)
+    except ValueError as error:
+        parser.error(str(error))
+    write(rows, args.out)
     return 0
 
 

@@ -554,7 +554,16 @@ def test_the_scheduler_state_measures_scarcity_over_placed_and_waiting_tasks() -
     decisions = sched.cycle(now=1.0)
     assert decisions == reference
     placed = {d.job_id: {t.node for t in d.allocation.tasks} for d in decisions}  # type: ignore[union-attr]
-    assert placed == {"j1": {"a"}, "j2": {"b"}}  # the other job keeps off the T4s
+    assert placed == {"j1": {"a"}, "j2": {"b"}}
+    # The state's policy counts the T4s taken at the scarcity times the weight.
+    from trainyard_placement.domain.policies import SCARCITY_WEIGHT
+
+    scorer = sched.scorer
+    assert isinstance(scorer, Trainyard)
+    context = sched.context()
+    t4_node = state((0, 0) + (MILLI,) * 6, cpu=30_000, memory=63_488, model="t4")
+    extra = scorer.measure_for(context)(t4_node) - scorer._chosen_measure(context)(t4_node)
+    assert SCARCITY_WEIGHT > 0 and extra == pytest.approx(SCARCITY_WEIGHT * 0.75 * 2 * MILLI)
 
 
 # --- the registry ----------------------------------------------------------------------------

@@ -172,9 +172,9 @@ class CycleMemo:
     find again). Only deterministic scorers' misfits are kept, and only for shapes
     without ports: those are the same whichever job asked. A gang's misfit depends on
     where the scorer puts its first tasks, so on the target workloads too (the paper's
-    and the one by GPUs): those are dropped when either changes (every arrival may
-    change them); a single task fits nowhere whatever the scores, and reservations are
-    first fit."""
+    and the one by GPUs) and the GPU models' scarcity: those are dropped when any of
+    them changes (every arrival may change them); a single task fits nowhere whatever
+    the scores, and reservations are first fit."""
 
     empty: Snapshot | None = None
     empty_state: dict[str, GroupKey] | None = None

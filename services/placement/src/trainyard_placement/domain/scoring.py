@@ -15,6 +15,7 @@ workload*, the distribution of typical tasks, so it is measured in milli-GPU.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -132,7 +133,10 @@ def model_scarcity(counts: Mapping[Demand, int], gpus_by_model: Mapping[str, int
     they lose (docs/placement.md, "Scarce GPU models")."""
     capacity = sum(gpus_by_model.values())
     demand = 0
-    named: dict[str, float] = {}
+    # The parts of each model's demand, added with fsum: correctly rounded, so the same
+    # float whatever order the counts come in (the scheduler's counts and a fresh count
+    # of the same tasks must give the same scarcity, to the bit).
+    named: dict[str, list[float]] = {}
     for d, n in counts.items():
         asked = n * d.gpu_count * d.gpu_milli
         if n <= 0 or not asked:
@@ -140,12 +144,12 @@ def model_scarcity(counts: Mapping[Demand, int], gpus_by_model: Mapping[str, int
         demand += asked
         models = [m for m in d.gpu_models if gpus_by_model.get(m)]
         for model in models:
-            named[model] = named.get(model, 0.0) + asked / len(models)
+            named.setdefault(model, []).append(asked / len(models))
     if not demand or not capacity:
         return ()
     return tuple(
-        (model, min(1.0, (asked / demand) / (gpus_by_model[model] / capacity)))
-        for model, asked in sorted(named.items())
+        (model, min(1.0, (math.fsum(parts) / demand) / (gpus_by_model[model] / capacity)))
+        for model, parts in sorted(named.items())
     )
 
 
@@ -153,7 +157,11 @@ def scarce_measure(measure: Measure, scarcity: Scarcity, weight: float = 1.0) ->
     """``measure`` plus, on a node of a scarce model, the milli-GPU taken there times the
     model's scarcity (and ``weight``): what the tasks that need the model are expected
     to lose. A task naming one model pays it on every node it may use; a task that
-    could run elsewhere pays it only where it takes a scarce model's GPUs."""
+    could run elsewhere pays it only where it takes a scarce model's GPUs. (The same
+    shift of the gradient is not quite neutral for the first: FGD's score is a sigmoid
+    of the gradient in integer steps, so a shifted gradient falls where the steps are
+    coarser and more of its nodes tie; a large task naming one scarce model mostly
+    goes to the first node that fits. Not measured apart; docs/placement.md.)"""
     weights = {model: weight * value for model, value in scarcity if value and weight}
     if not weights:
         return measure
