@@ -161,7 +161,8 @@ def scarce_measure(measure: Measure, scarcity: Scarcity, weight: float = 1.0) ->
     shift of the gradient is not quite neutral for the first: FGD's score is a sigmoid
     of the gradient in integer steps, so a shifted gradient falls where the steps are
     coarser and more of its nodes tie; a large task naming one scarce model mostly
-    goes to the first node that fits. Not measured apart; docs/placement.md.)"""
+    goes to the first node that fits. Taking the shift out of such tasks' scores moved
+    13 develop mixes by −0.05 to +0.06 only; docs/placement.md.)"""
     weights = {model: weight * value for model, value in scarcity if value and weight}
     if not weights:
         return measure
