@@ -216,10 +216,16 @@ def test_trainyard_sums_both_measures_unless_gpu_model_constrained_tasks_ask_for
     assert sharing_share(shared) == pytest.approx(250 / 750)
     # Three GPUs with room for one task by CPU, one device too full for the share.
     node = state((MILLI, MILLI, 200, MILLI), cpu=8000)
+    # Shares asking a nineteenth of the GPUs (FGD's measure), then a ninth (stranded).
+    few = (Typical(whole(1, cpu=8000), 0.55), Typical(share(500), 0.1), Typical(t4, 0.35))
+    some = (Typical(whole(1, cpu=8000), 0.45), Typical(share(500), 0.2), Typical(t4, 0.35))
+    assert sharing_share(few) < SHARING_SHARE_FOR_STRANDED < sharing_share(some)
     cases = (
         (free, fragmentation(node, free) + stranded(node, free), 1.0),
         (constrained, fragmentation(node, constrained), 2.0),
         (shared, stranded(node, shared), 2.0),
+        (few, fragmentation(node, few), 2.0),
+        (some, stranded(node, some), 2.0),
     )
     for workload, want, step in cases:
         trainyard = scorer_named("trainyard")
@@ -417,7 +423,7 @@ def test_a_measure_alone_keeps_the_papers_workload() -> None:
     # Constrained tasks ask for half the GPUs: one measure alone, at twice the step, and
     # without the added multi-GPU shapes (the stranded measure would count their
     # leftover whole GPUs lost; among constrained tasks they cost FGD's). FGD's without
-    # sharing tasks, the stranded one with shares asking for a quarter of the GPUs.
+    # sharing tasks, the stranded one with shares asking for half of the GPUs.
     t4 = Demand(cpu_milli=1000, memory_mib=1024, gpu_count=1, gpu_milli=MILLI,
                 gpu_models=frozenset({"t4"}))  # fmt: skip
     eight = Typical(whole(8, cpu=8000), 0.1)
