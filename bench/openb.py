@@ -21,13 +21,9 @@ from trainyard_common.jobspec import JobSpec, Resources, RoleSpec
 from trainyard_placement.domain.gpu_share import MILLI, Demand
 from trainyard_placement.domain.policies import POLICIES
 from trainyard_placement.domain.scoring import (
-    MAX_SPEC_CPU_MILLI,
-    MAX_SPEC_GPU_MILLI,
     ClusterContext,
-    model_scarcity,
-    target_workloads,
 )
-from trainyard_placement.domain.state import capacity_milli, gpus_by_model
+from trainyard_placement.domain.state import context_of
 
 DATA_DIR = Path(os.environ.get("YARD_OPENB_DIR", "/work/shared/data/openb"))
 DEFAULT_NODES = DATA_DIR / "openb_node_list_all_node.csv"
@@ -127,15 +123,7 @@ def context_for(cluster: ClusterSpec, specs: Sequence[JobSpec]) -> ClusterContex
     """The target workload of the fragmentation-aware policies: the shapes of ``specs``
     (the pod list, as placement_quality.py takes it), and the normalisation spec as
     SchedulerState.context computes it."""
-    counts = Counter(demands(specs))
-    workload, by_gpus = target_workloads(counts, *capacity_milli(cluster.nodes))
-    return ClusterContext(
-        workload=workload,
-        workload_by_gpus=by_gpus,
-        scarcity=model_scarcity(counts, gpus_by_model(cluster.nodes)),
-        max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in cluster.nodes)]),
-        max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in cluster.nodes)]),
-    )
+    return context_of(cluster.nodes, Counter(demands(specs)))
 
 
 def parse_policy(text: str) -> str:

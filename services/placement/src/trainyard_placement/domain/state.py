@@ -21,7 +21,7 @@ What the service layer calls, besides enqueue / commit / release / cycle:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainyard_common.cluster import ClusterSpec, NodeSpec
@@ -219,16 +219,7 @@ class SchedulerState:
             )
             for job_id, allocation in self.placed.items()
         }
-        nodes = self.cluster.nodes
-        counts = Counter(self._demands())
-        workload, by_gpus = target_workloads(counts, *capacity_milli(nodes))
-        context = ClusterContext(
-            workload=workload,
-            workload_by_gpus=by_gpus,
-            scarcity=model_scarcity(counts, gpus_by_model(nodes)),
-            max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in nodes)]),
-            max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in nodes)]),
-        )
+        context = context_of(self.cluster.nodes, Counter(self._demands()))
         return schedule(
             self.queued.values(), Snapshot.of(self.cluster, self.placed.values()),
             scorer or self.scorer, context, rules=self.rules, running=running,
@@ -317,6 +308,19 @@ def capacity_milli(nodes: Iterable[NodeSpec]) -> tuple[int, int]:
         cpu += round(node.cpu * MILLI)
         gpu += node.gpus * MILLI
     return cpu, gpu
+
+
+def context_of(nodes: Sequence[NodeSpec], counts: Mapping[Demand, int]) -> ClusterContext:
+    """The context the policies measure against, derived afresh: the target workloads and
+    the GPU models' scarcity of the tasks counted by demand, on these nodes."""
+    workload, by_gpus = target_workloads(counts, *capacity_milli(nodes))
+    return ClusterContext(
+        workload=workload,
+        workload_by_gpus=by_gpus,
+        scarcity=model_scarcity(counts, gpus_by_model(nodes)),
+        max_cpu_milli=max([MAX_SPEC_CPU_MILLI, *(round(n.cpu * MILLI) for n in nodes)]),
+        max_gpu_milli=max([MAX_SPEC_GPU_MILLI, *(n.gpus * MILLI for n in nodes)]),
+    )
 
 
 def gpus_by_model(nodes: Iterable[NodeSpec]) -> dict[str, int]:
