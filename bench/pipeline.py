@@ -290,11 +290,40 @@ def run_platform(
             if rate:
                 return dict(asyncio.run(offered_load(platform, jobs, rate)))
             if not history:
-                return dict(asyncio.run(run_jobs(platform, jobs, concurrency, held, client)))
+                before = cpu_seconds(platform)
+                measured = dict(asyncio.run(run_jobs(platform, jobs, concurrency, held, client)))
+                after = cpu_seconds(platform)
+                # Each process's CPU per job over the run (the bench's own clients as
+                # "bench"; a task's processes are the launcher's children, not counted).
+                measured["cpu_ms_per_job"] = {
+                    name: round((after[name] - before[name]) * 1000 / jobs, 2)
+                    for name in after
+                    if name in before
+                }
+                return measured
             return asyncio.run(with_history(platform, jobs, concurrency, history, client))
 
 
 HISTORY_CHUNK = 10_000
+
+
+def cpu_seconds(platform: Platform) -> dict[str, float]:
+    """Each service's (and NATS's) CPU time so far, user and system, in seconds."""
+    pids = {name: proc.pid for name, proc in platform.procs.items()}
+    nats_proc = getattr(platform.nats, "_proc", None)
+    if nats_proc is not None:
+        pids["nats"] = nats_proc.pid
+    tick = os.sysconf("SC_CLK_TCK")
+    spent = {}
+    for name, pid in sorted(pids.items()):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
+        spent[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    spent["bench"] = sum(os.times()[:2])
+    return spent
 
 
 def footprint(platform: Platform) -> dict[str, object]:
