@@ -2,7 +2,9 @@
 job through every service, and log lines that carry their job and trace.
 
 A tracer provider is always installed (spans get real ids that travel in message
-headers, and each event's trace id is kept in the job's history). Exporting follows the
+headers, and each event's trace id is kept in the job's history); while nothing is
+exported and no sampler is set, one that gives spans their ids and nothing else
+(``IdsOnlyTracer``). Exporting follows the
 standard variables: ``OTEL_TRACES_EXPORTER`` = ``otlp`` (to ``OTEL_EXPORTER_OTLP_ENDPOINT``
 or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, OTLP over HTTP), ``console`` or ``none`` (the
 default; ``YARD_OTEL_EXPORTER`` is read when it is unset), ``OTEL_SERVICE_NAME`` (default
@@ -27,6 +29,12 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+# A root span's flags (sampled; its trace id random, W3C level 2), and what a child
+# keeps of its parent's, as the SDK sets them.
+_NEW_TRACE = trace.TraceFlags(trace.TraceFlags.SAMPLED | trace.TraceFlags.RANDOM_TRACE_ID)
+_KEPT_FLAGS = trace.TraceFlags.SAMPLED | trace.TraceFlags.RANDOM_TRACE_ID
 
 _configured = False
 _exporting = False
@@ -52,9 +60,14 @@ def setup_telemetry(service: str, exporter: str | None = None) -> None:
     if _configured:
         return
     _configured = True
+    exporter = (exporter or exporter_name()).lower()
+    if exporter == "none" and not os.environ.get("OTEL_TRACES_SAMPLER"):
+        # Spans for nobody: their ids and flags only (IdsOnlyTracer).
+        trace.set_tracer_provider(IdsOnlyTracerProvider())
+        _exporting = False
+        return
     name = os.environ.get("OTEL_SERVICE_NAME") or f"trainyard-{service}"
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    exporter = (exporter or exporter_name()).lower()
     if exporter == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif exporter == "otlp":
@@ -65,6 +78,73 @@ def setup_telemetry(service: str, exporter: str | None = None) -> None:
     _exporting = exporter != "none"
     if _exporting:
         _instrument_clients()
+
+
+class IdsOnlyTracer(trace.Tracer):
+    """What a span is to others when no span leaves the process: its context. Each span
+    gets the ids and flags the SDK's default sampler (parent-based, always on) would
+    give it: the parent's trace id, flags and trace state, or a new sampled trace at a
+    root; a new span id. So the ``traceparent`` a message or a request carries on, and
+    the trace id kept in the history, are what they are while exporting, and an
+    exporting service downstream (or a task tracing itself) records as it would. What
+    the SDK would also do, collect each span's attributes, events and timings for no
+    exporter, is left out: about 12 µs a span (a held submission makes some nine)."""
+
+    _ids = RandomIdGenerator()
+
+    def start_span(
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+        attributes: Any = None,
+        links: Any = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> trace.Span:
+        parent = trace.get_current_span(context).get_span_context()
+        span_id = self._ids.generate_span_id()
+        if not parent.is_valid:
+            return trace.NonRecordingSpan(
+                trace.SpanContext(self._ids.generate_trace_id(), span_id, False, _NEW_TRACE)
+            )
+        flags = parent.trace_flags & _KEPT_FLAGS  # sampled as the parent; random ids as its
+        ids = trace.SpanContext(
+            parent.trace_id, span_id, False, trace.TraceFlags(flags), parent.trace_state
+        )
+        return trace.NonRecordingSpan(ids)
+
+    @contextlib.contextmanager
+    def start_as_current_span(  # type: ignore[override]
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+        attributes: Any = None,
+        links: Any = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ) -> Iterator[trace.Span]:
+        span = self.start_span(name, context)
+        with trace.use_span(
+            span,
+            end_on_exit=end_on_exit,
+            record_exception=record_exception,
+            set_status_on_exception=set_status_on_exception,
+        ) as current:
+            yield current
+
+
+class IdsOnlyTracerProvider(trace.TracerProvider):
+    """The tracer provider while no exporter is set and no sampler asked for."""
+
+    _tracer = IdsOnlyTracer()
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        return self._tracer
 
 
 def exporting() -> bool:
