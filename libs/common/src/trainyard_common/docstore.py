@@ -72,7 +72,8 @@ def _date_text(value: datetime) -> str:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)  # naive means UTC, as for BSON
     value = value.astimezone(UTC)
-    return f"{_DATE}{value:%Y-%m-%dT%H:%M:%S.%f}Z"
+    # The year in four digits as fromisoformat reads it (%Y writes year 999 as "999").
+    return f"{_DATE}{value.year:04d}{value:-%m-%dT%H:%M:%S.%f}Z"
 
 
 def encode(value: Any) -> Any:
@@ -117,8 +118,15 @@ def _param(value: Any) -> Any:
     return encode(value)
 
 
+# Made once: json.dumps with any option makes a new encoder on every call.
+_TO_TEXT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_TO_STRICT_TEXT = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False
+).encode
+
+
 def _dumps(doc: Mapping[str, Any]) -> str:
-    return json.dumps(encode(dict(doc)), separators=(",", ":"), ensure_ascii=False)
+    return _TO_TEXT(encode(dict(doc)))
 
 
 # --- results --------------------------------------------------------------------------
@@ -483,8 +491,15 @@ class SqliteCollection:
     ) -> UpdateResult:
         if not update or not all(str(k).startswith("$") for k in update):
             raise Unsupported("an update is operators ($set, ...), not a document")
+        sets = _top_level_sets(update)
         with self.database.transaction():
-            rows = self._select(query, limit=0 if many else 1)
+            if sets is not None:
+                ids = self._select_ids(query, limit=0 if many else 1)
+                if ids:
+                    return self._set_in_place(ids, sets)
+                rows = []
+            else:
+                rows = self._select(query, limit=0 if many else 1)
             if not rows:
                 if not upsert:
                     return UpdateResult(0, 0)
@@ -501,6 +516,26 @@ class SqliteCollection:
                     self._store(doc_id, text)
                     modified += 1
             return UpdateResult(len(rows), modified)
+
+    def _select_ids(self, query: Mapping[str, Any] | None, limit: int) -> list[str]:
+        where, params = self._where(query)
+        sql = f"SELECT id FROM {self._table} WHERE {where}" + (" LIMIT 1" if limit else "")
+        return [row[0] for row in self.database.conn.execute(sql, params)]
+
+    def _set_in_place(self, ids: list[str], sets: list[tuple[str, str]]) -> UpdateResult:
+        """``$set`` of top-level fields by SQLite's ``json_set`` on the stored text: the
+        document is neither decoded nor encoded whole (a status job's view, a few kB
+        with its spec, was both on every change of its state). ``json_set`` keeps the
+        text of what it does not touch and puts a new field last, as ``_dumps`` of the
+        decoded document would write it: the same text either way
+        (tests/unit/test_docstore_set_in_place.py), so "modified" means the same."""
+        setter = "json_set(doc, " + ", ".join("?, json(?)" for _ in sets) + ")"
+        args = [part for pair in sets for part in pair]
+        cursor = self.database.conn.executemany(
+            f"UPDATE {self._table} SET doc = {setter} WHERE id = ? AND doc IS NOT {setter}",
+            [(*args, doc_id, *args) for doc_id in ids],
+        )
+        return UpdateResult(len(ids), cursor.rowcount)
 
     def _insert(self, doc: Mapping[str, Any]) -> None:
         self.database.conn.execute(
@@ -661,6 +696,24 @@ def _parent(doc: dict[str, Any], field: str, create: bool) -> tuple[dict[str, An
     if not isinstance(node, dict):
         raise Unsupported(f"{field}: a path through a non-document")
     return node, parts[-1]
+
+
+def _top_level_sets(update: Mapping[str, Any]) -> list[tuple[str, str]] | None:
+    """An update that is only ``$set`` of plain top-level fields (not ``_id``) as
+    (JSON path, value as JSON) pairs, for ``json_set``; None for any other update (or a
+    value JSON cannot hold: NaN), which is applied to the decoded document instead."""
+    if len(update) != 1 or not isinstance(fields := update.get("$set"), Mapping) or not fields:
+        return None
+    sets = []
+    for field, value in fields.items():
+        if not isinstance(field, str) or field == "_id" or "." in field or not _NAME.match(field):
+            return None
+        try:
+            text = _TO_STRICT_TEXT(encode(value))
+        except ValueError:
+            return None
+        sets.append((_path(field), text))
+    return sets
 
 
 def upsert_base(query: Mapping[str, Any]) -> dict[str, Any]:
