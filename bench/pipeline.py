@@ -37,8 +37,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Coroutine
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
@@ -258,8 +260,8 @@ def run_on_kube(jobs: int, concurrency: int) -> dict[str, object]:
                 },
             )
             with Platform(config) as platform:
-                measured: dict[str, object] = dict(
-                    asyncio.run(run_jobs(platform, jobs, concurrency))
+                measured = with_cpu(
+                    platform, jobs, run_jobs(platform, jobs, concurrency), kube=kube
                 )
         finally:
             kube.stop()
@@ -290,29 +292,42 @@ def run_platform(
             if rate:
                 return dict(asyncio.run(offered_load(platform, jobs, rate)))
             if not history:
-                before = cpu_seconds(platform)
-                measured = dict(asyncio.run(run_jobs(platform, jobs, concurrency, held, client)))
-                after = cpu_seconds(platform)
-                # Each process's CPU per job over the run (the bench's own clients as
-                # "bench"; a task's processes are the launcher's children, not counted).
-                measured["cpu_ms_per_job"] = {
-                    name: round((after[name] - before[name]) * 1000 / jobs, 2)
-                    for name in after
-                    if name in before
-                }
-                return measured
+                return with_cpu(platform, jobs, run_jobs(platform, jobs, concurrency, held, client))
             return asyncio.run(with_history(platform, jobs, concurrency, history, client))
+
+
+def with_cpu(
+    platform: Platform,
+    jobs: int,
+    run: Coroutine[Any, Any, dict[str, float]],
+    kube: KubeCluster | None = None,
+) -> dict[str, object]:
+    """``run``'s figures, and each process's CPU per job over it (the bench's own
+    clients as "bench"; a local task's processes are the launcher's children, not
+    counted)."""
+    before = cpu_seconds(platform, kube)
+    measured: dict[str, object] = dict(asyncio.run(run))
+    after = cpu_seconds(platform, kube)
+    measured["cpu_ms_per_job"] = {
+        name: round((after[name] - before[name]) * 1000 / jobs, 2)
+        for name in after
+        if name in before
+    }
+    return measured
 
 
 HISTORY_CHUNK = 10_000
 
 
-def cpu_seconds(platform: Platform) -> dict[str, float]:
-    """Each service's (and NATS's) CPU time so far, user and system, in seconds."""
+def cpu_seconds(platform: Platform, kube: KubeCluster | None = None) -> dict[str, float]:
+    """Each service's (and NATS's, and the Kubernetes processes') CPU time so far, user
+    and system, in seconds."""
     pids = {name: proc.pid for name, proc in platform.procs.items()}
     nats_proc = getattr(platform.nats, "_proc", None)
     if nats_proc is not None:
         pids["nats"] = nats_proc.pid
+    for each in kube._procs if kube is not None else ():
+        pids[each.name] = each.proc.pid
     tick = os.sysconf("SC_CLK_TCK")
     spent = {}
     for name, pid in sorted(pids.items()):
