@@ -233,6 +233,11 @@ def api_server_floor(kube: KubeCluster, pods: int) -> dict[str, float]:
             time.sleep(0.1)
         elapsed = time.perf_counter() - start
         http.delete(f"/api/v1/namespaces/{namespace}")
+        # Gone before Trainyard's run: the namespace controller deleting its pods
+        # meanwhile (a DELETE and watch events for each) took from that run's control
+        # plane.
+        while http.get(f"/api/v1/namespaces/{namespace}").status_code != 404:
+            time.sleep(0.2)
     return {"pods": pods, "pods_per_s": round(pods / elapsed, 1)}
 
 
