@@ -167,3 +167,12 @@ async def test_a_large_answer_streams_and_one_cut_short_is_a_503() -> None:
     assert "content-length" not in streamed.headers
     # An answer shorter than its length said is the service's failure, not a short 200.
     assert broken.status_code == 503 and "launcher service unavailable" in broken.text
+
+
+async def test_only_the_forwarded_methods_pass(gateway: httpx.AsyncClient) -> None:
+    listed = await gateway.get("/v1/jobs")
+    assert listed.status_code == 200 and listed.json()["path"] == "/v1/jobs"
+    for method in ("HEAD", "OPTIONS"):
+        refused = await gateway.request(method, "/v1/jobs")
+        assert refused.status_code == 405, method
+        assert "HEAD" not in refused.headers["allow"]
