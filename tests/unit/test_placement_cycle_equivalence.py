@@ -43,9 +43,9 @@ from trainyard_placement.domain.quota import Usage, usage_of, within
 from trainyard_placement.domain.scoring import (
     ClusterContext,
     Typical,
+    target_workloads,
     typical_of_counts,
     typical_workload,
-    workload_by_gpus,
 )
 from trainyard_placement.domain.sizes import at_step, is_elastic, last_step
 from trainyard_placement.domain.state import capacity_milli
@@ -223,8 +223,9 @@ def assert_kept_equals_fresh(state: SchedulerState) -> None:
     groups = {key: list(names) for key, names in state.snapshot().groups().items()}
     assert groups == {key: list(names) for key, names in fresh.groups().items()}
     assert state.context().workload == typical_workload(state._demands())
-    assert state.context().workload_by_gpus == workload_by_gpus(
-        Counter(state._demands()), *capacity_milli(state.cluster.nodes)
+    assert (
+        state.context().workload_by_gpus
+        == target_workloads(Counter(state._demands()), *capacity_milli(state.cluster.nodes))[1]
     )
     running = state._up_to_date().running
     assert set(running) == set(state.placed)
@@ -343,8 +344,9 @@ def test_a_rare_multi_gpu_job_changes_the_workload_by_gpus_alone() -> None:
     after = state.context()
     assert after.workload == before.workload
     assert after.workload_by_gpus != before.workload_by_gpus
-    assert after.workload_by_gpus == workload_by_gpus(
-        Counter(state._demands()), *capacity_milli(nodes)
+    assert (
+        after.workload_by_gpus
+        == target_workloads(Counter(state._demands()), *capacity_milli(nodes))[1]
     )
     assert state.cycle(2.0) == state.reference_cycle(2.0)
 

@@ -33,9 +33,9 @@ from trainyard_placement.domain.scoring import (
     fragmentation_measure,
     stranded_measure,
     summed_measure,
+    target_workloads,
     typical_of_counts,
     typical_workload,
-    workload_by_gpus,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -360,12 +360,12 @@ def test_by_gpus_the_multi_gpu_shapes_the_gpu_demand_needs_join_most_demand_firs
 def test_the_shapes_by_gpus_only_where_the_gpus_run_out_before_the_cpu() -> None:
     counts = Counter({whole(1, cpu=8000): 96, whole(8, cpu=64_000): 4})
     # 1,024 cores for 128 GPUs asked: 8 cores a GPU.
-    wide = workload_by_gpus(counts, cpu_milli=12_000 * 800, gpu_milli=MILLI * 800)
+    wide = target_workloads(counts, cpu_milli=12_000 * 800, gpu_milli=MILLI * 800)[1]
     assert wide is not None and [t.demand.gpu_count for t in wide] == [1, 8]
     assert wide == typical_of_counts(counts, gpu_coverage=TYPICAL_COVERAGE)
-    assert workload_by_gpus(counts, cpu_milli=8_000 * 800, gpu_milli=MILLI * 800) is not None
-    assert workload_by_gpus(counts, cpu_milli=7_900 * 800, gpu_milli=MILLI * 800) is None
-    assert workload_by_gpus(Counter({cpu_only(4000): 3}), 10**6, 10**6) is None
+    assert target_workloads(counts, cpu_milli=8_000 * 800, gpu_milli=MILLI * 800)[1] is not None
+    assert target_workloads(counts, cpu_milli=7_900 * 800, gpu_milli=MILLI * 800)[1] is None
+    assert target_workloads(Counter({cpu_only(4000): 3}), 10**6, 10**6)[1] is None
 
 
 def test_trainyard_keeps_a_whole_node_for_the_multi_gpu_shapes_counted_by_gpus() -> None:

@@ -117,13 +117,6 @@ def target_workloads(
     return paper, _typical(ranked, memory, TYPICAL_COVERAGE, TYPICAL_COVERAGE)
 
 
-def workload_by_gpus(
-    counts: Mapping[Demand, int], cpu_milli: int, gpu_milli: int
-) -> tuple[Typical, ...] | None:
-    """``ClusterContext.workload_by_gpus`` alone (``target_workloads``)."""
-    return target_workloads(counts, cpu_milli, gpu_milli)[1]
-
-
 def model_scarcity(counts: Mapping[Demand, int], gpus_by_model: Mapping[str, int]) -> Scarcity:
     """How scarce each GPU model is for the tasks that name it: the share of the GPU
     demand that must go to the model (a task naming several models counted evenly
