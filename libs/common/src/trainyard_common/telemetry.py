@@ -93,16 +93,9 @@ class IdsOnlyTracer(trace.Tracer):
     _ids = RandomIdGenerator()
 
     def start_span(
-        self,
-        name: str,
-        context: Context | None = None,
-        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
-        attributes: Any = None,
-        links: Any = None,
-        start_time: int | None = None,
-        record_exception: bool = True,
-        set_status_on_exception: bool = True,
+        self, name: str, context: Context | None = None, *_: Any, **__: Any
     ) -> trace.Span:
+        # The span's kind, attributes, links and times: nothing keeps them.
         parent = trace.get_current_span(context).get_span_context()
         span_id = self._ids.generate_span_id()
         if not parent.is_valid:
@@ -117,25 +110,12 @@ class IdsOnlyTracer(trace.Tracer):
 
     @contextlib.contextmanager
     def start_as_current_span(  # type: ignore[override]
-        self,
-        name: str,
-        context: Context | None = None,
-        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
-        attributes: Any = None,
-        links: Any = None,
-        start_time: int | None = None,
-        record_exception: bool = True,
-        set_status_on_exception: bool = True,
-        end_on_exit: bool = True,
+        self, name: str, context: Context | None = None, *_: Any, **__: Any
     ) -> Iterator[trace.Span]:
-        span = self.start_span(name, context)
-        with trace.use_span(
-            span,
-            end_on_exit=end_on_exit,
-            record_exception=record_exception,
-            set_status_on_exception=set_status_on_exception,
-        ) as current:
-            yield current
+        # Ending a span that records nothing, or recording an exception on it, does
+        # nothing; an exception inside passes on as ever.
+        with trace.use_span(self.start_span(name, context), end_on_exit=False) as span:
+            yield span
 
 
 class IdsOnlyTracerProvider(trace.TracerProvider):
