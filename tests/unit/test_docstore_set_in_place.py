@@ -129,3 +129,49 @@ def test_what_json_set_cannot_take_is_still_applied(tmp_path: Path, update: dict
         assert stored(in_place, "d") == stored(decoded, "d")
 
     asyncio.run(run())
+
+
+def test_a_document_that_is_not_strict_json_is_rewritten_whole(tmp_path: Path) -> None:
+    """A NaN or an Infinity stored earlier (the encoder writes them) is text json_set
+    refuses (SQLite 3.40) or reads as null (3.45 on): that document goes the other way."""
+    in_place, decoded = both(tmp_path, "nan")
+    statements: list[str] = []
+    in_place.database.conn.set_trace_callback(statements.append)
+
+    async def run() -> None:
+        for collection in (in_place, decoded):
+            await collection.insert_one({"_id": "odd", "x": math.nan, "y": math.inf, "s": "a"})
+            await collection.insert_one({"_id": "plain", "s": "a"})
+        for doc_id in ("odd", "plain"):
+            fast = await in_place.update_one({"_id": doc_id}, {"$set": {"s": "b"}})
+            slow = await decoded.update_one({"_id": doc_id}, {"$set": {"s": "b"}, **DECODED})
+            assert (fast.matched_count, fast.modified_count) == (1, 1) == (
+                slow.matched_count, slow.modified_count
+            )  # fmt: skip
+            assert stored(in_place, doc_id) == stored(decoded, doc_id)
+        odd = await in_place.find_one({"_id": "odd"})
+        assert odd is not None and math.isnan(odd["x"]) and odd["y"] == math.inf
+        assert odd["s"] == "b"
+
+    asyncio.run(run())
+    # The plain document's change was json_set's, the odd one's a rewrite.
+    updates = [s for s in statements if s.startswith('UPDATE "in_place"')]
+    assert ["json_set" in s for s in updates] == [False, True]
+
+
+def test_the_same_document_is_chosen_and_errors_come_as_before(tmp_path: Path) -> None:
+    in_place, _ = both(tmp_path, "order")
+
+    async def run() -> None:
+        for doc_id in ("z", "a", "m"):
+            await in_place.insert_one({"_id": doc_id, "n": 0})
+        first = await in_place.find_one({})
+        await in_place.update_one({}, {"$set": {"n": 1}})
+        assert first is not None and (await in_place.find_one({"n": 1})) == {**first, "n": 1}
+        # A value no document can hold: nothing matched, nothing to say; else the error.
+        nothing = await in_place.update_one({"_id": "none"}, {"$set": {"bad": {1, 2}}})
+        assert (nothing.matched_count, nothing.modified_count) == (0, 0)
+        with pytest.raises(TypeError):
+            await in_place.update_one({"_id": "a"}, {"$set": {"bad": {1, 2}}})
+
+    asyncio.run(run())

@@ -405,9 +405,10 @@ class SqliteCollection:
         sort: Sequence[tuple[str, int]] = (),
         skip: int = 0,
         limit: int = 0,
+        columns: str = "id, doc",
     ) -> list[tuple[str, str]]:
         where, params = self._where(query)
-        sql = f"SELECT id, doc FROM {self._table} WHERE {where}"
+        sql = f"SELECT {columns} FROM {self._table} WHERE {where}"
         if sort:
             sql += " ORDER BY " + ", ".join(
                 f"{self._expr(f)} {'DESC' if d == DESCENDING else 'ASC'}" for f, d in sort
@@ -493,13 +494,13 @@ class SqliteCollection:
             raise Unsupported("an update is operators ($set, ...), not a document")
         sets = _top_level_sets(update)
         with self.database.transaction():
-            if sets is not None:
-                ids = self._select_ids(query, limit=0 if many else 1)
-                if ids:
-                    return self._set_in_place(ids, sets)
-                rows = []
-            else:
-                rows = self._select(query, limit=0 if many else 1)
+            # With a $set that json_set can apply, a document's text is read only where
+            # it cannot: text that is not strict JSON (a NaN or an Infinity _dumps wrote).
+            rows: Sequence[tuple[str, str | None]] = self._select(
+                query,
+                limit=0 if many else 1,
+                columns="id, doc" if sets is None else f"id, {_UNLESS_STRICT_JSON}",
+            )
             if not rows:
                 if not upsert:
                     return UpdateResult(0, 0)
@@ -507,7 +508,11 @@ class SqliteCollection:
                 self._insert(doc)
                 return UpdateResult(0, 0, _id_of(doc))
             modified = 0
+            if sets is not None:
+                modified = self._set_in_place([i for i, text in rows if text is None], sets)
             for doc_id, old in rows:
+                if old is None:
+                    continue
                 new = apply_update(decode(json.loads(old)), update)
                 if new.get("_id") != doc_id:
                     raise Unsupported("an update cannot change a document's _id")
@@ -517,25 +522,23 @@ class SqliteCollection:
                     modified += 1
             return UpdateResult(len(rows), modified)
 
-    def _select_ids(self, query: Mapping[str, Any] | None, limit: int) -> list[str]:
-        where, params = self._where(query)
-        sql = f"SELECT id FROM {self._table} WHERE {where}" + (" LIMIT 1" if limit else "")
-        return [row[0] for row in self.database.conn.execute(sql, params)]
-
-    def _set_in_place(self, ids: list[str], sets: list[tuple[str, str]]) -> UpdateResult:
+    def _set_in_place(self, ids: list[str], sets: list[tuple[str, str]]) -> int:
         """``$set`` of top-level fields by SQLite's ``json_set`` on the stored text: the
         document is neither decoded nor encoded whole (a status job's view, a few kB
         with its spec, was both on every change of its state). ``json_set`` keeps the
         text of what it does not touch and puts a new field last, as ``_dumps`` of the
         decoded document would write it: the same text either way
-        (tests/unit/test_docstore_set_in_place.py), so "modified" means the same."""
+        (tests/unit/test_docstore_set_in_place.py), so "modified" means the same.
+        Returns how many it modified."""
+        if not ids:
+            return 0
         setter = "json_set(doc, " + ", ".join("?, json(?)" for _ in sets) + ")"
         args = [part for pair in sets for part in pair]
         cursor = self.database.conn.executemany(
             f"UPDATE {self._table} SET doc = {setter} WHERE id = ? AND doc IS NOT {setter}",
             [(*args, doc_id, *args) for doc_id in ids],
         )
-        return UpdateResult(len(ids), cursor.rowcount)
+        return int(cursor.rowcount)
 
     def _insert(self, doc: Mapping[str, Any]) -> None:
         self.database.conn.execute(
@@ -698,6 +701,11 @@ def _parent(doc: dict[str, Any], field: str, create: bool) -> tuple[dict[str, An
     return node, parts[-1]
 
 
+# A row's text where it is not strict JSON (RFC 8259: json_set would refuse it, or on
+# SQLite 3.45 and later read a NaN as null), else NULL.
+_UNLESS_STRICT_JSON = "CASE WHEN json_valid(doc) THEN NULL ELSE doc END"
+
+
 def _top_level_sets(update: Mapping[str, Any]) -> list[tuple[str, str]] | None:
     """An update that is only ``$set`` of plain top-level fields (not ``_id``) as
     (JSON path, value as JSON) pairs, for ``json_set``; None for any other update (or a
@@ -710,7 +718,7 @@ def _top_level_sets(update: Mapping[str, Any]) -> list[tuple[str, str]] | None:
             return None
         try:
             text = _TO_STRICT_TEXT(encode(value))
-        except ValueError:
+        except (ValueError, TypeError):  # the other way says it, if a document matches
             return None
         sets.append((_path(field), text))
     return sets
