@@ -236,7 +236,10 @@ def api_server_floor(kube: KubeCluster, pods: int) -> dict[str, float]:
         # Gone before Trainyard's run: the namespace controller deleting its pods
         # meanwhile (a DELETE and watch events for each) took from that run's control
         # plane.
+        deadline = time.monotonic() + 120
         while http.get(f"/api/v1/namespaces/{namespace}").status_code != 404:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"namespace {namespace} still there after 120 s")
             time.sleep(0.2)
     return {"pods": pods, "pods_per_s": round(pods / elapsed, 1)}
 
