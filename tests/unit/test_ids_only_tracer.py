@@ -4,6 +4,10 @@ depend on whether a service exports."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -63,3 +67,29 @@ def test_an_error_inside_still_propagates() -> None:
     with pytest.raises(ValueError), OURS.start_as_current_span("failing"):
         raise ValueError("the handler's")
     assert not trace.get_current_span().get_span_context().is_valid
+
+
+@pytest.mark.parametrize(
+    ("env", "provider"),
+    [
+        ({}, "IdsOnlyTracerProvider"),
+        ({"OTEL_TRACES_EXPORTER": "none"}, "IdsOnlyTracerProvider"),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio"}, "TracerProvider"),
+        ({"OTEL_SDK_DISABLED": "true"}, "TracerProvider"),
+        ({"OTEL_TRACES_EXPORTER": "console"}, "TracerProvider"),
+    ],
+)
+def test_the_sdk_is_kept_where_it_is_asked_for(env: dict[str, str], provider: str) -> None:
+    # A process sets its tracer provider once: each case in a fresh interpreter.
+    script = (
+        "from opentelemetry import trace\n"
+        "from trainyard_common.telemetry import setup_telemetry\n"
+        "setup_telemetry('t')\n"
+        "print(type(trace.get_tracer_provider()).__name__)\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "YARD_OTEL"))}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env={**clean, **env}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == provider

@@ -3,8 +3,8 @@ job through every service, and log lines that carry their job and trace.
 
 A tracer provider is always installed (spans get real ids that travel in message
 headers, and each event's trace id is kept in the job's history); while nothing is
-exported and no sampler is set, one that gives spans their ids and nothing else
-(``IdsOnlyTracer``). Exporting follows the
+exported and neither a sampler nor ``OTEL_SDK_DISABLED`` is set, one that gives spans
+their ids and nothing else (``IdsOnlyTracer``). Exporting follows the
 standard variables: ``OTEL_TRACES_EXPORTER`` = ``otlp`` (to ``OTEL_EXPORTER_OTLP_ENDPOINT``
 or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, OTLP over HTTP), ``console`` or ``none`` (the
 default; ``YARD_OTEL_EXPORTER`` is read when it is unset), ``OTEL_SERVICE_NAME`` (default
@@ -61,7 +61,8 @@ def setup_telemetry(service: str, exporter: str | None = None) -> None:
         return
     _configured = True
     exporter = (exporter or exporter_name()).lower()
-    if exporter == "none" and not os.environ.get("OTEL_TRACES_SAMPLER"):
+    sdk_asked = os.environ.get("OTEL_TRACES_SAMPLER") or os.environ.get("OTEL_SDK_DISABLED")
+    if exporter == "none" and not sdk_asked:
         # Spans for nobody: their ids and flags only (IdsOnlyTracer).
         trace.set_tracer_provider(IdsOnlyTracerProvider())
         _exporting = False
