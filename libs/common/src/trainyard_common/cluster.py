@@ -25,7 +25,10 @@ class NodeSpec(Model):
     memory_mb: int
     gpus: int = 0
     gpu_type: str | None = None
-    port_range: tuple[int, int] = (20000, 40000)
+    # Below Linux's ephemeral range (32768-60999 by default), from which the kernel
+    # gives every outgoing connection on the machine its local port: a task port drawn
+    # there could be held by one (the task failed with "address already in use").
+    port_range: tuple[int, int] = (20000, 32767)
     labels: list[EnvVar] = Field(default_factory=list)
 
 

@@ -103,7 +103,7 @@ def free_port() -> int:
     connection (to NATS, to the store, between tests) before the child binds it,
     which is what made a service fail to start with "address already in use". Below
     that range only another listener can take it; below 20000, not a task's declared
-    port either (placement hands those out from a node's port range, 20000-40000 by
+    port either (placement hands those out from a node's port range, 20000-32767 by
     default). The race with another listener choosing the same port remains, and is
     small.
     """
