@@ -38,6 +38,10 @@ HOP_BY_HOP = {
 }
 
 
+# What of a service's answer the gateway does not pass on: its own server writes these.
+NOT_RELAYED = HOP_BY_HOP | {"date", "server"}
+
+
 def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
     app = health_app("gateway")
     # A service run as several replicas gets the requests in turn.
@@ -147,11 +151,12 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
             answer.release()
             response = Response(whole, status_code=answer.status)
         # The service's headers as it sent them, repeated ones too (two Set-Cookie stay
-        # two); the length, where there is one, is the response's own.
+        # two); the length, where there is one, is the response's own, and so are the
+        # Date and Server the gateway's server adds (relayed, an answer had two of each).
         response.raw_headers.extend(
             (name.lower(), value)
             for name, value in answer.raw_headers
-            if name.decode("latin-1").lower() not in HOP_BY_HOP
+            if name.decode("latin-1").lower() not in NOT_RELAYED
         )
         return response
 
