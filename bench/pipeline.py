@@ -311,29 +311,38 @@ def with_cpu(
     kube: KubeCluster | None = None,
 ) -> dict[str, object]:
     """``run``'s figures, and each process's CPU per job over it (the bench's own
-    clients as "bench"; a local task's processes are the launcher's children, not
-    counted)."""
+    clients as "bench"; a local task's processes, the launcher's children, are counted
+    only in the whole machine's, "machine")."""
     before = cpu_seconds(platform, kube)
     measured: dict[str, object] = dict(asyncio.run(run))
-    after = cpu_seconds(platform, kube)
-    measured["cpu_ms_per_job"] = {
+    measured["cpu_ms_per_job"] = cpu_per_job(before, cpu_seconds(platform, kube), jobs)
+    return measured
+
+
+def cpu_per_job(before: dict[str, float], after: dict[str, float], jobs: int) -> dict[str, float]:
+    return {
         name: round((after[name] - before[name]) * 1000 / jobs, 2)
         for name in after
         if name in before
     }
-    return measured
 
 
 HISTORY_CHUNK = 10_000
 
 
-def cpu_seconds(platform: Platform, kube: KubeCluster | None = None) -> dict[str, float]:
-    """Each service's (and NATS's, and the Kubernetes processes') CPU time so far, user
-    and system, in seconds."""
+def platform_pids(platform: Platform) -> dict[str, int]:
+    """Each service's process, and NATS's."""
     pids = {name: proc.pid for name, proc in platform.procs.items()}
     nats_proc = getattr(platform.nats, "_proc", None)
     if nats_proc is not None:
         pids["nats"] = nats_proc.pid
+    return pids
+
+
+def cpu_seconds(platform: Platform, kube: KubeCluster | None = None) -> dict[str, float]:
+    """Each service's (and NATS's, and the Kubernetes processes') CPU time so far, user
+    and system, in seconds; the bench's own; the whole machine's ("machine")."""
+    pids = platform_pids(platform)
     for each in kube._procs if kube is not None else ():
         pids[each.name] = each.proc.pid
     tick = os.sysconf("SC_CLK_TCK")
@@ -346,15 +355,25 @@ def cpu_seconds(platform: Platform, kube: KubeCluster | None = None) -> dict[str
         fields = stat.rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
         spent[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     spent["bench"] = sum(os.times()[:2])
+    # The whole machine's busy time, the tasks' processes and the kernel's own threads
+    # included: what the processes above do not account for is the difference. And the
+    # time the hypervisor gave this machine's CPUs to others ("steal"), which slows
+    # everything here without being anyone's CPU time.
+    busy = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, busy[:8])
+    spent["machine"] = (user + nice + system + irq + softirq) / tick
+    spent["steal"] = steal / tick
     return spent
 
 
 def footprint(platform: Platform) -> dict[str, object]:
-    """Each service's resident memory (MB) and the data directory's size (MB) now."""
+    """Each service's and NATS's resident memory (MB) and the data directory's size (MB)
+    now."""
+    pids = platform_pids(platform)
     rss = {}
-    for name, proc in sorted(platform.procs.items()):
+    for name, pid in sorted(pids.items()):
         try:
-            status = Path(f"/proc/{proc.pid}/status").read_text()
+            status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
             continue
         kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
@@ -369,24 +388,32 @@ async def with_history(
     """``jobs`` measured on the fresh platform, then ``history`` more run to the end (in
     chunks, each counted), then ``jobs`` measured again on the same platform: whether any
     stage's cost grows with the jobs it has seen."""
-    first: dict[str, object] = {**await run_jobs(platform, jobs, concurrency, client=client),
-                                **footprint(platform)}  # fmt: skip
+
+    async def measured(count: int) -> dict[str, object]:
+        """One run of ``count`` jobs, each process's CPU a job over it, and the memory
+        after it: which stage's cost grows, if any."""
+        before = cpu_seconds(platform)
+        figures: dict[str, object] = dict(
+            await run_jobs(platform, count, concurrency, client=client)
+        )
+        figures["cpu_ms_per_job"] = cpu_per_job(before, cpu_seconds(platform), count)
+        return {**figures, **footprint(platform)}
+
+    first = await measured(jobs)
     chunks = []
     started = time.perf_counter()
     for done in range(0, history, HISTORY_CHUNK):
-        chunk = await run_jobs(
-            platform, min(HISTORY_CHUNK, history - done), concurrency, client=client
-        )
-        chunks.append(chunk["jobs_end_to_end_per_s"])
-        print(f"history: {done + chunk['jobs']} jobs, {chunk}", file=sys.stderr, flush=True)
+        count = min(HISTORY_CHUNK, history - done)
+        chunk = await measured(count)
+        chunks.append(chunk)
+        print(f"history: {done + count} jobs, {chunk}", file=sys.stderr, flush=True)
     fill = time.perf_counter() - started
-    after = {**await run_jobs(platform, jobs, concurrency, client=client), **footprint(platform)}
     return {
         "fresh": first,
         "history_jobs": history,
-        "history_per_s_by_chunk": chunks,
+        "history_chunks": chunks,
         "history_seconds": round(fill),
-        "after_history": after,
+        "after_history": await measured(jobs),
     }
 
 
