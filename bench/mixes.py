@@ -108,6 +108,12 @@ def mix(
 ) -> list[Row]:
     """The default list ``pods`` varied along ``family`` to ``level`` (the docstring's
     rules). Pure but for ``rng``."""
+    # Every level is a share. Multi-GPU or CPU-only pods cannot be all of it (more are
+    # added until they are: a level of 1 or more would never be reached).
+    whole_allowed = family in ("share", "spec")
+    if not 0 <= level <= 1 or (level == 1 and not whole_allowed):
+        top = "1]" if whole_allowed else "1)"
+        raise ValueError(f"{family}: the level is a share, in [0, {top}, not {level:g}")
     cpu = [p for p in pods if gpu_of(p) == 0]
     gpu = [p for p in pods if gpu_of(p) > 0]
     if family == "share":
@@ -145,8 +151,6 @@ def mix(
                for i, p in enumerate(gpu)]  # fmt: skip
         out = cpu + gpu
     elif family == "cpu":
-        if not 0 <= level < 1:
-            raise ValueError("cpu: the CPU-only pods' share must be in [0, 1)")
         out = rng.choices(cpu, k=round(level * len(gpu) / (1 - level))) + gpu
     else:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}")

@@ -195,6 +195,12 @@ def test_mixes_vary_one_class_of_pods_to_the_level_asked(tmp_path: Path) -> None
         mixes.mix(pods, "nope", 0.5, rng)
     with pytest.raises(ValueError):
         mixes.mix(pods, "cpu", 1.0, rng)
+    # A level that is not a share is refused, never looped on (multi 40 added multi-GPU
+    # pods for ever, 6 GB in ten minutes, before this).
+    for family, level in [("share", 1.5), ("spec", 2.0), ("cpu", -0.1), ("share", -0.5),
+                          ("multi", 1.0), ("multi", 40.0)]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"{family}: the level is a share"):
+            mixes.mix(pods, family, level, rng, ["T4"])
     # Two families in turn: no sharing pod left, then a quarter of the GPU pods
     # constrained, from the command line as in the suite.
     both = mixes.mix_in_turn(pods, [("share", 0.0), ("spec", 0.25)], rng, ["T4"])
