@@ -108,6 +108,8 @@ def mix(
 ) -> list[Row]:
     """The default list ``pods`` varied along ``family`` to ``level`` (the docstring's
     rules). Pure but for ``rng``."""
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}")
     # Every level is a share. Multi-GPU or CPU-only pods cannot be all of it (more are
     # added until they are: a level of 1 or more would never be reached).
     whole_allowed = family in ("share", "spec")
@@ -150,10 +152,8 @@ def mix(
         gpu = [{**p, "gpu_spec": rng.choice(specs) if i in chosen else ""}
                for i, p in enumerate(gpu)]  # fmt: skip
         out = cpu + gpu
-    elif family == "cpu":
+    else:  # cpu
         out = rng.choices(cpu, k=round(level * len(gpu) / (1 - level))) + gpu
-    else:
-        raise ValueError(f"family must be one of {', '.join(FAMILIES)}")
     rng.shuffle(out)
     return [{**p, "name": f"mix-pod-{i:05d}"} for i, p in enumerate(out)]
 
