@@ -40,6 +40,8 @@ HOP_BY_HOP = {
 
 # What of a service's answer the gateway does not pass on: its own server writes these.
 NOT_RELAYED = HOP_BY_HOP | {"date", "server"}
+# The methods forwarded to the services (HEAD and OPTIONS are refused with a 405).
+FORWARDED = ["GET", "POST", "PUT", "DELETE", "PATCH"]
 
 
 def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
@@ -167,9 +169,6 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
     forwarding.methods = set(FORWARDED)  # Starlette adds HEAD to a GET route: refused, as before
     app.router.routes.append(forwarding)
     return app
-
-
-FORWARDED = ["GET", "POST", "PUT", "DELETE", "PATCH"]
 
 
 CONSOLE = Path(__file__).parent / "console"
