@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import httpx
+from nats.js.errors import NotFoundError
 
 from trainyard_common.bus import Bus
-from trainyard_common.events import JobPlaced, JobQueued, decode
+from trainyard_common.events import Event, JobPlaced, JobQueued, decode
 from trainyard_common.jobspec import JobSpec, Resources, RoleSpec
 from trainyard_common.subjects import STREAM
 from trainyard_stack.components import free_port
@@ -111,17 +112,28 @@ class Replica:
         return self.proc.returncode if self.proc else None
 
 
-async def placed_events(bus: Bus) -> list[JobPlaced]:
-    """Every JobPlaced in the stream, duplicates included (read by sequence)."""
-    info = await bus.js.stream_info(STREAM)
-    events = []
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        msg = await bus.js.get_msg(STREAM, seq)
-        if msg.subject.endswith(".placed"):
-            event = decode(msg.data or b"")
-            assert isinstance(event, JobPlaced)
+async def stream_events(bus: Bus, subject: str, job_id: str | None = None) -> list[Event]:
+    """Every event of ``subject`` in the stream, in order, duplicates included (of one
+    job, with ``job_id``: subjects do not name the job)."""
+    events: list[Event] = []
+    seq = 1
+    while True:
+        try:
+            msg = await bus.js.get_msg(STREAM, seq, subject=subject, next=True)
+        except NotFoundError:
+            return events
+        event = decode(msg.data or b"")
+        if job_id is None or event.job_id == job_id:
             events.append(event)
-    return events
+        assert msg.seq is not None
+        seq = msg.seq + 1
+
+
+async def placed_events(bus: Bus) -> list[JobPlaced]:
+    """Every JobPlaced in the stream, duplicates included."""
+    events = await stream_events(bus, "yard.job.placed")
+    assert all(isinstance(event, JobPlaced) for event in events)
+    return events  # type: ignore[return-value]
 
 
 async def wait_placed(bus: Bus, job_id: str, timeout: float = 20.0) -> JobPlaced:
@@ -137,11 +149,9 @@ async def wait_placed(bus: Bus, job_id: str, timeout: float = 20.0) -> JobPlaced
 async def wait_queued(bus: Bus, job_id: str, timeout: float = 20.0) -> JobQueued:
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            msg = await bus.js.get_last_msg(STREAM, f"yard.job.{job_id}.queued")
-            event = decode(msg.data or b"")
-            assert isinstance(event, JobQueued)
-            return event
-        except Exception:  # noqa: BLE001 - not there yet
-            assert time.monotonic() < deadline, f"{job_id} was not queued within {timeout}s"
-            await asyncio.sleep(0.1)
+        queued = await stream_events(bus, "yard.job.queued", job_id)
+        if queued:
+            assert isinstance(queued[-1], JobQueued)
+            return queued[-1]
+        assert time.monotonic() < deadline, f"{job_id} was not queued within {timeout}s"
+        await asyncio.sleep(0.1)

@@ -18,10 +18,10 @@ from prometheus_client import REGISTRY
 from trainyard_common.bus import Atomic, Bus, DeadLetters, Delivery, when_stored
 from trainyard_common.docstore import SqliteClient
 from trainyard_common.errors import BusUnavailable, PermanentError, TransientError
-from trainyard_common.events import Event, JobSubmitted, StopJob, decode
+from trainyard_common.events import Event, JobSubmitted, StopJob, decode, encode
 from trainyard_common.jobspec import JobSpec, RoleSpec
 from trainyard_common.storage import Client, Collection, batch_writes, batching, insert_once
-from trainyard_common.subjects import STREAM, commands_of, events_of
+from trainyard_common.subjects import ALL_COMMANDS, ALL_EVENTS, STREAM, commands_of, events_of
 from trainyard_common.telemetry import setup_telemetry, tracer
 from trainyard_stack.components import NatsServer
 
@@ -38,9 +38,11 @@ def metric(name: str, **labels: str) -> float:
 
 
 @pytest.fixture
-async def bus(nats_url: str):
+async def bus(private_nats: str):
+    # Its own server: subjects do not name the job, so a consumer here gets every
+    # message of the stream, and the shared one holds other tests'.
     setup_telemetry("test")
-    bus = await Bus.connect(nats_url, name="test")
+    bus = await Bus.connect(private_nats, name="test")
     yield bus
     await bus.close()
 
@@ -94,7 +96,7 @@ async def test_transient_error_is_redelivered_then_acked(bus: Bus) -> None:
             raise ConnectionError("store hiccup")
         done.set()
 
-    await consume_until(bus, f"flaky-{job[:8]}", [f"yard.job.{job}.>"], flaky, done)
+    await consume_until(bus, f"flaky-{job[:8]}", [ALL_EVENTS], flaky, done)
     assert deliveries == [1, 2, 3]
     # Acked after success: a new subscription on the same durable gets nothing more.
     again = asyncio.Event()
@@ -104,9 +106,7 @@ async def test_transient_error_is_redelivered_then_acked(bus: Bus) -> None:
         seen.append(delivery.stream_seq)
 
     stop = asyncio.Event()
-    task = asyncio.create_task(
-        bus.consume(f"flaky-{job[:8]}", [f"yard.job.{job}.>"], record, stop=stop)
-    )
+    task = asyncio.create_task(bus.consume(f"flaky-{job[:8]}", [ALL_EVENTS], record, stop=stop))
     await asyncio.sleep(1.5)
     stop.set()
     await task
@@ -124,11 +124,9 @@ async def test_permanent_error_is_not_redelivered(bus: Bus) -> None:
         first.set()
         raise PermanentError("this job can never be handled")
 
-    await consume_until(bus, f"perm-{job[:8]}", [f"yard.job.{job}.>"], broken, first)
+    await consume_until(bus, f"perm-{job[:8]}", [ALL_EVENTS], broken, first)
     stop = asyncio.Event()
-    task = asyncio.create_task(
-        bus.consume(f"perm-{job[:8]}", [f"yard.job.{job}.>"], broken, stop=stop)
-    )
+    task = asyncio.create_task(bus.consume(f"perm-{job[:8]}", [ALL_EVENTS], broken, stop=stop))
     await asyncio.sleep(1.5)
     stop.set()
     await task
@@ -148,7 +146,32 @@ async def test_filter_by_event_and_command_subjects(bus: Bus) -> None:
 
     await consume_until(bus, f"cmd-{job[:8]}", commands_of("stop"), collect, done)
     assert got == ["StopJob"]
-    assert events_of("submitted") == ["yard.job.*.submitted"]
+    assert events_of("submitted") == ["yard.job.submitted"]
+
+
+async def test_a_message_stored_with_the_job_id_in_its_subject_is_still_delivered(
+    bus: Bus,
+) -> None:
+    """Before 2026-11-28 a subject named its job (``yard.job.<job_id>.<event>``): what
+    the stream took then and no consumer handled yet reaches the durable that filtered
+    that form, now filtering today's."""
+    job = uuid.uuid4().hex
+    durable = f"earlier-{job[:8]}"
+    await bus.ensure_consumer(durable, ["yard.job.*.submitted"])  # the earlier filter
+    old = submitted(job)
+    await bus.publish_raw(f"yard.job.{job}.submitted", encode(old), {"Nats-Msg-Id": job})
+    new = submitted(uuid.uuid4().hex)
+    await bus.publish(new)
+    got: list[str] = []
+    done = asyncio.Event()
+
+    async def note(event: Event, delivery: Delivery) -> None:
+        got.append(event.job_id)
+        if len(got) == 2:
+            done.set()
+
+    await consume_until(bus, durable, events_of("submitted"), note, done)
+    assert got == [job, new.job_id]
 
 
 async def test_trace_context_follows_the_event_to_the_next_hop(bus: Bus) -> None:
@@ -170,9 +193,7 @@ async def test_trace_context_follows_the_event_to_the_next_hop(bus: Bus) -> None
         else:
             done.set()
 
-    await consume_until(
-        bus, f"trace-{job[:8]}", [f"yard.job.{job}.>", f"yard.cmd.{job}.>"], relay, done
-    )
+    await consume_until(bus, f"trace-{job[:8]}", [ALL_EVENTS, ALL_COMMANDS], relay, done)
     assert hops == [root_trace, root_trace]
 
 
@@ -195,7 +216,7 @@ async def test_a_message_that_keeps_failing_ends_in_the_dead_letters_and_can_be_
             raise RuntimeError("a handler bug")
         done.set()
 
-    await consume_until(bus, durable, [f"yard.job.{job}.>"], buggy, done)
+    await consume_until(bus, durable, [ALL_EVENTS], buggy, done)
     await asyncio.sleep(0.3)  # the third delivery's dead letter is kept after the raise
     assert calls == [1, 2, 3]
     # And /metrics says so: two naks, two redeliveries, one dead letter, no ack yet.
@@ -208,13 +229,13 @@ async def test_a_message_that_keeps_failing_ends_in_the_dead_letters_and_can_be_
     letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
     assert len(letters) == 1
     letter = letters[0]
-    assert letter.subject == f"yard.job.{job}.submitted" and letter.deliveries == 3
+    assert letter.subject == "yard.job.submitted" and letter.deliveries == 3
     assert "a handler bug" in letter.error and decode(letter.data).job_id == job
 
     # Fixed, and replayed by an admin: it comes back to the same durable, once.
     healed, done = True, asyncio.Event()
     assert await DeadLetters(bus).replay(letter.seq) is not None
-    await consume_until(bus, durable, [f"yard.job.{job}.>"], buggy, done)
+    await consume_until(bus, durable, [ALL_EVENTS], buggy, done)
     assert calls[-1] == 1 and len(calls) == 4
     assert metric("trainyard_bus_messages_total", durable=durable, outcome="acked") == 1
     # Nothing left to deliver: the consumer's lag reads 0 again.
@@ -229,18 +250,41 @@ async def test_a_permanent_error_and_an_undecodable_message_are_dead_letters_at_
     job = uuid.uuid4().hex
     durable = f"perm-dead-{job[:8]}"
     await bus.publish(submitted(job))
-    await bus.publish_raw(f"yard.job.{job}.task", b"{not json", {"Nats-Msg-Id": job})
+    await bus.publish_raw("yard.job.task", b"{not json", {"Nats-Msg-Id": job})
     seen = asyncio.Event()
 
     async def refuse(event: Event, delivery: Delivery) -> None:
         seen.set()
         raise PermanentError("never")
 
-    await consume_until(bus, durable, [f"yard.job.{job}.>"], refuse, seen)
+    await consume_until(bus, durable, [ALL_EVENTS], refuse, seen)
     await asyncio.sleep(0.5)
     letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
     assert sorted(d.error.split(":")[0] for d in letters) == ["permanent error", "undecodable"]
     assert all(d.deliveries == 1 for d in letters)
+
+
+async def test_an_event_under_another_kinds_subject_is_a_dead_letter(bus: Bus) -> None:
+    """Publishing is granted by subject: one allowed ``yard.job.task`` (the launcher)
+    cannot pass a JobPlaced off under it to a consumer of every subject (status)."""
+    job = uuid.uuid4().hex
+    durable = f"kind-{job[:8]}"
+    forged = submitted(job)
+    await bus.publish_raw("yard.job.task", encode(forged), {"Nats-Msg-Id": f"{job}-forged"})
+    await bus.publish(StopJob(job_id=job, requested_by="u"))
+    got: list[str] = []
+    done = asyncio.Event()
+
+    async def note(event: Event, delivery: Delivery) -> None:
+        got.append(type(event).__name__)
+        done.set()
+
+    await consume_until(bus, durable, [ALL_EVENTS, ALL_COMMANDS], note, done)
+    assert got == ["StopJob"]
+    letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
+    assert [(d.subject, d.error) for d in letters] == [
+        ("yard.job.task", "undecodable: a JobSubmitted cannot come on yard.job.task")
+    ]
 
 
 async def test_json_that_is_no_event_object_is_a_dead_letter_and_the_consumer_goes_on(
@@ -253,14 +297,14 @@ async def test_json_that_is_no_event_object_is_a_dead_letter_and_the_consumer_go
     durable = f"not-obj-{job[:8]}"
     bad = [b"[1]", b'{"schema_version": null}', b'{"type": [1], "schema_version": 1}']
     for i, data in enumerate(bad):
-        await bus.publish_raw(f"yard.job.{job}.task", data, {"Nats-Msg-Id": f"{job}-{i}"})
+        await bus.publish_raw("yard.job.task", data, {"Nats-Msg-Id": f"{job}-{i}"})
     await bus.publish(submitted(job))
     seen = asyncio.Event()
 
     async def note(event: Event, delivery: Delivery) -> None:
         seen.set()
 
-    await consume_until(bus, durable, [f"yard.job.{job}.>"], note, seen)
+    await consume_until(bus, durable, [ALL_EVENTS], note, seen)
     letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
     assert [d.error.split(":")[0] for d in letters] == ["undecodable"] * 3
 
@@ -279,9 +323,7 @@ async def test_a_consumers_lag_is_what_the_stream_still_holds_for_it(bus: Bus) -
             done.set()
 
     stop = asyncio.Event()
-    task = asyncio.create_task(
-        bus.consume(durable, [f"yard.job.{job}.>"], note, stop=stop, batch=2)
-    )
+    task = asyncio.create_task(bus.consume(durable, [ALL_EVENTS], note, stop=stop, batch=2))
     try:
         await asyncio.wait_for(done.wait(), 15)
     finally:
@@ -299,7 +341,7 @@ async def test_a_batch_decodes_each_message_once_for_its_read_ahead_and_handler(
     job = uuid.uuid4().hex
     durable = f"once-{job[:8]}"
     await bus.publish_all([StopJob(job_id=job, requested_by=f"u{i}") for i in range(2)])
-    await bus.publish_raw(f"yard.cmd.{job}.stop", b"{not json", {"Nats-Msg-Id": f"{job}-bad"})
+    await bus.publish_raw("yard.cmd.stop", b"{not json", {"Nats-Msg-Id": f"{job}-bad"})
     seqs = await bus.publish_all([StopJob(job_id=job, requested_by="u2")])
     decoded: list[bytes] = []
 
@@ -323,7 +365,7 @@ async def test_a_batch_decodes_each_message_once_for_its_read_ahead_and_handler(
     task = asyncio.create_task(
         bus.consume(
             durable,
-            [f"yard.cmd.{job}.>"],
+            [ALL_COMMANDS],
             handle,
             stop=stop,
             decoder=counting,
@@ -387,7 +429,7 @@ async def test_a_batch_is_stored_at_once_acked_after_it_and_a_failure_is_undone_
         raise ConnectionError("a read ahead that failed: the handlers read for themselves")
 
     await consume_until(
-        bus, durable, [f"yard.cmd.{job}.>"], store, done, atomic=atomic, before_batch=read_ahead
+        bus, durable, [ALL_COMMANDS], store, done, atomic=atomic, before_batch=read_ahead
     )
     assert before[0] == [f"u{i}" for i in range(6)]
     # The first fetch held all six: nothing committed while any of them was handled.
@@ -439,7 +481,7 @@ async def test_a_batch_that_cannot_be_stored_is_handled_one_message_at_a_time(
                 done.set()
             raise ConnectionError("a poison message")
 
-    await consume_until(bus, durable, [f"yard.cmd.{job}.>"], note, done, atomic=CommitFails())
+    await consume_until(bus, durable, [ALL_COMMANDS], note, done, atomic=CommitFails())
     # Each batch ran whole twice (its commit failed both times), then each message alone.
     assert deliveries["u0"] == [1, 1, 1] and deliveries["u2"] == [1, 1, 1]
     assert deliveries["u1"] == [1, 1, 1, 2, 2, 2]
@@ -481,7 +523,7 @@ async def test_a_batch_that_fails_once_is_stored_whole_on_its_second_try(bus: Bu
             done.set()
 
     atomic = CommitFailsOnce()
-    await consume_until(bus, durable, [f"yard.cmd.{job}.>"], note, done, atomic=atomic)
+    await consume_until(bus, durable, [ALL_COMMANDS], note, done, atomic=atomic)
     assert dict(deliveries) == {"u0": [1, 1], "u1": [1, 1], "u2": [1, 1]}
     assert metric("trainyard_bus_batches_split_total", durable=durable) == 0
     assert await bus.consumed(durable, seqs[-1])
@@ -542,7 +584,7 @@ async def test_what_a_handler_leaves_for_after_the_store_runs_once_it_is_stored(
         if who == "u1":
             done.set()
 
-    await consume_until(bus, durable, [f"yard.cmd.{job}.>"], note, done, atomic=atomic)
+    await consume_until(bus, durable, [ALL_COMMANDS], note, done, atomic=atomic)
     assert await bus.consumed(durable, seqs[-1])
     await tasks[0]
     assert late == ["u0"]  # not lost in a list nobody reads: at once

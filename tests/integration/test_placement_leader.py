@@ -20,7 +20,6 @@ import pytest
 
 from trainyard_common.bus import ACK_WAIT_S, Bus, KvBucket, RevisionMismatch, key_value
 from trainyard_common.events import JobAccepted
-from trainyard_common.subjects import STREAM
 from trainyard_placement.adapters.lease import Lease, LeaseLost
 from trainyard_stack.components import NatsServer
 
@@ -29,6 +28,7 @@ from .placement_replicas import (
     Replica,
     placed_events,
     spec,
+    stream_events,
     wait_placed,
     wait_queued,
 )
@@ -286,10 +286,4 @@ async def test_leadership_survives_a_nats_restart_under_load_and_is_reported_tru
 
 
 async def _queued_ids(bus: Bus) -> set[str]:
-    info = await bus.js.stream_info(STREAM)
-    found = set()
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        msg = await bus.js.get_msg(STREAM, seq)
-        if msg.subject.endswith(".queued"):
-            found.add(msg.subject.split(".")[2])
-    return found
+    return {event.job_id for event in await stream_events(bus, "yard.job.queued")}

@@ -104,10 +104,11 @@ async def interrupts(stream: Bus, job_id: str) -> list[InterruptJob]:
     found = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         msg = await stream.js.get_msg(STREAM, seq)
-        if msg.subject == f"yard.cmd.{job_id}.interrupt":
+        if msg.subject == "yard.cmd.interrupt":
             event = decode(msg.data or b"")
             assert isinstance(event, InterruptJob)
-            found.append(event)
+            if event.job_id == job_id:
+                found.append(event)
     return found
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from nats.js.errors import NotFoundError
 
 from trainyard_common.bus import Bus
 from trainyard_common.events import (
@@ -28,15 +27,14 @@ from trainyard_common.events import (
     JobQueued,
     JobState,
     TaskPlacement,
-    decode,
     derived_id,
 )
 from trainyard_common.jobspec import JobSpec, PortSpec, Resources, RoleSpec
-from trainyard_common.subjects import STREAM
 from trainyard_placement.adapters.store import DocJobStore, JobStore, MemoryJobStore
 from trainyard_stack.components import NatsServer, free_port
 
 from ..support.stores import REAL_STORES, store_client
+from .placement_replicas import stream_events
 
 
 def spec(gpus: int = 2, name: str = "train") -> JobSpec:
@@ -290,13 +288,12 @@ async def bus(private_nats: str) -> AsyncIterator[Bus]:
 async def last_event(bus: Bus, job_id: str, suffix: str, timeout: float = 20.0) -> Event:
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            msg = await bus.js.get_last_msg(STREAM, f"yard.job.{job_id}.{suffix}")
-            return decode(msg.data or b"")
-        except NotFoundError:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {suffix} event for {job_id} within {timeout}s") from None
-            await asyncio.sleep(0.1)
+        found = await stream_events(bus, f"yard.job.{suffix}", job_id)
+        if found:
+            return found[-1]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {suffix} event for {job_id} within {timeout}s")
+        await asyncio.sleep(0.1)
 
 
 async def test_service_places_queues_survives_a_crash_and_releases(

@@ -25,6 +25,7 @@ from trainyard_common.events import (
 )
 from trainyard_common.jobspec import EnvVar
 from trainyard_common.storage import Client, batch_writes, batching
+from trainyard_common.subjects import ALL_EVENTS
 from trainyard_status.adapters.views import JobViews, job_view
 from trainyard_status.domain.projection import project
 from trainyard_status.handlers import project_event
@@ -482,7 +483,7 @@ async def test_an_event_is_counted_once_when_its_first_batch_is_not_stored(
     task = asyncio.create_task(
         bus.consume(
             durable,
-            [f"yard.job.{job}.>"],
+            [ALL_EVENTS],
             partial(project_event, views=views),
             stop=stop,
             atomic=atomic,

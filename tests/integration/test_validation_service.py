@@ -147,8 +147,9 @@ def submission(payload: dict[str, Any], user: str) -> JobSubmitted:
 
 
 async def answers(bus: Bus, job_id: str, count: int = 1, timeout: float = 30.0) -> list[Event]:
-    """The first ``count`` validation results of a job, read with an ephemeral consumer."""
-    sub = await bus.js.pull_subscribe(f"yard.job.{job_id}.*", stream=STREAM)
+    """The first ``count`` validation results of a job, read with an ephemeral consumer
+    (of every job's: subjects do not name the job)."""
+    sub = await bus.js.pull_subscribe("yard.job.*", stream=STREAM)
     found: list[Event] = []
     deadline = time.monotonic() + timeout
     try:
@@ -160,7 +161,7 @@ async def answers(bus: Bus, job_id: str, count: int = 1, timeout: float = 30.0) 
             for msg in msgs:
                 await msg.ack()
                 event = decode(msg.data)
-                if isinstance(event, JobAccepted | JobRejected):
+                if isinstance(event, JobAccepted | JobRejected) and event.job_id == job_id:
                     found.append(event)
             if len(found) >= count:
                 return found

@@ -89,6 +89,7 @@ from .subjects import (
     replays_of,
     subject_for,
     subject_template,
+    with_earlier_forms,
 )
 from .telemetry import current_job, extract_context, inject_headers, trace_id_of, tracer
 
@@ -190,8 +191,14 @@ def _decode(
         return Undecodable(str(exc))
 
 
-def decode_event(data: bytes, _subject: str, _headers: dict[str, str]) -> Event:
-    return decode(data)
+def decode_event(data: bytes, subject: str, _headers: dict[str, str]) -> Event:
+    """The event a message carries, which must be of its subject's kind: an identity
+    allowed to publish one kind cannot pass another off under it (status reads every
+    subject, and the bus's grants are by subject)."""
+    event = decode(data)
+    if subject_template(subject) != subject_for(event):
+        raise ValueError(f"a {type(event).__name__} cannot come on {subject}")
+    return event
 
 
 # A publish's failures that say the server is not there now, not that the message is
@@ -376,7 +383,7 @@ class Bus:
         messages settled after the commit (``_handle_batch``); ``before_batch``, with
         ``atomic`` only, gets each batch's decodable messages first, inside it (to read
         at once what their handlers will read)."""
-        await self.ensure_consumer(durable, [*subjects, replays_of(durable)])
+        await self.ensure_consumer(durable, [*with_earlier_forms(subjects), replays_of(durable)])
         sub = await self.js.pull_subscribe_bind(durable=durable, stream=STREAM)
         if ready is not None:
             ready.set()

@@ -17,7 +17,6 @@ import yaml
 from pydantic import BaseModel
 
 from .events import (
-    COMMAND_TYPES,
     EVENT_TYPES,
     SCHEMA_VERSION,
     Event,
@@ -50,7 +49,7 @@ from .events import (
     derived_id,
 )
 from .jobspec import JobSpec, PortSpec, Resources, RoleSpec
-from .subjects import STREAM, STREAM_SUBJECTS, subject_for
+from .subjects import STREAM, STREAM_SUBJECTS, subject_for, subjects_for
 
 EXAMPLE_JOB_ID = "8f14e45fceea167a5a36dedd4bea2543"
 EXAMPLE_TIME = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -206,11 +205,9 @@ def asyncapi(senders: Routes, receivers: Routes) -> dict:
     messages: dict[str, dict] = {}
     for model in EVENT_TYPES:
         name = model.__name__
-        prefix = "yard.cmd" if model in COMMAND_TYPES else "yard.job"
         channel = f"{name[0].lower()}{name[1:]}"
         channels[channel] = {
-            "address": f"{prefix}.{{job_id}}.{model.subject_suffix}",
-            "parameters": {"job_id": {"description": "The job's id (a subject token)."}},
+            "address": subjects_for([model])[0],
             "messages": {name: {"$ref": f"#/components/messages/{name}"}},
         }
         summary = (model.__doc__ or name).strip().splitlines()[0]

@@ -2,7 +2,7 @@
 
 One definition per message, shared by every service. Each carries ``event_id`` (also
 the ``Nats-Msg-Id``, so JetStream drops a re-publish inside its duplicate window),
-``job_id`` (also part of the subject), ``occurred_at`` and ``schema_version``.
+``job_id``, ``occurred_at`` and ``schema_version``.
 Decoding goes through :func:`decode`, the one place where old versions are upcast.
 """
 

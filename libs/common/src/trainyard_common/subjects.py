@@ -1,10 +1,15 @@
-"""Subject names. Every subject carries the job id, so consumers can filter and order
-per job: ``yard.job.<job_id>.<event>`` for events, ``yard.cmd.<job_id>.<command>`` for
-control commands. Besides: ``yard.submit.<user>.<submission id>``, an external
-producer's submission (any dialect's payload, the user taken from the subject, which
-only that producer may publish to); ``yard.replay.<durable>.<rest>``, a dead letter an
-admin sends back to the consumer that gave up on it; and, in a stream of their own,
-``yard.dead.<durable>.<original subject>``, the dead letters."""
+"""Subject names: ``yard.job.<event>`` for events, ``yard.cmd.<command>`` for control
+commands, one subject per kind of message. The job id is in the event, not the subject:
+JetStream keeps an index of every subject its stream holds in memory, and with the job
+id in the subject (as before 2026-11-28) that index grew by ~2 kB a job for as long as
+the stream kept the job's messages (for ever: `bench/README.md`, "NATS's memory and the
+subjects"). Consumers filter by kind; nothing reads a job's messages by subject.
+
+Besides: ``yard.submit.<user>.<submission id>``, an external producer's submission (any
+dialect's payload, the user taken from the subject, which only that producer may publish
+to); ``yard.replay.<durable>.<rest>``, a dead letter an admin sends back to the consumer
+that gave up on it; and, in a stream of their own, ``yard.dead.<durable>.<original
+subject>``, the dead letters."""
 
 from __future__ import annotations
 
@@ -21,34 +26,44 @@ DEAD_LETTER_STREAM = "YARD_DEAD"
 DEAD_LETTER_PREFIX = "yard.dead"
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+_KINDS = ("yard.job", "yard.cmd")
 
 
 def subject_for(event: Event) -> str:
-    if not _TOKEN.match(event.job_id):
-        # A '.', '*' or '>' in a job id would change which consumers see the message.
-        raise ValueError(f"job id {event.job_id!r} is not a valid subject token")
     prefix = "yard.cmd" if isinstance(event, COMMAND_TYPES) else "yard.job"
-    return f"{prefix}.{event.job_id}.{event.subject_suffix}"
+    return f"{prefix}.{event.subject_suffix}"
 
 
 def events_of(*suffixes: str) -> list[str]:
-    """Filter subjects for the given event suffixes, across every job."""
-    return [f"yard.job.*.{suffix}" for suffix in suffixes]
+    """The subjects of the given event suffixes."""
+    return [f"yard.job.{suffix}" for suffix in suffixes]
 
 
 def commands_of(*suffixes: str) -> list[str]:
-    return [f"yard.cmd.*.{suffix}" for suffix in suffixes]
+    return [f"yard.cmd.{suffix}" for suffix in suffixes]
 
 
 def subjects_for(types: Iterable[type[Event]]) -> list[str]:
-    """The filter subjects that deliver exactly these event and command types: a
-    consumer's subscription derived from its handler table, so a handler cannot be added
-    without the subject that feeds it (nor a subject consumed with nothing to handle it)."""
+    """The subjects that carry exactly these event and command types: a consumer's
+    subscription derived from its handler table, so a handler cannot be added without
+    the subject that feeds it (nor a subject consumed with nothing to handle it)."""
     found = []
     for kind in types:
         prefix = "yard.cmd" if issubclass(kind, COMMAND_TYPES) else "yard.job"
-        found.append(f"{prefix}.*.{kind.subject_suffix}")
+        found.append(f"{prefix}.{kind.subject_suffix}")
     return sorted(set(found))
+
+
+def with_earlier_forms(subjects: Iterable[str]) -> list[str]:
+    """``subjects`` and, for each event or command subject, the form it had before
+    2026-11-28 (``yard.job.<job_id>.<event>``): a consumer's filters, so that messages a
+    stream took before the upgrade and no consumer had yet handled are still delivered."""
+    found = list(subjects)
+    for subject in list(found):
+        prefix, _, suffix = subject.rpartition(".")
+        if prefix in _KINDS and suffix not in ("*", ">"):
+            found.append(f"{prefix}.*.{suffix}")
+    return found
 
 
 def submissions() -> list[str]:
@@ -79,11 +94,12 @@ ALL_COMMANDS = "yard.cmd.>"
 
 
 def subject_template(subject: str) -> str:
-    """A subject with its job, user or id tokens named, not spelled: what a span's name
-    carries (one name per kind of message, whatever job it is for)."""
+    """A subject with its user or id tokens named, not spelled: what a span's name
+    carries (one name per kind of message). An event's subject is its own template; one
+    of the earlier form reads as today's."""
     parts = subject.split(".")
-    if len(parts) == 4 and parts[0] == "yard" and parts[1] in ("job", "cmd"):
-        return f"yard.{parts[1]}.{{job_id}}.{parts[3]}"
+    if len(parts) == 4 and f"{parts[0]}.{parts[1]}" in _KINDS:
+        return f"{parts[0]}.{parts[1]}.{parts[3]}"
     if len(parts) == 4 and f"{parts[0]}.{parts[1]}" == SUBMIT_PREFIX:
         return f"{SUBMIT_PREFIX}.{{user}}.{{submission_id}}"
     return subject

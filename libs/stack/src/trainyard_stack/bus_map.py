@@ -69,7 +69,7 @@ def table() -> str:
         "| --- | --- | --- | --- |",
     ]
     for kind in EVENT_TYPES:
-        subject = subjects_for([kind])[0].replace("*", "<id>")
+        subject = subjects_for([kind])[0]
         by = ", ".join(sorted(s for s, types in sent.items() if kind in types)) or "nobody"
         to = ", ".join(sorted(s for s, types in received.items() if kind in types))
         rows.append(f"| `{subject}` | `{kind.__name__}` | {by} | {to or 'nobody'} |")
