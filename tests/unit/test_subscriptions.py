@@ -85,3 +85,10 @@ def test_no_subject_carries_the_job_id() -> None:
     for event in example_events():
         assert event.job_id not in subject_for(event)
         assert len(subject_for(event).split(".")) == 3
+
+
+@pytest.mark.parametrize("job_id", ["a.b", "../x", "j*", ""])
+def test_a_job_id_that_is_no_token_is_never_published(job_id: str) -> None:
+    event = example_events()[0].model_copy(update={"job_id": job_id})
+    with pytest.raises(ValueError, match="not a valid token"):
+        subject_for(event)

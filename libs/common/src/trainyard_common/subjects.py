@@ -30,6 +30,10 @@ _KINDS = ("yard.job", "yard.cmd")
 
 
 def subject_for(event: Event) -> str:
+    if not _TOKEN.match(event.job_id):
+        # Checked at every publish and delivery: a job id also names the job's files,
+        # pods and URLs.
+        raise ValueError(f"job id {event.job_id!r} is not a valid token")
     prefix = "yard.cmd" if isinstance(event, COMMAND_TYPES) else "yard.job"
     return f"{prefix}.{event.subject_suffix}"
 
