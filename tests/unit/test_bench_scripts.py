@@ -3,27 +3,20 @@ what they promise. No timing is asserted: speed goals live in bench/, not in tes
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..support.bench import load_bench
+
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n"
 PODS = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase," \
     "creation_time,deletion_time,scheduled_time\n"  # fmt: skip
 
 
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+load = load_bench
 
 
 def run(module: ModuleType, argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:

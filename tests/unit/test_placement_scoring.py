@@ -3,9 +3,7 @@ the fragmentation measure matches the paper's cases, and the benchmark core runs
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +36,7 @@ from trainyard_placement.domain.scoring import (
     typical_workload,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..support.bench import load_bench
 
 
 def state(
@@ -587,14 +585,8 @@ def test_registry() -> None:
 # --- the benchmark core on a tiny synthetic trace --------------------------------------------
 
 
-def load_bench() -> ModuleType:
-    path = ROOT / "bench" / "placement_quality.py"
-    spec = importlib.util.spec_from_file_location("placement_quality", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def load_quality_bench() -> ModuleType:
+    return load_bench("placement_quality")
 
 
 def test_benchmark_runs_on_a_tiny_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -609,7 +601,7 @@ def test_benchmark_runs_on_a_tiny_trace(tmp_path: Path, capsys: pytest.CaptureFi
               "3000,4096,1,250,T4|V100"]  # fmt: skip
     rows += [f"p{i:03},{shapes[i % len(shapes)]}" for i in range(20)]
     pods.write_text("\n".join(rows) + "\n")
-    bench = load_bench()
+    bench = load_quality_bench()
 
     assert bench.main(["--nodes", str(nodes), "--pods", str(pods), "--quick"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -625,7 +617,7 @@ def test_benchmark_runs_on_a_tiny_trace(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_benchmark_inflates_to_the_target_and_keeps_every_pod(tmp_path: Path) -> None:
-    bench = load_bench()
+    bench = load_quality_bench()
     pods = [bench.Pod(f"p{i}", whole(1)) for i in range(10)] + [bench.Pod("c", cpu_only(1000))]
     stream = bench.arrival_order(pods, capacity_milli=20 * MILLI, seed=42, inflate=1.3)
     assert sum(d.total_gpu_milli for d in stream) == 26 * MILLI
@@ -638,7 +630,7 @@ def test_benchmark_inflates_to_the_target_and_keeps_every_pod(tmp_path: Path) ->
 def test_benchmark_breaks_ties_by_a_node_order_shuffled_with_each_seed() -> None:
     # The paper's simulator names its nodes after a random permutation and its scheduler
     # takes the smallest name among equal scores: ties go by a random order per run.
-    bench = load_bench()
+    bench = load_quality_bench()
     nodes = [NodeState("g2", 8000 + i, 65536, (MILLI,) * 8, 8000 + i, 65536) for i in range(12)]
     order = bench.node_order(nodes, 42)
     assert order == bench.node_order(nodes, 42)  # the same run, the same order
