@@ -1,7 +1,7 @@
 """Subject names: ``yard.job.<event>`` for events, ``yard.cmd.<command>`` for control
 commands, one subject per kind of message. The job id is in the event, not the subject:
 JetStream keeps an index of every subject its stream holds in memory, and with the job
-id in the subject (as before 2026-11-28) that index grew by ~2 kB a job for as long as
+id in the subject (as before 2026-11-28) that index grew by ~2.5 kB a job for as long as
 the stream kept the job's messages (for ever: `bench/README.md`, "NATS's memory and the
 subjects"). Consumers filter by kind; nothing reads a job's messages by subject.
 
