@@ -37,7 +37,7 @@ from trainyard_common.events import (
     TaskStateChanged,
     encode,
 )
-from trainyard_common.subjects import subject_for
+from trainyard_common.subjects import earlier_subject_for, subject_for
 from trainyard_stack.components import NatsServer
 
 LIFE = (
@@ -50,12 +50,6 @@ LIFE = (
     JobFinished,
 )
 IN_FLIGHT = 64
-
-
-def earlier_subject(event: Event) -> str:
-    """The subject an event had before 2026-11-28: the job id after the kind."""
-    kind, suffix = subject_for(event).rsplit(".", 1)
-    return f"{kind}.{event.job_id}.{suffix}"
 
 
 def rss_mb(pid: int) -> float:
@@ -120,7 +114,7 @@ async def main(jobs: int, every: int, msg_ids: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         report["by_kind"] = await fill(subject_for, jobs, every, msg_ids, Path(tmp) / "kind")
         report["earlier_by_job"] = await fill(
-            earlier_subject, jobs, every, msg_ids, Path(tmp) / "job"
+            earlier_subject_for, jobs, every, msg_ids, Path(tmp) / "job"
         )
     return report
 

@@ -10,7 +10,12 @@ import pytest
 
 from trainyard_common.contracts import example_events
 from trainyard_common.events import EVENT_TYPES, Event
-from trainyard_common.subjects import subject_for, subjects_for, with_earlier_forms
+from trainyard_common.subjects import (
+    earlier_subject_for,
+    subject_for,
+    subjects_for,
+    with_earlier_forms,
+)
 from trainyard_launcher import handlers as launcher
 from trainyard_launcher.handlers import EVENT_HANDLERS as LAUNCHER
 from trainyard_placement import handlers as placement
@@ -34,12 +39,6 @@ def delivered(
     subjects: list[str], events: list[Event], subject: Callable[[Event], str] = subject_for
 ) -> set[type[Event]]:
     return {type(e) for e in events if any(matches(f, subject(e)) for f in subjects)}
-
-
-def earlier_subject(event: Event) -> str:
-    """The subject the event had before 2026-11-28: the job id after the kind."""
-    kind, suffix = subject_for(event).rsplit(".", 1)
-    return f"{kind}.{event.job_id}.{suffix}"
 
 
 def test_the_matcher_follows_nats() -> None:
@@ -75,9 +74,9 @@ def test_the_services_consume_what_their_tables_derive() -> None:
 def test_a_consumer_still_gets_what_the_stream_took_in_the_earlier_form(table: dict) -> None:
     filters = with_earlier_forms(subjects_for(table))
     assert delivered(filters, example_events()) == set(table)
-    assert delivered(filters, example_events(), earlier_subject) == set(table)
+    assert delivered(filters, example_events(), earlier_subject_for) == set(table)
     # Without the earlier forms, those messages would wait for ever.
-    assert delivered(subjects_for(table), example_events(), earlier_subject) == set()
+    assert delivered(subjects_for(table), example_events(), earlier_subject_for) == set()
 
 
 def test_no_subject_carries_the_job_id() -> None:

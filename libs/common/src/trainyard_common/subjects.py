@@ -58,6 +58,13 @@ def subjects_for(types: Iterable[type[Event]]) -> list[str]:
     return sorted(set(found))
 
 
+def earlier_subject_for(event: Event) -> str:
+    """The subject ``event`` had before 2026-11-28: the job id after the kind (what a
+    stream may still hold; tests and ``bench/nats_subjects.py`` publish it)."""
+    kind, suffix = subject_for(event).rsplit(".", 1)
+    return f"{kind}.{event.job_id}.{suffix}"
+
+
 def with_earlier_forms(subjects: Iterable[str]) -> list[str]:
     """``subjects`` and, for each event or command subject, the form it had before
     2026-11-28 (``yard.job.<job_id>.<event>``): a consumer's filters, so that messages a
