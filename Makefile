@@ -56,7 +56,7 @@ bench: setup ## Benchmarks (print JSON): the pipeline against the bus floor, pla
 contracts: setup ## Regenerate contracts/ (JSON Schemas, AsyncAPI, examples) and the bus table of docs/architecture.md
 	$(UV) run --frozen python -m trainyard_stack.bus_map contracts docs/architecture.md
 
-setup: $(STAMP) .cache/bin/trainyard-ferretdb .cache/bin/.kube-built tools/js/node_modules/.installed ## Install uv, the Python workspace, build the embedded store and the test cluster, the JavaScript test clients, Open MPI (as root)
+setup: $(STAMP) .cache/bin/trainyard-ferretdb .cache/bin/.kube-built .cache/bin/paper-draws tools/js/node_modules/.installed ## Install uv, the Python workspace, build the embedded store, the test cluster and the paper-draws tool, the JavaScript test clients, Open MPI (as root)
 	@bash tools/setup-system.sh
 
 $(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml services/*/pyproject.toml
@@ -71,6 +71,11 @@ $(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml services/*/pyproject.toml
 # helm: a cold build takes 15-30 minutes on 2 cores; Go's caches make rebuilds relinks.
 .cache/bin/.kube-built: tools/kube/main.go tools/kube/urls.go tools/kube/go.mod tools/kube/go.sum tools/kube/build.sh
 	@bash tools/kube/build.sh >/dev/null && touch $@
+
+# The FGD paper's own workload draws (Go's math/rand, as its simulator draws them), for
+# bench/placement_quality.py --draws paper: standard library only, builds in seconds.
+.cache/bin/paper-draws: tools/paper-draws/main.go tools/paper-draws/go.mod tools/paper-draws/build.sh
+	@bash tools/paper-draws/build.sh >/dev/null && touch $@
 
 # The JavaScript clients the end-to-end tests use unchanged (OpenPAI's JS SDK), pinned.
 tools/js/node_modules/.installed: tools/js/package.json tools/js/package-lock.json

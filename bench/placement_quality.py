@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/placement_quality.py [--nodes NODES.csv] [--pods PODS.csv]
         [--seeds 42-51] [--inflate 1.3] [--policy NAME[,NAME]] [--quick]
-        [--node-order shuffled|file]
+        [--node-order shuffled|file] [--draws ours|paper]
 
 For every policy (Trainyard's and the baselines, in one run) and every seed: shuffle the
 pods, append pods drawn at random from the list until their GPU demand reaches
@@ -15,6 +15,11 @@ cluster's); the rate at N % arrived is the mean of the records whose arrived sha
 to N %, as the paper's analysis scripts compute it. Fragmentation is the paper's
 (scoring.fragmentation summed over the nodes) when the arrived workload first reaches
 100 %.
+
+``--draws paper`` replays the paper's own runs instead: each seed's arrival order and
+node order as its simulator drew them with Go's math/rand (``paper_draws``, through
+tools/paper-draws), so a policy meets exactly the workloads behind the published
+figures, and is compared with them seed by seed.
 
 Prints one JSON object; with a pod list the paper published figures for (matched by
 file name), its figures are included for comparison. See bench/README.md.
@@ -29,10 +34,11 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +58,7 @@ from trainyard_placement.domain.scoring import (
 DATA_DIR = Path(os.environ.get("YARD_OPENB_DIR", "/work/shared/data/openb"))
 DEFAULT_NODES = DATA_DIR / "openb_node_list_all_node.csv"
 DEFAULT_PODS = DATA_DIR / "openb_pod_list_default.csv"
+REPO = Path(__file__).resolve().parents[1]
 BASELINES = ("random", "best-fit", "dot-product", "fgd")
 ORDER = ("trainyard", *BASELINES)
 
@@ -318,6 +325,11 @@ class Run:
     failed: int
 
 
+# FGD's allocation rate at 100 % arrived in each of the paper's runs (seeds 42-51), from
+# the same artifact: what ``--draws paper`` compares with, seed by seed.
+PUBLISHED_FGD_SEEDS = Path(__file__).with_name("published_fgd_seeds.json")
+
+
 # --- input -------------------------------------------------------------------------------
 
 
@@ -337,6 +349,12 @@ def load_nodes(path: Path, *, cpu_nodes: bool = False) -> list[NodeState]:
                 gpu_free=(MILLI,) * gpus, cpu_capacity=cpu, memory_capacity=memory,
             ))  # fmt: skip
     return nodes
+
+
+def load_node_names(path: Path, *, cpu_nodes: bool = False) -> list[str]:
+    """The names of the nodes ``load_nodes`` reads, in the same order."""
+    with path.open(newline="") as f:
+        return [row["sn"] for row in csv.DictReader(f) if cpu_nodes or int(row.get("gpu") or 0)]
 
 
 def load_pods(path: Path) -> list[Pod]:
@@ -399,6 +417,52 @@ def node_order(nodes: Sequence[NodeState], seed: int) -> list[NodeState]:
     order = list(nodes)
     random.Random(f"node-order-{seed}").shuffle(order)
     return order
+
+
+# One seed's arrival order and the node order its ties go by.
+Draws = Callable[[int], tuple[list[Demand], list[NodeState]]]
+
+
+def paper_draws(
+    pods: Sequence[Pod], nodes: Sequence[NodeState], names: Sequence[str], inflate: float
+) -> Draws:
+    """The paper's own runs: for a seed, the pods in the order its simulator placed them
+    and the nodes in the order its ties went by, drawn by tools/paper-draws with Go's
+    math/rand as the simulator draws them (pods sorted by name and shuffled, the workload
+    tuned to ``inflate`` × the cluster's GPUs, a permutation of the name-sorted nodes
+    prefixed to their names). The simulator's figures then come from the very workloads
+    measured here: on the default list the allocation curve matches the published one
+    to the hundredth until pods start to fail (tests/integration/test_bench_paper_draws.py).
+    ``arrival_order`` and ``node_order`` draw the same kind of runs with Python's
+    generator."""
+    found = subprocess.run(
+        ["bash", str(REPO / "tools" / "paper-draws" / "build.sh")],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    binary = found.stdout.strip()
+    by_name = sorted(pods, key=lambda p: p.name)
+    sorted_nodes = [node for _, node in sorted(zip(names, nodes, strict=True), key=lambda x: x[0])]
+    request = {
+        "ratio": inflate,
+        "nodes": len(nodes),
+        "node_milli_gpu": sum(len(n.gpu_free) for n in nodes) * MILLI,
+        "pods": [
+            [p.demand.gpu_milli if p.demand.gpu_count else 0, p.demand.total_gpu_milli]
+            for p in by_name
+        ],
+    }
+
+    def draw(seed: int) -> tuple[list[Demand], list[NodeState]]:
+        answer = subprocess.run(
+            [binary], input=json.dumps({**request, "seed": seed}),
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        drawn = json.loads(answer.stdout)
+        stream = [by_name[i].demand for i in drawn["order"]]
+        ranked = sorted(zip(drawn["node_rank"], sorted_nodes, strict=True), key=lambda x: x[0])
+        return stream, [node for _, node in ranked]
+
+    return draw
 
 
 # --- replay ------------------------------------------------------------------------------
@@ -549,10 +613,18 @@ def evaluate(
     inflate: float,
     *,
     shuffle_nodes: bool = True,
+    draws: Draws | None = None,
 ) -> dict[str, dict[str, object]]:
+    """Each policy on each seed; ``draws`` gives a seed's arrival and node orders (the
+    paper's own: ``paper_draws``), else ``arrival_order`` and ``node_order``."""
     capacity = sum(len(n.gpu_free) for n in nodes) * MILLI
-    streams = {seed: arrival_order(pods, capacity, seed, inflate) for seed in seeds}
-    orders = {seed: node_order(nodes, seed) if shuffle_nodes else list(nodes) for seed in seeds}
+    if draws is not None:
+        drawn = {seed: draws(seed) for seed in seeds}
+        streams = {seed: stream for seed, (stream, _) in drawn.items()}
+        orders = {seed: order for seed, (_, order) in drawn.items()}
+    else:
+        streams = {seed: arrival_order(pods, capacity, seed, inflate) for seed in seeds}
+        orders = {seed: node_order(nodes, seed) if shuffle_nodes else list(nodes) for seed in seeds}
     top = round(100 * inflate)
     out: dict[str, dict[str, object]] = {}
     for name in policies:
@@ -588,6 +660,37 @@ def _mean_and_seeds(values: dict[int, float | None]) -> dict[str, object]:
         "mean": round(statistics.fmean(present), 2) if present else None,
         "per_seed": {str(seed): None if v is None else round(v, 2) for seed, v in values.items()},
     }
+
+
+def against_published(
+    results: dict[str, dict[str, object]], published: dict[str, float]
+) -> dict[str, dict[str, object]]:
+    """Each policy's rate at 100 % arrived against FGD's in the paper's run of the same
+    seed: mean lead, its standard error, seeds ahead / level / behind (level: the same to
+    the hundredth, the published precision)."""
+    out: dict[str, dict[str, object]] = {}
+    for name, result in results.items():
+        rate = result["alloc_rate_at_100"]
+        assert isinstance(rate, dict)
+        per_seed = rate["per_seed"]
+        leads = [
+            value - published[seed]
+            for seed, value in per_seed.items()
+            if value is not None and seed in published
+        ]
+        if not leads:
+            continue
+        out[name] = {
+            "lead": round(statistics.fmean(leads), 3),
+            "standard_error": round(statistics.stdev(leads) / len(leads) ** 0.5, 3)
+            if len(leads) > 1 else None,
+            "seeds_ahead_level_behind": [
+                sum(lead > 0.005 for lead in leads),
+                sum(abs(lead) <= 0.005 for lead in leads),
+                sum(lead < -0.005 for lead in leads),
+            ],
+        }  # fmt: skip
+    return out
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -641,6 +744,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="shuffled",
         help="ties go by a shuffled node order per seed (the paper's simulator) or the file's",
     )
+    parser.add_argument(
+        "--draws",
+        choices=("ours", "paper"),
+        default="ours",
+        help="each seed's workload and node order drawn here, or as the paper's own runs drew "
+        "them (Go's math/rand, tools/paper-draws; --node-order does not apply)",
+    )
     args = parser.parse_args(argv)
     seeds = args.seeds or ([42, 43] if args.quick else list(range(42, 52)))
     policies = args.policy or list(ORDER)
@@ -649,7 +759,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     pods = load_pods(args.pods)
     started = time.perf_counter()
     shuffled = args.node_order == "shuffled"
-    results = evaluate(nodes, pods, policies, seeds, args.inflate, shuffle_nodes=shuffled)
+    draws = None
+    if args.draws == "paper":
+        names = load_node_names(args.nodes, cpu_nodes=args.cpu_nodes)
+        draws = paper_draws(pods, nodes, names, args.inflate)
+    results = evaluate(
+        nodes, pods, policies, seeds, args.inflate, shuffle_nodes=shuffled, draws=draws
+    )
     report: dict[str, object] = {
         "nodes": str(args.nodes),
         "pods": str(args.pods),
@@ -657,7 +773,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pod_count": len(pods),
         "seeds": seeds,
         "inflate": args.inflate,
-        "node_order": args.node_order,
+        "node_order": args.node_order if args.draws == "ours" else "the paper's",
+        "draws": args.draws,
         "policies": results,
         "seconds": round(time.perf_counter() - started, 1),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
@@ -668,6 +785,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "source": "Weng et al., Beware of Fragmentation, USENIX ATC '23 (artifact)",
             **published,
         }
+    seeds_published = json.loads(PUBLISHED_FGD_SEEDS.read_text())["fgd"].get(args.pods.stem)
+    if args.draws == "paper" and seeds_published:
+        report["against_published_fgd_per_seed"] = against_published(results, seeds_published)
     json.dump(report, sys.stdout, indent=2)
     print()
     return 0

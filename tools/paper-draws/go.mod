@@ -1,0 +1,3 @@
+module github.com/trainyard/trainyard/tools/paper-draws
+
+go 1.21
