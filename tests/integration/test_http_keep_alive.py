@@ -1,0 +1,49 @@
+"""The services' HTTP server keeps an idle connection open longer than the clients that
+call it keep theirs (httpx's pool: 5 s), so a request sent on a reused connection is
+never met by the server's close."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import uvicorn
+from fastapi import FastAPI
+
+from trainyard_common.runtime import KEEP_ALIVE_S, server_config
+
+REQUEST = b"GET /ping HTTP/1.1\r\nHost: test\r\n\r\n"
+
+
+async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    writer.write(REQUEST)
+    await writer.drain()
+    return await asyncio.wait_for(reader.read(4096), timeout=5)
+
+
+async def test_a_connection_idle_past_the_clients_expiry_still_answers() -> None:
+    app = FastAPI()
+
+    @app.get("/ping")
+    async def ping() -> dict[str, bool]:
+        return {"ok": True}
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(server_config(app, "127.0.0.1", port))
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.02)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert (await _answer(reader, writer)).startswith(b"HTTP/1.1 200")
+        # Idle a second longer than httpx keeps a pooled connection (and than uvicorn's
+        # default keep-alive, which closed it here at 5 s).
+        assert KEEP_ALIVE_S > 6
+        await asyncio.sleep(6)
+        assert (await _answer(reader, writer)).startswith(b"HTTP/1.1 200")
+        writer.close()
+    finally:
+        server.should_exit = True
+        await serving
