@@ -74,8 +74,8 @@ $(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml services/*/pyproject.toml
 
 # The FGD paper's own workload draws (Go's math/rand, as its simulator draws them), for
 # bench/placement_quality.py --draws paper: standard library only, builds in seconds.
-.cache/bin/paper-draws: tools/paper-draws/main.go tools/paper-draws/go.mod tools/paper-draws/build.sh
-	@bash tools/paper-draws/build.sh >/dev/null && touch $@
+.cache/bin/paper-draws: tools/paper-draws/main.go tools/paper-draws/go.mod
+	@mkdir -p $(@D) && cd tools/paper-draws && CGO_ENABLED=0 go build -trimpath -o $(CURDIR)/$@.tmp . && mv -f $(CURDIR)/$@.tmp $(CURDIR)/$@
 
 # The JavaScript clients the end-to-end tests use unchanged (OpenPAI's JS SDK), pinned.
 tools/js/node_modules/.installed: tools/js/package.json tools/js/package-lock.json
