@@ -24,7 +24,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from placement_quality import DEFAULT_NODES, evaluate, load_nodes, load_pods, parse_seeds
+from placement_quality import (
+    DEFAULT_NODES,
+    evaluate,
+    load_nodes,
+    load_pods,
+    paired,
+    parse_seeds,
+)
 
 PARTS = ("develop", "held_out")
 
@@ -33,7 +40,7 @@ def compare(results: dict[str, dict[str, object]], policy: str, key: str) -> dic
     mine = results[policy][key]["per_seed"]  # type: ignore[index]
     fgd = results["fgd"][key]["per_seed"]  # type: ignore[index]
     seeds = [s for s in mine if mine[s] is not None and fgd[s] is not None]
-    diffs = [mine[s] - fgd[s] for s in seeds]
+    against = paired(mine, fgd)
 
     def spread(per_seed: dict[str, float]) -> dict[str, float]:
         values = [per_seed[s] for s in seeds]
@@ -45,12 +52,8 @@ def compare(results: dict[str, dict[str, object]], policy: str, key: str) -> dic
     return {
         policy: spread(mine),
         "fgd": spread(fgd),
-        "lead": round(statistics.fmean(diffs), 3) if diffs else None,
-        "ahead_level_behind": [
-            sum(d > 0.005 for d in diffs),
-            sum(abs(d) <= 0.005 for d in diffs),
-            sum(d < -0.005 for d in diffs),
-        ],
+        "lead": against["lead"],
+        "ahead_level_behind": against["ahead_level_behind"],
     }
 
 

@@ -661,34 +661,46 @@ def _mean_and_seeds(values: dict[int, float | None]) -> dict[str, object]:
     }
 
 
+def paired(mine: dict[str, float | None], theirs: dict[str, float | None]) -> dict[str, object]:
+    """One policy's rate against another's seed by seed, where both have one: mean lead,
+    its standard error, seeds ahead / level / behind (level: the same to the hundredth,
+    the published precision). None where no seed pairs."""
+    leads = [
+        value - other
+        for seed, value in mine.items()
+        if value is not None and (other := theirs.get(seed)) is not None
+    ]
+    if not leads:
+        return {"lead": None, "standard_error": None, "ahead_level_behind": [0, 0, 0]}
+    return {
+        "lead": round(statistics.fmean(leads), 3),
+        "standard_error": round(statistics.stdev(leads) / len(leads) ** 0.5, 3)
+        if len(leads) > 1 else None,
+        "ahead_level_behind": [
+            sum(lead > 0.005 for lead in leads),
+            sum(abs(lead) <= 0.005 for lead in leads),
+            sum(lead < -0.005 for lead in leads),
+        ],
+    }  # fmt: skip
+
+
 def against_published(
     results: dict[str, dict[str, object]], published: dict[str, float]
 ) -> dict[str, dict[str, object]]:
     """Each policy's rate at 100 % arrived against FGD's in the paper's run of the same
-    seed: mean lead, its standard error, seeds ahead / level / behind (level: the same to
-    the hundredth, the published precision)."""
+    seed (``paired``); policies with no seed to pair are left out."""
     out: dict[str, dict[str, object]] = {}
     for name, result in results.items():
         rate = result["alloc_rate_at_100"]
         assert isinstance(rate, dict)
-        per_seed = rate["per_seed"]
-        leads = [
-            value - published[seed]
-            for seed, value in per_seed.items()
-            if value is not None and seed in published
-        ]
-        if not leads:
+        found = paired(rate["per_seed"], dict(published))
+        if found["lead"] is None:
             continue
         out[name] = {
-            "lead": round(statistics.fmean(leads), 3),
-            "standard_error": round(statistics.stdev(leads) / len(leads) ** 0.5, 3)
-            if len(leads) > 1 else None,
-            "seeds_ahead_level_behind": [
-                sum(lead > 0.005 for lead in leads),
-                sum(abs(lead) <= 0.005 for lead in leads),
-                sum(lead < -0.005 for lead in leads),
-            ],
-        }  # fmt: skip
+            "lead": found["lead"],
+            "standard_error": found["standard_error"],
+            "seeds_ahead_level_behind": found["ahead_level_behind"],
+        }
     return out
 
 
