@@ -190,6 +190,29 @@ def test_trainyard_strands_only_shares_where_multi_gpu_tasks_ask_for_most_gpus()
     assert measured(few) == own
 
 
+def test_trainyard_strands_only_shares_where_sharing_tasks_ask_for_two_fifths_of_the_gpus() -> None:
+    from trainyard_placement.domain.policies import SHARING_SHARE_FOR_SHARES_ONLY, sharing_share
+    from trainyard_placement.domain.scoring import stranded
+
+    # Shares ask for a third of the GPUs, then for a half; no multi-GPU tasks.
+    some = (Typical(whole(1, cpu=8000), 0.4), Typical(share(500), 0.4),
+            Typical(whole(0, cpu=4000), 0.2))  # fmt: skip
+    many = (Typical(whole(1, cpu=8000), 0.3), Typical(share(500), 0.6),
+            Typical(whole(0, cpu=4000), 0.1))  # fmt: skip
+    assert sharing_share(some) < SHARING_SHARE_FOR_SHARES_ONLY < sharing_share(many)
+    # Four whole GPUs with CPU for one task, a device too full for the share: the
+    # one-GPU shape strands three GPUs and the 200 milli.
+    a = state((MILLI,) * 4 + (200,), cpu=8000)
+    trainyard = scorer_named("trainyard")
+
+    def measured(workload: tuple[Typical, ...]) -> float:
+        return trainyard.frag(a, ClusterContext(workload=workload))  # type: ignore[attr-defined,no-any-return]
+
+    assert measured(some) == fragmentation(a, some) + stranded(a, some)
+    assert measured(many) == fragmentation(a, many) + stranded(a, many[1:2])
+    assert stranded(a, many[:1]) > 0 and stranded(a, many[1:2]) > 0
+
+
 def test_trainyard_sums_both_measures_unless_gpu_model_constrained_tasks_ask_for_a_tenth() -> None:
     from trainyard_placement.domain.policies import (
         CONSTRAINED_SHARE_FOR_ONE_MEASURE,
