@@ -255,7 +255,8 @@ MULTI_GPU_SHARE_FOR_SHARES_ONLY = 0.25
 # fail. Chosen on the develop mixes (2026-11-28, third session; docs/placement.md, "The
 # one-GPU strands among many shares"): the shares-only sum ahead on 11 of the 12
 # sharing draws (0.48 to 0.79 of the GPUs in shares, +0.106 on average), and higher or
-# level on every draw at 0.40 to 0.46 run after. The one-GPU strands still pay where
+# level on every draw at 0.40 to 0.46 run after; on eight fresh draws +0.02 (part of
+# the gain was the draws'), with none behind FGD. The one-GPU strands still pay where
 # there are no shares, where the CPU runs out first, and where multi-GPU tasks ask 13
 # to 25 % of the GPUs: mixes at 0 to 0.31, which the threshold keeps out.
 SHARING_SHARE_FOR_SHARES_ONLY = 0.4
