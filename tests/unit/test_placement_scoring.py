@@ -7,7 +7,6 @@ import json
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -608,10 +607,6 @@ def test_registry() -> None:
 # --- the benchmark core on a tiny synthetic trace --------------------------------------------
 
 
-def load_quality_bench() -> ModuleType:
-    return load_bench("placement_quality")
-
-
 def test_benchmark_runs_on_a_tiny_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nodes = tmp_path / "nodes.csv"
     nodes.write_text(
@@ -624,7 +619,7 @@ def test_benchmark_runs_on_a_tiny_trace(tmp_path: Path, capsys: pytest.CaptureFi
               "3000,4096,1,250,T4|V100"]  # fmt: skip
     rows += [f"p{i:03},{shapes[i % len(shapes)]}" for i in range(20)]
     pods.write_text("\n".join(rows) + "\n")
-    bench = load_quality_bench()
+    bench = load_bench("placement_quality")
 
     assert bench.main(["--nodes", str(nodes), "--pods", str(pods), "--quick"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -640,7 +635,7 @@ def test_benchmark_runs_on_a_tiny_trace(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_benchmark_inflates_to_the_target_and_keeps_every_pod(tmp_path: Path) -> None:
-    bench = load_quality_bench()
+    bench = load_bench("placement_quality")
     pods = [bench.Pod(f"p{i}", whole(1)) for i in range(10)] + [bench.Pod("c", cpu_only(1000))]
     stream = bench.arrival_order(pods, capacity_milli=20 * MILLI, seed=42, inflate=1.3)
     assert sum(d.total_gpu_milli for d in stream) == 26 * MILLI
@@ -653,7 +648,7 @@ def test_benchmark_inflates_to_the_target_and_keeps_every_pod(tmp_path: Path) ->
 def test_benchmark_breaks_ties_by_a_node_order_shuffled_with_each_seed() -> None:
     # The paper's simulator names its nodes after a random permutation and its scheduler
     # takes the smallest name among equal scores: ties go by a random order per run.
-    bench = load_quality_bench()
+    bench = load_bench("placement_quality")
     nodes = [NodeState("g2", 8000 + i, 65536, (MILLI,) * 8, 8000 + i, 65536) for i in range(12)]
     order = bench.node_order(nodes, 42)
     assert order == bench.node_order(nodes, 42)  # the same run, the same order
