@@ -4,6 +4,7 @@ and how a pod's status reads as the task's."""
 from __future__ import annotations
 
 import re
+import subprocess
 
 import pytest
 
@@ -18,6 +19,7 @@ from trainyard_common.jobspec import (
 )
 from trainyard_launcher.domain.failure import EndKind
 from trainyard_launcher.domain.pods import (
+    EXPORTS_MAX_BYTES,
     GPU_RESOURCE,
     PodProblem,
     PodSettings,
@@ -97,6 +99,82 @@ def test_a_container_argv_is_kept_as_kubernetes_means_it() -> None:
     assert container["args"] == ["--addr=$(MASTER_ADDR)"]  # the kubelet expands it
     both = manifest(RoleSpec(name="w", command="x", entrypoint=["python"], args=["t.py"]))
     assert both["spec"]["containers"][0]["command"] == ["python"]
+
+
+def kubelet_expanded(text: str, env: dict[str, str]) -> str:
+    """What the kubelet makes of a command word: ``$$`` is ``$``, ``$(NAME)`` the value
+    of an env entry (left as written where there is none)."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        text,
+    )
+
+
+def task_environment(pod: dict) -> dict[str, str]:
+    """The environment the pod's command runs with, as a real ``/bin/sh`` gives it."""
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    argv = [kubelet_expanded(word, env) for word in container["command"]]
+    assert argv[:2] == ["/bin/sh", "-c"]
+    out = subprocess.run(argv, env=env, capture_output=True, check=True).stdout
+    seen = dict(item.split(b"=", 1) for item in out.split(b"\0") if item)
+    return {k.decode(): v.decode() for k, v in seen.items() if k not in (b"PWD", b"SHLVL", b"_")}
+
+
+ODD_VALUES = {
+    "PAI_JOB_NAME": "it's a $HOME `job` $(PAI_USER_NAME)",
+    "PAI_USER_NAME": "ünï\nline two",
+    "PAI_DEFAULT_FS_URI": "",
+    "PAI_HOST_IP_my-role_0": "10.0.0.2",  # a role name the shell cannot export
+    "TRAINYARD_JOB_ID": JOB,
+    "MASTER_ADDR": "m.svc",
+}
+
+
+def test_a_shell_command_gets_openpais_variables_exported_before_it() -> None:
+    # Some fifty env entries tripled a pod's cost to the API server (the module's
+    # docstring): the shell exports them instead, and the task sees the same environment.
+    spec = JobSpec(name="j", image="img", roles=[RoleSpec(name="w", command="env -0")])
+    pod = pod_manifest(
+        spec=spec, job_id=JOB, attempt=1,
+        placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),
+        env=ODD_VALUES, command="env -0", namespace="ns", owner_uid=None, settings=PodSettings(),
+    )  # fmt: skip
+    entries = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    assert entries == {"PAI_HOST_IP_my-role_0", "TRAINYARD_JOB_ID", "MASTER_ADDR"}
+    # A name no shell can hold stays an env entry, as it was; /bin/sh does not hand
+    # such a name on to its command, with this change or without it.
+    assert task_environment(pod) == {k: v for k, v in ODD_VALUES.items() if "-" not in k}
+
+
+def test_past_the_argument_limit_openpais_variables_stay_env_entries() -> None:
+    hosts = {f"PAI_HOST_IP_worker_{i}": f"10.1.{i // 250}.{i % 250}" for i in range(4000)}
+    role = RoleSpec(name="w", command="env -0")
+    spec = JobSpec(name="j", image="img", roles=[role])
+    pod = pod_manifest(
+        spec=spec, job_id=JOB, attempt=1,
+        placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),
+        env=hosts, command="env -0", namespace="ns", owner_uid=None, settings=PodSettings(),
+    )  # fmt: skip
+    line = pod["spec"]["containers"][0]["command"][2]
+    assert EXPORTS_MAX_BYTES // 2 < len(line.encode()) <= EXPORTS_MAX_BYTES + len("env -0")
+    assert 0 < len(pod["spec"]["containers"][0]["env"]) < len(hosts)
+    assert task_environment(pod) == hosts
+
+
+def test_a_container_argv_keeps_every_variable_an_env_entry() -> None:
+    role = RoleSpec(
+        name="w", command="x", entrypoint=["python3", "train.py"], args=["--x=$(PAI_JOB_NAME)"]
+    )
+    pod = pod_manifest(
+        spec=JobSpec(name="j", image="img", roles=[role]), job_id=JOB, attempt=1,
+        placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),
+        env=ODD_VALUES, command="", namespace="ns", owner_uid=None, settings=PodSettings(),
+    )  # fmt: skip
+    container = pod["spec"]["containers"][0]
+    assert {e["name"]: e["value"] for e in container["env"]} == ODD_VALUES
+    assert container["command"] == ["python3", "train.py"]
 
 
 def test_resources_whole_gpus_shared_gpus_shm_and_ports() -> None:

@@ -15,6 +15,15 @@ kubelet expands ``$(VAR)``. A shell command line (OpenPAI, PAI-DLC, TI) runs as
 ``sh -c`` with every ``$`` doubled, so the kubelet's expansion leaves the shell's text
 as the user wrote it.
 
+Environment. A shell command line's task gets OpenPAI's variables (``PAI_*``) exported by
+its shell before the command (``shell_exports``), as OpenPAI's own runtime exports the
+half of them it computes; the rest (``TRAINYARD_*``, the framework's, the job's own, the
+GPUs') is the container's env, as is everything for a container argv. Some fifty
+variables as env entries made a pod 10.5 kB as stored and tripled what it cost the API
+server and KWOK (each entry is a node of every managed-fields comparison and of every
+encoding): 28 ms of control-plane CPU a pod against 18-20 with them in the command line
+(bench/README.md, the Kubernetes backend).
+
 GPUs. Whole GPUs are ``nvidia.com/gpu`` requests and limits: the device plugin picks
 them on the node placement chose, and the container sees them as 0..n-1, so the host
 indices placement picked are not passed. A share of one GPU (gpu < 1, placement's
@@ -210,7 +219,7 @@ def escape_shell(command: str) -> str:
     return command.replace("$", "$$")
 
 
-def container_command(role: RoleSpec, command: str) -> dict[str, Any]:
+def container_command(role: RoleSpec, command: str, exports: str = "") -> dict[str, Any]:
     if role.container_form:
         argv: dict[str, Any] = {}
         if role.entrypoint:
@@ -218,7 +227,31 @@ def container_command(role: RoleSpec, command: str) -> dict[str, Any]:
         if role.args:
             argv["args"] = list(role.args)
         return argv
-    return {"command": ["/bin/sh", "-c", escape_shell(command)]}
+    return {"command": ["/bin/sh", "-c", escape_shell(exports + command)]}
+
+
+# Linux caps one argument at 128 KiB (MAX_ARG_STRLEN): past this, variables stay env
+# entries (a job of a thousand tasks has a PAI_HOST_IP_* for each).
+EXPORTS_MAX_BYTES = 64 * 1024
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def shell_exports(env: dict[str, str]) -> tuple[dict[str, str], str]:
+    """``env`` split for a shell command line: what stays the container's env, and the
+    ``export`` line (ending in a newline) that gives the shell the rest, OpenPAI's
+    variables, before the command. A name the shell cannot export stays an env entry."""
+    kept: dict[str, str] = {}
+    words: list[str] = []
+    size = len("export \n")
+    for name, value in env.items():
+        word = f"{name}={_sh(value)}"
+        cost = len(escape_shell(word).encode()) + 1
+        if name.startswith("PAI_") and _SHELL_NAME.match(name) and size + cost <= EXPORTS_MAX_BYTES:
+            words.append(word)
+            size += cost
+        else:
+            kept[name] = value
+    return kept, ("export " + " ".join(words) + "\n" if words else "")
 
 
 def _quantity_cpu(cpu: float) -> str:
@@ -292,12 +325,15 @@ def pod_manifest(
         raise PodProblem(f"role {role.name!r}: no image to run (set the role's or the job's)")
     name = pod_name(job_id, attempt, placement.role, placement.index)
     res, gpu_env = resources(role, placement)
+    pod_env, exports = {**task_env_for_pod(env, role), **gpu_env}, ""
+    if not role.container_form:
+        pod_env, exports = shell_exports(pod_env)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
         **({"imagePullPolicy": role.image_pull_policy} if role.image_pull_policy else {}),
-        **container_command(role, command),
-        "env": _env_list({**task_env_for_pod(env, role), **gpu_env}),
+        **container_command(role, command, exports),
+        "env": _env_list(pod_env),
         "resources": res,
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
     }
