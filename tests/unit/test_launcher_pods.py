@@ -24,6 +24,7 @@ from trainyard_launcher.domain.pods import (
     PodProblem,
     PodSettings,
     escape_shell,
+    exec_command,
     needs_owner,
     needs_service,
     owner_name,
@@ -146,6 +147,25 @@ def test_a_shell_command_gets_openpais_variables_exported_before_it() -> None:
     # A name no shell can hold stays an env entry, as it was; /bin/sh does not hand
     # such a name on to its command, with this change or without it.
     assert task_environment(pod) == {k: v for k, v in ODD_VALUES.items() if "-" not in k}
+
+
+def test_a_command_run_in_the_pod_sees_what_the_tasks_command_saw() -> None:
+    # yard exec: the exec subresource runs a command with the container's env only.
+    spec = JobSpec(name="j", image="img", roles=[RoleSpec(name="w", command="true")])
+    pod = pod_manifest(
+        spec=spec, job_id=JOB, attempt=1,
+        placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),
+        env=ODD_VALUES, command="true", namespace="ns", owner_uid=None, settings=PodSettings(),
+    )  # fmt: skip
+    container_env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    argv = exec_command(pod, ODD_VALUES, ["env", "-0"])
+    out = subprocess.run(argv, env=container_env, capture_output=True, check=True).stdout
+    seen = dict(item.decode().split("=", 1) for item in out.split(b"\0") if item)
+    assert {k: v for k, v in seen.items() if k not in ("PWD", "SHLVL", "_")} == {
+        k: v for k, v in ODD_VALUES.items() if "-" not in k
+    }
+    argv_pod = {"spec": {"containers": [{"name": "task", "command": ["python3"], "env": []}]}}
+    assert exec_command(argv_pod, ODD_VALUES, ["env"]) == ["env"]
 
 
 def test_past_the_argument_limit_openpais_variables_stay_env_entries() -> None:

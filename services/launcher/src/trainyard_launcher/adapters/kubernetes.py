@@ -52,6 +52,7 @@ from ..domain.pods import (
     PodProblem,
     PodSettings,
     PodState,
+    exec_command,
     is_lone,
     mpi_hostfile,
     needs_owner,
@@ -736,8 +737,9 @@ class KubernetesBackend:
         code: int | None = None
         try:
             async with asyncio.timeout(timeout_s):
+                argv = exec_command(pod.body, env, command)
                 context = as_given(await api.connect_get_namespaced_pod_exec(
-                    pod.name, pod.namespace, container=CONTAINER, command=as_given(command),
+                    pod.name, pod.namespace, container=CONTAINER, command=as_given(argv),
                     stderr=True, stdout=True, stdin=False, tty=False, _preload_content=False,
                 ))  # fmt: skip
                 async with context as socket:

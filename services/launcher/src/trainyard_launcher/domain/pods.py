@@ -254,6 +254,19 @@ def shell_exports(env: dict[str, str]) -> tuple[dict[str, str], str]:
     return kept, ("export " + " ".join(words) + "\n" if words else "")
 
 
+def exec_command(pod: dict[str, Any], env: dict[str, str], command: list[str]) -> list[str]:
+    """``command`` as it is run in the task's pod (the exec subresource): where the pod's
+    shell exported OpenPAI's variables before the task's command, the same ``export``
+    line before this one, so it sees the environment the task's command saw. (An exec's
+    argv is not the kubelet's to expand: no ``$`` is doubled.)"""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    task: dict[str, Any] = next((c for c in containers if c.get("name") == CONTAINER), {})
+    if (task.get("command") or [])[:2] != ["/bin/sh", "-c"]:
+        return command
+    _, exports = shell_exports(env)
+    return ["/bin/sh", "-c", exports + 'exec "$@"', "sh", *command] if exports else command
+
+
 def _quantity_cpu(cpu: float) -> str:
     return f"{round(cpu * 1000)}m"
 
