@@ -144,6 +144,35 @@ OWN_PATHS = ("/v1/",)
 JSON_TYPES = ("application/json", "+json")
 
 
+class AnswerErrors:
+    """An exception no route handled is logged with its traceback and answered 500 on a
+    connection that stays open. Left to Starlette, the 500 is sent and the exception
+    raised on to the server, which then closes the connection: a client that had pooled
+    it meanwhile (the gateway) failed its next request there, another user's."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception:
+            if started:
+                raise  # half an answer: only closing the connection ends it
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            await _refuse(send, 500, "internal error (logged by the service)")
+
+
 class InputGuard:
     """Bad input is a 4xx that names the problem, before any route runs: a NUL in the
     path or query (no file, key or id has one), a path that is not UTF-8, and, on
@@ -248,6 +277,7 @@ def health_app(service: str, title: str | None = None) -> FastAPI:
     # from instrument_app, and only while spans leave the process; metrics from
     # HttpMetrics.
     app = FastAPI(title=title or f"trainyard-{service}", telemetry=NO_NATIVE_TELEMETRY)
+    app.add_middleware(AnswerErrors)
     app.add_middleware(InputGuard)
     # Outermost: what InputGuard refuses is counted too.
     app.add_middleware(HttpMetrics)
