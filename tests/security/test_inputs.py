@@ -120,6 +120,84 @@ def test_bad_paths_and_parameters_are_4xx(admin: Api, path: str) -> None:
     assert 400 <= answer.status_code < 500, (answer.status_code, answer.text[:300])
 
 
+@pytest.mark.parametrize(("method", "path"), YAML_WRITES)
+def test_a_yaml_value_json_has_not_is_a_400_saying_where(
+    admin: Api, method: str, path: str
+) -> None:
+    for body, said in [
+        ("name: !!binary aGVsbG8=\n", "$.name: a !!binary value"),
+        ("metadata: {name: !!set {a}}\n", "$.metadata.name: a !!set"),
+    ]:
+        answer = admin.http.request(
+            method, path, content=body, headers={"Content-Type": "application/yaml"}
+        )
+        assert answer.status_code == 400 and said in answer.text, (answer.status_code, answer.text)
+    assert admin.http.post("/v1/jobs:validate", json=small_job("after-binary")).status_code == 200
+
+
+def test_yaml_dates_and_number_keys_read_as_the_json_they_stand_for(admin: Api) -> None:
+    v1 = (
+        "jobName: dated\nimage: x\njobEnvs: {WHEN: 2020-01-01, 7: seven}\n"
+        "taskRoles: [{name: w, taskNumber: 1, cpuNumber: 1, memoryMB: 128, gpuNumber: 0,"
+        " command: 'true'}]\n"
+    )
+    answer = admin.http.post(
+        "/v1/jobs:validate", content=v1, headers={"Content-Type": "application/yaml"}
+    )
+    assert answer.status_code == 200, answer.text
+    env = {e["name"]: e["value"] for e in answer.json()["spec"]["env"]}
+    assert (env["WHEN"], env["7"]) == ("2020-01-01", "seven")
+    # A date where a name belongs is a field error, not the server's.
+    answer = admin.http.post(
+        "/api/v2/jobs",
+        content="protocolVersion: 2\nname: {2020-01-01: 1}\ntype: job\n",
+        headers={"Content-Type": "application/yaml"},
+    )
+    assert answer.status_code == 400 and "name" in answer.text, answer.text
+
+
+T9K_JOBS = "/apis/batch.tensorstack.dev/v1beta1/namespaces/default/genericjobs"
+
+
+@pytest.mark.parametrize("image", ["a\u001bb\u0000c", "名" * 70_000])
+def test_a_warning_quoting_the_users_text_is_a_valid_bounded_header(admin: Api, image: str) -> None:
+    name = f"warned-{uuid.uuid4().hex[:6]}"
+    job = {
+        "apiVersion": "batch.tensorstack.dev/v1beta1",
+        "kind": "GenericJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicaSpecs": [
+                {
+                    "type": "worker",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {"containers": [{"name": "w", "image": image, "command": ["true"]}]}
+                    },
+                }
+            ]
+        },
+    }
+    answer = admin.http.post(T9K_JOBS, json=job)
+    assert answer.status_code == 201, answer.text
+    warnings = answer.headers.get_list("warning")
+    assert any(w.startswith('299 - "$.spec: image ') for w in warnings), warnings
+    assert sum(len(w) for w in warnings) < 8192
+    assert all(w.isascii() and w.isprintable() for w in warnings), warnings
+    # The connection it came on still serves, as does the next request.
+    assert admin.http.get(f"{T9K_JOBS}/{name}").status_code == 200
+
+
+@pytest.mark.parametrize("user", ["%E5%90%8D", "a%20b", "u" * 9000])
+def test_openpai_v1_refuses_a_path_user_that_is_no_user_name(admin: Api, user: str) -> None:
+    job = {"jobName": "pathuser", "image": "x", "taskRoles": [
+        {"name": "w", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0,
+         "command": "true"}]}  # fmt: skip
+    answer = admin.http.post(f"/api/v1/user/{user}/jobs", json=job)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == "InvalidParametersError" and "user:" in answer.text
+
+
 def owners_count(platform: Platform) -> int:
     async def count() -> int:
         client = platform.store_client()

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainyard_common.parsing import BodyError, json_depth, parse_json
+from trainyard_common.parsing import BodyError, json_depth, parse_json, parse_yaml
 
 
 def scanned_depth(text: str, max_depth: int) -> int | None:
@@ -87,3 +87,30 @@ def test_numbers_out_of_range_are_still_refused() -> None:
     for text in ('{"a": 1e999}', '{"a": NaN}', '{"a": -Infinity}'):
         with pytest.raises(BodyError):
             parse_json(text)
+
+
+def test_yaml_reads_as_the_json_it_stands_for() -> None:
+    # Every job is kept as JSON: YAML's dates stay as written (as Kubernetes reads YAML
+    # into JSON), and a key that is a number, a boolean or null is JSON's text for it.
+    text = "env: {when: 2020-01-01, at: 2001-12-14 21:59:43.10 -5}\nkeys: {2020-01-02: a, 2: b, 1.5: c, true: d, ~: e}\npairs: !!omap [{a: 1}]\n"
+    assert parse_yaml(text) == {
+        "env": {"when": "2020-01-01", "at": "2001-12-14 21:59:43.10 -5"},
+        "keys": {"2020-01-02": "a", "2": "b", "1.5": "c", "true": "d", "null": "e"},
+        "pairs": [["a", 1]],
+    }
+    assert json.loads(json.dumps(parse_yaml(text))) == parse_yaml(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("job: {name: !!binary aGVsbG8=}", r"\$\.job\.name: a !!binary value"),
+        ("job: {roles: [x, !!set {a, b}]}", r"\$\.job\.roles\[1\]: a !!set"),
+        ("job: {!!binary aGk=: x}", r"\$\.job: a key that is a !!binary value"),
+        ("job: {.inf: x}", r"\$\.job: a key that is a number out of range"),
+        ("job: {cpu: -.inf}", r"\$\.job\.cpu: a number out of range"),
+    ],
+)
+def test_yaml_values_json_has_not_are_refused_with_where_they_are(text: str, said: str) -> None:
+    with pytest.raises(BodyError, match=said):
+        parse_yaml(text)

@@ -8,6 +8,11 @@ the document *as expanded* bounded while it is still a graph of nodes: aliases m
 440-byte "billion laughs" stand for 9⁹ nodes, which is refused in milliseconds instead
 of built. Both answer :class:`BodyError`, which HTTP layers turn into 400 (or 413 for
 size), naming the problem and where.
+
+Either gives JSON's data model, which is what every job is kept as: a YAML timestamp
+stays the text it was written as (as Kubernetes reads YAML into JSON), a key that is a
+number, a boolean or null is written as JSON writes it, and a value JSON has none for
+(``!!binary``, ``!!set``) is refused with where it is.
 """
 
 from __future__ import annotations
@@ -130,15 +135,12 @@ def parse_json(raw: bytes | str, max_bytes: int = MAX_BODY, max_depth: int = MAX
 
 def _check_strings(value: Any, where: str) -> None:
     """Every string of ``value`` (keys too) encodable (\\ud800 escapes make lone
-    surrogates in JSON) and every number finite (YAML's .inf); iterative, so depth costs
-    no stack."""
+    surrogates in JSON); iterative, so depth costs no stack."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
             _no_surrogates(item, where)
-        elif isinstance(item, float) and not math.isfinite(item):
-            raise BodyError(f"{where}: a number out of range ({item})")
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
@@ -163,6 +165,60 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+def _timestamp_as_written(loader: yaml.SafeLoader, node: Node) -> Any:
+    return loader.construct_scalar(node)  # type: ignore[arg-type]
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_written)
+
+
+def _as_json(value: Any, path: str = "$") -> Any:
+    """``value`` (a YAML document, its nesting already bounded) as JSON's data model."""
+    if isinstance(value, str):
+        _no_surrogates(value, f"YAML body at {path}")
+        return value
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise BodyError(f"YAML body at {path}: a number out of range ({value})")
+        return value
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            name = _json_key(key, path)
+            out[name] = _as_json(item, f"{path}.{name}")
+        return out
+    if isinstance(value, (list, tuple)):  # !!omap and !!pairs build tuples
+        return [_as_json(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    raise BodyError(f"YAML body at {path}: {_yaml_kind(value)}, which JSON has no value for")
+
+
+def _json_key(key: Any, path: str) -> str:
+    if isinstance(key, str):
+        _no_surrogates(key, f"YAML body at {path}")
+        return key
+    if (
+        key is None
+        or isinstance(key, (bool, int))
+        or (isinstance(key, float) and math.isfinite(key))
+    ):
+        return json.dumps(key)
+    raise BodyError(
+        f"YAML body at {path}: a key that is {_yaml_kind(key)}, which JSON keys cannot be"
+    )
+
+
+def _yaml_kind(value: Any) -> str:
+    if isinstance(value, bytes):
+        return "a !!binary value"
+    if isinstance(value, (set, frozenset)):
+        return "a !!set"
+    if isinstance(value, float):
+        return f"a number out of range ({value})"
+    return f"a {type(value).__name__}"
 
 
 def _expanded_size(node: Node, max_nodes: int, max_depth: int) -> int:
@@ -235,8 +291,7 @@ def parse_yaml(
         raise BodyError(f"YAML nested deeper than {max_depth} levels") from None
     finally:
         loader.dispose()
-    _check_strings(value, "YAML body")
-    return value
+    return _as_json(value)
 
 
 def parse_body(raw: bytes | str, content_type: str = "", max_bytes: int = MAX_BODY) -> Any:

@@ -100,11 +100,54 @@ def _decode(raw: bytes, content_type: str) -> Any:
     return parse_json_or_yaml(raw, MAX_BODY)
 
 
-def warning_header(issue: FieldIssue) -> str:
-    """RFC 7234 warn-value as the Kubernetes API server writes it: 299 - "text"."""
-    text = f"{issue.path}: {issue.message}".replace("\\", "\\\\").replace('"', '\\"')
-    text = text.encode("ascii", "backslashreplace").decode("ascii").replace("\n", " ")
-    return f'299 - "{text}"'
+# As the Kubernetes API server bounds them: past 4 KiB of warnings in all, each is cut to
+# 256 characters, and those that still do not fit are left out.
+WARNINGS_MAX = 4096
+WARNING_CUT = 256
+
+
+def warning_headers(issues: list[FieldIssue]) -> list[str]:
+    """RFC 7234 warn-values as the Kubernetes API server writes them: 299 - "text", in
+    printable ASCII and bounded (a user's text echoed must not make the header invalid,
+    nor too long for a client to read)."""
+    texts = [f"{issue.path}: {issue.message}" for issue in issues]
+    escaped = [_header_text(line, WARNINGS_MAX) for line in texts]
+    if sum(len(line) for line in escaped) > WARNINGS_MAX:
+        escaped = [_header_text(line, WARNING_CUT) for line in texts]
+    headers: list[str] = []
+    total = 0
+    for line in escaped:
+        total += len(line)
+        if total > WARNINGS_MAX:
+            break
+        headers.append(f'299 - "{line}"')
+    return headers
+
+
+def _header_text(line: str, limit: int) -> str:
+    """``line`` inside a quoted header string, cut (with "...") at ``limit`` characters
+    escaped, never inside an escape."""
+    out: list[str] = []
+    size = 0
+    for char in line:
+        piece = _header_char(char)
+        if size + len(piece) > limit - 3:
+            return "".join(out) + "..."
+        out.append(piece)
+        size += len(piece)
+    return "".join(out)
+
+
+def _header_char(char: str) -> str:
+    if char in '"\\':
+        return "\\" + char
+    if " " <= char <= "~":
+        return char
+    if char == "\n":
+        return " "
+    if ord(char) > 127:
+        return char.encode("ascii", "backslashreplace").decode("ascii")
+    return f"\\x{ord(char):02x}"
 
 
 def _causes(errors: list[FieldIssue]) -> list[dict[str, str]]:
@@ -291,8 +334,8 @@ def router(ctx: IntakeContext) -> APIRouter:
             response = JSONResponse(
                 status_code=201, content=jsonable_encoder(served.render(served.plural, view))
             )
-        for warning in result.warnings:
-            response.headers.append("Warning", warning_header(warning))
+        for warning in warning_headers(result.warnings):
+            response.headers.append("Warning", warning)
         return response
 
     def already_exists(served: Served, name: str) -> JSONResponse:

@@ -21,13 +21,12 @@ submission's dialect key (the job name), which is how a stop by name finds the j
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
 
-from trainyard_common.auth import Identity
+from trainyard_common.auth import USER_NAME, Identity
 from trainyard_common.dialects import openpai, openpai_v2
 from trainyard_common.events import JobTagged
 from trainyard_common.parsing import BodyError, parse_json, parse_yaml
@@ -54,10 +53,8 @@ def error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
 def _decode(raw: bytes, content_type: str) -> Any:
     """The body as data. YAML is a superset of JSON, so a v1 JSON sent as YAML (or with no
     content type, as OpenPAI's SDKs do) reads the same."""
-    data = parse_json(raw, MAX_BODY) if "json" in content_type else parse_yaml(raw, MAX_BODY)
-    # YAML allows keys and values JSON has no word for (1: x, dates); the job is kept as
-    # JSON, so it is turned into the JSON it stands for once, here.
-    return json.loads(json.dumps(data, default=str))
+    # Either is JSON's data model (YAML's dates and number keys as JSON has them).
+    return parse_json(raw, MAX_BODY) if "json" in content_type else parse_yaml(raw, MAX_BODY)
 
 
 def _split(framework_name: str) -> tuple[str, str] | None:
@@ -137,6 +134,12 @@ def router(ctx: IntakeContext) -> APIRouter:
         identity: Identity = Depends(ctx.current),
         idempotency_key: str | None = Header(None),
     ) -> JSONResponse:
+        if not USER_NAME.match(user):
+            return error(
+                400,
+                "InvalidParametersError",
+                f"user: {user[:80]!r} is not a user name (1 to 64 of A-Z, a-z, 0-9, '.', '_', '-')",
+            )
         if user != identity.user and not identity.admin:
             return error(
                 403,
