@@ -30,6 +30,7 @@ from trainyard_common.bus_access import (
     server_permissions,
 )
 from trainyard_common.config import DEFAULT_PORTS, admin_token_path
+from trainyard_common.limits import digits
 from trainyard_common.secrets_box import SECRETS_KEY_ENV, new_key
 from trainyard_common.storage import Client, open_store
 
@@ -74,7 +75,7 @@ def parse_replicas(text: str) -> dict[str, int]:
                 f"YARD_REPLICAS: {name!r} cannot run as replicas here "
                 f"(only {', '.join(REPLICABLE)})"
             )
-        if not number.isdigit() or not 1 <= int(number) <= MAX_REPLICAS:
+        if not digits(number) or not 1 <= int(number) <= MAX_REPLICAS:
             raise ValueError(f"YARD_REPLICAS: {part!r}: the count must be 1 to {MAX_REPLICAS}")
         counts[name] = int(number)
     return counts

@@ -23,7 +23,7 @@ from trainyard_common.auth import (
     request_id,
 )
 from trainyard_common.dialects import dlc, k8s_api
-from trainyard_common.limits import MAX_INDEX, MAX_OFFSET
+from trainyard_common.limits import MAX_INDEX, MAX_OFFSET, digits
 from trainyard_common.runtime import health_app
 
 from .adapters.backend import Stream, TaskBackend, TaskHandle, TaskRef, Usage
@@ -258,7 +258,7 @@ def dlc_pod_logs(store: LauncherStore, tokens: TokenStore, backend: TaskBackend)
             raise AliyunError(404, "JobNotFound", f"job {job_id} has no pods")
         task = dlc.parse_pod_id(job_id, pod_id)
         attempt = job.attempt
-        if pod_uid and pod_uid.startswith(f"{pod_id}-") and pod_uid.rpartition("-")[2].isdigit():
+        if pod_uid and pod_uid.startswith(f"{pod_id}-") and digits(pod_uid.rpartition("-")[2]):
             attempt = int(pod_uid.rpartition("-")[2])
         found = await store.get_task(task_id(job_id, attempt, *task)) if task else None
         if found is None or task is None:

@@ -23,6 +23,10 @@ class ExecRefused(Exception):
 
 def exec_argv(command: list[str] | str) -> list[str]:
     """A list runs as it is; a string through bash, like the task's own command."""
+    words = [command] if isinstance(command, str) else command
+    if any("\x00" in word for word in words):
+        # No argument of a process can hold one (the kernel reads each up to its NUL).
+        raise ExecRefused(422, "command: must not contain a NUL character")
     if isinstance(command, str):
         if not command.strip():
             raise ExecRefused(422, "command: must not be empty")

@@ -36,6 +36,7 @@ from ..jobspec import (
     RoleSpec,
     env_list,
 )
+from ..limits import digits
 from .fields import mapping, sequence, text
 from .registry import Dialect
 from .translation import (
@@ -732,7 +733,7 @@ def parse_pod_id(job_id: str, pod: str) -> tuple[str, int] | None:
     if not pod.startswith(prefix):
         return None
     role, sep, index = pod[len(prefix) :].rpartition("-")
-    if not sep or not role or not index.isdigit() or len(index) > 9:
+    if not sep or not role or not digits(index) or len(index) > 9:
         return None
     return role, int(index)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ..limits import digits
 from . import kubeflow, t9k
 from .k8s_pod import merge_patch
 
@@ -529,7 +530,7 @@ def _parent(doc: Any, parts: list[str], path: str) -> tuple[Any, str]:
     for part in parts[:-1]:
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif isinstance(node, list) and digits(part) and int(part) < len(node):
             node = node[int(part)]
         else:
             raise PatchError(f"path {path!r} does not exist")
@@ -541,7 +542,7 @@ def _get(doc: Any, path: str) -> Any:
     for part in _pointer(path):
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif isinstance(node, list) and digits(part) and int(part) < len(node):
             node = node[int(part)]
         else:
             raise PatchError(f"path {path!r} does not exist")
@@ -551,7 +552,7 @@ def _get(doc: Any, path: str) -> Any:
 def _index(container: list[Any], key: str, path: str, adding: bool) -> int:
     if key == "-" and adding:
         return len(container)
-    if not key.isdigit() or (key.startswith("0") and key != "0"):
+    if not digits(key) or (key.startswith("0") and key != "0"):
         raise PatchError(f"path {path!r}: {key!r} is not an array index")
     index = int(key)
     if index > len(container) or (index == len(container) and not adding):
@@ -763,7 +764,7 @@ def parse_pod_name(name: str) -> tuple[str, str, int] | None:
     """(job name, replica type in lower case, index) of a pod name; None if not one."""
     job, _, rest = name.rpartition("-")
     job, _, rtype = job.rpartition("-")
-    if not (job and rtype and rest.isdigit()) or len(rest) > 9:
+    if not (job and rtype and digits(rest)) or len(rest) > 9:
         return None
     return job, rtype, int(rest)
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from ..events import FieldIssue
 from ..jobspec import REDACTED, EnvVar, JobSpec, PortSpec, Resources, RestartPolicy, RoleSpec
+from ..limits import digits
 from .fields import mapping
 from .registry import Dialect
 from .translation import (
@@ -201,7 +202,7 @@ def _lookup(context: dict[str, Any], token: str) -> Any:
     for part in _INDEX.sub(r".\1", token).split("."):
         if isinstance(value, dict) and part in value:
             value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+        elif isinstance(value, list) and digits(part) and int(part) < len(value):
             value = value[int(part)]
         else:
             return None

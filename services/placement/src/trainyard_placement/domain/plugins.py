@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from trainyard_common.limits import digits
+
 if TYPE_CHECKING:
     from .queue import QueuedJob
 
@@ -170,7 +172,7 @@ class Rules:
         if backfill not in BACKFILL_MODES:
             raise UnknownSetting("YARD_PLACEMENT_BACKFILL", backfill, BACKFILL_MODES)
         raw = (env.get("YARD_PLACEMENT_MAX_PREEMPTIONS") or str(DEFAULT_MAX_PREEMPTIONS)).strip()
-        if not raw.isdigit():
+        if not digits(raw):
             raise UnknownSetting("YARD_PLACEMENT_MAX_PREEMPTIONS", raw, ["a whole number"])
         return cls(order=order, victims=victims, backfill=backfill == "conservative",
                    max_preemptions=int(raw))  # fmt: skip

@@ -32,6 +32,7 @@ from trainyard_common.auth import Identity
 from trainyard_common.dialects import k8s_api, kubeflow
 from trainyard_common.dialects.k8s_api import SelectorError, Served
 from trainyard_common.dialects.k8s_pod import latest_tasks
+from trainyard_common.limits import digits
 
 from ..adapters.views import is_resource
 from .context import StatusContext
@@ -197,7 +198,7 @@ def router(ctx: StatusContext) -> APIRouter:
     ) -> JSONResponse | StreamingResponse:
         query = request.query_params
         since = query.get("resourceVersion") or "0"
-        if not since.isdigit():
+        if not digits(since):
             return status(400, "BadRequest", f"resourceVersion {since!r} is not a number")
         try:
             timeout = min(float(query.get("timeoutSeconds") or MAX_WATCH_S), MAX_WATCH_S)
