@@ -18,6 +18,7 @@ from trainyard_common.aliyun_auth import (
     SignatureError,
     SignedRequest,
     access_key_id,
+    acs3_signature,
     headers_of,
     nonce_key,
     verify,
@@ -177,6 +178,29 @@ def test_changed_signed_header_is_refused() -> None:
     headers = {**request.headers, "host": ["evil.example:80"]}
     with pytest.raises(SignatureError):
         verify(SignedRequest("GET", request.path, request.query, headers), SECRET, now=WHEN)
+
+
+@pytest.mark.parametrize("left_out", ["x-acs-date", "x-acs-signature-nonce", "x-acs-action"])
+def test_an_acs3_signature_must_cover_the_date_nonce_and_action(left_out: str) -> None:
+    # Signed over the rest only (correctly), the request's date and nonce could be
+    # changed to send it again, its action to another: refused, as the SDK signs them.
+    request = received(sdk_request("GET", "/api/v1/jobs/dlc123", None))
+    signed = ["host", "x-acs-content-sha256"] + [
+        h for h in ("x-acs-date", "x-acs-signature-nonce", "x-acs-action") if h != left_out
+    ]
+    body_hash = hashlib.sha256(b"").hexdigest()
+    signature = acs3_signature(request, signed, body_hash, SECRET)
+    headers = {
+        **request.headers,
+        "authorization": [
+            f"ACS3-HMAC-SHA256 Credential={AK},SignedHeaders={';'.join(signed)},"
+            f"Signature={signature}"
+        ],
+    }
+    forged = SignedRequest("GET", request.path, request.query, headers)
+    with pytest.raises(SignatureError) as exc:
+        verify(forged, SECRET, now=WHEN)
+    assert exc.value.code == "IncompleteSignature" and left_out in str(exc.value)
 
 
 @pytest.mark.parametrize("v2", [False, True], ids=["acs3", "roa-v2"])

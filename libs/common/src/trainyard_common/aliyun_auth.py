@@ -235,6 +235,11 @@ def verify(
             raise SignatureError(
                 "IncompleteSignature", "a request with a body must sign x-acs-content-sha256"
             )
+        # The official SDKs sign every x-acs-* header. Unsigned, the date and nonce of a
+        # captured request could be changed to send it again, its action to another.
+        for name in ("x-acs-date", NONCE_HEADER, "x-acs-action"):
+            if name not in signed and request.header(name) is not None:
+                raise SignatureError("IncompleteSignature", f"the request must sign {name}")
         expected = acs3_signature(request, signed, body_hash, secret)
         if not hmac.compare_digest(expected.encode(), acs3.group("sig").lower().encode()):
             raise SignatureError(
