@@ -72,6 +72,9 @@ def sign_in(page, token: str) -> None:  # type: ignore[no-untyped-def]
 def test_the_console_is_served_with_headers_that_keep_it_to_itself(platform: Platform) -> None:
     home = httpx.get(f"{platform.url}/", follow_redirects=True)
     assert home.status_code == 200 and "<title>Trainyard</title>" in home.text
+    # The console's own name without its slash leads there too.
+    bare = httpx.get(f"{platform.url}/console")
+    assert bare.status_code == 302 and bare.headers["location"] == "/console/"
     policy = home.headers["content-security-policy"]
     assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
     assert home.headers["x-content-type-options"] == "nosniff"

@@ -87,6 +87,7 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
 
     # The web console: static files from this package, at the base URL.
     @app.get("/", include_in_schema=False)
+    @app.get("/console", include_in_schema=False)
     async def home() -> RedirectResponse:
         return RedirectResponse("/console/", status_code=302)
 
