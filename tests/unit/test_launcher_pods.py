@@ -133,15 +133,19 @@ ODD_VALUES = {
 }
 
 
+def lone_pod(role: RoleSpec, env: dict[str, str]) -> dict:
+    """The pod of a one-task job of ``role`` with ``env`` (its command the role's)."""
+    return pod_manifest(
+        spec=JobSpec(name="j", image="img", roles=[role]), job_id=JOB, attempt=1,
+        placement=TaskPlacement(role=role.name, index=0, node="n", host_ip="x"),
+        env=env, command=role.command, namespace="ns", owner_uid=None, settings=PodSettings(),
+    )  # fmt: skip
+
+
 def test_a_shell_command_gets_openpais_variables_exported_before_it() -> None:
     # Some fifty env entries tripled a pod's cost to the API server (the module's
     # docstring): the shell exports them instead, and the task sees the same environment.
-    spec = JobSpec(name="j", image="img", roles=[RoleSpec(name="w", command="env -0")])
-    pod = pod_manifest(
-        spec=spec, job_id=JOB, attempt=1,
-        placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),
-        env=ODD_VALUES, command="env -0", namespace="ns", owner_uid=None, settings=PodSettings(),
-    )  # fmt: skip
+    pod = lone_pod(RoleSpec(name="w", command="env -0"), ODD_VALUES)
     entries = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert entries == {"PAI_HOST_IP_my-role_0", "TRAINYARD_JOB_ID", "MASTER_ADDR"}
     # A name no shell can hold stays an env entry, as it was; /bin/sh does not hand
@@ -151,12 +155,7 @@ def test_a_shell_command_gets_openpais_variables_exported_before_it() -> None:
 
 def test_a_command_run_in_the_pod_sees_what_the_tasks_command_saw() -> None:
     # yard exec: the exec subresource runs a command with the container's env only.
-    spec = JobSpec(name="j", image="img", roles=[RoleSpec(name="w", command="true")])
-    pod = pod_manifest(
-        spec=spec, job_id=JOB, attempt=1,
-        placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),
-        env=ODD_VALUES, command="true", namespace="ns", owner_uid=None, settings=PodSettings(),
-    )  # fmt: skip
+    pod = lone_pod(RoleSpec(name="w", command="true"), ODD_VALUES)
     container_env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     argv = exec_command(pod, ODD_VALUES, ["env", "-0"])
     out = subprocess.run(argv, env=container_env, capture_output=True, check=True).stdout
@@ -170,13 +169,7 @@ def test_a_command_run_in_the_pod_sees_what_the_tasks_command_saw() -> None:
 
 def test_past_the_argument_limit_openpais_variables_stay_env_entries() -> None:
     hosts = {f"PAI_HOST_IP_worker_{i}": f"10.1.{i // 250}.{i % 250}" for i in range(4000)}
-    role = RoleSpec(name="w", command="env -0")
-    spec = JobSpec(name="j", image="img", roles=[role])
-    pod = pod_manifest(
-        spec=spec, job_id=JOB, attempt=1,
-        placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),
-        env=hosts, command="env -0", namespace="ns", owner_uid=None, settings=PodSettings(),
-    )  # fmt: skip
+    pod = lone_pod(RoleSpec(name="w", command="env -0"), hosts)
     line = pod["spec"]["containers"][0]["command"][2]
     assert EXPORTS_MAX_BYTES // 2 < len(line.encode()) <= EXPORTS_MAX_BYTES + len("env -0")
     assert 0 < len(pod["spec"]["containers"][0]["env"]) < len(hosts)
@@ -187,11 +180,7 @@ def test_a_container_argv_keeps_every_variable_an_env_entry() -> None:
     role = RoleSpec(
         name="w", command="x", entrypoint=["python3", "train.py"], args=["--x=$(PAI_JOB_NAME)"]
     )
-    pod = pod_manifest(
-        spec=JobSpec(name="j", image="img", roles=[role]), job_id=JOB, attempt=1,
-        placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),
-        env=ODD_VALUES, command="", namespace="ns", owner_uid=None, settings=PodSettings(),
-    )  # fmt: skip
+    pod = lone_pod(role, ODD_VALUES)
     container = pod["spec"]["containers"][0]
     assert {e["name"]: e["value"] for e in container["env"]} == ODD_VALUES
     assert container["command"] == ["python3", "train.py"]
