@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -334,6 +335,60 @@ async def test_an_exec_past_its_timeout_is_killed(tmp_path: Path) -> None:
         ref(), launched.handle, ["bash", "-c", "echo begun; sleep 300"], {}, 0.5
     )
     assert result.timed_out and result.stdout == "begun\n" and time.monotonic() - started < 5
+    await backend.kill(ref(), launched.handle, grace_s=1.0)
+
+
+async def test_an_exec_holds_only_the_end_of_what_it_writes(tmp_path: Path) -> None:
+    # 40 MB of output answered as its last 4 kB, read as it came: the launcher never
+    # held it whole (a `yes` for ten minutes would have filled its memory).
+    backend = LocalBackend(tmp_path)
+    launched = await launch(backend, ref(), "sleep 300", {}, [])
+    tracemalloc.start()
+    try:
+        result = await backend.exec(
+            ref(),
+            launched.handle,
+            ["bash", "-c", "head -c 40000000 /dev/zero | tr '\\0' x; printf end"],
+            {},
+            30,
+            limit_bytes=4096,
+        )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (result.exit_code, result.timed_out) == (0, False)
+    assert result.stdout == "x" * 4093 + "end"
+    assert peak < 4 * 1024 * 1024, peak
+    await backend.kill(ref(), launched.handle, grace_s=1.0)
+
+
+async def test_an_exec_ends_with_its_command_and_takes_its_background_along(
+    tmp_path: Path,
+) -> None:
+    backend = LocalBackend(tmp_path)
+    launched = await launch(backend, ref(), "sleep 300", {}, [])
+    started = time.monotonic()
+    result = await backend.exec(
+        ref(), launched.handle, ["bash", "-c", "sleep 300 & echo $!; echo late >&2"], {}, 60
+    )
+    # Answered when bash ended, not after the timeout, though the sleep held its pipes.
+    assert (result.exit_code, result.stderr, result.timed_out) == (0, "late\n", False)
+    assert time.monotonic() - started < 10
+    assert not is_alive(int(result.stdout), None)
+    # One that left the exec's session holds the pipes open: answered without it, and
+    # the launcher's ends of them closed.
+    fds = len(os.listdir("/proc/self/fd"))
+    started = time.monotonic()
+    result = await backend.exec(
+        ref(), launched.handle, ["bash", "-c", "setsid sleep 300 & echo $!"], {}, 60
+    )
+    daemon = int(result.stdout)
+    try:
+        assert (result.exit_code, result.timed_out) == (0, False)
+        assert time.monotonic() - started < 10
+        assert len(os.listdir("/proc/self/fd")) == fds
+    finally:
+        os.kill(daemon, signal.SIGKILL)
     await backend.kill(ref(), launched.handle, grace_s=1.0)
 
 

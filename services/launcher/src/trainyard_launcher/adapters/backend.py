@@ -147,6 +147,28 @@ class ExecResult:
     timed_out: bool = False
 
 
+# What an exec answers of each output: its last MiB (docs/lifecycle.md, yard exec).
+EXEC_OUTPUT_BYTES = 1024 * 1024
+
+
+class Tail:
+    """The last ``limit`` bytes of an output read as it comes: a command may write for
+    as long as its timeout lets it (``yes`` for ten minutes), and only its end is
+    answered, so no more than twice ``limit`` is ever held."""
+
+    def __init__(self, limit: int = EXEC_OUTPUT_BYTES) -> None:
+        self.limit = limit
+        self._data = bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self._data += chunk
+        if len(self._data) > 2 * self.limit:
+            del self._data[: len(self._data) - self.limit]
+
+    def text(self) -> str:
+        return bytes(self._data[-self.limit :]).decode(errors="replace")
+
+
 @dataclass(frozen=True)
 class TaskStatus:
     """How a task stands. ``lost``: it is gone and left no exit record."""

@@ -79,6 +79,7 @@ from .backend import (
     LogChunk,
     Progress,
     Stream,
+    Tail,
     TaskHandle,
     TaskLaunch,
     TaskRef,
@@ -732,8 +733,7 @@ class KubernetesBackend:
             raise ExecUnavailable("the task has no pod")
         ws = WsApiClient()
         api = client.CoreV1Api(api_client=ws)
-        out: list[str] = []
-        err: list[str] = []
+        out, err = Tail(), Tail()
         code: int | None = None
         try:
             async with asyncio.timeout(timeout_s):
@@ -745,23 +745,23 @@ class KubernetesBackend:
                 async with context as socket:
                     async for message in socket:
                         data = message.data
-                        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-                        if len(text) < 1:
+                        raw = data if isinstance(data, bytes) else str(data).encode()
+                        if len(raw) < 1:
                             continue
-                        channel, body = ord(text[0]), text[1:]
+                        channel, body = raw[0], raw[1:]
                         if channel == 1:
-                            out.append(body)
+                            out.add(body)
                         elif channel == 2:
-                            err.append(body)
+                            err.add(body)
                         elif channel == 3 and body:
-                            code = WsApiClient.parse_error_data(body)
+                            code = WsApiClient.parse_error_data(body.decode(errors="replace"))
         except TimeoutError:
-            return ExecResult(None, "".join(out), "".join(err), timed_out=True)
+            return ExecResult(None, out.text(), err.text(), timed_out=True)
         except Exception as exc:  # noqa: BLE001 - the cluster does not exec (no kubelet)
             raise ExecUnavailable(f"the cluster cannot exec in pod {pod.name}: {exc!r}") from exc
         finally:
             await ws.close()
-        return ExecResult(code if code is not None else 0, "".join(out), "".join(err))
+        return ExecResult(code if code is not None else 0, out.text(), err.text())
 
     async def inventory(self) -> dict[TaskRef, TaskHandle] | None:
         return {ref: TaskHandle(uid=pod.uid) for ref, pod in self._pods.items()}

@@ -28,6 +28,7 @@ mount namespace where it has one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import json
@@ -42,6 +43,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec
@@ -61,6 +63,7 @@ from ..domain.prepare import (
 from ..logs import DEFAULT_MAX_BYTES, follow, older_part, read_from
 from ..spawner import Spawner, SpawnerGone, SpawnerLost
 from .backend import (
+    EXEC_OUTPUT_BYTES,
     AlreadyLaunched,
     AttemptEnd,
     AttemptSpec,
@@ -73,6 +76,7 @@ from .backend import (
     PortUnavailable,
     Progress,
     Stream,
+    Tail,
     TaskHandle,
     TaskLaunch,
     TaskOptions,
@@ -155,7 +159,7 @@ class LocalBackend:
         # fresh interpreter.
         self._spawner = Spawner() if spawner else None
         # Commands run in tasks (exec), by task key: ended with the task.
-        self._execs: dict[str, set[subprocess.Popen[bytes]]] = {}
+        self._execs: dict[str, set[int]] = {}
         # Where each user's tasks run as (docs/security.md); None: as this process.
         self.uids = uids
         # The interpreter and the framework helper a task's user can run (start()).
@@ -499,12 +503,14 @@ class LocalBackend:
         command: list[str],
         env: dict[str, str],
         timeout_s: float,
-        limit_bytes: int = 1024 * 1024,
+        limit_bytes: int = EXEC_OUTPUT_BYTES,
     ) -> ExecResult:
         """Run ``command`` in the task: its environment, its working directory, and,
         where the task runs in a mount namespace of its own (mount paths, /dev/shm), in
-        that namespace, so it sees what the task sees. Killed (its whole group) after
-        ``timeout_s``; each output is cut to its last ``limit_bytes``."""
+        that namespace, so it sees what the task sees. It ends when the command does:
+        what the command left running in its group (``sleep 100 &``) is killed then,
+        and the whole group after ``timeout_s``. Each output is read as it comes and
+        cut to its last ``limit_bytes``."""
         # coreutils' timeout bounds the command even if this launcher dies meanwhile and
         # nothing is left to kill it (it runs in a session of its own, not the task's).
         argv = ["timeout", "-s", "KILL", f"{timeout_s + EXEC_KILL_MARGIN_S:g}", *command]
@@ -514,33 +520,51 @@ class LocalBackend:
         target = self._namespace_target(ref, handle.pid)
         if target is not None:
             argv = [*target, "--", *argv]
+        out, err = Tail(limit_bytes), Tail(limit_bytes)
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         try:
-            proc = subprocess.Popen(
-                argv,
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
                 cwd=self.task_dir(ref) / "work",
                 env=_with_defaults(env),
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdout=out_w,
+                stderr=err_w,
                 start_new_session=True,
-                close_fds=True,
             )
         except OSError as exc:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
             return ExecResult(127, "", f"trainyard: cannot run {command[0]!r}: {exc}\n")
-        self._execs.setdefault(ref.key, set()).add(proc)
+        os.close(out_w)
+        os.close(err_w)
+        self._execs.setdefault(ref.key, set()).add(proc.pid)
+        pipes = [open(out_r, "rb", buffering=0), open(err_r, "rb", buffering=0)]  # noqa: SIM115
+        reading = asyncio.gather(_read_into(pipes[0], out), _read_into(pipes[1], err))
         timed_out = False
         try:
             try:
-                out, err = await asyncio.to_thread(proc.communicate, timeout=timeout_s)
-            except subprocess.TimeoutExpired:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
                 timed_out = True
-                _signal_group(proc.pid, signal.SIGKILL)
-                out, err = await asyncio.to_thread(proc.communicate)
+            # Ended, or out of time: nothing of its group outlives it, and the pipes
+            # close once what the group wrote is read. A process that left the group
+            # (setsid) may hold them open: the answer does not wait for it.
+            _signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            await asyncio.wait([reading], timeout=EXEC_DRAIN_S)
         finally:
-            self._execs.get(ref.key, set()).discard(proc)
+            self._execs.get(ref.key, set()).discard(proc.pid)
+            if not reading.done():
+                _signal_group(proc.pid, signal.SIGKILL)
+                reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reading
+            for pipe in pipes:
+                pipe.close()
         code = proc.returncode
         exit_code = 128 - code if code is not None and code < 0 else code
-        return ExecResult(exit_code, _tail(out, limit_bytes), _tail(err, limit_bytes), timed_out)
+        return ExecResult(exit_code, out.text(), err.text(), timed_out)
 
     def _recorded_run_as(self, ref: TaskRef) -> tuple[int, int] | None:
         try:
@@ -650,8 +674,8 @@ class LocalBackend:
         """SIGTERM to the task's process group (the wrapper forwards it to the command's
         group), SIGKILL to every process of the task's session after ``grace_s``; the
         commands run in it by ``exec`` end with it."""
-        for proc in list(self._execs.pop(ref.key, ())):
-            _signal_group(proc.pid, signal.SIGKILL)
+        for group in list(self._execs.pop(ref.key, ())):
+            _signal_group(group, signal.SIGKILL)
         pid, started = handle.pid, handle.start_ticks
         if pid is None:
             launched = self.read_pid(ref)
@@ -698,6 +722,8 @@ class LocalBackend:
 # How long after its own timeout an exec'd command is killed by ``timeout`` (when this
 # process, which kills it at the timeout, is no longer there to).
 EXEC_KILL_MARGIN_S = 5.0
+# How long an exec's answer waits, once its group is killed, for the rest of its output.
+EXEC_DRAIN_S = 2.0
 
 
 def _write_private(path: Path, text: str) -> Path:
@@ -745,9 +771,17 @@ def _namespace(pid: str, kind: str) -> str | None:
         return None
 
 
-def _tail(data: bytes | None, limit: int) -> str:
-    data = data or b""
-    return data[-limit:].decode(errors="replace")
+async def _read_into(pipe: BinaryIO, tail: Tail) -> None:
+    """What is written into ``pipe`` until its end, into ``tail``."""
+    reader = asyncio.StreamReader()
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), pipe
+    )
+    try:
+        while chunk := await reader.read(64 * 1024):
+            tail.add(chunk)
+    finally:
+        transport.close()
 
 
 def _remove(path: Path, device: int) -> None:
