@@ -32,6 +32,10 @@ def as_user(run_as: RunAs) -> Iterator[None]:
     if run_as is None:
         yield
         return
+    # Without the wrapper's supplementary groups (root's): a directory of group root
+    # that its group may enter is not the task's user's to enter.
+    groups = os.getgroups()
+    os.setgroups([])
     os.setegid(run_as[1])
     os.seteuid(run_as[0])
     try:
@@ -39,3 +43,4 @@ def as_user(run_as: RunAs) -> Iterator[None]:
     finally:
         os.seteuid(0)
         os.setegid(0)
+        os.setgroups(groups)

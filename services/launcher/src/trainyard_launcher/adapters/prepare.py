@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -369,29 +370,74 @@ def _own_namespace() -> None:
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
 
 
-def _shadow(target: str, original: str) -> None:
+def _open_as(run_as: RunAs, path: str, flags: int, dir_fd: int | None = None) -> int:
+    """``path`` opened as the task's user would open it: every step of its resolution
+    (each directory searched, each symlink followed) with that user's rights."""
+    with as_user(run_as):
+        return os.open(path, flags | os.O_CLOEXEC, dir_fd=dir_fd)
+
+
+def _bind(fd: int, target: str) -> None:
+    """Bind what ``fd`` is onto ``target``: the object opened, not whatever its path
+    names by now (the user may change the path between the opening and the mount)."""
+    _mount(f"/proc/self/fd/{fd}", target, None, _MS_BIND | _MS_REC)
+
+
+def _shadow(target: str, original: str, run_as: RunAs) -> None:
     """Cover ``target`` with a tmpfs that shows ``original``'s entries (each bound from
-    the original), so new entries can be made there without touching the original."""
+    the original), so new entries can be made there without touching the original.
+    ``original`` is listed, and each entry opened, as the task's user: what that user
+    may not list shows nothing, and a path changed meanwhile binds only what the user
+    could reach anyway."""
     _mount("tmpfs", target, "tmpfs", 0, "mode=755")
-    for entry in os.scandir(original):
-        path = os.path.join(target, entry.name)
-        if entry.is_symlink():
-            os.symlink(os.readlink(entry.path), path)
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            os.mkdir(path)
-        else:
-            open(path, "w").close()
-        try:
-            _mount(entry.path, path, None, _MS_BIND | _MS_REC)
-        except OSError as exc:
-            if exc.errno not in (errno.EACCES, errno.EPERM, errno.ENOENT):
+    try:
+        directory = _open_as(run_as, original, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        if exc.errno in _UNREACHABLE:
+            return
+        raise
+    try:
+        with as_user(run_as):
+            names = os.listdir(directory)
+        for name in names:
+            try:
+                fd = _open_as(run_as, name, os.O_PATH | os.O_NOFOLLOW, dir_fd=directory)
+            except OSError as exc:
+                if exc.errno in _UNREACHABLE:
+                    continue  # gone meanwhile
                 raise
+            try:
+                _shadow_entry(fd, os.path.join(target, name))
+            finally:
+                os.close(fd)
+    finally:
+        os.close(directory)
+
+
+# What an entry the user may not reach, or one gone meanwhile, raises.
+_UNREACHABLE = (errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+
+
+def _shadow_entry(fd: int, path: str) -> None:
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISLNK(mode):
+        os.symlink(os.readlink("", dir_fd=fd), path)
+        return
+    if stat.S_ISDIR(mode):
+        os.mkdir(path)
+    else:
+        open(path, "w").close()
+    try:
+        _bind(fd, path)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.ENOENT):
+            raise
 
 
 class _View:
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, run_as: RunAs) -> None:
         self.root = root
+        self.run_as = run_as
         self.own = {root}  # directories of the view that are tmpfs of ours (or in one)
 
     def at(self, path: str) -> str:
@@ -409,7 +455,7 @@ class _View:
             if os.path.lexists(here):
                 continue
             if self.at(parent) not in self.own:
-                _shadow(self.at(parent), parent)
+                _shadow(self.at(parent), parent, self.run_as)
                 self.own.add(self.at(parent))
             if i < len(parts) - 1 or is_dir:
                 os.mkdir(here)
@@ -420,16 +466,23 @@ class _View:
 
 
 def enter(plan: PreparePlan, command: list[str]) -> None:
-    """Build the task's view and exec ``command`` in it (does not return)."""
+    """Build the task's view and exec ``command`` in it (does not return). Each mount's
+    source is opened as the task's user, and what was opened is bound: the check the
+    preparation made as that user cannot be raced by changing a path to a symlink
+    before the mount."""
     root = os.path.join(plan.task_dir, "root")
     os.makedirs(root, exist_ok=True)
     cwd = os.getcwd()
     _own_namespace()
-    view = _View(root)
-    _shadow(root, "/")
+    view = _View(root, plan.run_as)
+    _shadow(root, "/", plan.run_as)
     for mount in sorted(plan.outside_mounts, key=lambda m: m.view.count("/")):
-        target = view.make(mount.view, os.path.isdir(mount.host))
-        _mount(mount.host, target, None, _MS_BIND | _MS_REC)
+        fd = _open_as(plan.run_as, mount.host, os.O_PATH)
+        try:
+            target = view.make(mount.view, stat.S_ISDIR(os.fstat(fd).st_mode))
+            _bind(fd, target)
+        finally:
+            os.close(fd)
     os.chroot(root)
     os.chdir(cwd)
     demote(plan.run_as)

@@ -1,0 +1,119 @@
+"""A task's mount paths are built by root in the task's own mount namespace; what is
+mounted must be what the task's user could reach, at the moment it is mounted.
+
+The preparation checks a data source's path as the user, then the view's builder (root)
+mounts it: a user who turns that path into a symlink in between (a root-only file of
+another user's task, the platform's own) must not get it mounted. The builder now opens
+each source as the user and binds what it opened; these tests give it the state right
+after such a swap and look at what the task sees."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainyard_launcher.adapters.prepare import ENTER_ARGV, ENTER_FAILED_EXIT, FAILED_FILE
+from trainyard_launcher.domain.prepare import Mount, PreparePlan
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the view is built by root for another uid"
+)
+
+USER = (200_777, 200_777)
+SECRET = "only-root-may-read-this-4c1e"
+
+
+@pytest.fixture
+def places(tmp_path: Path) -> dict[str, Path]:
+    """A root-only directory holding a world-readable file (as a task's log sits in a
+    directory its user alone may enter), and a directory of the user's own."""
+    os.chmod(tmp_path, 0o755)
+    hidden = tmp_path / "hidden"
+    hidden.mkdir(mode=0o700)
+    (hidden / "log").write_text(SECRET)
+    os.chmod(hidden / "log", 0o644)
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "data.txt").write_text("the user's own data\n")
+    os.chmod(own / "data.txt", 0o644)
+    os.chown(own, *USER)
+    task = tmp_path / "task"
+    (task / "work").mkdir(parents=True)
+    os.chmod(task, 0o755)
+    os.chown(task / "work", *USER)
+    return {"hidden": hidden, "own": own, "task": task}
+
+
+def enter(task: Path, source: Path, command: list[str]) -> subprocess.CompletedProcess[str]:
+    """The view's builder, as the task's wrapper runs it, with one data source at /data."""
+    plan = PreparePlan(
+        task_dir=str(task),
+        mounts=(Mount(view="/data/x", host=str(source), what="data_sources[0]"),),
+        run_as=USER,
+    )
+    plan_file = task / "plan.json"
+    plan_file.write_text(plan.to_json())
+    return subprocess.run(
+        [*ENTER_ARGV, str(plan_file), "--", *command],
+        cwd=task / "work",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_source_the_user_may_reach_is_mounted(places: dict[str, Path]) -> None:
+    link = places["own"] / "link"
+    link.symlink_to(places["own"] / "data.txt")
+    os.lchown(link, *USER)
+    done = enter(places["task"], link, ["cat", "/data/x"])
+    assert (done.returncode, done.stdout) == (0, "the user's own data\n"), done.stderr
+
+
+def test_a_source_swapped_for_a_link_to_a_root_only_place_is_not_mounted(
+    places: dict[str, Path],
+) -> None:
+    # The preparation found the user's own file here; by the mount it is a link into a
+    # directory only root may enter.
+    link = places["own"] / "link"
+    link.symlink_to(places["hidden"] / "log")
+    os.lchown(link, *USER)
+    done = enter(places["task"], link, ["cat", "/data/x"])
+    assert SECRET not in done.stdout
+    assert done.returncode == ENTER_FAILED_EXIT, (done.returncode, done.stdout, done.stderr)
+    assert "Permission denied" in (places["task"] / FAILED_FILE).read_text()
+
+
+def test_a_directory_shown_around_a_mount_path_is_listed_as_the_user(
+    places: dict[str, Path],
+) -> None:
+    # A mount path inside a directory of the machine covers that directory with one that
+    # shows its entries. Listed and opened as root, a directory the user may not enter
+    # (or a link swapped in for one) would have shown root-only entries, each readable.
+    hidden = places["hidden"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import os, sys\n"
+            "from trainyard_launcher.adapters import prepare\n"
+            "from trainyard_launcher.adapters.identity import demote\n"
+            "target = sys.argv[1]\n"
+            "prepare._own_namespace()\n"
+            f"prepare._shadow(target, sys.argv[2], {USER!r})\n"
+            f"demote({USER!r})\n"
+            "print(sorted(os.listdir(target)))\n",
+            str(places["own"]),
+            str(hidden),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n"
