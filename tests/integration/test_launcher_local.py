@@ -401,6 +401,33 @@ async def test_a_process_that_left_the_session_ends_with_the_task(tmp_path: Path
     assert not is_alive(daemon, None)
 
 
+async def test_a_process_that_left_the_session_ends_with_a_stopped_task(tmp_path: Path) -> None:
+    # Stopped, the command ignores SIGTERM, so the wrapper is killed after the grace:
+    # a daemon that left the session (ignoring SIGTERM too) must not outlive it.
+    backend = LocalBackend(tmp_path)
+    launched = await launch(
+        backend,
+        ref(),
+        "trap '' TERM; setsid sh -c 'exec sleep 300' </dev/null >/dev/null 2>&1 &"
+        " echo $! > daemon; sleep 300",
+        {},
+        [],
+    )
+    marker = backend.task_dir(ref()) / "work" / "daemon"
+    deadline = time.monotonic() + 10
+    while not marker.exists() or not marker.read_text().strip():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    daemon = int(marker.read_text())
+    try:
+        status = await backend.kill(ref(), launched.handle, grace_s=0.5)
+        assert status.ended
+        assert not is_alive(daemon, None)
+    finally:
+        if is_alive(daemon, None):
+            os.kill(daemon, signal.SIGKILL)
+
+
 async def test_a_task_past_its_memory_limit_fails_as_out_of_memory(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
     launched = await launch(

@@ -84,7 +84,14 @@ from .backend import (
     TaskStatus,
     Usage,
 )
-from .procfs import is_alive, proc_stat, session_members, session_usage, start_ticks
+from .procfs import (
+    descendants,
+    is_alive,
+    proc_stat,
+    session_members,
+    session_usage,
+    start_ticks,
+)
 from .rendezvous import reserve_port
 from .uids import TaskUids, UidsExhausted
 
@@ -700,7 +707,12 @@ class LocalBackend:
             if not survivors:
                 break
             forced = True
-            for member in survivors:
+            # The wrapper last: while it lives, a process that left the session (setsid,
+            # SIGTERM ignored) is still below it, its subreaper; once it is gone, such
+            # a process would belong to init and outlive the task.
+            wrapper = is_alive(pid, started)
+            below = [p for p in {*survivors, *(descendants(pid) if wrapper else ())} if p != pid]
+            for member in below or survivors:
                 try:
                     os.kill(member, signal.SIGKILL)
                 except ProcessLookupError:

@@ -72,3 +72,28 @@ def session_members(session: int) -> list[ProcStat]:
         if stat is not None and stat.session == session and stat.state not in ("Z", "X"):
             members.append(stat)
     return members
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (its children, theirs, and so on). A task's
+    wrapper is its command's subreaper: a process that left the command's session
+    (``setsid``) and lost its parent is still the wrapper's child."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        rest = raw[raw.rfind(")") + 2 :].split()
+        if len(rest) > 1 and rest[0] not in ("Z", "X"):
+            children.setdefault(int(rest[1]), []).append(int(name))
+    found: list[int] = []
+    below = list(children.get(pid, ()))
+    while below:
+        child = below.pop()
+        found.append(child)
+        below.extend(children.get(child, ()))
+    return found
