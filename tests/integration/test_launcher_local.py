@@ -12,6 +12,7 @@ import socket
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -492,6 +493,36 @@ async def test_clean_up_keeps_the_logs(tmp_path: Path) -> None:
         "stdout.log",
     ]
     assert (directory / "stdout.log").read_text() == "out\n"
+
+
+async def test_clean_up_removes_nothing_through_a_directory_swapped_for_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process of the task's user that outlived it swaps a directory of its working
+    # tree for a link to somewhere else just after the clean-up listed it: what the
+    # link names must stay (the clean-up runs as root).
+    backend = LocalBackend(tmp_path / "root")
+    await launch(backend, ref(), "mkdir sub; touch sub/victim", {}, [])
+    await wait_ended(backend, ref())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "victim").write_text("not the task's\n")
+    sub = backend.task_dir(ref()) / "work" / "sub"
+    real_listdir, real_scandir = os.listdir, os.scandir
+
+    def swap_after(listing: Any, where: Any) -> Any:
+        named = os.readlink(f"/proc/self/fd/{where}") if isinstance(where, int) else str(where)
+        if named == str(sub):
+            sub.rename(sub.with_name("moved"))
+            sub.symlink_to(elsewhere)
+        return listing
+
+    monkeypatch.setattr(os, "listdir", lambda p=".": swap_after(real_listdir(p), p))
+    monkeypatch.setattr(os, "scandir", lambda p=".": swap_after(list(real_scandir(p)), p))
+    removed = await backend.clean_task(ref())
+    monkeypatch.undo()
+    assert "work" in removed
+    assert (elsewhere / "victim").read_text() == "not the task's\n"
 
 
 def test_a_delegated_cgroup_gets_the_task_limits_written(tmp_path: Path) -> None:

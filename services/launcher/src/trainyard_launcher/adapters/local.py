@@ -798,22 +798,56 @@ async def _read_into(pipe: BinaryIO, tail: Tail) -> None:
 
 def _remove(path: Path, device: int) -> None:
     """Remove ``path`` (a file, a link, or a tree), leaving alone whatever lies on
-    another filesystem (a mount a task left behind) and never following links."""
+    another filesystem (a mount a task left behind) and never following links. The
+    tree is walked by descriptor: a process of the task's user still running may swap
+    a directory in it for a link to anywhere, and a walk by path would then remove
+    (as root) what the link names. ``path``'s own directory must be the platform's."""
     try:
-        info = os.lstat(path)
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return
-    if not os.path.isdir(path) or os.path.islink(path):
-        path.unlink(missing_ok=True)
+    try:
+        _remove_at(parent, path.name, device, REMOVE_DEPTH)
+    finally:
+        os.close(parent)
+
+
+# How deep a task's tree is removed (each level holds a descriptor while it is walked);
+# what lies deeper stays, and its directories with it.
+REMOVE_DEPTH = 256
+
+
+def _remove_at(parent: int, name: str, device: int, depth: int) -> None:
+    try:
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=parent)
         return
     if info.st_dev != device:
         return
-    for entry in os.scandir(path):
-        _remove(Path(entry.path), device)
+    if depth <= 0:
+        log.warning("left a tree deeper than %d directories in place", REMOVE_DEPTH)
+        return
     try:
-        path.rmdir()
+        directory = os.open(
+            name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent
+        )
     except OSError:
-        pass  # something on another filesystem stays, and so does its directory
+        return  # swapped for a link or removed meanwhile: the next clean-up sees it
+    try:
+        opened = os.fstat(directory)
+        if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+            return  # swapped for another directory between the look and the open
+        for entry in os.listdir(directory):
+            _remove_at(directory, entry, device, depth - 1)
+    finally:
+        os.close(directory)
+    with contextlib.suppress(OSError):
+        # Something on another filesystem stays, and so does its directory.
+        os.rmdir(name, dir_fd=parent)
 
 
 class IsolationError(RuntimeError):
