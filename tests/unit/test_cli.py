@@ -263,6 +263,21 @@ def test_user_text_is_not_read_as_markup(yard, gw):
     assert "[bold]x[/bold]" in result.stdout and "[red]nope" in result.stdout
 
 
+def test_control_characters_in_user_text_never_reach_the_terminal(yard, gw):
+    # A code source named with escape sequences gets them back in git's message, which
+    # becomes the job's reason: shown to whoever looks at the job, admins included.
+    job = gw.add_job(
+        name="x\x1b]0;owned\x07", state="FAILED", reason="\x1b[31mRED\x1b[2J\x9b\x1b gone"
+    )
+    for args, reason in ((("get", job["id"]), True), (("ls",), False)):
+        result = yard(*with_token(*args), env={"FORCE_COLOR": "1", "NO_COLOR": None})
+        assert result.exit_code == 0, result.output
+        shown = re.sub("\x1b\\[[0-9;]*m", "", result.stdout)  # the console's own colours
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", shown), repr(shown)
+        assert "x?]0;owned" in shown
+        assert not reason or "?[31mRED?[2J?? gone" in shown, shown
+
+
 def test_ls_lists_with_filters(yard, gw):
     a = gw.add_job(state="RUNNING", user="alice", name="first")
     gw.add_job(state="FAILED", user="alice", name="second")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,7 +24,8 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook, RenderResult
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -78,19 +80,52 @@ URL_HELP = "gateway URL \\[env: YARD_URL; default http://127.0.0.1:8080]"
 TOKEN_HELP = "bearer token \\[env: YARD_TOKEN; else <YARD_DATA_DIR or ./.data>/admin-token]"
 
 
+# Control characters but a line's end and a tab: in a job's name, a reason (git's
+# message from a remote, a task's exit) or an event, text a terminal would run as a
+# command (an escape sequence that recolours, retitles or rewrites the screen).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class _Shown:
+    """A renderable whose text comes out with each control character as ``?``; the
+    console's own styling (its segments' styles and control codes) is untouched."""
+
+    def __init__(self, inner: ConsoleRenderable) -> None:
+        self.inner = inner
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for segment in console.render(self.inner, options):
+            if segment.control is None and _CONTROL.search(segment.text):
+                yield Segment(_CONTROL.sub("?", segment.text), segment.style)
+            else:
+                yield segment
+
+
+class _Printable(RenderHook):
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        return [_Shown(r) for r in renderables]
+
+
+def _console(**options: Any) -> Console:
+    console = Console(highlight=False, **options)
+    console.push_render_hook(_Printable())
+    return console
+
+
 class Session:
     """Per-invocation state: global options and the consoles. Consoles are made per
-    run so they see the streams (and terminal) of this run."""
+    run so they see the streams (and terminal) of this run; what they print shows a
+    control character of the text it prints as ``?``."""
 
     def __init__(self, connect: ClientFactory, url: str | None, token: str | None) -> None:
         self._connect = connect
         self.url = url
         self.token = token
-        self.out = Console(highlight=False)
+        self.out = _console()
         if not self.out.is_terminal and "COLUMNS" not in os.environ:
             # Piped into grep or a file: rows must stay whole lines, not wrap at 80.
             self.out.width = 1000
-        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.err = _console(stderr=True, soft_wrap=True)
 
     def client(self) -> Client:
         return self._connect(self.url, self.token)
