@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,3 +139,76 @@ def test_the_tasks_own_files_are_its_users(platform: Platform, admin: Api) -> No
     with pytest.raises(httpx.HTTPStatusError):
         # And another user cannot read its logs through the API either.
         user_api(admin, "dave-iso").http.get(f"/v1/jobs/{job_id}/logs").raise_for_status()
+
+
+def test_an_exec_runs_nothing_of_the_tasks_view_as_root(platform: Platform, admin: Api) -> None:
+    # A task's view is the user's to shape: a data source may be mounted over any path
+    # in it, /usr/bin/setpriv and /usr/bin/timeout included. `yard exec` enters the
+    # view as root: nothing found there may run before it is the task's user.
+    erin = user_api(admin, "erin-iso")
+    place = Path(tempfile.mkdtemp(prefix="yard-fake-"))
+    try:
+        os.chmod(place, 0o755)
+        fake = place / "fake"
+        fake.write_text('#!/bin/sh\necho "ran-as $(id -u)"\n')
+        os.chmod(fake, 0o755)
+        covered = {os.path.realpath(shutil.which(n) or f"/usr/bin/{n}") for n in NAMES}
+        job_id = erin.submit({
+            "name": "fake-tools",
+            "roles": [{"name": "main", "command": "touch ready; sleep 600",
+                       "resources": {"cpu": 1, "memory_mb": 256}}],
+            "data_sources": [{"source": str(fake), "mount_path": p} for p in sorted(covered)],
+        })  # fmt: skip
+        command_running(platform, erin, job_id)
+        answer = erin.http.post(
+            f"/v1/jobs/{job_id}/tasks/main/0/exec",
+            json={"command": ["id", "-u"]},
+        )
+        assert answer.status_code == 200, answer.text
+        ran = answer.json()["stdout"]
+        # The view's own timeout ran (the exec is in the view), as the task's user.
+        assert ran.startswith("ran-as ") and int(ran.split()[1]) >= 1000, answer.json()
+        erin.http.post(f"/v1/jobs/{job_id}/stop").raise_for_status()
+    finally:
+        shutil.rmtree(place)
+
+
+def command_running(platform: Platform, api: Api, job_id: str) -> None:
+    """Until the job's command runs and has touched ``ready`` in its working directory
+    (RUNNING comes while its view may still be being built)."""
+    api.wait(job_id, states={"RUNNING"}, timeout=90)
+    work = platform.data_dir / "launcher" / "jobs" / job_id / "attempt-1" / "main-0" / "work"
+    deadline = time.monotonic() + 30
+    while not (work / "ready").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+# The programs an exec runs on its way into the task (after nsenter, which is the host's).
+NAMES = ("setpriv", "timeout")
+
+
+def test_an_exec_enters_a_namespace_the_task_made_as_its_user(
+    platform: Platform, admin: Api
+) -> None:
+    # A task that made its own user and mount namespace (unshare -Urm, its only process)
+    # is root there: an exec joins that namespace as the task's user, never as root
+    # (root of the machine, in a namespace the task controls, until nsenter dropped it).
+    frank = user_api(admin, "frank-iso")
+    job_id = frank.submit({
+        "name": "own-namespace",
+        "roles": [{"name": "main", "resources": {"cpu": 1, "memory_mb": 256},
+                   "command": "exec unshare -Urm sh -c 'mount -t tmpfs none /mnt && "
+                              "echo inside > /mnt/marker && touch ready && exec sleep 600'"}],
+    })  # fmt: skip
+    command_running(platform, frank, job_id)
+    token = shlex.quote(str(platform.data_dir / "admin-token"))
+    answer = frank.http.post(
+        f"/v1/jobs/{job_id}/tasks/main/0/exec",
+        json={
+            "command": f"cat /mnt/marker; cat {token} >/dev/null 2>&1 && echo READ || echo denied"
+        },
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["stdout"] == "inside\ndenied\n", answer.json()
+    frank.http.post(f"/v1/jobs/{job_id}/stop").raise_for_status()

@@ -84,6 +84,7 @@ from .backend import (
     TaskStatus,
     Usage,
 )
+from .identity import RunAs
 from .procfs import (
     descendants,
     is_alive,
@@ -521,12 +522,9 @@ class LocalBackend:
         # coreutils' timeout bounds the command even if this launcher dies meanwhile and
         # nothing is left to kill it (it runs in a session of its own, not the task's).
         argv = ["timeout", "-s", "KILL", f"{timeout_s + EXEC_KILL_MARGIN_S:g}", *command]
-        if (run_as := self._recorded_run_as(ref)) is not None:
-            # As the task's own user, whatever namespace it is entered through.
-            argv = [*drop_to(run_as), *argv]
-        target = self._namespace_target(ref, handle.pid)
-        if target is not None:
-            argv = [*target, "--", *argv]
+        argv = as_task_argv(
+            argv, self._recorded_run_as(ref), self._namespace_target(ref, handle.pid)
+        )
         out, err = Tail(limit_bytes), Tail(limit_bytes)
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         try:
@@ -583,7 +581,7 @@ class LocalBackend:
 
     def _namespace_target(self, ref: TaskRef, pid: int | None) -> list[str] | None:
         """``nsenter`` into the mount (and user) namespace of the task's command, when
-        it has its own; None when it shares ours."""
+        it has its own; None when it shares ours (as_task_argv says who runs it)."""
         if pid is None:
             return None
         mine = _namespace("self", "mnt")
@@ -873,6 +871,30 @@ def host_env() -> dict[str, str]:
             d for d in env["PATH"].split(":") if d and untraversable(Path(d)) is None
         )
     return env
+
+
+def as_task_argv(argv: list[str], run_as: RunAs, target: list[str] | None) -> list[str]:
+    """``argv`` as ``yard exec`` runs it in a task: as the task's user, in the task's
+    namespaces where ``target`` (an ``nsenter`` argv) enters them. Root never runs
+    anything of the task's view, which its user shapes (a data source may be mounted
+    over /usr/bin/setpriv): a mount namespace the launcher built is entered by root,
+    which becomes the user there (``nsenter -S -G``, after ``setpriv --no-new-privs``
+    outside) before the first program of the view runs; a user namespace the task made
+    for itself is entered by the user, who owns it, never by root."""
+    joins_user = target is not None and "-U" in target
+    if target is not None and joins_user:
+        # Entered as who enters it, who owns it: nsenter would switch to the namespace's
+        # root, which one that denies setgroups (as each made here does) refuses.
+        target = [*target, "--preserve-credentials"]
+    if run_as is None:
+        return [*target, "--", *argv] if target is not None else argv
+    if target is None:
+        return [*drop_to(run_as), *argv]
+    if joins_user:
+        return [*drop_to(run_as), *target, "--", *argv]
+    uid, gid = run_as
+    setpriv = shutil.which("setpriv") or "setpriv"
+    return [setpriv, "--no-new-privs", "--", *target, "-S", str(uid), "-G", str(gid), "--", *argv]
 
 
 def drop_to(run_as: tuple[int, int]) -> list[str]:
