@@ -212,3 +212,31 @@ def test_an_exec_enters_a_namespace_the_task_made_as_its_user(
     assert answer.status_code == 200, answer.text
     assert answer.json()["stdout"] == "inside\ndenied\n", answer.json()
     frank.http.post(f"/v1/jobs/{job_id}/stop").raise_for_status()
+
+
+def test_root_runs_nothing_with_the_jobs_loader_variables(platform: Platform, admin: Api) -> None:
+    # LD_PRELOAD=/tmp/mine.so in a job's env ran the library as root in every program
+    # root started with the task's environment (the view's builder, setpriv and nsenter
+    # for yard exec). The loader writes LD_DEBUG's trace to LD_DEBUG_OUTPUT.<pid> as the
+    # process that obeys it: no such file may be root's, and the task's own are there.
+    grace = user_api(admin, "grace-iso")
+    traces = Path(tempfile.mkdtemp(prefix="yard-ld-"))
+    try:
+        os.chmod(traces, 0o1777)
+        job_id = grace.submit({
+            "name": "loader-vars",
+            "roles": [{"name": "main", "command": "touch ready; sleep 600",
+                       "resources": {"cpu": 1, "memory_mb": 256}}],
+            "env": [{"name": "LD_DEBUG", "value": "files"},
+                    {"name": "LD_DEBUG_OUTPUT", "value": str(traces / "trace")}],
+            # A mount path outside the task's directory: root builds a view for it.
+            "data_sources": [{"source": str(traces), "mount_path": "/opt/yard-ld-data"}],
+        })  # fmt: skip
+        command_running(platform, grace, job_id)
+        answer = grace.http.post(f"/v1/jobs/{job_id}/tasks/main/0/exec", json={"command": "true"})
+        assert answer.status_code == 200 and answer.json()["exit_code"] == 0, answer.text
+        grace.http.post(f"/v1/jobs/{job_id}/stop").raise_for_status()
+        owners = {path.name: path.stat().st_uid for path in traces.glob("trace.*")}
+        assert owners and 0 not in owners.values(), owners
+    finally:
+        shutil.rmtree(traces)

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from trainyard_launcher.adapters.identity import for_root, restored
 from trainyard_launcher.adapters.procfs import start_ticks
 
 if TYPE_CHECKING:
@@ -109,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     task_dir = args.dir
 
     write_atomically(task_dir / "pid", f"{os.getpid()} {start_ticks(os.getpid())}\n")
+    # What this wrapper runs as root (a probe, the view's builder) never sees the
+    # loader's variables the job set; the command gets them back as the task's user.
+    task_env = for_root(os.environ)
+    os.environ.clear()
+    os.environ.update(task_env)
 
     child: subprocess.Popen[bytes] | None = None
     pending: list[int] = []
@@ -190,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         if demote is not None and run_as is not None:
             demote((int(run_as[0]), int(run_as[1])))
 
+    if child_env is None:
+        child_env = dict(os.environ)
+    if not _enters(command):
+        # Run as the task's user (preexec): the job's own variables, all of them. The
+        # view's builder (root) gives them back itself once it is the user.
+        child_env = restored(child_env)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:

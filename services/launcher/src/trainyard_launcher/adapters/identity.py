@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 RunAs = tuple[int, int] | None
 _PR_SET_NO_NEW_PRIVS = 38
@@ -44,3 +44,48 @@ def as_user(run_as: RunAs) -> Iterator[None]:
         os.seteuid(0)
         os.setegid(0)
         os.setgroups(groups)
+
+
+# What glibc's loader and libc take from the environment to load or read code and data
+# of the caller's choosing (its list of variables it ignores for a setuid program, and
+# GLIBC_TUNABLES): a job sets them for its own command, and a program root runs with
+# the task's environment would obey them (LD_PRELOAD=/tmp/mine.so runs as root). Root
+# runs nothing with them: they travel renamed (for_root) and are given back to what
+# runs as the task's user (restored, or RESTORE_SH in a shell before the command).
+LOADER_VARIABLES = frozenset({
+    "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LD_AUDIT", "LD_DEBUG",
+    "LD_DEBUG_OUTPUT", "LD_DYNAMIC_WEAK", "LD_HWCAP_MASK", "LD_LIBRARY_PATH",
+    "LD_ORIGIN_PATH", "LD_PRELOAD", "LD_PROFILE", "LD_SHOW_AUXV", "LD_USE_LOAD_BIAS",
+    "LOCALDOMAIN", "LOCPATH", "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_PERTURB_",
+    "MALLOC_TOP_PAD_", "MALLOC_TRACE", "MALLOC_TRIM_THRESHOLD_", "NIS_PATH", "NLSPATH",
+    "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR", "TZDIR",
+})  # fmt: skip
+KEPT = "TRAINYARD_KEPT_"
+
+
+def for_root(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for a program root runs on a task's behalf: the loader's variables
+    renamed (``TRAINYARD_KEPT_<name>``), so neither the loader nor libc reads them.
+    Renaming again changes nothing."""
+    return {
+        (KEPT + name if name in LOADER_VARIABLES else name): value for name, value in env.items()
+    }
+
+
+def restored(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` as the task's user gets it back: what for_root renamed, under its name."""
+    out = {name: value for name, value in env.items() if not name.startswith(KEPT)}
+    for name, value in env.items():
+        if name.startswith(KEPT) and name[len(KEPT) :] in LOADER_VARIABLES:
+            out[name[len(KEPT) :]] = value
+    return out
+
+
+# ``restored`` in POSIX sh, for ``sh -c RESTORE_SH sh COMMAND...`` run as the task's
+# user: each renamed variable exported under its own name (its value never parsed).
+RESTORE_SH = (
+    f"for n in {' '.join(sorted(LOADER_VARIABLES))}; do "
+    f'eval "k=\\${{{KEPT}$n+x}}"; '
+    f'if [ -n "$k" ]; then eval "export $n=\\"\\${KEPT}$n\\""; unset {KEPT}$n; fi; '
+    'done; exec "$@"'
+)

@@ -84,7 +84,7 @@ from .backend import (
     TaskStatus,
     Usage,
 )
-from .identity import RunAs
+from .identity import RESTORE_SH, RunAs, for_root
 from .procfs import (
     descendants,
     is_alive,
@@ -356,6 +356,8 @@ class LocalBackend:
         the request, and whether the wrapper started is not known here."""
         if (problem := exec_size_problem(args, env)) is not None:
             raise LaunchError(f"cannot start the task wrapper: {problem}")
+        # The wrapper is root's: the job's loader variables reach its command only.
+        env = for_root(env)
         if self._spawner is not None:
             try:
                 return self._spawner.spawn(args, str(directory / "work"), env,
@@ -522,6 +524,9 @@ class LocalBackend:
         # coreutils' timeout bounds the command even if this launcher dies meanwhile and
         # nothing is left to kill it (it runs in a session of its own, not the task's).
         argv = ["timeout", "-s", "KILL", f"{timeout_s + EXEC_KILL_MARGIN_S:g}", *command]
+        # Root starts it (setpriv, nsenter) without the job's loader variables; the
+        # shell that runs first as the task's user gives them back.
+        argv = ["/bin/sh", "-c", RESTORE_SH, "sh", *argv]
         argv = as_task_argv(
             argv, self._recorded_run_as(ref), self._namespace_target(ref, handle.pid)
         )
@@ -531,7 +536,7 @@ class LocalBackend:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 cwd=self.task_dir(ref) / "work",
-                env=_with_defaults(env),
+                env=for_root(_with_defaults(env)),
                 stdin=subprocess.DEVNULL,
                 stdout=out_w,
                 stderr=err_w,

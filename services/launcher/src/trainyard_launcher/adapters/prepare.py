@@ -43,7 +43,7 @@ from ..domain.prepare import (
     PipInstall,
     PreparePlan,
 )
-from .identity import RunAs, as_user, demote
+from .identity import RunAs, as_user, demote, restored
 
 # Written by ``enter`` when it cannot build the task's view; the wrapper turns it into
 # the task's reason (taskwrap keeps the same name without importing this module).
@@ -80,7 +80,8 @@ def _run(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            # Run as the task's user: its environment whole (identity.restored).
+            env=restored(env if env is not None else os.environ),
             text=True,
             errors="replace",
             preexec_fn=(lambda: demote(run_as)) if run_as is not None else None,
@@ -486,7 +487,9 @@ def enter(plan: PreparePlan, command: list[str]) -> None:
     os.chroot(root)
     os.chdir(cwd)
     demote(plan.run_as)
-    os.execvp(command[0], command)
+    # The task's user now: the job's loader variables (for_root kept them from this
+    # root process) are the command's again.
+    os.execvpe(command[0], command, restored(os.environ))
 
 
 def _probe() -> int:
