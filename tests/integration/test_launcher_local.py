@@ -448,6 +448,45 @@ async def test_a_task_past_its_memory_limit_fails_as_out_of_memory(tmp_path: Pat
     assert state is TaskState.FAILED and fields["failure_class"] is FailureClass.USER
 
 
+# Touches 300 MB of shared memory, which RLIMIT_DATA does not count.
+SHARED = (
+    "python3 -c 'import mmap, time; m = mmap.mmap(-1, 300 << 20, flags=mmap.MAP_SHARED); "
+    '[m.__setitem__(i, 1) for i in range(0, 300 << 20, 4096)]; print("touched"); '
+    "time.sleep(60)'"
+)
+# Four processes of 60 MB each: each within a per-process limit of 128 MiB.
+FORKED = (
+    "for i in 1 2 3 4; do python3 -c 'import time; b = bytearray(60 << 20); time.sleep(60)' & "
+    "done; wait"
+)
+
+
+@pytest.mark.parametrize("command", [SHARED, FORKED], ids=["shared-memory", "four-processes"])
+async def test_a_task_whose_processes_together_pass_its_limit_is_ended(
+    tmp_path: Path, command: str
+) -> None:
+    backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
+    launched = await launch(backend, ref(), command, {}, [], options=limited(memory_mb=128))
+    status = await wait_ended(backend, ref(), timeout=30)
+    assert status.end_kind == "out_of_memory", (backend.task_dir(ref()) / "stderr.log").read_text()
+    if "RLIMIT_DATA" in (launched.note or ""):
+        assert "MiB together, sampled each second" in (status.reason or ""), status.reason
+    assert session_members(launched.pid) == []
+
+
+async def test_processes_sharing_their_pages_count_them_once(tmp_path: Path) -> None:
+    # 80 MB written, then four forks that only read it: 400 MB resident, 80 held.
+    backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
+    command = (
+        "python3 -c 'import os, time; b = bytearray(os.urandom(80 << 20)); "
+        "[os.fork() or (time.sleep(3), os._exit(0)) for _ in range(4)]; time.sleep(3); "
+        'print("done")\''
+    )
+    await launch(backend, ref(), command, {}, [], options=limited(memory_mb=200))
+    status = await wait_ended(backend, ref(), timeout=30)
+    assert (status.exit_code, status.end_kind) == (0, None), status.reason
+
+
 async def test_a_task_within_its_memory_limit_runs(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path, mechanisms=find_mechanisms())
     await launch(

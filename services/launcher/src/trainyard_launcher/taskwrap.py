@@ -39,7 +39,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainyard_launcher.adapters.identity import for_root, restored
-from trainyard_launcher.adapters.procfs import start_ticks
+from trainyard_launcher.adapters.procfs import pss_bytes, start_ticks, tree
 
 if TYPE_CHECKING:
     from trainyard_launcher.logs import CappedLog
@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
         limits = LimitPlan(**options["limits"])
         cgroup = make_cgroup(limits)
+    memory = _MemoryWatch(limits) if limits is not None else None
 
     # Imported before the fork (the child between fork and exec only calls), and only
     # when needed: a plain task's command starts without loading them.
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         forward(signum, None)
 
     pipes = {out_r: out_log, err_r: err_log}
-    returncode = _pump(child, pipes)
+    returncode = _pump(child, pipes, memory)
     if links:
         from trainyard_launcher.adapters.prepare import remove_links
 
@@ -250,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     if (failed := task_dir / FAILED_FILE).exists():
         ended["reason"] = failed.read_text().strip()
+    elif limits is not None and memory is not None and memory.held is not None:
+        from trainyard_launcher.domain.limits import out_of_memory_note
+
+        ended.update(end_kind=OUT_OF_MEMORY, reason=out_of_memory_note(limits, memory.held))
     elif limits is not None and exit_code != 0 and _out_of_memory(limits, cgroup, err_log):
         from trainyard_launcher.domain.limits import out_of_memory_note
 
@@ -264,21 +269,54 @@ def main(argv: list[str] | None = None) -> int:
     return exit_code
 
 
-def _pump(child: subprocess.Popen[bytes], logs: dict[int, CappedLog]) -> int:
-    """Copy the command's output to its logs until it exits; its exit status."""
+class _MemoryWatch:
+    """The task's memory, sampled, where no cgroup holds its total (domain/limits.py,
+    sampled_memory_limit): ``held`` is set to what its processes held together once
+    that went past the limit."""
+
+    def __init__(self, limits: Any) -> None:
+        from trainyard_launcher.domain.limits import sampled_memory_limit
+
+        self.limit = sampled_memory_limit(limits)
+        self.held: int | None = None
+
+    def over(self) -> bool:
+        if self.limit is None:
+            return False
+        held = sum(pss_bytes(pid) for pid in tree(os.getpid()))
+        if held > self.limit:
+            self.held = held
+        return self.held is not None
+
+
+def _pump(
+    child: subprocess.Popen[bytes], logs: dict[int, CappedLog], memory: _MemoryWatch | None
+) -> int:
+    """Copy the command's output to its logs until it exits; its exit status. Every
+    second the task's memory is looked at (``memory``): past its limit, every process
+    of the task is killed."""
     rounds = 0
     while True:
         if logs:
             ready, _, _ = select.select(list(logs), [], [], 0.2)
             for fd in ready:
                 _copy(fd, logs)
-        else:
+        elif memory is None or memory.limit is None:
             return child.wait()
+        else:
+            time.sleep(0.2)  # outputs closed: still looked at
         if (code := child.poll()) is not None:
             return code
         rounds += 1
         if rounds % 25 == 0:
             _reap_orphans(child.pid)
+        if memory is not None and rounds % 5 == 0 and memory.over():
+            for pid in [child.pid, *tree(os.getpid())]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return child.wait()
 
 
 def _copy(fd: int, logs: dict[int, CappedLog]) -> bool:

@@ -97,3 +97,47 @@ def descendants(pid: int) -> list[int]:
         found.append(child)
         below.extend(children.get(child, ()))
     return found
+
+
+def tree(pid: int) -> list[int]:
+    """``pid``'s descendants, as the kernel lists each process's children (no scan of
+    every process; every thread's list, since a thread forks too). Where the kernel
+    does not list them, ``descendants``."""
+    found: list[int] = []
+    below = [pid]
+    while below:
+        parent = below.pop()
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{parent}/task/{thread}/children", "rb") as f:
+                    children = [int(c) for c in f.read().split()]
+            except FileNotFoundError:
+                if parent == pid and thread == str(pid):
+                    return descendants(pid)  # no children lists on this kernel
+                continue
+            except OSError:
+                continue
+            found.extend(children)
+            below.extend(children)
+    return found
+
+
+def pss_bytes(pid: int) -> int:
+    """The process's proportional set size (its own pages, and its share of each page
+    it shares); its resident size where the kernel has no ``smaps_rollup``; 0 when it
+    is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        stat = proc_stat(pid)
+        return stat.rss_pages * os.sysconf("SC_PAGE_SIZE") if stat is not None else 0
+    except (OSError, ValueError):
+        return 0
+    return 0

@@ -137,10 +137,25 @@ def memory_exhausted(stderr_tail: str) -> bool:
     return bool(_OUT_OF_MEMORY.search(stderr_tail))
 
 
-def out_of_memory_note(plan: LimitPlan) -> str:
-    how = (
-        "cgroup v2 memory.max, the OOM killer ended it"
-        if plan.memory_by == "cgroup"
-        else "RLIMIT_DATA per process, an allocation failed"
-    )
+def out_of_memory_note(plan: LimitPlan, held_bytes: int | None = None) -> str:
+    """Why the task ended out of memory; ``held_bytes``: what its processes held
+    together when the wrapper's sampling ended it (memory_over)."""
+    if held_bytes is not None:
+        how = (
+            f"its processes held {held_bytes // MIB} MiB together, sampled each second; "
+            "RLIMIT_DATA alone bounds each process, and not its shared memory"
+        )
+    elif plan.memory_by == "cgroup":
+        how = "cgroup v2 memory.max, the OOM killer ended it"
+    else:
+        how = "RLIMIT_DATA per process, an allocation failed"
     return f"out of memory: the task's limit of {plan.memory_mb} MiB was reached ({how})"
+
+
+def sampled_memory_limit(plan: LimitPlan) -> int | None:
+    """The bytes the task's processes may hold together (their proportional set size),
+    checked by sampling where no cgroup holds the task's total: RLIMIT_DATA is per
+    process, and shared mappings pass it. None where a cgroup holds it, or no limit."""
+    if plan.memory_by != "rlimit" or not plan.memory_mb:
+        return None
+    return plan.memory_mb * MIB
