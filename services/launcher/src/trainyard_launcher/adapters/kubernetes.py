@@ -758,13 +758,29 @@ class KubernetesBackend:
         except TimeoutError:
             return ExecResult(None, out.text(), err.text(), timed_out=True)
         except Exception as exc:  # noqa: BLE001 - the cluster does not exec (no kubelet)
-            raise ExecUnavailable(f"the cluster cannot exec in pod {pod.name}: {exc!r}") from exc
+            log.warning("exec in pod %s/%s failed: %r", pod.namespace, pod.name, exc)
+            raise ExecUnavailable(
+                f"the cluster cannot exec in pod {pod.name}: {exec_failure(exc)}"
+            ) from exc
         finally:
             await ws.close()
         return ExecResult(code if code is not None else 0, out.text(), err.text())
 
     async def inventory(self) -> dict[TaskRef, TaskHandle] | None:
         return {ref: TaskHandle(uid=pod.uid) for ref, pod in self._pods.items()}
+
+
+def exec_failure(exc: BaseException) -> str:
+    """What the user is told of an exec that failed: the API server's status and its
+    reason phrase, never the exception's text, which shows the request made (its
+    headers carry the launcher's own token for the API server)."""
+    status = getattr(exc, "status", None)
+    if not isinstance(status, int):
+        return f"the API server could not be reached ({type(exc).__name__})"
+    phrase = getattr(exc, "reason", None) or getattr(exc, "message", None)
+    if isinstance(phrase, str) and phrase.isprintable() and len(phrase) <= 100:
+        return f"the API server answered {status} {phrase}"
+    return f"the API server answered {status}"
 
 
 def _task_status(state: PodState) -> TaskStatus:

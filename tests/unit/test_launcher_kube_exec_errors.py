@@ -1,0 +1,31 @@
+"""A failed exec on Kubernetes tells the user the API server's status, never the
+request the launcher made: its headers carry the launcher's own token."""
+
+from __future__ import annotations
+
+import aiohttp
+from kubernetes_asyncio.client.exceptions import ApiException
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from trainyard_launcher.adapters.kubernetes import exec_failure
+
+TOKEN = "Bearer 7neX-the-launchers-own"
+
+
+def test_a_failed_handshake_shows_its_status_not_its_headers() -> None:
+    url = URL("wss://127.0.0.1:6443/api/v1/namespaces/t/pods/p/exec")
+    request = aiohttp.RequestInfo(url, "GET", CIMultiDictProxy(CIMultiDict(authorization=TOKEN)))
+    failed = aiohttp.WSServerHandshakeError(request, (), status=400, message="Invalid response")
+    assert TOKEN in repr(failed)  # what the answer once quoted
+    said = exec_failure(failed)
+    assert said == "the API server answered 400 Invalid response" and "Bearer" not in said
+
+
+def test_other_failures_say_what_they_were_and_no_more() -> None:
+    assert exec_failure(ApiException(status=403, reason="Forbidden")) == (
+        "the API server answered 403 Forbidden"
+    )
+    assert exec_failure(OSError(f"connect failed, sent {TOKEN}")) == (
+        "the API server could not be reached (OSError)"
+    )
