@@ -285,6 +285,15 @@ def test_a_lone_jobs_end_deletes_nothing_it_never_had(api: Api, kube_cluster: Ku
     assert counts() == (before[0] + 1, before[1] + 1)
 
 
+def test_a_pods_log_the_cluster_cannot_read_answers_empty(api: Api) -> None:
+    # KWOK has no kubelet: the API server answers 500 for a pod's log (it cannot reach
+    # the node). The log APIs answer what there is, nothing, never a 500.
+    job_id = api.submit(pytorchjob(lone=True, run=SHORT))
+    assert api.wait(job_id)["state"] == "SUCCEEDED"
+    answer = api.http.get(f"/v1/jobs/{job_id}/logs")
+    assert (answer.status_code, answer.text) == (200, ""), answer.text
+
+
 def test_a_failing_task_retries_as_a_new_attempt_with_new_pods(
     api: Api, kube_cluster: KubeCluster
 ) -> None:

@@ -683,6 +683,12 @@ class KubernetesBackend:
         except ApiException as exc:
             if exc.status in (400, 404):
                 return LogChunk(b"", offset)  # not started yet, or gone
+            if isinstance(exc.status, int) and exc.status >= 500:
+                # The API server could not reach the node's kubelet (none on KWOK): no
+                # log to show now, as for a pod not started; said in the launcher's log.
+                log.warning("log of pod %s/%s not readable: %s %s",
+                            pod.namespace, pod.name, exc.status, exc.reason)  # fmt: skip
+                return LogChunk(b"", offset)
             raise
         data = (text or "").encode()
         return LogChunk(data[offset:], max(len(data), offset))
