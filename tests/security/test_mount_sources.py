@@ -48,11 +48,14 @@ def places(tmp_path: Path) -> dict[str, Path]:
     return {"hidden": hidden, "own": own, "task": task}
 
 
-def enter(task: Path, source: Path, command: list[str]) -> subprocess.CompletedProcess[str]:
-    """The view's builder, as the task's wrapper runs it, with one data source at /data."""
+def enter(
+    task: Path, source: Path, command: list[str], *more: Mount
+) -> subprocess.CompletedProcess[str]:
+    """The view's builder, as the task's wrapper runs it, with one data source at /data
+    (and ``more``)."""
     plan = PreparePlan(
         task_dir=str(task),
-        mounts=(Mount(view="/data/x", host=str(source), what="data_sources[0]"),),
+        mounts=(Mount(view="/data/x", host=str(source), what="data_sources[0]"), *more),
         run_as=USER,
     )
     plan_file = task / "plan.json"
@@ -117,3 +120,21 @@ def test_a_directory_shown_around_a_mount_path_is_listed_as_the_user(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[]\n"
+
+
+def test_a_mount_inside_another_makes_nothing_in_its_source(places: dict[str, Path]) -> None:
+    # /data/x is the user's directory, /data/x/sub/y one more source inside it. Root
+    # made sub in the user's own directory on the machine, then followed it by name:
+    # a user who swapped it for a link meanwhile had root create (or truncate) any file
+    # anywhere. Now what is made is made in a tmpfs of the view's, and the user's
+    # directory is shown around it.
+    own = places["own"]
+    done = enter(
+        places["task"],
+        own,
+        ["sh", "-c", "cat /data/x/sub/y; ls /data/x"],
+        Mount(view="/data/x/sub/y", host=str(own / "data.txt"), what="data_sources[1]"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "the user's own data\ndata.txt\nsub\n"
+    assert sorted(os.listdir(own)) == ["data.txt"]  # nothing made on the machine

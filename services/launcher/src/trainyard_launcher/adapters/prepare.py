@@ -435,14 +435,37 @@ def _shadow_entry(fd: int, path: str) -> None:
             raise
 
 
+def _fixed(directory: str) -> bool:
+    """Whether only root may change ``directory``'s entries (root's, written by nobody
+    else): a name looked up there is what it was a moment ago."""
+    info = os.stat(directory)
+    return info.st_uid == 0 and not info.st_mode & 0o022
+
+
 class _View:
+    """The task's view under ``root``, built by root. Every entry is made in a
+    directory of ours (a tmpfs only this namespace sees), and every name is looked up
+    there or in a directory only root may change: any other directory of the view (a
+    bound source, a bound directory of the machine a user may write) is first covered
+    by a tmpfs that shows its entries (_shadow, listed as the user), so no path root
+    follows passes through a name a user can change meanwhile."""
+
     def __init__(self, root: str, run_as: RunAs) -> None:
         self.root = root
         self.run_as = run_as
         self.own = {root}  # directories of the view that are tmpfs of ours (or in one)
+        # What each bound view path shows (a mount's source); below it, the same path.
+        self.sources: dict[str, str] = {"/": "/"}
 
     def at(self, path: str) -> str:
         return os.path.join(self.root, path.lstrip("/"))
+
+    def origin(self, path: str) -> str:
+        """The path of the machine that ``path`` of the view shows."""
+        if path in self.sources:
+            return self.sources[path]
+        parent, name = os.path.split(path)
+        return os.path.join(self.origin(parent), name)
 
     def make(self, path: str, is_dir: bool) -> str:
         """``path`` in the view, created (as a directory or an empty file) if missing."""
@@ -451,19 +474,28 @@ class _View:
         for i, part in enumerate(parts):
             parent, current = current, os.path.join(current, part)
             here = self.at(current)
+            if self.at(parent) not in self.own and (
+                not _fixed(self.at(parent)) or not os.path.lexists(here)
+            ):
+                # A name to look up where a user may change it, or an entry to make on
+                # the machine: in a tmpfs of ours instead.
+                _shadow(self.at(parent), self.origin(parent), self.run_as)
+                self.own.add(self.at(parent))
             if os.path.islink(here):
                 raise OSError(errno.ELOOP, f"mount path {path} goes through the symlink {current}")
             if os.path.lexists(here):
                 continue
-            if self.at(parent) not in self.own:
-                _shadow(self.at(parent), parent, self.run_as)
-                self.own.add(self.at(parent))
             if i < len(parts) - 1 or is_dir:
                 os.mkdir(here)
             else:
-                open(here, "w").close()
+                os.close(os.open(here, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW))
             self.own.add(here)
         return self.at(path)
+
+    def bound(self, path: str, source: str) -> None:
+        """``source`` was bound at ``path``: no longer a directory of ours."""
+        self.own.discard(self.at(path))
+        self.sources[path] = source
 
 
 def enter(plan: PreparePlan, command: list[str]) -> None:
@@ -482,6 +514,7 @@ def enter(plan: PreparePlan, command: list[str]) -> None:
         try:
             target = view.make(mount.view, stat.S_ISDIR(os.fstat(fd).st_mode))
             _bind(fd, target)
+            view.bound(os.path.normpath(mount.view), mount.host)
         finally:
             os.close(fd)
     os.chroot(root)
