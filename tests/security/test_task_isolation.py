@@ -240,3 +240,27 @@ def test_root_runs_nothing_with_the_jobs_loader_variables(platform: Platform, ad
         assert owners and 0 not in owners.values(), owners
     finally:
         shutil.rmtree(traces)
+
+
+def test_a_requirements_file_is_looked_for_as_the_user(platform: Platform, admin: Api) -> None:
+    # Looked for as root, a requirements file in a directory the user may not enter
+    # was "Permission denied" for pip, and one nowhere "no requirements file": the
+    # answer told whether the file was there.
+    heidi = user_api(admin, "heidi-iso")
+    hidden = Path(tempfile.mkdtemp(prefix="yard-req-"))  # root's, 0700
+    try:
+        (hidden / "requirements.txt").write_text("nothing-to-install\n")
+        reasons = []
+        for place in (hidden, hidden.with_name(hidden.name + "-absent")):
+            job_id = heidi.submit({
+                "name": f"req-{place.name}",
+                "roles": [{"name": "main", "command": "true",
+                           "resources": {"cpu": 1, "memory_mb": 256}}],
+                "pip_requirements_dir": str(place),
+            })  # fmt: skip
+            view = heidi.wait(job_id, timeout=90)
+            reasons.append((view["state"], (view.get("reason") or "").replace(str(place), "P")))
+        assert reasons[0] == reasons[1], reasons
+        assert "no requirements file at P" in reasons[0][1], reasons
+    finally:
+        shutil.rmtree(hidden)

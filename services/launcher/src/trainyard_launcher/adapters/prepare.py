@@ -224,7 +224,9 @@ def _install_locked(pip: PipInstall, venv: Path, log: IO[str], run_as: RunAs) ->
         *pip.packages,
     ]
     if pip.requirements:
-        if not Path(pip.requirements).is_file():
+        with as_user(run_as):  # a path of the job's: what its user may see of it
+            found = os.path.isfile(pip.requirements)
+        if not found:
             return f"{DEPENDENCY_FAILED}: no requirements file at {pip.requirements}"
         argv += ["-r", pip.requirements]
     code, output = _run(argv, log, env, run_as)
