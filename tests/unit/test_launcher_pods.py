@@ -41,7 +41,14 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 JOB = "0123456789abcdef0123456789abcdef"
 
 
-def manifest(role: RoleSpec, placement: TaskPlacement | None = None, **kw: object) -> dict:
+def manifest(
+    role: RoleSpec,
+    placement: TaskPlacement | None = None,
+    *,
+    settings: PodSettings | None = None,
+    env: dict[str, str] | None = None,
+    **kw: object,
+) -> dict:
     spec = JobSpec(name="j", image="pytorch:2", roles=[role], **kw)  # type: ignore[arg-type]
     placement = placement or TaskPlacement(role=role.name, index=0, node="gpu-1", host_ip="x")
     return pod_manifest(
@@ -49,11 +56,12 @@ def manifest(role: RoleSpec, placement: TaskPlacement | None = None, **kw: objec
         job_id=JOB,
         attempt=2,
         placement=placement,
-        env={"MASTER_ADDR": "m.svc", "CUDA_VISIBLE_DEVICES": "3,5"},
+        env=env if env is not None else {"MASTER_ADDR": "m.svc", "CUDA_VISIBLE_DEVICES": "3,5"},
         command=role.command,
         namespace="team-a",
         owner_uid="uid-1",
-        settings=PodSettings(security_context={"runAsNonRoot": True, "runAsUser": 1000}),
+        settings=settings
+        or PodSettings(security_context={"runAsNonRoot": True, "runAsUser": 1000}),
     )
 
 
@@ -220,6 +228,42 @@ def test_template_annotations_pass_through_to_the_pod() -> None:
         annotations=[EnvVar(name="kwok.trainyard.dev/run-duration", value="2s")],
     )  # fmt: skip
     assert manifest(role)["metadata"]["annotations"]["kwok.trainyard.dev/run-duration"] == "2s"
+
+
+def test_a_jobs_annotations_never_reach_kubernetes_nor_the_platforms_domains() -> None:
+    # container.apparmor.security.beta.kubernetes.io/task: unconfined became the
+    # container's appArmorProfile (red-team run); the operator's may set such keys.
+    asked = {
+        "container.apparmor.security.beta.kubernetes.io/task": "unconfined",
+        "seccomp.security.alpha.kubernetes.io/pod": "unconfined",
+        "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+        "scheduling.k8s.io/group-name": "other",
+        "k8s.v1.cni.cncf.io/networks": "host-net",
+        "trainyard.dev/gpu-share": "1",
+        "sidecar.istio.io/inject": "false",
+        "kwok.trainyard.dev/run-duration": "2s",
+        "plain": "yes",
+    }
+    role = RoleSpec(
+        name="w", command="x", annotations=[EnvVar(name=k, value=v) for k, v in asked.items()]
+    )
+    operator = PodSettings(annotations=(("kubernetes.io/description", "the operator's"),))
+    got = manifest(role, settings=operator)["metadata"]["annotations"]
+    kept = {k: got[k] for k in asked if k in got}
+    assert kept == {
+        "sidecar.istio.io/inject": "false",
+        "kwok.trainyard.dev/run-duration": "2s",
+        "plain": "yes",
+    }
+    assert got["kubernetes.io/description"] == "the operator's"
+
+
+def test_a_jobs_env_gives_no_gpu_the_pod_did_not_ask_for() -> None:
+    role = RoleSpec(name="w", command="x")
+    env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all", "MINE": "1"}
+    got = manifest(role, env=env)["spec"]["containers"][0]["env"]
+    names = {e["name"] for e in got}
+    assert "MINE" in names and not names & {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
 
 
 def test_the_image_pull_policy_is_the_containers() -> None:

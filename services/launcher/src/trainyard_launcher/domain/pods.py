@@ -210,6 +210,23 @@ class PodSettings:
     annotations: tuple[tuple[str, str], ...] = ()
 
 
+# Annotation domains a job's own annotations never reach a pod with: Kubernetes'
+# (its components read them: AppArmor's container.apparmor.security.beta.kubernetes.io/
+# unconfines a container, seccomp's, the autoscaler's), the CNI's extra networks
+# (Multus: another network for the pod), and the platform's own (trainyard.dev/job and
+# the like). Subdomains too, but for the test cluster's kwok.trainyard.dev.
+RESERVED_ANNOTATION_DOMAINS = ("kubernetes.io", "k8s.io", "k8s.v1.cni.cncf.io")
+PLATFORM_ANNOTATION_DOMAIN = "trainyard.dev"
+
+
+def user_annotation(key: str) -> bool:
+    """Whether a job's own annotation ``key`` may reach its pod."""
+    domain = key.rpartition("/")[0].lower() if "/" in key else ""
+    if domain == PLATFORM_ANNOTATION_DOMAIN:
+        return False
+    return not any(domain == d or domain.endswith("." + d) for d in RESERVED_ANNOTATION_DOMAINS)
+
+
 class PodProblem(ValueError):
     """The task cannot be a pod as asked; ``str(exc)`` names the field and why."""
 
@@ -288,11 +305,21 @@ def _env_list(env: dict[str, str]) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
+# What NVIDIA's container runtime reads to give a container GPUs: a pod gets them from
+# the device plugin (whole GPUs) or the platform (a share), never from the job's env,
+# where NVIDIA_VISIBLE_DEVICES=all gave a pod that asked for none every GPU of its node.
+GPU_RUNTIME_VARIABLES = frozenset({
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+})  # fmt: skip
+
+
 def task_env_for_pod(env: dict[str, str], role: RoleSpec) -> dict[str, str]:
     """The task's environment as a pod gets it: host GPU indices mean nothing inside a
     container (the device plugin's GPUs are 0..n-1 there). A task without GPUs keeps
-    CUDA_VISIBLE_DEVICES empty, which hides any GPU a runtime might show it."""
-    out = dict(env)
+    CUDA_VISIBLE_DEVICES empty, which hides any GPU a runtime might show it. The GPU
+    runtime's own variables are dropped (the share's are set after)."""
+    out = {k: v for k, v in env.items() if k not in GPU_RUNTIME_VARIABLES}
     if role.resources.gpu > 0:
         out.pop("CUDA_VISIBLE_DEVICES", None)
     return out
@@ -454,7 +481,7 @@ def pod_manifest(
     if settings.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
     annotations = dict(settings.annotations)
-    annotations.update({a.name: a.value for a in role.annotations})
+    annotations.update({a.name: a.value for a in role.annotations if user_annotation(a.name)})
     annotations[JOB_LABEL] = job_id
     annotations[ROLE_ANNOTATION] = placement.role
     if 0 < role.resources.gpu < 1:
