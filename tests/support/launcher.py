@@ -108,6 +108,7 @@ class ScriptedBackend:
         # What the backend says it runs (None: it cannot tell), for adoption.
         self.running: dict[TaskRef, TaskHandle] | None = None
         self.refuse: str | None = None
+        self.refuse_attempt: str | None = None  # open_attempt refuses, saying this
 
     async def start(self) -> None:
         return None
@@ -125,6 +126,8 @@ class ScriptedBackend:
         return FrameworkContext(self.location(ref), "/usr/bin/python3", None)
 
     async def open_attempt(self, attempt: AttemptSpec) -> None:
+        if self.refuse_attempt is not None:
+            raise LaunchRefused(self.refuse_attempt)
         self.opened.append((attempt.job_id, attempt.attempt))
 
     async def close_attempt(self, attempt: AttemptSpec, end: AttemptEnd) -> None:

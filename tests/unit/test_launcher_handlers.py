@@ -20,6 +20,8 @@ from trainyard_common.events import (
     derived_id,
 )
 from trainyard_common.jobspec import JobSpec, RoleSpec
+from trainyard_launcher.adapters.backend import LaunchRefused
+from trainyard_launcher.adapters.kubernetes import KubeSettings
 from trainyard_launcher.adapters.store import JobRecord, MemoryLauncherStore, new_task, task_id
 from trainyard_launcher.handlers import (
     LOST_WHILE_DOWN,
@@ -195,6 +197,28 @@ async def test_a_task_that_cannot_start_fails_the_job_without_launching_the_rest
         ("worker", 0): TaskState.STOPPED,
         ("worker", 1): TaskState.STOPPED,
     }
+
+
+async def test_an_attempt_the_backend_refuses_to_open_fails_at_once() -> None:
+    # A namespace that cannot be one: refused on every try, so the job fails now, not
+    # after its message came back fifty times holding its capacity.
+    deps, backend, published = make_deps()
+    backend.refuse_attempt = "namespace: 'Bad_Name' is not a Kubernetes namespace name"
+    await launch_job(placed(), RECEIVED, deps)
+    assert backend.launches == [] and backend.opened == []
+    [done] = finished(published)
+    assert done.state == JobState.FAILED
+    assert "could not start: namespace: 'Bad_Name'" in done.reason
+
+
+def test_a_namespace_that_cannot_be_one_is_refused_and_never_used() -> None:
+    settings = KubeSettings(namespace="yard", allowed_namespaces=frozenset({"*"}))
+    for bad in ("Bad_Name", "a" * 64, "x/../y", "-x"):
+        with pytest.raises(LaunchRefused, match="not a Kubernetes namespace name"):
+            settings.check_namespace(bad)
+        assert settings.namespace_for(bad) == "yard"
+    settings.check_namespace("team-a")
+    assert settings.namespace_for("team-a") == "team-a"
 
 
 async def test_adopt_records_ends_lost_tasks_and_keeps_running_ones() -> None:

@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -127,9 +128,25 @@ class KubeSettings:
         )  # fmt: skip
 
     def namespace_for(self, wanted: str | None) -> str:
-        if wanted and ("*" in self.allowed_namespaces or wanted in self.allowed_namespaces):
+        if wanted and self._allows(wanted) and _DNS_LABEL.fullmatch(wanted):
             return wanted
         return self.namespace
+
+    def _allows(self, wanted: str) -> bool:
+        return "*" in self.allowed_namespaces or wanted in self.allowed_namespaces
+
+    def check_namespace(self, wanted: str | None) -> None:
+        """LaunchRefused for a namespace allowed here that cannot be one: the API
+        server would refuse it (422) on every try."""
+        if wanted and self._allows(wanted) and not _DNS_LABEL.fullmatch(wanted):
+            raise LaunchRefused(
+                f"namespace: {wanted[:80]!r} is not a Kubernetes namespace name (a DNS "
+                "label: at most 63 lowercase letters, digits and '-', starting and ending "
+                "with a letter or digit)"
+            )
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass
@@ -417,6 +434,7 @@ class KubernetesBackend:
     # --- an attempt ---------------------------------------------------------------------
 
     async def open_attempt(self, attempt: AttemptSpec) -> None:
+        self.settings.check_namespace(attempt.spec.namespace)
         namespace = self.settings.namespace_for(attempt.spec.namespace)
         self._job_namespace[attempt.job_id] = (attempt.attempt, namespace)
         await self._ensure_namespace(namespace)

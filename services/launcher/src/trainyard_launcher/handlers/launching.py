@@ -121,7 +121,18 @@ async def _launch(deps: Deps, job: JobRecord, placements: list[TaskPlacement]) -
         started.append((await publish_pending(deps, task), placement))
     if any(task.state == TaskState.STARTING for task, _ in started):
         # What the attempt's tasks share (a Service, an owner object) comes first.
-        await deps.backend.open_attempt(attempt_of(job))
+        try:
+            await deps.backend.open_attempt(attempt_of(job))
+        except LaunchRefused as exc:
+            # Never to be opened as asked (a namespace that cannot be one): each task
+            # fails now, rather than the message coming back until it is dropped.
+            for task, _ in started:
+                if task.state == TaskState.STARTING:
+                    await record(deps, task, TaskState.FAILED,
+                                 reason=f"could not start: {exc}", ended_at=time.time(),
+                                 **failure_of(EndKind.UNSUPPORTED))  # fmt: skip
+            await evaluate_job(deps, job.job_id, job.attempt)
+            return
 
     for task, placement in started:
         if task.state == TaskState.STARTING:
