@@ -603,7 +603,9 @@ class KubernetesBackend:
                 raise AlreadyLaunched(f"pod {body['metadata']['name']} exists") from exc
             if exc.status == 404:
                 self._present.discard(namespace)  # deleted under us: made again next try
-            if exc.status in (400, 403, 422):
+            if exc.status in (400, 403, 413, 422) or _too_large(exc):
+                # The job's own (a pod too large for the API server or etcd: its
+                # command, its variables): refused, as on every try.
                 raise LaunchRefused(f"the cluster refused the pod: {_why(exc)}") from exc
             raise LaunchError(f"the pod could not be created: {_why(exc)}") from exc
         self._remember(namespace, made, unless_seen=True)
@@ -827,6 +829,12 @@ def as_given(value: object) -> Any:
     ``_preload_content=False`` a call returns the raw response (a stream to read, or
     the exec websocket), not the model."""
     return value
+
+
+def _too_large(exc: ApiException) -> bool:
+    """etcd's refusal of an object past its size limit, which the API server passes on
+    as a 500 ("etcdserver: request is too large")."""
+    return exc.status == 500 and "request is too large" in _why(exc)
 
 
 def _why(exc: ApiException) -> str:

@@ -1,14 +1,17 @@
-"""A failed exec on Kubernetes tells the user the API server's status, never the
-request the launcher made: its headers carry the launcher's own token."""
+"""The API server's errors as the launcher reads them: a failed exec tells the user the
+status, never the request the launcher made (its headers carry the launcher's own
+token); a pod too large for etcd is the job's own, not the platform's, failure."""
 
 from __future__ import annotations
+
+import json
 
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from trainyard_launcher.adapters.kubernetes import exec_failure
+from trainyard_launcher.adapters.kubernetes import _too_large, exec_failure
 
 TOKEN = "Bearer 7neX-the-launchers-own"
 
@@ -29,3 +32,14 @@ def test_other_failures_say_what_they_were_and_no_more() -> None:
     assert exec_failure(OSError(f"connect failed, sent {TOKEN}")) == (
         "the API server could not be reached (OSError)"
     )
+
+
+def test_a_pod_too_large_for_etcd_is_told_apart_from_other_server_errors() -> None:
+    def failed(status: int, message: str) -> ApiException:
+        exc = ApiException(status=status, reason="Internal Server Error")
+        exc.body = json.dumps({"kind": "Status", "message": message})
+        return exc
+
+    assert _too_large(failed(500, "etcdserver: request is too large"))
+    assert not _too_large(failed(500, "etcdserver: leader changed"))
+    assert not _too_large(failed(503, "etcdserver: request is too large"))
