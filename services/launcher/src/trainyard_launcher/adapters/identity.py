@@ -35,10 +35,10 @@ def as_user(run_as: RunAs) -> Iterator[None]:
     # Without the wrapper's supplementary groups (root's): a directory of group root
     # that its group may enter is not the task's user's to enter.
     groups = os.getgroups()
-    os.setgroups([])
-    os.setegid(run_as[1])
-    os.seteuid(run_as[0])
     try:
+        os.setgroups([])
+        os.setegid(run_as[1])
+        os.seteuid(run_as[0])
         yield
     finally:
         os.seteuid(0)
@@ -81,11 +81,22 @@ def restored(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-# ``restored`` in POSIX sh, for ``sh -c RESTORE_SH sh COMMAND...`` run as the task's
+# ``restored`` in bash, for ``bash -c RESTORE_SH bash COMMAND...`` run as the task's
 # user: each renamed variable exported under its own name (its value never parsed).
+# bash, not sh: dash drops from the environment the names that are not a shell's (a-b,
+# x.y), which a job may have. Its own two names are the platform's, and unset after.
 RESTORE_SH = (
-    f"for n in {' '.join(sorted(LOADER_VARIABLES))}; do "
-    f'eval "k=\\${{{KEPT}$n+x}}"; '
-    f'if [ -n "$k" ]; then eval "export $n=\\"\\${KEPT}$n\\""; unset {KEPT}$n; fi; '
-    'done; exec "$@"'
+    f"for _ty_n in {' '.join(sorted(LOADER_VARIABLES))}; do "
+    f'eval "_ty_k=\\${{{KEPT}$_ty_n+x}}"; '
+    f'if [ -n "$_ty_k" ]; then eval "export $_ty_n=\\"\\${KEPT}$_ty_n\\""; '
+    f"unset {KEPT}$_ty_n; fi; "
+    'done; unset _ty_n _ty_k; exec "$@"'
 )
+
+
+def restore_argv(env: Mapping[str, str]) -> list[str]:
+    """What to run before a command started by root with ``for_root(env)``, so that it
+    gets ``env`` back: nothing when nothing was renamed."""
+    if not any(name in LOADER_VARIABLES for name in env):
+        return []
+    return ["/bin/bash", "-c", RESTORE_SH, "bash"]

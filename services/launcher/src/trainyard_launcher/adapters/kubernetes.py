@@ -784,7 +784,9 @@ class KubernetesBackend:
         except TimeoutError:
             return ExecResult(None, out.text(), err.text(), timed_out=True)
         except Exception as exc:  # noqa: BLE001 - the cluster does not exec (no kubelet)
-            log.warning("exec in pod %s/%s failed: %r", pod.namespace, pod.name, exc)
+            # Not the exception's text either: it shows the request, token included.
+            log.warning("exec in pod %s/%s failed: %s", pod.namespace, pod.name,
+                        exec_failure(exc))  # fmt: skip
             raise ExecUnavailable(
                 f"the cluster cannot exec in pod {pod.name}: {exec_failure(exc)}"
             ) from exc

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import logging
 import os
@@ -68,6 +69,7 @@ from .backend import (
     AttemptEnd,
     AttemptSpec,
     ExecResult,
+    ExecUnavailable,
     Launched,
     LaunchError,
     LaunchRefused,
@@ -84,7 +86,7 @@ from .backend import (
     TaskStatus,
     Usage,
 )
-from .identity import RESTORE_SH, RunAs, for_root
+from .identity import RunAs, for_root, restore_argv
 from .procfs import (
     descendants,
     is_alive,
@@ -524,9 +526,10 @@ class LocalBackend:
         # coreutils' timeout bounds the command even if this launcher dies meanwhile and
         # nothing is left to kill it (it runs in a session of its own, not the task's).
         argv = ["timeout", "-s", "KILL", f"{timeout_s + EXEC_KILL_MARGIN_S:g}", *command]
-        # Root starts it (setpriv, nsenter) without the job's loader variables; the
-        # shell that runs first as the task's user gives them back.
-        argv = ["/bin/sh", "-c", RESTORE_SH, "sh", *argv]
+        # Root starts it (setpriv, nsenter) without the job's loader variables; a shell
+        # that runs first as the task's user gives them back (when it has any).
+        env = _with_defaults(env)
+        argv = [*restore_argv(env), *argv]
         argv = as_task_argv(
             argv, self._recorded_run_as(ref), self._namespace_target(ref, handle.pid)
         )
@@ -536,7 +539,7 @@ class LocalBackend:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 cwd=self.task_dir(ref) / "work",
-                env=for_root(_with_defaults(env)),
+                env=for_root(env),
                 stdin=subprocess.DEVNULL,
                 stdout=out_w,
                 stderr=err_w,
@@ -826,7 +829,8 @@ def _remove_at(parent: int, name: str, device: int, depth: int) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISDIR(info.st_mode):
-        with contextlib.suppress(FileNotFoundError):
+        # Swapped for a directory meanwhile (EISDIR): the next clean-up sees it.
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             os.unlink(name, dir_fd=parent)
         return
     if info.st_dev != device:
@@ -897,17 +901,47 @@ def as_task_argv(argv: list[str], run_as: RunAs, target: list[str] | None) -> li
         return [*drop_to(run_as), *argv]
     if joins_user:
         return [*drop_to(run_as), *target, "--", *argv]
+    if not _nsenter_drops(target[0]):
+        raise ExecUnavailable(
+            "this machine's nsenter cannot become the task's user inside its namespace "
+            "(-S/-G without -U: util-linux 2.26 or later)"
+        )
     uid, gid = run_as
-    setpriv = shutil.which("setpriv") or "setpriv"
-    return [setpriv, "--no-new-privs", "--", *target, "-S", str(uid), "-G", str(gid), "--", *argv]
+    return [machine_tool("setpriv"), "--no-new-privs", "--", *target,
+            "-S", str(uid), "-G", str(gid), "--", *argv]  # fmt: skip
 
 
 def drop_to(run_as: tuple[int, int]) -> list[str]:
     """The argv prefix that runs a command as ``run_as`` with no supplementary groups
     and no way back up (no setuid binary can raise it again)."""
     uid, gid = run_as
-    setpriv = shutil.which("setpriv") or "setpriv"
+    setpriv = machine_tool("setpriv")
     return [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
+
+
+def machine_tool(name: str) -> str:
+    """The machine's own ``name``, found on this process's PATH: never looked up on a
+    job's (what runs it is given the job's environment)."""
+    found = shutil.which(name)
+    if found is None:
+        raise ExecUnavailable(f"{name} (util-linux) is not installed on this machine")
+    return found
+
+
+@functools.cache
+def _nsenter_drops(nsenter: str) -> bool:
+    """Whether ``nsenter -S/-G`` becomes that user when entering only a mount namespace
+    (before util-linux 2.26 it did so only with -U, and the view's programs would then
+    run as root): tried once, entering this process's own namespace."""
+    try:
+        done = subprocess.run(
+            [nsenter, "-t", str(os.getpid()), "-m", "-S", "65534", "-G", "65534", "--",
+             machine_tool("id"), "-u"],
+            capture_output=True, text=True, timeout=10, env={"PATH": os.defpath},
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired, ExecUnavailable):
+        return False
+    return done.returncode == 0 and done.stdout.strip() == "65534"
 
 
 def untraversable(path: Path) -> Path | None:
