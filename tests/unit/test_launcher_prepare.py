@@ -114,6 +114,19 @@ def test_sources_the_local_backend_cannot_reach(source: str, reason: str) -> Non
     assert result == PlanProblem(f"data_sources[1].source: {reason}")
 
 
+@pytest.mark.parametrize("covering", ["/", "/data/launcher/jobs", "TASK"])
+def test_a_mount_path_that_would_cover_the_tasks_own_directory_is_refused(covering: str) -> None:
+    # Over an ancestor of the task's directory, the user's files would stand where the
+    # view's builder (root) writes the task's records.
+    where = TASK if covering == "TASK" else covering
+    result = plan_preparation(
+        spec(data_sources=[DataSource(source="/d", mount_path=where)]), TASK, JOB
+    )
+    assert result == PlanProblem(
+        f"data_sources[0]: the mount path {where} would cover the task's own directory {TASK}"
+    )
+
+
 def test_two_sources_at_one_mount_path() -> None:
     result = plan_preparation(
         spec(

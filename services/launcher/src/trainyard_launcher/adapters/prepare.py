@@ -546,11 +546,16 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["enter"] and len(args) >= 4 and args[2] == "--":
         plan_file = Path(args[1])
         plan = PreparePlan.from_json(plan_file.read_text())
+        # Opened before the view exists: a failure is written there, the platform's
+        # own directory, never through a path of the view (which its user shapes).
+        task_dir = os.open(plan.task_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             enter(plan, args[3:])
         except OSError as exc:
             reason = f"the task's mount paths cannot be made: {exc.strerror or exc}"
-            (Path(plan.task_dir) / FAILED_FILE).write_text(reason)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(FAILED_FILE, flags, 0o644, dir_fd=task_dir), "w") as out:
+                out.write(reason)
             print(f"trainyard prepare: {reason}", file=sys.stderr, flush=True)
             return ENTER_FAILED_EXIT
     print(

@@ -223,6 +223,13 @@ def plan_preparation(
 
     views = [m.view for m in mounts]
     for i, mounted in enumerate(views):
+        if _under(task_dir, mounted):
+            # It would hide the task's own directory (its command, its records) in the
+            # task's view behind what the user mounts there.
+            return PlanProblem(
+                f"{mounts[i].what}: the mount path {mounted} would cover the task's own "
+                f"directory {task_dir}"
+            )
         if mounted in views[:i]:
             return PlanProblem(
                 f"two sources are mounted at {mounted} ({mounts[i].what} and "
