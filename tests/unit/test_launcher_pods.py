@@ -150,15 +150,22 @@ def lone_pod(role: RoleSpec, env: dict[str, str]) -> dict:
     )  # fmt: skip
 
 
+# What a pod that asked for no GPU gets, over a CUDA image's own NVIDIA_VISIBLE_DEVICES.
+NO_GPU = {"NVIDIA_VISIBLE_DEVICES": "void"}
+
+
 def test_a_shell_command_gets_openpais_variables_exported_before_it() -> None:
     # Some fifty env entries tripled a pod's cost to the API server (the module's
     # docstring): the shell exports them instead, and the task sees the same environment.
     pod = lone_pod(RoleSpec(name="w", command="env -0"), ODD_VALUES)
     entries = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
-    assert entries == {"PAI_HOST_IP_my-role_0", "TRAINYARD_JOB_ID", "MASTER_ADDR"}
+    assert entries == {"PAI_HOST_IP_my-role_0", "TRAINYARD_JOB_ID", "MASTER_ADDR", *NO_GPU}
     # A name no shell can hold stays an env entry, as it was; /bin/sh does not hand
     # such a name on to its command, with this change or without it.
-    assert task_environment(pod) == {k: v for k, v in ODD_VALUES.items() if "-" not in k}
+    assert task_environment(pod) == {
+        **{k: v for k, v in ODD_VALUES.items() if "-" not in k},
+        **NO_GPU,
+    }
 
 
 def test_a_command_run_in_the_pod_sees_what_the_tasks_command_saw() -> None:
@@ -169,7 +176,8 @@ def test_a_command_run_in_the_pod_sees_what_the_tasks_command_saw() -> None:
     out = subprocess.run(argv, env=container_env, capture_output=True, check=True).stdout
     seen = dict(item.decode().split("=", 1) for item in out.split(b"\0") if item)
     assert {k: v for k, v in seen.items() if k not in ("PWD", "SHLVL", "_")} == {
-        k: v for k, v in ODD_VALUES.items() if "-" not in k
+        **{k: v for k, v in ODD_VALUES.items() if "-" not in k},
+        **NO_GPU,
     }
     argv_pod = {"spec": {"containers": [{"name": "task", "command": ["python3"], "env": []}]}}
     assert exec_command(argv_pod, ODD_VALUES, ["env"]) == ["env"]
@@ -181,7 +189,7 @@ def test_past_the_argument_limit_openpais_variables_stay_env_entries() -> None:
     line = pod["spec"]["containers"][0]["command"][2]
     assert EXPORTS_MAX_BYTES // 2 < len(line.encode()) <= EXPORTS_MAX_BYTES + len("env -0")
     assert 0 < len(pod["spec"]["containers"][0]["env"]) < len(hosts)
-    assert task_environment(pod) == hosts
+    assert task_environment(pod) == {**hosts, **NO_GPU}
 
 
 def test_a_container_argv_keeps_every_variable_an_env_entry() -> None:
@@ -190,7 +198,7 @@ def test_a_container_argv_keeps_every_variable_an_env_entry() -> None:
     )
     pod = lone_pod(role, ODD_VALUES)
     container = pod["spec"]["containers"][0]
-    assert {e["name"]: e["value"] for e in container["env"]} == ODD_VALUES
+    assert {e["name"]: e["value"] for e in container["env"]} == {**ODD_VALUES, **NO_GPU}
     assert container["command"] == ["python3", "train.py"]
 
 
@@ -243,6 +251,8 @@ def test_a_jobs_annotations_never_reach_kubernetes_nor_the_platforms_domains() -
         "sidecar.istio.io/inject": "false",
         "kwok.trainyard.dev/run-duration": "2s",
         "plain": "yes",
+        "io.kubernetes.cri-o.Devices": "/dev/mem",
+        "io.katacontainers.config.hypervisor.kernel_params": "x",
     }
     role = RoleSpec(
         name="w", command="x", annotations=[EnvVar(name=k, value=v) for k, v in asked.items()]
@@ -261,9 +271,10 @@ def test_a_jobs_annotations_never_reach_kubernetes_nor_the_platforms_domains() -
 def test_a_jobs_env_gives_no_gpu_the_pod_did_not_ask_for() -> None:
     role = RoleSpec(name="w", command="x")
     env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all", "MINE": "1"}
-    got = manifest(role, env=env)["spec"]["containers"][0]["env"]
-    names = {e["name"] for e in got}
-    assert "MINE" in names and not names & {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
+    got = {e["name"]: e["value"] for e in manifest(role, env=env)["spec"]["containers"][0]["env"]}
+    assert got["MINE"] == "1" and "NVIDIA_DRIVER_CAPABILITIES" not in got
+    # And an image's own NVIDIA_VISIBLE_DEVICES=all is overridden for a pod with none.
+    assert got["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
 def test_the_image_pull_policy_is_the_containers() -> None:

@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
         limits = LimitPlan(**options["limits"])
         cgroup = make_cgroup(limits)
-    memory = _MemoryWatch(limits) if limits is not None else None
+    memory = _MemoryWatch(limits, cgroup) if limits is not None else None
 
     # Imported before the fork (the child between fork and exec only calls), and only
     # when needed: a plain task's command starts without loading them.
@@ -274,15 +274,20 @@ class _MemoryWatch:
     sampled_memory_limit): ``held`` is set to what its processes held together once
     that went past the limit."""
 
-    def __init__(self, limits: Any) -> None:
+    def __init__(self, limits: Any, cgroup: str | None) -> None:
         from trainyard_launcher.domain.limits import sampled_memory_limit
 
-        self.limit = sampled_memory_limit(limits)
+        self.limit = sampled_memory_limit(limits, cgroup)
         self.held: int | None = None
+        self._next = time.monotonic() + 1.0
 
     def over(self) -> bool:
-        if self.limit is None:
+        """Whether the task held more than its limit, looked at once a second."""
+        if self.limit is None or self.held is not None:
+            return self.held is not None
+        if (now := time.monotonic()) < self._next:
             return False
+        self._next = now + 1.0
         held = sum(pss_bytes(pid) for pid in tree(os.getpid()))
         if held > self.limit:
             self.held = held
@@ -310,7 +315,7 @@ def _pump(
         rounds += 1
         if rounds % 25 == 0:
             _reap_orphans(child.pid)
-        if memory is not None and rounds % 5 == 0 and memory.over():
+        if memory is not None and memory.over():
             for pid in [child.pid, *tree(os.getpid())]:
                 try:
                     os.kill(pid, signal.SIGKILL)

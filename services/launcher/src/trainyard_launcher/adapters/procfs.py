@@ -127,17 +127,23 @@ def tree(pid: int) -> list[int]:
 
 
 def pss_bytes(pid: int) -> int:
-    """The process's proportional set size (its own pages, and its share of each page
-    it shares); its resident size where the kernel has no ``smaps_rollup``; 0 when it
-    is gone."""
+    """The process's proportional set size of anonymous and shared memory (its own
+    pages, and its share of each page it shares; a file's pages, its libraries and
+    mapped data, are the page cache's, as RLIMIT_DATA never counted them). All of its
+    proportional set size where the kernel does not tell them apart; its resident size
+    where it has no ``smaps_rollup``; 0 when it is gone."""
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            fields = {}
             for line in f:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024
+                name, _, rest = line.partition(b":")
+                if name in (b"Pss", b"Pss_Anon", b"Pss_Shmem"):
+                    fields[name] = int(rest.split()[0]) * 1024
     except FileNotFoundError:
         stat = proc_stat(pid)
         return stat.rss_pages * os.sysconf("SC_PAGE_SIZE") if stat is not None else 0
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError):
         return 0
-    return 0
+    if b"Pss_Anon" in fields:
+        return fields[b"Pss_Anon"] + fields.get(b"Pss_Shmem", 0)
+    return fields.get(b"Pss", 0)

@@ -152,10 +152,12 @@ def out_of_memory_note(plan: LimitPlan, held_bytes: int | None = None) -> str:
     return f"out of memory: the task's limit of {plan.memory_mb} MiB was reached ({how})"
 
 
-def sampled_memory_limit(plan: LimitPlan) -> int | None:
-    """The bytes the task's processes may hold together (their proportional set size),
-    checked by sampling where no cgroup holds the task's total: RLIMIT_DATA is per
-    process, and shared mappings pass it. None where a cgroup holds it, or no limit."""
-    if plan.memory_by != "rlimit" or not plan.memory_mb:
+def sampled_memory_limit(plan: LimitPlan, cgroup: str | None) -> int | None:
+    """The bytes the task's processes may hold together (their proportional set size of
+    anonymous and shared memory), checked by sampling where no cgroup holds the task's
+    total (``cgroup``: the one the task was put in, None when none could be made):
+    RLIMIT_DATA is per process, and shared mappings pass it. None where a cgroup holds
+    it, or no limit."""
+    if not plan.memory_mb or (cgroup is not None and plan.memory_by == "cgroup"):
         return None
     return plan.memory_mb * MIB

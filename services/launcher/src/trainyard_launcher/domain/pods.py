@@ -219,8 +219,15 @@ RESERVED_ANNOTATION_DOMAINS = ("kubernetes.io", "k8s.io", "k8s.v1.cni.cncf.io")
 PLATFORM_ANNOTATION_DOMAIN = "trainyard.dev"
 
 
+# Container runtimes' own keys, without a domain (CRI-O's devices, user namespaces and
+# the like; Kata's hypervisor settings).
+RUNTIME_ANNOTATION_PREFIXES = ("io.kubernetes.", "io.katacontainers.", "io.containerd.")
+
+
 def user_annotation(key: str) -> bool:
     """Whether a job's own annotation ``key`` may reach its pod."""
+    if key.lower().startswith(RUNTIME_ANNOTATION_PREFIXES):
+        return False
     domain = key.rpartition("/")[0].lower() if "/" in key else ""
     if domain == PLATFORM_ANNOTATION_DOMAIN:
         return False
@@ -365,6 +372,10 @@ def pod_manifest(
         raise PodProblem(f"role {role.name!r}: no image to run (set the role's or the job's)")
     name = pod_name(job_id, attempt, placement.role, placement.index)
     res, gpu_env = resources(role, placement)
+    if role.resources.gpu <= 0:
+        # A CUDA image's own NVIDIA_VISIBLE_DEVICES=all would show it every GPU of its
+        # node where the runtime honours the variable: none, for a pod that asked none.
+        gpu_env = {**gpu_env, "NVIDIA_VISIBLE_DEVICES": "void"}
     pod_env, exports = {**task_env_for_pod(env, role), **gpu_env}, ""
     if not role.container_form:
         pod_env, exports = shell_exports(pod_env)
