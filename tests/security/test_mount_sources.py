@@ -110,7 +110,11 @@ def test_a_directory_shown_around_a_mount_path_is_listed_as_the_user(
             "prepare._own_namespace()\n"
             f"prepare._shadow(target, sys.argv[2], {USER!r})\n"
             f"demote({USER!r})\n"
-            "print(sorted(os.listdir(target)))\n",
+            "try:\n"
+            "    print(sorted(os.listdir(target)))\n"
+            "except PermissionError:\n"
+            "    print('not listed')\n"
+            "print(os.path.exists(os.path.join(target, 'log')))\n",
             str(places["own"]),
             str(hidden),
         ],
@@ -119,7 +123,8 @@ def test_a_directory_shown_around_a_mount_path_is_listed_as_the_user(
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "[]\n"
+    # Passable (mount paths inside may be reached), and nothing of it there.
+    assert done.stdout == "[]\nFalse\n"
 
 
 def test_a_mount_inside_another_makes_nothing_in_its_source(places: dict[str, Path]) -> None:
@@ -138,3 +143,20 @@ def test_a_mount_inside_another_makes_nothing_in_its_source(places: dict[str, Pa
     assert done.returncode == 0, done.stderr
     assert done.stdout == "the user's own data\ndata.txt\nsub\n"
     assert sorted(os.listdir(own)) == ["data.txt"]  # nothing made on the machine
+
+
+def test_a_directory_shown_around_a_mount_path_stays_writable_to_its_owner(
+    places: dict[str, Path],
+) -> None:
+    # Covered by a tmpfs (the user may change the directory), it keeps its owner: the
+    # user still writes there (into the tmpfs, not the machine's directory).
+    own = places["own"]
+    done = enter(
+        places["task"],
+        own / "data.txt",
+        ["sh", "-c", f"touch {own}/made && ls {own}"],
+        Mount(view=str(own / "seen"), host=str(own / "data.txt"), what="data_sources[1]"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["data.txt", "made", "seen"]
+    assert sorted(os.listdir(own)) == ["data.txt"]

@@ -388,33 +388,44 @@ def _bind(fd: int, target: str) -> None:
 
 def _shadow(target: str, original: str, run_as: RunAs) -> None:
     """Cover ``target`` with a tmpfs that shows ``original``'s entries (each bound from
-    the original), so new entries can be made there without touching the original.
-    ``original`` is listed, and each entry opened, as the task's user: what that user
-    may not list shows nothing, and a path changed meanwhile binds only what the user
-    could reach anyway."""
-    _mount("tmpfs", target, "tmpfs", 0, "mode=755")
+    the original), so new entries can be made there without touching the original;
+    the tmpfs has the original's owner and at least its mode (so /tmp stays writable to
+    the task, in the tmpfs). ``original`` is reached, and each entry opened, as the task's user
+    (listed as root, as the user may search a directory it may not read): what the
+    user may not reach shows nothing, and a path changed meanwhile binds only what the
+    user could reach anyway."""
     try:
-        directory = _open_as(run_as, original, os.O_RDONLY | os.O_DIRECTORY)
+        reached = _open_as(run_as, original, os.O_PATH | os.O_DIRECTORY)
     except OSError as exc:
-        if exc.errno in _UNREACHABLE:
-            return
-        raise
+        if exc.errno not in _UNREACHABLE:
+            raise
+        _mount("tmpfs", target, "tmpfs", 0, "mode=755")
+        return
     try:
-        with as_user(run_as):
-            names = os.listdir(directory)
-        for name in names:
-            try:
-                fd = _open_as(run_as, name, os.O_PATH | os.O_NOFOLLOW, dir_fd=directory)
-            except OSError as exc:
-                if exc.errno in _UNREACHABLE:
-                    continue  # gone meanwhile
-                raise
-            try:
-                _shadow_entry(fd, os.path.join(target, name))
-            finally:
-                os.close(fd)
+        info = os.fstat(reached)
+        # Passable at least (a mount path inside /root, as PAI-DLC has them, must be
+        # reached); writable by whom the original is.
+        mode = stat.S_IMODE(info.st_mode) | 0o755
+        like = f"mode={mode:o},uid={info.st_uid},gid={info.st_gid}"
+        _mount("tmpfs", target, "tmpfs", 0, like)
+        # The directory reached, opened again for its listing (not found again by name).
+        directory = os.open(f"/proc/self/fd/{reached}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for name in os.listdir(directory):
+                try:
+                    fd = _open_as(run_as, name, os.O_PATH | os.O_NOFOLLOW, dir_fd=directory)
+                except OSError as exc:
+                    if exc.errno in _UNREACHABLE:
+                        continue  # not the user's to reach, or gone meanwhile
+                    raise
+                try:
+                    _shadow_entry(fd, os.path.join(target, name))
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(directory)
     finally:
-        os.close(directory)
+        os.close(reached)
 
 
 # What an entry the user may not reach, or one gone meanwhile, raises.
@@ -477,7 +488,8 @@ class _View:
             parent, current = current, os.path.join(current, part)
             here = self.at(current)
             if self.at(parent) not in self.own and (
-                not _fixed(self.at(parent)) or not os.path.lexists(here)
+                (self.run_as is not None and not _fixed(self.at(parent)))
+                or not os.path.lexists(here)
             ):
                 # A name to look up where a user may change it, or an entry to make on
                 # the machine: in a tmpfs of ours instead.
