@@ -571,8 +571,9 @@ class LocalBackend:
             if not reading.done():
                 _signal_group(proc.pid, signal.SIGKILL)
                 reading.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reading
+                await asyncio.wait([reading])  # its own cancellation, not the caller's
+                if not reading.cancelled():
+                    reading.exception()  # gather's, a CancelledError: seen
             for pipe in pipes:
                 pipe.close()
         code = proc.returncode
