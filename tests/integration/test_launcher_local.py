@@ -375,7 +375,11 @@ async def test_an_exec_ends_with_its_command_and_takes_its_background_along(
     # Answered when bash ended, not after the timeout, though the sleep held its pipes.
     assert (result.exit_code, result.stderr, result.timed_out) == (0, "late\n", False)
     assert time.monotonic() - started < 10
-    assert not is_alive(int(result.stdout), None)
+    background = int(result.stdout)
+    deadline = time.monotonic() + 5  # killed: its pipes closed as it exits, just before
+    while is_alive(background, None):
+        assert time.monotonic() < deadline, "the background sleep outlived its exec"
+        await asyncio.sleep(0.02)
     # One that left the exec's session holds the pipes open: answered without it, and
     # the launcher's ends of them closed.
     fds = len(os.listdir("/proc/self/fd"))
