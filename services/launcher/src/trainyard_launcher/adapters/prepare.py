@@ -389,11 +389,11 @@ def _bind(fd: int, target: str) -> None:
 def _shadow(target: str, original: str, run_as: RunAs) -> None:
     """Cover ``target`` with a tmpfs that shows ``original``'s entries (each bound from
     the original), so new entries can be made there without touching the original;
-    the tmpfs has the original's owner and at least its mode (so /tmp stays writable to
-    the task, in the tmpfs). ``original`` is reached, and each entry opened, as the task's user
-    (listed as root, as the user may search a directory it may not read): what the
-    user may not reach shows nothing, and a path changed meanwhile binds only what the
-    user could reach anyway."""
+    the tmpfs has the original's owner and at least its mode (so /tmp stays writable
+    to the task, in the tmpfs). ``original`` is reached, and each entry opened, as the
+    task's user (listed as root: a user may search a directory it may not read): what
+    the user may not reach shows nothing, and a path changed meanwhile binds only what
+    the user could reach anyway."""
     try:
         reached = _open_as(run_as, original, os.O_PATH | os.O_DIRECTORY)
     except OSError as exc:
@@ -460,8 +460,10 @@ class _View:
     directory of ours (a tmpfs only this namespace sees), and every name is looked up
     there or in a directory only root may change: any other directory of the view (a
     bound source, a bound directory of the machine a user may write) is first covered
-    by a tmpfs that shows its entries (_shadow, listed as the user), so no path root
-    follows passes through a name a user can change meanwhile."""
+    by a tmpfs that shows its entries (_shadow, each opened as the user), so no path
+    root follows passes through a name a user can change meanwhile. Where tasks run as
+    this process's own user (``run_as`` None) only a directory an entry must be made
+    in is covered."""
 
     def __init__(self, root: str, run_as: RunAs) -> None:
         self.root = root
