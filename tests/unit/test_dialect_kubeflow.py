@@ -67,6 +67,26 @@ def test_a_container_keeps_its_command_and_args_as_kubernetes_means_them() -> No
     assert simple.namespace == "kubeflow"
 
 
+def test_annotations_of_the_clusters_or_the_platforms_domains_are_said_not_applied() -> None:
+    payload = load("pytorchjob-simple.yaml")
+    template = payload["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    template["metadata"] = {"annotations": {
+        "container.apparmor.security.beta.kubernetes.io/pytorch": "unconfined",
+        "sidecar.istio.io/inject": "false",
+    }}  # fmt: skip
+    result = translate_kubeflow(payload)
+    assert result.errors == []
+    said = [(w.path, w.code) for w in result.warnings if "annotations" in w.path]
+    assert said == [(
+        "$.spec.pytorchReplicaSpecs.Master.template.metadata.annotations"
+        "['container.apparmor.security.beta.kubernetes.io/pytorch']",
+        "not_applied",
+    )]  # fmt: skip
+    # Kept in the spec as submitted; the Kubernetes backend does not put it on the pod.
+    master = next(r for r in result.spec.roles if r.name == "Master")
+    assert len(master.annotations) == 2
+
+
 def test_image_pull_policy_is_carried_and_checked() -> None:
     payload = load("pytorchjob-simple.yaml")
     container = payload["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][

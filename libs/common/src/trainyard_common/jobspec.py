@@ -66,6 +66,29 @@ class TaskRef(Model):
     index: int
 
 
+# Annotation domains a job's own annotations never reach a pod with: Kubernetes'
+# (its components read them: AppArmor's container.apparmor.security.beta.kubernetes.io/
+# unconfines a container, seccomp's, the autoscaler's), the CNI's extra networks
+# (Multus: another network for the pod), and the platform's own (trainyard.dev/job and
+# the like). Subdomains too, but for the test cluster's kwok.trainyard.dev.
+RESERVED_ANNOTATION_DOMAINS = ("kubernetes.io", "k8s.io", "k8s.v1.cni.cncf.io")
+PLATFORM_ANNOTATION_DOMAIN = "trainyard.dev"
+# Container runtimes' own keys, without a domain (CRI-O's devices, user namespaces and
+# the like; Kata's hypervisor settings).
+RUNTIME_ANNOTATION_PREFIXES = ("io.kubernetes.", "io.katacontainers.", "io.containerd.")
+
+
+def reaches_pod(annotation: str) -> bool:
+    """Whether a job's own annotation key may reach its pods (the operator's may be
+    any): the submission warns of one that does not, the Kubernetes backend drops it."""
+    if annotation.lower().startswith(RUNTIME_ANNOTATION_PREFIXES):
+        return False
+    domain = annotation.rpartition("/")[0].lower() if "/" in annotation else ""
+    if domain == PLATFORM_ANNOTATION_DOMAIN:
+        return False
+    return not any(domain == d or domain.endswith("." + d) for d in RESERVED_ANNOTATION_DOMAINS)
+
+
 class CodeSource(Model):
     """A git repository checked out for every task before its command runs."""
 

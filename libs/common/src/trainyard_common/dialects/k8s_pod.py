@@ -14,7 +14,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from ..events import FieldIssue
-from ..jobspec import PULL_POLICIES, EnvVar, PullPolicy, Resources, RoleSpec
+from ..jobspec import PULL_POLICIES, EnvVar, PullPolicy, Resources, RoleSpec, reaches_pod
 from .translation import INT_MAX, Issues, join, json_type, show
 
 # Kubernetes object names (metadata.name, namespaces): an RFC 1123 DNS label.
@@ -193,6 +193,13 @@ def _annotations(meta: Any, path: str, issues: Issues) -> list[EnvVar]:
     ):
         issues.error(join(path, "annotations"), "annotations must map strings to strings", "type")
         return []
+    for key in sorted(k for k in raw if not reaches_pod(k)):
+        issues.warn(
+            join(join(path, "annotations"), key),
+            f"annotation {show(key)} is the cluster's or the platform's to set: kept but "
+            "not applied to the pods",
+            "not_applied",
+        )
     return [EnvVar(name=k, value=v) for k, v in raw.items()]
 
 

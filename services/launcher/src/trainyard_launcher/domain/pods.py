@@ -43,7 +43,7 @@ from datetime import datetime
 from typing import Any
 
 from trainyard_common.events import TaskPlacement
-from trainyard_common.jobspec import JobSpec, RoleSpec
+from trainyard_common.jobspec import JobSpec, RoleSpec, reaches_pod
 
 from .failure import EndKind
 
@@ -208,30 +208,6 @@ class PodSettings:
     # Annotations every pod gets unless its template sets them (the operator's: a
     # sidecar opt-out; on a KWOK test cluster, how long tasks "run").
     annotations: tuple[tuple[str, str], ...] = ()
-
-
-# Annotation domains a job's own annotations never reach a pod with: Kubernetes'
-# (its components read them: AppArmor's container.apparmor.security.beta.kubernetes.io/
-# unconfines a container, seccomp's, the autoscaler's), the CNI's extra networks
-# (Multus: another network for the pod), and the platform's own (trainyard.dev/job and
-# the like). Subdomains too, but for the test cluster's kwok.trainyard.dev.
-RESERVED_ANNOTATION_DOMAINS = ("kubernetes.io", "k8s.io", "k8s.v1.cni.cncf.io")
-PLATFORM_ANNOTATION_DOMAIN = "trainyard.dev"
-
-
-# Container runtimes' own keys, without a domain (CRI-O's devices, user namespaces and
-# the like; Kata's hypervisor settings).
-RUNTIME_ANNOTATION_PREFIXES = ("io.kubernetes.", "io.katacontainers.", "io.containerd.")
-
-
-def user_annotation(key: str) -> bool:
-    """Whether a job's own annotation ``key`` may reach its pod."""
-    if key.lower().startswith(RUNTIME_ANNOTATION_PREFIXES):
-        return False
-    domain = key.rpartition("/")[0].lower() if "/" in key else ""
-    if domain == PLATFORM_ANNOTATION_DOMAIN:
-        return False
-    return not any(domain == d or domain.endswith("." + d) for d in RESERVED_ANNOTATION_DOMAINS)
 
 
 class PodProblem(ValueError):
@@ -492,7 +468,7 @@ def pod_manifest(
     if settings.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
     annotations = dict(settings.annotations)
-    annotations.update({a.name: a.value for a in role.annotations if user_annotation(a.name)})
+    annotations.update({a.name: a.value for a in role.annotations if reaches_pod(a.name)})
     annotations[JOB_LABEL] = job_id
     annotations[ROLE_ANNOTATION] = placement.role
     if 0 < role.resources.gpu < 1:
