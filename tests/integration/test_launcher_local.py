@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -618,3 +621,22 @@ async def test_usage_counts_every_process_of_the_task(tmp_path: Path) -> None:
     assert 0.5 < used.cpu_cores < 1.5, used
     await backend.kill(task, launched.handle, grace_s=1.0)
     assert await backend.usage(task, launched.handle) is None
+
+
+def test_a_plain_tasks_wrapper_loads_neither_pydantic_nor_the_preparation(tmp_path: Path) -> None:
+    # The wrapper's imports are paid by every task (bench/README.md: importing pydantic
+    # made each 170 ms of CPU); a check of whether a command enters a view once imported
+    # the preparation, and pydantic with it, for every task: 42 -> 9 jobs/s.
+    (tmp_path / "work").mkdir()
+    options = tmp_path / "options.json"
+    options.write_text(json.dumps({"limits": {"memory_mb": 256, "memory_by": "rlimit"}}))
+    code = (
+        "import sys\n"
+        "from trainyard_launcher import taskwrap\n"
+        f"code = taskwrap.main(['--dir', {str(tmp_path)!r}, '--options', {str(options)!r},"
+        " '--', 'true'])\n"
+        "print(code, sorted(m for m in ('pydantic', 'trainyard_launcher.adapters.prepare')"
+        " if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip().splitlines()[-1] == "0 []", (done.stdout, done.stderr)

@@ -199,9 +199,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if child_env is None:
         child_env = dict(os.environ)
-    if not _enters(command):
+    if args.prepare is None or not _enters(command):
         # Run as the task's user (preexec): the job's own variables, all of them. The
-        # view's builder (root) gives them back itself once it is the user.
+        # view's builder (root) gives them back itself once it is the user. (Only a
+        # prepared task may enter a view: a plain one never imports prepare.py.)
         child_env = restored(child_env)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
