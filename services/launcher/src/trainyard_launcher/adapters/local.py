@@ -88,12 +88,12 @@ from .backend import (
 )
 from .identity import RunAs, for_root, restore_argv
 from .procfs import (
-    descendants,
     is_alive,
     proc_stat,
     session_members,
     session_usage,
     start_ticks,
+    tree,
 )
 from .rendezvous import reserve_port
 from .uids import TaskUids, UidsExhausted
@@ -718,7 +718,7 @@ class LocalBackend:
             # SIGTERM ignored) is still below it, its subreaper; once it is gone, such
             # a process would belong to init and outlive the task.
             wrapper = is_alive(pid, started)
-            below = [p for p in {*survivors, *(descendants(pid) if wrapper else ())} if p != pid]
+            below = [p for p in {*survivors, *(tree(pid) if wrapper else ())} if p != pid]
             for member in below or survivors:
                 try:
                     os.kill(member, signal.SIGKILL)
