@@ -4,10 +4,12 @@ the limits, the environment and the DNS names (read back); a failing task retrie
 new attempt with new pods; pause deletes the pods and resume makes them again; stop
 leaves no pod and no Service; a lone task gets no Service and no owner, and its end
 deletes none; a SIGKILLed launcher adopts its pods (one per task); a node deleted
-mid-run fails its tasks as lost with their node."""
+mid-run fails its tasks as lost with their node; a command line's secret is in a Secret
+the pod owns, not in the pod."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import time
@@ -234,6 +236,46 @@ def test_a_lone_task_gets_no_service_nor_owner_and_meets_itself_at_its_hostname(
     api.stop(job_id)
     assert api.wait(job_id)["state"] == "STOPPED"
     wait_for(lambda: not pods(kube_cluster, job_id), what="the job's pod gone")
+
+
+def test_a_command_lines_secret_is_in_a_secret_the_pod_owns_not_in_the_pod(
+    api: Api, kube_cluster: KubeCluster
+) -> None:
+    # Whoever may `get pods` in the namespace read a substituted secret in the pod's
+    # command line: the line is in a Secret now, owned by the pod, gone with it.
+    token = f"tok-{uuid.uuid4().hex}"
+    job_id = api.submit({
+        "name": f"secretive-{uuid.uuid4().hex[:6]}",
+        "image": "busybox",
+        "secrets": [{"name": "token", "value": token}],
+        "roles": [{
+            "name": "w",
+            "command": 'wget --header "Authorization: <% $secrets.token %>" http://x/',
+            "annotations": [{"name": RUN_DURATION, "value": "60s"}],
+        }],
+    })  # fmt: skip
+    running(api, job_id)
+    [pod] = pods(kube_cluster, job_id)
+    assert token not in json.dumps(pod)
+    meta = pod["metadata"]
+    path = f"/api/v1/namespaces/{meta['namespace']}/secrets/{meta['name']}-command"
+    with kube_cluster.client() as http:
+        stored = http.get(path)
+    assert stored.status_code == 200, stored.text
+    line = base64.b64decode(stored.json()["data"]["command"]).decode()
+    assert f'wget --header "Authorization: {token}" http://x/' in line
+    assert line.startswith("export PAI_") and "$$" not in line  # a file: nothing to escape
+    [owner] = stored.json()["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", meta["name"], meta["uid"])
+    api.stop(job_id)
+    assert api.wait(job_id)["state"] == "STOPPED"
+
+    def gone() -> bool:
+        with kube_cluster.client() as http:
+            return http.get(path).status_code == 404
+
+    # The garbage collector deletes it with its pod.
+    wait_for(gone, what="the command's Secret gone with its pod")
 
 
 def deletes(kube: KubeCluster, resource: str) -> float:

@@ -3,8 +3,11 @@ and how a pod's status reads as the task's."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,10 +22,14 @@ from trainyard_common.jobspec import (
 )
 from trainyard_launcher.domain.failure import EndKind
 from trainyard_launcher.domain.pods import (
+    COMMAND_DIR,
+    COMMAND_KEY,
     EXPORTS_MAX_BYTES,
     GPU_RESOURCE,
     PodProblem,
     PodSettings,
+    command_secret,
+    command_secret_name,
     escape_shell,
     exec_command,
     needs_owner,
@@ -181,6 +188,69 @@ def test_a_command_run_in_the_pod_sees_what_the_tasks_command_saw() -> None:
     }
     argv_pod = {"spec": {"containers": [{"name": "task", "command": ["python3"], "env": []}]}}
     assert exec_command(argv_pod, ODD_VALUES, ["env"]) == ["env"]
+
+
+SECRET = "s3cr3t-$HOME-`id`-$$"
+
+
+def secret_objects(role: RoleSpec, env: dict[str, str], command: str) -> tuple[dict, dict]:
+    """The pod and the command's Secret of a lone task whose command carries SECRET."""
+    spec = JobSpec(name="j", image="img", roles=[role])
+    placement = TaskPlacement(role=role.name, index=0, node="n", host_ip="x")
+    common: dict[str, Any] = {"spec": spec, "job_id": JOB, "attempt": 1, "placement": placement,
+                              "env": env, "command": command, "namespace": "ns"}  # fmt: skip
+    pod = pod_manifest(**common, owner_uid=None, settings=PodSettings(), secret_values=("", SECRET))
+    return pod, command_secret(**common, pod_uid="pod-uid")
+
+
+def test_a_command_line_with_a_secret_is_in_a_secret_the_pod_owns_not_in_the_pod(
+    tmp_path: Path,
+) -> None:
+    # Whoever may `get pods` in the namespace read the substituted secret in the pod's
+    # command line. The line is now the one key of a Secret, which the pod's shell
+    # sources; the task runs it with the environment it had.
+    command = f"echo '{SECRET}' >&2; env -0"
+    pod, secret = secret_objects(RoleSpec(name="w", command=command), ODD_VALUES, command)
+    assert SECRET not in json.dumps(pod) and "s3cr3t" not in json.dumps(pod)
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["/bin/sh", "-c", f". {COMMAND_DIR}/{COMMAND_KEY}"]
+    name = command_secret_name(JOB, 1, "w", 0)
+    [volume] = [v for v in pod["spec"]["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"] == name
+    assert {"name": volume["name"], "mountPath": COMMAND_DIR, "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert secret["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": "pod-uid"}
+    ]
+    assert secret["immutable"] is True and secret["metadata"]["namespace"] == "ns"
+    # Mounted (here, a directory standing for the volume), the pod's shell runs the line
+    # with OpenPAI's variables exported first, as the line in the pod did.
+    mounted = tmp_path / "mount"
+    mounted.mkdir()
+    (mounted / COMMAND_KEY).write_text(secret["stringData"][COMMAND_KEY])
+    argv = [w.replace(COMMAND_DIR, str(mounted)) for w in container["command"]]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    ran = subprocess.run(argv, env=env, capture_output=True, check=True)
+    assert ran.stderr.decode() == SECRET + "\n"
+    seen = dict(item.decode().split("=", 1) for item in ran.stdout.split(b"\0") if item)
+    assert {k: v for k, v in seen.items() if k not in ("PWD", "SHLVL", "_")} == {
+        **{k: v for k, v in ODD_VALUES.items() if "-" not in k},
+        **NO_GPU,
+    }
+    # A command run in the pod (yard exec) still gets the export line first.
+    assert exec_command(pod, ODD_VALUES, ["env"])[:2] == ["/bin/sh", "-c"]
+
+
+def test_only_a_command_line_that_carries_a_secret_is_moved() -> None:
+    plain = lone_pod(RoleSpec(name="w", command="python train.py"), {})
+    assert plain["spec"]["containers"][0]["command"][2] == "python train.py"
+    assert all("secret" not in v for v in plain["spec"]["volumes"])
+    # A container argv is never substituted: it stays as written, whatever the secrets.
+    role = RoleSpec(name="w", command="x", entrypoint=["python"], args=[SECRET])
+    pod, _ = secret_objects(role, {}, "x")
+    assert pod["spec"]["containers"][0]["args"] == [SECRET]
+    assert all("secret" not in v for v in pod["spec"]["volumes"])
 
 
 def test_past_the_argument_limit_openpais_variables_stay_env_entries() -> None:

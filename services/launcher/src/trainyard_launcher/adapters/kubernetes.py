@@ -53,7 +53,9 @@ from ..domain.pods import (
     PodProblem,
     PodSettings,
     PodState,
+    command_secret,
     exec_command,
+    hides_command,
     is_lone,
     mpi_hostfile,
     needs_owner,
@@ -583,10 +585,11 @@ class KubernetesBackend:
             body = pod_manifest(
                 spec=spec, job_id=ref.job_id, attempt=ref.attempt, placement=task.placement,
                 env=task.env, command=task.command, namespace=namespace, owner_uid=owner,
-                settings=self.settings.pods, mpi=mpi,
+                settings=self.settings.pods, mpi=mpi, secret_values=task.secret_values,
             )  # fmt: skip
         except PodProblem as exc:
             raise LaunchRefused(str(exc)) from exc
+        hidden = hides_command(spec.role(ref.role), task.command, task.secret_values)
         try:
             try:
                 made = await self._raw(self.core.create_namespaced_pod, namespace, as_given(body))
@@ -600,6 +603,10 @@ class KubernetesBackend:
                 made = await self._raw(self.core.create_namespaced_pod, namespace, as_given(body))
         except ApiException as exc:
             if exc.status == 409:
+                # Made by an earlier try, which may have ended before the pod's Secret.
+                earlier = await self._read(ref) if hidden else None
+                if earlier is not None:
+                    await self._command_secret(task, namespace, earlier.uid)
                 raise AlreadyLaunched(f"pod {body['metadata']['name']} exists") from exc
             if exc.status == 404:
                 self._present.discard(namespace)  # deleted under us: made again next try
@@ -610,8 +617,20 @@ class KubernetesBackend:
             raise LaunchError(f"the pod could not be created: {_why(exc)}") from exc
         self._remember(namespace, made, unless_seen=True)
         meta = made["metadata"]
+        if hidden:
+            await self._command_secret(task, namespace, meta["uid"])
         note = f"pod {namespace}/{meta['name']} on node {task.placement.node}"
         return Launched(TaskHandle(uid=meta["uid"]), note)
+
+    async def _command_secret(self, task: TaskLaunch, namespace: str, pod_uid: str) -> None:
+        """The Secret a pod's command line is in (``hides_command``), made after the pod
+        so that the pod owns it and it goes with the pod; the kubelet waits for it before
+        starting the container. There already (an earlier try): left as it is."""
+        ref = task.ref
+        await self._create(self.core.create_namespaced_secret, namespace, command_secret(
+            spec=task.spec, job_id=ref.job_id, attempt=ref.attempt, placement=task.placement,
+            env=task.env, command=task.command, namespace=namespace, pod_uid=pod_uid,
+        ))  # fmt: skip
 
     async def wait_started(self, ref: TaskRef, timeout_s: float) -> Launched | None:
         deadline = time.monotonic() + timeout_s

@@ -13,7 +13,11 @@ Commands. A container argv (``entrypoint``/``args``: Kubeflow, T9k) is the Pod's
 ``command``/``args`` as written: ``args`` alone keep the image's entrypoint, and the
 kubelet expands ``$(VAR)``. A shell command line (OpenPAI, PAI-DLC, TI) runs as
 ``sh -c`` with every ``$`` doubled, so the kubelet's expansion leaves the shell's text
-as the user wrote it.
+as the user wrote it. A command line with the job's secrets substituted in it
+(OpenPAI's ``<% $secrets.x %>``) is not in the Pod, which whoever may ``get pods`` in
+its namespace reads: the line is the one key of an immutable Secret owned by the Pod
+(``command_secret``), mounted at ``/var/run/trainyard``, and the Pod's shell sources it
+(``hides_command``).
 
 Environment. A shell command line's task gets OpenPAI's variables (``PAI_*``) exported by
 its shell before the command (``shell_exports``), as OpenPAI's own runtime exports the
@@ -60,6 +64,9 @@ CONTAINER = "task"
 MPI_DIR = "/etc/mpi"
 HOSTFILE_KEY = "hostfile"
 SHM_VOLUME = "dshm"
+COMMAND_VOLUME = "command"
+COMMAND_DIR = "/var/run/trainyard"
+COMMAND_KEY = "command"
 
 _NOT_LABEL = re.compile(r"[^a-z0-9-]+")
 
@@ -150,6 +157,10 @@ def task_address(
     return f"{name}.{service_name(job_id)}.{namespace}.svc"
 
 
+def command_secret_name(job_id: str, attempt: int, role: str, index: int) -> str:
+    return f"{pod_name(job_id, attempt, role, index)}-command"
+
+
 def job_labels(job_id: str) -> dict[str, str]:
     return {MANAGED_BY: MANAGER, JOB_LABEL: _label_value(job_id)}
 
@@ -219,7 +230,9 @@ def escape_shell(command: str) -> str:
     return command.replace("$", "$$")
 
 
-def container_command(role: RoleSpec, command: str, exports: str = "") -> dict[str, Any]:
+def container_command(
+    role: RoleSpec, command: str, exports: str = "", *, hidden: bool = False
+) -> dict[str, Any]:
     if role.container_form:
         argv: dict[str, Any] = {}
         if role.entrypoint:
@@ -227,7 +240,17 @@ def container_command(role: RoleSpec, command: str, exports: str = "") -> dict[s
         if role.args:
             argv["args"] = list(role.args)
         return argv
+    if hidden:
+        # The line is in the pod's Secret (command_secret): the shell reads it there.
+        return {"command": ["/bin/sh", "-c", f". {COMMAND_DIR}/{COMMAND_KEY}"]}
     return {"command": ["/bin/sh", "-c", escape_shell(exports + command)]}
+
+
+def hides_command(role: RoleSpec, command: str, secret_values: tuple[str, ...]) -> bool:
+    """Whether a task's command line carries one of the job's secrets (substituted for
+    ``<% $secrets.x %>``), and so goes in a Secret of its own rather than in the Pod. A
+    container argv is never substituted."""
+    return not role.container_form and any(v and v in command for v in secret_values)
 
 
 # Linux caps one argument at 128 KiB (MAX_ARG_STRLEN): past this, variables stay env
@@ -340,26 +363,24 @@ def pod_manifest(
     owner_uid: str | None,
     settings: PodSettings,
     mpi: bool = False,
+    secret_values: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The Pod of one task, bound to the node placement chose."""
+    """The Pod of one task, bound to the node placement chose. Where its command line
+    carries one of ``secret_values`` (``hides_command``), the line is left to the
+    pod's Secret (``command_secret``), which the adapter makes once the pod exists."""
     role = spec.role(placement.role)
     image = role.image or spec.image
     if not image:
         raise PodProblem(f"role {role.name!r}: no image to run (set the role's or the job's)")
     name = pod_name(job_id, attempt, placement.role, placement.index)
     res, gpu_env = resources(role, placement)
-    if role.resources.gpu <= 0:
-        # A CUDA image's own NVIDIA_VISIBLE_DEVICES=all would show it every GPU of its
-        # node where the runtime honours the variable: none, for a pod that asked none.
-        gpu_env = {**gpu_env, "NVIDIA_VISIBLE_DEVICES": "void"}
-    pod_env, exports = {**task_env_for_pod(env, role), **gpu_env}, ""
-    if not role.container_form:
-        pod_env, exports = shell_exports(pod_env)
+    pod_env, exports = _container_env(role, env, gpu_env)
+    hidden = hides_command(role, command, secret_values)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
         **({"imagePullPolicy": role.image_pull_policy} if role.image_pull_policy else {}),
-        **container_command(role, command, exports),
+        **container_command(role, command, exports, hidden=hidden),
         "env": _env_list(pod_env),
         "resources": res,
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
@@ -384,6 +405,16 @@ def pod_manifest(
         }
     ]
     init: list[dict[str, Any]] = []
+    if hidden:
+        # Made after the pod, owned by it (command_secret): the kubelet starts the
+        # container once the Secret is there to mount.
+        secret = command_secret_name(job_id, attempt, placement.role, placement.index)
+        volumes.append(
+            {"name": COMMAND_VOLUME, "secret": {"secretName": secret, "defaultMode": 0o444}}
+        )
+        container["volumeMounts"].append(
+            {"name": COMMAND_VOLUME, "mountPath": COMMAND_DIR, "readOnly": True}
+        )
     if mpi:
         volumes.append({"name": "mpi", "configMap": {"name": owner_name(job_id, attempt)}})
         container["volumeMounts"].append({"name": "mpi", "mountPath": MPI_DIR, "readOnly": True})
@@ -499,6 +530,60 @@ def pod_manifest(
             ),
         },
         "spec": pod_spec,
+    }
+
+
+def _container_env(
+    role: RoleSpec, env: dict[str, str], gpu_env: dict[str, str]
+) -> tuple[dict[str, str], str]:
+    """The task container's env entries, and for a shell command line the ``export``
+    line its shell runs first (``shell_exports``)."""
+    if role.resources.gpu <= 0:
+        # A CUDA image's own NVIDIA_VISIBLE_DEVICES=all would show it every GPU of its
+        # node where the runtime honours the variable: none, for a pod that asked none.
+        gpu_env = {**gpu_env, "NVIDIA_VISIBLE_DEVICES": "void"}
+    pod_env = {**task_env_for_pod(env, role), **gpu_env}
+    if role.container_form:
+        return pod_env, ""
+    return shell_exports(pod_env)
+
+
+def command_secret(
+    *,
+    spec: JobSpec,
+    job_id: str,
+    attempt: int,
+    placement: TaskPlacement,
+    env: dict[str, str],
+    command: str,
+    namespace: str,
+    pod_uid: str,
+) -> dict[str, Any]:
+    """The Secret holding a task's command line (``hides_command``), with the export
+    line the pod's shell would have run before it, as the shell reads it (no ``$``
+    doubled: the kubelet does not expand a file). Owned by the pod, so it goes with
+    the pod; immutable, so no kubelet watches it."""
+    role = spec.role(placement.role)
+    _, exports = _container_env(role, env, resources(role, placement)[1])
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": command_secret_name(job_id, attempt, placement.role, placement.index),
+            "namespace": namespace,
+            "labels": task_labels(job_id, attempt, placement.role, placement.index),
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod_name(job_id, attempt, placement.role, placement.index),
+                    "uid": pod_uid,
+                }
+            ],
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {COMMAND_KEY: exports + command},
     }
 
 
