@@ -30,6 +30,7 @@ pytestmark = pytest.mark.e2e
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SHORT = "1500ms"  # how long a task "runs" on KWOK unless its template says otherwise
+KEPT, KEPT_TO = "team-kept", "kept-user"  # a namespace kept to one user
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,7 @@ def kube_platform(
             "KUBECONFIG": str(kube_cluster.kubeconfig),
             "YARD_K8S_NAMESPACE": "trainyard",
             "YARD_K8S_NAMESPACES": "*",
+            "YARD_K8S_NAMESPACE_USERS": json.dumps({KEPT: [KEPT_TO]}),
             "YARD_K8S_POD_ANNOTATIONS": json.dumps({RUN_DURATION: SHORT}),
             "YARD_START_DEADLINE_S": "120",
         },
@@ -276,6 +278,28 @@ def test_a_command_lines_secret_is_in_a_secret_the_pod_owns_not_in_the_pod(
 
     # The garbage collector deletes it with its pod.
     wait_for(gone, what="the command's Secret gone with its pod")
+
+
+def test_a_namespace_kept_to_a_user_is_theirs_alone(api: Api, kube_cluster: KubeCluster) -> None:
+    # Any user could name any allowed namespace and mount any claim there. A namespace
+    # the operator keeps to some users is theirs: others' jobs naming it fail at their
+    # start, saying why; its users' jobs that name none run there.
+    intruder = renamed(load("kubeflow/pytorchjob-simple.yaml"), "metadata")
+    intruder["metadata"]["namespace"] = KEPT
+    intruding = api.submit(intruder)
+    refused = api.wait(intruding, timeout=120)
+    assert refused["state"] == "FAILED", refused
+    assert f"namespace: '{KEPT}' is kept to other users than 'admin'" in refused["reason"]
+    assert pods(kube_cluster, intruding) == []
+    token = api.http.post("/v1/tokens", json={"user": KEPT_TO}).json()["token"]
+    owner = api.as_token(token)
+    job_id = owner.submit({
+        "name": f"kept-{uuid.uuid4().hex[:6]}", "image": "busybox",
+        "roles": [{"name": "w", "command": "true"}],
+    })  # fmt: skip
+    assert owner.wait(job_id, timeout=120)["state"] == "SUCCEEDED"
+    [pod] = pods(kube_cluster, job_id)
+    assert pod["metadata"]["namespace"] == KEPT
 
 
 def deletes(kube: KubeCluster, resource: str) -> float:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from trainyard_launcher.adapters.kubernetes import KubeSettings
 from trainyard_stack.kube import KubeCluster, ensure_kube_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +32,10 @@ def render(*flags: str) -> list[dict]:
 
 
 def test_the_chart_renders_every_service_wired_and_probed() -> None:
-    docs = render("--set", "tasks.allowedNamespaces={team-a,team-b}")
+    docs = render(
+        "--set", "tasks.allowedNamespaces={team-a,team-b}",
+        "--set", "tasks.namespaceUsers.team-a={alice,bob}",
+    )  # fmt: skip
     by_kind: dict[str, dict[str, dict]] = {}
     for doc in docs:
         by_kind.setdefault(doc["kind"], {})[doc["metadata"]["name"]] = doc
@@ -54,6 +58,9 @@ def test_the_chart_renders_every_service_wired_and_probed() -> None:
     launcher = by_kind["Deployment"]["ty-launcher"]["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in launcher["containers"][0]["env"]}
     assert env["YARD_LAUNCHER"] == "kubernetes" and env["YARD_K8S_NAMESPACES"] == "team-a,team-b"
+    # What the launcher reads (KubeSettings.from_env) from the chart's rendering.
+    kept = KubeSettings.from_env({"YARD_K8S_NAMESPACE_USERS": env["YARD_K8S_NAMESPACE_USERS"]})
+    assert kept.namespace_users == (("team-a", frozenset({"alice", "bob"})),)
     rules = by_kind["ClusterRole"]["ty-launcher"]["rules"]
     assert {"pods", "pods/log", "pods/exec", "nodes"} <= {
         r for rule in rules for r in rule["resources"]

@@ -221,6 +221,53 @@ def test_a_namespace_that_cannot_be_one_is_refused_and_never_used() -> None:
     assert settings.namespace_for("team-a") == "team-a"
 
 
+def test_a_namespace_kept_to_some_users_is_theirs_alone() -> None:
+    # Any user could name any allowed namespace, and mount any claim there: a team's
+    # namespace is now kept to its users, and their jobs run there by default.
+    settings = KubeSettings.from_env({
+        "YARD_K8S_NAMESPACE": "yard",
+        "YARD_K8S_NAMESPACES": "*",
+        "YARD_K8S_NAMESPACE_USERS": '{"team-a": ["alice", "bob"], "team-b": ["bob"]}',
+    })  # fmt: skip
+    settings.check_namespace("team-a", "alice")
+    assert settings.namespace_for("team-a", "alice") == "team-a"
+    with pytest.raises(LaunchRefused, match="namespace: 'team-a' is kept to other users"):
+        settings.check_namespace("team-a", "carol")
+    # A listed user's job that names none (OpenPAI, PAI-DLC, TI) runs in their first.
+    assert settings.namespace_for(None, "bob") == "team-a"
+    assert settings.namespace_for("team-b", "bob") == "team-b"
+    assert settings.namespace_for(None, "carol") == "yard"
+    # Others' namespaces stay as the allowed list says.
+    settings.check_namespace("scratch", "carol")
+    assert settings.namespace_for("scratch", "carol") == "scratch"
+    # A default namespace kept to a team leaves other users no place to fall back to.
+    kept_default = KubeSettings.from_env({
+        "YARD_K8S_NAMESPACE": "team-a", "YARD_K8S_NAMESPACE_USERS": '{"team-a": ["alice"]}',
+    })  # fmt: skip
+    kept_default.check_namespace(None, "alice")
+    with pytest.raises(LaunchRefused, match="default namespace 'team-a' is kept"):
+        kept_default.check_namespace(None, "carol")
+    with pytest.raises(LaunchRefused, match="default namespace"):
+        kept_default.check_namespace("elsewhere", "carol")  # not allowed: falls back
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("team-a", "not JSON"),
+        ('["team-a"]', "a JSON object"),
+        ('{"Team_A": ["alice"]}', "not a Kubernetes namespace name"),
+        ('{"team-a": "alice"}', "a list of user names"),
+        ('{"team-a": [""]}', "a list of user names"),
+    ],
+)
+def test_a_namespace_users_setting_that_cannot_be_honoured_stops_the_launcher(
+    text: str, says: str
+) -> None:
+    with pytest.raises(ValueError, match=f"YARD_K8S_NAMESPACE_USERS: .*{says}"):
+        KubeSettings.from_env({"YARD_K8S_NAMESPACE_USERS": text})
+
+
 async def test_adopt_records_ends_lost_tasks_and_keeps_running_ones() -> None:
     deps, backend, published = make_deps()
     await launch_job(placed(min_failed=None), RECEIVED, deps)

@@ -16,8 +16,9 @@ and none is created twice (a pod's name is its task's: a second create answers 4
 Logs come from ``pods/log`` (stdout and stderr together, as Kubernetes keeps them),
 followed live on request; ``exec`` uses the exec subresource where the cluster allows.
 Settings (``YARD_K8S_*``) are the operator's: the namespace, which namespaces jobs may
-name, the pods' service account and security context (never the platform's own), image
-pull secrets, the git image, whether node paths may be mounted. docs/kubernetes.md.
+name and which are kept to some users (a team's namespace, its claims its own), the
+pods' service account and security context (never the platform's own), image pull
+secrets, the git image, whether node paths may be mounted. docs/kubernetes.md.
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ class KubeSettings:
     namespace: str = "trainyard"
     # Namespaces a job may name (T9k, Kubeflow); "*": any. Others run in ``namespace``.
     allowed_namespaces: frozenset[str] = frozenset()
+    # Namespaces kept to some users, in the operator's order: only they may run there
+    # (and mount its claims), and a listed user's jobs that name none run in the first
+    # that lists them. Unlisted namespaces are as ``allowed_namespaces`` says.
+    namespace_users: tuple[tuple[str, frozenset[str]], ...] = ()
     kubeconfig: str | None = None
     pods: PodSettings = field(default_factory=PodSettings)
 
@@ -113,6 +118,7 @@ class KubeSettings:
             allowed_namespaces=frozenset(
                 n.strip() for n in env.get("YARD_K8S_NAMESPACES", "").split(",") if n.strip()
             ),
+            namespace_users=namespace_users(env.get("YARD_K8S_NAMESPACE_USERS") or "{}"),
             kubeconfig=env.get("KUBECONFIG") or None,
             pods=PodSettings(
                 service_account=env.get("YARD_K8S_SERVICE_ACCOUNT") or "default",
@@ -129,23 +135,71 @@ class KubeSettings:
             ),
         )  # fmt: skip
 
-    def namespace_for(self, wanted: str | None) -> str:
-        if wanted and self._allows(wanted) and _DNS_LABEL.fullmatch(wanted):
+    def namespace_for(self, wanted: str | None, user: str = "") -> str:
+        """Where ``user``'s job that names ``wanted`` runs: there if it may, else in the
+        user's own (``home``)."""
+        if wanted and self._allows(wanted, user) and _DNS_LABEL.fullmatch(wanted):
             return wanted
-        return self.namespace
+        return self.home(user)
 
-    def _allows(self, wanted: str) -> bool:
+    def home(self, user: str) -> str:
+        """The first namespace kept to ``user``, else the default one."""
+        return next((n for n, users in self.namespace_users if user in users), self.namespace)
+
+    def _kept(self, namespace: str) -> frozenset[str] | None:
+        return next((users for n, users in self.namespace_users if n == namespace), None)
+
+    def _allows(self, wanted: str, user: str) -> bool:
+        kept = self._kept(wanted)
+        if kept is not None:
+            return user in kept
         return "*" in self.allowed_namespaces or wanted in self.allowed_namespaces
 
-    def check_namespace(self, wanted: str | None) -> None:
-        """LaunchRefused for a namespace allowed here that cannot be one: the API
-        server would refuse it (422) on every try."""
-        if wanted and self._allows(wanted) and not _DNS_LABEL.fullmatch(wanted):
+    def check_namespace(self, wanted: str | None, user: str = "") -> None:
+        """LaunchRefused for a namespace allowed here that cannot be one (the API server
+        would refuse it, 422, on every try), for one kept to other users, and where the
+        job would fall back to a default namespace kept to other users."""
+        if wanted and self._allows(wanted, user) and not _DNS_LABEL.fullmatch(wanted):
             raise LaunchRefused(
                 f"namespace: {wanted[:80]!r} is not a Kubernetes namespace name (a DNS "
                 "label: at most 63 lowercase letters, digits and '-', starting and ending "
                 "with a letter or digit)"
             )
+        if wanted and not self._allows(wanted, user) and self._kept(wanted) is not None:
+            raise LaunchRefused(
+                f"namespace: {wanted!r} is kept to other users than {user!r} by the "
+                "operator (YARD_K8S_NAMESPACE_USERS)"
+            )
+        home = self.home(user)
+        if not (wanted and self._allows(wanted, user)) and not self._allows(home, user):
+            raise LaunchRefused(
+                f"namespace: the default namespace {home!r} is kept to other users than "
+                f"{user!r} and none is kept to them (YARD_K8S_NAMESPACE_USERS): name one "
+                "they may use"
+            )
+
+
+def namespace_users(text: str) -> tuple[tuple[str, frozenset[str]], ...]:
+    """``YARD_K8S_NAMESPACE_USERS``: a JSON object, each namespace to the users it is
+    kept to (``{"team-a": ["alice", "bob"]}``). ValueError naming the variable for
+    anything else: the launcher does not start on a setting it cannot honour."""
+    where = "YARD_K8S_NAMESPACE_USERS"
+    try:
+        given = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(given, dict):
+        raise ValueError(
+            f'{where}: a JSON object of namespace to users, e.g. {{"team-a": ["alice"]}}'
+        )
+    kept: list[tuple[str, frozenset[str]]] = []
+    for namespace, users in given.items():
+        if not _DNS_LABEL.fullmatch(namespace):
+            raise ValueError(f"{where}: {namespace[:80]!r} is not a Kubernetes namespace name")
+        if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
+            raise ValueError(f"{where}: {namespace!r}: a list of user names")
+        kept.append((namespace, frozenset(users)))
+    return tuple(kept)
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -398,8 +452,12 @@ class KubernetesBackend:
 
     # --- where things are -------------------------------------------------------------
 
-    def namespace_of(self, job_id: str, wanted: str | None = None) -> str:
-        return self._known_namespace(job_id) or self.settings.namespace_for(wanted)
+    def namespace_of(self, job_id: str, spec: JobSpec | None = None) -> str:
+        if (known := self._known_namespace(job_id)) is not None:
+            return known
+        if spec is None:
+            return self.settings.namespace
+        return self.settings.namespace_for(spec.namespace, spec.user)
 
     def _known_namespace(self, job_id: str) -> str | None:
         """The namespace of the job's open attempt, if one is open here."""
@@ -407,11 +465,11 @@ class KubernetesBackend:
         return known[1] if known is not None else None
 
     def location(self, ref: TaskRef, spec: JobSpec | None = None) -> str:
-        namespace = self.namespace_of(ref.job_id, spec.namespace if spec else None)
+        namespace = self.namespace_of(ref.job_id, spec)
         return f"{namespace}/{pod_name(ref.job_id, ref.attempt, ref.role, ref.index)}"
 
     def addressed(self, attempt: AttemptSpec) -> tuple[TaskPlacement, ...]:
-        namespace = self.namespace_of(attempt.job_id, attempt.spec.namespace)
+        namespace = self.namespace_of(attempt.job_id, attempt.spec)
         lone = is_lone(attempt.spec)
         return tuple(
             t.model_copy(
@@ -436,8 +494,8 @@ class KubernetesBackend:
     # --- an attempt ---------------------------------------------------------------------
 
     async def open_attempt(self, attempt: AttemptSpec) -> None:
-        self.settings.check_namespace(attempt.spec.namespace)
-        namespace = self.settings.namespace_for(attempt.spec.namespace)
+        self.settings.check_namespace(attempt.spec.namespace, attempt.spec.user)
+        namespace = self.settings.namespace_for(attempt.spec.namespace, attempt.spec.user)
         self._job_namespace[attempt.job_id] = (attempt.attempt, namespace)
         await self._ensure_namespace(namespace)
         if needs_service(attempt.spec):
@@ -493,7 +551,7 @@ class KubernetesBackend:
         return made
 
     async def close_attempt(self, attempt: AttemptSpec, end: AttemptEnd) -> None:
-        namespace = self.namespace_of(attempt.job_id, attempt.spec.namespace)
+        namespace = self.namespace_of(attempt.job_id, attempt.spec)
         # Opened by this launcher: it knows what it made (no Service for a lone task, no
         # owner without a hostfile or several pods), and deletes only that; an attempt
         # it adopted may have either, from a launcher before it, and is cleared of both.
@@ -575,7 +633,7 @@ class KubernetesBackend:
     async def launch(self, task: TaskLaunch) -> Launched:
         ref = task.ref
         spec = task.spec
-        namespace = self.namespace_of(ref.job_id, spec.namespace)
+        namespace = self.namespace_of(ref.job_id, spec)
         key = (ref.job_id, ref.attempt)
         if key not in self._owner_uids:
             await self.open_attempt(task.attempt)
