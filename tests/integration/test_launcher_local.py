@@ -366,6 +366,19 @@ async def test_an_exec_holds_only_the_end_of_what_it_writes(tmp_path: Path) -> N
     await backend.kill(ref(), launched.handle, grace_s=1.0)
 
 
+def daemon_line(pid_file: str) -> str:
+    """A shell line that starts a daemon in a session of its own, ignoring SIGTERM, and
+    goes on once the daemon has written its pid to ``pid_file``. (``setsid prog & echo
+    $!`` names setsid's parent, which forks the daemon when it leads its group and
+    exits at once: a test reading that pid finds it dead whatever became of the
+    daemon.)"""
+    return (
+        f"setsid sh -c 'echo $$ > {pid_file}.new && mv {pid_file}.new {pid_file}; "
+        f'trap "" TERM; exec sleep 300\' </dev/null >/dev/null 2>&1 & '
+        f"while [ ! -s {pid_file} ]; do sleep 0.02; done"
+    )
+
+
 async def test_an_exec_ends_with_its_command_and_takes_its_background_along(
     tmp_path: Path,
 ) -> None:
@@ -383,27 +396,63 @@ async def test_an_exec_ends_with_its_command_and_takes_its_background_along(
     while is_alive(background, None):
         assert time.monotonic() < deadline, "the background sleep outlived its exec"
         await asyncio.sleep(0.02)
-    # One that left the exec's session holds the pipes open: answered without it, and
-    # the launcher's ends of them closed.
+    # One that left the exec's session (setsid, ignoring SIGTERM) held the pipes open
+    # and outlived the exec and the task: it ends with the exec too, and the launcher's
+    # ends of the pipes are closed.
     fds = len(os.listdir("/proc/self/fd"))
     started = time.monotonic()
-    result = await backend.exec(
-        ref(), launched.handle, ["bash", "-c", "setsid sleep 300 & echo $!"], {}, 60
-    )
+    left = f"{daemon_line('left')}; cat left"
+    result = await backend.exec(ref(), launched.handle, ["bash", "-c", left], {}, 60)
     daemon = int(result.stdout)
     try:
         assert (result.exit_code, result.timed_out) == (0, False)
         assert time.monotonic() - started < 10
         assert len(os.listdir("/proc/self/fd")) == fds
+        deadline = time.monotonic() + 5
+        while is_alive(daemon, None):
+            assert time.monotonic() < deadline, "a setsid process outlived its exec"
+            await asyncio.sleep(0.02)
     finally:
-        os.kill(daemon, signal.SIGKILL)
+        if is_alive(daemon, None):
+            os.kill(daemon, signal.SIGKILL)
     await backend.kill(ref(), launched.handle, grace_s=1.0)
+
+
+async def test_an_exec_out_of_time_or_stopped_takes_what_left_its_session_along(
+    tmp_path: Path,
+) -> None:
+    backend = LocalBackend(tmp_path)
+    launched = await launch(backend, ref(), "sleep 300", {}, [])
+    out = backend.task_dir(ref()) / "work"
+    timed = await backend.exec(
+        ref(), launched.handle, ["bash", "-c", f"{daemon_line('timed')}; sleep 300"], {}, 1.0
+    )
+    assert timed.timed_out
+    stopping = asyncio.create_task(backend.exec(
+        ref(), launched.handle, ["bash", "-c", f"{daemon_line('stopped')}; sleep 300"], {}, 60
+    ))  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not (out / "stopped").exists() or not (out / "stopped").read_text().strip():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    daemons = [int((out / name).read_text()) for name in ("timed", "stopped")]
+    try:
+        assert (await backend.kill(ref(), launched.handle, grace_s=1.0)).ended
+        assert (await asyncio.wait_for(stopping, 10)).exit_code == 128 + signal.SIGKILL
+        deadline = time.monotonic() + 5
+        while any(is_alive(d, None) for d in daemons):
+            assert time.monotonic() < deadline, "a setsid process outlived its exec"
+            await asyncio.sleep(0.02)
+    finally:
+        for daemon in daemons:
+            if is_alive(daemon, None):
+                os.kill(daemon, signal.SIGKILL)
 
 
 async def test_a_process_that_left_the_session_ends_with_the_task(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
     # setsid puts the sleep in a session of its own: a session kill would miss it.
-    await launch(backend, ref(), "setsid sleep 300 & echo $! > daemon; sleep 0.3; exit 0", {}, [])
+    await launch(backend, ref(), f"{daemon_line('daemon')}; sleep 0.3; exit 0", {}, [])
     assert (await wait_ended(backend, ref())).exit_code == 0
     daemon = int((backend.task_dir(ref()) / "work" / "daemon").read_text())
     assert not is_alive(daemon, None)
@@ -416,8 +465,7 @@ async def test_a_process_that_left_the_session_ends_with_a_stopped_task(tmp_path
     launched = await launch(
         backend,
         ref(),
-        "trap '' TERM; setsid sh -c 'exec sleep 300' </dev/null >/dev/null 2>&1 &"
-        " echo $! > daemon; sleep 300",
+        f"trap '' TERM; {daemon_line('daemon')}; sleep 300",
         {},
         [],
     )

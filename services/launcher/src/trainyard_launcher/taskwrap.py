@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    _become_subreaper()
+    become_subreaper()
 
     # Imported only now (it loads asyncio): the pid file and the handlers come first.
     from trainyard_launcher.logs import CappedLog
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    _sweep(child.pid)
+    sweep_children(child.pid)
     _drain(pipes)
     killed_by = -returncode if returncode < 0 else None
     exit_code = 128 + killed_by if killed_by else returncode
@@ -349,7 +349,7 @@ def _drain(logs: dict[int, CappedLog], quiet_s: float = 1.0) -> None:
         del logs[fd]
 
 
-def _become_subreaper() -> None:
+def become_subreaper() -> None:
     # Orphans of the command (a daemon that left its group and session) become our
     # children instead of init's, so the task's end can find and end them.
     try:
@@ -390,7 +390,7 @@ def _reap_orphans(child_pid: int) -> None:
                 pass
 
 
-def _sweep(child_pid: int) -> None:
+def sweep_children(child_pid: int) -> None:
     """End every process the command left behind (our children by now, as subreaper)."""
     for _ in range(100):
         children = _children()

@@ -520,9 +520,10 @@ class LocalBackend:
         """Run ``command`` in the task: its environment, its working directory, and,
         where the task runs in a mount namespace of its own (mount paths, /dev/shm), in
         that namespace, so it sees what the task sees. It ends when the command does:
-        what the command left running in its group (``sleep 100 &``) is killed then,
-        and the whole group after ``timeout_s``. Each output is read as it comes and
-        cut to its last ``limit_bytes``."""
+        what the command left running (``sleep 100 &``, and what left its session with
+        ``setsid``) is killed then by the command's own reaper (``execwrap``), as is
+        everything after ``timeout_s``. Each output is read as it comes and cut to its
+        last ``limit_bytes``."""
         # coreutils' timeout bounds the command even if this launcher dies meanwhile and
         # nothing is left to kill it (it runs in a session of its own, not the task's).
         argv = ["timeout", "-s", "KILL", f"{timeout_s + EXEC_KILL_MARGIN_S:g}", *command]
@@ -533,6 +534,8 @@ class LocalBackend:
         argv = as_task_argv(
             argv, self._recorded_run_as(ref), self._namespace_target(ref, handle.pid)
         )
+        # Under a reaper of the launcher's user, which the command's cannot kill.
+        argv = [sys.executable, "-I", "-m", "trainyard_launcher.execwrap", *argv]
         out, err = Tail(limit_bytes), Tail(limit_bytes)
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         try:
@@ -560,16 +563,16 @@ class LocalBackend:
                 await asyncio.wait_for(proc.wait(), timeout_s)
             except TimeoutError:
                 timed_out = True
-            # Ended, or out of time: nothing of its group outlives it, and the pipes
-            # close once what the group wrote is read. A process that left the group
-            # (setsid) may hold them open: the answer does not wait for it.
-            _signal_group(proc.pid, signal.SIGKILL)
-            await proc.wait()
+                await _end_exec(proc)
+            # Ended: nothing it started is left (execwrap), and the pipes close once
+            # what it wrote is read. A process it handed them to elsewhere (a task's
+            # own, over a socket) may hold them open: the answer does not wait for it.
             await asyncio.wait([reading], timeout=EXEC_DRAIN_S)
         finally:
             self._execs.get(ref.key, set()).discard(proc.pid)
+            if proc.returncode is None:  # this call cancelled meanwhile
+                _signal(proc.pid, signal.SIGTERM)
             if not reading.done():
-                _signal_group(proc.pid, signal.SIGKILL)
                 reading.cancel()
                 await asyncio.wait([reading])  # its own cancellation, not the caller's
                 if not reading.cancelled():
@@ -688,8 +691,8 @@ class LocalBackend:
         """SIGTERM to the task's process group (the wrapper forwards it to the command's
         group), SIGKILL to every process of the task's session after ``grace_s``; the
         commands run in it by ``exec`` end with it."""
-        for group in list(self._execs.pop(ref.key, ())):
-            _signal_group(group, signal.SIGKILL)
+        for reaper in list(self._execs.pop(ref.key, ())):
+            _signal(reaper, signal.SIGTERM)  # execwrap ends the exec's command, and all
         pid, started = handle.pid, handle.start_ticks
         if pid is None:
             launched = self.read_pid(ref)
@@ -992,3 +995,22 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def _end_exec(proc: asyncio.subprocess.Process) -> None:
+    """An exec out of time: its reaper (execwrap) ends the command and everything the
+    command started, then itself; should it not, within EXEC_DRAIN_S, its group is
+    killed."""
+    _signal(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), EXEC_DRAIN_S)
+    except TimeoutError:
+        _signal_group(proc.pid, signal.SIGKILL)
+        await proc.wait()
