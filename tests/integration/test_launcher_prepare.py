@@ -24,7 +24,7 @@ from trainyard_common.events import (
     TaskState,
     TaskStateChanged,
 )
-from trainyard_common.jobspec import CodeSource, DataSource, EnvVar, JobSpec, RoleSpec
+from trainyard_common.jobspec import CodeSource, DataSource, EnvVar, JobSpec, Resources, RoleSpec
 from trainyard_launcher.adapters.local import LocalBackend
 from trainyard_launcher.adapters.store import MemoryLauncherStore
 from trainyard_launcher.handlers import Deps, adopt, check_deadlines, check_tasks, launch_job
@@ -236,6 +236,27 @@ async def test_data_sources_are_seen_at_their_mount_paths(tmp_path: Path) -> Non
     assert h.stdout(job_id) == "a,b\n1,2\nrows.csv\na,b\n1,2\n"
     assert not os.path.exists(os.path.dirname(mount))
     assert sorted(os.listdir(existing)) == ["original"]
+
+
+async def test_a_covered_tmp_holds_no_more_than_the_tasks_memory(tmp_path: Path) -> None:
+    # A mount path in /tmp covers /tmp with a tmpfs for the task: what it writes there
+    # is memory no cgroup charges to it, bounded now by its role's memory.
+    h = Harness(tmp_path)
+    data = tmp_path / "dataset"
+    data.mkdir()
+    name = f"trainyard-test-{uuid.uuid4().hex[:8]}"
+    fill = f"dd if=/dev/zero of=/tmp/{name}-big bs=1M count=64 2>&1; echo status=$?"
+    spec = JobSpec(
+        name="prep",
+        user="alice",
+        roles=[RoleSpec(name="worker", command=fill, resources=Resources(memory_mb=32))],
+        data_sources=[DataSource(source=str(data), mount_path=f"/tmp/{name}")],
+    )
+    job_id = await h.run(spec)
+    done = await h.finished(job_id)
+    assert done.state == JobState.SUCCEEDED, (done.reason, h.stderr(job_id))
+    assert "No space left on device" in h.stdout(job_id) and "status=1" in h.stdout(job_id)
+    assert not os.path.exists(f"/tmp/{name}-big") and not os.path.exists(f"/tmp/{name}")
 
 
 async def test_a_missing_data_path_fails_the_task(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def places(tmp_path: Path) -> dict[str, Path]:
 
 
 def enter(
-    task: Path, source: Path, command: list[str], *more: Mount
+    task: Path, source: Path, command: list[str], *more: Mount, tmpfs_mb: int | None = None
 ) -> subprocess.CompletedProcess[str]:
     """The view's builder, as the task's wrapper runs it, with one data source at /data
     (and ``more``)."""
@@ -57,6 +57,7 @@ def enter(
         task_dir=str(task),
         mounts=(Mount(view="/data/x", host=str(source), what="data_sources[0]"), *more),
         run_as=USER,
+        tmpfs_mb=tmpfs_mb,
     )
     plan_file = task / "plan.json"
     plan_file.write_text(plan.to_json())
@@ -160,3 +161,20 @@ def test_a_directory_shown_around_a_mount_path_stays_writable_to_its_owner(
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["data.txt", "made", "seen"]
     assert sorted(os.listdir(own)) == ["data.txt"]
+
+
+def test_what_a_task_writes_to_a_covered_directory_is_bounded_by_its_memory(
+    places: dict[str, Path],
+) -> None:
+    # The tmpfs covering a directory (a /tmp around a mount path) is memory no cgroup
+    # may charge to the task: it holds at most the task's memory, not all the machine's.
+    own = places["own"]
+    fill = f"dd if=/dev/zero of={own}/big bs=1M count=3 2>&1; echo status=$?"
+    mounted = Mount(view=str(own / "seen"), host=str(own / "data.txt"), what="data_sources[1]")
+    unbounded = enter(places["task"], own / "data.txt", ["sh", "-c", fill], mounted)
+    assert "status=0" in unbounded.stdout, unbounded.stdout + unbounded.stderr
+    bounded = enter(places["task"], own / "data.txt", ["sh", "-c", fill], mounted, tmpfs_mb=1)
+    assert "No space left on device" in bounded.stdout and "status=1" in bounded.stdout, (
+        bounded.stdout + bounded.stderr
+    )
+    assert sorted(os.listdir(own)) == ["data.txt"]  # in the tmpfs, never the machine's

@@ -248,6 +248,7 @@ class LocalBackend:
             ref.attempt,
             self.pip_args,
             python=self.task_python,
+            tmpfs_mb=task.spec.role(ref.role).resources.memory_mb,
         )
 
     def _base_env(self, task: TaskLaunch) -> dict[str, str]:

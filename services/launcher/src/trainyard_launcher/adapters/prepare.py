@@ -386,27 +386,28 @@ def _bind(fd: int, target: str) -> None:
     _mount(f"/proc/self/fd/{fd}", target, None, _MS_BIND | _MS_REC)
 
 
-def _shadow(target: str, original: str, run_as: RunAs) -> None:
+def _shadow(target: str, original: str, run_as: RunAs, size_mb: int | None = None) -> None:
     """Cover ``target`` with a tmpfs that shows ``original``'s entries (each bound from
     the original), so new entries can be made there without touching the original;
     the tmpfs has the original's owner and at least its mode (so /tmp stays writable
     to the task, in the tmpfs). ``original`` is reached, and each entry opened, as the
     task's user (listed as root: a user may search a directory it may not read): what
     the user may not reach shows nothing, and a path changed meanwhile binds only what
-    the user could reach anyway."""
+    the user could reach anyway. ``size_mb`` bounds what the tmpfs holds."""
+    size = f",size={size_mb}m" if size_mb else ""
     try:
         reached = _open_as(run_as, original, os.O_PATH | os.O_DIRECTORY)
     except OSError as exc:
         if exc.errno not in _UNREACHABLE:
             raise
-        _mount("tmpfs", target, "tmpfs", 0, "mode=755")
+        _mount("tmpfs", target, "tmpfs", 0, "mode=755" + size)
         return
     try:
         info = os.fstat(reached)
         # Passable at least (a mount path inside /root, as PAI-DLC has them, must be
         # reached); writable by whom the original is.
         mode = stat.S_IMODE(info.st_mode) | 0o755
-        like = f"mode={mode:o},uid={info.st_uid},gid={info.st_gid}"
+        like = f"mode={mode:o},uid={info.st_uid},gid={info.st_gid}{size}"
         _mount("tmpfs", target, "tmpfs", 0, like)
         # The directory reached, opened again for its listing (not found again by name).
         directory = os.open(f"/proc/self/fd/{reached}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -465,9 +466,10 @@ class _View:
     this process's own user (``run_as`` None) only a directory an entry must be made
     in is covered."""
 
-    def __init__(self, root: str, run_as: RunAs) -> None:
+    def __init__(self, root: str, run_as: RunAs, size_mb: int | None = None) -> None:
         self.root = root
         self.run_as = run_as
+        self.size_mb = size_mb  # what each of its tmpfs may hold
         self.own = {root}  # directories of the view that are tmpfs of ours (or in one)
         # What each bound view path shows (a mount's source); below it, the same path.
         self.sources: dict[str, str] = {"/": "/"}
@@ -495,7 +497,7 @@ class _View:
             ):
                 # A name to look up where a user may change it, or an entry to make on
                 # the machine: in a tmpfs of ours instead.
-                _shadow(self.at(parent), self.origin(parent), self.run_as)
+                _shadow(self.at(parent), self.origin(parent), self.run_as, self.size_mb)
                 self.own.add(self.at(parent))
             if os.path.islink(here):
                 raise OSError(errno.ELOOP, f"mount path {path} goes through the symlink {current}")
@@ -523,8 +525,8 @@ def enter(plan: PreparePlan, command: list[str]) -> None:
     os.makedirs(root, exist_ok=True)
     cwd = os.getcwd()
     _own_namespace()
-    view = _View(root, plan.run_as)
-    _shadow(root, "/", plan.run_as)
+    view = _View(root, plan.run_as, plan.tmpfs_mb)
+    _shadow(root, "/", plan.run_as, plan.tmpfs_mb)
     for mount in sorted(plan.outside_mounts, key=lambda m: m.view.count("/")):
         fd = _open_as(plan.run_as, mount.host, os.O_PATH)
         try:

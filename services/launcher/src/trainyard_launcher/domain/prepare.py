@@ -89,6 +89,10 @@ class PreparePlan:
     # The (uid, gid) the task runs as: every step that touches what the user supplied
     # (a clone, an install, a mount path) runs as that user, never as the wrapper.
     run_as: tuple[int, int] | None = None
+    # What each tmpfs of the task's view may hold, in MiB (the task's memory): where no
+    # cgroup charges a tmpfs's pages to the task, nothing else bounds what it writes to
+    # a covered directory (a /tmp around a mount path), which is kept in memory.
+    tmpfs_mb: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -113,6 +117,7 @@ class PreparePlan:
             ),
             env=tuple((k, v) for k, v in data.get("env") or ()),
             run_as=(int(data["run_as"][0]), int(data["run_as"][1])) if data.get("run_as") else None,
+            tmpfs_mb=int(data["tmpfs_mb"]) if data.get("tmpfs_mb") else None,
         )
 
     @property
@@ -203,8 +208,10 @@ def plan_preparation(
     attempt: int = 1,
     pip_args: tuple[str, ...] = (),
     python: str = "",
+    tmpfs_mb: int | None = None,
 ) -> PreparePlan | PlanProblem | None:
-    """The preparation of one task of ``spec``; None when there is nothing to prepare."""
+    """The preparation of one task of ``spec``; None when there is nothing to prepare.
+    ``tmpfs_mb``: what each tmpfs of its view may hold (PreparePlan)."""
     paths = _Paths(PurePosixPath(task_dir), PurePosixPath(job_dir))
     mounts: list[Mount] = []
     env: list[tuple[str, str]] = []
@@ -258,8 +265,9 @@ def plan_preparation(
     if checkout is None and not mounts and pip is None:
         return None
     return PreparePlan(
-        task_dir=task_dir, checkout=checkout, mounts=tuple(mounts), pip=pip, env=tuple(env)
-    )
+        task_dir=task_dir, checkout=checkout, mounts=tuple(mounts), pip=pip, env=tuple(env),
+        tmpfs_mb=tmpfs_mb,
+    )  # fmt: skip
 
 
 def _host_path(paths: _Paths, mounts: list[Mount], directory: str) -> PurePosixPath:
