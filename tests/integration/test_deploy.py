@@ -34,7 +34,10 @@ def render(*flags: str) -> list[dict]:
 def test_the_chart_renders_every_service_wired_and_probed() -> None:
     docs = render(
         "--set", "tasks.allowedNamespaces={team-a,team-b}",
-        "--set", "tasks.namespaceUsers.team-a={alice,bob}",
+        "--set", "tasks.namespaceUsers[0].namespace=team-b",
+        "--set", "tasks.namespaceUsers[0].users={bob}",
+        "--set", "tasks.namespaceUsers[1].namespace=team-a",
+        "--set", "tasks.namespaceUsers[1].users={alice,bob}",
     )  # fmt: skip
     by_kind: dict[str, dict[str, dict]] = {}
     for doc in docs:
@@ -60,7 +63,10 @@ def test_the_chart_renders_every_service_wired_and_probed() -> None:
     assert env["YARD_LAUNCHER"] == "kubernetes" and env["YARD_K8S_NAMESPACES"] == "team-a,team-b"
     # What the launcher reads (KubeSettings.from_env) from the chart's rendering.
     kept = KubeSettings.from_env({"YARD_K8S_NAMESPACE_USERS": env["YARD_K8S_NAMESPACE_USERS"]})
-    assert kept.namespace_users == (("team-a", frozenset({"alice", "bob"})),)
+    assert kept.namespace_users == (
+        ("team-b", frozenset({"bob"})), ("team-a", frozenset({"alice", "bob"})),
+    )  # fmt: skip
+    assert kept.home("bob") == "team-b"  # the order given, not the keys' sorted order
     rules = by_kind["ClusterRole"]["ty-launcher"]["rules"]
     assert {"pods", "pods/log", "pods/exec", "nodes"} <= {
         r for rule in rules for r in rule["resources"]

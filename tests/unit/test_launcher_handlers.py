@@ -3,6 +3,8 @@ sequences, derived ids, idempotent redelivery, stop, tombstones and adoption."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from trainyard_common.errors import TransientError
@@ -249,6 +251,25 @@ def test_a_namespace_kept_to_some_users_is_theirs_alone() -> None:
         kept_default.check_namespace(None, "carol")
     with pytest.raises(LaunchRefused, match="default namespace"):
         kept_default.check_namespace("elsewhere", "carol")  # not allowed: falls back
+    # Unkept, the default namespace is everyone's, whatever the allowed list says.
+    plain = KubeSettings(namespace="trainyard")
+    plain.check_namespace(None, "alice")
+    plain.check_namespace("elsewhere", "alice")
+    assert plain.namespace_for("elsewhere", "alice") == "trainyard"
+    others = KubeSettings.from_env({"YARD_K8S_NAMESPACE_USERS": '{"team-a": ["alice"]}'})
+    others.check_namespace(None, "carol")
+    assert others.namespace_for(None, "carol") == "trainyard"
+
+
+def test_a_users_first_kept_namespace_is_the_first_listed_in_either_form() -> None:
+    listed = KubeSettings.from_env({"YARD_K8S_NAMESPACE_USERS": json.dumps([
+        {"namespace": "zeta", "users": ["alice"]}, {"namespace": "alpha", "users": ["alice"]},
+    ])})  # fmt: skip
+    assert listed.home("alice") == "zeta"
+    mapped = KubeSettings.from_env(
+        {"YARD_K8S_NAMESPACE_USERS": '{"zeta": ["alice"], "alpha": ["alice"]}'}
+    )
+    assert mapped.home("alice") == "zeta"
 
 
 @pytest.mark.parametrize(
@@ -256,6 +277,7 @@ def test_a_namespace_kept_to_some_users_is_theirs_alone() -> None:
     [
         ("team-a", "not JSON"),
         ('["team-a"]', "a JSON object"),
+        ('[{"namespace": "team-a"}]', "a JSON object"),
         ('{"Team_A": ["alice"]}', "not a Kubernetes namespace name"),
         ('{"team-a": "alice"}', "a list of user names"),
         ('{"team-a": [""]}', "a list of user names"),

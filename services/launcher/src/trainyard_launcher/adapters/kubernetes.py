@@ -171,7 +171,9 @@ class KubeSettings:
                 "operator (YARD_K8S_NAMESPACE_USERS)"
             )
         home = self.home(user)
-        if not (wanted and self._allows(wanted, user)) and not self._allows(home, user):
+        kept = self._kept(home)
+        falls_back = not (wanted and self._allows(wanted, user))
+        if falls_back and kept is not None and user not in kept:
             raise LaunchRefused(
                 f"namespace: the default namespace {home!r} is kept to other users than "
                 f"{user!r} and none is kept to them (YARD_K8S_NAMESPACE_USERS): name one "
@@ -181,19 +183,30 @@ class KubeSettings:
 
 def namespace_users(text: str) -> tuple[tuple[str, frozenset[str]], ...]:
     """``YARD_K8S_NAMESPACE_USERS``: a JSON object, each namespace to the users it is
-    kept to (``{"team-a": ["alice", "bob"]}``). ValueError naming the variable for
-    anything else: the launcher does not start on a setting it cannot honour."""
+    kept to (``{"team-a": ["alice", "bob"]}``), or the same as a list of
+    ``{"namespace": ..., "users": [...]}`` (the Helm chart's form: a values map has no
+    order, and a user's first namespace is their jobs' default). ValueError naming the
+    variable for anything else: the launcher does not start on a setting it cannot
+    honour."""
     where = "YARD_K8S_NAMESPACE_USERS"
     try:
         given = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"{where}: not JSON ({exc})") from None
-    if not isinstance(given, dict):
+    if isinstance(given, list) and all(
+        isinstance(e, dict) and set(e) == {"namespace", "users"} and isinstance(e["namespace"], str)
+        for e in given
+    ):
+        pairs = [(e["namespace"], e["users"]) for e in given]
+    elif isinstance(given, dict):
+        pairs = list(given.items())
+    else:
         raise ValueError(
-            f'{where}: a JSON object of namespace to users, e.g. {{"team-a": ["alice"]}}'
+            f'{where}: a JSON object of namespace to users, e.g. {{"team-a": ["alice"]}}, '
+            'or a list of {"namespace": "team-a", "users": ["alice"]}'
         )
     kept: list[tuple[str, frozenset[str]]] = []
-    for namespace, users in given.items():
+    for namespace, users in pairs:
         if not _DNS_LABEL.fullmatch(namespace):
             raise ValueError(f"{where}: {namespace[:80]!r} is not a Kubernetes namespace name")
         if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
