@@ -4,8 +4,8 @@ the limits, the environment and the DNS names (read back); a failing task retrie
 new attempt with new pods; pause deletes the pods and resume makes them again; stop
 leaves no pod and no Service; a lone task gets no Service and no owner, and its end
 deletes none; a SIGKILLed launcher adopts its pods (one per task); a node deleted
-mid-run fails its tasks as lost with their node; a command line's secret is in a Secret
-the pod owns, not in the pod."""
+mid-run fails its tasks as lost with their node; a command line's secret is in a Secret,
+not in the pod; a namespace kept to a user is theirs alone."""
 
 from __future__ import annotations
 
@@ -240,11 +240,11 @@ def test_a_lone_task_gets_no_service_nor_owner_and_meets_itself_at_its_hostname(
     wait_for(lambda: not pods(kube_cluster, job_id), what="the job's pod gone")
 
 
-def test_a_command_lines_secret_is_in_a_secret_the_pod_owns_not_in_the_pod(
+def test_a_command_lines_secret_is_in_a_secret_not_in_the_pod(
     api: Api, kube_cluster: KubeCluster
 ) -> None:
     # Whoever may `get pods` in the namespace read a substituted secret in the pod's
-    # command line: the line is in a Secret now, owned by the pod, gone with it.
+    # command line: the line is in a Secret now, gone with the attempt.
     token = f"tok-{uuid.uuid4().hex}"
     job_id = api.submit({
         "name": f"secretive-{uuid.uuid4().hex[:6]}",
@@ -267,8 +267,10 @@ def test_a_command_lines_secret_is_in_a_secret_the_pod_owns_not_in_the_pod(
     line = base64.b64decode(stored.json()["data"]["command"]).decode()
     assert f'wget --header "Authorization: {token}" http://x/' in line
     assert line.startswith("export PAI_") and "$$" not in line  # a file: nothing to escape
+    # Owned as the pod is, by the attempt's owner (a lone task's, for a job with secrets).
     [owner] = stored.json()["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", meta["name"], meta["uid"])
+    assert (owner["kind"], owner["name"]) == ("ConfigMap", f"ty-{job_id}-a1")
+    assert owner["uid"] == meta["ownerReferences"][0]["uid"]
     api.stop(job_id)
     assert api.wait(job_id)["state"] == "STOPPED"
 
@@ -276,8 +278,8 @@ def test_a_command_lines_secret_is_in_a_secret_the_pod_owns_not_in_the_pod(
         with kube_cluster.client() as http:
             return http.get(path).status_code == 404
 
-    # The garbage collector deletes it with its pod.
-    wait_for(gone, what="the command's Secret gone with its pod")
+    # The garbage collector deletes it with the attempt's owner, as it does the pod.
+    wait_for(gone, what="the command's Secret gone with its attempt")
 
 
 def test_a_namespace_kept_to_a_user_is_theirs_alone(api: Api, kube_cluster: KubeCluster) -> None:

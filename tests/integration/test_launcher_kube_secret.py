@@ -1,8 +1,9 @@
 """The Kubernetes backend against the real API server (the project's build, KWOK
-nodes): a task whose command line carries a secret gets it in a Secret its pod owns,
-and a launch tried again after an earlier try made the pod but not its Secret (the
-launcher killed between the two creates) makes the Secret, so the kubelet can start
-the container."""
+nodes): a task whose command line carries the job's secrets gets it in a Secret made
+before its pod and owned, as the pod is, by the attempt's owner, so that a launcher
+stopped between the two leaves neither a pod without its Secret nor a Secret that
+outlives the attempt; a Secret the API server refuses (past 1 MiB) refuses the task
+and makes no pod."""
 
 from __future__ import annotations
 
@@ -12,62 +13,89 @@ import uuid
 import pytest
 
 from trainyard_common.events import TaskPlacement
-from trainyard_common.jobspec import JobSpec, RoleSpec
+from trainyard_common.jobspec import EnvVar, JobSpec, RoleSpec
 from trainyard_launcher.adapters.backend import (
-    AlreadyLaunched,
     AttemptEnd,
     AttemptSpec,
+    LaunchRefused,
     TaskLaunch,
     TaskRef,
 )
 from trainyard_launcher.adapters.kubernetes import KubernetesBackend, KubeSettings
-from trainyard_launcher.domain.pods import command_secret_name
+from trainyard_launcher.domain.pods import command_secret_name, owner_name, pod_name
 from trainyard_stack.kube import KubeCluster
 
-NAMESPACE = "secret-retry"
+NAMESPACE = "secret-launch"
 
 
-def read_secret(kube: KubeCluster, name: str) -> dict | None:
+def read(kube: KubeCluster, kind: str, name: str) -> dict | None:
     with kube.client() as http:
-        answer = http.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}")
+        answer = http.get(f"/api/v1/namespaces/{NAMESPACE}/{kind}/{name}")
     if answer.status_code == 404:
         return None
     assert answer.status_code == 200, answer.text
     return answer.json()
 
 
-async def test_a_launch_tried_again_makes_the_secret_the_earlier_try_did_not(
-    kube_cluster: KubeCluster,
-) -> None:
-    backend = KubernetesBackend(
+def a_launch(job_id: str, command: str, token: str) -> TaskLaunch:
+    spec = JobSpec(
+        name="j", image="busybox", roles=[RoleSpec(name="w", command="x")],
+        secrets=[EnvVar(name="t", value=token)],
+    )  # fmt: skip
+    placement = TaskPlacement(role="w", index=0, node="kwok-cpu-0", host_ip="x")
+    return TaskLaunch(
+        ref=TaskRef(job_id, 1, "w", 0), attempt=AttemptSpec(job_id, 1, spec, (placement,)),
+        placement=placement, env={"PAI_JOB_NAME": "j"}, command=command,
+        secret_values=(token,), carries_secrets=True,
+    )  # fmt: skip
+
+
+@pytest.fixture
+async def backend(kube_cluster: KubeCluster):  # type: ignore[no-untyped-def]
+    made = KubernetesBackend(
         KubeSettings(namespace=NAMESPACE, kubeconfig=str(kube_cluster.kubeconfig))
     )
-    await backend.start()
+    await made.start()
+    yield made
+    await made.close()
+
+
+async def test_the_secret_is_made_first_and_owned_as_the_pod_is(
+    backend: KubernetesBackend, kube_cluster: KubeCluster
+) -> None:
     job_id = uuid.uuid4().hex
     token = f"tok-{uuid.uuid4().hex}"
-    spec = JobSpec(name="j", image="busybox", roles=[RoleSpec(name="w", command="x")])
-    placement = TaskPlacement(role="w", index=0, node="kwok-cpu-0", host_ip="x")
-    attempt = AttemptSpec(job_id, 1, spec, (placement,))
-    launch = TaskLaunch(
-        ref=TaskRef(job_id, 1, "w", 0), attempt=attempt, placement=placement,
-        env={"PAI_JOB_NAME": "j"}, command=f"echo {token}", secret_values=(token,),
-    )  # fmt: skip
+    launch = a_launch(job_id, f"echo {token}", token)
     name = command_secret_name(job_id, 1, "w", 0)
     try:
-        launched = await backend.launch(launch)
-        made = read_secret(kube_cluster, name)
-        assert made is not None
-        assert base64.b64decode(made["data"]["command"]).decode().endswith(f"echo {token}")
-        assert made["metadata"]["ownerReferences"][0]["uid"] == launched.handle.uid
-        # As if the first try had ended between the pod and its Secret.
-        with kube_cluster.client() as http:
-            http.delete(f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}").raise_for_status()
-        assert read_secret(kube_cluster, name) is None
-        with pytest.raises(AlreadyLaunched):
-            await backend.launch(launch)
-        again = read_secret(kube_cluster, name)
-        assert again is not None
-        assert again["metadata"]["ownerReferences"][0]["uid"] == launched.handle.uid
+        # As if an earlier try had made the Secret and stopped before the pod: the
+        # launch goes on past it.
+        await backend.open_attempt(launch.attempt)
+        owner = read(kube_cluster, "configmaps", owner_name(job_id, 1))
+        assert owner is not None  # a lone task, but a job with secrets: it has one
+        await backend._command_secret(launch, NAMESPACE, owner["metadata"]["uid"])
+        await backend.launch(launch)
+        secret = read(kube_cluster, "secrets", name)
+        pod = read(kube_cluster, "pods", pod_name(job_id, 1, "w", 0))
+        assert secret is not None and pod is not None
+        assert base64.b64decode(secret["data"]["command"]).decode().endswith(f"echo {token}")
+        assert token not in str(pod)
+        [by_secret] = secret["metadata"]["ownerReferences"]
+        [by_pod] = pod["metadata"]["ownerReferences"]
+        assert by_secret["uid"] == by_pod["uid"] == owner["metadata"]["uid"]
     finally:
-        await backend.close_attempt(attempt, AttemptEnd.STOPPED)
-        await backend.close()
+        await backend.close_attempt(launch.attempt, AttemptEnd.STOPPED)
+
+
+async def test_a_secret_the_api_server_refuses_refuses_the_task_and_makes_no_pod(
+    backend: KubernetesBackend, kube_cluster: KubeCluster
+) -> None:
+    job_id = uuid.uuid4().hex
+    token = f"tok-{uuid.uuid4().hex}"
+    launch = a_launch(job_id, f"echo {token} {'x' * (1024 * 1024 + 1)}", token)
+    try:
+        with pytest.raises(LaunchRefused, match="the cluster refused the command's Secret"):
+            await backend.launch(launch)
+        assert read(kube_cluster, "pods", pod_name(job_id, 1, "w", 0)) is None
+    finally:
+        await backend.close_attempt(launch.attempt, AttemptEnd.STOPPED)

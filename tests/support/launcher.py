@@ -95,6 +95,7 @@ class ScriptedBackend:
 
     def __init__(self) -> None:
         self.launches: list[tuple[str, str, dict[str, str]]] = []
+        self.launched: list[TaskLaunch] = []  # each launch as asked, whole
         self.status: dict[str, TaskStatus] = {}
         self.pids: dict[str, Launched] = {}
         self.marked: set[str] = set()
@@ -147,6 +148,7 @@ class ScriptedBackend:
                 raise LaunchError(f"port {claim.port} ({claim.label}) on {claim.host_ip} is in use")
         self.marked.add(ref.key)
         self.launches.append((ref.key, task.command, task.env))
+        self.launched.append(task)
         self.pids[ref.key] = Launched(TaskHandle(pid=1000 + len(self.launches), start_ticks=7))
         self.status[ref.key] = RUNNING
         return self.pids[ref.key]

@@ -21,7 +21,7 @@ from trainyard_common.events import (
     TaskStateChanged,
     derived_id,
 )
-from trainyard_common.jobspec import JobSpec, RoleSpec
+from trainyard_common.jobspec import EnvVar, JobKind, JobSpec, RoleSpec
 from trainyard_launcher.adapters.backend import LaunchRefused
 from trainyard_launcher.adapters.kubernetes import KubeSettings
 from trainyard_launcher.adapters.store import JobRecord, MemoryLauncherStore, new_task, task_id
@@ -70,6 +70,26 @@ def task_events(published: list[Event]) -> list[tuple[str, int, TaskState, int]]
 
 def finished(published: list[Event]) -> list[JobFinished]:
     return [e for e in published if isinstance(e, JobFinished)]
+
+
+async def test_a_launch_says_whether_its_command_carries_the_jobs_secrets() -> None:
+    # The Kubernetes backend keeps such a line out of the pod: it once looked for the
+    # secret's value in the final line, where mpirun's quoting had rewritten a quote.
+    deps, backend, _ = make_deps()
+    spec = JobSpec(
+        name="mpi",
+        user="alice",
+        kind=JobKind.MPI,
+        roles=[RoleSpec(name="worker", replicas=2, command="./run --token <% $secrets.t %>")],
+        secrets=[EnvVar(name="t", value="it's-secret")],
+    )
+    tasks = [TaskPlacement(role="worker", index=i, node="n1", host_ip="127.0.0.1") for i in (0, 1)]
+    await launch_job(JobPlaced(job_id="m1", spec=spec, tasks=tasks), RECEIVED, deps)
+    by_index = {t.ref.index: t for t in backend.launched}
+    assert "it's-secret" not in by_index[0].command and "mpirun" in by_index[0].command
+    assert by_index[0].carries_secrets
+    # Worker 1 runs sshd: no secret of the job in its line.
+    assert not by_index[1].carries_secrets
 
 
 async def test_launch_publishes_starting_then_running_with_derived_ids() -> None:

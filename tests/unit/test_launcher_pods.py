@@ -195,44 +195,50 @@ SECRET = "s3cr3t-$HOME-`id`-$$"
 
 def secret_objects(role: RoleSpec, env: dict[str, str], command: str) -> tuple[dict, dict]:
     """The pod and the command's Secret of a lone task whose command carries SECRET."""
-    spec = JobSpec(name="j", image="img", roles=[role])
+    spec = JobSpec(name="j", image="img", roles=[role], secrets=[EnvVar(name="s", value=SECRET)])
     placement = TaskPlacement(role=role.name, index=0, node="n", host_ip="x")
     common: dict[str, Any] = {"spec": spec, "job_id": JOB, "attempt": 1, "placement": placement,
                               "env": env, "command": command, "namespace": "ns"}  # fmt: skip
-    pod = pod_manifest(**common, owner_uid=None, settings=PodSettings(), secret_values=("", SECRET))
-    return pod, command_secret(**common, pod_uid="pod-uid")
+    pod = pod_manifest(**common, owner_uid="uid-1", settings=PodSettings(), carries_secrets=True)
+    return pod, command_secret(**common, owner_uid="uid-1")
 
 
-def test_a_command_line_with_a_secret_is_in_a_secret_the_pod_owns_not_in_the_pod(
-    tmp_path: Path,
-) -> None:
+def test_a_command_line_with_a_secret_is_in_a_secret_not_in_the_pod(tmp_path: Path) -> None:
     # Whoever may `get pods` in the namespace read the substituted secret in the pod's
     # command line. The line is now the one key of a Secret, which the pod's shell
-    # sources; the task runs it with the environment it had.
-    command = f"echo '{SECRET}' >&2; env -0"
+    # runs in its own place; the task runs it with the environment it had.
+    command = f"echo \"$$\" '{SECRET}' >&2; env -0"
     pod, secret = secret_objects(RoleSpec(name="w", command=command), ODD_VALUES, command)
     assert SECRET not in json.dumps(pod) and "s3cr3t" not in json.dumps(pod)
     container = pod["spec"]["containers"][0]
-    assert container["command"] == ["/bin/sh", "-c", f". {COMMAND_DIR}/{COMMAND_KEY}"]
+    assert container["command"] == [
+        "/bin/sh", "-c", f'exec /bin/sh -c "$$(cat {COMMAND_DIR}/{COMMAND_KEY})"'
+    ]  # fmt: skip
     name = command_secret_name(JOB, 1, "w", 0)
     [volume] = [v for v in pod["spec"]["volumes"] if "secret" in v]
     assert volume["secret"]["secretName"] == secret["metadata"]["name"] == name
     assert {"name": volume["name"], "mountPath": COMMAND_DIR, "readOnly": True} in container[
         "volumeMounts"
     ]
-    assert secret["metadata"]["ownerReferences"] == [
-        {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": "pod-uid"}
-    ]
+    # Owned as the pod is, by the attempt's owner: made before the pod, gone with it.
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": owner_name(JOB, 1), "uid": "uid-1"}
+    assert secret["metadata"]["ownerReferences"] == [owner]
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert secret["immutable"] is True and secret["metadata"]["namespace"] == "ns"
     # Mounted (here, a directory standing for the volume), the pod's shell runs the line
-    # with OpenPAI's variables exported first, as the line in the pod did.
+    # with OpenPAI's variables exported first, as the line in the pod did, and as the
+    # container's own process (exec'd: the kubelet's SIGTERM reaches the command).
     mounted = tmp_path / "mount"
     mounted.mkdir()
     (mounted / COMMAND_KEY).write_text(secret["stringData"][COMMAND_KEY])
-    argv = [w.replace(COMMAND_DIR, str(mounted)) for w in container["command"]]
     env = {e["name"]: e["value"] for e in container["env"]}
-    ran = subprocess.run(argv, env=env, capture_output=True, check=True)
-    assert ran.stderr.decode() == SECRET + "\n"
+    argv = [
+        kubelet_expanded(w, env).replace(COMMAND_DIR, str(mounted)) for w in container["command"]
+    ]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=30)
+    ran = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    assert ran.returncode == 0 and ran.stderr.decode() == f"{proc.pid} {SECRET}\n"
     seen = dict(item.decode().split("=", 1) for item in ran.stdout.split(b"\0") if item)
     assert {k: v for k, v in seen.items() if k not in ("PWD", "SHLVL", "_")} == {
         **{k: v for k, v in ODD_VALUES.items() if "-" not in k},
@@ -240,6 +246,29 @@ def test_a_command_line_with_a_secret_is_in_a_secret_the_pod_owns_not_in_the_pod
     }
     # A command run in the pod (yard exec) still gets the export line first.
     assert exec_command(pod, ODD_VALUES, ["env"])[:2] == ["/bin/sh", "-c"]
+
+
+@pytest.mark.parametrize("shell", ["/bin/sh", "/bin/bash"])
+def test_the_secret_command_runs_in_the_process_the_plain_line_ran_in(
+    tmp_path: Path, shell: str
+) -> None:
+    # bash runs a -c line's last command in its own place, so on a bash image the task's
+    # command was the container's first process and got the kubelet's SIGTERM; sourcing
+    # the line from a file (the first form) kept bash there instead, dropping it.
+    command = "true; /bin/sh -c 'echo $PPID'"
+    plain = lone_pod(RoleSpec(name="w", command=command), {})
+    hidden, secret = secret_objects(RoleSpec(name="w", command=command), {}, command)
+    (tmp_path / COMMAND_KEY).write_text(secret["stringData"][COMMAND_KEY])
+
+    def parent_is_first(pod: dict) -> bool:
+        words = pod["spec"]["containers"][0]["command"]
+        argv = [kubelet_expanded(w, {}).replace(COMMAND_DIR, str(tmp_path)) for w in words]
+        argv = [w.replace("/bin/sh -c", f"{shell} -c") for w in argv]
+        proc = subprocess.Popen([shell, *argv[1:]], stdout=subprocess.PIPE)
+        out, _ = proc.communicate(timeout=30)
+        return out.decode().strip() == str(proc.pid)
+
+    assert parent_is_first(hidden) == parent_is_first(plain)
 
 
 def test_only_a_command_line_that_carries_a_secret_is_moved() -> None:
@@ -406,6 +435,9 @@ def test_a_lone_task_without_a_hostfile_has_no_owner() -> None:
     pair = JobSpec(name="j", image="img", roles=[RoleSpec(name="w", command="x", replicas=2)])
     assert not needs_owner(alone, None)
     assert needs_owner(alone, "host slots=1\n") and needs_owner(pair, None)
+    # Its command's Secret is made before its pod: the owner holds both.
+    secretive = alone.model_copy(update={"secrets": [EnvVar(name="t", value="v")]})
+    assert needs_owner(secretive, None)
     pod = pod_manifest(
         spec=JobSpec(name="j", image="img", roles=[RoleSpec(name="w", command="x")]),
         job_id=JOB, attempt=1, placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),

@@ -125,6 +125,8 @@ class TaskLaunch:
     options: TaskOptions = field(default_factory=TaskOptions)
     # The job's secret values: kept out of anything shown (debug env files, logs).
     secret_values: tuple[str, ...] = ()
+    # Whether ``command`` has any of them substituted in it (kept out of a pod's spec).
+    carries_secrets: bool = False
 
     @property
     def spec(self) -> JobSpec:

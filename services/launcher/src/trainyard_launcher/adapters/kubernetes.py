@@ -3,7 +3,7 @@
 Per job a headless Service (the tasks' DNS names); per attempt an owner ConfigMap
 (with the MPI hostfile) that each of the attempt's pods names as its owner, so deleting
 it deletes them; per task a Pod (domain/pods.py builds them). A job of one task (no
-MPI) has neither Service nor owner: its pod is the whole attempt. One watch per
+MPI, no secrets) has neither Service nor owner: its pod is the whole attempt. One watch per
 namespace with our label selector keeps a cache of our pods, resumed from the last
 resourceVersion after a disconnect and relisted when that version is gone (410); a
 watch of the Nodes marks the tasks of a node that disappears as lost with it. Anything
@@ -656,11 +656,16 @@ class KubernetesBackend:
             body = pod_manifest(
                 spec=spec, job_id=ref.job_id, attempt=ref.attempt, placement=task.placement,
                 env=task.env, command=task.command, namespace=namespace, owner_uid=owner,
-                settings=self.settings.pods, mpi=mpi, secret_values=task.secret_values,
+                settings=self.settings.pods, mpi=mpi, carries_secrets=task.carries_secrets,
             )  # fmt: skip
         except PodProblem as exc:
             raise LaunchRefused(str(exc)) from exc
-        hidden = hides_command(spec.role(ref.role), task.command, task.secret_values)
+        if hides_command(spec.role(ref.role), task.carries_secrets):
+            # Before the pod, which the kubelet starts once it can mount it; owned by
+            # the attempt's owner (needs_owner), so a launcher that stops between the
+            # two leaves nothing that outlives the attempt, and a pod never without it.
+            assert owner is not None, "a job with secrets has an owner (needs_owner)"
+            await self._command_secret(task, namespace, owner)
         try:
             try:
                 made = await self._raw(self.core.create_namespaced_pod, namespace, as_given(body))
@@ -674,10 +679,6 @@ class KubernetesBackend:
                 made = await self._raw(self.core.create_namespaced_pod, namespace, as_given(body))
         except ApiException as exc:
             if exc.status == 409:
-                # Made by an earlier try, which may have ended before the pod's Secret.
-                earlier = await self._read(ref) if hidden else None
-                if earlier is not None:
-                    await self._command_secret(task, namespace, earlier.uid)
                 raise AlreadyLaunched(f"pod {body['metadata']['name']} exists") from exc
             if exc.status == 404:
                 self._present.discard(namespace)  # deleted under us: made again next try
@@ -688,20 +689,30 @@ class KubernetesBackend:
             raise LaunchError(f"the pod could not be created: {_why(exc)}") from exc
         self._remember(namespace, made, unless_seen=True)
         meta = made["metadata"]
-        if hidden:
-            await self._command_secret(task, namespace, meta["uid"])
         note = f"pod {namespace}/{meta['name']} on node {task.placement.node}"
         return Launched(TaskHandle(uid=meta["uid"]), note)
 
-    async def _command_secret(self, task: TaskLaunch, namespace: str, pod_uid: str) -> None:
-        """The Secret a pod's command line is in (``hides_command``), made after the pod
-        so that the pod owns it and it goes with the pod; the kubelet waits for it before
-        starting the container. There already (an earlier try): left as it is."""
+    async def _command_secret(self, task: TaskLaunch, namespace: str, owner_uid: str) -> None:
+        """The Secret a task's command line is in (``hides_command``). There already
+        (an earlier try): left as it is. One the API server refuses (past a Secret's
+        1 MiB) is the job's own, refused on every try."""
         ref = task.ref
-        await self._create(self.core.create_namespaced_secret, namespace, command_secret(
+        body = command_secret(
             spec=task.spec, job_id=ref.job_id, attempt=ref.attempt, placement=task.placement,
-            env=task.env, command=task.command, namespace=namespace, pod_uid=pod_uid,
-        ))  # fmt: skip
+            env=task.env, command=task.command, namespace=namespace, owner_uid=owner_uid,
+        )  # fmt: skip
+        try:
+            await self._raw(self.core.create_namespaced_secret, namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return
+            if exc.status in (400, 403, 413, 422) or _too_large(exc):
+                raise LaunchRefused(
+                    f"the cluster refused the command's Secret: {_why(exc)}"
+                ) from exc
+            if exc.status == 404:
+                self._present.discard(namespace)  # deleted under us: made again next try
+            raise LaunchError(f"the command's Secret could not be created: {_why(exc)}") from exc
 
     async def wait_started(self, ref: TaskRef, timeout_s: float) -> Launched | None:
         deadline = time.monotonic() + timeout_s

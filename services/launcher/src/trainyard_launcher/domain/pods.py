@@ -15,9 +15,11 @@ kubelet expands ``$(VAR)``. A shell command line (OpenPAI, PAI-DLC, TI) runs as
 ``sh -c`` with every ``$`` doubled, so the kubelet's expansion leaves the shell's text
 as the user wrote it. A command line with the job's secrets substituted in it
 (OpenPAI's ``<% $secrets.x %>``) is not in the Pod, which whoever may ``get pods`` in
-its namespace reads: the line is the one key of an immutable Secret owned by the Pod
-(``command_secret``), mounted at ``/var/run/trainyard``, and the Pod's shell sources it
-(``hides_command``).
+its namespace reads: the line is the one key of an immutable Secret (``command_secret``)
+made before the Pod and owned, as the Pod is, by the attempt's owner (a job with
+secrets always has one), mounted at ``/var/run/trainyard``; the Pod's shell runs it
+with ``exec``, so the command is the container's first process, as it was on the
+command line (``hides_command``).
 
 Environment. A shell command line's task gets OpenPAI's variables (``PAI_*``) exported by
 its shell before the command (``shell_exports``), as OpenPAI's own runtime exports the
@@ -140,9 +142,10 @@ def needs_service(spec: JobSpec) -> bool:
 
 def needs_owner(spec: JobSpec, hostfile: str | None) -> bool:
     """Whether an attempt gets its owner ConfigMap: it holds an MPI hostfile, or it
-    has several pods to delete at once. A lone task's pod is the whole attempt and is
-    deleted as itself."""
-    return hostfile is not None or not is_lone(spec)
+    has several pods to delete at once, or its tasks' command lines may carry the job's
+    secrets (their Secrets are made before their pods: the owner holds them). A lone
+    task's pod is otherwise the whole attempt and is deleted as itself."""
+    return hostfile is not None or not is_lone(spec) or bool(spec.secrets)
 
 
 def task_address(
@@ -241,16 +244,21 @@ def container_command(
             argv["args"] = list(role.args)
         return argv
     if hidden:
-        # The line is in the pod's Secret (command_secret): the shell reads it there.
-        return {"command": ["/bin/sh", "-c", f". {COMMAND_DIR}/{COMMAND_KEY}"]}
+        # The line is in the task's Secret (command_secret), run by a shell exec'd in
+        # place of this one: the task's command is still the container's first process
+        # (bash runs a -c line's last command in its own place, and the kubelet's
+        # SIGTERM reaches it), as with the line itself here.
+        run = f'exec /bin/sh -c "$(cat {COMMAND_DIR}/{COMMAND_KEY})"'
+        return {"command": ["/bin/sh", "-c", escape_shell(run)]}
     return {"command": ["/bin/sh", "-c", escape_shell(exports + command)]}
 
 
-def hides_command(role: RoleSpec, command: str, secret_values: tuple[str, ...]) -> bool:
-    """Whether a task's command line carries one of the job's secrets (substituted for
-    ``<% $secrets.x %>``), and so goes in a Secret of its own rather than in the Pod. A
-    container argv is never substituted."""
-    return not role.container_form and any(v and v in command for v in secret_values)
+def hides_command(role: RoleSpec, carries_secrets: bool) -> bool:
+    """Whether a task's command line goes in a Secret of its own rather than in the
+    Pod: it carries the job's secrets (substituted for ``<% $secrets.x %>``: the launch
+    says so, whatever quoting a framework's wrapper gave them since). A container argv
+    is never substituted."""
+    return carries_secrets and not role.container_form
 
 
 # Linux caps one argument at 128 KiB (MAX_ARG_STRLEN): past this, variables stay env
@@ -363,11 +371,11 @@ def pod_manifest(
     owner_uid: str | None,
     settings: PodSettings,
     mpi: bool = False,
-    secret_values: tuple[str, ...] = (),
+    carries_secrets: bool = False,
 ) -> dict[str, Any]:
     """The Pod of one task, bound to the node placement chose. Where its command line
-    carries one of ``secret_values`` (``hides_command``), the line is left to the
-    pod's Secret (``command_secret``), which the adapter makes once the pod exists."""
+    carries the job's secrets (``hides_command``), the line is left to the task's
+    Secret (``command_secret``), which the adapter makes before the pod."""
     role = spec.role(placement.role)
     image = role.image or spec.image
     if not image:
@@ -375,7 +383,7 @@ def pod_manifest(
     name = pod_name(job_id, attempt, placement.role, placement.index)
     res, gpu_env = resources(role, placement)
     pod_env, exports = _container_env(role, env, gpu_env)
-    hidden = hides_command(role, command, secret_values)
+    hidden = hides_command(role, carries_secrets)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
@@ -406,8 +414,7 @@ def pod_manifest(
     ]
     init: list[dict[str, Any]] = []
     if hidden:
-        # Made after the pod, owned by it (command_secret): the kubelet starts the
-        # container once the Secret is there to mount.
+        # Made before the pod (command_secret).
         secret = command_secret_name(job_id, attempt, placement.role, placement.index)
         volumes.append(
             {"name": COMMAND_VOLUME, "secret": {"secretName": secret, "defaultMode": 0o444}}
@@ -557,12 +564,12 @@ def command_secret(
     env: dict[str, str],
     command: str,
     namespace: str,
-    pod_uid: str,
+    owner_uid: str,
 ) -> dict[str, Any]:
     """The Secret holding a task's command line (``hides_command``), with the export
     line the pod's shell would have run before it, as the shell reads it (no ``$``
-    doubled: the kubelet does not expand a file). Owned by the pod, so it goes with
-    the pod; immutable, so no kubelet watches it."""
+    doubled: the kubelet does not expand a file). Owned by the attempt's owner, as the
+    pod is, so it goes with the attempt; immutable, so no kubelet watches it."""
     role = spec.role(placement.role)
     _, exports = _container_env(role, env, resources(role, placement)[1])
     return {
@@ -575,9 +582,9 @@ def command_secret(
             "ownerReferences": [
                 {
                     "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": pod_name(job_id, attempt, placement.role, placement.index),
-                    "uid": pod_uid,
+                    "kind": "ConfigMap",
+                    "name": owner_name(job_id, attempt),
+                    "uid": owner_uid,
                 }
             ],
         },

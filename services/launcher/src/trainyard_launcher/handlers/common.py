@@ -290,8 +290,13 @@ def task_launch(
     if role.container_form:
         # A container's argv, $(VAR) expanded from its environment as Kubernetes would.
         command = container_command_line(role, env)
-    command = substitute_secrets(command, secrets)
+    written, command = command, substitute_secrets(command, secrets)
     command = framework_command(spec, tasks, ref.role, ref.index, command, framework)
+    # Whether any secret is in what runs (a wrapper may quote it, or run another
+    # command in its place): the line as written, wrapped the same way, differs.
+    carries_secrets = bool(secrets) and command != framework_command(
+        spec, tasks, ref.role, ref.index, written, framework
+    )
     claims = [
         PortClaim(a.label, placement.host_ip, port) for a in placement.ports for port in a.ports
     ]
@@ -304,6 +309,7 @@ def task_launch(
         ports=claims,
         options=TaskOptions(debug=is_debug(spec), resources=role.resources),
         secret_values=tuple(secrets.values()),
+        carries_secrets=carries_secrets,
     )
 
 
