@@ -449,6 +449,43 @@ async def test_an_exec_out_of_time_or_stopped_takes_what_left_its_session_along(
                 os.kill(daemon, signal.SIGKILL)
 
 
+async def test_an_exec_leaves_no_deep_chain_behind_and_keeps_sigpipe(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path)
+    launched = await launch(backend, ref(), "sleep 300", {}, [])
+    work = backend.task_dir(ref()) / "work"
+    # Each level starts the next and waits: 150 levels, in a session of their own. The
+    # reaper's sweep once killed one level a pass (its orphans), 100 passes in all.
+    (work / "chain.sh").write_text(
+        "echo $$ >> chain.pids\n"
+        'if [ "$1" -gt 0 ]; then sh ./chain.sh $(($1 - 1)) & fi\n'
+        "exec sleep 300\n"
+    )
+    start = (
+        "setsid sh ./chain.sh 150 </dev/null >/dev/null 2>&1 & "
+        "while [ $(wc -l < chain.pids 2>/dev/null || echo 0) -lt 151 ]; do sleep 0.05; done"
+    )
+    chain: list[int] = []
+    try:
+        result = await backend.exec(ref(), launched.handle, ["bash", "-c", start], {}, 60)
+        chain = [int(line) for line in (work / "chain.pids").read_text().split()]
+        assert (result.exit_code, len(chain)) == (0, 151), result
+        deadline = time.monotonic() + 5
+        while alive := [pid for pid in chain if is_alive(pid, None)]:
+            assert time.monotonic() < deadline, f"{len(alive)} of the chain outlived the exec"
+            await asyncio.sleep(0.05)
+        # A writer to a closed pipe dies of SIGPIPE, as in a shell: Python, which runs
+        # the reaper, ignores it, and an exec keeps what is ignored.
+        piped = await backend.exec(
+            ref(), launched.handle, ["bash", "-c", "yes | head -1; echo ${PIPESTATUS[0]}"], {}, 30
+        )
+        assert (piped.stdout, piped.stderr) == ("y\n141\n", "")
+    finally:
+        for pid in chain:
+            if is_alive(pid, None):
+                os.kill(pid, signal.SIGKILL)
+        await backend.kill(ref(), launched.handle, grace_s=1.0)
+
+
 async def test_a_process_that_left_the_session_ends_with_the_task(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
     # setsid puts the sleep in a session of its own: a session kill would miss it.

@@ -44,6 +44,10 @@ def main(argv: list[str]) -> int:
     if child == 0:
         try:
             os.setpgid(0, 0)
+            # Python ignores these two at its start, and an exec keeps an ignored
+            # signal ignored: a writer to a closed pipe would not die of SIGPIPE.
+            for ignored in (signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(ignored, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             os.execvp(argv[0], argv)
         except OSError as exc:

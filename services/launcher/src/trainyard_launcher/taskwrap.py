@@ -391,19 +391,23 @@ def _reap_orphans(child_pid: int) -> None:
 
 
 def sweep_children(child_pid: int) -> None:
-    """End every process the command left behind (our children by now, as subreaper)."""
+    """End every process the command left behind: each pass kills every process below
+    this one, however deep (killing only our children, the orphans, left a chain of
+    processes one level a pass: a chain deeper than the passes outlived the sweep), and
+    reaps what became ours (as subreaper, what a killed process left); until none is
+    left."""
+    me = os.getpid()
     for _ in range(100):
         children = _children()
-        alive = [pid for pid, state in children if state != "Z"]
         for pid, state in children:
             if state == "Z":
                 try:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
-        if not alive:
+        if not any(state != "Z" for _, state in children):
             return
-        for pid in alive:
+        for pid in tree(me):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

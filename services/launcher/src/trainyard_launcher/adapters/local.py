@@ -1007,11 +1007,13 @@ def _signal(pid: int, signum: int) -> None:
 
 async def _end_exec(proc: asyncio.subprocess.Process) -> None:
     """An exec out of time: its reaper (execwrap) ends the command and everything the
-    command started, then itself; should it not, within EXEC_DRAIN_S, its group is
-    killed."""
+    command started, then itself; should it not, within EXEC_DRAIN_S, everything below
+    it is killed, then it."""
     _signal(proc.pid, signal.SIGTERM)
     try:
         await asyncio.wait_for(proc.wait(), EXEC_DRAIN_S)
     except TimeoutError:
+        for pid in tree(proc.pid):
+            _signal(pid, signal.SIGKILL)
         _signal_group(proc.pid, signal.SIGKILL)
         await proc.wait()
