@@ -267,10 +267,9 @@ def test_a_command_lines_secret_is_in_a_secret_not_in_the_pod(
     line = base64.b64decode(stored.json()["data"]["command"]).decode()
     assert f'wget --header "Authorization: {token}" http://x/' in line
     assert line.startswith("export PAI_") and "$$" not in line  # a file: nothing to escape
-    # Owned as the pod is, by the attempt's owner (a lone task's, for a job with secrets).
+    # Made before the pod, the pod's once it is made.
     [owner] = stored.json()["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["name"]) == ("ConfigMap", f"ty-{job_id}-a1")
-    assert owner["uid"] == meta["ownerReferences"][0]["uid"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", meta["name"], meta["uid"])
     api.stop(job_id)
     assert api.wait(job_id)["state"] == "STOPPED"
 
@@ -278,8 +277,8 @@ def test_a_command_lines_secret_is_in_a_secret_not_in_the_pod(
         with kube_cluster.client() as http:
             return http.get(path).status_code == 404
 
-    # The garbage collector deletes it with the attempt's owner, as it does the pod.
-    wait_for(gone, what="the command's Secret gone with its attempt")
+    # The garbage collector deletes it with its pod.
+    wait_for(gone, what="the command's Secret gone with its pod")
 
 
 def test_a_namespace_kept_to_a_user_is_theirs_alone(api: Api, kube_cluster: KubeCluster) -> None:

@@ -1,13 +1,16 @@
 """The Kubernetes backend against the real API server (the project's build, KWOK
 nodes): a task whose command line carries the job's secrets gets it in a Secret made
-before its pod and owned, as the pod is, by the attempt's owner, so that a launcher
-stopped between the two leaves neither a pod without its Secret nor a Secret that
-outlives the attempt; a Secret the API server refuses (past 1 MiB) refuses the task
-and makes no pod."""
+before its pod (owned by the attempt's owner until then), so that a launcher stopped
+between the two never leaves a pod without its Secret; once the pod is made, the
+Secret is the pod's and goes with it (a finished attempt's owner stays, and a clean-up
+policy deletes the pod alone); a Secret the API server refuses (past 1 MiB) refuses
+the task and makes no pod."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import time
 import uuid
 
 import pytest
@@ -60,7 +63,7 @@ async def backend(kube_cluster: KubeCluster):  # type: ignore[no-untyped-def]
     await made.close()
 
 
-async def test_the_secret_is_made_first_and_owned_as_the_pod_is(
+async def test_the_secret_is_made_first_and_goes_with_its_pod(
     backend: KubernetesBackend, kube_cluster: KubeCluster
 ) -> None:
     job_id = uuid.uuid4().hex
@@ -81,8 +84,16 @@ async def test_the_secret_is_made_first_and_owned_as_the_pod_is(
         assert base64.b64decode(secret["data"]["command"]).decode().endswith(f"echo {token}")
         assert token not in str(pod)
         [by_secret] = secret["metadata"]["ownerReferences"]
-        [by_pod] = pod["metadata"]["ownerReferences"]
-        assert by_secret["uid"] == by_pod["uid"] == owner["metadata"]["uid"]
+        assert (by_secret["kind"], by_secret["uid"]) == ("Pod", pod["metadata"]["uid"])
+        # The job finished: its owner and pod stay (the log); the clean-up policy deletes
+        # the pod, and the Secret with the secret in it goes with it, not with the owner.
+        await backend.close_attempt(launch.attempt, AttemptEnd.FINISHED)
+        assert await backend.clean_task(launch.ref)
+        deadline = time.monotonic() + 30
+        while read(kube_cluster, "secrets", name) is not None:
+            assert time.monotonic() < deadline, "the command's Secret outlived its pod"
+            await asyncio.sleep(0.2)
+        assert read(kube_cluster, "configmaps", owner_name(job_id, 1)) is not None
     finally:
         await backend.close_attempt(launch.attempt, AttemptEnd.STOPPED)
 

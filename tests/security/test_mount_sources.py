@@ -178,3 +178,9 @@ def test_what_a_task_writes_to_a_covered_directory_is_bounded_by_its_memory(
         bounded.stdout + bounded.stderr
     )
     assert sorted(os.listdir(own)) == ["data.txt"]  # in the tmpfs, never the machine's
+    # Files are counted too: empty ones are memory the size does not count.
+    files = f"i=0; while [ $i -lt 5000 ]; do touch {own}/f$i 2>/dev/null || break; i=$((i+1)); done; echo made=$i"
+    made = enter(places["task"], own / "data.txt", ["sh", "-c", files], mounted, tmpfs_mb=1)
+    assert "made=" in made.stdout, (made.returncode, made.stdout, made.stderr)
+    count = int(made.stdout.split("made=")[1])
+    assert 900 < count < 1024, made.stdout + made.stderr

@@ -298,6 +298,10 @@ def test_a_users_first_kept_namespace_is_the_first_listed_in_either_form() -> No
         ("team-a", "not JSON"),
         ('["team-a"]', "a JSON object"),
         ('[{"namespace": "team-a"}]', "a JSON object"),
+        (
+            '[{"namespace": "team-a", "users": ["a"]}, {"namespace": "team-a", "users": ["b"]}]',
+            "'team-a' is listed twice",
+        ),
         ('{"Team_A": ["alice"]}', "not a Kubernetes namespace name"),
         ('{"team-a": "alice"}', "a list of user names"),
         ('{"team-a": [""]}', "a list of user names"),

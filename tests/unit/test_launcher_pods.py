@@ -4,6 +4,7 @@ and how a pod's status reads as the task's."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -211,9 +212,7 @@ def test_a_command_line_with_a_secret_is_in_a_secret_not_in_the_pod(tmp_path: Pa
     pod, secret = secret_objects(RoleSpec(name="w", command=command), ODD_VALUES, command)
     assert SECRET not in json.dumps(pod) and "s3cr3t" not in json.dumps(pod)
     container = pod["spec"]["containers"][0]
-    assert container["command"] == [
-        "/bin/sh", "-c", f'exec /bin/sh -c "$$(cat {COMMAND_DIR}/{COMMAND_KEY})"'
-    ]  # fmt: skip
+    assert container["command"][:2] == ["/bin/sh", "-c"]
     name = command_secret_name(JOB, 1, "w", 0)
     [volume] = [v for v in pod["spec"]["volumes"] if "secret" in v]
     assert volume["secret"]["secretName"] == secret["metadata"]["name"] == name
@@ -269,6 +268,34 @@ def test_the_secret_command_runs_in_the_process_the_plain_line_ran_in(
         return out.decode().strip() == str(proc.pid)
 
     assert parent_is_first(hidden) == parent_is_first(plain)
+
+
+def run_hidden(pod: dict, mounted: Path) -> subprocess.CompletedProcess[bytes]:
+    """The pod's command, its Secret's volume at ``mounted``."""
+    words = pod["spec"]["containers"][0]["command"]
+    argv = [kubelet_expanded(w, {}).replace(COMMAND_DIR, str(mounted)) for w in words]
+    return subprocess.run(argv, env={"PATH": os.environ["PATH"]}, capture_output=True)
+
+
+def test_a_secret_command_that_cannot_be_read_fails_and_a_long_one_still_runs(
+    tmp_path: Path,
+) -> None:
+    command = "echo ran"
+    pod, secret = secret_objects(RoleSpec(name="w", command=command), {}, command)
+    # Not there to read (or no cat): the task fails, rather than run nothing and succeed.
+    missing = run_hidden(pod, tmp_path / "absent")
+    assert missing.returncode != 0 and missing.stdout == b""
+    # Past what one argument may hold (128 KiB), the line is sourced: it still runs.
+    long = f"echo ran; : {'x' * 200_000}"
+    pod, secret = secret_objects(RoleSpec(name="w", command=long), {}, long)
+    (tmp_path / COMMAND_KEY).write_text(secret["stringData"][COMMAND_KEY])
+    ran = run_hidden(pod, tmp_path)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"ran\n", b"")
+
+
+def test_a_command_line_with_a_nul_is_refused() -> None:
+    with pytest.raises(PodProblem, match="NUL"):
+        lone_pod(RoleSpec(name="w", command="echo a\x00b"), {})
 
 
 def test_only_a_command_line_that_carries_a_secret_is_moved() -> None:

@@ -55,6 +55,7 @@ from ..domain.pods import (
     PodSettings,
     PodState,
     command_secret,
+    command_secret_name,
     exec_command,
     hides_command,
     is_lone,
@@ -211,6 +212,8 @@ def namespace_users(text: str) -> tuple[tuple[str, frozenset[str]], ...]:
             raise ValueError(f"{where}: {namespace[:80]!r} is not a Kubernetes namespace name")
         if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
             raise ValueError(f"{where}: {namespace!r}: a list of user names")
+        if any(namespace == n for n, _ in kept):
+            raise ValueError(f"{where}: {namespace!r} is listed twice")
         kept.append((namespace, frozenset(users)))
     return tuple(kept)
 
@@ -660,10 +663,10 @@ class KubernetesBackend:
             )  # fmt: skip
         except PodProblem as exc:
             raise LaunchRefused(str(exc)) from exc
-        if hides_command(spec.role(ref.role), task.carries_secrets):
+        hidden = hides_command(spec.role(ref.role), task.carries_secrets)
+        if hidden:
             # Before the pod, which the kubelet starts once it can mount it; owned by
-            # the attempt's owner (needs_owner), so a launcher that stops between the
-            # two leaves nothing that outlives the attempt, and a pod never without it.
+            # the attempt's owner (needs_owner) until the pod is made, then by the pod.
             assert owner is not None, "a job with secrets has an owner (needs_owner)"
             await self._command_secret(task, namespace, owner)
         try:
@@ -679,6 +682,9 @@ class KubernetesBackend:
                 made = await self._raw(self.core.create_namespaced_pod, namespace, as_given(body))
         except ApiException as exc:
             if exc.status == 409:
+                earlier = await self._read(ref) if hidden else None
+                if earlier is not None:  # an earlier try may have stopped before this
+                    await self._secret_to_pod(ref, namespace, earlier.name, earlier.uid)
                 raise AlreadyLaunched(f"pod {body['metadata']['name']} exists") from exc
             if exc.status == 404:
                 self._present.discard(namespace)  # deleted under us: made again next try
@@ -689,8 +695,24 @@ class KubernetesBackend:
             raise LaunchError(f"the pod could not be created: {_why(exc)}") from exc
         self._remember(namespace, made, unless_seen=True)
         meta = made["metadata"]
+        if hidden:
+            await self._secret_to_pod(ref, namespace, meta["name"], meta["uid"])
         note = f"pod {namespace}/{meta['name']} on node {task.placement.node}"
         return Launched(TaskHandle(uid=meta["uid"]), note)
+
+    async def _secret_to_pod(self, ref: TaskRef, namespace: str, pod: str, uid: str) -> None:
+        """The command's Secret owned by its pod alone from now on, so it goes with the
+        pod (a finished attempt's owner stays, with its kept pods, and a clean-up policy
+        deletes a pod, not its Secret). Best effort: the pod runs either way, and where
+        this fails the Secret goes with the attempt's owner."""
+        name = command_secret_name(ref.job_id, ref.attempt, ref.role, ref.index)
+        owned = [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}]
+        patch = [{"op": "replace", "path": "/metadata/ownerReferences", "value": owned}]
+        try:
+            await self._raw(self.core.patch_namespaced_secret, name, namespace, patch)
+        except Exception as exc:  # noqa: BLE001 - the pod runs: said, not raised
+            log.warning("the command Secret %s/%s stays the attempt's: %s", namespace, name,
+                        _why(exc) if isinstance(exc, ApiException) else type(exc).__name__)  # fmt: skip
 
     async def _command_secret(self, task: TaskLaunch, namespace: str, owner_uid: str) -> None:
         """The Secret a task's command line is in (``hides_command``). There already

@@ -386,6 +386,17 @@ def _bind(fd: int, target: str) -> None:
     _mount(f"/proc/self/fd/{fd}", target, None, _MS_BIND | _MS_REC)
 
 
+def _tmpfs_bound(size_mb: int | None) -> str:
+    """A tmpfs's mount options for at most ``size_mb``: never more than the kernel's own
+    default (half the machine's memory), and files counted too (each empty one is
+    kernel memory its size does not count): 64 a MiB, 1,024 at least."""
+    if not size_mb:
+        return ""
+    half = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (2 * 1024 * 1024)
+    size_mb = max(1, min(size_mb, half))
+    return f",size={size_mb}m,nr_inodes={max(1024, size_mb * 64)}"
+
+
 def _shadow(target: str, original: str, run_as: RunAs, size_mb: int | None = None) -> None:
     """Cover ``target`` with a tmpfs that shows ``original``'s entries (each bound from
     the original), so new entries can be made there without touching the original;
@@ -394,7 +405,7 @@ def _shadow(target: str, original: str, run_as: RunAs, size_mb: int | None = Non
     task's user (listed as root: a user may search a directory it may not read): what
     the user may not reach shows nothing, and a path changed meanwhile binds only what
     the user could reach anyway. ``size_mb`` bounds what the tmpfs holds."""
-    size = f",size={size_mb}m" if size_mb else ""
+    size = _tmpfs_bound(size_mb)
     try:
         reached = _open_as(run_as, original, os.O_PATH | os.O_DIRECTORY)
     except OSError as exc:

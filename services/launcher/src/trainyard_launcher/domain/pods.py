@@ -244,13 +244,26 @@ def container_command(
             argv["args"] = list(role.args)
         return argv
     if hidden:
-        # The line is in the task's Secret (command_secret), run by a shell exec'd in
-        # place of this one: the task's command is still the container's first process
-        # (bash runs a -c line's last command in its own place, and the kubelet's
-        # SIGTERM reaches it), as with the line itself here.
-        run = f'exec /bin/sh -c "$(cat {COMMAND_DIR}/{COMMAND_KEY})"'
-        return {"command": ["/bin/sh", "-c", escape_shell(run)]}
+        return {"command": ["/bin/sh", "-c", escape_shell(_run_hidden(exports + command))]}
     return {"command": ["/bin/sh", "-c", escape_shell(exports + command)]}
+
+
+# Linux caps one argument at 128 KiB (MAX_ARG_STRLEN); a line past this is sourced.
+HIDDEN_EXEC_MAX_BYTES = 120 * 1024
+
+
+def _run_hidden(line: str) -> str:
+    """How the pod's shell runs a line kept in the task's Secret (command_secret): read
+    whole (a ``.`` sentinel keeps its trailing newlines; an unreadable file or a missing
+    ``cat`` fails the task, never runs nothing) and run by a shell exec'd in place of
+    this one, so the task's command is still the container's first process (bash runs a
+    -c line's last command in its own place, and gets the kubelet's SIGTERM), as with
+    the line itself in the pod. A line too long for one argument is sourced instead
+    (bash then stays the first process)."""
+    path = f"{COMMAND_DIR}/{COMMAND_KEY}"
+    if len(line.encode()) > HIDDEN_EXEC_MAX_BYTES:
+        return f". {path}"
+    return f'line=$(cat {path} && echo .) || exit 127; exec /bin/sh -c "${{line%.}}"'
 
 
 def hides_command(role: RoleSpec, carries_secrets: bool) -> bool:
@@ -384,6 +397,9 @@ def pod_manifest(
     res, gpu_env = resources(role, placement)
     pod_env, exports = _container_env(role, env, gpu_env)
     hidden = hides_command(role, carries_secrets)
+    if not role.container_form and "\x00" in command:
+        # No argument (and no shell reading a file: dash drops it) can hold one.
+        raise PodProblem(f"role {role.name!r}: the command line holds a NUL character")
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
