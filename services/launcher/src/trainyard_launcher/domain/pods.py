@@ -16,10 +16,10 @@ kubelet expands ``$(VAR)``. A shell command line (OpenPAI, PAI-DLC, TI) runs as
 as the user wrote it. A command line with the job's secrets substituted in it
 (OpenPAI's ``<% $secrets.x %>``) is not in the Pod, which whoever may ``get pods`` in
 its namespace reads: the line is the one key of an immutable Secret (``command_secret``)
-made before the Pod and owned, as the Pod is, by the attempt's owner (a job with
-secrets always has one), mounted at ``/var/run/trainyard``; the Pod's shell runs it
-with ``exec``, so the command is the container's first process, as it was on the
-command line (``hides_command``).
+made before the Pod, owned by the attempt's owner until then (a job with secrets always
+has one) and by the Pod after, mounted at ``/var/run/trainyard``; the Pod's shell runs
+it with ``exec``, so the command is the container's first process, as it was on the
+command line (``hides_command``, ``_run_hidden``).
 
 Environment. A shell command line's task gets OpenPAI's variables (``PAI_*``) exported by
 its shell before the command (``shell_exports``), as OpenPAI's own runtime exports the
@@ -584,8 +584,9 @@ def command_secret(
 ) -> dict[str, Any]:
     """The Secret holding a task's command line (``hides_command``), with the export
     line the pod's shell would have run before it, as the shell reads it (no ``$``
-    doubled: the kubelet does not expand a file). Owned by the attempt's owner, as the
-    pod is, so it goes with the attempt; immutable, so no kubelet watches it."""
+    doubled: the kubelet does not expand a file). Owned by the attempt's owner until
+    its pod is made, which the adapter then makes its only owner; immutable, so no
+    kubelet watches it."""
     role = spec.role(placement.role)
     _, exports = _container_env(role, env, resources(role, placement)[1])
     return {
