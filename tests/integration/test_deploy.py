@@ -71,6 +71,10 @@ def test_the_chart_renders_every_service_wired_and_probed() -> None:
     assert {"pods", "pods/log", "pods/exec", "nodes"} <= {
         r for rule in rules for r in rule["resources"]
     }
+    # What the launcher does with Secrets (an MPI attempt's keys, a command's line,
+    # handed to its pod), verb by verb: the API server checks each exactly.
+    secrets = {v for rule in rules if "secrets" in rule["resources"] for v in rule["verbs"]}
+    assert {"create", "patch", "delete"} <= secrets
     # Only the three that talk to the Kubernetes API get a token.
     for service in PORTS:
         spec = by_kind["Deployment"][f"ty-{service}"]["spec"]["template"]["spec"]

@@ -184,3 +184,11 @@ def test_what_a_task_writes_to_a_covered_directory_is_bounded_by_its_memory(
     assert "made=" in made.stdout, (made.returncode, made.stdout, made.stderr)
     count = int(made.stdout.split("made=")[1])
     assert 900 < count < 1024, made.stdout + made.stderr
+    # What the covered directory shows is not taken from that: each entry takes a file
+    # of the tmpfs, and a directory of 1,500 entries is still covered and shown.
+    for i in range(1500):
+        (own / f"entry-{i}").touch()
+    shown = enter(
+        places["task"], own / "data.txt", ["sh", "-c", f"ls {own} | wc -l"], mounted, tmpfs_mb=1
+    )
+    assert shown.returncode == 0 and int(shown.stdout) == 1502, shown.stdout + shown.stderr

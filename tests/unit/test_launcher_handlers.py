@@ -296,6 +296,7 @@ def test_a_users_first_kept_namespace_is_the_first_listed_in_either_form() -> No
     ("text", "says"),
     [
         ("team-a", "not JSON"),
+        ('{"team-a": ["a"], "team-a": ["b"]}', "'team-a' is listed twice"),
         ('["team-a"]', "a JSON object"),
         ('[{"namespace": "team-a"}]', "a JSON object"),
         (

@@ -191,9 +191,11 @@ def namespace_users(text: str) -> tuple[tuple[str, frozenset[str]], ...]:
     honour."""
     where = "YARD_K8S_NAMESPACE_USERS"
     try:
-        given = json.loads(text)
-    except ValueError as exc:
+        given = json.loads(text, object_pairs_hook=_no_repeated_keys)
+    except json.JSONDecodeError as exc:
         raise ValueError(f"{where}: not JSON ({exc})") from None
+    except ValueError as exc:  # a key repeated
+        raise ValueError(f"{where}: {exc}") from None
     if isinstance(given, list) and all(
         isinstance(e, dict) and set(e) == {"namespace", "users"} and isinstance(e["namespace"], str)
         for e in given
@@ -216,6 +218,14 @@ def namespace_users(text: str) -> tuple[tuple[str, frozenset[str]], ...]:
             raise ValueError(f"{where}: {namespace!r} is listed twice")
         kept.append((namespace, frozenset(users)))
     return tuple(kept)
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        twice = next(k for k in keys if keys.count(k) > 1)
+        raise ValueError(f"{twice[:80]!r} is listed twice")
+    return dict(pairs)
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -682,9 +692,8 @@ class KubernetesBackend:
                 made = await self._raw(self.core.create_namespaced_pod, namespace, as_given(body))
         except ApiException as exc:
             if exc.status == 409:
-                earlier = await self._read(ref) if hidden else None
-                if earlier is not None:  # an earlier try may have stopped before this
-                    await self._secret_to_pod(ref, namespace, earlier.name, earlier.uid)
+                if hidden:  # an earlier try may have stopped before the hand-over
+                    await self._earlier_secret_to_pod(ref, namespace)
                 raise AlreadyLaunched(f"pod {body['metadata']['name']} exists") from exc
             if exc.status == 404:
                 self._present.discard(namespace)  # deleted under us: made again next try
@@ -699,6 +708,16 @@ class KubernetesBackend:
             await self._secret_to_pod(ref, namespace, meta["name"], meta["uid"])
         note = f"pod {namespace}/{meta['name']} on node {task.placement.node}"
         return Launched(TaskHandle(uid=meta["uid"]), note)
+
+    async def _earlier_secret_to_pod(self, ref: TaskRef, namespace: str) -> None:
+        try:
+            earlier = await self._read(ref)
+        except Exception as exc:  # noqa: BLE001 - the pod is there: said, not raised
+            log.warning("pod %s not read to hand its Secret over: %s", ref.key,
+                        _why(exc) if isinstance(exc, ApiException) else type(exc).__name__)  # fmt: skip
+            return
+        if earlier is not None:
+            await self._secret_to_pod(ref, namespace, earlier.name, earlier.uid)
 
     async def _secret_to_pod(self, ref: TaskRef, namespace: str, pod: str, uid: str) -> None:
         """The command's Secret owned by its pod alone from now on, so it goes with the

@@ -386,15 +386,16 @@ def _bind(fd: int, target: str) -> None:
     _mount(f"/proc/self/fd/{fd}", target, None, _MS_BIND | _MS_REC)
 
 
-def _tmpfs_bound(size_mb: int | None) -> str:
+def _tmpfs_bound(size_mb: int | None, shown: int = 0) -> str:
     """A tmpfs's mount options for at most ``size_mb``: never more than the kernel's own
     default (half the machine's memory), and files counted too (each empty one is
-    kernel memory its size does not count): 64 a MiB, 1,024 at least."""
+    kernel memory its size does not count): 64 a MiB, 1,024 at least, besides the
+    ``shown`` entries of the directory it covers (each takes one)."""
     if not size_mb:
         return ""
     half = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (2 * 1024 * 1024)
     size_mb = max(1, min(size_mb, half))
-    return f",size={size_mb}m,nr_inodes={max(1024, size_mb * 64)}"
+    return f",size={size_mb}m,nr_inodes={max(1024, size_mb * 64) + shown}"
 
 
 def _shadow(target: str, original: str, run_as: RunAs, size_mb: int | None = None) -> None:
@@ -405,25 +406,31 @@ def _shadow(target: str, original: str, run_as: RunAs, size_mb: int | None = Non
     task's user (listed as root: a user may search a directory it may not read): what
     the user may not reach shows nothing, and a path changed meanwhile binds only what
     the user could reach anyway. ``size_mb`` bounds what the tmpfs holds."""
-    size = _tmpfs_bound(size_mb)
     try:
         reached = _open_as(run_as, original, os.O_PATH | os.O_DIRECTORY)
     except OSError as exc:
         if exc.errno not in _UNREACHABLE:
             raise
-        _mount("tmpfs", target, "tmpfs", 0, "mode=755" + size)
+        _mount("tmpfs", target, "tmpfs", 0, "mode=755" + _tmpfs_bound(size_mb))
         return
     try:
         info = os.fstat(reached)
-        # Passable at least (a mount path inside /root, as PAI-DLC has them, must be
-        # reached); writable by whom the original is.
-        mode = stat.S_IMODE(info.st_mode) | 0o755
-        like = f"mode={mode:o},uid={info.st_uid},gid={info.st_gid}{size}"
-        _mount("tmpfs", target, "tmpfs", 0, like)
         # The directory reached, opened again for its listing (not found again by name).
         directory = os.open(f"/proc/self/fd/{reached}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            for name in os.listdir(directory):
+            names = os.listdir(directory)
+            # Passable at least (a mount path inside /root, as PAI-DLC has them, must be
+            # reached); writable by whom the original is.
+            mode = stat.S_IMODE(info.st_mode) | 0o755
+            size = _tmpfs_bound(size_mb, shown=len(names))
+            _mount(
+                "tmpfs",
+                target,
+                "tmpfs",
+                0,
+                f"mode={mode:o},uid={info.st_uid},gid={info.st_gid}{size}",
+            )
+            for name in names:
                 try:
                     fd = _open_as(run_as, name, os.O_PATH | os.O_NOFOLLOW, dir_fd=directory)
                 except OSError as exc:
