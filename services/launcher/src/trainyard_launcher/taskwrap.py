@@ -39,7 +39,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainyard_launcher.adapters.identity import for_root, restored
-from trainyard_launcher.adapters.procfs import pss_bytes, start_ticks, tree
+from trainyard_launcher.adapters.procfs import pss_bytes, signal_below, start_ticks, tree
 
 if TYPE_CHECKING:
     from trainyard_launcher.logs import CappedLog
@@ -317,11 +317,8 @@ def _pump(
         if rounds % 25 == 0:
             _reap_orphans(child.pid)
         if memory is not None and memory.over():
-            for pid in [child.pid, *tree(os.getpid())]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            child.kill()  # not yet collected: its pid is still its own
+            signal_below(os.getpid(), signal.SIGKILL)
             return child.wait()
 
 
@@ -407,11 +404,7 @@ def sweep_children(child_pid: int) -> None:
                     pass
         if not any(state != "Z" for _, state in children):
             return
-        for pid in tree(me):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        signal_below(me, signal.SIGKILL)
         time.sleep(0.02)
 
 

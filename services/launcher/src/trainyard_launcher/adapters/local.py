@@ -92,8 +92,9 @@ from .procfs import (
     proc_stat,
     session_members,
     session_usage,
+    signal_below,
+    signal_held,
     start_ticks,
-    tree,
 )
 from .rendezvous import reserve_port
 from .uids import TaskUids, UidsExhausted
@@ -722,12 +723,12 @@ class LocalBackend:
             # SIGTERM ignored) is still below it, its subreaper; once it is gone, such
             # a process would belong to init and outlive the task.
             wrapper = is_alive(pid, started)
-            below = [p for p in {*survivors, *(tree(pid) if wrapper else ())} if p != pid]
-            for member in below or survivors:
-                try:
-                    os.kill(member, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            others = [p for p in survivors if p != pid]
+            for member in others:
+                signal_held(member, signal.SIGKILL, lambda s: s.session == pid)
+            below = signal_below(pid, signal.SIGKILL) if wrapper else []
+            if not others and not below:
+                signal_held(pid, signal.SIGKILL, lambda s: started in (None, s.start_ticks))
             await asyncio.sleep(0.02)
         self._reap(pid)
         status = self._poll(ref, pid, started)
@@ -1013,7 +1014,6 @@ async def _end_exec(proc: asyncio.subprocess.Process) -> None:
     try:
         await asyncio.wait_for(proc.wait(), EXEC_DRAIN_S)
     except TimeoutError:
-        for pid in tree(proc.pid):
-            _signal(pid, signal.SIGKILL)
+        signal_below(proc.pid, signal.SIGKILL)
         _signal_group(proc.pid, signal.SIGKILL)
         await proc.wait()

@@ -7,6 +7,8 @@ A pid alone does not name a process for long (pids are reused), so the launcher 
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Callable
 from typing import NamedTuple
 
 
@@ -18,6 +20,7 @@ class ProcStat(NamedTuple):  # not a dataclass: importing dataclasses costs ever
     start_ticks: int
     cpu_ticks: int = 0  # user and system time
     rss_pages: int = 0
+    ppid: int = 0
 
 
 def proc_stat(pid: int) -> ProcStat | None:
@@ -37,6 +40,7 @@ def proc_stat(pid: int) -> ProcStat | None:
         start_ticks=int(rest[19]),
         cpu_ticks=int(rest[11]) + int(rest[12]),
         rss_pages=int(rest[21]),
+        ppid=int(rest[1]),
     )
 
 
@@ -124,6 +128,47 @@ def tree(pid: int) -> list[int]:
             found.extend(children)
             below.extend(children)
     return found
+
+
+def signal_below(root: int, signum: int) -> list[int]:
+    """Send ``signum`` to every process below ``root``; the pids that got it.
+
+    Finding a process and signalling it are two steps: between them it could end, be
+    collected, and its pid go to a stranger, whom a root launcher would then kill. So
+    each pid is first held (a pidfd names one process, never a later one with its
+    number), then checked to be still below ``root`` (its parent is ``root`` or was
+    found below it), and only then signalled through what holds it."""
+    found = tree(root)
+    parents = {root, *found}
+    return [pid for pid in found if signal_held(pid, signum, lambda s: s.ppid in parents)]
+
+
+def signal_held(pid: int, signum: int, still: Callable[[ProcStat], bool]) -> bool:
+    """Send ``signum`` to the process with ``pid`` if, once held, it is ``still`` the one
+    meant; whether it was sent. The check reads /proc by number: it reads the held
+    process because that process was not yet collected when the signal went (a
+    collected one refuses it), so it had the number all along. Where the kernel has no
+    pidfds (before 5.3, or a sandbox refusing them), checked, then signalled by pid."""
+    try:
+        held: int | None = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        held = None
+    try:
+        stat = proc_stat(pid)
+        if stat is None or not still(stat):
+            return False
+        if held is None:
+            os.kill(pid, signum)
+        else:
+            signal.pidfd_send_signal(held, signum)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if held is not None:
+            os.close(held)
 
 
 def pss_bytes(pid: int) -> int:

@@ -1,0 +1,89 @@
+"""Signalling what /proc found (procfs.py): every process below one, however deep, and
+never a process that is no longer where the walk found it, as when its pid went to a
+stranger between the walk and the signal."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainyard_launcher.adapters import procfs
+from trainyard_launcher.adapters.procfs import proc_stat, signal_below, signal_held, tree
+
+# A shell that starts a chain of nested shells, each waiting on the next, the last on
+# a sleep; the top one waits too, so the chain hangs below it.
+CHAIN = 'sh -c \'sh -c "sh -c \\"sleep 60\\""\' & wait'
+
+
+def _alive(pid: int) -> bool:
+    stat = proc_stat(pid)
+    return stat is not None and stat.state not in ("Z", "X")
+
+
+def _settled(root: int, count: int) -> list[int]:
+    deadline = time.monotonic() + 10
+    while len(found := tree(root)) < count:
+        assert time.monotonic() < deadline, found
+        time.sleep(0.02)
+    return found
+
+
+def _gone(pids: list[int]) -> bool:
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_every_process_below_is_signalled_and_the_root_spared() -> None:
+    root = subprocess.Popen(["sh", "-c", CHAIN])
+    try:
+        below = _settled(root.pid, 4)
+        sent = signal_below(root.pid, signal.SIGKILL)
+        assert sorted(sent) == sorted(below)
+        assert _gone(below)
+        assert root.wait(10) != -signal.SIGKILL  # the root ends by itself, its wait over
+    finally:
+        root.kill()
+        root.wait()
+
+
+def test_a_pid_no_longer_below_is_not_signalled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk reported a pid that, by the time of the signal, names a process
+    elsewhere (here a sibling of the root, not below it): it is left alone."""
+    root = subprocess.Popen(["sleep", "60"])
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        monkeypatch.setattr(procfs, "tree", lambda pid: [stranger.pid] if pid == root.pid else [])
+        assert signal_below(root.pid, signal.SIGKILL) == []
+        time.sleep(0.1)
+        assert stranger.poll() is None
+        assert root.poll() is None
+    finally:
+        for proc in (root, stranger):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_process_that_is_not_the_one_meant_or_gone_is_not_signalled() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = proc_stat(proc.pid)
+        assert started is not None
+        assert not signal_held(
+            proc.pid, signal.SIGKILL, lambda s: s.start_ticks != started.start_ticks
+        )
+        time.sleep(0.1)
+        assert proc.poll() is None
+        assert signal_held(proc.pid, signal.SIGKILL, lambda s: s.start_ticks == started.start_ticks)
+        assert proc.wait(10) == -signal.SIGKILL
+        assert not signal_held(proc.pid, signal.SIGKILL, lambda s: True)  # collected
+    finally:
+        proc.kill()
+        proc.wait()
