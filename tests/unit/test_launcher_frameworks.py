@@ -10,9 +10,12 @@ import dataclasses
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from trainyard_common.dialects.dlc import translate_dlc
 from trainyard_common.dialects.t9k import translate_t9k
 from trainyard_common.dialects.ti import translate_ti
 from trainyard_common.events import PortAssignment, TaskPlacement
@@ -100,6 +103,7 @@ def test_master_is_kept_as_master() -> None:
     assert config == {
         "cluster": {"master": ["10.0.0.1:3000"], "worker": ["10.0.0.1:3001"]},
         "task": {"type": "master", "index": 0},
+        "environment": "cloud",
     }
 
 
@@ -159,6 +163,7 @@ def test_build_task_env_carries_tf_config_and_the_job_cannot_forge_it() -> None:
     assert json.loads(env["TF_CONFIG"]) == {
         "cluster": {"worker": ["10.0.0.1:4000", "10.0.0.1:4001"], "ps": ["10.0.0.1:4002"]},
         "task": {"type": "worker", "index": 1},
+        "environment": "cloud",
     }
     assert env["PAI_CONTAINER_HOST_tfport_PORT_LIST"] == "4001"
 
@@ -179,6 +184,43 @@ def test_the_ti_translation_asks_placement_for_a_tf_port_per_role() -> None:
         "ps": ["tfport"],
         "master": ["tfport"],
     }
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize(
+    ("translate", "example"),
+    [
+        # The seed's CreateJob body (a trailing comma: not strict JSON; YAML reads it).
+        (translate_dlc, "dlc/createjob-tensorflow-gpu.seed.txt"),
+        (translate_t9k, "t9k/tensorflowtrainingjob-1.yaml"),
+    ],
+)
+def test_dlc_and_t9k_tensorflow_jobs_get_tf_config_on_every_task(
+    translate: Any, example: str
+) -> None:
+    """Their TensorFlow jobs declare no ports, yet DLC and T9k give every node
+    TF_CONFIG: each role asks placement for a port, as TI's and Kubeflow's do."""
+    translated = translate(yaml.safe_load((EXAMPLES / example).read_text()))
+    assert not translated.errors, translated.errors
+    spec = translated.spec
+    assert spec.kind is JobKind.TENSORFLOW
+    ports = iter(range(5000, 5100))
+    # What placement does: a port for each port a role declares, none where it has none.
+    tasks = [
+        place(
+            r.name, i, next(ports) if r.ports else None, label=r.ports[0].label if r.ports else ""
+        )
+        for r in spec.roles
+        for i in range(r.replicas)
+    ]
+    for task in tasks:
+        env = build_task_env(spec, tasks, task.role, task.index, attempt=1, job_id="j")
+        config = json.loads(env["TF_CONFIG"])
+        assert sum(len(a) for a in config["cluster"].values()) == len(tasks)
+        assert config["task"] == {"type": task.role.lower(), "index": task.index}
+        assert config["environment"] == "cloud"
 
 
 # ---------------------------------------------------------------- PyTorch and friends
@@ -236,13 +278,23 @@ def test_torch_tasks_rank_the_master_first_and_share_its_address() -> None:
         assert env["PET_NODE_RANK"] == env["RANK"]
         assert env["LOCAL_RANK"] == "0"
         assert "PET_RDZV_BACKEND" not in env
+        # A command asking torchrun for a c10d rendezvous (T9k's torchrunConfig) meets
+        # at the master, not at each task's localhost:29400.
+        assert (env["PET_RDZV_ENDPOINT"], env["PET_RDZV_ID"]) == ("10.0.0.1:23456", spec.name)
+    hosts = {k: e["PET_RDZV_CONF"] for k, e in envs.items()}
+    assert hosts == {
+        ("master", 0): "is_host=true",
+        ("worker", 0): "is_host=false",
+        ("worker", 1): "is_host=false",
+    }
 
 
 def test_nproc_per_node_is_the_tasks_gpu_count() -> None:
     spec, tasks = torch_job(JobKind.DEEPSPEED)
     spec.roles[0].resources = Resources(gpu=4)
-    assert framework_env(spec, tasks, "worker", 0)["PET_NPROC_PER_NODE"] == "4"
-    assert framework_env(spec, tasks, "master", 0)["PET_NPROC_PER_NODE"] == "1"
+    worker, master = (framework_env(spec, tasks, r, 0) for r in ("worker", "master"))
+    assert (worker["PET_NPROC_PER_NODE"], worker["NPROC_PER_NODE"]) == ("4", "4")
+    assert (master["PET_NPROC_PER_NODE"], master["NPROC_PER_NODE"]) == ("1", "1")
 
 
 def test_without_a_declared_port_the_reserved_one_is_used_and_none_is_made_up() -> None:

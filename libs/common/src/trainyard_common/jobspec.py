@@ -59,6 +59,12 @@ class PortSpec(Model):
     count: int = Field(1, description="How many ports of this label each task gets.")
 
 
+# The port every TensorFlow task is given where its job declares none (TI, DLC, T9k),
+# so placement assigns it a real port and the launcher can write TF_CONFIG with it
+# (launcher domain/frameworks.py prefers this label).
+TF_PORT_LABEL = "tfport"
+
+
 class TaskRef(Model):
     """One task of a job: a role and an index in it."""
 

@@ -27,11 +27,13 @@ import yaml
 
 from ..events import FieldIssue
 from ..jobspec import (
+    TF_PORT_LABEL,
     CodeSource,
     DataSource,
     EnvVar,
     JobKind,
     JobSpec,
+    PortSpec,
     Resources,
     RoleSpec,
     env_list,
@@ -458,6 +460,8 @@ def _roles(
     roles: list[RoleSpec] = []
     first_use: dict[str, int] = {}
     allowed = ROLE_TYPES.get(job_type or "")
+    # DLC gives every node of a TFJob TF_CONFIG, so each needs a port of its own.
+    tf = JOB_TYPES.get(job_type or "") is JobKind.TENSORFLOW
     for i, raw in enumerate(raw_specs):
         path = f"$.JobSpecs[{i}]"
         if not isinstance(raw, dict):
@@ -500,6 +504,7 @@ def _roles(
                 image=image,
                 resources=_resources(raw, path, catalog, issues),
                 command=command,
+                ports=[PortSpec(label=TF_PORT_LABEL)] if tf else [],
             )
         )
     leaders = [r for r in roles if r.name in LEADER_ROLES]

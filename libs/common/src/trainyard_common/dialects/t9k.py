@@ -19,9 +19,11 @@ from typing import Any
 from ..events import FieldIssue
 from ..jobspec import (
     MPIRUN_ARGS_ENV,
+    TF_PORT_LABEL,
     EnvVar,
     JobKind,
     JobSpec,
+    PortSpec,
     RestartPolicy,
     RoleSpec,
     RunMode,
@@ -475,6 +477,7 @@ def _replica_roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Ro
             "spelling",
         )
     path = join("$.spec", key)
+    tf = kind.job_kind is JobKind.TENSORFLOW
     raw = spec.get(key)
     if raw is None:
         issues.error(
@@ -564,7 +567,11 @@ def _replica_roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Ro
         command = _command(pod, kind, spec, issues)
         _substitutions(pod, issues)
         roles.append(
-            _Role(_role_spec(rtype or "", replicas or 1, pod, command, policy), rpath, limit)
+            _Role(
+                _role_spec(rtype or "", replicas or 1, pod, command, policy, tf_port=tf),
+                rpath,
+                limit,
+            )
         )
     return roles
 
@@ -583,7 +590,13 @@ def _substitutions(pod: PodTask, issues: Issues) -> None:
 
 
 def _role_spec(
-    name: str, replicas: int, pod: PodTask, command: str, policy: RestartPolicy
+    name: str,
+    replicas: int,
+    pod: PodTask,
+    command: str,
+    policy: RestartPolicy,
+    *,
+    tf_port: bool = False,
 ) -> RoleSpec:
     # Where the command is the container's own argv, the role keeps it as a container's
     # command and args; a command the kind builds (torchrun, mpirun) is a shell line.
@@ -604,6 +617,8 @@ def _role_spec(
         retryable_exit_codes=list(RETRYABLE_EXIT_CODES)
         if policy is RestartPolicy.EXIT_CODE
         else [],
+        # Every replica of a TensorFlowTrainingJob gets TF_CONFIG: a port of its own.
+        ports=[PortSpec(label=TF_PORT_LABEL)] if tf_port else [],
     )
 
 

@@ -31,7 +31,16 @@ from typing import Any
 import yaml
 
 from ..events import FieldIssue
-from ..jobspec import DataSource, EnvVar, JobKind, JobSpec, PortSpec, Resources, RoleSpec
+from ..jobspec import (
+    TF_PORT_LABEL,
+    DataSource,
+    EnvVar,
+    JobKind,
+    JobSpec,
+    PortSpec,
+    Resources,
+    RoleSpec,
+)
 from .fields import mapping
 from .registry import Dialect
 from .translation import (
@@ -81,10 +90,6 @@ _SIGNATURE_KEYS = frozenset(
         "runtimeVersion",
     }
 )
-
-# The port every TensorFlow task is given, so placement assigns real ports and the
-# launcher can write TF_CONFIG (launcher domain/frameworks.py reads this label).
-TF_PORT_LABEL = "tfport"
 
 MACHINE_TYPE_RE = re.compile(r"(\d+)U(\d+)G(\d+)P")
 MACHINE_TYPE_RULE = "aUbGcP (a CPU units, b GB memory, c GPUs; 0 for the default), e.g. 1U2G1P"

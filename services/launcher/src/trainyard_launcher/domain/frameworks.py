@@ -39,13 +39,13 @@ from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import (
     MPI_IMPLEMENTATION_ENV,
     MPIRUN_ARGS_ENV,
+    TF_PORT_LABEL,
     JobKind,
     JobSpec,
     RunMode,
     env_dict,
 )
 
-TF_PORT_LABEL = "tfport"
 EVALUATOR = "evaluator"
 
 # Kinds whose tasks meet at one task's address (MASTER_ADDR:MASTER_PORT).
@@ -116,10 +116,11 @@ def tf_config(spec: JobSpec, tasks: list[TaskPlacement], role: str, index: int) 
         if any(a is None for a in addresses):
             return None
         cluster.setdefault(task_type, []).extend(a for a in addresses if a is not None)
-    return json.dumps(
-        {"cluster": cluster, "task": {"type": tf_task_type(role), "index": index}},
-        separators=(",", ":"),
-    )
+    # "environment": "cloud", as Kubeflow's operator and DLC write it: TensorFlow's
+    # estimators read it to know the cluster is not a local one.
+    task = {"type": tf_task_type(role), "index": index}
+    config = {"cluster": cluster, "task": task, "environment": "cloud"}
+    return json.dumps(config, separators=(",", ":"))
 
 
 # --------------------------------------------------------------------- the rendezvous
@@ -237,23 +238,23 @@ def torch_env(
         "PET_NNODES": str(len(ranked)),
         "PET_NODE_RANK": str(rank),
         "PET_NPROC_PER_NODE": str(nproc),
+        # DLC's name for it (torchrun --nproc_per_node=$NPROC_PER_NODE in its examples).
+        "NPROC_PER_NODE": str(nproc),
+        # Where a dynamic rendezvous (--rdzv_backend=c10d, as T9k's torchrunConfig and
+        # elastic jobs ask) meets: without them torchrun meets at localhost:29400 under
+        # the id "none", so tasks on two machines never meet and two jobs on one do.
+        # The static rendezvous reads the same endpoint from MASTER_ADDR and _PORT.
+        "PET_RDZV_ENDPOINT": f"{master.host_ip}:{port}",
+        "PET_RDZV_ID": spec.name,
+        # The master's agent hosts the c10d store; on one machine every agent would
+        # otherwise take the endpoint's host for its own.
+        "PET_RDZV_CONF": f"is_host={'true' if master.role == role and master.index == index else 'false'}",
     }
     if _is_elastic(spec):
         low = sum(r.min_replicas if r.min_replicas is not None else r.replicas for r in spec.roles)
         high = sum(r.max_replicas if r.max_replicas is not None else r.replicas for r in spec.roles)
-        is_master = master.role == role and master.index == index
-        env.update(
-            {
-                "PET_RDZV_BACKEND": "c10d",
-                "PET_RDZV_ENDPOINT": f"{master.host_ip}:{port}",
-                "PET_RDZV_ID": spec.name,
-                # torchrun's --nnodes=MIN:MAX: the elastic range of the whole job.
-                "PET_NNODES": f"{low}:{high}",
-                # The master's agent hosts the c10d store; on one machine every agent would
-                # otherwise take the endpoint's host for its own.
-                "PET_RDZV_CONF": f"is_host={'true' if is_master else 'false'}",
-            }
-        )
+        # torchrun's --nnodes=MIN:MAX: the elastic range of the whole job.
+        env.update({"PET_RDZV_BACKEND": "c10d", "PET_NNODES": f"{low}:{high}"})
         del env["PET_NODE_RANK"]  # the rendezvous assigns node ranks
     return env
 
