@@ -47,6 +47,7 @@ from .translation import (
     Issues,
     Translation,
     empty_spec,
+    env_problem,
     join,
     json_type,
     show,
@@ -539,6 +540,9 @@ def _envs(payload: dict[str, Any], issues: Issues) -> dict[str, str]:
             continue
         if isinstance(value, float) and not math.isfinite(value):
             issues.error(join("$.Envs", str(key)), "Envs values must be finite", "type")
+            continue
+        if problem := env_problem(str(key), value if isinstance(value, str) else ""):
+            issues.error(join("$.Envs", str(key)), problem)
             continue
         out[str(key)] = value
     return out

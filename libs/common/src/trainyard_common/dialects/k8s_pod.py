@@ -15,7 +15,7 @@ from typing import Any
 
 from ..events import FieldIssue
 from ..jobspec import PULL_POLICIES, EnvVar, PullPolicy, Resources, RoleSpec, reaches_pod
-from .translation import INT_MAX, Issues, join, json_type, show
+from .translation import INT_MAX, Issues, env_problem, join, json_type, show
 
 # Kubernetes object names (metadata.name, namespaces): an RFC 1123 DNS label.
 DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -623,7 +623,9 @@ def _env(raw: Any, path: str, issues: Issues) -> list[EnvVar]:
                 "type",
             )
             continue
-        if name is not None:
+        if name is not None and (problem := env_problem(name, value)):
+            issues.error(epath, problem)
+        elif name is not None:
             out.append(EnvVar(name=name, value=value))
     return out
 

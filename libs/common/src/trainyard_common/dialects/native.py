@@ -22,6 +22,7 @@ from .translation import (
     ROLE_NAME_RULE,
     Translation,
     empty_spec,
+    env_problem,
     join,
     json_type,
     show,
@@ -147,6 +148,9 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
         err("$.max_running_minutes", "max_running_minutes must be at least 1", "range")
     if not spec.roles:
         err("$.roles", "roles must hold at least one role", "required")
+    for j, var in enumerate(spec.env):
+        if problem := env_problem(var.name, var.value):
+            err(f"$.env[{j}]", problem)
 
     first_use: dict[str, int] = {}
     for i, role in enumerate(spec.roles):
@@ -204,6 +208,9 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
                 )
         if not role.command.strip():
             err(f"{path}.command", "command must not be empty", "required")
+        for j, var in enumerate(role.env):
+            if problem := env_problem(var.name, var.value):
+                err(f"{path}.env[{j}]", problem)
         for key in ("min_failed", "min_succeeded"):
             value = getattr(role, key)
             if value is not None and not 1 <= value <= INT_MAX:

@@ -34,6 +34,7 @@ from .translation import (
     Translation,
     bounded_int,
     empty_spec,
+    env_problem,
     join,
     json_type,
     show,
@@ -207,7 +208,9 @@ def _check_job_envs(payload: dict[str, Any], issues: Issues) -> None:
             "type",
         )
     for key, value in envs.items():
-        if isinstance(value, dict | list):
+        if problem := env_problem(str(key), value if isinstance(value, str) else ""):
+            issues.error(join("$.jobEnvs", str(key)), problem)
+        elif isinstance(value, dict | list):
             issues.warn(
                 join("$.jobEnvs", key),
                 f"jobEnvs value {show(key)} is {json_type(value)}; it is passed "

@@ -104,6 +104,22 @@ def bounded_int(value: Any, default: int | None, minimum: int) -> int | None:
     return number if number is not None and minimum <= number <= INT_MAX else default
 
 
+def env_problem(name: str, value: str) -> str | None:
+    """Why a variable ``name=value`` cannot reach a process, or None: execve takes
+    ``name=value`` strings, so a name holding ``=`` (or empty) would read as another
+    variable, and a NUL ends the string. Accepted, such a job failed only at its start,
+    with a message naming no field."""
+    if not name:
+        return "a variable name must not be empty"
+    if "=" in name:
+        return f"variable name {show(name)} must not hold '='"
+    if "\0" in name:
+        return f"variable name {show(name)} must not hold a NUL character"
+    if "\0" in value:
+        return f"the value of {show(name)} must not hold a NUL character"
+    return None
+
+
 class Issues:
     """Collects errors and warnings while a validator walks a payload."""
 
