@@ -176,6 +176,11 @@ def test_roa_v2_signatures_work_too(platform: Platform, access_key: dict[str, st
         platform, access_key["AccessKeyId"], access_key["AccessKeySecret"], signature_algorithm="v2"
     )
     assert old.list_jobs(dlc_models.ListJobsRequest(page_size=1)).body.request_id
+    # pai-dlc's older clients sign only so, and their CreateJob carries no Content-MD5.
+    created = old.create_job(cpu_job("dlc-roa-v2", "true")).body
+    assert created.job_id
+    job = wait_for(old, created.job_id, lambda b: b.status in DLC_TERMINAL)
+    assert job.status == "Succeeded", job.to_map()
 
 
 def test_another_users_job_is_not_found(platform: Platform, api: Api, client: Client) -> None:

@@ -6,6 +6,7 @@ user's good request still works."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import hashlib
 import json
@@ -250,7 +251,7 @@ def test_one_users_bad_requests_never_fail_anothers_good_ones(admin: Api) -> Non
 
 def signed(
     platform: Platform, key: dict, method: str, path: str, body: dict | None, *, nonce: str,
-    roa: bool = False,
+    roa: bool = False, content_md5: bool = False,
 ) -> tuple[dict[str, str], bytes]:  # fmt: skip
     """A request signed as the official SDK signs it, with the nonce given."""
     req = DaraRequest()
@@ -268,6 +269,8 @@ def signed(
         req.body = payload.decode()
         req.headers["content-type"] = "application/json; charset=utf-8"
     now = datetime.now(UTC)
+    if content_md5:
+        req.headers["content-md5"] = base64.b64encode(hashlib.md5(payload).digest()).decode()
     if roa:
         req.headers.update(
             {
@@ -310,14 +313,27 @@ def test_a_dlc_signature_is_accepted_once(platform: Platform, admin: Api) -> Non
             assert again.status_code == 400 and again.json()["Code"] == "SignatureNonceUsed"
 
 
-def test_a_roa_request_whose_signature_does_not_cover_its_body_is_refused(
+def test_a_roa_request_bound_to_its_body_cannot_carry_another_and_none_is_replayed(
     platform: Platform, admin: Api
 ) -> None:
+    """ROA v2 signs Content-MD5, not the body: with Content-MD5 another body is refused.
+    The SDKs send none (accepted, as at Alibaba): such a request cannot be sent twice."""
     key = admin.http.post("/v1/access-keys", json={"user": "dlc-roa"}).json()
-    headers, body = signed(
-        platform, key, "POST", "/api/v1/jobs", dlc_job("roa"), nonce=uuid.uuid4().hex, roa=True
-    )
+    headers, _ = signed(
+        platform, key, "POST", "/api/v1/jobs", dlc_job("roa"), nonce=uuid.uuid4().hex,
+        roa=True, content_md5=True,
+    )  # fmt: skip
+    unbound, body = signed(
+        platform, key, "POST", "/api/v1/jobs", dlc_job("roa-sdk"), nonce=uuid.uuid4().hex,
+        roa=True,
+    )  # fmt: skip
     with httpx.Client(base_url=platform.url, timeout=30) as http:
         swapped = json.dumps(dlc_job("swapped")).encode()
         answer = http.post("/api/v1/jobs", content=swapped, headers=headers)
-    assert answer.status_code == 403 and answer.json()["Code"] == "IncompleteSignature", answer.text
+        assert answer.status_code == 403, answer.text
+        assert answer.json()["Code"] == "ContentMD5Mismatch", answer.text
+        first = http.post("/api/v1/jobs", content=body, headers=unbound)
+        assert first.status_code == 200 and first.json()["JobId"], first.text
+        again = http.post("/api/v1/jobs", content=swapped, headers=unbound)
+        assert again.status_code == 400, again.text
+        assert again.json()["Code"] == "SignatureNonceUsed", again.text
