@@ -46,6 +46,32 @@ def test_a_request_signed_as_the_sdk_signs_it_verifies() -> None:
     assert len(verify(signed(), "s3cret", NOW + timedelta(seconds=30))) == 64
 
 
+def test_signed_header_values_are_lower_cased_as_tencent_documents() -> None:
+    """Tencent's signing guide lower-cases every signed header's value: its own example
+    signs ``x-tc-action:describeinstances`` for the header ``DescribeInstances``."""
+    timestamp, date = str(int(NOW.timestamp())), NOW.strftime("%Y-%m-%d")
+    canonical = "\n".join([
+        "POST", "/", "",
+        "content-type:application/json; charset=utf-8\nhost:yard.example:8080\n"
+        "x-tc-action:describeinstances\n",
+        "content-type;host;x-tc-action", hashlib.sha256(BODY).hexdigest(),
+    ])  # fmt: skip
+    to_sign = "\n".join([
+        "TC3-HMAC-SHA256", timestamp, f"{date}/tia/tc3_request",
+        hashlib.sha256(canonical.encode()).hexdigest(),
+    ])  # fmt: skip
+    signature = Sign.sign_tc3("s3cret", date, "tia", to_sign)
+    headers = {
+        "content-type": "application/json; charset=UTF-8",
+        "host": "Yard.Example:8080",
+        "x-tc-action": "DescribeInstances",
+        "x-tc-timestamp": timestamp,
+        "authorization": f"TC3-HMAC-SHA256 Credential=AKID/{date}/tia/tc3_request, "
+        f"SignedHeaders=content-type;host;x-tc-action, Signature={signature}",
+    }
+    assert len(verify(Signed("POST", "", headers, BODY), "s3cret", NOW)) == 64
+
+
 @pytest.mark.parametrize(
     ("request_", "now", "code"),
     [

@@ -88,8 +88,10 @@ def signature(secret_key: str, date: str, service: str, string_to_sign: str) -> 
 
 
 def string_to_sign(signed: Signed, signed_headers: list[str], date: str, service: str) -> str:
+    # "头部 key 和 value 统一转成小写，并去掉首尾空格": Tencent's own example signs
+    # x-tc-action:describeinstances.
     canonical_headers = "".join(
-        f"{name}:{signed.headers.get(name, '').strip()}\n" for name in signed_headers
+        f"{name}:{signed.headers.get(name, '').strip().lower()}\n" for name in signed_headers
     )
     payload = (
         "UNSIGNED-PAYLOAD"
