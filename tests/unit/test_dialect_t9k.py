@@ -365,6 +365,23 @@ def test_run_policy_maps_to_retry_deadline_and_cleanup() -> None:
     assert (spec.retry_limit, spec.max_running_minutes, spec.cleanup_policy) == (2, 2, "All")
 
 
+@pytest.mark.parametrize(
+    "example",
+    ["pytorchtrainingjob-1.yaml", "tensorflowtrainingjob-1.yaml", "xgboosttrainingjob-1.yaml"],
+)
+def test_backoff_limit_defaults_to_three_and_zero_is_kept(example: str) -> None:
+    """T9k's manual: backoffLimit 默认为 3, shared by every replica's restarts."""
+    payload = load(example)
+    payload["spec"].pop("runPolicy", None)
+    assert translate_t9k(payload).spec.retry_limit == 3
+    payload["spec"]["runPolicy"] = {"cleanUpPolicy": "All"}
+    assert translate_t9k(payload).spec.retry_limit == 3
+    payload["spec"]["runPolicy"] = {"backoffLimit": 0}
+    assert translate_t9k(payload).spec.retry_limit == 0
+    # GenericJob has no runPolicy: its restartPolicy's own limit, else none.
+    assert translate_t9k(load("genericjob-1.yaml")).spec.retry_limit == 0
+
+
 def test_resources_env_and_shared_memory() -> None:
     payload = load("genericjob-1.yaml")
     container = payload["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]

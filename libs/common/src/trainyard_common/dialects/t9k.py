@@ -169,6 +169,9 @@ KINDS: dict[str, Kind] = {
 }
 PLURALS: dict[str, Kind] = {k.plural: k for k in KINDS.values()}
 # Spellings of a kind found in T9k's own documentation.
+# runPolicy.backoffLimit when a job leaves it out (T9k's manual: 默认为 3).
+DEFAULT_BACKOFF_LIMIT = 3
+
 KIND_SPELLINGS = {"DeepspeedJob": "DeepSpeedJob"}
 _COMMON_SPEC = frozenset({"runMode", "scheduler", "replicaSpecs", "replicasSpec"})
 
@@ -779,6 +782,8 @@ def _run_policy(kind: Kind, spec: dict[str, Any], issues: Issues) -> dict[str, A
         if policy is not None:
             out["cleanup_policy"] = _cleanup(policy, "$.spec.cleanUpPolicy", issues)
         return out
+    # "spec.runPolicy.backoffLimit 字段（默认为 3）": restarts all replicas share.
+    out["retry_limit"] = DEFAULT_BACKOFF_LIMIT
     raw = spec.get("runPolicy")
     path = "$.spec.runPolicy"
     if raw is None:
