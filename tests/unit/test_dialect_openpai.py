@@ -153,6 +153,16 @@ def test_explicit_min_counts() -> None:
     assert (role.min_failed, role.min_succeeded) == (2, 3)
 
 
+@pytest.mark.parametrize("key", ["minFailedTaskCount", "minSucceededTaskCount"])
+def test_a_min_count_above_task_number_is_refused_as_openpai_refuses_it(key: str) -> None:
+    """Kept, it could never trigger: a job whose every task failed would succeed."""
+    payload = helloworld()
+    payload["taskRoles"][0].update({"taskNumber": 2, key: 3})
+    errors = translate(payload).errors
+    assert [(e.path, e.code) for e in errors] == [(f"$.taskRoles[0].{key}", "count_above_tasks")]
+    assert "must not be greater than taskNumber (2)" in errors[0].message
+
+
 def test_integral_floats_are_integers_but_fractions_are_not() -> None:
     payload = helloworld()
     payload["taskRoles"][0]["taskNumber"] = 2.0

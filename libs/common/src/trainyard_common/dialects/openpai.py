@@ -240,9 +240,12 @@ def _check_role(role: dict[str, Any], path: str, issues: Issues) -> str | None:
     for key in ("minFailedTaskCount", "minSucceededTaskCount"):
         count = issues.integer(role, key, path, required=False, minimum=1, nullable=True)
         if count is not None and tasks is not None and count > tasks:
-            issues.warn(
+            # OpenPAI's schema: .max(Joi.ref('taskNumber')) (checkMinTaskNumber: "should
+            # not be greater than tasks number"). Kept, the rule could never trigger: a
+            # job all of whose tasks failed would succeed.
+            issues.error(
                 join(path, key),
-                f"{key} ({count}) is larger than taskNumber ({tasks}); the rule can never trigger",
+                f"{key} ({count}) must not be greater than taskNumber ({tasks})",
                 "count_above_tasks",
             )
     _check_ports(role, path, issues)
