@@ -191,6 +191,69 @@ def test_openpai_rest_flow_submit_status_list(api: Api) -> None:
     assert name not in {i["name"] for i in waiting}
 
 
+def test_v1_paths_under_a_user_and_the_stopping_filter(api: Api) -> None:
+    """OpenPAI's rest-server rewrites /api/v1/user/{user}/jobs[/{name}/...] to the v2
+    routes of {user}~{name}: the v1 clients' list, config, ssh and stop. A job whose stop
+    was asked for, still running, is listed as STOPPING and found by that state only."""
+    name = unique("v1-paths")
+    payload = {
+        "jobName": name,
+        "image": "python:3.11",
+        "taskRoles": [
+            {
+                "name": "main",
+                "taskNumber": 1,
+                "cpuNumber": 1,
+                "memoryMB": 128,
+                "gpuNumber": 0,
+                # Deaf to SIGTERM: it stays STOPPING until the kill grace is over.
+                "command": "trap '' TERM; sleep 300",
+            }
+        ],
+    }
+    assert api.http.post("/api/v1/user/admin/jobs", json=payload).status_code == 202
+    openpai_status(api, f"admin~{name}", {"RUNNING"})
+    listed = api.http.get("/api/v1/user/admin/jobs")
+    assert listed.status_code == 200 and name in {i["name"] for i in listed.json()}
+    config = api.http.get(f"/api/v1/user/admin/jobs/{name}/config")
+    assert config.status_code == 200 and config.json() == payload
+    for path in (f"/api/v1/user/admin/jobs/{name}/ssh", f"/api/v2/jobs/admin~{name}/ssh"):
+        ssh = api.http.get(path)
+        assert ssh.status_code == 404 and ssh.json()["code"] == "NoJobSshInfoError", ssh.text
+    nothing = api.http.get("/api/v1/user/admin/jobs/no-such-job/ssh")
+    assert nothing.status_code == 404 and nothing.json()["code"] == "NoJobError"
+
+    stop = api.http.put(f"/api/v1/user/admin/jobs/{name}/executionType", json={"value": "STOP"})
+    assert stop.status_code == 202, stop.text
+    assert stop.json()["message"] == f"Execute job admin~{name} successfully."
+
+    def names(state: str) -> set[str]:
+        answer = api.http.get("/api/v2/jobs", params={"state": state, "keyword": name})
+        assert answer.status_code == 200, answer.text
+        return {i["name"] for i in answer.json()}
+
+    deadline = time.monotonic() + 8
+    while name not in names("STOPPING"):
+        assert time.monotonic() < deadline, "a job being stopped was never listed as STOPPING"
+        time.sleep(0.2)
+    assert name not in names("RUNNING") | names("WAITING")
+    assert name in names("RUNNING,STOPPING")
+    assert names("UNKNOWN") == set()
+    openpai_status(api, f"admin~{name}", {"STOPPED"})
+    assert name in names("STOPPED") and name not in names("STOPPING")
+
+
+def test_the_list_takes_openpais_limits(api: Api) -> None:
+    """Up to OpenPAI's 50000 (pages hold 5000 here); above it, OpenPAI's 400."""
+    assert api.http.get("/api/v2/jobs", params={"limit": 10000}).status_code == 200
+    above = api.http.get("/api/v2/jobs", params={"limit": 60000})
+    assert above.status_code == 400, above.text
+    assert above.json() == {
+        "code": "InvalidParametersError",
+        "message": "Limit exceeds max number 50000.",
+    }
+
+
 def test_seed_json_through_api_v2_jobs(api: Api) -> None:
     payload = seed_job("helloworld_16be675e")
     payload["jobName"] = unique("seed")

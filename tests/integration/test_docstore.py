@@ -53,6 +53,8 @@ QUERIES: list[dict[str, Any]] = [
     {"text": {"$regex": re.escape("like a (mark)"[:6])}},
     {"$or": [{"user": "bob"}, {"meta.zone": "a"}], "flag": True},
     {"$or": [{"user": {"$regex": "o", "$options": "i"}}, {"rank": {"$gt": 4}}]},
+    # $and: two $or in one query.
+    {"$and": [{"$or": [{"user": "bob"}, {"rank": 1}]}, {"$or": [{"flag": True}, {"state": None}]}]},
 ]
 
 
@@ -149,7 +151,7 @@ async def test_datetimes_and_marked_strings_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("call", "args"),
     [
-        ("find_one", ({"$and": [{"a": 1}]},)),
+        ("find_one", ({"$nor": [{"a": 1}]},)),
         ("find_one", ({"a": {"$regex": "x.*"}},)),
         ("find_one", ({"a": {"$regex": "x", "$options": "m"}},)),
         ("find_one", ({"a": {"$lt": None}},)),

@@ -367,9 +367,10 @@ class SqliteCollection:
         clauses: list[str] = []
         params: list[Any] = []
         for field, cond in (query or {}).items():
-            if field == "$or" and isinstance(cond, list | tuple) and cond:
+            if field in ("$or", "$and") and isinstance(cond, list | tuple) and cond:
                 parts = [self._where(sub) for sub in cond]
-                clauses.append("(" + " OR ".join(f"({w})" for w, _ in parts) + ")")
+                joint = f" {field[1:].upper()} "
+                clauses.append("(" + joint.join(f"({w})" for w, _ in parts) + ")")
                 params.extend(p for _, more in parts for p in more)
                 continue
             if field.startswith("$"):

@@ -216,6 +216,14 @@ def router(ctx: IntakeContext) -> APIRouter:
             },
         )
 
+    @api.put("/api/v1/user/{user}/jobs/{name}/executionType", status_code=202)
+    async def execute_v1(
+        user: str, name: str, request: Request, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
+        """v1's path (openpaisdk's and the JS SDK's stop): OpenPAI's rest-server rewrites
+        it to the v2 route of {user}~{name} (routes/rewrite.js)."""
+        return await execute(f"{user}~{name}", request, identity)
+
     @api.put("/api/v2/jobs/{framework_name}/tag")
     async def add_tag(
         framework_name: str, request: Request, identity: Identity = Depends(ctx.current)

@@ -31,15 +31,18 @@ from ..adapters.views import job_view
 from .context import StatusContext
 
 DIALECTS = (openpai.DIALECT, openpai_v2.DIALECT)
-# OpenPAI's state filter, in our states.
-STATES = {
-    "WAITING": ("SUBMITTED", "ACCEPTED", "QUEUED", "PLACED", "PAUSED"),
-    "RUNNING": ("RUNNING",),
-    "SUCCEEDED": ("SUCCEEDED",),
-    "FAILED": ("FAILED", "REJECTED"),
-    "STOPPED": ("STOPPED",),
+# OpenPAI's state filter, in our states. A job still waiting or running whose stop was
+# asked for shows STOPPING (dialects/openpai.py _job_state), so it is that, not these.
+WAITING = ("SUBMITTED", "ACCEPTED", "QUEUED", "PLACED", "PAUSED")
+STATES: dict[str, dict[str, Any]] = {
+    "WAITING": {"state": {"$in": list(WAITING)}, "stop_requested_by": None},
+    "RUNNING": {"state": "RUNNING", "stop_requested_by": None},
+    "STOPPING": {"state": {"$in": [*WAITING, "RUNNING"]}, "stop_requested_by": {"$ne": None}},
+    "SUCCEEDED": {"state": "SUCCEEDED"},
+    "FAILED": {"state": {"$in": ["FAILED", "REJECTED"]}},
+    "STOPPED": {"state": "STOPPED"},
 }
-MAX_LIMIT = 50000  # OpenPAI's own maximum
+MAX_LIMIT = 50000  # OpenPAI's own maximum: above it, 400; pages hold MAX_PAGE_SIZE here
 
 
 def error(status: int, code: str, message: str) -> JSONResponse:
@@ -231,11 +234,47 @@ def router(ctx: StatusContext) -> APIRouter:
             return missing
         return JSONResponse(json.loads(doc["original_json"]))
 
+    @api.get("/api/v2/jobs/{framework_name}/ssh")
+    async def get_ssh_info(
+        framework_name: str, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
+        """OpenPAI's SSH info of a job (the keys its ssh plugin made). Trainyard runs no
+        ssh plugin: a task's ``ssh`` port is in its status and PAI_CONTAINER_SSH_PORT,
+        a shell in it is ``yard exec``. Answered as OpenPAI on Kubernetes answers a job
+        without one."""
+        user, sep, name = framework_name.partition("~")
+        missing = error(404, "NoJobError", f"Job {framework_name} is not found.")
+        if not sep or not identity.can_see(user):
+            return missing
+        doc = await ctx.views.find_by_key(user, name)
+        if doc is None or doc.get("dialect") not in DIALECTS:
+            return missing
+        return error(
+            404,
+            "NoJobSshInfoError",
+            f"SSH info of job {framework_name} is not found: Trainyard runs no ssh plugin "
+            "(a task's ssh port is PAI_CONTAINER_SSH_PORT; a shell in it is `yard exec`)",
+        )
+
+    # OpenPAI's v1 paths under a user: its rest-server rewrites /api/v1/user/{user}/jobs[/
+    # {name}...] to the v2 routes of {user}~{name} (routes/rewrite.js), so do these.
     @api.get("/api/v1/user/{user}/jobs/{name}")
     async def get_job_v1(
         user: str, name: str, identity: Identity = Depends(ctx.current)
     ) -> JSONResponse:
         return await status_of(user, name, identity)
+
+    @api.get("/api/v1/user/{user}/jobs/{name}/config")
+    async def get_config_v1(
+        user: str, name: str, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
+        return await get_config(f"{user}~{name}", identity)
+
+    @api.get("/api/v1/user/{user}/jobs/{name}/ssh")
+    async def get_ssh_info_v1(
+        user: str, name: str, identity: Identity = Depends(ctx.current)
+    ) -> JSONResponse:
+        return await get_ssh_info(f"{user}~{name}", identity)
 
     # The list's ``order`` fields (rest-server controllers/v2/job.js) -> stored fields; an
     # unknown field or direction is passed over, as OpenPAI does.
@@ -256,7 +295,7 @@ def router(ctx: StatusContext) -> APIRouter:
         vc: str | None = None,
         state: str | None = None,
         offset: int = Query(0, ge=0, le=MAX_OFFSET),
-        limit: int = Query(5000, ge=1, le=MAX_PAGE_SIZE),
+        limit: int = Query(MAX_PAGE_SIZE, ge=1),
         withTotalCount: bool = False,  # noqa: N803 - OpenPAI's parameter name
         tagsContain: str | None = Query(None, max_length=4096),  # noqa: N803
         tagsNotContain: str | None = Query(None, max_length=4096),  # noqa: N803
@@ -279,9 +318,11 @@ def router(ctx: StatusContext) -> APIRouter:
             where["user"] = {"$in": users}
         if vc:
             where["queue"] = {"$in": vc.split(",")}
+        either: list[list[dict[str, Any]]] = []
         if state:
-            wanted = [ours for s in state.split(",") for ours in STATES.get(s.upper(), ())]
-            where["state"] = {"$in": wanted}
+            # An unknown state (UNKNOWN among them: never shown here) matches nothing.
+            wanted = [STATES[s.upper()] for s in state.split(",") if s.upper() in STATES]
+            either.append(wanted or [{"state": {"$in": []}}])
         # OpenPAI's tag filters: any of tagsContain, none of tagsNotContain.
         tags: dict[str, list[str]] = {}
         if tagsContain:
@@ -293,7 +334,9 @@ def router(ctx: StatusContext) -> APIRouter:
         if keyword:
             # OpenPAI's keyword: a substring of the user, the job's name or its VC.
             found = {"$regex": re.escape(keyword)}
-            where["$or"] = [{"user": found}, {"name": found}, {"queue": found}]
+            either.append([{"user": found}, {"name": found}, {"queue": found}])
+        if either:
+            where["$and"] = [{"$or": alternatives} for alternatives in either]
         sort, ascending = "submitted_at", False  # OpenPAI's default: submissionTime,DESC
         if order:
             field, _, way = order.partition(",")
@@ -304,10 +347,20 @@ def router(ctx: StatusContext) -> APIRouter:
             if field in ORDER_FIELDS and way in ("ASC", "DESC"):
                 sort, ascending = ORDER_FIELDS[field], way == "ASC"
         docs, total = await ctx.views.list_jobs(
-            user=None, state=None, limit=limit, offset=offset, where=where, full=True,
+            user=None, state=None, limit=min(limit, MAX_PAGE_SIZE), offset=offset, where=where,
+            full=True,
             sort=sort, oldest_first=ascending,
         )  # fmt: skip
         items = [render_list_item(_with_stop(job_view(doc, []), doc)) for doc in docs]
         return {"totalCount": total, "data": items} if withTotalCount else items
+
+    @api.get("/api/v1/user/{user}/jobs")
+    async def list_jobs_v1(user: str, identity: Identity = Depends(ctx.current)) -> Any:
+        """The v1 list of a user's jobs (openpaisdk's and the JS SDK's v1 clients)."""
+        return await list_jobs(
+            identity=identity, username=user, vc=None, state=None, offset=0,
+            limit=MAX_PAGE_SIZE, withTotalCount=False, tagsContain=None, tagsNotContain=None,
+            keyword=None, order=None,
+        )  # fmt: skip
 
     return api
