@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -252,6 +253,26 @@ def test_the_list_takes_openpais_limits(api: Api) -> None:
         "code": "InvalidParametersError",
         "message": "Limit exceeds max number 50000.",
     }
+
+
+def test_the_platforms_own_errors_on_openpais_paths_are_in_openpais_shape(api: Api) -> None:
+    """OpenPAI's clients read {"code", "message"}: an unknown path, a bad query
+    parameter and a missing token answer so on its paths, and as before elsewhere."""
+    cases = {
+        "/api/v2/jobs/admin~x/no-such-thing": (404, "NotFoundError"),
+        "/api/v1/user/admin/jobs/x/no-such-thing": (404, "NotFoundError"),
+        "/api/v2/jobs?offset=abc": (400, "InvalidParametersError"),
+    }
+    for path, (status, code) in cases.items():
+        answer = api.http.get(path)
+        assert (answer.status_code, answer.json().get("code")) == (status, code), answer.text
+        assert answer.json()["message"], answer.text
+    assert "offset" in api.http.get("/api/v2/jobs?offset=abc").json()["message"]
+    anonymous = httpx.get(f"{api.url}/api/v2/jobs", timeout=30)
+    assert anonymous.status_code == 401, anonymous.text
+    assert anonymous.json()["code"] == "UnauthorizedUserError", anonymous.text
+    # Trainyard's own API keeps FastAPI's shape.
+    assert "detail" in api.http.get("/v1/jobs?limit=abc").json()
 
 
 def test_seed_json_through_api_v2_jobs(api: Api) -> None:

@@ -18,9 +18,11 @@ import uvicorn
 import uvloop
 from fastapi import FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.telemetry import TelemetryConfig
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import Settings
@@ -264,6 +266,31 @@ async def _refuse(send: Send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+# Paths whose clients (OpenPAI's SDKs, its web portal) read OpenPAI's error shape,
+# {"code", "message"} with its rest-server's codes, not FastAPI's {"detail"}.
+OPENPAI_PATHS = ("/api/v2/", "/api/v1/user/")
+OPENPAI_CODES = {
+    400: "InvalidParametersError",
+    401: "UnauthorizedUserError",
+    403: "ForbiddenUserError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "RequestEntityTooLarge",
+}
+
+
+def openpai_error(path: str, status: int, detail: Any) -> JSONResponse | None:
+    """FastAPI's own answer (an unknown path, a bad query parameter, no token) in
+    OpenPAI's shape, on OpenPAI's paths; None elsewhere."""
+    if not path.startswith(OPENPAI_PATHS):
+        return None
+    if status == 404 and detail == "Not Found":
+        detail = f"Can not match path {path}."  # the rest-server's words
+    message = detail if isinstance(detail, str) else json.dumps(detail)
+    code = OPENPAI_CODES.get(status, "UnknownError")
+    return JSONResponse({"code": code, "message": message}, status_code=status)
+
+
 NO_NATIVE_TELEMETRY: TelemetryConfig = {
     "tracing": False, "metrics": False, "logs": False, "operation_spans": False,
 }  # fmt: skip
@@ -289,13 +316,26 @@ def health_app(service: str, title: str | None = None) -> FastAPI:
     instrument_app(app)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's own answer puts the input in the error, and a body that is not UTF-8
         # (b"\x80" sent as YAML to a route that takes JSON) then failed to encode: a 500.
         errors = jsonable_encoder(
             exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")}
         )
+        where = ".".join(str(part) for part in errors[0]["loc"][1:]) if errors else ""
+        if shaped := openpai_error(
+            request.url.path, 400, f"{where}: {errors[0]['msg']}" if errors else "invalid"
+        ):
+            return shaped
         return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if shaped := openpai_error(request.url.path, exc.status_code, exc.detail):
+            if exc.headers:
+                shaped.headers.update(exc.headers)
+            return shaped
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(BusUnavailable)
     async def bus_unavailable(_request: Request, exc: BusUnavailable) -> JSONResponse:
