@@ -242,9 +242,24 @@ def test_success_follows_the_leader_role() -> None:
     ]
     roles = {r.name: r for r in dlc.translate_dlc(job).spec.roles}
     assert roles["Worker"].min_succeeded == 3 and roles["PS"].min_succeeded is None
+    # With a Chief: DLC's SuccessPolicy, AllWorkers by default, ChiefWorker on request.
     job["JobSpecs"].append({"Type": "Chief", "Image": "i", "EcsSpec": "ecs.c6.large"})
     roles = {r.name: r for r in dlc.translate_dlc(job).spec.roles}
+    assert roles["Worker"].min_succeeded == 3 and roles["Chief"].min_succeeded is None
+    job["SuccessPolicy"] = "ChiefWorker"
+    translated = dlc.translate_dlc(job)
+    roles = {r.name: r for r in translated.spec.roles}
     assert roles["Chief"].min_succeeded == 1 and roles["Worker"].min_succeeded is None
+    assert translated.warnings == []
+    job["SuccessPolicy"] = "SomeWorkers"
+    assert paths(dlc.translate_dlc(job).errors) == ["$.SuccessPolicy"]
+    # Other jobs: Kubeflow's rule (the Master), and SuccessPolicy is DLC's for TFJob only.
+    torch = cpu_job(JobType="PyTorchJob", SuccessPolicy="ChiefWorker")
+    torch["JobSpecs"].append({"Type": "Master", "Image": "i", "EcsSpec": "ecs.c6.large"})
+    translated = dlc.translate_dlc(torch)
+    roles = {r.name: r for r in translated.spec.roles}
+    assert roles["Master"].min_succeeded == 1 and roles["Worker"].min_succeeded is None
+    assert paths(translated.warnings) == ["$.SuccessPolicy"]
 
 
 @pytest.mark.parametrize(
@@ -533,6 +548,24 @@ def test_list_jobs_filters_as_dlc_documents_them() -> None:
 )
 def test_list_jobs_that_nothing_can_match_are_empty(params: dict[str, str], admin: bool) -> None:
     assert listing(admin=admin, **params).empty
+
+
+def test_empty_fields_the_sdk_always_sends_are_not_warned_of() -> None:
+    job = seed_example()
+    job["JobSpecs"][0].update(ElasticSpotSpecs=[], LocalMountSpecs=[], StartupDependencies=None)
+    assert dlc.translate_dlc(job).warnings == dlc.translate_dlc(seed_example()).warnings
+    job["JobSpecs"][0]["LocalMountSpecs"] = [{"MountPath": "/x"}]
+    paths = {w.path for w in dlc.translate_dlc(job).warnings}
+    assert "$.JobSpecs[0].LocalMountSpecs" in paths
+
+
+def test_every_status_dlc_lists_is_taken_those_never_shown_matching_nothing() -> None:
+    """ListJobsRequest.status: Stopping, Restarting, Bidding... are DLC's too."""
+    assert listing(Status="Stopping").where["state"] == {"$in": []}
+    assert listing(Status="SucceededReserving,Running").where["state"] == {"$in": ["RUNNING"]}
+    assert listing(Status="queuing").where["state"] == {"$in": ["QUEUED"]}
+    for status in dlc.LIST_STATUSES:
+        listing(Status=status)
 
 
 @pytest.mark.parametrize(

@@ -108,8 +108,12 @@ JOB_KEYS = frozenset(
         "Priority",
         # Who may see the job in its workspace: kept for ListJobs' Accessibility filter.
         "Accessibility",
+        "SuccessPolicy",
     }
 )
+# CreateJob's SuccessPolicy (TensorFlow jobs only): AllWorkers, its default, ends the
+# job when every Worker succeeded; ChiefWorker when the Chief did.
+SUCCESS_POLICIES = ("AllWorkers", "ChiefWorker")
 SPEC_KEYS = frozenset({"Type", "Image", "PodCount", "EcsSpec", "ResourceConfig"})
 RESOURCE_KEYS = frozenset({"CPU", "GPU", "Memory", "SharedMemory", "GPUType"})
 DATA_SOURCE_KEYS = frozenset({"DataSourceId", "MountPath", "Uri"})
@@ -361,7 +365,8 @@ def field_path(payload: Any, role: str | None, field_name: str) -> str:
 def _unsupported(
     obj: dict[str, Any], known: frozenset[str], path: str, issues: Issues, what: str
 ) -> None:
-    for key in sorted((k for k in obj if k not in known), key=str):
+    # The SDK's to_map() sends every list field, empty ones as []: nothing to warn of.
+    for key in sorted((k for k in obj if k not in known and obj[k] not in (None, [], {})), key=str):
         issues.warn(
             join(path, str(key)),
             f"{what} field {show(key)} is not supported by Trainyard; it is kept "
@@ -509,7 +514,10 @@ def _roles(
             )
         )
     leaders = [r for r in roles if r.name in LEADER_ROLES]
-    succeeding = leaders[:1] or [r for r in roles if r.name == "Worker"]
+    workers = [r for r in roles if r.name == "Worker"]
+    succeeding = leaders[:1] or workers
+    if _success_policy(payload, tf, issues) == "AllWorkers" and workers:
+        succeeding = workers
     if job_type in ROLE_TYPES and succeeding:
         # Kubeflow's rule: the leader's (or else the Workers') success is the job's;
         # parameter servers and evaluators never end by themselves.
@@ -518,6 +526,29 @@ def _roles(
             for r in roles
         ]
     return roles
+
+
+def _success_policy(payload: dict[str, Any], tf: bool, issues: Issues) -> str | None:
+    """The TFJob's SuccessPolicy (AllWorkers when left out); None for other jobs."""
+    raw = payload.get("SuccessPolicy")
+    if not tf:
+        if raw not in (None, ""):
+            issues.warn(
+                "$.SuccessPolicy",
+                "SuccessPolicy applies to TFJob only (as in DLC); it is kept but not used",
+                "not_applied",
+            )
+        return None
+    if raw in (None, ""):
+        return "AllWorkers"
+    if raw not in SUCCESS_POLICIES:
+        issues.error(
+            "$.SuccessPolicy",
+            f"SuccessPolicy {show(raw)} must be one of {', '.join(SUCCESS_POLICIES)}",
+            "enum",
+        )
+        return None
+    return str(raw)
 
 
 def _envs(payload: dict[str, Any], issues: Issues) -> dict[str, str]:
@@ -764,6 +795,15 @@ STATUS = {
     # one does; its ReasonCode tells the two apart.
     "PAUSED": "Stopped",
 }
+# Every Status ListJobs takes (ListJobsRequest.status): those Trainyard never shows
+# (Bidding, SanityChecking, Restarting, Stopping, *Reserving) match no job.
+LIST_STATUSES = frozenset(
+    {
+        "Creating", "Queuing", "Bidding", "EnvPreparing", "SanityChecking", "Running",
+        "Restarting", "Stopping", "SucceededReserving", "FailedReserving", "Succeeded",
+        "Failed", "Stopped",
+    }
+)  # fmt: skip
 REASON_CODE = {
     "REJECTED": "JobRejected",
     "FAILED": "JobFailed",
@@ -877,12 +917,12 @@ def list_query(params: Mapping[str, Any], *, user: str, admin: bool, now: dateti
     if (job_type := get("JobType")) is not None:
         where[f"labels.{JOB_TYPE_LABEL}"] = job_type
     if (status := get("Status")) is not None:
-        states = sorted({s for part in _csv(status) for s in states_for(part)})
-        if not states:
+        known = {s.lower() for s in LIST_STATUSES}
+        if unknown := [part for part in _csv(status) if part.strip().lower() not in known]:
             raise ListJobsError(
-                "Status", f"{status!r} is not one of {', '.join(sorted(set(STATUS.values())))}"
+                "Status", f"{unknown[0]!r} is not one of {', '.join(sorted(LIST_STATUSES))}"
             )
-        where["state"] = {"$in": states}
+        where["state"] = {"$in": sorted({s for part in _csv(status) for s in states_for(part)})}
     quotas = _csv(get("ResourceId")) or _csv(get("ResourceIds"))
     if quotas:
         where[f"labels.{RESOURCE_LABEL}"] = {"$in": quotas}
