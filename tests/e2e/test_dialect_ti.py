@@ -147,6 +147,13 @@ def test_delete_stops_the_job(api: Api) -> None:
     assert deleted.status_code == 202, deleted.text
     view = ti_job(api, name)
     assert view["state"] == "Failed" and view["message"].startswith("stopped")
+    # Deleted, the name is free again in its cluster; the new job is the one read back.
+    again = api.http.post(
+        "/ti/v1/jobs",
+        json={"name": name, "cluster": CLUSTER, "command": ["true"], "workerType": "1U1G0P"},
+    )
+    assert again.status_code == 202, again.text
+    assert ti_job(api, name, states=("Succeeded",))["state"] == "Succeeded"
     assert api.http.delete(f"/ti/v1/jobs/{CLUSTER}/{unique('none')}").status_code == 404
     assert api.http.get(f"/ti/v1/jobs/{CLUSTER}/{unique('none')}").status_code == 404
 
@@ -264,6 +271,8 @@ def test_tencent_cloud_sdk_creates_describes_lists_and_deletes(
     assert missing.value.code == "ResourceNotFound"
 
     client.DeleteJob(request(models.DeleteJobRequest, Name=name, Cluster=CLUSTER))
+    # DeleteJob frees the name in its cluster.
+    client.CreateJob(request(models.CreateJobRequest, Name=name, Cluster=CLUSTER, Command=["true"]))
     forged = tia_client.TiaClient(
         credential.Credential(key["AccessKeyId"], "not-the-secret"),
         "ap-guangzhou",

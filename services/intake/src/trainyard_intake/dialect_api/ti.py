@@ -88,20 +88,32 @@ def router(ctx: IntakeContext) -> APIRouter:
         view["warnings"] = [w.model_dump() for w in result.warnings]
         return JSONResponse(status_code=202, content=view)
 
+    async def delete(identity: Identity, cluster: str, name: str, reason: str) -> list[str]:
+        """Stop every job under ``cluster/name`` and free the name (a TI job name is
+        unique in its cluster while the job exists: deleted, it may be used again); the
+        jobs stopped."""
+        key = f"{cluster}/{name}"
+        claim = await ctx.deps.names.get(identity.user, key)
+        stopped = []
+        for job_id in await ctx.deps.owners.job_ids(identity.user, key):
+            try:
+                await request_stop(job_id, identity, ctx.deps, reason)
+            except JobNotFound:
+                continue
+            stopped.append(job_id)
+        if claim is not None:
+            # After the stops are on the bus: a name freed first could go to a new job
+            # while the command for the old one was still to be sent.
+            await ctx.deps.names.release(identity.user, key, claim.job_id)
+        return stopped
+
     @api.delete("/jobs/{cluster}/{name}", status_code=202)
     async def delete_job(
         cluster: str, name: str, identity: Identity = Depends(ctx.current)
     ) -> dict[str, Any]:
-        job_ids = await ctx.deps.owners.job_ids(identity.user, f"{cluster}/{name}")
-        stopped = []
-        for job_id in job_ids:
-            try:
-                await request_stop(
-                    job_id, identity, ctx.deps, f"deleted through the TI API by {identity.user}"
-                )
-            except JobNotFound:
-                continue
-            stopped.append(job_id)
+        stopped = await delete(
+            identity, cluster, name, f"deleted through the TI API by {identity.user}"
+        )
         if not stopped:
             raise HTTPException(404, f"no TI job {name!r} in cluster {cluster!r}")
         return {"name": name, "cluster": cluster, "stop": "requested", "ids": stopped}
@@ -125,16 +137,7 @@ def router(ctx: IntakeContext) -> APIRouter:
                 name, cluster = body.get("Name"), body.get("Cluster")
                 if not isinstance(name, str) or not isinstance(cluster, str):
                     raise TencentError("MissingParameter", "Name and Cluster are required")
-                stopped = 0
-                for job_id in await ctx.deps.owners.job_ids(identity.user, f"{cluster}/{name}"):
-                    try:
-                        await request_stop(
-                            job_id, identity, ctx.deps, f"DeleteJob by {identity.user}"
-                        )
-                    except JobNotFound:
-                        continue
-                    stopped += 1
-                if not stopped:
+                if not await delete(identity, cluster, name, f"DeleteJob by {identity.user}"):
                     raise TencentError(
                         "ResourceNotFound", f"job {name!r} does not exist in cluster {cluster!r}"
                     )
