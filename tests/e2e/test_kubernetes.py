@@ -303,6 +303,26 @@ def test_a_namespace_kept_to_a_user_is_theirs_alone(api: Api, kube_cluster: Kube
     assert pod["metadata"]["namespace"] == KEPT
 
 
+def test_a_job_rejected_after_its_answer_gives_its_name_back(api: Api) -> None:
+    """On Kubernetes the cluster's checks come after the 202 (intake does not know the
+    nodes): a job rejected then frees its name for the mended one, as a platform that
+    refuses it at submission never took it."""
+    job = {
+        "name": f"mended-{uuid.uuid4().hex[:6]}", "image": "busybox", "queue": "no-such-queue",
+        "roles": [{"name": "w", "command": "true"}],
+    }  # fmt: skip
+    rejected = api.wait(api.submit(job), timeout=60)
+    assert rejected["state"] == "REJECTED", rejected
+
+    def resubmitted() -> str | None:
+        answer = api.http.post("/v1/jobs", json={**job, "queue": "default"})
+        assert answer.status_code in (202, 409), answer.text
+        return answer.json()["id"] if answer.status_code == 202 else None
+
+    mended = wait_for(resubmitted, timeout=30, what="the rejected job's name given back")
+    assert api.wait(mended, timeout=120)["state"] == "SUCCEEDED"
+
+
 def deletes(kube: KubeCluster, resource: str) -> float:
     """DELETE requests for ``resource`` the API server has answered, any code (its own
     metrics: what the launcher asked of it, needless 404s included)."""

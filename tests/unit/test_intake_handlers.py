@@ -12,6 +12,7 @@ from trainyard_intake.handlers import (
     Deps,
     JobNotFound,
     NameTaken,
+    release_rejected_name,
     request_pause,
     request_restart,
     request_resume,
@@ -141,4 +142,25 @@ async def test_a_name_is_freed_when_its_job_never_reached_the_bus() -> None:
     deps = Deps(publish=down, owners=InMemoryOwnerRegistry())
     with pytest.raises(ConnectionError):
         await submit_job(JOB, Identity("alice"), deps)
-    assert await deps.names.get("alice", "alice~j1") is None
+    assert await deps.names.get("alice", "j1") is None
+
+
+async def test_a_rejected_job_gives_its_name_back_once_and_only_its_own(deps: Deps) -> None:
+    """Rejected after its 202 (a check against the cluster), the job gives its name back
+    so the mended job can take it; a job rejected for a name another holds takes
+    nothing from the holder, and a Kubernetes-style resource keeps its name."""
+    first = await submit_job(JOB, Identity("alice"), deps)
+    late = await submit_job(JOB, Identity("alice"), deps, refuse_used_name=False)
+    assert not await release_rejected_name(late.job_id, deps)  # not the holder
+    assert (await deps.names.get("alice", "j1")).job_id == first.job_id
+    assert await release_rejected_name(first.job_id, deps)
+    assert await deps.names.get("alice", "j1") is None
+    assert not await release_rejected_name(first.job_id, deps)  # delivered again
+    again = await submit_job(JOB, Identity("alice"), deps)
+    assert (await deps.names.get("alice", "j1")).job_id == again.job_id
+    assert not await release_rejected_name("no-such-job", deps)
+
+    await deps.owners.record("k8s-job", "alice", "ns/pytorchjobs/train")
+    await deps.names.claim("alice", "ns/pytorchjobs/train", "k8s-job", {"kind": "PyTorchJob"})
+    assert not await release_rejected_name("k8s-job", deps)
+    assert (await deps.names.get("alice", "ns/pytorchjobs/train")).job_id == "k8s-job"

@@ -280,6 +280,13 @@ OPENPAI_RULES = [
         f"{ROLE}.minSucceededTaskCount",
         with_(("taskRoles.0.minSucceededTaskCount", None)),
     ),
+    (
+        # OpenPAI's schema: at most taskNumber (the seed's role has 1 task).
+        "minSucceededTaskCount <= taskNumber",
+        with_(("taskRoles.0.minSucceededTaskCount", 3)),
+        f"{ROLE}.minSucceededTaskCount",
+        with_(("taskRoles.0.minSucceededTaskCount", 1)),
+    ),
     ("gpuType string", with_(("gpuType", ["TITANX"])), "$.gpuType", with_(("gpuType", DELETE))),
     ("retryCount >= -2", with_(("retryCount", -3)), "$.retryCount", with_(("retryCount", -2))),
     ("retryCount <= 10", with_(("retryCount", 11)), "$.retryCount", with_(("retryCount", 10))),
@@ -327,7 +334,6 @@ def test_seed_passes_every_rule() -> None:
     ("payload", "path"),
     [
         (with_(("taskRoles.0.shmMB", 9000)), "$.taskRoles[0].shmMB"),
-        (with_(("taskRoles.0.minSucceededTaskCount", 3)), "$.taskRoles[0].minSucceededTaskCount"),
         (with_(("jobEnvs", {"CFG": {"a": 1}})), "$.jobEnvs.CFG"),
         (with_(("queue", "x")), "$.queue"),
     ],

@@ -50,7 +50,8 @@ GRANTS: dict[str, Grant] = {
             *events_of("submitted", "resource", "tag"),
             *commands_of("stop", "pause", "resume", "restart", "scale", "priority"),
         ),
-        durables=("intake",),
+        # intake-names: rejected jobs give their names back.
+        durables=("intake", "intake-names"),
         buckets=("yard_nonces",),
         # How far status has projected (Bus.consumed): the Kubernetes API's writes
         # answer once their effect can be read.

@@ -23,6 +23,7 @@ from trainyard_common.contracts import render
 from trainyard_common.events import EVENT_TYPES, Event
 from trainyard_common.lifecycle import with_tables
 from trainyard_common.subjects import subjects_for
+from trainyard_intake.handlers import EVENT_HANDLERS as INTAKE
 from trainyard_launcher.handlers import EVENT_HANDLERS as LAUNCHER
 from trainyard_placement.handlers import EVENT_HANDLERS as PLACEMENT
 from trainyard_validation.handlers import EVENT_HANDLERS as VALIDATION
@@ -32,6 +33,7 @@ from . import openapi
 # Status projects every event and command into the history and the views (its one
 # handler, subscribed to every event and every command: ALL_EVENTS, ALL_COMMANDS).
 RECEIVERS: dict[str, tuple[type[Event], ...]] = {
+    "intake": tuple(INTAKE),
     "validation": tuple(VALIDATION),
     "placement": tuple(PLACEMENT),
     "launcher": tuple(LAUNCHER),

@@ -9,16 +9,17 @@ from trainyard_common.auth import TokenStore, tokens_collection
 from trainyard_common.bus import Bus, Delivery, KvNonces
 from trainyard_common.cluster import load_cluster
 from trainyard_common.config import Settings
+from trainyard_common.events import Event
 from trainyard_common.runtime import run_service, serve, setup_logging
 from trainyard_common.secrets_box import SecretBox
 from trainyard_common.storage import open_store
-from trainyard_common.subjects import submissions
+from trainyard_common.subjects import subjects_for, submissions
 from trainyard_common.telemetry import setup_telemetry
 
 from .adapters.names import DocNameClaims
 from .adapters.owners import DocOwnerRegistry
 from .app import create_app
-from .handlers import Deps
+from .handlers import EVENT_HANDLERS, NAMES_DURABLE, Deps
 from .producers import DURABLE, Submission, decode_submission, submit_published
 
 # How long a Kubernetes-style write waits for status to show it before answering anyway.
@@ -61,8 +62,17 @@ async def main() -> None:
     async def producers(stop: asyncio.Event) -> None:
         await bus.consume(DURABLE, submissions(), handle, stop=stop, decoder=decode_submission)
 
+    async def dispatch(event: Event, delivery: Delivery) -> None:
+        handler = EVENT_HANDLERS.get(type(event))
+        if handler is not None:
+            await handler(event, delivery, deps)
+
+    async def events(stop: asyncio.Event) -> None:
+        # Rejected jobs give their names back (handlers.release_rejected_name).
+        await bus.consume(NAMES_DURABLE, subjects_for(EVENT_HANDLERS), dispatch, stop=stop)
+
     try:
-        await serve(settings, app, [producers])
+        await serve(settings, app, [producers, events])
     finally:
         await bus.close()
         await client.close()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainyard_common.auth import Identity
+from trainyard_common.bus import Delivery, EventHandler
 from trainyard_common.cluster import ClusterSpec, current_runtime
 from trainyard_common.dialects import (
     BY_NAME,
@@ -20,6 +21,7 @@ from trainyard_common.dialects import (
 from trainyard_common.events import (
     Event,
     FieldIssue,
+    JobRejected,
     JobSubmitted,
     PauseJob,
     RestartJob,
@@ -35,7 +37,7 @@ from trainyard_common.jobspec import JobSpec
 from trainyard_common.runtimes import runtime_errors, runtime_warnings
 from trainyard_common.secrets_box import SecretBox
 
-from .adapters.names import InMemoryNameClaims, NameClaims
+from .adapters.names import InMemoryNameClaims, NameClaims, outlives_its_job
 from .adapters.owners import OwnerRegistry
 
 
@@ -226,6 +228,30 @@ async def request_stop(
             delete=delete,
         )
     )
+
+
+async def release_rejected_name(job_id: str, deps: Deps) -> bool:
+    """A job validation rejected gives its name back: the platforms Trainyard imitates
+    refuse such a job at submission, before it holds one, and the user submits it again,
+    mended, under the same name (its checks against the cluster come after the 202
+    here). A Kubernetes-style resource keeps its name until it is deleted, as there.
+    Only while this job holds the name (a job rejected for a name another holds leaves
+    it be), so doing it twice is doing it once. Whether a name was freed."""
+    entry = await deps.owners.entry(job_id)
+    if entry is None or entry[1] is None or outlives_its_job(entry[1]):
+        return False
+    user, key = entry[0], entry[1]
+    return await deps.names.release(user, key, job_id)
+
+
+async def on_rejected(event: JobRejected, _delivery: Delivery, deps: Deps) -> None:
+    await release_rejected_name(event.job_id, deps)
+
+
+# What intake consumes from the bus (besides producers' submissions): its durable
+# "intake-names" subscribes to exactly these.
+EVENT_HANDLERS: dict[type[Event], EventHandler[Deps]] = {JobRejected: on_rejected}
+NAMES_DURABLE = "intake-names"
 
 
 async def request_priority(job_id: str, identity: Identity, deps: Deps, priority: int) -> None:

@@ -7,7 +7,10 @@ pair, so the store's unique key does the locking across intake replicas. It hold
 that owns the name and, for the Kubernetes-style kinds, the resource as it now is (what a
 PATCH or PUT applies to) with its ``generation``. A claim lasts as long as the platform it
 imitates keeps the name: for ever on OpenPAI (finished jobs keep theirs), until the
-resource is deleted on the Kubernetes-style APIs."""
+resource is deleted on the Kubernetes-style APIs, until the job is deleted on TI. A job
+rejected after its 202 (the checks against the cluster, which intake cannot make on
+Kubernetes) gives its name back, but a Kubernetes-style resource's
+(handlers.release_rejected_name)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,13 @@ class Claim:
     resource: dict[str, Any] | None
     generation: int
     key: str = ""
+
+
+def outlives_its_job(key: str) -> bool:
+    """Whether the name is a Kubernetes-style resource's (``ns/plural/name``), which
+    stays, its job rejected or ended, until it is deleted; OpenPAI's ``jobName`` and TI's
+    ``cluster/name`` are only their jobs'."""
+    return key.count("/") == 2
 
 
 def scope_of(key: str) -> str:

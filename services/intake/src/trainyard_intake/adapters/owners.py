@@ -20,6 +20,9 @@ class OwnerRegistry(Protocol):
     async def record(self, job_id: str, user: str, key: str | None = None) -> bool: ...
     async def owner(self, job_id: str) -> str | None: ...
     async def job_ids(self, user: str, key: str) -> list[str]: ...
+    async def entry(self, job_id: str) -> tuple[str, str | None] | None:
+        """The job's user and the dialect name it was submitted under."""
+        ...
 
 
 class DocOwnerRegistry:
@@ -39,6 +42,10 @@ class DocOwnerRegistry:
     async def job_ids(self, user: str, key: str) -> list[str]:
         return [doc["_id"] async for doc in self._jobs.find({"user": user, "key": key}, {"_id": 1})]
 
+    async def entry(self, job_id: str) -> tuple[str, str | None] | None:
+        doc = await self._jobs.find_one({"_id": job_id})
+        return None if doc is None else (doc["user"], doc.get("key"))
+
 
 class InMemoryOwnerRegistry:
     def __init__(self) -> None:
@@ -56,3 +63,6 @@ class InMemoryOwnerRegistry:
 
     async def job_ids(self, user: str, key: str) -> list[str]:
         return [job for job, (owner, k) in self.owners.items() if owner == user and k == key]
+
+    async def entry(self, job_id: str) -> tuple[str, str | None] | None:
+        return self.owners.get(job_id)
