@@ -97,6 +97,32 @@ def test_pytorch_get_started_example_uses_torchrun_gpus_and_exit_code_policy() -
     assert [[(r.role, r.index) for r in rule] for rule in spec.success_rules] == [[("node", 0)]]
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "taken"),
+    [
+        ("procPerNode", "2", "--nproc_per_node=2"),
+        ("procPerNode", 3, "--nproc_per_node=3"),
+        ("procPerNode", "gpu", "--nproc_per_node=4"),
+        ("procPerNode", "abc", None),
+        ("procPerNode", "0", None),
+        ("procPerNode", True, None),
+        ("rdzvBackend", "etcd-v2", "--rdzv_backend=etcd-v2"),
+        ("rdzvBackend", "zookeeper", None),
+        ("rdzvBackend", 5, None),
+    ],
+)
+def test_torchrun_settings_are_what_t9k_allows(field: str, value: Any, taken: str | None) -> None:
+    """procPerNode: a number or gpu; rdzvBackend: c10d, etcd or etcd-v2. Anything else
+    failed only when torchrun ran; now an error at its path."""
+    payload = load("pytorchtrainingjob-get-started.yaml")
+    payload["spec"]["torchrunConfig"][field] = value
+    result = translate_t9k(payload)
+    if taken is None:
+        assert paths(result.errors) == [f"$.spec.torchrunConfig.{field}"], result.errors
+    else:
+        assert result.errors == [] and taken in result.spec.roles[0].command.split()
+
+
 def test_tensorflow_codepack_maps_scheduler_and_run_policy() -> None:
     result = translate_t9k(load("tensorflowtrainingjob-codepack.yaml"))
     spec = result.spec

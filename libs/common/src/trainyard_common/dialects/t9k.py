@@ -169,6 +169,9 @@ KINDS: dict[str, Kind] = {
 }
 PLURALS: dict[str, Kind] = {k.plural: k for k in KINDS.values()}
 # Spellings of a kind found in T9k's own documentation.
+# torchrunConfig.rdzvBackend: "可以设置为 c10d、etcd 或 etcd-v2".
+RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2")
+
 # runPolicy.backoffLimit when a job leaves it out (T9k's manual: 默认为 3).
 DEFAULT_BACKOFF_LIMIT = 3
 
@@ -373,16 +376,32 @@ def _torchrun(config: dict[str, Any], pod: PodTask, issues: Issues) -> list[str]
     # T9k runs `torchrun <options> <args>` and ignores the container's command.
     path = "$.spec.torchrunConfig"
     argv = ["torchrun"]
+    # "除了可以指定一个数字字符串之外，还可以设置为 gpu" (a number, or the replica's GPUs).
     procs = config.get("procPerNode", "1")
     if procs == "gpu":
         procs = str(int(pod.resources.gpu) or 1)
+    elif isinstance(procs, int) and not isinstance(procs, bool) and procs >= 1:
+        procs = str(procs)
+    elif not (isinstance(procs, str) and procs.isascii() and procs.isdigit() and int(procs) >= 1):
+        issues.error(
+            join(path, "procPerNode"),
+            f'procPerNode {show(procs)} must be a number of processes ("2") or "gpu"',
+            "invalid",
+        )
+        procs = "1"
     argv.append(f"--nproc_per_node={procs}")
     restarts_ = issues.integer(config, "maxRestarts", path, required=False, minimum=0)
     if restarts_ is not None:
         argv.append(f"--max_restarts={restarts_}")
     backend = config.get("rdzvBackend")
-    if isinstance(backend, str) and backend:
+    if backend in RDZV_BACKENDS:
         argv.append(f"--rdzv_backend={backend}")
+    elif backend not in (None, ""):
+        issues.error(
+            join(path, "rdzvBackend"),
+            f"rdzvBackend {show(backend)} must be one of {', '.join(RDZV_BACKENDS)}",
+            "enum",
+        )
     argv += string_list(config, "extraOptions", path, issues)
     for key in sorted(
         k
