@@ -57,7 +57,21 @@ def test_machine_types_of_the_seed_table(
         cpu=TABLE.default_cpu if cpu is None else float(cpu),
         memory_mb=TABLE.default_memory_mb if memory_gb is None else memory_gb * 1024,
         gpu=gpu,
+        # A 0 is the default reserved, the task not held to it; "" is the defaults.
+        uncapped=("cpu", "memory") if text.startswith("0U0G") else (),
     )
+
+
+def test_the_tfplus_examples_0u0g_reserves_the_defaults_and_caps_nothing() -> None:
+    """The seed: "每个 worker 分配两张 gpu 卡，不限制 cpu，内存" for --workertype=0U0G2P."""
+    spec = translate_ti(
+        {"name": "n", "cluster": "c", "command": ["true"], "workerType": "0U0G2P",
+         "masterType": "1U0G0P", "workerCount": 3}
+    ).spec  # fmt: skip
+    roles = {r.name: r.resources for r in spec.roles}
+    assert roles["worker"].uncapped == ["cpu", "memory"] and roles["worker"].gpu == 2
+    assert roles["worker"].memory_mb == TABLE.default_memory_mb
+    assert roles["master"].uncapped == ["memory"] and roles["master"].cpu == 1
 
 
 def test_shipped_machine_defaults_are_one_cpu_and_two_gb() -> None:

@@ -40,6 +40,16 @@ def test_with_a_cgroup_the_whole_task_is_held_to_memory_cpu_and_pids() -> None:
     assert "no cgroup" not in plan.summary
 
 
+def test_what_a_job_leaves_uncapped_is_reserved_but_not_enforced() -> None:
+    for found, cgroup in ((CGROUP, "/sys/fs/cgroup/yard/t"), (BARE, None)):
+        plan = plan_limits(RES.model_copy(update={"uncapped": ["cpu", "memory"]}), found, cgroup)
+        assert (plan.memory_mb, plan.memory_by, plan.cpu_max) == (None, "", None)
+        assert "memory 512 MiB reserved, not capped" in plan.summary
+        assert "cpu 1.5 reserved, not capped" in plan.summary
+    plan = plan_limits(RES.model_copy(update={"uncapped": ["memory"]}), CGROUP, "/cg/t")
+    assert (plan.memory_mb, plan.cpu_max) == (None, "150000 100000")
+
+
 def test_without_one_memory_is_an_rlimit_and_the_rest_is_said_to_be_unenforced() -> None:
     plan = plan_limits(RES, BARE, None)
     assert (plan.memory_by, plan.cpu_max, plan.pids_max, plan.cgroup, plan.shm_mb) == (

@@ -356,6 +356,17 @@ def test_resources_whole_gpus_shared_gpus_shm_and_ports() -> None:
     assert pod["metadata"]["annotations"]["trainyard.dev/gpu-share"] == "0.5"
 
 
+def test_what_a_job_leaves_uncapped_is_requested_but_not_limited() -> None:
+    role = RoleSpec(
+        name="w", command="x",
+        resources=Resources(cpu=2, memory_mb=2048, gpu=2, uncapped=["cpu", "memory"]),
+    )  # fmt: skip
+    placement = TaskPlacement(role="w", index=0, node="gpu-1", host_ip="x")
+    resources = manifest(role, placement)["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == {"cpu": "2000m", "memory": "2048Mi", GPU_RESOURCE: "2"}
+    assert resources["limits"] == {GPU_RESOURCE: "2"}
+
+
 def test_template_annotations_pass_through_to_the_pod() -> None:
     role = RoleSpec(
         name="w", command="x",

@@ -127,6 +127,12 @@ class Resources(Model):
         "``gpu_type``: both empty means any model. Matched without regard to case.",
     )
     storage_gb: int | None = None
+    uncapped: list[Literal["cpu", "memory"]] = Field(
+        default_factory=list,
+        description="Figures placement reserves that the task is not held to: no cpu.max "
+        "or CPU limit, no memory cap or memory limit (TI's 0 in a machine type: the "
+        "tfplus example's 0U0G2P, 'no CPU or memory limit').",
+    )
 
     def allowed_gpu_types(self) -> list[str]:
         """The GPU models a task may use: ``gpu_type`` and ``gpu_types`` together, in that

@@ -198,6 +198,8 @@ class Machine:
     cpu: float
     memory_mb: int
     gpu: int
+    # A 0 for CPU or memory: the default is reserved, and the task not held to it.
+    uncapped: tuple[str, ...] = ()
 
 
 def parse_machine_type(value: str, table: Table) -> Machine:
@@ -215,6 +217,8 @@ def parse_machine_type(value: str, table: Table) -> Machine:
         cpu=float(cpu) if cpu else table.default_cpu,
         memory_mb=memory_gb * 1024 if memory_gb else table.default_memory_mb,
         gpu=gpu,
+        # "不限制 cpu，内存" (the seed's tfplus example, 0U0G2P).
+        uncapped=tuple(k for k, v in (("cpu", cpu), ("memory", memory_gb)) if not v),
     )
 
 
@@ -604,7 +608,12 @@ def _role(
     return RoleSpec(
         name=name,
         replicas=replicas,
-        resources=Resources(cpu=machine.cpu, memory_mb=machine.memory_mb, gpu=float(machine.gpu)),
+        resources=Resources(
+            cpu=machine.cpu,
+            memory_mb=machine.memory_mb,
+            gpu=float(machine.gpu),
+            uncapped=list(machine.uncapped),
+        ),
         image=runtime.image if runtime is not None else None,
         command=shell,
         ports=[PortSpec(label=TF_PORT_LABEL, count=1)] if kind is JobKind.TENSORFLOW else [],

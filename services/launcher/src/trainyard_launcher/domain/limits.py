@@ -87,6 +87,9 @@ def plan_limits(resources: Resources, found: Mechanisms, cgroup_dir: str | None)
     said: list[str] = []
     cg = found.cgroup is not None and cgroup_dir is not None
     memory = resources.memory_mb if resources.memory_mb > 0 else None
+    if "memory" in resources.uncapped:
+        memory = None
+        said.append(f"memory {resources.memory_mb} MiB reserved, not capped (uncapped)")
     memory_by = ""
     if memory is not None:
         if cg and "memory" in found.controllers:
@@ -96,7 +99,10 @@ def plan_limits(resources: Resources, found: Mechanisms, cgroup_dir: str | None)
             memory_by = "rlimit"
             said.append(f"memory {memory} MiB (RLIMIT_DATA, per process)")
     cpu = cpu_max(resources.cpu) if cg and "cpu" in found.controllers else None
-    if cpu is not None:
+    if "cpu" in resources.uncapped:
+        cpu = None
+        said.append(f"cpu {resources.cpu:g} reserved, not capped (uncapped)")
+    elif cpu is not None:
         said.append(f"cpu {resources.cpu:g} (cgroup v2 cpu.max)")
     else:
         said.append(f"cpu {resources.cpu:g} not enforced")

@@ -325,7 +325,9 @@ def resources(role: RoleSpec, placement: TaskPlacement) -> tuple[dict[str, Any],
     elif r.gpu > 0 and placement.gpu_indices:
         env["NVIDIA_VISIBLE_DEVICES"] = ",".join(str(g) for g in placement.gpu_indices)
         env["CUDA_VISIBLE_DEVICES"] = "0"
-    return {"requests": dict(requests), "limits": dict(requests)}, env
+    # Limits are the requests (a Guaranteed pod), but what the job leaves uncapped.
+    limits = {k: v for k, v in requests.items() if k not in r.uncapped}
+    return {"requests": dict(requests), "limits": limits}, env
 
 
 def _env_list(env: dict[str, str]) -> list[dict[str, str]]:
