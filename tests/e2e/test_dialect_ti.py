@@ -266,6 +266,11 @@ def test_tencent_cloud_sdk_creates_describes_lists_and_deletes(
         ))  # fmt: skip
     assert bad.value.code == "InvalidParameterValue"
     assert "$.ScaleTier" in bad.value.message and "$.WorkerCount" in bad.value.message
+    # A parameter left out is Tencent's MissingParameter, named as the Cloud API names it.
+    with pytest.raises(TencentCloudSDKException) as left_out:
+        client.CreateJob(request(models.CreateJobRequest, Name=unique("half")))
+    assert left_out.value.code == "MissingParameter"
+    assert "$.Cluster" in left_out.value.message and "$.Command" in left_out.value.message
     with pytest.raises(TencentCloudSDKException) as missing:
         client.DescribeJob(request(models.DescribeJobRequest, Name="none", Cluster=CLUSTER))
     assert missing.value.code == "ResourceNotFound"

@@ -12,7 +12,7 @@ import pytest
 from tencentcloud.common.sign import Sign
 
 from trainyard_common.dialects import detect, translate
-from trainyard_common.dialects.ti import cloud_path, render_cloud
+from trainyard_common.dialects.ti import cloud_path, render_cloud, translate_ti
 from trainyard_common.tencent_auth import Signed, TencentError, verify
 
 NOW = datetime(2026, 11, 26, 8, 30, tzinfo=UTC)
@@ -121,3 +121,13 @@ def test_a_cloud_api_body_is_the_tictl_job_it_stands_for() -> None:
         "BASIC_GPU",
         "carol",
     )
+
+
+def test_an_empty_cloud_api_body_is_named_by_the_cloud_apis_fields() -> None:
+    """CreateJob {} holds no key to tell its shape by: the Cloud API's handler says it
+    is one, so what is missing is named $.Name, not tictl's $.name."""
+    errors = translate_ti({}, cloud=True).errors
+    assert [(e.path, e.code) for e in errors] == [
+        ("$.Name", "required"), ("$.Cluster", "required"), ("$.Command", "required"),
+    ]  # fmt: skip
+    assert [e.path for e in translate_ti({}).errors][:1] == ["$.name"]

@@ -414,20 +414,25 @@ def _from_cloud_api(payload: dict[str, Any], issues: Issues) -> tuple[dict[str, 
     return out, debug is True
 
 
-def translate_ti(payload: Any, user: str = "", table: Table | None = None) -> Translation:
+def translate_ti(
+    payload: Any, user: str = "", table: Table | None = None, *, cloud: bool | None = None
+) -> Translation:
     """Any input to a JobSpec plus the TI errors and warnings; never raises. A Tencent
     Cloud API body (PascalCase) is read as the tictl job it stands for, its problems
-    named by its own fields."""
-    if is_cloud_api(payload):
-        cloud = Issues()
-        job, debug = _from_cloud_api(payload, cloud)
-        done = translate_ti(job, user, table)
+    named by its own fields. ``cloud``: the body is one (the Cloud API's CreateJob, even
+    an empty one), or is not; None: told by its keys."""
+    if cloud is None:
+        cloud = is_cloud_api(payload)
+    if cloud and isinstance(payload, dict):
+        said = Issues()
+        job, debug = _from_cloud_api(payload, said)
+        done = translate_ti(job, user, table, cloud=False)
         errors = [
-            *cloud.errors,
+            *said.errors,
             *(e.model_copy(update={"path": cloud_path(e.path)}) for e in done.errors),
         ]
         warnings = [
-            *cloud.warnings,
+            *said.warnings,
             *(w.model_copy(update={"path": cloud_path(w.path)}) for w in done.warnings),
         ]
         spec = done.spec.model_copy(update={"keep_failed_for_debug": debug})

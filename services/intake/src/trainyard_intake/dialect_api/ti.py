@@ -142,11 +142,13 @@ def router(ctx: IntakeContext) -> APIRouter:
                         "ResourceNotFound", f"job {name!r} does not exist in cluster {cluster!r}"
                     )
                 return answer({}, rid)
-            found = checked(translate_ti(body, identity.user), body, ctx.deps)
+            found = checked(translate_ti(body, identity.user, cloud=True), body, ctx.deps)
             errors = found.errors
             if errors:
+                # Tencent's codes: a parameter left out is MissingParameter.
+                missing = any(e.code == "required" for e in errors)
                 raise TencentError(
-                    "InvalidParameterValue",
+                    "MissingParameter" if missing else "InvalidParameterValue",
                     "; ".join(f"{e.path}: {e.message}" for e in errors),
                 )
             try:
