@@ -39,7 +39,8 @@ def test_the_openpai_js_sdk_works_unchanged(platform: Platform) -> None:
 
     assert "ok" in out["create"], out["create"]
     # The SDK raises OpenPAI's error message (its code stays in the body).
-    assert out["createAgain"] == {"status": 409, "data": f"Error: Job {name} already exists."}
+    # "Job ${frameworkName} already exists." (rest-server controllers/v2/job.js).
+    assert out["createAgain"] == {"status": 409, "data": f"Error: Job admin~{name} already exists."}
     status = out["job"]["ok"]
     assert status["jobStatus"]["state"] == "SUCCEEDED", status
     assert [t["taskState"] for t in status["taskRoles"]["worker"]["taskStatuses"]] == [

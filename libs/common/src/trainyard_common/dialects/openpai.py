@@ -557,7 +557,9 @@ def _task_status(
             if isinstance(p, dict) and "label" in p
         },
         "containerGpus": None,
-        "containerLog": f"/v1/jobs/{job_id}/logs?role={role}&index={index}",
+        # OpenPAI's own log route (its locations lead to Trainyard's log API), as the
+        # task's attempts give it.
+        "containerLog": task_log_path(view, attempt, role, index),
         "containerExitCode": task.get("exit_code"),
         "containerExitSpec": None,
         "containerExitDiagnostics": task.get("reason"),
@@ -744,7 +746,6 @@ def render_task(view: dict[str, Any], attempt: int, role: str, index: int) -> di
         return None
     task = _tasks_of(view, attempt).get((role, index))
     status = _task_status(view, role, index, task, attempt)
-    status["containerLog"] = task_log_path(view, attempt, role, index)
     created = epoch_ms((task or {}).get("started_at"))
     return {
         "taskIndex": index,

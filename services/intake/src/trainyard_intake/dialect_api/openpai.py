@@ -105,7 +105,9 @@ def router(ctx: IntakeContext) -> APIRouter:
             return error(413, "RequestEntityTooLarge", str(exc))
         except NameTaken:
             # As OpenPAI's rest-server answers a framework that already exists.
-            return error(409, "ConflictJobError", f"Job {translation.spec.name} already exists.")
+            # "Job ${frameworkName} already exists.": user~name.
+            framework = f"{identity.user}~{translation.spec.name}"
+            return error(409, "ConflictJobError", f"Job {framework} already exists.")
         return result.job_id, translation.spec.name
 
     @api.post("/api/v2/jobs", status_code=202)
