@@ -3,7 +3,7 @@
 // virtual cluster, user, group, token, storage and authn clients. Prints one JSON object: each call's answer, or its error status.
 // Usage: node openpai_sdk.js <rest server URL> <token> <user> <job name> <queue>
 const path = require('path');
-const { PAIV2 } = require(path.join(__dirname, '..', '..', 'tools', 'js', 'node_modules',
+const { PAIV1, PAIV2 } = require(path.join(__dirname, '..', '..', 'tools', 'js', 'node_modules',
   '@microsoft', 'openpai-js-sdk'));
 
 const [url, token, user, name, queue] = process.argv.slice(2);
@@ -107,5 +107,9 @@ function sleep(ms) { return new Promise((resolve) => setTimeout(resolve, ms)); }
   out.missingStorage = await call(() => client.storage.getStorage('nfs'));
   out.stop = await call(() => client.job.updateJobExecutionType(user, name, 'STOP'));
   out.missingJob = await call(() => client.job.getJob(user, name + '-none'));
+  // The SDK's v1 client: its stop goes to /api/v1/user/{user}/jobs/{name}/executionType,
+  // which OpenPAI's rest-server rewrites to the v2 route.
+  const v1 = new PAIV1.OpenPAIClient({ rest_server_uri: url, token, username: user });
+  out.v1Stop = await call(() => v1.job.execute(user, name, 'STOP'));
   console.log(JSON.stringify(out));
 })().catch((err) => { console.error(err); process.exit(1); });

@@ -87,6 +87,10 @@ def test_the_openpai_js_sdk_works_unchanged(platform: Platform) -> None:
     }
     assert out["skuTypes"]["ok"]["TITANX"]["gpu"] == 1
     # Tags: added and removed by the owner, shown by the job, filtered by the list.
+    assert out["v1Stop"]["ok"] == {
+        "status": 202,
+        "message": f"Execute job admin~{name} successfully.",
+    }, out["v1Stop"]
     assert out["addTag"]["ok"]["message"] == f"Add tag nightly for job admin~{name} successfully."
     assert sorted(out["tagged"]["ok"]["tags"]) == ["keep", "nightly"]
     assert [j["name"] for j in out["listTagged"]["ok"]] == [name]
