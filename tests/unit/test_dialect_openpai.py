@@ -433,3 +433,16 @@ def test_mutated_seed_never_raises_and_clean_means_valid(payload: dict[str, Any]
         job_id="j", spec=t.spec, dialect=t.dialect, translation_errors=t.errors, warnings=t.warnings
     )
     assert decode(encode(event)) == event
+
+
+def test_auth_file_and_code_dir_say_what_is_not_done_with_them() -> None:
+    """The seed: codeDir is copied into the container, authFile authenticates the
+    registry. Neither happens here, and the job is told so."""
+    payload = helloworld()
+    payload.update(authFile="hdfs://nn/auth", codeDir="hdfs://nn/code")
+    translated = translate(payload)
+    assert translated.errors == []
+    warned = {w.path: w.code for w in translated.warnings}
+    assert warned == {"$.authFile": "not_applied", "$.codeDir": "not_applied"}
+    payload.update(authFile="", codeDir="")
+    assert translate(payload).warnings == []

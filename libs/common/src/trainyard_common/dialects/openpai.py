@@ -134,6 +134,15 @@ def field_path(payload: Any, role: str | None, field: str) -> str:
 # --------------------------------------------------------------------------- validation
 
 
+NOT_APPLIED = {
+    "authFile": "authFile is kept but not used: no image is pulled with a registry "
+    "authentication file here (on Kubernetes, the operator's YARD_K8S_IMAGE_PULL_SECRETS "
+    "apply)",
+    "codeDir": "codeDir is given to the tasks as PAI_CODE_DIR but not copied into them "
+    "(there is no HDFS here): put the code where the tasks can read it",
+}
+
+
 def check_openpai(payload: Any) -> Issues:
     """Every rule of the §4 table, as errors, plus advisory warnings."""
     issues = Issues()
@@ -145,6 +154,10 @@ def check_openpai(payload: Any) -> Issues:
     issues.string(payload, "image", "$", required=True, non_blank=True)
     for key in ("authFile", "dataDir", "outputDir", "codeDir", "virtualCluster", "gpuType"):
         issues.string(payload, key, "$", required=False)
+    # What the seed says OpenPAI does with these, Trainyard does not: said, not hidden.
+    for key, why in NOT_APPLIED.items():
+        if isinstance(payload.get(key), str) and payload[key].strip():
+            issues.warn(join("$", key), why, "not_applied")
     # OpenPAI's own schema (rest-server job config): -2 to 10. -1 retries a failed job
     # without limit, -2 runs it again after every end, success too (FrameworkLauncher's
     # unlimited and extended-unlimited retry counts).
