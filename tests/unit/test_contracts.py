@@ -8,6 +8,7 @@ import yaml
 
 from trainyard_common.contracts import example_events
 from trainyard_common.events import EVENT_TYPES, decode, encode
+from trainyard_common.jobspec import Resources, RoleSpec
 from trainyard_stack import bus_map
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,3 +69,12 @@ def test_every_event_carries_the_common_fields() -> None:
     for model in EVENT_TYPES:
         fields = set(model.model_fields)
         assert {"event_id", "job_id", "occurred_at", "schema_version"} <= fields, model
+
+
+def test_uncapped_is_written_only_where_a_job_has_it() -> None:
+    """A job that caps everything is written as before ``Resources.uncapped`` existed,
+    so a service of the version before reads it during an upgrade; one that has it
+    keeps it through the bus."""
+    assert "uncapped" not in Resources().model_dump_json()
+    role = RoleSpec(name="w", command="x", resources=Resources(uncapped=["memory"]))
+    assert RoleSpec.model_validate_json(role.model_dump_json()).resources.uncapped == ["memory"]

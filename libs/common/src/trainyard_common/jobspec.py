@@ -129,6 +129,10 @@ class Resources(Model):
     storage_gb: int | None = None
     uncapped: list[Literal["cpu", "memory"]] = Field(
         default_factory=list,
+        # Left out when empty, so a job that caps everything is written as before the
+        # field existed: a service of the version before, still running during an
+        # upgrade, reads it (unknown fields are an error to it).
+        exclude_if=lambda value: not value,
         description="Figures placement reserves that the task is not held to: no cpu.max "
         "or CPU limit, no memory cap or memory limit (TI's 0 in a machine type: the "
         "tfplus example's 0U0G2P, 'no CPU or memory limit').",
