@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 
 class ProcStat(NamedTuple):  # not a dataclass: importing dataclasses costs every task 5 ms
@@ -135,12 +135,21 @@ def signal_below(root: int, signum: int) -> list[int]:
 
     Finding a process and signalling it are two steps: between them it could end, be
     collected, and its pid go to a stranger, whom a root launcher would then kill. So
-    each pid is first held (a pidfd names one process, never a later one with its
-    number), then checked to be still below ``root`` (its parent is ``root`` or was
-    found below it), and only then signalled through what holds it."""
+    every pid found is first held (a pidfd names one process, never a later one with
+    its number), then each is checked to be still below ``root`` (its parent is
+    ``root`` or was found below it), and only then are they signalled through what
+    holds them: all checked before any is signalled, since a process whose parent was
+    killed first would have another parent (init, where ``root`` is no subreaper)."""
     found = tree(root)
     parents = {root, *found}
-    return [pid for pid in found if signal_held(pid, signum, lambda s: s.ppid in parents)]
+    held = [(pid, fd) for pid in found if (fd := _hold(pid)) is not False]
+    try:
+        meant = [(pid, fd) for pid, fd in held if _is(pid, lambda s: s.ppid in parents)]
+        return [pid for pid, fd in meant if _send(pid, fd, signum)]
+    finally:
+        for _, fd in held:
+            if fd is not None:
+                os.close(fd)
 
 
 def signal_held(pid: int, signum: int, still: Callable[[ProcStat], bool]) -> bool:
@@ -149,26 +158,40 @@ def signal_held(pid: int, signum: int, still: Callable[[ProcStat], bool]) -> boo
     process because that process was not yet collected when the signal went (a
     collected one refuses it), so it had the number all along. Where the kernel has no
     pidfds (before 5.3, or a sandbox refusing them), checked, then signalled by pid."""
+    fd = _hold(pid)
+    if fd is False:
+        return False
     try:
-        held: int | None = os.pidfd_open(pid)
+        return _is(pid, still) and _send(pid, fd, signum)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _hold(pid: int) -> int | None | Literal[False]:
+    """A pidfd of ``pid``; None where pidfds are refused; False when it is gone."""
+    try:
+        return os.pidfd_open(pid)
     except ProcessLookupError:
         return False
     except OSError:
-        held = None
+        return None
+
+
+def _is(pid: int, still: Callable[[ProcStat], bool]) -> bool:
+    stat = proc_stat(pid)
+    return stat is not None and still(stat)
+
+
+def _send(pid: int, fd: int | None, signum: int) -> bool:
     try:
-        stat = proc_stat(pid)
-        if stat is None or not still(stat):
-            return False
-        if held is None:
+        if fd is None:
             os.kill(pid, signum)
         else:
-            signal.pidfd_send_signal(held, signum)
+            signal.pidfd_send_signal(fd, signum)
         return True
     except (ProcessLookupError, PermissionError):
         return False
-    finally:
-        if held is not None:
-            os.close(held)
 
 
 def pss_bytes(pid: int) -> int:
