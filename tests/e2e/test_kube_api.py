@@ -302,7 +302,10 @@ def test_errors_are_statuses_and_a_used_name_is_refused_in_each_dialect(
     assert first.status_code == 202, first.text
     second = api.http.post("/api/v2/jobs", json=pai)
     assert second.status_code == 409, second.text
-    assert second.json() == {"code": "ConflictJobError", "message": f"Job {name} already exists."}
+    assert second.json() == {
+        "code": "ConflictJobError",
+        "message": f"Job admin~{name} already exists.",
+    }
     native = api.http.post("/v1/jobs", json=pai)
     assert native.status_code == 409 and "already used" in native.json()["detail"]
     bad = api.http.get(
