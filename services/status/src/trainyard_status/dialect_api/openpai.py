@@ -242,13 +242,9 @@ def router(ctx: StatusContext) -> APIRouter:
         ssh plugin: a task's ``ssh`` port is in its status and PAI_CONTAINER_SSH_PORT,
         a shell in it is ``yard exec``. Answered as OpenPAI on Kubernetes answers a job
         without one."""
-        user, sep, name = framework_name.partition("~")
-        missing = error(404, "NoJobError", f"Job {framework_name} is not found.")
-        if not sep or not identity.can_see(user):
-            return missing
-        doc = await ctx.views.find_by_key(user, name)
-        if doc is None or doc.get("dialect") not in DIALECTS:
-            return missing
+        found = await found_job(framework_name, identity)
+        if isinstance(found, JSONResponse):
+            return found
         return error(
             404,
             "NoJobSshInfoError",
