@@ -4,6 +4,7 @@ spellings T9k's documentation uses, field errors with paths, and the rendered st
 from __future__ import annotations
 
 import copy
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,7 @@ def test_pytorch_get_started_example_uses_torchrun_gpus_and_exit_code_policy() -
     [role] = spec.roles
     assert role.command == (
         "torchrun --nproc_per_node=4 --max_restarts=3 --rdzv_backend=c10d "
+        '--rdzv_endpoint="${MASTER_ADDR-\\$(MASTER_ADDR)}":"${MASTER_PORT-\\$(MASTER_PORT)}" '
         "torch_mnist_trainingjob.py --log_dir log --save_path "
         "./model_state_dict.pt --backend nccl"
     )
@@ -631,3 +633,37 @@ def test_render_paused_job_and_warnings_annotation() -> None:
     assert out["status"]["phase"] == "Paused"
     assert any(c["type"] == "Paused" for c in out["status"]["conditions"])
     assert out["metadata"]["annotations"]["trainyard.dev/warnings"] == "$.spec.service: kept"
+
+
+@pytest.mark.parametrize(
+    ("backend", "extra", "endpoint"),
+    [
+        ("c10d", [], "--rdzv_endpoint=$(MASTER_ADDR):$(MASTER_PORT)"),
+        ("c10d", ["--rdzv_endpoint=etcd:2379"], "--rdzv_endpoint=etcd:2379"),
+        ("etcd-v2", ["--rdzv_endpoint=etcd:2379"], "--rdzv_endpoint=etcd:2379"),
+        ("etcd", [], None),
+    ],
+)
+def test_a_c10d_rendezvous_meets_at_the_first_replica(
+    backend: str, extra: list[str], endpoint: str | None
+) -> None:
+    """The launcher gives no torch task a rendezvous endpoint (it would override a
+    command's own --master_addr), so c10d's is on the line; extraOptions come later and
+    win in torchrun's parser. An etcd endpoint is the user's own server."""
+    payload = load("pytorchtrainingjob-get-started.yaml")
+    payload["spec"]["torchrunConfig"].update(rdzvBackend=backend, extraOptions=extra)
+    command = translate_t9k(payload).spec.roles[0].command
+    env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "23456"}
+    # What the task's shell runs: the last endpoint on the line is the one taken.
+    argv = subprocess.run(
+        ["sh", "-c", 'printf "%s\\n" ' + command.removeprefix("torchrun ")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    taken = [a for a in argv if a.startswith("--rdzv_endpoint=")]
+    expected = (
+        endpoint.replace("$(MASTER_ADDR):$(MASTER_PORT)", "10.0.0.1:23456") if endpoint else None
+    )
+    assert (taken[-1] if taken else None) == expected, command

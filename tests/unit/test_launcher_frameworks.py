@@ -277,16 +277,12 @@ def test_torch_tasks_rank_the_master_first_and_share_its_address() -> None:
         )
         assert env["PET_NODE_RANK"] == env["RANK"]
         assert env["LOCAL_RANK"] == "0"
-        assert "PET_RDZV_BACKEND" not in env
-        # A command asking torchrun for a c10d rendezvous (T9k's torchrunConfig) meets
-        # at the master, not at each task's localhost:29400.
-        assert (env["PET_RDZV_ENDPOINT"], env["PET_RDZV_ID"]) == ("10.0.0.1:23456", spec.name)
-    hosts = {k: e["PET_RDZV_CONF"] for k, e in envs.items()}
-    assert hosts == {
-        ("master", 0): "is_host=true",
-        ("worker", 0): "is_host=false",
-        ("worker", 1): "is_host=false",
-    }
+        # No rendezvous options: `torchrun --standalone` on any task, and a command's
+        # own --master_addr/--master_port, must keep working (torchrun takes
+        # PET_RDZV_ENDPOINT over --master_addr, and an explicit is_host=false makes a
+        # standalone agent a client of a store no one hosts). T9k's torchrunConfig
+        # names its c10d endpoint on the command line (tests/unit/test_dialect_t9k.py).
+        assert not {k for k in env if k.startswith("PET_RDZV_")}, env
 
 
 def test_nproc_per_node_is_the_tasks_gpu_count() -> None:

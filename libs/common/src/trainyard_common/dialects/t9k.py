@@ -396,6 +396,13 @@ def _torchrun(config: dict[str, Any], pod: PodTask, issues: Issues) -> list[str]
     backend = config.get("rdzvBackend")
     if backend in RDZV_BACKENDS:
         argv.append(f"--rdzv_backend={backend}")
+        if backend == "c10d":
+            # c10d needs an endpoint every agent reaches: without one each meets at its
+            # own localhost:29400. The launcher gives every torch task the first
+            # replica's address; an --rdzv_endpoint in extraOptions, later on the
+            # line, still wins. The agent on that address hosts the store (torch's
+            # own rule; on one machine the first to bind it, the others connect).
+            argv.append("--rdzv_endpoint=$(MASTER_ADDR):$(MASTER_PORT)")
     elif backend not in (None, ""):
         issues.error(
             join(path, "rdzvBackend"),

@@ -240,21 +240,25 @@ def torch_env(
         "PET_NPROC_PER_NODE": str(nproc),
         # DLC's name for it (torchrun --nproc_per_node=$NPROC_PER_NODE in its examples).
         "NPROC_PER_NODE": str(nproc),
-        # Where a dynamic rendezvous (--rdzv_backend=c10d, as T9k's torchrunConfig and
-        # elastic jobs ask) meets: without them torchrun meets at localhost:29400 under
-        # the id "none", so tasks on two machines never meet and two jobs on one do.
-        # The static rendezvous reads the same endpoint from MASTER_ADDR and _PORT.
-        "PET_RDZV_ENDPOINT": f"{master.host_ip}:{port}",
-        "PET_RDZV_ID": spec.name,
-        # The master's agent hosts the c10d store; on one machine every agent would
-        # otherwise take the endpoint's host for its own.
-        "PET_RDZV_CONF": f"is_host={'true' if master.role == role and master.index == index else 'false'}",
     }
     if _is_elastic(spec):
         low = sum(r.min_replicas if r.min_replicas is not None else r.replicas for r in spec.roles)
         high = sum(r.max_replicas if r.max_replicas is not None else r.replicas for r in spec.roles)
-        # torchrun's --nnodes=MIN:MAX: the elastic range of the whole job.
-        env.update({"PET_RDZV_BACKEND": "c10d", "PET_NNODES": f"{low}:{high}"})
+        is_master = master.role == role and master.index == index
+        env.update(
+            {
+                "PET_RDZV_BACKEND": "c10d",
+                "PET_RDZV_ENDPOINT": f"{master.host_ip}:{port}",
+                "PET_RDZV_ID": spec.name,
+                # torchrun's --nnodes=MIN:MAX: the elastic range of the whole job.
+                "PET_NNODES": f"{low}:{high}",
+                # The master's agent hosts the c10d store. Only here: an explicit
+                # is_host=false makes a non-master's `torchrun --standalone` (which
+                # still reads it) a client of a store no one hosts, and an endpoint
+                # set for every job would override a command's own --master_addr.
+                "PET_RDZV_CONF": f"is_host={'true' if is_master else 'false'}",
+            }
+        )
         del env["PET_NODE_RANK"]  # the rendezvous assigns node ranks
     return env
 
