@@ -83,7 +83,52 @@ def test_a_process_that_is_not_the_one_meant_or_gone_is_not_signalled() -> None:
         assert proc.poll() is None
         assert signal_held(proc.pid, signal.SIGKILL, lambda s: s.start_ticks == started.start_ticks)
         assert proc.wait(10) == -signal.SIGKILL
-        assert not signal_held(proc.pid, signal.SIGKILL, lambda s: True)  # collected
+        # Collected: nothing to hold (a reused pid would not have its start time).
+        assert not signal_held(
+            proc.pid, signal.SIGKILL, lambda s: s.start_ticks == started.start_ticks
+        )
     finally:
         proc.kill()
         proc.wait()
+
+
+# In a child interpreter with few descriptors: more processes below than it could hold
+# pidfds for at once (the launcher's and the wrapper's soft limit is often 1024).
+MANY = """
+import resource, signal, subprocess, sys, time
+from trainyard_launcher.adapters.procfs import signal_below, tree
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+root = subprocess.Popen(["sh", "-c", "for i in $(seq 300); do sleep 60 & done; wait"])
+deadline = time.monotonic() + 30
+while len(tree(root.pid)) < 300 and time.monotonic() < deadline:
+    time.sleep(0.05)
+found = len(tree(root.pid))
+sent = signal_below(root.pid, signal.SIGKILL)
+print(found, len(sent), root.wait(30))
+"""
+
+
+def test_more_processes_than_descriptors_are_all_signalled() -> None:
+    """Each process is held by a descriptor; all at once, 300 processes under a limit
+    of 128 raised EMFILE and none was signalled."""
+    done = subprocess.run([sys.executable, "-c", MANY], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    found, sent, root_code = done.stdout.split()
+    # The shell's wait ends when its children do: all 300 were killed.
+    assert (found, sent, root_code) == ("300", "300", "0")
+
+
+def test_a_root_that_is_not_the_one_that_started_then_has_nothing_signalled() -> None:
+    root = subprocess.Popen(["sh", "-c", CHAIN])
+    try:
+        below = _settled(root.pid, 4)
+        started = proc_stat(root.pid)
+        assert started is not None
+        assert signal_below(root.pid, signal.SIGKILL, started.start_ticks + 1) == []
+        time.sleep(0.1)
+        assert all(_alive(pid) for pid in below)
+        assert sorted(signal_below(root.pid, signal.SIGKILL, started.start_ticks)) == sorted(below)
+        assert _gone(below)
+    finally:
+        root.kill()
+        root.wait()

@@ -317,8 +317,10 @@ def _pump(
         if rounds % 25 == 0:
             _reap_orphans(child.pid)
         if memory is not None and memory.over():
-            child.kill()  # not yet collected: its pid is still its own
+            # Everything below first, the command last (children before parents): a
+            # process whose parent died first could slip out of the walk.
             signal_below(os.getpid(), signal.SIGKILL)
+            child.kill()  # not yet collected: its pid is still its own
             return child.wait()
 
 

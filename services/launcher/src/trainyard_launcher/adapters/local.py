@@ -726,7 +726,7 @@ class LocalBackend:
             others = [p for p in survivors if p != pid]
             for member in others:
                 signal_held(member, signal.SIGKILL, lambda s: s.session == pid)
-            below = signal_below(pid, signal.SIGKILL) if wrapper else []
+            below = signal_below(pid, signal.SIGKILL, started) if wrapper else []
             if not others and not below:
                 signal_held(pid, signal.SIGKILL, lambda s: started in (None, s.start_ticks))
             await asyncio.sleep(0.02)

@@ -130,26 +130,43 @@ def tree(pid: int) -> list[int]:
     return found
 
 
-def signal_below(root: int, signum: int) -> list[int]:
+# Processes held (one pidfd each) at a time: a task of thousands of processes must not
+# take every descriptor its signaller has left.
+HOLD_AT_ONCE = 64
+
+
+def signal_below(root: int, signum: int, started: int | None = None) -> list[int]:
     """Send ``signum`` to every process below ``root``; the pids that got it.
 
     Finding a process and signalling it are two steps: between them it could end, be
     collected, and its pid go to a stranger, whom a root launcher would then kill. So
-    every pid found is first held (a pidfd names one process, never a later one with
-    its number), then each is checked to be still below ``root`` (its parent is
-    ``root`` or was found below it), and only then are they signalled through what
-    holds them: all checked before any is signalled, since a process whose parent was
-    killed first would have another parent (init, where ``root`` is no subreaper)."""
-    found = tree(root)
-    parents = {root, *found}
-    held = [(pid, fd) for pid in found if (fd := _hold(pid)) is not False]
+    each pid found is first held (a pidfd names one process, never a later one with its
+    number), then checked to be still below ``root`` (its parent is ``root`` or was
+    found below it), and only then signalled through what holds it. Children go before
+    their parents, a batch of ``HOLD_AT_ONCE`` at a time, each batch all checked before
+    any of it is signalled: a process signalled never gives one still to be checked
+    another parent (init, where ``root`` is no subreaper). ``root`` is held too and
+    must be uncollected when each batch goes, and with ``started`` be the process that
+    started then: the parents checked are then its processes, not those of a later
+    holder of its number."""
+    root_fd = _hold(root)
+    if root_fd is False:
+        return []
     try:
-        meant = [(pid, fd) for pid, fd in held if _is(pid, lambda s: s.ppid in parents)]
-        return [pid for pid, fd in meant if _send(pid, fd, signum)]
+        if started is not None and not _is(root, lambda s: s.start_ticks == started):
+            return []
+        found = tree(root)
+        parents = {root, *found}
+        order = found[::-1]  # tree lists a parent before its children
+        sent: list[int] = []
+        for at in range(0, len(order), HOLD_AT_ONCE):
+            if root_fd is not None and not _send(root, root_fd, 0):
+                break  # root was collected: its number may be someone else's now
+            sent += _signal_checked(order[at : at + HOLD_AT_ONCE], signum, parents)
+        return sent
     finally:
-        for _, fd in held:
-            if fd is not None:
-                os.close(fd)
+        if root_fd is not None:
+            os.close(root_fd)
 
 
 def signal_held(pid: int, signum: int, still: Callable[[ProcStat], bool]) -> bool:
@@ -166,6 +183,17 @@ def signal_held(pid: int, signum: int, still: Callable[[ProcStat], bool]) -> boo
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def _signal_checked(pids: list[int], signum: int, parents: set[int]) -> list[int]:
+    held = [(pid, fd) for pid in pids if (fd := _hold(pid)) is not False]
+    try:
+        meant = [(pid, fd) for pid, fd in held if _is(pid, lambda s: s.ppid in parents)]
+        return [pid for pid, fd in meant if _send(pid, fd, signum)]
+    finally:
+        for _, fd in held:
+            if fd is not None:
+                os.close(fd)
 
 
 def _hold(pid: int) -> int | None | Literal[False]:
