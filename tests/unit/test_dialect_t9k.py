@@ -224,6 +224,22 @@ def test_restart_policy_as_object_or_string_is_accepted_and_the_other_form_warne
     assert "object" in spelling(result)["$.spec.replicaSpecs[0].restartPolicy"]
 
 
+@pytest.mark.parametrize(("limit", "retries"), [(9, 9), (0, 0), (None, 3)])
+def test_a_replicas_restart_limit_stands_where_no_backoff_limit_is_written(
+    limit: int | None, retries: int
+) -> None:
+    """backoffLimit's default (3) applies only where nothing else was written: a
+    replica's restartPolicy.limit (0 among them) was dropped for it."""
+    pytorch = load("pytorchtrainingjob-1.yaml")
+    pytorch["spec"].pop("runPolicy", None)
+    policy: dict[str, Any] = {"policy": "OnFailure"}
+    if limit is not None:
+        policy["limit"] = limit
+    pytorch["spec"]["replicaSpecs"][0]["restartPolicy"] = policy
+    result = translate_t9k(pytorch)
+    assert result.errors == [] and result.spec.retry_limit == retries
+
+
 # ----------------------------------------------------------------------------- matrix
 
 # The seed's table (t9k-jobs.md, 运行模式): which modes each kind supports.

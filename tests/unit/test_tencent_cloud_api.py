@@ -72,6 +72,33 @@ def test_signed_header_values_are_lower_cased_as_tencent_documents() -> None:
     assert len(verify(Signed("POST", "", headers, BODY), "s3cret", NOW)) == 64
 
 
+def test_an_upper_case_endpoint_signed_as_the_sdk_signs_it_verifies() -> None:
+    """The SDKs sign host and content-type as sent (only x-tc-action lower-cased): a
+    client whose endpoint has an upper-case letter was refused."""
+    timestamp, date = str(int(NOW.timestamp())), NOW.strftime("%Y-%m-%d")
+    canonical = "\n".join([
+        "POST", "/", "", "content-type:application/json\nhost:Yard.Example:8080\n",
+        "content-type;host", hashlib.sha256(BODY).hexdigest(),
+    ])  # fmt: skip
+    to_sign = "\n".join([
+        "TC3-HMAC-SHA256", timestamp, f"{date}/tia/tc3_request",
+        hashlib.sha256(canonical.encode()).hexdigest(),
+    ])  # fmt: skip
+    signature = Sign.sign_tc3("s3cret", date, "tia", to_sign)
+    headers = {
+        "content-type": "application/json",
+        "host": "Yard.Example:8080",
+        "x-tc-timestamp": timestamp,
+        "authorization": f"TC3-HMAC-SHA256 Credential=AKID/{date}/tia/tc3_request, "
+        f"SignedHeaders=content-type;host, Signature={signature}",
+    }
+    assert len(verify(Signed("POST", "", headers, BODY), "s3cret", NOW)) == 64
+    # Still the host it was signed for: another one is refused in either form.
+    other = Signed("POST", "", {**headers, "host": "Yard.Example:8081"}, BODY)
+    with pytest.raises(TencentError):
+        verify(other, "s3cret", NOW)
+
+
 @pytest.mark.parametrize(
     ("request_", "now", "code"),
     [

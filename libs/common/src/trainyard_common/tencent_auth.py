@@ -87,12 +87,17 @@ def signature(secret_key: str, date: str, service: str, string_to_sign: str) -> 
     return hmac.new(signing, string_to_sign.encode(), hashlib.sha256).hexdigest()
 
 
-def string_to_sign(signed: Signed, signed_headers: list[str], date: str, service: str) -> str:
+def string_to_sign(
+    signed: Signed, signed_headers: list[str], date: str, service: str, lower: bool = True
+) -> str:
     # "头部 key 和 value 统一转成小写，并去掉首尾空格": Tencent's own example signs
-    # x-tc-action:describeinstances.
-    canonical_headers = "".join(
-        f"{name}:{signed.headers.get(name, '').strip().lower()}\n" for name in signed_headers
-    )
+    # x-tc-action:describeinstances. Its SDKs lower-case only x-tc-action and sign host
+    # and content-type as sent: ``lower=False`` is their form.
+    def value(name: str) -> str:
+        text = signed.headers.get(name, "").strip()
+        return text.lower() if lower or name == "x-tc-action" else text
+
+    canonical_headers = "".join(f"{name}:{value(name)}\n" for name in signed_headers)
     payload = (
         "UNSIGNED-PAYLOAD"
         if signed.headers.get("x-tc-content-sha256") == "UNSIGNED-PAYLOAD"
@@ -132,11 +137,21 @@ def verify(signed: Signed, secret_key: str, now: datetime) -> str:
         raise TencentError(
             "AuthFailure.SignatureFailure", "the Credential's date is not the timestamp's"
         )
-    expected = signature(
-        secret_key, found["date"], found["service"],
-        string_to_sign(signed, names, found["date"], found["service"]),
-    )  # fmt: skip
-    if not hmac.compare_digest(expected.encode(), found["sig"].encode()):
+    # Either form: the guide's (every value lower-cased) or the SDKs' (an upper-case
+    # letter in the endpoint or the content type signed as sent).
+    matched = [
+        hmac.compare_digest(
+            signature(
+                secret_key,
+                found["date"],
+                found["service"],
+                string_to_sign(signed, names, found["date"], found["service"], lower),
+            ).encode(),
+            found["sig"].encode(),
+        )  # fmt: skip
+        for lower in (True, False)
+    ]
+    if not any(matched):
         raise TencentError("AuthFailure.SignatureFailure", "the request signature does not match")
     return found["sig"]
 

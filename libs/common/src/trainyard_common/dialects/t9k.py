@@ -808,8 +808,8 @@ def _run_policy(kind: Kind, spec: dict[str, Any], issues: Issues) -> dict[str, A
         if policy is not None:
             out["cleanup_policy"] = _cleanup(policy, "$.spec.cleanUpPolicy", issues)
         return out
-    # "spec.runPolicy.backoffLimit 字段（默认为 3）": restarts all replicas share.
-    out["retry_limit"] = DEFAULT_BACKOFF_LIMIT
+    # backoffLimit: restarts all replicas share; its default (3) is set by the caller,
+    # after a replica's restartPolicy.limit has had its say.
     raw = spec.get("runPolicy")
     path = "$.spec.runPolicy"
     if raw is None:
@@ -1225,6 +1225,9 @@ def translate_t9k(payload: Any, user: str = "") -> Translation:
                 f"the largest, {max(limits)}",
                 "not_applied",
             )
+    if kind.name != "GenericJob":
+        # "spec.runPolicy.backoffLimit 字段（默认为 3）".
+        fields.setdefault("retry_limit", DEFAULT_BACKOFF_LIMIT)
 
     success: list[list[TaskRef]] = []
     failure: list[list[TaskRef]] = []
