@@ -101,9 +101,11 @@ def router(ctx: IntakeContext) -> APIRouter:
             except JobNotFound:
                 continue
             stopped.append(job_id)
-        if claim is not None:
+        if claim is not None and claim.job_id in stopped:
             # After the stops are on the bus: a name freed first could go to a new job
-            # while the command for the old one was still to be sent.
+            # while the command for the old one was still to be sent. Only a stopped
+            # job's: a submission between its claim and its owner record holds the name
+            # for a job not listed yet, which this delete did not stop.
             await ctx.deps.names.release(identity.user, key, claim.job_id)
         return stopped
 
