@@ -148,7 +148,7 @@ def verify(signed: Signed, secret_key: str, now: datetime) -> str:
                 string_to_sign(signed, names, found["date"], found["service"], lower),
             ).encode(),
             found["sig"].encode(),
-        )  # fmt: skip
+        )
         for lower in (True, False)
     ]
     if not any(matched):
