@@ -259,8 +259,8 @@ def test_the_platforms_own_errors_on_openpais_paths_are_in_openpais_shape(api: A
     """OpenPAI's clients read {"code", "message"}: an unknown path, a bad query
     parameter and a missing token answer so on its paths, and as before elsewhere."""
     cases = {
-        "/api/v2/jobs/admin~x/no-such-thing": (404, "NotFoundError"),
-        "/api/v1/user/admin/jobs/x/no-such-thing": (404, "NotFoundError"),
+        "/api/v2/jobs/admin~x/no-such-thing": (404, "NoApiError"),
+        "/api/v1/user/admin/jobs/x/no-such-thing": (404, "NoApiError"),
         "/api/v2/jobs?offset=abc": (400, "InvalidParametersError"),
     }
     for path, (status, code) in cases.items():
@@ -268,6 +268,9 @@ def test_the_platforms_own_errors_on_openpais_paths_are_in_openpais_shape(api: A
         assert (answer.status_code, answer.json().get("code")) == (status, code), answer.text
         assert answer.json()["message"], answer.text
     assert "offset" in api.http.get("/api/v2/jobs?offset=abc").json()["message"]
+    # The rest-server's catch-all names the whole URL it was asked for.
+    unknown = api.http.get("/api/v2/no-such-api?x=1").json()
+    assert unknown == {"code": "NoApiError", "message": "API /api/v2/no-such-api?x=1 is not found."}
     anonymous = httpx.get(f"{api.url}/api/v2/jobs", timeout=30)
     assert anonymous.status_code == 401, anonymous.text
     assert anonymous.json()["code"] == "UnauthorizedUserError", anonymous.text

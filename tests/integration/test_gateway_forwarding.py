@@ -178,3 +178,18 @@ async def test_only_the_forwarded_methods_pass(gateway: httpx.AsyncClient) -> No
         refused = await gateway.request(method, "/v1/jobs")
         assert refused.status_code == 405, method
         assert "HEAD" not in refused.headers["allow"]
+
+
+async def test_a_path_no_service_serves_is_a_404_in_its_apis_shape(
+    gateway: httpx.AsyncClient,
+) -> None:
+    """On OpenPAI's paths, its rest-server's catch-all (any method: Express answers an
+    unrouted method so too); elsewhere the gateway's own words."""
+    for method in ("GET", "PATCH"):
+        lost = await gateway.request(method, "/api/v2/no-such-api?x=1")
+        assert lost.status_code == 404, method
+        assert lost.json() == {
+            "code": "NoApiError", "message": "API /api/v2/no-such-api?x=1 is not found."
+        }  # fmt: skip
+    own = await gateway.get("/v1/no-such-api")
+    assert own.status_code == 404 and own.json() == {"detail": "no route for GET /v1/no-such-api"}

@@ -47,3 +47,20 @@ async def test_the_bus_unavailable_is_a_503_to_retry_not_a_500() -> None:
     assert answer.status_code == 503, answer.text
     assert answer.headers["Retry-After"] == "1"
     assert "bus is unavailable" in answer.json()["detail"]
+
+
+async def test_a_path_nothing_serves_on_openpais_paths_is_its_rest_servers_no_api_error() -> None:
+    """OpenPAI's catch-all (rest-server config/express.js): 404, NoApiError, "API <url>
+    is not found." with the query the client sent; Trainyard's own paths keep FastAPI's."""
+    app = health_app("probe")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://probe") as http:
+        answer = await http.get("/api/v2/no-such-api", params={"x": "1"})
+        assert answer.status_code == 404
+        assert answer.json() == {
+            "code": "NoApiError", "message": "API /api/v2/no-such-api?x=1 is not found."
+        }  # fmt: skip
+        bare = await http.get("/api/v1/user/someone/no-such-api")
+        assert bare.json()["message"] == "API /api/v1/user/someone/no-such-api is not found."
+        own = await http.get("/v1/no-such-api")
+        assert own.status_code == 404 and own.json() == {"detail": "Not Found"}

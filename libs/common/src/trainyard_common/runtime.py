@@ -273,19 +273,20 @@ OPENPAI_CODES = {
     400: "InvalidParametersError",
     401: "UnauthorizedUserError",
     403: "ForbiddenUserError",
-    404: "NotFoundError",
+    404: "NoApiError",  # only a path nothing serves comes here: the routes answer their own
     405: "MethodNotAllowedError",
     413: "RequestEntityTooLarge",
 }
 
 
-def openpai_error(path: str, status: int, detail: Any) -> JSONResponse | None:
+def openpai_error(path: str, status: int, detail: Any, query: str = "") -> JSONResponse | None:
     """FastAPI's own answer (an unknown path, a bad query parameter, no token) in
     OpenPAI's shape, on OpenPAI's paths; None elsewhere."""
     if not path.startswith(OPENPAI_PATHS):
         return None
     if status == 404 and detail == "Not Found":
-        detail = f"Can not match path {path}."  # the rest-server's words
+        # The rest-server's catch-all (config/express.js): its req.url, query and all.
+        detail = f"API {path}{'?' if query else ''}{query} is not found."
     message = detail if isinstance(detail, str) else json.dumps(detail)
     code = OPENPAI_CODES.get(status, "UnknownError")
     return JSONResponse({"code": code, "message": message}, status_code=status)
@@ -331,7 +332,8 @@ def health_app(service: str, title: str | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        if shaped := openpai_error(request.url.path, exc.status_code, exc.detail):
+        url = request.url
+        if shaped := openpai_error(url.path, exc.status_code, exc.detail, url.query):
             if exc.headers:
                 shaped.headers.update(exc.headers)
             return shaped
