@@ -165,6 +165,19 @@ def test_worker_kinds_take_their_command_from_their_own_fields() -> None:
     )
 
 
+def test_mpi_variables_made_from_mca_and_extra_args_are_checked_where_they_are_written() -> None:
+    """They become variables (OMPI_MCA_<name>, the mpirun line): a name with '=' or a
+    NUL anywhere cannot be one, and is refused at the field, not at the job's start."""
+    payload = load("mpijob-1.yaml")
+    payload["spec"]["mca"] = {"btl": "^openib", "a=b": "1", "c": "x\0y"}
+    payload["spec"]["worker"]["extraMPIArgs"] = ["-N", "3\0"]
+    result = translate_t9k(payload)
+    assert paths(result.errors) == [
+        "$.spec.mca['a=b']", "$.spec.mca.c", "$.spec.worker.extraMPIArgs[1]"
+    ], result.errors  # fmt: skip
+    assert "'='" in result.errors[0].message and "NUL" in result.errors[1].message
+
+
 # ------------------------------------------------------------------------- spellings
 
 

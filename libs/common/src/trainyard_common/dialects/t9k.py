@@ -58,6 +58,7 @@ from .translation import (
     Translation,
     as_int,
     empty_spec,
+    env_problem,
     join,
     json_type,
     show,
@@ -691,6 +692,13 @@ def _worker_role(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Role
         # Open MPI reads them from.
         mpi_env.extend(_mca_env(spec.get("mca"), "$.spec.mca", issues))
         extra_args = string_list(worker, "extraMPIArgs", path, issues)
+        for index, arg in enumerate(extra_args):
+            # They reach mpirun through a variable: a NUL would end it there.
+            if "\0" in arg:
+                issues.error(
+                    f"{join(path, 'extraMPIArgs')}[{index}]",
+                    "an mpirun argument must not hold a NUL character",
+                )
         if extra_args:
             mpi_env.append(EnvVar(name=MPIRUN_ARGS_ENV, value=shlex.join(extra_args)))
         if cmd:
@@ -760,7 +768,11 @@ def _mca_env(mca: Any, path: str, issues: Issues) -> list[EnvVar]:
                 "type",
             )
             continue
-        env.append(EnvVar(name=f"OMPI_MCA_{name}", value=str(value)))
+        var = EnvVar(name=f"OMPI_MCA_{name}", value=str(value))
+        if problem := env_problem(var.name, var.value):
+            issues.error(join(path, str(name)), problem)
+            continue
+        env.append(var)
     return env
 
 
