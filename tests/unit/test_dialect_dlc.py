@@ -14,7 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainyard_common.dialects import detect, dlc, translate
-from trainyard_common.jobspec import JobKind
+from trainyard_common.events import JobState, TaskState
+from trainyard_common.jobspec import JobKind, TaskRef
+from trainyard_launcher.domain.completion import TaskOutcome, decide
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "dlc"
 
@@ -242,15 +244,31 @@ def test_success_follows_the_leader_role() -> None:
     ]
     roles = {r.name: r for r in dlc.translate_dlc(job).spec.roles}
     assert roles["Worker"].min_succeeded == 3 and roles["PS"].min_succeeded is None
-    # With a Chief: DLC's SuccessPolicy, AllWorkers by default, ChiefWorker on request.
+    # ChiefWorker without a Chief: Worker 0 (KubeDL's default rule), not every Worker.
+    job["SuccessPolicy"] = "ChiefWorker"
+    spec = dlc.translate_dlc(job).spec
+    assert spec.success_rules == [[TaskRef(role="Worker", index=0)]]
+    assert all(r.min_succeeded is None for r in spec.roles)
+    # With a Chief: DLC's SuccessPolicy, AllWorkers by default (the Chief and every
+    # Worker, as KubeDL waits for both), ChiefWorker on request.
+    del job["SuccessPolicy"]
     job["JobSpecs"].append({"Type": "Chief", "Image": "i", "EcsSpec": "ecs.c6.large"})
-    roles = {r.name: r for r in dlc.translate_dlc(job).spec.roles}
-    assert roles["Worker"].min_succeeded == 3 and roles["Chief"].min_succeeded is None
+    spec = dlc.translate_dlc(job).spec
+    assert spec.success_rules == [
+        [TaskRef(role="Chief", index=0), *(TaskRef(role="Worker", index=i) for i in range(3))]
+    ]
+    assert all(r.min_succeeded is None for r in spec.roles)
+    done = TaskOutcome(TaskState.SUCCEEDED, exit_code=0)
+    chief_only = {("Chief", 0): done, ("Worker", 0): done}
+    assert decide(spec, chief_only) is None  # the Workers 1 and 2 still run
+    every = {**chief_only, ("Worker", 1): done, ("Worker", 2): done}
+    assert decide(spec, {k: v for k, v in every.items() if k[0] == "Worker"}) is None
+    assert (verdict := decide(spec, every)) is not None and verdict.state is JobState.SUCCEEDED
     job["SuccessPolicy"] = "ChiefWorker"
     translated = dlc.translate_dlc(job)
     roles = {r.name: r for r in translated.spec.roles}
     assert roles["Chief"].min_succeeded == 1 and roles["Worker"].min_succeeded is None
-    assert translated.warnings == []
+    assert translated.spec.success_rules == [] and translated.warnings == []
     job["SuccessPolicy"] = "SomeWorkers"
     assert paths(dlc.translate_dlc(job).errors) == ["$.SuccessPolicy"]
     # Other jobs: Kubeflow's rule (the Master), and SuccessPolicy is DLC's for TFJob only.

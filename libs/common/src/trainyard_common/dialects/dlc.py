@@ -36,6 +36,7 @@ from ..jobspec import (
     PortSpec,
     Resources,
     RoleSpec,
+    TaskRef,
     env_list,
 )
 from ..limits import digits
@@ -112,7 +113,8 @@ JOB_KEYS = frozenset(
     }
 )
 # CreateJob's SuccessPolicy (TensorFlow jobs only): AllWorkers, its default, ends the
-# job when every Worker succeeded; ChiefWorker when the Chief did.
+# job when every Worker (and the Chief, if any) succeeded; ChiefWorker when the Chief
+# did (Worker 0 without a Chief).
 SUCCESS_POLICIES = ("AllWorkers", "ChiefWorker")
 SPEC_KEYS = frozenset({"Type", "Image", "PodCount", "EcsSpec", "ResourceConfig"})
 RESOURCE_KEYS = frozenset({"CPU", "GPU", "Memory", "SharedMemory", "GPUType"})
@@ -451,16 +453,18 @@ def _roles(
     command: str,
     catalog: Mapping[str, EcsType],
     issues: Issues,
-) -> list[RoleSpec]:
+) -> tuple[list[RoleSpec], list[list[TaskRef]]]:
+    """The job's roles, and the success rules of a TFJob whose SuccessPolicy needs more
+    than one role's count."""
     raw_specs = payload.get("JobSpecs")
     if raw_specs is None:
         issues.error(
             "$.JobSpecs", "JobSpecs is required (a list with at least one JobSpec)", "required"
         )
-        return []
+        return [], []
     if not isinstance(raw_specs, list):
         issues.error("$.JobSpecs", f"JobSpecs must be a list, not {json_type(raw_specs)}", "type")
-        return []
+        return [], []
     if not raw_specs:
         issues.error("$.JobSpecs", "JobSpecs must hold at least one JobSpec", "required")
     roles: list[RoleSpec] = []
@@ -516,8 +520,18 @@ def _roles(
     leaders = [r for r in roles if r.name in LEADER_ROLES]
     workers = [r for r in roles if r.name == "Worker"]
     succeeding = leaders[:1] or workers
-    if _success_policy(payload, tf, issues) == "AllWorkers" and workers:
-        succeeding = workers
+    policy = _success_policy(payload, tf, issues)
+    if policy and workers:
+        # KubeDL's TFJob rules (controllers/tensorflow/status.go), which DLC runs:
+        # AllWorkers waits for the Chief and every Worker; ChiefWorker (its default
+        # rule) ends with the Chief, or without one with Worker 0.
+        every = [TaskRef(role=w.name, index=i) for w in workers for i in range(w.replicas)]
+        if policy == "AllWorkers" and leaders:
+            rule = [TaskRef(role=leaders[0].name, index=0), *every]
+            return [r.model_copy(update={"min_succeeded": None}) for r in roles], [rule]
+        if policy == "ChiefWorker" and not leaders:
+            rule = [TaskRef(role="Worker", index=0)]
+            return [r.model_copy(update={"min_succeeded": None}) for r in roles], [rule]
     if job_type in ROLE_TYPES and succeeding:
         # Kubeflow's rule: the leader's (or else the Workers') success is the job's;
         # parameter servers and evaluators never end by themselves.
@@ -525,7 +539,7 @@ def _roles(
             r.model_copy(update={"min_succeeded": r.replicas if r in succeeding else None})
             for r in roles
         ]
-    return roles
+    return roles, []
 
 
 def _success_policy(payload: dict[str, Any], tf: bool, issues: Issues) -> str | None:
@@ -690,7 +704,7 @@ def translate_dlc(
     lib_dir = issues.string(payload, "ThirdpartyLibDir", "$", required=False)
     envs = _envs(payload, issues)
     libs = _string_list(payload, "ThirdpartyLibs", issues)
-    roles = _roles(payload, job_type, command or "", catalog, issues)
+    roles, success_rules = _roles(payload, job_type, command or "", catalog, issues)
     data_sources = _data_sources(payload, sources, issues)
     code_source = _code_source(payload, sources, issues)
     _unsupported(payload, JOB_KEYS, "$", issues, "CreateJob")
@@ -711,6 +725,7 @@ def translate_dlc(
         pip_requirements_dir=lib_dir or None,
         max_running_minutes=max_minutes or None,
         roles=roles,
+        success_rules=success_rules,
         # What ListJobs filters by (WorkspaceId, JobType, ResourceId, Accessibility,
         # TemplateId), kept as labels.
         labels=[
