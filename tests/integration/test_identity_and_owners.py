@@ -64,6 +64,11 @@ async def test_owner_registry_contract(owners) -> None:
     assert await owners.record(job, "alice") is True
     assert await owners.record(job, "mallory") is False  # the first owner stays
     assert await owners.owner(job) == "alice"
+    assert not await owners.rejected(job)
+    await owners.mark_rejected(job)
+    await owners.mark_rejected(job)  # delivered again
+    assert await owners.rejected(job) and await owners.entry(job) == ("alice", None)
+    assert not await owners.rejected(uuid.uuid4().hex)
 
 
 async def test_owner_registry_finds_every_job_submitted_under_a_dialect_name(owners) -> None:

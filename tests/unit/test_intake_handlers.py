@@ -145,6 +145,23 @@ async def test_a_name_is_freed_when_its_job_never_reached_the_bus() -> None:
     assert await deps.names.get("alice", "j1") is None
 
 
+async def test_a_retry_of_a_rejected_job_does_not_take_its_name_again(deps: Deps) -> None:
+    """The same Idempotency-Key after the job was rejected: the same job (202 again, its
+    publish a duplicate the bus drops), and the name stays free for the mended job."""
+    first = await submit_job(JOB, Identity("alice"), deps, idempotency_key="k1")
+    assert await release_rejected_name(first.job_id, deps)  # validation rejected it
+    retry = await submit_job(JOB, Identity("alice"), deps, idempotency_key="k1")
+    assert retry.job_id == first.job_id
+    assert await deps.names.get("alice", "j1") is None
+    mended = await submit_job(JOB, Identity("alice"), deps)
+    assert (await deps.names.get("alice", "j1")).job_id == mended.job_id
+    # A retry of a job still waiting for validation keeps the name it holds.
+    other = {**JOB, "jobName": "j2"}
+    held = await submit_job(other, Identity("alice"), deps, idempotency_key="k2")
+    await submit_job(other, Identity("alice"), deps, idempotency_key="k2")
+    assert (await deps.names.get("alice", "j2")).job_id == held.job_id
+
+
 async def test_a_rejected_job_gives_its_name_back_once_and_only_its_own(deps: Deps) -> None:
     """Rejected after its 202 (a check against the cluster), the job gives its name back
     so the mended job can take it; a job rejected for a name another holds takes

@@ -173,7 +173,13 @@ async def submit_job(
         holder = await deps.names.claim(identity.user, translation.key, job_id, original)
         if holder != job_id:
             raise NameTaken(translation.key, holder)
-    await deps.owners.record(job_id, identity.user, translation.key)
+    retry = not await deps.owners.record(job_id, identity.user, translation.key)
+    if retry and event.name_claimed and translation.key is not None:
+        # The same Idempotency-Key again, for a job validation has since rejected: the
+        # rejection gave the name back and JetStream drops this publish as a duplicate,
+        # so no second rejection would free the name claimed just now.
+        if not outlives_its_job(translation.key) and await deps.owners.rejected(job_id):
+            await deps.names.release(identity.user, translation.key, job_id)
     try:
         seq = await deps.publish(event)
     except BaseException:
@@ -238,7 +244,12 @@ async def release_rejected_name(job_id: str, deps: Deps) -> bool:
     Only while this job holds the name (a job rejected for a name another holds leaves
     it be), so doing it twice is doing it once. Whether a name was freed."""
     entry = await deps.owners.entry(job_id)
-    if entry is None or entry[1] is None or outlives_its_job(entry[1]):
+    if entry is None:
+        return False
+    # Marked first: a retry of its submission that claims the name between the two
+    # sees the mark and gives the name back itself (submit_job).
+    await deps.owners.mark_rejected(job_id)
+    if entry[1] is None or outlives_its_job(entry[1]):
         return False
     user, key = entry[0], entry[1]
     return await deps.names.release(user, key, job_id)

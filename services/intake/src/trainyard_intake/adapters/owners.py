@@ -24,6 +24,12 @@ class OwnerRegistry(Protocol):
         """The job's user and the dialect name it was submitted under."""
         ...
 
+    async def mark_rejected(self, job_id: str) -> None:
+        """Validation rejected the job (its name was given back)."""
+        ...
+
+    async def rejected(self, job_id: str) -> bool: ...
+
 
 class DocOwnerRegistry:
     def __init__(self, collection: Collection) -> None:
@@ -46,10 +52,17 @@ class DocOwnerRegistry:
         doc = await self._jobs.find_one({"_id": job_id})
         return None if doc is None else (doc["user"], doc.get("key"))
 
+    async def mark_rejected(self, job_id: str) -> None:
+        await self._jobs.update_one({"_id": job_id}, {"$set": {"rejected": True}})
+
+    async def rejected(self, job_id: str) -> bool:
+        return await self._jobs.find_one({"_id": job_id, "rejected": True}, {"_id": 1}) is not None
+
 
 class InMemoryOwnerRegistry:
     def __init__(self) -> None:
         self.owners: dict[str, tuple[str, str | None]] = {}
+        self.refused: set[str] = set()
 
     async def record(self, job_id: str, user: str, key: str | None = None) -> bool:
         if job_id in self.owners:
@@ -66,3 +79,10 @@ class InMemoryOwnerRegistry:
 
     async def entry(self, job_id: str) -> tuple[str, str | None] | None:
         return self.owners.get(job_id)
+
+    async def mark_rejected(self, job_id: str) -> None:
+        if job_id in self.owners:
+            self.refused.add(job_id)
+
+    async def rejected(self, job_id: str) -> bool:
+        return job_id in self.refused
