@@ -245,7 +245,8 @@ def test_v1_paths_under_a_user_and_the_stopping_filter(api: Api) -> None:
 
 
 def test_the_list_takes_openpais_limits(api: Api) -> None:
-    """Up to OpenPAI's 50000 (pages hold 5000 here); above it, OpenPAI's 400."""
+    """Up to OpenPAI's 50000 (all in one list: tests/integration/test_status_views.py);
+    above it, OpenPAI's 400."""
     assert api.http.get("/api/v2/jobs", params={"limit": 10000}).status_code == 200
     above = api.http.get("/api/v2/jobs", params={"limit": 60000})
     assert above.status_code == 400, above.text

@@ -497,3 +497,51 @@ async def test_an_event_is_counted_once_when_its_first_batch_is_not_stored(
     assert atomic.failed
     assert (await views.get_job(job))["state"] == "SUCCEEDED"
     assert submitted() - before == 1
+
+
+async def test_openpais_list_answers_up_to_its_limit_a_store_page_at_a_time(
+    views: JobViews, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenPAI answers up to `limit` (50000) in one list; the store is read a page at a
+    time (pages of two here), so every job comes back and a short list means the end."""
+    from fastapi import FastAPI
+    from httpx import ASGITransport, AsyncClient
+
+    from trainyard_common.auth import Identity
+    from trainyard_status.dialect_api import openpai as openpai_api
+    from trainyard_status.dialect_api.context import StatusContext
+
+    monkeypatch.setattr(openpai_api, "MAX_PAGE_SIZE", 2)
+    vc = "vc" + uuid.uuid4().hex[:6]
+    ids = []
+    for i in range(5):
+        job = uuid.uuid4().hex
+        ids.append(job)
+        submitted = lifecycle(job)[0]
+        submitted = submitted.model_copy(
+            update={
+                "dialect": "openpai",
+                "spec": submitted.spec.model_copy(update={"name": f"j{i}", "queue": vc}),
+                "occurred_at": submitted.occurred_at + timedelta(seconds=i),
+            }
+        )
+        await apply_all(views, [submitted], [i + 1])
+
+    async def admin() -> Identity:
+        return Identity("admin", admin=True)
+
+    app = FastAPI()
+    app.include_router(openpai_api.router(StatusContext(views, None, admin)))  # type: ignore[arg-type]
+    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://s") as http:
+
+        async def names(**params: object) -> list[str]:
+            answer = await http.get("/api/v2/jobs", params={"vc": vc, **params})
+            assert answer.status_code == 200, answer.text
+            return [item["name"] for item in answer.json()]
+
+        assert await names(limit=5) == ["j4", "j3", "j2", "j1", "j0"]
+        assert await names(limit=3, offset=1) == ["j3", "j2", "j1"]
+        assert await names(limit=50) == ["j4", "j3", "j2", "j1", "j0"]
+        assert await names(limit=4, order="submissionTime,ASC") == ["j0", "j1", "j2", "j3"]
+        counted = await http.get("/api/v2/jobs", params={"vc": vc, "withTotalCount": "true"})
+        assert counted.json()["totalCount"] == 5 and len(counted.json()["data"]) == 5

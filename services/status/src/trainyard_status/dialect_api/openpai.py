@@ -42,7 +42,9 @@ STATES: dict[str, dict[str, Any]] = {
     "FAILED": {"state": {"$in": ["FAILED", "REJECTED"]}},
     "STOPPED": {"state": "STOPPED"},
 }
-MAX_LIMIT = 50000  # OpenPAI's own maximum: above it, 400; pages hold MAX_PAGE_SIZE here
+# OpenPAI's list limits (rest-server controllers/v2/job.js): 5000 unless asked, at most
+# 50000 (above it, 400).
+DEFAULT_LIMIT, MAX_LIMIT = 5000, 50000
 
 
 def error(status: int, code: str, message: str) -> JSONResponse:
@@ -291,7 +293,7 @@ def router(ctx: StatusContext) -> APIRouter:
         vc: str | None = None,
         state: str | None = None,
         offset: int = Query(0, ge=0, le=MAX_OFFSET),
-        limit: int = Query(MAX_PAGE_SIZE, ge=1),
+        limit: int = Query(DEFAULT_LIMIT, ge=1),
         withTotalCount: bool = False,  # noqa: N803 - OpenPAI's parameter name
         tagsContain: str | None = Query(None, max_length=4096),  # noqa: N803
         tagsNotContain: str | None = Query(None, max_length=4096),  # noqa: N803
@@ -342,12 +344,21 @@ def router(ctx: StatusContext) -> APIRouter:
                 )
             if field in ORDER_FIELDS and way in ("ASC", "DESC"):
                 sort, ascending = ORDER_FIELDS[field], way == "ASC"
-        docs, total = await ctx.views.list_jobs(
-            user=None, state=None, limit=min(limit, MAX_PAGE_SIZE), offset=offset, where=where,
-            full=True,
-            sort=sort, oldest_first=ascending,
-        )  # fmt: skip
-        items = [render_list_item(_with_stop(job_view(doc, []), doc)) for doc in docs]
+        # OpenPAI answers up to its limit in one list: read here a store page at a
+        # time (whole documents are large; their list items are not), so a client that
+        # stops at a short page stops at the end.
+        items: list[dict[str, Any]] = []
+        total = 0
+        while True:
+            page = min(limit - len(items), MAX_PAGE_SIZE)
+            docs, counted = await ctx.views.list_jobs(
+                user=None, state=None, limit=page, offset=offset + len(items), where=where,
+                full=True, sort=sort, oldest_first=ascending, count=not items,
+            )  # fmt: skip
+            total = total or counted
+            items += [render_list_item(_with_stop(job_view(doc, []), doc)) for doc in docs]
+            if len(docs) < page or len(items) >= limit:
+                break
         return {"totalCount": total, "data": items} if withTotalCount else items
 
     @api.get("/api/v1/user/{user}/jobs")
@@ -355,7 +366,7 @@ def router(ctx: StatusContext) -> APIRouter:
         """The v1 list of a user's jobs (openpaisdk's and the JS SDK's v1 clients)."""
         return await list_jobs(
             identity=identity, username=user, vc=None, state=None, offset=0,
-            limit=MAX_PAGE_SIZE, withTotalCount=False, tagsContain=None, tagsNotContain=None,
+            limit=DEFAULT_LIMIT, withTotalCount=False, tagsContain=None, tagsNotContain=None,
             keyword=None, order=None,
         )  # fmt: skip
 
