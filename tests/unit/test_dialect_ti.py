@@ -96,6 +96,8 @@ def test_a_missing_type_is_the_empty_type() -> None:
         "1U2G1P1U",
         "abc",
         "99999999999U1G1P",
+        "9" * 5000 + "U1G1P",  # int() refuses 4300 digits
+        "\u0661U2G1P",  # an Arabic-Indic 1: int() takes it, TI does not
     ],
 )
 def test_a_malformed_machine_type_is_an_error_naming_the_field(bad: str) -> None:

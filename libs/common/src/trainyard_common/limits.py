@@ -8,7 +8,11 @@ MAX_PAGE_SIZE = 5000
 MAX_INDEX = 1_000_000
 
 
+MAX_DIGITS = 18  # every number read here fits (10**18 > any index, sequence or count)
+
+
 def digits(text: str) -> bool:
-    """Whether ``text`` is ASCII digits only: ``str.isdigit`` also takes "²" and other
-    digits that ``int`` refuses (a 500 where a 4xx belongs)."""
-    return text.isascii() and text.isdigit()
+    """Whether ``text`` is a whole number ``int`` takes: ASCII digits only (``str.isdigit``
+    also takes "²" and other digits that ``int`` refuses), and at most ``MAX_DIGITS`` of
+    them (``int`` refuses more than 4300; a 500 where a 4xx belongs, either way)."""
+    return len(text) <= MAX_DIGITS and text.isascii() and text.isdigit()

@@ -29,6 +29,7 @@ from ..jobspec import (
     RunMode,
     TaskRef,
 )
+from ..limits import digits
 from .fields import mapping
 from .k8s_pod import (
     DNS_LABEL_RE,
@@ -52,6 +53,7 @@ from .k8s_pod import (
 )
 from .registry import Dialect
 from .translation import (
+    INT_MAX,
     ROLE_NAME_RE,
     ROLE_NAME_RULE,
     Issues,
@@ -381,12 +383,13 @@ def _torchrun(config: dict[str, Any], pod: PodTask, issues: Issues) -> list[str]
     procs = config.get("procPerNode", "1")
     if procs == "gpu":
         procs = str(int(pod.resources.gpu) or 1)
-    elif isinstance(procs, int) and not isinstance(procs, bool) and procs >= 1:
+    elif isinstance(procs, int) and not isinstance(procs, bool) and 1 <= procs <= INT_MAX:
         procs = str(procs)
-    elif not (isinstance(procs, str) and procs.isascii() and procs.isdigit() and int(procs) >= 1):
+    elif not (isinstance(procs, str) and digits(procs) and 1 <= int(procs) <= INT_MAX):
         issues.error(
             join(path, "procPerNode"),
-            f'procPerNode {show(procs)} must be a number of processes ("2") or "gpu"',
+            f'procPerNode {show(procs)} must be a number of processes ("2", at most '
+            f'{INT_MAX}) or "gpu"',
             "invalid",
         )
         procs = "1"

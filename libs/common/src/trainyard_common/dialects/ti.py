@@ -41,6 +41,7 @@ from ..jobspec import (
     Resources,
     RoleSpec,
 )
+from ..limits import MAX_DIGITS
 from .fields import mapping
 from .registry import Dialect
 from .translation import (
@@ -91,7 +92,7 @@ _SIGNATURE_KEYS = frozenset(
     }
 )
 
-MACHINE_TYPE_RE = re.compile(r"(\d+)U(\d+)G(\d+)P")
+MACHINE_TYPE_RE = re.compile(r"([0-9]+)U([0-9]+)G([0-9]+)P")  # \d takes "١" too
 MACHINE_TYPE_RULE = "aUbGcP (a CPU units, b GB memory, c GPUs; 0 for the default), e.g. 1U2G1P"
 
 # (role name, machine type key, count key) in the order roles appear in the spec:
@@ -210,6 +211,8 @@ def parse_machine_type(value: str, table: Table) -> Machine:
     match = MACHINE_TYPE_RE.fullmatch(value)
     if match is None:
         raise ValueError(f"{show(value)} is not a machine type; expected {MACHINE_TYPE_RULE}")
+    if any(len(part) > MAX_DIGITS for part in match.groups()):  # int() refuses 4300
+        raise ValueError(f"{show(value)} asks for more than any machine has")
     cpu, memory_gb, gpu = (int(part) for part in match.groups())
     if cpu > INT_MAX or memory_gb * 1024 > INT_MAX or gpu > INT_MAX:
         raise ValueError(f"{show(value)} asks for more than any machine has")
