@@ -84,9 +84,17 @@ def test_a_surrogate_pair_and_an_escaped_backslash_are_accepted() -> None:
 
 
 def test_numbers_out_of_range_are_still_refused() -> None:
-    for text in ('{"a": 1e999}', '{"a": NaN}', '{"a": -Infinity}'):
+    for text in ('{"a": 1e999}', '{"a": NaN}', '{"a": -Infinity}', '{"a": ' + "9" * 5000 + "}"):
         with pytest.raises(BodyError):
             parse_json(text)
+    # YAML's integers int() refuses (more than 4300 digits) in each of their forms: a
+    # 400, not the ValueError that was a 500.
+    for number in ("9" * 5000, "0x" + "f" * 5000, "1_" + "9" * 5000, "0b" + "1" * 20000):
+        with pytest.raises(BodyError, match="out of range"):
+            parse_yaml(f"replicas: {number}\n")
+        with pytest.raises(BodyError):
+            parse_yaml(f"{{{number}: x}}\n")
+    assert parse_yaml("a: 0x" + "f" * 3000 + "\n")["a"] == 16**3000 - 1  # long, yet JSON
 
 
 def test_yaml_reads_as_the_json_it_stands_for() -> None:

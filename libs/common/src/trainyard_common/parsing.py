@@ -174,11 +174,18 @@ def _timestamp_as_written(loader: yaml.SafeLoader, node: Node) -> Any:
 _BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_written)
 
 
+# YAML's 0x and 0b integers are not held to int()'s 4300 digits, but writing one out is:
+# no integer JSON would carry back has more bits than this (4300 digits, about 14284).
+MAX_INT_BITS = 14_000
+
+
 def _as_json(value: Any, path: str = "$") -> Any:
     """``value`` (a YAML document, its nesting already bounded) as JSON's data model."""
     if isinstance(value, str):
         _no_surrogates(value, f"YAML body at {path}")
         return value
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise BodyError(f"YAML body at {path}: a number out of range (an integer too long)")
     if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):
@@ -202,7 +209,7 @@ def _json_key(key: Any, path: str) -> str:
         return key
     if (
         key is None
-        or isinstance(key, (bool, int))
+        or (isinstance(key, (bool, int)) and key.bit_length() <= MAX_INT_BITS)
         or (isinstance(key, float) and math.isfinite(key))
     ):
         return json.dumps(key)
@@ -287,6 +294,9 @@ def parse_yaml(
         raise
     except yaml.YAMLError as exc:
         raise BodyError(f"request body is not valid YAML: {exc}") from None
+    except ValueError as exc:
+        # An integer int() will not make (more than 4300 digits, 0x, 0b or _ forms).
+        raise BodyError(f"request body holds a number out of range: {exc}") from None
     except RecursionError:
         raise BodyError(f"YAML nested deeper than {max_depth} levels") from None
     finally:
