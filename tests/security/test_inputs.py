@@ -114,6 +114,8 @@ def test_bad_json_is_a_4xx_naming_the_problem_everywhere(
         "/api/v2/jobs/admin~x%00",
         "/v1/jobs?state=%00",
         "/v1/jobs/%ff%fe",
+        "/apis/batch.tensorstack.dev/v1beta1/namespaces/default/genericjobs?watch=1&resourceVersion="
+        + "9" * 5000,
     ],
 )
 def test_bad_paths_and_parameters_are_4xx(admin: Api, path: str) -> None:
@@ -128,6 +130,9 @@ def test_a_yaml_value_json_has_not_is_a_400_saying_where(
     for body, said in [
         ("name: !!binary aGVsbG8=\n", "$.name: a !!binary value"),
         ("metadata: {name: !!set {a}}\n", "$.metadata.name: a !!set"),
+        # Integers int() will not make or write out (more than 4300 digits).
+        ("spec: {replicas: " + "9" * 5000 + "}\n", "out of range"),
+        ("spec: {replicas: 0b" + "1" * 20000 + "}\n", "$.spec.replicas: a number out of range"),
     ]:
         answer = admin.http.request(
             method, path, content=body, headers={"Content-Type": "application/yaml"}
