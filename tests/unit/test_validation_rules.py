@@ -455,6 +455,28 @@ def test_native_rule(rule: str, bad: dict[str, Any], path: str, good: dict[str, 
     assert validate_native(spec_with(**good)) == []
 
 
+@pytest.mark.parametrize(
+    ("bad", "path", "said"),
+    [
+        ({"roles__0__replicas": 2**40}, f"{R0}.replicas", "replicas must be at most 2147483647"),
+        ({"roles__0__replicas": 0}, f"{R0}.replicas", "replicas must be at least 1, got 0"),
+        ({"roles__0__resources__cpu": 1e30}, f"{R0}.resources.cpu", "cpu must be at most"),
+        ({"roles__0__resources__cpu": 0.0}, f"{R0}.resources.cpu", "cpu must be more than 0"),
+        ({"roles__0__resources__gpu": 1e30}, f"{R0}.resources.gpu", "gpu must be at most"),
+        ({"roles__0__min_failed": 2**40}, f"{R0}.min_failed", "must be null or at most"),
+        ({"max_running_minutes": 2**40}, "$.max_running_minutes", "must be at most 2147483647"),
+        ({"max_running_minutes": 0}, "$.max_running_minutes", "must be at least 1, got 0"),
+    ],
+)
+def test_a_number_out_of_range_is_told_which_end_it_passed(
+    bad: dict[str, Any], path: str, said: str
+) -> None:
+    """Too large was told "must be at least 1" (or "more than 0"): the lower bound it
+    had not broken."""
+    [error] = validate_native(spec_with(**bad))
+    assert error.path == path and said in error.message and error.code == "range", error
+
+
 def test_native_unique_names() -> None:
     spec = good_spec()
     role = spec.roles[0]

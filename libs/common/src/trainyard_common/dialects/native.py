@@ -125,6 +125,14 @@ def _finite(value: float) -> bool:
     return math.isfinite(value)
 
 
+def _out_of(key: str, value: float, low: float, *, above: bool = False) -> str:
+    """Why ``value`` is not in [low, INT_MAX] (``above``: (low, INT_MAX]): the side it
+    fell off, not always the lower one."""
+    if math.isfinite(value) and value > low:
+        return f"{key} must be at most {INT_MAX}, got {show(value)}"
+    return f"{key} must be {'more than' if above else 'at least'} {show(low)}, got {show(value)}"
+
+
 def validate_native(spec: JobSpec) -> list[FieldIssue]:
     """The canonical rules every job must meet, whatever dialect it came in."""
     errors: list[FieldIssue] = []
@@ -145,7 +153,8 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
             "range",
         )
     if spec.max_running_minutes is not None and not 1 <= spec.max_running_minutes <= INT_MAX:
-        err("$.max_running_minutes", "max_running_minutes must be at least 1", "range")
+        said = _out_of("max_running_minutes", spec.max_running_minutes, 1)
+        err("$.max_running_minutes", said, "range")
     if not spec.roles:
         err("$.roles", "roles must hold at least one role", "required")
     for j, var in enumerate(spec.env):
@@ -172,26 +181,18 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
         else:
             first_use[role.name] = i
         if not 1 <= role.replicas <= INT_MAX:
-            err(
-                f"{path}.replicas",
-                f"replicas must be at least 1, got {show(role.replicas)}",
-                "range",
-            )
+            err(f"{path}.replicas", _out_of("replicas", role.replicas, 1), "range")
         r = role.resources
         if not (_finite(r.cpu) and 0 < r.cpu <= INT_MAX):
-            err(f"{res}.cpu", f"cpu must be more than 0, got {show(r.cpu)}", "range")
+            err(f"{res}.cpu", _out_of("cpu", r.cpu, 0, above=True), "range")
         if not 100 <= r.memory_mb <= INT_MAX:
-            err(
-                f"{res}.memory_mb",
-                f"memory_mb must be at least 100, got {show(r.memory_mb)}",
-                "range",
-            )
+            err(f"{res}.memory_mb", _out_of("memory_mb", r.memory_mb, 100), "range")
         if not 0 <= r.shm_mb <= INT_MAX:
-            err(f"{res}.shm_mb", f"shm_mb must be at least 0, got {show(r.shm_mb)}", "range")
+            err(f"{res}.shm_mb", _out_of("shm_mb", r.shm_mb, 0), "range")
         if not (_finite(r.gpu) and 0 <= r.gpu <= INT_MAX):
-            err(f"{res}.gpu", f"gpu must be at least 0, got {show(r.gpu)}", "range")
+            err(f"{res}.gpu", _out_of("gpu", r.gpu, 0), "range")
         if r.storage_gb is not None and not 0 <= r.storage_gb <= INT_MAX:
-            err(f"{res}.storage_gb", "storage_gb must be at least 0", "range")
+            err(f"{res}.storage_gb", _out_of("storage_gb", r.storage_gb, 0), "range")
         for j, model in enumerate(r.gpu_types):
             if not model.strip():
                 err(
@@ -214,9 +215,8 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
         for key in ("min_failed", "min_succeeded"):
             value = getattr(role, key)
             if value is not None and not 1 <= value <= INT_MAX:
-                err(
-                    f"{path}.{key}", f"{key} must be null or at least 1, got {show(value)}", "range"
-                )
+                said = _out_of(key, value, 1).replace(" must be ", " must be null or ", 1)
+                err(f"{path}.{key}", said, "range")
         labels: dict[str, int] = {}
         for j, port in enumerate(role.ports):
             pp = f"{path}.ports[{j}]"
