@@ -268,6 +268,11 @@ def test_the_platforms_own_errors_on_openpais_paths_are_in_openpais_shape(api: A
         answer = api.http.get(path)
         assert (answer.status_code, answer.json().get("code")) == (status, code), answer.text
         assert answer.json()["message"], answer.text
+    # A method a path does not take: OpenPAI's router falls through to its catch-all.
+    for method, path in (("DELETE", "/api/v2/jobs/admin~x"), ("PATCH", "/api/v2/jobs")):
+        answer = api.http.request(method, path)
+        assert answer.status_code == 404, (method, answer.text)
+        assert answer.json() == {"code": "NoApiError", "message": f"API {path} is not found."}
     assert "offset" in api.http.get("/api/v2/jobs?offset=abc").json()["message"]
     # The rest-server's catch-all names the whole URL it was asked for.
     unknown = api.http.get("/api/v2/no-such-api?x=1").json()

@@ -51,10 +51,23 @@ async def test_the_bus_unavailable_is_a_503_to_retry_not_a_500() -> None:
 
 async def test_a_path_nothing_serves_on_openpais_paths_is_its_rest_servers_no_api_error() -> None:
     """OpenPAI's catch-all (rest-server config/express.js): 404, NoApiError, "API <url>
-    is not found." with the query the client sent; Trainyard's own paths keep FastAPI's."""
+    is not found." with the query the client sent, for a path nothing serves and for a
+    method a path does not take; Trainyard's own paths keep FastAPI's."""
     app = health_app("probe")
+
+    @app.get("/api/v2/jobs/{name}")
+    async def job(name: str) -> dict[str, str]:
+        return {"name": name}
+
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://probe") as http:
+        # A method the path does not take: Express's router falls through to the same.
+        wrong = await http.delete("/api/v2/jobs/a~b")
+        assert wrong.status_code == 404 and "allow" not in wrong.headers
+        assert wrong.json() == {
+            "code": "NoApiError",
+            "message": "API /api/v2/jobs/a~b is not found.",
+        }
         answer = await http.get("/api/v2/no-such-api", params={"x": "1"})
         assert answer.status_code == 404
         assert answer.json() == {

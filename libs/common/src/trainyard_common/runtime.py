@@ -274,7 +274,6 @@ OPENPAI_CODES = {
     401: "UnauthorizedUserError",
     403: "ForbiddenUserError",
     404: "NoApiError",  # only a path nothing serves comes here: the routes answer their own
-    405: "MethodNotAllowedError",
     413: "RequestEntityTooLarge",
 }
 
@@ -284,9 +283,10 @@ def openpai_error(path: str, status: int, detail: Any, query: str = "") -> JSONR
     OpenPAI's shape, on OpenPAI's paths; None elsewhere."""
     if not path.startswith(OPENPAI_PATHS):
         return None
-    if status == 404 and detail == "Not Found":
-        # The rest-server's catch-all (config/express.js): its req.url, query and all.
-        detail = f"API {path}{'?' if query else ''}{query} is not found."
+    if (status == 404 and detail == "Not Found") or status == 405:
+        # The rest-server's catch-all (config/express.js), its req.url query and all: a
+        # method a path does not take falls through Express's router to it too.
+        status, detail = 404, f"API {path}{'?' if query else ''}{query} is not found."
     message = detail if isinstance(detail, str) else json.dumps(detail)
     code = OPENPAI_CODES.get(status, "UnknownError")
     return JSONResponse({"code": code, "message": message}, status_code=status)
@@ -334,7 +334,7 @@ def health_app(service: str, title: str | None = None) -> FastAPI:
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         url = request.url
         if shaped := openpai_error(url.path, exc.status_code, exc.detail, url.query):
-            if exc.headers:
+            if exc.headers and shaped.status_code == exc.status_code:
                 shaped.headers.update(exc.headers)
             return shaped
         return await http_exception_handler(request, exc)
