@@ -271,6 +271,11 @@ def test_tencent_cloud_sdk_creates_describes_lists_and_deletes(
         client.CreateJob(request(models.CreateJobRequest, Name=unique("half")))
     assert left_out.value.code == "MissingParameter"
     assert "$.Cluster" in left_out.value.message and "$.Command" in left_out.value.message
+    # Sent, but empty: there, with a value it cannot take.
+    with pytest.raises(TencentCloudSDKException) as empty:
+        client.CreateJob(request(models.CreateJobRequest, Name="", Cluster=CLUSTER, Command=[]))
+    assert empty.value.code == "InvalidParameterValue", empty.value.message
+    assert "$.Name" in empty.value.message and "$.Command" in empty.value.message
     with pytest.raises(TencentCloudSDKException) as missing:
         client.DescribeJob(request(models.DescribeJobRequest, Name="none", Cluster=CLUSTER))
     assert missing.value.code == "ResourceNotFound"

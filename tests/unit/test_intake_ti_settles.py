@@ -10,6 +10,7 @@ from trainyard_common.auth import TokenStore
 from trainyard_common.events import Event, JobSubmitted
 from trainyard_intake.adapters.owners import InMemoryOwnerRegistry
 from trainyard_intake.app import create_app
+from trainyard_intake.dialect_api.ti import absent
 from trainyard_intake.handlers import Deps
 
 ADMIN = "ti-settle-admin-token"
@@ -36,3 +37,10 @@ async def test_a_ti_create_waits_until_status_has_the_job() -> None:
         answer = await client.post("/ti/v1/jobs", json=job)
     assert answer.status_code == 202, answer.text
     assert steps == [(JobSubmitted.__name__, 41), ("settled", 41)]
+
+
+def test_a_field_is_absent_only_when_left_out_on_the_way_to_it() -> None:
+    body = {"Name": "", "Roles": [{"Command": []}], "Gone": None}
+    assert not absent(body, "$.Name") and not absent(body, "$.Roles[0].Command")
+    assert absent(body, "$.Cluster") and absent(body, "$.Roles[1].Command")
+    assert absent(body, "$.Roles[0].Image") and absent(body, "$.Name.X") and absent(body, "$.Gone")

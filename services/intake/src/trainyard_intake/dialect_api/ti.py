@@ -6,6 +6,7 @@ submission's dialect key (``<cluster>/<name>``), which is how a delete finds the
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,6 +35,20 @@ from ..handlers import (
 from .context import IntakeContext
 
 MAX_BODY = 1024 * 1024
+_STEP = re.compile(r"\.([^.\[]+)|\[([0-9]+)\]")
+
+
+def absent(body: Any, path: str) -> bool:
+    """Whether the field at ``path`` ($.A.B[0].C) was left out of ``body``."""
+    node = body
+    for key, index in _STEP.findall(path[1:]):
+        if key and isinstance(node, dict) and key in node:
+            node = node[key]
+        elif index and isinstance(node, list) and int(index) < len(node):
+            node = node[int(index)]
+        else:
+            return True
+    return node is None
 
 
 def router(ctx: IntakeContext) -> APIRouter:
@@ -147,8 +162,9 @@ def router(ctx: IntakeContext) -> APIRouter:
             found = checked(translate_ti(body, identity.user, cloud=True), body, ctx.deps)
             errors = found.errors
             if errors:
-                # Tencent's codes: a parameter left out is MissingParameter.
-                missing = any(e.code == "required" for e in errors)
+                # Tencent's codes: a parameter left out is MissingParameter; one sent
+                # empty is there, with a value it cannot take.
+                missing = any(e.code == "required" and absent(body, e.path) for e in errors)
                 raise TencentError(
                     "MissingParameter" if missing else "InvalidParameterValue",
                     "; ".join(f"{e.path}: {e.message}" for e in errors),
