@@ -368,6 +368,10 @@ class SqliteCollection:
         params: list[Any] = []
         for field, cond in (query or {}).items():
             if field in ("$or", "$and") and isinstance(cond, list | tuple) and cond:
+                if not all(isinstance(sub, Mapping) for sub in cond):
+                    # MongoDB refuses them too ("entries need to be full objects"); an
+                    # empty query here would match every document.
+                    raise Unsupported(f"{field} entries must be documents")
                 parts = [self._where(sub) for sub in cond]
                 joint = f" {field[1:].upper()} "
                 clauses.append("(" + joint.join(f"({w})" for w, _ in parts) + ")")
