@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from trainyard_common.dialects import detect, dlc, translate
 from trainyard_common.events import JobState, TaskState
-from trainyard_common.jobspec import JobKind, TaskRef
+from trainyard_common.jobspec import ALL_TASKS, JobKind, TaskRef
 from trainyard_launcher.domain.completion import TaskOutcome, decide
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "dlc"
@@ -253,21 +253,26 @@ def test_success_follows_the_leader_role() -> None:
     # Worker, as KubeDL waits for both), ChiefWorker on request.
     del job["SuccessPolicy"]
     job["JobSpecs"].append({"Type": "Chief", "Image": "i", "EcsSpec": "ecs.c6.large"})
+    job["JobSpecs"][-1]["PodCount"] = 2  # KubeDL waits for every Chief replica too
     spec = dlc.translate_dlc(job).spec
     assert spec.success_rules == [
-        [TaskRef(role="Chief", index=0), *(TaskRef(role="Worker", index=i) for i in range(3))]
+        [TaskRef(role="Chief", index=ALL_TASKS), TaskRef(role="Worker", index=ALL_TASKS)]
     ]
     assert all(r.min_succeeded is None for r in spec.roles)
     done = TaskOutcome(TaskState.SUCCEEDED, exit_code=0)
-    chief_only = {("Chief", 0): done, ("Worker", 0): done}
-    assert decide(spec, chief_only) is None  # the Workers 1 and 2 still run
-    every = {**chief_only, ("Worker", 1): done, ("Worker", 2): done}
-    assert decide(spec, {k: v for k, v in every.items() if k[0] == "Worker"}) is None
+    chiefs = {("Chief", 0): done, ("Chief", 1): done, ("Worker", 0): done}
+    assert decide(spec, chiefs) is None  # the Workers 1 and 2 still run
+    every = {**chiefs, ("Worker", 1): done, ("Worker", 2): done}
+    assert decide(spec, {k: v for k, v in every.items() if k != ("Chief", 1)}) is None
     assert (verdict := decide(spec, every)) is not None and verdict.state is JobState.SUCCEEDED
+    assert "every Chief, every Worker succeeded" in verdict.reason
+    # However many Workers: one entry for them all, not a list as long as the job.
+    job["JobSpecs"][1]["PodCount"] = 2**31 - 1
+    assert len(dlc.translate_dlc(job).spec.success_rules[0]) == 2
     job["SuccessPolicy"] = "ChiefWorker"
     translated = dlc.translate_dlc(job)
     roles = {r.name: r for r in translated.spec.roles}
-    assert roles["Chief"].min_succeeded == 1 and roles["Worker"].min_succeeded is None
+    assert roles["Chief"].min_succeeded == 2 and roles["Worker"].min_succeeded is None
     assert translated.spec.success_rules == [] and translated.warnings == []
     job["SuccessPolicy"] = "SomeWorkers"
     assert paths(dlc.translate_dlc(job).errors) == ["$.SuccessPolicy"]

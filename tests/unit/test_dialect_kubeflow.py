@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from trainyard_common.dialects import detect, kubeflow, translate
 from trainyard_common.dialects.kubeflow import render, translate_kubeflow
 from trainyard_common.jobspec import (
+    ALL_TASKS,
     MPI_IMPLEMENTATION_ENV,
     JobKind,
     RestartPolicy,
@@ -31,7 +32,16 @@ def load(name: str) -> dict[str, Any]:
 
 
 def rules(spec: Any) -> list[list[tuple[str, int]]]:
-    return [[(r.role, r.index) for r in rule] for rule in spec.success_rules]
+    """The success rules' tasks, a role's every task (ALL_TASKS) counted out."""
+    replicas = {role.name: role.replicas for role in spec.roles}
+    return [
+        [
+            (r.role, i)
+            for r in rule
+            for i in (range(replicas[r.role]) if r.index == ALL_TASKS else [r.index])
+        ]
+        for rule in spec.success_rules
+    ]
 
 
 @pytest.mark.parametrize(
@@ -129,6 +139,18 @@ def test_tfjob_without_chief_is_decided_by_worker_0_or_all_workers() -> None:
     ) | {"replicas": 1}
     payload["spec"]["successPolicy"] = ""
     assert rules(translate_kubeflow(payload).spec) == [[("Chief", 0)]]
+
+
+def test_every_worker_is_one_rule_entry_however_many_there_are() -> None:
+    """A rule over every Worker names the role, not each task: one of 2**31 - 1 workers
+    was a list of that many (gigabytes, built by intake before any check of size)."""
+    payload = load("tfjob-simple.yaml")
+    payload["spec"]["successPolicy"] = "AllWorkers"
+    payload["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = 2**31 - 1
+    spec = translate_kubeflow(payload).spec
+    assert [[(r.role, r.index) for r in rule] for rule in spec.success_rules] == [
+        [("Worker", ALL_TASKS)]
+    ]
 
 
 def test_elastic_policy_bounds_the_workers() -> None:

@@ -65,8 +65,13 @@ class PortSpec(Model):
 TF_PORT_LABEL = "tfport"
 
 
+# A TaskRef's index for every task of its role (a rule over a role of any size, and of
+# the size it has now for an elastic one, in a few bytes).
+ALL_TASKS = -1
+
+
 class TaskRef(Model):
-    """One task of a job: a role and an index in it."""
+    """One task of a job: a role and an index in it (-1: every task of the role)."""
 
     role: str
     index: int

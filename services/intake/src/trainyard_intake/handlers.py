@@ -18,6 +18,7 @@ from trainyard_common.dialects import (
     field_path,
     translate,
 )
+from trainyard_common.dialects.translation import too_many_tasks
 from trainyard_common.events import (
     Event,
     FieldIssue,
@@ -194,17 +195,20 @@ async def submit_job(
 def checked(translation: Translation, payload: Any, deps: Deps) -> Translation:
     """The translation with what the cluster as configured says of a job that broke no
     rule of its dialect: the runtime cannot run it, its queue does not exist, or it can
-    never fit (validation says the same later; a submission is answered with it at once)."""
-    if deps.cluster is None or translation.errors:
+    never fit (validation says the same later; a submission is answered with it at once).
+    And, whatever the cluster, a job too large for any view of it to list its tasks."""
+    if translation.errors:
         return translation
 
     def locate(role: str | None, name: str) -> str:
         return field_path(translation.dialect, payload, role, name)
 
     spec = translation.spec
-    errors = runtime_errors(spec, deps.cluster.runtime, locate) or check_against_cluster(
-        spec, deps.cluster, locate
-    )
+    errors = too_many_tasks(spec, locate)
+    if not errors and deps.cluster is not None:
+        errors = runtime_errors(spec, deps.cluster.runtime, locate) or check_against_cluster(
+            spec, deps.cluster, locate
+        )
     return replace(translation, errors=errors) if errors else translation
 
 

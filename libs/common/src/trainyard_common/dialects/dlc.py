@@ -27,6 +27,7 @@ import yaml
 
 from ..events import FieldIssue
 from ..jobspec import (
+    ALL_TASKS,
     TF_PORT_LABEL,
     CodeSource,
     DataSource,
@@ -523,11 +524,11 @@ def _roles(
     policy = _success_policy(payload, tf, issues)
     if policy and workers:
         # KubeDL's TFJob rules (controllers/tensorflow/status.go), which DLC runs:
-        # AllWorkers waits for the Chief and every Worker; ChiefWorker (its default
+        # AllWorkers waits for every Chief and every Worker; ChiefWorker (its default
         # rule) ends with the Chief, or without one with Worker 0.
-        every = [TaskRef(role=w.name, index=i) for w in workers for i in range(w.replicas)]
         if policy == "AllWorkers" and leaders:
-            rule = [TaskRef(role=leaders[0].name, index=0), *every]
+            rule = [TaskRef(role=leaders[0].name, index=ALL_TASKS)]
+            rule.append(TaskRef(role="Worker", index=ALL_TASKS))
             return [r.model_copy(update={"min_succeeded": None}) for r in roles], [rule]
         if policy == "ChiefWorker" and not leaders:
             rule = [TaskRef(role="Worker", index=0)]

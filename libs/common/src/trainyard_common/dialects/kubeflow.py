@@ -16,6 +16,7 @@ from typing import Any
 
 from ..events import FieldIssue
 from ..jobspec import (
+    ALL_TASKS,
     MPI_IMPLEMENTATION_ENV,
     EnvVar,
     JobKind,
@@ -45,7 +46,7 @@ from .k8s_pod import (
     timestamp,
 )
 from .registry import Dialect
-from .translation import Issues, Translation, empty_spec, join, json_type, show
+from .translation import Issues, Translation, empty_spec, join, json_type, show, shown_tasks
 
 DIALECT = "kubeflow"
 GROUP = "kubeflow.org"
@@ -472,12 +473,13 @@ def _success(
         issues.error(
             "$.spec.successPolicy", f'successPolicy {show(policy)} must be "" or AllWorkers', "enum"
         )
+    # Every worker, however many (a list of each would be as large as the job is wide).
     if policy == "AllWorkers" and "Worker" in by_name:
-        return [[TaskRef(role="Worker", index=i) for i in range(by_name["Worker"].replicas)]]
+        return [[TaskRef(role="Worker", index=ALL_TASKS)]]
     if kind.success == "launcher" and "Launcher" in by_name:
         return [[TaskRef(role="Launcher", index=0)]]
     if kind.success == "workers" and "Master" not in by_name and "Worker" in by_name:
-        return [[TaskRef(role="Worker", index=i) for i in range(by_name["Worker"].replicas)]]
+        return [[TaskRef(role="Worker", index=ALL_TASKS)]]
     for main in ("Chief", "Master", "Worker"):
         if main in by_name:
             return [[TaskRef(role=main, index=0)]]
@@ -693,7 +695,7 @@ def render(kind_plural: str, job_view: dict[str, Any]) -> dict[str, Any]:
     for role in (view.get("spec") or {}).get("roles") or []:
         rname = str(role.get("name"))
         counts = {"active": 0, "succeeded": 0, "failed": 0}
-        for index in range(int(role.get("replicas") or 0)):
+        for index in range(shown_tasks(role.get("replicas"))):
             task_state = (tasks.get((rname, index)) or {}).get("state")
             if task_state in ("STARTING", "RUNNING"):
                 counts["active"] += 1

@@ -26,6 +26,7 @@ from .translation import (
     join,
     json_type,
     show,
+    too_many_tasks,
 )
 
 DIALECT = "native"
@@ -250,6 +251,11 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
                     "do not fit below 65536",
                     "range",
                 )
+    if not any(e.path.endswith(".replicas") for e in errors):
+        index = {role.name: i for i, role in enumerate(spec.roles)}
+        errors += too_many_tasks(
+            spec, lambda role, key: f"$.roles[{index.get(role or '', 0)}].{key}"
+        )
     return errors
 
 

@@ -38,6 +38,7 @@ from .translation import (
     join,
     json_type,
     show,
+    shown_tasks,
 )
 
 DIALECT = "openpai"
@@ -608,7 +609,7 @@ def render_status(view: dict[str, Any], attempt: int | None = None) -> dict[str,
     task_roles: dict[str, Any] = {}
     for role in _spec_roles(view):
         name = str(role.get("name", ""))
-        count = replicas if isinstance(replicas := role.get("replicas"), int) else 1
+        count = shown_tasks(role.get("replicas"), 1)
         task_roles[name] = {
             "taskRoleStatus": {"name": name},
             "taskStatuses": [
@@ -733,7 +734,7 @@ def render_job_attempt(view: dict[str, Any], attempt: int) -> dict[str, Any]:
                             "exit_code"
                         ),
                     }
-                    for i in range(int(r.get("replicas") or 1))
+                    for i in range(shown_tasks(r.get("replicas"), 1))
                 ],
             }
             for r in roles

@@ -64,6 +64,7 @@ from .translation import (
     join,
     json_type,
     show,
+    shown_tasks,
 )
 
 DIALECT = "t9k"
@@ -1453,7 +1454,7 @@ def t9k_status(view: dict[str, Any]) -> dict[str, Any]:
         rname = str(role.get("name"))
         counts = {"active": 0, "succeeded": 0, "failed": 0}
         replicas = []
-        for index in range(int(role.get("replicas") or 0)):
+        for index in range(shown_tasks(role.get("replicas"))):
             task = tasks.get((rname, index))
             if task is None:
                 tphase = (

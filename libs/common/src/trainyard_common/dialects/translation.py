@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,10 @@ ROLE_NAME_RULE = r"^[A-Za-z0-9._~]+$"
 # stores and schedulers use, and no real cluster offers them; refuse them early.
 INT_MAX = 2**31 - 1
 PORT_MAX = 65535
+# The most tasks a job may hold, its roles together (an elastic role at its largest):
+# Kubernetes' bound on an Indexed Job (maxParallelismForIndexedJob), for its reason too.
+# Every view of a job lists its tasks: 2**31 of them were lists no service could hold.
+MAX_JOB_TASKS = 100_000
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -208,3 +213,28 @@ def dedupe(issues: list[FieldIssue]) -> list[FieldIssue]:
             seen.add(key)
             out.append(issue)
     return out
+
+
+def too_many_tasks(spec: JobSpec, locate: Callable[[str | None, str], str]) -> list[FieldIssue]:
+    """A job that would hold more than MAX_JOB_TASKS tasks, at the replicas of the role
+    that holds most (``locate``: where a role's field is written); else nothing."""
+    sizes = {role.name: max(role.replicas, role.max_replicas or 0) for role in spec.roles}
+    total = sum(sizes.values())
+    if total <= MAX_JOB_TASKS:
+        return []
+    largest = max(sizes, key=lambda name: sizes[name])
+    return [
+        FieldIssue(
+            path=locate(largest, "replicas"),
+            code="too_many_tasks",
+            message=f"the job asks for {total} tasks in all ({largest}: {sizes[largest]}); "
+            f"a job holds at most {MAX_JOB_TASKS}, as a Kubernetes Indexed Job does",
+        )
+    ]
+
+
+def shown_tasks(replicas: Any, default: int = 0) -> int:
+    """How many of a stored role's tasks a view lists: its replicas, but never more than
+    a job may hold (a job refused for holding more is still on record, spec and all)."""
+    count = replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else default
+    return max(0, min(count, MAX_JOB_TASKS))

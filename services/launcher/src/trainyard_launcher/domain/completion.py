@@ -25,7 +25,7 @@ import signal as _signal
 from dataclasses import dataclass
 
 from trainyard_common.events import FailureClass, JobState, TaskState
-from trainyard_common.jobspec import JobSpec, TaskRef
+from trainyard_common.jobspec import ALL_TASKS, JobSpec, TaskRef
 
 TaskKey = tuple[str, int]
 
@@ -136,7 +136,23 @@ def decide(spec: JobSpec, states: dict[TaskKey, TaskOutcome]) -> Verdict | None:
 
 
 def _rule_text(rule: list[TaskRef]) -> str:
-    return ", ".join(_task_name((ref.role, ref.index)) for ref in rule)
+    return ", ".join(
+        f"every {ref.role}" if ref.index == ALL_TASKS else _task_name((ref.role, ref.index))
+        for ref in rule
+    )
+
+
+def _rule_tasks(spec: JobSpec, rule: list[TaskRef]) -> list[TaskKey]:
+    """The tasks a rule names, every task of a role for ALL_TASKS (as many as the role
+    has now: an elastic job's may have changed)."""
+    replicas = {role.name: role.replicas for role in spec.roles}
+    keys: list[TaskKey] = []
+    for ref in rule:
+        if ref.index == ALL_TASKS:
+            keys.extend((ref.role, index) for index in range(replicas.get(ref.role, 0)))
+        else:
+            keys.append((ref.role, ref.index))
+    return keys
 
 
 def _by_rules(spec: JobSpec, states: dict[TaskKey, TaskOutcome]) -> Verdict | None:
@@ -145,8 +161,8 @@ def _by_rules(spec: JobSpec, states: dict[TaskKey, TaskOutcome]) -> Verdict | No
         (TaskState.SUCCEEDED, spec.success_rules, "success", JobState.SUCCEEDED),
     ):
         for i, rule in enumerate(rules):
-            items = [((ref.role, ref.index), states.get((ref.role, ref.index))) for ref in rule]
-            if rule and all(o is not None and o.state is wanted for _, o in items):
+            items = [(key, states.get(key)) for key in _rule_tasks(spec, rule)]
+            if items and all(o is not None and o.state is wanted for _, o in items):
                 met = [(k, o) for k, o in items if o is not None]
                 key, outcome = _nth_ended(met, len(met))
                 detail = (
