@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 import pytest
 
@@ -545,3 +546,21 @@ async def test_openpais_list_answers_up_to_its_limit_a_store_page_at_a_time(
         assert await names(limit=4, order="submissionTime,ASC") == ["j0", "j1", "j2", "j3"]
         counted = await http.get("/api/v2/jobs", params={"vc": vc, "withTotalCount": "true"})
         assert counted.json()["totalCount"] == 5 and len(counted.json()["data"]) == 5
+        # A job submitted while the pages are read shifts none of them (no job twice).
+        read = views.list_jobs
+
+        async def then_submit(**kwargs: Any) -> Any:
+            found = await read(**kwargs)
+            newer = lifecycle(uuid.uuid4().hex)[0]
+            newer = newer.model_copy(
+                update={
+                    "dialect": "openpai",
+                    "spec": newer.spec.model_copy(update={"name": "late", "queue": vc}),
+                    "occurred_at": newer.occurred_at + timedelta(minutes=1),
+                }
+            )
+            await apply_all(views, [newer], [99])
+            return found
+
+        monkeypatch.setattr(views, "list_jobs", then_submit)
+        assert await names(limit=5) == ["j4", "j3", "j2", "j1", "j0"]

@@ -346,19 +346,25 @@ def router(ctx: StatusContext) -> APIRouter:
                 sort, ascending = ORDER_FIELDS[field], way == "ASC"
         # OpenPAI answers up to its limit in one list: read here a store page at a
         # time (whole documents are large; their list items are not), so a client that
-        # stops at a short page stops at the end.
+        # stops at a short page stops at the end. In submission order each page goes on
+        # from the last job of the one before (a job submitted meanwhile shifts no page);
+        # in another order, by offset.
         items: list[dict[str, Any]] = []
         total = 0
+        after: tuple[Any, str] | None = None
         while True:
             page = min(limit - len(items), MAX_PAGE_SIZE)
             docs, counted = await ctx.views.list_jobs(
-                user=None, state=None, limit=page, offset=offset + len(items), where=where,
-                full=True, sort=sort, oldest_first=ascending, count=not items,
+                user=None, state=None, limit=page, where=where, full=True, sort=sort,
+                oldest_first=ascending, count=withTotalCount and not items, after=after,
+                offset=0 if after else offset + len(items),
             )  # fmt: skip
             total = total or counted
             items += [render_list_item(_with_stop(job_view(doc, []), doc)) for doc in docs]
             if len(docs) < page or len(items) >= limit:
                 break
+            if sort == "submitted_at":
+                after = (docs[-1]["submitted_at"], str(docs[-1]["_id"]))
         return {"totalCount": total, "data": items} if withTotalCount else items
 
     @api.get("/api/v1/user/{user}/jobs")
