@@ -5,6 +5,7 @@ surrogates looked for only where a \\u escape could make one."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -95,6 +96,16 @@ def test_numbers_out_of_range_are_still_refused() -> None:
         with pytest.raises(BodyError):
             parse_yaml(f"{{{number}: x}}\n")
     assert parse_yaml("a: 0x" + "f" * 3000 + "\n")["a"] == 16**3000 - 1  # long, yet JSON
+
+
+def test_a_long_base_60_integer_is_refused_before_it_is_built() -> None:
+    """PyYAML builds 1:0:0:... in time square to its length (600 kB took 6 s of CPU,
+    a 4 MB body minutes): refused by its length first."""
+    started = time.monotonic()
+    with pytest.raises(BodyError, match="out of range"):
+        parse_yaml("a: 1" + ":0" * 1_000_000 + "\n", max_bytes=4 << 20)
+    assert time.monotonic() - started < 10  # built, some 70 s
+    assert parse_yaml("a: 1:20\n") == {"a": 80}  # YAML 1.1's base 60, short, still read
 
 
 def test_yaml_reads_as_the_json_it_stands_for() -> None:

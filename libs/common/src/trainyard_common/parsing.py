@@ -177,6 +177,19 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_writ
 # YAML's 0x and 0b integers are not held to int()'s 4300 digits, but writing one out is:
 # no integer JSON would carry back has more bits than this (4300 digits, about 14284).
 MAX_INT_BITS = 14_000
+# Nor is an integer written longer than this (a 0b one of MAX_INT_BITS, with room): the
+# base-60 form (1:0:0:...) costs PyYAML time in the square of its length (600 kB: 6 s).
+MAX_INT_TEXT = 15_000
+
+
+def _bounded_int(loader: yaml.SafeLoader, node: Node) -> Any:
+    text = node.value if isinstance(node.value, str) else ""
+    if len(text) > MAX_INT_TEXT:
+        raise BodyError(f"YAML body: an integer of {len(text)} characters is out of range")
+    return yaml.SafeLoader.construct_yaml_int(loader, node)  # type: ignore[arg-type]
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
 
 
 def _as_json(value: Any, path: str = "$") -> Any:
@@ -295,7 +308,8 @@ def parse_yaml(
     except yaml.YAMLError as exc:
         raise BodyError(f"request body is not valid YAML: {exc}") from None
     except ValueError as exc:
-        # An integer int() will not make (more than 4300 digits, 0x, 0b or _ forms).
+        # An integer int() will not make: more than 4300 decimal digits (0x and 0b ones
+        # are made, and refused by _as_json's MAX_INT_BITS).
         raise BodyError(f"request body holds a number out of range: {exc}") from None
     except RecursionError:
         raise BodyError(f"YAML nested deeper than {max_depth} levels") from None

@@ -25,7 +25,8 @@ class OwnerRegistry(Protocol):
         ...
 
     async def mark_rejected(self, job_id: str) -> None:
-        """Validation rejected the job (its name was given back)."""
+        """Validation rejected the job (marked before its name, if it gives one back,
+        is released: a retry of its submission reads it)."""
         ...
 
     async def rejected(self, job_id: str) -> bool: ...
