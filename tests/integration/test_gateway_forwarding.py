@@ -191,5 +191,7 @@ async def test_a_path_no_service_serves_is_a_404_in_its_apis_shape(
         assert lost.json() == {
             "code": "NoApiError", "message": "API /api/v2/no-such-api?x=1 is not found."
         }  # fmt: skip
+    sent = await gateway.get("/api/v2/a%20b%2Fc?q=%20x")
+    assert sent.json()["message"] == "API /api/v2/a%20b%2Fc?q=%20x is not found."
     own = await gateway.get("/v1/no-such-api")
     assert own.status_code == 404 and own.json() == {"detail": "no route for GET /v1/no-such-api"}

@@ -73,6 +73,9 @@ async def test_a_path_nothing_serves_on_openpais_paths_is_its_rest_servers_no_ap
         assert answer.json() == {
             "code": "NoApiError", "message": "API /api/v2/no-such-api?x=1 is not found."
         }  # fmt: skip
+        # As sent: Express's req.url is not decoded.
+        sent = await http.get("/api/v2/a%20b%2Fc?q=%20x")
+        assert sent.json()["message"] == "API /api/v2/a%20b%2Fc?q=%20x is not found."
         bare = await http.get("/api/v1/user/someone/no-such-api")
         assert bare.json()["message"] == "API /api/v1/user/someone/no-such-api is not found."
         own = await http.get("/v1/no-such-api")

@@ -278,18 +278,28 @@ OPENPAI_CODES = {
 }
 
 
-def openpai_error(path: str, status: int, detail: Any, query: str = "") -> JSONResponse | None:
+def openpai_error(
+    path: str, status: int, detail: Any, url: str | None = None
+) -> JSONResponse | None:
     """FastAPI's own answer (an unknown path, a bad query parameter, no token) in
-    OpenPAI's shape, on OpenPAI's paths; None elsewhere."""
+    OpenPAI's shape, on OpenPAI's paths; None elsewhere. ``url``: the path and query as
+    the client sent them (still percent-encoded)."""
     if not path.startswith(OPENPAI_PATHS):
         return None
     if (status == 404 and detail == "Not Found") or status == 405:
-        # The rest-server's catch-all (config/express.js), its req.url query and all: a
-        # method a path does not take falls through Express's router to it too.
-        status, detail = 404, f"API {path}{'?' if query else ''}{query} is not found."
+        # The rest-server's catch-all (config/express.js) names its req.url, the URL as
+        # sent, query and all; a method a path does not take falls through to it too.
+        status, detail = 404, f"API {url or path} is not found."
     message = detail if isinstance(detail, str) else json.dumps(detail)
     code = OPENPAI_CODES.get(status, "UnknownError")
     return JSONResponse({"code": code, "message": message}, status_code=status)
+
+
+def sent_url(scope: Scope) -> str:
+    """The request's path and query as the client sent them, still percent-encoded."""
+    raw = scope.get("raw_path") or scope.get("path", "").encode("utf-8", "surrogateescape")
+    query = scope.get("query_string") or b""
+    return raw.decode("latin-1") + (f"?{query.decode('latin-1')}" if query else "")
 
 
 NO_NATIVE_TELEMETRY: TelemetryConfig = {
@@ -332,8 +342,8 @@ def health_app(service: str, title: str | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        url = request.url
-        if shaped := openpai_error(url.path, exc.status_code, exc.detail, url.query):
+        sent = sent_url(request.scope)
+        if shaped := openpai_error(request.url.path, exc.status_code, exc.detail, sent):
             if exc.headers and shaped.status_code == exc.status_code:
                 shaped.headers.update(exc.headers)
             return shaped

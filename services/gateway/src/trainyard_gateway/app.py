@@ -18,7 +18,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 from yarl import URL
 
-from trainyard_common.runtime import health_app, openpai_error
+from trainyard_common.runtime import health_app, openpai_error, sent_url
 from trainyard_common.tencent_auth import TencentError, error_answer, new_request_id
 
 from .routes import BACKENDS, route
@@ -103,8 +103,7 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
                 new_request_id(),
             )
         if service is None or service not in backends:
-            path, query = request.url.path, request.url.query
-            if shaped := openpai_error(path, 404, "Not Found", query):
+            if shaped := openpai_error(request.url.path, 404, "Not Found", sent_url(request.scope)):
                 return shaped  # OpenPAI's catch-all: any method, any path it does not serve
             return JSONResponse(
                 {"detail": f"no route for {request.method} {request.url.path}"}, 404
