@@ -150,9 +150,13 @@ async def test_a_retry_of_a_rejected_job_does_not_take_its_name_again(deps: Deps
     publish a duplicate the bus drops), and the name stays free for the mended job."""
     first = await submit_job(JOB, Identity("alice"), deps, idempotency_key="k1")
     assert await release_rejected_name(first.job_id, deps)  # validation rejected it
+    published = len(deps.publish)  # type: ignore[arg-type]
     retry = await submit_job(JOB, Identity("alice"), deps, idempotency_key="k1")
     assert retry.job_id == first.job_id
     assert await deps.names.get("alice", "j1") is None
+    # Nor is it published again: past the bus's duplicate window it would be validated
+    # anew, and could run without its name.
+    assert len(deps.publish) == published  # type: ignore[arg-type]
     mended = await submit_job(JOB, Identity("alice"), deps)
     assert (await deps.names.get("alice", "j1")).job_id == mended.job_id
     # A retry of a job still waiting for validation keeps the name it holds.

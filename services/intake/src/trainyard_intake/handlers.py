@@ -175,12 +175,16 @@ async def submit_job(
         if holder != job_id:
             raise NameTaken(translation.key, holder)
     retry = not await deps.owners.record(job_id, identity.user, translation.key)
-    if retry and event.name_claimed and translation.key is not None:
-        # The same Idempotency-Key again, for a job validation has since rejected: the
-        # rejection gave the name back and JetStream drops this publish as a duplicate,
-        # so no second rejection would free the name claimed just now.
-        if not outlives_its_job(translation.key) and await deps.owners.rejected(job_id):
-            await deps.names.release(identity.user, translation.key, job_id)
+    if retry and await deps.owners.rejected(job_id):
+        # The same Idempotency-Key again, for a job validation has since rejected: it
+        # is that job, rejected, and nothing is published again (JetStream would drop
+        # it as a duplicate, so no second rejection would free the name claimed just
+        # now; past its duplicate window it would be validated again, and might run
+        # without holding its name).
+        key = translation.key
+        if event.name_claimed and key is not None and not outlives_its_job(key):
+            await deps.names.release(identity.user, key, job_id)
+        return Submitted(job_id, translation.dialect, warnings, translation.errors)
     try:
         seq = await deps.publish(event)
     except BaseException:
