@@ -13,7 +13,10 @@ from functools import partial
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from httpx import ASGITransport, AsyncClient
 
+from trainyard_common.auth import Identity
 from trainyard_common.bus import Atomic, Bus
 from trainyard_common.contracts import example_events
 from trainyard_common.events import (
@@ -28,6 +31,8 @@ from trainyard_common.jobspec import EnvVar
 from trainyard_common.storage import Client, batch_writes, batching
 from trainyard_common.subjects import ALL_EVENTS
 from trainyard_status.adapters.views import JobViews, job_view
+from trainyard_status.dialect_api import openpai as openpai_api
+from trainyard_status.dialect_api.context import StatusContext
 from trainyard_status.domain.projection import project
 from trainyard_status.handlers import project_event
 
@@ -71,6 +76,22 @@ async def apply_all(views: JobViews, events, seqs) -> None:
     for event, seq in zip(events, seqs, strict=True):
         await views.record(event, seq, None)
         await views.apply(project(event))
+
+
+async def submitted_job(
+    views: JobViews, seq: int, *, at_s: float, dialect: str | None = None, **spec: Any
+) -> str:
+    """A new job, only submitted, ``at_s`` seconds after the example's time; its id."""
+    job = uuid.uuid4().hex
+    event = lifecycle(job)[0]
+    update: dict[str, Any] = {
+        "spec": event.spec.model_copy(update=spec),
+        "occurred_at": event.occurred_at + timedelta(seconds=at_s),
+    }
+    if dialect:
+        update["dialect"] = dialect
+    await apply_all(views, [event.model_copy(update=update)], [seq])
+    return job
 
 
 async def snapshot(views: JobViews, job_id: str) -> dict:
@@ -182,18 +203,7 @@ async def test_a_batch_stores_what_its_messages_one_at_a_time_store(
 
 async def test_list_filters_and_pages_newest_first(views: JobViews) -> None:
     user = "u" + uuid.uuid4().hex[:6]
-    ids = []
-    for i in range(5):
-        job = uuid.uuid4().hex
-        ids.append(job)
-        submitted = lifecycle(job)[0]
-        submitted = submitted.model_copy(
-            update={
-                "spec": submitted.spec.model_copy(update={"user": user}),
-                "occurred_at": submitted.occurred_at + timedelta(seconds=i),
-            }
-        )
-        await apply_all(views, [submitted], [i + 1])
+    ids = [await submitted_job(views, i + 1, at_s=i, user=user) for i in range(5)]
     items, total = await views.list_jobs(user=user, state=None, limit=2, offset=1)
     assert total == 5 and [i["id"] for i in items] == [ids[3], ids[2]]
     items, total = await views.list_jobs(user=user, state="RUNNING", limit=10, offset=0)
@@ -505,28 +515,10 @@ async def test_openpais_list_answers_up_to_its_limit_a_store_page_at_a_time(
 ) -> None:
     """OpenPAI answers up to `limit` (50000) in one list; the store is read a page at a
     time (pages of two here), so every job comes back and a short list means the end."""
-    from fastapi import FastAPI
-    from httpx import ASGITransport, AsyncClient
-
-    from trainyard_common.auth import Identity
-    from trainyard_status.dialect_api import openpai as openpai_api
-    from trainyard_status.dialect_api.context import StatusContext
-
     monkeypatch.setattr(openpai_api, "MAX_PAGE_SIZE", 2)
     vc = "vc" + uuid.uuid4().hex[:6]
-    ids = []
     for i in range(5):
-        job = uuid.uuid4().hex
-        ids.append(job)
-        submitted = lifecycle(job)[0]
-        submitted = submitted.model_copy(
-            update={
-                "dialect": "openpai",
-                "spec": submitted.spec.model_copy(update={"name": f"j{i}", "queue": vc}),
-                "occurred_at": submitted.occurred_at + timedelta(seconds=i),
-            }
-        )
-        await apply_all(views, [submitted], [i + 1])
+        await submitted_job(views, i + 1, at_s=i, dialect="openpai", name=f"j{i}", queue=vc)
 
     async def admin() -> Identity:
         return Identity("admin", admin=True)
@@ -551,15 +543,7 @@ async def test_openpais_list_answers_up_to_its_limit_a_store_page_at_a_time(
 
         async def then_submit(**kwargs: Any) -> Any:
             found = await read(**kwargs)
-            newer = lifecycle(uuid.uuid4().hex)[0]
-            newer = newer.model_copy(
-                update={
-                    "dialect": "openpai",
-                    "spec": newer.spec.model_copy(update={"name": "late", "queue": vc}),
-                    "occurred_at": newer.occurred_at + timedelta(minutes=1),
-                }
-            )
-            await apply_all(views, [newer], [99])
+            await submitted_job(views, 99, at_s=60, dialect="openpai", name="late", queue=vc)
             return found
 
         monkeypatch.setattr(views, "list_jobs", then_submit)
