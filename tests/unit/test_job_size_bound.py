@@ -4,15 +4,17 @@ refused so (on record, spec and all) lists no more than that."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from trainyard_common.auth import Identity
-from trainyard_common.dialects import kubeflow, openpai, t9k, validate_native
+from trainyard_common.cluster import local_cluster
+from trainyard_common.dialects import kubeflow, openpai, t9k, translate, validate_native
 from trainyard_common.dialects.translation import MAX_JOB_TASKS
+from trainyard_common.events import JobRejected, JobSubmitted
 from trainyard_common.jobspec import JobSpec, RoleSpec
 from trainyard_intake.adapters.owners import InMemoryOwnerRegistry
 from trainyard_intake.handlers import Deps, submit_job
+from trainyard_validation.domain.rules import decide
 
 
 def spec(*roles: tuple[str, int, int | None]) -> JobSpec:
@@ -68,12 +70,44 @@ async def test_intake_refuses_it_without_a_cluster_to_check_against() -> None:
 
 
 def test_a_view_of_a_refused_job_lists_at_most_as_many_tasks_as_a_job_holds() -> None:
-    roles = [{"name": "worker", "replicas": 2**31 - 1}]
+    """All its roles together: 40 roles of 2**31 - 1 fit a 26 kB event."""
+    roles = [{"name": f"r{i}", "replicas": 2**31 - 1} for i in range(40)]
     view = {"id": "j", "name": "big", "user": "u", "state": "REJECTED", "spec": {"roles": roles}}
-    started = time.monotonic()
-    shown = openpai.render_status(view)["taskRoles"]["worker"]["taskStatuses"]
-    assert len(shown) == MAX_JOB_TASKS
-    status = kubeflow.render("pytorchjobs", view)["status"]
-    assert sum(status["replicaStatuses"]["worker"].values()) == 0
-    assert t9k.t9k_status(view) is not None
-    assert time.monotonic() - started < 30  # 2**31 of them would not end
+    shown = openpai.render_status(view)["taskRoles"]
+    assert sum(len(role["taskStatuses"]) for role in shown.values()) == MAX_JOB_TASKS
+    attempt = openpai.render_job_attempt(view, 1)["taskRoles"]
+    assert sum(len(role["taskStatuses"]) for role in attempt.values()) == MAX_JOB_TASKS
+    assert len(kubeflow.render("pytorchjobs", view)["status"]["replicaStatuses"]) == 40
+    assert sum(len(t["replicas"]) for t in t9k.t9k_status(view)["tasks"]) == MAX_JOB_TASKS
+
+
+def test_validation_refuses_it_in_every_dialect_as_intake_does() -> None:
+    """The dry run and validation make the same check as intake's, an elastic role
+    counted at its largest (the cluster's check counts it at its smallest)."""
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "elastic", "namespace": "default"},
+        "spec": {
+            "elasticPolicy": {"minReplicas": 1, "maxReplicas": MAX_JOB_TASKS + 1},
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "containers": [{"name": "pytorch", "image": "i", "command": ["true"]}]
+                        }
+                    },
+                }
+            },
+        },
+    }
+    translation = translate(job, user="u")
+    assert translation.errors == [], translation.errors
+    submitted = JobSubmitted(
+        job_id="j", spec=translation.spec, dialect=translation.dialect,
+        dialect_key=translation.key, original=job,
+    )  # fmt: skip
+    result = decide(submitted, local_cluster())
+    assert isinstance(result, JobRejected), result
+    assert [e.code for e in result.errors] == ["too_many_tasks"]

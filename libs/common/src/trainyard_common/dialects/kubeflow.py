@@ -692,10 +692,11 @@ def render(kind_plural: str, job_view: dict[str, Any]) -> dict[str, Any]:
         )
     tasks = latest_tasks(view)
     replica_statuses: dict[str, dict[str, int]] = {}
-    for role in (view.get("spec") or {}).get("roles") or []:
+    roles = [r for r in (view.get("spec") or {}).get("roles") or [] if isinstance(r, dict)]
+    for role, shown in zip(roles, shown_tasks(roles), strict=True):
         rname = str(role.get("name"))
         counts = {"active": 0, "succeeded": 0, "failed": 0}
-        for index in range(shown_tasks(role.get("replicas"))):
+        for index in range(shown):
             task_state = (tasks.get((rname, index)) or {}).get("state")
             if task_state in ("STARTING", "RUNNING"):
                 counts["active"] += 1

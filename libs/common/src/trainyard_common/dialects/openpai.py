@@ -607,9 +607,9 @@ def render_status(view: dict[str, Any], attempt: int | None = None) -> dict[str,
     reason = view.get("reason")
     tasks: dict[Any, dict[str, Any]] = dict(_tasks_of(view, attempt))
     task_roles: dict[str, Any] = {}
-    for role in _spec_roles(view):
+    roles = _spec_roles(view)
+    for role, count in zip(roles, shown_tasks(roles, 1), strict=True):
         name = str(role.get("name", ""))
-        count = shown_tasks(role.get("replicas"), 1)
         task_roles[name] = {
             "taskRoleStatus": {"name": name},
             "taskStatuses": [
@@ -734,10 +734,10 @@ def render_job_attempt(view: dict[str, Any], attempt: int) -> dict[str, Any]:
                             "exit_code"
                         ),
                     }
-                    for i in range(shown_tasks(r.get("replicas"), 1))
+                    for i in range(count)
                 ],
             }
-            for r in roles
+            for r, count in zip(roles, shown_tasks(roles, 1), strict=True)
         },
         "isLatest": attempt == latest,
     }

@@ -1450,11 +1450,11 @@ def t9k_status(view: dict[str, Any]) -> dict[str, Any]:
     task_list: list[dict[str, Any]] = []
     per_role: dict[str, dict[str, int]] = {}
     name = view.get("name") or ""
-    for role in roles:
+    for role, shown in zip(roles, shown_tasks(roles), strict=True):
         rname = str(role.get("name"))
         counts = {"active": 0, "succeeded": 0, "failed": 0}
         replicas = []
-        for index in range(shown_tasks(role.get("replicas"))):
+        for index in range(shown):
             task = tasks.get((rname, index))
             if task is None:
                 tphase = (

@@ -233,8 +233,18 @@ def too_many_tasks(spec: JobSpec, locate: Callable[[str | None, str], str]) -> l
     ]
 
 
-def shown_tasks(replicas: Any, default: int = 0) -> int:
-    """How many of a stored role's tasks a view lists: its replicas, but never more than
-    a job may hold (a job refused for holding more is still on record, spec and all)."""
-    count = replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else default
-    return max(0, min(count, MAX_JOB_TASKS))
+def shown_tasks(roles: list[Any], default: int = 0) -> list[int]:
+    """How many of each stored role's tasks (``roles``: the spec's, as dicts) a view
+    lists: their replicas, but never more than a job may hold, all roles together (a
+    job refused for holding more is still on record, spec and all)."""
+    left = MAX_JOB_TASKS
+    counts = []
+    for role in roles:
+        replicas = role.get("replicas") if isinstance(role, dict) else None
+        count = (
+            replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else default
+        )
+        count = max(0, min(count, left))
+        left -= count
+        counts.append(count)
+    return counts

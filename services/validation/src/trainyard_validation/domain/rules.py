@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from trainyard_common.cluster import ClusterSpec
 from trainyard_common.dialects import BY_NAME, dedupe, field_path, validate_native
+from trainyard_common.dialects.translation import too_many_tasks
 from trainyard_common.events import FieldIssue, JobAccepted, JobRejected, JobSubmitted, derived_id
 from trainyard_common.fit import Locate, check_against_cluster
 from trainyard_common.jobspec import JobSpec
@@ -38,10 +39,14 @@ def _with_defaults(spec: JobSpec) -> JobSpec:
 
 def rule_errors(submitted: JobSubmitted) -> list[FieldIssue]:
     chosen = BY_NAME.get(submitted.dialect)
-    if chosen is not None and submitted.original is not None:
-        return chosen.validate(submitted.original, submitted.spec)
-    # A producer on the bus may send a bare spec: the canonical rules still hold.
-    return validate_native(submitted.spec)
+    if chosen is None or submitted.original is None:
+        # A producer on the bus may send a bare spec: the canonical rules still hold.
+        return validate_native(submitted.spec)
+    errors = chosen.validate(submitted.original, submitted.spec)
+    if not any(e.code == "too_many_tasks" for e in errors):
+        # Every dialect's job, whatever its own rules (intake's checked() says the same).
+        errors += too_many_tasks(submitted.spec, locator(submitted))
+    return errors
 
 
 def _shadowed(path: str, broken: list[str]) -> bool:
