@@ -185,7 +185,11 @@ MAX_INT_TEXT = 15_000
 def _bounded_int(loader: yaml.SafeLoader, node: Node) -> Any:
     text = node.value if isinstance(node.value, str) else ""
     if len(text) > MAX_INT_TEXT:
-        raise BodyError(f"YAML body: an integer of {len(text)} characters is out of range")
+        mark = node.start_mark
+        raise BodyError(
+            f"YAML body at line {mark.line + 1}, column {mark.column + 1}: an integer of "
+            f"{len(text)} characters is out of range"
+        )
     return yaml.SafeLoader.construct_yaml_int(loader, node)  # type: ignore[arg-type]
 
 
