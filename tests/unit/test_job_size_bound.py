@@ -34,7 +34,7 @@ def test_a_job_of_more_tasks_than_a_job_holds_is_refused_at_its_largest_role() -
     assert f"{MAX_JOB_TASKS + 1} tasks" in error.message
     # An elastic role counts at the most it may grow to.
     [error] = validate_native(spec(("w", 1, MAX_JOB_TASKS + 1)))
-    assert error.code == "too_many_tasks"
+    assert (error.path, error.code) == ("$.roles[0].max_replicas", "too_many_tasks")
 
 
 async def test_intake_refuses_it_without_a_cluster_to_check_against() -> None:
@@ -110,4 +110,45 @@ def test_validation_refuses_it_in_every_dialect_as_intake_does() -> None:
     )  # fmt: skip
     result = decide(submitted, local_cluster())
     assert isinstance(result, JobRejected), result
-    assert [e.code for e in result.errors] == ["too_many_tasks"]
+    assert [(e.path, e.code) for e in result.errors] == [
+        ("$.spec.elasticPolicy.maxReplicas", "too_many_tasks")
+    ]
+
+
+def t9k_elastic(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch.tensorstack.dev/v1beta1",
+        "kind": "PyTorchTrainingJob",
+        "metadata": {"name": "elastic", "namespace": "default"},
+        "spec": {
+            **spec,
+            "replicaSpecs": [
+                {
+                    "type": "worker",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "containers": [{"name": "pytorch", "image": "i", "command": ["true"]}]
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def test_an_elastic_role_over_the_bound_is_named_at_its_maximum_where_the_job_writes_it() -> None:
+    bounds = {"enabled": True, "minReplicas": 1, "maxReplicas": MAX_JOB_TASKS + 1}
+    for job, path in (
+        (t9k_elastic({"elastic": bounds}), "$.spec.elastic.maxReplicas"),
+        (t9k_elastic({"runMode": {"elastic": bounds}}), "$.spec.runMode.elastic.maxReplicas"),
+    ):
+        translation = translate(job, user="u")
+        assert translation.errors == [], translation.errors
+        submitted = JobSubmitted(
+            job_id="j", spec=translation.spec, dialect=translation.dialect,
+            dialect_key=translation.key, original=job,
+        )  # fmt: skip
+        result = decide(submitted, local_cluster())
+        assert isinstance(result, JobRejected), result
+        assert [(e.path, e.code) for e in result.errors] == [(path, "too_many_tasks")]

@@ -179,6 +179,7 @@ SINGLE = ("Master", "Chief", "Launcher")
 PLURALS: dict[str, Kind] = {k.plural: k for k in KINDS.values()}
 _RESTART = {p.value: p for p in RestartPolicy}
 _CLEAN_POD = {"None": "None", "All": "All", "Running": "Unfinished"}
+_ELASTIC_KEYS = {"min_replicas": "minReplicas", "max_replicas": "maxReplicas"}
 
 
 def key_of(namespace: str, plural: str, name: str) -> str:
@@ -204,6 +205,9 @@ def field_path(payload: Any, role: str | None, field: str) -> str:
         return path
     if field == "replicas":
         return join(path, "replicas")
+    if field in ("min_replicas", "max_replicas"):
+        # Elastic bounds are the job's elasticPolicy, which applies to the Worker.
+        return join("$.spec.elasticPolicy", _ELASTIC_KEYS[field])
     template = entry.get("template") if isinstance(entry, dict) else None
     return template_field_path(template, join(path, "template"), field, (kind.container,))
 

@@ -251,9 +251,20 @@ def field_path(payload: Any, role: str | None, field: str) -> str:
         return path
     if field == "replicas":
         return join(path, "replicas")
+    if field in ("min_replicas", "max_replicas"):
+        return _elastic_path(spec, field)
     if field == "name":
         return join(path, "type") if "[" in path else path
     return template_field_path(template, template_path, field, kind.container if kind else ())
+
+
+def _elastic_path(spec: dict[str, Any], field: str) -> str:
+    """Where an elastic bound is written: spec.elastic where the job has one (read last,
+    so it is the one applied), else runMode.elastic."""
+    key = "minReplicas" if field == "min_replicas" else "maxReplicas"
+    if isinstance(spec.get("elastic"), dict):
+        return join("$.spec.elastic", key)
+    return join("$.spec.runMode.elastic", key)
 
 
 def key_of(namespace: str, plural: str, name: str) -> str:

@@ -216,16 +216,19 @@ def dedupe(issues: list[FieldIssue]) -> list[FieldIssue]:
 
 
 def too_many_tasks(spec: JobSpec, locate: Callable[[str | None, str], str]) -> list[FieldIssue]:
-    """A job that would hold more than MAX_JOB_TASKS tasks, at the replicas of the role
-    that holds most (``locate``: where a role's field is written); else nothing."""
+    """A job that would hold more than MAX_JOB_TASKS tasks, at the replicas (an elastic
+    role's maximum, where that is more) of the role that holds most (``locate``: where a
+    role's field is written); else nothing."""
     sizes = {role.name: max(role.replicas, role.max_replicas or 0) for role in spec.roles}
     total = sum(sizes.values())
     if total <= MAX_JOB_TASKS:
         return []
     largest = max(sizes, key=lambda name: sizes[name])
+    role = next(r for r in spec.roles if r.name == largest)
+    field = "max_replicas" if (role.max_replicas or 0) > role.replicas else "replicas"
     return [
         FieldIssue(
-            path=locate(largest, "replicas"),
+            path=locate(largest, field),
             code="too_many_tasks",
             message=f"the job asks for {total} tasks in all ({largest}: {sizes[largest]}); "
             f"a job holds at most {MAX_JOB_TASKS}, as a Kubernetes Indexed Job does",
