@@ -276,13 +276,36 @@ def test_success_follows_the_leader_role() -> None:
     assert translated.spec.success_rules == [] and translated.warnings == []
     job["SuccessPolicy"] = "SomeWorkers"
     assert paths(dlc.translate_dlc(job).errors) == ["$.SuccessPolicy"]
-    # Other jobs: Kubeflow's rule (the Master), and SuccessPolicy is DLC's for TFJob only.
-    torch = cpu_job(JobType="PyTorchJob", SuccessPolicy="ChiefWorker")
-    torch["JobSpecs"].append({"Type": "Master", "Image": "i", "EcsSpec": "ecs.c6.large"})
-    translated = dlc.translate_dlc(torch)
+    # SuccessPolicy is DLC's for TFJob only; other jobs end with their leader.
+    xgb = cpu_job(JobType="XGBoostJob", SuccessPolicy="ChiefWorker")
+    xgb["JobSpecs"].append({"Type": "Master", "Image": "i", "EcsSpec": "ecs.c6.large"})
+    translated = dlc.translate_dlc(xgb)
     roles = {r.name: r for r in translated.spec.roles}
     assert roles["Master"].min_succeeded == 1 and roles["Worker"].min_succeeded is None
     assert paths(translated.warnings) == ["$.SuccessPolicy"]
+
+
+def test_a_pytorch_job_succeeds_when_its_master_and_every_worker_have() -> None:
+    """KubeDL's PyTorchJob rule (controllers/pytorch/status.go), which DLC runs: the
+    Master's success ends the job only once every Worker has succeeded too."""
+    torch = cpu_job(JobType="PyTorchJob")
+    torch["JobSpecs"][0]["PodCount"] = 2
+    torch["JobSpecs"].append({"Type": "Master", "Image": "i", "EcsSpec": "ecs.c6.large"})
+    spec = dlc.translate_dlc(torch).spec
+    assert spec.success_rules == [
+        [TaskRef(role="Master", index=ALL_TASKS), TaskRef(role="Worker", index=ALL_TASKS)]
+    ]
+    assert all(r.min_succeeded is None for r in spec.roles)
+    done = TaskOutcome(TaskState.SUCCEEDED, exit_code=0)
+    assert decide(spec, {("Master", 0): done, ("Worker", 0): done}) is None  # Worker 1 runs
+    every = {("Master", 0): done, ("Worker", 0): done, ("Worker", 1): done}
+    assert (verdict := decide(spec, every)) is not None and verdict.state is JobState.SUCCEEDED
+    failed = TaskOutcome(TaskState.FAILED, exit_code=1)
+    verdict = decide(spec, {("Master", 0): done, ("Worker", 0): done, ("Worker", 1): failed})
+    assert verdict is not None and verdict.state is JobState.FAILED
+    # Workers alone: their success is the job's, as before.
+    alone = dlc.translate_dlc(cpu_job(JobType="PyTorchJob")).spec
+    assert alone.success_rules == [] and alone.roles[0].min_succeeded == alone.roles[0].replicas
 
 
 @pytest.mark.parametrize(

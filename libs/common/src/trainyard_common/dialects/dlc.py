@@ -455,8 +455,8 @@ def _roles(
     catalog: Mapping[str, EcsType],
     issues: Issues,
 ) -> tuple[list[RoleSpec], list[list[TaskRef]]]:
-    """The job's roles, and the success rules of a TFJob whose SuccessPolicy needs more
-    than one role's count."""
+    """The job's roles, and the success rules of a job whose success needs more than one
+    role's count (a TFJob by its SuccessPolicy, a PyTorchJob with Master and Workers)."""
     raw_specs = payload.get("JobSpecs")
     if raw_specs is None:
         issues.error(
@@ -533,6 +533,13 @@ def _roles(
         if policy == "ChiefWorker" and not leaders:
             rule = [TaskRef(role="Worker", index=0)]
             return [r.model_copy(update={"min_succeeded": None}) for r in roles], [rule]
+    masters = [r for r in leaders if r.name == "Master"]
+    if JOB_TYPES.get(job_type or "") is JobKind.PYTORCH and masters and workers:
+        # KubeDL's PyTorchJob (controllers/pytorch/status.go): the Master's success ends
+        # the job once every Worker has succeeded too (Kubeflow's ends it with the Master
+        # alone, stopping Workers that may still be writing).
+        rule = [TaskRef(role="Master", index=ALL_TASKS), TaskRef(role="Worker", index=ALL_TASKS)]
+        return [r.model_copy(update={"min_succeeded": None}) for r in roles], [rule]
     if job_type in ROLE_TYPES and succeeding:
         # Kubeflow's rule: the leader's (or else the Workers') success is the job's;
         # parameter servers and evaluators never end by themselves.
