@@ -5,13 +5,17 @@ them, Tables and ages."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from trainyard_common.dialects import k8s_api, kubeflow
+from trainyard_common.dialects import k8s_api, kubeflow, translate
 from trainyard_common.dialects.k8s_api import PatchError, SelectorError
 from trainyard_common.dialects.k8s_pod import merge_patch
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def obj(labels: dict[str, str], name: str = "a", namespace: str = "ml") -> dict[str, Any]:
@@ -198,3 +202,23 @@ def test_ages_are_written_as_kubectl_writes_them(ago: timedelta, shown: str) -> 
     assert table["rows"][0]["cells"] == ["a", "", shown]
     assert k8s_api.wants_table("application/json;as=Table;v=v1;g=meta.k8s.io,application/json")
     assert not k8s_api.wants_table("application/json")
+
+
+@pytest.mark.parametrize("example", ["t9k/genericjob-1.yaml", "kubeflow/pytorchjob-simple.yaml"])
+def test_object_metadata_is_kubernetes_and_only_an_unknown_key_is_warned(example: str) -> None:
+    """kubectl validates strictly by default: a warning of ``unknown_field`` there is a
+    400, so ObjectMeta's own keys (generateName, finalizers, ownerReferences) must pass
+    as an API server passes them, and a key ObjectMeta lacks is named as it names it."""
+    job = yaml.safe_load((EXAMPLES / example).read_text())
+    job["metadata"].update(
+        generateName="mnist-",
+        finalizers=["example.com/keep"],
+        ownerReferences=[{"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": "u"}],
+        labels={"team": "a"},
+        annotations={"note": "x"},
+    )
+    result = translate(job, user="alice")
+    assert result.errors == [] and result.warnings == [], (result.errors, result.warnings)
+    job["metadata"]["owner"] = "alice"
+    [warning] = translate(job, user="alice").warnings
+    assert (warning.path, warning.code) == ("$.metadata.owner", "unknown_field")

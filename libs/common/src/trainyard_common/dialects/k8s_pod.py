@@ -934,6 +934,39 @@ def first_difference(old: Any, new: Any, path: str = "$") -> str | None:
     return None if old == new and type(old) is type(new) else path
 
 
+# Kubernetes' ObjectMeta: every object takes these (the server writes some of them).
+OBJECT_META_FIELDS = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    }
+)
+
+
+def unknown_metadata(meta: dict[str, Any], issues: Issues) -> None:
+    """Warn of a metadata key that is not ObjectMeta's, as the API server's strict field
+    validation (kubectl's default) refuses it; ObjectMeta's own keys are Kubernetes'."""
+    for extra in sorted(str(k) for k in meta if k not in OBJECT_META_FIELDS):
+        issues.warn(
+            join("$.metadata", extra),
+            f"metadata.{extra} is not a field of ObjectMeta",
+            "unknown_field",
+        )
+
+
 # What Kubernetes lets every object's writer change at any time.
 FREE_METADATA = tuple(
     ("metadata", name) for name in ("labels", "annotations", "finalizers", "ownerReferences")

@@ -44,6 +44,7 @@ from .k8s_pod import (
     shell_command,
     template_field_path,
     timestamp,
+    unknown_metadata,
 )
 from .registry import Dialect
 from .translation import Issues, Translation, empty_spec, join, json_type, show, shown_tasks
@@ -529,6 +530,7 @@ def translate_kubeflow(payload: Any, user: str = "") -> Translation:
             )
             or "default"
         )
+        unknown_metadata(meta, issues)
     else:
         issues.error("$.metadata", "metadata is required (an object with a name)", "required")
     spec = payload.get("spec")

@@ -50,6 +50,7 @@ from .k8s_pod import (
     string_list,
     template_field_path,
     timestamp,
+    unknown_metadata,
 )
 from .registry import Dialect
 from .translation import (
@@ -1147,10 +1148,7 @@ def _metadata(payload: dict[str, Any], issues: Issues) -> tuple[str, str]:
     namespace = issues.string(
         meta, "namespace", "$.metadata", required=False, pattern=DNS_LABEL_RE, rule=DNS_LABEL_RULE
     )
-    for extra in sorted(k for k in meta if k not in ("name", "namespace", "labels", "annotations")):
-        issues.warn(
-            join("$.metadata", extra), f"metadata.{extra} is kept but not used", "unknown_field"
-        )
+    unknown_metadata(meta, issues)
     return name or "", namespace or "default"
 
 
