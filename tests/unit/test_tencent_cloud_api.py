@@ -135,6 +135,14 @@ def test_a_cloud_api_body_is_the_tictl_job_it_stands_for() -> None:
     assert {w.path for w in done.warnings} >= {"$.WorkerType", "$.RuntimeConf"}
     bad = translate({**body, "ScaleTier": "STANDARD_1", "RuntimeVersion": "nope"}, user="c")
     assert {e.path for e in bad.errors} == {"$.ScaleTier", "$.RuntimeVersion"}
+    # RuntimeConf is the SDK's list of str: another shape is refused at the field, and a
+    # refused body on record (kept as sent) still renders with the SDK's types.
+    for conf, path in ((5, "$.RuntimeConf"), ("a=b", "$.RuntimeConf"), ([1], "$.RuntimeConf[0]")):
+        odd = {**body, "RuntimeConf": conf, "ScaleTier": 7, "Debug": "yes"}
+        assert path in {e.path for e in translate(odd, user="c").errors}
+        view = {"id": "j2", "name": "mnist", "state": "REJECTED", "user": "c", "original": odd}
+        shown = render_cloud(view)
+        assert (shown["RuntimeConf"], shown["ScaleTier"], shown["Debug"]) == ([], "CUSTOM", False)
     assert cloud_path("$.parameterServerCount") == "$.ParameterServerCount"
     assert cloud_path("$.command[0]") == "$.Command[0]"
     shown = render_cloud({"id": "j1", "name": "mnist", "state": "SUCCEEDED", "user": "carol",

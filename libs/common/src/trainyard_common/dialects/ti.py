@@ -407,8 +407,8 @@ def _from_cloud_api(payload: dict[str, Any], issues: Issues) -> tuple[dict[str, 
     debug = payload.get("Debug")
     if debug is not None and not isinstance(debug, bool):
         issues.error("$.Debug", f"Debug must be a boolean, not {json_type(debug)}", "type")
-    conf = payload.get("RuntimeConf")
-    if conf not in (None, []):
+    conf = _string_list(payload, "RuntimeConf", issues, required=False)
+    if conf:
         issues.warn(
             "$.RuntimeConf",
             "RuntimeConf is kept but not applied: the runtime's settings are the platform's",
@@ -773,8 +773,12 @@ def render_cloud(view: dict[str, Any]) -> dict[str, Any]:
     job["State"] = plain["state"]
     job["Message"] = plain["message"]
     job["Id"] = plain["id"]
-    job["ScaleTier"] = original.get("ScaleTier") or "CUSTOM"
-    job["Debug"] = bool(original.get("Debug"))
-    job["RuntimeConf"] = list(original.get("RuntimeConf") or [])
+    # A rejected job's body is on record as sent: only what has the SDK's types is shown.
+    tier, conf = original.get("ScaleTier"), original.get("RuntimeConf")
+    job["ScaleTier"] = tier if isinstance(tier, str) and tier else "CUSTOM"
+    job["Debug"] = original.get("Debug") is True
+    job["RuntimeConf"] = (
+        conf if isinstance(conf, list) and all(isinstance(c, str) for c in conf) else []
+    )
     job["Uin"] = view.get("user")
     return {k: v for k, v in job.items() if v is not None}
