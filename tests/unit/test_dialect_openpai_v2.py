@@ -178,6 +178,23 @@ def test_parameters_are_substituted_and_secrets_are_not() -> None:
     assert "s3cr3t" not in t.spec.redacted().model_dump_json()
 
 
+def test_parameters_rendered_past_the_bound_are_refused_before_they_are_built() -> None:
+    """A 20 kB parameter named 2,000 times: 40 MB of command from a 54 kB body. The
+    bound holds for all the job's task roles together."""
+    payload = job()
+    payload["parameters"]["big"] = "x" * 20_000
+    payload["taskRoles"]["worker"]["commands"] = ["echo <% $parameters.big %>"] * 2000
+    t = translate_openpai_v2(payload, "bob")
+    assert [(e.path, e.code) for e in t.errors] == [("$.taskRoles.worker.commands", "too_large")]
+    payload["taskRoles"]["worker"]["commands"] = ["echo <% $parameters.big %>"] * 150
+    assert translate_openpai_v2(payload, "bob").ok
+    second = copy.deepcopy(payload["taskRoles"]["worker"])
+    payload["taskRoles"]["other"] = second
+    assert [e.path for e in translate_openpai_v2(payload, "bob").errors] == [
+        "$.taskRoles.other.commands"
+    ]
+
+
 def test_parameter_values_are_written_as_openpai_writes_them() -> None:
     text, missing = render(
         "<% $parameters.flag %> <% $parameters.l[1] %> <% $parameters.n.a %>"

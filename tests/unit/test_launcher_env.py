@@ -8,6 +8,7 @@ import pytest
 from trainyard_common.events import PortAssignment, TaskPlacement
 from trainyard_common.jobspec import EnvVar, JobSpec, PortSpec, Resources, RoleSpec
 from trainyard_launcher.domain.env import (
+    CommandTooLong,
     build_task_env,
     openpai_compat_env,
     resource_string,
@@ -267,6 +268,13 @@ def test_substitute_secrets(command: str, expected: str) -> None:
 
 def test_substitute_secrets_without_secrets_leaves_the_command() -> None:
     assert substitute_secrets("echo <% $secrets.x %>", {}) == "echo <% $secrets.x %>"
+
+
+def test_substituting_secrets_stops_at_the_bound_before_building_the_line() -> None:
+    command = "<% $secrets.a %>" * 1000
+    assert len(substitute_secrets(command, {"a": "x" * 4000})) == 4_000_000
+    with pytest.raises(CommandTooLong):
+        substitute_secrets(command, {"a": "x" * 5000})
 
 
 def test_a_secret_value_is_not_re_expanded() -> None:

@@ -92,6 +92,24 @@ async def test_a_launch_says_whether_its_command_carries_the_jobs_secrets() -> N
     assert not by_index[1].carries_secrets
 
 
+async def test_a_command_its_secrets_would_swell_past_the_bound_fails_to_start() -> None:
+    """A secret of 1 MiB named five times: refused at launch, before the line is built
+    (a body's worth of references to a body's worth of secret is gigabytes a task)."""
+    deps, backend, published = make_deps()
+    spec = JobSpec(
+        name="big",
+        user="alice",
+        roles=[RoleSpec(name="worker", replicas=1, command="echo <% $secrets.t %>" * 5)],
+        secrets=[EnvVar(name="t", value="x" * 1024 * 1024)],
+    )
+    tasks = [TaskPlacement(role="worker", index=0, node="n1", host_ip="127.0.0.1")]
+    await launch_job(JobPlaced(job_id="s1", spec=spec, tasks=tasks), RECEIVED, deps)
+    assert backend.launched == []
+    [done] = finished(published)
+    assert done.state == JobState.FAILED
+    assert "<% $secrets %> references substituted, comes to more than" in done.reason
+
+
 async def test_launch_publishes_starting_then_running_with_derived_ids() -> None:
     deps, backend, published = make_deps()
     await launch_job(placed(), RECEIVED, deps)

@@ -6,6 +6,10 @@ MAX_OFFSET = 1_000_000_000
 MAX_PAGE = 1_000_000
 MAX_PAGE_SIZE = 5000
 MAX_INDEX = 1_000_000
+# The most characters a job's commands may grow to when their references are rendered
+# (OpenPAI's <% $parameters.x %> at intake, <% $secrets.x %> at launch): what a body may
+# hold. A small body naming a large value many times would otherwise cost gigabytes.
+MAX_RENDERED = 4 * 1024 * 1024
 
 
 MAX_DIGITS = 18  # every number read here fits (10**18 > any index, sequence or count)

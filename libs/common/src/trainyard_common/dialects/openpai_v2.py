@@ -31,7 +31,7 @@ from typing import Any
 
 from ..events import FieldIssue
 from ..jobspec import REDACTED, EnvVar, JobSpec, PortSpec, Resources, RestartPolicy, RoleSpec
-from ..limits import digits
+from ..limits import MAX_RENDERED, digits
 from .fields import mapping
 from .registry import Dialect
 from .translation import (
@@ -222,20 +222,36 @@ def _js_text(value: Any) -> str:
     return str(value)
 
 
-def render(template: str, context: dict[str, Any]) -> tuple[str, list[str]]:
+class RenderedTooLong(ValueError):
+    """A template whose rendering would pass its limit."""
+
+
+def render(
+    template: str, context: dict[str, Any], limit: int = MAX_RENDERED
+) -> tuple[str, list[str]]:
     """``template`` with every ``<% ref %>`` found in ``context`` replaced; the others
     are left as ``<% ref %>`` (as OpenPAI leaves them). Returns the text and the refs
-    left unrendered."""
+    left unrendered; raises RenderedTooLong as soon as the text would pass ``limit``
+    characters (a value named many times), before it is built."""
     missing: list[str] = []
+    size = len(template)
 
     def replace(match: re.Match[str]) -> str:
+        nonlocal size
         token = match.group(1)
         value = _lookup(context, token)
         if value is None:
             missing.append(token)
-            return f"<% {token} %>"
-        return _js_text(value)
+            text = f"<% {token} %>"
+        else:
+            text = _js_text(value)
+        size += len(text) - len(match.group(0))
+        if size > limit:
+            raise RenderedTooLong(f"renders to more than {limit} characters")
+        return text
 
+    if size > limit:
+        raise RenderedTooLong(f"is more than {limit} characters")
     return _REFERENCE.sub(replace, template), missing
 
 
@@ -275,6 +291,8 @@ class _Walk:
             t: {} for t in PREREQUISITE_TYPES
         }
         self.deployment: dict[str, Any] | None = None
+        # What the rendered commands of all task roles together may still take.
+        self.render_budget = MAX_RENDERED
 
     def run(self) -> None:
         p, issues = self.payload, self.issues
@@ -888,7 +906,18 @@ def _command(
         "$output": selected("output"),
         "$data": selected("data"),
     }
-    rendered, missing = render(script, context)
+    try:
+        rendered, missing = render(script, context, walk.render_budget)
+    except RenderedTooLong:
+        walk.issues.error(
+            f"{path}.commands",
+            f"the task roles' commands, their <% %> references rendered, come to more than "
+            f"{MAX_RENDERED} characters (a value named many times: name it once, or put it "
+            "in a file)",
+            "too_large",
+        )
+        return ""
+    walk.render_budget -= len(rendered)
     for token in dict.fromkeys(missing):
         if token.startswith("$secrets."):
             secret = _INDEX.sub(r".\1", token[len("$secrets.") :])

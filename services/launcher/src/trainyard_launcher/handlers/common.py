@@ -45,7 +45,7 @@ from ..adapters.store import (
     now_ms,
 )
 from ..domain.containers import container_command_line
-from ..domain.env import build_task_env, substitute_secrets
+from ..domain.env import CommandTooLong, build_task_env, substitute_secrets
 from ..domain.failure import BACKOFF_BASE_S
 from ..domain.frameworks import framework_command
 from ..domain.lifecycle import (
@@ -290,7 +290,10 @@ def task_launch(
     if role.container_form:
         # A container's argv, $(VAR) expanded from its environment as Kubernetes would.
         command = container_command_line(role, env)
-    written, command = command, substitute_secrets(command, secrets)
+    try:
+        written, command = command, substitute_secrets(command, secrets)
+    except CommandTooLong as exc:
+        raise LaunchRefused(str(exc)) from exc
     command = framework_command(spec, tasks, ref.role, ref.index, command, framework)
     # Whether any secret is in what runs (a wrapper may quote it, or run another
     # command in its place): the line as written, wrapped the same way, differs.
