@@ -50,8 +50,10 @@ def test_a_notebook_port_is_reachable_where_the_job_view_says(api: Api) -> None:
     view = api.wait(job_id, {"RUNNING", "FAILED", "SUCCEEDED", "STOPPED"})
     assert view["state"] == "RUNNING", view
     [task] = view["tasks"]
-    [group] = task["ports"]
-    assert group["label"] == "jupyter" and len(group["ports"]) == 1
+    # Its own port, and the http and ssh ports OpenPAI gives every task role.
+    assert sorted(g["label"] for g in task["ports"]) == ["http", "jupyter", "ssh"]
+    [group] = [g for g in task["ports"] if g["label"] == "jupyter"]
+    assert len(group["ports"]) == 1
     url = f"http://{task['host_ip']}:{group['ports'][0]}/index.html"
     deadline = time.monotonic() + 30
     answer = None

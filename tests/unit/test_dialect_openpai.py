@@ -64,7 +64,9 @@ def test_helloworld_translates_without_errors() -> None:
     assert role.resources.gpu_type == "TITANX"
     assert role.resources.storage_gb == 5
     assert role.command == "nvidia-smi"
-    assert role.ports == []
+    # OpenPAI's default ports (v1 rest-server, generateFrameworkDescription): the seed's
+    # SSH connection to this job uses its ssh port.
+    assert [(p.label, p.begin_at, p.count) for p in role.ports] == [("http", 0, 1), ("ssh", 0, 1)]
     assert role.min_failed is None
     assert role.min_succeeded is None
     assert validate_native(spec) == []
@@ -74,9 +76,11 @@ def test_jupyter_translates_with_its_port() -> None:
     t = translate(jupyter())
     assert t.errors == [] and t.warnings == []
     role = t.spec.roles[0]
-    assert len(role.ports) == 1
-    port = role.ports[0]
-    assert (port.label, port.begin_at, port.count) == ("jupyter", 0, 1)
+    assert [(p.label, p.begin_at, p.count) for p in role.ports] == [
+        ("jupyter", 0, 1),
+        ("http", 0, 1),
+        ("ssh", 0, 1),
+    ]
     assert role.command.startswith("jupyter notebook --allow-root")
     assert "$PAI_CONTAINER_HOST_jupyter_PORT_LIST" in role.command
     assert '--NotebookApp.token=\\"\\"' in role.command
@@ -143,7 +147,11 @@ def test_full_mapping_of_optional_fields() -> None:
     assert worker.resources.storage_gb is None
     # Keys absent: OpenPAI's defaults, min_failed 1 and min_succeeded None.
     assert worker.min_failed == 1 and worker.min_succeeded is None
-    assert [(p.label, p.begin_at, p.count) for p in worker.ports] == [("ssh", 2222, 2)]
+    # Its own ssh ports stand; the http port is OpenPAI's default.
+    assert [(p.label, p.begin_at, p.count) for p in worker.ports] == [
+        ("ssh", 2222, 2),
+        ("http", 0, 1),
+    ]
 
 
 def test_explicit_min_counts() -> None:

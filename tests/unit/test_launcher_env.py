@@ -298,6 +298,12 @@ def test_openpai_directories_name_the_default_file_system_as_openpai_fills_it_in
     assert env["PAI_CODE_DIR"] == "hdfs://x/code"
     # outputDir not given: $PAI_DEFAULT_FS_URI/Output/$jobName.
     assert env["PAI_OUTPUT_DIR"] == f"hdfs://nn:9000/Output/{spec.name}"
+    # $PAI_USERNAME too (OpenPAI's own TensorFlow example writes it), and only as a word.
+    spec = spec.model_copy(
+        update={"code_dir": "$PAI_DEFAULT_FS_URI/$PAI_USERNAME/x/$PAI_USERNAMES"}
+    )
+    env = build_task_env(spec, tasks, "master", 0, 1, "job-1", default_fs_uri="hdfs://nn:9000")
+    assert env["PAI_CODE_DIR"] == f"hdfs://nn:9000/{spec.user}/x/$PAI_USERNAMES"
     # No default file system configured: nothing made up.
     bare = build_task_env(spec.model_copy(update={"output_dir": None}), tasks, "master", 0, 1, "j")
     assert bare["PAI_OUTPUT_DIR"] == "" and bare["PAI_DATA_DIR"] == f"/data/{spec.user}"

@@ -363,11 +363,15 @@ def _env_scalar(value: Any) -> Any:
     return value
 
 
+# Every task role gets an http and an ssh port unless its portList names them (the v1
+# rest-server's generateFrameworkDescription: {start: 0, count: 1} each, after the
+# role's own): PAI_TASK_ROLE_<role>_HOST_LIST is ip:http-port, and SSH needs its port.
+DEFAULT_PORTS = ("http", "ssh")
+
+
 def _ports(raw: Any) -> list[PortSpec]:
-    if not isinstance(raw, list):
-        return []
     ports = []
-    for entry in raw:
+    for entry in raw if isinstance(raw, list) else []:
         if isinstance(entry, dict) and isinstance(entry.get("label"), str):
             ports.append(
                 PortSpec(
@@ -376,7 +380,8 @@ def _ports(raw: Any) -> list[PortSpec]:
                     count=_int(entry.get("portNumber"), 1, 1),
                 )
             )
-    return ports
+    named = {p.label for p in ports}
+    return ports + [PortSpec(label=label) for label in DEFAULT_PORTS if label not in named]
 
 
 def _role(raw: dict[str, Any], gpu_type: str | None) -> RoleSpec:

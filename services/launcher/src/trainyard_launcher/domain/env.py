@@ -129,14 +129,14 @@ def _first_port(placement: TaskPlacement, label: str) -> str:
     return next((str(a.ports[0]) for a in placement.ports if a.label == label and a.ports), "")
 
 
-_PAI_REF = re.compile(r"\$(?:\{(PAI_DEFAULT_FS_URI|PAI_JOB_NAME|PAI_USER_NAME|jobName)\}"
-                      r"|(PAI_DEFAULT_FS_URI|PAI_JOB_NAME|PAI_USER_NAME|jobName)\b)")  # fmt: skip
+_PAI_NAMES = "PAI_DEFAULT_FS_URI|PAI_JOB_NAME|PAI_USER_NAME|PAI_USERNAME|jobName"
+_PAI_REF = re.compile(rf"\$(?:\{{({_PAI_NAMES})\}}|({_PAI_NAMES})\b)")
 
 
 def pai_dir(value: str | None, spec: JobSpec, default_fs_uri: str) -> str:
     """An OpenPAI v1 directory (dataDir, outputDir, codeDir) as OpenPAI hands it to the
     task: ``$PAI_DEFAULT_FS_URI``, ``$PAI_JOB_NAME`` (``$jobName``) and
-    ``$PAI_USER_NAME`` replaced by their values."""
+    ``$PAI_USER_NAME`` (``$PAI_USERNAME``) replaced by their values."""
     if not value:
         return ""
     values = {
@@ -144,6 +144,7 @@ def pai_dir(value: str | None, spec: JobSpec, default_fs_uri: str) -> str:
         "PAI_JOB_NAME": spec.name,
         "jobName": spec.name,
         "PAI_USER_NAME": spec.user,
+        "PAI_USERNAME": spec.user,
     }
     return _PAI_REF.sub(lambda m: values[m.group(1) or m.group(2)], value)
 
