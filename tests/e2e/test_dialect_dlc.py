@@ -145,6 +145,22 @@ def test_job_lifecycle_with_the_official_sdk(client: Client, api: Api) -> None:
     assert "hello-from-dlc" in logs.logs
 
 
+def test_pod_logs_are_the_last_2000_lines_unless_max_lines_says(client: Client) -> None:
+    """GetPodLogsRequest.max_lines: "Default value: 2000"."""
+    created = client.create_job(cpu_job("dlc-lines", "seq 1 2500")).body
+    job = wait_for(client, created.job_id, lambda b: b.status in DLC_TERMINAL)
+    assert job.status == "Succeeded"
+    [pod] = job.pods
+    logs = client.get_pod_logs(created.job_id, pod.pod_id, dlc_models.GetPodLogsRequest()).body
+    assert logs.logs == [str(n) for n in range(501, 2501)]
+    request = dlc_models.GetPodLogsRequest(max_lines=3)
+    assert client.get_pod_logs(created.job_id, pod.pod_id, request).body.logs == [
+        "2498",
+        "2499",
+        "2500",
+    ]
+
+
 def test_stop_job(client: Client) -> None:
     created = client.create_job(cpu_job("dlc-sleep", "sleep 300")).body
     wait_for(client, created.job_id, lambda b: b.status == "Running")
@@ -395,6 +411,14 @@ def test_update_job_pod_events_ecs_specs_and_list_filters(client: Client, api: A
         (2, 8, 0, "", 0),
         (8, 30, 1, "A10", 24),
     ]
+    # The SDK's SortBy values (CPU, GPU, Memory, GmtCreateTime) and ResourceType.
+    by_cpu = client.list_ecs_specs(
+        dlc_models.ListEcsSpecsRequest(sort_by="CPU", order="desc", page_size=5)
+    ).body
+    cpus = [s.cpu for s in by_cpu.ecs_specs]
+    assert cpus == sorted(cpus, reverse=True) and len(cpus) == 5
+    lingjun = client.list_ecs_specs(dlc_models.ListEcsSpecsRequest(resource_type="Lingjun")).body
+    assert lingjun.ecs_specs == [] and lingjun.total_count == 0
     client.stop_job(created.job_id)
 
 

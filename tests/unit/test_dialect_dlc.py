@@ -558,6 +558,9 @@ def test_list_jobs_defaults_to_the_callers_jobs_of_the_last_seven_days_newest_fi
     assert "user" not in listing(admin=True).where
     window = listing(StartTime="2020-01-01T00:00:00Z").where["submitted_at"]
     assert window == {"$gte": datetime(2020, 1, 1, tzinfo=UTC)}
+    # EndTime alone keeps StartTime's default (the SDK: "the current time minus 7 days").
+    window = listing(EndTime="2026-11-27T00:00:00Z").where["submitted_at"]
+    assert window == {"$gte": NOW - timedelta(days=7), "$lte": datetime(2026, 11, 27, tzinfo=UTC)}
 
 
 def test_list_jobs_filters_as_dlc_documents_them() -> None:
@@ -625,6 +628,7 @@ def test_every_status_dlc_lists_is_taken_those_never_shown_matching_nothing() ->
         {"Tags": "[1]"},
         {"Tags": '{"$where": "x"}'},
         {"Tags": '{"a.b": "x"}'},
+        {"Tags": "[" * 9000 + "]" * 9000},  # deep enough to exhaust json's recursion
         {"StartTime": "yesterday"},
         {"Status": "Dancing"},
         {"PaymentType": "Free"},
@@ -637,3 +641,21 @@ def test_list_jobs_refuses_what_it_cannot_honour_naming_the_parameter(
     with pytest.raises(dlc.ListJobsError) as refused:
         listing(**params)
     assert refused.value.field in params
+
+
+def test_ecs_specs_sort_by_the_sdks_fields_and_list_ecs_resources_only() -> None:
+    """ListEcsSpecsRequest: SortBy CPU, GPU, Memory or GmtCreateTime; ResourceType ECS
+    or Lingjun (none here)."""
+    catalog = dlc.catalog_from_env()
+
+    def names(sort_by: str, ascending: bool = True, resource_type: str | None = None) -> list:
+        body = dlc.render_ecs_specs(catalog, None, [], sort_by, ascending, 1, 1000, resource_type)
+        return [(s["InstanceType"], s["Cpu"]) for s in body["EcsSpecs"]]
+
+    by_cpu = names("CPU")
+    assert [cpu for _, cpu in by_cpu] == sorted(cpu for _, cpu in by_cpu)
+    assert names("cpu") == names("Cpu") == by_cpu
+    assert [n for n, _ in names("GmtCreateTime")] == list(catalog)
+    assert [n for n, _ in names("GmtCreateTime", False)] == list(catalog)[::-1]
+    assert names("CPU", resource_type="ECS") == by_cpu
+    assert names("CPU", resource_type="Lingjun") == []

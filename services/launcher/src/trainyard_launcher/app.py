@@ -250,7 +250,8 @@ def dlc_pod_logs(store: LauncherStore, tokens: TokenStore, backend: TaskBackend)
         pod_id: str,
         request: Request,
         identity: Identity = Depends(signed),
-        max_lines: int | None = Query(None, alias="MaxLines", ge=1, le=MAX_OFFSET),
+        # The SDK's GetPodLogsRequest: "Default value: 2000".
+        max_lines: int = Query(2000, alias="MaxLines", ge=1, le=MAX_OFFSET),
         pod_uid: str | None = Query(None, alias="PodUid"),
     ) -> dict:
         job = await store.get_job(job_id)
@@ -269,8 +270,7 @@ def dlc_pod_logs(store: LauncherStore, tokens: TokenStore, backend: TaskBackend)
         for stream in streams:
             chunk = await backend.read_log(ref, stream, 0)
             lines += chunk.data.decode("utf-8", "replace").splitlines()
-        if max_lines:
-            lines = lines[-max_lines:]
+        lines = lines[-max_lines:]
         return {
             "JobId": job_id,
             "PodId": pod_id,

@@ -972,9 +972,10 @@ def list_query(params: Mapping[str, Any], *, user: str, admin: bool, now: dateti
         )
     start, end = get("StartTime"), get("EndTime")
     window: dict[str, datetime] = {}
-    if start is None and end is None:
+    # StartTime defaults to 7 days ago (the SDK's ListJobsRequest), EndTime or not.
+    if start is None:
         window["$gte"] = now - timedelta(days=DEFAULT_LIST_WINDOW_DAYS)
-    if start is not None:
+    else:
         window["$gte"] = _list_time(start, "StartTime")
     if end is not None:
         window["$lte"] = _list_time(end, "EndTime")
@@ -982,7 +983,7 @@ def list_query(params: Mapping[str, Any], *, user: str, admin: bool, now: dateti
     if (tags := get("Tags")) is not None:
         try:
             wanted = json.loads(tags)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[[[...]]]" nested deep
             wanted = None
         if not isinstance(wanted, dict) or not all(isinstance(v, str) for v in wanted.values()):
             raise ListJobsError("Tags", 'must be a JSON object of strings ({"key": "value"})')
@@ -1332,11 +1333,16 @@ def render_ecs_specs(
     ascending: bool,
     page: int,
     size: int,
+    resource_type: str | None = None,
 ) -> dict[str, Any]:
     """ListEcsSpecs' body (less RequestId): the instance types this platform knows (the
-    built-in table and YARD_DLC_ECS_CATALOG), filtered by AcceleratorType (CPU / GPU)
-    and InstanceTypes, sorted by Cpu, Gpu, Memory or InstanceType, one page."""
+    built-in table and YARD_DLC_ECS_CATALOG), filtered by AcceleratorType (CPU / GPU),
+    InstanceTypes and ResourceType (all ECS here: Lingjun lists none), sorted by the
+    SDK's CPU, GPU, Memory or GmtCreateTime (the table's order) in any case, or by
+    InstanceType, one page."""
     specs = []
+    if resource_type is not None and resource_type.upper() != "ECS":
+        catalog = {}
     for name, ecs in catalog.items():
         kind = "GPU" if ecs.gpu else "CPU"
         if accelerator and accelerator.upper() != kind:
@@ -1357,8 +1363,17 @@ def render_ecs_specs(
                 "PaymentTypes": ["PostPaid"],
             }
         )
-    key = {"Cpu": "Cpu", "Gpu": "Gpu", "Memory": "Memory"}.get(sort_by, "InstanceType")
-    specs.sort(key=lambda item: (item[key], item["InstanceType"]), reverse=not ascending)
+    key = {"cpu": "Cpu", "gpu": "Gpu", "memory": "Memory", "gmtcreatetime": "Position"}.get(
+        sort_by.lower(), "InstanceType"
+    )
+    position = {name: i for i, name in enumerate(catalog)}
+    specs.sort(
+        key=lambda item: (
+            position[str(item["InstanceType"])] if key == "Position" else item[key],
+            item["InstanceType"],
+        ),
+        reverse=not ascending,
+    )
     start = (page - 1) * size
     return {"EcsSpecs": specs[start : start + size], "TotalCount": len(specs)}
 

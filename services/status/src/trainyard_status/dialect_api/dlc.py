@@ -116,13 +116,16 @@ def router(ctx: StatusContext) -> APIRouter:
         instance_types: str | None = Query(None, alias="InstanceTypes", max_length=4096),
         page_number: int = Query(1, alias="PageNumber", ge=1, le=MAX_PAGE),
         page_size: int = Query(50, alias="PageSize", ge=1, le=1000),
-        sort_by: str = Query("Gpu", alias="SortBy", pattern="^(Cpu|Gpu|Memory|InstanceType)$"),
+        sort_by: str = Query(
+            "GPU", alias="SortBy", pattern="^(?i:cpu|gpu|memory|gmtcreatetime|instancetype)$"
+        ),
         order: str = Query("asc", alias="Order", pattern="^(?i:asc|desc)$"),
+        resource_type: str | None = Query(None, alias="ResourceType", pattern="^(?i:ecs|lingjun)$"),
     ) -> dict:
         wanted = [t.strip() for t in (instance_types or "").split(",") if t.strip()]
         body = dlc.render_ecs_specs(
             ECS_CATALOG, accelerator_type, wanted, sort_by, order.lower() == "asc",
-            page_number, page_size,
+            page_number, page_size, resource_type,
         )  # fmt: skip
         return {**body, "RequestId": request_id(request)}
 
