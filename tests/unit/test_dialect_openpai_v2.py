@@ -233,6 +233,15 @@ def test_completion_minus_one_null_and_defaults() -> None:
     assert counts({"minFailedInstances": None, "minSucceededInstances": None}) == (1, 2)
     assert counts({"minFailedInstances": -1, "minSucceededInstances": -1}) == (None, None)
     assert counts({"minFailedInstances": 2, "minSucceededInstances": 1}) == (2, 1)
+    # 0 is the schema's (any integer) and k8s.js reads it as JavaScript does, falsy: the
+    # default.
+    zero = translate_openpai_v2(
+        role(job(), completion={"minFailedInstances": 0, "minSucceededInstances": 0})
+    )
+    assert zero.errors == [] and counts({"minFailedInstances": 0, "minSucceededInstances": 0}) == (
+        1,
+        2,
+    )
 
 
 def test_job_level_fields() -> None:
@@ -330,10 +339,6 @@ def test_task_retries_and_infiniband_are_warnings() -> None:
         (role(job(), commands=[]), "$.taskRoles.worker.commands"),
         (role(job(), commands=["ok", 3]), "$.taskRoles.worker.commands[1]"),
         (role(job(), commands=["  "]), "$.taskRoles.worker.commands"),
-        (
-            role(job(), completion={"minFailedInstances": 0}),
-            "$.taskRoles.worker.completion.minFailedInstances",
-        ),
         (
             role(job(), completion={"minSucceededInstances": -2}),
             "$.taskRoles.worker.completion.minSucceededInstances",

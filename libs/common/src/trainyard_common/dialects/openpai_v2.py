@@ -786,8 +786,13 @@ def _completion_count(
         issues.error(
             where, f"{key} must be an integer (-1 or at least 1), not {json_type(value)}", "type"
         )
-    elif number == 0 or number < -1 or number > INT_MAX:
-        issues.error(where, f"{key} must be -1 (off) or at least 1, got {show(number)}", "range")
+    elif number < -1 or number > INT_MAX:
+        # 0 is the schema's (any integer), and k8s.js reads it as unset (falsy).
+        issues.error(
+            where,
+            f"{key} must be -1 (off), 0 (the default) or at least 1, got {show(number)}",
+            "range",
+        )
     elif instances is not None and number > instances:
         issues.warn(
             where,
@@ -832,7 +837,7 @@ def _min_count(completion: Any, key: str, default: int | None) -> int | None:
     if number == -1:
         return None
     if number is None or not 1 <= number <= INT_MAX:
-        return default  # absent or null: OpenPAI's default (an invalid value is an error)
+        return default  # absent, null or 0: OpenPAI's default (an invalid value is an error)
     return number
 
 
