@@ -289,7 +289,13 @@ OPENPAI_RULES = [
     ),
     ("gpuType string", with_(("gpuType", ["TITANX"])), "$.gpuType", with_(("gpuType", DELETE))),
     ("retryCount >= -2", with_(("retryCount", -3)), "$.retryCount", with_(("retryCount", -2))),
-    ("retryCount <= 10", with_(("retryCount", 11)), "$.retryCount", with_(("retryCount", 10))),
+    # OpenPAI's config/job.js: min(-2), no maximum (the seed: "not below 0"); an int32.
+    (
+        "retryCount <= INT_MAX",
+        with_(("retryCount", 2**31)),
+        "$.retryCount",
+        with_(("retryCount", 11)),
+    ),
     (
         "retryCount integer",
         with_(("retryCount", "3")),

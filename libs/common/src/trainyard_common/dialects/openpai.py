@@ -25,6 +25,7 @@ from ..jobspec import (
 )
 from .registry import Dialect
 from .translation import (
+    INT_MAX,
     JOB_NAME_RE,
     JOB_NAME_RULE,
     PORT_MAX,
@@ -159,10 +160,13 @@ def check_openpai(payload: Any) -> Issues:
     for key, why in NOT_APPLIED.items():
         if isinstance(payload.get(key), str) and payload[key].strip():
             issues.warn(join("$", key), why, "not_applied")
-    # OpenPAI's own schema (rest-server job config): -2 to 10. -1 retries a failed job
+    # OpenPAI's own schema (rest-server config/job.js): an integer of at least -2, no
+    # more bound than the seed's ("不低于0"); an int32 here. -1 retries a failed job
     # without limit, -2 runs it again after every end, success too (FrameworkLauncher's
     # unlimited and extended-unlimited retry counts).
-    issues.integer(payload, "retryCount", "$", required=False, minimum=RETRY_ALWAYS, maximum=10)
+    issues.integer(
+        payload, "retryCount", "$", required=False, minimum=RETRY_ALWAYS, maximum=INT_MAX
+    )
     _check_job_envs(payload, issues)
     if (
         "extras" in payload
