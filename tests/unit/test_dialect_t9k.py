@@ -23,7 +23,9 @@ from trainyard_common.dialects.t9k import (
     render,
     translate_t9k,
 )
-from trainyard_common.jobspec import MPIRUN_ARGS_ENV, JobKind, RestartPolicy, RunMode
+from trainyard_common.events import JobState, TaskState
+from trainyard_common.jobspec import MPIRUN_ARGS_ENV, JobKind, RestartPolicy, RunMode, TaskRef
+from trainyard_launcher.domain.completion import TaskOutcome, decide
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "t9k"
 COMPLETE = sorted(p for p in EXAMPLES.glob("*.yaml") if "-snippet-" not in p.name)
@@ -699,3 +701,34 @@ def test_a_c10d_rendezvous_meets_at_the_first_replica(
         endpoint.replace("$(MASTER_ADDR):$(MASTER_PORT)", "10.0.0.1:23456") if endpoint else None
     )
     assert (taken[-1] if taken else None) == expected, command
+
+
+def test_in_a_training_kind_the_master_decides_failure_of_replicas_never_restarted() -> None:
+    """T9k's manual ("成功和失败"): the master's end is the job's. A chief with an
+    evaluator, a ps and workers, all Never: only the chief's failure fails the job."""
+    job = load("tensorflowtrainingjob-1.yaml")
+    [worker] = job["spec"]["replicaSpecs"]
+    job["spec"]["replicaSpecs"] = [
+        {**copy.deepcopy(worker), "type": kind, "replicas": n, "restartPolicy": "Never"}
+        for kind, n in (("chief", 1), ("worker", 2), ("ps", 1), ("evaluator", 1))
+    ]
+    spec = translate_t9k(job).spec
+    assert spec.failure_rules == [[TaskRef(role="chief", index=0)]]
+    assert all(r.min_failed is None for r in spec.roles)
+    failed, done = TaskOutcome(TaskState.FAILED, exit_code=1), TaskOutcome(TaskState.SUCCEEDED)
+    assert decide(spec, {("evaluator", 0): failed, ("worker", 1): failed}) is None
+    verdict = decide(spec, {("chief", 0): failed})
+    assert verdict is not None and verdict.state is JobState.FAILED
+    verdict = decide(spec, {("worker", 1): failed, ("chief", 0): done})
+    assert verdict is not None and verdict.state is JobState.SUCCEEDED
+    # Without a chief, worker 0 is the master: worker 1's failure does not end the job.
+    job["spec"]["replicaSpecs"] = job["spec"]["replicaSpecs"][1:]
+    spec = translate_t9k(job).spec
+    assert spec.failure_rules == [[TaskRef(role="worker", index=0)]]
+    assert decide(spec, {("worker", 1): failed}) is None
+    # A replica that restarts (OnFailure, T9k's default) still ends the attempt, which is
+    # how Trainyard restarts it.
+    for replica in job["spec"]["replicaSpecs"]:
+        replica["restartPolicy"] = "OnFailure"
+    spec = translate_t9k(job).spec
+    assert spec.failure_rules == [] and all(r.min_failed == 1 for r in spec.roles)

@@ -1271,6 +1271,18 @@ def translate_t9k(payload: Any, user: str = "") -> Translation:
         )
     else:
         success = _default_success(kind, role_specs)
+        never = {r.name for r in role_specs if r.restart_policy is RestartPolicy.NEVER}
+        if success and never:
+            # The master decides failure too (T9k's manual, "成功和失败"): a replica that is
+            # never restarted fails the job only when it is the master. One that restarts
+            # still ends the attempt, which is how Trainyard restarts it.
+            [[master]] = success
+            role_specs = [
+                r.model_copy(update={"min_failed": None}) if r.name in never else r
+                for r in role_specs
+            ]
+            if master.role in never:
+                failure = [[master]]
 
     job = JobSpec(
         name=name,
