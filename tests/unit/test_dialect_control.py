@@ -94,24 +94,26 @@ def test_merge_patch_is_rfc_7386() -> None:
         ({"spec": {"runMode": {"pause": {"enable": True}}}}, True),  # T9k's other spelling
         ({"spec": {"runMode": {"pause": {"enabled": False}}}}, False),
         ({"spec": {"runMode": {"pause": None}}}, False),  # removing pause resumes
-        (
-            {
-                "spec": {
-                    "runMode": {
-                        "pause": {
-                            "enabled": True,
-                            "resumeSpecs": [{"type": "worker", "command": ["python", "resume.py"]}],
-                        }
-                    }
-                }
-            },
-            True,
-        ),
     ],
 )
 def test_t9k_pause_and_resume(patch: dict[str, Any], pause: bool) -> None:
     control = t9k.control_from_patch(generic(), patch)
     assert control == Control(pause=pause)
+
+
+def test_t9k_resume_specs_are_set_when_the_job_is_created_and_never_changed() -> None:
+    """ "不可以更改 spec.runMode.pause.resumeSpecs" (T9k's manual)."""
+    resume = [{"type": "worker", "command": ["python", "resume.py"]}]
+    added = {"spec": {"runMode": {"pause": {"enabled": True, "resumeSpecs": resume}}}}
+    [error] = t9k.control_from_patch(generic(), added).errors
+    assert (error.path, error.code) == ("$.spec.runMode.pause.resumeSpecs", "immutable")
+    job = merge_patch(generic(), {"spec": {"runMode": {"pause": {"resumeSpecs": resume}}}})
+    pause = {"spec": {"runMode": {"pause": {"enabled": True}}}}
+    assert t9k.control_from_patch(job, pause) == Control(pause=True)
+    changed = {"spec": {"runMode": {"pause": {"enabled": True, "resumeSpecs": []}}}}
+    assert t9k.control_from_patch(job, changed).errors
+    # Kept, and said not to apply: Trainyard resumes replicas with their own commands.
+    assert "$.spec.runMode.pause.resumeSpecs" in {w.path for w in t9k.translate_t9k(job).warnings}
 
 
 def test_t9k_resume_of_a_job_created_paused() -> None:

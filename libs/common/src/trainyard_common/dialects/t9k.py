@@ -1039,6 +1039,13 @@ def _run_mode(
                     "resumeSpecs",
                     issues,
                 )
+                if value.get("resumeSpecs"):
+                    issues.warn(
+                        join(mpath, "resumeSpecs"),
+                        "resumeSpecs are kept with the job; Trainyard resumes the "
+                        "replicas with their own commands",
+                        "not_applied",
+                    )
             for extra in sorted(
                 k for k in value if k not in ("enabled", "enable", "replicaSpecs", "resumeSpecs")
             ):
@@ -1342,6 +1349,13 @@ _CHANGEABLE = (
     ("spec", "replicaSpecs", "*", "replicas"),
     ("spec", "replicasSpec", "*", "replicas"),
 )
+
+
+def _resume_specs(job: dict[str, Any]) -> Any:
+    pause = mapping(mapping(mapping(job.get("spec")).get("runMode")).get(PAUSE))
+    return pause.get("resumeSpecs") or None
+
+
 _CHANGEABLE_TEXT = (
     "spec.runMode.pause (pause or resume the job) and, for an elastic job, "
     "runMode.elastic.expectedReplicas or a replica spec's replicas"
@@ -1381,6 +1395,14 @@ def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
     if after.errors:
         return Control(errors=after.errors)
     changed = immutable_change(current, patched, _CHANGEABLE, _CHANGEABLE_TEXT)
+    if changed is None and _resume_specs(current) != _resume_specs(patched):
+        # "不可以更改 spec.runMode.pause.resumeSpecs" (T9k's manual): set before pausing.
+        changed = FieldIssue(
+            path="$.spec.runMode.pause.resumeSpecs",
+            code="immutable",
+            message="spec.runMode.pause.resumeSpecs cannot be changed on a submitted job "
+            "(T9k: set them when the job is created)",
+        )
     if changed is not None:
         return Control(errors=[changed])
     control = Control()
