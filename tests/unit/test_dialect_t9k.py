@@ -732,3 +732,27 @@ def test_in_a_training_kind_the_master_decides_failure_of_replicas_never_restart
         replica["restartPolicy"] = "OnFailure"
     spec = translate_t9k(job).spec
     assert spec.failure_rules == [] and all(r.min_failed == 1 for r in spec.roles)
+
+
+@pytest.mark.parametrize(
+    ("kind", "rtype"),
+    [
+        ("TensorFlowTrainingJob", "chief"),
+        ("PyTorchTrainingJob", "master"),
+        ("XGBoostTrainingJob", "master"),
+    ],
+)
+def test_a_training_kinds_master_is_one_replica(kind: str, rtype: str) -> None:
+    job = load("tensorflowtrainingjob-1.yaml")
+    job["kind"] = kind
+    [worker] = job["spec"]["replicaSpecs"]
+    container = worker["template"]["spec"]["containers"][0]
+    container["name"] = {"PyTorchTrainingJob": "pytorch", "XGBoostTrainingJob": "xgboost"}.get(
+        kind, "tensorflow"
+    )
+    job["spec"]["replicaSpecs"] = [{**copy.deepcopy(worker), "type": rtype, "replicas": 1}, worker]
+    assert translate_t9k(job).errors == []
+    job["spec"]["replicaSpecs"][0]["replicas"] = 2
+    assert [(e.path, e.code) for e in translate_t9k(job).errors] == [
+        ("$.spec.replicaSpecs[0].replicas", "range")
+    ]

@@ -173,6 +173,13 @@ KINDS: dict[str, Kind] = {
     )
 }
 PLURALS: dict[str, Kind] = {k.plural: k for k in KINDS.values()}
+# Replica types of which a job has one: the master that decides its end (TensorFlow's
+# cluster spec takes one chief; PyTorch's and XGBoost's rendezvous one master).
+SINGLE_TYPES = {
+    "TensorFlowTrainingJob": ("chief",),
+    "PyTorchTrainingJob": ("master",),
+    "XGBoostTrainingJob": ("master",),
+}
 # Spellings of a kind found in T9k's own documentation.
 # torchrunConfig.rdzvBackend: "可以设置为 c10d、etcd 或 etcd-v2".
 RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2")
@@ -578,6 +585,12 @@ def _replica_roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Ro
                 join(rpath, "type"), f"type {show(rtype)} must be master or worker", "enum"
             )
         replicas = issues.integer(entry, "replicas", rpath, required=False, minimum=1)
+        if replicas is not None and replicas > 1 and rtype in SINGLE_TYPES.get(kind.name, ()):
+            issues.error(
+                join(rpath, "replicas"),
+                f"a {kind.name} has one {rtype} (its master), not {replicas}",
+                "range",
+            )
         pod = pod_template(
             entry.get("template"),
             join(rpath, "template"),
