@@ -756,3 +756,20 @@ def test_a_training_kinds_master_is_one_replica(kind: str, rtype: str) -> None:
     assert [(e.path, e.code) for e in translate_t9k(job).errors] == [
         ("$.spec.replicaSpecs[0].replicas", "range")
     ]
+
+
+def test_a_generic_job_restart_policy_without_a_limit_is_said_to_restart_nothing() -> None:
+    """GenericJob's restartPolicy.limit is "the most restarts", with no default given."""
+    job = load("genericjob-1.yaml")
+    replica = job["spec"]["replicaSpecs"][0]
+    for policy, warned, limit in (
+        ({"policy": "Always"}, True, 0),
+        ({"policy": "OnFailure"}, True, 0),
+        ({"policy": "OnFailure", "limit": 2}, False, 2),
+        ({"policy": "Never"}, False, 0),
+    ):
+        replica["restartPolicy"] = policy
+        result = translate_t9k(job)
+        path = "$.spec.replicaSpecs[0].restartPolicy"
+        assert (path in paths(result.warnings)) is warned, policy
+        assert result.spec.retry_limit == limit

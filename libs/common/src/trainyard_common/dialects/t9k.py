@@ -292,6 +292,7 @@ class _Role:
     spec: RoleSpec
     path: str
     limit: int | None = None  # GenericJob restartPolicy.limit
+    written: bool = False  # whether the replica writes a restartPolicy of its own
 
 
 def _enabled(obj: dict[str, Any], path: str, issues: Issues) -> bool:
@@ -630,6 +631,7 @@ def _replica_roles(kind: Kind, spec: dict[str, Any], issues: Issues) -> list[_Ro
                 _role_spec(rtype or "", replicas or 1, pod, command, policy, tf_port=tf),
                 rpath,
                 limit,
+                written=entry.get("restartPolicy") is not None or pod.restart_policy is not None,
             )
         )
     return roles
@@ -1273,6 +1275,18 @@ def translate_t9k(payload: Any, user: str = "") -> Translation:
     if kind.name != "GenericJob":
         # "spec.runPolicy.backoffLimit 字段（默认为 3）".
         fields.setdefault("retry_limit", DEFAULT_BACKOFF_LIMIT)
+    elif not limits:
+        # GenericJob's manual names limit "the most restarts" and gives it no default:
+        # none written, none made (said where a replica asks to be restarted).
+        for role in roles:
+            if role.written and role.spec.restart_policy is not RestartPolicy.NEVER:
+                issues.warn(
+                    join(role.path, "restartPolicy"),
+                    f"restartPolicy {role.spec.restart_policy.value} without a limit: "
+                    "restartPolicy.limit is the most restarts, and none is given, so the "
+                    "replica is not restarted",
+                    "not_applied",
+                )
 
     success: list[list[TaskRef]] = []
     failure: list[list[TaskRef]] = []
