@@ -297,10 +297,15 @@ def test_a_namespace_kept_to_a_user_is_theirs_alone(api: Api, kube_cluster: Kube
     job_id = owner.submit({
         "name": f"kept-{uuid.uuid4().hex[:6]}", "image": "busybox",
         "roles": [{"name": "w", "command": "true"}],
+        "data_sources": [{"source": "pvc://team-data/out", "mount_path": "/out"}],
     })  # fmt: skip
     assert owner.wait(job_id, timeout=120)["state"] == "SUCCEEDED"
     [pod] = pods(kube_cluster, job_id)
     assert pod["metadata"]["namespace"] == KEPT
+    # The team's claims are theirs to write (outputs, checkpoints) in their namespace.
+    [mount] = [m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["mountPath"] == "/out"]
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert not mount.get("readOnly") and not volume["persistentVolumeClaim"].get("readOnly")
 
 
 def test_a_job_rejected_after_its_answer_gives_its_name_back(api: Api) -> None:

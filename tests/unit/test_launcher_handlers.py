@@ -273,6 +273,9 @@ def test_a_namespace_kept_to_some_users_is_theirs_alone() -> None:
     assert settings.namespace_for("team-a", "alice") == "team-a"
     with pytest.raises(LaunchRefused, match="namespace: 'team-a' is kept to other users"):
         settings.check_namespace("team-a", "carol")
+    # Its claims are its users' to write; anywhere else, mounted read-only.
+    assert settings.kept_to("team-a", "alice") and not settings.kept_to("team-a", "carol")
+    assert not settings.kept_to("scratch", "alice") and not settings.kept_to("yard", "alice")
     # A listed user's job that names none (OpenPAI, PAI-DLC, TI) runs in their first.
     assert settings.namespace_for(None, "bob") == "team-a"
     assert settings.namespace_for("team-b", "bob") == "team-b"

@@ -436,6 +436,23 @@ def test_code_data_and_packages_become_init_containers_and_volumes() -> None:
     assert init["pip-packages"]["command"][-1] == "einops"
     mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
     assert mounts["/data"]["subPath"] == "imagenet" and mounts["/data"]["readOnly"]
+    [claim] = [v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v]
+    assert claim["persistentVolumeClaim"]["readOnly"]
+    # In a namespace kept to the job's user, its claims are theirs to write; a node path
+    # stays read-only.
+    writable = pod_manifest(
+        spec=JobSpec(name="j", image="i", roles=[role], data_sources=[
+            DataSource(source="pvc://team/out", mount_path="/out"),
+            DataSource(source="/mnt/ro", mount_path="/ro"),
+        ]),
+        job_id=JOB, attempt=1, placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),
+        env={}, command="x", namespace="team-a", owner_uid="u",
+        settings=PodSettings(host_paths=True), writable_claims=True,
+    )  # fmt: skip
+    mounts = {m["mountPath"]: m for m in writable["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["/out"]["readOnly"] is False and mounts["/ro"]["readOnly"] is True
+    [claim] = [v for v in writable["spec"]["volumes"] if "persistentVolumeClaim" in v]
+    assert claim["persistentVolumeClaim"]["readOnly"] is False
     with pytest.raises(PodProblem, match=r"data_sources\[0\].source.*path on the node"):
         manifest(role, data_sources=[DataSource(source="/mnt/x", mount_path="/d")])
     with pytest.raises(PodProblem, match="oss://b/k cannot be mounted"):

@@ -147,6 +147,12 @@ class KubeSettings:
         """The first namespace kept to ``user``, else the default one."""
         return next((n for n, users in self.namespace_users if user in users), self.namespace)
 
+    def kept_to(self, namespace: str, user: str) -> bool:
+        """Whether ``namespace`` is kept to users ``user`` is one of (its claims are
+        their team's to write)."""
+        kept = self._kept(namespace)
+        return kept is not None and user in kept
+
     def _kept(self, namespace: str) -> frozenset[str] | None:
         return next((users for n, users in self.namespace_users if n == namespace), None)
 
@@ -670,6 +676,7 @@ class KubernetesBackend:
                 spec=spec, job_id=ref.job_id, attempt=ref.attempt, placement=task.placement,
                 env=task.env, command=task.command, namespace=namespace, owner_uid=owner,
                 settings=self.settings.pods, mpi=mpi, carries_secrets=task.carries_secrets,
+                writable_claims=self.settings.kept_to(namespace, spec.user),
             )  # fmt: skip
         except PodProblem as exc:
             raise LaunchRefused(str(exc)) from exc

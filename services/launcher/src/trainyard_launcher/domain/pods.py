@@ -354,15 +354,21 @@ def task_env_for_pod(env: dict[str, str], role: RoleSpec) -> dict[str, str]:
     return out
 
 
-def data_volume(source: str, index: int, settings: PodSettings) -> dict[str, Any]:
-    """A data source as a pod volume: ``pvc://<claim>[/<sub path>]`` or, where the
-    operator allows it, a node path (``/path``, ``file:///path``)."""
+def data_volume(
+    source: str, index: int, settings: PodSettings, writable: bool = False
+) -> dict[str, Any]:
+    """A data source as a pod volume: ``pvc://<claim>[/<sub path>]`` (read-write where
+    ``writable``) or, where the operator allows it, a node path (``/path``,
+    ``file:///path``; always read-only: the node's files are not a job's to change)."""
     where = f"data_sources[{index}].source"
     if source.startswith("pvc://"):
         claim, _, sub = source.removeprefix("pvc://").partition("/")
         if not claim:
             raise PodProblem(f"{where}: pvc:// names no claim")
-        return {"persistentVolumeClaim": {"claimName": claim, "readOnly": True}, "subPath": sub}
+        return {
+            "persistentVolumeClaim": {"claimName": claim, "readOnly": not writable},
+            "subPath": sub,
+        }
     path = source.removeprefix("file://") if source.startswith("file:///") else source
     if path.startswith("/"):
         if not settings.host_paths:
@@ -387,10 +393,14 @@ def pod_manifest(
     settings: PodSettings,
     mpi: bool = False,
     carries_secrets: bool = False,
+    writable_claims: bool = False,
 ) -> dict[str, Any]:
     """The Pod of one task, bound to the node placement chose. Where its command line
     carries the job's secrets (``hides_command``), the line is left to the task's
-    Secret (``command_secret``), which the adapter makes before the pod."""
+    Secret (``command_secret``), which the adapter makes before the pod.
+    ``writable_claims``: the namespace is kept to the job's user (its claims are their
+    team's), so a claim is mounted read-write (outputs, checkpoints); elsewhere every
+    user may mount it, read-only."""
     role = spec.role(placement.role)
     image = role.image or spec.image
     if not image:
@@ -474,13 +484,13 @@ def pod_manifest(
             }
         )
     for i, data in enumerate(spec.data_sources):
-        volume = data_volume(data.source, i, settings)
+        volume = data_volume(data.source, i, settings, writable_claims)
         sub = volume.pop("subPath")
         volumes.append({"name": f"data-{i}", **volume})
         mount: dict[str, Any] = {
             "name": f"data-{i}",
             "mountPath": data.mount_path,
-            "readOnly": True,
+            "readOnly": volume.get("persistentVolumeClaim", {}).get("readOnly", True),
         }
         if sub:
             mount["subPath"] = sub
