@@ -331,7 +331,7 @@ def test_a_ps_type_without_a_ps_count_is_a_warning() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("workerCount", 0),
+        ("workerCount", 0),  # no masterType: a job needs a machine
         ("workerCount", "3"),
         ("workerCount", 1.5),
         ("workerCount", True),
@@ -340,6 +340,16 @@ def test_a_ps_type_without_a_ps_count_is_a_warning() -> None:
 )
 def test_counts_are_checked(field: str, value: Any) -> None:
     assert paths(translate_ti(job(**{field: value}), table=TABLE).errors) == [f"$.{field}"]
+
+
+def test_a_master_may_run_alone_and_no_job_runs_without_a_machine() -> None:
+    """The Cloud API's CUSTOM tier asks for WorkerCount with MasterType: 0 is a master
+    alone, its workerType then unused."""
+    t = translate_ti(job(workerCount=0, workerType="1U2G0P", masterType="2U4G0P"), table=TABLE)
+    assert t.errors == [] and [(r.name, r.replicas) for r in t.spec.roles] == [("master", 1)]
+    assert paths(t.warnings) == ["$.workerType"]
+    alone = translate_ti(job(workerCount=0, masterType=""), table=TABLE)  # "": not given
+    assert paths(alone.errors) == ["$.workerCount"]
 
 
 def test_tia_jobs_are_generic_and_get_no_tf_port() -> None:

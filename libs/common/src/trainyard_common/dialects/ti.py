@@ -480,7 +480,15 @@ def translate_ti(
             "command_spaces",
         )
     runtime = _runtime(payload, table, issues)
-    workers = issues.integer(payload, "workerCount", "$", required=False, minimum=1)
+    # 0 workers is a master alone (the Cloud API's CUSTOM tier asks for WorkerCount with
+    # MasterType); without a master a job needs a worker.
+    workers = issues.integer(payload, "workerCount", "$", required=False, minimum=0)
+    if workers == 0 and not _given(payload.get("masterType")):
+        issues.error(
+            "$.workerCount",
+            "workerCount must be at least 1 without a masterType (a job needs a machine)",
+            "range",
+        )
     ps_count = issues.integer(payload, "parameterServerCount", "$", required=False, minimum=0)
     machines = {role: _machine(payload, type_key, table, issues) for role, type_key, _ in ROLES}
 
@@ -513,6 +521,8 @@ def translate_ti(
             "parameterServerType is ignored: parameterServerCount is 0 or not given",
             "unused_type",
         )
+    if replicas["worker"] == 0 and _given(payload.get("workerType")):
+        issues.warn("$.workerType", "workerType is ignored: workerCount is 0", "unused_type")
     _runtime_rules(runtime, payload, replicas, machines, issues)
 
     kind = runtime.kind if runtime is not None else JobKind.TENSORFLOW
