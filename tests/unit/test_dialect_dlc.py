@@ -659,3 +659,15 @@ def test_ecs_specs_sort_by_the_sdks_fields_and_list_ecs_resources_only() -> None
     assert [n for n, _ in names("GmtCreateTime", False)] == list(catalog)[::-1]
     assert names("CPU", resource_type="ECS") == by_cpu
     assert names("CPU", resource_type="Lingjun") == []
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [("tf-mnist_1.0", True), ("a" * 256, True), ("a" * 257, False), ("my job", False),
+     ("测试", False), ("a/b", False)],
+)  # fmt: skip
+def test_display_name_follows_dlcs_naming_rule(name: str, ok: bool) -> None:
+    """CreateJobRequest.display_name: at most 256 characters; digits, letters, '_', '.'
+    and '-'."""
+    errors = dlc.translate_dlc(cpu_job(DisplayName=name)).errors
+    assert (paths(errors) == []) is ok and (ok or paths(errors) == ["$.DisplayName"])

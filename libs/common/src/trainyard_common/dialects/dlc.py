@@ -123,6 +123,11 @@ DATA_SOURCE_KEYS = frozenset({"DataSourceId", "MountPath", "Uri"})
 CODE_SOURCE_KEYS = frozenset({"CodeSourceId", "Branch", "Commit", "MountPath"})
 
 DEFAULT_PRIORITY = 1
+# CreateJobRequest.display_name (the SDK): at most 256 characters of digits, letters,
+# underscores, periods and hyphens.
+DISPLAY_NAME_RE = re.compile(r"[0-9A-Za-z_.-]+")
+DISPLAY_NAME_RULE = "DLC's job name rule: digits, letters, '_', '.' and '-' only"
+DISPLAY_NAME_MAX = 256
 DEFAULT_CODE_MOUNT = "/root/code/"
 DEFAULT_SHM_MB = 64
 
@@ -688,7 +693,14 @@ def translate_dlc(
         return Translation(empty_spec(user=user), DIALECT, issues.errors, issues.warnings)
     catalog = catalog_from_env() if catalog is None else catalog
 
-    name = issues.string(payload, "DisplayName", "$", required=True, non_blank=True)
+    name = issues.string(
+        payload, "DisplayName", "$", required=True, non_blank=True,
+        pattern=DISPLAY_NAME_RE, rule=DISPLAY_NAME_RULE,
+    )  # fmt: skip
+    if name is not None and len(name) > DISPLAY_NAME_MAX:
+        issues.error(
+            "$.DisplayName", f"DisplayName must be at most {DISPLAY_NAME_MAX} characters", "range"
+        )
     job_type = issues.string(payload, "JobType", "$", required=True, non_blank=True)
     if job_type is not None and job_type not in JOB_TYPES:
         hint = next((t for t in JOB_TYPES if t.lower() == job_type.lower()), None)
