@@ -77,6 +77,34 @@ def read_env(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
+def test_v2_yaml_is_read_as_openpais_js_yaml_reads_it(api: Api, out_dir: Path) -> None:
+    """yes is a word to js-yaml (a boolean to YAML 1.1), 1e-4 a number: OpenPAI runs
+    ``--amp yes --lr 0.0001``."""
+    name = unique("v2-js-yaml")
+    text = f"""\
+protocolVersion: 2
+name: {name}
+type: job
+parameters:
+  amp: yes
+  lr: 1e-4
+prerequisites:
+  - {{name: py, type: dockerimage, uri: python:3.11}}
+taskRoles:
+  worker:
+    instances: 1
+    dockerImage: py
+    resourcePerInstance: {{cpu: 1, memoryMB: 256, gpu: 0}}
+    commands:
+      - echo "--amp <% $parameters.amp %> --lr <% $parameters.lr %>" > {out_dir}/{name}.txt
+"""
+    answer = api.http.post("/api/v2/jobs", content=text, headers={"Content-Type": "text/yaml"})
+    assert answer.status_code == 202, answer.text
+    status = openpai_status(api, f"admin~{name}", {"SUCCEEDED", "FAILED", "STOPPED"})
+    assert status["jobStatus"]["state"] == "SUCCEEDED", status
+    assert (out_dir / f"{name}.txt").read_text().strip() == "--amp yes --lr 0.0001"
+
+
 def test_v2_yaml_job_runs_with_its_parameter_and_secret_never_shown(
     api: Api, out_dir: Path
 ) -> None:

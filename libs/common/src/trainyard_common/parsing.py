@@ -174,6 +174,42 @@ def _timestamp_as_written(loader: yaml.SafeLoader, node: Node) -> Any:
 _BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_written)
 
 
+class _JsYamlLoader(_BoundedLoader):
+    """The bounded loader reading plain scalars as js-yaml 3 does (OpenPAI's rest-server
+    reads job YAML with it, ``yaml.safeLoad``): only true/false (any case of the word)
+    are booleans, not yes/no/on/off; ``1e-4`` is a number, and so on, by its
+    lib/js-yaml/type/{null,bool,int,float}.js."""
+
+
+_YAML11_TAGS = tuple(f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float"))
+_JsYamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML11_TAGS]
+    for first, resolvers in _BoundedLoader.yaml_implicit_resolvers.items()
+}
+for _tag, _pattern, _first in (
+    ("null", r"^(?:~|null|Null|NULL|)$", "~nN"),
+    ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+    (
+        "int",
+        r"^[-+]?(?:0b[01_]*[01]|0x[0-9a-fA-F_]*[0-9a-fA-F]|0[0-7_]*[0-7]|0"
+        r"|[1-9](?:[0-9_]*[0-9])?|[1-9][0-9_]*(?::[0-5]?[0-9])+)$",
+        "-+0123456789",
+    ),
+    (
+        "float",
+        r"^(?:[-+]?(?:0|[1-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?"
+        r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))(?<!_)$",
+        "-+0123456789.",
+    ),
+):
+    _JsYamlLoader.add_implicit_resolver(
+        f"tag:yaml.org,2002:{_tag}",
+        re.compile(_pattern),
+        [*_first, *([""] if _tag == "null" else [])],
+    )
+
+
 # YAML's 0x and 0b integers are not held to int()'s 4300 digits, but writing one out is:
 # no integer JSON would carry back has more bits than this (4300 digits, about 14284).
 MAX_INT_BITS = 14_000
@@ -293,12 +329,16 @@ def parse_yaml(
     max_bytes: int = MAX_BODY,
     max_depth: int = MAX_DEPTH,
     max_nodes: int = MAX_YAML_NODES,
+    *,
+    js_yaml: bool = False,
 ) -> Any:
-    """One YAML document (safe types only), bounded as the module says."""
+    """One YAML document (safe types only), bounded as the module says: its scalars
+    read as YAML 1.1 reads them (Kubernetes' YAML does: yes and no are booleans), or,
+    with ``js_yaml``, as js-yaml 3 does (OpenPAI's)."""
     text = _text(raw, max_bytes, "YAML")
     try:
         # Its reader refuses what YAML does not allow (a NUL) as it is made.
-        loader = _BoundedLoader(text, max_depth)
+        loader = (_JsYamlLoader if js_yaml else _BoundedLoader)(text, max_depth)
     except yaml.YAMLError as exc:
         raise BodyError(f"request body is not valid YAML: {exc}") from None
     try:
@@ -320,13 +360,6 @@ def parse_yaml(
     finally:
         loader.dispose()
     return _as_json(value)
-
-
-def parse_body(raw: bytes | str, content_type: str = "", max_bytes: int = MAX_BODY) -> Any:
-    """A request body as its content type says (YAML when it says so, else JSON)."""
-    if "yaml" in content_type.lower():
-        return parse_yaml(raw, max_bytes)
-    return parse_json(raw, max_bytes)
 
 
 def parse_json_or_yaml(raw: bytes | str, max_bytes: int = MAX_BODY) -> Any:

@@ -471,8 +471,10 @@ def _progress(job: Job) -> tuple[Any, ...]:
 
 
 def load_payload(path: Path | str, text: str | None = None) -> dict[str, Any]:
-    """Reads a job file as JSON or YAML: by extension where it says, else by content."""
-    import yaml
+    """Reads a job file as JSON or YAML: by extension where it says, else by content. Its
+    YAML is read as the platform reads it (``parse_job_yaml``: OpenPAI's as js-yaml)."""
+    from trainyard_common.dialects import parse_job_yaml
+    from trainyard_common.parsing import BodyError
 
     name = str(path)
     if text is None:
@@ -480,11 +482,11 @@ def load_payload(path: Path | str, text: str | None = None) -> dict[str, Any]:
     suffix = Path(name).suffix.lower()
     as_json = suffix == ".json" or (suffix not in (".yaml", ".yml") and text.lstrip()[:1] in "{[")
     try:
-        data = json.loads(text) if as_json else yaml.safe_load(text)
+        data = json.loads(text) if as_json else parse_job_yaml(text)
     except json.JSONDecodeError as exc:
         raise TrainyardError(f"{name}: not valid JSON: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise TrainyardError(f"{name}: not valid YAML: {exc}") from exc
+    except BodyError as exc:
+        raise TrainyardError(f"{name}: {exc}") from exc
     if not isinstance(data, dict):
         raise TrainyardError(f"{name}: a job must be a JSON/YAML object, not {type(data).__name__}")
     return data

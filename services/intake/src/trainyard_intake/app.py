@@ -11,8 +11,8 @@ from pydantic import BaseModel
 
 from trainyard_common.api import JOB_BODY, ControlAnswer, SubmitAnswer, answers
 from trainyard_common.auth import Identity, TokenStore, identity_dependency
-from trainyard_common.dialects import UnknownDialect
-from trainyard_common.parsing import BodyError, parse_body
+from trainyard_common.dialects import UnknownDialect, parse_job
+from trainyard_common.parsing import BodyError
 from trainyard_common.runtime import health_app
 from trainyard_common.telemetry import tracer
 
@@ -45,7 +45,7 @@ class TokenRequest(BaseModel):
 
 def _decode_body(raw: bytes, content_type: str) -> Any:
     try:
-        return parse_body(raw, content_type, MAX_BODY)
+        return parse_job(raw, content_type, MAX_BODY)
     except BodyError as exc:
         raise HTTPException(exc.status, str(exc)) from exc
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from trainyard_common.auth import Identity
 from trainyard_common.bus import Delivery
-from trainyard_common.dialects import UnknownDialect
-from trainyard_common.parsing import BodyError, parse_json_or_yaml
+from trainyard_common.dialects import UnknownDialect, parse_job
+from trainyard_common.parsing import BodyError
 from trainyard_common.subjects import SUBMIT_PREFIX
 
 from .handlers import Deps, submit_job
@@ -45,7 +45,7 @@ def decode_submission(data: bytes, subject: str, headers: dict[str, str]) -> Sub
 
 def _payload(data: bytes) -> Any:
     try:
-        return parse_json_or_yaml(data, MAX_BODY)
+        return parse_job(data, None, MAX_BODY)
     except BodyError as exc:
         # Not a job: a job all the same, whose rejection says why.
         return {"payload": f"the submission cannot be read: {exc}"}

@@ -15,9 +15,9 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from trainyard_common.api import JOB_BODY, ValidationAnswer, answers
 from trainyard_common.auth import Identity
 from trainyard_common.cluster import ClusterSpec
-from trainyard_common.dialects import UnknownDialect, detect, translate
+from trainyard_common.dialects import UnknownDialect, detect, parse_job, translate
 from trainyard_common.events import JobAccepted, JobSubmitted
-from trainyard_common.parsing import BodyError, parse_body
+from trainyard_common.parsing import BodyError
 
 from .adapters.names import NameRegistry
 from .domain.rules import decide, name_taken
@@ -34,7 +34,7 @@ def router(cluster: Callable[[], ClusterSpec], names: NameRegistry, current: Any
         dialect: str | None = Query(None, description="force a dialect instead of detecting it"),
     ) -> dict[str, Any]:
         try:
-            payload = parse_body(await request.body(), request.headers.get("content-type", ""))
+            payload = parse_job(await request.body(), request.headers.get("content-type", ""))
         except BodyError as exc:
             raise HTTPException(exc.status, str(exc)) from exc
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..events import FieldIssue
+from ..parsing import MAX_BODY, BodyError, parse_json, parse_yaml
 from . import dlc, kubeflow, native, openpai, openpai_v2, t9k, ti
 from .native import translate_native, validate_native
 from .openpai import openpai_warnings, translate_openpai, validate_openpai
@@ -69,6 +70,38 @@ def detect(payload: Any) -> str:
             return candidate.name
     keys = ", ".join(sorted(map(str, payload))[:10]) or "none"
     raise UnknownDialect(f"no known dialect has these top-level keys ({keys}); {tried}")
+
+
+# The dialects whose own platform reads a job's YAML with js-yaml 3 (OpenPAI's
+# rest-server, yaml.safeLoad): yes, no, on and off are words there, 1e-4 a number.
+JS_YAML_DIALECTS = frozenset({openpai.DIALECT, openpai_v2.DIALECT})
+
+
+def parse_job_yaml(raw: bytes | str, max_bytes: int = MAX_BODY) -> Any:
+    """A job written in YAML, its scalars read as its own platform reads them: as YAML
+    1.1 (Kubernetes' YAML, and so Kubeflow's and T9k's), or, for OpenPAI's job, as
+    js-yaml 3 (BodyError for a body that is not one YAML document)."""
+    value = parse_yaml(raw, max_bytes)
+    try:
+        dialect = detect(value)
+    except UnknownDialect:
+        return value
+    return parse_yaml(raw, max_bytes, js_yaml=True) if dialect in JS_YAML_DIALECTS else value
+
+
+def parse_job(raw: bytes | str, content_type: str | None, max_bytes: int = MAX_BODY) -> Any:
+    """A job body: YAML when ``content_type`` says so, JSON otherwise, and with no
+    content type at all (a file, a bus message) JSON, else YAML; its YAML read as
+    ``parse_job_yaml`` reads it."""
+    if content_type is None:
+        try:
+            return parse_json(raw, max_bytes)
+        except BodyError as exc:
+            if exc.status == 413:
+                raise
+    elif "yaml" not in content_type.lower():
+        return parse_json(raw, max_bytes)
+    return parse_job_yaml(raw, max_bytes)
 
 
 def translate(payload: Any, dialect: str | None = None, user: str = "") -> Translation:

@@ -53,8 +53,11 @@ def error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
 def _decode(raw: bytes, content_type: str) -> Any:
     """The body as data. YAML is a superset of JSON, so a v1 JSON sent as YAML (or with no
     content type, as OpenPAI's SDKs do) reads the same."""
-    # Either is JSON's data model (YAML's dates and number keys as JSON has them).
-    return parse_json(raw, MAX_BODY) if "json" in content_type else parse_yaml(raw, MAX_BODY)
+    # Either is JSON's data model (YAML's dates and number keys as JSON has them), the
+    # YAML's scalars read as the rest-server's js-yaml reads them (yes is a word).
+    if "json" in content_type:
+        return parse_json(raw, MAX_BODY)
+    return parse_yaml(raw, MAX_BODY, js_yaml=True)
 
 
 def _split(framework_name: str) -> tuple[str, str] | None:
