@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainyard_common.dialects import parse_job, parse_job_yaml, translate
+from trainyard_common.dialects.openpai_v2 import js_number
 from trainyard_common.parsing import parse_yaml
 from trainyard_sdk.client import load_payload
 
@@ -99,3 +100,23 @@ def test_an_openpai_job_in_yaml_is_read_as_openpai_reads_it_wherever_it_comes_in
     # A Kubernetes-style job stays YAML 1.1, as the API server reads it.
     kube = "apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: x}\nspec: {a: yes}\n"
     assert parse_job_yaml(kube)["spec"] == {"a": True}
+
+
+NUMBERS = [1e-5, 1e-7, 1e-4, 1e21, 1.5e21, 1e16, 123.456, -0.5, 1000.0, 2.5e-7, 1e20,
+           0.1 + 0.2, 5e-324, 1.7976931348623157e308, 100.0, -1e-6, 0.0]  # fmt: skip
+
+
+def test_a_number_renders_as_javascript_writes_it() -> None:
+    """What OpenPAI writes for <% $parameters.lr %> (String(value))."""
+    assert [js_number(v) for v in (1e-5, 1e-7, 1e21, 1e16, 1000.0, 2.5e-7)] == [
+        "0.00001", "1e-7", "1e+21", "10000000000000000", "1000", "2.5e-7",
+    ]  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is missing (make setup has it)")
+def test_numbers_render_as_node_writes_them() -> None:
+    script = f"for (const v of {json.dumps(NUMBERS)}) console.log(String(v))"
+    done = subprocess.run(
+        ["node", "-e", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert [js_number(v) for v in NUMBERS] == done.stdout.split()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+from decimal import Decimal
 from typing import Any
 
 from ..events import FieldIssue
@@ -209,12 +210,35 @@ def _lookup(context: dict[str, Any], token: str) -> Any:
     return value
 
 
+def js_number(value: float) -> str:
+    """A number as JavaScript's String() writes it (ECMAScript's Number::toString): the
+    shortest digits that read back, in plain notation from 1e-6 up to 1e21, else as
+    1e-7 / 1.5e+21 (Python writes 1e-05 and 1e+16)."""
+    if not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    shortest = Decimal(repr(abs(value))).normalize().as_tuple()
+    digits = "".join(map(str, shortest.digits))
+    k = len(digits)
+    n = k + int(shortest.exponent)  # the value is 0.digits x 10^n
+    if k <= n <= 21:
+        return sign + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return sign + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return sign + "0." + "0" * -n + digits
+    exponent = f"e{'+' if n > 0 else '-'}{abs(n - 1)}"
+    return sign + (digits if k == 1 else digits[0] + "." + digits[1:]) + exponent
+
+
 def _js_text(value: Any) -> str:
     # How the rest-server's JavaScript writes a value into a string.
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
-        return str(int(value))
+    if isinstance(value, float):
+        return js_number(value)
     if isinstance(value, list):
         return ",".join("" if v is None else _js_text(v) for v in value)
     if isinstance(value, dict):
