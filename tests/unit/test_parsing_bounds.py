@@ -118,6 +118,13 @@ def test_yaml_reads_as_the_json_it_stands_for() -> None:
         "pairs": [["a", 1]],
     }
     assert json.loads(json.dumps(parse_yaml(text))) == parse_yaml(text)
+    # A plain "=" (YAML 1.1's "value" key type, which no safe loader builds) is the
+    # string, as Kubernetes' YAML and js-yaml read it: an argument "=" was a 400.
+    for js_yaml in (False, True):
+        assert parse_yaml("args: [a, =, b]\nx: =\n", js_yaml=js_yaml) == {
+            "args": ["a", "=", "b"],
+            "x": "=",
+        }
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ JS_YAML = Path(__file__).resolve().parents[2] / "tools" / "js" / "node_modules" 
 SCALARS = [
     "yes", "no", "on", "off", "y", "n", "True", "TRUE", "tRue", "1e-4", "1.0e3", "1e3",
     "12e", "0x1F", "0b101", "017", "08", "0o17", "1_000", "1_", "1:30", "-1:20", "1:30.5",
-    ".5", "1.", "0.1_", "~", "Null", "nuLL", "-0", "+12", "3.25", "-.inf", "yes please",
+    ".5", "1.", "0.1_", "~", "Null", "nuLL", "-0", "+12", "3.25", "-.inf", "yes please", "=",
 ]  # fmt: skip
 
 

@@ -172,6 +172,12 @@ def _timestamp_as_written(loader: yaml.SafeLoader, node: Node) -> Any:
 
 
 _BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_written)
+# A plain "=" is YAML 1.1's "value" key type, which no safe loader builds (PyYAML refused
+# the document): Kubernetes' YAML and js-yaml read it as the string "=".
+_BoundedLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:value"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 
 
 class _JsYamlLoader(_BoundedLoader):
