@@ -400,6 +400,11 @@ def test_render_job() -> None:
     assert body["CodeSource"]["CodeSourceId"] == "code-****"
     assert body["UserCommand"] == "python /root/code/mnist.py"
     assert body["RequestGPU"] == 3.0
+    # "The number of retries used by the job and the maximum number of retries" ("0/10").
+    assert body["RestartTimes"] == "0/0"
+    view = _view("RUNNING", attempt=3)
+    view["spec"] = {**view["spec"], "retry_limit": 5}
+    assert dlc.render_job(view)["RestartTimes"] == "2/5"
 
 
 @pytest.mark.parametrize(

@@ -1208,7 +1208,9 @@ def render_job(
         "RequestMemory": format_memory(
             sum(r.get("resources", {}).get("memory_mb", 0) * r.get("replicas", 1) for r in roles)
         ),
-        "RestartTimes": str(max(0, (view.get("attempt") or 1) - 1)),
+        # "The number of retries used by the job and the maximum number of retries" (the
+        # SDK's example: "0/10").
+        "RestartTimes": _restart_times(view, spec),
     }
     if code:
         body["CodeSource"] = {
@@ -1335,6 +1337,14 @@ def resolved_code(doc: Mapping[str, Any]) -> ResolvedCode:
 
 
 # ----------------------------------------------------------------------- ListEcsSpecs
+
+
+def _restart_times(view: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
+    used = max(0, (view.get("attempt") or 1) - 1)
+    limit = spec.get("retry_limit")
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0:
+        return f"{used}/{limit}"
+    return str(used)  # retried without limit: no maximum to show
 
 
 def render_ecs_specs(
