@@ -389,6 +389,12 @@ def test_every_training_operator_kind_runs_to_success_through_kubectl(
             ("Worker", 0),
             ("Worker", 1),
         ], view
+        # Each pod once, though MPIJob is served at two versions.
+        pods = ok(kubectl(kubeconfig, "get", "pods", "-l",
+                          f"training.kubeflow.org/job-name={name}", "-o", "name"))  # fmt: skip
+        assert sorted(pods.split()) == [
+            f"pod/{name}-launcher-0", f"pod/{name}-worker-0", f"pod/{name}-worker-1"
+        ]  # fmt: skip
         ok(kubectl(kubeconfig, "delete", plural, name))
         return
     if view["state"] != "SUCCEEDED":

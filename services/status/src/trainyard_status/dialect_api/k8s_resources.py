@@ -348,13 +348,23 @@ def router(ctx: StatusContext) -> APIRouter:
             out.append(jsonable_encoder(k8s_api.pod(resource, detail, container)))
         return out
 
+    def served_as(doc: dict[str, Any], namespace: str) -> Served | None:
+        """The served kind a job's pods are listed under: its own version where the kind
+        is served at two (MPIJob v1 and v2beta1: each job listed once)."""
+        kinds = [s for s in kubeflow_kinds if of(doc, s, namespace)]
+        if len(kinds) > 1:
+            original = json.loads(doc.get("original_json") or "{}")
+            written = original.get("apiVersion") if isinstance(original, dict) else None
+            return next((s for s in kinds if s.group_version == written), kinds[0])
+        return kinds[0] if kinds else None
+
     async def namespace_pods(namespace: str, identity: Identity) -> list[dict[str, Any]]:
         user = None if identity.admin else identity.user
         found = []
-        for served in kubeflow_kinds:
-            for doc in await views.resources(served.dialect, user):
-                if of(doc, served, namespace):
-                    found += await pods_of(doc, served)
+        for doc in await views.resources(kubeflow.DIALECT, user):
+            served = served_as(doc, namespace)
+            if served is not None:
+                found += await pods_of(doc, served)
         return found
 
     @api.get("/api/v1/namespaces/{namespace}/pods")
