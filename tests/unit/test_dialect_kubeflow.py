@@ -139,6 +139,28 @@ def test_tfjob_without_chief_is_decided_by_worker_0_or_all_workers() -> None:
     ) | {"replicas": 1}
     payload["spec"]["successPolicy"] = ""
     assert rules(translate_kubeflow(payload).spec) == [[("Chief", 0)]]
+    # With a Chief, AllWorkers does not apply (the tf controller's rule): the Chief decides.
+    payload["spec"]["successPolicy"] = "AllWorkers"
+    assert rules(translate_kubeflow(payload).spec) == [[("Chief", 0)]]
+
+
+def test_a_paddlejob_in_parameter_server_mode_has_several_masters_and_all_decide() -> None:
+    """PaddleJob's servers are its Masters (the paddle controller: no count rule; the job
+    succeeds when every Master has)."""
+    payload = load("paddlejob-collective.yaml")
+    specs = payload["spec"]["paddleReplicaSpecs"]
+    specs["Master"] = copy.deepcopy(next(iter(specs.values()))) | {"replicas": 2}
+    result = translate_kubeflow(payload)
+    assert result.errors == [], result.errors
+    assert [[(r.role, r.index) for r in rule] for rule in result.spec.success_rules] == [
+        [("Master", ALL_TASKS)]
+    ]
+    # A PyTorchJob's Master is still one.
+    torch = load("pytorchjob-simple.yaml")
+    torch["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 2
+    assert [e.path for e in translate_kubeflow(torch).errors] == [
+        "$.spec.pytorchReplicaSpecs.Master.replicas"
+    ]
 
 
 def test_every_worker_is_one_rule_entry_however_many_there_are() -> None:

@@ -317,7 +317,9 @@ def _roles(
             issues.error(rpath, f"a replica spec must be an object, not {json_type(entry)}", "type")
             continue
         replicas = issues.integer(entry, "replicas", rpath, required=False, minimum=1)
-        if rtype in SINGLE and replicas is not None and replicas > 1:
+        # PaddleJob's parameter-server mode runs several Masters (its servers).
+        single = rtype in SINGLE and not (kind.name == "PaddleJob" and rtype == "Master")
+        if single and replicas is not None and replicas > 1:
             issues.error(
                 join(rpath, "replicas"),
                 f"{rtype} must have exactly 1 replica, got {replicas}",
@@ -478,9 +480,15 @@ def _success(
         issues.error(
             "$.spec.successPolicy", f'successPolicy {show(policy)} must be "" or AllWorkers', "enum"
         )
-    # Every worker, however many (a list of each would be as large as the job is wide).
-    if policy == "AllWorkers" and "Worker" in by_name:
+    # Every worker, however many (a list of each would be as large as the job is wide);
+    # a Chief or Master decides alone, successPolicy or not (the tf controller applies it
+    # only without one).
+    chief = "Chief" in by_name or "Master" in by_name
+    if policy == "AllWorkers" and "Worker" in by_name and not chief:
         return [[TaskRef(role="Worker", index=ALL_TASKS)]]
+    if kind.name == "PaddleJob" and "Master" in by_name:
+        # The paddle controller: the job succeeds when every Master has.
+        return [[TaskRef(role="Master", index=ALL_TASKS)]]
     if kind.success == "launcher" and "Launcher" in by_name:
         return [[TaskRef(role="Launcher", index=0)]]
     if kind.success == "workers" and "Master" not in by_name and "Worker" in by_name:
