@@ -112,6 +112,12 @@ def test_t9k_resume_specs_are_set_when_the_job_is_created_and_never_changed() ->
     assert t9k.control_from_patch(job, pause) == Control(pause=True)
     changed = {"spec": {"runMode": {"pause": {"enabled": True, "resumeSpecs": []}}}}
     assert t9k.control_from_patch(job, changed).errors
+    # Taking pause away resumes the job, its resumeSpecs with it (not a change of them).
+    paused = merge_patch(job, pause)
+    assert t9k.control_from_patch(paused, {"spec": {"runMode": {"pause": None}}}) == Control(
+        pause=False
+    )
+    assert t9k.control_from_patch(paused, {"spec": {"runMode": None}}) == Control(pause=False)
     # Kept, and said not to apply: Trainyard resumes replicas with their own commands.
     assert "$.spec.runMode.pause.resumeSpecs" in {w.path for w in t9k.translate_t9k(job).warnings}
 

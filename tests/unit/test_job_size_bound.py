@@ -142,6 +142,11 @@ def test_an_elastic_role_over_the_bound_is_named_at_its_maximum_where_the_job_wr
     for job, path in (
         (t9k_elastic({"elastic": bounds}), "$.spec.elastic.maxReplicas"),
         (t9k_elastic({"runMode": {"elastic": bounds}}), "$.spec.runMode.elastic.maxReplicas"),
+        # spec.elastic turned off: runMode's bounds are the ones that apply.
+        (
+            t9k_elastic({"elastic": {"enabled": False}, "runMode": {"elastic": bounds}}),
+            "$.spec.runMode.elastic.maxReplicas",
+        ),
     ):
         translation = translate(job, user="u")
         assert translation.errors == [], translation.errors

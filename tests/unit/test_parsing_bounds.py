@@ -118,13 +118,29 @@ def test_yaml_reads_as_the_json_it_stands_for() -> None:
         "pairs": [["a", 1]],
     }
     assert json.loads(json.dumps(parse_yaml(text))) == parse_yaml(text)
-    # A plain "=" (YAML 1.1's "value" key type, which no safe loader builds) is the
-    # string, as Kubernetes' YAML and js-yaml read it: an argument "=" was a 400.
+    # A plain "=" (YAML 1.1's "value" key type, which no safe loader builds) and a
+    # plain "<<" that is not a key are strings, as Kubernetes' YAML and js-yaml read
+    # them: an argument "=" was a 400. A merge key still merges.
     for js_yaml in (False, True):
-        assert parse_yaml("args: [a, =, b]\nx: =\n", js_yaml=js_yaml) == {
-            "args": ["a", "=", "b"],
+        text = "args: [a, =, b, <<]\nx: =\nb: &b {k: 1}\nm: {<<: *b, j: 2}\n"
+        assert parse_yaml(text, js_yaml=js_yaml) == {
+            "args": ["a", "=", "b", "<<"],
             "x": "=",
+            "b": {"k": 1},
+            "m": {"k": 1, "j": 2},
         }
+
+
+def test_a_long_string_named_by_many_aliases_is_refused_before_it_is_built() -> None:
+    """A 100 kB body naming a 20 kB string 20,000 times stands for 400 MB: refused while
+    it is still a graph of nodes (it cost 418 MB once a command rendered it)."""
+    text = "big: &b " + "x" * 20_000 + "\nl: [" + ", ".join(["*b"] * 20_000) + "]\n"
+    for js_yaml in (False, True):
+        with pytest.raises(BodyError, match="characters once its aliases are expanded"):
+            parse_yaml(text, js_yaml=js_yaml)
+    # A few aliases of it are a document like any other.
+    few = "big: &b " + "x" * 20_000 + "\nl: [*b, *b]\n"
+    assert len(parse_yaml(few)["l"]) == 2
 
 
 @pytest.mark.parametrize(

@@ -120,3 +120,28 @@ def test_numbers_render_as_node_writes_them() -> None:
         ["node", "-e", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert [js_number(v) for v in NUMBERS] == done.stdout.split()
+
+
+def test_a_boolean_written_as_a_yaml_1_1_word_is_refused_saying_why() -> None:
+    """js-yaml reads extras.gangAllocation: no as the word "no" (OpenPAI then gangs the
+    job, as it gangs any value but false): refused here, saying what to write."""
+    text = OPENPAI_V2 + "extras:\n  gangAllocation: no\n"
+    [error] = translate(parse_job_yaml(text), user="u").errors
+    assert error.path == "$.extras.gangAllocation" and "write true or false" in error.message
+    assert translate(parse_job_yaml(text.replace(": no", ": false")), user="u").errors == []
+
+
+def test_a_forced_dialect_picks_the_reading() -> None:
+    """/v1/jobs?dialect=openpai_v2: read as OpenPAI reads it, without detecting."""
+    assert parse_job(OPENPAI_V2, "text/yaml", dialect="openpai_v2")["parameters"]["amp"] == "yes"
+    assert parse_job(OPENPAI_V2, "text/yaml", dialect="native")["parameters"]["amp"] is True
+
+
+def test_integers_past_javascripts_exact_ones_render_as_its_doubles() -> None:
+    from trainyard_common.dialects.openpai_v2 import render
+
+    text, _ = render(
+        "<% $parameters.a %> <% $parameters.b %> <% $parameters.c %>",
+        {"$parameters": {"a": 10**21, "b": 12345678901234567891, "c": 2**53 - 1}},
+    )
+    assert text == "1e+21 12345678901234567000 9007199254740991"

@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 import yaml
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 MAX_BODY = 4 * 1024 * 1024
 MAX_DEPTH = 64
@@ -167,11 +167,14 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def _timestamp_as_written(loader: yaml.SafeLoader, node: Node) -> Any:
+def _as_written(loader: yaml.SafeLoader, node: Node) -> Any:
     return loader.construct_scalar(node)  # type: ignore[arg-type]
 
 
-_BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_written)
+_BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", _as_written)
+# A plain "<<" is a merge key only as a key (flatten_mapping merges those before any
+# constructor runs); as a value it is the string, as Kubernetes' YAML and js-yaml read it.
+_BoundedLoader.add_constructor("tag:yaml.org,2002:merge", _as_written)
 # A plain "=" is YAML 1.1's "value" key type, which no safe loader builds (PyYAML refused
 # the document): Kubernetes' YAML and js-yaml read it as the string "=".
 _BoundedLoader.yaml_implicit_resolvers = {
@@ -287,10 +290,13 @@ def _yaml_kind(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _expanded_size(node: Node, max_nodes: int, max_depth: int) -> int:
+def _expanded_size(node: Node, max_nodes: int, max_depth: int, max_chars: int) -> int:
     """How many nodes ``node`` stands for with every alias expanded (shared nodes are
-    counted once per use), refusing past ``max_nodes`` or deeper than ``max_depth``."""
+    counted once per use), refusing past ``max_nodes``, past ``max_chars`` characters of
+    scalars (a long string named by many aliases: gigabytes once written out as JSON,
+    from a small body), or deeper than ``max_depth``."""
     sizes: dict[int, int] = {}
+    chars: dict[int, int] = {}
     # Iterative post-order walk: (node, depth, children done?).
     stack: list[tuple[Node, int, bool]] = [(node, 1, False)]
     on_path: set[int] = set()
@@ -311,7 +317,14 @@ def _expanded_size(node: Node, max_nodes: int, max_depth: int) -> int:
                     f"YAML document stands for more than {max_nodes} values once its "
                     "aliases are expanded"
                 )
-            sizes[key] = total
+            text = len(current.value) if isinstance(current, ScalarNode) else 0
+            text += sum(chars[id(child)] for child in children)
+            if text > max_chars:
+                raise BodyError(
+                    f"YAML document stands for more than {max_chars} characters once its "
+                    "aliases are expanded"
+                )
+            sizes[key], chars[key] = total, text
             continue
         if key in sizes:
             continue
@@ -351,7 +364,9 @@ def parse_yaml(
         node = loader.get_single_node()
         if node is None:
             return None
-        _expanded_size(node, max_nodes, max_depth)
+        # Aliases may make a document larger than its text, not past twice what a body
+        # may be.
+        _expanded_size(node, max_nodes, max_depth, 2 * max_bytes)
         value = loader.construct_document(node)
     except BodyError:
         raise

@@ -43,9 +43,9 @@ class TokenRequest(BaseModel):
     admin: bool = False
 
 
-def _decode_body(raw: bytes, content_type: str) -> Any:
+def _decode_body(raw: bytes, content_type: str, dialect: str | None = None) -> Any:
     try:
-        return parse_job(raw, content_type, MAX_BODY)
+        return parse_job(raw, content_type, MAX_BODY, dialect)
     except BodyError as exc:
         raise HTTPException(exc.status, str(exc)) from exc
 
@@ -70,7 +70,9 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
         dialect: str | None = Query(None, description="force a dialect instead of detecting it"),
         idempotency_key: str | None = Header(None),
     ) -> JSONResponse:
-        payload = _decode_body(await request.body(), request.headers.get("content-type", ""))
+        payload = _decode_body(
+            await request.body(), request.headers.get("content-type", ""), dialect
+        )
         with trace.start_as_current_span("submit job"):
             try:
                 result = await submit_job(

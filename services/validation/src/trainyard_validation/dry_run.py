@@ -34,7 +34,9 @@ def router(cluster: Callable[[], ClusterSpec], names: NameRegistry, current: Any
         dialect: str | None = Query(None, description="force a dialect instead of detecting it"),
     ) -> dict[str, Any]:
         try:
-            payload = parse_job(await request.body(), request.headers.get("content-type", ""))
+            payload = parse_job(
+                await request.body(), request.headers.get("content-type", ""), dialect=dialect
+            )
         except BodyError as exc:
             raise HTTPException(exc.status, str(exc)) from exc
         try:

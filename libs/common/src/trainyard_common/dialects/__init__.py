@@ -77,10 +77,13 @@ def detect(payload: Any) -> str:
 JS_YAML_DIALECTS = frozenset({openpai.DIALECT, openpai_v2.DIALECT})
 
 
-def parse_job_yaml(raw: bytes | str, max_bytes: int = MAX_BODY) -> Any:
+def parse_job_yaml(raw: bytes | str, max_bytes: int = MAX_BODY, dialect: str | None = None) -> Any:
     """A job written in YAML, its scalars read as its own platform reads them: as YAML
     1.1 (Kubernetes' YAML, and so Kubeflow's and T9k's), or, for OpenPAI's job, as
-    js-yaml 3 (BodyError for a body that is not one YAML document)."""
+    js-yaml 3 (BodyError for a body that is not one YAML document). ``dialect``: the
+    job's, where the caller names it; else detected."""
+    if dialect is not None:
+        return parse_yaml(raw, max_bytes, js_yaml=dialect.lower() in JS_YAML_DIALECTS)
     value = parse_yaml(raw, max_bytes)
     try:
         dialect = detect(value)
@@ -89,7 +92,12 @@ def parse_job_yaml(raw: bytes | str, max_bytes: int = MAX_BODY) -> Any:
     return parse_yaml(raw, max_bytes, js_yaml=True) if dialect in JS_YAML_DIALECTS else value
 
 
-def parse_job(raw: bytes | str, content_type: str | None, max_bytes: int = MAX_BODY) -> Any:
+def parse_job(
+    raw: bytes | str,
+    content_type: str | None,
+    max_bytes: int = MAX_BODY,
+    dialect: str | None = None,
+) -> Any:
     """A job body: YAML when ``content_type`` says so, JSON otherwise, and with no
     content type at all (a file, a bus message) JSON, else YAML; its YAML read as
     ``parse_job_yaml`` reads it."""
@@ -101,7 +109,7 @@ def parse_job(raw: bytes | str, content_type: str | None, max_bytes: int = MAX_B
                 raise
     elif "yaml" not in content_type.lower():
         return parse_json(raw, max_bytes)
-    return parse_job_yaml(raw, max_bytes)
+    return parse_job_yaml(raw, max_bytes, dialect)
 
 
 def translate(payload: Any, dialect: str | None = None, user: str = "") -> Translation:

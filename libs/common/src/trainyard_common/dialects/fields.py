@@ -20,3 +20,16 @@ def sequence(value: Any) -> list[Any]:
 def text(value: Any, default: str = "") -> str:
     """``value`` if it is a string, else ``default``."""
     return value if isinstance(value, str) else default
+
+
+# YAML 1.1's words for booleans, which js-yaml (OpenPAI's reader) leaves as words.
+_YAML11_BOOLEAN_WORDS = frozenset({"yes", "no", "on", "off", "y", "n"})
+
+
+def boolean_hint(value: Any) -> str:
+    """For a field OpenPAI wants a boolean in: why a string like ``no`` is not one."""
+    if isinstance(value, str) and value.lower() in _YAML11_BOOLEAN_WORDS:
+        return (
+            f" ({value!r}: OpenPAI's YAML reads yes, no, on and off as words; write true or false)"
+        )
+    return ""

@@ -23,6 +23,7 @@ from ..jobspec import (
     RoleSpec,
     env_list,
 )
+from .fields import boolean_hint
 from .registry import Dialect
 from .translation import (
     INT_MAX,
@@ -222,7 +223,8 @@ def _check_job_envs(payload: dict[str, Any], issues: Issues) -> None:
     if "isDebug" in envs and not isinstance(envs["isDebug"], bool):
         issues.error(
             "$.jobEnvs.isDebug",
-            f"jobEnvs.isDebug must be a boolean, not {json_type(envs['isDebug'])}",
+            f"jobEnvs.isDebug must be a boolean, not {json_type(envs['isDebug'])}"
+            f"{boolean_hint(envs['isDebug'])}",
             "type",
         )
     for key, value in envs.items():

@@ -33,7 +33,7 @@ from typing import Any
 from ..events import FieldIssue
 from ..jobspec import REDACTED, EnvVar, JobSpec, PortSpec, Resources, RestartPolicy, RoleSpec
 from ..limits import MAX_RENDERED, digits
-from .fields import mapping
+from .fields import boolean_hint, mapping
 from .registry import Dialect
 from .translation import (
     INT_MAX,
@@ -239,6 +239,12 @@ def _js_text(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return js_number(value)
+    if isinstance(value, int) and abs(value) >= 2**53:
+        # JavaScript has doubles only: a larger integer is one, written as one is.
+        try:
+            return js_number(float(value))
+        except OverflowError:
+            return "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, list):
         return ",".join("" if v is None else _js_text(v) for v in value)
     if isinstance(value, dict):
@@ -557,7 +563,7 @@ class _Walk:
         if gang is not None and not isinstance(gang, bool):
             self.issues.error(
                 join("$.extras", "gangAllocation"),
-                f"gangAllocation must be a boolean, not {json_type(gang)}",
+                f"gangAllocation must be a boolean, not {json_type(gang)}{boolean_hint(gang)}",
                 "type",
             )
 
@@ -731,7 +737,11 @@ class _Walk:
                 if options.get("infiniband") is not None and not isinstance(
                     options["infiniband"], bool
                 ):
-                    issues.error(f"{opath}.infiniband", "infiniband must be a boolean", "type")
+                    issues.error(
+                        f"{opath}.infiniband",
+                        f"infiniband must be a boolean{boolean_hint(options['infiniband'])}",
+                        "type",
+                    )
                 elif options.get("infiniband"):
                     issues.warn(
                         f"{opath}.infiniband",

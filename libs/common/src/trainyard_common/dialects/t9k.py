@@ -267,10 +267,11 @@ def field_path(payload: Any, role: str | None, field: str) -> str:
 
 
 def _elastic_path(spec: dict[str, Any], field: str) -> str:
-    """Where an elastic bound is written: spec.elastic where the job has one (read last,
-    so it is the one applied), else runMode.elastic."""
+    """Where an elastic bound is written: spec.elastic where the job enables it (read
+    last, so it is the one applied), else runMode.elastic."""
     key = "minReplicas" if field == "min_replicas" else "maxReplicas"
-    if isinstance(spec.get("elastic"), dict):
+    elastic = spec.get("elastic")
+    if isinstance(elastic, dict) and (elastic.get("enabled") or elastic.get("enable")):
         return join("$.spec.elastic", key)
     return join("$.spec.runMode.elastic", key)
 
@@ -1378,6 +1379,10 @@ _CHANGEABLE = (
 )
 
 
+def _has_pause(job: dict[str, Any]) -> bool:
+    return isinstance(mapping(mapping(job.get("spec")).get("runMode")).get(PAUSE), dict)
+
+
 def _resume_specs(job: dict[str, Any]) -> Any:
     pause = mapping(mapping(mapping(job.get("spec")).get("runMode")).get(PAUSE))
     return pause.get("resumeSpecs") or None
@@ -1422,7 +1427,11 @@ def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
     if after.errors:
         return Control(errors=after.errors)
     changed = immutable_change(current, patched, _CHANGEABLE, _CHANGEABLE_TEXT)
-    if changed is None and _resume_specs(current) != _resume_specs(patched):
+    if (
+        changed is None
+        and _has_pause(patched)  # taking pause away resumes the job, resumeSpecs and all
+        and _resume_specs(current) != _resume_specs(patched)
+    ):
         # "不可以更改 spec.runMode.pause.resumeSpecs" (T9k's manual): set before pausing.
         changed = FieldIssue(
             path="$.spec.runMode.pause.resumeSpecs",
@@ -1435,7 +1444,8 @@ def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
     control = Control()
     spec_patch = mapping(patch.get("spec"))
     modes = mapping(spec_patch.get("runMode"))
-    if PAUSE in modes:
+    # A pause asked for or taken away, alone or with the whole runMode (null).
+    if PAUSE in modes or ("runMode" in spec_patch and spec_patch["runMode"] is None):
         control.pause = after.spec.run_mode is RunMode.PAUSE
     roles = {r.name: r for r in after.spec.roles}
     elastic = [r for r in after.spec.roles if r.min_replicas is not None]
