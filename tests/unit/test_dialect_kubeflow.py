@@ -469,3 +469,32 @@ def test_the_mpi_operators_v2beta1_mpijob_translates_with_its_own_fields() -> No
     torch["apiVersion"] = "kubeflow.org/v2beta1"
     [wrong] = translate_kubeflow(torch).errors
     assert wrong.path == "$.apiVersion" and "'kubeflow.org/v1'" in wrong.message
+
+
+def test_the_sdks_get_job_then_update_job_changes_only_what_it_meant() -> None:
+    """TrainingClient.update_job sends back the whole model get_job read, and the SDK's
+    models type a container's limits as strings: a job written with gpu: 1 came back
+    with "1", refused as a change of a submitted job, so the SDK could not suspend it."""
+    from kubeflow.training import models
+    from kubeflow.training.api_client import ApiClient as TrainingApiClient
+    from kubeflow.training.utils.utils import FakeResponse
+    from kubernetes.client import ApiClient
+
+    current = load("pytorchjob-simple.yaml")
+    for replica in current["spec"]["pytorchReplicaSpecs"].values():
+        container = replica["template"]["spec"]["containers"][0]
+        container["resources"] = {"limits": {"cpu": 1, "memory": "1Gi", "nvidia.com/gpu": 1}}
+    shown = copy.deepcopy(current) | {"spec": {**current["spec"], "runPolicy": {}}}
+    job = TrainingApiClient().deserialize(FakeResponse(shown), "KubeflowOrgV1PyTorchJob")
+    assert job.spec.pytorch_replica_specs["Master"].template.spec.containers[0].resources.limits[
+        "nvidia.com/gpu"
+    ] == "1"  # fmt: skip
+    job.spec.run_policy = models.KubeflowOrgV1RunPolicy(suspend=True)
+    body = ApiClient().sanitize_for_serialization(job)
+    control = kubeflow.control_from_patch(current, body)
+    assert control.errors == [] and control.pause is True
+    # A quantity that is not the same is still a change.
+    body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"][
+        "limits"
+    ]["nvidia.com/gpu"] = "2"
+    assert kubeflow.control_from_patch(current, body).errors

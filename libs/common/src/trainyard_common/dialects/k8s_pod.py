@@ -931,7 +931,20 @@ def first_difference(old: Any, new: Any, path: str = "$") -> str | None:
             if found:
                 return found
         return None
-    return None if old == new and type(old) is type(new) else path
+    if old == new and type(old) is type(new):
+        return None
+    return None if _same_quantity(old, new) else path
+
+
+def _same_quantity(old: Any, new: Any) -> bool:
+    """A number and a string of the same quantity (``1`` and ``"1"``): the Kubeflow SDK
+    types a container's limits as strings, so its get_job then update_job sends back as
+    "1" what was written 1, a change of nothing."""
+    pair = {type(old), type(new)}
+    if str not in pair or bool in pair or not pair & {int, float}:
+        return False
+    a, b = quantity(old), quantity(new)
+    return a is not None and a == b
 
 
 # Kubernetes' ObjectMeta: every object takes these (the server writes some of them).
