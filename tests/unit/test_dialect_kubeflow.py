@@ -18,6 +18,7 @@ from trainyard_common.dialects.kubeflow import render, translate_kubeflow
 from trainyard_common.jobspec import (
     ALL_TASKS,
     MPI_IMPLEMENTATION_ENV,
+    RETRY_UNLIMITED,
     JobKind,
     RestartPolicy,
     RunMode,
@@ -202,6 +203,33 @@ def test_run_policy() -> None:
         spec.run_mode,
     ) == ("Unfinished", 3, 10, "gold", RunMode.PAUSE)
     assert "$.spec.runPolicy.schedulingPolicy.minAvailable" in [w.path for w in result.warnings]
+
+
+def test_without_a_backoff_limit_a_replica_that_restarts_does_so_without_limit() -> None:
+    """The training operator's PastBackoffLimit: "if BackoffLimit == nil { return false }".
+    OnFailure (the default) restarts a failed pod for ever; here, a new attempt."""
+    from datetime import UTC, datetime
+
+    from trainyard_common.events import JobState, TaskState
+    from trainyard_launcher.domain.completion import TaskOutcome, decide
+    from trainyard_launcher.domain.failure import judge
+
+    spec = translate_kubeflow(load("pytorchjob-simple.yaml")).spec
+    assert spec.retry_limit == RETRY_UNLIMITED
+    outcomes = {("Master", 0): TaskOutcome(TaskState.FAILED, exit_code=1)}
+    verdict = decide(spec, outcomes)
+    assert verdict is not None and verdict.state is JobState.FAILED
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    _, retry = judge(spec, 7, verdict, outcomes, now=now)
+    assert retry is not None and retry.attempt == 8
+    # Never: no restart, as the operator's; a backoffLimit stands where written.
+    never = load("pytorchjob-simple.yaml")
+    for replica in never["spec"]["pytorchReplicaSpecs"].values():
+        replica["restartPolicy"] = "Never"
+    assert translate_kubeflow(never).spec.retry_limit == 0
+    limited = load("pytorchjob-simple.yaml")
+    limited["spec"]["runPolicy"] = {"backoffLimit": 2}
+    assert translate_kubeflow(limited).spec.retry_limit == 2
 
 
 @pytest.mark.parametrize(

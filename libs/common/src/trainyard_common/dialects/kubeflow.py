@@ -18,6 +18,7 @@ from ..events import FieldIssue
 from ..jobspec import (
     ALL_TASKS,
     MPI_IMPLEMENTATION_ENV,
+    RETRY_UNLIMITED,
     EnvVar,
     JobKind,
     JobSpec,
@@ -181,6 +182,7 @@ PLURALS: dict[str, Kind] = {k.plural: k for k in KINDS.values()}
 _RESTART = {p.value: p for p in RestartPolicy}
 _CLEAN_POD = {"None": "None", "All": "All", "Running": "Unfinished"}
 _ELASTIC_KEYS = {"min_replicas": "minReplicas", "max_replicas": "maxReplicas"}
+_RESTARTING = (RestartPolicy.ON_FAILURE, RestartPolicy.ALWAYS, RestartPolicy.EXIT_CODE)
 
 
 def key_of(namespace: str, plural: str, name: str) -> str:
@@ -567,6 +569,11 @@ def translate_kubeflow(payload: Any, user: str = "") -> Translation:
         if v2:
             env = _mpi_v2(spec, issues)
     fields = _run_policy(spec, issues)
+    if "retry_limit" not in fields and any(r.restart_policy in _RESTARTING for r in roles):
+        # The training operator without a backoffLimit (PastBackoffLimit: "if
+        # BackoffLimit == nil { return false }"): a replica that restarts does so without
+        # limit (here a new attempt; a failure a new attempt would repeat still ends it).
+        fields["retry_limit"] = RETRY_UNLIMITED
     elastic = kind.name == "PyTorchJob" and _elastic(spec, roles, issues)
     run_mode = fields.pop("run_mode", RunMode.ELASTIC if elastic else RunMode.IMMEDIATE)
     job = JobSpec(
