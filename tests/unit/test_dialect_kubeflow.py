@@ -526,3 +526,26 @@ def test_the_sdks_get_job_then_update_job_changes_only_what_it_meant() -> None:
         "limits"
     ]["nvidia.com/gpu"] = "2"
     assert kubeflow.control_from_patch(current, body).errors
+
+
+def test_a_job_between_a_failed_attempt_and_its_retry_is_restarting() -> None:
+    """The operator's Restarting condition takes Running's place until the job runs
+    again (the SDK's is_job_restarting); a resume after a pause is no restart."""
+    payload = load("pytorchjob-simple.yaml")
+    spec = translate_kubeflow(payload).spec.model_dump(mode="json")
+    now = datetime(2024, 5, 1, tzinfo=UTC)
+    failed = {"attempt": 1, "state": "FAILED", "reason": "Master 0 exited 1; retrying",
+              "retried_as": 2}  # fmt: skip
+    view = {"id": "j1", "name": "p", "state": "QUEUED", "attempt": 2, "submitted_at": now,
+            "updated_at": now, "spec": spec, "original": payload, "tasks": [],
+            "attempts": [failed]}  # fmt: skip
+
+    def types(v: dict) -> list[tuple[str, str]]:
+        return [(c["type"], c["status"]) for c in render("pytorchjobs", v)["status"]["conditions"]]
+
+    assert types(view) == [("Created", "True"), ("Restarting", "True")]
+    restarting = render("pytorchjobs", view)["status"]["conditions"][1]
+    assert restarting["reason"] == "PyTorchJobRestarting" and "retrying" in restarting["message"]
+    assert types({**view, "state": "RUNNING"}) == [("Created", "True"), ("Running", "True")]
+    resumed = {**view, "attempts": [{**failed, "state": "STOPPED", "interrupted": "paused"}]}
+    assert types(resumed) == [("Created", "True")]

@@ -679,7 +679,30 @@ def render(kind_plural: str, job_view: dict[str, Any]) -> dict[str, Any]:
     conditions = [
         condition("Created", True, f"{label}Created", f"{label} {name} is created.", created)
     ]
-    if state in ("RUNNING", "SUCCEEDED", "FAILED", "STOPPED"):
+    retried = next(
+        (
+            a
+            for a in view.get("attempts") or []
+            if isinstance(a, dict)
+            and a.get("retried_as") == view.get("attempt")
+            and a.get("state") == "FAILED"
+            and not a.get("interrupted")
+        ),
+        None,
+    )
+    if retried is not None and state in ("QUEUED", "PLACED"):
+        # Between a failed attempt and its retry's start: the operator's Restarting, which
+        # takes Running's place (filterOutCondition) until the job runs again.
+        conditions.append(
+            condition(
+                "Restarting",
+                True,
+                f"{label}Restarting",
+                str(retried.get("reason") or f"{label} {name} is restarting."),
+                updated,
+            )
+        )
+    elif state in ("RUNNING", "SUCCEEDED", "FAILED", "STOPPED"):
         conditions.append(
             condition(
                 "Running",
