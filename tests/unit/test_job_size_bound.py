@@ -102,6 +102,11 @@ def test_validation_refuses_it_in_every_dialect_as_intake_does() -> None:
             },
         },
     }
+    assert validation_errors(job) == [("$.spec.elasticPolicy.maxReplicas", "too_many_tasks")]
+
+
+def validation_errors(job: dict[str, Any]) -> list[tuple[str, str]]:
+    """What validation refuses a job for, its translation being clean."""
     translation = translate(job, user="u")
     assert translation.errors == [], translation.errors
     submitted = JobSubmitted(
@@ -110,9 +115,7 @@ def test_validation_refuses_it_in_every_dialect_as_intake_does() -> None:
     )  # fmt: skip
     result = decide(submitted, local_cluster())
     assert isinstance(result, JobRejected), result
-    assert [(e.path, e.code) for e in result.errors] == [
-        ("$.spec.elasticPolicy.maxReplicas", "too_many_tasks")
-    ]
+    return [(e.path, e.code) for e in result.errors]
 
 
 def t9k_elastic(spec: dict[str, Any]) -> dict[str, Any]:
@@ -148,12 +151,4 @@ def test_an_elastic_role_over_the_bound_is_named_at_its_maximum_where_the_job_wr
             "$.spec.runMode.elastic.maxReplicas",
         ),
     ):
-        translation = translate(job, user="u")
-        assert translation.errors == [], translation.errors
-        submitted = JobSubmitted(
-            job_id="j", spec=translation.spec, dialect=translation.dialect,
-            dialect_key=translation.key, original=job,
-        )  # fmt: skip
-        result = decide(submitted, local_cluster())
-        assert isinstance(result, JobRejected), result
-        assert [(e.path, e.code) for e in result.errors] == [(path, "too_many_tasks")]
+        assert validation_errors(job) == [(path, "too_many_tasks")]

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..limits import digits
 from . import kubeflow, t9k
-from .k8s_pod import merge_patch
+from .k8s_pod import SERVER_METADATA, merge_patch
 
 KUBE_VERSION = {"major": "1", "minor": "34", "gitVersion": "v1.34.0+trainyard"}
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
@@ -472,18 +472,6 @@ def selected(
 
 
 # ---------------------------------------------------------------------------------- patch
-
-# Metadata the server writes: a client's copy of them is ignored on a write.
-SERVER_METADATA = (
-    "uid",
-    "resourceVersion",
-    "generation",
-    "creationTimestamp",
-    "deletionTimestamp",
-    "deletionGracePeriodSeconds",
-    "managedFields",
-    "selfLink",
-)
 
 
 def client_fields(resource: Any) -> Any:

@@ -947,26 +947,29 @@ def _same_quantity(old: Any, new: Any) -> bool:
     return a is not None and a == b
 
 
-# Kubernetes' ObjectMeta: every object takes these (the server writes some of them).
-OBJECT_META_FIELDS = frozenset(
+# Metadata the server writes: a client's copy of them is ignored on a write.
+SERVER_METADATA = frozenset(
     {
-        "name",
-        "generateName",
-        "namespace",
-        "selfLink",
         "uid",
         "resourceVersion",
         "generation",
         "creationTimestamp",
         "deletionTimestamp",
         "deletionGracePeriodSeconds",
-        "labels",
-        "annotations",
-        "ownerReferences",
-        "finalizers",
         "managedFields",
+        "selfLink",
     }
 )
+# Kubernetes' ObjectMeta: every object takes these, the server's and the writer's.
+OBJECT_META_FIELDS = SERVER_METADATA | {
+    "name",
+    "generateName",
+    "namespace",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+}
 
 
 def unknown_metadata(meta: dict[str, Any], issues: Issues) -> None:
