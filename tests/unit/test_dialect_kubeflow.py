@@ -222,6 +222,11 @@ def test_without_a_backoff_limit_a_replica_that_restarts_does_so_without_limit()
     now = datetime(2026, 1, 1, tzinfo=UTC)
     _, retry = judge(spec, 7, verdict, outcomes, now=now)
     assert retry is not None and retry.attempt == 8
+    # A failure a new attempt would repeat still ends it: an image that is not there.
+    missing = {("Master", 0): TaskOutcome(TaskState.FAILED, kind="prepare_user")}
+    verdict = decide(spec, missing)
+    assert verdict is not None
+    assert judge(spec, 1, verdict, missing, now=now)[1] is None
     # Never: no restart, as the operator's; a backoffLimit stands where written.
     never = load("pytorchjob-simple.yaml")
     for replica in never["spec"]["pytorchReplicaSpecs"].values():

@@ -523,6 +523,12 @@ def container(state: dict) -> dict:
         (pod("Failed", **container({"terminated": {"exitCode": 137, "reason": "OOMKilled"}})), False, True, 137, EndKind.OUT_OF_MEMORY),
         (pod("Failed", reason="Evicted", message="low on memory"), False, False, None, EndKind.KILLED_BY_PLATFORM),
         (pod("Pending", **container({"waiting": {"reason": "ImagePullBackOff", "message": "no"}})), False, False, None, EndKind.START_FAILED),
+        # An image that is not there is the user's, permanent: a retry would meet it again
+        # (a Kubeflow job without backoffLimit retries without limit otherwise).
+        (pod("Pending", **container({"waiting": {"reason": "ErrImagePull", "message": 'failed to pull and unpack image "docker.io/library/pytho:3.11": not found'}})), False, False, None, EndKind.PREPARE_USER),
+        (pod("Pending", **container({"waiting": {"reason": "ImagePullBackOff", "message": "pull access denied, repository does not exist or may require authorization"}})), False, False, None, EndKind.PREPARE_USER),
+        (pod("Pending", **container({"waiting": {"reason": "InvalidImageName", "message": "x"}})), False, False, None, EndKind.PREPARE_USER),
+        (pod("Pending", **container({"waiting": {"reason": "ErrImagePull", "message": "dial tcp: i/o timeout"}})), False, False, None, EndKind.START_FAILED),
         (pod("Pending", **container({"waiting": {"reason": "CreateContainerConfigError"}})), False, False, None, EndKind.START_FAILED),
         (pod("Pending", initContainerStatuses=[{"name": "code-source", "state": {"terminated": {"exitCode": 128}}}]), False, False, None, EndKind.PREPARE_USER),
     ],

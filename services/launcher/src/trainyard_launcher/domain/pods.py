@@ -771,12 +771,24 @@ def pod_state(pod: dict[str, Any]) -> PodState:
     return PodState(running=True, started=False, step=step[:200])
 
 
+# An image that is not there, said so by the kubelet (or an image name that cannot be
+# one): the user's input, which a new attempt would only meet again (OpenPAI's
+# ContainerImageNotExists: permanent). A registry that did not answer is not that.
+_NO_SUCH_IMAGE = re.compile(
+    r"not found|manifest unknown|does not exist|repository .* not exist", re.IGNORECASE
+)
+
+
 def _start_failure(waiting: dict[str, Any], image: str | None) -> PodState:
-    why = START_FAILURES[waiting["reason"]]
+    reason = waiting["reason"]
+    message = str(waiting.get("message") or "")
+    users = reason in ("InvalidImageName", "ErrImageNeverPull") or (
+        reason in ("ErrImagePull", "ImagePullBackOff") and bool(_NO_SUCH_IMAGE.search(message))
+    )
     return PodState(
         running=False,
-        reason=f"could not start: {why} ({waiting['reason']}"
+        reason=f"could not start: {START_FAILURES[reason]} ({reason}"
         + (f", image {image}" if image else "")
-        + (f"): {waiting.get('message')}" if waiting.get("message") else ")"),
-        end_kind=EndKind.START_FAILED.value,
+        + (f"): {message}" if message else ")"),
+        end_kind=(EndKind.PREPARE_USER if users else EndKind.START_FAILED).value,
     )
