@@ -7,8 +7,8 @@ import pytest
 
 from trainyard_common.events import PortAssignment, TaskPlacement
 from trainyard_common.jobspec import EnvVar, JobSpec, PortSpec, Resources, RoleSpec
+from trainyard_common.limits import TooLong
 from trainyard_launcher.domain.env import (
-    CommandTooLong,
     build_task_env,
     openpai_compat_env,
     resource_string,
@@ -273,7 +273,7 @@ def test_substitute_secrets_without_secrets_leaves_the_command() -> None:
 def test_substituting_secrets_stops_at_the_bound_before_building_the_line() -> None:
     command = "<% $secrets.a %>" * 1000
     assert len(substitute_secrets(command, {"a": "x" * 4000})) == 4_000_000
-    with pytest.raises(CommandTooLong):
+    with pytest.raises(TooLong):
         substitute_secrets(command, {"a": "x" * 5000})
 
 

@@ -2,6 +2,9 @@
 refused (422, naming the parameter) rather than handed to a store that cannot hold it
 (an offset of 10**30 overflows every index)."""
 
+import re
+from collections.abc import Callable
+
 MAX_OFFSET = 1_000_000_000
 MAX_PAGE = 1_000_000
 MAX_PAGE_SIZE = 5000
@@ -10,6 +13,33 @@ MAX_INDEX = 1_000_000
 # (OpenPAI's <% $parameters.x %> at intake, <% $secrets.x %> at launch): what a body may
 # hold. A small body naming a large value many times would otherwise cost gigabytes.
 MAX_RENDERED = 4 * 1024 * 1024
+
+
+class TooLong(ValueError):
+    """A text whose references, rendered, would pass its bound."""
+
+
+def bounded_sub(
+    pattern: re.Pattern[str],
+    text: str,
+    replace: Callable[[re.Match[str]], str],
+    limit: int = MAX_RENDERED,
+) -> str:
+    """``pattern.sub(replace, text)``, raising TooLong the moment the result would pass
+    ``limit`` characters: counted as it renders, before it is built."""
+    size = len(text)
+    if size > limit:
+        raise TooLong(f"more than {limit} characters")
+
+    def counted(match: re.Match[str]) -> str:
+        nonlocal size
+        out = replace(match)
+        size += len(out) - len(match.group(0))
+        if size > limit:
+            raise TooLong(f"more than {limit} characters")
+        return out
+
+    return pattern.sub(counted, text)
 
 
 MAX_DIGITS = 18  # every number read here fits (10**18 > any index, sequence or count)

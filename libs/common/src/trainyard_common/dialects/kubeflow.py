@@ -74,8 +74,10 @@ class Kind:
     # one, and TF_CONFIG names them.
     default_port: str | None = None
     # Which tasks' success is the job's: "main" (the Chief, Master or Worker 0),
-    # "launcher" (MPIJob's Launcher), "workers" (every Worker, without a Master).
+    # "launcher" (MPIJob's Launcher), "every" (every Master, else every Worker).
     success: str = "main"
+    # Replica types of which a job has exactly one task.
+    single: tuple[str, ...] = ("Master", "Chief", "Launcher")
     # The API versions the kind is served at (MPIJob: the Training Operator's v1 and
     # the MPI Operator's v2beta1, one resource as in a cluster with either installed).
     versions: tuple[str, ...] = (VERSION,)
@@ -146,7 +148,10 @@ KINDS: dict[str, Kind] = {
             RestartPolicy.NEVER,
             frozenset({"paddleReplicaSpecs", "runPolicy", "elasticPolicy"}),
             default_port="master",
-            success="workers",
+            # The paddle controller: no count rule for Master (parameter-server mode runs
+            # several, its servers); the job succeeds when every Master has.
+            success="every",
+            single=(),
         ),
         Kind(
             "JAXJob",
@@ -158,7 +163,7 @@ KINDS: dict[str, Kind] = {
             RestartPolicy.NEVER,
             frozenset({"jaxReplicaSpecs", "runPolicy"}),
             default_port="jaxjob-port",
-            success="workers",
+            success="every",
         ),
     )
 }
@@ -176,8 +181,6 @@ MPI_V2_FIELDS = frozenset(
     }
 )
 MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")
-# Replica types of which a job has exactly one task.
-SINGLE = ("Master", "Chief", "Launcher")
 PLURALS: dict[str, Kind] = {k.plural: k for k in KINDS.values()}
 _RESTART = {p.value: p for p in RestartPolicy}
 _CLEAN_POD = {"None": "None", "All": "All", "Running": "Unfinished"}
@@ -319,9 +322,7 @@ def _roles(
             issues.error(rpath, f"a replica spec must be an object, not {json_type(entry)}", "type")
             continue
         replicas = issues.integer(entry, "replicas", rpath, required=False, minimum=1)
-        # PaddleJob's parameter-server mode runs several Masters (its servers).
-        single = rtype in SINGLE and not (kind.name == "PaddleJob" and rtype == "Master")
-        if single and replicas is not None and replicas > 1:
+        if rtype in kind.single and replicas is not None and replicas > 1:
             issues.error(
                 join(rpath, "replicas"),
                 f"{rtype} must have exactly 1 replica, got {replicas}",
@@ -488,13 +489,12 @@ def _success(
     chief = "Chief" in by_name or "Master" in by_name
     if policy == "AllWorkers" and "Worker" in by_name and not chief:
         return [[TaskRef(role="Worker", index=ALL_TASKS)]]
-    if kind.name == "PaddleJob" and "Master" in by_name:
-        # The paddle controller: the job succeeds when every Master has.
-        return [[TaskRef(role="Master", index=ALL_TASKS)]]
     if kind.success == "launcher" and "Launcher" in by_name:
         return [[TaskRef(role="Launcher", index=0)]]
-    if kind.success == "workers" and "Master" not in by_name and "Worker" in by_name:
-        return [[TaskRef(role="Worker", index=ALL_TASKS)]]
+    if kind.success == "every":
+        every = next((t for t in ("Master", "Worker") if t in by_name), None)
+        if every is not None:
+            return [[TaskRef(role=every, index=ALL_TASKS)]]
     for main in ("Chief", "Master", "Worker"):
         if main in by_name:
             return [[TaskRef(role=main, index=0)]]

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..events import FieldIssue
 from ..jobspec import REDACTED, EnvVar, JobSpec, PortSpec, Resources, RestartPolicy, RoleSpec
-from ..limits import MAX_RENDERED, digits
+from ..limits import MAX_RENDERED, TooLong, bounded_sub, digits
 from .fields import boolean_hint, mapping
 from .registry import Dialect
 from .translation import (
@@ -252,37 +252,24 @@ def _js_text(value: Any) -> str:
     return str(value)
 
 
-class RenderedTooLong(ValueError):
-    """A template whose rendering would pass its limit."""
-
-
 def render(
     template: str, context: dict[str, Any], limit: int = MAX_RENDERED
 ) -> tuple[str, list[str]]:
     """``template`` with every ``<% ref %>`` found in ``context`` replaced; the others
     are left as ``<% ref %>`` (as OpenPAI leaves them). Returns the text and the refs
-    left unrendered; raises RenderedTooLong as soon as the text would pass ``limit``
-    characters (a value named many times), before it is built."""
+    left unrendered; raises TooLong as soon as the text would pass ``limit`` characters
+    (a value named many times), before it is built."""
     missing: list[str] = []
-    size = len(template)
 
     def replace(match: re.Match[str]) -> str:
-        nonlocal size
         token = match.group(1)
         value = _lookup(context, token)
         if value is None:
             missing.append(token)
-            text = f"<% {token} %>"
-        else:
-            text = _js_text(value)
-        size += len(text) - len(match.group(0))
-        if size > limit:
-            raise RenderedTooLong(f"renders to more than {limit} characters")
-        return text
+            return f"<% {token} %>"
+        return _js_text(value)
 
-    if size > limit:
-        raise RenderedTooLong(f"is more than {limit} characters")
-    return _REFERENCE.sub(replace, template), missing
+    return bounded_sub(_REFERENCE, template, replace, limit), missing
 
 
 def flatten_secrets(secrets: Any, prefix: str = "") -> list[EnvVar]:
@@ -947,7 +934,7 @@ def _command(
     }
     try:
         rendered, missing = render(script, context, walk.render_budget)
-    except RenderedTooLong:
+    except TooLong:
         walk.issues.error(
             f"{path}.commands",
             f"the task roles' commands, their <% %> references rendered, come to more than "

@@ -13,7 +13,7 @@ import re
 
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec, RoleSpec, env_dict
-from trainyard_common.limits import MAX_RENDERED
+from trainyard_common.limits import bounded_sub
 
 from .frameworks import FrameworkContext, framework_env
 
@@ -221,29 +221,16 @@ _SECRET_REF = re.compile(r"<%\s*\$secrets\.([^%\s]+?)\s*%>")
 _SECRET_INDEX = re.compile(r"\[(\d+)\]")
 
 
-class CommandTooLong(ValueError):
-    """A command whose secrets, substituted, would pass MAX_RENDERED characters."""
-
-
 def substitute_secrets(command: str, secrets: dict[str, str]) -> str:
     """``command`` with each ``<% $secrets.x %>`` replaced by the secret's value, at
-    launch, so the value is never part of the stored job. Raises CommandTooLong, before
+    launch, so the value is never part of the stored job. Raises TooLong, before
     building it, for a command that would pass MAX_RENDERED characters (a large secret
     named many times)."""
     if not secrets:
         return command
-    size = len(command)
 
     def replace(match: re.Match[str]) -> str:
-        nonlocal size
         name = _SECRET_INDEX.sub(r".\1", match.group(1))
-        value = secrets.get(name, match.group(0))
-        size += len(value) - len(match.group(0))
-        if size > MAX_RENDERED:
-            raise CommandTooLong(
-                f"the command, its <% $secrets %> references substituted, comes to more "
-                f"than {MAX_RENDERED} characters (a secret named many times)"
-            )
-        return value
+        return secrets.get(name, match.group(0))
 
-    return _SECRET_REF.sub(replace, command)
+    return bounded_sub(_SECRET_REF, command, replace)

@@ -23,6 +23,7 @@ from trainyard_common.events import (
     TaskStateChanged,
     derived_id,
 )
+from trainyard_common.limits import TooLong
 from trainyard_common.secrets_box import SecretBox, SecretsUnavailable, open_value
 from trainyard_common.telemetry import continue_trace, tracer
 
@@ -45,7 +46,7 @@ from ..adapters.store import (
     now_ms,
 )
 from ..domain.containers import container_command_line
-from ..domain.env import CommandTooLong, build_task_env, substitute_secrets
+from ..domain.env import build_task_env, substitute_secrets
 from ..domain.failure import BACKOFF_BASE_S
 from ..domain.frameworks import framework_command
 from ..domain.lifecycle import (
@@ -292,8 +293,11 @@ def task_launch(
         command = container_command_line(role, env)
     try:
         written, command = command, substitute_secrets(command, secrets)
-    except CommandTooLong as exc:
-        raise LaunchRefused(str(exc)) from exc
+    except TooLong as exc:
+        raise LaunchRefused(
+            f"the command, its <% $secrets %> references substituted, comes to {exc} "
+            "(a secret named many times)"
+        ) from exc
     command = framework_command(spec, tasks, ref.role, ref.index, command, framework)
     # Whether any secret is in what runs (a wrapper may quote it, or run another
     # command in its place): the line as written, wrapped the same way, differs.
