@@ -526,25 +526,31 @@ def _roles(
     leaders = [r for r in roles if r.name in LEADER_ROLES]
     workers = [r for r in roles if r.name == "Worker"]
     succeeding = leaders[:1] or workers
+
+    def ruled(*refs: TaskRef) -> tuple[list[RoleSpec], list[list[TaskRef]]]:
+        # One success rule decides; no role's count does.
+        return [r.model_copy(update={"min_succeeded": None}) for r in roles], [list(refs)]
+
     policy = _success_policy(payload, tf, issues)
     if policy and workers:
         # KubeDL's TFJob rules (controllers/tensorflow/status.go), which DLC runs:
         # AllWorkers waits for every Chief and every Worker; ChiefWorker (its default
         # rule) ends with the Chief, or without one with Worker 0.
         if policy == "AllWorkers" and leaders:
-            rule = [TaskRef(role=leaders[0].name, index=ALL_TASKS)]
-            rule.append(TaskRef(role="Worker", index=ALL_TASKS))
-            return [r.model_copy(update={"min_succeeded": None}) for r in roles], [rule]
+            return ruled(
+                TaskRef(role=leaders[0].name, index=ALL_TASKS),
+                TaskRef(role="Worker", index=ALL_TASKS),
+            )
         if policy == "ChiefWorker" and not leaders:
-            rule = [TaskRef(role="Worker", index=0)]
-            return [r.model_copy(update={"min_succeeded": None}) for r in roles], [rule]
+            return ruled(TaskRef(role="Worker", index=0))
     masters = [r for r in leaders if r.name == "Master"]
     if JOB_TYPES.get(job_type or "") is JobKind.PYTORCH and masters and workers:
         # KubeDL's PyTorchJob (controllers/pytorch/status.go): the Master's success ends
         # the job once every Worker has succeeded too (Kubeflow's ends it with the Master
         # alone, stopping Workers that may still be writing).
-        rule = [TaskRef(role="Master", index=ALL_TASKS), TaskRef(role="Worker", index=ALL_TASKS)]
-        return [r.model_copy(update={"min_succeeded": None}) for r in roles], [rule]
+        return ruled(
+            TaskRef(role="Master", index=ALL_TASKS), TaskRef(role="Worker", index=ALL_TASKS)
+        )
     if job_type in ROLE_TYPES and succeeding:
         # Kubeflow's rule: the leader's (or else the Workers') success is the job's;
         # parameter servers and evaluators never end by themselves.

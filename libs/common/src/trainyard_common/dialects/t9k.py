@@ -1379,13 +1379,10 @@ _CHANGEABLE = (
 )
 
 
-def _has_pause(job: dict[str, Any]) -> bool:
-    return isinstance(mapping(mapping(job.get("spec")).get("runMode")).get(PAUSE), dict)
-
-
-def _resume_specs(job: dict[str, Any]) -> Any:
-    pause = mapping(mapping(mapping(job.get("spec")).get("runMode")).get(PAUSE))
-    return pause.get("resumeSpecs") or None
+def _pause(job: dict[str, Any]) -> dict[str, Any] | None:
+    """A job's runMode.pause, None where it has none."""
+    pause = mapping(mapping(job.get("spec")).get("runMode")).get(PAUSE)
+    return pause if isinstance(pause, dict) else None
 
 
 _CHANGEABLE_TEXT = (
@@ -1427,10 +1424,12 @@ def control_from_patch(current: dict[str, Any], patch: Any) -> Control:
     if after.errors:
         return Control(errors=after.errors)
     changed = immutable_change(current, patched, _CHANGEABLE, _CHANGEABLE_TEXT)
+    # Taking pause away resumes the job, resumeSpecs and all; else they must stay.
+    pause, before = _pause(patched), _pause(current) or {}
     if (
         changed is None
-        and _has_pause(patched)  # taking pause away resumes the job, resumeSpecs and all
-        and _resume_specs(current) != _resume_specs(patched)
+        and pause is not None
+        and (pause.get("resumeSpecs") or None) != (before.get("resumeSpecs") or None)
     ):
         # "不可以更改 spec.runMode.pause.resumeSpecs" (T9k's manual): set before pausing.
         changed = FieldIssue(
