@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from trainyard_common.events import (
+    Event,
     FailureClass,
     JobFinished,
     JobPlaced,
@@ -26,7 +29,13 @@ from trainyard_launcher.domain.lifecycle import (
     start_deadline,
     start_deadline_reason,
 )
-from trainyard_launcher.handlers import Deps, check_start_deadlines, check_tasks, launch_job
+from trainyard_launcher.handlers import (
+    Deps,
+    check_deadlines,
+    check_start_deadlines,
+    check_tasks,
+    launch_job,
+)
 
 from ..support.bus import RECEIVED
 from ..support.launcher import make_deps
@@ -128,3 +137,52 @@ async def test_no_deadline_before_its_time() -> None:
     past_the_deadline(deps)
     await check_start_deadlines(deps)
     assert not [e for e in published if isinstance(e, JobFinished)]
+
+
+def failing_once(deps: Deps, kind: type) -> None:
+    """The bus refuses the first event of ``kind`` the launcher publishes."""
+    publish, refused = deps.publish, []
+
+    async def flaky(event: Event) -> None:
+        if isinstance(event, kind) and not refused:
+            refused.append(event)
+            raise ConnectionError("nats: no servers available")
+        await publish(event)
+
+    deps.publish = flaky
+
+
+async def test_a_start_timeout_whose_end_could_not_be_published_is_published_later() -> None:
+    deps, backend, published = make_deps()
+    deps.start_deadline_s = 60
+    await launch_job(placed(), RECEIVED, deps)
+    backend.preparing["j1:1:w:1"] = "$ pip install torch"
+    past_the_deadline(deps)
+    failing_once(deps, JobFinished)
+    with pytest.raises(ConnectionError):
+        await check_start_deadlines(deps)
+    assert not [e for e in published if isinstance(e, JobFinished)]
+    # The verdict is stored (the job no longer runs): the deadline is not looked at
+    # again, the watcher's next round publishes the end.
+    await check_start_deadlines(deps)
+    await check_tasks(deps)
+    [end] = [e for e in published if isinstance(e, JobFinished)]
+    assert end.state is JobState.FAILED and "not all tasks started" in end.reason
+
+
+async def test_a_run_past_its_deadline_whose_end_could_not_be_published_is_published_later() -> (
+    None
+):
+    deps, backend, published = make_deps()
+    event = placed()
+    event.spec.max_running_minutes = 1
+    await launch_job(event, RECEIVED, deps)
+    past_the_deadline(deps)
+    failing_once(deps, JobFinished)
+    with pytest.raises(ConnectionError):
+        await check_deadlines(deps)
+    assert not [e for e in published if isinstance(e, JobFinished)]
+    await check_deadlines(deps)
+    await check_tasks(deps)
+    [end] = [e for e in published if isinstance(e, JobFinished)]
+    assert end.state is JobState.FAILED and "maximum running time of 1 minute" in end.reason

@@ -15,6 +15,7 @@ from trainyard_common.telemetry import continue_trace
 from ..adapters.metrics import STRAYS, WATCHED
 from ..adapters.store import (
     JOB_RUNNING,
+    JobRecord,
     TaskRecord,
 )
 from ..domain.completion import Verdict
@@ -118,7 +119,7 @@ async def check_deadlines(deps: Deps) -> None:
             with continue_trace(
                 next((t.traceparent for t in deps.watching.values() if t.job_id == job_id), None)
             ):
-                await finish_with(
+                await _finish_watched(
                     deps,
                     job,
                     Verdict(JobState.FAILED, deadline_reason(job.spec.max_running_minutes)),
@@ -180,9 +181,19 @@ async def check_start_deadlines(deps: Deps) -> None:
                         **failure_of(EndKind.START_TIMEOUT),
                     )
                     deps.watching.pop(task.id, None)
-                await finish_with(
+                await _finish_watched(
                     deps, job, Verdict(JobState.FAILED, reason, task=(late[0].role, late[0].index))
                 )
+
+
+async def _finish_watched(deps: Deps, job: JobRecord, verdict: Verdict) -> None:
+    """``finish_with`` for an end the watcher decided. Noted as unsettled first: once the
+    verdict is stored the job is no longer running, so no later deadline check looks at
+    it again; if stopping its tasks or publishing its end fails, ``check_tasks`` finishes
+    it (otherwise only the launcher's next start would)."""
+    deps.unsettled.add((job.job_id, job.attempt))
+    await finish_with(deps, job, verdict)
+    deps.unsettled.discard((job.job_id, job.attempt))
 
 
 async def _start_view(deps: Deps, task: TaskRecord) -> StartView:
