@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from trainyard_common.bus import Atomic, Bus, DeadLetters, Delivery, when_stored
+from trainyard_common.bus import DEAD_LETTER_MARGIN, Atomic, Bus, DeadLetters, Delivery, when_stored
 from trainyard_common.docstore import SqliteClient
 from trainyard_common.errors import BusUnavailable, PermanentError, TransientError
 from trainyard_common.events import Event, JobSubmitted, StopJob, decode, encode
@@ -613,3 +613,48 @@ async def test_a_publish_the_bus_did_not_store_is_bus_unavailable(tmp_path: Path
         assert isinstance(raised.value, TransientError)
     finally:
         await bus.nc.close()
+
+
+async def test_a_message_never_answered_still_ends_in_the_dead_letters(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its handler ran past the ack wait (or its process ended) on every delivery the
+    # bus allows: JetStream must still deliver it once more, to be kept, not run.
+    monkeypatch.setattr("trainyard_common.bus.ACK_WAIT_S", 0.5)
+    bus.max_deliver = 2
+    job = uuid.uuid4().hex
+    durable = f"silent-{job[:8]}"
+    [seq] = await bus.publish_all([submitted(job)])
+    bus.max_deliver = 50  # a consumer made by an earlier version is brought up to date
+    await bus.ensure_consumer(durable, [ALL_EVENTS])
+    bus.max_deliver = 2
+    await bus.ensure_consumer(durable, [ALL_EVENTS])
+    info = await bus.js.consumer_info(STREAM, durable)
+    assert info.config.max_deliver == 2 + DEAD_LETTER_MARGIN
+    silent = await bus.js.pull_subscribe_bind(durable, STREAM)
+    for delivery in (1, 2):  # fetched, never acked: the ack wait passes
+        [msg] = await silent.fetch(1, timeout=5)
+        assert msg.metadata.num_delivered == delivery
+    await silent.unsubscribe()
+    await asyncio.sleep(0.6)
+
+    calls: list[int] = []
+
+    async def handler(event: Event, delivery: Delivery) -> None:
+        calls.append(delivery.num_delivered)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(bus.consume(durable, [ALL_EVENTS], handler, stop=stop))
+    try:
+        for _ in range(100):
+            letters = [d for d in await DeadLetters(bus).list(1000) if d.durable == durable]
+            if letters:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await task
+    assert calls == []  # not run a third time
+    assert [(d.original_seq, d.deliveries) for d in letters] == [(seq, 3)]
+    assert "not settled on any of its first 2 deliveries" in letters[0].error
+    assert await bus.consumed(durable, seq)

@@ -98,6 +98,13 @@ log = logging.getLogger("trainyard.bus")
 DUPLICATE_WINDOW_S = 600.0
 ACK_WAIT_S = 30.0
 MAX_DELIVER = 50
+# Deliveries the server makes beyond the bus's own limit. The bus decides when a message
+# goes to the dead letters; at the server's limit JetStream just stops delivering it
+# (an advisory nobody reads), so it must never be the first to give up: a message whose
+# handler never answered (it ran past the ack wait, its process ended) reaches the
+# bus's limit and still comes once more to be kept, and a dead letter that could not be
+# stored is tried again this many times.
+DEAD_LETTER_MARGIN = 10
 
 
 @dataclass(frozen=True)
@@ -353,7 +360,7 @@ class Bus:
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=ACK_WAIT_S,
-            max_deliver=self.max_deliver,
+            max_deliver=self.max_deliver + DEAD_LETTER_MARGIN,
             max_ack_pending=1000,
         )
         if len(subjects) == 1:
@@ -572,6 +579,11 @@ class Bus:
         event = decoded if decoded is not None else _decode(msg, decoder, subject, headers)
         if isinstance(event, Undecodable):
             return functools.partial(self._dead_letter, msg, durable, f"undecodable: {event.error}")
+        if meta.num_delivered > self.max_deliver:
+            # Every delivery so far ended without an answer, or its dead letter was not
+            # stored: not run again (it may be what stops the process).
+            error = f"not settled on any of its first {self.max_deliver} deliveries"
+            return functools.partial(self._dead_letter, msg, durable, error)
         delivery = Delivery(
             stream_seq=meta.sequence.stream,
             num_delivered=meta.num_delivered,
