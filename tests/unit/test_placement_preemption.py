@@ -24,6 +24,7 @@ from trainyard_placement.domain import (
     Rules,
     SchedulerState,
 )
+from trainyard_placement.handlers import run_due_cycle
 
 from .placement_cases import World, cycle_and_apply, gpus, job, node, queue, role
 from .test_placement_handlers import Harness
@@ -260,6 +261,45 @@ async def test_a_crash_before_the_interrupt_went_out_sends_it_at_restart() -> No
     [interrupt] = again.pub.of(InterruptJob)
     assert interrupt.event_id == derived_id("low", 1, "interrupt", "preempted")
     assert again.store.docs["low"]["interrupt_sent"] is True
+
+
+class FailingInterrupt:
+    """The bus refuses the first InterruptJob and passes everything else."""
+
+    def __init__(self, pub: object) -> None:
+        self.pub, self.refused = pub, 0
+
+    async def publish(self, event: object) -> int:
+        if isinstance(event, InterruptJob) and not self.refused:
+            self.refused += 1
+            raise ConnectionError("bus unavailable")
+        return await self.pub.publish(event)  # type: ignore[attr-defined]
+
+
+async def test_an_interrupt_the_cycle_could_not_send_is_sent_by_the_next_one() -> None:
+    # A cycle's preemption has no message to be redelivered: the victim, stored as
+    # interrupting, would wait for an InterruptJob never sent, and its preemptor with it.
+    h = await Harness().boot()
+    h.deps.defer_cycles = True
+    await h.accept("low", urgent_spec(1))
+    await run_due_cycle(h.deps)
+    await h.accept("high", urgent_spec(9))
+    h.deps.publisher = FailingInterrupt(h.deps.publisher)
+    with pytest.raises(ConnectionError):
+        await run_due_cycle(h.deps)
+    assert h.store.docs["low"]["state"] == "interrupting" and not h.pub.of(InterruptJob)
+    await run_due_cycle(h.deps)  # the failed cycle stays due
+    [interrupt] = h.pub.of(InterruptJob)
+    assert interrupt.event_id == derived_id("low", 1, "interrupt", "preempted")
+    assert h.store.docs["low"]["interrupt_sent"] is True
+    # Memory knows whom the victim makes room for, counted once, as without the failure.
+    assert h.deps.state.interrupting == {"low": "high"}
+    assert h.deps.state.preemptions == {"low": 1}
+    await h.send(
+        JobInterrupted(job_id="low", attempt=1, cause=InterruptCause.PREEMPTED, reason="x")
+    )
+    await run_due_cycle(h.deps)
+    assert [e.job_id for e in h.pub.of(JobPlaced)] == ["low", "high"]
 
 
 def test_two_heads_never_choose_the_same_victim_in_one_cycle() -> None:

@@ -93,8 +93,9 @@ class Deps:
     attempts: dict[str, int] = field(default_factory=dict)
     # The retry budget each queued or placed job has spent (its JobPlaced carries it).
     retries_used: dict[str, int] = field(default_factory=dict)
-    # Interrupted jobs whose InterruptJob a crash may have kept from going out.
-    unsent_preemptions: set[str] = field(default_factory=set)
+    # Interrupted jobs whose InterruptJob a crash or a failed publish may have kept from
+    # going out: each cycle sends them first.
+    unsent_interrupts: set[str] = field(default_factory=set)
     # Placed jobs without gang placement, as submitted (their allocation's spec counts
     # only the tasks placed so far): what JobPlaced carries, and what is left to place.
     ungang: dict[str, JobSpec] = field(default_factory=dict)
@@ -219,7 +220,12 @@ async def interrupt_placed(
         fields={**interrupting_fields(cause.value, reason), **(fields or {})},
     )
     if changed:
+        # Noted until it went out: a cycle that interrupts (a preemption, a growth, the
+        # shutdown) has no redelivery to send it again, and the job, interrupting now,
+        # is not interrupted twice.
+        deps.unsent_interrupts.add(record.job_id)
         await send_interrupt(deps, record.job_id, record.attempt, cause, reason)
+        deps.unsent_interrupts.discard(record.job_id)
     return changed
 
 
@@ -310,7 +316,7 @@ def adopt_preemption(deps: Deps, record: JobRecord) -> None:
     if record.interrupt is not None and not (preempted and record.interrupt_sent):
         # Only preemptions note that their InterruptJob went out: any other interrupt
         # is sent again at start (same event id; the launcher answers a repeat in kind).
-        deps.unsent_preemptions.add(record.job_id)
+        deps.unsent_interrupts.add(record.job_id)
 
 
 async def announce_placed(deps: Deps, allocation: Allocation) -> None:

@@ -74,7 +74,7 @@ async def _cycle(deps: Deps) -> None:
     # 1. Announce placements a crash or a failed publish left unannounced.
     for job_id in sorted(deps.unannounced):
         await announce_placed(deps, deps.state.placed[job_id])
-    for job_id in sorted(deps.unsent_preemptions):
+    for job_id in sorted(deps.unsent_interrupts):
         await _resend_preemption(deps, job_id)
     for job_id in sorted(deps.unannounced_tasks):
         await announce_tasks(deps, job_id)
@@ -168,8 +168,13 @@ async def _preempt(deps: Deps, decision: Preempt) -> None:
         record = await deps.store.get(victim)
         if record is None or record.state != P.PLACED:
             if record is not None and record.state == P.INTERRUPTING:
-                # Already on its way out for another cause: never chosen again.
-                deps.state.interrupting.setdefault(victim, None)
+                # Already on its way out: never chosen again. For another cause, or for
+                # a preemption whose InterruptJob could not be sent (the store has whom
+                # it is for, memory lost it with the failure; it goes out next cycle).
+                if victim not in deps.state.interrupting:
+                    deps.state.interrupting[victim] = record.preempted_by
+                    if record.preempted_by is not None:
+                        deps.state.preemptions[victim] = record.preemptions
             continue
         count = deps.state.preemptions.get(victim, 0) + 1
         if await interrupt_placed(
@@ -191,13 +196,12 @@ async def _preempt(deps: Deps, decision: Preempt) -> None:
 
 async def _resend_preemption(deps: Deps, job_id: str) -> None:
     record = await deps.store.get(job_id)
-    deps.unsent_preemptions.discard(job_id)
-    if record is None or record.state != P.INTERRUPTING or record.interrupt is None:
-        return
-    await send_interrupt(deps, job_id, record.attempt, *record.interrupt)
-    await deps.store.change(
-        job_id, states=(P.INTERRUPTING,), attempt=record.attempt, fields=interrupt_sent_fields()
-    )
+    if record is not None and record.state == P.INTERRUPTING and record.interrupt is not None:
+        await send_interrupt(deps, job_id, record.attempt, *record.interrupt)
+        await deps.store.change(
+            job_id, states=(P.INTERRUPTING,), attempt=record.attempt, fields=interrupt_sent_fields()
+        )
+    deps.unsent_interrupts.discard(job_id)  # only once sent: a failure sends it next cycle
 
 
 async def _commit_placement(deps: Deps, decision: Placed) -> None:
