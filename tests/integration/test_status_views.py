@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import uuid
 from collections.abc import AsyncIterator
@@ -23,7 +24,9 @@ from trainyard_common.events import (
     InterruptCause,
     JobFinished,
     JobInterrupted,
+    JobResourceChanged,
     JobState,
+    SetPriority,
     TaskState,
     TaskStateChanged,
 )
@@ -75,7 +78,7 @@ def lifecycle(job_id: str):
 async def apply_all(views: JobViews, events, seqs) -> None:
     for event, seq in zip(events, seqs, strict=True):
         await views.record(event, seq, None)
-        await views.apply(project(event))
+        await views.apply(project(event), seq)
 
 
 async def submitted_job(
@@ -134,6 +137,44 @@ async def test_redelivered_and_shuffled_events_give_the_same_view(views: JobView
     for key in ("state", "exit_code", "reason", "tasks", "spec"):
         assert a[key] == b[key], key
     assert len(await views.history(job_b)) == len(events_b)  # no duplicate history rows
+
+
+async def test_an_event_applied_late_does_not_undo_a_later_one(views: JobViews) -> None:
+    # Another status replica, or a message naked and redelivered after later ones: the
+    # fields more than one kind of event sets keep the latest event's values.
+    job = uuid.uuid4().hex
+    submitted, accepted, queued, placed = lifecycle(job)[:4]
+    role = accepted.spec.roles[0]
+    defaulted = accepted.spec.model_copy(
+        update={"roles": [role.model_copy(update={"image": "defaulted:1"})]}
+    )
+    accepted = accepted.model_copy(update={"spec": defaulted})
+    scaled = placed.spec.model_copy(
+        update={"roles": [role.model_copy(update={"image": "defaulted:1", "replicas": 5})]}
+    )
+    placed = placed.model_copy(update={"spec": scaled})
+
+    def priority(value: int) -> SetPriority:
+        return SetPriority(job_id=job, requested_by="alice", priority=value)
+
+    def resource(generation: int) -> JobResourceChanged:
+        body = {"metadata": {"name": "train", "labels": {"gen": str(generation)}}}
+        return JobResourceChanged(job_id=job, resource=body, generation=generation)
+
+    # In stream order: submitted 1, accepted 2, priority 9 at 3 then 7 at 4, resource
+    # generation 2 at 5 then 3 at 6, queued 7, placed 8 (a new size); applied shuffled.
+    order = [
+        (accepted, 2), (priority(7), 4), (resource(3), 6), (placed, 8), (submitted, 1),
+        (priority(9), 3), (resource(2), 5), (queued, 7), (accepted, 2),
+    ]  # fmt: skip
+    for event, seq in order:
+        await views.apply(project(event), seq)
+    doc = await views.get_job(job)
+    assert doc["priority"] == 7
+    assert doc["generation"] == 3 and '"gen": "3"' in doc["original_json"]
+    spec = json.loads(doc["spec_json"])
+    assert spec["roles"][0]["image"] == "defaulted:1" and spec["roles"][0]["replicas"] == 5
+    assert doc["name"] == submitted.spec.name  # the submission's own fields, late too
 
 
 def interrupted(job_id: str):

@@ -18,6 +18,29 @@ from trainyard_common.storage import Database, insert_once, preload
 from ..domain.projection import Changes, EndTasks, JobChange, TaskChange, project
 
 
+def _order_keys(change: JobChange) -> dict[str, str]:
+    """Where each of the change's ordered groups keeps the order that last wrote it."""
+    return {
+        **{group: f"{group}_seq" for group in change.ordered},
+        **{group: f"{group}_rank" for group in change.ranked},
+    }
+
+
+def _ordered_sets(
+    change: JobChange, seq: int | None
+) -> list[tuple[str, int | None, dict[str, Any]]]:
+    """Each ordered group of the change: (its order's key, its order, the fields to set
+    with the order). No order for a seq group of an event replayed outside the stream:
+    written as before."""
+    keys = _order_keys(change)
+    groups = [(g, seq, f) for g, f in change.ordered.items()]
+    groups += [(g, change.rank, f) for g, f in change.ranked.items()]
+    return [
+        (keys[g], order, {**fields, **({keys[g]: order} if order is not None else {})})
+        for g, order, fields in groups
+    ]
+
+
 class JobViews:
     def __init__(self, db: Database) -> None:
         self.jobs = db["jobs"]
@@ -92,22 +115,41 @@ class JobViews:
                 **change.with_state,
                 **fed,
             }
-        current = await self.jobs.find_one({"_id": change.job_id}, {"state_rank": 1})
+        groups = _ordered_sets(change, seq)
+        read = {"state_rank": 1, "created_seq": 1, **{key: 1 for key, _, _ in groups}}
+        current = await self.jobs.find_one({"_id": change.job_id}, read)
         if current is None:
             document = {
                 "_id": change.job_id,
                 "state_rank": -1,
                 "state": None,
                 **change.always,
+                **{k: v for _, _, fields in groups for k, v in fields.items()},
                 **state_set,
                 **{key: [value] for key, value in change.add_to_set.items()},
                 **fed,
             }
             if await insert_once(self.jobs, document):
                 return
-            current = await self.jobs.find_one({"_id": change.job_id}, {"state_rank": 1}) or {}
-        if change.always:
+            current = await self.jobs.find_one({"_id": change.job_id}, read) or {}
+        # The first event's fields are set once: applied again (a redelivery) it would
+        # only move feed_seq back, and a listener would be sent a change that is none.
+        repeat = change.created and current.get("created_seq") is not None
+        if change.always and not repeat:
             await self.jobs.update_one({"_id": change.job_id}, {"$set": {**change.always, **fed}})
+        for key, order, fields in groups:
+            if order is None:
+                await self.jobs.update_one({"_id": change.job_id}, {"$set": fields})
+                continue
+            stored = current.get(key)
+            if stored is not None and stored >= order:
+                continue  # a later event wrote this group already
+            # Guarded in the filter too, for another replica writing meanwhile; a group
+            # none wrote yet (or a view from before the orders) is written as it is:
+            # "$lt" never matches a missing field, and "$or" would make a MongoDB batch
+            # send what it holds at once.
+            newer = {key: {"$lt": order}} if stored is not None else {}
+            await self.jobs.update_one({"_id": change.job_id, **newer}, {"$set": {**fields, **fed}})
         if change.add_to_set:
             await self.jobs.update_one({"_id": change.job_id}, {"$addToSet": change.add_to_set})
         if change.pull:

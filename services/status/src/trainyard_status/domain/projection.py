@@ -81,6 +81,14 @@ class JobChange:
     # The job's first event (JobSubmitted): its stream sequence is kept as created_seq,
     # which tells a Kubernetes-style watch an ADDED object from a MODIFIED one.
     created: bool = False
+    # Fields more than one kind of event sets, by group: a group is written only by an
+    # event later in the stream than the one that last wrote it (``<group>_seq``), so an
+    # event applied late (a redelivery, another replica) does not undo a newer one.
+    ordered: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The same by the state's rank (``<group>_rank``), whether or not the state itself
+    # moves: what every step of a job carries (its spec), the latest step's wins, and a
+    # job whose end was applied first still gets it from the earlier steps.
+    ranked: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
@@ -138,33 +146,40 @@ def project(event: Event) -> Changes:
                         "dialect": event.dialect,
                         "dialect_key": event.dialect_key,
                         "queue": spec.queue,
-                        "priority": spec.priority,
                         "kind": spec.kind.value,
                         "labels": {label.name: label.value for label in spec.labels},
                         # What a dialect's searches read (PAI-DLC's ImageSearch and
                         # UserCommandSearch): the images and commands, as text.
                         "search": _search(shown),
                         "submitted_at": at,
-                        "spec_json": shown.model_dump_json(),
-                        "original_json": _original(event),
-                        "warnings": _issues(event.warnings),
                         "claimed": event.name_claimed,
                     },
                     state=JobState.SUBMITTED,
                     with_state={"updated_at": at},
                     created=True,
+                    ordered={
+                        "priority": {"priority": spec.priority},
+                        "resource": {"original_json": _original(event)},
+                    },
+                    # As submitted, until validation's (defaulted) replaces them.
+                    ranked={
+                        "spec": {"spec_json": shown.model_dump_json()},
+                        "warnings": {"warnings": _issues(event.warnings)},
+                    },
                 )
             )
         case JobAccepted():
             return Changes(
                 JobChange(
                     event.job_id,
-                    always={
-                        "spec_json": event.spec.redacted().model_dump_json(),
-                        "warnings": _issues(event.warnings),
-                    },
                     state=JobState.ACCEPTED,
                     with_state={"updated_at": at},
+                    # A placed attempt's spec (a new size) is not undone by this event
+                    # applied late.
+                    ranked={
+                        "spec": {"spec_json": event.spec.redacted().model_dump_json()},
+                        "warnings": {"warnings": _issues(event.warnings)},
+                    },
                 )
             )
         case JobRejected():
@@ -209,9 +224,9 @@ def project(event: Event) -> Changes:
                         else f"{len(event.tasks)} of {total} tasks placed; the others are "
                         "placed one by one as capacity frees (no gang placement)",
                         "queue_reasons": [],
-                        "spec_json": event.spec.redacted().model_dump_json(),
                         "updated_at": at,
                     },
+                    ranked={"spec": {"spec_json": event.spec.redacted().model_dump_json()}},
                 ),
                 _placements(event.job_id, event.attempt, event.tasks),
             )
@@ -322,7 +337,9 @@ def project(event: Event) -> Changes:
                 JobChange(event.job_id, always={"stop_requested_by": event.requested_by, **deleted})
             )
         case SetPriority():
-            return Changes(JobChange(event.job_id, always={"priority": event.priority}))
+            return Changes(
+                JobChange(event.job_id, ordered={"priority": {"priority": event.priority}})
+            )
         case JobTagged():
             tags = {"tags": event.tag}
             if event.present:
@@ -332,10 +349,12 @@ def project(event: Event) -> Changes:
             return Changes(
                 JobChange(
                     event.job_id,
-                    always={
-                        "original_json": json.dumps(event.resource, ensure_ascii=False),
-                        "generation": event.generation,
-                        "updated_at": at,
+                    ordered={
+                        "resource": {
+                            "original_json": json.dumps(event.resource, ensure_ascii=False),
+                            "generation": event.generation,
+                            "updated_at": at,
+                        }
                     },
                 )
             )
