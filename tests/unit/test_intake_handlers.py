@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 
 from trainyard_common.auth import Identity
+from trainyard_common.cluster import ClusterSpec
 from trainyard_common.dialects import UnknownDialect
-from trainyard_common.events import Event, JobSubmitted, PauseJob, RestartJob, ResumeJob, StopJob
+from trainyard_common.events import (
+    Event,
+    JobSubmitted,
+    PauseJob,
+    RestartJob,
+    ResumeJob,
+    StopJob,
+    derived_id,
+)
 from trainyard_intake.adapters.owners import InMemoryOwnerRegistry
 from trainyard_intake.handlers import (
     Deps,
@@ -19,6 +28,10 @@ from trainyard_intake.handlers import (
     request_stop,
     submit_job,
 )
+from trainyard_intake.producers import Submission, decode_submission, submit_published
+from trainyard_validation.domain.rules import decide
+
+from ..support.bus import RECEIVED
 
 JOB = {
     "jobName": "j1",
@@ -185,3 +198,35 @@ async def test_a_rejected_job_gives_its_name_back_once_and_only_its_own(deps: De
     await deps.names.claim("alice", "ns/pytorchjobs/train", "k8s-job", {"kind": "PyTorchJob"})
     assert not await release_rejected_name("k8s-job", deps)
     assert (await deps.names.get("alice", "ns/pytorchjobs/train")).job_id == "k8s-job"
+
+
+def submission(payload: object, submission_id: str = "s1") -> Submission:
+    return Submission("bot", submission_id, payload)
+
+
+async def test_a_published_submission_too_large_for_the_bus_is_a_rejected_job(
+    deps: Deps,
+) -> None:
+    # Retried, it would only fail again, and end in the dead letters with its producer
+    # never told: it is a job, rejected with the reason, under the id its key gives.
+    deps.max_payload = 4096
+    big = {**JOB, "taskRoles": [{**JOB["taskRoles"][0], "command": "x" * 5000}]}
+    await submit_published(submission(big), RECEIVED, deps)
+    [event] = deps.publish
+    assert isinstance(event, JobSubmitted) and event.spec.user == "bot"
+    assert event.job_id == derived_id("job", "bot", "s1") and event.original == {}
+    [issue] = event.translation_errors
+    assert (issue.path, issue.code) == ("$", "too_large")
+    assert "more than the bus carries (4096 bytes)" in issue.message
+    [error] = decide(event, ClusterSpec(nodes=[])).errors  # type: ignore[union-attr]
+    assert error == issue  # the reason, alone: nothing said of the stand-in spec
+
+
+async def test_a_published_submission_that_cannot_be_read_is_rejected_saying_why(
+    deps: Deps,
+) -> None:
+    unread = decode_submission(b"{not json", "yard.submit.bot.s2", {})
+    await submit_published(unread, RECEIVED, deps)
+    [event] = deps.publish
+    [issue] = event.translation_errors
+    assert issue.code == "unreadable" and "the submission cannot be read" in issue.message

@@ -52,7 +52,10 @@ def rule_errors(submitted: JobSubmitted) -> list[FieldIssue]:
 def _shadowed(path: str, broken: list[str]) -> bool:
     """A rule's finding about something that holds a field translation already found
     broken (and left out or replaced): ``$.roles`` "has no role" when ``$.roles[0].cpu``
-    was the trouble. It would only mislead."""
+    was the trouble. It would only mislead. A payload broken as a whole (``$``: no job
+    in it, or too large to carry) left only a stand-in spec: every finding is shadowed."""
+    if "$" in broken:
+        return True
     return path != "$" and any(b.startswith((f"{path}.", f"{path}[")) for b in broken)
 
 
