@@ -24,6 +24,7 @@ from trainyard_common.events import (
     JobAccepted,
     JobFinished,
     JobInterrupted,
+    JobRejected,
     JobRetrying,
     PauseJob,
     RestartJob,
@@ -36,7 +37,6 @@ from trainyard_common.events import (
 from trainyard_common.subjects import subjects_for
 
 from .common import (
-    EARLY_COMMAND_DELIVERIES,
     FIRST_ATTEMPT,
     PAUSED_STOP,
     SUBMITTED_PAUSED,
@@ -72,6 +72,7 @@ from .cycle import (
     shut_down,
 )
 from .jobs import (
+    forget_rejected,
     queue_job,
     release_job,
     release_task,
@@ -87,6 +88,7 @@ from .startup import (
 
 EVENT_HANDLERS: dict[type[Event], EventHandler[Deps]] = {
     JobAccepted: queue_job,
+    JobRejected: forget_rejected,
     JobFinished: release_job,
     JobRetrying: retry_job,
     StopJob: stop_job,
@@ -122,7 +124,6 @@ __all__ = [
     "publish",
     "SUBJECTS",
     "Deps",
-    "EARLY_COMMAND_DELIVERIES",
     "EVENT_HANDLERS",
     "EventHandler",
     "FIRST_ATTEMPT",
@@ -142,6 +143,7 @@ __all__ = [
     "notice_key",
     "pause_job",
     "placed_id",
+    "forget_rejected",
     "queue_job",
     "queue_view",
     "queued_id",

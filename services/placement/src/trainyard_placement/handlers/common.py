@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from trainyard_common.bus import Delivery
 from trainyard_common.errors import TransientError
 from trainyard_common.events import (
     Event,
@@ -55,11 +54,6 @@ SUBMITTED_PAUSED = "submitted to start paused: waiting for a resume"
 
 
 PAUSED_STOP = "stopped while paused"
-
-
-# A command for a job not accepted yet waits for it this many deliveries (~40 s of nak
-# delays), then is dropped: the job was rejected.
-EARLY_COMMAND_DELIVERIES = 10
 
 
 class Publisher(Protocol):
@@ -253,15 +247,15 @@ async def announce_carried(deps: Deps, before: JobRecord, attempt: int) -> None:
         await announce_paused(deps, before.job_id, attempt, before.interrupt[1])
 
 
-async def known_record(deps: Deps, job_id: str, delivery: Delivery) -> JobRecord | None:
+async def known_record(deps: Deps, job_id: str) -> JobRecord:
+    """The record a user's command acts on. Intake takes a command for a job as soon as
+    it is submitted: one validation has not passed on yet waits (redelivered), for as
+    long as it takes. A job validation rejects leaves a record that ends the wait (the
+    command then finds the job ended); one that never comes at all leaves the command in
+    the dead letters, saying so, never dropped unseen."""
     record = await deps.store.get(job_id)
-    if record is None and delivery.num_delivered < EARLY_COMMAND_DELIVERIES:
-        # Intake knows the job but validation has not passed it on yet: try again later.
-        # A job that never comes (rejected) has the command dropped after a while.
-        raise TransientError(f"job {job_id} is not known to placement yet")
     if record is None:
-        log.warning("dropping a command for job %s, which placement never got", job_id)
-        return None
+        raise TransientError(f"job {job_id} is not known to placement yet")
     await catch_up(deps, record)
     return record
 

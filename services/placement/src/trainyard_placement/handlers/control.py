@@ -59,9 +59,7 @@ log = logging.getLogger("trainyard.placement")
 
 
 async def pause_job(event: PauseJob, delivery: Delivery, deps: Deps) -> None:
-    record = await known_record(deps, event.job_id, delivery)
-    if record is None:
-        return
+    record = await known_record(deps, event.job_id)
     if record.state == P.QUEUED:
         if await deps.store.change(
             record.job_id, states=(P.QUEUED,), attempt=record.attempt, fields=paused_fields()
@@ -89,9 +87,7 @@ async def pause_job(event: PauseJob, delivery: Delivery, deps: Deps) -> None:
 
 
 async def resume_job(event: ResumeJob, delivery: Delivery, deps: Deps) -> None:
-    record = await known_record(deps, event.job_id, delivery)
-    if record is None:
-        return
+    record = await known_record(deps, event.job_id)
     if (
         record.state == P.INTERRUPTING
         and record.interrupt is not None
@@ -116,9 +112,7 @@ async def restart_job(event: RestartJob, delivery: Delivery, deps: Deps) -> None
     started yet) or one already leaving for another cause gets its fresh start anyway.
     The command's id is stored with its effect, so a redelivery can never restart the
     attempt that the restart itself started."""
-    record = await known_record(deps, event.job_id, delivery)
-    if record is None:
-        return
+    record = await known_record(deps, event.job_id)
     if record.state in (P.DONE, P.STOPPED_EARLY) or record.spec is None:
         log.info("restart of job %s asked for after it ended: nothing to restart", record.job_id)
         return
@@ -173,8 +167,8 @@ async def _restart_again(deps: Deps, record: JobRecord, event: RestartJob) -> No
 
 
 async def scale_job(event: ScaleJob, delivery: Delivery, deps: Deps) -> None:
-    record = await known_record(deps, event.job_id, delivery)
-    if record is None or record.spec is None or record.state in (P.DONE, P.STOPPED_EARLY):
+    record = await known_record(deps, event.job_id)
+    if record.spec is None or record.state in (P.DONE, P.STOPPED_EARLY):
         return
     current = record.next_spec or record.spec
     problem = scale_problem(current, event.role, event.replicas)
@@ -215,8 +209,8 @@ async def scale_job(event: ScaleJob, delivery: Delivery, deps: Deps) -> None:
 async def set_priority(event: SetPriority, delivery: Delivery, deps: Deps) -> None:
     """A new priority: kept on the job's spec (and on its next attempt's, when it is
     being interrupted), so its place in the queue and preemption's weighing follow it."""
-    record = await known_record(deps, event.job_id, delivery)
-    if record is None or record.spec is None or record.state in (P.DONE, P.STOPPED_EARLY):
+    record = await known_record(deps, event.job_id)
+    if record.spec is None or record.state in (P.DONE, P.STOPPED_EARLY):
         return
     fields: dict[str, str] = {}
     if record.spec.priority != event.priority:

@@ -1,5 +1,5 @@
-"""A job's own events: accepted (queued, or paused as submitted), finished, retried, and
-a stop."""
+"""A job's own events: accepted (queued, or paused as submitted), rejected, finished,
+retried, and a stop."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from trainyard_common.bus import Delivery
 from trainyard_common.events import (
     JobAccepted,
     JobFinished,
+    JobRejected,
     JobRetrying,
     StopJob,
     TaskStateChanged,
@@ -70,6 +71,14 @@ async def queue_job(event: JobAccepted, delivery: Delivery, deps: Deps) -> None:
             # insert landed but its answer was lost (the store went away).
             await catch_up(deps, record)
     await run_cycle(deps)
+
+
+async def forget_rejected(event: JobRejected, delivery: Delivery, deps: Deps) -> None:
+    """A job validation rejected never comes: it is recorded as ended, so that a user's
+    command taken before the rejection (handlers/common.py ``known_record``) finds it
+    ended rather than waiting for it. A stop that came first is ended the same way."""
+    await deps.store.add_tombstone(event.job_id, attempt=FIRST_ATTEMPT)
+    await deps.store.mark_done(event.job_id, P.STOPPED_EARLY)
 
 
 async def release_job(event: JobFinished, delivery: Delivery, deps: Deps) -> None:
