@@ -7,6 +7,7 @@ import pytest
 from trainyard_common.auth import Identity
 from trainyard_common.cluster import ClusterSpec
 from trainyard_common.dialects import UnknownDialect
+from trainyard_common.errors import BusUnavailable
 from trainyard_common.events import (
     Event,
     JobSubmitted,
@@ -230,3 +231,22 @@ async def test_a_published_submission_that_cannot_be_read_is_rejected_saying_why
     [event] = deps.publish
     [issue] = event.translation_errors
     assert issue.code == "unreadable" and "the submission cannot be read" in issue.message
+
+
+async def test_a_job_whose_ack_was_lost_keeps_its_name() -> None:
+    # The bus stored the job but its ack timed out: freeing the name then let the
+    # client's retry (without an Idempotency-Key) make a second job of the same name.
+    stored: list[Event] = []
+
+    async def ack_lost_once(event: Event) -> int:
+        if event.event_id not in {e.event_id for e in stored}:
+            stored.append(event)
+            raise BusUnavailable("the bus did not store the message: TimeoutError()")
+        return len(stored)  # a duplicate: JetStream answers with the stored sequence
+
+    deps = Deps(publish=ack_lost_once, owners=InMemoryOwnerRegistry())
+    result = await submit_job(JOB, Identity("alice"), deps)
+    assert [e.job_id for e in stored] == [result.job_id]
+    assert (await deps.names.get("alice", "j1")).job_id == result.job_id
+    with pytest.raises(NameTaken):
+        await submit_job(JOB, Identity("alice"), deps)

@@ -19,6 +19,7 @@ from trainyard_common.dialects import (
     translate,
 )
 from trainyard_common.dialects.translation import too_many_tasks
+from trainyard_common.errors import BusUnavailable
 from trainyard_common.events import (
     Event,
     FieldIssue,
@@ -186,7 +187,13 @@ async def submit_job(
             await deps.names.release(identity.user, key, job_id)
         return Submitted(job_id, translation.dialect, warnings, translation.errors)
     try:
-        seq = await deps.publish(event)
+        try:
+            seq = await deps.publish(event)
+        except BusUnavailable:
+            # An ack that did not come may be that of a message stored: asked again
+            # (the same id, stored once), the bus says so when it answers, and the name
+            # stays with the job (given back, a retry would make a second job of it).
+            seq = await deps.publish(event)
     except BaseException:
         # Not on the bus, so not a job: its name is free for the retry (one with the
         # same Idempotency-Key gets the same id and would find its own claim anyway).
