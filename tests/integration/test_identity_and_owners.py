@@ -7,7 +7,13 @@ import uuid
 
 import pytest
 
-from trainyard_common.auth import Identity, TokenStore, tokens_collection
+from trainyard_common.auth import (
+    AccessKeyStore,
+    Identity,
+    TokenStore,
+    parse_access_keys,
+    tokens_collection,
+)
 from trainyard_intake.adapters.names import DocNameClaims, InMemoryNameClaims
 from trainyard_intake.adapters.owners import DocOwnerRegistry, InMemoryOwnerRegistry
 
@@ -49,6 +55,37 @@ async def test_tokens_list_their_users_and_revoke(client, db_prefix: str) -> Non
     assert not await store.revoke(first)
     assert not await store.revoke("bootstrap-admin-xyz")  # not in the store
     assert await store.users() == {"admin": True, "bob": False, "carol": True}  # bob has one
+
+
+async def test_every_credential_of_a_user_is_revoked_at_once(client, db_prefix: str) -> None:
+    store = TokenStore(tokens_collection(client, db_prefix), admin_token="bootstrap-admin-xyz")
+    keys = AccessKeyStore.beside(store, environ={})
+    dave = [await store.issue("dave") for _ in range(3)]
+    kept = await store.issue("erin")
+    key = await keys.issue("dave")
+    other_key = await keys.issue("erin")
+    assert all([await store.resolve(token) == Identity("dave") for token in dave])  # cached
+    assert await store.revoke_user("dave") == 3
+    assert [await store.resolve(token) for token in dave] == [None, None, None]
+    assert await keys.revoke_user("dave") == 1
+    assert await keys.lookup(key.id) is None
+    assert await store.resolve(kept) == Identity("erin")  # another user's stay
+    assert await keys.lookup(other_key.id) == other_key
+    assert await store.revoke_user("dave") == 0
+
+
+async def test_no_credential_acts_as_the_bootstrap_admin_without_its_rights(
+    client, db_prefix: str
+) -> None:
+    # can_see compares names: a plain "admin" would see every job the bootstrap made.
+    store = TokenStore(tokens_collection(client, db_prefix), admin_token="bootstrap-admin-xyz")
+    with pytest.raises(ValueError, match="bootstrap admin"):
+        await store.issue("admin")
+    assert await store.resolve(await store.issue("admin", admin=True)) == Identity("admin", True)
+    with pytest.raises(ValueError, match="bootstrap admin"):
+        await AccessKeyStore.beside(store, environ={}).issue("admin")
+    with pytest.raises(ValueError, match="entry 2: .*bootstrap admin"):
+        parse_access_keys("LTAI1:s1:alice,LTAI2:s2:admin")
 
 
 @pytest.fixture(params=["store", "memory"])

@@ -449,6 +449,7 @@ def test_admin_routes_refuse_an_ordinary_user(
         ("POST", "/v1/tokens", {"json": {"user": bob.name, "admin": True}}),
         ("POST", "/v1/access-keys", {"json": {"user": alice.name}}),
         ("DELETE", f"/v1/access-keys/{alice.key_id}", {}),
+        ("DELETE", f"/v1/users/{alice.name}/credentials", {}),
         ("GET", "/v1/placement/nodes", {}),
         ("POST", "/v1/placement/nodes", {"json": {"name": "evil", "cpu": 64, "memory_mb": 1}}),
         ("POST", "/v1/placement/nodes/node-cpu/drain", {}),
@@ -498,3 +499,27 @@ def test_openpai_account_calls_keep_bob_to_his_own(alice: User, bob: User) -> No
     as_minted = bob.api.as_token(minted).http.get(f"/api/v2/users/{bob.name}")
     assert as_minted.json()["username"] == bob.name and as_minted.json()["admin"] is False
     assert bob.api.as_token(minted).http.get("/v1/admin/tasks").status_code == 403
+
+
+def test_an_admin_revokes_every_credential_of_a_user_those_it_minted_too(
+    platform: Platform, admin: Api
+) -> None:
+    # Revoking the token an admin issued left the tokens its holder had minted for
+    # itself (OpenPAI's application tokens, which can mint more) working.
+    carol = make_user(platform, admin, unique("carol"))
+    minted = [
+        carol.api.http.post("/api/v2/tokens/application", json={}).json()["token"] for _ in range(2)
+    ]
+    everyone = [carol.api, *(carol.api.as_token(token) for token in minted)]
+    for api in everyone:  # intake's own route: its cache is cleared at once
+        assert api.http.get(f"/api/v2/users/{carol.name}").status_code == 200
+    answer = admin.http.delete(f"/v1/users/{carol.name}/credentials")
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"user": carol.name, "tokens": 3, "access_keys": 1}
+    for api in everyone:
+        assert api.http.get(f"/api/v2/users/{carol.name}").status_code == 401
+    with pytest.raises(ClientException):  # her AccessKey no longer signs
+        carol.dlc.list_jobs(dlc_models.ListJobsRequest())
+    # The bootstrap admin's name is no one else's to be given.
+    refused = admin.http.post("/v1/tokens", json={"user": "admin"})
+    assert refused.status_code == 422 and "bootstrap admin" in refused.text

@@ -104,8 +104,7 @@ class TokenStore:
         self.nonces: NonceRegistry = nonces or MemoryNonces()
 
     async def issue(self, user: str, admin: bool = False) -> str:
-        if not USER_NAME.match(user):
-            raise ValueError(f"user name {user!r} must match {USER_NAME.pattern}")
+        check_user_name(user, admin)
         if self._tokens is None:
             raise RuntimeError("this service has no token store")
         token = new_token()
@@ -128,6 +127,12 @@ class TokenStore:
         key = token_hash(token)
         self._cache.pop(key, None)
         return bool((await self._tokens.delete_one({"_id": key})).deleted_count)
+
+    async def revoke_user(self, user: str) -> int:
+        """Every token of ``user`` stops resolving (those its holder made for itself
+        too); how many there were. Here at once, in other services within CACHE_S."""
+        self._cache = {k: v for k, v in self._cache.items() if v[1].user != user}
+        return await _delete_all(self._tokens, user)
 
     async def count(self, user: str) -> int:
         """How many tokens ``user`` holds in the store."""
@@ -161,6 +166,26 @@ class TokenStore:
         identity = Identity(doc["user"], bool(doc.get("admin")))
         self._cache[key] = (time.monotonic() + self.CACHE_S, identity)
         return identity
+
+
+def check_user_name(user: str, admin: bool = False) -> None:
+    """ValueError unless ``user`` may be given a credential: a valid name, and not the
+    bootstrap admin's without admin rights (it would see every job that admin made)."""
+    if not USER_NAME.match(user):
+        raise ValueError(f"user name {user!r} must match {USER_NAME.pattern}")
+    if user == ADMIN_USER and not admin:
+        raise ValueError(
+            f"user name {ADMIN_USER!r} is the bootstrap admin's: only an admin "
+            "credential may act as it"
+        )
+
+
+async def _delete_all(collection: Collection | None, user: str) -> int:
+    """Delete every credential of ``user`` in ``collection``; how many."""
+    if collection is None:
+        return 0
+    ids = [doc["_id"] async for doc in collection.find({"user": user}, {"_id": 1})]
+    return sum([(await collection.delete_one({"_id": i})).deleted_count for i in ids])
 
 
 def bearer(request: Request) -> str:
@@ -220,11 +245,10 @@ def parse_access_keys(text: str | None) -> dict[str, AccessKey]:
         if len(parts) != 3 or not all(p.strip() for p in parts):
             raise ValueError(f"{ACCESS_KEYS_ENV} entry {n + 1} must be id:secret:user")
         key_id, secret, user = (p.strip() for p in parts)
-        if not USER_NAME.match(user):
-            raise ValueError(
-                f"{ACCESS_KEYS_ENV} entry {n + 1}: user name {user!r} must "
-                f"match {USER_NAME.pattern}"
-            )
+        try:
+            check_user_name(user)
+        except ValueError as exc:
+            raise ValueError(f"{ACCESS_KEYS_ENV} entry {n + 1}: {exc}") from None
         keys[key_id] = AccessKey(key_id, secret, user)
     return keys
 
@@ -254,8 +278,7 @@ class AccessKeyStore:
         return cls(collection, parse_access_keys(env.get(ACCESS_KEYS_ENV)))
 
     async def issue(self, user: str) -> AccessKey:
-        if not USER_NAME.match(user):
-            raise ValueError(f"user name {user!r} must match {USER_NAME.pattern}")
+        check_user_name(user)
         if self._keys is None:
             raise RuntimeError("this service has no access key store")
         # Alibaba Cloud's shapes: LTAI + 20 characters, a 30-character secret.
@@ -271,6 +294,11 @@ class AccessKeyStore:
             return False
         result = await self._keys.delete_one({"_id": key_id})
         return result.deleted_count > 0
+
+    async def revoke_user(self, user: str) -> int:
+        """Every stored AccessKey of ``user`` (those of YARD_ACCESS_KEYS are the
+        environment's); how many there were."""
+        return await _delete_all(self._keys, user)
 
     async def lookup(self, key_id: str) -> AccessKey | None:
         if key_id in self._configured:

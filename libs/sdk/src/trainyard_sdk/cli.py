@@ -621,6 +621,24 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
             note = f"{kind} for {answer.get('user', user)}; shown once, keep it safe"
             s.err.print(Text(note, style="dim"))
 
+    @token_app.command("revoke-user")
+    def token_revoke_user(
+        ctx: typer.Context,
+        user: Annotated[str, typer.Argument(help="user whose credentials end")],
+        output: OutputOpt = Output.table,
+    ) -> None:
+        """Revoke every token and AccessKey of USER, those it made for itself too."""
+        s: Session = ctx.obj
+        with reported(s), s.client() as client:
+            answer = client.revoke_user(user)
+        if not _print_data(output, answer):
+            s.out.print(
+                Text(
+                    f"revoked {answer['tokens']} token(s) and {answer['access_keys']} "
+                    f"access key(s) of {answer['user']}"
+                )
+            )
+
     return app
 
 

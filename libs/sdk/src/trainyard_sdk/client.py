@@ -416,6 +416,11 @@ class Client:
         """Issues a bearer token for ``user`` (needs an admin token): ``{"user", "token"}``."""
         return self._request("POST", "/v1/tokens", json={"user": user, "admin": admin})
 
+    def revoke_user(self, user: str) -> dict[str, Any]:
+        """Revokes every token and stored AccessKey of ``user`` (needs an admin token):
+        ``{"user", "tokens", "access_keys"}``, how many of each."""
+        return self._request("DELETE", f"/v1/users/{quote(user, safe='')}/credentials")
+
     # -- plumbing -------------------------------------------------------------
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:

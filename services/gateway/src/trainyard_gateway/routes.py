@@ -19,6 +19,7 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     ("POST", re.compile(r"^/v1/jobs$"), "intake"),
     ("POST", re.compile(r"^/v1/jobs/[^/]+/(stop|pause|resume|restart)$"), "intake"),
     ("POST", re.compile(r"^/v1/tokens$"), "intake"),
+    ("DELETE", re.compile(r"^/v1/users/[^/]+/credentials$"), "intake"),
     (WRITE, re.compile(r"^/v1/access-keys(/[^/]+)?$"), "intake"),
     (READ, re.compile(r"^/v1/jobs/[^/]+/logs$"), "launcher"),
     ("POST", re.compile(r"^/v1/jobs/[^/]+/tasks/[^/]+/[^/]+/exec$"), "launcher"),

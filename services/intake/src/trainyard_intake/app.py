@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from trainyard_common.api import JOB_BODY, ControlAnswer, SubmitAnswer, answers
-from trainyard_common.auth import Identity, TokenStore, identity_dependency
+from trainyard_common.auth import AccessKeyStore, Identity, TokenStore, identity_dependency
 from trainyard_common.dialects import UnknownDialect, parse_job
 from trainyard_common.parsing import BodyError
 from trainyard_common.runtime import health_app
@@ -138,6 +138,17 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from exc
         return {"user": body.user, "token": token}
+
+    @app.delete("/v1/users/{user}/credentials")
+    async def revoke_user(user: str, identity: Identity = Depends(current)) -> dict[str, Any]:
+        """Every token and stored AccessKey of ``user`` revoked: those an admin issued
+        and those the user made for itself (OpenPAI's application tokens), which a
+        revoke of one token leaves working."""
+        if not identity.admin:
+            raise HTTPException(403, "only an admin can revoke a user's credentials")
+        revoked = await tokens.revoke_user(user)
+        keys = await AccessKeyStore.beside(tokens).revoke_user(user)
+        return {"user": user, "tokens": revoked, "access_keys": keys}
 
     # The dialects' routes after Trainyard's own: a request is matched against the
     # routes in order, and the dialects' are many (a submission went through intake's app
