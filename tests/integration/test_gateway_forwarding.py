@@ -195,3 +195,33 @@ async def test_a_path_no_service_serves_is_a_404_in_its_apis_shape(
     assert sent.json()["message"] == "API /api/v2/a%20b%2Fc?q=%20x is not found."
     own = await gateway.get("/v1/no-such-api")
     assert own.status_code == 404 and own.json() == {"detail": "no route for GET /v1/no-such-api"}
+
+
+async def test_the_health_of_all_says_which_replica_is_wrong_and_not_where_it_is() -> None:
+    # Answered without a token: a service's address is the inside's, not a prober's.
+    async def failing(_request: web.Request) -> web.Response:
+        return web.Response(status=500)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", failing)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    good, good_url = await backend("a")
+    gone = f"http://127.0.0.1:{free_port()}"
+    backends = {"status": (good_url, f"http://127.0.0.1:{port}"), "intake": (good_url, gone)}
+    transport = httpx.ASGITransport(app=create_app(backends))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://yard.test") as client:
+            answer = await client.get("/healthz/all")
+    finally:
+        await runner.cleanup()
+        await good.cleanup()
+    assert answer.status_code == 503
+    assert answer.json() == {
+        "gateway": "ok",
+        "status": "replica 2: http 500",
+        "intake": "replica 2: down",
+    }
+    assert "127.0.0.1" not in answer.text

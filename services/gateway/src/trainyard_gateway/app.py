@@ -67,19 +67,21 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
             )
         return sessions[0]
 
+    # Answered without a token (a load balancer's probe): each service's state and which
+    # replica is wrong, never where the services are (their addresses are the inside's).
     @app.get("/healthz/all")
     async def health_all() -> JSONResponse:
         async def check(name: str) -> tuple[str, str]:
-            try:
-                for url in backends[name]:
+            for replica, url in enumerate(backends[name], 1):
+                try:
                     async with session().get(
                         f"{url}/healthz", timeout=aiohttp.ClientTimeout(total=2.0)
                     ) as answer:
                         if answer.status != 200:
-                            return name, f"http {answer.status} at {url}"
-                return name, "ok"
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                return name, f"down ({type(exc).__name__})"
+                            return name, f"replica {replica}: http {answer.status}"
+                except (aiohttp.ClientError, TimeoutError):
+                    return name, f"replica {replica}: down"
+            return name, "ok"
 
         results = dict(await asyncio.gather(*(check(n) for n in BACKENDS if n in backends)))
         healthy = all(v == "ok" for v in results.values())
