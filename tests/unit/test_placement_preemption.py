@@ -59,6 +59,36 @@ def test_higher_priority_preempts_the_least_work() -> None:
     assert w.waiting("low3").position == 1
 
 
+def owned(spec: JobSpec, user: str) -> JobSpec:
+    return spec.model_copy(update={"user": user})
+
+
+def test_reasons_name_another_users_job_to_no_one_but_its_user() -> None:
+    # Ids of other users' jobs are not to be learnt (docs/security.md): a reason that
+    # names one told Bob which job of Alice's held him up, its priority and timing.
+    w = World.of(node("n", gpus=2))
+    w.submit("alice-low", owned(gpus(1, priority=1), "alice"))
+    w.submit("bob-low", owned(gpus(1, priority=1), "bob"))
+    w.cycle()
+    w.submit("bob-urgent", owned(gpus(2, priority=9), "bob"))
+    w.submit("alice-next", owned(gpus(2, priority=9), "alice"))
+    w.submit("bob-next", owned(gpus(2, priority=9), "bob"))
+    w.cycle()
+    [preempt] = w.preempts()
+    assert set(preempt.victims) == {"alice-low", "bob-low"}
+    assert preempt.reason == "preempted by another user's job (priority 9)"
+    assert w.waiting("bob-urgent").reasons == (
+        "waiting for preempted job bob-low and 1 job of other users to end: they hold "
+        "capacity this job needs",
+    )
+    assert w.waiting("alice-next").reasons == (
+        "waiting behind another user's job at the head of the queue",
+    )
+    assert w.waiting("bob-next").reasons == (
+        "waiting behind job bob-urgent at the head of the queue",
+    )
+
+
 @pytest.mark.parametrize("priority", [1, 5])
 def test_equal_or_lower_priority_never_preempts(priority: int) -> None:
     w = World.of(node("n", gpus=2))
@@ -341,3 +371,14 @@ def test_two_heads_never_choose_the_same_victim_in_one_cycle() -> None:
     state.enqueue(QueuedJob("job5", gpu_job("qa", 0.5, priority=2), arrival_seq=5))
     preempts = [d for d in cycle() if isinstance(d, Preempt)]
     assert [(p.job_id, p.victims) for p in preempts] == [("job5", ("job2",))]
+
+
+def test_a_new_head_is_no_news_whoever_its_user_is() -> None:
+    from trainyard_placement.handlers.common import notice_key
+
+    own = ("waiting behind job a1 at the head of the queue gpu",)
+    other = ("waiting behind another user's job at the head of the queue gpu",)
+    assert notice_key(own, 5) == notice_key(other, 5)
+    assert notice_key(own, 5) != notice_key(
+        ("waiting behind job a1 at the head of the queue cpu",), 5
+    )

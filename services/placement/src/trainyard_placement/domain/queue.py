@@ -300,6 +300,9 @@ class _Cycle:
     used: dict[str, Usage] = field(default_factory=dict)
     # The head of each queue that has one, its reservation and the quota kept for it.
     heads: dict[str, str] = field(default_factory=dict)
+    # Whose job each head is: a reason names another job only to that job's own user
+    # (ids of other users' jobs are not to be learnt, docs/security.md).
+    head_users: dict[str, str] = field(default_factory=dict)
     reserved: list[tuple[str, Allocation]] = field(default_factory=list)
     held: dict[str, Usage] = field(default_factory=dict)
     # Jobs this cycle already chose to preempt: another queue's head may not choose them
@@ -324,7 +327,7 @@ class _Cycle:
         # long queue of one shape asks the same question once per job. Cleared with
         # _misfits, whenever the cycle places a job.
         self._behind_misfits: set[tuple[object, ...]] = set()
-        self._behind_text: dict[str, tuple[str]] = {}
+        self._behind_text: dict[tuple[str, bool], tuple[str]] = {}
         self._qspecs: dict[str, QueueSpec] = {}
         self.used.update(self.index.used)
         self.multi_queue = len(self.index.used) > 1
@@ -374,11 +377,11 @@ class _Cycle:
         queue = job.spec.queue
         head = self.heads.get(queue)
         if head is not None and not self.rules.backfill:
-            self._wait(job, self._behind(head, queue))
+            self._wait(job, self._behind(head, job))
             return
         key = self._behind_key(job) if head is not None else None
         if head is not None and key is not None and key in self._behind_misfits:
-            self._wait(job, self._behind(head, queue))
+            self._wait(job, self._behind(head, job))
             return
         outcome = self._fit(job, self.current, reasons=head is None)
         if isinstance(outcome, _Fit):
@@ -394,9 +397,10 @@ class _Cycle:
         if head is not None:
             if key is not None:
                 self._behind_misfits.add(key)
-            self._wait(job, self._behind(head, queue))
+            self._wait(job, self._behind(head, job))
             return
         self.heads[queue] = job.job_id
+        self.head_users[queue] = job.spec.user
         self._head(job, outcome)
 
     def _behind_key(self, job: QueuedJob) -> tuple[object, ...] | None:
@@ -446,11 +450,15 @@ class _Cycle:
                 self.decisions.append(Preempt(
                     job.job_id, victims, self._preempt_reason(job, victims), job.attempt))  # fmt: skip
             self.reserved.append((queue, Allocation(job.job_id, smallest, plan.tasks)))
-            names = ", ".join(pending + victims)
+            ending = pending + victims
+            mine = [v for v in ending if self._user_of(v) == job.spec.user]
+            others = len(ending) - len(mine)
+            named = [f"job{'s' if len(mine) > 1 else ''} {', '.join(mine)}"] if mine else []
+            if others:
+                named.append(f"{others} job{'s' if others > 1 else ''} of other users")
             self._wait(job, (
-                f"waiting for preempted job{'s' if len(pending + victims) > 1 else ''} "
-                f"{names} to end: {'they hold' if len(pending + victims) > 1 else 'it holds'} "
-                "capacity this job needs",
+                f"waiting for preempted {' and '.join(named)} to end: "
+                f"{'they hold' if len(ending) > 1 else 'it holds'} capacity this job needs",
             ))  # fmt: skip
             return
         if not misfit.quota_blocked:
@@ -514,8 +522,7 @@ class _Cycle:
         guaranteed = within(qspec.quota, used + held + ask)
         quota_lines: list[str] = []
         if not guaranteed:
-            quota_lines = over_quota_text(queue, qspec.quota, used, held, ask,
-                                          self.heads.get(queue))  # fmt: skip
+            quota_lines = over_quota_text(queue, qspec.quota, used, held, ask)
             if not self._may_borrow(job, qspec):
                 times = self.preemptions.get(job.job_id, 0)
                 why = "its queue does not borrow" if not qspec.borrowing else (
@@ -776,8 +783,15 @@ class _Cycle:
             self.preemptions.get(job.job_id, 0) < self.rules.max_preemptions
         )
 
+    def _user_of(self, job_id: str) -> str | None:
+        running = self.running.get(job_id)
+        return running.allocation.spec.user if running is not None else None
+
     def _preempt_reason(self, job: QueuedJob, victims: tuple[str, ...]) -> str:
-        reason = f"preempted by job {job.job_id} (priority {job.spec.priority})"
+        # Told to every victim: the preemptor is named when they are all its user's.
+        own = all(self._user_of(v) == job.spec.user for v in victims)
+        who = f"job {job.job_id}" if own else "another user's job"
+        reason = f"preempted by {who} (priority {job.spec.priority})"
         queue = job.spec.queue
         if any(
             v in self.borrowed and self.running[v].allocation.spec.queue != queue for v in victims
@@ -791,12 +805,15 @@ class _Cycle:
         self.position += 1
         self.decisions.append(Waiting(job.job_id, self.position, reasons, job.attempt))
 
-    def _behind(self, head: str, queue: str) -> tuple[str]:
-        reasons = self._behind_text.get(head)
-        if reasons is None:  # every job behind one head is told the same
+    def _behind(self, head: str, job: QueuedJob) -> tuple[str]:
+        queue = job.spec.queue
+        own = self.head_users.get(queue) == job.spec.user
+        reasons = self._behind_text.get((head, own))
+        if reasons is None:  # every job behind one head is told the same, by whose it is
             where = f"the queue {queue}" if self.multi_queue else "the queue"
-            reasons = self._behind_text[head] = (
-                f"waiting behind job {head} at the head of {where}",
+            who = f"job {head}" if own else "another user's job"
+            reasons = self._behind_text[(head, own)] = (
+                f"waiting behind {who} at the head of {where}",
             )
         return reasons
 

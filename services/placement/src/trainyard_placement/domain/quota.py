@@ -73,11 +73,12 @@ def unlimited(quota: QueueQuota) -> bool:
 
 
 def over_quota_text(
-    queue: str, quota: QueueQuota, used: Usage, held: Usage, ask: Usage, head: str | None
+    queue: str, quota: QueueQuota, used: Usage, held: Usage, ask: Usage
 ) -> list[str]:
     """Why ``ask`` does not fit in the queue's quota, one line per resource it exceeds,
     e.g. "queue gpu-a uses 6 of its 8 GPUs quota; this job needs 4". ``held`` is what is
-    kept for the job at the queue's head (``head``)."""
+    kept for the job at the queue's head (not named: the text is memoised by the job's
+    shape, whoever's it is, and may be another user's)."""
     lines = []
     for attr, limit, unit in _limits(quota):
         if limit is None:
@@ -87,8 +88,8 @@ def over_quota_text(
             continue
         scale = 1 if attr == "memory_mb" else MILLI
         text = f"queue {queue} uses {_num(use / scale)} of its {_num(limit / scale)} {unit} quota"
-        if keep and head:
-            text += f" ({_num(keep / scale)} more kept for job {head} at its head)"
+        if keep:
+            text += f" ({_num(keep / scale)} more kept for the job at its head)"
         lines.append(f"{text}; this job needs {_num(need / scale)}")
     return lines
 

@@ -342,7 +342,7 @@ async def announce_tasks(deps: Deps, job_id: str) -> None:
     deps.unannounced_tasks.discard(job_id)
 
 
-_BEHIND = re.compile(r"^waiting behind job \S+ at the head of ")
+_BEHIND = re.compile(r"^waiting behind (?:job \S+|another user's job) at the head of ")
 
 
 def notice_key(reasons: tuple[str, ...], position: int) -> NoticeKey:
