@@ -852,6 +852,20 @@ def test_decide_accepts_the_seed() -> None:
     assert result.spec.roles[0].image == "sitonholy/tensorflow:16.04-9.0-3.5-1.8.0"
 
 
+def test_a_rule_that_raises_rejects_the_job_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bug in a rule raised on every delivery: the job stayed submitted, its name held,
+    # until the dead letters, and its user was never told.
+    def broken(_submitted: JobSubmitted) -> list:
+        raise KeyError("roles")
+
+    monkeypatch.setattr("trainyard_validation.domain.rules.rule_errors", broken)
+    result = decide(submitted(base()), CLUSTER)
+    assert isinstance(result, JobRejected) and result.event_id == derived_id("ev1", "validated")
+    [error] = result.errors
+    assert (error.path, error.code) == ("$", "internal")
+    assert error.message == "the job could not be validated: KeyError('roles')"
+
+
 def test_decide_is_deterministic() -> None:
     event = submitted(base())
     first, second = decide(event, CLUSTER), decide(event, CLUSTER)

@@ -60,6 +60,20 @@ def _shadowed(path: str, broken: list[str]) -> bool:
 
 
 def decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRejected:
+    """Accept or reject the submission. Total: a rule that raises (a bug, the same on
+    every delivery) rejects the job saying so, as translation does; the job would
+    otherwise stay submitted, its name held, until its message went to the dead letters
+    with its user never told."""
+    try:
+        return _decide(submitted, cluster)
+    except Exception as exc:  # noqa: BLE001 - see above
+        issue = FieldIssue(
+            path="$", message=f"the job could not be validated: {exc!r}", code="internal"
+        )
+        return JobRejected(event_id=result_id(submitted), job_id=submitted.job_id, errors=[issue])
+
+
+def _decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRejected:
     broken = [e.path for e in submitted.translation_errors]
     rules = [e for e in rule_errors(submitted) if not _shadowed(e.path, broken)]
     errors = dedupe([*submitted.translation_errors, *rules])
