@@ -27,6 +27,7 @@ from trainyard_placement.adapters.store import MemoryJobStore
 from trainyard_placement.domain import QueuedJob
 from trainyard_placement.domain.queue import _Cycle
 from trainyard_placement.handlers import Deps, handle, load, queue_view, run_due_cycle, start
+from trainyard_placement.handlers.common import NotLeader, publish
 
 CLUSTER = ClusterSpec(
     nodes=[NodeSpec(name="n1", host_ip="10.0.0.1", cpu=8, memory_mb=16384, gpus=2, gpu_type="V100")]
@@ -396,3 +397,21 @@ async def test_a_retry_in_backoff_is_told_its_place_while_arrivals_carry_cycles_
     assert h.deps.state.carried  # the arrivals carried cycles on
     told = [(e.job_id, e.position) for e in h.pub.of(JobQueued, "a")]  # type: ignore[attr-defined]
     assert told[-1] == ("a", 11), told
+
+
+async def test_a_replica_that_lost_the_lease_places_and_publishes_nothing() -> None:
+    # Its event loop stalled past the lease: another replica leads now, and what this one
+    # decided from its own memory could promise the same capacity twice.
+    h = await Harness().boot()
+    h.deps.defer_cycles = True
+    await h.accept("a", spec(gpus=0))
+    leads = False
+    h.deps.leading = lambda: leads
+    await run_due_cycle(h.deps)
+    assert not h.pub.of(JobPlaced) and h.deps.cycle_due
+    assert h.store.docs["a"]["state"] == "queued"
+    with pytest.raises(NotLeader):
+        await publish(h.deps, StopJob(job_id="a", requested_by="alice"))
+    leads = True
+    await run_due_cycle(h.deps)
+    assert [e.job_id for e in h.pub.of(JobPlaced)] == ["a"]

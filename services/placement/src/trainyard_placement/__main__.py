@@ -94,6 +94,7 @@ async def main() -> None:
             workers: list[asyncio.Task[None]] = []
             try:
                 deps = await load(store, bus, cluster)
+                deps.leading = lambda: lease.held
                 deps.state.scorer = scorer_named(placement.policy)
                 deps.state.rules = placement.rules
                 deps.growth_after_s = placement.growth_after_s

@@ -102,6 +102,10 @@ class Deps:
     growth_after_s: float = 30.0
     # The platform is shutting down: nothing more is placed by this process.
     draining: bool = False
+    # Whether this replica still holds placement's lease, asked before every cycle and
+    # every publish: a replica whose event loop stalled past its lease must not act on
+    # what it decided while another replica leads.
+    leading: Callable[[], bool] = lambda: True
     # A handler brought a job back into memory (catch_up): a cycle must follow.
     caught_up: bool = False
     # The service's consumer runs one cycle per batch of messages, not one per message
@@ -148,9 +152,15 @@ def forget_ended(deps: Deps, keep: str | None = None) -> None:
     deps.state.preemptions = {j: n for j, n in deps.state.preemptions.items() if j in active}
 
 
+class NotLeader(TransientError):
+    """This replica lost placement's lease: it publishes nothing more."""
+
+
 async def publish(deps: Deps, event: Event) -> None:
     """Publish in the job's own trace (a deferred cycle runs outside every message's
-    span)."""
+    span); only while this replica leads."""
+    if not deps.leading():
+        raise NotLeader(f"not leading: {type(event).__name__} of job {event.job_id} not sent")
     with continue_trace(deps.traces.get(event.job_id), event.job_id):
         await deps.publisher.publish(event)
 

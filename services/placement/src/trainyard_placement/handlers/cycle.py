@@ -291,10 +291,10 @@ async def run_due_cycle(deps: Deps) -> None:
     """The cycle the last batch of messages asked for, if any. A failure leaves it due:
     the next batch, or the next look (wake_retries), runs it again; every message's own
     effect is stored already."""
-    if not deps.cycle_due:
-        return
+    if not deps.cycle_due or not deps.leading():
+        return  # not leading: the next leader's own cycles place (it stays due here)
     async with deps.lock:
-        if not deps.cycle_due:
+        if not deps.cycle_due or not deps.leading():
             return
         deps.cycle_due = False
         try:
