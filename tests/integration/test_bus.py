@@ -658,3 +658,26 @@ async def test_a_message_never_answered_still_ends_in_the_dead_letters(
     assert [(d.original_seq, d.deliveries) for d in letters] == [(seq, 3)]
     assert "not settled on any of its first 2 deliveries" in letters[0].error
     assert await bus.consumed(durable, seq)
+
+
+async def test_a_message_waiting_behind_slow_ones_is_not_delivered_again(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three messages fetched together, each handled slower than the ack wait allows the
+    # last to wait: without telling JetStream they are being worked on, it delivered the
+    # later ones again meanwhile.
+    monkeypatch.setattr("trainyard_common.bus.ACK_WAIT_S", 0.6)
+    job = uuid.uuid4().hex
+    durable = f"slow-{job[:8]}"
+    await bus.publish_all([StopJob(job_id=job, requested_by=f"u{i}") for i in range(3)])
+    deliveries: list[tuple[str, int]] = []
+    done = asyncio.Event()
+
+    async def slow(event: StopJob, delivery: Delivery) -> None:
+        deliveries.append((event.requested_by, delivery.num_delivered))
+        await asyncio.sleep(0.45)
+        if len(deliveries) >= 3:
+            done.set()
+
+    await consume_until(bus, durable, [ALL_COMMANDS], slow, done)
+    assert deliveries == [("u0", 1), ("u1", 1), ("u2", 1)]
