@@ -156,3 +156,13 @@ def test_a_long_string_named_by_many_aliases_is_refused_before_it_is_built() -> 
 def test_yaml_values_json_has_not_are_refused_with_where_they_are(text: str, said: str) -> None:
     with pytest.raises(BodyError, match=said):
         parse_yaml(text)
+
+
+@pytest.mark.parametrize("js_yaml", [False, True])
+@pytest.mark.parametrize(
+    "text", ["a: !!bool x", "a: !!bool", "a: !!int ''", 'a: !!int "-"', "a: !!float ''"]
+)
+def test_a_value_not_of_its_explicit_tag_is_a_400(text: str, js_yaml: bool) -> None:
+    # PyYAML's constructors raised KeyError or IndexError: a 500 on every YAML route.
+    with pytest.raises(BodyError, match="not of the type its tag"):
+        parse_yaml(text, js_yaml=js_yaml)

@@ -378,6 +378,13 @@ def parse_yaml(
         raise BodyError(f"request body holds a number out of range: {exc}") from None
     except RecursionError:
         raise BodyError(f"YAML nested deeper than {max_depth} levels") from None
+    except (KeyError, IndexError, TypeError):
+        # PyYAML's constructors for an explicit tag meet a value not of it (`!!bool x`,
+        # `!!int ''`, `!!float ''`) with a bare lookup or index.
+        raise BodyError(
+            "request body is not valid YAML: a value is not of the type its tag "
+            "(!!bool, !!int, !!float, ...) says"
+        ) from None
     finally:
         loader.dispose()
     return _as_json(value)
