@@ -150,6 +150,18 @@ def test_quantities() -> None:
     assert dlc.parse_memory_mb("2Gi") == 2048 and dlc.parse_memory_mb("12Q") is None
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("CPU", 10**310), ("Memory", 10**310), ("GPU", "9" * 310), ("SharedMemory", "9" * 320)],
+)
+def test_a_quantity_no_float_holds_is_the_fields_error(field: str, value: Any) -> None:
+    # An integer of 310 digits overflowed float() (a 500 from CreateJob); a string of
+    # them read as inf, which the capacity check could not round up (a 500 again).
+    job = cpu_job()
+    job["JobSpecs"][0]["ResourceConfig"][field] = value
+    assert f"$.JobSpecs[0].ResourceConfig.{field}" in paths(dlc.translate_dlc(job).errors)
+
+
 def test_resources_required_and_checked() -> None:
     job = cpu_job()
     job["JobSpecs"][0].pop("ResourceConfig")

@@ -472,6 +472,20 @@ def test_native_rule(rule: str, bad: dict[str, Any], path: str, good: dict[str, 
         ({"roles__0__min_failed": 2**40}, f"{R0}.min_failed", "must be null or at most"),
         ({"max_running_minutes": 2**40}, "$.max_running_minutes", "must be at most 2147483647"),
         ({"max_running_minutes": 0}, "$.max_running_minutes", "must be at least 1, got 0"),
+        # Past a float's range: math.isfinite raised OverflowError, a job rejected as
+        # "could not be translated" instead of told its field.
+        ({"roles__0__replicas": 10**400}, f"{R0}.replicas", "replicas must be at most"),
+        ({"roles__0__resources__memory_mb": 10**400}, f"{R0}.resources.memory_mb", "at most"),
+        ({"max_running_minutes": -(10**400)}, "$.max_running_minutes", "must be at least 1"),
+        # Elastic bounds were not checked at all: -5 was taken, 10**310 a 500 at intake.
+        ({"roles__0__min_replicas": -5}, f"{R0}.min_replicas", "must be null or at least 1"),
+        ({"roles__0__min_replicas": 10**310}, f"{R0}.min_replicas", "must be null or at most"),
+        ({"roles__0__max_replicas": 0}, f"{R0}.max_replicas", "must be null or at least 1"),
+        (
+            {"roles__0__min_replicas": 4, "roles__0__max_replicas": 2},
+            f"{R0}.max_replicas",
+            "max_replicas (2) must not be less than min_replicas (4)",
+        ),
     ],
 )
 def test_a_number_out_of_range_is_told_which_end_it_passed(

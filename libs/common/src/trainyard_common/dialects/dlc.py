@@ -209,14 +209,21 @@ _MEMORY_UNITS_MB = {
 
 
 def _quantity(value: Any) -> tuple[float, str] | None:
+    """A quantity's number and unit; None for anything else, and for a number no float
+    holds (an integer of 310 digits overflowed float(); a string of them read as inf)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return (float(value), "") if math.isfinite(value) and value >= 0 else None
-    if not isinstance(value, str):
+        number, unit = value, ""
+    elif isinstance(value, str) and (match := _QUANTITY.fullmatch(value)):
+        number, unit = match.group(1), match.group(2)
+    else:
         return None
-    match = _QUANTITY.fullmatch(value)
-    return (float(match.group(1)), match.group(2)) if match else None
+    try:
+        parsed = float(number)
+    except OverflowError:
+        return None
+    return (parsed, unit) if math.isfinite(parsed) and parsed >= 0 else None
 
 
 def parse_cpu(value: Any) -> float | None:

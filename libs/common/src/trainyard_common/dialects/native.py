@@ -123,13 +123,14 @@ def translate_native(payload: Any, user: str = "") -> Translation:
 
 
 def _finite(value: float) -> bool:
-    return math.isfinite(value)
+    # An int is finite however large (math.isfinite raises OverflowError past a float's).
+    return isinstance(value, int) or math.isfinite(value)
 
 
 def _out_of(key: str, value: float, low: float, *, above: bool = False) -> str:
     """Why ``value`` is not in [low, INT_MAX] (``above``: (low, INT_MAX]): the side it
     fell off, not always the lower one."""
-    if math.isfinite(value) and value > low:
+    if _finite(value) and value > low:
         return f"{key} must be at most {INT_MAX}, got {show(value)}"
     return f"{key} must be {'more than' if above else 'at least'} {show(low)}, got {show(value)}"
 
@@ -183,6 +184,18 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
             first_use[role.name] = i
         if not 1 <= role.replicas <= INT_MAX:
             err(f"{path}.replicas", _out_of("replicas", role.replicas, 1), "range")
+        for key in ("min_replicas", "max_replicas"):
+            value = getattr(role, key)
+            if value is not None and not 1 <= value <= INT_MAX:
+                said = _out_of(key, value, 1).replace(" must be ", " must be null or ", 1)
+                err(f"{path}.{key}", said, "range")
+        low, high = role.min_replicas, role.max_replicas
+        if low is not None and high is not None and 1 <= high < low <= INT_MAX:
+            err(
+                f"{path}.max_replicas",
+                f"max_replicas ({high}) must not be less than min_replicas ({low})",
+                "range",
+            )
         r = role.resources
         if not (_finite(r.cpu) and 0 < r.cpu <= INT_MAX):
             err(f"{res}.cpu", _out_of("cpu", r.cpu, 0, above=True), "range")
