@@ -213,6 +213,7 @@ def _quantity(value: Any) -> tuple[float, str] | None:
     holds (an integer of 310 digits overflowed float(); a string of them read as inf)."""
     if isinstance(value, bool):
         return None
+    number: float | str
     if isinstance(value, int | float):
         number, unit = value, ""
     elif isinstance(value, str) and (match := _QUANTITY.fullmatch(value)):
