@@ -646,6 +646,7 @@ def test_every_status_dlc_lists_is_taken_those_never_shown_matching_nothing() ->
         {"Tags": '{"$where": "x"}'},
         {"Tags": '{"a.b": "x"}'},
         {"Tags": "[" * 9000 + "]" * 9000},  # deep enough to exhaust json's recursion
+        {"Tags": '{"a": "\\ud800"}'},  # a lone surrogate, escaped: no store holds it
         {"StartTime": "yesterday"},
         {"Status": "Dancing"},
         {"PaymentType": "Free"},

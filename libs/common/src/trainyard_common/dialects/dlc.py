@@ -11,7 +11,6 @@ and passed in as ``Sources``; unresolved, the id itself stands for the source.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -41,6 +40,7 @@ from ..jobspec import (
     env_list,
 )
 from ..limits import digits
+from ..parsing import BodyError, parse_json
 from .fields import mapping, sequence, text
 from .registry import Dialect
 from .translation import (
@@ -1008,8 +1008,10 @@ def list_query(params: Mapping[str, Any], *, user: str, admin: bool, now: dateti
     where[TIME_RANGE_FIELDS[field_name]] = window
     if (tags := get("Tags")) is not None:
         try:
-            wanted = json.loads(tags)
-        except (ValueError, RecursionError):  # RecursionError: "[[[...]]]" nested deep
+            # Bounded in depth, and refusing a lone surrogate ("\ud800", which no
+            # store can hold: a 500 from the query).
+            wanted = parse_json(tags)
+        except BodyError:
             wanted = None
         if not isinstance(wanted, dict) or not all(isinstance(v, str) for v in wanted.values()):
             raise ListJobsError("Tags", 'must be a JSON object of strings ({"key": "value"})')
