@@ -44,3 +44,32 @@ def test_a_field_is_absent_only_when_left_out_on_the_way_to_it() -> None:
     assert not absent(body, "$.Name") and not absent(body, "$.Roles[0].Command")
     assert absent(body, "$.Cluster") and absent(body, "$.Roles[1].Command")
     assert absent(body, "$.Roles[0].Image") and absent(body, "$.Name.X") and absent(body, "$.Gone")
+
+
+async def test_a_ti_create_reads_its_body_as_every_body_is_read() -> None:
+    # FastAPI's own reading took any size and depth, and a lone surrogate made the
+    # answer (or its 400) a 500.
+    published: list[Event] = []
+
+    async def publish(event: Event) -> int:
+        published.append(event)
+        return 1
+
+    deps = Deps(publish=publish, owners=InMemoryOwnerRegistry())
+    app = create_app(deps, TokenStore(None, ADMIN))
+    job = '{"name":"t","cluster":"default","command":["true"],"workerType":"1U1G0P",'
+    bodies = {
+        job + '"x":"\\ud800"}': 400,  # a lone surrogate
+        job + '"x":' + "[" * 300 + "]" * 300 + "}": 400,  # nested past the bound
+        job + '"x":"' + "a" * (2 * 1024 * 1024) + '"}': 413,
+    }
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://intake",
+        headers={"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"},
+    ) as client:
+        for body, status in bodies.items():
+            answer = await client.post("/ti/v1/jobs", content=body)
+            assert answer.status_code == status, (status, answer.text[:200])
+            assert answer.json()["detail"]["message"]
+    assert published == []

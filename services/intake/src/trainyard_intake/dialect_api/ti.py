@@ -10,11 +10,12 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Header, HTTPException, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from trainyard_common.auth import AccessKeyStore, Identity
 from trainyard_common.dialects.ti import render, render_cloud, translate_ti
+from trainyard_common.parsing import BodyError, parse_json
 from trainyard_common.tencent_auth import (
     TencentError,
     answer,
@@ -35,6 +36,13 @@ from ..handlers import (
 from .context import IntakeContext
 
 MAX_BODY = 1024 * 1024
+TI_JOB_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "A TI Job object (JSON)",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+}
 _STEP = re.compile(r"\.([^.\[]+)|\[([0-9]+)\]")
 
 
@@ -54,12 +62,18 @@ def absent(body: Any, path: str) -> bool:
 def router(ctx: IntakeContext) -> APIRouter:
     api = APIRouter(prefix="/ti/v1", tags=["ti"])
 
-    @api.post("/jobs", status_code=202)
+    @api.post("/jobs", status_code=202, openapi_extra=TI_JOB_BODY)
     async def create_job(
-        payload: Any = Body(...),
+        request: Request,
         identity: Identity = Depends(ctx.current),
         idempotency_key: str | None = Header(None),
     ) -> JSONResponse:
+        # Read as every body is (bounded in size and depth, no lone surrogate): FastAPI's
+        # own reading took any size and depth, and a surrogate made the answer a 500.
+        try:
+            payload = parse_json(await request.body(), MAX_BODY)
+        except BodyError as exc:
+            raise HTTPException(exc.status, {"message": str(exc)}) from exc
         # TI answers a malformed job at once, field by field, as tictl expects, and one
         # the cluster as configured can never run (its queue, capacity) or a name in use.
         found = checked(translate_ti(payload, identity.user), payload, ctx.deps)
