@@ -99,6 +99,30 @@ def test_json_patch_failures_fail_the_whole_patch(ops: Any) -> None:
         k8s_api.json_patch(DOC, ops)
 
 
+def test_a_json_patch_cannot_make_a_resource_past_what_a_body_may_be() -> None:
+    # Each copy doubled the resource: 26 operations of a 2 kB patch took gigabytes.
+    doubling = [{"op": "add", "path": "/metadata/annotations", "value": {"x": "y" * 1000}}]
+    doubling += [
+        {"op": "copy", "from": "/metadata/annotations", "path": f"/metadata/annotations/k{i}"}
+        for i in range(40)
+    ]
+    with pytest.raises(PatchError, match="larger than"):
+        k8s_api.json_patch(DOC, doubling)
+    # Values put one below the other: past the depth a reader or the bus takes.
+    deep: Any = 1
+    for _ in range(30):
+        deep = {"d": deep}
+    stacked, path = [], "/spec"
+    for _ in range(5):
+        stacked.append({"op": "add", "path": f"{path}/n", "value": deep})
+        path += "/n" + "/d" * 29
+    with pytest.raises(PatchError, match="nested deeper than 64"):
+        k8s_api.json_patch(DOC, stacked)
+    moved = [{"op": "add", "path": "/spec/n", "value": deep}]
+    moved += [{"op": "move", "from": "/spec/n", "path": "/spec/x/n"}]
+    assert k8s_api.json_patch(DOC, moved)["spec"]["x"]["n"] == deep  # within the bound
+
+
 def test_strategic_merge_is_a_merge_here_and_refuses_directives() -> None:
     assert k8s_api.strategic_merge_patch(DOC, {"spec": {"list": [9]}})["spec"]["list"] == [9]
     with pytest.raises(PatchError, match=r"\$patch"):

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from ..limits import digits
+from ..parsing import MAX_BODY, MAX_DEPTH, BodyError, json_depth
 from . import kubeflow, t9k
 from .k8s_pod import SERVER_METADATA, merge_patch
 
@@ -582,6 +583,25 @@ def _add(doc: Any, path: str, value: Any, replace: bool = False) -> Any:
     return doc
 
 
+def _grown(size: int, value: Any, path: str) -> int:
+    """The resource's size (as JSON, counted from above: what is removed is not taken
+    off) once ``value`` is put at ``path``; PatchError when it would pass what a body
+    may be, in size or in depth. Copies double a resource with each operation: 26 of a
+    2 kB patch made gigabytes, and values put one below the other went past the depth
+    any reader or the bus takes."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    size += len(text)
+    if size > MAX_BODY:
+        raise PatchError(f"the patched resource would be larger than {MAX_BODY} characters")
+    try:
+        json_depth(text, MAX_DEPTH - len(_pointer(path)))
+    except BodyError:
+        raise PatchError(
+            f"the patched resource would be nested deeper than {MAX_DEPTH} levels"
+        ) from None
+    return size
+
+
 def json_patch(target: Any, operations: Any) -> Any:
     """RFC 6902 JSON Patch (``kubectl patch --type=json``): add, remove, replace, move,
     copy and test, applied in order to a copy; any failure fails the whole patch."""
@@ -590,6 +610,7 @@ def json_patch(target: Any, operations: Any) -> Any:
     if len(operations) > MAX_PATCH_OPS:
         raise PatchError(f"a JSON patch of more than {MAX_PATCH_OPS} operations")
     doc = copy.deepcopy(target)
+    size = len(json.dumps(doc, ensure_ascii=False, default=str))
     for number, operation in enumerate(operations):
         if not isinstance(operation, dict) or not isinstance(operation.get("op"), str):
             raise PatchError(f"operation {number}: an object with an 'op'")
@@ -601,16 +622,18 @@ def json_patch(target: Any, operations: Any) -> Any:
                 case "add" | "replace":
                     if "value" not in operation:
                         raise PatchError("missing 'value'")
+                    size = _grown(size, operation["value"], path)
                     doc = _add(doc, path, copy.deepcopy(operation["value"]), op == "replace")
                 case "remove":
                     _remove(doc, path)
-                case "move" | "copy":
-                    if op == "move" and path.startswith(source + "/"):
+                case "move":
+                    if path.startswith(source + "/"):
                         raise PatchError("cannot move a value into itself")
-                    value = (
-                        _remove(doc, source) if op == "move" else copy.deepcopy(_get(doc, source))
-                    )
-                    doc = _add(doc, path, value)
+                    _grown(0, _get(doc, source), path)  # deeper, not larger
+                    doc = _add(doc, path, _remove(doc, source))
+                case "copy":
+                    size = _grown(size, _get(doc, source), path)
+                    doc = _add(doc, path, copy.deepcopy(_get(doc, source)))
                 case "test":
                     if _get(doc, path) != operation.get("value"):
                         raise PatchError(f"test of {path!r} failed")
