@@ -476,9 +476,20 @@ def test_a_killed_launcher_adopts_its_pods(
         "roles": [{"name": "w", "replicas": 3, "command": "train",
                    "annotations": [{"name": RUN_DURATION, "value": "12s"}]}],
     }  # fmt: skip
+    # A job that ended before: its pods are kept (their logs), never taken for strays.
+    ended_job = api.submit({
+        "name": f"ended-{uuid.uuid4().hex[:6]}", "image": "busybox",
+        "roles": [{"name": "w", "command": "true"}],
+    })  # fmt: skip
+    assert api.wait(ended_job, timeout=90)["state"] == "SUCCEEDED"
+    kept = {p["metadata"]["uid"] for p in pods(kube_cluster, ended_job)}
     job_id = api.submit(spec)
     running(api, job_id)
     before = {p["metadata"]["uid"] for p in pods(kube_cluster, job_id)}
+    # Each pod names the installation that made it (the platform's namespace here).
+    labels = {p["metadata"]["labels"].get("trainyard.dev/installation")
+              for p in pods(kube_cluster, job_id)}  # fmt: skip
+    assert labels == {"trainyard"}, labels
     kube_platform.kill_service("launcher")
     time.sleep(1.0)
     kube_platform.restart_service("launcher")
@@ -487,6 +498,7 @@ def test_a_killed_launcher_adopts_its_pods(
     after = pods(kube_cluster, job_id)
     # The same pods ran to the end: none made twice, none left behind.
     assert {p["metadata"]["uid"] for p in after} == before and len(after) == 3
+    assert {p["metadata"]["uid"] for p in pods(kube_cluster, ended_job)} == kept and kept
 
 
 def test_a_node_deleted_mid_run_fails_its_tasks_as_lost_with_it(

@@ -172,3 +172,30 @@ async def test_a_lost_nodes_task_is_known_while_its_attempt_is_open_or_its_pod_c
     assert REF in backend._node_of_lost
     backend._forget(REF)  # its DELETED
     assert backend._node_of_lost == {} and backend._pods == {}
+
+
+async def test_the_inventory_is_this_installations_pods_that_still_run() -> None:
+    # At each restart the launcher stopped every pod of the inventory its store did not
+    # know as running: the ended pods kept for their logs, and every pod of another
+    # Trainyard sharing the cluster.
+    backend = KubernetesBackend(KubeSettings(installation="prod"))
+
+    def pod(job: str, installation: str | None, done: bool = False) -> dict:
+        body = created(f"uid-{job}")
+        body["metadata"]["name"] = pod_name(job, 1, "w", 0)
+        body["metadata"]["labels"]["trainyard.dev/job"] = job
+        body["metadata"]["annotations"]["trainyard.dev/job"] = job
+        if installation is not None:
+            body["metadata"]["labels"]["trainyard.dev/installation"] = installation
+        return ended(body) if done else body
+
+    jobs = {"a" * 32: "prod", "b" * 32: "staging", "c" * 32: None}
+    for job, installation in jobs.items():
+        backend._remember("ns", pod(job, installation))
+    backend._remember("ns", pod("d" * 32, "prod", done=True))
+    inventory = await backend.inventory()
+    assert inventory is not None
+    # Its own running pod, and one made before pods named their installation.
+    assert sorted(ref.job_id for ref in inventory) == ["a" * 32, "c" * 32]
+    assert KubeSettings.from_env({"YARD_K8S_NAMESPACE": "ml"}).installation == "ml"
+    assert KubeSettings.from_env({"YARD_K8S_INSTALLATION": "x"}).installation == "x"

@@ -48,6 +48,7 @@ from ..domain.frameworks import FrameworkContext, mpi_layout, rendezvous_task, u
 from ..domain.pods import (
     CONTAINER,
     HOSTFILE_KEY,
+    INSTALLATION_LABEL,
     MANAGED_BY,
     MANAGER,
     MPI_DIR,
@@ -59,6 +60,7 @@ from ..domain.pods import (
     exec_command,
     hides_command,
     is_lone,
+    label_value,
     mpi_hostfile,
     needs_owner,
     needs_service,
@@ -109,13 +111,19 @@ class KubeSettings:
     namespace_users: tuple[tuple[str, frozenset[str]], ...] = ()
     kubeconfig: str | None = None
     pods: PodSettings = field(default_factory=PodSettings)
+    # Which Trainyard made a pod (its label INSTALLATION_LABEL): several may share a
+    # cluster, even a namespace, and none may take another's pods for strays. Default:
+    # the installation's own namespace.
+    installation: str = "trainyard"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> KubeSettings:
         env = dict(os.environ if env is None else env)
         context = env.get("YARD_K8S_SECURITY_CONTEXT")
+        namespace = env.get("YARD_K8S_NAMESPACE") or "trainyard"
         return cls(
-            namespace=env.get("YARD_K8S_NAMESPACE") or "trainyard",
+            namespace=namespace,
+            installation=env.get("YARD_K8S_INSTALLATION") or namespace,
             allowed_namespaces=frozenset(
                 n.strip() for n in env.get("YARD_K8S_NAMESPACES", "").split(",") if n.strip()
             ),
@@ -680,6 +688,7 @@ class KubernetesBackend:
             )  # fmt: skip
         except PodProblem as exc:
             raise LaunchRefused(str(exc)) from exc
+        body["metadata"]["labels"][INSTALLATION_LABEL] = label_value(self.settings.installation)
         hidden = hides_command(spec.role(ref.role), task.carries_secrets)
         if hidden:
             # Before the pod, which the kubelet starts once it can mount it; owned by
@@ -944,7 +953,17 @@ class KubernetesBackend:
         return ExecResult(code if code is not None else 0, out.text(), err.text())
 
     async def inventory(self) -> dict[TaskRef, TaskHandle] | None:
-        return {ref: TaskHandle(uid=pod.uid) for ref, pod in self._pods.items()}
+        """The pods that run (or wait to) of this installation (and those made before
+        pods named theirs): an ended pod runs nothing (it keeps its task's logs, for
+        the clean-up policy to remove), and another installation's are its own."""
+        ours = label_value(self.settings.installation)
+        return {
+            ref: TaskHandle(uid=pod.uid)
+            for ref, pod in self._pods.items()
+            if pod_state(pod.body).running
+            and (pod.body.get("metadata") or {}).get("labels", {}).get(INSTALLATION_LABEL, ours)
+            == ours
+        }
 
 
 def exec_failure(exc: BaseException) -> str:

@@ -55,6 +55,7 @@ from .failure import EndKind
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "trainyard"
+INSTALLATION_LABEL = "trainyard.dev/installation"
 JOB_LABEL = "trainyard.dev/job"
 ATTEMPT_LABEL = "trainyard.dev/attempt"
 ROLE_LABEL = "trainyard.dev/role"
@@ -97,7 +98,7 @@ def _label(text: str, limit: int) -> str:
 _NOT_LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def _label_value(text: str) -> str:
+def label_value(text: str) -> str:
     """``text`` as a label value (at most 63 of [A-Za-z0-9._-], alphanumeric at both
     ends); the annotations keep the exact text."""
     cleaned = _NOT_LABEL_VALUE.sub("-", text).strip("-._")
@@ -165,14 +166,14 @@ def command_secret_name(job_id: str, attempt: int, role: str, index: int) -> str
 
 
 def job_labels(job_id: str) -> dict[str, str]:
-    return {MANAGED_BY: MANAGER, JOB_LABEL: _label_value(job_id)}
+    return {MANAGED_BY: MANAGER, JOB_LABEL: label_value(job_id)}
 
 
 def task_labels(job_id: str, attempt: int, role: str, index: int) -> dict[str, str]:
     return {
         **job_labels(job_id),
         ATTEMPT_LABEL: str(attempt),
-        ROLE_LABEL: _label_value(role),
+        ROLE_LABEL: label_value(role),
         INDEX_LABEL: str(index),
     }
 
