@@ -531,6 +531,16 @@ def container(state: dict) -> dict:
         (pod("Pending", **container({"waiting": {"reason": "ErrImagePull", "message": "dial tcp: i/o timeout"}})), False, False, None, EndKind.START_FAILED),
         (pod("Pending", **container({"waiting": {"reason": "CreateContainerConfigError"}})), False, False, None, EndKind.START_FAILED),
         (pod("Pending", initContainerStatuses=[{"name": "code-source", "state": {"terminated": {"exitCode": 128}}}]), False, False, None, EndKind.PREPARE_USER),
+        # Refused by its node's kubelet: no container ran ("exited with code 1", the
+        # user's, was said).
+        (pod("Failed", reason="OutOfnvidia.com/gpu", message="Pod was rejected: Node didn't have enough resource"), False, False, None, EndKind.START_FAILED),
+        (pod("Failed", reason="UnexpectedAdmissionError", message="Allocate failed"), False, False, None, EndKind.START_FAILED),
+        # Ended by the cluster: preempted by the scheduler, evicted by a drain ("exit 143",
+        # the user's or unknown, was said).
+        (pod("Failed", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler", "message": "preempted"}], **container({"terminated": {"exitCode": 143, "reason": "Error"}})), False, False, None, EndKind.KILLED_BY_PLATFORM),
+        (pod("Running", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}], **container({"terminated": {"exitCode": 137}})), False, False, None, EndKind.KILLED_BY_PLATFORM),
+        # A task that ended well though its pod was about to be evicted ended well.
+        (pod("Succeeded", conditions=[{"type": "DisruptionTarget", "status": "True"}], **container({"terminated": {"exitCode": 0}})), False, True, 0, None),
     ],
 )  # fmt: skip
 def test_a_pods_status_reads_as_the_tasks(

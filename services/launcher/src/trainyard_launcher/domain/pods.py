@@ -721,6 +721,34 @@ def pod_state(pod: dict[str, Any]) -> PodState:
             f"{status.get('message') or 'no message'}",
             end_kind=EndKind.KILLED_BY_PLATFORM.value,
         )
+    ended = state.get("terminated") or {}
+    disrupted = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        ),
+        None,
+    )
+    if disrupted is not None and (phase == "Failed" or ended.get("exitCode", 0) != 0):
+        # The cluster ended it (the scheduler's preemption, a drain's eviction, the
+        # taint manager, the kubelet's shutdown): it then only reads as "exit 143".
+        return PodState(
+            running=False,
+            reason=f"the pod was ended by the cluster ({disrupted.get('reason') or 'disrupted'}): "
+            f"{disrupted.get('message') or 'no message'}",
+            end_kind=EndKind.KILLED_BY_PLATFORM.value,
+            ended_at=_time(ended.get("finishedAt")),
+        )
+    if phase == "Failed" and not ended and status.get("reason"):
+        # Refused by its node's kubelet (pods are bound by name, so its admission is the
+        # only check): no container ran, only the pod's reason says why.
+        return PodState(
+            running=False,
+            reason=f"could not start: its node refused the pod ({status['reason']}): "
+            f"{status.get('message') or 'no message'}",
+            end_kind=EndKind.START_FAILED.value,
+        )
     for init in status.get("initContainerStatuses") or []:
         terminated = (init.get("state") or {}).get("terminated")
         if terminated and terminated.get("exitCode", 0) != 0:
