@@ -6,6 +6,9 @@ ended while its create was being answered looked running forever: bench/pipeline
 from __future__ import annotations
 
 import copy
+import json
+
+import pytest
 
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec, RoleSpec
@@ -199,3 +202,33 @@ async def test_the_inventory_is_this_installations_pods_that_still_run() -> None
     assert sorted(ref.job_id for ref in inventory) == ["a" * 32, "c" * 32]
     assert KubeSettings.from_env({"YARD_K8S_NAMESPACE": "ml"}).installation == "ml"
     assert KubeSettings.from_env({"YARD_K8S_INSTALLATION": "x"}).installation == "x"
+
+
+async def test_a_create_the_api_server_cannot_take_now_comes_again(monkeypatch) -> None:
+    # A 429 or a 5xx failed the task at once (a job without retries failed for it); a
+    # 504's pod may even have been made, and ran on as an orphan.
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from trainyard_common.errors import TransientError
+    from trainyard_launcher.adapters.backend import LaunchRefused, TaskLaunch
+
+    backend, _deleted, attempt = offline(monkeypatch)
+    backend._owner_uids[(JOB, 1)] = None
+    answers: list[ApiException] = []
+
+    async def refused(*_args: object, **_kwargs: object) -> dict:
+        raise answers.pop(0)
+
+    monkeypatch.setattr(backend, "_raw", refused)
+    launch = TaskLaunch(ref=REF, attempt=attempt, placement=attempt.tasks[0], env={}, command="x")
+    for status, message in [(429, "slow down"), (504, "timeout"), (403, "exceeded quota: q")]:
+        exc = ApiException(status=status, reason="x")
+        exc.body = json.dumps({"message": message})
+        answers.append(exc)
+        with pytest.raises(TransientError, match=message):
+            await backend.launch(launch)
+    exc = ApiException(status=422, reason="x")
+    exc.body = json.dumps({"message": "Pod is invalid"})
+    answers.append(exc)
+    with pytest.raises(LaunchRefused, match="Pod is invalid"):
+        await backend.launch(launch)

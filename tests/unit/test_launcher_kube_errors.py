@@ -11,7 +11,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from trainyard_launcher.adapters.kubernetes import _too_large, exec_failure
+from trainyard_launcher.adapters.kubernetes import _not_now, _too_large, exec_failure
 
 TOKEN = "Bearer 7neX-the-launchers-own"
 
@@ -43,3 +43,28 @@ def test_a_pod_too_large_for_etcd_is_told_apart_from_other_server_errors() -> No
     assert _too_large(failed(500, "etcdserver: request is too large"))
     assert not _too_large(failed(500, "etcdserver: leader changed"))
     assert not _too_large(failed(503, "etcdserver: request is too large"))
+
+
+def test_an_answer_that_says_not_now_is_told_from_one_that_says_never() -> None:
+    # Throttled or the server's trouble failed the task at once (a job without retries
+    # failed for it), and a 504's create may have been made: the message comes again.
+    def failed(status: int, message: str) -> ApiException:
+        exc = ApiException(status=status, reason="x")
+        exc.body = json.dumps({"kind": "Status", "message": message})
+        return exc
+
+    for status, message in [
+        (429, "too many requests"),
+        (503, "etcdserver: leader changed"),
+        (504, "the request did not complete within the requested timeout"),
+        (403, 'pods "p" is forbidden: exceeded quota: compute, requested: cpu=2'),
+        (403, "unable to create new content in namespace ml because it is being terminated"),
+    ]:
+        assert _not_now(failed(status, message)), (status, message)
+    for status, message in [
+        (403, 'pods is forbidden: User "system:serviceaccount:x" cannot create resource'),
+        (422, "Pod is invalid"),
+        (500, "etcdserver: request is too large"),
+        (400, "bad request"),
+    ]:
+        assert not _not_now(failed(status, message)), (status, message)

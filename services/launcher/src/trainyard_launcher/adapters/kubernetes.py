@@ -40,6 +40,7 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
 
+from trainyard_common.errors import TransientError
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec
 
@@ -713,6 +714,10 @@ class KubernetesBackend:
                 raise AlreadyLaunched(f"pod {body['metadata']['name']} exists") from exc
             if exc.status == 404:
                 self._present.discard(namespace)  # deleted under us: made again next try
+            if _not_now(exc):
+                # The API server's, for now: the message comes again (a create that went
+                # through after all, a 504's, is then found by its name: 409).
+                raise TransientError(f"the pod could not be created now: {_why(exc)}") from exc
             if exc.status in (400, 403, 413, 422) or _too_large(exc):
                 # The job's own (a pod too large for the API server or etcd: its
                 # command, its variables): refused, as on every try.
@@ -999,6 +1004,16 @@ def as_given(value: object) -> Any:
     ``_preload_content=False`` a call returns the raw response (a stream to read, or
     the exec websocket), not the model."""
     return value
+
+
+def _not_now(exc: ApiException) -> bool:
+    """An answer that says "not now" rather than "never": throttled (429), the server's
+    own trouble (5xx; a 504 may come of a create that was made), a namespace's quota
+    used up for now or the namespace being deleted (both 403s, as an RBAC refusal is)."""
+    if exc.status == 429 or (exc.status >= 500 and not _too_large(exc)):
+        return True
+    why = _why(exc)
+    return exc.status == 403 and ("exceeded quota" in why or "is being terminated" in why)
 
 
 def _too_large(exc: ApiException) -> bool:
