@@ -232,3 +232,18 @@ async def test_a_create_the_api_server_cannot_take_now_comes_again(monkeypatch) 
     answers.append(exc)
     with pytest.raises(LaunchRefused, match="Pod is invalid"):
         await backend.launch(launch)
+
+
+async def test_a_kill_grace_under_a_second_is_never_the_apis_delete_now(monkeypatch) -> None:
+    backend, _deleted, _attempt = offline(monkeypatch)
+    graces: list[int | None] = []
+
+    async def delete(_call, name: str, namespace: str, grace: int | None = None) -> None:
+        graces.append(grace)
+        backend._pods.pop(REF, None)  # as the watch sees it go
+
+    monkeypatch.setattr(backend, "_delete", delete)
+    for grace_s in (0.1, 0, 2.5):
+        backend._remember("ns", ended(created()))
+        await backend.kill(REF, TaskHandle(uid="uid-1"), grace_s)
+    assert graces == [1, 1, 3]

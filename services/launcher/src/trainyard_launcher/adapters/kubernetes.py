@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -823,8 +824,10 @@ class KubernetesBackend:
         pod = self._pods.get(ref) or await self._read(ref)
         if pod is None:
             return before
+        # At least a second: 0 is the API's "delete now" (kubectl's --force), the pod
+        # object gone while its container may still run; rounded up, never cut short.
         await self._delete(self.core.delete_namespaced_pod, pod.name, pod.namespace,
-                           grace=max(int(grace_s), 0))  # fmt: skip
+                           grace=max(math.ceil(grace_s), 1))  # fmt: skip
         deadline = time.monotonic() + grace_s + 30
         while ref in self._pods and self._pods[ref].uid == pod.uid and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
