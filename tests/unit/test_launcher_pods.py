@@ -95,6 +95,9 @@ def test_the_pod_is_bound_to_its_node_and_named_for_the_headless_service() -> No
         owner_name(JOB, 2),
         "uid-1",
     )
+    # Setting it needs update on the owner's finalizers where owner permissions are
+    # enforced (OpenShift): every multi-task pod was a 403.
+    assert "blockOwnerDeletion" not in owner
     task = pod_task(pod)
     assert task is not None and (task.job_id, task.attempt, task.role, task.index) == (
         JOB, 2, "Worker", 0

@@ -558,7 +558,11 @@ def pod_manifest(
                             "kind": "ConfigMap",
                             "name": owner_name(job_id, attempt),
                             "uid": owner_uid,
-                            "blockOwnerDeletion": True,
+                            # No blockOwnerDeletion: deletes are in the background (it
+                            # matters only to a foreground one), and where the API
+                            # server enforces owner permissions (OpenShift's default)
+                            # setting it needs update on configmaps/finalizers, which
+                            # the launcher's role does not grant: every pod a 403.
                             "controller": True,
                         }
                     ]
