@@ -40,6 +40,7 @@ from trainyard_launcher.domain.pods import (
     pod_name,
     pod_state,
     pod_task,
+    port_name,
     service_manifest,
     service_name,
     task_address,
@@ -554,3 +555,14 @@ def test_a_pods_status_reads_as_the_tasks(
     assert state.end_kind == (end_kind.value if end_kind else None)
     if not running and exit_code is None:
         assert state.reason
+
+
+@pytest.mark.parametrize("label", ["http", "8080", "a--b", "-x-", "Tensor_Board", "a" * 40, "_"])
+def test_a_port_label_is_always_a_valid_port_name(label: str) -> None:
+    # IANA_SVC_NAME: at most 15 of [a-z0-9-], alphanumeric at both ends, a letter, no
+    # "--". A label "8080" or "a--b" made the API server refuse every pod (422).
+    name = port_name(label)
+    assert re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?", name), name
+    assert "--" not in name and re.search("[a-z]", name), name
+    assert port_name("http") == "http"  # a good one is kept as it is
+    assert port_name("a--b") != port_name("a-b")  # two labels stay apart

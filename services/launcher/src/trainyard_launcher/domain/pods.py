@@ -95,6 +95,21 @@ def _label(text: str, limit: int) -> str:
     return f"{cleaned[: max(limit - 7, 1)].strip('-')}-{digest}"
 
 
+_SERVICE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?")
+
+
+def port_name(label: str) -> str:
+    """A port label as a container port's name, which must be an IANA service name: at
+    most 15 of [a-z0-9-], a letter among them, no "--" (a label "8080" or "a--b" made
+    the API server refuse the pod, 422, a permanent failure)."""
+    name = _label(label, 15)
+    if _SERVICE_NAME.fullmatch(name) and "--" not in name and re.search("[a-z]", name):
+        return name
+    digest = hashlib.sha256(label.encode()).hexdigest()[:6]
+    base = re.sub("-+", "-", name)[:7].strip("-")
+    return f"{base}-p{digest}" if base else f"p{digest}"
+
+
 _NOT_LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -423,7 +438,7 @@ def pod_manifest(
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
     }
     ports = [
-        {"name": _label(a.label, 15), "containerPort": port, "protocol": "TCP"}
+        {"name": port_name(a.label), "containerPort": port, "protocol": "TCP"}
         for a in placement.ports
         for i, port in enumerate(a.ports)
         if i == 0
