@@ -228,3 +228,78 @@ def test_a_user_sees_only_their_own_jobs_and_others_gpus_as_taken(  # type: igno
     assert taken.get_attribute("title") == "another user's job (default)"
     assert page.get_by_text(admins).count() == 0
     api.stop(admins)
+
+
+def test_a_double_click_an_earlier_attempts_log_and_a_revoked_token(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    dave = api.as_token(api.http.post("/v1/tokens", json={"user": "dave"}).json()["token"])
+    # A job whose first attempt fails: its log is where the failure is.
+    retried = dave.submit(
+        {
+            "name": unique("retried"),
+            "retry_limit": 1,
+            "roles": [
+                {
+                    "name": "w",
+                    "command": 'echo "try $TRAINYARD_ATTEMPT"; test "$TRAINYARD_ATTEMPT" -ge 2',
+                    "restart_policy": "OnFailure",
+                    "resources": {"cpu": 0.5, "memory_mb": 128},
+                }
+            ],
+        }
+    )
+    assert dave.wait(retried, timeout=90)["state"] == "SUCCEEDED"
+    sign_in(page, dave.http.headers["Authorization"].removeprefix("Bearer "))
+    page.goto(f"/console/#/jobs/{retried}")
+    picker = page.get_by_label("Task", exact=True)
+    picker.wait_for()
+    assert picker.locator("option").all_inner_texts() == ["w[0] attempt 2", "w[0] attempt 1"]
+    picker.select_option(label="w[0] attempt 1")
+    page.get_by_role("button", name="Show log").click()
+    page.get_by_label("Task log").get_by_text("try 1").wait_for()
+
+    # Submit clicked twice: one job (it made two).
+    page.goto("/console/#/submit")
+    name = unique("once")
+    page.get_by_label("Job name").fill(name)
+    page.get_by_label("Command").fill("true")
+    page.get_by_role("button", name="Submit", exact=True).dblclick()
+    page.get_by_role("heading", name=name).wait_for()
+    page.wait_for_timeout(1000)  # a second submission would be in by now
+    mine = dave.http.get("/v1/jobs", params={"name": name}).json()["items"]
+    assert [job["name"] for job in mine] == [name]
+
+    # A token no longer good (revoked, a platform started again), the page reloaded:
+    # the sign-in page says why (it was blank, the navigation hidden).
+    page.evaluate("sessionStorage.setItem('trainyard.token', 'revoked-' + 'x'.repeat(20))")
+    page.reload()
+    page.get_by_text("Your token was refused: sign in again.").wait_for()
+    page.get_by_label("Access token").wait_for()
+
+
+def test_a_long_log_keeps_only_its_newest_part_on_the_page(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    # A log of hundreds of MB took some 20 times its size in the browser, and the tab.
+    job_id = api.submit(
+        {
+            "name": unique("chatty"),
+            "roles": [
+                {
+                    "name": "w",
+                    "command": "head -c 3000000 /dev/zero | tr '\\0' a | fold -w 99; echo last",
+                    "resources": {"cpu": 0.5, "memory_mb": 128},
+                }
+            ],
+        }
+    )
+    assert api.wait(job_id, timeout=90)["state"] == "SUCCEEDED"
+    sign_in(page, platform.token)
+    page.goto(f"/console/#/jobs/{job_id}")
+    page.get_by_role("button", name="Show log").click()
+    log = page.get_by_label("Task log")
+    log.get_by_text("(end of log)").wait_for(timeout=60_000)
+    text = log.evaluate("e => e.textContent")
+    assert text.startswith("(earlier output not shown here)")
+    assert len(text) < 2_100_000 and "last\n" in text

@@ -30,6 +30,11 @@ function el(tag, attrs = {}, ...children) {
 
 function token() { return sessionStorage.getItem(TOKEN_KEY); }
 
+// The most of a log kept on the page, and the terminal escapes (colours, cursor moves)
+// taken out of what is shown.
+const LOG_CHARS = 2_000_000;
+const ANSI = /\x1b\[[0-9;?]*[A-Za-z]/g;
+
 class ApiError extends Error {
   constructor(status, body) {
     super(typeof body?.detail === "string" ? body.detail : JSON.stringify(body?.detail ?? body));
@@ -58,6 +63,9 @@ function listen(path, onEvent) {
     while (!control.signal.aborted) {
       try {
         const answer = await fetch(path, { headers: { Authorization: `Bearer ${token()}` }, signal: control.signal });
+        // A token refused is not a server gone away: no retry every 2 s for ever.
+        if (answer.status === 401) { signOut("Your token was refused: sign in again."); return; }
+        if (answer.status === 403) return;
         if (!answer.ok) throw new Error(`watch answered ${answer.status}`);
         const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
         let buffer = "";
@@ -320,9 +328,14 @@ function jobPage(jobId) {
   const logBox = el("pre", { id: "log", "aria-label": "Task log", tabindex: 0 });
   function renderLogs() {
     if (logs.childElementCount && logTask) return; // keep a followed log as it is
-    const choices = (job.tasks || []).map((t) => `${t.role}/${t.index}`);
-    if (!choices.length) { logs.replaceChildren(el("h2", { text: "Logs" }), el("p", { class: "muted", text: "No task has started yet." })); return; }
-    const taskSelect = el("select", { id: "log-task" }, choices.map((c) => el("option", { value: c, text: c.replace("/", "[") + "]" })));
+    // Every attempt's tasks (an earlier attempt's log is where its failure is), the
+    // latest first.
+    const tasks = [...(job.tasks || [])].sort((a, b) => (b.attempt || 1) - (a.attempt || 1));
+    const several = new Set(tasks.map((t) => t.attempt || 1)).size > 1;
+    if (!tasks.length) { logs.replaceChildren(el("h2", { text: "Logs" }), el("p", { class: "muted", text: "No task has started yet." })); return; }
+    const taskSelect = el("select", { id: "log-task" }, tasks.map((t) => el("option", {
+      value: `${t.role}/${t.index}/${t.attempt || 1}`,
+      text: `${t.role}[${t.index}]${several ? ` attempt ${t.attempt || 1}` : ""}` })));
     const streamSelect = el("select", { id: "log-stream" }, el("option", { value: "stdout", text: "stdout" }), el("option", { value: "stderr", text: "stderr" }));
     const show = el("button", { type: "button", onclick: () => follow(taskSelect.value, streamSelect.value), text: "Show log" });
     logs.replaceChildren(el("h2", { text: "Logs" }), el("div", { class: "row" },
@@ -330,21 +343,40 @@ function jobPage(jobId) {
       el("div", {}, el("label", { for: "log-stream", text: "Stream" }), streamSelect), show), logBox);
   }
   async function follow(choice, stream) {
-    const [role, index] = choice.split("/");
+    const [role, index, attempt] = choice.split("/");
     logTask = choice;
     if (following) following.abort();
     following = new AbortController();
     logBox.textContent = "";
-    const query = new URLSearchParams({ role, index, stream, follow: "true" });
+    const query = new URLSearchParams({ role, index, attempt, stream, follow: "true" });
     try {
       const answer = await fetch(`/v1/jobs/${encodeURIComponent(jobId)}/logs?${query}`, { headers: { Authorization: `Bearer ${token()}` }, signal: following.signal });
       if (!answer.ok) { logBox.textContent = `(${answer.status}) ${await answer.text()}`; return; }
       const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
+      // Only the newest LOG_CHARS are kept on the page: a log of hundreds of MB took
+      // some 20 times its size in the browser's memory, and the tab with it.
+      let shown = 0;
+      let cut = null;
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
-        logBox.append(value);
-        logBox.scrollTop = logBox.scrollHeight;
+        const atBottom = logBox.scrollHeight - logBox.scrollTop - logBox.clientHeight < 40;
+        const text = value.replace(ANSI, "");
+        logBox.append(text);
+        shown += text.length;
+        if (shown > LOG_CHARS) {
+          cut = cut || el("span", { class: "muted", text: "(earlier output not shown here)\n" });
+          // The oldest chunks go, never the newest.
+          let node = cut.parentNode === logBox ? cut.nextSibling : logBox.firstChild;
+          while (shown > LOG_CHARS && node && node !== logBox.lastChild) {
+            const next = node.nextSibling;
+            shown -= node.textContent.length;
+            node.remove();
+            node = next;
+          }
+          if (cut.parentNode !== logBox) logBox.prepend(cut);
+        }
+        if (atBottom) logBox.scrollTop = logBox.scrollHeight; // follow only a reader at the end
       }
       logBox.append(el("span", { class: "muted", text: "\n(end of log)" }));
     } catch (err) {
@@ -359,18 +391,28 @@ function jobPage(jobId) {
       el("tbody", {}, answer.items.map((e) => el("tr", {},
         el("td", { text: when(e.occurred_at) }), el("td", { text: e.type }), el("td", { class: "muted", text: describe(e) }))))));
   }
+  let loads = 0;
   async function load() {
+    const mine = ++loads; // an answer to an earlier load is older than this one's
     try {
-      job = await api(`/v1/jobs/${encodeURIComponent(jobId)}`);
+      const answer = await api(`/v1/jobs/${encodeURIComponent(jobId)}`);
+      if (mine !== loads) return;
+      job = answer;
       render();
       await loadEvents();
     } catch (err) {
-      head.replaceChildren(el("h1", { text: jobId }), failed(err));
+      if (mine === loads) head.replaceChildren(el("h1", { text: jobId }), failed(err));
     }
   }
-  leave.push(listen("/v1/watch/jobs", (type, change) => {
-    if (type === "reset" || change.id === jobId) load();
+  // This job's changes only (not the whole cluster's feed), and a burst of them read
+  // once, as the list does.
+  let soon = null;
+  leave.push(listen(`/v1/watch/jobs?job_id=${encodeURIComponent(jobId)}`, (type, change) => {
+    if (type !== "reset" && change.id !== jobId) return;
+    clearTimeout(soon);
+    soon = setTimeout(load, 300);
   }));
+  leave.push(() => clearTimeout(soon));
   view.replaceChildren(head, waiting, attempts, tasks, logs, timeline, spec);
   load();
 }
@@ -504,18 +546,27 @@ function submitPage(params) {
       return answer.valid;
     } catch (err) { error.replaceChildren(failed(err)); return false; }
   }
+  // One job per form: a double click, or a retry after an answer that was lost, is
+  // the same submission (its Idempotency-Key), and the buttons wait for the answer.
+  const key = crypto.randomUUID();
+  const checkButton = el("button", { type: "button", class: "secondary", onclick: () => busy(check), text: "Check (dry run)" });
+  const submitButton = el("button", { type: "button", onclick: () => busy(submit), text: "Submit" });
+  async function busy(action) {
+    if (submitButton.disabled) return;
+    checkButton.disabled = submitButton.disabled = true;
+    try { await action(); } finally { checkButton.disabled = submitButton.disabled = false; }
+  }
   async function submit() {
     if (!(await check())) return;
     const r = request();
     try {
-      const answer = await api(`/v1/jobs${r.query}`, { method: "POST", body: r.body, headers: { "Content-Type": r.type } });
+      const answer = await api(`/v1/jobs${r.query}`, { method: "POST", body: r.body, headers: { "Content-Type": r.type, "Idempotency-Key": key } });
       sessionStorage.removeItem("trainyard.clone");
       location.hash = `#/jobs/${encodeURIComponent(answer.id)}`;
     } catch (err) { error.replaceChildren(failed(err)); }
   }
   view.replaceChildren(title("Submit a job"), tabs, panel, error,
-    el("div", { class: "row" }, el("button", { type: "button", class: "secondary", onclick: check, text: "Check (dry run)" }),
-      el("button", { type: "button", onclick: submit, text: "Submit" })));
+    el("div", { class: "row" }, checkButton, submitButton));
   show(mode);
 }
 
@@ -567,9 +618,17 @@ async function route() {
   leave = [];
   const [path, query] = (location.hash.slice(1) || "/jobs").split("?");
   const params = new URLSearchParams(query || "");
-  if (!token()) { loginPage(); return; }
+  if (!token() || path === "/login") { loginPage(); return; }
   if (!me) {
-    try { me = await api("/v1/me"); } catch { return; }
+    try { me = await api("/v1/me"); } catch (err) {
+      // A token refused after a reload (revoked, a new platform) signs out; anything
+      // else says so with a way to try again, never a blank page.
+      if (err.status === 401) { signOut("Your token was refused: sign in again."); return; }
+      view.replaceChildren(title("Trainyard"), failed(err),
+        el("button", { type: "button", onclick: route, text: "Try again" }));
+      document.getElementById("signout").hidden = false;
+      return;
+    }
   }
   document.getElementById("nav").hidden = false;
   document.getElementById("signout").hidden = false;
@@ -580,7 +639,12 @@ async function route() {
   }
   const job = path.match(/^\/jobs\/(.+)$/);
   if (path === "/login") loginPage();
-  else if (job) jobPage(decodeURIComponent(job[1]));
+  else if (job) {
+    let id = null;
+    try { id = decodeURIComponent(job[1]); } catch { /* a malformed link */ }
+    if (id === null) view.replaceChildren(title("Job"), failed(new Error("that link names no job")));
+    else jobPage(id);
+  }
   else if (path === "/submit") submitPage(params);
   else if (path === "/cluster") clusterPage();
   else jobsPage(params);
