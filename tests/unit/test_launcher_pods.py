@@ -526,13 +526,16 @@ def container(state: dict) -> dict:
         (pod("Failed", **container({"terminated": {"exitCode": 3, "reason": "Error"}})), False, True, 3, None),
         (pod("Failed", **container({"terminated": {"exitCode": 137, "reason": "OOMKilled"}})), False, True, 137, EndKind.OUT_OF_MEMORY),
         (pod("Failed", reason="Evicted", message="low on memory"), False, False, None, EndKind.KILLED_BY_PLATFORM),
-        (pod("Pending", **container({"waiting": {"reason": "ImagePullBackOff", "message": "no"}})), False, False, None, EndKind.START_FAILED),
+        # A pull that failed for now (a registry's blip, throttling): the kubelet tries
+        # again; the start deadline fails it if it never comes.
+        (pod("Pending", **container({"waiting": {"reason": "ImagePullBackOff", "message": "no"}})), True, False, None, None),
+        (pod("Pending", **container({"waiting": {"reason": "ErrImagePull", "message": "429 Too Many Requests: toomanyrequests"}})), True, False, None, None),
         # An image that is not there is the user's, permanent: a retry would meet it again
         # (a Kubeflow job without backoffLimit retries without limit otherwise).
         (pod("Pending", **container({"waiting": {"reason": "ErrImagePull", "message": 'failed to pull and unpack image "docker.io/library/pytho:3.11": not found'}})), False, False, None, EndKind.PREPARE_USER),
         (pod("Pending", **container({"waiting": {"reason": "ImagePullBackOff", "message": "pull access denied, repository does not exist or may require authorization"}})), False, False, None, EndKind.PREPARE_USER),
         (pod("Pending", **container({"waiting": {"reason": "InvalidImageName", "message": "x"}})), False, False, None, EndKind.PREPARE_USER),
-        (pod("Pending", **container({"waiting": {"reason": "ErrImagePull", "message": "dial tcp: i/o timeout"}})), False, False, None, EndKind.START_FAILED),
+        (pod("Pending", **container({"waiting": {"reason": "ErrImagePull", "message": "dial tcp: i/o timeout"}})), True, False, None, None),
         (pod("Pending", **container({"waiting": {"reason": "CreateContainerConfigError"}})), False, False, None, EndKind.START_FAILED),
         (pod("Pending", initContainerStatuses=[{"name": "code-source", "state": {"terminated": {"exitCode": 128}}}]), False, False, None, EndKind.PREPARE_USER),
         # Refused by its node's kubelet: no container ran ("exited with code 1", the
@@ -566,3 +569,14 @@ def test_a_port_label_is_always_a_valid_port_name(label: str) -> None:
     assert "--" not in name and re.search("[a-z]", name), name
     assert port_name("http") == "http"  # a good one is kept as it is
     assert port_name("a--b") != port_name("a-b")  # two labels stay apart
+
+
+def test_a_pull_that_failed_for_now_is_the_start_deadlines_progress_note() -> None:
+    state = pod_state(
+        pod("Pending", **container({"waiting": {"reason": "ErrImagePull", "message": "429 toomanyrequests"}}))
+    )  # fmt: skip
+    assert state.running and not state.started
+    assert (
+        state.step
+        == "its image cannot be pulled yet (ErrImagePull, image img:1): 429 toomanyrequests"
+    )

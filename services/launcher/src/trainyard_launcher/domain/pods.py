@@ -830,9 +830,17 @@ _NO_SUCH_IMAGE = re.compile(
 def _start_failure(waiting: dict[str, Any], image: str | None) -> PodState:
     reason = waiting["reason"]
     message = str(waiting.get("message") or "")
+    pulling = reason in ("ErrImagePull", "ImagePullBackOff")
     users = reason in ("InvalidImageName", "ErrImageNeverPull") or (
-        reason in ("ErrImagePull", "ImagePullBackOff") and bool(_NO_SUCH_IMAGE.search(message))
+        pulling and bool(_NO_SUCH_IMAGE.search(message))
     )
+    if pulling and not users:
+        # A registry that did not answer, throttled pulls (429 toomanyrequests), a
+        # blip: the kubelet tries again with a backoff, as Kubernetes leaves such a pod
+        # to. Still starting, then, until the start deadline (a platform failure that
+        # names this step); failed at once, a job without retries failed for a blip.
+        step = f"its image cannot be pulled yet ({reason}" + (f", image {image}" if image else "")
+        return PodState(running=True, started=False, step=(step + f"): {message}")[:200])
     return PodState(
         running=False,
         reason=f"could not start: {START_FAILURES[reason]} ({reason}"
