@@ -186,3 +186,32 @@ async def test_a_run_past_its_deadline_whose_end_could_not_be_published_is_publi
     await check_tasks(deps)
     [end] = [e for e in published if isinstance(e, JobFinished)]
     assert end.state is JobState.FAILED and "maximum running time of 1 minute" in end.reason
+
+
+async def test_an_attempt_the_backend_cannot_open_is_failed_by_the_start_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its tasks were recorded STARTING and never watched: each redelivery failed the
+    # same way until the dead letters, and the attempt held its placement for ever.
+    deps, backend, published = make_deps()
+    deps.start_deadline_s = 60
+
+    async def cannot(_attempt: object) -> None:
+        raise ConnectionError("the API server is not answering")
+
+    monkeypatch.setattr(backend, "open_attempt", cannot)
+    with pytest.raises(ConnectionError):
+        await launch_job(placed(retry_limit=1), RECEIVED, deps)
+    assert deps.watching == {} and ("j1", 1) in deps.starting
+    past_the_deadline(deps)
+    await check_start_deadlines(deps)
+    [retry] = [e for e in published if isinstance(e, JobRetrying)]
+    assert retry.failure_class is FailureClass.PLATFORM and "not all tasks started" in retry.reason
+    assert deps.starting == set()
+
+
+async def test_an_attempt_whose_tasks_all_started_leaves_the_start_watch_at_once() -> None:
+    deps, _backend, _published = make_deps()
+    deps.start_deadline_s = 60
+    await launch_job(placed(), RECEIVED, deps)
+    assert deps.starting == set() and len(deps.watching) == 2

@@ -102,6 +102,10 @@ class Deps:
     # (the store or the bus failed in between): the watcher applies them again until
     # that succeeds, since the ended task is no longer watched to remind it.
     unsettled: set[tuple[str, int]] = field(default_factory=set)
+    # Attempts whose tasks were recorded STARTING here: the start deadline covers them
+    # while none is watched yet (an attempt the backend would not open, its message
+    # redelivered until the dead letters, held its placement for ever).
+    starting: set[tuple[str, int]] = field(default_factory=set)
     # When the watcher last published what the outbox held (time.monotonic()).
     outbox_swept: float = 0.0
     # What time it is, to the store's precision (tests pass a clock they move instead of

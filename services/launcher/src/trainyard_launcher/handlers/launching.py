@@ -100,7 +100,16 @@ async def launch_more(event: TasksPlaced, delivery: Delivery, deps: Deps) -> Non
 
 
 async def _launch(deps: Deps, job: JobRecord, placements: list[TaskPlacement]) -> None:
-    """Record each placed task STARTING, then start them, then judge the job."""
+    """Record each placed task STARTING, then start them, then judge the job. Until
+    every one was started or ended, the attempt is the start deadline's to watch (what
+    raised here, the message's redelivery tries again, for as long as the bus does)."""
+    key = (job.job_id, job.attempt)
+    deps.starting.add(key)
+    await _record_and_start(deps, job, placements)
+    deps.starting.discard(key)
+
+
+async def _record_and_start(deps: Deps, job: JobRecord, placements: list[TaskPlacement]) -> None:
     assert job.spec is not None
     started: list[tuple[TaskRecord, TaskPlacement]] = []
     # Every task is recorded STARTING before any is spawned, so ending the job early (a

@@ -132,7 +132,7 @@ async def check_start_deadlines(deps: Deps) -> None:
     late tasks are stopped and FAILED as a platform failure, so a retry may follow."""
     if deps.start_deadline_s <= 0:
         return
-    watched = {(t.job_id, t.attempt) for t in deps.watching.values()}
+    watched = {(t.job_id, t.attempt) for t in deps.watching.values()} | deps.starting
     for key in set(deps.start_deadlines) - watched:
         del deps.start_deadlines[key]
     for job_id, attempt in watched:
@@ -157,11 +157,13 @@ async def check_start_deadlines(deps: Deps) -> None:
                 or job.state != JOB_RUNNING
                 or job.spec is None
             ):
+                deps.starting.discard((job_id, attempt))
                 continue
             tasks = await deps.store.tasks_of(job_id, attempt)
             late = late_tasks([await _start_view(deps, t) for t in tasks])
             if not late:
                 deps.start_deadlines[(job_id, attempt)] = None  # all started: done
+                deps.starting.discard((job_id, attempt))
                 continue
             reason = start_deadline_reason(deps.start_deadline_s, late)
             with continue_trace(tasks[0].traceparent if tasks else None):
@@ -184,6 +186,7 @@ async def check_start_deadlines(deps: Deps) -> None:
                 await _finish_watched(
                     deps, job, Verdict(JobState.FAILED, reason, task=(late[0].role, late[0].index))
                 )
+                deps.starting.discard((job_id, attempt))
 
 
 async def _finish_watched(deps: Deps, job: JobRecord, verdict: Verdict) -> None:
