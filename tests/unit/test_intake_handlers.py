@@ -250,3 +250,19 @@ async def test_a_job_whose_ack_was_lost_keeps_its_name() -> None:
     assert (await deps.names.get("alice", "j1")).job_id == result.job_id
     with pytest.raises(NameTaken):
         await submit_job(JOB, Identity("alice"), deps)
+
+
+async def test_a_secret_holding_the_views_mask_is_the_jobs_error_before_it_is_sealed(
+    deps: Deps,
+) -> None:
+    # Sealed, the mask could no longer be told from a value: intake is where it is seen.
+    job = {
+        "protocolVersion": 2, "name": "cloned", "type": "job",
+        "prerequisites": [{"type": "dockerimage", "uri": "python:3.11", "name": "img"}],
+        "secrets": {"token": "******"},
+        "taskRoles": {"main": {"dockerImage": "img", "commands": ["true"],
+                               "resourcePerInstance": {"cpu": 1, "memoryMB": 512, "gpu": 0}}},
+    }  # fmt: skip
+    await submit_job(job, Identity("alice"), deps)
+    [event] = deps.publish
+    assert [(e.path, e.code) for e in event.translation_errors] == [("$.secrets", "hidden")]

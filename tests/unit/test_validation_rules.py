@@ -497,6 +497,32 @@ def test_a_number_out_of_range_is_told_which_end_it_passed(
     assert error.path == path and said in error.message and error.code == "range", error
 
 
+def test_a_secret_that_holds_the_views_mask_is_refused() -> None:
+    # A job cloned from its own view (the console's Clone) ran with '******' as its
+    # credentials, failing later and less clearly.
+    payload = {
+        "name": "cloned",
+        "secrets": [{"name": "token", "value": "******"}, {"name": "other", "value": "s3cret"}],
+        "roles": [{"name": "w", "command": "true"}],
+    }
+    result = decide(submitted(payload), CLUSTER)
+    assert isinstance(result, JobRejected)
+    [error] = result.errors
+    assert (error.path, error.code) == ("$.secrets", "hidden")
+    assert "'token'" in error.message and "write the value again" in error.message
+    # Through OpenPAI v2 too: its secrets are hidden in its view the same way.
+    job = {
+        "protocolVersion": 2, "name": "cloned", "type": "job",
+        "prerequisites": [{"type": "dockerimage", "uri": "python:3.11", "name": "img"}],
+        "secrets": {"token": "******"},
+        "taskRoles": {"main": {"dockerImage": "img", "commands": ["true"],
+                               "resourcePerInstance": {"cpu": 1, "memoryMB": 512, "gpu": 0}}},
+    }  # fmt: skip
+    result = decide(submitted(job), CLUSTER)
+    assert isinstance(result, JobRejected)
+    assert "hidden" in [e.code for e in result.errors], result.errors
+
+
 def test_native_unique_names() -> None:
     spec = good_spec()
     role = spec.roles[0]

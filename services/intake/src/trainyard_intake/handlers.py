@@ -18,7 +18,7 @@ from trainyard_common.dialects import (
     field_path,
     translate,
 )
-from trainyard_common.dialects.translation import too_many_tasks
+from trainyard_common.dialects.translation import masked_secrets, too_many_tasks
 from trainyard_common.errors import BusUnavailable
 from trainyard_common.events import (
     Event,
@@ -215,7 +215,7 @@ def checked(translation: Translation, payload: Any, deps: Deps) -> Translation:
         return field_path(translation.dialect, payload, role, name)
 
     spec = translation.spec
-    errors = too_many_tasks(spec, locate)
+    errors = too_many_tasks(spec, locate) + masked_secrets(spec, locate)
     if not errors and deps.cluster is not None:
         errors = runtime_errors(spec, deps.cluster.runtime, locate) or check_against_cluster(
             spec, deps.cluster, locate

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import FieldIssue
-from ..jobspec import JobSpec
+from ..jobspec import REDACTED, JobSpec
 
 # Python's '$' also matches before a trailing newline, so patterns are applied with
 # fullmatch; the strings shown in messages are OpenPAI's own spelling of the rule.
@@ -233,6 +233,22 @@ def too_many_tasks(spec: JobSpec, locate: Callable[[str | None, str], str]) -> l
             message=f"the job asks for {total} tasks in all ({largest}: {sizes[largest]}); "
             f"a job holds at most {MAX_JOB_TASKS}, as a Kubernetes Indexed Job does",
         )
+    ]
+
+
+def masked_secrets(spec: JobSpec, locate: Callable[[str | None, str], str]) -> list[FieldIssue]:
+    """A secret whose value is the mask a job's view shows in its place (a job copied
+    from its own view: the console's Clone, a GET's answer): run so, it would use
+    '******' as a credential and fail later, less clearly. Any dialect's."""
+    return [
+        FieldIssue(
+            path=locate(None, "secrets"),
+            code="hidden",
+            message=f"secret {secret.name!r} holds {REDACTED!r}, the mask a job's view shows "
+            "in place of its value: write the value again",
+        )
+        for secret in spec.secrets
+        if secret.value == REDACTED
     ]
 
 

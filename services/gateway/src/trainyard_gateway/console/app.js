@@ -502,6 +502,10 @@ function submitPage(params) {
 
   const clone = params.get("clone") && sessionStorage.getItem("trainyard.clone");
   if (clone) { text.value = JSON.stringify(JSON.parse(clone), null, 2); mode = "text"; }
+  // A job's view hides its secrets' values: a clone must have them written again (the
+  // platform refuses the mask as a value).
+  const masked = clone && clone.includes('"******"')
+    ? notice("This job's secret values are hidden (******): write them again before submitting.") : "";
 
   function show(which) {
     mode = which;
@@ -565,7 +569,7 @@ function submitPage(params) {
       location.hash = `#/jobs/${encodeURIComponent(answer.id)}`;
     } catch (err) { error.replaceChildren(failed(err)); }
   }
-  view.replaceChildren(title("Submit a job"), tabs, panel, error,
+  view.replaceChildren(title("Submit a job"), masked, tabs, panel, error,
     el("div", { class: "row" }, checkButton, submitButton));
   show(mode);
 }

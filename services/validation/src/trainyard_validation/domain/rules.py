@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trainyard_common.cluster import ClusterSpec
 from trainyard_common.dialects import BY_NAME, dedupe, field_path, validate_native
-from trainyard_common.dialects.translation import too_many_tasks
+from trainyard_common.dialects.translation import masked_secrets, too_many_tasks
 from trainyard_common.events import FieldIssue, JobAccepted, JobRejected, JobSubmitted, derived_id
 from trainyard_common.fit import Locate, check_against_cluster
 from trainyard_common.jobspec import JobSpec
@@ -41,12 +41,15 @@ def rule_errors(submitted: JobSubmitted) -> list[FieldIssue]:
     chosen = BY_NAME.get(submitted.dialect)
     if chosen is None or submitted.original is None:
         # A producer on the bus may send a bare spec: the canonical rules still hold.
-        return validate_native(submitted.spec)
-    errors = chosen.validate(submitted.original, submitted.spec)
-    if not any(e.code == "too_many_tasks" for e in errors):
-        # Every dialect's job, whatever its own rules (intake's checked() says the same).
-        errors += too_many_tasks(submitted.spec, locator(submitted))
-    return errors
+        errors = validate_native(submitted.spec)
+    else:
+        errors = chosen.validate(submitted.original, submitted.spec)
+        if not any(e.code == "too_many_tasks" for e in errors):
+            # Every dialect's job, whatever its own rules (intake's checked() says the same).
+            errors += too_many_tasks(submitted.spec, locator(submitted))
+    # Every dialect's job too. Intake refuses it at the door (checked()); sealed (with
+    # YARD_SECRETS_KEY) a value is never the mask here, in clear it is what was written.
+    return errors + masked_secrets(submitted.spec, locator(submitted))
 
 
 def _shadowed(path: str, broken: list[str]) -> bool:
