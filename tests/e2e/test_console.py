@@ -303,3 +303,17 @@ def test_a_long_log_keeps_only_its_newest_part_on_the_page(  # type: ignore[no-u
     text = log.evaluate("e => e.textContent")
     assert text.startswith("(earlier output not shown here)")
     assert len(text) < 2_100_000 and "last\n" in text
+
+
+def test_a_mangled_link_says_so_instead_of_a_blank_page(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    api.submit({"name": unique("listed"), "roles": [{"name": "w", "command": "true"}]})
+    sign_in(page, platform.token)
+    # A time that is none, a page that is no number: the list as if they were not there
+    # (the time threw in the list's load, a blank list and a script error).
+    page.goto("/console/#/jobs?after=garbage&before=&page=abc&anchor=nope")
+    page.get_by_role("heading", name="Jobs").wait_for()
+    page.locator("tbody tr[data-job]").first.wait_for()
+    page.goto("/console/#/jobs/%E0%A4%A")  # no URI at all: decodeURIComponent threw
+    page.get_by_text("that link names no job").wait_for()

@@ -96,6 +96,12 @@ function listen(path, onEvent) {
 }
 
 function when(iso) { return iso ? new Date(iso).toLocaleString() : ""; }
+// A time a link carries, kept only when it is one (a hand-edited link's "garbage" threw
+// in the list's load, a blank list); ``iso``: as an ISO instant.
+function moment(text, iso = false) {
+  if (!text || Number.isNaN(new Date(text).getTime())) return "";
+  return iso ? new Date(text).toISOString() : text;
+}
 function badge(state) { return el("span", { class: `state ${state || ""}`, text: state || "…" }); }
 function title(text) { document.title = `${text} · Trainyard`; return el("h1", { text }); }
 function notice(text) { return el("p", { class: "notice", role: "status", text }); }
@@ -142,12 +148,12 @@ function jobsPage(params) {
   const filters = {
     state: params.get("state") || "", user: params.get("user") || "", queue: params.get("queue") || "",
     dialect: params.get("dialect") || "", name: params.get("name") || "",
-    submitted_after: params.get("after") || "", submitted_before: params.get("before") || "",
+    submitted_after: moment(params.get("after")), submitted_before: moment(params.get("before")),
   };
-  const page = Math.max(0, Number(params.get("page") || 0));
+  const page = Math.max(0, Math.floor(Number(params.get("page"))) || 0); // "abc": the first
   // Pages after the first are anchored at the time the list was opened: jobs that arrive
   // meanwhile go on top and never shift a page's rows.
-  const anchor = params.get("anchor") || new Date().toISOString();
+  const anchor = moment(params.get("anchor"), true) || new Date().toISOString();
   const body = el("tbody");
   const total = el("span", { class: "muted" });
   const fresh = el("p", { class: "notice", role: "status", hidden: true });
