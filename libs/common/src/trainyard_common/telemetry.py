@@ -143,6 +143,12 @@ def _instrument_clients() -> None:
     PymongoInstrumentor().instrument()
 
 
+# Requests with no server span: health checks and scrapes, and OpenPAI's token routes,
+# whose path holds a live bearer token (DELETE /api/v2/tokens/{token}): a span's
+# url.path would carry it to the trace store.
+EXCLUDED_URLS = "healthz,metrics,/api/v2/tokens/"
+
+
 def instrument_app(app: Any) -> None:
     """Server spans for a FastAPI app's requests (health checks and scrapes left out),
     continuing the caller's trace from its ``traceparent``, while exporting; otherwise
@@ -153,7 +159,7 @@ def instrument_app(app: Any) -> None:
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
     FastAPIInstrumentor.instrument_app(
-        app, excluded_urls="healthz,metrics", exclude_spans=["receive", "send"]
+        app, excluded_urls=EXCLUDED_URLS, exclude_spans=["receive", "send"]
     )
 
 
