@@ -537,7 +537,11 @@ def container(state: dict) -> dict:
         (pod("Pending", **container({"waiting": {"reason": "InvalidImageName", "message": "x"}})), False, False, None, EndKind.PREPARE_USER),
         (pod("Pending", **container({"waiting": {"reason": "ErrImagePull", "message": "dial tcp: i/o timeout"}})), True, False, None, None),
         (pod("Pending", **container({"waiting": {"reason": "CreateContainerConfigError"}})), False, False, None, EndKind.START_FAILED),
-        (pod("Pending", initContainerStatuses=[{"name": "code-source", "state": {"terminated": {"exitCode": 128}}}]), False, False, None, EndKind.PREPARE_USER),
+        # A preparation that failed: the user's when what it said names a wrong input,
+        # else unknown (a git host down), as on the local backend.
+        (pod("Pending", initContainerStatuses=[{"name": "code-source", "state": {"terminated": {"exitCode": 128, "message": "fatal: Remote branch nope not found in upstream origin"}}}]), False, False, None, EndKind.PREPARE_USER),
+        (pod("Pending", initContainerStatuses=[{"name": "code-source", "state": {"terminated": {"exitCode": 128, "message": "fatal: unable to access 'https://git.example/x/': Could not resolve host: git.example"}}}]), False, False, None, EndKind.PREPARE_UNKNOWN),
+        (pod("Pending", initContainerStatuses=[{"name": "pip-packages", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]), False, False, None, EndKind.OUT_OF_MEMORY),
         # Refused by its node's kubelet: no container ran ("exited with code 1", the
         # user's, was said).
         (pod("Failed", reason="OutOfnvidia.com/gpu", message="Pod was rejected: Node didn't have enough resource"), False, False, None, EndKind.START_FAILED),

@@ -51,7 +51,7 @@ from typing import Any
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec, RoleSpec, reaches_pod
 
-from .failure import EndKind
+from .failure import EndKind, preparation_kind
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "trainyard"
@@ -544,7 +544,11 @@ def pod_manifest(
         "terminationGracePeriodSeconds": 30,
     }
     if init:
-        pod_spec["initContainers"] = init
+        # A failed preparation's last output lines become its terminated.message, which
+        # tells a wrong input (the user's) from a registry or index that did not answer.
+        pod_spec["initContainers"] = [
+            {**step, "terminationMessagePolicy": "FallbackToLogsOnError"} for step in init
+        ]
     if settings.security_context:
         pod_spec["securityContext"] = dict(settings.security_context)
     if settings.image_pull_secrets:
@@ -771,12 +775,21 @@ def pod_state(pod: dict[str, Any]) -> PodState:
     for init in status.get("initContainerStatuses") or []:
         terminated = (init.get("state") or {}).get("terminated")
         if terminated and terminated.get("exitCode", 0) != 0:
+            # As on the local backend: the user's when what it said names a wrong input
+            # (a branch not there, no such package), else unknown (a git host or an
+            # index that did not answer), which may be retried.
+            said = str(terminated.get("message") or "").strip()
+            if terminated.get("reason") == "OOMKilled":
+                prepared = EndKind.OUT_OF_MEMORY
+            else:
+                prepared = preparation_kind(said)
             return PodState(
                 running=False,
                 exit_code=None,
                 reason=f"preparing the task ({init.get('name')}) failed: exit code "
-                f"{terminated.get('exitCode')}, {terminated.get('reason') or 'no reason'}",
-                end_kind=EndKind.PREPARE_USER.value,
+                f"{terminated.get('exitCode')}, {terminated.get('reason') or 'no reason'}"
+                + (f": {said[-300:]}" if said else ""),
+                end_kind=prepared.value,
                 ended_at=_time(terminated.get("finishedAt")),
             )
         waiting = (init.get("state") or {}).get("waiting") or {}
