@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
@@ -16,7 +16,11 @@ from trainyard_gateway.app import HOP_BY_HOP, WHOLE_ANSWER_BYTES, create_app
 from trainyard_stack.components import free_port
 
 
-async def backend(name: str) -> tuple[web.AppRunner, str]:
+async def backend(
+    name: str, answer: Callable[[web.Request], Awaitable[web.Response]] | None = None
+) -> tuple[web.AppRunner, str]:
+    """An HTTP server on a free port that echoes each request (or ``answer``s it)."""
+
     async def echo(request: web.Request) -> web.Response:
         body = await request.read()
         return web.json_response(
@@ -29,7 +33,7 @@ async def backend(name: str) -> tuple[web.AppRunner, str]:
         )
 
     app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", echo)
+    app.router.add_route("*", "/{tail:.*}", answer or echo)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
@@ -202,15 +206,10 @@ async def test_the_health_of_all_says_which_replica_is_wrong_and_not_where_it_is
     async def failing(_request: web.Request) -> web.Response:
         return web.Response(status=500)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", failing)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, failing_url = await backend("b", failing)
     good, good_url = await backend("a")
     gone = f"http://127.0.0.1:{free_port()}"
-    backends = {"status": (good_url, f"http://127.0.0.1:{port}"), "intake": (good_url, gone)}
+    backends = {"status": (good_url, failing_url), "intake": (good_url, gone)}
     transport = httpx.ASGITransport(app=create_app(backends))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://yard.test") as client:

@@ -38,3 +38,21 @@ def t9k(template: dict[str, Any]) -> dict[str, Any]:
         "metadata": {"name": "g"},
         "spec": {"replicaSpecs": [{"type": "worker", "replicas": 1, "template": template}]},
     }
+
+
+def openpai_v2(**changes: Any) -> dict[str, Any]:
+    """A one-role OpenPAI v2 job (``changes`` at its top level)."""
+    return {
+        "protocolVersion": 2,
+        "name": "cloned",
+        "type": "job",
+        "prerequisites": [{"type": "dockerimage", "uri": "python:3.11", "name": "img"}],
+        "taskRoles": {
+            "main": {
+                "dockerImage": "img",
+                "commands": ["true"],
+                "resourcePerInstance": {"cpu": 1, "memoryMB": 512, "gpu": 0},
+            }
+        },
+        **changes,
+    }

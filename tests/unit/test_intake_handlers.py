@@ -33,6 +33,7 @@ from trainyard_intake.producers import Submission, decode_submission, submit_pub
 from trainyard_validation.domain.rules import decide
 
 from ..support.bus import RECEIVED
+from ..support.payloads import openpai_v2
 
 JOB = {
     "jobName": "j1",
@@ -256,13 +257,7 @@ async def test_a_secret_holding_the_views_mask_is_the_jobs_error_before_it_is_se
     deps: Deps,
 ) -> None:
     # Sealed, the mask could no longer be told from a value: intake is where it is seen.
-    job = {
-        "protocolVersion": 2, "name": "cloned", "type": "job",
-        "prerequisites": [{"type": "dockerimage", "uri": "python:3.11", "name": "img"}],
-        "secrets": {"token": "******"},
-        "taskRoles": {"main": {"dockerImage": "img", "commands": ["true"],
-                               "resourcePerInstance": {"cpu": 1, "memoryMB": 512, "gpu": 0}}},
-    }  # fmt: skip
+    job = openpai_v2(secrets={"token": "******"})
     await submit_job(job, Identity("alice"), deps)
     [event] = deps.publish
     assert [(e.path, e.code) for e in event.translation_errors] == [("$.secrets", "hidden")]

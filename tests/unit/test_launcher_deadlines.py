@@ -152,40 +152,31 @@ def failing_once(deps: Deps, kind: type) -> None:
     deps.publish = flaky
 
 
-async def test_a_start_timeout_whose_end_could_not_be_published_is_published_later() -> None:
-    deps, backend, published = make_deps()
-    deps.start_deadline_s = 60
-    await launch_job(placed(), RECEIVED, deps)
-    backend.preparing["j1:1:w:1"] = "$ pip install torch"
-    past_the_deadline(deps)
-    failing_once(deps, JobFinished)
-    with pytest.raises(ConnectionError):
-        await check_start_deadlines(deps)
-    assert not [e for e in published if isinstance(e, JobFinished)]
-    # The verdict is stored (the job no longer runs): the deadline is not looked at
-    # again, the watcher's next round publishes the end.
-    await check_start_deadlines(deps)
-    await check_tasks(deps)
-    [end] = [e for e in published if isinstance(e, JobFinished)]
-    assert end.state is JobState.FAILED and "not all tasks started" in end.reason
-
-
-async def test_a_run_past_its_deadline_whose_end_could_not_be_published_is_published_later() -> (
-    None
-):
+@pytest.mark.parametrize("deadline", ["start", "run"])
+async def test_a_deadlines_end_that_could_not_be_published_is_published_later(
+    deadline: str,
+) -> None:
     deps, backend, published = make_deps()
     event = placed()
-    event.spec.max_running_minutes = 1
+    if deadline == "start":
+        deps.start_deadline_s = 60
+        backend.preparing["j1:1:w:1"] = "$ pip install torch"
+        check, said = check_start_deadlines, "not all tasks started"
+    else:
+        event.spec.max_running_minutes = 1
+        check, said = check_deadlines, "maximum running time of 1 minute"
     await launch_job(event, RECEIVED, deps)
     past_the_deadline(deps)
     failing_once(deps, JobFinished)
     with pytest.raises(ConnectionError):
-        await check_deadlines(deps)
+        await check(deps)
     assert not [e for e in published if isinstance(e, JobFinished)]
-    await check_deadlines(deps)
+    # The verdict is stored (the job no longer runs): the deadline is not looked at
+    # again, the watcher's next round publishes the end.
+    await check(deps)
     await check_tasks(deps)
     [end] = [e for e in published if isinstance(e, JobFinished)]
-    assert end.state is JobState.FAILED and "maximum running time of 1 minute" in end.reason
+    assert end.state is JobState.FAILED and said in end.reason
 
 
 async def test_an_attempt_the_backend_cannot_open_is_failed_by_the_start_deadline(

@@ -25,6 +25,7 @@ from trainyard_validation.handlers import EVENT_HANDLERS, Deps, validate_job
 
 from ..seeds import seed_job
 from ..support.bus import RECEIVED
+from ..support.payloads import openpai_v2
 
 DELETE = object()
 
@@ -511,13 +512,7 @@ def test_a_secret_that_holds_the_views_mask_is_refused() -> None:
     assert (error.path, error.code) == ("$.secrets", "hidden")
     assert "'token'" in error.message and "write the value again" in error.message
     # Through OpenPAI v2 too: its secrets are hidden in its view the same way.
-    job = {
-        "protocolVersion": 2, "name": "cloned", "type": "job",
-        "prerequisites": [{"type": "dockerimage", "uri": "python:3.11", "name": "img"}],
-        "secrets": {"token": "******"},
-        "taskRoles": {"main": {"dockerImage": "img", "commands": ["true"],
-                               "resourcePerInstance": {"cpu": 1, "memoryMB": 512, "gpu": 0}}},
-    }  # fmt: skip
+    job = openpai_v2(secrets={"token": "******"})
     result = decide(submitted(job), CLUSTER)
     assert isinstance(result, JobRejected)
     assert "hidden" in [e.code for e in result.errors], result.errors
