@@ -177,35 +177,6 @@ async def test_an_event_applied_late_does_not_undo_a_later_one(views: JobViews) 
     assert doc["name"] == submitted.spec.name  # the submission's own fields, late too
 
 
-async def test_a_spec_riding_on_a_state_another_replica_moved_is_still_written(
-    views: JobViews, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The spec a state's event carries is written with the state's own update; when
-    # another replica moved the state past it between the read and the write, that
-    # update matches nothing and the spec must still be written on its own.
-    job = uuid.uuid4().hex
-    submitted, accepted, _queued, placed = lifecycle(job)[:4]
-    await views.apply(project(submitted), 1)
-    await views.apply(project(accepted), 2)
-    scaled = placed.spec.model_copy(
-        update={"roles": [placed.spec.roles[0].model_copy(update={"replicas": 7})]}
-    )
-    stale = await views.jobs.find_one({"_id": job})  # what this replica read
-    await views.jobs.update_one({"_id": job}, {"$set": {"state_rank": 10_000}})  # the other
-
-    real = views.jobs.find_one
-
-    async def read_stale(query: dict, *args: Any, **kwargs: Any) -> Any:
-        return stale if query == {"_id": job} else await real(query, *args, **kwargs)
-
-    monkeypatch.setattr(views.jobs, "find_one", read_stale)
-    await views.apply(project(placed.model_copy(update={"spec": scaled})), 8)
-    monkeypatch.undo()
-    doc = await views.get_job(job)
-    assert doc["state_rank"] == 10_000  # the other replica's state stays
-    assert json.loads(doc["spec_json"])["roles"][0]["replicas"] == 7
-
-
 def interrupted(job_id: str):
     """Submitted .. placed, one task running and one failed, then paused."""
     events = lifecycle(job_id)[:4]

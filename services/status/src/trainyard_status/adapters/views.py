@@ -41,12 +41,6 @@ def _ordered_sets(
     ]
 
 
-def _moves(current: dict[str, Any], change: JobChange) -> bool:
-    """Whether the change's state is written over the stored one (it ranks higher)."""
-    stored = current.get("state_rank", -1)
-    return stored < change.rank or (stored == change.rank and change.same_rank_ok)
-
-
 class JobViews:
     def __init__(self, db: Database) -> None:
         self.jobs = db["jobs"]
@@ -143,8 +137,6 @@ class JobViews:
         repeat = change.created and current.get("created_seq") is not None
         if change.always and not repeat:
             await self.jobs.update_one({"_id": change.job_id}, {"$set": {**change.always, **fed}})
-        ranked = change.state is not None and _moves(current, change)
-        riding: list[tuple[str, int, dict[str, Any], int | None]] = []
         for key, order, fields in groups:
             if order is None:
                 await self.jobs.update_one({"_id": change.job_id}, {"$set": fields})
@@ -152,45 +144,25 @@ class JobViews:
             stored = current.get(key)
             if stored is not None and stored >= order:
                 continue  # a later event wrote this group already
-            if ranked and key.endswith("_rank"):
-                # Its order is the state's, which moves: it goes with the state's own
-                # write (a group's rank is never above the state's), not a write more.
-                riding.append((key, order, fields, stored))
-                continue
-            await self._write_group(change.job_id, key, order, fields, stored, fed)
+            # Guarded in the filter too, for another replica writing meanwhile; a group
+            # none wrote yet (or a view from before the orders) is written as it is:
+            # "$lt" never matches a missing field, and "$or" would make a MongoDB batch
+            # send what it holds at once.
+            newer = {key: {"$lt": order}} if stored is not None else {}
+            await self.jobs.update_one({"_id": change.job_id, **newer}, {"$set": {**fields, **fed}})
         if change.add_to_set:
             await self.jobs.update_one({"_id": change.job_id}, {"$addToSet": change.add_to_set})
         if change.pull:
             await self.jobs.update_one({"_id": change.job_id}, {"$pull": change.pull})
-        if not ranked:
+        if change.state is None:
+            return
+        stored = current.get("state_rank", -1)
+        if stored > change.rank or (stored == change.rank and not change.same_rank_ok):
             return
         op = "$lte" if change.same_rank_ok else "$lt"
-        rides = {k: v for _, _, fields, _ in riding for k, v in fields.items()}
-        result = await self.jobs.update_one(
-            {"_id": change.job_id, "state_rank": {op: change.rank}},
-            {"$set": {**state_set, **rides}},
+        await self.jobs.update_one(
+            {"_id": change.job_id, "state_rank": {op: change.rank}}, {"$set": state_set}
         )
-        if riding and not result.matched_count:
-            # Another replica moved the state past this event meanwhile: the groups are
-            # still this event's to write where nothing later did.
-            for key, order, fields, stored in riding:
-                await self._write_group(change.job_id, key, order, fields, stored, fed)
-
-    async def _write_group(
-        self,
-        job_id: str,
-        key: str,
-        order: int,
-        fields: dict[str, Any],
-        stored: int | None,
-        fed: dict[str, Any],
-    ) -> None:
-        # Guarded in the filter too, for another replica writing meanwhile; a group none
-        # wrote yet (or a view from before the orders) is written as it is: "$lt" never
-        # matches a missing field, and "$or" would make a MongoDB batch send what it
-        # holds at once.
-        newer = {key: {"$lt": order}} if stored is not None else {}
-        await self.jobs.update_one({"_id": job_id, **newer}, {"$set": {**fields, **fed}})
 
     async def _apply_task(self, change: TaskChange) -> None:
         current = await self.tasks.find_one({"_id": change.task_id}, {"seq": 1})
