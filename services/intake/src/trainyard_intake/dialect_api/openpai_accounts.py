@@ -172,7 +172,11 @@ def router(ctx: IntakeContext) -> APIRouter:
                 f"User {identity.user} holds {MAX_TOKENS_PER_USER} tokens already: revoke "
                 "one (DELETE /api/v2/tokens/<token>) first",
             )
-        return {"token": await ctx.tokens.issue(identity.user), "application": True}
+        try:
+            token = await ctx.tokens.issue(identity.user)
+        except ValueError as exc:  # the bootstrap admin's name: no token without its rights
+            return error(400, "InvalidParametersError", str(exc))
+        return {"token": token, "application": True}
 
     @api.delete("/api/v2/tokens/{token}")
     async def revoke(token: str, identity: Identity = Depends(ctx.current)) -> Any:
