@@ -10,8 +10,8 @@ import pytest
 from fastapi import FastAPI
 from opentelemetry.util.http import parse_excluded_urls
 
-from trainyard_common.runtime import AnswerErrors, loggable_path
-from trainyard_common.telemetry import EXCLUDED_URLS
+from trainyard_common.runtime import AnswerErrors
+from trainyard_common.telemetry import EXCLUDED_URLS, without_tokens
 
 TOKEN = "Zq3-live-bearer-token-of-someone"
 
@@ -41,4 +41,7 @@ async def test_a_failing_token_route_logs_its_path_without_the_token(
     assert answer.status_code == 500
     assert "DELETE /api/v2/tokens/<token> failed" in caplog.text
     assert TOKEN not in caplog.text
-    assert loggable_path("/api/v2/jobs/a~b") == "/api/v2/jobs/a~b"
+    assert without_tokens("/api/v2/jobs/a~b") == "/api/v2/jobs/a~b"
+    # The gateway's forward (its aiohttp client span's url.full) the same way.
+    forwarded = f"http://intake:8081/api/v2/tokens/{TOKEN}?x=1"
+    assert without_tokens(forwarded) == "http://intake:8081/api/v2/tokens/<token>?x=1"

@@ -8,7 +8,6 @@ import gc
 import json
 import logging
 import os
-import re
 import signal
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from .config import Settings
 from .errors import BusUnavailable
 from .metrics import HttpMetrics, exposition
 from .parsing import MAX_BODY, BodyError, parse_json
-from .telemetry import instrument_app, log_formatter
+from .telemetry import instrument_app, log_formatter, without_tokens
 
 Worker = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
@@ -172,17 +171,10 @@ class AnswerErrors:
         except Exception:
             if started:
                 raise  # half an answer: only closing the connection ends it
-            log.exception("%s %s failed", scope.get("method"), loggable_path(scope.get("path")))
+            log.exception(
+                "%s %s failed", scope.get("method"), without_tokens(str(scope.get("path")))
+            )
             await _refuse(send, 500, "internal error (logged by the service)")
-
-
-_TOKEN_PATH = re.compile(r"^(/api/v2/tokens/)[^/]+")
-
-
-def loggable_path(path: Any) -> str:
-    """A request's path as a log may keep it: OpenPAI's token routes carry a live bearer
-    token in theirs (DELETE /api/v2/tokens/{token}), which is not written anywhere."""
-    return _TOKEN_PATH.sub(r"\1<token>", str(path))
 
 
 class InputGuard:

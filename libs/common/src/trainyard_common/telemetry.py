@@ -21,6 +21,7 @@ import contextvars
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -133,12 +134,22 @@ def exporting() -> bool:
     return _exporting
 
 
+_TOKEN_PATH = re.compile(r"(/api/v2/tokens/)[^/?#]+")
+
+
+def without_tokens(text: str) -> str:
+    """A path or URL as a log line or a span may keep it: OpenPAI's token routes carry a
+    live bearer token in theirs (DELETE /api/v2/tokens/{token})."""
+    return _TOKEN_PATH.sub(r"\1<token>", text)
+
+
 def _instrument_clients() -> None:
     from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
     from opentelemetry.instrumentation.pymongo import PymongoInstrumentor
 
-    AioHttpClientInstrumentor().instrument()
+    # The gateway forwards the token routes with aiohttp: its client span's url.full.
+    AioHttpClientInstrumentor().instrument(url_filter=lambda url: without_tokens(str(url)))
     HTTPXClientInstrumentor().instrument()
     PymongoInstrumentor().instrument()
 
