@@ -241,6 +241,10 @@ class _Working:
     otherwise be delivered again meanwhile, handled twice and a delivery nearer the dead
     letters. ``settled``: how many of the batch, from its start, are settled."""
 
+    # Beats at most this long: a handler hung past it lets its message go back to
+    # JetStream (delivered again, and at the bus's limit kept in the dead letters).
+    MAX_S = 10 * ACK_WAIT_S
+
     def __init__(self, msgs: list[Msg]) -> None:
         self.msgs = msgs
         self.settled = 0
@@ -258,9 +262,14 @@ class _Working:
                 await self._task
 
     async def _beat(self) -> None:
-        while True:
+        for _ in range(int(self.MAX_S / (ACK_WAIT_S / 3))):
             await asyncio.sleep(ACK_WAIT_S / 3)
             for msg in self.msgs[self.settled :]:
+                # Settled meanwhile (acked, or nak'd to come back after its delay, which
+                # a beat would reset to the whole ack wait): left alone. nats-py keeps
+                # that on the message itself.
+                if getattr(msg, "_ackd", False):
+                    continue
                 try:
                     await msg.in_progress()
                 except Exception:  # noqa: BLE001 - a lost beat: at worst a redelivery
@@ -617,7 +626,10 @@ class Bus:
         if meta.num_delivered > self.max_deliver:
             # Every delivery so far ended without an answer, or its dead letter was not
             # stored: not run again (it may be what stops the process).
-            error = f"not settled on any of its first {self.max_deliver} deliveries"
+            error = (
+                f"not settled on any of its first {self.max_deliver} deliveries (a handler "
+                "that never answered, or a dead letter that could not be kept then)"
+            )
             return functools.partial(self._dead_letter, msg, durable, error)
         delivery = Delivery(
             stream_seq=meta.sequence.stream,
