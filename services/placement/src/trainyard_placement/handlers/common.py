@@ -259,10 +259,11 @@ async def announce_carried(deps: Deps, before: JobRecord, attempt: int) -> None:
 
 async def known_record(deps: Deps, job_id: str) -> JobRecord:
     """The record a user's command acts on. Intake takes a command for a job as soon as
-    it is submitted: one validation has not passed on yet waits (redelivered), for as
-    long as it takes. A job validation rejects leaves a record that ends the wait (the
-    command then finds the job ended); one that never comes at all leaves the command in
-    the dead letters, saying so, never dropped unseen."""
+    it is submitted: one validation has not passed on yet waits, redelivered for as long
+    as the bus redelivers (its 50 deliveries, some 7 minutes). A job validation rejects
+    leaves a record that ends the wait (the command then finds the job ended); past the
+    deliveries (validation down longer, or a job that never comes) the command is in the
+    dead letters, saying so, for an admin to replay: never dropped unseen."""
     record = await deps.store.get(job_id)
     if record is None:
         raise TransientError(f"job {job_id} is not known to placement yet")

@@ -75,7 +75,7 @@ async def _cycle(deps: Deps) -> None:
     for job_id in sorted(deps.unannounced):
         await announce_placed(deps, deps.state.placed[job_id])
     for job_id in sorted(deps.unsent_interrupts):
-        await _resend_preemption(deps, job_id)
+        await _resend_interrupt(deps, job_id)
     for job_id in sorted(deps.unannounced_tasks):
         await announce_tasks(deps, job_id)
     if deps.draining:
@@ -194,9 +194,14 @@ async def _preempt(deps: Deps, decision: Preempt) -> None:
             )
 
 
-async def _resend_preemption(deps: Deps, job_id: str) -> None:
+async def _resend_interrupt(deps: Deps, job_id: str) -> None:
     record = await deps.store.get(job_id)
     if record is not None and record.state == P.INTERRUPTING and record.interrupt is not None:
+        if record.preempted_by is not None and job_id not in deps.state.interrupting:
+            # A preemption whose send failed left memory without it: the preemptor waits
+            # for this victim (and the victim is chosen by no one else), as at a restart.
+            deps.state.interrupting[job_id] = record.preempted_by
+            deps.state.preemptions[job_id] = record.preemptions
         await send_interrupt(deps, job_id, record.attempt, *record.interrupt)
         await deps.store.change(
             job_id, states=(P.INTERRUPTING,), attempt=record.attempt, fields=interrupt_sent_fields()
