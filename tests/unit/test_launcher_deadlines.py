@@ -206,3 +206,13 @@ async def test_an_attempt_whose_tasks_all_started_leaves_the_start_watch_at_once
     deps.start_deadline_s = 60
     await launch_job(placed(), RECEIVED, deps)
     assert deps.starting == set() and len(deps.watching) == 2
+
+
+async def test_a_starting_attempt_with_no_task_recorded_yet_gets_its_deadline_later() -> None:
+    # Its first try failed before any task was recorded: "no deadline" was cached then,
+    # and kept after a redelivery recorded the tasks.
+    deps, _backend, _published = make_deps()
+    deps.start_deadline_s = 60
+    deps.starting.add(("j1", 1))
+    await check_start_deadlines(deps)
+    assert ("j1", 1) not in deps.start_deadlines

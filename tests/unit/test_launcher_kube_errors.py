@@ -68,3 +68,7 @@ def test_an_answer_that_says_not_now_is_told_from_one_that_says_never() -> None:
         (400, "bad request"),
     ]:
         assert not _not_now(failed(status, message)), (status, message)
+
+
+def test_an_answer_without_a_status_is_not_taken_for_one() -> None:
+    assert not _not_now(ApiException(status=None, reason="no answer"))

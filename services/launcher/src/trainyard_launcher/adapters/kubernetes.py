@@ -1013,10 +1013,11 @@ def _not_now(exc: ApiException) -> bool:
     """An answer that says "not now" rather than "never": throttled (429), the server's
     own trouble (5xx; a 504 may come of a create that was made), a namespace's quota
     used up for now or the namespace being deleted (both 403s, as an RBAC refusal is)."""
-    if exc.status == 429 or (exc.status >= 500 and not _too_large(exc)):
+    status = exc.status or 0  # None: no answer's status at all
+    if status == 429 or (status >= 500 and not _too_large(exc)):
         return True
     why = _why(exc)
-    return exc.status == 403 and ("exceeded quota" in why or "is being terminated" in why)
+    return status == 403 and ("exceeded quota" in why or "is being terminated" in why)
 
 
 def _too_large(exc: ApiException) -> bool:

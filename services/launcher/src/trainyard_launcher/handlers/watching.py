@@ -143,6 +143,8 @@ async def check_start_deadlines(deps: Deps) -> None:
             # From the stored STARTING times, so a restarted launcher keeps the deadline.
             tasks = await deps.store.tasks_of(job_id, attempt)
             placed_at = min((t.transitions[0].at for t in tasks if t.transitions), default=None)
+            if placed_at is None:
+                continue  # none recorded yet (a first try that failed before): next round
             deps.start_deadlines[(job_id, attempt)] = start_deadline(
                 placed_at, deps.start_deadline_s
             )
