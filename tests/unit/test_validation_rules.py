@@ -887,6 +887,21 @@ def test_decide_accepts_the_seed() -> None:
     assert result.spec.roles[0].image == "sitonholy/tensorflow:16.04-9.0-3.5-1.8.0"
 
 
+def test_only_a_submission_that_held_no_job_hides_the_rules_findings() -> None:
+    # A translation error at "$" is not always "no job here": the rules' own findings
+    # about the fields still count then.
+    event = submitted({"name": "x y", "roles": [{"name": "w", "command": "true"}]})
+    event = event.model_copy(
+        update={"translation_errors": [FieldIssue(path="$", message="odd", code="internal")]}
+    )
+    result = decide(event, CLUSTER)
+    assert isinstance(result, JobRejected) and "$.name" in [e.path for e in result.errors]
+    event = event.model_copy(
+        update={"translation_errors": [FieldIssue(path="$", message="big", code="too_large")]}
+    )
+    assert [e.path for e in decide(event, CLUSTER).errors] == ["$"]  # type: ignore[union-attr]
+
+
 def test_a_rule_that_raises_rejects_the_job_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
     # A bug in a rule raised on every delivery: the job stayed submitted, its name held,
     # until the dead letters, and its user was never told.

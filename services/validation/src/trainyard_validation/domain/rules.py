@@ -55,11 +55,13 @@ def rule_errors(submitted: JobSubmitted) -> list[FieldIssue]:
 def _shadowed(path: str, broken: list[str]) -> bool:
     """A rule's finding about something that holds a field translation already found
     broken (and left out or replaced): ``$.roles`` "has no role" when ``$.roles[0].cpu``
-    was the trouble. It would only mislead. A payload broken as a whole (``$``: no job
-    in it, or too large to carry) left only a stand-in spec: every finding is shadowed."""
-    if "$" in broken:
-        return True
+    was the trouble. It would only mislead."""
     return path != "$" and any(b.startswith((f"{path}.", f"{path}[")) for b in broken)
+
+
+# A submission that held no job at all (unreadable, too large for the bus): what the
+# rules would say of its stand-in spec is about nothing the user wrote.
+NO_JOB = ("unreadable", "too_large")
 
 
 def decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRejected:
@@ -78,7 +80,10 @@ def decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRe
 
 def _decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobRejected:
     broken = [e.path for e in submitted.translation_errors]
-    rules = [e for e in rule_errors(submitted) if not _shadowed(e.path, broken)]
+    if any(e.code in NO_JOB for e in submitted.translation_errors):
+        rules: list[FieldIssue] = []
+    else:
+        rules = [e for e in rule_errors(submitted) if not _shadowed(e.path, broken)]
     errors = dedupe([*submitted.translation_errors, *rules])
     # Cluster checks only on a spec that broke no rule: a broken field was replaced by
     # a default in translation, and checking the default would only mislead.
