@@ -95,6 +95,13 @@ function listen(path, onEvent) {
   return () => control.abort();
 }
 
+// crypto.randomUUID exists only in secure contexts (HTTPS, localhost); the console may
+// be served over plain HTTP elsewhere.
+function newKey() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
 function when(iso) { return iso ? new Date(iso).toLocaleString() : ""; }
 // A time a link carries, kept only when it is one (a hand-edited link's "garbage" threw
 // in the list's load, a blank list); ``iso``: as an ISO instant.
@@ -556,9 +563,11 @@ function submitPage(params) {
       return answer.valid;
     } catch (err) { error.replaceChildren(failed(err)); return false; }
   }
-  // One job per form: a double click, or a retry after an answer that was lost, is
-  // the same submission (its Idempotency-Key), and the buttons wait for the answer.
-  const key = crypto.randomUUID();
+  // One job per submission: a double click, or a retry after an answer that was lost,
+  // is the same one (its Idempotency-Key, kept while the body is unchanged), and the
+  // buttons wait for the answer. An edited body is a new submission, a new key.
+  let key = null;
+  let keyed = null;
   const checkButton = el("button", { type: "button", class: "secondary", onclick: () => busy(check), text: "Check (dry run)" });
   const submitButton = el("button", { type: "button", onclick: () => busy(submit), text: "Submit" });
   async function busy(action) {
@@ -569,6 +578,7 @@ function submitPage(params) {
   async function submit() {
     if (!(await check())) return;
     const r = request();
+    if (keyed !== `${r.query}\n${r.body}`) { keyed = `${r.query}\n${r.body}`; key = newKey(); }
     try {
       const answer = await api(`/v1/jobs${r.query}`, { method: "POST", body: r.body, headers: { "Content-Type": r.type, "Idempotency-Key": key } });
       sessionStorage.removeItem("trainyard.clone");
@@ -648,8 +658,7 @@ async function route() {
     else a.removeAttribute("aria-current");
   }
   const job = path.match(/^\/jobs\/(.+)$/);
-  if (path === "/login") loginPage();
-  else if (job) {
+  if (job) {
     let id = null;
     try { id = decodeURIComponent(job[1]); } catch { /* a malformed link */ }
     if (id === null) view.replaceChildren(title("Job"), failed(new Error("that link names no job")));
