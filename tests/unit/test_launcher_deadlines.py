@@ -21,7 +21,7 @@ from trainyard_common.events import (
     derived_id,
 )
 from trainyard_common.jobspec import JobSpec, RoleSpec
-from trainyard_launcher.adapters.store import now_ms
+from trainyard_launcher.adapters.store import JOB_RUNNING, JobRecord, now_ms
 from trainyard_launcher.domain.failure import EndKind, classify
 from trainyard_launcher.domain.lifecycle import (
     StartView,
@@ -214,5 +214,10 @@ async def test_a_starting_attempt_with_no_task_recorded_yet_gets_its_deadline_la
     deps, _backend, _published = make_deps()
     deps.start_deadline_s = 60
     deps.starting.add(("j1", 1))
+    await deps.store.insert_job(JobRecord(job_id="j1", attempt=1, state=JOB_RUNNING))
     await check_start_deadlines(deps)
-    assert ("j1", 1) not in deps.start_deadlines
+    assert ("j1", 1) not in deps.start_deadlines and ("j1", 1) in deps.starting
+    # And an attempt that ended before any task was recorded is let go.
+    deps.starting.add(("gone", 1))
+    await check_start_deadlines(deps)
+    assert ("gone", 1) not in deps.starting

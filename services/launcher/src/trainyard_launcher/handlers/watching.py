@@ -144,7 +144,12 @@ async def check_start_deadlines(deps: Deps) -> None:
             tasks = await deps.store.tasks_of(job_id, attempt)
             placed_at = min((t.transitions[0].at for t in tasks if t.transitions), default=None)
             if placed_at is None:
-                continue  # none recorded yet (a first try that failed before): next round
+                # None recorded yet (a first try that failed before): next round, while
+                # the attempt is still the job's running one.
+                job = await deps.store.get_job(job_id)
+                if job is None or job.attempt != attempt or job.state != JOB_RUNNING:
+                    deps.starting.discard((job_id, attempt))
+                continue
             deps.start_deadlines[(job_id, attempt)] = start_deadline(
                 placed_at, deps.start_deadline_s
             )
