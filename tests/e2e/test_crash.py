@@ -121,8 +121,10 @@ def test_hundreds_of_jobs_end_exactly_once_through_crashes_of_everything(
 
     views = wait_all(api, jobs, timeout=420)
     assert all(view["state"] == "SUCCEEDED" for view in views.values()), [
-        view for view in views.values() if view["state"] != "SUCCEEDED"
-    ]
+        (view["name"], view["state"], view.get("reason"),
+         [(t.get("state"), t.get("reason"), t.get("failure_class")) for t in view["tasks"]])
+        for view in views.values() if view["state"] != "SUCCEEDED"
+    ]  # fmt: skip
 
     for job_id in jobs:
         tasks = submitter.tasks[job_id]
