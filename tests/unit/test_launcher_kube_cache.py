@@ -177,6 +177,22 @@ async def test_a_lost_nodes_task_is_known_while_its_attempt_is_open_or_its_pod_c
     assert backend._node_of_lost == {} and backend._pods == {}
 
 
+async def test_the_cache_keeps_what_is_read_of_a_pod_not_the_whole_pod() -> None:
+    # A finished job's pods stay in the cluster (their logs), each in the cache: whole,
+    # the launcher's memory grew with every task ever run by its environment, volumes
+    # and managed fields.
+    backend = KubernetesBackend(KubeSettings())
+    pod = ended(created())
+    pod["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    pod["spec"]["containers"][0]["env"] = [{"name": f"V{i}", "value": "x" * 64} for i in range(50)]
+    backend._remember("ns", pod)
+    kept = backend._pods[REF].body
+    assert "managedFields" not in kept["metadata"] and "containers" not in kept["spec"]
+    assert len(json.dumps(kept)) < len(json.dumps(pod)) / 10
+    status = await backend.poll(REF, TaskHandle(uid="uid-1"))
+    assert not status.running and status.exit_code == 0
+
+
 async def test_the_inventory_is_this_installations_pods_that_still_run() -> None:
     # At each restart the launcher stopped every pod of the inventory its store did not
     # know as running: the ended pods kept for their logs, and every pod of another

@@ -29,6 +29,7 @@ from trainyard_launcher.domain.pods import (
     GPU_RESOURCE,
     PodProblem,
     PodSettings,
+    cached_pod,
     command_secret,
     command_secret_name,
     escape_shell,
@@ -562,6 +563,55 @@ def test_a_pods_status_reads_as_the_tasks(
     assert state.end_kind == (end_kind.value if end_kind else None)
     if not running and exit_code is None:
         assert state.reason
+    assert pod_state(cached_pod(body)) == state  # the launcher's cache reads the same
+
+
+def served(pod: dict, phase: str) -> dict:
+    """``pod`` as the API server serves it: its defaults, managed fields and status."""
+    body = json.loads(json.dumps(pod))
+    meta = body["metadata"]
+    meta.update(uid="u-1", resourceVersion="12345", creationTimestamp="2026-11-29T07:00:00Z")
+    meta["annotations"]["operator.example/owner"] = "team-a"
+    meta["managedFields"] = [
+        {"manager": "trainyard", "operation": "Update", "fieldsType": "FieldsV1",
+         "fieldsV1": {f"f:{k}": {} for k in json.dumps(pod["spec"])[:4000].split('"')[1::2]}},
+    ]  # fmt: skip
+    for c in body["spec"]["containers"] + body["spec"].get("initContainers", []):
+        c.update(terminationMessagePath="/dev/termination-log", imagePullPolicy="IfNotPresent")
+    body["spec"].update(dnsPolicy="ClusterFirst", schedulerName="default-scheduler",
+                        tolerations=[{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute",
+                                      "operator": "Exists", "tolerationSeconds": 300}])  # fmt: skip
+    state = {"terminated": {"exitCode": 3, "reason": "Error"}} if phase == "Failed" else {
+        "running": {"startedAt": "2026-11-29T07:00:05Z"}}  # fmt: skip
+    body["status"] = {
+        "phase": phase,
+        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "x"}],
+        "containerStatuses": [{"name": "task", "image": "pytorch:2", "state": state}],
+    }
+    return body
+
+
+@pytest.mark.parametrize("phase", ["Running", "Failed"])
+def test_the_cache_keeps_a_small_part_of_a_pod_that_reads_the_same(phase: str) -> None:
+    # A finished job's pods stay (their logs) and the launcher's cache holds each one:
+    # whole, with its environment, init containers and managed fields.
+    role = RoleSpec(name="w", command="python /code/t.py")
+    env = {f"PAI_VARIABLE_{i}": "v" * 40 for i in range(40)}
+    body = served(
+        manifest(role, env=env,
+                 code_source=CodeSource(repo="https://git/x.git", mount_path="/code"),
+                 pip_packages=["einops"]),
+        phase,
+    )  # fmt: skip
+    kept = cached_pod(body)
+    assert len(json.dumps(kept)) < len(json.dumps(body)) / 8
+    assert pod_task(kept) == pod_task(body) is not None
+    assert pod_state(kept) == pod_state(body)
+    assert kept["metadata"]["uid"] == "u-1" and kept["spec"]["nodeName"] == "gpu-1"
+    assert "operator.example/owner" not in kept["metadata"]["annotations"]
+    for command in (["nvidia-smi"], ["sh", "-c", "echo $PAI_VARIABLE_1"]):
+        if phase == "Running":  # an ended pod runs no command
+            assert exec_command(kept, env, command) == exec_command(body, env, command)
 
 
 @pytest.mark.parametrize("label", ["http", "8080", "a--b", "-x-", "Tensor_Board", "a" * 40, "_"])

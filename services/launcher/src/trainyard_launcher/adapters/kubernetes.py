@@ -57,6 +57,7 @@ from ..domain.pods import (
     PodProblem,
     PodSettings,
     PodState,
+    cached_pod,
     command_secret,
     command_secret_name,
     exec_command,
@@ -253,7 +254,7 @@ class _Pod:
     name: str
     uid: str
     node: str | None
-    body: dict[str, Any]
+    body: dict[str, Any]  # what cached_pod keeps of it
 
 
 class _RawWatch(watch.Watch):
@@ -393,7 +394,9 @@ class KubernetesBackend:
             if seen.uid == meta.get("uid"):
                 return ref
         node = (body.get("spec") or {}).get("nodeName")
-        self._pods[ref] = _Pod(namespace, meta.get("name", ""), meta.get("uid", ""), node, body)
+        self._pods[ref] = _Pod(
+            namespace, meta.get("name", ""), meta.get("uid", ""), node, cached_pod(body)
+        )
         if node in self._lost_nodes:
             self._node_of_lost[ref] = node
         return ref

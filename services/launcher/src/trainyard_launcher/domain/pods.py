@@ -220,6 +220,39 @@ def pod_task(pod: dict[str, Any]) -> PodTask | None:
         return None
 
 
+def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """What the launcher keeps of a pod the API server served: what ``pod_task``,
+    ``pod_state`` and ``exec_command`` read (its name, uid, our labels and annotations,
+    its node, its status, the task container's command while it may still run), not
+    its environment, volumes, init containers or managed fields. A finished job's pods
+    stay in the cluster for their logs, and the cache holds each: served whole, some
+    tens of kilobytes apiece in memory."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    kept_meta: dict[str, Any] = {
+        k: meta[k] for k in ("name", "namespace", "uid", "deletionTimestamp") if k in meta
+    }
+    for part in ("labels", "annotations"):
+        ours = {
+            k: v
+            for k, v in (meta.get(part) or {}).items()
+            if k == MANAGED_BY or k.startswith("trainyard.dev/")
+        }
+        if ours:
+            kept_meta[part] = ours
+    kept_spec: dict[str, Any] = {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {}
+    status = pod.get("status") or {}
+    if status.get("phase") not in ("Succeeded", "Failed"):
+        # Commands are run in it while it runs: exec_command reads whether its shell
+        # started it (the rest of that line can be long: OpenPAI's exports).
+        kept_spec["containers"] = [
+            {"name": c.get("name"), "command": (c.get("command") or [])[:2]}
+            for c in spec.get("containers") or ()
+            if c.get("name") == CONTAINER
+        ]
+    return {"metadata": kept_meta, "spec": kept_spec, "status": status}
+
+
 # --------------------------------------------------------------------------- objects
 
 
