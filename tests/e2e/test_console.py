@@ -305,6 +305,35 @@ def test_a_long_log_keeps_only_its_newest_part_on_the_page(  # type: ignore[no-u
     assert len(text) < 2_100_000 and "last\n" in text
 
 
+def test_a_log_shows_what_a_terminal_would_colours_and_progress_bars(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    # Followed while it is written: a colour cut in two by the reads showed as "[32m",
+    # and each of a progress bar's "\r" rewrites ran on after the one before it.
+    script = (
+        "sleep 3; printf 'step \\033[3'; sleep 1; printf '2mgreen\\033[0m\\n'; "
+        "for i in 1 2 3; do printf '\\rprogress %d/3' $i; sleep 1; done; "
+        "printf '\\ndone\\r\\n'"
+    )
+    job_id = api.submit(
+        {
+            "name": unique("bars"),
+            "roles": [
+                {"name": "w", "command": script, "resources": {"cpu": 0.5, "memory_mb": 128}}
+            ],
+        }
+    )
+    sign_in(page, platform.token)
+    page.goto(f"/console/#/jobs/{job_id}")
+    page.get_by_role("button", name="Show log").click(timeout=30_000)
+    log = page.get_by_label("Task log")
+    log.get_by_text("progress 2/3").wait_for(timeout=30_000)
+    assert "progress 1/3" not in log.evaluate("e => e.textContent")  # rewritten in place
+    log.get_by_text("(end of log)").wait_for(timeout=60_000)
+    text = log.evaluate("e => e.textContent")
+    assert text == "step green\nprogress 3/3\ndone\n\n(end of log)", repr(text)
+
+
 def test_a_mangled_link_says_so_instead_of_a_blank_page(  # type: ignore[no-untyped-def]
     page, platform: Platform, api: Api
 ) -> None:

@@ -35,6 +35,35 @@ function token() { return sessionStorage.getItem(TOKEN_KEY); }
 const LOG_CHARS = 2_000_000;
 const ANSI = /\x1b\[[0-9;?]*[A-Za-z]/g;
 
+// What a terminal shows of a task's output, read by read: escape sequences (colours,
+// cursor moves) dropped, even one a read cut in two; a line rewritten after "\r"
+// (progress bars: tqdm, pip, curl) as it stands last, not every version of it run
+// together. write() gives the lines a read ends, open() the line it leaves open.
+function terminal() {
+  let held = ""; // the start of an escape sequence a read ended in
+  let tail = ""; // the line not ended yet, as written ("\r" and all)
+  const shown = (line) => {
+    const text = line.endsWith("\r") ? line.slice(0, -1) : line;
+    return text.slice(text.lastIndexOf("\r") + 1);
+  };
+  return {
+    write(value) {
+      let text = held + value;
+      const cut = text.match(/\x1b(\[[0-9;?]*)?$/);
+      held = cut ? cut[0] : "";
+      if (cut) text = text.slice(0, cut.index);
+      const lines = (tail + text.replace(ANSI, "")).split("\n");
+      tail = lines.pop();
+      // Only its last version is kept of a line rewritten (a bar runs for hours).
+      const last = tail.lastIndexOf("\r", tail.length - 2);
+      if (last > 0) tail = tail.slice(last);
+      if (tail.length > LOG_CHARS) tail = tail.slice(-LOG_CHARS);
+      return lines.map((line) => `${shown(line)}\n`).join("");
+    },
+    open: () => shown(tail),
+  };
+}
+
 class ApiError extends Error {
   constructor(status, body) {
     super(typeof body?.detail === "string" ? body.detail : JSON.stringify(body?.detail ?? body));
@@ -370,12 +399,16 @@ function jobPage(jobId) {
       // some 20 times its size in the browser's memory, and the tab with it.
       let shown = 0;
       let cut = null;
+      const term = terminal();
+      const open = document.createTextNode(""); // the line not ended yet, always last
+      logBox.append(open);
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
         const atBottom = logBox.scrollHeight - logBox.scrollTop - logBox.clientHeight < 40;
-        const text = value.replace(ANSI, "");
-        logBox.append(text);
+        const text = term.write(value);
+        if (text) open.before(text);
+        open.data = term.open();
         shown += text.length;
         if (shown > LOG_CHARS) {
           cut = cut || el("span", { class: "muted", text: "(earlier output not shown here)\n" });
