@@ -467,6 +467,38 @@ def test_a_namespace_deleted_between_jobs_is_made_again(
     assert pods(kube_cluster, second, namespace)
 
 
+def test_a_pod_larger_than_its_namespaces_quota_fails_at_once(
+    api: Api, kube_cluster: KubeCluster
+) -> None:
+    # A quota used up for now is waited for (other pods end); a pod that alone asks more
+    # than the quota's hard limit never fits, and was tried again until the start
+    # deadline (a platform failure, retried as such) instead of failing as the job's.
+    namespace = f"quota-{uuid.uuid4().hex[:6]}"
+    with kube_cluster.client() as http:
+        made = http.post("/api/v1/namespaces", json={"metadata": {"name": namespace}})
+        assert made.status_code == 201, made.text
+        quota = {"metadata": {"name": "team"}, "spec": {"hard": {"requests.cpu": "500m"}}}
+        made = http.post(f"/api/v1/namespaces/{namespace}/resourcequotas", json=quota)
+        assert made.status_code == 201, made.text
+
+        def counted() -> bool:  # the quota controller has filled in its status
+            got = http.get(f"/api/v1/namespaces/{namespace}/resourcequotas/team").json()
+            return "requests.cpu" in (got.get("status") or {}).get("hard", {})
+
+        wait_for(counted, timeout=60, what="the quota's status")
+
+    def job(cpu: float) -> str:
+        return api.submit({
+            "name": f"cpu-{uuid.uuid4().hex[:6]}", "namespace": namespace, "image": "busybox",
+            "roles": [{"name": "w", "command": "true", "resources": {"cpu": cpu, "memory_mb": 128}}],
+        })  # fmt: skip
+
+    too_large = api.wait(job(1), timeout=60)
+    assert too_large["state"] == "FAILED", (too_large.get("reason"), too_large.get("warnings"))
+    assert "exceeded quota: team" in too_large["reason"], too_large["reason"]
+    assert api.wait(job(0.25), timeout=120)["state"] == "SUCCEEDED"
+
+
 def test_a_killed_launcher_adopts_its_pods(
     kube_platform: Platform, api: Api, kube_cluster: KubeCluster
 ) -> None:

@@ -243,11 +243,25 @@ async def test_a_create_the_api_server_cannot_take_now_comes_again(monkeypatch) 
         answers.append(exc)
         with pytest.raises(TransientError, match=message):
             await backend.launch(launch)
-    exc = ApiException(status=422, reason="x")
-    exc.body = json.dumps({"message": "Pod is invalid"})
-    answers.append(exc)
-    with pytest.raises(LaunchRefused, match="Pod is invalid"):
-        await backend.launch(launch)
+    # A pod that alone asks more than the quota's hard limit never fits: it was tried
+    # again until the start deadline (ten minutes an attempt), a platform failure.
+    exceeded = (
+        'pods "p" is forbidden: exceeded quota: team, requested: limits.memory=2Gi,'
+        "requests.cpu=4,requests.nvidia.com/gpu=1, used: limits.memory=1Gi,requests.cpu=0,"
+        "requests.nvidia.com/gpu=0, limited: limits.memory=4Gi,requests.cpu=2,"
+        "requests.nvidia.com/gpu=8"
+    )
+    for status, message, refused_for_good in [
+        (422, "Pod is invalid", True),
+        (403, exceeded, True),
+        (403, exceeded.replace("requests.cpu=4", "requests.cpu=1500m"), False),
+    ]:
+        exc = ApiException(status=status, reason="x")
+        exc.body = json.dumps({"message": message})
+        answers.append(exc)
+        with pytest.raises(LaunchRefused if refused_for_good else TransientError) as raised:
+            await backend.launch(launch)
+        assert message in str(raised.value)
 
 
 async def test_a_kill_grace_under_a_second_is_never_the_apis_delete_now(monkeypatch) -> None:

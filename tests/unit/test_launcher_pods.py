@@ -36,6 +36,7 @@ from trainyard_launcher.domain.pods import (
     exec_command,
     needs_owner,
     needs_service,
+    never_within_quota,
     owner_name,
     pod_manifest,
     pod_name,
@@ -634,3 +635,20 @@ def test_a_pull_that_failed_for_now_is_the_start_deadlines_progress_note() -> No
         state.step
         == "its image cannot be pulled yet (ErrImagePull, image img:1): 429 toomanyrequests"
     )
+
+
+@pytest.mark.parametrize(
+    ("message", "never"),
+    [
+        ("exceeded quota: q, requested: pods=1, used: pods=10, limited: pods=10", False),
+        ("exceeded quota: q, requested: pods=1, used: pods=0, limited: pods=0", True),
+        ("exceeded quota: q, requested: requests.memory=1Gi, used: requests.memory=0, limited: requests.memory=1000Mi", True),
+        ("exceeded quota: q, requested: requests.memory=1G, used: requests.memory=0, limited: requests.memory=1Gi", False),
+        ("exceeded quota: q, requested: requests.cpu=2,requests.memory=1Gi, used: requests.cpu=0,requests.memory=0, limited: requests.cpu=1500m,requests.memory=8Gi", True),
+        ("exceeded quota: q", False),  # not the admission's own words: waited for
+        ("exceeded quota: q, requested: x=??, used: x=0, limited: x=1", False),
+        ("forbidden: User cannot create pods", False),
+    ],
+)  # fmt: skip
+def test_a_pod_that_alone_asks_more_than_its_quota_never_fits(message: str, never: bool) -> None:
+    assert never_within_quota(f'pods "p" is forbidden: {message}') is never

@@ -67,6 +67,7 @@ from ..domain.pods import (
     mpi_hostfile,
     needs_owner,
     needs_service,
+    never_within_quota,
     owner_manifest,
     owner_name,
     pod_manifest,
@@ -1015,12 +1016,15 @@ def as_given(value: object) -> Any:
 def _not_now(exc: ApiException) -> bool:
     """An answer that says "not now" rather than "never": throttled (429), the server's
     own trouble (5xx; a 504 may come of a create that was made), a namespace's quota
-    used up for now or the namespace being deleted (both 403s, as an RBAC refusal is)."""
+    used up for now or the namespace being deleted (both 403s, as an RBAC refusal is).
+    A pod that alone asks more than its quota's hard limit never will be made."""
     status = exc.status or 0  # None: no answer's status at all
     if status == 429 or (status >= 500 and not _too_large(exc)):
         return True
     why = _why(exc)
-    return status == 403 and ("exceeded quota" in why or "is being terminated" in why)
+    if status != 403:
+        return False
+    return ("exceeded quota" in why and not never_within_quota(why)) or "is being terminated" in why
 
 
 def _too_large(exc: ApiException) -> bool:

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from trainyard_common.dialects.k8s_pod import quantity
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec, RoleSpec, reaches_pod
 
@@ -251,6 +252,29 @@ def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
             if c.get("name") == CONTAINER
         ]
     return {"metadata": kept_meta, "spec": kept_spec, "status": status}
+
+
+# The ResourceQuota admission's refusal: "exceeded quota: <name>, requested: k=v,...,
+# used: k=v,..., limited: k=v,..." (the resources the object would take past a hard
+# limit, what the namespace uses of them, and the limits).
+_QUOTA = re.compile(r"exceeded quota: [^,]*, requested: (\S*), used: (\S*), limited: (\S*)")
+
+
+def never_within_quota(message: str) -> bool:
+    """Whether a quota refusal is of an object that alone asks more than the quota's
+    hard limit (no end of other pods will make room: refused, not tried again)."""
+    match = _QUOTA.search(message)
+    if match is None:
+        return False
+    requested, _, limited = (
+        dict(item.partition("=")[::2] for item in part.split(",") if "=" in item)
+        for part in match.groups()
+    )
+    for name, asked in requested.items():
+        wanted, limit = quantity(asked), quantity(limited.get(name))
+        if wanted is not None and limit is not None and wanted > limit:
+            return True
+    return False
 
 
 # --------------------------------------------------------------------------- objects
