@@ -339,6 +339,10 @@ async def test_an_exec_past_its_timeout_is_killed(tmp_path: Path) -> None:
         ref(), launched.handle, ["bash", "-c", "echo begun; sleep 300"], {}, 0.5
     )
     assert result.timed_out and result.stdout == "begun\n" and time.monotonic() - started < 5
+    # Nothing of an ended exec is kept (an entry per task ever exec'd in, for a task
+    # that then ends by itself, was never removed).
+    assert (await backend.exec(ref(), launched.handle, ["true"], {}, 5)).exit_code == 0
+    assert backend._execs == {}
     await backend.kill(ref(), launched.handle, grace_s=1.0)
 
 

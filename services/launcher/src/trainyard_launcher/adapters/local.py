@@ -571,7 +571,10 @@ class LocalBackend:
             # own, over a socket) may hold them open: the answer does not wait for it.
             await asyncio.wait([reading], timeout=EXEC_DRAIN_S)
         finally:
-            self._execs.get(ref.key, set()).discard(proc.pid)
+            running = self._execs.get(ref.key, set())
+            running.discard(proc.pid)
+            if not running:  # one entry per task ever exec'd in would grow with history
+                self._execs.pop(ref.key, None)
             if proc.returncode is None:  # this call cancelled meanwhile
                 _signal(proc.pid, signal.SIGTERM)
             if not reading.done():
