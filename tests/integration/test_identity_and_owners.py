@@ -74,6 +74,16 @@ async def test_every_credential_of_a_user_is_revoked_at_once(client, db_prefix: 
     assert await store.revoke_user("dave") == 0
 
 
+async def test_the_token_cache_lets_expired_answers_go(client, db_prefix: str) -> None:
+    # Each token ever presented stayed in every service's cache (revoked ones too).
+    store = TokenStore(tokens_collection(client, db_prefix), admin_token=None)
+    store.CACHE_S, store.CACHE_SWEEP = 0.0, 3  # every answer expired at once
+    tokens = [await store.issue(f"u{i}") for i in range(6)]
+    for token in tokens:
+        assert await store.resolve(token) is not None
+    assert len(store._cache) <= 3
+
+
 async def test_no_credential_acts_as_the_bootstrap_admin_without_its_rights(
     client, db_prefix: str
 ) -> None:

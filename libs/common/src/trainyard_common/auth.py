@@ -91,6 +91,9 @@ class TokenStore:
     nonces (``nonces``), so every API that verifies them shares one memory."""
 
     CACHE_S = 30.0
+    # Past this many cached answers the expired ones go (each token ever presented,
+    # revoked or deleted ones too, stayed for the process's life).
+    CACHE_SWEEP = 10_000
 
     def __init__(
         self,
@@ -166,7 +169,10 @@ class TokenStore:
         if doc is None:
             return None
         identity = Identity(doc["user"], bool(doc.get("admin")))
-        self._cache[key] = (time.monotonic() + self.CACHE_S, identity)
+        now = time.monotonic()
+        if len(self._cache) >= self.CACHE_SWEEP:
+            self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
+        self._cache[key] = (now + self.CACHE_S, identity)
         return identity
 
 
