@@ -74,7 +74,7 @@ def past_the_deadline(deps: Deps) -> None:
     deps.clock = lambda: later
 
 
-def placed(retry_limit: int = 0) -> JobPlaced:
+def placed(retry_limit: int = 0, job_id: str = "j1") -> JobPlaced:
     spec = JobSpec(
         name="train",
         user="alice",
@@ -82,7 +82,9 @@ def placed(retry_limit: int = 0) -> JobPlaced:
         roles=[RoleSpec(name="w", replicas=2, command="run")],
     )
     tasks = [TaskPlacement(role="w", index=i, node="n1", host_ip="127.0.0.1") for i in (0, 1)]
-    return JobPlaced(event_id=derived_id("j1", 1, "placed"), job_id="j1", spec=spec, tasks=tasks)
+    return JobPlaced(
+        event_id=derived_id(job_id, 1, "placed"), job_id=job_id, spec=spec, tasks=tasks
+    )
 
 
 async def test_an_attempt_whose_task_still_prepares_past_the_deadline_fails() -> None:
@@ -198,6 +200,13 @@ async def test_an_attempt_the_backend_cannot_open_is_failed_by_the_start_deadlin
     await check_start_deadlines(deps)
     [retry] = [e for e in published if isinstance(e, JobRetrying)]
     assert retry.failure_class is FailureClass.PLATFORM and "not all tasks started" in retry.reason
+    assert deps.starting == set()
+    # Without a start deadline nothing waits on such an attempt, and nothing of it is
+    # kept: it stayed in the start watch for the launcher's life.
+    deps.start_deadline_s = 0
+    with pytest.raises(ConnectionError):
+        await launch_job(placed(job_id="j2"), RECEIVED, deps)
+    await check_start_deadlines(deps)
     assert deps.starting == set()
 
 

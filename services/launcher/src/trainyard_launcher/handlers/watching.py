@@ -131,6 +131,9 @@ async def check_start_deadlines(deps: Deps) -> None:
     ``start_deadline_s`` of the placement (a hung preparation, a task never spawned): the
     late tasks are stopped and FAILED as a platform failure, so a retry may follow."""
     if deps.start_deadline_s <= 0:
+        # No deadline: nothing to watch (an attempt whose launch raised for good, the
+        # bus's deliveries spent, would stay in ``starting`` for the process's life).
+        deps.starting.clear()
         return
     watched = {(t.job_id, t.attempt) for t in deps.watching.values()} | deps.starting
     for key in set(deps.start_deadlines) - watched:
