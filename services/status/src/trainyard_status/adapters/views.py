@@ -5,6 +5,7 @@ only move to a higher rank, task transitions only to a higher ``seq``."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -256,10 +257,13 @@ class JobViews:
                 docs += [doc async for doc in cursor]
         return [doc if full else summary(doc) for doc in docs], total
 
-    async def count_states(self, where: dict[str, Any]) -> dict[str, int]:
-        """How many jobs matching ``where`` are in each state (zero states left out)."""
+    async def count_states(
+        self, where: dict[str, Any], states: Iterable[JobState] = JobState
+    ) -> dict[str, int]:
+        """How many jobs matching ``where`` are in each of ``states`` (zero states left
+        out)."""
         counts = {}
-        for state in JobState:
+        for state in states:
             n = await self.jobs.count_documents({**where, "state": state.value})
             if n:
                 counts[state.value] = n
