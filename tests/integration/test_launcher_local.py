@@ -729,3 +729,19 @@ def test_a_plain_tasks_wrapper_loads_neither_pydantic_nor_the_preparation(tmp_pa
     )
     done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True)
     assert done.stdout.strip().splitlines()[-1] == "0 []", (done.stdout, done.stderr)
+
+
+async def test_a_wrapper_that_ended_unseen_is_not_kept(tmp_path: Path) -> None:
+    # Without the spawner the launcher keeps its wrappers' Popen to reap them; one the
+    # watcher saw end by its exit file before it exited was never reaped, and stayed.
+    backend = LocalBackend(tmp_path, spawner=False)
+    first = await launch(backend, ref("a"), "true", {}, [])
+    wrapper = backend._children[first.handle.pid]
+    deadline = time.monotonic() + 10
+    while (backend.read_exit(ref("a")) is None or wrapper.poll() is None) and (
+        time.monotonic() < deadline
+    ):
+        await asyncio.sleep(0.05)  # ended, its wrapper too, never polled by the backend
+    second = await launch(backend, ref("b"), "sleep 30", {}, [])
+    assert list(backend._children) == [second.handle.pid]
+    await backend.kill(ref("b"), second.handle, grace_s=1.0)

@@ -392,6 +392,9 @@ class LocalBackend:
                 )
             except OSError as exc:
                 raise LaunchError(f"cannot start the task wrapper: {exc}") from exc
+        # Those that ended unseen go (a task's end is read from its exit file, which
+        # its wrapper writes before it exits: a poll between the two never reaps it).
+        self._children = {pid: c for pid, c in self._children.items() if c.poll() is None}
         self._children[proc.pid] = proc
         return proc.pid, start_ticks(proc.pid)
 
