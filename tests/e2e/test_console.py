@@ -334,6 +334,27 @@ def test_a_log_shows_what_a_terminal_would_colours_and_progress_bars(  # type: i
     assert text == "step green\nprogress 3/3\ndone\n\n(end of log)", repr(text)
 
 
+def test_an_endpoint_on_an_ipv6_address_is_a_working_link(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    job_id = api.submit({"name": unique("v6"), "roles": [{"name": "w", "command": "true"}]})
+    api.wait(job_id)
+
+    def on_ipv6(route) -> None:  # type: ignore[no-untyped-def]
+        answer = route.fetch()
+        job = answer.json()
+        for task in job["tasks"]:
+            task.update(host_ip="fd00::5", ports=[{"label": "http", "ports": [8080]}])
+        route.fulfill(response=answer, json=job)
+
+    page.route(f"**/v1/jobs/{job_id}", on_ipv6)
+    sign_in(page, platform.token)
+    page.goto(f"/console/#/jobs/{job_id}")
+    link = page.get_by_role("link", name="http [fd00::5]:8080")
+    link.wait_for()
+    assert link.get_attribute("href") == "http://[fd00::5]:8080/"  # "http://fd00::5:8080/"
+
+
 def test_a_mangled_link_says_so_instead_of_a_blank_page(  # type: ignore[no-untyped-def]
     page, platform: Platform, api: Api
 ) -> None:

@@ -321,7 +321,9 @@ function jobPage(jobId) {
     const links = [];
     for (const port of task.ports || []) {
       for (const number of port.ports || []) {
-        const address = `${task.host_ip}:${number}`;
+        // An IPv6 address is bracketed in a URL (else the link goes nowhere).
+        const host = String(task.host_ip).includes(":") ? `[${task.host_ip}]` : task.host_ip;
+        const address = `${host}:${number}`;
         links.push(el("a", { href: `http://${address}/`, target: "_blank", rel: "noopener noreferrer", text: `${port.label} ${address}` }), " ");
       }
     }
