@@ -118,6 +118,14 @@ def test_yaml_reads_as_the_json_it_stands_for() -> None:
         "pairs": [["a", 1]],
     }
     assert json.loads(json.dumps(parse_yaml(text))) == parse_yaml(text)
+    # Keys that are one in a Python dict are two in JSON (1 and true, 0 and false and
+    # no, 1 and 1.0): the later silently replaced the earlier, a variable lost.
+    assert parse_yaml("env:\n  1: one\n  yes: two\n  1.0: x\n  0: a\n  false: b\n  ~: n\n") == {
+        "env": {"1": "one", "true": "two", "1.0": "x", "0": "a", "false": "b", "null": "n"}
+    }
+    assert parse_yaml("0: a\nno: c\n", js_yaml=True) == {"0": "a", "no": "c"}
+    with pytest.raises(BodyError, match="not valid YAML"):
+        parse_yaml("? [a, b]\n: x\n")  # a key no mapping can have
     # A plain "=" (YAML 1.1's "value" key type, which no safe loader builds) and a
     # plain "<<" that is not a key are strings, as Kubernetes' YAML and js-yaml read
     # them: an argument "=" was a 400. A merge key still merges.

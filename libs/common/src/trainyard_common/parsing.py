@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Hashable
 from typing import Any
 
 import yaml
@@ -166,6 +167,25 @@ class _BoundedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_mapping(self, node: Node, deep: bool = False) -> dict[Any, Any]:
+        """A mapping whose number, boolean and null keys are JSON's text for them as
+        each is built, as Kubernetes' YAML reads them: in a Python dict ``1``, ``1.0``
+        and ``true`` are one key (``0``, ``false`` and ``no`` another), and the later
+        silently replaced the earlier. Keys JSON has no text for are left for _as_json
+        to refuse, saying where."""
+        if not isinstance(node, MappingNode):
+            return super().construct_mapping(node, deep)  # type: ignore[arg-type]
+        self.flatten_mapping(node)
+        mapping: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if _json_scalar(key):
+                key = json.dumps(key)
+            elif not isinstance(key, Hashable):
+                return super().construct_mapping(node, deep)
+            mapping[key] = self.construct_object(value_node, deep=deep)
+        return mapping
+
 
 def _as_written(loader: yaml.SafeLoader, node: Node) -> Any:
     return loader.construct_scalar(node)  # type: ignore[arg-type]
@@ -265,15 +285,20 @@ def _as_json(value: Any, path: str = "$") -> Any:
     raise BodyError(f"YAML body at {path}: {_yaml_kind(value)}, which JSON has no value for")
 
 
+def _json_scalar(key: Any) -> bool:
+    """A key JSON writes as text: null, a boolean, a number in range."""
+    return (
+        key is None
+        or (isinstance(key, (bool, int)) and key.bit_length() <= MAX_INT_BITS)
+        or (isinstance(key, float) and math.isfinite(key))
+    )
+
+
 def _json_key(key: Any, path: str) -> str:
     if isinstance(key, str):
         _no_surrogates(key, f"YAML body at {path}")
         return key
-    if (
-        key is None
-        or (isinstance(key, (bool, int)) and key.bit_length() <= MAX_INT_BITS)
-        or (isinstance(key, float) and math.isfinite(key))
-    ):
+    if _json_scalar(key):
         return json.dumps(key)
     raise BodyError(
         f"YAML body at {path}: a key that is {_yaml_kind(key)}, which JSON keys cannot be"
