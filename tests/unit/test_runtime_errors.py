@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import httpx
 from pydantic import BaseModel
+from starlette.requests import Request
 
 from trainyard_common.errors import BusUnavailable
-from trainyard_common.runtime import health_app
+from trainyard_common.runtime import MAX_REQUEST, health_app
 
 
 class Body(BaseModel):
@@ -80,3 +81,32 @@ async def test_a_path_nothing_serves_on_openpais_paths_is_its_rest_servers_no_ap
         assert bare.json()["message"] == "API /api/v1/user/someone/no-such-api is not found."
         own = await http.get("/v1/no-such-api")
         assert own.status_code == 404 and own.json() == {"detail": "Not Found"}
+
+
+async def test_no_body_past_the_request_limit_is_read_whatever_its_route() -> None:
+    # Only Trainyard's own JSON bodies were bounded before their route: a dialect's route
+    # (and the gateway, forwarding any) read a body of gigabytes whole, no token needed.
+    app = health_app("probe")
+    read: list[int] = []
+
+    @app.post("/api/v2/jobs")
+    async def submit(request: Request) -> dict[str, int]:
+        read.append(len(await request.body()))
+        return {"read": read[-1]}
+
+    async def chunks(total: int):  # type: ignore[no-untyped-def]
+        for _ in range(total // 65536):
+            yield b"x" * 65536
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://probe") as http:
+        yaml = {"Content-Type": "application/yaml"}
+        answer = await http.post("/api/v2/jobs", content=chunks(MAX_REQUEST + 65536), headers=yaml)
+        assert answer.status_code == 413 and str(MAX_REQUEST) in answer.json()["detail"]
+        declared = {**yaml, "Content-Length": str(10 * MAX_REQUEST)}
+        answer = await http.post("/api/v2/jobs", content=b"x", headers=declared)
+        assert answer.status_code == 413  # said before a byte of it is read
+        assert read == []
+        # A dialect's own bound (4 MiB) is still its route's, in its platform's shape.
+        answer = await http.post("/api/v2/jobs", content=b"x" * (MAX_REQUEST - 1), headers=yaml)
+        assert answer.json() == {"read": MAX_REQUEST - 1}

@@ -177,12 +177,20 @@ class AnswerErrors:
             await _refuse(send, 500, "internal error (logged by the service)")
 
 
+# No request body is read past this, whatever its route (413): the dialects' routes
+# bound their own bodies (4 MiB, TI's 1) and answer past that in their platform's shape,
+# but read them whole first; the gateway forwards bodies whole. A request of gigabytes,
+# no token needed, was held in memory whole.
+MAX_REQUEST = 2 * MAX_BODY
+
+
 class InputGuard:
     """Bad input is a 4xx that names the problem, before any route runs: a NUL in the
-    path or query (no file, key or id has one), a path that is not UTF-8, and, on
-    Trainyard's own API, a JSON body too large (413), too deep, with NaN or an overflowing
-    number, a lone surrogate, or not UTF-8 (400). The dialects' routes bound their own
-    bodies (parsing.py) and answer in their platform's error shape."""
+    path or query (no file, key or id has one), a path that is not UTF-8, any body past
+    MAX_REQUEST (413), and, on Trainyard's own API, a JSON body too large (413), too
+    deep, with NaN or an overflowing number, a lone surrogate, or not UTF-8 (400). The
+    dialects' routes bound their own bodies (parsing.py) and answer in their platform's
+    error shape."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -195,10 +203,14 @@ class InputGuard:
         if problem is not None:
             await _refuse(send, 400, problem)
             return
-        content_type = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1")
+        headers = dict(scope.get("headers") or [])
+        content_type = headers.get(b"content-type", b"").decode("latin-1")
         path = scope.get("path", "")
-        if not path.startswith(OWN_PATHS) or not any(t in content_type for t in JSON_TYPES):
-            await self.app(scope, receive, send)
+        own_json = path.startswith(OWN_PATHS) and any(t in content_type for t in JSON_TYPES)
+        limit = MAX_BODY if own_json else MAX_REQUEST
+        declared = headers.get(b"content-length", b"").decode("latin-1")
+        if declared.isdigit() and int(declared) > limit:
+            await _refuse(send, 413, f"request body larger than {limit} bytes")
             return
         chunks: list[bytes] = []
         size = 0
@@ -209,13 +221,13 @@ class InputGuard:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > MAX_BODY:
-                await _refuse(send, 413, f"request body larger than {MAX_BODY} bytes")
+            if size > limit:
+                await _refuse(send, 413, f"request body larger than {limit} bytes")
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
-        if body:
+        if body and own_json:
             try:
                 parse_json(body, MAX_BODY)
             except BodyError as exc:
