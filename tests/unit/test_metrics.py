@@ -221,3 +221,19 @@ async def test_ended_jobs_are_recounted_at_most_a_thousandth_of_the_time() -> No
     assert REGISTRY.get_sample_value("trainyard_jobs", {"state": "SUCCEEDED"}) == 7
     cost = 0.005  # a smaller store's: every turn
     assert await turns(1000.0, 4, 0.0) == [0, 1, 2, 3]
+
+
+def test_placements_decisions_are_exported_at_zero_from_the_start() -> None:
+    # A series none was counted in yet does not exist: TrainyardJobsStuck (an increase
+    # of "placed" that is 0) could not fire before placement had placed one job.
+    import subprocess
+    import sys
+
+    script = (
+        "from prometheus_client import REGISTRY\n"
+        "import trainyard_placement.adapters.metrics\n"
+        "print([REGISTRY.get_sample_value('trainyard_placement_decisions_total', "
+        "{'decision': d}) for d in ('placed', 'tasks_placed', 'preempted')])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[0.0, 0.0, 0.0]", out.stdout + out.stderr

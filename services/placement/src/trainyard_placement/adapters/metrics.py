@@ -26,6 +26,11 @@ DECISIONS = Counter(
     "running job interrupted for a waiting one).",
     ["decision"],
 )
+# Each at 0 from the start: a series none was counted in yet does not exist, and an
+# alert on its increase (deploy/prometheus/alerts.yml, TrainyardJobsStuck) could not
+# fire before placement had placed something.
+for _decision in ("placed", "tasks_placed", "preempted"):
+    DECISIONS.labels(_decision)
 
 Source = Callable[[], tuple[SchedulerState, Iterable[QueuedJob]] | None]
 
