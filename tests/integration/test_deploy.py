@@ -73,8 +73,21 @@ def test_the_chart_renders_every_service_wired_and_probed() -> None:
     }
     # What the launcher does with Secrets (an MPI attempt's keys, a command's line,
     # handed to its pod), verb by verb: the API server checks each exactly.
+    # Never get (every Secret of the cluster) nor delete (the owner's end does).
     secrets = {v for rule in rules if "secrets" in rule["resources"] for v in rule["verbs"]}
-    assert {"create", "patch", "delete"} <= secrets
+    assert secrets == {"create", "patch"}
+    # Intake checks each job against the cluster's runtime: the local one's checks (its
+    # own pod the one node, no GPU) refused every GPU job on the chart.
+    for service in PORTS:
+        spec = by_kind["Deployment"][f"ty-{service}"]["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+        assert (env.get("YARD_LAUNCHER") == "kubernetes") is (service != "gateway"
+                                                            and service != "status")  # fmt: skip
+        assert ("YARD_CLUSTER" in env) is (service in ("placement", "validation"))
+        # Not the admin token in the internet-facing pod, which never uses it.
+        assert ("YARD_TOKEN" in env) is (service != "gateway")
+    # One placement replica: a follower answers 503, and its Service would send it half.
+    assert by_kind["Deployment"]["ty-placement"]["spec"]["replicas"] == 1
     # Only the three that talk to the Kubernetes API get a token.
     for service in PORTS:
         spec = by_kind["Deployment"][f"ty-{service}"]["spec"]["template"]["spec"]
