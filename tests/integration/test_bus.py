@@ -681,3 +681,18 @@ async def test_a_message_waiting_behind_slow_ones_is_not_delivered_again(
 
     await consume_until(bus, durable, [ALL_COMMANDS], slow, done)
     assert deliveries == [("u0", 1), ("u1", 1), ("u2", 1)]
+
+
+async def test_a_cluster_given_as_a_list_of_urls_is_connected_to(tmp_path: Path) -> None:
+    # NATS's tools take a cluster as "nats://a:4222,nats://b:4222" (the compose file's
+    # YARD_NATS_URL): nats-py refused it as one URL and every service failed at start.
+    server = NatsServer(tmp_path / "nats").start()
+    try:
+        listed = f"{server.url}, nats://127.0.0.1:1"  # the second one down: one is enough
+        bus = await Bus.connect(listed, name="test-list")
+        try:
+            assert await bus.publish(submitted("listed")) > 0
+        finally:
+            await bus.nc.close()
+    finally:
+        server.stop()

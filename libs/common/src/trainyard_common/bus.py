@@ -286,13 +286,20 @@ class Bus:
 
     @classmethod
     async def connect(cls, url: str, name: str = "trainyard") -> Bus:
-        user = urlsplit(url).username
+        """``url``: one server, or a NATS cluster's as a comma-separated list (the
+        form NATS's own tools take; nats-py refused it as one URL)."""
+        servers = [part.strip() for part in url.split(",") if part.strip()]
+        user = urlsplit(servers[0] if servers else url).username
         options: dict[str, Any] = {}
         if user:
             # Replies to this identity arrive where only it may listen.
             options["inbox_prefix"] = inbox_prefix(unquote(user)).encode()
         nc = await nats.connect(
-            url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **options
+            servers or url,
+            name=name,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            **options,
         )
         bus = cls(nc, nc.jetstream(timeout=10))
         await bus.ensure_streams()
