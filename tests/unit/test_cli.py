@@ -567,3 +567,20 @@ def test_ls_sends_the_lists_other_filters(yard, gw):
         "pytorch",
     )
     assert params.get_list("label") == ["team=vision", "tier=1"]
+
+
+def test_a_kubeconfig_written_over_an_older_file_is_mode_600(yard, tmp_path) -> None:
+    # The mode was only that of a file the write made: one there before (0644) kept
+    # its mode, the token in it readable by every user of the machine.
+    from trainyard_stack import tls
+
+    files = tls.ensure_tls(tmp_path / "tls")
+    target = tmp_path / "kube" / "config"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    target.chmod(0o644)
+    result = yard(*with_token("kubeconfig", "--server", "https://127.0.0.1:6443",
+                              "--ca-file", str(files.ca_cert), "--file", str(target)))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert TOKEN in target.read_text()
+    assert target.stat().st_mode & 0o777 == 0o600

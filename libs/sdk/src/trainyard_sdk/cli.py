@@ -237,6 +237,7 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
             return
         file.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(descriptor, 0o600)  # a file there before keeps its mode otherwise
         with os.fdopen(descriptor, "w") as out:
             out.write(text)
         s.err.print(Text(f"wrote {file}"))

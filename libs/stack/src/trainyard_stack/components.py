@@ -375,6 +375,7 @@ class NatsServer(_ManagedProcess):
         if self.users is not None:
             # Passwords only as bcrypt hashes on disk, in a file only we may read.
             fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.fchmod(fd, 0o600)  # a file there before keeps its mode otherwise
             with os.fdopen(fd, "w") as out:
                 json.dump(nats_config(self.users), out, indent=1)
 

@@ -759,6 +759,7 @@ EXEC_DRAIN_S = 2.0
 def _write_private(path: Path, text: str) -> Path:
     """Write ``text`` readable by the task's user only (mode 600)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a file there before keeps its mode otherwise
     with os.fdopen(fd, "w") as out:
         out.write(text)
     return path
