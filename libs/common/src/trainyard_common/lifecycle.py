@@ -181,10 +181,11 @@ TASK: Machine[TaskState] = Machine("task", (
 PLACEMENT: Machine[PlacementState] = Machine("placement", (
     Transition((), P.QUEUED, "`JobAccepted`", "placement", "a job to place"),
     Transition((), P.PAUSED, "`JobAccepted`", "placement", "a job submitted with run mode pause"),
-    Transition((), P.STOPPED_EARLY, "`StopJob`", "placement",
-               "a stop for a job not seen yet (a tombstone)"),
-    Transition((P.STOPPED_EARLY,), P.DONE, "`JobAccepted`", "placement",
-               "the job the tombstone waited for: stopped at once"),
+    Transition((), P.STOPPED_EARLY, "`StopJob`, `JobRejected`", "placement",
+               "a stop for a job not seen yet, or a job validation rejected (a tombstone)"),
+    Transition((P.STOPPED_EARLY,), P.DONE, "`JobAccepted`, `JobRejected`", "placement",
+               "the job the tombstone waited for: stopped at once; or rejected: never "
+               "comes, its commands find it ended"),
     Transition((P.QUEUED,), P.PLACED, "cycle", "placement", "the gang fits"),
     Transition((P.QUEUED,), P.DONE, "`StopJob`", "placement", "stopped while queued"),
     Transition((P.QUEUED,), P.PAUSED, "`PauseJob`", "placement", "paused while queued"),
