@@ -696,3 +696,31 @@ async def test_a_cluster_given_as_a_list_of_urls_is_connected_to(tmp_path: Path)
             await bus.nc.close()
     finally:
         server.stop()
+
+
+async def test_the_streams_are_the_platform_identitys_to_make(tmp_path: Path) -> None:
+    # A service's identity may only look at the streams: with none made (a NATS set up
+    # as the Helm chart asks), it waited out the server's silence and stopped with a
+    # bare timeout; the chart had nothing to make them.
+    import os
+    import subprocess
+    import sys
+
+    from trainyard_stack.platform import PLATFORM_IDENTITY, bus_users
+
+    users = bus_users(tmp_path, [])
+    server = NatsServer(tmp_path / "nats", users=users).start()
+    try:
+        with pytest.raises(RuntimeError, match="trainyard_common.streams"):
+            await Bus.connect(server.url_for("intake"), name="intake")
+        env = {**os.environ, "YARD_NATS_URL": server.url_for(PLATFORM_IDENTITY)}
+        made = subprocess.run([sys.executable, "-m", "trainyard_common.streams"], env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        bus = await Bus.connect(server.url_for("intake"), name="intake")
+        try:
+            assert await bus.publish(submitted("made")) > 0
+        finally:
+            await bus.nc.close()
+    finally:
+        server.stop()

@@ -94,6 +94,14 @@ def test_the_chart_renders_every_service_wired_and_probed() -> None:
         assert spec["automountServiceAccountToken"] is (
             service in ("launcher", "placement", "validation")
         )
+    # The streams, made by the platform's identity before the services start: theirs
+    # may only look at them (each service stopped at its first start).
+    job = by_kind["Job"]["ty-streams"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    [maker] = job["spec"]["template"]["spec"]["containers"]
+    assert maker["command"] == ["python", "-m", "trainyard_common.streams"]
+    [url] = maker["env"]
+    assert url["valueFrom"]["secretKeyRef"] == {"name": "trainyard-bus", "key": "platform"}
     assert {"ty-cluster"} <= set(by_kind["ConfigMap"])
     assert {"trainyard-admin-token", "trainyard-secrets-key"} <= set(by_kind["Secret"])
 

@@ -335,6 +335,13 @@ class Bus:
                 return
             except BadRequestError:
                 info = await self.js.stream_info(config.name)  # made meanwhile
+            except NatsTimeoutError as exc:
+                # The server answers an identity that may not make it with nothing.
+                raise RuntimeError(
+                    f"the bus's stream {config.name} does not exist and this identity could "
+                    "not make it: the platform's identity makes the streams "
+                    "(python -m trainyard_common.streams; the Helm chart's hook)"
+                ) from exc
         if sorted(info.config.subjects or []) != sorted(config.subjects or []):
             await self.js.update_stream(config)
 

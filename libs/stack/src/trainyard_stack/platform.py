@@ -22,7 +22,7 @@ from typing import IO
 import httpx
 
 from trainyard_common.auth import new_token
-from trainyard_common.bus import Bus
+from trainyard_common import streams
 from trainyard_common.bus_access import (
     GRANTS,
     producer_grant,
@@ -186,8 +186,7 @@ def stop_tasks(url: str, token: str, timeout: float = 60.0) -> tuple[int, int]:
 
 
 async def ensure_streams(url: str) -> None:
-    bus = await Bus.connect(url, name="trainyard-stack")
-    await bus.close()
+    await streams.make(url)
 
 
 def producers() -> list[str]:
