@@ -166,3 +166,15 @@ def test_the_image_install_gives_every_service_and_the_cli(tmp_path: Path) -> No
         [str(tmp_path / "image" / "bin" / "yard"), "--help"], capture_output=True, text=True
     )
     assert cli.returncode == 0 and "submit" in cli.stdout
+
+
+def test_the_compose_file_seals_secrets_and_isolates_tasks() -> None:
+    # Job secrets travelled and were stored in clear (no YARD_SECRETS_KEY), and the
+    # launcher, not root, ran every task as itself (its own environment readable).
+    compose = yaml.safe_load((ROOT / "deploy" / "compose" / "compose.yaml").read_text())
+    for service in PORTS:
+        env = compose["services"][service]["environment"]
+        assert env["YARD_SECRETS_KEY"].startswith("${YARD_SECRETS_KEY:?"), service
+    launcher = compose["services"]["launcher"]
+    assert launcher["user"] == "0" and launcher["environment"]["YARD_TASK_ISOLATION"] == "on"
+    assert "NOT hardened" in (ROOT / "deploy" / "compose" / "compose.yaml").read_text()
