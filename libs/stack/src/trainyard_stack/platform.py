@@ -21,8 +21,8 @@ from typing import IO
 
 import httpx
 
-from trainyard_common.auth import new_token
 from trainyard_common import streams
+from trainyard_common.auth import new_token
 from trainyard_common.bus_access import (
     GRANTS,
     producer_grant,
