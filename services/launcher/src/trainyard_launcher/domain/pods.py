@@ -224,7 +224,7 @@ def pod_task(pod: dict[str, Any]) -> PodTask | None:
 def cached_pod(pod: dict[str, Any]) -> dict[str, Any]:
     """What the launcher keeps of a pod the API server served: what ``pod_task``,
     ``pod_state`` and ``exec_command`` read (its name, uid, our labels and annotations,
-    its node, its status, the task container's command while it may still run), not
+    its node, its status, how the task container starts while it may still run), not
     its environment, volumes, init containers or managed fields. A finished job's pods
     stay in the cluster for their logs, and the cache holds each: served whole, some
     tens of kilobytes apiece in memory."""
