@@ -11,9 +11,10 @@
   remove a tag (JobTagged); 200 ``{"status": 200, "message": "Add tag ..."}``.
 
 Errors are OpenPAI's ``{"code": "...", "message": "..."}``. A job the protocol rejects is
-answered 400 at once (``InvalidProtocolError``), as OpenPAI does; checks against the
-cluster and the name already being taken come later, from validation (the job then
-shows FAILED with the reason).
+answered 400 at once (``InvalidProtocolError``), as OpenPAI does, and a name already
+taken 409; checks against the cluster are answered at once on the local backend, and
+with tasks on Kubernetes come later, from validation (the job then shows FAILED with
+the reason).
 
 OpenPAI names jobs ``user~name``, intake by id: the owner registry records every
 submission's dialect key (the job name), which is how a stop by name finds the job.
