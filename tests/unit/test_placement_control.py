@@ -442,6 +442,32 @@ async def test_an_elastic_job_placed_small_grows_to_its_size_when_capacity_frees
     assert len(h.pub.of(InterruptJob, "e")) == 1
 
 
+async def test_a_job_waiting_only_for_its_queues_quota_does_not_stop_growth_elsewhere() -> None:
+    # growth() leaves such a wait to its own queue, but the service asked it nothing
+    # while any job waited at all: one queue's quota kept every elastic job small.
+    from trainyard_common.cluster import ClusterSpec, NodeSpec, QueueQuota, QueueSpec
+    from trainyard_placement.handlers import load, start
+
+    h = Harness()
+    cluster = ClusterSpec(
+        nodes=[NodeSpec(name="n1", host_ip="10.0.0.1", cpu=8, memory_mb=16384, gpus=4, gpu_type="V100")],
+        queues=["default", QueueSpec(name="a", quota=QueueQuota(gpus=1), borrowing=False)],
+    )  # fmt: skip
+    h.deps = await load(h.store, h.pub, cluster)
+    await start(h.deps)
+    h.deps.growth_after_s = 0
+    in_a = spec(gpus=1).model_copy(update={"queue": "a"})
+    await h.accept("a1", in_a)
+    await h.accept("a2", in_a)  # waits for queue a's quota, not for capacity
+    await h.accept("big", spec(gpus=2))
+    await h.accept("e", elastic_gpus(2))  # 1 GPU left: runs at 1
+    assert placed(h, "a2") == [] and len(placed(h, "e")) == 1
+    await h.finish("big")
+    [command] = h.pub.of(InterruptJob, "e")
+    assert command.reason == "growing into freed capacity: worker 1 -> 2 replica(s)"
+    assert placed(h, "a2") == []  # still waiting for its quota
+
+
 async def test_an_elastic_job_does_not_grow_while_others_wait_or_too_soon() -> None:
     h = await Harness().boot()
     await h.accept("a", spec(gpus=1))

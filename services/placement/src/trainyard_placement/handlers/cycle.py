@@ -127,8 +127,11 @@ async def _cycle(deps: Deps) -> None:
         if (notice := _notice_due(deps, decision)) is not None:
             await _notify_waiting(deps, decision, *notice)
     deps.waiting_handled = True
-    # 5. With nobody waiting, elastic jobs below their size grow into the free capacity.
-    if not waiting:
+    # 5. Elastic jobs below their size grow into the free capacity: not while a job waits
+    #    for capacity (growth says which waits block it: one waiting only for its own
+    #    queue's quota blocks that queue alone), nor while a retry's backoff runs (it
+    #    comes back for the capacity it had).
+    if not deps.deferred:
         await _grow(deps, now.timestamp())
 
 
