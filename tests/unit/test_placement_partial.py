@@ -15,6 +15,7 @@ from trainyard_common.events import (
     TaskStateChanged,
     derived_id,
 )
+from trainyard_common.jobspec import JobSpec
 from trainyard_placement.domain.partial import more_tasks
 from trainyard_placement.domain.sizes import at_step, last_step, remaining_tasks, sized_to
 from trainyard_placement.handlers import queue_view
@@ -85,6 +86,39 @@ def test_waiting_tasks_keep_to_the_queue_quota_and_skip_an_interrupted_job() -> 
     w2.state.release("x")
     w2.state.interrupting["p"] = None
     assert more_tasks(w2.state, "p", spec2, w2.state.placed["p"].tasks) == []
+
+
+def test_its_waiting_tasks_leave_a_higher_heads_reservation_and_borrow_within_the_rules() -> None:
+    # Placed before every cycle, its tasks took capacity the last cycle reserved for a
+    # head of a higher priority, and borrowed after it had been reclaimed too often.
+    def world(head_priority: int) -> tuple[World, JobSpec]:
+        w = World.of(node("n1", gpus=4))
+        w.submit("x", job(role(gpus=2)))
+        spec = ungang(role(gpus=1, replicas=3))
+        w.submit("p", spec)
+        w.cycle()
+        assert len(w.state.placed["p"].tasks) == 2
+        w.submit("h", job(role(gpus=4), priority=head_priority))
+        w.cycle()  # h waits, its reservation on n1
+        assert w.state.last_reservations()[0][1].job_id == "h"
+        w.state.release("x")
+        return w, spec
+
+    w, spec = world(head_priority=9)
+    assert more_tasks(w.state, "p", spec, w.state.placed["p"].tasks) == []
+    w, spec = world(head_priority=5)  # no higher than p: a started job is ahead
+    assert len(more_tasks(w.state, "p", spec, w.state.placed["p"].tasks)) == 1
+
+    b = World.of(node("n1", gpus=4), queues=[queue("q", gpus=1)])
+    b.submit("x", job(role(gpus=3), queue="q"))
+    spec = ungang(role(gpus=1, replicas=3), queue="q")
+    b.submit("p", spec)
+    b.cycle()
+    b.state.release("x")
+    b.state.preemptions["p"] = b.state.rules.max_preemptions  # reclaimed too often
+    assert more_tasks(b.state, "p", spec, b.state.placed["p"].tasks) == []
+    b.state.preemptions["p"] = 0
+    assert len(more_tasks(b.state, "p", spec, b.state.placed["p"].tasks)) == 2
 
 
 async def test_the_service_announces_the_job_as_submitted_then_each_new_task() -> None:

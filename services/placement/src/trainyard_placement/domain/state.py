@@ -82,6 +82,14 @@ class SchedulerState:
         """Free capacity of every node, drained ones included."""
         return self._up_to_date().snapshot()
 
+    def last_reservations(self) -> list[tuple[str, Allocation]]:
+        """What the last cycle kept for the heads that still wait: each one's queue, and
+        where it goes once what runs there ends (queue.py, conservative backfill)."""
+        last = self._kept.memo.last if self._kept is not None else None
+        if last is None:
+            return []
+        return [(queue, kept) for queue, kept in last.reserved if kept.job_id in self.queued]
+
     def enqueue(self, job: QueuedJob) -> None:
         old = self.queued.get(job.job_id)
         self.queued[job.job_id] = job
