@@ -224,3 +224,41 @@ async def test_the_health_of_all_says_which_replica_is_wrong_and_not_where_it_is
         "intake": "replica 2: down",
     }
     assert "127.0.0.1" not in answer.text
+
+
+async def test_a_replica_that_follows_passes_the_request_to_the_next() -> None:
+    # Placement's replicas elect one leader; the others answer 503 to all but their
+    # health. Taking turns over them, every other call failed (make up with placement
+    # replicas; the chart's two did the same behind their Service).
+    from trainyard_common.runtime import FOLLOWER_HEADER
+
+    calls: list[str] = []
+
+    async def follower(request: web.Request) -> web.Response:
+        calls.append("follower")
+        await request.read()
+        return web.json_response({"detail": "not the leader"}, status=503,
+                                 headers={FOLLOWER_HEADER: "true", "Retry-After": "1"})  # fmt: skip
+
+    async def broken(request: web.Request) -> web.Response:
+        calls.append("broken")
+        return web.json_response({"detail": "down"}, status=503)
+
+    lead, lead_url = await backend("leader")
+    follows, follows_url = await backend("follower", follower)
+    down, down_url = await backend("broken", broken)
+    app = create_app({"placement": (follows_url, lead_url), "status": (down_url, lead_url)})
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://yard.test") as http:
+            for _ in range(3):
+                answer = await http.post("/v1/placement/nodes/n1/drain", content=b"{}")
+                assert answer.status_code == 200 and answer.json()["replica"] == "leader"
+                assert answer.json()["body"] == "{}"  # the body sent again whole
+            assert calls.count("follower") == 3  # asked once a request, then the next
+            # A 503 of a service's own trouble is its answer, not tried elsewhere.
+            answer = await http.get("/v1/jobs")
+            assert answer.status_code == 503 and calls[-1] == "broken"
+    finally:
+        for runner in (lead, follows, down):
+            await runner.cleanup()

@@ -160,6 +160,7 @@ async def test_the_follower_takes_over_from_a_killed_leader_and_nothing_is_place
         # A follower does not answer for the leader.
         answer = second.http.get("/v1/placement/queue")
         assert answer.status_code == 503 and "not the leader" in answer.json()["detail"]
+        assert answer.headers["Trainyard-Follower"] == "true"  # the gateway asks the next
         answer = second.http.post("/v1/placement/nodes/n1/drain")
         assert answer.status_code == 503 and lease["leader"] in answer.json()["detail"]
 

@@ -177,6 +177,10 @@ class AnswerErrors:
             await _refuse(send, 500, "internal error (logged by the service)")
 
 
+# Said by a replica that follows another (placement's: one leads) with its 503: it did
+# nothing, and the gateway tries the request on the next replica.
+FOLLOWER_HEADER = "Trainyard-Follower"
+
 # No request body is read past this, whatever its route (413): the dialects' routes
 # bound their own bodies (4 MiB, TI's 1) and answer past that in their platform's shape,
 # but read them whole first; the gateway forwards bodies whole. A request of gigabytes,

@@ -18,7 +18,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 from yarl import URL
 
-from trainyard_common.runtime import health_app, openpai_error, sent_url
+from trainyard_common.runtime import FOLLOWER_HEADER, health_app, openpai_error, sent_url
 from trainyard_common.tencent_auth import TencentError, error_answer, new_request_id
 
 from .routes import BACKENDS, route
@@ -124,24 +124,33 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
         headers["x-forwarded-host"] = request.headers.get("host", "")
         body = await request.body()
         retry = idempotent(request.method, headers)
-        for tries_left in (1, 0):
+        # A replica that follows (placement's: one leads) did nothing but say so: the
+        # request goes on to the next, each replica once.
+        followers = len(backends[service]) - 1
+        tries_left = 1
+        while True:
             # A second try goes to the next replica, if there is one.
             url = URL(next(turns[service]) + target, encoded=True)
             try:
                 answer = await session().request(
                     request.method, url, headers=headers, data=body or None, allow_redirects=False
                 )
-                break
             except DROPPED as exc:
                 # No connection (a replica gone: nothing was sent, any request may go to
                 # another), or a pooled one the service had closed (it answered a bad
                 # request and hung up, or restarted; only a request that may be repeated
                 # goes once more, on a fresh one).
                 if tries_left and (retry or isinstance(exc, aiohttp.ClientConnectorError)):
+                    tries_left -= 1
                     continue
                 return unavailable(service, exc)
             except (aiohttp.ClientError, ValueError) as exc:
                 return unavailable(service, exc)
+            if answer.status == 503 and FOLLOWER_HEADER in answer.headers and followers:
+                followers -= 1
+                answer.release()
+                continue
+            break
         length = answer.content_length
         response: Response
         if length is None or length > WHOLE_ANSWER_BYTES:

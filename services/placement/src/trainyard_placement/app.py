@@ -15,7 +15,7 @@ from trainyard_common.api import ClusterView, QueueView, answers
 from trainyard_common.auth import Identity, TokenStore, identity_dependency
 from trainyard_common.cluster import NodeSpec
 from trainyard_common.dialects import openpai
-from trainyard_common.runtime import health_app
+from trainyard_common.runtime import FOLLOWER_HEADER, health_app
 
 from .adapters.lease import Lease
 from .handlers import (
@@ -202,6 +202,6 @@ class LeaderSwitch:
         response = JSONResponse(
             {"detail": f"this placement replica ({self.front.lease.replica}) is not the "
                        f"leader; the leader is {holder or 'not known yet'}"},
-            status_code=503, headers={"Retry-After": "1"},
+            status_code=503, headers={"Retry-After": "1", FOLLOWER_HEADER: "true"},
         )  # fmt: skip
         await response(scope, receive, send)
