@@ -277,3 +277,30 @@ async def test_a_kill_grace_under_a_second_is_never_the_apis_delete_now(monkeypa
         backend._remember("ns", ended(created()))
         await backend.kill(REF, TaskHandle(uid="uid-1"), grace_s)
     assert graces == [1, 1, 3]
+
+
+async def test_a_command_secret_the_namespace_cannot_take_now_comes_again(monkeypatch) -> None:
+    # A namespace's count of Secrets used up for now failed the task as the job's own.
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from trainyard_common.errors import TransientError
+    from trainyard_launcher.adapters.backend import LaunchRefused, TaskLaunch
+
+    backend, _deleted, attempt = offline(monkeypatch)
+    answers: list[ApiException] = []
+
+    async def refused(*_args: object, **_kwargs: object) -> dict:
+        raise answers.pop(0)
+
+    monkeypatch.setattr(backend, "_raw", refused)
+    launch = TaskLaunch(ref=REF, attempt=attempt, placement=attempt.tasks[0], env={}, command="x")
+    quota = "exceeded quota: q, requested: count/secrets=1, used: count/secrets={}, limited: count/secrets={}"
+    for message, kind in [
+        (quota.format(10, 10), TransientError),
+        (quota.format(0, 0), LaunchRefused),
+    ]:
+        exc = ApiException(status=403, reason="Forbidden")
+        exc.body = json.dumps({"message": f'secrets "s" is forbidden: {message}'})
+        answers.append(exc)
+        with pytest.raises(kind, match="exceeded quota"):
+            await backend._command_secret(launch, "ns", "owner-uid")

@@ -773,6 +773,12 @@ class KubernetesBackend:
         except ApiException as exc:
             if exc.status == 409:
                 return
+            if _not_now(exc):
+                # A namespace's count of Secrets used up for now, throttling, the
+                # server's own trouble: the message comes again, as for a pod.
+                raise TransientError(
+                    f"the command's Secret could not be created now: {_why(exc)}"
+                ) from exc
             if exc.status in (400, 403, 413, 422) or _too_large(exc):
                 raise LaunchRefused(
                     f"the cluster refused the command's Secret: {_why(exc)}"
