@@ -288,7 +288,9 @@ def test_a_long_log_keeps_only_its_newest_part_on_the_page(  # type: ignore[no-u
             "roles": [
                 {
                     "name": "w",
-                    "command": "head -c 3000000 /dev/zero | tr '\\0' a | fold -w 99; echo last",
+                    # Lines, then one line longer than all the page keeps.
+                    "command": "head -c 3000000 /dev/zero | tr '\\0' a | fold -w 99; "
+                    "head -c 2500000 /dev/zero | tr '\\0' b; echo; echo last",
                     "resources": {"cpu": 0.5, "memory_mb": 128},
                 }
             ],
@@ -303,6 +305,8 @@ def test_a_long_log_keeps_only_its_newest_part_on_the_page(  # type: ignore[no-u
     text = log.evaluate("e => e.textContent")
     assert text.startswith("(earlier output not shown here)")
     assert len(text) < 2_100_000 and "last\n" in text
+    # The newest kept, the long line's end (it was dropped whole, the page blank).
+    assert text.count("b") > 1_900_000 and "a" * 99 not in text
 
 
 def test_a_log_shows_what_a_terminal_would_colours_and_progress_bars(  # type: ignore[no-untyped-def]
@@ -313,7 +317,7 @@ def test_a_log_shows_what_a_terminal_would_colours_and_progress_bars(  # type: i
     script = (
         "sleep 3; printf 'step \\033[3'; sleep 1; printf '2mgreen\\033[0m\\n'; "
         "for i in 1 2 3; do printf '\\rprogress %d/3' $i; sleep 1; done; "
-        "printf '\\ndone\\r\\n'"
+        "printf '\\ndone\\r\\r\\n'"
     )
     job_id = api.submit(
         {

@@ -43,13 +43,14 @@ function terminal() {
   let held = ""; // the start of an escape sequence a read ended in
   let tail = ""; // the line not ended yet, as written ("\r" and all)
   const shown = (line) => {
-    const text = line.endsWith("\r") ? line.slice(0, -1) : line;
+    const text = line.replace(/\r+$/, "");
     return text.slice(text.lastIndexOf("\r") + 1);
   };
   return {
     write(value) {
       let text = held + value;
-      const cut = text.match(/\x1b(\[[0-9;?]*)?$/);
+      // Held only as long as an escape sequence may be (binary output is text).
+      const cut = text.match(/\x1b(\[[0-9;?]{0,30})?$/);
       held = cut ? cut[0] : "";
       if (cut) text = text.slice(0, cut.index);
       const lines = (tail + text.replace(ANSI, "")).split("\n");
@@ -414,12 +415,19 @@ function jobPage(jobId) {
         shown += text.length;
         if (shown > LOG_CHARS) {
           cut = cut || el("span", { class: "muted", text: "(earlier output not shown here)\n" });
-          // The oldest chunks go, never the newest.
+          // The oldest text goes, a chunk whole or its start: never the newest (one
+          // line may be longer than all that is kept).
           let node = cut.parentNode === logBox ? cut.nextSibling : logBox.firstChild;
-          while (shown > LOG_CHARS && node && node !== logBox.lastChild) {
+          while (shown > LOG_CHARS && node && node !== open) {
             const next = node.nextSibling;
-            shown -= node.textContent.length;
-            node.remove();
+            const excess = shown - LOG_CHARS;
+            if (node.nodeType === Node.TEXT_NODE && node.data.length > excess) {
+              node.data = node.data.slice(excess);
+              shown -= excess;
+            } else {
+              shown -= node.textContent.length;
+              node.remove();
+            }
             node = next;
           }
           if (cut.parentNode !== logBox) logBox.prepend(cut);
