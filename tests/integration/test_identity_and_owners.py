@@ -77,11 +77,18 @@ async def test_every_credential_of_a_user_is_revoked_at_once(client, db_prefix: 
 async def test_the_token_cache_lets_expired_answers_go(client, db_prefix: str) -> None:
     # Each token ever presented stayed in every service's cache (revoked ones too).
     store = TokenStore(tokens_collection(client, db_prefix), admin_token=None)
-    store.CACHE_S, store.CACHE_SWEEP = 0.0, 3  # every answer expired at once
+    store.CACHE_S, store._sweep_at = 0.0, 3  # every answer expired at once
     tokens = [await store.issue(f"u{i}") for i in range(6)]
     for token in tokens:
         assert await store.resolve(token) is not None
     assert len(store._cache) <= 3
+    # Answers all still good are kept, and not swept again before the cache has doubled
+    # (each sweep a pass over all of it, at every miss otherwise).
+    kept = TokenStore(tokens_collection(client, db_prefix), admin_token=None)
+    kept.CACHE_SWEEP = kept._sweep_at = 2
+    for token in tokens:
+        assert await kept.resolve(token) is not None
+    assert len(kept._cache) == 6 and kept._sweep_at == 8
 
 
 async def test_no_credential_acts_as_the_bootstrap_admin_without_its_rights(

@@ -119,9 +119,20 @@ def test_yaml_reads_as_the_json_it_stands_for() -> None:
     }
     assert json.loads(json.dumps(parse_yaml(text))) == parse_yaml(text)
     # Keys that are one in a Python dict are two in JSON (1 and true, 0 and false and
-    # no, 1 and 1.0): the later silently replaced the earlier, a variable lost.
-    assert parse_yaml("env:\n  1: one\n  yes: two\n  1.0: x\n  0: a\n  false: b\n  ~: n\n") == {
-        "env": {"1": "one", "true": "two", "1.0": "x", "0": "a", "false": "b", "null": "n"}
+    # no): the later silently replaced the earlier, a variable lost. A whole float is
+    # written as Go and JavaScript write it (1.0 is 1), others as JSON does.
+    assert parse_yaml(
+        "env:\n  1: one\n  yes: two\n  2.0: x\n  0: a\n  false: b\n  ~: n\n  1.5: h\n"
+    ) == {
+        "env": {
+            "1": "one",
+            "true": "two",
+            "2": "x",
+            "0": "a",
+            "false": "b",
+            "null": "n",
+            "1.5": "h",
+        }
     }
     assert parse_yaml("0: a\nno: c\n", js_yaml=True) == {"0": "a", "no": "c"}
     with pytest.raises(BodyError, match="not valid YAML"):

@@ -104,6 +104,7 @@ class TokenStore:
         self._tokens = collection
         self._admin_token = admin_token
         self._cache: dict[str, tuple[float, Identity]] = {}
+        self._sweep_at = self.CACHE_SWEEP
         self.nonces: NonceRegistry = nonces or MemoryNonces()
 
     async def issue(self, user: str, admin: bool = False, *, own: bool = False) -> str:
@@ -170,8 +171,10 @@ class TokenStore:
             return None
         identity = Identity(doc["user"], bool(doc.get("admin")))
         now = time.monotonic()
-        if len(self._cache) >= self.CACHE_SWEEP:
+        if len(self._cache) >= self._sweep_at:
             self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
+            # Not again before it has doubled (each sweep is a pass over all of it).
+            self._sweep_at = max(self.CACHE_SWEEP, 2 * len(self._cache))
         self._cache[key] = (now + self.CACHE_S, identity)
         return identity
 

@@ -338,9 +338,10 @@ class Bus:
             except NatsTimeoutError as exc:
                 # The server answers an identity that may not make it with nothing.
                 raise RuntimeError(
-                    f"the bus's stream {config.name} does not exist and this identity could "
-                    "not make it: the platform's identity makes the streams "
-                    "(python -m trainyard_common.streams; the Helm chart's hook)"
+                    f"the bus's stream {config.name} does not exist and making it timed "
+                    "out: the server did not answer, or this identity may not make streams "
+                    "(the platform's does: python -m trainyard_common.streams, the Helm "
+                    "chart's hook)"
                 ) from exc
         if sorted(info.config.subjects or []) != sorted(config.subjects or []):
             await self.js.update_stream(config)

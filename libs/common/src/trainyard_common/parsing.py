@@ -168,11 +168,11 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
     def construct_mapping(self, node: Node, deep: bool = False) -> dict[Any, Any]:
-        """A mapping whose number, boolean and null keys are JSON's text for them as
-        each is built, as Kubernetes' YAML reads them: in a Python dict ``1``, ``1.0``
-        and ``true`` are one key (``0``, ``false`` and ``no`` another), and the later
-        silently replaced the earlier. Keys JSON has no text for are left for _as_json
-        to refuse, saying where."""
+        """A mapping whose number, boolean and null keys are text as each is built, as
+        Kubernetes' YAML reads them: in a Python dict ``1`` and ``true`` are one key
+        (``0``, ``false`` and ``no`` another), and the later silently replaced the
+        earlier. Keys JSON has no text for are left for _as_json to refuse, saying
+        where."""
         if not isinstance(node, MappingNode):
             return super().construct_mapping(node, deep)  # type: ignore[arg-type]
         self.flatten_mapping(node)
@@ -180,7 +180,7 @@ class _BoundedLoader(yaml.SafeLoader):
         for key_node, value_node in node.value:
             key = self.construct_object(key_node, deep=deep)
             if _json_scalar(key):
-                key = json.dumps(key)
+                key = _key_text(key)
             elif not isinstance(key, Hashable):
                 return super().construct_mapping(node, deep)
             mapping[key] = self.construct_object(value_node, deep=deep)
@@ -294,12 +294,20 @@ def _json_scalar(key: Any) -> bool:
     )
 
 
+def _key_text(key: Any) -> str:
+    """A number, boolean or null key as the text Kubernetes' YAML (Go's shortest form)
+    and js-yaml (JavaScript's String) both give it: ``1.0`` is ``1``, ``true`` ``true``."""
+    if isinstance(key, float) and key.is_integer() and abs(key) < 1e21:
+        return str(int(key))
+    return json.dumps(key)
+
+
 def _json_key(key: Any, path: str) -> str:
     if isinstance(key, str):
         _no_surrogates(key, f"YAML body at {path}")
         return key
     if _json_scalar(key):
-        return json.dumps(key)
+        return _key_text(key)
     raise BodyError(
         f"YAML body at {path}: a key that is {_yaml_kind(key)}, which JSON keys cannot be"
     )
