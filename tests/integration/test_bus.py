@@ -724,3 +724,42 @@ async def test_the_streams_are_the_platform_identitys_to_make(tmp_path: Path) ->
             await bus.nc.close()
     finally:
         server.stop()
+
+
+async def test_a_consumer_fetches_again_while_the_server_is_away(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fetch met JetStream's 503 (or a reconnecting client) while NATS restarted: it
+    # ended the consumer, and the service with it (a placement leader, under load).
+    from nats.errors import ConnectionReconnectingError
+    from nats.js.errors import ServiceUnavailableError
+
+    import trainyard_common.bus as bus_module
+
+    monkeypatch.setattr(bus_module, "FETCH_AGAIN_S", 0.01, raising=False)
+    bind = bus.js.pull_subscribe_bind
+    away = [ServiceUnavailableError(), ConnectionReconnectingError()]
+
+    async def flaky_bind(*args: Any, **kwargs: Any) -> Any:
+        sub = await bind(*args, **kwargs)
+        fetch = sub.fetch
+
+        async def fetch_once_back(*a: Any, **kw: Any) -> Any:
+            if away:
+                raise away.pop(0)
+            return await fetch(*a, **kw)
+
+        sub.fetch = fetch_once_back
+        return sub
+
+    monkeypatch.setattr(bus.js, "pull_subscribe_bind", flaky_bind)
+    job = uuid.uuid4().hex
+    await bus.publish(submitted(job))
+    done = asyncio.Event()
+
+    async def collect(event: Event, delivery: Delivery) -> None:
+        if event.job_id == job:
+            done.set()
+
+    await consume_until(bus, f"away-{job[:8]}", events_of("submitted"), collect, done)
+    assert done.is_set() and away == []

@@ -220,6 +220,12 @@ _GONE = (
 )  # fmt: skip
 
 
+# What a fetch meets while the server is away for a moment (not closed for good), and
+# how long the consumer waits before it fetches again.
+_AWAY = tuple(e for e in _GONE if e is not nats.errors.ConnectionClosedError)
+FETCH_AGAIN_S = 0.5
+
+
 @contextlib.contextmanager
 def _unavailable(subject: str) -> Iterator[None]:
     """A publish's failures of the bus (_GONE) as the project's BusUnavailable."""
@@ -457,6 +463,13 @@ class Bus:
                     msgs = await sub.fetch(batch, timeout=1.0)
                 except (TimeoutError, NatsTimeoutError):
                     BUS_PENDING.labels(durable).set(0)
+                    continue
+                except _AWAY as exc:
+                    # The server restarting (JetStream's 503, reconnecting): fetched
+                    # again once it is back. Raised, it ended the consumer, and with it
+                    # the service (a placement leader under a NATS restart).
+                    log.warning("fetching for %s: %r; again in a moment", durable, exc)
+                    await asyncio.sleep(FETCH_AGAIN_S)
                     continue
                 async with _Working(msgs) as working:
                     if atomic is None:
