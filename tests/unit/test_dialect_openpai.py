@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from trainyard_common.dialects import (
@@ -20,6 +20,7 @@ from trainyard_common.dialects import (
     validate_native,
     validate_openpai,
 )
+from trainyard_common.dialects.translation import MAX_JOB_TASKS
 from trainyard_common.events import FieldIssue, JobSubmitted, decode, encode
 from trainyard_common.jobspec import JobSpec, env_dict
 
@@ -427,7 +428,14 @@ def test_translate_never_raises_on_dialect_shaped_input(payload: Any) -> None:
     assert isinstance(validate_openpai(payload), list)
 
 
+def _many_tasks() -> dict[str, Any]:
+    payload = helloworld()
+    payload["taskRoles"][0]["taskNumber"] = MAX_JOB_TASKS + 1  # found by this test once
+    return payload
+
+
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@example(_many_tasks())
 @given(mutated_seed())
 def test_mutated_seed_never_raises_and_clean_means_valid(payload: dict[str, Any]) -> None:
     # Named explicitly: a mutation may delete both keys detection looks for.
@@ -435,8 +443,13 @@ def test_mutated_seed_never_raises_and_clean_means_valid(payload: dict[str, Any]
     _assert_well_formed(t)
     assert validate_openpai(payload) == t.errors
     if not t.errors:
-        # Whatever OpenPAI's rules let through must meet the canonical rules too.
-        assert validate_native(t.spec) == []
+        # Whatever OpenPAI's rules let through must meet the canonical rules too, but the
+        # platform's own bound on a job's tasks, which OpenPAI does not have: checked
+        # after every dialect's translation (intake's checked(), validation's rules).
+        beyond = validate_native(t.spec)
+        assert all(issue.code == "too_many_tasks" for issue in beyond), beyond
+        tasks = sum(max(r.replicas, r.max_replicas or 0) for r in t.spec.roles)
+        assert bool(beyond) is (tasks > MAX_JOB_TASKS)
     event = JobSubmitted(
         job_id="j", spec=t.spec, dialect=t.dialect, translation_errors=t.errors, warnings=t.warnings
     )
