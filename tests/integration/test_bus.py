@@ -689,13 +689,18 @@ async def test_a_cluster_given_as_a_list_of_urls_is_connected_to(tmp_path: Path)
     server = NatsServer(tmp_path / "nats").start()
     try:
         listed = f"{server.url}, nats://127.0.0.1:1"  # the second one down: one is enough
-        bus = await Bus.connect(listed, name="test-list")
-        try:
-            assert await bus.publish(submitted("listed")) > 0
-        finally:
-            await bus.nc.close()
+        assert await stored_by(listed, "test-list")
     finally:
         server.stop()
+
+
+async def stored_by(url: str, name: str) -> bool:
+    """Whether a bus connected at ``url`` has a publish stored."""
+    bus = await Bus.connect(url, name=name)
+    try:
+        return await bus.publish(submitted(name)) > 0
+    finally:
+        await bus.nc.close()
 
 
 async def test_the_streams_are_the_platform_identitys_to_make(tmp_path: Path) -> None:
@@ -717,11 +722,7 @@ async def test_the_streams_are_the_platform_identitys_to_make(tmp_path: Path) ->
         made = subprocess.run([sys.executable, "-m", "trainyard_common.streams"], env=env,
                               capture_output=True, text=True, timeout=60)  # fmt: skip
         assert made.returncode == 0, made.stderr
-        bus = await Bus.connect(server.url_for("intake"), name="intake")
-        try:
-            assert await bus.publish(submitted("made")) > 0
-        finally:
-            await bus.nc.close()
+        assert await stored_by(server.url_for("intake"), "intake")
     finally:
         server.stop()
 
