@@ -467,6 +467,34 @@ def test_a_namespace_deleted_between_jobs_is_made_again(
     assert pods(kube_cluster, second, namespace)
 
 
+def namespaced_pod_watches(kube: KubeCluster) -> float:
+    """How many watches of pods in one namespace the API server holds open (its own
+    gauge; the KWOK controller's watch is of every namespace)."""
+    with kube.client() as http:
+        text = http.get("/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+        if line.startswith("apiserver_longrunning_requests{") and 'resource="pods"' in line
+        and 'scope="namespace"' in line and 'verb="WATCH"' in line
+    )  # fmt: skip
+
+
+def test_one_watch_follows_the_pods_of_every_namespace(api: Api, kube_cluster: KubeCluster) -> None:
+    # A watch per namespace a job ever used stayed open for the launcher's life: with
+    # YARD_K8S_NAMESPACES=* as many connections as a cluster has teams.
+    jobs = [
+        api.submit({
+            "name": f"ns-{n}-{uuid.uuid4().hex[:4]}", "namespace": f"watched-{n}-{uuid.uuid4().hex[:4]}",
+            "image": "busybox", "roles": [{"name": "w", "command": "true"}],
+        })
+        for n in range(3)
+    ]  # fmt: skip
+    for job_id in jobs:
+        assert api.wait(job_id)["state"] == "SUCCEEDED"  # its end read from the watch
+        assert pods(kube_cluster, job_id)
+    assert namespaced_pod_watches(kube_cluster) == 0
+
+
 def test_a_pod_larger_than_its_namespaces_quota_fails_at_once(
     api: Api, kube_cluster: KubeCluster
 ) -> None:

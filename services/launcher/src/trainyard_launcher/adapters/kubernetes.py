@@ -3,9 +3,10 @@
 Per job a headless Service (the tasks' DNS names); per attempt an owner ConfigMap
 (with the MPI hostfile) that each of the attempt's pods names as its owner, so deleting
 it deletes them; per task a Pod (domain/pods.py builds them). A job of one task (no
-MPI, no secrets) has neither Service nor owner: its pod is the whole attempt. One watch per
-namespace with our label selector keeps a cache of our pods, resumed from the last
-resourceVersion after a disconnect and relisted when that version is gone (410); a
+MPI, no secrets) has neither Service nor owner: its pod is the whole attempt. One watch of
+every namespace with our label selector keeps a cache of our pods (one connection however
+many namespaces jobs use), resumed from the last resourceVersion after a disconnect and
+relisted when that version is gone (410); a
 watch of the Nodes marks the tasks of a node that disappears as lost with it. Anything
 the watches see wakes the launcher's watcher (``changes``).
 
@@ -258,6 +259,10 @@ class _Pod:
     body: dict[str, Any]  # what cached_pod keeps of it
 
 
+def _namespace_of(body: dict[str, Any]) -> str:
+    return str((body.get("metadata") or {}).get("namespace") or "")
+
+
 class _RawWatch(watch.Watch):
     """A watch whose events keep the API server's JSON as it came: the client's models
     cost the launcher a fifth of its CPU per pod (their datetimes parsed on every event)
@@ -277,7 +282,7 @@ class KubernetesBackend:
         # Tasks of nodes that disappeared (their pods may linger until collected).
         self._lost_nodes: set[str] = set()
         self._node_of_lost: dict[TaskRef, str] = {}
-        self._namespaces: dict[str, asyncio.Task[None]] = {}
+        self._pod_watch: asyncio.Task[None] | None = None
         # Namespaces this launcher has seen exist; forgotten when a create in one of them
         # answers 404, so the next try makes it again.
         self._present: set[str] = set()
@@ -290,7 +295,6 @@ class KubernetesBackend:
         self._owner_uids: dict[tuple[str, int], str | None] = {}
         self._changed = asyncio.Event()
         self._node_watch: asyncio.Task[None] | None = None
-        self._listed: dict[str, asyncio.Event] = {}
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -300,15 +304,14 @@ class KubernetesBackend:
         else:
             config.load_incluster_config()
         self.api = client.ApiClient()
+        # Every pod of ours, in any namespace, listed before adoption reads them.
+        version = await self._relist()
+        self._pod_watch = asyncio.create_task(self._watch_pods(version), name="pod watch")
         await self._ensure_namespace(self.settings.namespace)
-        # Every namespace with pods of ours, so adoption sees them all.
-        pods = await self._raw(self.core.list_pod_for_all_namespaces, label_selector=SELECTOR)
-        for namespace in {p["metadata"]["namespace"] for p in pods.get("items") or ()}:
-            await self._watch(namespace)
         self._node_watch = asyncio.create_task(self._watch_nodes(), name="node watch")
 
     async def close(self) -> None:
-        tasks = [*self._namespaces.values(), *([self._node_watch] if self._node_watch else [])]
+        tasks = [t for t in (self._pod_watch, self._node_watch) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -351,30 +354,18 @@ class KubernetesBackend:
             except ApiException as again:
                 if again.status != 409:
                     raise LaunchError(f"namespace {namespace}: {again.reason}") from again
-        await self._watch(namespace)
         self._present.add(namespace)
-
-    async def _watch(self, namespace: str) -> None:
-        if namespace in self._namespaces:
-            await self._listed[namespace].wait()
-            return
-        self._listed[namespace] = asyncio.Event()
-        self._namespaces[namespace] = asyncio.create_task(
-            self._watch_pods(namespace), name=f"pod watch {namespace}"
-        )
-        await self._listed[namespace].wait()
 
     # --- the watches ----------------------------------------------------------------
 
-    async def _relist(self, namespace: str) -> str:
-        listed = await self._raw(self.core.list_namespaced_pod, namespace,
-                                 label_selector=SELECTOR)  # fmt: skip
+    async def _relist(self) -> str:
+        listed = await self._raw(self.core.list_pod_for_all_namespaces, label_selector=SELECTOR)
         seen = set()
         for body in listed.get("items") or ():
-            ref = self._remember(namespace, body)
+            ref = self._remember(_namespace_of(body), body)
             if ref is not None:
                 seen.add(ref)
-        for ref in [r for r, p in self._pods.items() if p.namespace == namespace and r not in seen]:
+        for ref in [r for r in self._pods if r not in seen]:
             self._forget(ref)
         self._changed.set()
         return str(listed["metadata"]["resourceVersion"])
@@ -413,16 +404,13 @@ class KubernetesBackend:
         if ref in self._node_of_lost and (known is None or known[0] != ref.attempt):
             del self._node_of_lost[ref]
 
-    async def _watch_pods(self, namespace: str) -> None:
-        version: str | None = None
+    async def _watch_pods(self, version: str | None) -> None:
         while True:
             try:
                 if version is None:
-                    version = await self._relist(namespace)
-                    self._listed[namespace].set()
+                    version = await self._relist()
                 stream = _RawWatch().stream(
-                    self.core.list_namespaced_pod,
-                    namespace,
+                    self.core.list_pod_for_all_namespaces,
                     label_selector=SELECTOR,
                     resource_version=version,
                     timeout_seconds=WATCH_TIMEOUT_S,
@@ -438,7 +426,7 @@ class KubernetesBackend:
                         if body.get("code") == 410:
                             version = None  # too old: list again
                         break
-                    ref = self._remember(namespace, body)
+                    ref = self._remember(_namespace_of(body), body)
                     if kind == "DELETED" and ref is not None:
                         self._forget(ref)
                     self._changed.set()
@@ -448,10 +436,10 @@ class KubernetesBackend:
                 if exc.status == 410:
                     version = None
                 else:
-                    log.warning("pod watch of %s: %s; resuming", namespace, exc.reason)
+                    log.warning("pod watch: %s; resuming", exc.reason)
                     await asyncio.sleep(1.0)
             except Exception as exc:  # noqa: BLE001 - a dropped connection: resume
-                log.warning("pod watch of %s: %r; resuming", namespace, exc)
+                log.warning("pod watch: %r; resuming", exc)
                 await asyncio.sleep(1.0)
 
     async def _watch_nodes(self) -> None:
@@ -655,7 +643,7 @@ class KubernetesBackend:
     async def was_launched(self, ref: TaskRef) -> bool:
         namespace = self._known_namespace(ref.job_id)
         if namespace in self._present:
-            # That namespace's watch has listed its pods and follows them, and a pod this
+            # The pod watch has listed that namespace's pods and follows them, and a pod this
             # launcher makes is remembered as it is made: no read per task. (A pod another
             # replica made a moment ago answers the create with 409: AlreadyLaunched.)
             return ref in self._pods
