@@ -86,6 +86,20 @@ async def test_store_queued_to_placed_to_done(store: JobStore) -> None:
     assert await store.get("nope") is None
 
 
+async def test_store_change_answers_whether_it_changed_anything(store: JobStore) -> None:
+    # Handlers lean on it: a redelivered change finds its values there already and
+    # answers False, so what followed it is caught up another way (handlers.catch_up).
+    from trainyard_placement.adapters.store import spec_fields
+
+    await store.add_queued("j1", attempt=1, arrival_seq=1, spec=spec())
+    fields = spec_fields(spec(gpus=1))
+    assert not await store.change("j1", states=("placed",), attempt=1, fields=fields)
+    assert not await store.change("j1", states=("queued",), attempt=2, fields=fields)
+    assert await store.change("j1", states=("queued",), attempt=1, fields=fields)
+    assert not await store.change("j1", states=("queued",), attempt=1, fields=fields)
+    assert (await store.get("j1")).spec == spec(gpus=1)  # type: ignore[union-attr]
+
+
 async def test_store_tombstone_and_active(store: JobStore) -> None:
     assert await store.add_tombstone("early", attempt=1)
     assert not await store.add_queued("early", attempt=1, arrival_seq=1, spec=spec())

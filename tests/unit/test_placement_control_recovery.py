@@ -19,8 +19,10 @@ from trainyard_common.events import (
     JobRetrying,
     JobState,
     PauseJob,
+    RestartJob,
     ResumeJob,
     ScaleJob,
+    SetPriority,
     StopJob,
     derived_id,
     utcnow,
@@ -29,8 +31,8 @@ from trainyard_common.jobspec import JobSpec, Resources, RoleSpec
 from trainyard_placement.adapters.store import JobStoreState, MemoryJobStore
 from trainyard_placement.handlers import start
 
-from .test_placement_control import elastic, interrupted, pause
-from .test_placement_handlers import Harness
+from .test_placement_control import elastic, elastic_gpus, interrupted, pause
+from .test_placement_handlers import Harness, spec
 
 
 def retrying(job_id: str, previous: int = 1, not_before_s: float = 0.0) -> JobRetrying:
@@ -220,13 +222,14 @@ async def test_a_job_stopped_in_the_queue_whose_stop_lost_its_reply_is_never_pla
     assert h.pub.of(JobPlaced, "b") == []
 
 
-async def test_a_resume_whose_requeue_lost_its_reply_is_still_placed() -> None:
-    class LostChange(LostReplyStore):
-        async def change(self, *args: Any, **kwargs: Any) -> bool:
-            done = await super().change(*args, **kwargs)
-            self._lost("change")
-            return done
+class LostChange(LostReplyStore):
+    async def change(self, *args: Any, **kwargs: Any) -> bool:
+        done = await super().change(*args, **kwargs)
+        self._lost("change")
+        return done
 
+
+async def test_a_resume_whose_requeue_lost_its_reply_is_still_placed() -> None:
     store = LostChange()
     h = await Harness(store).boot()
     await h.accept("a")
@@ -238,3 +241,67 @@ async def test_a_resume_whose_requeue_lost_its_reply_is_still_placed() -> None:
         await h.send(resume)  # stored as queued (attempt 2), memory never got it
     await h.send(resume)  # redelivered
     assert [p.attempt for p in h.pub.of(JobPlaced, "a")] == [1, 2]  # type: ignore[attr-defined]
+
+
+async def waiting_behind_a_placed_job(waiting: JobSpec | None = None) -> Harness:
+    """a placed on every GPU, b waiting for them, and a store whose ``change`` can lose
+    its reply."""
+    h = await Harness(LostChange()).boot()
+    await h.accept("a")
+    await h.accept("b", waiting)
+    assert h.pub.of(JobPlaced, "b") == []
+    return h
+
+
+async def test_a_pause_whose_release_lost_its_reply_gives_its_capacity_back() -> None:
+    # Found by an audit: the redelivered JobInterrupted found the job paused in the
+    # store and matched no case, so memory held a's GPUs for ever and b never ran.
+    h = await waiting_behind_a_placed_job()
+    await h.send(pause("a"))
+    h.store.lose.add("change")  # type: ignore[attr-defined]
+    with pytest.raises(ConnectionError):
+        await h.send(interrupted("a"))  # stored as paused, memory still holds a
+    await h.send(interrupted("a"))  # redelivered
+    assert h.store.docs["a"]["state"] == "paused"
+    assert len(h.pub.of(JobPlaced, "b")) == 1
+
+
+async def test_a_restart_whose_requeue_lost_its_reply_runs_its_next_attempt() -> None:
+    h = await waiting_behind_a_placed_job()
+    await h.send(RestartJob(job_id="a", requested_by="alice", event_id="restart-1"))
+    [interrupt] = h.pub.of(InterruptJob, "a")
+    h.store.lose.add("change")  # type: ignore[attr-defined]
+    ended = interrupted("a", cause=interrupt.cause)  # type: ignore[attr-defined]
+    with pytest.raises(ConnectionError):
+        await h.send(ended)  # stored as queued in attempt 2, memory still holds a
+    await h.send(ended)
+    # Its capacity given back and taken again by attempt 2 (which keeps its place
+    # ahead of b, as a restart spends nothing).
+    assert [p.attempt for p in h.pub.of(JobPlaced, "a")] == [1, 2]  # type: ignore[attr-defined]
+    assert h.pub.of(JobPlaced, "b") == []
+
+
+async def test_a_scale_of_a_queued_job_whose_change_lost_its_reply_takes_its_size() -> None:
+    # The store took the new size; the redelivery's change modified nothing (False) and
+    # memory kept the old size, so the job was placed as it was submitted.
+    h = await waiting_behind_a_placed_job(elastic_gpus(replicas=1))
+    scale = ScaleJob(job_id="b", requested_by="alice", role="worker", replicas=2)
+    h.store.lose.add("change")  # type: ignore[attr-defined]
+    with pytest.raises(ConnectionError):
+        await h.send(scale)
+    await h.send(scale)
+    await h.finish("a")
+    [placed] = h.pub.of(JobPlaced, "b")
+    assert len(placed.tasks) == 2  # type: ignore[attr-defined]
+
+
+async def test_a_priority_whose_change_lost_its_reply_orders_the_queue() -> None:
+    h = await waiting_behind_a_placed_job()
+    await h.accept("c", spec(gpus=2))  # behind b, same priority
+    lower_b = SetPriority(job_id="b", requested_by="alice", priority=1)
+    h.store.lose.add("change")  # type: ignore[attr-defined]
+    with pytest.raises(ConnectionError):
+        await h.send(lower_b)
+    await h.send(lower_b)
+    await h.finish("a")
+    assert len(h.pub.of(JobPlaced, "c")) == 1 and h.pub.of(JobPlaced, "b") == []

@@ -184,7 +184,10 @@ class JobStore(Protocol):
         fields: dict[str, Any],
     ) -> bool:
         """Set ``fields`` (made by the ``*_fields`` functions below) if the job is in one
-        of ``states`` in ``attempt``; False otherwise."""
+        of ``states`` in ``attempt``; False otherwise, and when the job had those values
+        already (MongoDB's and SQLite's modified count: a redelivered change is False,
+        so a caller that acts only on True must not be the only one to make memory
+        follow the store: common.catch_up)."""
 
 
 def checked(sources: Sequence[str], fields: dict[str, Any]) -> None:
@@ -483,6 +486,8 @@ class MemoryJobStore:
         doc = self.docs.get(job_id)
         if doc is None or doc["state"] not in states or doc.get("attempt", 1) != attempt:
             return False
+        if all(k in doc and doc[k] == v for k, v in fields.items()):
+            return False  # as the real stores count it: nothing modified
         doc.update(copy.deepcopy(fields))
         return True
 

@@ -272,18 +272,34 @@ async def known_record(deps: Deps, job_id: str) -> JobRecord:
 
 
 async def catch_up(deps: Deps, record: JobRecord) -> None:
-    """Make memory match the store for a job the store has queued but memory does not: a
-    write that landed whose answer was lost (the store died in between) raised before
-    memory was updated, and the redelivery must not take the job as known, or it would
-    never be placed."""
-    if (
-        record.state == P.QUEUED
-        and record.job_id not in deps.state.queued
-        and record.job_id not in deps.deferred
-    ):
-        log.warning("job %s is queued in the store but not in memory; reloading it", record.job_id)
+    """Make memory match the store for a job where it does not: a write that landed
+    whose answer was lost (the store died in between) raised before memory was updated,
+    and its redelivery finds the store moved on (its own write now changes nothing).
+    Left so, a job queued in the store would never be placed, one paused or ended would
+    hold its capacity for ever, and a queued job would be placed at its old size or
+    priority."""
+    if not in_memory_as_stored(deps, record):
+        log.warning("job %s in memory is not as stored (%s); reloading it", record.job_id,
+                    record.state)  # fmt: skip
         await reload_job(deps, record.job_id)
         deps.caught_up = True  # a cycle must consider it (handle runs one)
+
+
+def in_memory_as_stored(deps: Deps, record: JobRecord) -> bool:
+    job_id = record.job_id
+    waiting = deps.state.queued.get(job_id)
+    if waiting is None and job_id in deps.deferred:
+        waiting = deps.deferred[job_id][0]
+    held = job_id in deps.state.placed
+    if record.state == P.QUEUED:
+        return (
+            not held
+            and waiting is not None
+            and (waiting.attempt, waiting.spec) == (record.attempt, record.spec)
+        )
+    if record.state in (P.PLACED, P.INTERRUPTING):
+        return waiting is None and held
+    return waiting is None and not held
 
 
 async def send_interrupt(

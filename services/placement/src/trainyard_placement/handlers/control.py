@@ -47,6 +47,7 @@ from .common import (
     ScaleRefused,
     announce_paused,
     announce_stopped,
+    catch_up,
     interrupt_placed,
     known_record,
     publish,
@@ -235,7 +236,11 @@ async def release_interrupted(event: JobInterrupted, delivery: Delivery, deps: D
     if record.attempt == event.attempt and record.state in (P.PLACED, P.INTERRUPTING):
         await _end_interrupted(deps, record, event)
         await run_cycle(deps)
-    elif record.attempt == event.attempt and record.state == P.DONE and record.stopped_in_queue:
+        return
+    # Handled already (a redelivery): memory may not have followed the store, if the
+    # handler failed after its write landed.
+    await catch_up(deps, record)
+    if record.attempt == event.attempt and record.state == P.DONE and record.stopped_in_queue:
         # A redelivery after a crash between storing the stop and announcing it.
         await announce_stopped(deps, record.job_id, record.attempt, record.stop_reason)
     elif (
