@@ -4,6 +4,7 @@ refused (422, naming the parameter) rather than handed to a store that cannot ho
 
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 MAX_OFFSET = 1_000_000_000
 MAX_PAGE = 1_000_000
@@ -50,3 +51,15 @@ def digits(text: str) -> bool:
     also takes "²" and other digits that ``int`` refuses), and at most ``MAX_DIGITS`` of
     them (``int`` refuses more than 4300; a 500 where a 4xx belongs, either way)."""
     return len(text) <= MAX_DIGITS and text.isascii() and text.isdigit()
+
+
+def in_utc(moment: datetime) -> datetime:
+    """``moment`` in UTC (a naive one is UTC already); ValueError for one that has no
+    time in UTC: ``0001-01-01T00:00:00+23:59`` is before year 1 there, and every store
+    converts to UTC to compare (Python raises OverflowError, a 500 if let through)."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValueError(f"{moment.isoformat()} is out of range in UTC") from exc

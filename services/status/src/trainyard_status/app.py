@@ -7,7 +7,7 @@ import base64
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
@@ -27,7 +27,7 @@ from trainyard_common.auth import Identity, TokenStore, identity_dependency
 from trainyard_common.bus import DeadLetters
 from trainyard_common.events import JobState
 from trainyard_common.jobspec import JobKind
-from trainyard_common.limits import MAX_OFFSET
+from trainyard_common.limits import MAX_OFFSET, in_utc
 from trainyard_common.runtime import health_app
 
 from .adapters.feed import RESET, JobFeed
@@ -56,11 +56,15 @@ def list_filters(
     if name:
         # A prefix, as a range (every store walks it in order).
         where["name"] = {"$gte": name, "$lt": name + "\U0010ffff"}
-    for field, op, when in (("submitted_at", "$gte", after), ("submitted_at", "$lt", before)):
+    for param, op, when in (
+        ("submitted_after", "$gte", after),
+        ("submitted_before", "$lt", before),
+    ):
         if when is not None:
-            if when.tzinfo is None:
-                when = when.replace(tzinfo=UTC)
-            where.setdefault(field, {})[op] = when
+            try:
+                where.setdefault("submitted_at", {})[op] = in_utc(when)
+            except ValueError as exc:
+                raise HTTPException(400, f"{param}: {exc}") from None
     return where
 
 
@@ -77,6 +81,7 @@ def read_cursor(cursor: str) -> tuple[datetime, str]:
         when = datetime.fromisoformat(at)
         if not isinstance(job_id, str) or when.tzinfo is None:
             raise ValueError("not a cursor")
+        when = in_utc(when)
     except (ValueError, TypeError, json.JSONDecodeError) as exc:
         raise HTTPException(
             400, "cursor: not a cursor this API gave (use `next` as it is)"
@@ -247,7 +252,10 @@ def create_app(
     ) -> dict[str, Any]:
         """The job as it was at ``at``: its history up to then, projected again."""
         await visible_job(job_id, identity)
-        when = at if at.tzinfo else at.replace(tzinfo=UTC)
+        try:
+            when = in_utc(at)
+        except ValueError as exc:
+            raise HTTPException(400, f"at: {exc}") from None
         view = job_as_of(await views.events_of(job_id), when)
         if view is None:
             raise HTTPException(404, f"at: job {job_id} had not been submitted at {when}")

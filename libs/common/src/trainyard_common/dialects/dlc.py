@@ -39,7 +39,7 @@ from ..jobspec import (
     TaskRef,
     env_list,
 )
-from ..limits import digits
+from ..limits import digits, in_utc
 from ..parsing import BodyError, parse_json
 from .fields import mapping, sequence, text
 from .registry import Dialect
@@ -1063,7 +1063,10 @@ def _list_time(value: str, name: str) -> datetime:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise ListJobsError(name, f"{value!r} is not a time (2020-11-08T16:00:00Z)") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    try:
+        return in_utc(moment)
+    except ValueError as exc:
+        raise ListJobsError(name, str(exc)) from None
 
 
 def states_for(status: str) -> list[str]:
