@@ -107,6 +107,13 @@ def test_an_upper_case_endpoint_signed_as_the_sdk_signs_it_verifies() -> None:
         (Signed("POST", "", signed().headers, BODY + b" "), NOW, "AuthFailure.SignatureFailure"),
         (Signed("POST", "", {**signed().headers, "authorization": "Bearer x"}, BODY), NOW,
          "AuthFailure.SignatureFailure"),
+        # Past what a float holds (a 500 before the signature was checked), signed or not.
+        (Signed("POST", "", {**signed().headers, "x-tc-timestamp": "1" + "0" * 400}, BODY),
+         NOW, "MissingParameter"),
+        (Signed("POST", "", {**signed().headers, "x-tc-timestamp": "-" + "9" * 400}, BODY),
+         NOW, "MissingParameter"),
+        (Signed("POST", "", {**signed().headers, "x-tc-timestamp": "+1"}, BODY), NOW,
+         "MissingParameter"),
     ],
 )  # fmt: skip
 def test_what_does_not_verify_is_named(request_: Signed, now: datetime, code: str) -> None:
