@@ -94,9 +94,15 @@ def status(
 
 
 def _decode(raw: bytes, content_type: str) -> Any:
+    content_type = content_type.lower()
     if "yaml" in content_type:
         return parse_yaml(raw, MAX_BODY)
-    # kubectl sends JSON; curl users often post YAML without saying so.
+    if "json" in content_type:
+        # What says it is JSON is read as JSON only, as the API server reads it: read
+        # again as YAML, NaN and Infinity passed as the strings "NaN", "Infinity", and a
+        # cut-off body was "not valid YAML".
+        return parse_json(raw, MAX_BODY)
+    # curl users often post YAML without saying so (curl -d says form-urlencoded).
     return parse_json_or_yaml(raw, MAX_BODY)
 
 
