@@ -23,7 +23,7 @@ from typing import Any
 from ..limits import digits
 from ..parsing import MAX_BODY, MAX_DEPTH, BodyError, json_depth
 from . import kubeflow, t9k
-from .k8s_pod import SERVER_METADATA, merge_patch
+from .k8s_pod import LABEL_KEY_RE, LABEL_VALUE_RE, MAX_KEY, SERVER_METADATA, merge_patch
 
 KUBE_VERSION = {"major": "1", "minor": "34", "gitVersion": "v1.34.0+trainyard"}
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
@@ -368,11 +368,6 @@ class Requirement:
                 return not present
 
 
-_LABEL_KEY = re.compile(
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-)
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _SET = re.compile(r"^\s*(?P<key>[^\s!=()]+)\s+(?P<op>in|notin)\s+\((?P<values>[^()]*)\)\s*$")
 
 
@@ -396,13 +391,13 @@ def _split_terms(text: str) -> list[str]:
 
 
 def _key(key: str, selector: str) -> str:
-    if not _LABEL_KEY.match(key) or len(key) > 317:
+    if not LABEL_KEY_RE.match(key) or len(key) > MAX_KEY:
         raise SelectorError(f"invalid label key {key!r} in {selector!r}")
     return key
 
 
 def _value(value: str, selector: str) -> str:
-    if not _LABEL_VALUE.match(value) or len(value) > 63:
+    if not LABEL_VALUE_RE.match(value):
         raise SelectorError(f"invalid label value {value!r} in {selector!r}")
     return value
 

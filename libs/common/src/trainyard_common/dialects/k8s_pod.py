@@ -18,7 +18,7 @@ from ..jobspec import PULL_POLICIES, EnvVar, PullPolicy, Resources, RoleSpec, re
 from .translation import INT_MAX, Issues, env_problem, join, json_type, show
 
 # Kubernetes object names (metadata.name, namespaces): an RFC 1123 DNS label.
-DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # fullmatch: <= 63
 DNS_LABEL_RULE = (
     "a lowercase RFC 1123 label: ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$, at most 63 characters"
 )
@@ -972,15 +972,61 @@ OBJECT_META_FIELDS = SERVER_METADATA | {
 }
 
 
+# A label's or annotation's key (a qualified name: an optional DNS subdomain prefix and
+# "/", then a name of at most 63 characters) and a label's value, as Kubernetes has them.
+LABEL_KEY_RE = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+MAX_KEY = 253 + 1 + 63
+MAX_ANNOTATIONS = 256 * 1024  # the API server's bound on all of an object's annotations
+
+
 def unknown_metadata(meta: dict[str, Any], issues: Issues) -> None:
     """Warn of a metadata key that is not ObjectMeta's, as the API server's strict field
-    validation (kubectl's default) refuses it; ObjectMeta's own keys are Kubernetes'."""
+    validation (kubectl's default) refuses it; ObjectMeta's own keys are Kubernetes'.
+    Refuse labels and annotations the API server refuses: anything but a map of text to
+    text, a key that is not a qualified name, a label value that is not one, annotations
+    past 256 KiB (kept as given, a list or a number there broke every typed client's
+    read of the object, and of every list it was in)."""
     for extra in sorted(str(k) for k in meta if k not in OBJECT_META_FIELDS):
         issues.warn(
             join("$.metadata", extra),
             f"metadata.{extra} is not a field of ObjectMeta",
             "unknown_field",
         )
+    for field_name in ("labels", "annotations"):
+        _string_map(meta, field_name, issues)
+
+
+def _string_map(meta: dict[str, Any], field_name: str, issues: Issues) -> None:
+    where = join("$.metadata", field_name)
+    values = meta.get(field_name)
+    if values is None:
+        return
+    if not isinstance(values, dict):
+        issues.error(where, f"{field_name} must be an object of strings, not {json_type(values)}",
+                     "type")  # fmt: skip
+        return
+    size = 0
+    for key, value in values.items():
+        at = join(where, key)
+        if not (len(key) <= MAX_KEY and LABEL_KEY_RE.match(key)):
+            issues.error(at, f"{field_name[:-1]} key {show(key)} is not a qualified name "
+                         "(an optional DNS prefix and '/', then at most 63 letters, digits, "
+                         "'-', '_' or '.', beginning and ending alphanumeric)", "pattern")  # fmt: skip
+        if not isinstance(value, str):
+            issues.error(at, f"{field_name[:-1]} {show(key)} must be a string, not "
+                         f"{json_type(value)}", "type")  # fmt: skip
+        elif field_name == "labels" and not LABEL_VALUE_RE.match(value):
+            issues.error(at, f"label value {show(value)} must be at most 63 letters, digits, "
+                         "'-', '_' or '.', beginning and ending alphanumeric", "pattern")  # fmt: skip
+        else:
+            size += len(key) + len(value)
+    if field_name == "annotations" and size > MAX_ANNOTATIONS:
+        issues.error(where, f"annotations may hold at most {MAX_ANNOTATIONS} bytes in all, "
+                     f"not {size}", "range")  # fmt: skip
 
 
 # What Kubernetes lets every object's writer change at any time.

@@ -1166,8 +1166,6 @@ def _metadata(payload: dict[str, Any], issues: Issues) -> tuple[str, str]:
     name = issues.string(
         meta, "name", "$.metadata", required=True, pattern=DNS_LABEL_RE, rule=DNS_LABEL_RULE
     )
-    if name is not None and len(name) > 63:
-        issues.error("$.metadata.name", "name must be at most 63 characters", "pattern")
     namespace = issues.string(
         meta, "namespace", "$.metadata", required=False, pattern=DNS_LABEL_RE, rule=DNS_LABEL_RULE
     )
