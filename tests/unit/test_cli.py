@@ -13,6 +13,7 @@ import subprocess
 import sys
 from typing import Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -149,6 +150,30 @@ def test_submit_missing_or_broken_file_is_exit_1(yard, gw, tmp_path):
     assert (missing.exit_code, broken.exit_code) == (1, 1)
     assert "nope.json: no such file" in missing.stderr
     assert "not valid JSON" in broken.stderr
+    assert gw.requests == []
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        ("deep.json", "[" * 100_000, "JSON nested deeper than 64 levels"),
+        ("deep", "[" * 100_000, "JSON nested deeper than 64 levels"),
+        ("nan.json", '{"name": NaN}', "JSON NaN is not a number"),
+        ("long.json", '{"replicas": ' + "1" * 5_000 + "}", "Exceeds the limit (4300 digits)"),
+        ("latin1.json", b'{"name": "caf\xe9"}', "not UTF-8 text (byte 13)"),
+    ],
+)
+def test_a_job_file_the_platform_would_refuse_is_one_error_line(
+    yard, gw, tmp_path, name, text, says
+):
+    # Read with the platform's bounds: not a RecursionError, nor a ValueError from
+    # int() or from httpx writing NaN out.
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    result = yard(*with_token("submit", name))
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert result.stderr.startswith(f"error: {name}: ") and says in result.stderr
+    assert len(result.stderr.splitlines()) == 1
     assert gw.requests == []
 
 
@@ -471,6 +496,41 @@ def test_tables_piped_are_tab_separated_and_yaml_and_wide_outputs(yard, gw):
     assert "QUEUE" in wide[0].split("\t")
     as_yaml = yard(*with_token("get", job["id"], "-o", "yaml"))
     assert as_yaml.exit_code == 0 and "name: a b" in as_yaml.stdout
+
+
+FULL_ID = "a" * 32
+
+
+@pytest.mark.parametrize(
+    ("args", "reply", "says"),
+    [
+        (["ls"], [1, 2], "/v1/jobs: a list, not an object"),
+        (["ls"], {"items": [None]}, "/v1/jobs: items[0] is null, not an object"),
+        (["ls"], {"items": [{"id": "j1", "state": 3}]}, "items[0]'s state is a number"),
+        (["get", FULL_ID], [1], f"/v1/jobs/{FULL_ID}: a list, not an object"),
+        (["get", "abc"], [], "/v1/jobs: a list, not an object"),
+        (["get", "abc"], {"items": [{"name": "abc"}]}, "items[0] has no job id"),
+        (["queue"], [1], "/v1/placement/queue: a list, not an object"),
+        (["queue"], {}, "/v1/placement/queue: no 'jobs' in it"),
+        (["stop", "abc"], {"items": [{"id": None}]}, "items[0] has no job id"),
+        (["ls", "--watch"], "event: job\ndata: {not json\n\n", "an event that is not JSON"),
+    ],
+)
+def test_a_reply_not_of_the_apis_shape_is_one_error_line(args, reply, says):
+    def answer(request: httpx.Request) -> httpx.Response:
+        if isinstance(reply, str):  # an event stream
+            return httpx.Response(200, text=reply, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json=reply)
+
+    app = make_app(
+        lambda url, token: Client("http://gw.test", token, transport=httpx.MockTransport(answer))
+    )
+    result = CliRunner().invoke(app, with_token(*args), env=ENV)
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert result.stderr.startswith("error: unexpected reply from http://gw.test/")
+    assert says in result.stderr and "(HTTP 200)" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    assert "requested" not in result.stdout
 
 
 def test_url_option_reaches_the_factory(yard):

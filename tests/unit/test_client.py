@@ -362,6 +362,69 @@ def test_load_payload_rejects_non_objects_and_broken_files(tmp_path):
         load_payload(tmp_path / "broken.json")
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("deep.json", "[" * 100_000, "deep.json: JSON nested deeper than 64 levels"),
+        ("nan.json", '{"a": NaN}', "nan.json: JSON NaN is not a number"),
+        ("inf.json", '{"a": 1e400}', "inf.json: JSON number 1e400 is out of range"),
+        ("long.json", '{"a": ' + "9" * 5_000 + "}", "Exceeds the limit (4300 digits)"),
+        ("bytes.json", b'{"a": "\xff"}', "bytes.json: not UTF-8 text (byte 7)"),
+        ("a-dir", None, "a-dir: Is a directory"),
+    ],
+)
+def test_load_payload_refuses_what_the_platform_would(tmp_path, name, content, says):
+    path = tmp_path / name
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(TrainyardError) as info:
+        load_payload(path)
+    assert says in str(info.value)
+
+
+def answering(content: str, content_type: str = "application/json") -> Client:
+    """A client whose server answers every request with ``content``."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=content, headers={"content-type": content_type})
+
+    return Client("http://gw.test", "t", transport=httpx.MockTransport(answer))
+
+
+@pytest.mark.parametrize(
+    ("call", "content", "says"),
+    [
+        (lambda c: c.events("j1"), '{"items": [1]}', "/v1/jobs/j1/events: items[0] is a number"),
+        (
+            lambda c: c.nodes(),
+            '{"nodes": {}}',
+            "/v1/placement/nodes: nodes is an object, not a list",
+        ),
+        (lambda c: c.get("j1"), '{"id": "j1", "state": ["RUNNING"]}', "the job's state is a list"),
+        (lambda c: c.get("j1"), "[" * 100_000, "not JSON: maximum recursion depth"),
+        (lambda c: c.list(), '"jobs"', "/v1/jobs: a string, not an object"),
+    ],
+)
+def test_a_reply_not_of_the_apis_shape_is_an_api_error(call, content, says):
+    with pytest.raises(ApiError) as info:
+        call(answering(content))
+    assert info.value.status == 200 and says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [("[1]", "a list, not an object"), ('{"id": "j1", "state": 7}', "state is a number")],
+)
+def test_a_watched_change_not_of_a_jobs_shape_is_an_api_error(data, says):
+    client = answering(f"event: job\ndata: {data}\n\n", "text/event-stream")
+    with pytest.raises(ApiError) as info:
+        list(client.watch())
+    assert "unexpected reply from http://gw.test/v1/watch/jobs" in str(info.value)
+    assert says in str(info.value)
+
+
 def test_timeout_is_not_reported_as_refused():
     def slow(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("timed out", request=request)

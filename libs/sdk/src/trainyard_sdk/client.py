@@ -186,7 +186,7 @@ class Client:
         return self._request("POST", "/v1/jobs:validate", json=dict(payload), params=params)
 
     def get(self, job_id: str) -> Job:
-        return self._request("GET", f"/v1/jobs/{_seg(job_id)}")
+        return self._request("GET", f"/v1/jobs/{_seg(job_id)}", check=_job)
 
     def list(
         self,
@@ -205,7 +205,7 @@ class Client:
         if user:
             params["user"] = user
         params.update({k: v for k, v in filters.items() if v})
-        return self._request("GET", "/v1/jobs", params=params)
+        return self._request("GET", "/v1/jobs", params=params, check=_each("items", _job))
 
     def resolve(self, ref: str) -> str:
         """The job ``ref`` names: a full id as it is, else the one job whose id starts
@@ -253,7 +253,7 @@ class Client:
                         if kind == "reset":
                             yield {"reset": True}
                         elif data and kind == "job":
-                            yield json.loads("\n".join(data))
+                            yield self._change(answer, "\n".join(data))
                         kind, data = "message", []
         except httpx.TransportError as exc:
             raise UnreachableError(self.base_url, exc) from exc
@@ -265,10 +265,11 @@ class Client:
 
     def queue(self) -> Items:
         """The waiting jobs in placement order, each with its position and reasons."""
-        return self._request("GET", "/v1/placement/queue")["jobs"]
+        return self._request("GET", "/v1/placement/queue", check=_each("jobs"))["jobs"]
 
     def events(self, job_id: str) -> Items:
-        return self._request("GET", f"/v1/jobs/{_seg(job_id)}/events")["items"]
+        path = f"/v1/jobs/{_seg(job_id)}/events"
+        return self._request("GET", path, check=_each("items"))["items"]
 
     def stop(self, job_id: str) -> dict[str, Any]:
         return self._request("POST", f"/v1/jobs/{_seg(job_id)}/stop")
@@ -392,7 +393,7 @@ class Client:
     def nodes(self) -> Items:
         """Every node placement schedules onto: capacity, allocated, free, state
         (ready or drained), labels and the jobs on it."""
-        return self._request("GET", "/v1/placement/nodes")["nodes"]
+        return self._request("GET", "/v1/placement/nodes", check=_each("nodes"))["nodes"]
 
     def add_node(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         """Adds a node (``name``, ``cpu``, ``memory_mb``, ``gpus``, ``gpu_type``,
@@ -423,7 +424,11 @@ class Client:
 
     # -- plumbing -------------------------------------------------------------
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _request(
+        self, method: str, path: str, *, check: Callable[[Any], None] | None = None, **kwargs: Any
+    ) -> Any:
+        """The answer's JSON object; ``check`` raises (TypeError, KeyError, ...) where the
+        object is not what the caller reads from it."""
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
@@ -431,13 +436,42 @@ class Client:
         if response.is_error:
             raise self._api_error(response)
         if not response.content:
-            return {}
+            body: Any = {}
+        else:
+            try:
+                body = response.json()
+            except (ValueError, RecursionError) as exc:
+                raise ApiError(
+                    response.status_code, f"the server answered something that is not JSON: {exc}"
+                ) from exc
+        return self._checked(response, body, check)
+
+    def _change(self, response: httpx.Response, data: str) -> Job:
+        """A ``job`` event of the watch stream: a job summary."""
         try:
-            return response.json()
-        except ValueError as exc:
-            raise ApiError(
-                response.status_code, f"the server answered something that is not JSON: {exc}"
-            ) from exc
+            change = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise self._unexpected(response, f"an event that is not JSON: {exc}") from None
+        return self._checked(response, change, _job)
+
+    def _checked(
+        self, response: httpx.Response, body: Any, check: Callable[[Any], None] | None
+    ) -> Any:
+        try:
+            if not isinstance(body, dict):
+                raise TypeError(f"{_kind(body)}, not an object")
+            if check is not None:
+                check(body)
+        except (TypeError, KeyError, AttributeError, ValueError) as exc:
+            what = f"no {exc.args[0]!r} in it" if isinstance(exc, KeyError) else str(exc)
+            raise self._unexpected(response, what) from None
+        return body
+
+    def _unexpected(self, response: httpx.Response, what: str) -> ApiError:
+        """A reply that is not what this client reads: the server, or whatever answers
+        at its URL, is not the API this client speaks."""
+        url = response.request.url.copy_with(query=None)
+        return ApiError(response.status_code, f"unexpected reply from {url}: {what}")
 
     def _api_error(self, response: httpx.Response) -> ApiError:
         try:
@@ -467,6 +501,41 @@ def _seg(value: str, what: str = "job id") -> str:
     return quote(value, safe="")
 
 
+def _kind(value: Any) -> str:
+    """What a JSON value is, in words."""
+    if value is None:
+        return "null"
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    return kinds.get(type(value), "a number")
+
+
+def _job(job: Any, where: str = "the job") -> None:
+    """A job or a job summary as the CLI reads one: an object with an id, its state a
+    string or null."""
+    if not isinstance(job, dict):
+        raise TypeError(f"{where} is {_kind(job)}, not an object")
+    if not isinstance(job.get("id"), str) or not job["id"]:
+        raise TypeError(f"{where} has no job id")
+    if not isinstance(job.get("state"), str | None):
+        raise TypeError(f"{where}'s state is {_kind(job['state'])}, not a string")
+
+
+def _each(key: str, check: Callable[[Any, str], None] | None = None) -> Callable[[Any], None]:
+    """A check that ``body[key]`` is a list of objects, each passing ``check``."""
+
+    def checked(body: Any) -> None:
+        items = body[key]
+        if not isinstance(items, list):
+            raise TypeError(f"{key} is {_kind(items)}, not a list")
+        for n, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise TypeError(f"{key}[{n}] is {_kind(item)}, not an object")
+            if check is not None:
+                check(item, f"{key}[{n}]")
+
+    return checked
+
+
 def _progress(job: Job) -> tuple[Any, ...]:
     tasks = tuple(
         (t.get("role"), t.get("index"), t.get("attempt"), t.get("state"))
@@ -479,17 +548,22 @@ def load_payload(path: Path | str, text: str | None = None) -> dict[str, Any]:
     """Reads a job file as JSON or YAML: by extension where it says, else by content. Its
     YAML is read as the platform reads it (``parse_job_yaml``: OpenPAI's as js-yaml)."""
     from trainyard_common.dialects import parse_job_yaml
-    from trainyard_common.parsing import BodyError
+    from trainyard_common.parsing import BodyError, parse_json
 
     name = str(path)
     if text is None:
-        text = Path(path).read_text()
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise TrainyardError(f"{name}: not UTF-8 text (byte {exc.start})") from exc
+        except OSError as exc:
+            raise TrainyardError(f"{name}: {exc.strerror or exc}") from exc
     suffix = Path(name).suffix.lower()
     as_json = suffix == ".json" or (suffix not in (".yaml", ".yml") and text.lstrip()[:1] in "{[")
     try:
-        data = json.loads(text) if as_json else parse_job_yaml(text)
-    except json.JSONDecodeError as exc:
-        raise TrainyardError(f"{name}: not valid JSON: {exc}") from exc
+        # Bounded as the platform reads a job: no nesting that overflows the stack, no
+        # NaN, no number past int()'s digits, each refused here with what is wrong.
+        data = parse_json(text) if as_json else parse_job_yaml(text)
     except BodyError as exc:
         raise TrainyardError(f"{name}: {exc}") from exc
     if not isinstance(data, dict):
