@@ -55,7 +55,9 @@ def dialect(name: str) -> Dialect:
     try:
         return BY_NAME[name.lower()]
     except KeyError:
-        raise UnknownDialect(f"unknown dialect {name!r}; known: {', '.join(DIALECTS)}") from None
+        raise UnknownDialect(
+            f"dialect: unknown dialect {name[:64]!r}; known: {', '.join(DIALECTS)}"
+        ) from None
 
 
 def detect(payload: Any) -> str:
