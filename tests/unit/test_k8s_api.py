@@ -44,7 +44,9 @@ def test_label_selectors_match_as_kubectl_means_them(
     assert k8s_api.selected(obj(labels), parsed, []) is expected
 
 
-@pytest.mark.parametrize("selector", ["a in (b", "a=b)", "=x", "a=b c", "bad key!=1", "a,,b"])
+@pytest.mark.parametrize(
+    "selector", ["a in (b", "a=b)", "=x", "a=b c", "bad key!=1", "a,,b", "a in ()", "a notin ( , )"]
+)
 def test_bad_label_selectors_are_refused(selector: str) -> None:
     with pytest.raises(SelectorError):
         k8s_api.parse_label_selector(selector)
@@ -246,3 +248,13 @@ def test_object_metadata_is_kubernetes_and_only_an_unknown_key_is_warned(example
     job["metadata"]["owner"] = "alice"
     [warning] = translate(job, user="alice").warnings
     assert (warning.path, warning.code) == ("$.metadata.owner", "unknown_field")
+
+
+def test_a_watch_timeout_is_a_whole_number_of_seconds() -> None:
+    from trainyard_status.dialect_api.k8s_resources import MAX_WATCH_S, watch_timeout
+
+    assert [watch_timeout(t) for t in ("", "0", "30", "999999")] == [
+        MAX_WATCH_S, MAX_WATCH_S, 30, MAX_WATCH_S
+    ]  # fmt: skip
+    # A watch that closed at once (nan, -1) or took a float is refused, as Kubernetes does.
+    assert [watch_timeout(t) for t in ("nan", "-1", "1e9", "1.5", "inf")] == [None] * 5

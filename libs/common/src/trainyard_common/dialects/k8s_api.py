@@ -415,6 +415,9 @@ def parse_label_selector(text: str | None) -> list[Requirement]:
             raise SelectorError(f"empty requirement in {text!r}")
         if found := _SET.match(term):
             values = tuple(_value(v.strip(), text) for v in found["values"].split(",") if v.strip())
+            if not values:
+                raise SelectorError(f"for 'in', 'notin' operators, values set can't be empty "
+                                    f"in {text!r}")  # fmt: skip
             out.append(Requirement(_key(found["key"], text), found["op"], values))
         elif "!=" in term:
             key, value = term.split("!=", 1)

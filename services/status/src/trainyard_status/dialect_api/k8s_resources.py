@@ -42,6 +42,17 @@ BOOKMARK_S = 30.0
 MAX_WATCH_S = 1800
 
 
+def watch_timeout(asked: str) -> int | None:
+    """A watch's ``timeoutSeconds`` in seconds, at most MAX_WATCH_S; 0 or left out is
+    the server's own (as Kubernetes picks one); None for what is no whole number (nan,
+    -1, 1e9: the API server refuses them)."""
+    if not asked:
+        return MAX_WATCH_S
+    if not digits(asked):
+        return None
+    return min(int(asked), MAX_WATCH_S) or MAX_WATCH_S
+
+
 def status(
     code: int, reason: str, message: str, details: dict[str, Any] | None = None
 ) -> JSONResponse:
@@ -200,10 +211,10 @@ def router(ctx: StatusContext) -> APIRouter:
         since = query.get("resourceVersion") or "0"
         if not digits(since):
             return status(400, "BadRequest", f"resourceVersion {since!r} is not a number")
-        try:
-            timeout = min(float(query.get("timeoutSeconds") or MAX_WATCH_S), MAX_WATCH_S)
-        except ValueError:
-            return status(400, "BadRequest", "timeoutSeconds is not a number")
+        timeout = watch_timeout(query.get("timeoutSeconds") or "")
+        if timeout is None:
+            asked = query.get("timeoutSeconds") or ""
+            return status(400, "BadRequest", f"timeoutSeconds {asked[:32]!r} is not a number")
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         start = int(since)
         user = None if identity.admin else identity.user
