@@ -140,8 +140,7 @@ def test_every_training_runtime_resolves(version: str) -> None:
     assert all(role.image == runtime.image for role in t.spec.roles)
     assert runtime.gpu is gpu
     assert runtime.python == ("3.5" if version.endswith("-py3") else "2.7")
-    expected_kind = JobKind.GENERIC if version.startswith("tia-") else JobKind.TENSORFLOW
-    assert t.spec.kind is expected_kind
+    assert t.spec.kind is JobKind.TENSORFLOW
 
 
 @pytest.mark.parametrize("version", SEED_SERVING_RUNTIMES)
@@ -352,9 +351,18 @@ def test_a_master_may_run_alone_and_no_job_runs_without_a_machine() -> None:
     assert paths(alone.errors) == ["$.workerCount"]
 
 
-def test_tia_jobs_are_generic_and_get_no_tf_port() -> None:
-    spec = translate_ti(job(runtimeVersion="tia-1.5.0"), table=TABLE).spec
-    assert spec.kind is JobKind.GENERIC and spec.roles[0].ports == []
+def test_a_distributed_tia_job_is_tensorflows_with_every_task_in_tf_config() -> None:
+    # TI's environment bundles TensorFlow (with MXNet and XGBoost), and its parameter
+    # servers and master are TensorFlow's: as a generic job, no task had TF_CONFIG.
+    spec = translate_ti(
+        job(runtimeVersion="tia-1.6.0-py3", workerCount=2, parameterServerCount=1,
+            parameterServerType="1U2G0P"),
+        table=TABLE,
+    ).spec  # fmt: skip
+    assert spec.kind is JobKind.TENSORFLOW
+    assert {r.name: [p.label for p in r.ports] for r in spec.roles} == {
+        "worker": ["tfport"], "ps": ["tfport"]
+    }  # fmt: skip
 
 
 # ------------------------------------------------------------------- the other fields
