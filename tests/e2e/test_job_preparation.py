@@ -124,15 +124,21 @@ def test_a_job_past_its_maximum_running_time_fails(prep_api: Api) -> None:
     assert view["reason"] == "exceeded its maximum running time of 2 minutes", view
 
 
-def test_an_unreachable_data_source_fails_with_its_scheme(prep_api: Api) -> None:
+def test_an_unreachable_data_source_is_refused_at_its_field(prep_api: Api) -> None:
+    # It was accepted and every task failed at its start: refused on submission now.
     spec = {
         "name": "oss-data",
         "data_sources": [{"source": "oss://bucket/x/", "mount_path": "/mnt/x"}],
         "roles": [{"name": "t", "command": "true", "resources": {"cpu": 1, "memory_mb": 128}}],
     }
-    view = prep_api.wait(prep_api.submit(spec), timeout=60)
-    assert view["state"] == "FAILED", view
-    assert "'oss://' is not supported by the local backend" in view["reason"], view
+    answer = prep_api.http.post("/v1/jobs", json=spec)
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["state"] == "REJECTED"
+    [error] = answer.json()["errors"]
+    assert (error["path"], error["code"]) == ("$.data_sources[0]", "unsupported_source")
+    assert "'oss://bucket/x/'" in error["message"]
+    view = prep_api.wait(answer.json()["id"], timeout=60)
+    assert view["state"] == "REJECTED" and "oss://bucket/x/" in view["reason"], view
 
 
 def test_a_dlc_job_from_the_official_sdk_gets_its_code_data_and_libs(

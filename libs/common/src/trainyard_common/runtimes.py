@@ -1,9 +1,14 @@
 """What a cluster's runtime can run: the local backend runs tasks as processes on the
 nodes, so it uses no image (said once per job, on submission and in validation) and
-cannot run a container that relies on its image's entrypoint (refused, at the field)."""
+cannot run a container that relies on its image's entrypoint (refused, at the field).
+Neither backend fetches data from elsewhere: a data source either can mount is a path
+of the nodes or, on Kubernetes, a PersistentVolumeClaim; any other (a TI cos:// package,
+a PAI-DLC NAS or OSS source, a relative path) is refused at the field on submission,
+where every task used to fail at its start."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from .events import FieldIssue
@@ -14,11 +19,13 @@ Locate = Callable[[str | None, str], str]
 
 
 def runtime_errors(spec: JobSpec, runtime: str, locate: Locate) -> list[FieldIssue]:
-    """What the cluster's runtime cannot run: on the local backend, a container that
-    relies on its image's entrypoint (no image runs there)."""
+    """What the cluster's runtime cannot run: a data source it cannot mount; on the
+    local backend, a container that relies on its image's entrypoint (no image runs
+    there)."""
+    sources = data_source_errors(spec, runtime, locate)
     if runtime != "local":
-        return []
-    return [
+        return sources
+    return sources + [
         FieldIssue(
             path=locate(role.name, "command"),
             code="needs_image",
@@ -78,3 +85,47 @@ def runtime_warnings(spec: JobSpec, runtime: str, locate: Locate) -> list[FieldI
             ),
         )
     ]
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def data_source_errors(spec: JobSpec, runtime: str, locate: Locate) -> list[FieldIssue]:
+    """Each data source the runtime can never mount, at its place in the payload."""
+    where = locate(None, "data_sources")
+    return [
+        FieldIssue(
+            path=f"{where}[{i}]",
+            code="unsupported_source",
+            message=f"data source {source.source[:200]!r}: {problem}",
+        )
+        for i, source in enumerate(spec.data_sources)
+        if (problem := source_problem(source.source, runtime)) is not None
+    ]
+
+
+def source_problem(source: str, runtime: str) -> str | None:
+    """Why ``runtime`` cannot mount ``source`` (None: it can, as far as the platform
+    knows; the launcher still finds a path missing or a claim absent at the start).
+    The launcher reads them so: domain/prepare.local_path, domain/pods.data_volume."""
+    found = _SCHEME.match(source)
+    scheme = found.group(1).lower() if found else None
+    rest = source[found.end() :] if found else source
+    if runtime == "kubernetes":
+        if scheme == "pvc":
+            return None if rest.partition("/")[0] else "pvc:// names no claim (pvc://<claim>)"
+        if (scheme is None or scheme == "file") and rest.startswith("/"):
+            return None  # a node path, where the operator lets pods mount them
+        return (
+            "pods here mount a PersistentVolumeClaim (pvc://<claim>[/<path>]) or, where "
+            "the operator allows it, a path of the node (/path); nothing is fetched from "
+            "elsewhere"
+        )
+    if scheme == "file" and rest.startswith("localhost/"):
+        rest = rest[len("localhost") :]
+    if (scheme is None or scheme == "file") and rest.startswith("/"):
+        return None
+    return (
+        "tasks here run as processes on the nodes and see the nodes' files: name an "
+        "absolute path (/path or file:///path); nothing is fetched from elsewhere"
+    )
