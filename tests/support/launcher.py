@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from trainyard_common.events import Event, TaskPlacement
 from trainyard_common.jobspec import EnvVar, JobSpec, RoleSpec
@@ -197,6 +197,9 @@ class ScriptedBackend:
 
     async def read_log(self, ref: TaskRef, stream: Stream, offset: int) -> LogChunk:
         return LogChunk(b"", offset)
+
+    async def open_log(self, ref: TaskRef, stream: Stream) -> list[BinaryIO]:
+        return []
 
     async def follow_log(
         self, ref: TaskRef, stream: Stream, offset: int, ended: Callable[[], Awaitable[bool]]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from contextlib import ExitStack
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -29,12 +30,20 @@ from trainyard_common.runtime import health_app
 from .adapters.backend import Stream, TaskBackend, TaskHandle, TaskRef, Usage
 from .adapters.store import LauncherStore, task_id
 from .handlers import Deps
+from .logs import tail, tail_text
 from .taskexec import ExecRefused, exec_in_task
 
 EXEC_TIMEOUT_S = 60.0
 EXEC_MAX_TIMEOUT_S = 600.0
 
 log = logging.getLogger("trainyard.launcher")
+
+
+async def open_logs(backend: TaskBackend, ref: TaskRef, files: ExitStack) -> list[list[BinaryIO]]:
+    """The task's stdout and stderr, each its parts open for reading (closed with
+    ``files``): what a tail reads the end of (logs.tail, logs.tail_text)."""
+    streams: tuple[Stream, ...] = ("stdout", "stderr")
+    return [[files.enter_context(f) for f in await backend.open_log(ref, s)] for s in streams]
 
 
 class ExecRequest(BaseModel):
@@ -168,13 +177,14 @@ def kube_pod_logs(store: LauncherStore, backend: TaskBackend, current: Any) -> A
         if task is None or role is None:
             return missing(name)
         ref = TaskRef(job.job_id, job.attempt, role, index)
+        if not follow and tail_lines is not None:
+            with ExitStack() as files:
+                stdout, stderr = await open_logs(backend, ref, files)
+                return Response(tail(stdout + stderr, tail_lines), media_type="text/plain")
         if not follow:
             data = b"".join(
                 [(await backend.read_log(ref, s, 0)).data for s in ("stdout", "stderr")]
             )
-            if tail_lines is not None:
-                lines = data.splitlines(keepends=True)
-                data = b"".join(lines[-tail_lines:]) if tail_lines else b""
             return Response(data, media_type="text/plain")
         key = task.id
 
@@ -264,13 +274,9 @@ def dlc_pod_logs(store: LauncherStore, tokens: TokenStore, backend: TaskBackend)
         found = await store.get_task(task_id(job_id, attempt, *task)) if task else None
         if found is None or task is None:
             raise AliyunError(404, "PodNotFound", f"job {job_id} has no pod {pod_id}")
-        lines: list[str] = []
         ref = TaskRef(job_id, attempt, *task)
-        streams: tuple[Stream, ...] = ("stdout", "stderr")
-        for stream in streams:
-            chunk = await backend.read_log(ref, stream, 0)
-            lines += chunk.data.decode("utf-8", "replace").splitlines()
-        lines = lines[-max_lines:]
+        with ExitStack() as files:
+            lines = tail_text(await open_logs(backend, ref, files), max_lines)
         return {
             "JobId": job_id,
             "PodId": pod_id,

@@ -6,18 +6,28 @@ Each stream (``stdout.log``, ``stderr.log``) is kept in at most two parts of hal
 becomes ``<name>.1``, replacing the older part, and a new part starts. So a task never
 keeps more than the cap per stream, and always at least the newest half of it; what came
 before is dropped (rotated once, not kept). Parts end at a line's end where a line
-fits. Standard library only: the task wrapper imports this.
+fits. A tail of a log (its last lines) reads only its end (``tail``, ``tail_text``).
+Standard library only: the task wrapper imports this.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import AnyStr, BinaryIO
 
 CHUNK = 64 * 1024
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+# The most of a log's end a tail reads (``read_end``): a stream keeps up to its cap
+# (64 MiB), and splitting all of it into lines to answer the last few held gigabytes.
+# Past it the log is taken to begin there, as if rotated: a tail of longer lines than
+# fit answers the last lines within it (the first of them maybe cut short).
+TAIL_WINDOW = 4 * 1024 * 1024
+# Where lines end for bytes.splitlines() and for str.splitlines().
+_BYTE_BREAKS = re.compile(rb"\r\n|[\r\n]")
+_TEXT_BREAKS = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 
 
 def older_part(path: Path) -> Path:
@@ -92,6 +102,109 @@ def read_from(path: Path, offset: int, limit: int | None = None) -> bytes:
 def read_log(path: Path) -> bytes:
     """Everything kept of a log: its older part, then the current one."""
     return read_from(older_part(path), 0) + read_from(path, 0)
+
+
+def open_parts(path: Path) -> list[BinaryIO]:
+    """A log's parts open for reading, oldest first (the caller closes them)."""
+    parts = [f for p in (path, older_part(path)) if (f := _open(p, 0)) is not None]
+    inodes = {os.fstat(f.fileno()).st_ino for f in parts}
+    if len(inodes) < len(parts):
+        # Rotated between the two opens: the current part became the older one.
+        parts.pop().close()
+    return parts[::-1]
+
+
+def tail(parts: Sequence[BinaryIO], lines: int, window: int = TAIL_WINDOW) -> bytes:
+    """The last ``lines`` lines of the log made of ``parts`` (oldest first), with their
+    ends: ``b"".join(log.splitlines(keepends=True)[-lines:])`` (none for 0), of no more
+    than the log's last ``window`` bytes."""
+    return _last_lines(read_end(parts, lines, window), lines)
+
+
+def tail_text(
+    streams: Sequence[Sequence[BinaryIO]], lines: int, window: int = TAIL_WINDOW
+) -> list[str]:
+    """The last ``lines`` lines of ``streams`` (logs, each made of parts) one after the
+    other, each stream's lines its own: the last of ``[line for log in streams for line
+    in log.decode("utf-8", "replace").splitlines()]``, of no more than each stream's
+    last ``window`` bytes."""
+    found: list[str] = []
+    for parts in reversed(streams):
+        if (want := lines - len(found)) > 0:
+            text = read_end(parts, want, window).decode("utf-8", "replace")
+            found = _last_text_lines(text, want) + found
+    return found
+
+
+def read_end(parts: Sequence[BinaryIO], lines: int, window: int = TAIL_WINDOW) -> bytes:
+    """The end of the log made of ``parts`` (oldest first) that holds its last ``lines``
+    lines, read backwards a block at a time: from right after the line feed before them
+    (other line breaks, ``\\r`` and text's, only add lines), else from the log's start,
+    else from ``window`` bytes before its end (at a character's start)."""
+    if lines <= 0:
+        return b""
+    blocks: list[bytes] = []
+    feeds = 0
+    room = window
+    for f in reversed(parts):
+        end = f.seek(0, os.SEEK_END)
+        while end > 0:
+            if room <= 0:
+                return _from_character(b"".join(reversed(blocks)))
+            start = max(end - CHUNK, end - room, 0)
+            f.seek(start)
+            block = f.read(end - start)
+            room -= len(block)
+            end = start
+            count = block.count(b"\n")
+            if feeds + count > lines:
+                cut = len(block)
+                for _ in range(lines + 1 - feeds):
+                    cut = block.rfind(b"\n", 0, cut)
+                blocks.append(block[cut + 1 :])
+                return b"".join(reversed(blocks))
+            feeds += count
+            blocks.append(block)
+    return b"".join(reversed(blocks))
+
+
+def _from_character(data: bytes) -> bytes:
+    """``data`` from its first character's start: past the UTF-8 continuation bytes of
+    one cut before it."""
+    skip = 0
+    while skip < min(3, len(data)) and 0x80 <= data[skip] < 0xC0:
+        skip += 1
+    return data[skip:]
+
+
+def _last_lines(data: bytes, lines: int) -> bytes:
+    """``b"".join(data.splitlines(keepends=True)[-lines:])`` (none for 0), without
+    splitting the lines before them."""
+    return data[_tail_start(data, lines, _BYTE_BREAKS) :]
+
+
+def _last_text_lines(text: str, lines: int) -> list[str]:
+    """``text.splitlines()[-lines:]`` (none for 0), without splitting the lines before
+    them."""
+    return text[_tail_start(text, lines, _TEXT_BREAKS) :].splitlines()
+
+
+def _tail_start(text: AnyStr, lines: int, breaks: re.Pattern[AnyStr]) -> int:
+    """Where the last ``lines`` lines of ``text`` begin (a line begins where a break
+    ends, but at the very end): looked for a block at a time from the end."""
+    if lines <= 0:
+        return len(text)
+    hi = len(text)
+    while hi > 0:
+        lo = max(hi - CHUNK, 0)
+        # The breaks that end in (lo, hi]: one going on past hi (CR LF) is the next's.
+        last = min(hi, len(text) - 1)
+        starts = [m.end() for m in breaks.finditer(text, lo, hi + 1) if m.end() <= last]
+        if len(starts) >= lines:
+            return starts[-lines]
+        lines -= len(starts)
+        hi = lo
+    return 0
 
 
 def _open(path: Path, offset: int) -> BinaryIO | None:

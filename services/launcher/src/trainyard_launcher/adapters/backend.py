@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal, Protocol
+from typing import BinaryIO, Literal, Protocol
 
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec, Resources
@@ -292,6 +292,11 @@ class TaskBackend(Protocol):
     ) -> ExecResult: ...
 
     async def read_log(self, ref: TaskRef, stream: Stream, offset: int) -> LogChunk: ...
+
+    async def open_log(self, ref: TaskRef, stream: Stream) -> list[BinaryIO]:
+        """The log's parts, oldest first, open for reading (the caller closes them): a
+        tail reads only their end (logs.read_end)."""
+        ...
 
     def follow_log(
         self, ref: TaskRef, stream: Stream, offset: int, ended: Callable[[], Awaitable[bool]]

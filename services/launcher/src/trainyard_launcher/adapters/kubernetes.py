@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import math
@@ -34,7 +35,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
@@ -876,6 +877,12 @@ class KubernetesBackend:
             raise
         data = (text or "").encode()
         return LogChunk(data[offset:], max(len(data), offset))
+
+    async def open_log(self, ref: TaskRef, stream: Stream) -> list[BinaryIO]:
+        # The API answers the whole of the container's current log file (the kubelet
+        # rotates it at containerLogMaxSize, 10 MiB by default); its tailLines counts
+        # the runtime's log entries (a long line is several), not lines as read here.
+        return [io.BytesIO((await self.read_log(ref, stream, 0)).data)]
 
     def follow_log(
         self, ref: TaskRef, stream: Stream, offset: int, ended: Callable[[], Awaitable[bool]]

@@ -61,7 +61,7 @@ from ..domain.prepare import (
     plan_preparation,
     prepared_env,
 )
-from ..logs import DEFAULT_MAX_BYTES, follow, older_part, read_from
+from ..logs import DEFAULT_MAX_BYTES, follow, older_part, open_parts, read_from
 from ..spawner import Spawner, SpawnerGone, SpawnerLost
 from .backend import (
     EXEC_OUTPUT_BYTES,
@@ -504,6 +504,9 @@ class LocalBackend:
         data = read_from(path, offset)
         older = read_from(older_part(path), 0) if offset == 0 else b""
         return LogChunk(older + data, offset + len(data))
+
+    async def open_log(self, ref: TaskRef, stream: Stream) -> list[BinaryIO]:
+        return open_parts(self.task_dir(ref) / f"{stream}.log")
 
     def follow_log(
         self, ref: TaskRef, stream: Stream, offset: int, ended: Callable[[], Awaitable[bool]]
