@@ -192,6 +192,17 @@ def test_unknown_keys_warn_but_extras_and_tmp_do_not() -> None:
     assert all("priority" in w.message or "gpuMemory" in w.message for w in t.warnings)
 
 
+def test_a_job_env_of_the_platforms_names_is_said_to_be_the_platforms() -> None:
+    # The guide: jobEnvs "may not replace" the platform's; the platform's value won
+    # silently (found by an audit of the seeds).
+    payload = helloworld()
+    payload["jobEnvs"] = {"PAI_JOB_NAME": "forged", "PAI_X": "1", "MY_PAI_X": "2"}
+    result = translate(payload)
+    assert result.errors == []
+    reserved = [w.path for w in result.warnings if w.code == "env_reserved"]
+    assert reserved == ["$.jobEnvs.PAI_JOB_NAME", "$.jobEnvs.PAI_X"]
+
+
 def test_empty_optional_strings_mean_not_given() -> None:
     payload = helloworld()
     payload["virtualCluster"] = ""

@@ -230,6 +230,14 @@ def _check_job_envs(payload: dict[str, Any], issues: Issues) -> None:
     for key, value in envs.items():
         if problem := env_problem(str(key), value if isinstance(value, str) else ""):
             issues.error(join("$.jobEnvs", str(key)), problem)
+        elif str(key).startswith("PAI_"):
+            # The guide: jobEnvs "may not replace" the platform's; said, not left silent.
+            issues.warn(
+                join("$.jobEnvs", str(key)),
+                f"{key} is the platform's to set (PAI_*): the task sees the platform's "
+                "value where it sets one, not this",
+                "env_reserved",
+            )
         elif isinstance(value, dict | list):
             issues.warn(
                 join("$.jobEnvs", key),
