@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from trainyard_common.dialects import detect, dlc, translate
 from trainyard_common.events import JobState, TaskState
-from trainyard_common.jobspec import ALL_TASKS, JobKind, TaskRef
+from trainyard_common.jobspec import ALL_TASKS, EnvVar, JobKind, TaskRef
 from trainyard_launcher.domain.completion import TaskOutcome, decide
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "dlc"
@@ -322,7 +322,7 @@ def test_a_pytorch_job_succeeds_when_its_master_and_every_worker_have() -> None:
 
 @pytest.mark.parametrize(
     "key",
-    ["UserVpc", "Settings", "Options", "ElasticSpec", "DebuggerConfigContent", "CredentialConfig"],
+    ["UserVpc", "Options", "ElasticSpec", "DebuggerConfigContent", "CredentialConfig"],
 )
 def test_unsupported_fields_warn(key: str) -> None:
     t = dlc.translate_dlc(cpu_job(**{key: {"x": 1}}))
@@ -689,3 +689,15 @@ def test_display_name_follows_dlcs_naming_rule(name: str, ok: bool) -> None:
     and '-'."""
     errors = dlc.translate_dlc(cpu_job(DisplayName=name)).errors
     assert (paths(errors) == []) is ok and (ok or paths(errors) == ["$.DisplayName"])
+
+
+def test_a_jobs_pipeline_is_kept_for_list_jobs_pipeline_filter() -> None:
+    # Settings.PipelineId was warned as unsupported and dropped, so ListJobs'
+    # PipelineId filter matched nothing (found by an audit of the seeds).
+    t = dlc.translate_dlc(cpu_job(Settings={"PipelineId": "flow-1", "Caller": "sdk"}))
+    assert t.errors == []
+    assert EnvVar(name=dlc.PIPELINE_LABEL, value="flow-1") in t.spec.labels
+    assert paths(t.warnings) == ["$.Settings.Caller"]
+    assert listing(PipelineId="flow-1").where[f"labels.{dlc.PIPELINE_LABEL}"] == "flow-1"
+    refused = dlc.translate_dlc(cpu_job(Settings="flow-1"))
+    assert paths(refused.errors) == ["$.Settings"]

@@ -111,8 +111,11 @@ JOB_KEYS = frozenset(
         # Who may see the job in its workspace: kept for ListJobs' Accessibility filter.
         "Accessibility",
         "SuccessPolicy",
+        # Its PipelineId, for ListJobs' filter; its other fields are warned.
+        "Settings",
     }
 )
+SETTINGS_KEYS = frozenset({"PipelineId"})
 # CreateJob's SuccessPolicy (TensorFlow jobs only): AllWorkers, its default, ends the
 # job when every Worker (and the Chief, if any) succeeded; ChiefWorker when the Chief
 # did (Worker 0 without a Chief).
@@ -620,6 +623,19 @@ def _envs(payload: dict[str, Any], issues: Issues) -> dict[str, str]:
     return out
 
 
+def _pipeline_id(payload: dict[str, Any], issues: Issues) -> str | None:
+    """``Settings.PipelineId``: the pipeline a job belongs to (ListJobs' PipelineId)."""
+    settings = payload.get("Settings")
+    if settings is None:
+        return None
+    if not isinstance(settings, dict):
+        issues.error("$.Settings", f"Settings must be an object, not {json_type(settings)}",
+                     "type")  # fmt: skip
+        return None
+    _unsupported(settings, SETTINGS_KEYS, "$.Settings", issues, "Settings")
+    return issues.string(settings, "PipelineId", "$.Settings", required=False) or None
+
+
 def _data_sources(
     payload: dict[str, Any], sources: Sources | None, issues: Issues
 ) -> list[DataSource]:
@@ -742,6 +758,7 @@ def translate_dlc(
     data_sources = _data_sources(payload, sources, issues)
     code_source = _code_source(payload, sources, issues)
     _unsupported(payload, JOB_KEYS, "$", issues, "CreateJob")
+    pipeline_id = _pipeline_id(payload, issues)
 
     spec = JobSpec(
         name=name or "",
@@ -761,7 +778,7 @@ def translate_dlc(
         roles=roles,
         success_rules=success_rules,
         # What ListJobs filters by (WorkspaceId, JobType, ResourceId, Accessibility,
-        # TemplateId), kept as labels.
+        # TemplateId, Settings.PipelineId), kept as labels.
         labels=[
             EnvVar(name=name, value=value)
             for name, value in (
@@ -770,6 +787,7 @@ def translate_dlc(
                 (RESOURCE_LABEL, resource_id),
                 (ACCESS_LABEL, text(payload.get("Accessibility"))),
                 (TEMPLATE_LABEL, text(payload.get("TemplateId"))),
+                (PIPELINE_LABEL, pipeline_id),
             )
             if value
         ],
