@@ -495,6 +495,30 @@ def test_one_watch_follows_the_pods_of_every_namespace(api: Api, kube_cluster: K
     assert namespaced_pod_watches(kube_cluster) == 0
 
 
+def test_a_claim_a_pod_template_mounts_is_in_its_pods(api: Api, kube_cluster: KubeCluster) -> None:
+    # T9k's and Kubeflow's templates keep data and outputs on a claim; it was warned of
+    # and never mounted.
+    payload = renamed(load("kubeflow/pytorchjob-simple.yaml"), "metadata")
+    worker = payload["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    worker["volumes"] = [{"name": "out", "persistentVolumeClaim": {"claimName": "team-out"}}]
+    worker["containers"][0]["volumeMounts"] = [
+        {"name": "out", "mountPath": "/out", "subPath": "runs"}
+    ]
+    job_id = api.submit(payload)
+    assert api.wait(job_id)["state"] == "SUCCEEDED"
+    by_role = {p["metadata"]["labels"]["trainyard.dev/role"]: p
+               for p in pods(kube_cluster, job_id)}  # fmt: skip
+    claims = {
+        role: [v["persistentVolumeClaim"]["claimName"] for v in p["spec"]["volumes"]
+               if "persistentVolumeClaim" in v]
+        for role, p in by_role.items()
+    }  # fmt: skip
+    assert claims == {"Master": [], "Worker": ["team-out"]}, claims
+    [mount] = [m for m in by_role["Worker"]["spec"]["containers"][0]["volumeMounts"]
+               if m["mountPath"] == "/out"]  # fmt: skip
+    assert mount["subPath"] == "runs" and mount["readOnly"] is True
+
+
 def test_a_pod_larger_than_its_namespaces_quota_fails_at_once(
     api: Api, kube_cluster: KubeCluster
 ) -> None:

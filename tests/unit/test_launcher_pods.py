@@ -465,6 +465,33 @@ def test_code_data_and_packages_become_init_containers_and_volumes() -> None:
         manifest(role, data_sources=[DataSource(source="oss://b/k", mount_path="/d")])
 
 
+def test_the_claims_a_roles_pod_template_mounts_are_in_its_pods() -> None:
+    # T9k's examples keep their data and outputs on a claim their template mounts: it
+    # was warned of and not mounted, so the outputs went nowhere.
+    role = RoleSpec(name="w", command="x", volumes=[
+        DataSource(source="pvc://mypvc", mount_path="/mypvc"),
+        DataSource(source="pvc://mypvc/runs/1", mount_path="/out"),
+    ])  # fmt: skip
+    pod = manifest(role, data_sources=[DataSource(source="pvc://data", mount_path="/data")])
+    mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes[mounts["/mypvc"]["name"]]["persistentVolumeClaim"] == {
+        "claimName": "mypvc", "readOnly": True
+    }  # fmt: skip
+    assert "subPath" not in mounts["/mypvc"] and mounts["/out"]["subPath"] == "runs/1"
+    assert volumes[mounts["/data"]["name"]]["persistentVolumeClaim"]["claimName"] == "data"
+    claims = [mounts[p]["name"] for p in ("/mypvc", "/out", "/data")]
+    assert len(set(claims)) == 3  # a volume each, none shared
+    # Only the role whose template mounts it.
+    other = RoleSpec(name="o", command="x")
+    spec = JobSpec(name="j", image="i", roles=[role, other])
+    alone = pod_manifest(
+        spec=spec, job_id=JOB, attempt=1, placement=TaskPlacement(role="o", index=0, node="n",
+        host_ip="x"), env={}, command="x", namespace="ns", owner_uid="u", settings=PodSettings(),
+    )  # fmt: skip
+    assert not any("persistentVolumeClaim" in v for v in alone["spec"]["volumes"])
+
+
 def test_a_pod_needs_an_image() -> None:
     spec = JobSpec(name="j", roles=[RoleSpec(name="w", command="x")])
     with pytest.raises(PodProblem, match="no image"):

@@ -191,6 +191,15 @@ class RoleSpec(Model):
     # The pod template's annotations (T9k, Kubeflow): the Kubernetes backend puts them
     # on the role's pods.
     annotations: list[EnvVar] = Field(default_factory=list)
+    # The PersistentVolumeClaims its pod template mounts (T9k, Kubeflow): in its pods on
+    # Kubernetes, as the job's data sources are; the local backend mounts none (said on
+    # submission). Left out when empty, as ``uncapped``.
+    volumes: list[DataSource] = Field(
+        default_factory=list,
+        exclude_if=lambda value: not value,
+        description="The role's pod template's PersistentVolumeClaims (pvc://<claim>"
+        "[/<subPath>] at the container's mountPath), mounted in its pods on Kubernetes.",
+    )
     ports: list[PortSpec] = Field(default_factory=list)
     env: list[EnvVar] = Field(default_factory=list)
     restart_policy: RestartPolicy = RestartPolicy.NEVER

@@ -68,14 +68,29 @@ def _image_of(spec: JobSpec, role: RoleSpec) -> str:
 
 
 def runtime_warnings(spec: JobSpec, runtime: str, locate: Locate) -> list[FieldIssue]:
-    """Once per job: the images the local backend does not use."""
+    """Once per job: the images the local backend does not use; once per role, the
+    claims its pod template mounts, which the local backend does not."""
     if runtime != "local":
         return []
+    unmounted = [
+        FieldIssue(
+            path=f"{locate(role.name, 'volumes')}.volumeMounts",
+            code="not_applied",
+            message=(
+                f"role {role.name!r}: "
+                f"{', '.join(f'{v.source} at {v.mount_path}' for v in role.volumes)} "
+                "not mounted: tasks here run as processes on the nodes and see the nodes' "
+                "files (a PersistentVolumeClaim is mounted on Kubernetes)"
+            ),
+        )
+        for role in spec.roles
+        if role.volumes
+    ]
     images = sorted({image for image in [spec.image, *(r.image for r in spec.roles)] if image})
     if not images:
-        return []
+        return unmounted
     named = ", ".join(images)
-    return [
+    return unmounted + [
         FieldIssue(
             path=locate(None, "image"),
             code="image_not_used",

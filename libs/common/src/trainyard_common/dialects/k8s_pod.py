@@ -14,11 +14,23 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from ..events import FieldIssue
-from ..jobspec import PULL_POLICIES, EnvVar, PullPolicy, Resources, RoleSpec, reaches_pod
+from ..jobspec import (
+    PULL_POLICIES,
+    DataSource,
+    EnvVar,
+    PullPolicy,
+    Resources,
+    RoleSpec,
+    reaches_pod,
+)
 from .translation import INT_MAX, Issues, env_problem, join, json_type, show
 
 # Kubernetes object names (metadata.name, namespaces): an RFC 1123 DNS label.
 DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # fullmatch: <= 63
+# A PersistentVolumeClaim's name (at most 253 characters, dot-separated labels).
+DNS_SUBDOMAIN_RE = re.compile(
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
 DNS_LABEL_RULE = (
     "a lowercase RFC 1123 label: ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$, at most 63 characters"
 )
@@ -167,6 +179,8 @@ class PodTask:
     container_name: str | None = None
     # The template's annotations: the Kubernetes backend puts them on the pods.
     annotations: list[EnvVar] = field(default_factory=list)
+    # The claims the container mounts (pvc://<claim>[/<subPath>] at its mountPath).
+    volumes: list[DataSource] = field(default_factory=list)
 
     @property
     def argv(self) -> list[str]:
@@ -326,7 +340,7 @@ def pod_template(
     task.args = string_list(container, "args", cpath, issues)
     task.env = _env(container.get("env"), join(cpath, "env"), issues)
     task.resources = _resources(container.get("resources"), join(cpath, "resources"), issues)
-    shm = _shm(pod, container, spec_path, cpath, issues)
+    shm, task.volumes = _volumes(pod, container, spec_path, cpath, issues)
     if shm is not None:
         task.resources.shm_mb = shm
     for key in sorted(k for k in container if k not in _CONTAINER_USED):
@@ -724,11 +738,14 @@ def _resources(raw: Any, path: str, issues: Issues) -> Resources:
     return resources
 
 
-def _shm(
+def _volumes(
     pod: dict[str, Any], container: dict[str, Any], spec_path: str, cpath: str, issues: Issues
-) -> int | None:
+) -> tuple[int | None, list[DataSource]]:
     """The size of a memory-backed emptyDir mounted at /dev/shm (T9k's and Kubeflow's
-    documented way to give a task shared memory), in MB."""
+    documented way to give a task shared memory), in MB; and the PersistentVolumeClaims
+    the container mounts (T9k's examples keep their data and outputs on one), each
+    mount a ``pvc://<claim>[/<subPath>]`` at its mountPath. Other volumes are warned of,
+    kept but not mounted."""
     volumes = pod.get("volumes")
     mounts = container.get("volumeMounts")
     by_name: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -739,13 +756,19 @@ def _shm(
     elif volumes is not None:
         issues.error(join(spec_path, "volumes"), "volumes must be a list", "type")
     shm_volume: str | None = None
+    mounted: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     if isinstance(mounts, list):
-        for mount in mounts:
-            if isinstance(mount, dict) and mount.get("mountPath") == SHM_PATH:
-                shm_volume = mount.get("name") if isinstance(mount.get("name"), str) else None
+        for j, mount in enumerate(mounts):
+            if not isinstance(mount, dict) or not isinstance(mount.get("name"), str):
+                continue
+            if mount.get("mountPath") == SHM_PATH:
+                shm_volume = mount["name"]
+            else:
+                mounted.setdefault(mount["name"], []).append((j, mount))
     elif mounts is not None:
         issues.error(join(cpath, "volumeMounts"), "volumeMounts must be a list", "type")
     size: int | None = None
+    claims: list[DataSource] = []
     for name, (i, volume) in by_name.items():
         vpath = f"{join(spec_path, 'volumes')}[{i}]"
         empty = volume.get("emptyDir")
@@ -754,6 +777,11 @@ def _shm(
             if limit is not None and limit > 0:
                 size = min(math.ceil(limit / MIB), INT_MAX)
             continue
+        claim = volume.get("persistentVolumeClaim")
+        if isinstance(claim, dict) and name in mounted:
+            claims += _claim_mounts(claim, mounted[name], vpath, join(cpath, "volumeMounts"),
+                                    issues)  # fmt: skip
+            continue
         kinds = ", ".join(sorted(k for k in volume if k != "name")) or "no source"
         issues.warn(
             vpath,
@@ -761,7 +789,33 @@ def _shm(
             "Trainyard tasks see the node's file system",
             "not_applied",
         )
-    return size
+    return size, claims
+
+
+def _claim_mounts(
+    claim: dict[str, Any],
+    mounts: list[tuple[int, dict[str, Any]]],
+    vpath: str,
+    mounts_path: str,
+    issues: Issues,
+) -> list[DataSource]:
+    """A claim's mounts in the container, as data sources (``pvc://<claim>[/<sub>]``)."""
+    name = issues.string(claim, "claimName", join(vpath, "persistentVolumeClaim"),
+                         required=True, pattern=DNS_SUBDOMAIN_RE,
+                         rule="a lowercase RFC 1123 subdomain")  # fmt: skip
+    out: list[DataSource] = []
+    for j, mount in mounts:
+        mpath = f"{mounts_path}[{j}]"
+        where = issues.string(mount, "mountPath", mpath, required=True, non_blank=True)
+        sub = issues.string(mount, "subPath", mpath, required=False) or ""
+        if sub.startswith("/") or ".." in sub.split("/"):
+            issues.error(join(mpath, "subPath"), f"subPath {show(sub)} must be a relative "
+                         "path without '..'", "pattern")  # fmt: skip
+            continue
+        if name and where:
+            out.append(DataSource(source=f"pvc://{name}" + (f"/{sub}" if sub else ""),
+                                  mount_path=where))  # fmt: skip
+    return out
 
 
 # ----------------------------------------------------------------------- showing back

@@ -368,6 +368,7 @@ def _roles(
                 entrypoint=pod.command or None,
                 args=pod.args,
                 annotations=pod.annotations,
+                volumes=pod.volumes,
                 env=pod.env,
                 ports=[PortSpec(label=kind.default_port)] if kind.default_port else [],
                 restart_policy=policy,

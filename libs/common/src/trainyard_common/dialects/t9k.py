@@ -673,6 +673,7 @@ def _role_spec(
         entrypoint=(pod.command or None) if container else None,
         args=pod.args if container else None,
         annotations=pod.annotations,
+        volumes=pod.volumes,
         env=pod.env,
         restart_policy=policy,
         node_selector=pod.node_selector,

@@ -428,12 +428,16 @@ def task_env_for_pod(env: dict[str, str], role: RoleSpec) -> dict[str, str]:
 
 
 def data_volume(
-    source: str, index: int, settings: PodSettings, writable: bool = False
+    source: str,
+    index: int,
+    settings: PodSettings,
+    writable: bool = False,
+    field_name: str = "data_sources",
 ) -> dict[str, Any]:
     """A data source as a pod volume: ``pvc://<claim>[/<sub path>]`` (read-write where
     ``writable``) or, where the operator allows it, a node path (``/path``,
     ``file:///path``; always read-only: the node's files are not a job's to change)."""
-    where = f"data_sources[{index}].source"
+    where = f"{field_name}[{index}].source"
     if source.startswith("pvc://"):
         claim, _, sub = source.removeprefix("pvc://").partition("/")
         if not claim:
@@ -556,18 +560,22 @@ def pod_manifest(
                 "volumeMounts": [{"name": "code", "mountPath": "/code"}],
             }
         )
-    for i, data in enumerate(spec.data_sources):
-        volume = data_volume(data.source, i, settings, writable_claims)
-        sub = volume.pop("subPath")
-        volumes.append({"name": f"data-{i}", **volume})
-        mount: dict[str, Any] = {
-            "name": f"data-{i}",
-            "mountPath": data.mount_path,
-            "readOnly": volume.get("persistentVolumeClaim", {}).get("readOnly", True),
-        }
-        if sub:
-            mount["subPath"] = sub
-        container["volumeMounts"].append(mount)
+    # The job's data sources, then the claims the role's pod template mounts (T9k,
+    # Kubeflow), alike: read-write only in a namespace kept to the job's user.
+    sources = [("data", spec.data_sources, "data_sources"), ("vol", role.volumes, "volumes")]
+    for prefix, listed, field_name in sources:
+        for i, data in enumerate(listed):
+            volume = data_volume(data.source, i, settings, writable_claims, field_name)
+            sub = volume.pop("subPath")
+            volumes.append({"name": f"{prefix}-{i}", **volume})
+            mount: dict[str, Any] = {
+                "name": f"{prefix}-{i}",
+                "mountPath": data.mount_path,
+                "readOnly": volume.get("persistentVolumeClaim", {}).get("readOnly", True),
+            }
+            if sub:
+                mount["subPath"] = sub
+            container["volumeMounts"].append(mount)
     if spec.pip_packages:
         volumes.append({"name": "packages", "emptyDir": {}})
         container["volumeMounts"].append(
