@@ -175,3 +175,58 @@ async def test_name_claims_contract(names) -> None:
     assert await names.release("alice", key, first)
     assert await names.get("alice", key) is None
     assert await names.claim("alice", key, second, None) == second  # free again
+
+
+async def test_a_token_revoked_elsewhere_cannot_make_a_credential(client, db_prefix: str) -> None:
+    # Two intake replicas: bob's token cached on one (for CACHE_S) was revoked on the
+    # other, and the first minted bob a new token on it, which outlived the revocation
+    # (found by an audit of authorization).
+    import httpx
+
+    from trainyard_intake.adapters.owners import InMemoryOwnerRegistry
+    from trainyard_intake.app import create_app
+    from trainyard_intake.handlers import Deps
+
+    replica_a = TokenStore(tokens_collection(client, db_prefix), admin_token=None)
+    replica_b = TokenStore(tokens_collection(client, db_prefix), admin_token=None)
+    token = await replica_a.issue("bob")
+    assert await replica_b.resolve(token) == Identity("bob")  # cached on b
+    assert await replica_a.revoke_user("bob") == 1
+    assert await replica_b.resolve(token) == Identity("bob")  # b's cache: within CACHE_S
+    assert await replica_b.resolve(token, fresh=True) is None
+
+    async def publish(event: object) -> int:
+        return 1
+
+    app = create_app(Deps(publish=publish, owners=InMemoryOwnerRegistry()), replica_b)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://intake",
+        headers={"Authorization": f"Bearer {token}"},
+    ) as http:  # fmt: skip
+        minted = await http.post("/api/v2/tokens/application")
+        assert minted.status_code == 401, minted.text
+        # What only reads may still answer from the cache, as documented.
+        assert (await http.get("/api/v2/tokens")).status_code == 200
+    assert await replica_a.count("bob") == 0
+
+
+async def test_a_token_minted_while_a_user_is_revoked_is_revoked_too(
+    client, db_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainyard_common import auth
+
+    store = TokenStore(tokens_collection(client, db_prefix), admin_token=None)
+    minter = TokenStore(tokens_collection(client, db_prefix), admin_token=None)
+    await store.issue("frank")
+    delete_all = auth._delete_all
+    late: list[str] = []
+
+    async def minted_meanwhile(collection, user: str) -> int:  # type: ignore[no-untyped-def]
+        deleted = await delete_all(collection, user)
+        if not late:  # another replica's check passed just before the first pass
+            late.append(await minter.issue("frank", own=True))
+        return deleted
+
+    monkeypatch.setattr(auth, "_delete_all", minted_meanwhile)
+    assert await store.revoke_user("frank") == 2
+    assert await store.count("frank") == 0 and await store.resolve(late[0], fresh=True) is None

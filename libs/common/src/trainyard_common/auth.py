@@ -85,6 +85,10 @@ class MemoryNonces:
         return True
 
 
+# How many times revoke_user deletes a user's tokens while new ones keep appearing.
+REVOKE_PASSES = 3
+
+
 class TokenStore:
     """Resolves bearer tokens. Positive answers are cached briefly: every request
     would otherwise cost a store round trip. It also keeps the AccessKey signatures'
@@ -136,9 +140,17 @@ class TokenStore:
 
     async def revoke_user(self, user: str) -> int:
         """Every token of ``user`` stops resolving (those its holder made for itself
-        too); how many there were. Here at once, in other services within CACHE_S."""
+        too); how many there were. Here at once, in other services within CACHE_S. A
+        token minted meanwhile (its holder's check passed just before the deletion) is
+        deleted by the next pass: passes until one finds none."""
         self._cache = {k: v for k, v in self._cache.items() if v[1].user != user}
-        return await _delete_all(self._tokens, user)
+        total = 0
+        for _ in range(REVOKE_PASSES):
+            deleted = await _delete_all(self._tokens, user)
+            total += deleted
+            if not deleted or not await self.count(user):
+                break
+        return total
 
     async def count(self, user: str) -> int:
         """How many tokens ``user`` holds in the store."""
@@ -156,13 +168,16 @@ class TokenStore:
                 found[user] = found.get(user, False) or bool(doc.get("admin"))
         return found
 
-    async def resolve(self, token: str) -> Identity | None:
+    async def resolve(self, token: str, fresh: bool = False) -> Identity | None:
+        """Who ``token`` is; ``fresh``: asked of the store, not of this process's cache
+        (for what makes a credential: a token revoked in another service would still
+        be cached here for up to CACHE_S, time enough to mint one that outlives it)."""
         # As bytes: compare_digest raises on a str with non-ASCII characters.
         if self._admin_token and hmac.compare_digest(token.encode(), self._admin_token.encode()):
             return Identity(ADMIN_USER, admin=True)
         key = token_hash(token)
         hit = self._cache.get(key)
-        if hit and hit[0] > time.monotonic():
+        if hit and hit[0] > time.monotonic() and not fresh:
             return hit[1]
         if self._tokens is None:
             return None
@@ -211,11 +226,12 @@ def bearer(request: Request) -> str:
     return token.strip()
 
 
-def identity_dependency(store: TokenStore):
-    """A FastAPI dependency that turns the request's bearer token into an Identity."""
+def identity_dependency(store: TokenStore, fresh: bool = False):
+    """A FastAPI dependency that turns the request's bearer token into an Identity
+    (``fresh``: asked of the store, for the routes that make credentials)."""
 
     async def current_identity(request: Request) -> Identity:
-        identity = await store.resolve(bearer(request))
+        identity = await store.resolve(bearer(request), fresh=fresh)
         if identity is None:
             raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
         return identity

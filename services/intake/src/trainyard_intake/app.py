@@ -54,7 +54,9 @@ def _decode_body(raw: bytes, content_type: str, dialect: str | None = None) -> A
 def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
     app = health_app("intake")
     current = identity_dependency(tokens)
-    context = IntakeContext(deps=deps, tokens=tokens, current=current, db=db)
+    # Credentials are made only for a token the store still holds (not a cached one).
+    fresh = identity_dependency(tokens, fresh=True)
+    context = IntakeContext(deps=deps, tokens=tokens, current=current, fresh=fresh, db=db)
     trace = tracer("trainyard.intake")
 
     @app.post(
@@ -134,9 +136,7 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
         control(verb, request)
 
     @app.post("/v1/tokens", status_code=201)
-    async def post_token(
-        body: TokenRequest, identity: Identity = Depends(current)
-    ) -> dict[str, str]:
+    async def post_token(body: TokenRequest, identity: Identity = Depends(fresh)) -> dict[str, str]:
         if not identity.admin:
             raise HTTPException(403, "only an admin can issue tokens")
         try:

@@ -17,5 +17,7 @@ class IntakeContext:
     tokens: TokenStore
     # FastAPI dependency resolving the request's bearer token to an Identity.
     current: Callable[..., Awaitable[Identity]]
+    # The same, asked of the token store itself: for the routes that make credentials.
+    fresh: Callable[..., Awaitable[Identity]]
     # The intake service's own database, for a dialect's registries (DLC data sources).
     db: Any = None

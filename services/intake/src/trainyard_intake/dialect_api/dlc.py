@@ -133,7 +133,7 @@ def router(ctx: IntakeContext) -> APIRouter:
 
     @outer.post("/v1/access-keys", status_code=201)
     async def create_access_key(
-        body: AccessKeyRequest, identity: Identity = Depends(ctx.current)
+        body: AccessKeyRequest, identity: Identity = Depends(ctx.fresh)
     ) -> dict[str, str]:
         if not identity.admin:
             raise HTTPException(403, "only an admin can issue access keys")

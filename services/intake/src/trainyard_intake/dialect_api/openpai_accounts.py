@@ -164,7 +164,7 @@ def router(ctx: IntakeContext) -> APIRouter:
         return {"tokens": [bearer(request)]}
 
     @api.post("/api/v2/tokens/application")
-    async def application_token(identity: Identity = Depends(ctx.current)) -> Any:
+    async def application_token(identity: Identity = Depends(ctx.fresh)) -> Any:
         if await ctx.tokens.count(identity.user) >= MAX_TOKENS_PER_USER:
             return error(
                 400,
