@@ -226,6 +226,28 @@ def bearer(request: Request) -> str:
     return token.strip()
 
 
+class StillValid:
+    """Whether a long request's token (a live feed, a watch) still resolves, asked again
+    at most every ``every_s``: a stream opened before its token was revoked ends within
+    that and the token cache's CACHE_S, as any other request would be refused."""
+
+    def __init__(
+        self,
+        store: TokenStore,
+        token: str,
+        every_s: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store, self.token, self.every_s, self.clock = store, token, every_s, clock
+        self._next = clock() + every_s
+
+    async def __call__(self) -> bool:
+        if self.clock() < self._next:
+            return True
+        self._next = self.clock() + self.every_s
+        return await self.store.resolve(self.token) is not None
+
+
 def identity_dependency(store: TokenStore, fresh: bool = False):
     """A FastAPI dependency that turns the request's bearer token into an Identity
     (``fresh``: asked of the store, for the routes that make credentials)."""

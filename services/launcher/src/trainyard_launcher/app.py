@@ -18,8 +18,10 @@ from trainyard_common.auth import (
     AliyunError,
     AliyunRoute,
     Identity,
+    StillValid,
     TokenStore,
     aliyun_identity_dependency,
+    bearer,
     identity_dependency,
     request_id,
 )
@@ -59,6 +61,7 @@ def create_app(
 
     @app.get("/v1/jobs/{job_id}/logs", response_class=Response)
     async def task_logs(
+        request: Request,
         job_id: str,
         role: str | None = None,
         index: int | None = Query(None, ge=0, le=MAX_INDEX),
@@ -96,9 +99,12 @@ def create_app(
                 headers={"X-Log-Offset": str(chunk.next_offset)},
             )
 
+        valid = StillValid(tokens, bearer(request))
+
         async def ended() -> bool:
+            # Or the caller's token was revoked: followed as long as the task ran.
             now = await store.get_task(key)
-            return now is None or now.state.terminal
+            return now is None or now.state.terminal or not await valid()
 
         return StreamingResponse(
             backend.follow_log(ref, stream, offset, ended),
@@ -138,11 +144,13 @@ def create_app(
             }
 
     app.include_router(dlc_pod_logs(store, tokens, backend))
-    app.include_router(kube_pod_logs(store, backend, current_identity))
+    app.include_router(kube_pod_logs(store, tokens, backend, current_identity))
     return app
 
 
-def kube_pod_logs(store: LauncherStore, backend: TaskBackend, current: Any) -> APIRouter:
+def kube_pod_logs(
+    store: LauncherStore, tokens: TokenStore, backend: TaskBackend, current: Any
+) -> APIRouter:
     """A Kubernetes pod's log (``kubectl logs``, the Kubernetes and Kubeflow SDKs'
     ``read_namespaced_pod_log``): the task the pod name stands for
     (``<job>-<replica type>-<index>``, ``k8s_api.pod_name``), of the user's newest job of
@@ -159,6 +167,7 @@ def kube_pod_logs(store: LauncherStore, backend: TaskBackend, current: Any) -> A
 
     @api.get("/api/v1/namespaces/{namespace}/pods/{name}/log", response_model=None)
     async def pod_log(
+        request: Request,
         namespace: str,
         name: str,
         follow: bool = False,
@@ -187,10 +196,11 @@ def kube_pod_logs(store: LauncherStore, backend: TaskBackend, current: Any) -> A
             )
             return Response(data, media_type="text/plain")
         key = task.id
+        valid = StillValid(tokens, bearer(request))
 
         async def ended() -> bool:
             now = await store.get_task(key)
-            return now is None or now.state.terminal
+            return now is None or now.state.terminal or not await valid()
 
         async def both() -> AsyncIterator[bytes]:
             async for chunk in backend.follow_log(ref, "stdout", 0, ended):

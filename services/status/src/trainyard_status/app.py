@@ -23,7 +23,13 @@ from trainyard_common.api import (
     RebuildReport,
     answers,
 )
-from trainyard_common.auth import Identity, TokenStore, identity_dependency
+from trainyard_common.auth import (
+    Identity,
+    StillValid,
+    TokenStore,
+    bearer,
+    identity_dependency,
+)
 from trainyard_common.bus import DeadLetters
 from trainyard_common.events import JobState
 from trainyard_common.jobspec import JobKind
@@ -90,14 +96,24 @@ def read_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 async def sse(
-    feed: JobFeed, identity: Identity, request: Request, job_id: str | None = None
+    feed: JobFeed,
+    identity: Identity,
+    request: Request,
+    job_id: str | None = None,
+    valid: Callable[[], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[bytes]:
+    """``valid``: whether the caller's token still holds (StillValid); the feed ends
+    once it does not (it went on for as long as the connection lasted)."""
     yield b"retry: 2000\n: connected\n\n"
     async with feed.listen() as queue:
         while not await request.is_disconnected():
             try:
                 change = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
             except TimeoutError:
+                change = None
+            if valid is not None and not await valid():
+                return
+            if change is None:
                 yield b": keep-alive\n\n"
                 continue
             if change is RESET:
@@ -216,7 +232,7 @@ def create_app(
         if feed is None:
             raise HTTPException(503, "the live feed is not running here")
         return StreamingResponse(
-            sse(feed, identity, request, job_id),
+            sse(feed, identity, request, job_id, StillValid(tokens, bearer(request))),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

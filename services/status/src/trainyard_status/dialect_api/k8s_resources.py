@@ -28,7 +28,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from trainyard_common.auth import Identity
+from trainyard_common.auth import Identity, StillValid, bearer
 from trainyard_common.dialects import k8s_api, kubeflow
 from trainyard_common.dialects.k8s_api import SelectorError, Served
 from trainyard_common.dialects.k8s_pod import latest_tasks
@@ -225,6 +225,8 @@ def router(ctx: StatusContext) -> APIRouter:
                 obj = k8s_api.table([obj], meta, datetime.now(UTC))
             return k8s_api.watch_event(kind, obj)
 
+        valid = StillValid(ctx.tokens, bearer(request))
+
         async def events() -> AsyncIterator[bytes]:
             seen = start
             added: set[str] = set()
@@ -240,6 +242,8 @@ def router(ctx: StatusContext) -> APIRouter:
             deadline = time.monotonic() + timeout
             next_bookmark = time.monotonic() + BOOKMARK_S
             while time.monotonic() < deadline:
+                if not await valid():
+                    return  # its token was revoked: the client's next request is refused
                 for doc in await views.resource_changes(served.dialect, seen):
                     seen = max(seen, int(doc.get("feed_seq") or 0))
                     if not (mine(doc, identity) and of(doc, served, namespace)):
