@@ -519,6 +519,20 @@ def test_a_claim_a_pod_template_mounts_is_in_its_pods(api: Api, kube_cluster: Ku
     assert mount["subPath"] == "runs" and mount["readOnly"] is True
 
 
+def test_a_debug_jobs_pods_run_the_keep_alive(api: Api, kube_cluster: KubeCluster) -> None:
+    # T9k's debug mode ran the command on Kubernetes all the same.
+    job_id = api.submit({
+        "name": f"debug-{uuid.uuid4().hex[:6]}", "image": "busybox", "run_mode": "debug",
+        "roles": [{"name": "w", "command": "echo never-run; exit 3"}],
+    })  # fmt: skip
+    [pod] = wait_for(lambda: pods(kube_cluster, job_id), what="the debug job's pod")
+    [container] = pod["spec"]["containers"]
+    assert "debug mode: the command is not run" in container["command"][-1]
+    assert "never-run" not in json.dumps(pod)
+    assert api.http.post(f"/v1/jobs/{job_id}/stop").status_code == 202
+    assert api.wait(job_id)["state"] == "STOPPED"
+
+
 def test_a_pod_larger_than_its_namespaces_quota_fails_at_once(
     api: Api, kube_cluster: KubeCluster
 ) -> None:

@@ -25,6 +25,7 @@ from trainyard_launcher.domain.failure import EndKind
 from trainyard_launcher.domain.pods import (
     COMMAND_DIR,
     COMMAND_KEY,
+    DEBUG_KEEPALIVE,
     EXPORTS_MAX_BYTES,
     GPU_RESOURCE,
     PodProblem,
@@ -490,6 +491,26 @@ def test_the_claims_a_roles_pod_template_mounts_are_in_its_pods() -> None:
         host_ip="x"), env={}, command="x", namespace="ns", owner_uid="u", settings=PodSettings(),
     )  # fmt: skip
     assert not any("persistentVolumeClaim" in v for v in alone["spec"]["volumes"])
+
+
+def test_a_debug_tasks_pod_runs_the_keep_alive_not_its_command() -> None:
+    # T9k's debug mode on Kubernetes ran the command all the same: the backend did not
+    # read the launch's debug option (the local one did).
+    for role in (
+        RoleSpec(name="w", command="python train.py --secret s3cret"),
+        RoleSpec(name="w", command="", entrypoint=["python"], args=["train.py"]),
+    ):
+        pod = pod_manifest(
+            spec=JobSpec(name="j", image="i", roles=[role]), job_id=JOB, attempt=1,
+            placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"), env={},
+            command=role.command, namespace="ns", owner_uid="u", settings=PodSettings(),
+            carries_secrets=True, debug=True,
+        )  # fmt: skip
+        [container] = pod["spec"]["containers"]
+        assert (
+            container["command"] == ["/bin/sh", "-c", DEBUG_KEEPALIVE] and "args" not in container
+        )
+        assert "train.py" not in str(pod)  # nor its line in a Secret: nothing to hide
 
 
 def test_a_pod_needs_an_image() -> None:

@@ -680,11 +680,12 @@ class KubernetesBackend:
                 env=task.env, command=task.command, namespace=namespace, owner_uid=owner,
                 settings=self.settings.pods, mpi=mpi, carries_secrets=task.carries_secrets,
                 writable_claims=self.settings.kept_to(namespace, spec.user),
+                debug=task.options.debug,
             )  # fmt: skip
         except PodProblem as exc:
             raise LaunchRefused(str(exc)) from exc
         body["metadata"]["labels"][INSTALLATION_LABEL] = label_value(self.settings.installation)
-        hidden = hides_command(spec.role(ref.role), task.carries_secrets)
+        hidden = hides_command(spec.role(ref.role), task.carries_secrets) and not task.options.debug
         if hidden:
             # Before the pod, which the kubelet starts once it can mount it; owned by
             # the attempt's owner (needs_owner) until the pod is made, then by the pod.

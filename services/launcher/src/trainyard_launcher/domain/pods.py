@@ -306,6 +306,16 @@ def escape_shell(command: str) -> str:
     return command.replace("$", "$$")
 
 
+# T9k's debug mode on Kubernetes: the pod is made ready as usual (its code, data and
+# packages by the init containers), then this runs in place of the command (or of the
+# container's argv) until the job is stopped; `yard exec` runs commands in it. POSIX sh
+# only: an image's sleep may not take "infinity".
+DEBUG_KEEPALIVE = (
+    "echo 'trainyard: debug mode: the command is not run; this task stays up until the "
+    "job is stopped (yard exec runs commands in it)' >&2; while :; do sleep 3600; done"
+)
+
+
 def container_command(
     role: RoleSpec, command: str, exports: str = "", *, hidden: bool = False
 ) -> dict[str, Any]:
@@ -471,13 +481,15 @@ def pod_manifest(
     mpi: bool = False,
     carries_secrets: bool = False,
     writable_claims: bool = False,
+    debug: bool = False,
 ) -> dict[str, Any]:
     """The Pod of one task, bound to the node placement chose. Where its command line
     carries the job's secrets (``hides_command``), the line is left to the task's
     Secret (``command_secret``), which the adapter makes before the pod.
     ``writable_claims``: the namespace is kept to the job's user (its claims are their
     team's), so a claim is mounted read-write (outputs, checkpoints); elsewhere every
-    user may mount it, read-only."""
+    user may mount it, read-only. ``debug`` (T9k's debug mode): DEBUG_KEEPALIVE runs in
+    place of the command or the container's argv."""
     role = spec.role(placement.role)
     image = role.image or spec.image
     if not image:
@@ -485,15 +497,19 @@ def pod_manifest(
     name = pod_name(job_id, attempt, placement.role, placement.index)
     res, gpu_env = resources(role, placement)
     pod_env, exports = _container_env(role, env, gpu_env)
-    hidden = hides_command(role, carries_secrets)
-    if not role.container_form and "\x00" in command:
+    hidden = hides_command(role, carries_secrets) and not debug
+    if not role.container_form and "\x00" in command and not debug:
         # No argument (and no shell reading a file: dash drops it) can hold one.
         raise PodProblem(f"role {role.name!r}: the command line holds a NUL character")
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
         **({"imagePullPolicy": role.image_pull_policy} if role.image_pull_policy else {}),
-        **container_command(role, command, exports, hidden=hidden),
+        **(
+            {"command": ["/bin/sh", "-c", escape_shell(exports + DEBUG_KEEPALIVE)]}
+            if debug
+            else container_command(role, command, exports, hidden=hidden)
+        ),
         "env": _env_list(pod_env),
         "resources": res,
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
