@@ -107,6 +107,8 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 def data_source_errors(spec: JobSpec, runtime: str, locate: Locate) -> list[FieldIssue]:
     """Each data source the runtime can never mount, at its place in the payload."""
+    if not spec.data_sources:
+        return []  # most jobs: no path to look up (locate reads the payload)
     where = locate(None, "data_sources")
     return [
         FieldIssue(
