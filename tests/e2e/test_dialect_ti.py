@@ -186,7 +186,7 @@ def test_yard_ti_job_create_get_list(platform: Platform, api: Api) -> None:
         "--region=ap-guangzhou",
         "--command=python3 -c 'import os; print(os.environ[\"TF_CONFIG\"])'",
         "--runtime=tf-1.7.0-py3",
-        "--wcount=1",
+        "--wcount=2",  # distributed: a job of one task gets no TF_CONFIG
         "--workertype=1U1G0P",
     )
     assert f"job {name} created in cluster {CLUSTER}: Created" in created.stdout

@@ -141,6 +141,17 @@ def test_no_tf_config_when_a_task_has_no_port() -> None:
     assert framework_env(spec, tasks, "worker", 0) == {}
 
 
+def test_a_tensorflow_job_of_one_task_gets_no_tf_config() -> None:
+    # Kubeflow's operator writes none for a job of one task (isDistributed): TensorFlow
+    # 1.x's estimators refuse a cluster without a chief, and a lone worker trains
+    # locally. A default TI job (one worker) on a tia runtime crashed so (found in review).
+    spec = JobSpec(name="tf", kind=JobKind.TENSORFLOW, roles=[role("worker", 1)])
+    assert framework_env(spec, [place("worker", 0, 3000)], "worker", 0) == {}
+    two = spec.model_copy(update={"roles": [role("worker", 2)]})
+    tasks = [place("worker", 0, 3000), place("worker", 1, 3001)]
+    assert "TF_CONFIG" in framework_env(two, tasks, "worker", 1)
+
+
 def test_other_kinds_get_no_tf_config() -> None:
     spec, tasks = tf_job()
     generic = spec.model_copy(update={"kind": JobKind.GENERIC})

@@ -101,7 +101,11 @@ def _address(task: TaskPlacement) -> str | None:
 
 
 def tf_config(spec: JobSpec, tasks: list[TaskPlacement], role: str, index: int) -> str | None:
-    """The TF_CONFIG JSON of task ``role``/``index``; None when some task has no port."""
+    """The TF_CONFIG JSON of task ``role``/``index``; None when some task has no port,
+    and for a job of one task, as Kubeflow's operator does (isDistributed): TensorFlow
+    1.x's estimators refuse a cluster without a chief, and a lone task trains locally."""
+    if sum(r.replicas for r in spec.roles) == 1:
+        return None
     cluster: dict[str, list[str]] = {}
     # Roles in the spec's order, tasks by index: every task writes the same cluster.
     by_role = {
