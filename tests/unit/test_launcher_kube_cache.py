@@ -304,3 +304,56 @@ async def test_a_command_secret_the_namespace_cannot_take_now_comes_again(monkey
         answers.append(exc)
         with pytest.raises(kind, match="exceeded quota"):
             await backend._command_secret(launch, "ns", "owner-uid")
+
+
+async def test_a_followed_log_ends_once_its_follower_is_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The follow asked ended() only until the pod started, then streamed until the
+    # kubelet closed it: a follower whose token was revoked kept reading (found in
+    # review). What is on its way when it ends is still sent.
+    import asyncio
+
+    from trainyard_launcher.adapters import kubernetes
+
+    monkeypatch.setattr(kubernetes, "FOLLOW_CHECK_S", 0.05)
+    running = created()
+    running["status"] = {"phase": "Running", "containerStatuses": [
+        {"name": "task", "state": {"running": {"startedAt": "2026-11-29T10:00:00Z"}}}
+    ]}  # fmt: skip
+    backend = KubernetesBackend(KubeSettings(namespace="ns"))
+    backend._remember("ns", running)
+    sent = asyncio.Queue[bytes]()
+
+    class Stream:
+        async def __aenter__(self) -> Stream:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+        class content:  # noqa: N801 - aiohttp's attribute
+            @staticmethod
+            async def iter_any():  # type: ignore[no-untyped-def]
+                while True:  # the kubelet's stream of a running container: never ends
+                    yield await sent.get()
+
+    class Core:
+        async def read_namespaced_pod_log(self, *args: object, **kwargs: object) -> Stream:
+            return Stream()
+
+    monkeypatch.setattr(KubernetesBackend, "core", property(lambda self: Core()))
+    done = False
+
+    async def ended() -> bool:
+        return done
+
+    follow = backend.follow_log(REF, "stdout", 0, ended)
+    sent.put_nowait(b"first\n")
+    assert await anext(follow) == b"first\n"
+    done = True
+    sent.put_nowait(b"last\n")  # on its way as the follower is done: still sent
+    got = await asyncio.wait_for(anext(follow), 2.0)
+    assert got == b"last\n"
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(follow), 3.0)

@@ -34,6 +34,16 @@ async def test_a_token_is_asked_again_only_every_so_often() -> None:
     assert await valid() and tokens.asked == 0
     now[0] = 15.0
     assert not await valid() and tokens.asked == 1
+    assert not await valid() and tokens.asked == 1  # for good, not asked again
+
+
+async def test_a_store_that_cannot_answer_is_no_revocation() -> None:
+    class Away(Revocable):
+        async def resolve(self, token: str, fresh: bool = False) -> Identity | None:
+            raise ConnectionError("store away")
+
+    valid = StillValid(Away(), "t", every_s=0.0)
+    assert await valid()
 
 
 class Feed:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
@@ -37,6 +38,8 @@ from .aliyun_auth import (
 )
 from .secrets_box import SecretBox, SecretsUnavailable, open_value
 from .storage import Collection
+
+log = logging.getLogger("trainyard.auth")
 
 USER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # no "~": it joins user~jobName keys
 ADMIN_USER = "admin"
@@ -240,12 +243,19 @@ class StillValid:
     ) -> None:
         self.store, self.token, self.every_s, self.clock = store, token, every_s, clock
         self._next = clock() + every_s
+        self._revoked = False
 
     async def __call__(self) -> bool:
+        if self._revoked:
+            return False  # for good: a revoked token does not come back
         if self.clock() < self._next:
             return True
         self._next = self.clock() + self.every_s
-        return await self.store.resolve(self.token) is not None
+        try:
+            self._revoked = await self.store.resolve(self.token) is None
+        except Exception as exc:  # noqa: BLE001 - the store away is no revocation
+            log.warning("could not check a stream's token again (%r); asked later", exc)
+        return not self._revoked
 
 
 def identity_dependency(store: TokenStore, fresh: bool = False):

@@ -205,7 +205,8 @@ def kube_pod_logs(
         async def both() -> AsyncIterator[bytes]:
             async for chunk in backend.follow_log(ref, "stdout", 0, ended):
                 yield chunk
-            yield (await backend.read_log(ref, "stderr", 0)).data
+            if await valid():  # not for a follower whose token was revoked meanwhile
+                yield (await backend.read_log(ref, "stderr", 0)).data
 
         return StreamingResponse(both(), media_type="text/plain")
 

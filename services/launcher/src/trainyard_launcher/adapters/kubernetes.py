@@ -104,6 +104,8 @@ log = logging.getLogger("trainyard.launcher.kubernetes")
 
 SELECTOR = f"{MANAGED_BY}={MANAGER}"
 WATCH_TIMEOUT_S = 240
+# How often a followed log asks whether its follower should stop (ended()).
+FOLLOW_CHECK_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -910,13 +912,40 @@ class KubernetesBackend:
             return
         skipped = 0
         async with response:
-            async for chunk in response.content.iter_any():
-                if skipped < offset:
-                    cut = min(offset - skipped, len(chunk))
-                    skipped += cut
-                    chunk = chunk[cut:]
-                if chunk:
-                    yield chunk
+            chunks = aiter(response.content.iter_any())
+            checked = time.monotonic()
+            closing = False
+            pending: asyncio.Future[bytes] | None = None
+            try:
+                while True:
+                    if pending is None:
+                        pending = asyncio.ensure_future(anext(chunks))
+                    await asyncio.wait({pending}, timeout=1.0 if closing else FOLLOW_CHECK_S)
+                    if closing and not pending.done():
+                        return  # what the kubelet still had is sent; nothing more comes
+                    if not closing and time.monotonic() - checked >= FOLLOW_CHECK_S:
+                        # The follower may be done (its token revoked, or the task ended
+                        # while the kubelet holds the stream open): asked every so often,
+                        # not per chunk (a store read each); what is on its way is still
+                        # sent.
+                        checked = time.monotonic()
+                        closing = await ended()
+                    if not pending.done():
+                        continue
+                    try:
+                        chunk = pending.result()
+                    except StopAsyncIteration:
+                        return
+                    pending = None
+                    if skipped < offset:
+                        cut = min(offset - skipped, len(chunk))
+                        skipped += cut
+                        chunk = chunk[cut:]
+                    if chunk:
+                        yield chunk
+            finally:
+                if pending is not None and not pending.done():
+                    pending.cancel()
 
     async def exec(
         self,
