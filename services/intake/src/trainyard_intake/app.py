@@ -11,8 +11,7 @@ from pydantic import BaseModel
 
 from trainyard_common.api import JOB_BODY, ControlAnswer, SubmitAnswer, answers
 from trainyard_common.auth import AccessKeyStore, Identity, TokenStore, identity_dependency
-from trainyard_common.dialects import UnknownDialect, parse_job
-from trainyard_common.dialects import dialect as dialect_named
+from trainyard_common.dialects import UnknownDialect, forced_dialect, parse_job
 from trainyard_common.parsing import BodyError
 from trainyard_common.runtime import health_app
 from trainyard_common.telemetry import tracer
@@ -73,11 +72,10 @@ def create_app(deps: Deps, tokens: TokenStore, db: Any = None) -> FastAPI:
         dialect: str | None = Query(None, description="force a dialect instead of detecting it"),
         idempotency_key: str | None = Header(None),
     ) -> JSONResponse:
-        if dialect is not None:  # before anything is read, or kept on record as a job
-            try:
-                dialect = dialect_named(dialect).name
-            except UnknownDialect as exc:
-                raise HTTPException(400, str(exc)) from exc
+        try:  # before anything is read, or kept on record as a job
+            dialect = forced_dialect(dialect)
+        except UnknownDialect as exc:
+            raise HTTPException(400, str(exc)) from exc
         payload = _decode_body(
             await request.body(), request.headers.get("content-type", ""), dialect
         )

@@ -15,8 +15,13 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from trainyard_common.api import JOB_BODY, ValidationAnswer, answers
 from trainyard_common.auth import Identity
 from trainyard_common.cluster import ClusterSpec
-from trainyard_common.dialects import UnknownDialect, detect, parse_job, translate
-from trainyard_common.dialects import dialect as dialect_named
+from trainyard_common.dialects import (
+    UnknownDialect,
+    detect,
+    forced_dialect,
+    parse_job,
+    translate,
+)
 from trainyard_common.events import JobAccepted, JobSubmitted
 from trainyard_common.parsing import BodyError
 
@@ -34,11 +39,10 @@ def router(cluster: Callable[[], ClusterSpec], names: NameRegistry, current: Any
         identity: Identity = Depends(current),
         dialect: str | None = Query(None, description="force a dialect instead of detecting it"),
     ) -> dict[str, Any]:
-        if dialect is not None:  # before anything is read, or kept on record as a job
-            try:
-                dialect = dialect_named(dialect).name
-            except UnknownDialect as exc:
-                raise HTTPException(400, str(exc)) from exc
+        try:  # before anything is read, or kept on record as a job
+            dialect = forced_dialect(dialect)
+        except UnknownDialect as exc:
+            raise HTTPException(400, str(exc)) from exc
         try:
             payload = parse_job(
                 await request.body(), request.headers.get("content-type", ""), dialect=dialect

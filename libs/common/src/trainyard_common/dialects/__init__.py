@@ -42,6 +42,7 @@ __all__ = [
     "detect",
     "dialect",
     "field_path",
+    "forced_dialect",
     "openpai_warnings",
     "translate",
     "translate_native",
@@ -49,6 +50,12 @@ __all__ = [
     "validate_native",
     "validate_openpai",
 ]
+
+
+def forced_dialect(name: str | None) -> str | None:
+    """The dialect a request forces (``?dialect=``), checked before anything is read;
+    None (left out or empty) detects it; UnknownDialect names the parameter."""
+    return dialect(name).name if name else None
 
 
 def dialect(name: str) -> Dialect:
