@@ -29,7 +29,10 @@ BAD = [
     ({"labels": {"a": "has space"}}, "$.metadata.labels.a", "pattern"),
     ({"annotations": {"k": [1, 2]}}, "$.metadata.annotations.k", "type"),
     ({"annotations": {"a b": "x"}}, "$.metadata.annotations['a b']", "pattern"),
+    ({"labels": {"a": "abc\n"}}, "$.metadata.labels.a", "pattern"),
+    ({"labels": {"a\n": "v"}}, "$.metadata.labels['a\n']", "pattern"),
     ({"annotations": {"big": "x" * (256 * 1024)}}, "$.metadata.annotations", "range"),
+    ({"annotations": {"big": "\u00e9" * (130 * 1024)}}, "$.metadata.annotations", "range"),
     ({"name": "n" * 64}, "$.metadata.name", "pattern"),
     ({"namespace": "s" * 64}, "$.metadata.namespace", "pattern"),
 ]

@@ -391,13 +391,13 @@ def _split_terms(text: str) -> list[str]:
 
 
 def _key(key: str, selector: str) -> str:
-    if not LABEL_KEY_RE.match(key) or len(key) > MAX_KEY:
+    if not LABEL_KEY_RE.fullmatch(key) or len(key) > MAX_KEY:
         raise SelectorError(f"invalid label key {key!r} in {selector!r}")
     return key
 
 
 def _value(value: str, selector: str) -> str:
-    if not LABEL_VALUE_RE.match(value):
+    if not LABEL_VALUE_RE.fullmatch(value):
         raise SelectorError(f"invalid label value {value!r} in {selector!r}")
     return value
 

@@ -1065,19 +1065,21 @@ def _string_map(meta: dict[str, Any], field_name: str, issues: Issues) -> None:
         return
     size = 0
     for key, value in values.items():
+        key = str(key)  # a body's keys are text; a caller's dict may hold others
         at = join(where, key)
-        if not (len(key) <= MAX_KEY and LABEL_KEY_RE.match(key)):
+        # fullmatch: "$" also matches before a final newline.
+        if not (len(key) <= MAX_KEY and LABEL_KEY_RE.fullmatch(key)):
             issues.error(at, f"{field_name[:-1]} key {show(key)} is not a qualified name "
                          "(an optional DNS prefix and '/', then at most 63 letters, digits, "
                          "'-', '_' or '.', beginning and ending alphanumeric)", "pattern")  # fmt: skip
         if not isinstance(value, str):
             issues.error(at, f"{field_name[:-1]} {show(key)} must be a string, not "
                          f"{json_type(value)}", "type")  # fmt: skip
-        elif field_name == "labels" and not LABEL_VALUE_RE.match(value):
+        elif field_name == "labels" and not LABEL_VALUE_RE.fullmatch(value):
             issues.error(at, f"label value {show(value)} must be at most 63 letters, digits, "
                          "'-', '_' or '.', beginning and ending alphanumeric", "pattern")  # fmt: skip
         else:
-            size += len(key) + len(value)
+            size += len(key.encode()) + len(value.encode())  # bytes, as the API server
     if field_name == "annotations" and size > MAX_ANNOTATIONS:
         issues.error(where, f"annotations may hold at most {MAX_ANNOTATIONS} bytes in all, "
                      f"not {size}", "range")  # fmt: skip
