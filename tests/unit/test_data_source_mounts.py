@@ -73,3 +73,13 @@ def test_each_backend_takes_what_it_mounts() -> None:
         assert isinstance(verdict(native(source), KUBE), JobAccepted), source
     assert refused_at(native("pvc://"), KUBE) == ["$.data_sources[0]"]
     assert refused_at(native("file://localhost/data"), KUBE) == ["$.data_sources[0]"]
+    # Pods take pvc:// as written (found in review: PVC:// passed here, failed at launch).
+    assert refused_at(native("PVC://claim"), KUBE) == ["$.data_sources[0]"]
+    assert isinstance(verdict(native("FILE:///data"), LOCAL), JobAccepted)
+
+
+def test_a_refusal_does_not_show_a_sources_password() -> None:
+    result = verdict(native("s3://key:hunter2@bucket/x"), LOCAL)
+    assert isinstance(result, JobRejected)
+    [error] = result.errors
+    assert "hunter2" not in error.message and "s3://***@bucket/x" in error.message

@@ -103,6 +103,12 @@ def runtime_warnings(spec: JobSpec, runtime: str, locate: Locate) -> list[FieldI
 
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
+
+
+def _shown(source: str) -> str:
+    """A source as an error may show it: without a user:password@ part, and short."""
+    return _USERINFO.sub(r"\1***@", source)[:200]
 
 
 def data_source_errors(spec: JobSpec, runtime: str, locate: Locate) -> list[FieldIssue]:
@@ -114,7 +120,7 @@ def data_source_errors(spec: JobSpec, runtime: str, locate: Locate) -> list[Fiel
         FieldIssue(
             path=f"{where}[{i}]",
             code="unsupported_source",
-            message=f"data source {source.source[:200]!r}: {problem}",
+            message=f"data source {_shown(source.source)!r}: {problem}",
         )
         for i, source in enumerate(spec.data_sources)
         if (problem := source_problem(source.source, runtime)) is not None
@@ -126,7 +132,11 @@ def source_problem(source: str, runtime: str) -> str | None:
     knows; the launcher still finds a path missing or a claim absent at the start).
     The launcher reads them so: domain/prepare.local_path, domain/pods.data_volume."""
     found = _SCHEME.match(source)
-    scheme = found.group(1).lower() if found else None
+    # Pods take pvc:// and file:// as written (domain/pods.data_volume); the local
+    # backend reads a scheme in any case (domain/prepare.local_path).
+    scheme = (
+        (found.group(1) if runtime == "kubernetes" else found.group(1).lower()) if found else None
+    )
     rest = source[found.end() :] if found else source
     if runtime == "kubernetes":
         if scheme == "pvc":
