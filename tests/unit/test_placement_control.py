@@ -5,6 +5,7 @@ stops work in every state; a restart keeps all of it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -44,6 +45,14 @@ from trainyard_placement.handlers import (
 )
 
 from .test_placement_handlers import Harness, spec
+
+
+@pytest.fixture(autouse=True)
+def memory_follows_the_store_unaided(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """No flow here loses a reply: catch_up must never find memory behind the store
+    (a reload there would be a spurious cycle, or state lost)."""
+    yield
+    assert not [r for r in caplog.get_records("call") if "not as stored" in r.getMessage()]
 
 
 def pause(job_id: str) -> PauseJob:

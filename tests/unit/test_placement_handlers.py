@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -32,6 +33,14 @@ from trainyard_placement.handlers.common import NotLeader, publish
 CLUSTER = ClusterSpec(
     nodes=[NodeSpec(name="n1", host_ip="10.0.0.1", cpu=8, memory_mb=16384, gpus=2, gpu_type="V100")]
 )
+
+
+@pytest.fixture(autouse=True)
+def memory_follows_the_store_unaided(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """No flow here loses a reply: catch_up must never find memory behind the store
+    (a reload there would be a spurious cycle, or state lost)."""
+    yield
+    assert not [r for r in caplog.get_records("call") if "not as stored" in r.getMessage()]
 
 
 @dataclass

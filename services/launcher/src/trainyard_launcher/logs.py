@@ -106,7 +106,15 @@ def read_log(path: Path) -> bytes:
 
 def open_parts(path: Path) -> list[BinaryIO]:
     """A log's parts open for reading, oldest first (the caller closes them)."""
-    parts = [f for p in (path, older_part(path)) if (f := _open(p, 0)) is not None]
+    parts: list[BinaryIO] = []
+    try:
+        for part in (path, older_part(path)):
+            if (f := _open(part, 0)) is not None:
+                parts.append(f)
+    except BaseException:
+        for f in parts:  # the first one opened, when opening the second failed
+            f.close()
+        raise
     inodes = {os.fstat(f.fileno()).st_ino for f in parts}
     if len(inodes) < len(parts):
         # Rotated between the two opens: the current part became the older one.

@@ -291,7 +291,7 @@ class KubernetesBackend:
         self._present: set[str] = set()
         # Each open attempt's job's namespace (forgotten when the attempt closes: one
         # entry per job ever run would grow with history; a closed job's pods are known
-        # by the namespace's watch, with their namespace).
+        # by the pod watch, with their namespace).
         # (attempt, namespace) by job: a late close of an earlier attempt leaves it.
         self._job_namespace: dict[str, tuple[int, str]] = {}
         # Each open attempt's owner ConfigMap uid (None: a lone task's, which has none).
@@ -377,7 +377,7 @@ class KubernetesBackend:
         self, namespace: str, body: dict[str, Any], *, unless_seen: bool = False
     ) -> TaskRef | None:
         """Keep a pod's latest state. ``unless_seen``: ``body`` is a create's or a read's
-        answer, which the namespace's watch may already have overtaken while it was
+        answer, which the pod watch may already have overtaken while it was
         awaited (a pod that ran and ended at once): the watch's state of the same pod
         is then newer and is kept; written over, the task would look running forever."""
         task = pod_task(body)
