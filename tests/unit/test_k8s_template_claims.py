@@ -46,6 +46,7 @@ def test_a_claim_mounted_twice_and_at_a_sub_path_is_each_mount() -> None:
         {"persistentVolumeClaim": {"claimName": "team.data"}},
         {"name": "data", "mountPath": "/data"},
         {"name": "data", "mountPath": "/out", "subPath": "runs/7"},
+        {"name": "data", "mountPath": "/ro", "readOnly": True},
     )
     t = kubeflow.translate_kubeflow(job)
     assert t.errors == []
@@ -53,6 +54,7 @@ def test_a_claim_mounted_twice_and_at_a_sub_path_is_each_mount() -> None:
     assert worker.volumes == [
         DataSource(source="pvc://team.data", mount_path="/data"),
         DataSource(source="pvc://team.data/runs/7", mount_path="/out"),
+        DataSource(source="pvc://team.data", mount_path="/ro", read_only=True),
     ]
     assert t.spec.role("Master").volumes == []
     # The emptyDir is still kept but not mounted, and said so.

@@ -491,6 +491,20 @@ def test_the_claims_a_roles_pod_template_mounts_are_in_its_pods() -> None:
         host_ip="x"), env={}, command="x", namespace="ns", owner_uid="u", settings=PodSettings(),
     )  # fmt: skip
     assert not any("persistentVolumeClaim" in v for v in alone["spec"]["volumes"])
+    # In a namespace kept to the user a claim is theirs to write, unless the template
+    # mounts it readOnly.
+    kept = RoleSpec(name="w", command="x", volumes=[
+        DataSource(source="pvc://a", mount_path="/a"),
+        DataSource(source="pvc://b", mount_path="/b", read_only=True),
+    ])  # fmt: skip
+    writable = pod_manifest(
+        spec=JobSpec(name="j", image="i", roles=[kept]), job_id=JOB, attempt=1,
+        placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"), env={},
+        command="x", namespace="team", owner_uid="u", settings=PodSettings(),
+        writable_claims=True,
+    )  # fmt: skip
+    mounts = {m["mountPath"]: m for m in writable["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["/a"]["readOnly"] is False and mounts["/b"]["readOnly"] is True
 
 
 def test_a_debug_tasks_pod_runs_the_keep_alive_not_its_command() -> None:

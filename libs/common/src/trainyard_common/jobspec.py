@@ -112,6 +112,9 @@ class CodeSource(Model):
 class DataSource(Model):
     source: str = Field(description="a URI, a local path, or a registered data source id")
     mount_path: str
+    # A pod template's mount that says readOnly (T9k, Kubeflow): read-only even where
+    # the claim could be written. Left out when False, as ``uncapped``.
+    read_only: bool = Field(False, exclude_if=lambda value: not value)
 
 
 class Resources(Model):

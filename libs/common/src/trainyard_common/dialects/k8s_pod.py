@@ -813,8 +813,9 @@ def _claim_mounts(
                          "path without '..'", "pattern")  # fmt: skip
             continue
         if name and where:
+            read_only = claim.get("readOnly") is True or mount.get("readOnly") is True
             out.append(DataSource(source=f"pvc://{name}" + (f"/{sub}" if sub else ""),
-                                  mount_path=where))  # fmt: skip
+                                  mount_path=where, read_only=read_only))  # fmt: skip
     return out
 
 

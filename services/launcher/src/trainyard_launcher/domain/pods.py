@@ -581,7 +581,8 @@ def pod_manifest(
     sources = [("data", spec.data_sources, "data_sources"), ("vol", role.volumes, "volumes")]
     for prefix, listed, field_name in sources:
         for i, data in enumerate(listed):
-            volume = data_volume(data.source, i, settings, writable_claims, field_name)
+            writable = writable_claims and not data.read_only
+            volume = data_volume(data.source, i, settings, writable, field_name)
             sub = volume.pop("subPath")
             volumes.append({"name": f"{prefix}-{i}", **volume})
             mount: dict[str, Any] = {
