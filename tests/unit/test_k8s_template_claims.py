@@ -14,7 +14,7 @@ import yaml
 
 from trainyard_common.cluster import ClusterSpec, NodeSpec
 from trainyard_common.dialects import kubeflow, t9k, translate
-from trainyard_common.events import JobAccepted, JobSubmitted
+from trainyard_common.events import JobAccepted, JobRejected, JobSubmitted
 from trainyard_common.jobspec import DataSource
 from trainyard_validation.domain.rules import decide
 
@@ -96,3 +96,25 @@ def test_the_local_backend_says_it_mounts_no_claim() -> None:
         "$.spec.jobTemplate.spec.template.spec.containers[0].volumeMounts"
     ]
     assert not any("pvc://mypvc" in w.message for w in verdict(job, "kubernetes").warnings)
+
+
+def test_a_claim_at_a_path_already_mounted_is_refused_on_kubernetes() -> None:
+    # The API server refuses a pod with two volumes at one path: every task failed at
+    # its start (found in review).
+    job = with_claim({"persistentVolumeClaim": {"claimName": "d"}},
+                     {"name": "data", "mountPath": "/data"},
+                     {"name": "data", "mountPath": "/data/"})  # fmt: skip
+    t = translate(job, user="alice")
+    event = JobSubmitted(job_id="j", spec=t.spec, dialect=t.dialect, dialect_key=t.key,
+                         original=job, warnings=t.warnings)  # fmt: skip
+    nodes = [NodeSpec(name="n", cpu=64, memory_mb=256_000, gpus=8, gpu_type="V100")]
+    result = decide(event, ClusterSpec(nodes=nodes, runtime="kubernetes"))
+    assert isinstance(result, JobRejected)
+    assert [(e.path, e.code) for e in result.errors] == [
+        ("$.spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].volumeMounts",
+         "duplicate")
+    ]  # fmt: skip
+    # Once each: taken.
+    once = with_claim({"persistentVolumeClaim": {"claimName": "d"}},
+                      {"name": "data", "mountPath": "/data"})  # fmt: skip
+    assert isinstance(verdict(once, "kubernetes"), JobAccepted)

@@ -24,7 +24,7 @@ def runtime_errors(spec: JobSpec, runtime: str, locate: Locate) -> list[FieldIss
     there)."""
     sources = data_source_errors(spec, runtime, locate)
     if runtime != "local":
-        return sources
+        return sources + mount_clashes(spec, locate)
     return sources + [
         FieldIssue(
             path=locate(role.name, "command"),
@@ -100,6 +100,28 @@ def runtime_warnings(spec: JobSpec, runtime: str, locate: Locate) -> list[FieldI
             ),
         )
     ]
+
+
+def mount_clashes(spec: JobSpec, locate: Locate) -> list[FieldIssue]:
+    """On Kubernetes, a role's claims (its pod template's) at a path the job's code or
+    data already takes, or twice: the API server refuses such a pod (422, a duplicate
+    mountPath), so every task failed at its start."""
+    taken = [s.mount_path for s in spec.data_sources]
+    if spec.code_source is not None:
+        taken.append(spec.code_source.mount_path)
+    issues = []
+    for role in spec.roles:
+        seen = list(taken)
+        for volume in role.volumes:
+            path = volume.mount_path.rstrip("/") or "/"
+            if path in (p.rstrip("/") or "/" for p in seen):
+                issues.append(FieldIssue(
+                    path=f"{locate(role.name, 'volumes')}.volumeMounts", code="duplicate",
+                    message=f"role {role.name!r}: {volume.mount_path} is mounted twice (a "
+                    "pod cannot mount two volumes at one path)",
+                ))  # fmt: skip
+            seen.append(volume.mount_path)
+    return issues
 
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
