@@ -589,3 +589,27 @@ async def test_openpais_list_answers_up_to_its_limit_a_store_page_at_a_time(
 
         monkeypatch.setattr(views, "list_jobs", then_submit)
         assert await names(limit=5) == ["j4", "j3", "j2", "j1", "j0"]
+
+
+async def test_a_late_tag_change_does_not_undo_a_later_one(views: JobViews) -> None:
+    # Found by an audit: tag adds and removals were applied whatever their order, so
+    # an add applied after its removal (two replicas, or a redelivery after a failed
+    # savepoint) brought the removed tag back for good.
+    from trainyard_common.events import JobTagged
+
+    submitted = next(e for e in example_events() if type(e).__name__ == "JobSubmitted")
+    job = submitted.model_copy(update={"job_id": uuid.uuid4().hex, "event_id": uuid.uuid4().hex})
+    await views.apply(project(job), 10)
+
+    async def tag(name: str, present: bool, seq: int) -> None:
+        event = JobTagged(job_id=job.job_id, tag=name, present=present)
+        await views.apply(project(event), seq)
+
+    await tag("nightly", False, 101)  # the removal first...
+    await tag("nightly", True, 100)  # ...then the add it followed
+    await tag("a.b$c", True, 103)  # another tag (dots and a dollar) meanwhile
+    await tag("a.b$c", False, 102)  # an older removal of it: too late
+    assert (await snapshot(views, job.job_id))["tags"] == ["a.b$c"]
+    await tag("nightly", True, 104)  # a newer add counts
+    await tag("nightly", True, 104)  # and a repeat of it is one
+    assert sorted((await snapshot(views, job.job_id))["tags"]) == ["a.b$c", "nightly"]

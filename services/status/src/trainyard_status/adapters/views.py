@@ -4,6 +4,7 @@ only move to a higher rank, task transitions only to a higher ``seq``."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from datetime import datetime
@@ -25,6 +26,11 @@ def _order_keys(change: JobChange) -> dict[str, str]:
         **{group: f"{group}_seq" for group in change.ordered},
         **{group: f"{group}_rank" for group in change.ranked},
     }
+
+
+def _tag_digest(tag: str) -> str:
+    """A tag as a field name (tags may hold dots and dollars; field names may not)."""
+    return hashlib.sha256(tag.encode()).hexdigest()[:24]
 
 
 def _ordered_sets(
@@ -118,6 +124,9 @@ class JobViews:
             }
         groups = _ordered_sets(change, seq)
         read = {"state_rank": 1, "created_seq": 1, **{key: 1 for key, _, _ in groups}}
+        tag_key = f"tag_seq.{_tag_digest(change.tag)}" if change.tag is not None else None
+        if tag_key is not None:
+            read["tag_seq"] = 1  # the whole map: the SQLite store projects no dotted path
         current = await self.jobs.find_one({"_id": change.job_id}, read)
         if current is None:
             document = {
@@ -130,6 +139,8 @@ class JobViews:
                 **{key: [value] for key, value in change.add_to_set.items()},
                 **fed,
             }
+            if tag_key is not None and seq is not None:
+                document["tag_seq"] = {tag_key.split(".", 1)[1]: seq}
             if await insert_once(self.jobs, document):
                 return
             current = await self.jobs.find_one({"_id": change.job_id}, read) or {}
@@ -151,10 +162,21 @@ class JobViews:
             # send what it holds at once.
             newer = {key: {"$lt": order}} if stored is not None else {}
             await self.jobs.update_one({"_id": change.job_id, **newer}, {"$set": {**fields, **fed}})
+        sets: dict[str, Any] = {}
         if change.add_to_set:
-            await self.jobs.update_one({"_id": change.job_id}, {"$addToSet": change.add_to_set})
+            sets["$addToSet"] = change.add_to_set
         if change.pull:
-            await self.jobs.update_one({"_id": change.job_id}, {"$pull": change.pull})
+            sets["$pull"] = change.pull
+        guard: dict[str, Any] = {}
+        if tag_key is not None and seq is not None and sets:
+            stored = (current.get("tag_seq") or {}).get(tag_key.split(".", 1)[1])
+            if stored is not None and stored >= seq:
+                sets = {}  # a later event changed this tag already
+            else:
+                guard = {tag_key: {"$lt": seq}} if stored is not None else {}
+                sets["$set"] = {tag_key: seq}
+        if sets:
+            await self.jobs.update_one({"_id": change.job_id, **guard}, sets)
         if change.state is None:
             return
         stored = current.get("state_rank", -1)

@@ -89,6 +89,10 @@ class JobChange:
     # moves: what every step of a job carries (its spec), the latest step's wins, and a
     # job whose end was applied first still gets it from the earlier steps.
     ranked: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The tag whose add or removal ``add_to_set``/``pull`` are: applied only by an
+    # event later in the stream than the last that changed that tag (kept per tag), so
+    # a late add (another replica, a redelivery) does not bring back a removed tag.
+    tag: str | None = None
 
     @property
     def rank(self) -> int:
@@ -343,8 +347,8 @@ def project(event: Event) -> Changes:
         case JobTagged():
             tags = {"tags": event.tag}
             if event.present:
-                return Changes(JobChange(event.job_id, add_to_set=tags))
-            return Changes(JobChange(event.job_id, pull=tags))
+                return Changes(JobChange(event.job_id, add_to_set=tags, tag=event.tag))
+            return Changes(JobChange(event.job_id, pull=tags, tag=event.tag))
         case JobResourceChanged():
             return Changes(
                 JobChange(
