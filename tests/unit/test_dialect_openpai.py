@@ -192,6 +192,21 @@ def test_unknown_keys_warn_but_extras_and_tmp_do_not() -> None:
     assert all("priority" in w.message or "gpuMemory" in w.message for w in t.warnings)
 
 
+def test_a_retry_count_below_zero_is_taken_and_said_what_it_does() -> None:
+    # OpenPAI's own schema takes -1 and -2; the guide says "at least 0" (found by an
+    # audit of the seeds): taken, with what they do said.
+    for count, words in ((-1, "without limit"), (-2, "success too")):
+        payload = helloworld()
+        payload["retryCount"] = count
+        result = translate(payload)
+        assert result.errors == []
+        [said] = [w for w in result.warnings if w.path == "$.retryCount"]
+        assert said.code == "retries_without_limit" and words in said.message
+    payload = helloworld()
+    payload["retryCount"] = 0
+    assert not [w for w in translate(payload).warnings if w.path == "$.retryCount"]
+
+
 def test_a_job_env_of_the_platforms_names_is_said_to_be_the_platforms() -> None:
     # The guide: jobEnvs "may not replace" the platform's; the platform's value won
     # silently (found by an audit of the seeds).

@@ -165,9 +165,19 @@ def check_openpai(payload: Any) -> Issues:
     # more bound than the seed's ("不低于0"); an int32 here. -1 retries a failed job
     # without limit, -2 runs it again after every end, success too (FrameworkLauncher's
     # unlimited and extended-unlimited retry counts).
-    issues.integer(
+    retries = issues.integer(
         payload, "retryCount", "$", required=False, minimum=RETRY_ALWAYS, maximum=INT_MAX
     )
+    if retries is not None and retries < 0:
+        # Taken, as OpenPAI takes it; the guide says "at least 0", so said what it does.
+        issues.warn(
+            "$.retryCount",
+            "retryCount -1 retries a failed job without limit"
+            if retries == -1
+            else "retryCount -2 runs the job again after every end, success too, until it "
+            "is stopped",
+            "retries_without_limit",
+        )
     _check_job_envs(payload, issues)
     if (
         "extras" in payload
