@@ -38,6 +38,7 @@ def test_the_chart_renders_every_service_wired_and_probed() -> None:
         "--set", "tasks.namespaceUsers[0].users={bob}",
         "--set", "tasks.namespaceUsers[1].namespace=team-a",
         "--set", "tasks.namespaceUsers[1].users={alice,bob}",
+        "--set", "tasks.hostPaths=true",
     )  # fmt: skip
     by_kind: dict[str, dict[str, dict]] = {}
     for doc in docs:
@@ -84,6 +85,9 @@ def test_the_chart_renders_every_service_wired_and_probed() -> None:
         assert (env.get("YARD_LAUNCHER") == "kubernetes") is (service != "gateway"
                                                             and service != "status")  # fmt: skip
         assert ("YARD_CLUSTER" in env) is (service in ("placement", "validation"))
+        # Whether pods may mount a node path: intake and validation refuse one where
+        # they may not (it was accepted, and failed every pod at its start).
+        assert (env.get("YARD_K8S_HOST_PATHS") == "1") is (service not in ("gateway", "status"))
         # Not the admin token in the internet-facing pod, which never uses it.
         assert ("YARD_TOKEN" in env) is (service != "gateway")
     # One placement replica: a follower answers 503, and its Service would send it half.

@@ -7,15 +7,21 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trainyard_common.cluster import ClusterSpec, NodeSpec
 from trainyard_common.dialects import translate
 from trainyard_common.events import JobAccepted, JobRejected, JobSubmitted
+from trainyard_common.sources import mount_problem
+from trainyard_launcher.domain.pods import PodProblem, PodSettings, data_volume
+from trainyard_launcher.domain.prepare import PlanProblem, local_path
 from trainyard_validation.domain.rules import decide
 
 NODES = [NodeSpec(name="n", cpu=32, memory_mb=100_000, gpus=4, gpu_type="V100")]
 LOCAL = ClusterSpec(nodes=NODES, runtime="local")
 KUBE = ClusterSpec(nodes=NODES, runtime="kubernetes")
+KUBE_NODE_PATHS = ClusterSpec(nodes=NODES, runtime="kubernetes", host_paths=True)
 
 
 def ti(*dirs: str) -> dict[str, Any]:
@@ -53,7 +59,7 @@ def refused_at(payload: dict[str, Any], cluster: ClusterSpec) -> list[str]:
     return [e.path for e in result.errors]
 
 
-@pytest.mark.parametrize("cluster", [LOCAL, KUBE], ids=["local", "kubernetes"])
+@pytest.mark.parametrize("cluster", [LOCAL, KUBE_NODE_PATHS], ids=["local", "kubernetes"])
 def test_what_no_backend_fetches_is_refused_at_its_field(cluster: ClusterSpec) -> None:
     assert refused_at(ti("/data/ok", "cos://ti-1250000000/mnist/code"), cluster) == [
         "$.packageDir[1]"
@@ -66,16 +72,55 @@ def test_what_no_backend_fetches_is_refused_at_its_field(cluster: ClusterSpec) -
 
 
 def test_each_backend_takes_what_it_mounts() -> None:
-    for source in ("/data", "file:///data", "file://localhost/data"):
+    node_paths = ("/data", "file:///data", "file://localhost/data", "FILE:///data",
+                  "File://LocalHost/data/../x")  # fmt: skip
+    claims = ("pvc://team-claim", "pvc://team-claim/sub/dir", "PVC://team-claim")
+    for source in node_paths:
         assert isinstance(verdict(native(source), LOCAL), JobAccepted), source
-    assert refused_at(native("pvc://team-claim"), LOCAL) == ["$.data_sources[0]"]
-    for source in ("pvc://team-claim", "pvc://team-claim/sub/dir", "/data", "file:///data"):
+        assert isinstance(verdict(native(source), KUBE_NODE_PATHS), JobAccepted), source
+        # Pods mount a node path only where the operator lets them (it was accepted
+        # and failed every pod at its start).
+        assert refused_at(native(source), KUBE) == ["$.data_sources[0]"], source
+    for source in claims:
         assert isinstance(verdict(native(source), KUBE), JobAccepted), source
-    assert refused_at(native("pvc://"), KUBE) == ["$.data_sources[0]"]
-    assert refused_at(native("file://localhost/data"), KUBE) == ["$.data_sources[0]"]
-    # Pods take pvc:// as written (found in review: PVC:// passed here, failed at launch).
-    assert refused_at(native("PVC://claim"), KUBE) == ["$.data_sources[0]"]
-    assert isinstance(verdict(native("FILE:///data"), LOCAL), JobAccepted)
+        assert isinstance(verdict(native(source), KUBE_NODE_PATHS), JobAccepted), source
+        assert refused_at(native(source), LOCAL) == ["$.data_sources[0]"], source
+    for source in ("pvc://", "pvc:///x", "pvc://claim/../other"):
+        assert refused_at(native(source), KUBE_NODE_PATHS) == ["$.data_sources[0]"], source
+
+
+SOURCES = [
+    "/data", "/data/../etc", "/", "file:///data", "file://localhost/data", "FILE:///d",
+    "file://LOCALHOST/d", "file://otherhost/data", "file://", "file:data", "pvc://c",
+    "pvc://c/", "pvc://c/sub/dir", "PVC://c/x", "Pvc://c", "pvc://", "pvc:///x",
+    "pvc://c/../x", "pvc://c/a/..", "oss://b/k", "nas://fs/d", "s3://k:hunter2@b/x", "cos://x",
+    "data/", "./data", "d-abc123", "", " /data", "hdfs://nn:9000/x", "c:/data",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_what_submission_accepts_is_what_each_backend_mounts(source: str) -> None:
+    # One reading for all three (trainyard_common.sources): they used to differ.
+    local = local_path(source)
+    assert (mount_problem(source, "local") is None) == (not isinstance(local, PlanProblem))
+    for host_paths in (False, True):
+        settings = PodSettings(host_paths=host_paths)
+        accepted = mount_problem(source, "kubernetes", host_paths) is None
+        try:
+            volume = data_volume(source, 0, settings)
+        except PodProblem as refused:
+            assert not accepted, (source, host_paths, refused)
+            assert "hunter2" not in str(refused)  # a password is never shown
+        else:
+            assert accepted, (source, host_paths, volume)
+            # What the API server takes: no '..' in a subPath or a hostPath.
+            path = volume.get("hostPath", {}).get("path", "")
+            assert ".." not in volume["subPath"].split("/") + path.split("/"), volume
+
+
+@given(st.text(alphabet="pvcfilePVCFILEos3:/.\\@h-_ x", max_size=24))
+def test_any_source_is_read_alike_by_submission_and_the_backends(source: str) -> None:
+    test_what_submission_accepts_is_what_each_backend_mounts(source)
 
 
 def test_a_refusal_does_not_show_a_sources_password() -> None:

@@ -362,7 +362,6 @@ def test_data_source_uri() -> None:
         == "nas://fs-1/d"
     )
     assert dlc.data_source_uri({"DataSourceType": "oss", "Path": "oss://b/p"}) == "oss://b/p"
-    assert dlc.local_path("file:///x/y") == "/x/y" and dlc.local_path("oss://b") is None
 
 
 def _view(state: str, **extra: Any) -> dict[str, Any]:

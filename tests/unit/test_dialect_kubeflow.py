@@ -443,9 +443,11 @@ def test_every_training_operator_kind_translates_with_its_completion_rule(
     assert result.key == f"default/{plural}/{payload['metadata']['name']}"
     assert rules(result.spec) == success
     # An MPIJob's workers run no command: on the local backend they are not refused.
+    from trainyard_common.cluster import ClusterSpec
     from trainyard_common.runtimes import runtime_errors
 
-    assert runtime_errors(result.spec, "local", lambda role, field: "$") == []
+    local = ClusterSpec(nodes=[], runtime="local")
+    assert runtime_errors(result.spec, local, lambda role, field: "$") == []
 
 
 def test_kind_rules_of_the_new_kinds() -> None:

@@ -67,6 +67,9 @@ class ClusterSpec(Model):
     # What runs the tasks (YARD_LAUNCHER): processes on the nodes, which cannot run an
     # image, or pods on Kubernetes.
     runtime: Literal["local", "kubernetes"] = "local"
+    # On Kubernetes, whether pods may mount a path of the nodes as a data source
+    # (YARD_K8S_HOST_PATHS=1, the launcher's setting): submission refuses one where not.
+    host_paths: bool = False
     # A plain name is a queue without a quota.
     queues: list[str | QueueSpec] = Field(default_factory=_default_queues)
 
@@ -124,9 +127,17 @@ def load_cluster(path: str | Path | None = None) -> ClusterSpec:
     else:
         data = yaml.safe_load(Path(path).read_text()) or {}
         cluster = ClusterSpec.model_validate(data)
-    return cluster.model_copy(update={"runtime": current_runtime()})
+    return cluster.model_copy(
+        update={"runtime": current_runtime(), "host_paths": current_host_paths()}
+    )
 
 
 def current_runtime() -> Literal["local", "kubernetes"]:
     """What runs this platform's tasks (YARD_LAUNCHER)."""
     return "kubernetes" if os.environ.get("YARD_LAUNCHER") == "kubernetes" else "local"
+
+
+def current_host_paths() -> bool:
+    """Whether pods may mount the nodes' paths (YARD_K8S_HOST_PATHS=1), as the launcher
+    reads it."""
+    return os.environ.get("YARD_K8S_HOST_PATHS", "") == "1"

@@ -8,22 +8,23 @@ where every task used to fail at its start."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
+from .cluster import ClusterSpec
 from .events import FieldIssue
 from .jobspec import JobKind, JobSpec, RoleSpec
+from .sources import mount_problem, shown
 
 # Where a canonical field is written in the user's payload: (role name or None, field).
 Locate = Callable[[str | None, str], str]
 
 
-def runtime_errors(spec: JobSpec, runtime: str, locate: Locate) -> list[FieldIssue]:
+def runtime_errors(spec: JobSpec, cluster: ClusterSpec, locate: Locate) -> list[FieldIssue]:
     """What the cluster's runtime cannot run: a data source it cannot mount; on the
     local backend, a container that relies on its image's entrypoint (no image runs
     there)."""
-    sources = data_source_errors(spec, runtime, locate)
-    if runtime != "local":
+    sources = data_source_errors(spec, cluster, locate)
+    if cluster.runtime != "local":
         return sources + mount_clashes(spec, locate)
     return sources + [
         FieldIssue(
@@ -124,17 +125,9 @@ def mount_clashes(spec: JobSpec, locate: Locate) -> list[FieldIssue]:
     return issues
 
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
-
-
-def _shown(source: str) -> str:
-    """A source as an error may show it: without a user:password@ part, and short."""
-    return _USERINFO.sub(r"\1***@", source)[:200]
-
-
-def data_source_errors(spec: JobSpec, runtime: str, locate: Locate) -> list[FieldIssue]:
-    """Each data source the runtime can never mount, at its place in the payload."""
+def data_source_errors(spec: JobSpec, cluster: ClusterSpec, locate: Locate) -> list[FieldIssue]:
+    """Each data source the cluster's backend can never mount, at its place in the
+    payload (sources.mount_problem: the rule the launcher mounts them by)."""
     if not spec.data_sources:
         return []  # most jobs: no path to look up (locate reads the payload)
     where = locate(None, "data_sources")
@@ -142,39 +135,9 @@ def data_source_errors(spec: JobSpec, runtime: str, locate: Locate) -> list[Fiel
         FieldIssue(
             path=f"{where}[{i}]",
             code="unsupported_source",
-            message=f"data source {_shown(source.source)!r}: {problem}",
+            message=f"data source {shown(source.source)!r}: {problem}",
         )
         for i, source in enumerate(spec.data_sources)
-        if (problem := source_problem(source.source, runtime)) is not None
+        if (problem := mount_problem(source.source, cluster.runtime, cluster.host_paths))
+        is not None
     ]
-
-
-def source_problem(source: str, runtime: str) -> str | None:
-    """Why ``runtime`` cannot mount ``source`` (None: it can, as far as the platform
-    knows; the launcher still finds a path missing or a claim absent at the start).
-    The launcher reads them so: domain/prepare.local_path, domain/pods.data_volume."""
-    found = _SCHEME.match(source)
-    # Pods take pvc:// and file:// as written (domain/pods.data_volume); the local
-    # backend reads a scheme in any case (domain/prepare.local_path).
-    scheme = (
-        (found.group(1) if runtime == "kubernetes" else found.group(1).lower()) if found else None
-    )
-    rest = source[found.end() :] if found else source
-    if runtime == "kubernetes":
-        if scheme == "pvc":
-            return None if rest.partition("/")[0] else "pvc:// names no claim (pvc://<claim>)"
-        if (scheme is None or scheme == "file") and rest.startswith("/"):
-            return None  # a node path, where the operator lets pods mount them
-        return (
-            "pods here mount a PersistentVolumeClaim (pvc://<claim>[/<path>]) or, where "
-            "the operator allows it, a path of the node (/path); nothing is fetched from "
-            "elsewhere"
-        )
-    if scheme == "file" and rest.startswith("localhost/"):
-        rest = rest[len("localhost") :]
-    if (scheme is None or scheme == "file") and rest.startswith("/"):
-        return None
-    return (
-        "tasks here run as processes on the nodes and see the nodes' files: name an "
-        "absolute path (/path or file:///path); nothing is fetched from elsewhere"
-    )

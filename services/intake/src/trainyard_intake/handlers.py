@@ -217,7 +217,7 @@ def checked(translation: Translation, payload: Any, deps: Deps) -> Translation:
     spec = translation.spec
     errors = too_many_tasks(spec, locate) + masked_secrets(spec, locate)
     if not errors and deps.cluster is not None:
-        errors = runtime_errors(spec, deps.cluster.runtime, locate) or check_against_cluster(
+        errors = runtime_errors(spec, deps.cluster, locate) or check_against_cluster(
             spec, deps.cluster, locate
         )
     return replace(translation, errors=errors) if errors else translation

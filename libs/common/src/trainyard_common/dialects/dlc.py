@@ -306,12 +306,6 @@ def data_source_uri(item: Mapping[str, Any]) -> str:
     return f"{kind}://{host}{'/' if path and not path.startswith('/') else ''}{path}"
 
 
-def local_path(uri: str) -> str | None:
-    if uri.startswith("file://"):
-        return uri[len("file://") :] or "/"
-    return uri if uri.startswith("/") else None
-
-
 # ---------------------------------------------------------------------- translation
 
 

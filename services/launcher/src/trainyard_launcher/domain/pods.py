@@ -51,6 +51,7 @@ from typing import Any
 from trainyard_common.dialects.k8s_pod import quantity
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec, RoleSpec, reaches_pod
+from trainyard_common.sources import Claim, NodePath, mount_problem, read_source, shown
 
 from .failure import EndKind, preparation_kind
 
@@ -448,23 +449,16 @@ def data_volume(
     ``writable``) or, where the operator allows it, a node path (``/path``,
     ``file:///path``; always read-only: the node's files are not a job's to change)."""
     where = f"{field_name}[{index}].source"
-    if source.startswith("pvc://"):
-        claim, _, sub = source.removeprefix("pvc://").partition("/")
-        if not claim:
-            raise PodProblem(f"{where}: pvc:// names no claim")
+    problem = mount_problem(source, "kubernetes", settings.host_paths)
+    found = read_source(source)
+    if problem is None and isinstance(found, Claim):
         return {
-            "persistentVolumeClaim": {"claimName": claim, "readOnly": not writable},
-            "subPath": sub,
+            "persistentVolumeClaim": {"claimName": found.name, "readOnly": not writable},
+            "subPath": found.sub_path,
         }
-    path = source.removeprefix("file://") if source.startswith("file:///") else source
-    if path.startswith("/"):
-        if not settings.host_paths:
-            raise PodProblem(
-                f"{where}: {source} is a path on the node, which this cluster does not mount "
-                "into pods; use a PersistentVolumeClaim (pvc://<claim>)"
-            )
-        return {"hostPath": {"path": path, "type": "Directory"}, "subPath": ""}
-    raise PodProblem(f"{where}: {source} cannot be mounted on Kubernetes here; use pvc://<claim>")
+    if problem is None and isinstance(found, NodePath):
+        return {"hostPath": {"path": found.path, "type": "Directory"}, "subPath": ""}
+    raise PodProblem(f"{where}: {shown(source)}: {problem}")
 
 
 def pod_manifest(

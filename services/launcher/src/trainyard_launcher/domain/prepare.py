@@ -24,16 +24,12 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from trainyard_common.jobspec import REDACTED, JobSpec
-
-# The local backend reaches files on this machine only.
-LOCAL_SCHEMES = {"file"}
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+from trainyard_common.sources import NodePath, mount_problem, normal_path, read_source, shown
 
 CODE_DIR_VAR = "TRAINYARD_CODE_DIR"
 VENV_VAR = "VIRTUAL_ENV"
 
 DEPENDENCY_FAILED = "dependency install failed"
-UNSUPPORTED_SOURCE = "not supported by the local backend"
 
 # Environment variable names whose values a debug dump hides even when the spec does
 # not list them as secrets (tokens and passwords handed in through jobEnvs).
@@ -157,14 +153,7 @@ class _Paths:
 
 
 def _normal(path: PurePosixPath) -> PurePosixPath:
-    parts: list[str] = []
-    for part in path.parts[1:]:
-        if part == "..":
-            if parts:
-                parts.pop()
-        elif part != ".":
-            parts.append(part)
-    return PurePosixPath("/", *parts)
+    return PurePosixPath(normal_path(str(path)))
 
 
 def _under(path: str, directory: str) -> bool:
@@ -175,24 +164,12 @@ def _under(path: str, directory: str) -> bool:
 
 
 def local_path(source: str) -> str | PlanProblem:
-    """The path on this machine a data source names, or why it names none."""
-    if match := _SCHEME.match(source):
-        scheme = match.group(1).lower()
-        if scheme not in LOCAL_SCHEMES:
-            return PlanProblem(f"data source scheme '{scheme}://' is {UNSUPPORTED_SOURCE}")
-        path = source[match.end() :]
-        # file://host/path is a remote file; file:///path and file://localhost/path are ours.
-        if path.startswith("localhost/"):
-            path = path[len("localhost") :]
-        if not path.startswith("/"):
-            return PlanProblem(f"data source '{source}' names another host, {UNSUPPORTED_SOURCE}")
-        return str(_normal(PurePosixPath(path)))
-    if source.startswith("/"):
-        return str(_normal(PurePosixPath(source)))
-    return PlanProblem(
-        f"data source '{source}' is neither a path nor a file:// URI; registered data "
-        f"source ids are {UNSUPPORTED_SOURCE}"
-    )
+    """The path on this machine a data source names, or why it names none: the reading
+    submission refuses sources by (trainyard_common.sources)."""
+    where = read_source(source)
+    if isinstance(where, NodePath):
+        return where.path
+    return PlanProblem(f"data source {shown(source)!r}: {mount_problem(source, 'local')}")
 
 
 def needs_preparation(spec: JobSpec) -> bool:

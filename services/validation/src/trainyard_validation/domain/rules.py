@@ -89,7 +89,7 @@ def _decide(submitted: JobSubmitted, cluster: ClusterSpec) -> JobAccepted | JobR
     # a default in translation, and checking the default would only mislead.
     if not errors:
         locate = locator(submitted)
-        errors = runtime_errors(submitted.spec, cluster.runtime, locate) or check_against_cluster(
+        errors = runtime_errors(submitted.spec, cluster, locate) or check_against_cluster(
             submitted.spec, cluster, locate
         )
     if errors:
