@@ -282,10 +282,10 @@ async def test_an_unsupported_scheme_fails_the_task_without_starting_it(tmp_path
     done = await h.finished(job_id)
     assert done.state == JobState.FAILED
     [end] = h.task_ends(job_id)
-    assert end.reason == (
-        "could not start: data_sources[0].source: data source scheme "
-        "'oss://' is not supported by the local backend"
+    assert end.reason is not None and end.reason.startswith(
+        "could not start: data_sources[0].source: data source 'oss://bucket/data/': "
     )
+    assert end.reason.endswith("nothing is fetched from elsewhere (oss://)")
     assert not (h.task_dir(job_id) / "launched").exists()
 
 
