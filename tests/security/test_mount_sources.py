@@ -192,3 +192,34 @@ def test_what_a_task_writes_to_a_covered_directory_is_bounded_by_its_memory(
         places["task"], own / "data.txt", ["sh", "-c", f"ls {own} | wc -l"], mounted, tmpfs_mb=1
     )
     assert shown.returncode == 0 and int(shown.stdout) == 1502, shown.stdout + shown.stderr
+
+
+def test_a_mount_links_directory_swapped_for_another_keeps_that_ones_links(
+    tmp_path: Path,
+) -> None:
+    # Without a mount namespace a mount path in the task's directory is a symlink the
+    # wrapper removes when the command ends. The command may have swapped the directory
+    # above it for a link elsewhere (work/x -> /lib64): root removed the link it found
+    # there if it pointed where the mount's did (/lib64/ld-linux-x86-64.so.2).
+    from trainyard_launcher.adapters.prepare import remove_links
+
+    os.chmod(tmp_path, 0o755)
+    target = "/usr/lib/some-library.so"
+    victim = tmp_path / "victim"  # root's, as /lib64 is
+    victim.mkdir(mode=0o755)
+    (victim / "lib.so").symlink_to(target)
+    work = tmp_path / "task" / "work"
+    work.mkdir(parents=True)
+    os.chown(work, *USER)
+    ours = work / "ours"
+    ours.mkdir()
+    (ours / "lib.so").symlink_to(target)
+    os.lchown(ours / "lib.so", *USER)
+    os.chown(ours, *USER)
+    (work / "x").symlink_to(victim)  # the swap: what was the mount's directory
+    os.lchown(work / "x", *USER)
+
+    remove_links([(str(work / "x" / "lib.so"), target), (str(ours / "lib.so"), target)], USER)
+
+    assert os.readlink(victim / "lib.so") == target  # not the task's to remove
+    assert not os.path.lexists(ours / "lib.so")  # the task's own link is still removed

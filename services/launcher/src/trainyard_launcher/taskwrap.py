@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     child_env: dict[str, str] | None = None
     links: list[tuple[str, str]] = []
+    links_owner: tuple[int, int] | None = None
     if args.prepare is not None:
         # Imported only now: they load pydantic, and the pid file must come first and fast.
         from trainyard_launcher.adapters.prepare import (
@@ -166,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             say.write(f"trainyard: {exc}\n")
             return _end_unstarted(task_dir, pending, str(exc))
         child_env = prepared_env(dict(os.environ), plan)
+        links_owner = plan.run_as
         if pending:
             # Stopped while preparing: the command never starts.
-            remove_links(links)
+            remove_links(links, links_owner)
             return _end_unstarted(task_dir, pending, None)
 
     limits = None
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     if links:
         from trainyard_launcher.adapters.prepare import remove_links
 
-        remove_links(links)
+        remove_links(links, links_owner)
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -260,13 +260,18 @@ def _link(mount: Mount, task_dir: str, why_no_namespace: str | None) -> Link:
     return str(view), mount.host
 
 
-def remove_links(links: list[Link]) -> None:
-    for path, target in links:
-        try:
-            if os.readlink(path) == target:
-                os.unlink(path)
-        except OSError:
-            pass
+def remove_links(links: list[Link], run_as: RunAs) -> None:
+    """Remove the mount paths' symlinks, as the task's user: the directories above them
+    are theirs, and the task may have swapped one for a link elsewhere while it ran
+    (work/x -> /lib64): as root, this removed any link of the machine that pointed
+    where a mount's did (/lib64/ld-linux-x86-64.so.2, and nothing dynamic ran after)."""
+    with as_user(run_as):
+        for path, target in links:
+            try:
+                if os.readlink(path) == target:
+                    os.unlink(path)
+            except OSError:
+                pass
 
 
 def run_preparation(
