@@ -38,6 +38,8 @@ function sleep(ms) { return new Promise((resolve) => setTimeout(resolve, ms)); }
     defaults: { virtualCluster: queue },
   };
   out.create = await call(() => client.job.createJob(job));
+  // Read at once: OpenPAI finds a job right after its 202.
+  out.firstGet = await call(() => client.job.getJob(user, name));
   out.createAgain = await call(() => client.job.createJob(job));
   let state = null;
   for (let i = 0; i < 240 && !['SUCCEEDED', 'FAILED', 'STOPPED'].includes(state); i++) {

@@ -97,16 +97,10 @@ def wait_for(
     deadline = time.monotonic() + timeout
     body = None
     while time.monotonic() < deadline:
-        try:
-            body = client.get_job(job_id, dlc_models.GetJobRequest()).body
-        except ClientException as exc:
-            # Status projects the job from the bus: for a moment after CreateJob it may
-            # not know it yet.
-            if exc.status_code != 404:
-                raise
-        else:
-            if done(body):
-                return body
+        # No 404 to wait out: CreateJob answers once a read shows the job.
+        body = client.get_job(job_id, dlc_models.GetJobRequest()).body
+        if done(body):
+            return body
         time.sleep(0.3)
     raise AssertionError(f"job {job_id} did not get there in {timeout}s: {body}")
 

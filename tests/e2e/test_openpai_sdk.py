@@ -38,6 +38,7 @@ def test_the_openpai_js_sdk_works_unchanged(platform: Platform) -> None:
     out = json.loads(done.stdout)
 
     assert "ok" in out["create"], out["create"]
+    assert out["firstGet"]["ok"]["name"] == name, out["firstGet"]  # no 404 after the 202
     # The SDK raises OpenPAI's error message (its code stays in the body).
     # "Job ${frameworkName} already exists." (rest-server controllers/v2/job.js).
     assert out["createAgain"] == {"status": 409, "data": f"Error: Job admin~{name} already exists."}

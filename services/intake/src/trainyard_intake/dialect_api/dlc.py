@@ -174,6 +174,10 @@ def router(ctx: IntakeContext) -> APIRouter:
                 submitted = await submit_job(payload, identity, ctx.deps, translation=translation)
             except PayloadTooLarge as exc:
                 raise AliyunError(413, "InvalidParameter", str(exc)) from exc
+        # Answered once a read shows the job (bounded): the SDK's usual script gets the
+        # job right after creating it, and DLC finds it (a 404 JobNotFound here raised
+        # in the client).
+        await ctx.deps.settle(submitted.seq)
         return {"JobId": submitted.job_id, "RequestId": request_id(request)}
 
     async def _stop(job_id: str, identity: Identity, reason: str) -> None:

@@ -112,6 +112,9 @@ def router(ctx: IntakeContext) -> APIRouter:
             # "Job ${frameworkName} already exists.": user~name.
             framework = f"{identity.user}~{translation.spec.name}"
             return error(409, "ConflictJobError", f"Job {framework} already exists.")
+        # Answered once a read shows the job (bounded), as OpenPAI's GET of user~name
+        # finds it right after its 202.
+        await ctx.deps.settle(result.seq)
         return result.job_id, translation.spec.name
 
     @api.post("/api/v2/jobs", status_code=202)

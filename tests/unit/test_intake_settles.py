@@ -1,10 +1,11 @@
-"""A TI create is answered once status shows the job (bounded), as tictl and the Tencent
-Cloud SDK expect when they describe the job they just made: intake's app with a
-collecting publisher and a recording ``settled``."""
+"""A create is answered once status shows the job (bounded), as tictl and the Tencent
+Cloud SDK, PAI-DLC's SDK and OpenPAI's clients expect when they read the job they just
+made: intake's app with a collecting publisher and a recording ``settled``."""
 
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from trainyard_common.auth import TokenStore
 from trainyard_common.events import Event, JobSubmitted
@@ -36,6 +37,62 @@ async def test_a_ti_create_waits_until_status_has_the_job() -> None:
         job = {"name": "made", "cluster": "default", "command": ["true"], "workerType": "1U1G0P"}
         answer = await client.post("/ti/v1/jobs", json=job)
     assert answer.status_code == 202, answer.text
+    assert steps == [(JobSubmitted.__name__, 41), ("settled", 41)]
+
+
+DLC_JOB = {
+    "DisplayName": "made", "JobType": "TFJob", "UserCommand": "true",
+    "JobSpecs": [{"Type": "Worker", "Image": "tensorflow:1.12", "PodCount": 1,
+                  "EcsSpec": "ecs.c6.large"}],
+}  # fmt: skip
+OPENPAI_V2 = """protocolVersion: 2
+name: made
+type: job
+prerequisites:
+  - {type: dockerimage, uri: ubuntu, name: image}
+taskRoles:
+  main:
+    instances: 1
+    dockerImage: image
+    resourcePerInstance: {cpu: 1, memoryMB: 512, gpu: 0}
+    commands: ["true"]
+"""
+OPENPAI_V1 = {"jobName": "made", "image": "ubuntu",
+              "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1,
+                             "memoryMB": 512, "gpuNumber": 0, "command": "true"}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/v1/jobs", {"json": DLC_JOB}),  # PAI-DLC CreateJob (a bearer token here)
+        ("/api/v2/jobs", {"content": OPENPAI_V2, "headers": {"Content-Type": "text/yaml"}}),
+        ("/api/v1/user/admin/jobs", {"json": OPENPAI_V1}),
+    ],
+    ids=["dlc", "openpai-v2", "openpai-v1"],
+)
+async def test_every_create_waits_until_status_has_the_job(path: str, body: dict) -> None:
+    # DLC's and OpenPAI's answered at once: a GetJob right after CreateJob was a 404
+    # (JobNotFound, NoJobError) until status had read the bus.
+    steps: list[tuple[str, int]] = []
+
+    async def publish(event: Event) -> int:
+        steps.append((type(event).__name__, 41))
+        return 41
+
+    async def settled(seq: int) -> bool:
+        steps.append(("settled", seq))
+        return True
+
+    deps = Deps(publish=publish, owners=InMemoryOwnerRegistry(), settled=settled)
+    app = create_app(deps, TokenStore(None, ADMIN))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://intake",
+        headers={"Authorization": f"Bearer {ADMIN}"},
+    ) as client:
+        answer = await client.post(path, **body)
+    assert answer.status_code in (200, 201, 202), answer.text
     assert steps == [(JobSubmitted.__name__, 41), ("settled", 41)]
 
 
