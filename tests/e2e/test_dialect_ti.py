@@ -258,7 +258,7 @@ def test_tencent_cloud_sdk_creates_describes_lists_and_deletes(
         client.CreateJob(request(
             models.CreateJobRequest, Name=name, Cluster=CLUSTER, Command=["true"],
         ))  # fmt: skip
-    assert taken.value.code == "ResourceInUse"
+    assert taken.value.code == "FailedOperation.AlreadyExists"
     with pytest.raises(TencentCloudSDKException) as bad:
         client.CreateJob(request(
             models.CreateJobRequest, Name=unique("bad"), Cluster=CLUSTER, Command=["true"],

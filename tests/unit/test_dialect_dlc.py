@@ -438,6 +438,8 @@ def test_statuses(state: str, status: str) -> None:
 def test_render_list_and_events() -> None:
     body = dlc.render_list([(_view("SUCCEEDED"), None)], 7)
     assert body["TotalCount"] == 7 and body["Jobs"][0]["JobMaxRunningTimeMinutes"] == 1024
+    # DLC's ReasonCode for a stop: "JobStoppedByUser" ("Job is stopped by user.").
+    assert dlc.render_job(_view("STOPPED"))["ReasonCode"] == "JobStoppedByUser"
     lines = dlc.render_events(
         [
             {"type": "JobSubmitted", "occurred_at": datetime(2024, 1, 1, tzinfo=UTC), "event": {}},
@@ -510,6 +512,8 @@ def test_sdk_models_read_the_views() -> None:
         json.loads(json.dumps(dlc.render_list([(_view("SUCCEEDED"), seed_example())], 1)))
     )
     assert listed.jobs[0].job_id == "j1" and listed.total_count == 1
+    # A JobItem's RequestGPU is text in every SDK (Go's *string fails on a number).
+    assert listed.jobs[0].request_gpu == "3" and listed.jobs[0].request_memory == "276Gi"
     item = sdk.DataSourceItem().from_map(
         dlc.render_data_source(
             {"_id": "d-1", "DisplayName": "x", "created_at": datetime(2024, 1, 1, tzinfo=UTC)}

@@ -868,7 +868,9 @@ LIST_STATUSES = frozenset(
 REASON_CODE = {
     "REJECTED": "JobRejected",
     "FAILED": "JobFailed",
-    "STOPPED": "JobStopped",
+    # A stop is a user's (StopJob, DeleteJob, another dialect's stop): the code DLC
+    # documents ("Job is stopped by user."). A run past its time is FAILED.
+    "STOPPED": "JobStoppedByUser",
     "QUEUED": "JobEnqueued",
     "SUCCEEDED": "JobSucceeded",
     "PAUSED": "JobPaused",
@@ -1265,6 +1267,9 @@ def render_list(
             job["JobMaxRunningTimeMinutes"] = spec["max_running_minutes"]
         job["Username"] = view.get("user")
         job["GmtModifiedTime"] = gmt(view.get("updated_at"))
+        # A JobItem's RequestGPU is text (the SDKs: str, Go's *string, "1"), GetJob's a
+        # number: Go's client decodes a number here into nothing.
+        job["RequestGPU"] = f"{job['RequestGPU']:g}"
         jobs.append({k: v for k, v in job.items() if v is not None})
     return {"Jobs": jobs, "TotalCount": total}
 

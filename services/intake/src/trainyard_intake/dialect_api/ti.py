@@ -188,8 +188,9 @@ def router(ctx: IntakeContext) -> APIRouter:
             except PayloadTooLarge as exc:
                 raise TencentError("InvalidParameter", str(exc)) from exc
             except NameTaken as exc:
+                # The code TIA's API defines for it (its errorcodes: 资源已存在).
                 raise TencentError(
-                    "ResourceInUse",
+                    "FailedOperation.AlreadyExists",
                     f"job {found.spec.name!r} already exists in cluster "
                     f"{found.spec.queue!r} (job {exc.holder})",
                 ) from exc
