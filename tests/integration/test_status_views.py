@@ -438,6 +438,38 @@ async def test_the_live_feed_sends_each_change_once_from_its_listeners_arrival(
         assert queue.get_nowait()["state"] == "SUCCEEDED"
 
 
+async def test_the_live_feed_follows_a_jobs_tasks_and_tags(views: JobViews) -> None:
+    # Found by an audit: the feed followed the job's own view only. A second task's
+    # start, a task's end before the job's, a placement or a tag changed nothing there,
+    # so a job's page kept showing a failed worker RUNNING until the job changed.
+    from trainyard_common.events import JobTagged
+    from trainyard_status.adapters.feed import JobFeed
+
+    feed = JobFeed(views, overlap=8)
+    start = await views.last_change()
+    job = uuid.uuid4().hex
+    events = lifecycle(job)
+    seqs = [start + i for i in range(1, len(events) + 1)]
+    async with feed.listen() as queue:
+        assert await feed.walk() == 0
+        await apply_all(views, events[:6], seqs[:6])  # RUNNING with worker 0
+        assert await feed.walk() == 1
+        assert queue.get_nowait()["state"] == "RUNNING"
+        # Worker 0 ends, worker 1 starts and runs: the job's own view stays RUNNING.
+        for event, seq in zip(events[6:9], seqs[6:9], strict=True):
+            await apply_all(views, [event], [seq])
+            assert await feed.walk() == 1, event
+            change = queue.get_nowait()
+            assert change["state"] == "RUNNING" and change["feed_seq"] == seq
+        await apply_all(views, [events[6]], [seqs[6]])  # a redelivery moves nothing back
+        assert await feed.walk() == 0 and queue.empty()
+        assert (await views.get_job(job) or {})["feed_seq"] == seqs[8]
+        tagged = JobTagged(job_id=job, tag="nightly", present=True)
+        await apply_all(views, [tagged], [seqs[-1] + 1])
+        assert await feed.walk() == 1
+        assert queue.get_nowait()["feed_seq"] == seqs[-1] + 1
+
+
 async def test_cursor_pages_stay_right_while_jobs_are_written_both_ways(views: JobViews) -> None:
     from datetime import UTC, datetime
 

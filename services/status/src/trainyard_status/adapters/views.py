@@ -103,6 +103,12 @@ class JobViews:
             await self._apply_task(task)
         if changes.end_tasks is not None:
             await self._end_tasks(changes.end_tasks)
+        if changes.touched is not None and seq is not None:
+            # Forward only ($lt: a job already fed this or a later event is not
+            # written again, and one not there yet is left to its JobSubmitted).
+            await self.jobs.update_one(
+                {"_id": changes.touched, "feed_seq": {"$lt": seq}}, {"$set": {"feed_seq": seq}}
+            )
 
     # Reads by _id are cheap in every store; FerretDB v1's updates cost time in proportion
     # to the collection's size (bench/README.md). So each write is preceded by a read, and
@@ -174,7 +180,7 @@ class JobViews:
                 sets = {}  # a later event changed this tag already
             else:
                 guard = {tag_key: {"$lt": seq}} if stored is not None else {}
-                sets["$set"] = {tag_key: seq}
+                sets["$set"] = {tag_key: seq, **fed}  # the live feed sends the new tags
         if sets:
             await self.jobs.update_one({"_id": change.job_id, **guard}, sets)
         if change.state is None:

@@ -125,6 +125,10 @@ class Changes:
     job: JobChange | None = None
     tasks: list[TaskChange] = field(default_factory=list)
     end_tasks: EndTasks | None = None
+    # The job whose tasks changed: its feed_seq moves even where its own view does not
+    # (a second task RUNNING, a task's end before the job's), so the live feed sends it
+    # and a job's page follows its tasks.
+    touched: str | None = None
 
 
 def task_id(job_id: str, attempt: int, role: str, index: int) -> str:
@@ -236,7 +240,10 @@ def project(event: Event) -> Changes:
             )
         case TasksPlaced():
             # Placement fields only: a task's state comes with its own transitions.
-            return Changes(tasks=_placements(event.job_id, event.attempt, event.tasks))
+            return Changes(
+                tasks=_placements(event.job_id, event.attempt, event.tasks),
+                touched=event.job_id,
+            )
         case TaskStateChanged():
             task = TaskChange(
                 task_id(event.job_id, event.attempt, event.role, event.index),
@@ -272,7 +279,7 @@ def project(event: Event) -> Changes:
                     attempt=event.attempt,
                     with_state={"attempt": event.attempt, "updated_at": at},
                 )
-            return Changes(job, [task, *times])
+            return Changes(job, [task, *times], touched=event.job_id)
         case JobFinished():
             cls = event.failure_class.value if event.failure_class else None
             return Changes(
