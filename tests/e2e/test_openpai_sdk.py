@@ -29,8 +29,10 @@ SDK = ROOT / "tools" / "js" / "node_modules" / "@microsoft" / "openpai-js-sdk"
 )
 def test_the_openpai_js_sdk_works_unchanged(platform: Platform) -> None:
     name = unique("paisdk")
+    # At the rest server's own path, as OpenPAI's clients are configured
+    # (https://<host>/rest-server): nothing was served there.
     done = subprocess.run(
-        ["node", str(Path(__file__).with_name("openpai_sdk.js")), platform.url,
+        ["node", str(Path(__file__).with_name("openpai_sdk.js")), f"{platform.url}/rest-server",
          platform.token, "admin", name, "default"],
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip

@@ -199,6 +199,29 @@ async def test_a_path_no_service_serves_is_a_404_in_its_apis_shape(
     assert sent.json()["message"] == "API /api/v2/a%20b%2Fc?q=%20x is not found."
     own = await gateway.get("/v1/no-such-api")
     assert own.status_code == 404 and own.json() == {"detail": "no route for GET /v1/no-such-api"}
+    # Under OpenPAI's /rest-server, every path is its rest-server's.
+    token = await gateway.post("/rest-server/api/v1/token?x=1")
+    assert token.json() == {
+        "code": "NoApiError", "message": "API /rest-server/api/v1/token?x=1 is not found."
+    }  # fmt: skip
+
+
+async def test_openpais_clients_reach_it_under_rest_server(gateway: httpx.AsyncClient) -> None:
+    # Its SDKs' base is {host}/rest-server/api (the pylon's path): nothing was served
+    # there, and /api/v1/jobs at the root is PAI-DLC's ListJobs, while OpenPAI's
+    # rest-server serves its v2 job router at v1's path.
+    forwarded = {
+        "/rest-server/api/v2/jobs?offset=0": "/api/v2/jobs?offset=0",
+        "/rest-server/api/v1/jobs": "/api/v2/jobs",
+        "/rest-server/api/v1/jobs/alice~a%20b/config": "/api/v2/jobs/alice~a%20b/config",
+        "/rest-server/api/v1/user/alice/jobs/j": "/api/v1/user/alice/jobs/j",
+        "/rest-server/api/v2/info": "/api/v2/info",
+        "/api/v1/jobs": "/api/v1/jobs",  # PAI-DLC's, at the root
+    }
+    for sent, path in forwarded.items():
+        answer = await gateway.get(sent)
+        assert answer.status_code == 200, (sent, answer.text)
+        assert answer.json()["path"] == path, sent
 
 
 async def test_the_health_of_all_says_which_replica_is_wrong_and_not_where_it_is() -> None:

@@ -52,3 +52,35 @@ from trainyard_gateway.routes import route
 )
 def test_route_table(method: str, path: str, service: str | None) -> None:
     assert route(method, path) == service
+
+
+@pytest.mark.parametrize(
+    "method,sent,path,service",
+    [
+        ("GET", "/rest-server/api/v2/jobs", "/api/v2/jobs", "status"),
+        ("POST", "/rest-server/api/v2/jobs", "/api/v2/jobs", "intake"),
+        # OpenPAI's rest-server (k8s launcher) serves v2's job router at /api/v1/jobs.
+        ("GET", "/rest-server/api/v1/jobs", "/api/v2/jobs", "status"),
+        ("POST", "/rest-server/api/v1/jobs", "/api/v2/jobs", "intake"),
+        ("PUT", "/rest-server/api/v1/jobs/a~b/executionType", "/api/v2/jobs/a~b/executionType",
+         "intake"),
+        ("GET", "/rest-server/api/v1/jobs-x", "/api/v1/jobs-x", None),  # not jobs/
+        ("GET", "/rest-server/api/v1/virtual-clusters/vc1", "/api/v2/virtual-clusters/vc1",
+         "placement"),
+        ("GET", "/rest-server/api/v1/user/alice", "/api/v2/users/alice", "intake"),
+        ("POST", "/rest-server/api/v1/user/alice/jobs", "/api/v1/user/alice/jobs", "intake"),
+        ("GET", "/rest-server", "/", None),
+    ],
+)  # fmt: skip
+def test_openpais_rest_server_paths(method: str, sent: str, path: str, service: str | None) -> None:
+    from trainyard_gateway.routes import rest_server_path
+
+    assert rest_server_path(sent) == path
+    assert route(method, path) == service
+
+
+def test_only_rest_server_paths_are_rewritten() -> None:
+    from trainyard_gateway.routes import rest_server_path
+
+    for path in ("/api/v1/jobs", "/rest-serverx/api/v2/jobs", "/v1/jobs", "/"):
+        assert rest_server_path(path) is None

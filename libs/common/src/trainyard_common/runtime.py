@@ -298,12 +298,13 @@ OPENPAI_CODES = {
 
 
 def openpai_error(
-    path: str, status: int, detail: Any, url: str | None = None
+    path: str, status: int, detail: Any, url: str | None = None, *, openpai: bool = False
 ) -> JSONResponse | None:
     """FastAPI's own answer (an unknown path, a bad query parameter, no token) in
-    OpenPAI's shape, on OpenPAI's paths; None elsewhere. ``url``: the path and query as
-    the client sent them (still percent-encoded)."""
-    if not path.startswith(OPENPAI_PATHS):
+    OpenPAI's shape, on OpenPAI's paths (or any, with ``openpai``: under its
+    /rest-server); None elsewhere. ``url``: the path and query as the client sent them
+    (still percent-encoded)."""
+    if not openpai and not path.startswith(OPENPAI_PATHS):
         return None
     if (status == 404 and detail == "Not Found") or status == 405:
         # The rest-server's catch-all (config/express.js) names its req.url, the URL as

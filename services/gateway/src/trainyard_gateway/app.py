@@ -21,7 +21,7 @@ from yarl import URL
 from trainyard_common.runtime import FOLLOWER_HEADER, health_app, openpai_error, sent_url
 from trainyard_common.tencent_auth import TencentError, error_answer, new_request_id
 
-from .routes import BACKENDS, route
+from .routes import BACKENDS, rest_server_path, route
 
 # Hop-by-hop headers are the connection's, not the message's (RFC 9110 §7.6.1).
 HOP_BY_HOP = {
@@ -96,7 +96,13 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
     app.mount("/console", Console(directory=CONSOLE, html=True), name="console")
 
     async def forward(request: Request) -> Response:
-        service = route(request.method, request.url.path, request.headers.get("x-tc-action"))
+        path = request.url.path
+        # The path as the client sent it (still percent-encoded): decoded, it may not
+        # even be a URL any more.
+        raw_path = (request.scope.get("raw_path") or path.encode()).decode("latin-1")
+        if (inner := rest_server_path(path)) is not None:
+            path, raw_path = inner, rest_server_path(raw_path) or inner
+        service = route(request.method, path, request.headers.get("x-tc-action"))
         if service is None and request.method == "POST" and request.url.path == "/":
             # A Tencent Cloud API action Trainyard does not serve, in that API's shape.
             action = request.headers.get("x-tc-action") or "(none)"
@@ -105,14 +111,12 @@ def create_app(backends: dict[str, tuple[str, ...]]) -> FastAPI:
                 new_request_id(),
             )
         if service is None or service not in backends:
-            if shaped := openpai_error(request.url.path, 404, "Not Found", sent_url(request.scope)):
+            sent = sent_url(request.scope)
+            if shaped := openpai_error(path, 404, "Not Found", sent, openpai=inner is not None):
                 return shaped  # OpenPAI's catch-all: any method, any path it does not serve
             return JSONResponse(
                 {"detail": f"no route for {request.method} {request.url.path}"}, 404
             )
-        # The path as the client sent it (still percent-encoded): decoded, it may not
-        # even be a URL any more.
-        raw_path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
         query = request.scope.get("query_string", b"").decode("latin-1")
         target = raw_path + (f"?{query}" if query else "")
         try:

@@ -71,6 +71,27 @@ CLOUD_ACTIONS = {
 }
 
 
+# OpenPAI's clients reach its rest-server under /rest-server (its pylon's path: the
+# Python SDK's `{pai_uri}/rest-server/api`, the JS SDK's and the webportal's
+# rest_server_uri). There, as its rest-server (k8s launcher) routes them, /api/v1/jobs
+# is v2's job router, /api/v1/virtual-clusters v2's, and /api/v1/user/{user} a user:
+# at the root, /api/v1/jobs is PAI-DLC's.
+REST_SERVER = "/rest-server"
+_V1_AS_V2 = re.compile(r"^/api/v1/(jobs|virtual-clusters)(?=/|$)")
+_V1_USER = re.compile(r"^/api/v1/user/([^/]+)$")
+
+
+def rest_server_path(path: str) -> str | None:
+    """The path served here for ``path`` under OpenPAI's /rest-server; None when it is
+    not under it. The same for a path still percent-encoded (the prefix and the
+    segments it maps are plain ASCII)."""
+    if path != REST_SERVER and not path.startswith(REST_SERVER + "/"):
+        return None
+    inner = path[len(REST_SERVER) :] or "/"
+    inner = _V1_AS_V2.sub(r"/api/v2/\1", inner, count=1)
+    return _V1_USER.sub(r"/api/v2/users/\1", inner, count=1)
+
+
 def _allows(methods: str | frozenset[str], method: str) -> bool:
     if isinstance(methods, frozenset):
         return method in methods
