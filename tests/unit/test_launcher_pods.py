@@ -466,6 +466,27 @@ def test_code_data_and_packages_become_init_containers_and_volumes() -> None:
         manifest(role, data_sources=[DataSource(source="oss://b/k", mount_path="/d")])
 
 
+def test_a_requirements_directory_is_installed_from_what_the_task_mounts() -> None:
+    # PAI-DLC's ThirdpartyLibDir ("/root/code/", in its code source): every node runs
+    # pip install -r <dir>/requirements.txt before the command. Pods ignored it.
+    role = RoleSpec(name="w", command="python /root/code/t.py")
+    pod = manifest(
+        role,
+        code_source=CodeSource(repo="https://git/x.git", mount_path="/root/code"),
+        data_sources=[DataSource(source="pvc://data", mount_path="/data")],
+        pip_requirements_dir="/root/code/",
+    )
+    init = pod["spec"]["initContainers"]
+    assert [c["name"] for c in init] == ["code-source", "pip-packages"]  # cloned first
+    pip = init[1]
+    assert pip["command"][-2:] == ["-r", "/root/code/requirements.txt"]
+    mounted = {m["mountPath"]: m["name"] for m in pip["volumeMounts"]}
+    assert mounted == {"/opt/trainyard/packages": "packages", "/root/code": "code",
+                       "/data": "data-0"}  # fmt: skip
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["PYTHONPATH"] == "/opt/trainyard/packages"
+
+
 def test_the_claims_a_roles_pod_template_mounts_are_in_its_pods() -> None:
     # T9k's examples keep their data and outputs on a claim their template mounts: it
     # was warned of and not mounted, so the outputs went nowhere.

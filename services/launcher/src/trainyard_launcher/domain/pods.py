@@ -587,19 +587,24 @@ def pod_manifest(
             if sub:
                 mount["subPath"] = sub
             container["volumeMounts"].append(mount)
-    if spec.pip_packages:
+    if spec.pip_packages or spec.pip_requirements_dir:
+        # What the task mounts (its code, its data, its claims), so a requirements
+        # file there (PAI-DLC's ThirdpartyLibDir: "/root/code/", in the code source
+        # cloned by the init container before) is read as the local backend reads it.
+        seen = [m for m in container["volumeMounts"] if m["name"] != SHM_VOLUME]
+        packages = {"name": "packages", "mountPath": "/opt/trainyard/packages"}
         volumes.append({"name": "packages", "emptyDir": {}})
-        container["volumeMounts"].append(
-            {"name": "packages", "mountPath": "/opt/trainyard/packages"}
-        )
+        container["volumeMounts"].append(packages)
         install = ["pip", "install", "--no-input", "--target", "/opt/trainyard/packages"]
         install += list(spec.pip_packages)
+        if spec.pip_requirements_dir:
+            install += ["-r", f"{spec.pip_requirements_dir.rstrip('/')}/requirements.txt"]
         init.append(
             {
                 "name": "pip-packages",
                 "image": image,
                 "command": install,
-                "volumeMounts": [{"name": "packages", "mountPath": "/opt/trainyard/packages"}],
+                "volumeMounts": [packages, *seen],
             }
         )
         python_path = "/opt/trainyard/packages"
