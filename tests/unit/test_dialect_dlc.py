@@ -603,6 +603,12 @@ def test_list_jobs_filters_as_dlc_documents_them() -> None:
     assert listing(DisplayName="t", DisplayNameSearchMode="exact").where["name"] == "t"
     assert listing(PaymentType="PrePaid").where["labels.dlc_resource_id"] == {"$ne": None}
     assert listing(PaymentType="PostPaid").where["labels.dlc_resource_id"] is None
+    # Username "supports fuzzy match" (the SDK); the ids are exact.
+    assert listing(admin=True, Username="Ob").where["user"] == {"$regex": "Ob", "$options": "i"}
+    assert listing(admin=True, UserIdForFilter="bob").where["user"] == "bob"
+    assert listing(admin=True, Username="o", UserIdForFilter="bob").where["user"] == "bob"
+    own = listing(Username="LIC")  # a part of the caller's own name: their jobs
+    assert own.where["user"] == "alice" and not own.empty
 
 
 @pytest.mark.parametrize(
@@ -610,6 +616,8 @@ def test_list_jobs_filters_as_dlc_documents_them() -> None:
     [
         ({"Username": "bob"}, False),  # another user's jobs, to a user
         ({"Username": "bob", "UserIdForFilter": "carol"}, True),
+        ({"UserIdForFilter": "bob", "BusinessUserId": "carol"}, True),
+        ({"Username": "ALICE", "UserIdForFilter": "bob"}, False),
         ({"PaymentType": "Spot"}, False),
         ({"EnableAssignNode": "true"}, False),
         ({"ResourceId": "q", "PaymentType": "PostPaid"}, False),

@@ -995,16 +995,25 @@ def list_query(params: Mapping[str, Any], *, user: str, admin: bool, now: dateti
     if workspace is not None and str(params.get("FromAllWorkspaces")).lower() != "true":
         where[f"labels.{WORKSPACE_LABEL}"] = workspace
     show_own = str(params.get("ShowOwn")).lower() == "true"
-    # A job's user is its Username, UserId and BusinessUserId here.
-    asked = {v for v in (get("Username"), get("UserIdForFilter"), get("BusinessUserId")) if v}
-    if len(asked) > 1:
+    # A job's user is its Username, UserId and BusinessUserId here: the ids exactly, the
+    # name as DLC searches it ("Supports fuzzy match": a part of it, in any case).
+    ids = {v for v in (get("UserIdForFilter"), get("BusinessUserId")) if v}
+    named = get("Username")
+    if len(ids) > 1:
         empty = True  # two users at once: no job is both's
+    exact = min(ids) if ids else None
+    if named is not None and exact is not None and named.lower() not in exact.lower():
+        empty = True  # the name searched is not the id's
     if not admin or show_own:
-        if asked - {user}:
+        if (exact is not None and exact != user) or (
+            named is not None and named.lower() not in user.lower()
+        ):
             empty = True  # another user's jobs are not this caller's to list
         where["user"] = user
-    elif asked:
-        where["user"] = min(asked)
+    elif exact is not None:
+        where["user"] = exact
+    elif named is not None:
+        where["user"] = _contains(named)
     field_name = get("TimeRangeField") or "GmtCreateTime"
     if field_name not in TIME_RANGE_FIELDS:
         raise ListJobsError(
