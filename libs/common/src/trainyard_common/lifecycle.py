@@ -158,9 +158,10 @@ TASK: Machine[TaskState] = Machine("task", (
                "appeared)"),
     Transition((T.STARTING,), T.FAILED, "cannot start", "launcher (`start_task`)",
                "the spec asks for what this backend cannot do (`could not start: "
-               "data_sources[i].source: data source scheme 'oss://' is not supported by the "
-               "local backend`), a port cannot be bound, or a task launched by an earlier "
-               "launcher never wrote its pid"),
+               "data_sources[i].source: data source 'oss://…': … nothing is fetched from "
+               "elsewhere (oss://)`; submission refuses such a source, so only a job "
+               "accepted before it was), a port cannot be bound, or a task launched by an "
+               "earlier launcher never wrote its pid"),
     Transition((T.RUNNING,), T.SUCCEEDED, "exit 0", "launcher watcher (`check_tasks`)",
                "the command exited with code 0"),
     Transition((T.RUNNING,), T.FAILED, "exit ≠ 0, signal, lost", "launcher watcher",

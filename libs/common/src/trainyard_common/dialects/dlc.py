@@ -997,11 +997,11 @@ def list_query(params: Mapping[str, Any], *, user: str, admin: bool, now: dateti
     show_own = str(params.get("ShowOwn")).lower() == "true"
     # A job's user is its Username, UserId and BusinessUserId here: the ids exactly, the
     # name as DLC searches it ("Supports fuzzy match": a part of it, in any case).
-    ids = {v for v in (get("UserIdForFilter"), get("BusinessUserId")) if v}
+    user_ids = {v for v in (get("UserIdForFilter"), get("BusinessUserId")) if v}
     named = get("Username")
-    if len(ids) > 1:
+    if len(user_ids) > 1:
         empty = True  # two users at once: no job is both's
-    exact = min(ids) if ids else None
+    exact = min(user_ids) if user_ids else None
     if named is not None and exact is not None and named.lower() not in exact.lower():
         empty = True  # the name searched is not the id's
     if not admin or show_own:

@@ -317,7 +317,7 @@ def run_preparation(
         for mount in outside:
             links.append(_link(mount, plan.task_dir, problem))
     except PrepareFailed:
-        remove_links(links)
+        remove_links(links, plan.run_as)
         raise
     return command, links
 
