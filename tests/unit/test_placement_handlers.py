@@ -408,6 +408,21 @@ async def test_a_retry_in_backoff_is_told_its_place_while_arrivals_carry_cycles_
     assert told[-1] == ("a", 11), told
 
 
+async def test_a_lease_lost_during_a_cycle_stores_nothing_it_decided() -> None:
+    # Found by a crash audit: the lease was checked when a cycle began and before each
+    # publish, not before its store writes; a loop that stalled past the lease in the
+    # cycle wrote one stale placement after the next leader had loaded its state.
+    h = await Harness().boot()
+    h.deps.defer_cycles = True
+    await h.accept("a", spec(gpus=0))
+    answers = iter([True, True])  # the cycle's two looks; then the lease is gone
+    h.deps.leading = lambda: next(answers, False)
+    with pytest.raises(NotLeader):
+        await run_due_cycle(h.deps)
+    assert h.store.docs["a"]["state"] == "queued" and not h.pub.of(JobPlaced)
+    assert h.deps.cycle_due  # the next leader's cycle places it
+
+
 async def test_a_replica_that_lost_the_lease_places_and_publishes_nothing() -> None:
     # Its event loop stalled past the lease: another replica leads now, and what this one
     # decided from its own memory could promise the same capacity twice.

@@ -156,6 +156,16 @@ class NotLeader(TransientError):
     """This replica lost placement's lease: it publishes nothing more."""
 
 
+def ensure_leading(deps: Deps, what: str) -> None:
+    """Raises NotLeader unless this replica still holds the lease, checked right before
+    a store write a cycle decided: a loop stalled past the lease (a pause, a long GC)
+    would otherwise store one stale placement after the next leader had loaded its
+    state, and both could promise the same GPUs. (The write itself is not fenced: the
+    window is the one await of the write.)"""
+    if not deps.leading():
+        raise NotLeader(f"not leading: {what} not stored")
+
+
 async def publish(deps: Deps, event: Event) -> None:
     """Publish in the job's own trace (a deferred cycle runs outside every message's
     span); only while this replica leads."""
@@ -217,6 +227,7 @@ async def interrupt_placed(
     if record.job_id in deps.unannounced and record.job_id in deps.state.placed:
         # The launcher must know the attempt before it is told to end it.
         await announce_placed(deps, deps.state.placed[record.job_id])
+    ensure_leading(deps, f"the interrupt of job {record.job_id}")
     changed = await deps.store.change(
         record.job_id,
         states=(P.PLACED,),

@@ -28,6 +28,7 @@ from .common import (
     NoticeKey,
     announce_placed,
     announce_tasks,
+    ensure_leading,
     interrupt_placed,
     notice_key,
     publish,
@@ -215,6 +216,7 @@ async def _resend_interrupt(deps: Deps, job_id: str) -> None:
 async def _commit_placement(deps: Deps, decision: Placed) -> None:
     allocation = decision.allocation
     queued = deps.state.queued.get(allocation.job_id)
+    ensure_leading(deps, f"the placement of job {allocation.job_id}")
     if not await deps.store.mark_placed(allocation.job_id, allocation.tasks):
         # Memory and store disagree (an update that landed but whose reply was lost,
         # or a second writer): the store wins.
@@ -253,6 +255,7 @@ async def _place_more_tasks(deps: Deps) -> None:
             continue
         tasks = (*allocation.tasks, *added)
         attempt = deps.attempts.get(job_id, FIRST_ATTEMPT)
+        ensure_leading(deps, f"more tasks of job {job_id}")
         if not await deps.store.change(
             job_id, states=(P.PLACED,), attempt=attempt, fields=allocation_fields(tasks, released)
         ):
