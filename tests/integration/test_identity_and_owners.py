@@ -14,6 +14,7 @@ from trainyard_common.auth import (
     parse_access_keys,
     tokens_collection,
 )
+from trainyard_common.events import JobResourceChanged, PauseJob
 from trainyard_intake.adapters.names import DocNameClaims, InMemoryNameClaims
 from trainyard_intake.adapters.owners import DocOwnerRegistry, InMemoryOwnerRegistry
 
@@ -162,8 +163,8 @@ async def test_name_claims_contract(names) -> None:
         1,
     )
     # Only the holder changes or frees it.
-    assert not await names.update("alice", key, second, {"x": 1}, 2)
-    assert await names.update("alice", key, first, {"x": 1}, 2)
+    assert not await names.update("alice", key, second, {"x": 1}, 2, revision=0, pending=())
+    assert await names.update("alice", key, first, {"x": 1}, 2, revision=0, pending=())
     assert (await names.get("alice", key)).generation == 2
     await names.claim("alice", f"{ns}/pytorchjobs/b", second, None)
     await names.claim("alice", f"{ns}/tfjobs/c", second, None)
@@ -175,6 +176,40 @@ async def test_name_claims_contract(names) -> None:
     assert await names.release("alice", key, first)
     assert await names.get("alice", key) is None
     assert await names.claim("alice", key, second, None) == second  # free again
+
+
+async def test_a_claims_change_keeps_what_it_has_to_send_until_sent(names) -> None:
+    job = uuid.uuid4().hex
+    key = f"ns-{uuid.uuid4().hex[:6]}/pytorchjobs/a"
+    await names.claim("alice", key, job, {"spec": {}})
+    held = await names.get("alice", key)
+    assert (held.revision, held.pending) == (0, ())
+    pause = PauseJob(job_id=job, requested_by="alice", reason="paused")
+    changed = JobResourceChanged(job_id=job, resource={"a.b/c": 1}, generation=2)
+    assert await names.update("alice", key, job, {"v": 1}, 2, revision=0, pending=[pause, changed])
+    # A change made from what it read before that one is refused: it must read again.
+    assert not await names.update("alice", key, job, {"v": 2}, 2, revision=0, pending=[])
+    held = await names.get("alice", key)
+    assert (held.resource, held.revision, held.pending) == ({"v": 1}, 1, (pause, changed))
+    assert not await names.sent("alice", key, job, 0)  # moved on since
+    assert (await names.get("alice", key)).pending == (pause, changed)
+    assert await names.sent("alice", key, job, 1)
+    held = await names.get("alice", key)
+    assert (held.resource, held.revision, held.pending) == ({"v": 1}, 1, ())
+
+
+async def test_a_claim_stored_without_a_revision_is_at_revision_zero(client, db_prefix) -> None:
+    # As an earlier version stored it: no revision, no pending messages.
+    collection = client[f"{db_prefix}_intake"]["names"]
+    claims = DocNameClaims(collection)
+    await collection.insert_one(
+        {"_id": "alice\nns/tfjobs/t", "user": "alice", "key": "ns/tfjobs/t", "scope": "ns/tfjobs",
+         "job_id": "j", "resource_json": "{}", "generation": 3}
+    )  # fmt: skip
+    held = await claims.get("alice", "ns/tfjobs/t")
+    assert (held.generation, held.revision, held.pending) == (3, 0, ())
+    assert await claims.update("alice", "ns/tfjobs/t", "j", {"v": 1}, 3, revision=0, pending=())
+    assert (await claims.get("alice", "ns/tfjobs/t")).revision == 1
 
 
 async def test_a_token_revoked_elsewhere_cannot_make_a_credential(client, db_prefix: str) -> None:

@@ -10,16 +10,26 @@ imitates keeps the name: for ever on OpenPAI (finished jobs keep theirs), until 
 resource is deleted on the Kubernetes-style APIs, until the job is deleted on TI. A job
 rejected after its 202 (the checks against the cluster, which intake cannot make on
 Kubernetes) gives its name back, but a Kubernetes-style resource's
-(handlers.release_rejected_name)."""
+(handlers.release_rejected_name).
+
+A change of the resource is kept with what it asks of the job (the commands and its
+``JobResourceChanged``) as the claim's ``pending`` messages, in the one conditional update
+(on the claim's ``revision``, which every change moves on) that stores it; they are cleared
+once they are on the bus. A change whose publishing failed or was cut short (a crash, the
+bus down) leaves them there, and the next write of the resource, even one that changes
+nothing (the client's retry), sends them first: their ids derive from the job and the
+revision, so what had gone out already is a duplicate JetStream drops."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from pymongo import ASCENDING
 
+from trainyard_common.events import Event, decode
 from trainyard_common.storage import Collection, insert_once
 
 
@@ -29,6 +39,10 @@ class Claim:
     resource: dict[str, Any] | None
     generation: int
     key: str = ""
+    # Moves on with every change of the resource: what a change is conditional on.
+    revision: int = 0
+    # Messages a change stored and that may not be on the bus yet, oldest first.
+    pending: tuple[Event, ...] = ()
 
 
 def outlives_its_job(key: str) -> bool:
@@ -57,9 +71,24 @@ class NameClaims(Protocol):
         ...
 
     async def update(
-        self, user: str, key: str, job_id: str, resource: dict[str, Any], generation: int
+        self,
+        user: str,
+        key: str,
+        job_id: str,
+        resource: dict[str, Any],
+        generation: int,
+        *,
+        revision: int,
+        pending: Sequence[Event],
     ) -> bool:
-        """Keep ``resource`` as the claim's, only while ``job_id`` holds it."""
+        """Keep ``resource`` as the claim's, with the messages still to send, only while
+        ``job_id`` holds it at ``revision`` (as read); the revision moves on by one."""
+        ...
+
+    async def sent(self, user: str, key: str, job_id: str, revision: int) -> bool:
+        """The pending messages are on the bus: clear them, only while the claim is at
+        ``revision`` (as the change that stored them left it; a later change keeps them
+        with its own, to send them itself)."""
         ...
 
     async def release(self, user: str, key: str, job_id: str) -> bool:
@@ -89,6 +118,8 @@ class DocNameClaims:
                 # store may refuse as field names.
                 "resource_json": None if resource is None else json.dumps(resource),
                 "generation": 1,
+                "revision": 0,
+                "pending_json": None,
             }
             if await insert_once(self._claims, document):
                 return job_id
@@ -109,11 +140,33 @@ class DocNameClaims:
         return [_claim(doc) async for doc in cursor]
 
     async def update(
-        self, user: str, key: str, job_id: str, resource: dict[str, Any], generation: int
+        self,
+        user: str,
+        key: str,
+        job_id: str,
+        resource: dict[str, Any],
+        generation: int,
+        *,
+        revision: int,
+        pending: Sequence[Event],
     ) -> bool:
         done = await self._claims.update_one(
-            {"_id": _id(user, key), "job_id": job_id},
-            {"$set": {"resource_json": json.dumps(resource), "generation": generation}},
+            {"_id": _id(user, key), "job_id": job_id, "revision": _at(revision)},
+            {
+                "$set": {
+                    "resource_json": json.dumps(resource),
+                    "generation": generation,
+                    "revision": revision + 1,
+                    "pending_json": _pending_json(pending),
+                }
+            },
+        )
+        return bool(done.matched_count)
+
+    async def sent(self, user: str, key: str, job_id: str, revision: int) -> bool:
+        done = await self._claims.update_one(
+            {"_id": _id(user, key), "job_id": job_id, "revision": _at(revision)},
+            {"$set": {"pending_json": None}},
         )
         return bool(done.matched_count)
 
@@ -122,13 +175,26 @@ class DocNameClaims:
         return bool(done.deleted_count)
 
 
+def _at(revision: int) -> Any:
+    # A claim stored by an earlier version has no revision: it is at 0.
+    return revision if revision else {"$in": [0, None]}
+
+
+def _pending_json(pending: Sequence[Event]) -> str | None:
+    # As JSON text, as the resource is (dotted keys).
+    return json.dumps([e.model_dump(mode="json") for e in pending]) if pending else None
+
+
 def _claim(doc: dict[str, Any]) -> Claim:
     text = doc.get("resource_json")
+    pending = doc.get("pending_json")
     return Claim(
         str(doc["job_id"]),
         json.loads(text) if text else None,
         int(doc.get("generation") or 1),
         str(doc.get("key") or ""),
+        int(doc.get("revision") or 0),
+        tuple(decode(e) for e in json.loads(pending)) if pending else (),
     )
 
 
@@ -154,12 +220,29 @@ class InMemoryNameClaims:
         ]
 
     async def update(
-        self, user: str, key: str, job_id: str, resource: dict[str, Any], generation: int
+        self,
+        user: str,
+        key: str,
+        job_id: str,
+        resource: dict[str, Any],
+        generation: int,
+        *,
+        revision: int,
+        pending: Sequence[Event],
     ) -> bool:
         held = self.claims.get(_id(user, key))
-        if held is None or held.job_id != job_id:
+        if held is None or held.job_id != job_id or held.revision != revision:
             return False
-        self.claims[_id(user, key)] = Claim(job_id, resource, generation, key)
+        self.claims[_id(user, key)] = Claim(
+            job_id, resource, generation, key, revision + 1, tuple(pending)
+        )
+        return True
+
+    async def sent(self, user: str, key: str, job_id: str, revision: int) -> bool:
+        held = self.claims.get(_id(user, key))
+        if held is None or held.job_id != job_id or held.revision != revision:
+            return False
+        self.claims[_id(user, key)] = replace(held, pending=())
         return True
 
     async def release(self, user: str, key: str, job_id: str) -> bool:

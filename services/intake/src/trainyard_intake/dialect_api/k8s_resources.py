@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import secrets
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,6 +41,7 @@ from trainyard_common.events import (
     PauseJob,
     ResumeJob,
     ScaleJob,
+    derived_id,
 )
 from trainyard_common.parsing import BodyError, parse_json, parse_json_or_yaml, parse_yaml
 
@@ -56,6 +57,8 @@ from ..handlers import (
 from .context import IntakeContext
 
 MAX_BODY = 4 * 1024 * 1024
+# How many times a write that met another one's is applied again before it is a 409.
+CHANGE_TRIES = 5
 
 KIND_ALIASES = t9k.KIND_SPELLINGS
 # dialect -> what a merge patch of one of its resources asks for
@@ -76,6 +79,25 @@ def control_commands(job_id: str, control: Control, user: str, what: str) -> lis
     elif control.pause is False:
         commands.append(ResumeJob(job_id=job_id, requested_by=user))
     return commands
+
+
+def with_change(
+    job_id: str,
+    revision: int,
+    pending: Sequence[Event],
+    commands: list[Event],
+    resource: JobResourceChanged,
+) -> tuple[Event, ...]:
+    """What a change at ``revision`` leaves to send: what an earlier one left (but its
+    resource, which this one's replaces), then this one's commands and resource, under
+    ids derived from the job and the revision, so a message sent again is a duplicate
+    JetStream drops."""
+    kept = [e for e in pending if not isinstance(e, JobResourceChanged)]
+    mine = [
+        e.model_copy(update={"event_id": derived_id(job_id, "resource", revision, i)})
+        for i, e in enumerate([*commands, resource])
+    ]
+    return (*kept, *mine)
 
 
 def status(
@@ -448,56 +470,86 @@ def router(ctx: IntakeContext) -> APIRouter:
         new_of: Callable[[dict[str, Any]], Any],
     ) -> JSONResponse:
         """Apply a write (PUT, PATCH) to the resource as it now is: what it changes in
-        the job goes out as commands, the resource itself as JobResourceChanged."""
+        the job goes out as commands, the resource itself as JobResourceChanged.
+
+        Both are stored on the claim with the resource, in one update conditional on the
+        claim's revision (a write that met another is applied again to what that one
+        left), and sent after it; what an earlier write stored and did not send (a
+        crash, the bus down: answered 503) is sent first, by any later write, even one
+        that changes nothing (that write's retry). The ids derive from the revision, so
+        a message sent twice is stored once."""
         key = f"{namespace}/{served.plural}/{name}"
-        claim = await ctx.deps.names.get(identity.user, key)
-        if claim is None:
-            return not_found(served, name)
-        if claim.resource is None:
-            return status(
-                409,
-                "Conflict",
-                f'{served.plural}.{served.group} "{name}" was created before its resource '
-                "was kept: delete and create it again to change it",
+        for _ in range(CHANGE_TRIES):
+            claim = await ctx.deps.names.get(identity.user, key)
+            if claim is None:
+                return not_found(served, name)
+            if claim.resource is None:
+                return status(
+                    409,
+                    "Conflict",
+                    f'{served.plural}.{served.group} "{name}" was created before its '
+                    "resource was kept: delete and create it again to change it",
+                )
+            current = k8s_api.client_fields(claim.resource)
+            try:
+                wanted = new_of(copy.deepcopy(current))
+            except PatchError as exc:
+                return status(422, "Invalid", f"the patch cannot be applied: {exc}")
+            problem = check_body(served, wanted, namespace, name)
+            if problem is not None:
+                return problem
+            wanted = k8s_api.client_fields(wanted)
+            wanted["metadata"].setdefault("name", name)
+            wanted["metadata"]["namespace"] = namespace
+            strict = strict_errors(
+                request,
+                served,
+                translate(wanted, dialect=served.dialect, user=identity.user).warnings,
             )
-        current = k8s_api.client_fields(claim.resource)
-        try:
-            wanted = new_of(copy.deepcopy(current))
-        except PatchError as exc:
-            return status(422, "Invalid", f"the patch cannot be applied: {exc}")
-        problem = check_body(served, wanted, namespace, name)
-        if problem is not None:
-            return problem
-        wanted = k8s_api.client_fields(wanted)
-        wanted["metadata"].setdefault("name", name)
-        wanted["metadata"]["namespace"] = namespace
-        strict = strict_errors(
-            request, served, translate(wanted, dialect=served.dialect, user=identity.user).warnings
+            if strict is not None:
+                return strict
+            control = CONTROL[served.dialect](current, k8s_api.merge_diff(current, wanted))
+            if control.errors:
+                return invalid(served, name, control.errors, claim.job_id)
+            generation = claim.generation + (current.get("spec") != wanted.get("spec"))
+            if request.query_params.get("dryRun") == "All" or (
+                wanted == current and not claim.pending
+            ):
+                return JSONResponse(shown(wanted, claim.job_id, generation, None))
+            revision, pending = claim.revision, claim.pending
+            if wanted != current:
+                what = f"{request.method} {served.plural}/{name}"
+                pending = with_change(
+                    claim.job_id,
+                    claim.revision + 1,
+                    pending,
+                    control_commands(claim.job_id, control, identity.user, what),
+                    JobResourceChanged(job_id=claim.job_id, resource=wanted, generation=generation),
+                )
+                if not await ctx.deps.names.update(
+                    identity.user,
+                    key,
+                    claim.job_id,
+                    wanted,
+                    generation,
+                    revision=claim.revision,
+                    pending=pending,
+                ):
+                    continue  # changed meanwhile: apply the write to it as it is now
+                revision += 1
+            seq = None
+            for message in pending:
+                seq = await ctx.deps.publish(message)
+            await ctx.deps.names.sent(identity.user, key, claim.job_id, revision)
+            await ctx.deps.settle(seq)
+            return JSONResponse(shown(wanted, claim.job_id, generation, seq))
+        return status(
+            409,
+            "Conflict",
+            f'Operation cannot be fulfilled on {served.plural}.{served.group} "{name}": '
+            "the object has been modified; please apply your changes to the latest version "
+            "and try again",
         )
-        if strict is not None:
-            return strict
-        control = CONTROL[served.dialect](current, k8s_api.merge_diff(current, wanted))
-        if control.errors:
-            return invalid(served, name, control.errors, claim.job_id)
-        generation = claim.generation + (current.get("spec") != wanted.get("spec"))
-        if wanted == current or request.query_params.get("dryRun") == "All":
-            return JSONResponse(shown(wanted, claim.job_id, generation, None))
-        if not await ctx.deps.names.update(identity.user, key, claim.job_id, wanted, generation):
-            return status(
-                409,
-                "Conflict",
-                f'Operation cannot be fulfilled on {served.plural}.{served.group} "{name}": '
-                "the object has been deleted or replaced; please read it again",
-            )
-        for command in control_commands(
-            claim.job_id, control, identity.user, f"{request.method} {served.plural}/{name}"
-        ):
-            await ctx.deps.publish(command)
-        seq = await ctx.deps.publish(
-            JobResourceChanged(job_id=claim.job_id, resource=wanted, generation=generation)
-        )
-        await ctx.deps.settle(seq)
-        return JSONResponse(shown(wanted, claim.job_id, generation, seq))
 
     @api.put("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")
     async def replace(
