@@ -193,6 +193,8 @@ async def test_a_claims_change_keeps_what_it_has_to_send_until_sent(names) -> No
     assert (held.resource, held.revision, held.pending) == ({"v": 1}, 1, (pause, changed))
     assert not await names.sent("alice", key, job, 0)  # moved on since
     assert (await names.get("alice", key)).pending == (pause, changed)
+    assert await names.sent("alice", key, job, 1, [changed])  # the pause went out
+    assert (await names.get("alice", key)).pending == (changed,)
     assert await names.sent("alice", key, job, 1)
     held = await names.get("alice", key)
     assert (held.resource, held.revision, held.pending) == ({"v": 1}, 1, ())

@@ -85,10 +85,12 @@ class NameClaims(Protocol):
         ``job_id`` holds it at ``revision`` (as read); the revision moves on by one."""
         ...
 
-    async def sent(self, user: str, key: str, job_id: str, revision: int) -> bool:
-        """The pending messages are on the bus: clear them, only while the claim is at
-        ``revision`` (as the change that stored them left it; a later change keeps them
-        with its own, to send them itself)."""
+    async def sent(
+        self, user: str, key: str, job_id: str, revision: int, left: Sequence[Event] = ()
+    ) -> bool:
+        """The pending messages are on the bus but ``left``: keep only those, only while
+        the claim is at ``revision`` (as the change that stored them left it; a later
+        change keeps them with its own, to send them itself)."""
         ...
 
     async def release(self, user: str, key: str, job_id: str) -> bool:
@@ -163,10 +165,12 @@ class DocNameClaims:
         )
         return bool(done.matched_count)
 
-    async def sent(self, user: str, key: str, job_id: str, revision: int) -> bool:
+    async def sent(
+        self, user: str, key: str, job_id: str, revision: int, left: Sequence[Event] = ()
+    ) -> bool:
         done = await self._claims.update_one(
             {"_id": _id(user, key), "job_id": job_id, "revision": _at(revision)},
-            {"$set": {"pending_json": None}},
+            {"$set": {"pending_json": _pending_json(left)}},
         )
         return bool(done.matched_count)
 
@@ -238,11 +242,13 @@ class InMemoryNameClaims:
         )
         return True
 
-    async def sent(self, user: str, key: str, job_id: str, revision: int) -> bool:
+    async def sent(
+        self, user: str, key: str, job_id: str, revision: int, left: Sequence[Event] = ()
+    ) -> bool:
         held = self.claims.get(_id(user, key))
         if held is None or held.job_id != job_id or held.revision != revision:
             return False
-        self.claims[_id(user, key)] = replace(held, pending=())
+        self.claims[_id(user, key)] = replace(held, pending=tuple(left))
         return True
 
     async def release(self, user: str, key: str, job_id: str) -> bool:

@@ -17,6 +17,7 @@ permission boundary; the bearer token's user is. Every error is a ``Status``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import secrets
 import string
@@ -538,8 +539,17 @@ def router(ctx: IntakeContext) -> APIRouter:
                     continue  # changed meanwhile: apply the write to it as it is now
                 revision += 1
             seq = None
-            for message in pending:
-                seq = await ctx.deps.publish(message)
+            for done, message in enumerate(pending):
+                try:
+                    seq = await ctx.deps.publish(message)
+                except Exception:
+                    # What went out is not sent again: past the bus's duplicate window
+                    # it would be a second command (a pause after a resume made since).
+                    with contextlib.suppress(Exception):
+                        await ctx.deps.names.sent(
+                            identity.user, key, claim.job_id, revision, pending[done:]
+                        )
+                    raise
             await ctx.deps.names.sent(identity.user, key, claim.job_id, revision)
             await ctx.deps.settle(seq)
             return JSONResponse(shown(wanted, claim.job_id, generation, seq))
