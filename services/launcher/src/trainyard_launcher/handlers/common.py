@@ -106,6 +106,11 @@ class Deps:
     # while none is watched yet (an attempt the backend would not open, its message
     # redelivered until the dead letters, held its placement for ever).
     starting: set[tuple[str, int]] = field(default_factory=set)
+    # Attempts with a task adoption could not start (the API server refusing for now, a
+    # quota used up, any error): when the watcher tries them again (time.monotonic()),
+    # every ``start_retry_s``, while the start deadline runs.
+    unstarted: dict[tuple[str, int], float] = field(default_factory=dict)
+    start_retry_s: float = 5.0
     # When the watcher last published what the outbox held (time.monotonic()).
     outbox_swept: float = 0.0
     # What time it is, to the store's precision (tests pass a clock they move instead of

@@ -28,7 +28,7 @@ from ..domain.lifecycle import (
 )
 from ..domain.prepare import deadline_reason, run_deadline
 from .common import LOST_WHILE_DOWN, Deps, handle_of, publish_pending, record, task_ref
-from .ending import end_task, evaluate_job, failure_of, finish_job, finish_with
+from .ending import end_task, evaluate_job, failure_of, finish_with
 from .launching import placement_of, start_task
 
 log = logging.getLogger("trainyard.launcher")
@@ -222,6 +222,7 @@ async def watch_tasks(deps: Deps, stop: asyncio.Event, interval_s: float = 0.3) 
     while not stop.is_set():
         try:
             await check_tasks(deps)
+            await start_unstarted(deps)
             await check_deadlines(deps)
             await check_start_deadlines(deps)
         except Exception:  # noqa: BLE001 - a store hiccup must not end the watcher
@@ -238,37 +239,106 @@ async def watch_tasks(deps: Deps, stop: asyncio.Event, interval_s: float = 0.3) 
 
 async def adopt(deps: Deps) -> None:
     """At startup: take over the tasks the store says are starting or running, finish
-    what was decided but not published, and publish transitions left in the outbox."""
-    await drain_outbox(deps)
+    what was decided but not published, and publish transitions left in the outbox.
+
+    Nothing here stops the launcher from starting: what fails for a task or a job (the
+    API server refusing a pod for now, a quota used up, the store or the bus for a
+    moment) is logged and left to the watcher, which polls the task, starts it again
+    (``start_unstarted``, under the start deadline) or applies the job's rules again
+    (``unsettled``). A launcher that stopped here restarted into the same refusal, for
+    as long as it lasted, watching nothing."""
+    try:
+        await drain_outbox(deps)
+        drained = True
+    except Exception:  # noqa: BLE001 - the watcher drains it, before any job's end
+        log.exception("publishing the outbox at start failed; the watcher tries again")
+        drained = False
     jobs: set[tuple[str, int]] = set()
     for task in await deps.store.active_tasks():
         jobs.add((task.job_id, task.attempt))
-        async with deps.lock(task.job_id):
-            job = await deps.store.get_job(task.job_id)
-            if job is None or job.attempt != task.attempt or job.state != JOB_RUNNING:
-                continue  # finished jobs: finish_job below stops their leftovers
+        try:
+            async with deps.lock(task.job_id):
+                await _adopt_task(deps, task)
+        except Exception:  # noqa: BLE001 - one task's trouble must not stop the launcher
+            log.exception("adopting task %s failed; the watcher tries again", task.id)
             if task.state == TaskState.STARTING:
-                # Started before the crash or not: start_task never spawns twice.
-                new = await start_task(deps, job, task, placement_of(job, task))
-                if new is not None and new.state == TaskState.RUNNING:
-                    deps.watching[new.id] = new
-                continue
-            status = await deps.backend.poll(task_ref(task), handle_of(task))
-            if status.running:
-                deps.watching[task.id] = task
+                leave_unstarted(deps, task.job_id, task.attempt)
             else:
-                await end_task(deps, task.id, status, LOST_WHILE_DOWN)
-    await _remove_strays(deps)
+                deps.watching[task.id] = task  # polled again
+    try:
+        await _remove_strays(deps)
+    except Exception:  # noqa: BLE001 - left for the next start
+        log.exception("stopping the tasks the store does not know failed")
     # And every attempt still running with no task left active: a crash between a last
     # task's end and the job's verdict leaves one.
     jobs |= {(job.job_id, job.attempt) for job in await deps.store.running_jobs()}
+    jobs |= {(job.job_id, job.attempt) for job in await deps.store.unpublished_jobs()}
     for job_id, attempt in sorted(jobs):
-        async with deps.lock(job_id):
-            await evaluate_job(deps, job_id, attempt)
-    for job in await deps.store.unpublished_jobs():
-        async with deps.lock(job.job_id):
-            await finish_job(deps, job)
+        if not drained:
+            # A job's end must not go out before its tasks' last transitions: the
+            # watcher drains the outbox first, then applies the rules.
+            deps.unsettled.add((job_id, attempt))
+            continue
+        try:
+            async with deps.lock(job_id):
+                await evaluate_job(deps, job_id, attempt)
+        except Exception:  # noqa: BLE001 - the watcher applies the rules again
+            log.exception("judging job %s (attempt %d) failed; the watcher tries again",
+                          job_id, attempt)  # fmt: skip
+            deps.unsettled.add((job_id, attempt))
     log.info("adopted %d running task(s) of %d job(s)", len(deps.watching), len(jobs))
+
+
+async def _adopt_task(deps: Deps, task: TaskRecord) -> None:
+    job = await deps.store.get_job(task.job_id)
+    if job is None or job.attempt != task.attempt or job.state != JOB_RUNNING:
+        return  # finished jobs: finish_job in adopt stops their leftovers
+    if task.state == TaskState.STARTING:
+        # Started before the crash or not: start_task never spawns twice.
+        new = await start_task(deps, job, task, placement_of(job, task))
+        if new is not None and new.state == TaskState.RUNNING:
+            deps.watching[new.id] = new
+        return
+    status = await deps.backend.poll(task_ref(task), handle_of(task))
+    if status.running:
+        deps.watching[task.id] = task
+    else:
+        await end_task(deps, task.id, status, LOST_WHILE_DOWN)
+
+
+def leave_unstarted(deps: Deps, job_id: str, attempt: int) -> None:
+    """An attempt with a task that could not be started now: the watcher starts it
+    again later, and the start deadline fails it if that never succeeds."""
+    deps.starting.add((job_id, attempt))
+    deps.unstarted[(job_id, attempt)] = time.monotonic() + deps.start_retry_s
+
+
+async def start_unstarted(deps: Deps) -> None:
+    """Start again the tasks adoption left STARTING (``leave_unstarted``), once due;
+    then apply the attempt's rules. What fails again waits ``start_retry_s`` more."""
+    for key, due in sorted(deps.unstarted.items()):
+        job_id, attempt = key
+        lock = deps.lock(job_id)
+        if due > time.monotonic() or lock.locked():
+            continue
+        async with lock:
+            try:
+                job = await deps.store.get_job(job_id)
+                if job is not None and job.attempt == attempt and job.state == JOB_RUNNING:
+                    for task in await deps.store.tasks_of(job_id, attempt):
+                        if task.state != TaskState.STARTING:
+                            continue
+                        new = await start_task(deps, job, task, placement_of(job, task))
+                        if new is not None and new.state == TaskState.RUNNING:
+                            deps.watching[new.id] = new
+                    await evaluate_job(deps, job_id, attempt)
+            except Exception:  # noqa: BLE001 - still refused: later, the deadline runs
+                log.warning("starting the tasks of job %s (attempt %d) failed again; "
+                            "trying again in %.0f s", job_id, attempt, deps.start_retry_s,
+                            exc_info=True)  # fmt: skip
+                deps.unstarted[key] = time.monotonic() + deps.start_retry_s
+                continue
+            del deps.unstarted[key]
 
 
 async def _remove_strays(deps: Deps) -> None:
