@@ -68,7 +68,7 @@ from opentelemetry import trace
 from pydantic import ValidationError
 
 from .bus_access import inbox_prefix
-from .errors import BusUnavailable, PermanentError
+from .errors import BusUnavailable, PermanentError, ReplayIncomplete
 from .events import Event, decode, encode
 from .metrics import (
     BUS_BATCHES_SPLIT,
@@ -224,6 +224,9 @@ _GONE = (
 # how long the consumer waits before it fetches again.
 _AWAY = tuple(e for e in _GONE if e is not nats.errors.ConnectionClosedError)
 FETCH_AGAIN_S = 0.5
+# How long a replay waits for its next message, while its consumer says some are left,
+# before it gives up as incomplete (Bus.replay_stream).
+REPLAY_STALL_S = 30.0
 
 
 @contextlib.contextmanager
@@ -495,25 +498,48 @@ class Bus:
         handler: Handler,
         until_seq: int,
         batch: int = 256,
+        stall_s: float | None = None,
     ) -> int:
         """Every message of ``subjects`` from the stream's start to ``until_seq``
         through ``handler`` (a fresh consumer ``durable``, removed afterwards), each
-        acked once handled; returns how many. A handler's error ends the replay."""
+        acked once handled; returns how many. A handler's error ends the replay.
+
+        It ends only where every such message was read: one at or past ``until_seq``,
+        or none left for the consumer (its pending count 0: the rest of the stream is
+        of other subjects). A fetch that comes back empty is not the end (a slow server
+        answered after its timeout); no progress for ``stall_s`` (REPLAY_STALL_S) raises
+        ReplayIncomplete, whose caller must not take what was read for the whole."""
+        stall_s = REPLAY_STALL_S if stall_s is None else stall_s
         with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(STREAM, durable)
         await self.ensure_consumer(durable, subjects)
         sub = await self.js.pull_subscribe_bind(durable=durable, stream=STREAM)
         handled = 0
+        reached = 0  # the stream sequence of the last message read
+        progress = time.monotonic()
         try:
             while True:
                 try:
                     msgs = await sub.fetch(batch, timeout=1.0)
                 except (TimeoutError, NatsTimeoutError):
-                    break  # nothing more: the stream ends before until_seq
+                    msgs = []
+                if not msgs:
+                    info = await self.js.consumer_info(STREAM, durable)
+                    if not info.num_pending:
+                        return handled  # every message of its subjects was read
+                    if time.monotonic() - progress > stall_s:
+                        raise ReplayIncomplete(
+                            f"the replay read the stream only up to sequence {reached} of "
+                            f"{until_seq}: no message for {stall_s:.0f} s while "
+                            f"{info.num_pending} were left"
+                        )
+                    continue
+                progress = time.monotonic()
                 for msg in msgs:
                     meta = msg.metadata
                     if meta.sequence.stream > until_seq:
                         return handled
+                    reached = meta.sequence.stream
                     headers = dict(msg.headers or {})
                     subject = msg.subject
                     try:
@@ -540,7 +566,6 @@ class Bus:
                     handled += 1
                     if meta.sequence.stream >= until_seq:
                         return handled
-            return handled
         finally:
             await sub.unsubscribe()
             with contextlib.suppress(NotFoundError):

@@ -23,3 +23,9 @@ class BusUnavailable(TransientError):
     """The bus did not store a message: it is down, restarting, or its ack did not come
     in time (a retry with the same message id is stored once). A request that meets it
     is answered 503 with Retry-After (runtime.health_app), never a 500."""
+
+
+class ReplayIncomplete(TransientError):
+    """A replay of the stream stopped before the sequence it was to reach (the server
+    stopped answering): what it read is not the whole, and nothing may be decided
+    from it as if it were (``yard admin rebuild``)."""

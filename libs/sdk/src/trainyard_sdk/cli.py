@@ -189,7 +189,8 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
                 f"{rebuilt.get('events', 0)} history event(s)"
             ))  # fmt: skip
             for d in report.get("differences") or []:
-                s.out.print(Text(f"  {d['collection']} {d['id']}: {d['difference']}"))
+                left = f" (left: {d['left']})" if d.get("left") else ""
+                s.out.print(Text(f"  {d['collection']} {d['id']}: {d['difference']}{left}"))
             verdict = "repaired" if report.get("applied") else "differ"
             s.out.print(Text(
                 "the live views are what the stream says" if not report["different"]

@@ -31,6 +31,7 @@ from trainyard_common.auth import (
     identity_dependency,
 )
 from trainyard_common.bus import DeadLetters
+from trainyard_common.errors import ReplayIncomplete
 from trainyard_common.events import JobState
 from trainyard_common.jobspec import JobKind
 from trainyard_common.limits import MAX_OFFSET, in_utc
@@ -248,7 +249,11 @@ def create_app(
             raise HTTPException(403, "only an admin can rebuild the views")
         if rebuild is None:
             raise HTTPException(503, "rebuilding is not available here")
-        return await rebuild(apply)
+        try:
+            return await rebuild(apply)
+        except ReplayIncomplete as exc:
+            # Taken for the whole, the part read would delete or roll back live views.
+            raise HTTPException(503, f"{exc}: nothing was compared or repaired; try again") from exc
 
     @app.get("/v1/me", responses=answers(Me))
     async def me(identity: Identity = Depends(current)) -> dict[str, Any]:

@@ -47,7 +47,9 @@ async def rebuild(
     """Read the whole stream again, up to its newest message now, into fresh views
     (a scratch database, dropped afterwards), and compare them with the live ones;
     with ``apply``, make the live ones what the stream says. What changed after the
-    rebuild began is left out of the comparison (it is newer than the replay)."""
+    rebuild began is left out of the comparison (it is newer than the replay). A
+    replay that cannot reach the newest message raises ReplayIncomplete before anything
+    is compared: the part read, taken for the whole, would delete and roll back views."""
     scratch_name = f"{db_name}_rebuild"
     await client.drop_database(scratch_name)
     scratch = JobViews(client[scratch_name])

@@ -467,52 +467,89 @@ def task_view(doc: dict[str, Any]) -> dict[str, Any]:
 COLLECTIONS = ("jobs", "tasks", "events")
 
 
+# What a repair of each view's document is conditional on: the fields every write of
+# the projection to it changes, as the comparison read them.
+GUARDS = {
+    "jobs": ("feed_seq", "state_rank"),
+    "tasks": ("seq", "state", "node"),
+    "events": ("seq",),
+}
+
+
 async def compare_views(
     live: JobViews, rebuilt: JobViews, until: int, apply: bool
 ) -> list[dict[str, Any]]:
     """Where the live views differ from the rebuilt ones, document by document (both
     walked in id order); with ``apply`` each difference is written over the live one.
-    Jobs changed after stream sequence ``until`` (and their tasks), and history after
-    it, are newer than the rebuild and left as they are."""
-    differences: list[dict[str, Any]] = []
-    newer: set[str] = set()
+
+    What changed after stream sequence ``until`` is newer than the rebuild and left as
+    it is: history after it; a job whose ``feed_seq`` is past it, as read or as the
+    views say once the walk is over (a task read after the jobs were may hold a change
+    whose job was read before it), and that job's tasks; a task at a later transition
+    than the rebuilt one. Each repair is conditional on the live document being as the
+    walk read it (``GUARDS``): one changed since is left as it is (and said so), and a
+    document missing live is only inserted, never written over one made meanwhile."""
+    # (view, id, its job, difference, guard): the rebuilt copy is read again to repair.
+    found: list[tuple[str, Any, Any, str, dict[str, Any] | None]] = []
+    newer: set[Any] = set()
     for name in COLLECTIONS:
         ours, theirs = getattr(live, name), getattr(rebuilt, name)
         left = aiter(ours.find({}).sort([("_id", ASCENDING)]))
         right = aiter(theirs.find({}).sort([("_id", ASCENDING)]))
         a, b = await _next(left), await _next(right)
         while a is not None or b is not None:
+            if name == "jobs" and a is not None and _newer(name, a, until):
+                newer.add(a["_id"])
+            read: dict[str, Any] | None
             if b is None or (a is not None and a["_id"] < b["_id"]):
-                doc, kind, a = a, "only live", await _next(left)
-                fix = None
+                doc, kind, read, a = a, "only live", a, await _next(left)
             elif a is None or b["_id"] < a["_id"]:
-                doc, kind, b = b, "missing", await _next(right)
-                fix = doc
+                doc, kind, read, b = b, "missing", None, await _next(right)
             else:
                 same = a == b
-                doc, kind, fix = a, "differs", b
+                if name == "tasks" and (a.get("seq") or 0) > (b.get("seq") or 0):
+                    same = True  # at a later transition than the rebuild saw: newer
+                doc, kind, read = a, "differs", a
                 a, b = await _next(left), await _next(right)
                 if same:
                     continue
             assert doc is not None
-            if _newer(name, doc, until, newer):
+            if _newer(name, doc, until):
                 continue
-            differences.append({"collection": name, "id": doc["_id"], "difference": kind})
-            if apply:
-                if fix is None:
-                    await ours.delete_one({"_id": doc["_id"]})
-                else:
-                    await ours.replace_one({"_id": doc["_id"]}, fix, upsert=True)
+            guard = None if read is None else {field: read.get(field) for field in GUARDS[name]}
+            job = doc["_id"] if name == "jobs" else doc.get("job_id")
+            found.append((name, doc["_id"], job, kind, guard))
+    # The walk over: a task's change is on its job's feed_seq by now.
+    newer |= {doc["_id"] async for doc in live.jobs.find({"feed_seq": {"$gt": until}}, {"_id": 1})}
+    differences: list[dict[str, Any]] = []
+    for name, doc_id, job, kind, guard in found:
+        if name != "events" and job in newer:
+            continue
+        difference = {"collection": name, "id": doc_id, "difference": kind}
+        differences.append(difference)
+        if apply and not await _repair(live, rebuilt, name, doc_id, guard):
+            difference["left"] = "changed while compared"
     return differences
 
 
-def _newer(name: str, doc: dict[str, Any], until: int, newer: set[str]) -> bool:
-    if name == "jobs" and (doc.get("feed_seq") or 0) > until:
-        newer.add(doc["_id"])
-        return True
-    if name == "events" and (doc.get("seq") or 0) > until:
-        return True
-    return name == "tasks" and doc.get("job_id") in newer
+async def _repair(
+    live: JobViews, rebuilt: JobViews, name: str, doc_id: Any, guard: dict[str, Any] | None
+) -> bool:
+    """The live document ``doc_id`` made the rebuilt one (or removed), only while it is
+    as it was read (``guard``; None: it was not there); False when it was not."""
+    ours = getattr(live, name)
+    fix = await getattr(rebuilt, name).find_one({"_id": doc_id})
+    if guard is None:
+        return fix is None or await insert_once(ours, fix)
+    if fix is None:
+        return bool((await ours.delete_one({"_id": doc_id, **guard})).deleted_count)
+    return bool((await ours.replace_one({"_id": doc_id, **guard}, fix)).matched_count)
+
+
+def _newer(name: str, doc: dict[str, Any], until: int) -> bool:
+    if name == "jobs":
+        return (doc.get("feed_seq") or 0) > until
+    return name == "events" and (doc.get("seq") or 0) > until
 
 
 async def _next(walk: Any) -> dict[str, Any] | None:
