@@ -38,7 +38,7 @@ def test_the_chart_renders_every_service_wired_and_probed() -> None:
         "--set", "tasks.namespaceUsers[0].users={bob}",
         "--set", "tasks.namespaceUsers[1].namespace=team-a",
         "--set", "tasks.namespaceUsers[1].users={alice,bob}",
-        "--set", "tasks.hostPaths=true",
+        "--set", "tasks.hostPaths={/datasets,/scratch}",
     )  # fmt: skip
     by_kind: dict[str, dict[str, dict]] = {}
     for doc in docs:
@@ -87,7 +87,9 @@ def test_the_chart_renders_every_service_wired_and_probed() -> None:
         assert ("YARD_CLUSTER" in env) is (service in ("placement", "validation"))
         # Whether pods may mount a node path: intake and validation refuse one where
         # they may not (it was accepted, and failed every pod at its start).
-        assert (env.get("YARD_K8S_HOST_PATHS") == "1") is (service not in ("gateway", "status"))
+        assert (env.get("YARD_K8S_HOST_PATHS") == "/datasets,/scratch") is (
+            service not in ("gateway", "status")
+        )
         # Not the admin token in the internet-facing pod, which never uses it.
         assert ("YARD_TOKEN" in env) is (service != "gateway")
     # One placement replica: a follower answers 503, and its Service would send it half.
@@ -108,6 +110,27 @@ def test_the_chart_renders_every_service_wired_and_probed() -> None:
     assert url["valueFrom"]["secretKeyRef"] == {"name": "trainyard-bus", "key": "platform"}
     assert {"ty-cluster"} <= set(by_kind["ConfigMap"])
     assert {"trainyard-admin-token", "trainyard-secrets-key"} <= set(by_kind["Secret"])
+
+
+def test_the_nodes_paths_pods_may_mount_are_listed_never_any() -> None:
+    # tasks.hostPaths=true let pods mount any path of their node: /, the kubelet's
+    # directory (every pod's Secrets), the runtime's socket.
+    def launcher_env(*flags: str) -> dict[str, str]:
+        [launcher] = [d for d in render(*flags) if d["metadata"]["name"] == "ty-launcher"
+                      and d["kind"] == "Deployment"]  # fmt: skip
+        container = launcher["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    assert launcher_env()["YARD_K8S_HOST_PATHS"] == ""
+    assert launcher_env("--set", "tasks.hostPaths=false")["YARD_K8S_HOST_PATHS"] == ""
+    listed = launcher_env("--set", "tasks.hostPaths={/datasets,/scratch}")
+    assert KubeSettings.from_env(listed).pods.host_paths == ("/datasets", "/scratch")
+    refused = subprocess.run(
+        [str(ensure_kube_binaries() / "helm"), "template", "ty", str(CHART),
+         "--set", "tasks.hostPaths=true"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "no longer taken" in refused.stderr, refused.stderr
 
 
 INGRESS = ("--set", "gateway.ingress.enabled=true", "--set", "gateway.ingress.host=yard.example.com",

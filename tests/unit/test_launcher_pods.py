@@ -454,7 +454,7 @@ def test_code_data_and_packages_become_init_containers_and_volumes() -> None:
         ]),
         job_id=JOB, attempt=1, placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"),
         env={}, command="x", namespace="team-a", owner_uid="u",
-        settings=PodSettings(host_paths=True), writable_claims=True,
+        settings=PodSettings(host_paths=("/mnt",)), writable_claims=True,
     )  # fmt: skip
     mounts = {m["mountPath"]: m for m in writable["spec"]["containers"][0]["volumeMounts"]}
     assert mounts["/out"]["readOnly"] is False and mounts["/ro"]["readOnly"] is True

@@ -16,6 +16,7 @@ import yaml
 from pydantic import Field
 
 from .jobspec import EnvVar, Model
+from .sources import HOST_PATHS_ENV, read_host_paths
 
 
 class NodeSpec(Model):
@@ -67,9 +68,10 @@ class ClusterSpec(Model):
     # What runs the tasks (YARD_LAUNCHER): processes on the nodes, which cannot run an
     # image, or pods on Kubernetes.
     runtime: Literal["local", "kubernetes"] = "local"
-    # On Kubernetes, whether pods may mount a path of the nodes as a data source
-    # (YARD_K8S_HOST_PATHS=1, the launcher's setting): submission refuses one where not.
-    host_paths: bool = False
+    # On Kubernetes, the directories of the nodes whose paths pods may mount as data
+    # sources (YARD_K8S_HOST_PATHS, the launcher's setting, read_host_paths): submission
+    # refuses any other node path, as the launcher does.
+    host_paths: tuple[str, ...] = ()
     # A plain name is a queue without a quota.
     queues: list[str | QueueSpec] = Field(default_factory=_default_queues)
 
@@ -137,7 +139,7 @@ def current_runtime() -> Literal["local", "kubernetes"]:
     return "kubernetes" if os.environ.get("YARD_LAUNCHER") == "kubernetes" else "local"
 
 
-def current_host_paths() -> bool:
-    """Whether pods may mount the nodes' paths (YARD_K8S_HOST_PATHS=1), as the launcher
-    reads it."""
-    return os.environ.get("YARD_K8S_HOST_PATHS", "") == "1"
+def current_host_paths() -> tuple[str, ...]:
+    """The directories of the nodes pods may mount (YARD_K8S_HOST_PATHS), as the
+    launcher reads it; ValueError (no start) for a value it would refuse."""
+    return read_host_paths(os.environ.get(HOST_PATHS_ENV, ""))

@@ -46,6 +46,7 @@ from kubernetes_asyncio.stream import WsApiClient
 from trainyard_common.errors import TransientError
 from trainyard_common.events import TaskPlacement
 from trainyard_common.jobspec import JobSpec
+from trainyard_common.sources import HOST_PATHS_ENV, read_host_paths
 
 from ..domain.failure import EndKind
 from ..domain.frameworks import FrameworkContext, mpi_layout, rendezvous_task, uses_hydra
@@ -145,7 +146,7 @@ class KubeSettings:
                     if s.strip()
                 ),
                 git_image=env.get("YARD_K8S_GIT_IMAGE") or PodSettings.git_image,
-                host_paths=env.get("YARD_K8S_HOST_PATHS", "") == "1",
+                host_paths=read_host_paths(env.get(HOST_PATHS_ENV, "")),
                 annotations=tuple(
                     sorted(json.loads(env.get("YARD_K8S_POD_ANNOTATIONS") or "{}").items())
                 ),

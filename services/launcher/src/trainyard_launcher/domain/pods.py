@@ -291,8 +291,9 @@ class PodSettings:
     image_pull_secrets: tuple[str, ...] = ()
     # The image that clones a job's code source in an init container.
     git_image: str = "alpine/git:2.47.2"
-    # Whether a data source may be a path on the node (hostPath: the node's files).
-    host_paths: bool = False
+    # The directories of the nodes a data source may be a path in (hostPath, read-only:
+    # YARD_K8S_HOST_PATHS, sources.read_host_paths); none: no node path.
+    host_paths: tuple[str, ...] = ()
     # Annotations every pod gets unless its template sets them (the operator's: a
     # sidecar opt-out; on a KWOK test cluster, how long tasks "run").
     annotations: tuple[tuple[str, str], ...] = ()
@@ -446,8 +447,9 @@ def data_volume(
     field_name: str = "data_sources",
 ) -> dict[str, Any]:
     """A data source as a pod volume: ``pvc://<claim>[/<sub path>]`` (read-write where
-    ``writable``) or, where the operator allows it, a node path (``/path``,
-    ``file:///path``; always read-only: the node's files are not a job's to change)."""
+    ``writable``) or a node path (``/path``, ``file:///path``) in a directory the
+    operator lists (``settings.host_paths``), never in a system tree (always read-only:
+    the node's files are not a job's to change)."""
     where = f"{field_name}[{index}].source"
     problem = mount_problem(source, "kubernetes", settings.host_paths)
     found = read_source(source)
