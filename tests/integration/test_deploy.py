@@ -133,6 +133,25 @@ def test_the_nodes_paths_pods_may_mount_are_listed_never_any() -> None:
     assert refused.returncode != 0 and "no longer taken" in refused.stderr, refused.stderr
 
 
+def test_the_tasks_containers_are_restricted_but_mpis_sshd_can_start() -> None:
+    # Only the pods' securityContext was set: what only a container has
+    # (allowPrivilegeEscalation, capabilities) was the runtime's default.
+    [launcher] = [d for d in render() if d["metadata"]["name"] == "ty-launcher"
+                  and d["kind"] == "Deployment"]  # fmt: skip
+    container = launcher["spec"]["template"]["spec"]["containers"][0]
+    pods = KubeSettings.from_env({e["name"]: e.get("value") for e in container["env"]}).pods
+    assert pods.security_context == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert pods.container_security_context == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+    }  # fmt: skip
+    # What sshd as root needs, measured (privilege separation, port 22), and no more.
+    assert pods.mpi_container_security_context == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"],
+                         "add": ["NET_BIND_SERVICE", "SETGID", "SETUID", "SYS_CHROOT"]},
+    }  # fmt: skip
+
+
 INGRESS = ("--set", "gateway.ingress.enabled=true", "--set", "gateway.ingress.host=yard.example.com",
            "--set", "gateway.ingress.tlsSecret=yard-tls")  # fmt: skip
 

@@ -735,3 +735,83 @@ def test_a_pull_that_failed_for_now_is_the_start_deadlines_progress_note() -> No
 )  # fmt: skip
 def test_a_pod_that_alone_asks_more_than_its_quota_never_fits(message: str, never: bool) -> None:
     assert never_within_quota(f'pods "p" is forbidden: {message}') is never
+
+
+RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+SSHD_CAPS = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {
+        "drop": ["ALL"],
+        "add": ["NET_BIND_SERVICE", "SETGID", "SETUID", "SYS_CHROOT"],
+    },
+}
+
+
+def test_every_container_of_a_pod_gets_the_operators_container_security_context() -> None:
+    # Only the pod's securityContext was set: allowPrivilegeEscalation and capabilities
+    # exist only on containers, so no pod could meet PodSecurity "restricted".
+    role = RoleSpec(name="w", command="python train.py")
+    settings = PodSettings(
+        security_context={"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        container_security_context=RESTRICTED,
+        mpi_container_security_context=SSHD_CAPS,
+    )
+    kw: dict[str, Any] = {
+        "code_source": CodeSource(repo="https://g/r.git", mount_path="/code"),
+        "pip_packages": ["einops"],
+    }
+    pod = manifest(role, settings=settings, **kw)
+    containers = pod["spec"]["containers"] + pod["spec"]["initContainers"]
+    assert [c["name"] for c in containers] == ["task", "code-source", "pip-packages"]
+    for container in containers:
+        assert container["securityContext"] == RESTRICTED, container["name"]
+    # Each its own copy: a change to one pod's is no other's, nor the settings'.
+    containers[0]["securityContext"]["capabilities"]["drop"].append("x")
+    assert RESTRICTED["capabilities"] == {"drop": ["ALL"]}
+    assert containers[1]["securityContext"] == RESTRICTED
+    # An MPI job's task container runs sshd (workers) or ssh (the launcher): the MPI
+    # context where the operator set one; its init containers keep the general one.
+    mpi = pod_manifest(
+        spec=JobSpec(name="j", image="i", roles=[role], **kw), job_id=JOB, attempt=1,
+        placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"), env={},
+        command="x", namespace="ns", owner_uid="u", settings=settings, mpi=True,
+    )  # fmt: skip
+    assert mpi["spec"]["containers"][0]["securityContext"] == SSHD_CAPS
+    assert all(c["securityContext"] == RESTRICTED for c in mpi["spec"]["initContainers"])
+    general_only = PodSettings(container_security_context=RESTRICTED)
+    mpi = pod_manifest(
+        spec=JobSpec(name="j", image="i", roles=[role]), job_id=JOB, attempt=1,
+        placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"), env={},
+        command="x", namespace="ns", owner_uid="u", settings=general_only, mpi=True,
+    )  # fmt: skip
+    assert mpi["spec"]["containers"][0]["securityContext"] == RESTRICTED
+    # {} for MPI: the cluster's defaults there, whatever the general one.
+    cleared = PodSettings(container_security_context=RESTRICTED, mpi_container_security_context={})
+    mpi = pod_manifest(
+        spec=JobSpec(name="j", image="i", roles=[role]), job_id=JOB, attempt=1,
+        placement=TaskPlacement(role="w", index=0, node="n", host_ip="x"), env={},
+        command="x", namespace="ns", owner_uid="u", settings=cleared, mpi=True,
+    )  # fmt: skip
+    assert "securityContext" not in mpi["spec"]["containers"][0]
+    # None set (the platform's default): the cluster's, as before.
+    plain = manifest(role, settings=PodSettings(), **kw)
+    for container in plain["spec"]["containers"] + plain["spec"]["initContainers"]:
+        assert "securityContext" not in container
+
+
+def test_the_container_security_contexts_are_read_from_the_launchers_settings() -> None:
+    from trainyard_launcher.adapters.kubernetes import KubeSettings
+
+    settings = KubeSettings.from_env({
+        "YARD_K8S_CONTAINER_SECURITY_CONTEXT": json.dumps(RESTRICTED),
+        "YARD_K8S_MPI_CONTAINER_SECURITY_CONTEXT": json.dumps(SSHD_CAPS),
+    })  # fmt: skip
+    assert settings.pods.container_security_context == RESTRICTED
+    assert settings.pods.mpi_container_security_context == SSHD_CAPS
+    unset = KubeSettings.from_env({"YARD_K8S_CONTAINER_SECURITY_CONTEXT": ""})
+    assert unset.pods.container_security_context is None
+    assert unset.pods.mpi_container_security_context is None
+    # A context it cannot read is rights not taken away: the launcher does not start.
+    for bad in ("{", "[]", '"ALL"'):
+        with pytest.raises(ValueError, match="YARD_K8S_CONTAINER_SECURITY_CONTEXT"):
+            KubeSettings.from_env({"YARD_K8S_CONTAINER_SECURITY_CONTEXT": bad})

@@ -141,6 +141,10 @@ class KubeSettings:
             pods=PodSettings(
                 service_account=env.get("YARD_K8S_SERVICE_ACCOUNT") or "default",
                 security_context=json.loads(context) if context else None,
+                container_security_context=json_object(env, "YARD_K8S_CONTAINER_SECURITY_CONTEXT"),
+                mpi_container_security_context=json_object(
+                    env, "YARD_K8S_MPI_CONTAINER_SECURITY_CONTEXT"
+                ),
                 image_pull_secrets=tuple(
                     s.strip() for s in env.get("YARD_K8S_IMAGE_PULL_SECRETS", "").split(",")
                     if s.strip()
@@ -203,6 +207,22 @@ class KubeSettings:
                 f"{user!r} and none is kept to them (YARD_K8S_NAMESPACE_USERS): name one "
                 "they may use"
             )
+
+
+def json_object(env: dict[str, str], name: str) -> dict[str, Any] | None:
+    """The JSON object in ``env[name]`` (a securityContext); None where it is unset or
+    empty. ValueError naming the variable for anything else: the launcher does not
+    start on a setting it cannot honour (a context left off is rights not taken)."""
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name}: not JSON ({exc})") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"{name}: a JSON object (a securityContext), not {type(given).__name__}")
+    return given
 
 
 def namespace_users(text: str) -> tuple[tuple[str, frozenset[str]], ...]:

@@ -42,6 +42,7 @@ scheduler, decides every node's GPUs (pods are bound by ``nodeName``).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from dataclasses import dataclass
@@ -288,6 +289,16 @@ class PodSettings:
     service_account: str = "default"
     # The pod's securityContext, as the operator configures it (never the platform's).
     security_context: dict[str, Any] | None = None
+    # The securityContext of the task's container and of the init containers (code
+    # source, pip packages), the operator's: what only a container has
+    # (allowPrivilegeEscalation, capabilities, privileged, readOnlyRootFilesystem), so
+    # that pods can meet PodSecurity "restricted".
+    container_security_context: dict[str, Any] | None = None
+    # The task container's in an MPI job's pods instead, where set: its workers run
+    # sshd as root (Kubeflow's and T9k's images), which cannot start without SETUID,
+    # SETGID and SYS_CHROOT (privilege separation) nor bind port 22 without
+    # NET_BIND_SERVICE. Unset: ``container_security_context``.
+    mpi_container_security_context: dict[str, Any] | None = None
     image_pull_secrets: tuple[str, ...] = ()
     # The image that clones a job's code source in an init container.
     git_image: str = "alpine/git:2.47.2"
@@ -626,11 +637,25 @@ def pod_manifest(
         "volumes": volumes,
         "terminationGracePeriodSeconds": 30,
     }
+    context = settings.container_security_context
+    if mpi and settings.mpi_container_security_context is not None:
+        context = settings.mpi_container_security_context
+    if context:
+        container["securityContext"] = copy.deepcopy(context)
     if init:
         # A failed preparation's last output lines become its terminated.message, which
         # tells a wrong input (the user's) from a registry or index that did not answer.
         pod_spec["initContainers"] = [
-            {**step, "terminationMessagePolicy": "FallbackToLogsOnError"} for step in init
+            {
+                **step,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                **(
+                    {"securityContext": copy.deepcopy(settings.container_security_context)}
+                    if settings.container_security_context
+                    else {}
+                ),
+            }
+            for step in init
         ]
     if settings.security_context:
         pod_spec["securityContext"] = dict(settings.security_context)
