@@ -1160,3 +1160,31 @@ def test_a_queue_named_by_an_alias_is_accepted_into_the_queue_itself() -> None:
     )
     assert isinstance(unknown, JobRejected)
     assert unknown.errors[0].code == "unknown_queue" and "aliases" in unknown.errors[0].message
+
+
+def test_a_native_job_may_not_lift_its_own_limits() -> None:
+    # "uncapped": ["memory", "cpu"] took away memory.max, RLIMIT_DATA and cpu.max (a
+    # pod's limits) from any native job: one user's task then took the machine's memory
+    # from every other's and the platform's.
+    payload = {"name": "n", "image": "i", "roles": [{
+        "name": "w", "command": "x",
+        "resources": {"memory_mb": 100, "uncapped": ["memory", "cpu"]},
+    }]}  # fmt: skip
+    t = translate(payload, user="alice")
+    assert [(e.path, e.code) for e in t.errors] == [("$.roles[0].resources.uncapped", "forbidden")]
+    assert "uncapped" in t.errors[0].message
+    cluster = ClusterSpec(nodes=[NodeSpec(name="n", cpu=8, memory_mb=8192, gpus=2)])
+    # Validation says the same, of a native job and of a bare spec (no original).
+    for original in (payload, None):
+        event = JobSubmitted(job_id="j", spec=t.spec, dialect="native", original=original)
+        result = decide(event, cluster)
+        assert isinstance(result, JobRejected), original
+        assert ["$.roles[0].resources.uncapped"] == [e.path for e in result.errors], result.errors
+    # What means it still does: TI's 0U0G machine type (the seed's tfplus example).
+    ti = {"name": "t", "cluster": "default", "command": ["python", "train.py"],
+          "workerCount": 1, "workerType": "0U0G1P", "runtimeVersion": "tia-1.7.0-gpu"}  # fmt: skip
+    translated = translate(ti, user="alice")
+    assert translated.errors == [], translated.errors
+    assert translated.spec.roles[0].resources.uncapped == ["cpu", "memory"]
+    event = JobSubmitted(job_id="t", spec=translated.spec, dialect="ti", original=ti)
+    assert isinstance(decide(event, cluster), JobAccepted)

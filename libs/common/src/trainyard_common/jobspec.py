@@ -135,6 +135,8 @@ class Resources(Model):
         "``gpu_type``: both empty means any model. Matched without regard to case.",
     )
     storage_gb: int | None = None
+    # Set by TI's translation only (its 0U / 0G machine types): a native job, or a bare
+    # spec on the bus, that sets it is refused (dialects.native.validate_native).
     uncapped: list[Literal["cpu", "memory"]] = Field(
         default_factory=list,
         # Left out when empty, so a job that caps everything is written as before the

@@ -32,7 +32,7 @@ from .translation import (
 DIALECT = "native"
 
 _RESOURCE_FIELDS = frozenset(
-    {"cpu", "memory_mb", "shm_mb", "gpu", "gpu_type", "gpu_types", "storage_gb"}
+    {"cpu", "memory_mb", "shm_mb", "gpu", "gpu_type", "gpu_types", "storage_gb", "uncapped"}
 )
 
 
@@ -207,6 +207,17 @@ def validate_native(spec: JobSpec) -> list[FieldIssue]:
             err(f"{res}.gpu", _out_of("gpu", r.gpu, 0), "range")
         if r.storage_gb is not None and not 0 <= r.storage_gb <= INT_MAX:
             err(f"{res}.storage_gb", _out_of("storage_gb", r.storage_gb, 0), "range")
+        if r.uncapped:
+            # It lifted the task's memory.max, RLIMIT_DATA and cpu.max (a pod's limits):
+            # one user's task could take the machine's memory from every other and the
+            # platform's. Only a dialect that means it (TI's 0U / 0G machine types)
+            # sets it; a native job, or a bare spec on the bus, may not.
+            err(
+                f"{res}.uncapped",
+                "uncapped is not for a job to set: a task is held to its cpu and "
+                "memory_mb (only TI's machine types of 0U or 0G leave them uncapped)",
+                "forbidden",
+            )
         for j, model in enumerate(r.gpu_types):
             if not model.strip():
                 err(
