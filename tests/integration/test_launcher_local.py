@@ -610,6 +610,29 @@ async def test_shared_memory_is_a_tmpfs_of_the_size_asked_where_the_machine_allo
     assert int(blocks) * int(size) == 16 * 1024 * 1024
 
 
+async def test_no_shared_memory_is_an_empty_read_only_dev_shm_never_the_machines(
+    tmp_path: Path,
+) -> None:
+    # shm_mb 0 gave the task the machine's /dev/shm: memory no limit charges to it, and
+    # names shared with the services and every other user's tasks.
+    found = find_mechanisms()
+    if not found.shm_namespace:
+        pytest.skip(f"no per-task /dev/shm here: {found.why_no_shm}")
+    marker = Path("/dev/shm") / f"yard-test-{os.getpid()}"
+    written = Path("/dev/shm") / f"yard-test-{os.getpid()}-task"
+    marker.write_text("the machine's")
+    try:
+        backend = LocalBackend(tmp_path, mechanisms=found)
+        script = f"ls -A /dev/shm; echo x > {written} 2>/dev/null && echo wrote; echo done"
+        await launch(backend, ref(), script, {}, [], options=limited(shm_mb=0))
+        assert (await wait_ended(backend, ref())).exit_code == 0
+        assert (backend.task_dir(ref()) / "stdout.log").read_text() == "done\n"
+        assert not written.exists()
+    finally:
+        marker.unlink()
+        written.unlink(missing_ok=True)
+
+
 async def test_clean_up_keeps_the_logs(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
     await launch(

@@ -107,3 +107,15 @@ def test_a_task_that_ran_out_of_memory_fails_saying_so() -> None:
         "exited with code 1; out of memory: the task's limit of 512 MiB "
         "was reached (RLIMIT_DATA per process, an allocation failed)"
     )
+
+
+def test_no_shared_memory_is_still_a_dev_shm_of_the_tasks_own() -> None:
+    # shm_mb 0 gave the task the machine's /dev/shm: memory no limit charges to it, with
+    # names shared with the services and every other user's tasks.
+    plan = plan_limits(RES.model_copy(update={"shm_mb": 0}), CGROUP, "/cg/t")
+    assert plan.shm_mb == 0
+    assert "shm 0 MiB (an empty read-only tmpfs at /dev/shm)" in plan.summary
+    assert LimitPlan.from_json(plan.to_json()).shm_mb == 0
+    # Where no mount namespace can be made (not root), it is the machine's, as said.
+    bare = plan_limits(RES.model_copy(update={"shm_mb": 0}), BARE, None)
+    assert bare.shm_mb is None and "the machine's /dev/shm" in bare.summary

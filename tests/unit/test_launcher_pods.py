@@ -815,3 +815,16 @@ def test_the_container_security_contexts_are_read_from_the_launchers_settings() 
     for bad in ("{", "[]", '"ALL"'):
         with pytest.raises(ValueError, match="YARD_K8S_CONTAINER_SECURITY_CONTEXT"):
             KubeSettings.from_env({"YARD_K8S_CONTAINER_SECURITY_CONTEXT": bad})
+
+
+def test_no_shared_memory_is_an_empty_read_only_dev_shm_as_on_the_local_backend() -> None:
+    # A sizeLimit of 0 is no limit to the kubelet (the tmpfs gets the pod's memory, or
+    # the node's where memory is uncapped); the local backend gave the machine's.
+    def shm_mount(shm_mb: int) -> dict[str, Any]:
+        role = RoleSpec(name="w", command="x", resources=Resources(shm_mb=shm_mb))
+        mounts = manifest(role)["spec"]["containers"][0]["volumeMounts"]
+        [mount] = [m for m in mounts if m["mountPath"] == "/dev/shm"]
+        return mount
+
+    assert shm_mount(0) == {"name": "dshm", "mountPath": "/dev/shm", "readOnly": True}
+    assert shm_mount(64) == {"name": "dshm", "mountPath": "/dev/shm"}

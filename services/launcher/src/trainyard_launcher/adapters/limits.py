@@ -18,6 +18,7 @@ from pathlib import Path
 from ..domain.limits import CGROUP_CONTROLLERS, MIB, LimitPlan, Mechanisms
 
 _CLONE_NEWNS = 0x00020000
+_MS_RDONLY = 1
 _MS_NOSUID = 2
 _MS_NODEV = 4
 _MS_REC = 16384
@@ -223,15 +224,19 @@ def _say(text: str) -> None:
 
 
 def _mount_shm(size_mb: int) -> None:
+    """A tmpfs of ``size_mb`` at /dev/shm in a mount namespace of the task's own; for
+    0 an empty read-only one (a tmpfs of size=0 would have no limit at all)."""
     if _libc.unshare(_CLONE_NEWNS) != 0:
         raise OSError(ctypes.get_errno(), "unshare")
     if _libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None) != 0:
         raise OSError(ctypes.get_errno(), "making / private")
-    data = f"size={size_mb}m,mode=1777".encode()
-    if (
-        _libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV), data)
-        != 0
-    ):
+    flags = _MS_NOSUID | _MS_NODEV
+    if size_mb > 0:
+        data = f"size={size_mb}m,mode=1777".encode()
+    else:
+        flags |= _MS_RDONLY
+        data = b"size=4k,nr_inodes=16,mode=555"
+    if _libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", ctypes.c_ulong(flags), data) != 0:
         raise OSError(ctypes.get_errno(), "mounting a tmpfs at /dev/shm")
 
 
@@ -262,7 +267,7 @@ def enter_limits(plan: LimitPlan, cgroup: str | None) -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (plan.core, plan.core))
     except (OSError, ValueError) as exc:
         _say(f"could not set file limits: {exc}")
-    if plan.shm_mb:
+    if plan.shm_mb is not None:
         try:
             _mount_shm(plan.shm_mb)
         except OSError as exc:

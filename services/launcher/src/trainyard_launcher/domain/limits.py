@@ -15,7 +15,8 @@ command starts:
 - always ``RLIMIT_NOFILE`` (at most ``NOFILE``) and ``RLIMIT_CORE`` 0 (a core dump of a
   training process would fill the disk);
 - ``shm_mb``: a tmpfs of that size at ``/dev/shm`` in the task's own mount namespace,
-  where one can be made (root); otherwise the machine's shared ``/dev/shm``.
+  where one can be made (root; 0: an empty read-only one); otherwise the machine's
+  shared ``/dev/shm``.
 
 ``summary`` says what is and is not enforced; it becomes the RUNNING reason of the task.
 """
@@ -59,7 +60,7 @@ class LimitPlan(NamedTuple):
     cgroup: str | None = None  # the cgroup directory made for the task
     nofile: int = NOFILE
     core: int = 0
-    shm_mb: int | None = None  # a tmpfs at /dev/shm of this size
+    shm_mb: int | None = None  # a tmpfs at /dev/shm of this size (0: empty, read-only)
     summary: str = ""
 
     def to_json(self) -> str:
@@ -109,9 +110,14 @@ def plan_limits(resources: Resources, found: Mechanisms, cgroup_dir: str | None)
     pids = PIDS_MAX if cg and "pids" in found.controllers else None
     if pids is not None:
         said.append(f"pids {pids} (cgroup v2 pids.max)")
-    shm = resources.shm_mb if found.shm_namespace and resources.shm_mb > 0 else None
-    if shm is not None:
+    # 0 is a /dev/shm of the task's own too (empty and read-only), never the machine's:
+    # that one is memory no limit charges to the task, and its names are shared with
+    # the services and every other user's tasks.
+    shm = resources.shm_mb if found.shm_namespace else None
+    if shm:
         said.append(f"shm {shm} MiB (tmpfs at /dev/shm)")
+    elif shm is not None:
+        said.append("shm 0 MiB (an empty read-only tmpfs at /dev/shm)")
     else:
         said.append(
             f"shm {resources.shm_mb} MiB not enforced: the machine's /dev/shm ({found.why_no_shm})"

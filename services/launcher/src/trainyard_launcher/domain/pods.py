@@ -519,7 +519,15 @@ def pod_manifest(
         ),
         "env": _env_list(pod_env),
         "resources": res,
-        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            {
+                "name": SHM_VOLUME,
+                "mountPath": "/dev/shm",
+                # shm_mb 0: an empty read-only /dev/shm, as on the local backend (a
+                # sizeLimit of 0 is no limit to the kubelet: the pod's memory).
+                **({"readOnly": True} if role.resources.shm_mb <= 0 else {}),
+            }
+        ],
     }
     ports = [
         {"name": port_name(a.label), "containerPort": port, "protocol": "TCP"}
