@@ -124,8 +124,101 @@ def test_a_directory_shown_around_a_mount_path_is_listed_as_the_user(
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    # Passable (mount paths inside may be reached), and nothing of it there.
-    assert done.stdout == "[]\nFalse\n"
+    # Not listable (it was not to the user), and nothing of it there.
+    assert done.stdout == "not listed\nFalse\n"
+
+
+def shadowed_as_the_user(target: Path, original: Path, *names: str) -> str:
+    """``original`` shown at ``target`` (_shadow), then, as the task's user: the
+    listing of ``target`` (or "not listed"), its mode, and whether each of ``names``
+    is there and whether a mount path inside it may be reached."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import os, sys\n"
+            "from trainyard_launcher.adapters import prepare\n"
+            "from trainyard_launcher.adapters.identity import demote\n"
+            "target, original, *names = sys.argv[1:]\n"
+            "prepare._own_namespace()\n"
+            f"prepare._shadow(target, original, {USER!r})\n"
+            "os.mkdir(os.path.join(target, 'zz'))  # a mount path the view makes there\n"
+            f"demote({USER!r})\n"
+            "try:\n"
+            "    print(sorted(os.listdir(target)))\n"
+            "except PermissionError:\n"
+            "    print('not listed')\n"
+            "print(oct(os.stat(target).st_mode & 0o7777))\n"
+            "print([os.path.exists(os.path.join(target, n)) for n in names])\n"
+            "print(os.access(os.path.join(target, 'zz'), os.X_OK))\n",
+            str(target),
+            str(original),
+            *names,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_traverse_only_directory_around_a_mount_path_stays_unlistable(
+    places: dict[str, Path], tmp_path: Path
+) -> None:
+    # The launcher's jobs directory is 0711: every user passes through to their own
+    # job, none may list the others' ids. A mount path inside it (<data>/launcher/jobs/zz)
+    # covered it with a tmpfs listed as root and made 0755: every job id was shown.
+    jobs = tmp_path / "jobs"
+    jobs.mkdir(mode=0o711)
+    os.chmod(jobs, 0o711)
+    for job in ("job-of-alice", "job-of-bob"):
+        (jobs / job).mkdir(mode=0o710)
+    out = shadowed_as_the_user(places["own"], jobs, "job-of-alice", "job-of-bob")
+    # Not listed, its mode kept, none of its entries there; the mount path reached.
+    assert out == "not listed\n0o711\n[False, False]\nTrue\n", out
+    # A directory the user may list is still shown, its entries as the user reaches them.
+    listed = tmp_path / "listed"
+    listed.mkdir(mode=0o755)
+    os.chmod(listed, 0o755)
+    (listed / "a").write_text("a")
+    os.chmod(listed / "a", 0o644)
+    out = shadowed_as_the_user(places["own"], listed, "a")
+    assert out == "['a', 'zz']\n0o755\n[True]\nTrue\n", out
+    # One the user may not even pass: passable now (the mount path must be reached, as
+    # PAI-DLC's /root/data), still not listable, nothing of it shown.
+    out = shadowed_as_the_user(places["own"], places["hidden"], "log")
+    assert out == "not listed\n0o711\n[False]\nTrue\n", out
+
+
+def test_a_mount_path_in_the_jobs_directory_shows_no_job_ids(
+    places: dict[str, Path], tmp_path: Path
+) -> None:
+    # The audit's case, as the task's wrapper builds the view: a data source mounted at
+    # <data>/launcher/jobs/zz listed every user's job ids.
+    # The task's own directory is in there too, as the launcher's are: it stays (the
+    # builder knows its name), the others' do not.
+    jobs = tmp_path / "jobs"
+    jobs.mkdir(mode=0o711)
+    os.chmod(jobs, 0o711)
+    (jobs / "job-of-bob").mkdir(mode=0o710)
+    task = jobs / "job-of-alice" / "task"
+    (task / "work").mkdir(parents=True)
+    os.chmod(jobs / "job-of-alice", 0o711)
+    os.chmod(task, 0o755)
+    os.chown(task / "work", *USER)
+    own = places["own"]
+    done = enter(
+        task,
+        own / "data.txt",
+        ["sh", "-c", f"cat {jobs}/zz; pwd; ls {jobs} 2>&1; ls -d {jobs}/job-of-bob 2>&1; true"],
+        Mount(view=str(jobs / "zz"), host=str(own / "data.txt"), what="data_sources[1]"),
+    )
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert done.stdout.startswith(f"the user's own data\n{task / 'work'}\n"), done.stdout
+    assert "job-of-bob" not in done.stdout.replace(f"{jobs}/job-of-bob", ""), done.stdout
+    assert "Permission denied" in done.stdout and "No such file" in done.stdout, done.stdout
 
 
 def test_a_mount_inside_another_makes_nothing_in_its_source(places: dict[str, Path]) -> None:

@@ -403,14 +403,24 @@ def _tmpfs_bound(size_mb: int | None, shown: int = 0) -> str:
     return f",size={size_mb}m,nr_inodes={max(1024, size_mb * 64) + shown}"
 
 
-def _shadow(target: str, original: str, run_as: RunAs, size_mb: int | None = None) -> None:
+def _shadow(
+    target: str,
+    original: str,
+    run_as: RunAs,
+    size_mb: int | None = None,
+    keep: tuple[str, ...] = (),
+) -> None:
     """Cover ``target`` with a tmpfs that shows ``original``'s entries (each bound from
     the original), so new entries can be made there without touching the original;
-    the tmpfs has the original's owner and at least its mode (so /tmp stays writable
-    to the task, in the tmpfs). ``original`` is reached, and each entry opened, as the
-    task's user (listed as root: a user may search a directory it may not read): what
-    the user may not reach shows nothing, and a path changed meanwhile binds only what
-    the user could reach anyway. ``size_mb`` bounds what the tmpfs holds."""
+    the tmpfs has the original's owner and mode (so /tmp stays writable to the task, in
+    the tmpfs), passable by all (a mount path inside must be reached: PAI-DLC's
+    /root/data). ``original`` is reached, listed and each entry opened as the task's
+    user: what the user may not reach shows nothing, a directory it may pass but not
+    read (0711, the launcher's jobs) shows nothing and stays unreadable but for the
+    entries on the way to ``keep`` (the task's own directories, whose names the task
+    knows: without them its working directory was gone from its view), and a path
+    changed meanwhile binds only what the user could reach anyway. ``size_mb`` bounds
+    what the tmpfs holds."""
     try:
         reached = _open_as(run_as, original, os.O_PATH | os.O_DIRECTORY)
     except OSError as exc:
@@ -420,13 +430,21 @@ def _shadow(target: str, original: str, run_as: RunAs, size_mb: int | None = Non
         return
     try:
         info = os.fstat(reached)
-        # The directory reached, opened again for its listing (not found again by name).
-        directory = os.open(f"/proc/self/fd/{reached}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # The directory reached, opened again for its listing (not found again by name)
+        # as the user: listed as root, a directory the user may pass but not read (the
+        # launcher's jobs, 0711) showed every entry, each user's job ids.
         try:
-            names = os.listdir(directory)
-            # Passable at least (a mount path inside /root, as PAI-DLC has them, must be
-            # reached); writable by whom the original is.
-            mode = stat.S_IMODE(info.st_mode) | 0o755
+            directory = _open_as(run_as, ".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=reached)
+        except OSError as exc:
+            if exc.errno not in _UNREACHABLE:
+                raise
+            directory = -1  # not the user's to list: only what is on the way to keep
+        try:
+            names = os.listdir(directory) if directory >= 0 else _on_the_way(original, keep)
+            # Its mode, passable at least (a mount path inside /root, as PAI-DLC has
+            # them, must be reached) but never more readable than it was; writable by
+            # whom the original is.
+            mode = stat.S_IMODE(info.st_mode) | 0o111
             size = _tmpfs_bound(size_mb, shown=len(names))
             _mount(
                 "tmpfs",
@@ -437,7 +455,7 @@ def _shadow(target: str, original: str, run_as: RunAs, size_mb: int | None = Non
             )
             for name in names:
                 try:
-                    fd = _open_as(run_as, name, os.O_PATH | os.O_NOFOLLOW, dir_fd=directory)
+                    fd = _open_as(run_as, name, os.O_PATH | os.O_NOFOLLOW, dir_fd=reached)
                 except OSError as exc:
                     if exc.errno in _UNREACHABLE:
                         continue  # not the user's to reach, or gone meanwhile
@@ -447,9 +465,22 @@ def _shadow(target: str, original: str, run_as: RunAs, size_mb: int | None = Non
                 finally:
                     os.close(fd)
         finally:
-            os.close(directory)
+            if directory >= 0:
+                os.close(directory)
     finally:
         os.close(reached)
+
+
+def _on_the_way(directory: str, paths: tuple[str, ...]) -> list[str]:
+    """The names in ``directory`` that ``paths`` (of the machine) go through."""
+    names: list[str] = []
+    base = os.path.normpath(directory)
+    for path in paths:
+        relative = os.path.relpath(os.path.normpath(path), base)
+        name = relative.split(os.sep, 1)[0]
+        if relative != "." and name != ".." and name not in names:
+            names.append(name)
+    return names
 
 
 # What an entry the user may not reach, or one gone meanwhile, raises.
@@ -489,10 +520,15 @@ class _View:
     this process's own user (``run_as`` None) only a directory an entry must be made
     in is covered."""
 
-    def __init__(self, root: str, run_as: RunAs, size_mb: int | None = None) -> None:
+    def __init__(
+        self, root: str, run_as: RunAs, size_mb: int | None = None, keep: tuple[str, ...] = ()
+    ) -> None:
         self.root = root
         self.run_as = run_as
         self.size_mb = size_mb  # what each of its tmpfs may hold
+        # Paths of the machine the task needs (its own directories): a directory it may
+        # not list still shows the entries on their way (_shadow).
+        self.keep = keep
         self.own = {root}  # directories of the view that are tmpfs of ours (or in one)
         # What each bound view path shows (a mount's source); below it, the same path.
         self.sources: dict[str, str] = {"/": "/"}
@@ -520,7 +556,7 @@ class _View:
             ):
                 # A name to look up where a user may change it, or an entry to make on
                 # the machine: in a tmpfs of ours instead.
-                _shadow(self.at(parent), self.origin(parent), self.run_as, self.size_mb)
+                _shadow(self.at(parent), self.origin(parent), self.run_as, self.size_mb, self.keep)
                 self.own.add(self.at(parent))
             if os.path.islink(here):
                 raise OSError(errno.ELOOP, f"mount path {path} goes through the symlink {current}")
@@ -548,8 +584,9 @@ def enter(plan: PreparePlan, command: list[str]) -> None:
     os.makedirs(root, exist_ok=True)
     cwd = os.getcwd()
     _own_namespace()
-    view = _View(root, plan.run_as, plan.tmpfs_mb)
-    _shadow(root, "/", plan.run_as, plan.tmpfs_mb)
+    keep = (plan.task_dir, cwd)
+    view = _View(root, plan.run_as, plan.tmpfs_mb, keep)
+    _shadow(root, "/", plan.run_as, plan.tmpfs_mb, keep)
     for mount in sorted(plan.outside_mounts, key=lambda m: m.view.count("/")):
         fd = _open_as(plan.run_as, mount.host, os.O_PATH)
         try:
