@@ -401,3 +401,32 @@ async def test_without_is_debug_no_environment_is_written(tmp_path: Path) -> Non
     [end] = h.task_ends(job_id)
     assert end.reason == "exited with code 3"
     assert not (h.task_dir(job_id) / "env").exists()
+
+
+def test_without_a_mount_namespace_the_links_made_are_removed_when_one_cannot_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where no mount namespace can be made (tasks run as the launcher's user), mount
+    # paths outside the task's directory are symlinks; when one cannot be made, those
+    # already made are removed. That call lacked its user (a TypeError, the links left).
+    import io
+
+    from trainyard_launcher.adapters import prepare
+    from trainyard_launcher.domain.prepare import Mount, PreparePlan
+
+    monkeypatch.setattr(prepare, "namespace_problem", lambda: "none here (the test)")
+    data = tmp_path / "data"
+    data.mkdir()
+    made = tmp_path / "made"
+    plan = PreparePlan(
+        task_dir=str(tmp_path / "task"),
+        mounts=(
+            Mount(view=str(made), host=str(data), what="data_sources[0]"),
+            Mount(
+                view=str(tmp_path / "no" / "such" / "dir"), host=str(data), what="data_sources[1]"
+            ),
+        ),
+    )
+    with pytest.raises(prepare.PrepareFailed, match=r"data_sources\[1\]"):
+        prepare.run_preparation(plan, tmp_path / "plan.json", ["true"], io.StringIO())
+    assert not os.path.lexists(made)
