@@ -504,6 +504,10 @@ def test_a_claim_a_pod_template_mounts_is_in_its_pods(api: Api, kube_cluster: Ku
     worker["containers"][0]["volumeMounts"] = [
         {"name": "out", "mountPath": "/out", "subPath": "runs"}
     ]
+    # The worker ends before the master, whose end ends the job: a worker still running
+    # then is stopped, and its pod removed with what this test looks at.
+    master = payload["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    master.setdefault("metadata", {})["annotations"] = {RUN_DURATION: "5s"}
     job_id = api.submit(payload)
     assert api.wait(job_id)["state"] == "SUCCEEDED"
     by_role = {p["metadata"]["labels"]["trainyard.dev/role"]: p
