@@ -203,6 +203,23 @@ async def test_the_status_views_queries_use_real_indexes(tmp_path: Path) -> None
         # A search in an index, or a walk of one in the order asked (a page stops early);
         # never a walk of the table, never a sort.
         assert "USING" in found and "TEMP B-TREE" not in found, (query, found)
+    # Each filter by equality of a list page (/v1/jobs's queue, dialect, kind, user and
+    # state; the dialects' lists by queue or dialect) is a search of an index that field
+    # leads, read in the page's order either way: a walk of the newest-first index
+    # testing every job (a page of a rare queue read all of them) is not enough.
+    for field in ("queue", "dialect", "kind", "user", "state"):
+        query = {"state": {"$ne": None}, field: "x"} if field != "state" else {"state": "x"}
+        where, params = jobs._where(query)
+        for way in ("DESC", "ASC"):
+            order = f"ORDER BY {jobs._expr('submitted_at')} {way}, id {way}"
+            found = plan(jobs, where, params, order)
+            assert found.startswith("SEARCH jobs USING INDEX ix_jobs_" + field), (field, found)
+            assert f"({jobs._expr(field)}=?)" in found and "TEMP B-TREE" not in found, found
+        # ... and a time window on top narrows the same search.
+        window = {**query, "submitted_at": {"$gte": datetime(2026, 1, 1, tzinfo=UTC)}}
+        where, params = jobs._where(window)
+        found = plan(jobs, where, params, f"ORDER BY {jobs._expr('submitted_at')} DESC, id DESC")
+        assert f"({jobs._expr(field)}=? AND {jobs._expr('submitted_at')}>?)" in found, found
 
 
 async def test_two_processes_sharing_a_file_never_both_win(tmp_path: Path) -> None:

@@ -48,6 +48,10 @@ def _ordered_sets(
     ]
 
 
+# The fields a job list filters on by equality, each leading an index (ensure_indexes).
+LIST_FILTERS = ("user", "state", "queue", "dialect", "kind")
+
+
 class JobViews:
     def __init__(self, db: Database) -> None:
         self.jobs = db["jobs"]
@@ -58,8 +62,13 @@ class JobViews:
         # A list page is newest first, ties by id: both in the index, so a page is read
         # in index order and nothing is sorted.
         newest = [("submitted_at", DESCENDING), ("_id", DESCENDING)]
-        await self.jobs.create_index([("user", ASCENDING), *newest])
-        await self.jobs.create_index([("state", ASCENDING), *newest])
+        # Each filter by equality a list takes (app.py's /v1/jobs; the dialects' lists
+        # by queue and dialect) leads an index of its own, so a filtered page is a walk
+        # of its matches alone, already in order: walking the newest-first index instead
+        # and testing each job read every job for a rare value (a queue of a few jobs:
+        # 0.6 s at 100,000 jobs).
+        for field in LIST_FILTERS:
+            await self.jobs.create_index([(field, ASCENDING), *newest])
         await self.jobs.create_index(newest)
         await self.jobs.create_index([("user", ASCENDING), ("dialect_key", ASCENDING)])
         # The live feed's walk over what changed (adapters/feed.py).
