@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from trainyard_common.docstore import SqliteClient, SqliteCollection, Unsupported
-from trainyard_common.storage import Client, insert_once
+from trainyard_common.docstore import SqliteClient, SqliteCollection, TimedOut, Unsupported
+from trainyard_common.storage import Client, count_within, insert_once
 from trainyard_status.adapters.views import JobViews
 
 from ..support.stores import store_client
@@ -90,6 +90,8 @@ async def run_script(client: Client, db: str) -> list[Any]:
     for query in QUERIES:
         found = [d async for d in col.find(query).sort([("at", 1), ("_id", 1)])]
         out.append((query, await col.count_documents(query), found))
+        # A count that stops at a bound, within a time (the list totals' count_within).
+        out.append(await count_within(col, query, 4, 10_000))
     out.append([d async for d in col.find({}, {"rank": 1}).sort("_id", -1).skip(3).limit(5)])
     out.append([d async for d in col.find({"user": "bob"}, {"meta": 0, "text": 0}).sort("_id")])
     out.append(await col.find_one({"_id": "j03"}))
@@ -220,6 +222,29 @@ async def test_the_status_views_queries_use_real_indexes(tmp_path: Path) -> None
         where, params = jobs._where(window)
         found = plan(jobs, where, params, f"ORDER BY {jobs._expr('submitted_at')} DESC, id DESC")
         assert f"({jobs._expr(field)}=? AND {jobs._expr('submitted_at')}>?)" in found, found
+
+
+async def test_a_count_past_its_time_stops_and_leaves_the_store_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """The store answers on the event loop's thread: a count over a filter no index
+    serves (every document's JSON read) stops at ``maxTimeMS``, as MongoDB's does, and
+    the connection goes on as before, inside a transaction too."""
+    database = SqliteClient(tmp_path)["db"]
+    col = database["c"]
+    with database.transaction():
+        for i in range(60_000):
+            col._insert({"_id": f"d{i:06d}", "n": i, "pad": "x" * 200})
+    slow = {"n": {"$gte": 0}, "pad": {"$regex": "y"}}
+    with database.transaction():
+        await col.insert_one({"_id": "inside"})
+        with pytest.raises(TimedOut):
+            await col.count_documents(slow, maxTimeMS=1)
+        assert await count_within(col, slow, 10, 1) is None
+        await col.insert_one({"_id": "after"})  # the transaction goes on
+    assert await col.count_documents({"_id": {"$in": ["inside", "after"]}}) == 2
+    assert await col.count_documents(slow) == 0  # no handler left behind
+    assert await col.count_documents({}, limit=100, maxTimeMS=10_000) == 100
 
 
 async def test_two_processes_sharing_a_file_never_both_win(tmp_path: Path) -> None:

@@ -645,3 +645,51 @@ async def test_a_late_tag_change_does_not_undo_a_later_one(views: JobViews) -> N
     await tag("nightly", True, 104)  # a newer add counts
     await tag("nightly", True, 104)  # and a repeat of it is one
     assert sorted((await snapshot(views, job.job_id))["tags"]) == ["a.b$c", "nightly"]
+
+
+async def test_a_lists_total_is_counted_up_to_a_bound_and_says_when_it_stopped(
+    views: JobViews, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting every match of a filter read each of them (every job, for a filter no
+    index serves), the status process held meanwhile: the total of /v1/jobs is counted
+    up to a bound and for a bounded time, and says when it stopped there."""
+    from trainyard_common.auth import TokenStore
+    from trainyard_status import app as status_app
+
+    queue = "q" + uuid.uuid4().hex[:8]
+    ids = [await submitted_job(views, 2000 + i, at_s=i, queue=queue) for i in range(5)]
+    # The views count up to one past the bound (more than it), the whole filter being
+    # walked no further, with or without a state.
+    assert await views.count_jobs(user=None, state=None, where={"queue": queue}, most=3) == 4
+    assert await views.count_jobs(user=None, state=None, where={"queue": queue}, most=10) == 5
+    assert await views.count_jobs(user=None, state="SUBMITTED", where={"queue": queue}) == 5
+    assert await views.count_jobs(user=None, state="RUNNING", where={"queue": queue}) == 0
+    # Every job of this store (others' tests may share a MongoDB one): counted the same.
+    every = await views.count_jobs(user=None, state=None, most=10_000)
+    assert every is not None and 5 <= every <= 10_001
+
+    app = status_app.create_app(views, TokenStore(None, "admin"))
+    auth = {"Authorization": "Bearer admin"}
+    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://s") as http:
+
+        async def page(**params: Any) -> dict[str, Any]:
+            answer = await http.get("/v1/jobs", params={"queue": queue, **params}, headers=auth)
+            assert answer.status_code == 200, answer.text
+            return dict(answer.json())
+
+        first = await page(limit=2)
+        assert (first["total"], first["total_exact"]) == (5, True)
+        assert [i["id"] for i in first["items"]] == [ids[4], ids[3]]
+        monkeypatch.setattr(status_app, "COUNT_MOST", 3)
+        capped = await page(limit=2)
+        assert (capped["total"], capped["total_exact"]) == (3, False)
+        assert (await page(limit=2, offset=3))["total"] == 5  # never below what was shown
+
+        # Out of time (a filter no index serves, on a large store): what the page
+        # shows, and not exact.
+        async def out_of_time(**_: Any) -> None:
+            return None
+
+        monkeypatch.setattr(views, "count_jobs", out_of_time)
+        late = await page(limit=2, offset=1)
+        assert (late["total"], late["total_exact"]) == (3, False)

@@ -38,6 +38,27 @@ def test_submitted_sets_the_job_fields_and_keeps_the_original() -> None:
     assert change.always["dialect"] == "native"
 
 
+def test_only_the_submission_sets_the_fields_lists_count_by_and_always_with_a_state() -> None:
+    """A list's count leaves out its "state set" test (which reads every document) when
+    it filters on one of these (views.count_jobs): no other event may set them, nor the
+    submission without its state."""
+    from trainyard_status.adapters.views import SUBMITTED_FIELDS
+
+    for name, event in EVENTS.items():
+        change = project(event).job
+        if change is None:
+            continue
+        fields = {
+            *change.always, *change.with_state, *change.add_to_set, *change.pull,
+            *(f for group in change.ordered.values() for f in group),
+            *(f for group in change.ranked.values() for f in group),
+        }  # fmt: skip
+        if name == "JobSubmitted":
+            assert SUBMITTED_FIELDS <= fields and change.state is not None
+        else:
+            assert not fields & SUBMITTED_FIELDS, (name, fields & SUBMITTED_FIELDS)
+
+
 def test_rejected_is_terminal_with_every_error_in_the_reason() -> None:
     change = project(EVENTS["JobRejected"]).job
     assert change.state is JobState.REJECTED

@@ -47,7 +47,15 @@ class JobSummary(Body):
 
 class JobList(Body):
     items: list[JobSummary]
-    total: int
+    total: int = Field(
+        description="the jobs that match, counted up to 10,000 and for at most 20 ms "
+        "(total_exact says whether the count went to the end)"
+    )
+    total_exact: bool = Field(
+        True,
+        description="false: the count stopped, and at least `total` jobs match (10,000 "
+        "when more than that do; past the time, those up to the end of this page)",
+    )
     limit: int
     offset: int
     next: str | None = Field(

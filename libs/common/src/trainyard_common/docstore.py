@@ -18,7 +18,8 @@ field, as in MongoDB), ``$in``, ``$nin`` (on a field holding an array: its eleme
 substring search, ``$options`` "i" or none), a top-level ``$or``; updates by ``$set``,
 ``$unset``, ``$push``,
 ``$addToSet``, ``$pull`` (of one value), ``$inc``; replacement with
-upsert; sort, skip, limit; inclusion or exclusion projections; ``count_documents``.
+upsert; sort, skip, limit; inclusion or exclusion projections; ``count_documents`` (with
+``limit`` and ``maxTimeMS``).
 
 Datetimes keep their type: stored as fixed-width UTC ISO text behind a private-use mark
 (so they sort and compare in time order) and read back as aware UTC datetimes, as
@@ -63,6 +64,10 @@ class Unsupported(Exception):
 
 class DuplicateKey(Exception):
     """An insert whose ``_id`` is already stored."""
+
+
+class TimedOut(Exception):
+    """A count that ran past its ``maxTimeMS`` (MongoDB's ``ExecutionTimeout``)."""
 
 
 # --- values ---------------------------------------------------------------------------
@@ -432,10 +437,36 @@ class SqliteCollection:
     def find(self, query: Mapping[str, Any] | None = None, projection: Any = None) -> SqliteCursor:
         return SqliteCursor(self, query, projection)
 
-    async def count_documents(self, query: Mapping[str, Any] | None = None) -> int:
+    async def count_documents(
+        self,
+        query: Mapping[str, Any] | None = None,
+        *,
+        limit: int = 0,
+        maxTimeMS: int | None = None,  # noqa: N803 - pymongo's name
+    ) -> int:
+        """As pymongo's: ``limit`` counts at most that many (the walk stops there);
+        ``maxTimeMS`` stops a count that takes longer (``TimedOut``, as MongoDB's
+        ``ExecutionTimeout``): the store answers on the event loop's thread, so a count
+        over a filter no index serves would hold the whole process meanwhile."""
         where, params = self._where(query)
         sql = f"SELECT count(*) FROM {self._table} WHERE {where}"
-        return int(self.database.conn.execute(sql, params).fetchone()[0])
+        if limit:
+            sql = f"SELECT count(*) FROM (SELECT 1 FROM {self._table} WHERE {where} LIMIT ?)"
+            params.append(limit)
+        conn = self.database.conn
+        if maxTimeMS is None:
+            return int(conn.execute(sql, params).fetchone()[0])
+        deadline = time.perf_counter() + maxTimeMS / 1000
+        # Asked every thousand steps of SQLite's machine (some tens of microseconds).
+        conn.set_progress_handler(lambda: time.perf_counter() > deadline, 1000)
+        try:
+            return int(conn.execute(sql, params).fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if "interrupt" not in str(exc):
+                raise
+            raise TimedOut(f"{self.name}: the count took over {maxTimeMS} ms") from None
+        finally:
+            conn.set_progress_handler(None, 0)
 
     # -- writes ---------------------------------------------------------------------------
 

@@ -22,9 +22,9 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import DuplicateKeyError, ExecutionTimeout
 
-from .docstore import DuplicateKey, SqliteClient, SqliteCollection, SqliteDatabase
+from .docstore import DuplicateKey, SqliteClient, SqliteCollection, SqliteDatabase, TimedOut
 from .mongo_batch import BatchedCollection, BatchedDatabase, MongoBatches, batched
 
 # What an adapter is given: a database or a collection of either store.
@@ -102,3 +102,14 @@ async def insert_once(collection: Collection, document: dict[str, Any]) -> bool:
     except (DuplicateKeyError, DuplicateKey):
         return False
     return True
+
+
+async def count_within(
+    collection: Collection, query: dict[str, Any], most: int, budget_ms: int
+) -> int | None:
+    """How many documents match ``query``, counted up to ``most`` and for at most
+    ``budget_ms`` on either store; None when the time ran out first."""
+    try:
+        return int(await collection.count_documents(query, limit=most, maxTimeMS=budget_ms))
+    except (ExecutionTimeout, TimedOut):
+        return None

@@ -461,9 +461,11 @@ def make_app(connect: ClientFactory = Client) -> typer.Typer:
         if items:
             _table(s, headers, rows)
         total = page.get("total", len(items))
+        # The service counts up to a bound: past it, it says so.
+        of = f"{total}" if page.get("total_exact", True) else f"at least {total}"
         start = page.get("offset", offset)
         shown = f"{start + 1}-{start + len(items)}" if items else "0"
-        s.err.print(Text(f"{shown} of {total} job(s)", style="dim"))
+        s.err.print(Text(f"{shown} of {of} job(s)", style="dim"))
 
     @app.command()
     def events(

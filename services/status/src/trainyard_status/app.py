@@ -38,7 +38,7 @@ from trainyard_common.limits import MAX_OFFSET, in_utc
 from trainyard_common.runtime import health_app
 
 from .adapters.feed import RESET, JobFeed
-from .adapters.views import JobViews, job_view
+from .adapters.views import COUNT_MOST, JobViews, job_view
 from .dead_letters import router as dead_letter_api
 from .dialect_api import ROUTERS, StatusContext
 from .domain.projection import job_as_of
@@ -194,16 +194,35 @@ def create_app(
         if id_prefix:
             where["_id"] = {"$gte": id_prefix, "$lt": id_prefix + "\U0010ffff"}
         after = read_cursor(cursor) if cursor else None
-        items, total = await views.list_jobs(
+        skip = 0 if after else offset
+        items, _ = await views.list_jobs(
             user=user,
             state=state.value if state else None,
             limit=limit,
-            offset=0 if after else offset,
+            offset=skip,
             where=where,
             after=after,
             oldest_first=order == "oldest",
+            count=False,
         )
-        answer: dict[str, Any] = {"items": items, "total": total, "limit": limit, "offset": offset}
+        # Counted up to a bound, and for a bounded time: past either, "at least".
+        counted = await views.count_jobs(
+            user=user, state=state.value if state else None, where=where, most=COUNT_MOST
+        )
+        at_least = skip + len(items)
+        if counted is None:  # the time ran out: what this page shows is known
+            total, exact = at_least, False
+        elif counted > COUNT_MOST:
+            total, exact = max(COUNT_MOST, at_least), False
+        else:
+            total, exact = max(counted, at_least), True
+        answer: dict[str, Any] = {
+            "items": items,
+            "total": total,
+            "total_exact": exact,
+            "limit": limit,
+            "offset": offset,
+        }
         last = items[-1] if len(items) == limit else None
         answer["next"] = make_cursor(last["submitted_at"], last["id"]) if last else None
         if counts:

@@ -15,7 +15,7 @@ from pymongo import ASCENDING, DESCENDING
 from trainyard_common.dialects import BY_NAME
 from trainyard_common.events import Event, JobState, TaskState, decode
 from trainyard_common.jobspec import REDACTED
-from trainyard_common.storage import Database, insert_once, preload
+from trainyard_common.storage import Database, count_within, insert_once, preload
 
 from ..domain.projection import Changes, EndTasks, JobChange, TaskChange, project
 
@@ -50,6 +50,14 @@ def _ordered_sets(
 
 # The fields a job list filters on by equality, each leading an index (ensure_indexes).
 LIST_FILTERS = ("user", "state", "queue", "dialect", "kind")
+# A list's total is counted up to this many jobs, for at most this long (count_jobs).
+COUNT_MOST = 10_000
+COUNT_BUDGET_MS = 20
+# The fields only JobSubmitted sets on a job, always with a state: a job holding one is
+# never one seen only in part (domain/projection.py; tests/unit/test_status_projection.py).
+SUBMITTED_FIELDS = frozenset(
+    {"user", "name", "queue", "dialect", "dialect_key", "kind", "labels", "submitted_at"}
+)
 
 
 class JobViews:
@@ -256,11 +264,7 @@ class JobViews:
         returns whole documents. ``after``: the (submitted_at, id) of the last job of the
         page before (a cursor: pages stay right while jobs are written; no ``offset``
         then, nor another ``sort``). ``count`` False: the total is not counted (0)."""
-        query: dict[str, Any] = {"state": {"$ne": None}, **(where or {})}
-        if user:
-            query["user"] = user
-        if state:
-            query["state"] = state
+        query = _list_query(user, state, where)
         if not count:
             total = 0
         elif query == {"state": {"$ne": None}}:
@@ -293,6 +297,38 @@ class JobViews:
                 cursor = self.jobs.find(part, projection).sort(order).limit(limit - len(docs))
                 docs += [doc async for doc in cursor]
         return [doc if full else summary(doc) for doc in docs], total
+
+    async def count_jobs(
+        self,
+        *,
+        user: str | None,
+        state: str | None,
+        where: dict[str, Any] | None = None,
+        most: int = COUNT_MOST,
+        budget_ms: int = COUNT_BUDGET_MS,
+    ) -> int | None:
+        """How many jobs ``list_jobs`` would list with these filters, counted up to
+        ``most`` + 1 (that many: more than ``most``) and for at most ``budget_ms`` (None:
+        the time ran out). Bounded either way: counting every match read each of them,
+        and with a filter no index serves, every job (0.4-0.7 s at 100,000 jobs, the
+        status process held meanwhile)."""
+        query = _list_query(user, state, where)
+        if query == {"state": {"$ne": None}}:
+            # Every job but the few seen only in part: a walk of the smallest index up
+            # to the bound ("state set" alone would read each job's document).
+            partial = await count_within(self.jobs, {"state": None}, most + 1, budget_ms)
+            if partial is None:
+                return None
+            every = await count_within(self.jobs, {}, most + 1 + partial, budget_ms)
+            return None if every is None else every - partial
+        if query.get("state") == {"$ne": None} and any(
+            key.split(".", 1)[0] in SUBMITTED_FIELDS for key in query
+        ):
+            # A job with any of these has a state (JobSubmitted sets them with its own),
+            # so the test that reads each document is left out: the count is then a walk
+            # of the filter's index alone.
+            del query["state"]
+        return await count_within(self.jobs, query, most + 1, budget_ms)
 
     async def count_states(
         self, where: dict[str, Any], states: Iterable[JobState] = JobState
@@ -387,6 +423,18 @@ class JobViews:
             }
             async for doc in cursor
         ]
+
+
+def _list_query(
+    user: str | None, state: str | None, where: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A job list's filter: the jobs seen whole (a state set) and ``where``."""
+    query: dict[str, Any] = {"state": {"$ne": None}, **(where or {})}
+    if user:
+        query["user"] = user
+    if state:
+        query["state"] = state
+    return query
 
 
 def is_resource(doc: dict[str, Any]) -> bool:
