@@ -222,6 +222,25 @@ async def test_the_status_views_queries_use_real_indexes(tmp_path: Path) -> None
         where, params = jobs._where(window)
         found = plan(jobs, where, params, f"ORDER BY {jobs._expr('submitted_at')} DESC, id DESC")
         assert f"({jobs._expr(field)}=? AND {jobs._expr('submitted_at')}>?)" in found, found
+    # A page of a job's tasks (up to 100,000) and of its history: a walk of an index in
+    # the page's order from where the page before ended, never a sort of all of them.
+    tasks: SqliteCollection = views.tasks  # type: ignore[assignment]
+    by_task = "ORDER BY f_attempt ASC, f_role ASC, f_index ASC"
+    for query in [
+        {"job_id": "j1"},
+        {"job_id": "j1", "attempt": 2},
+        {"job_id": "j1", "attempt": 1, "role": "w", "index": {"$gt": 3}},
+        {"job_id": "j1", "attempt": 1, "role": {"$gt": "w"}},
+        {"job_id": "j1", "attempt": {"$gt": 1}},
+    ]:
+        where, params = tasks._where(query)
+        found = plan(tasks, where, params, by_task)
+        assert found.startswith("SEARCH tasks USING INDEX"), (query, found)
+        assert "TEMP B-TREE" not in found, (query, found)
+    events: SqliteCollection = views.events  # type: ignore[assignment]
+    where, params = events._where({"job_id": "j1", "seq": {"$gt": 10}})
+    found = plan(events, where, params, "ORDER BY f_seq ASC")
+    assert "(f_job_id=? AND f_seq>?)" in found and "TEMP B-TREE" not in found, found
 
 
 async def test_a_count_past_its_time_stops_and_leaves_the_store_as_it_was(

@@ -693,3 +693,89 @@ async def test_a_lists_total_is_counted_up_to_a_bound_and_says_when_it_stopped(
         monkeypatch.setattr(views, "count_jobs", out_of_time)
         late = await page(limit=2, offset=1)
         assert (late["total"], late["total_exact"]) == (3, False)
+
+
+async def test_a_jobs_history_and_tasks_come_a_bounded_page_at_a_time(
+    views: JobViews, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job may have up to 100,000 tasks and three events or more each, and the
+    console reads its page and its history on every change: both come a page at a time
+    (by default, one small job's whole answer as before)."""
+    from trainyard_common.auth import TokenStore
+    from trainyard_common.events import FailureClass, JobRetrying
+    from trainyard_status import app as status_app
+
+    job = uuid.uuid4().hex
+    events = lifecycle(job)
+    # A second attempt of three tasks (a role that sorts before the first's too).
+    events += [
+        JobRetrying(
+            job_id=job, attempt=2, previous_attempt=1, reason="again",
+            failure_class=FailureClass.USER, not_before=events[0].occurred_at,
+        ),
+        *[
+            TaskStateChanged(
+                job_id=job, attempt=2, role=role, index=index, state=TaskState.RUNNING, seq=1
+            )
+            for role, index in (("worker", 0), ("worker", 1), ("chief", 0))
+        ],
+    ]  # fmt: skip
+    await apply_all(views, events, range(3000, 3000 + len(events)))
+    order = [
+        (1, "worker", 0),
+        (1, "worker", 1),
+        (2, "chief", 0),
+        (2, "worker", 0),
+        (2, "worker", 1),
+    ]
+
+    app = status_app.create_app(views, TokenStore(None, "admin"))
+    auth = {"Authorization": "Bearer admin"}
+    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://s") as http:
+
+        async def get(path: str, **params: Any) -> dict[str, Any]:
+            answer = await http.get(f"/v1/jobs/{job}{path}", params=params, headers=auth)
+            assert answer.status_code == 200, answer.text
+            return dict(answer.json())
+
+        # A small job: its whole history and every task, as before.
+        whole = await get("/events")
+        assert len(whole["items"]) == len(events) and whole["next_after_seq"] is None
+        view = await get("")
+        assert [(t["attempt"], t["role"], t["index"]) for t in view["tasks"]] == order
+        assert view["tasks_next"] is None
+
+        # The history a page at a time, from where the page before ended.
+        seqs, after = [], 0
+        while True:
+            page = await get("/events", limit=4, after_seq=after)
+            assert len(page["items"]) <= 4
+            seqs += [e["seq"] for e in page["items"]]
+            if page["next_after_seq"] is None:
+                break
+            after = page["next_after_seq"]
+            assert after == seqs[-1]
+        assert seqs == [e["seq"] for e in whole["items"]]
+        assert (await get("/events", after_seq=seqs[-1]))["items"] == []
+
+        # The tasks: the job's page shows the first ones, the rest come from /tasks.
+        monkeypatch.setattr(status_app, "TASKS_SHOWN", 2)
+        view = await get("")
+        assert [(t["attempt"], t["role"], t["index"]) for t in view["tasks"]] == order[:2]
+        listed, cursor = [], view["tasks_next"]
+        while cursor is not None:
+            page = await get("/tasks", limit=1, cursor=cursor)
+            listed += [(t["attempt"], t["role"], t["index"]) for t in page["items"]]
+            cursor = page["next"]
+        assert listed == order[2:]
+        whole_tasks = await get("/tasks")
+        assert [(t["attempt"], t["role"], t["index"]) for t in whole_tasks["items"]] == order
+        second = await get("/tasks", attempt=2, limit=2)
+        assert [(t["role"], t["index"]) for t in second["items"]] == [("chief", 0), ("worker", 0)]
+        rest = await get("/tasks", attempt=2, cursor=second["next"])
+        assert [(t["role"], t["index"]) for t in rest["items"]] == [("worker", 1)]
+        assert rest["next"] is None
+        bad = await http.get(f"/v1/jobs/{job}/tasks", params={"cursor": "nonsense"}, headers=auth)
+        assert bad.status_code == 400
+        other = await http.get(f"/v1/jobs/{uuid.uuid4().hex}/tasks", headers=auth)
+        assert other.status_code == 404

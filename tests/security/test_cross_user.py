@@ -231,6 +231,7 @@ def test_bob_cannot_tell_alices_jobs_from_missing_ones_on_any_path(
         # Trainyard's own API.
         ("GET", "/v1/jobs/{}", jobs.native, ghost, {}),
         ("GET", "/v1/jobs/{}/events", jobs.native, ghost, {}),
+        ("GET", "/v1/jobs/{}/tasks", jobs.native, ghost, {}),
         ("GET", "/v1/jobs/{}/logs", jobs.native, ghost, {}),
         ("GET", "/v1/jobs/{}/logs", jobs.native, ghost, {"params": {"role": "main", "index": 0}}),
         ("POST", "/v1/jobs/{}/stop", jobs.native, ghost, {}),
@@ -356,6 +357,7 @@ def test_bob_cannot_tell_alices_jobs_from_missing_ones_on_any_path(
     for path in (
         f"/v1/jobs/{jobs.native}",
         f"/v1/jobs/{jobs.native}/events",
+        f"/v1/jobs/{jobs.native}/tasks",
         f"/api/v2/jobs/{alice.name}~{jobs.openpai}",
         f"/api/v2/jobs/{alice.name}~{jobs.openpai}/config",
         f"/api/v1/user/{alice.name}/jobs/{jobs.openpai}",

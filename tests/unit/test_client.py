@@ -169,6 +169,11 @@ def test_events_and_stop(client, gw):
     job = gw.add_job()
     gw.events[job["id"]] = [{"seq": 1, "type": "JobSubmitted", "event": {}}]
     assert [e["type"] for e in client.events(job["id"])] == ["JobSubmitted"]
+    # A long history comes a page at a time: the client reads it to the end.
+    gw.events_page = 2
+    gw.events[job["id"]] += [{"seq": n, "type": "TaskStateChanged", "event": {}} for n in (3, 4, 7)]
+    assert [e["seq"] for e in client.events(job["id"])] == [1, 3, 4, 7]
+    assert [r.url.params.get("after_seq") for r in gw.requests[-2:]] == [None, "3"]
     assert client.stop(job["id"]) == {"id": job["id"], "stop": "requested"}
     assert gw.stops == [job["id"]]
 

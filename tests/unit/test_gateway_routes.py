@@ -16,6 +16,7 @@ from trainyard_gateway.routes import route
         ("GET", "/v1/jobs", "status"),
         ("GET", "/v1/jobs/abc", "status"),
         ("GET", "/v1/jobs/abc/events", "status"),
+        ("GET", "/v1/jobs/abc/tasks", "status"),
         ("GET", "/v1/jobs/abc/logs", "launcher"),
         ("GET", "/v1/placement/queue", "placement"),
         ("GET", "/v1/placement/nodes", "placement"),

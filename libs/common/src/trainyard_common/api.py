@@ -116,7 +116,19 @@ class JobView(JobSummary):
     original: dict[str, Any] | None = Field(
         description="the body as submitted, in its dialect (secrets hidden); None for native"
     )
-    tasks: list[TaskView]
+    tasks: list[TaskView] = Field(description="the first 1,000, by attempt, role and index")
+    tasks_next: str | None = Field(
+        None,
+        description="more tasks than shown: the cursor of GET /v1/jobs/{id}/tasks for "
+        "the rest (None: these are all)",
+    )
+
+
+class TaskList(Body):
+    """``GET /v1/jobs/{id}/tasks``: a page of a job's tasks."""
+
+    items: list[TaskView]
+    next: str | None = Field(None, description="the cursor of the page after this one")
 
 
 class HistoryEntry(Body):
@@ -130,6 +142,11 @@ class HistoryEntry(Body):
 
 class History(Body):
     items: list[HistoryEntry]
+    next_after_seq: int | None = Field(
+        None,
+        description="more events than this page holds: the after_seq of the next page "
+        "(None: the last page)",
+    )
 
 
 class JobAsOf(Body):

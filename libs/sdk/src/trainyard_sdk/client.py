@@ -268,8 +268,19 @@ class Client:
         return self._request("GET", "/v1/placement/queue", check=_each("jobs"))["jobs"]
 
     def events(self, job_id: str) -> Items:
+        """The job's whole history, oldest first: the service answers it a page at a
+        time (``next_after_seq``), read here to the end."""
         path = f"/v1/jobs/{_seg(job_id)}/events"
-        return self._request("GET", path, check=_each("items"))["items"]
+        items: Items = []
+        after = 0
+        while True:
+            params = {"after_seq": after} if after else None
+            page = self._request("GET", path, params=params, check=_each("items"))
+            items += page["items"]
+            more = page.get("next_after_seq")
+            if not isinstance(more, int) or more <= after:
+                return items
+            after = more
 
     def stop(self, job_id: str) -> dict[str, Any]:
         return self._request("POST", f"/v1/jobs/{_seg(job_id)}/stop")

@@ -35,6 +35,7 @@ class FakeGateway:
         self.tokens: dict[str, tuple[str, bool]] = dict(tokens or {})
         self.jobs: dict[str, dict[str, Any]] = {}
         self.events: dict[str, list[dict[str, Any]]] = {}
+        self.events_page = 1000  # a history page's events (the service's default)
         self.logs: dict[tuple[str, str, int, str], list[str]] = {}
         self.payloads: dict[str, dict[str, Any]] = {}
         self.requests: list[httpx.Request] = []
@@ -136,7 +137,12 @@ class FakeGateway:
                 job.update(steps.pop(0))
             return httpx.Response(200, json=job)
         if rest == "/events" and method == "GET":
-            return httpx.Response(200, json={"items": self.events.get(job["id"], [])})
+            # A page at a time, as the status service answers.
+            after = int(request.url.params.get("after_seq", 0))
+            items = [e for e in self.events.get(job["id"], []) if e.get("seq", 0) > after]
+            page = items[: self.events_page]
+            more = page[-1]["seq"] if len(items) > len(page) else None
+            return httpx.Response(200, json={"items": page, "next_after_seq": more})
         if rest == "/stop" and method == "POST":
             self.stops.append(job["id"])
             return httpx.Response(202, json={"id": job["id"], "stop": "requested"})

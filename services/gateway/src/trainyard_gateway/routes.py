@@ -28,7 +28,7 @@ ROUTES: list[tuple[str | frozenset[str], re.Pattern[str], str]] = [
     ("POST", re.compile(r"^/v1/placement/shutdown$"), "placement"),
     (READ, re.compile(r"^/v1/admin/tasks$"), "launcher"),
     (WRITE, re.compile(r"^/v1/placement/nodes(/[^/]+(/(drain|undrain))?)?$"), "placement"),
-    (READ, re.compile(r"^/v1/jobs(/[^/]+(/events|/state)?)?$"), "status"),
+    (READ, re.compile(r"^/v1/jobs(/[^/]+(/events|/state|/tasks)?)?$"), "status"),
     (READ, re.compile(r"^/v1/watch/jobs$"), "status"),
     (READ, re.compile(r"^/v1/me$"), "status"),
     (ANY, re.compile(r"^/v1/admin/dead-letters(/[0-9]+/replay)?$"), "status"),

@@ -21,6 +21,7 @@ from trainyard_common.api import (
     JobView,
     Me,
     RebuildReport,
+    TaskList,
     answers,
 )
 from trainyard_common.auth import (
@@ -34,7 +35,7 @@ from trainyard_common.bus import DeadLetters
 from trainyard_common.errors import ReplayIncomplete
 from trainyard_common.events import JobState
 from trainyard_common.jobspec import JobKind
-from trainyard_common.limits import MAX_OFFSET, in_utc
+from trainyard_common.limits import MAX_OFFSET, MAX_PAGE, in_utc
 from trainyard_common.runtime import health_app
 
 from .adapters.feed import RESET, JobFeed
@@ -46,6 +47,12 @@ from .domain.projection import job_as_of
 MAX_NAME = 256
 LABEL_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 KEEPALIVE_S = 15.0
+# A job's page shows its first tasks and a history page its first events; the rest come
+# a page at a time (a job may have up to 100,000 tasks, and three events or more each).
+TASKS_SHOWN = 1000
+MAX_TASKS_PAGE = 5000
+EVENTS_SHOWN = 1000
+MAX_EVENTS_PAGE = 5000
 
 
 def list_filters(
@@ -94,6 +101,25 @@ def read_cursor(cursor: str) -> tuple[datetime, str]:
             400, "cursor: not a cursor this API gave (use `next` as it is)"
         ) from exc
     return when, job_id
+
+
+def task_cursor(task: dict[str, Any]) -> str:
+    raw = json.dumps([task["attempt"], task["role"], task["index"]]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def read_task_cursor(cursor: str) -> tuple[int, str, int]:
+    """A tasks page's ``next`` back to (attempt, role, index); a 400 otherwise."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        attempt, role, index = json.loads(raw)
+        if not (type(attempt) is int and isinstance(role, str) and type(index) is int):
+            raise ValueError("not a cursor")
+    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        raise HTTPException(
+            400, "cursor: not a cursor this API gave (use `next` as it is)"
+        ) from exc
+    return attempt, role, index
 
 
 async def sse(
@@ -281,8 +307,35 @@ def create_app(
 
     @app.get("/v1/jobs/{job_id}", responses=answers(JobView))
     async def get_job(job_id: str, identity: Identity = Depends(current)) -> dict:
+        """The job with its first 1,000 tasks (``tasks_next``: the rest, from
+        ``GET /v1/jobs/{id}/tasks``)."""
         doc = await visible_job(job_id, identity)
-        return job_view(doc, await views.job_tasks(job_id))
+        tasks = await views.job_tasks(job_id, limit=TASKS_SHOWN + 1)
+        view = job_view(doc, tasks[:TASKS_SHOWN])
+        view["tasks_next"] = (
+            task_cursor(tasks[TASKS_SHOWN - 1]) if len(tasks) > TASKS_SHOWN else None
+        )
+        return view
+
+    @app.get("/v1/jobs/{job_id}/tasks", responses=answers(TaskList))
+    async def get_tasks(
+        job_id: str,
+        identity: Identity = Depends(current),
+        attempt: int | None = Query(None, ge=1, le=MAX_PAGE, description="this attempt's only"),
+        cursor: str | None = Query(
+            None,
+            max_length=600,
+            description="`next` of the page before (or the job's `tasks_next`): the page after it",
+        ),
+        limit: int = Query(TASKS_SHOWN, ge=1, le=MAX_TASKS_PAGE),
+    ) -> dict[str, Any]:
+        """A page of the job's tasks, by attempt, role and index (a job may have up to
+        100,000)."""
+        await visible_job(job_id, identity)
+        after = read_task_cursor(cursor) if cursor else None
+        tasks = await views.job_tasks(job_id, limit=limit + 1, after=after, attempt=attempt)
+        more = len(tasks) > limit
+        return {"items": tasks[:limit], "next": task_cursor(tasks[limit - 1]) if more else None}
 
     @app.get("/v1/jobs/{job_id}/state", responses=answers(JobAsOf))
     async def get_state_at(
@@ -311,9 +364,23 @@ def create_app(
         }
 
     @app.get("/v1/jobs/{job_id}/events", responses=answers(History))
-    async def get_events(job_id: str, identity: Identity = Depends(current)) -> dict:
+    async def get_events(
+        job_id: str,
+        identity: Identity = Depends(current),
+        after_seq: int = Query(
+            0,
+            ge=0,
+            description="only the events after this stream sequence (the "
+            "`next_after_seq` of the page before)",
+        ),
+        limit: int = Query(EVENTS_SHOWN, ge=1, le=MAX_EVENTS_PAGE),
+    ) -> dict:
+        """The job's history in stream order, a page of at most ``limit`` events (a job
+        of many tasks has three or more a task)."""
         await visible_job(job_id, identity)
-        return {"items": await views.history(job_id)}
+        items = await views.history(job_id, after_seq=after_seq, limit=limit + 1)
+        more = len(items) > limit
+        return {"items": items[:limit], "next_after_seq": items[limit - 1]["seq"] if more else None}
 
     # The dialects' routes after Trainyard's own, as in intake's app: matched in order,
     # the dialects' are many, and every request is answered by the same route either way

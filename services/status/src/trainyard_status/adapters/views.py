@@ -81,7 +81,16 @@ class JobViews:
         await self.jobs.create_index([("user", ASCENDING), ("dialect_key", ASCENDING)])
         # The live feed's walk over what changed (adapters/feed.py).
         await self.jobs.create_index([("feed_seq", ASCENDING)])
-        await self.tasks.create_index([("job_id", ASCENDING)])
+        # A job's tasks in the order its pages list them (job_tasks): a page is a walk
+        # of the index, not a sort of every task of the job (up to 100,000).
+        await self.tasks.create_index(
+            [
+                ("job_id", ASCENDING),
+                ("attempt", ASCENDING),
+                ("role", ASCENDING),
+                ("index", ASCENDING),
+            ]
+        )
         await self.events.create_index([("job_id", ASCENDING), ("seq", ASCENDING)])
 
     # -- writes ---------------------------------------------------------------------------
@@ -399,19 +408,61 @@ class JobViews:
     async def get_job(self, job_id: str) -> dict[str, Any] | None:
         return await self.jobs.find_one({"_id": job_id})
 
-    async def job_tasks(self, job_id: str) -> list[dict[str, Any]]:
-        cursor = self.tasks.find({"job_id": job_id}).sort(
-            [("attempt", ASCENDING), ("role", ASCENDING), ("index", ASCENDING)]
-        )
-        return [task_view(doc) async for doc in cursor]
+    async def job_tasks(
+        self,
+        job_id: str,
+        *,
+        limit: int = 0,
+        after: tuple[int, str, int] | None = None,
+        attempt: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """The job's tasks by attempt, role and index (``limit`` 0: all of them);
+        ``after``: the (attempt, role, index) of the last task of the page before;
+        ``attempt``: that attempt's alone."""
+        order = [("attempt", ASCENDING), ("role", ASCENDING), ("index", ASCENDING)]
+        base: dict[str, Any] = {"job_id": job_id}
+        if attempt is not None:
+            base["attempt"] = attempt
+        if after is None:
+            cursor = self.tasks.find(base).sort(order)
+            return [task_view(doc) async for doc in (cursor.limit(limit) if limit else cursor)]
+        # Keyset: the rest of the last task's role, then of its attempt, then the later
+        # attempts; each a walk of the same index from where the page before stopped.
+        at, role, index = after
+        parts = [
+            {"attempt": at, "role": role, "index": {"$gt": index}},
+            {"attempt": at, "role": {"$gt": role}},
+        ]
+        if attempt is None:
+            parts.append({"attempt": {"$gt": at}})
+        elif attempt != at:
+            return []
+        tasks: list[dict[str, Any]] = []
+        for part in parts:
+            if limit and len(tasks) >= limit:
+                break
+            cursor = self.tasks.find({**base, **part}).sort(order)
+            if limit:
+                cursor = cursor.limit(limit - len(tasks))
+            tasks += [task_view(doc) async for doc in cursor]
+        return tasks
 
     async def events_of(self, job_id: str) -> list[Event]:
         """The job's events as they were published, in stream order."""
         cursor = self.events.find({"job_id": job_id}).sort([("seq", ASCENDING)])
         return [decode(doc["event_json"].encode()) async for doc in cursor]
 
-    async def history(self, job_id: str) -> list[dict[str, Any]]:
-        cursor = self.events.find({"job_id": job_id}).sort([("seq", ASCENDING)])
+    async def history(
+        self, job_id: str, *, after_seq: int = 0, limit: int = 0
+    ) -> list[dict[str, Any]]:
+        """The job's history in stream order: the events after stream sequence
+        ``after_seq``, at most ``limit`` of them (0: all)."""
+        query: dict[str, Any] = {"job_id": job_id}
+        if after_seq:
+            query["seq"] = {"$gt": after_seq}
+        cursor = self.events.find(query).sort([("seq", ASCENDING)])
+        if limit:
+            cursor = cursor.limit(limit)
         return [
             {
                 "seq": doc["seq"],
