@@ -119,3 +119,20 @@ def test_the_dashboard_is_provisioned_and_every_panel_queries_prometheus() -> No
         "trainyard_http_requests_total", "trainyard_http_request_duration_seconds_bucket",
     ):  # fmt: skip
         assert re.search(rf"\b{name}\b", queried), name
+
+
+def test_the_latency_panel_tells_the_services_apart() -> None:
+    """Grouped by route alone, a template two services share (their /healthz, /metrics)
+    was one series, and the gateway, which forwards everything under one route
+    (/{path:path}), was mixed with what it forwards to: each service's own."""
+    latency = [
+        target["expr"]
+        for panel in dashboard_panels()
+        for target in panel["targets"]
+        if "trainyard_http_request_duration_seconds_bucket" in target["expr"]
+    ]
+    assert latency
+    for expr in latency:
+        grouped = re.search(r"sum by \(([^)]*)\)", expr)
+        assert grouped is not None, expr
+        assert {"job", "route", "le"} <= {g.strip() for g in grouped.group(1).split(",")}, expr

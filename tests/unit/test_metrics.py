@@ -185,6 +185,51 @@ async def test_http_requests_are_counted_by_route_template_method_and_code() -> 
     assert not any("/v1/things/a" in str(s.labels) for f in families.values() for s in f.samples)
 
 
+async def test_a_streamed_answers_latency_is_to_its_start_a_whole_ones_to_its_end() -> None:
+    """An SSE watch or a followed log lasts as long as its reader stays: timed to its
+    end, every one of them fell past the histogram's last bucket (10 s) and the p99 of
+    its route (the gateway's one route too) said nothing. A stream is timed to its
+    start; an answer in one piece, however slow, to its end."""
+    import asyncio
+
+    from fastapi.responses import StreamingResponse
+
+    app = health_app("probe")
+
+    @app.get("/v1/stream")
+    async def stream() -> StreamingResponse:
+        async def body():  # type: ignore[no-untyped-def]
+            yield b"retry: 2000\n\n"
+            await asyncio.sleep(0.4)  # a watch held open
+            yield b": keep-alive\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    @app.get("/v1/slow")
+    async def slow() -> dict[str, str]:
+        await asyncio.sleep(0.3)
+        return {"answer": "late"}
+
+    def observed(route: str) -> tuple[float, float]:
+        labels = {"route": route, "method": "GET"}
+        total = REGISTRY.get_sample_value("trainyard_http_request_duration_seconds_sum", labels)
+        count = REGISTRY.get_sample_value("trainyard_http_request_duration_seconds_count", labels)
+        return total or 0.0, count or 0.0
+
+    streams, slows = observed("/v1/stream"), observed("/v1/slow")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://probe") as http:
+        answer = await http.get("/v1/stream")
+        assert answer.status_code == 200 and answer.text.endswith("keep-alive\n\n")
+        assert (await http.get("/v1/slow")).status_code == 200
+    total, count = observed("/v1/stream")
+    assert count == streams[1] + 1 and total - streams[0] < 0.2
+    total, count = observed("/v1/slow")
+    assert count == slows[1] + 1 and total - slows[0] >= 0.3
+    labels = {"route": "/v1/stream", "method": "GET", "code": "200"}
+    assert REGISTRY.get_sample_value("trainyard_http_requests_total", labels) == 1
+
+
 async def test_ended_jobs_are_recounted_at_most_a_thousandth_of_the_time() -> None:
     # Every finished job ever was counted every 10 s, the event loop held meanwhile
     # (~70 ms at a million jobs on SQLite); the jobs still running or waiting are few.
