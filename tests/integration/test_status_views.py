@@ -779,3 +779,86 @@ async def test_a_jobs_history_and_tasks_come_a_bounded_page_at_a_time(
         assert bad.status_code == 400
         other = await http.get(f"/v1/jobs/{uuid.uuid4().hex}/tasks", headers=auth)
         assert other.status_code == 404
+
+
+async def test_the_queue_wait_counts_each_jobs_first_placement_once_whatever_its_attempt(
+    views: JobViews,
+) -> None:
+    """trainyard_queue_wait_seconds is "submission to first placement": only attempt 1's
+    placement was observed, so a job paused while it waited (or submitted paused, T9k's
+    runMode pause), first placed as attempt 2, was never. Through the status handler on
+    the real store: each job once, a redelivery or a later attempt not again, nor an
+    earlier attempt's placement projected late."""
+    from prometheus_client import REGISTRY
+
+    from trainyard_common.bus import Delivery
+    from trainyard_common.events import FailureClass, JobRetrying, ResumeJob
+
+    queue = "wait-" + uuid.uuid4().hex[:8]
+
+    def waits() -> tuple[float, float]:
+        labels = {"queue": queue}
+        count = REGISTRY.get_sample_value("trainyard_queue_wait_seconds_count", labels)
+        total = REGISTRY.get_sample_value("trainyard_queue_wait_seconds_sum", labels)
+        return count or 0.0, total or 0.0
+
+    seq = iter(range(5000, 6000))
+
+    async def deliver(*events: Any) -> None:
+        for event in events:
+            delivery = Delivery(stream_seq=next(seq), num_delivered=1, subject="yard.job.x")
+            await project_event(event, delivery, views)
+
+    def job_events(job: str) -> dict[str, Any]:
+        by_type = {type(e).__name__: e for e in example_events()}
+        submitted = by_type["JobSubmitted"]
+        spec = submitted.spec.model_copy(update={"queue": queue})
+
+        def copy(name: str, **update: Any) -> Any:
+            fields = {"job_id": job, "event_id": uuid.uuid4().hex, **update}
+            if "spec" in type(by_type[name]).model_fields:
+                fields["spec"] = spec
+            return by_type[name].model_copy(update=fields)
+
+        t0 = submitted.occurred_at
+        return {
+            "submitted": copy("JobSubmitted", occurred_at=t0),
+            "accepted": copy("JobAccepted", occurred_at=t0 + timedelta(seconds=1)),
+            "queued": copy("JobQueued", occurred_at=t0 + timedelta(seconds=2)),
+            "placed1": copy("JobPlaced", occurred_at=t0 + timedelta(seconds=5)),
+            "placed2": copy("JobPlaced", attempt=2, occurred_at=t0 + timedelta(seconds=60)),
+            "placed3": copy("JobPlaced", attempt=3, occurred_at=t0 + timedelta(seconds=90)),
+        }
+
+    # Paused while it waited: attempt 1 never placed; resumed, placed as attempt 2.
+    paused = job_events(uuid.uuid4().hex)
+    job = paused["submitted"].job_id
+    await deliver(
+        paused["submitted"], paused["accepted"], paused["queued"],
+        JobInterrupted(job_id=job, attempt=1, cause=InterruptCause.PAUSED, reason="paused"),
+        ResumeJob(job_id=job, requested_by="alice"),
+        paused["placed2"],
+    )  # fmt: skip
+    assert waits() == (1.0, 60.0)
+    # Its placement delivered again, then its attempt's failure retried and placed anew.
+    await deliver(
+        paused["placed2"],
+        JobRetrying(
+            job_id=job, attempt=3, previous_attempt=2, reason="x",
+            failure_class=FailureClass.USER, not_before=paused["placed2"].occurred_at,
+        ),
+        paused["placed3"],
+    )  # fmt: skip
+    assert waits() == (1.0, 60.0)
+
+    # Placed at once (attempt 1), as before; then preempted and placed again.
+    plain = job_events(uuid.uuid4().hex)
+    await deliver(plain["submitted"], plain["accepted"], plain["queued"], plain["placed1"])
+    assert waits() == (2.0, 65.0)
+    await deliver(plain["placed2"])
+    assert waits() == (2.0, 65.0)
+
+    # Out of order: attempt 2's placement projected before attempt 1's.
+    late = job_events(uuid.uuid4().hex)
+    await deliver(late["submitted"], late["accepted"], late["placed2"], late["placed1"])
+    assert waits() == (3.0, 125.0)

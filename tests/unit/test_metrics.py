@@ -32,6 +32,7 @@ from trainyard_common.runtime import health_app
 from trainyard_placement.domain import Allocation, QueuedJob, SchedulerState
 from trainyard_placement.domain.usage import gpus_held, node_gpus, waiting_by_queue
 from trainyard_status.domain.metrics import Observation, dialect_label, observations
+from trainyard_status.domain.projection import job_rank
 
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 
@@ -95,11 +96,26 @@ def test_the_first_placement_observes_the_wait_from_submission_per_queue() -> No
     placed = JobPlaced(
         job_id="j", spec=spec("gpu"), tasks=[], occurred_at=T0 + timedelta(seconds=2.5)
     )
-    assert observations(placed, {"submitted_at": T0}) == [Observation("first_wait", ("gpu",), 2.5)]
-    # A later attempt's placement is not a first wait; nor is one without its submission.
+    wait = [Observation("first_wait", ("gpu",), 2.5)]
+    # The view before it: submitted and accepted (their spec ranked at their steps).
+    accepted = {"submitted_at": T0, "spec_rank": job_rank(JobState.ACCEPTED, 1)}
+    assert observations(placed, accepted) == wait
+    # A job paused while it waited (or submitted paused) is first placed as a later
+    # attempt: that is its first wait (only attempt 1's was observed).
     again = placed.model_copy(update={"attempt": 2})
+    assert observations(again, accepted) == wait
+    # Once a placement of any attempt was projected, no other is a first wait: a retry
+    # or a resume after running, or an earlier attempt's placement projected late.
+    for before in (1, 2):
+        placed_view = {**accepted, "spec_rank": job_rank(JobState.PLACED, before)}
+        assert observations(again.model_copy(update={"attempt": 3}), placed_view) == []
+        assert observations(placed, placed_view) == []
+    # A view from before the ranked groups: its first attempt's placement, as before.
+    assert observations(placed, {"submitted_at": T0}) == wait
     assert observations(again, {"submitted_at": T0}) == []
+    # Nor is there a wait without the submission.
     assert observations(placed, None) == []
+    assert observations(placed, {"spec_rank": job_rank(JobState.ACCEPTED, 1)}) == []
 
 
 def test_events_that_change_no_figure_add_nothing_and_labels_stay_bounded() -> None:

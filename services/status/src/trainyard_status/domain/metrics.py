@@ -17,9 +17,12 @@ from trainyard_common.events import (
     JobPlaced,
     JobRejected,
     JobRetrying,
+    JobState,
     JobSubmitted,
     TaskStateChanged,
 )
+
+from .projection import job_rank
 
 # The counters (their names are in adapters/metrics.py).
 SUBMITTED = "submitted"
@@ -61,7 +64,7 @@ def observations(event: Event, job: dict[str, Any] | None) -> list[Observation]:
             return [Observation(REJECTED, (dialect,))]
         case JobFinished():
             return [Observation(FINISHED, (dialect, event.state.value.lower()))]
-        case JobPlaced() if event.attempt == 1 and job and job.get("submitted_at"):
+        case JobPlaced() if job and job.get("submitted_at") and first_placement(event, job):
             wait = (event.occurred_at - job["submitted_at"]).total_seconds()
             return [Observation(FIRST_WAIT, (event.spec.queue,), max(wait, 0.0))]
         case TaskStateChanged() if event.state.terminal:
@@ -73,6 +76,24 @@ def observations(event: Event, job: dict[str, Any] | None) -> list[Observation]:
         case JobInterrupted():
             return [Observation(INTERRUPTIONS, (event.cause.value,))]
     return []
+
+
+# A placement ranks the job's spec (a ranked group: its ``spec_rank``, adapters/views.py)
+# at its attempt's PLACED; the submission and the acceptance rank it below any of them.
+FIRST_PLACED_RANK = job_rank(JobState.PLACED, 1)
+
+
+def first_placement(event: JobPlaced, job: dict[str, Any]) -> bool:
+    """Whether ``event`` is the job's first placement, whatever its attempt: a job
+    paused while it waited, or submitted paused (T9k's runMode pause), is first placed
+    as a later attempt. No placement of any attempt projected before it (``job``, the
+    view before the event, holds the rank of the latest), so each job counts once
+    even when its placements are projected out of order. A view from before the ranked
+    groups says nothing of them: its first attempt's placement is the first."""
+    rank = job.get("spec_rank")
+    if rank is None:
+        return event.attempt == 1
+    return bool(rank < FIRST_PLACED_RANK)
 
 
 # Which events need the job's view before them (the others are counted without a read).
