@@ -4,6 +4,7 @@ events change nothing twice, history keeps stream order."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import random
@@ -757,6 +758,13 @@ async def test_a_jobs_history_and_tasks_come_a_bounded_page_at_a_time(
             assert after == seqs[-1]
         assert seqs == [e["seq"] for e in whole["items"]]
         assert (await get("/events", after_seq=seqs[-1]))["items"] == []
+        # A sequence past what a store's integers hold is a 422, not the store's 500.
+        huge = await http.get(f"/v1/jobs/{job}/events", params={"after_seq": 10**20},
+                              headers=auth)  # fmt: skip
+        assert huge.status_code == 422, huge.text
+        forged = base64.urlsafe_b64encode(json.dumps([10**20, "w", 0]).encode()).decode()
+        huge = await http.get(f"/v1/jobs/{job}/tasks", params={"cursor": forged}, headers=auth)
+        assert huge.status_code == 400, huge.text
 
         # The tasks: the job's page shows the first ones, the rest come from /tasks.
         monkeypatch.setattr(status_app, "TASKS_SHOWN", 2)

@@ -35,7 +35,7 @@ from trainyard_common.bus import DeadLetters
 from trainyard_common.errors import ReplayIncomplete
 from trainyard_common.events import JobState
 from trainyard_common.jobspec import JobKind
-from trainyard_common.limits import MAX_OFFSET, MAX_PAGE, in_utc
+from trainyard_common.limits import MAX_DIGITS, MAX_OFFSET, MAX_PAGE, in_utc
 from trainyard_common.runtime import health_app
 
 from .adapters.feed import RESET, JobFeed
@@ -115,6 +115,8 @@ def read_task_cursor(cursor: str) -> tuple[int, str, int]:
         attempt, role, index = json.loads(raw)
         if not (type(attempt) is int and isinstance(role, str) and type(index) is int):
             raise ValueError("not a cursor")
+        if not (0 <= attempt <= 10**MAX_DIGITS and 0 <= index <= 10**MAX_DIGITS):
+            raise ValueError("not a cursor")  # past a store's integers: its 500
     except (ValueError, TypeError, json.JSONDecodeError) as exc:
         raise HTTPException(
             400, "cursor: not a cursor this API gave (use `next` as it is)"
@@ -370,6 +372,7 @@ def create_app(
         after_seq: int = Query(
             0,
             ge=0,
+            le=10**MAX_DIGITS,  # a stream sequence; past a store's integers, a 500
             description="only the events after this stream sequence (the "
             "`next_after_seq` of the page before)",
         ),
