@@ -517,6 +517,25 @@ async def test_cursor_pages_stay_right_while_jobs_are_written_both_ways(views: J
         assert seen == expected, (oldest_first, seen)
     counts = await views.count_states(where)
     assert counts == {"SUBMITTED": len(ids)}
+    # Within submitted_before/after (the console's "Submitted before" and its Older): the
+    # page after a cursor goes on from it (the bound replaced the cursor's: the first
+    # page again), and stays within the bounds both ways.
+    start, end = base + timedelta(seconds=1), base + timedelta(seconds=4)
+    where = list_filters(None, None, f"{tag}-", start, end)
+    for oldest_first in (False, True):
+        seen = []
+        after = None
+        for _ in range(5):  # (the same page again and again, else)
+            items, _ = await views.list_jobs(
+                user=None, state=None, limit=2, offset=0, where=where, after=after,
+                oldest_first=oldest_first,
+            )  # fmt: skip
+            seen += [i["id"] for i in items]
+            if len(items) < 2:
+                break
+            after = read_cursor(make_cursor(items[-1]["submitted_at"], items[-1]["id"]))
+        expected = ids[1:6] if oldest_first else sorted(ids[1:6], reverse=True)
+        assert seen == expected, (oldest_first, seen)
 
 
 class FailsFirstCommit:

@@ -292,13 +292,19 @@ class JobViews:
             docs = [doc async for doc in cursor]
         else:
             # Keyset: the rest of the cursor's second, then the seconds beyond it; each
-            # a walk of the same index the first page used.
+            # a walk of the same index the first page used. Beside a submitted_before
+            # (newest first) the tighter bound holds: the query's in place of the
+            # cursor's gave the first page again, for ever.
             at, last = after
             beyond = "$gt" if oldest_first else "$lt"
+            bounds = dict(query.get("submitted_at", {}))
+            known = bounds.get(beyond)
+            tighter = max if oldest_first else min
+            bounds[beyond] = at if known is None else tighter(at, known)
             docs = []
             for extra in (
                 {"submitted_at": at, "_id": {beyond: last}},
-                {"submitted_at": {beyond: at, **query.get("submitted_at", {})}},
+                {"submitted_at": bounds},
             ):
                 if len(docs) >= limit:
                     break
