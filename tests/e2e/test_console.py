@@ -371,3 +371,61 @@ def test_a_mangled_link_says_so_instead_of_a_blank_page(  # type: ignore[no-unty
     page.locator("tbody tr[data-job]").first.wait_for()
     page.goto("/console/#/jobs/%E0%A4%A")  # no URI at all: decodeURIComponent threw
     page.get_by_text("that link names no job").wait_for()
+
+
+def a_user(api: Api, prefix: str) -> Api:
+    """A new user of its own (a list no other test adds to), as a test client."""
+    return api.as_token(api.http.post("/v1/tokens", json={"user": unique(prefix)}).json()["token"])
+
+
+def token_of(client: Api) -> str:
+    return client.http.headers["Authorization"].removeprefix("Bearer ")
+
+
+def rejected(client: Api, name: str) -> str:
+    """A job validation refuses (too little memory): listed like any other, nothing runs."""
+    return client.submit(
+        {"name": name, "roles": [{"name": "w", "command": "true", "resources": {"memory_mb": 1}}]}
+    )
+
+
+def showing(page, ids: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """Wait until the list shows exactly these jobs, in this order."""
+    page.wait_for_function(
+        """ids => [...document.querySelectorAll('tbody tr[data-job]')]
+            .map((r) => r.dataset.job).join() === ids.join()""",
+        arg=ids,
+        timeout=15_000,
+    )
+
+
+def test_older_goes_on_from_the_last_row_shown_when_jobs_arrived_meanwhile(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    erin = a_user(api, "erin")
+    for job_id in [rejected(erin, unique(f"old{i:02d}")) for i in range(40)]:
+        erin.seen(job_id)
+    sign_in(page, token_of(erin))
+    rows = page.locator("tbody tr[data-job]")
+    expect(rows).to_have_count(20)
+    # Five more arrive while page 0 is open: it shows them on top, live.
+    for job_id in [rejected(erin, unique(f"new{i}")) for i in range(5)]:
+        erin.seen(job_id)
+    listed = erin.http.get("/v1/jobs", params={"limit": 100}).json()
+    assert listed["total"] == 45
+    ids = [job["id"] for job in listed["items"]]
+    showing(page, ids[:20])
+    # Older: the next twenty after the last row shown (old15–old19 were skipped: the page
+    # was counted from the time the list opened, before the five arrived).
+    page.get_by_role("button", name="Older").click()
+    showing(page, ids[20:40])
+    expect(page.locator("caption")).to_have_text("45 job(s); 21–40 shown")
+    page.get_by_role("button", name="Older").click()
+    showing(page, ids[40:])
+    expect(page.get_by_role("button", name="Older")).to_be_disabled()
+    # And back again, page by page.
+    page.get_by_role("button", name="Newer").click()
+    showing(page, ids[20:40])
+    page.get_by_role("button", name="Newer").click()
+    showing(page, ids[:20])
+    expect(page.get_by_role("button", name="Newer")).to_be_disabled()

@@ -187,9 +187,14 @@ function jobsPage(params) {
     dialect: params.get("dialect") || "", name: params.get("name") || "",
     submitted_after: moment(params.get("after")), submitted_before: moment(params.get("before")),
   };
-  const page = Math.max(0, Math.floor(Number(params.get("page"))) || 0); // "abc": the first
-  // Pages after the first are anchored at the time the list was opened: jobs that arrive
-  // meanwhile go on top and never shift a page's rows.
+  // A page after the first goes on from the last row of the page before it (the API's
+  // `next` cursor, one for each page turned, kept in the link): jobs that arrive
+  // meanwhile go on top and neither shift a later page's rows nor push any past it (an
+  // offset counted from the time the list opened skipped those the arrivals pushed off
+  // the first page).
+  const cursors = (params.get("cursors") || "").split(",").filter(Boolean);
+  const page = cursors.length;
+  // Jobs newer than this are new since the list was opened (a later page counts them).
   const anchor = moment(params.get("anchor"), true) || new Date().toISOString();
   const body = el("tbody");
   const total = el("span", { class: "muted" });
@@ -241,22 +246,27 @@ function jobsPage(params) {
     if (filters.name && !(job.name || "").startsWith(filters.name)) return false;
     return true;
   }
+  let after = null; // this page's `next`: where the one after it starts
   function move(delta) {
     const next = new URLSearchParams(params);
-    next.set("page", String(page + delta));
-    next.set("anchor", anchor);
+    const turned = delta > 0 ? [...cursors, after] : cursors.slice(0, -1);
+    next.delete("page");
+    if (turned.length) next.set("cursors", turned.join(","));
+    else next.delete("cursors");
+    // The newest job the first page showed (the server's clock) is where "new" begins.
+    next.set("anchor", page === 0 && newest ? newest.toISOString() : anchor);
     location.hash = `#/jobs?${next}`;
   }
   const prev = el("button", { type: "button", class: "secondary", disabled: page === 0, onclick: () => move(-1), text: "Newer" });
   const next = el("button", { type: "button", class: "secondary", onclick: () => move(1), text: "Older" });
 
   async function load() {
-    const query = new URLSearchParams({ limit: PAGE, offset: page * PAGE });
+    const query = new URLSearchParams({ limit: PAGE });
     for (const [key, value] of Object.entries(filters)) {
       if (!value) continue;
       query.set(key, key.startsWith("submitted_") ? new Date(value).toISOString() : value);
     }
-    if (page > 0 && !filters.submitted_before) query.set("submitted_before", anchor);
+    if (page > 0) query.set("cursor", cursors[page - 1]);
     try {
       const answer = await api(`/v1/jobs?${query}`);
       rows.clear();
@@ -264,7 +274,8 @@ function jobsPage(params) {
       body.replaceChildren(...answer.items.map((job) => { const tr = row(job); rows.set(job.id, tr); return tr; }));
       if (!answer.items.length) body.append(el("tr", {}, el("td", { colspan: 7, class: "muted", text: "No jobs." })));
       total.textContent = `${answer.total} job(s); ${page * PAGE + 1}–${page * PAGE + answer.items.length} shown`;
-      next.disabled = (page + 1) * PAGE >= answer.total;
+      after = answer.next;
+      next.disabled = !after || page * PAGE + answer.items.length >= answer.total;
     } catch (err) {
       body.replaceChildren(el("tr", {}, el("td", { colspan: 7 }, failed(err))));
     }
@@ -276,7 +287,9 @@ function jobsPage(params) {
     if (known) { const tr = row(job); known.replaceWith(tr); rows.set(job.id, tr); return; }
     // (Compared with the newest job shown, the server's own clock, when there is one.)
     const since = newest || new Date(anchor);
-    if (!matches(job) || !(new Date(job.submitted_at) >= since) || seen.has(job.id)) return;
+    const at = new Date(job.submitted_at);
+    // (On a later page the anchor is the first page's newest job: not new itself.)
+    if (!matches(job) || !(page === 0 ? at >= since : at > since) || seen.has(job.id)) return;
     // A job submitted since the list opened: on the first page it goes on top; on a
     // later one it is counted, and the page stays as it is.
     if (page === 0) { reload(); return; }
