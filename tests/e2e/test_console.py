@@ -429,3 +429,71 @@ def test_older_goes_on_from_the_last_row_shown_when_jobs_arrived_meanwhile(  # t
     page.get_by_role("button", name="Newer").click()
     showing(page, ids[:20])
     expect(page.get_by_role("button", name="Newer")).to_be_disabled()
+
+
+# The live feed cut as a network drop cuts it: window.__feed.cut() errors every feed
+# open now and makes each new one fail to connect until window.__feed.down is false.
+FEED_CUTTER = """
+(() => {
+  const real = window.fetch;
+  const feed = { down: false, opened: [], open: [] };
+  feed.cut = () => {
+    feed.down = true;
+    for (const [control, reader] of feed.open.splice(0)) {
+      try { control.error(new TypeError("network error")); } catch {}
+      reader.cancel().catch(() => {});
+    }
+  };
+  window.__feed = feed;
+  window.fetch = async (url, options) => {
+    if (!String(url).includes("/v1/watch/jobs")) return real(url, options);
+    if (feed.down) throw new TypeError("Failed to fetch");
+    const answer = await real(url, options);
+    if (!answer.ok) return answer;
+    const reader = answer.body.getReader();
+    const body = new ReadableStream({
+      start(control) { feed.open.push([control, reader]); feed.opened.push(String(url)); },
+      async pull(control) {
+        try {
+          const { value, done } = await reader.read();
+          if (done) control.close(); else control.enqueue(value);
+        } catch (err) { try { control.error(err); } catch {} }
+      },
+      cancel(reason) { return reader.cancel(reason); },
+    });
+    return new Response(body, { status: answer.status, headers: answer.headers });
+  };
+})();
+"""
+
+
+def test_a_job_page_reads_again_what_changed_while_its_feed_was_down(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    job_id = api.submit(
+        {
+            "name": unique("feed"),
+            "roles": [
+                {"name": "w", "command": "sleep 60", "resources": {"cpu": 0.5, "memory_mb": 128}}
+            ],
+        }
+    )
+    api.wait(job_id, {"RUNNING"})
+    page.add_init_script(FEED_CUTTER)
+    sign_in(page, platform.token)
+    page.goto(f"/console/#/jobs/{job_id}")
+    page.locator(".card .state.RUNNING").wait_for()
+    page.wait_for_function("id => window.__feed.opened.some((u) => u.includes(id))", arg=job_id)
+    page.evaluate("window.__feed.cut()")
+    # It ends while the page hears nothing (the feed sends it to this listener, not
+    # again to the page when it is back): a finished job stayed RUNNING, Stop and all.
+    with api.http.stream("GET", "/v1/watch/jobs", params={"job_id": job_id}) as feed:
+        lines = feed.iter_lines()
+        assert next(lines).startswith("retry:")
+        api.stop(job_id)
+        for line in lines:
+            if line.startswith("data:") and '"state": "STOPPED"' in line:
+                break
+    page.evaluate("window.__feed.down = false")
+    page.locator(".card .state.STOPPED").wait_for(timeout=15_000)
+    expect(page.get_by_role("button", name="Stop")).to_have_count(0)

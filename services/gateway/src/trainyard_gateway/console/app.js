@@ -87,9 +87,13 @@ async function api(path, options = {}) {
 }
 
 // Server-sent events over fetch (EventSource cannot send the Authorization header).
+// A feed opened again after it dropped is told as a `reset` (read again): what changed
+// while it was down was sent to no one on this page (a job that finished meanwhile
+// stayed RUNNING, its Stop and Pause still there).
 function listen(path, onEvent) {
   const control = new AbortController();
   (async () => {
+    let dropped = false;
     while (!control.signal.aborted) {
       try {
         const answer = await fetch(path, { headers: { Authorization: `Bearer ${token()}` }, signal: control.signal });
@@ -97,6 +101,8 @@ function listen(path, onEvent) {
         if (answer.status === 401) { signOut("Your token was refused: sign in again."); return; }
         if (answer.status === 403) return;
         if (!answer.ok) throw new Error(`watch answered ${answer.status}`);
+        if (dropped) onEvent("reset", {});
+        dropped = true; // from here on, an end or an error is a drop
         const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
         let buffer = "";
         for (;;) {
@@ -118,6 +124,7 @@ function listen(path, onEvent) {
         }
       } catch (err) {
         if (control.signal.aborted) return;
+        dropped = true;
       }
       await new Promise((resolve) => setTimeout(resolve, 2000)); // the server went away: again
     }
