@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -497,3 +498,81 @@ def test_a_job_page_reads_again_what_changed_while_its_feed_was_down(  # type: i
     page.evaluate("window.__feed.down = false")
     page.locator(".card .state.STOPPED").wait_for(timeout=15_000)
     expect(page.get_by_role("button", name="Stop")).to_have_count(0)
+
+
+def test_refusals_read_as_sentences_not_json(page, platform: Platform, api: Api) -> None:  # type: ignore[no-untyped-def]
+    sign_in(page, platform.token)
+    # FastAPI's 422 (a name past 256 characters) showed as [{"type":"string_too_long",...}].
+    page.goto(f"/console/#/jobs?name={'x' * 300}")
+    error = page.locator("tbody .error")
+    expect(error).to_have_text("Error: name: String should have at most 256 characters")
+    # A log the launcher does not have showed as (404) {"detail":...}.
+    job_id = api.submit({"name": unique("nolog"), "roles": [{"name": "w", "command": "true"}]})
+    api.wait(job_id)
+    page.route(
+        f"**/v1/jobs/{job_id}/logs?*",
+        lambda route: route.fulfill(
+            status=404, json={"detail": f"no job {job_id} with tasks here (not placed yet?)"}
+        ),
+    )
+    page.goto(f"/console/#/jobs/{job_id}")
+    page.get_by_role("button", name="Show log").click()
+    expect(page.get_by_label("Task log")).to_have_text(
+        f"Error: no job {job_id} with tasks here (not placed yet?)"
+    )
+
+
+# A followed log cut after its first read, as a network drop cuts it; the URL of every
+# log read is kept in window.__logs.
+LOG_CUTTER = """
+(() => {
+  const real = window.fetch;
+  window.__logs = [];
+  window.fetch = async (url, options) => {
+    if (!String(url).includes("/logs?")) return real(url, options);
+    window.__logs.push(String(url));
+    const answer = await real(url, options);
+    if (window.__logs.length > 1 || !answer.ok) return answer;
+    const reader = answer.body.getReader();
+    const body = new ReadableStream({
+      async pull(control) {
+        const { value, done } = await reader.read();
+        if (done) { control.close(); return; }
+        control.enqueue(value);
+        reader.cancel().catch(() => {});
+        control.error(new TypeError("network error"));
+      },
+    });
+    return new Response(body, { status: answer.status, headers: answer.headers });
+  };
+})();
+"""
+
+
+def test_a_dropped_log_goes_on_from_where_it_was(page, platform: Platform, api: Api) -> None:  # type: ignore[no-untyped-def]
+    job_id = api.submit(
+        {
+            "name": unique("resumed"),
+            "roles": [
+                {
+                    "name": "w",
+                    "command": "echo héllo; sleep 6; echo two",
+                    "resources": {"cpu": 0.5, "memory_mb": 128},
+                }
+            ],
+        }
+    )
+    api.wait(job_id, {"RUNNING"})
+    deadline = time.monotonic() + 30
+    while "héllo" not in api.http.get(f"/v1/jobs/{job_id}/logs").text:
+        assert time.monotonic() < deadline, "no first line"
+        time.sleep(0.2)
+    page.add_init_script(LOG_CUTTER)
+    sign_in(page, platform.token)
+    page.goto(f"/console/#/jobs/{job_id}")
+    page.get_by_role("button", name="Show log").click()
+    log = page.get_by_label("Task log")
+    # Neither the line read twice nor a byte lost ("é" is two of them).
+    expect(log).to_have_text("héllo\ntwo\n\n(end of log)", timeout=30_000)
+    again = page.evaluate("window.__logs")[1]
+    assert "offset=7" in again, again

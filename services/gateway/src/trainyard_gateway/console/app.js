@@ -65,12 +65,37 @@ function terminal() {
   };
 }
 
+// What a refusal says, as a person reads it: its detail when that is a sentence, each
+// item of a validation error (FastAPI's 422: [{loc, msg, ...}]) as "field: message"; it
+// showed as the JSON itself.
+function explain(status, body) {
+  let detail = body;
+  if (body && typeof body === "object" && !Array.isArray(body)) detail = body.detail ?? body.message;
+  if (typeof detail === "string" && detail.trim()) return detail.trim();
+  if (Array.isArray(detail) && detail.length) {
+    return detail.map((item) => {
+      if (typeof item !== "object" || item === null || !item.msg) return JSON.stringify(item);
+      // The first step of loc says where (query, body, path): the field is the rest.
+      const field = (item.loc || []).slice(1).join(".");
+      return field ? `${field}: ${item.msg}` : item.msg;
+    }).join("; ");
+  }
+  if (detail && typeof detail === "object" && Object.keys(detail).length) return JSON.stringify(detail);
+  return `the server answered ${status}`;
+}
+
 class ApiError extends Error {
   constructor(status, body) {
-    super(typeof body?.detail === "string" ? body.detail : JSON.stringify(body?.detail ?? body));
+    super(explain(status, body));
     this.status = status;
     this.body = body;
   }
+}
+
+async function refusal(answer) {
+  const type = answer.headers.get("content-type") || "";
+  const body = type.includes("json") ? await answer.json().catch(() => null) : await answer.text();
+  return new ApiError(answer.status, body);
 }
 
 async function api(path, options = {}) {
@@ -80,10 +105,9 @@ async function api(path, options = {}) {
     if (me) signOut("Your token was refused: sign in again.");
     throw new ApiError(401, {});
   }
+  if (!answer.ok) throw await refusal(answer);
   const type = answer.headers.get("content-type") || "";
-  const body = type.includes("json") ? await answer.json() : await answer.text();
-  if (!answer.ok) throw new ApiError(answer.status, body);
-  return body;
+  return type.includes("json") ? answer.json() : answer.text();
 }
 
 // Server-sent events over fetch (EventSource cannot send the Authorization header).
@@ -411,52 +435,74 @@ function jobPage(jobId) {
     const [role, index, attempt] = choice.split("/");
     logTask = choice;
     if (following) following.abort();
-    following = new AbortController();
+    const mine = following = new AbortController();
     logBox.textContent = "";
-    const query = new URLSearchParams({ role, index, attempt, stream, follow: "true" });
-    try {
-      const answer = await fetch(`/v1/jobs/${encodeURIComponent(jobId)}/logs?${query}`, { headers: { Authorization: `Bearer ${token()}` }, signal: following.signal });
-      if (!answer.ok) { logBox.textContent = `(${answer.status}) ${await answer.text()}`; return; }
-      const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
-      // Only the newest LOG_CHARS are kept on the page: a log of hundreds of MB took
-      // some 20 times its size in the browser's memory, and the tab with it.
-      let shown = 0;
-      let cut = null;
-      const term = terminal();
-      const open = document.createTextNode(""); // the line not ended yet, always last
-      logBox.append(open);
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        const atBottom = logBox.scrollHeight - logBox.scrollTop - logBox.clientHeight < 40;
-        const text = term.write(value);
-        if (text) open.before(text);
-        open.data = term.open();
-        shown += text.length;
-        if (shown > LOG_CHARS) {
-          cut = cut || el("span", { class: "muted", text: "(earlier output not shown here)\n" });
-          // The oldest text goes, a chunk whole or its start: never the newest (one
-          // line may be longer than all that is kept).
-          let node = cut.parentNode === logBox ? cut.nextSibling : logBox.firstChild;
-          while (shown > LOG_CHARS && node && node !== open) {
-            const next = node.nextSibling;
-            const excess = shown - LOG_CHARS;
-            if (node.nodeType === Node.TEXT_NODE && node.data.length > excess) {
-              node.data = node.data.slice(excess);
-              shown -= excess;
-            } else {
-              shown -= node.textContent.length;
-              node.remove();
-            }
-            node = next;
-          }
-          if (cut.parentNode !== logBox) logBox.prepend(cut);
+    // Only the newest LOG_CHARS are kept on the page: a log of hundreds of MB took
+    // some 20 times its size in the browser's memory, and the tab with it.
+    let shown = 0;
+    let cut = null;
+    const term = terminal();
+    const open = document.createTextNode(""); // the line not ended yet, always last
+    logBox.append(open);
+    // Bytes, as the API counts them (a character may be cut in two between reads: the
+    // decoder holds its start): a follow that drops goes on from here, nothing twice.
+    const decoder = new TextDecoder();
+    let offset = 0;
+    for (;;) {
+      const query = new URLSearchParams({ role, index, attempt, stream, follow: "true", offset });
+      try {
+        const answer = await fetch(`/v1/jobs/${encodeURIComponent(jobId)}/logs?${query}`, { headers: { Authorization: `Bearer ${token()}` }, signal: mine.signal });
+        if (!answer.ok) {
+          const error = await refusal(answer);
+          if (offset) logBox.append(`\nError: ${error.message}`);
+          else logBox.textContent = `Error: ${error.message}`;
+          return;
         }
-        if (atBottom) logBox.scrollTop = logBox.scrollHeight; // follow only a reader at the end
+        const reader = answer.body.getReader();
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          offset += value.byteLength;
+          add(decoder.decode(value, { stream: true }));
+        }
+        add(decoder.decode());
+        logBox.append(el("span", { class: "muted", text: "\n(end of log)" }));
+        return;
+      } catch (err) {
+        if (mine.signal.aborted) return;
       }
-      logBox.append(el("span", { class: "muted", text: "\n(end of log)" }));
-    } catch (err) {
-      if (err.name !== "AbortError") logBox.append(`\n${err.message}`);
+      // The connection dropped (the log had not ended): again from the last byte read.
+      await new Promise((resolve) => setTimeout(resolve, 2000));
+      if (mine.signal.aborted) return;
+    }
+
+    function add(value) {
+      if (!value) return;
+      const atBottom = logBox.scrollHeight - logBox.scrollTop - logBox.clientHeight < 40;
+      const text = term.write(value);
+      if (text) open.before(text);
+      open.data = term.open();
+      shown += text.length;
+      if (shown > LOG_CHARS) {
+        cut = cut || el("span", { class: "muted", text: "(earlier output not shown here)\n" });
+        // The oldest text goes, a chunk whole or its start: never the newest (one
+        // line may be longer than all that is kept).
+        let node = cut.parentNode === logBox ? cut.nextSibling : logBox.firstChild;
+        while (shown > LOG_CHARS && node && node !== open) {
+          const next = node.nextSibling;
+          const excess = shown - LOG_CHARS;
+          if (node.nodeType === Node.TEXT_NODE && node.data.length > excess) {
+            node.data = node.data.slice(excess);
+            shown -= excess;
+          } else {
+            shown -= node.textContent.length;
+            node.remove();
+          }
+          node = next;
+        }
+        if (cut.parentNode !== logBox) logBox.prepend(cut);
+      }
+      if (atBottom) logBox.scrollTop = logBox.scrollHeight; // follow only a reader at the end
     }
   }
 
