@@ -576,3 +576,25 @@ def test_a_dropped_log_goes_on_from_where_it_was(page, platform: Platform, api: 
     expect(log).to_have_text("héllo\ntwo\n\n(end of log)", timeout=30_000)
     again = page.evaluate("window.__logs")[1]
     assert "offset=7" in again, again
+
+
+def test_an_interrupted_attempt_says_why_it_ended(page, platform: Platform, api: Api) -> None:  # type: ignore[no-untyped-def]
+    job_id = api.submit(
+        {
+            "name": unique("paused"),
+            "roles": [
+                {"name": "w", "command": "sleep 60", "resources": {"cpu": 0.5, "memory_mb": 128}}
+            ],
+        }
+    )
+    api.wait(job_id, {"RUNNING"})
+    assert api.http.post(f"/v1/jobs/{job_id}/pause").status_code == 202
+    api.wait(job_id, {"PAUSED"})
+    try:
+        sign_in(page, platform.token)
+        page.goto(f"/console/#/jobs/{job_id}")
+        first = page.locator("h2:text-is('Attempts') + table tbody tr").first
+        # A pause, a preemption and a scale all showed as a bare STOPPED.
+        expect(first.locator("td").nth(1)).to_have_text("STOPPED (paused)")
+    finally:
+        api.stop(job_id)

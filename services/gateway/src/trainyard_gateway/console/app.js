@@ -375,6 +375,13 @@ function jobPage(jobId) {
     return links;
   }
 
+  // An interrupted attempt is stored STOPPED: its cause (paused, preempted, scaled, a
+  // node removed, restarted) is what tells it from a stop.
+  function ended(a) {
+    if (!a.interrupted) return a.state || "";
+    return `${a.state || "STOPPED"} (${String(a.interrupted).replaceAll("_", " ")})`;
+  }
+
   function render() {
     title(job.name || jobId);
     const actions = el("div", { class: "row" },
@@ -397,7 +404,7 @@ function jobPage(jobId) {
     } else waiting.replaceChildren();
     attempts.replaceChildren(el("h2", { text: "Attempts" }), (job.attempts || []).length ? el("table", {},
       el("thead", {}, el("tr", {}, ["Attempt", "State", "Reason", "Failure class", "Exit code"].map((h) => el("th", { scope: "col", text: h })))),
-      el("tbody", {}, job.attempts.map((a) => el("tr", {}, el("td", { text: a.attempt }), el("td", { text: a.state || (a.interrupted ? "interrupted" : "") }),
+      el("tbody", {}, job.attempts.map((a) => el("tr", {}, el("td", { text: a.attempt }), el("td", { text: ended(a) }),
         el("td", { text: a.reason || "" }), el("td", { text: a.failure_class || "" }), el("td", { text: a.exit_code ?? "" })))))
       : el("p", { class: "muted", text: `Attempt ${job.attempt}, still the first.` }));
     tasks.replaceChildren(el("h2", { text: "Tasks" }), el("table", {},
