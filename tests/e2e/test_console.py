@@ -598,3 +598,53 @@ def test_an_interrupted_attempt_says_why_it_ended(page, platform: Platform, api:
         expect(first.locator("td").nth(1)).to_have_text("STOPPED (paused)")
     finally:
         api.stop(job_id)
+
+
+# The commands a job's page offers in each state: those docs/lifecycle.md gives an
+# effect there (the API takes every command in every state and does nothing with most).
+ACTIONS = {
+    "SUBMITTED": ["Stop", "Clone"],
+    "ACCEPTED": ["Stop", "Pause", "Clone"],
+    "QUEUED": ["Stop", "Pause", "Clone"],
+    "PLACED": ["Stop", "Pause", "Restart", "Clone"],
+    "RUNNING": ["Stop", "Pause", "Restart", "Clone"],
+    "PAUSED": ["Stop", "Resume", "Restart", "Clone"],
+    "SUCCEEDED": ["Clone"],
+    "FAILED": ["Clone"],
+    "STOPPED": ["Clone"],
+    "REJECTED": ["Clone"],
+}
+
+
+def test_a_job_page_offers_what_each_state_allows_and_shows_labels_and_tags(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    name = unique("labelled")
+    job_id = api.submit(
+        {
+            "name": name,
+            "labels": [{"name": "team", "value": "vision"}],
+            "roles": [{"name": "w", "command": "true"}],
+        }
+    )
+    api.wait(job_id)
+    tagged = api.http.put(f"/api/v2/jobs/admin~{name}/tag", json={"value": "nightly"})
+    assert tagged.status_code == 200, tagged.text
+    state = {"now": ""}
+
+    def as_state(route) -> None:  # type: ignore[no-untyped-def]
+        answer = route.fetch()
+        route.fulfill(response=answer, json={**answer.json(), "state": state["now"]})
+
+    sign_in(page, platform.token)
+    page.goto(f"/console/#/jobs/{job_id}")
+    card = page.locator("#view .card").first
+    expect(card).to_contain_text("team=vision")
+    expect(card).to_contain_text("nightly")
+    page.route(f"**/v1/jobs/{job_id}", as_state)
+    actions = page.get_by_role("group", name="Actions").get_by_role("button")
+    for job_state, offered in ACTIONS.items():
+        state["now"] = job_state
+        page.goto(f"/console/#/jobs/{job_id}?as={job_state}")
+        card.locator(f".state.{job_state}").wait_for()
+        assert actions.all_inner_texts() == offered, job_state

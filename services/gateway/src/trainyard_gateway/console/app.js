@@ -5,6 +5,14 @@ const TOKEN_KEY = "trainyard.token";
 const STATES = ["SUBMITTED", "ACCEPTED", "REJECTED", "QUEUED", "PLACED", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED", "PAUSED"];
 const TERMINAL = new Set(["REJECTED", "SUCCEEDED", "FAILED", "STOPPED"]);
 const DIALECTS = ["native", "openpai", "dlc", "t9k", "kubeflow", "ti"];
+// The states each command has an effect in (docs/lifecycle.md; the API takes each in
+// every state and does nothing with it elsewhere): a restart of a queued job leaves it
+// as it is, a paused one is resumed as the next attempt.
+const ACTIONS = {
+  pause: new Set(["ACCEPTED", "QUEUED", "PLACED", "RUNNING"]),
+  resume: new Set(["PAUSED"]),
+  restart: new Set(["PLACED", "RUNNING", "PAUSED"]),
+};
 const PAGE = 20;
 
 const view = document.getElementById("view");
@@ -384,16 +392,20 @@ function jobPage(jobId) {
 
   function render() {
     title(job.name || jobId);
-    const actions = el("div", { class: "row" },
+    const command = (verb, text) => ACTIONS[verb].has(job.state)
+      ? el("button", { type: "button", class: "secondary", onclick: () => act(verb), text }) : "";
+    const actions = el("div", { class: "row", role: "group", "aria-label": "Actions" },
       TERMINAL.has(job.state) ? "" : el("button", { type: "button", onclick: () => act("stop"), text: "Stop" }),
-      ["RUNNING", "PLACED", "QUEUED"].includes(job.state) ? el("button", { type: "button", class: "secondary", onclick: () => act("pause"), text: "Pause" }) : "",
-      job.state === "PAUSED" ? el("button", { type: "button", class: "secondary", onclick: () => act("resume"), text: "Resume" }) : "",
-      job.state === "RUNNING" ? el("button", { type: "button", class: "secondary", onclick: () => act("restart"), text: "Restart" }) : "",
+      command("pause", "Pause"), command("resume", "Resume"), command("restart", "Restart"),
       el("button", { type: "button", class: "secondary", onclick: clone, text: "Clone" }));
+    const labels = Object.entries(job.labels || {}).map(([key, value]) => `${key}=${value}`);
     head.replaceChildren(el("h1", { text: job.name || jobId }),
       el("div", { class: "card" },
         el("div", { class: "row" }, badge(job.state), el("span", { text: job.reason || "" })),
         el("p", { class: "muted", text: `id ${job.id} · user ${job.user} · queue ${job.queue} · priority ${job.priority} · dialect ${job.dialect} · attempt ${job.attempt} · submitted ${when(job.submitted_at)}${job.finished_at ? ` · finished ${when(job.finished_at)}` : ""}` }),
+        labels.length || job.tags?.length ? el("p", { class: "muted", id: "job-labels" },
+          labels.length ? `labels ${labels.join(", ")}` : "", labels.length && job.tags?.length ? " · " : "",
+          job.tags?.length ? `tags ${job.tags.join(", ")}` : "") : "",
         job.errors?.length ? el("ul", { class: "error" }, job.errors.map((e) => el("li", { text: `${e.path}: ${e.message}` }))) : "",
         job.warnings?.length ? el("ul", {}, job.warnings.map((w) => el("li", { class: "muted", text: `${w.path}: ${w.message}` }))) : "",
         actions));
