@@ -648,3 +648,41 @@ def test_a_job_page_offers_what_each_state_allows_and_shows_labels_and_tags(  # 
         page.goto(f"/console/#/jobs/{job_id}?as={job_state}")
         card.locator(f".state.{job_state}").wait_for()
         assert actions.all_inner_texts() == offered, job_state
+
+
+def test_the_cluster_pages_jobs_waiting_are_the_callers_own(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    frank = a_user(api, "frank")
+
+    def on_gpus(client: Api, gpus: int) -> str:
+        return client.submit(
+            {
+                "name": unique("gpus"),
+                "roles": [
+                    {
+                        "name": "w",
+                        "command": "sleep 60",
+                        "resources": {"cpu": 0.5, "memory_mb": 128, "gpu": gpus},
+                    }
+                ],
+            }
+        )
+
+    # Both GPUs held, and two jobs waiting for one: the admin's and frank's.
+    holder = on_gpus(api, 2)
+    jobs = [holder]
+    try:
+        api.wait(holder, {"RUNNING"})
+        jobs.append(on_gpus(api, 1))
+        jobs.append(on_gpus(frank, 1))
+        api.wait(jobs[1], {"QUEUED"})
+        api.wait(jobs[2], {"QUEUED"})
+        sign_in(page, token_of(frank))
+        page.goto("/console/#/cluster")
+        figure = page.locator("#figures div").filter(has=page.get_by_text("Jobs waiting"))
+        # Every user's were counted, beside frank's own jobs by state.
+        expect(figure.locator("dd")).to_have_text("1")
+    finally:
+        for job_id in jobs:
+            api.stop(job_id)

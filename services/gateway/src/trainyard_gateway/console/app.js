@@ -727,11 +727,14 @@ async function clusterPage() {
     // The key figures at a glance (what the Grafana dashboard charts over time).
     const gpus = cluster.nodes.reduce((n, node) => n + node.capacity.gpus, 0);
     const held = cluster.nodes.reduce((n, node) => n + node.allocated.gpus, 0);
-    const waiting = cluster.queues.reduce((n, q) => n + q.waiting, 0);
+    // The caller's own jobs, as the counts by state beside it are (docs/security.md; an
+    // admin's: every job): the queues' sum was every user's. The Waiting column of the
+    // queues below is the cluster's.
+    const waiting = jobs.counts?.QUEUED || 0;
     const figures = el("dl", { class: "grid card", id: "figures" },
       [["GPUs in use", `${held} of ${gpus}${gpus ? ` (${Math.round((100 * held) / gpus)}%)` : ""}`],
         ["Jobs waiting", String(waiting)],
-        ...STATES.filter((st) => jobs.counts?.[st]).map((st) => [`Jobs ${st.toLowerCase()}`, String(jobs.counts[st])])]
+        ...STATES.filter((st) => st !== "QUEUED" && jobs.counts?.[st]).map((st) => [`Jobs ${st.toLowerCase()}`, String(jobs.counts[st])])]
         .map(([term, value]) => el("div", {}, el("dt", { class: "muted", text: term }), el("dd", { text: value }))));
     const nodes = el("table", {},
       el("thead", {}, el("tr", {}, ["Node", "State", "GPUs", "CPU used / total", "Memory used / total (MB)", "Held by"].map((h) => el("th", { scope: "col", text: h })))),
