@@ -6,6 +6,7 @@ and the cluster page. Screenshots of each page go to build/test-artifacts/consol
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -686,3 +687,27 @@ def test_the_cluster_pages_jobs_waiting_are_the_callers_own(  # type: ignore[no-
     finally:
         for job_id in jobs:
             api.stop(job_id)
+
+
+def test_only_a_small_status_region_is_read_out_as_it_changes(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    sign_in(page, platform.token)
+    # The whole view was a live region: each live reload read the table out again.
+    live = page.evaluate(
+        """() => [...document.querySelectorAll('[aria-live]')].map((e) => ({
+            id: e.id, tables: e.querySelectorAll('table').length, main: e.tagName === 'MAIN' }))"""
+    )
+    assert live == [{"id": "announce", "tables": 0, "main": False}], live
+    job_id = api.submit(
+        {
+            "name": unique("told"),
+            "roles": [
+                {"name": "w", "command": "sleep 5", "resources": {"cpu": 0.5, "memory_mb": 128}}
+            ],
+        }
+    )
+    page.goto(f"/console/#/jobs/{job_id}")
+    page.locator(".card .state").first.wait_for()
+    # What changes is said there, once, in a sentence.
+    expect(page.locator("#announce")).to_have_text(re.compile(r"is now SUCCEEDED"), timeout=60_000)

@@ -16,6 +16,7 @@ const ACTIONS = {
 const PAGE = 20;
 
 const view = document.getElementById("view");
+const announcer = document.getElementById("announce");
 let me = null; // {user, admin}
 let leave = []; // what the current page must stop when another opens (streams)
 
@@ -180,6 +181,8 @@ function moment(text, iso = false) {
 }
 function badge(state) { return el("span", { class: `state ${state || ""}`, text: state || "…" }); }
 function title(text) { document.title = `${text} · Trainyard`; return el("h1", { text }); }
+// Said once by a screen reader: the page's one live region (index.html), never the view.
+function announce(text) { announcer.textContent = text; }
 function notice(text) { return el("p", { class: "notice", role: "status", text }); }
 function failed(err) { return el("p", { class: "error", role: "alert", text: `Error: ${err.message}` }); }
 
@@ -362,7 +365,8 @@ function jobPage(jobId) {
   async function act(verb) {
     try {
       await api(`/v1/jobs/${encodeURIComponent(jobId)}/${verb}`, { method: "POST" });
-      head.append(notice(`${verb} requested.`));
+      head.append(el("p", { class: "notice", text: `${verb} requested.` }));
+      announce(`${verb[0].toUpperCase()}${verb.slice(1)} requested.`);
     } catch (err) { head.append(failed(err)); }
   }
   function clone() {
@@ -538,6 +542,7 @@ function jobPage(jobId) {
     try {
       const answer = await api(`/v1/jobs/${encodeURIComponent(jobId)}`);
       if (mine !== loads) return;
+      if (job && job.state !== answer.state) announce(`${answer.name || jobId} is now ${answer.state}.`);
       job = answer;
       render();
       await loadEvents();
@@ -767,6 +772,7 @@ async function clusterPage() {
 async function route() {
   for (const stop of leave) stop();
   leave = [];
+  announce("");
   const [path, query] = (location.hash.slice(1) || "/jobs").split("?");
   const params = new URLSearchParams(query || "");
   if (!token() || path === "/login") { loginPage(); return; }
