@@ -711,3 +711,24 @@ def test_only_a_small_status_region_is_read_out_as_it_changes(  # type: ignore[n
     page.locator(".card .state").first.wait_for()
     # What changes is said there, once, in a sentence.
     expect(page.locator("#announce")).to_have_text(re.compile(r"is now SUCCEEDED"), timeout=60_000)
+
+
+def test_signing_out_leaves_nothing_of_the_user_in_the_tab(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    name = unique("cloned")
+    job_id = api.submit({"name": name, "roles": [{"name": "w", "command": "true"}]})
+    api.seen(job_id)
+    sign_in(page, platform.token)
+    page.goto(f"/console/#/jobs/{job_id}")
+    page.get_by_role("button", name="Clone").click()
+    expect(page.get_by_label("Job (JSON or YAML, in any dialect)")).to_have_value(re.compile(name))
+    page.get_by_role("button", name="Sign out").click()
+    page.get_by_label("Access token").wait_for()
+    assert page.evaluate("Object.keys(sessionStorage)") == []
+    # The next user of the tab: the admin's cloned spec was there at #/submit?clone=1.
+    sign_in(page, token_of(a_user(api, "gina")))
+    page.goto("/console/#/submit?clone=1")
+    page.get_by_label("Job name").wait_for()  # the form: no clone to paste
+    page.get_by_role("tab", name="Paste or import").click()
+    expect(page.get_by_label("Job (JSON or YAML, in any dialect)")).to_have_value("")

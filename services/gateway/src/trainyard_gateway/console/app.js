@@ -189,7 +189,9 @@ function failed(err) { return el("p", { class: "error", role: "alert", text: `Er
 // --- sign in ---------------------------------------------------------------------------
 
 function signOut(message) {
-  sessionStorage.removeItem(TOKEN_KEY);
+  // Everything of the user's in this tab goes, not only the token: a spec they cloned
+  // was the next user's at #/submit?clone=1.
+  for (const key of Object.keys(sessionStorage)) if (key.startsWith("trainyard.")) sessionStorage.removeItem(key);
   me = null;
   location.hash = "#/login";
   if (message) sessionStorage.setItem("trainyard.message", message);
