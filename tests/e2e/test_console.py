@@ -732,3 +732,12 @@ def test_signing_out_leaves_nothing_of_the_user_in_the_tab(  # type: ignore[no-u
     page.get_by_label("Job name").wait_for()  # the form: no clone to paste
     page.get_by_role("tab", name="Paste or import").click()
     expect(page.get_by_label("Job (JSON or YAML, in any dialect)")).to_have_value("")
+
+
+def test_an_empty_list_says_there_are_no_jobs(page, platform: Platform, api: Api) -> None:  # type: ignore[no-untyped-def]
+    sign_in(page, token_of(a_user(api, "hana")))
+    # It said "0 job(s); 1–0 shown".
+    expect(page.locator("caption")).to_have_text("No jobs yet.")
+    page.goto(f"/console/#/jobs?name={unique('nothing')}")
+    expect(page.locator("caption")).to_have_text("No jobs match.")
+    expect(page.locator("tbody")).to_have_text("No jobs.")

@@ -317,7 +317,10 @@ function jobsPage(params) {
       if (page === 0 && answer.items.length) newest = new Date(answer.items[0].submitted_at);
       body.replaceChildren(...answer.items.map((job) => { const tr = row(job); rows.set(job.id, tr); return tr; }));
       if (!answer.items.length) body.append(el("tr", {}, el("td", { colspan: 7, class: "muted", text: "No jobs." })));
-      total.textContent = `${answer.total} job(s); ${page * PAGE + 1}–${page * PAGE + answer.items.length} shown`;
+      // (An empty list said "0 job(s); 1–0 shown".)
+      if (!answer.total) total.textContent = Object.values(filters).some(Boolean) ? "No jobs match." : "No jobs yet.";
+      else if (!answer.items.length) total.textContent = `${answer.total} job(s); none on this page`;
+      else total.textContent = `${answer.total} job(s); ${page * PAGE + 1}–${page * PAGE + answer.items.length} shown`;
       after = answer.next;
       next.disabled = !after || page * PAGE + answer.items.length >= answer.total;
     } catch (err) {
