@@ -302,7 +302,8 @@ function jobsPage(params) {
     location.hash = `#/jobs?${next}`;
   }
   const prev = el("button", { type: "button", class: "secondary", disabled: page === 0, onclick: () => move(-1), text: "Newer" });
-  const next = el("button", { type: "button", class: "secondary", onclick: () => move(1), text: "Older" });
+  // (Until the page has loaded, there is no cursor to go on from.)
+  const next = el("button", { type: "button", class: "secondary", disabled: true, onclick: () => move(1), text: "Older" });
 
   async function load() {
     const query = new URLSearchParams({ limit: PAGE });
