@@ -109,6 +109,50 @@ def fetches_time_out(bus: Bus, monkeypatch: pytest.MonkeyPatch, times: int) -> N
     monkeypatch.setattr(bus.js, "pull_subscribe_bind", bound)
 
 
+def fetches_answer_late(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replay's first fetch times out after the server delivered its messages: they
+    come with the next fetch (nats-py keeps what arrives late for it)."""
+    bind = bus.js.pull_subscribe_bind
+
+    async def bound(*args: Any, **kwargs: Any) -> Any:
+        sub = await bind(*args, **kwargs)
+        fetch = sub.fetch
+        late: list[Any] = []
+        first = [True]
+
+        async def slow(*a: Any, **k: Any) -> Any:
+            if first[0]:
+                first[0] = False
+                late.extend(await fetch(*a, **k))
+                raise NatsTimeoutError
+            if late:
+                held = list(late)
+                late.clear()
+                return held
+            return await fetch(*a, **k)
+
+        sub.fetch = slow  # type: ignore[method-assign]
+        return sub
+
+    monkeypatch.setattr(bus.js, "pull_subscribe_bind", bound)
+
+
+async def test_a_fetch_answered_late_does_not_end_the_replay(
+    bus: Bus, live: JobViews, doc_client: Client, db_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found in review: the replay ended when nothing was left to deliver, while what
+    # was delivered after a fetch's timeout still waited to be handled; the views it
+    # had not reached were then deleted as "only live".
+    jobs = [uuid.uuid4().hex for _ in range(3)]
+    for job_id in jobs:
+        await happen(bus, live, finished(job_id))
+    before = await snapshot(live)
+    fetches_answer_late(bus, monkeypatch)
+    report = await rebuild(bus, doc_client, f"{db_prefix}_status", live, apply=True)
+    assert report["messages"] == 3 * 11 and report["different"] == 0, report
+    assert await snapshot(live) == before
+
+
 async def test_a_slow_fetch_does_not_end_the_replay(
     bus: Bus, live: JobViews, doc_client: Client, db_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -525,8 +525,11 @@ class Bus:
                     msgs = []
                 if not msgs:
                     info = await self.js.consumer_info(STREAM, durable)
-                    if not info.num_pending:
-                        return handled  # every message of its subjects was read
+                    if not info.num_pending and not info.num_ack_pending:
+                        # Every message of its subjects was delivered and handled (each
+                        # is acked once handled): one delivered after a fetch's timeout
+                        # waits in the subscription, unacked, for the next fetch.
+                        return handled
                     if time.monotonic() - progress > stall_s:
                         raise ReplayIncomplete(
                             f"the replay read the stream only up to sequence {reached} of "
