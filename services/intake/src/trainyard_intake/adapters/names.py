@@ -86,11 +86,19 @@ class NameClaims(Protocol):
         ...
 
     async def sent(
-        self, user: str, key: str, job_id: str, revision: int, left: Sequence[Event] = ()
+        self,
+        user: str,
+        key: str,
+        job_id: str,
+        revision: int,
+        sending: Sequence[Event],
+        left: Sequence[Event] = (),
     ) -> bool:
-        """The pending messages are on the bus but ``left``: keep only those, only while
-        the claim is at ``revision`` (as the change that stored them left it; a later
-        change keeps them with its own, to send them itself)."""
+        """``sending`` (the pending messages as this writer read or stored them) are on
+        the bus but ``left``: keep only those, only while the claim is at ``revision``
+        and still holds ``sending`` (a later change keeps them with its own, to send
+        them itself; another writer that sent them meanwhile cleared them, and a late
+        answer here must not bring them back to be sent again)."""
         ...
 
     async def release(self, user: str, key: str, job_id: str) -> bool:
@@ -166,10 +174,21 @@ class DocNameClaims:
         return bool(done.matched_count)
 
     async def sent(
-        self, user: str, key: str, job_id: str, revision: int, left: Sequence[Event] = ()
+        self,
+        user: str,
+        key: str,
+        job_id: str,
+        revision: int,
+        sending: Sequence[Event],
+        left: Sequence[Event] = (),
     ) -> bool:
         done = await self._claims.update_one(
-            {"_id": _id(user, key), "job_id": job_id, "revision": _at(revision)},
+            {
+                "_id": _id(user, key),
+                "job_id": job_id,
+                "revision": _at(revision),
+                "pending_json": _pending_json(sending),
+            },
             {"$set": {"pending_json": _pending_json(left)}},
         )
         return bool(done.matched_count)
@@ -243,10 +262,21 @@ class InMemoryNameClaims:
         return True
 
     async def sent(
-        self, user: str, key: str, job_id: str, revision: int, left: Sequence[Event] = ()
+        self,
+        user: str,
+        key: str,
+        job_id: str,
+        revision: int,
+        sending: Sequence[Event],
+        left: Sequence[Event] = (),
     ) -> bool:
         held = self.claims.get(_id(user, key))
-        if held is None or held.job_id != job_id or held.revision != revision:
+        if (
+            held is None
+            or held.job_id != job_id
+            or held.revision != revision
+            or held.pending != tuple(sending)
+        ):
             return False
         self.claims[_id(user, key)] = replace(held, pending=tuple(left))
         return True

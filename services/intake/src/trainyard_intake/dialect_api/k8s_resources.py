@@ -547,10 +547,10 @@ def router(ctx: IntakeContext) -> APIRouter:
                     # it would be a second command (a pause after a resume made since).
                     with contextlib.suppress(Exception):
                         await ctx.deps.names.sent(
-                            identity.user, key, claim.job_id, revision, pending[done:]
+                            identity.user, key, claim.job_id, revision, pending, pending[done:]
                         )
                     raise
-            await ctx.deps.names.sent(identity.user, key, claim.job_id, revision)
+            await ctx.deps.names.sent(identity.user, key, claim.job_id, revision, pending)
             await ctx.deps.settle(seq)
             return JSONResponse(shown(wanted, claim.job_id, generation, seq))
         return status(
