@@ -811,6 +811,14 @@ def test_the_container_security_contexts_are_read_from_the_launchers_settings() 
     unset = KubeSettings.from_env({"YARD_K8S_CONTAINER_SECURITY_CONTEXT": ""})
     assert unset.pods.container_security_context is None
     assert unset.pods.mpi_container_security_context is None
+    # Found in review: helm renders a value set to null (its way to drop a default) as
+    # "null", which stopped the launcher; it is unset, as the pod's context takes it.
+    dropped = KubeSettings.from_env({
+        "YARD_K8S_CONTAINER_SECURITY_CONTEXT": "null",
+        "YARD_K8S_MPI_CONTAINER_SECURITY_CONTEXT": "null",
+    })  # fmt: skip
+    assert dropped.pods.container_security_context is None
+    assert dropped.pods.mpi_container_security_context is None
     # A context it cannot read is rights not taken away: the launcher does not start.
     for bad in ("{", "[]", '"ALL"'):
         with pytest.raises(ValueError, match="YARD_K8S_CONTAINER_SECURITY_CONTEXT"):

@@ -210,8 +210,8 @@ class KubeSettings:
 
 
 def json_object(env: dict[str, str], name: str) -> dict[str, Any] | None:
-    """The JSON object in ``env[name]`` (a securityContext); None where it is unset or
-    empty. ValueError naming the variable for anything else: the launcher does not
+    """The JSON object in ``env[name]`` (a securityContext); None where it is unset,
+    empty or ``null``. ValueError naming the variable for anything else: the launcher does not
     start on a setting it cannot honour (a context left off is rights not taken)."""
     text = env.get(name, "").strip()
     if not text:
@@ -220,6 +220,8 @@ def json_object(env: dict[str, str], name: str) -> dict[str, Any] | None:
         given = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{name}: not JSON ({exc})") from None
+    if given is None:
+        return None  # null: unset, as helm renders a value set to null to drop a default
     if not isinstance(given, dict):
         raise ValueError(f"{name}: a JSON object (a securityContext), not {type(given).__name__}")
     return given
