@@ -90,7 +90,10 @@ def test_each_backend_takes_what_it_mounts() -> None:
         assert isinstance(verdict(native(source), KUBE), JobAccepted), source
         assert isinstance(verdict(native(source), KUBE_NODE_PATHS), JobAccepted), source
         assert refused_at(native(source), LOCAL) == ["$.data_sources[0]"], source
-    for source in ("pvc://", "pvc:///x", "pvc://claim/../other"):
+    # A claim's name as the API server takes it (found in review: accepted, then every
+    # pod refused, 422).
+    for source in ("pvc://", "pvc:///x", "pvc://claim/../other", "pvc://Bad_Name/x",
+                   "pvc://-claim", "pvc://" + "c" * 254):  # fmt: skip
         assert refused_at(native(source), KUBE_NODE_PATHS) == ["$.data_sources[0]"], source
 
 

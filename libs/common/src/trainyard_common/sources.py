@@ -27,6 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+# A PersistentVolumeClaim's name, as the API server takes it: an RFC 1123 DNS subdomain
+# (at most 253 characters, dot-separated lowercase labels). Matched whole.
+CLAIM_NAME_RE = re.compile(
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
 
@@ -171,6 +176,11 @@ def mount_problem(source: str, runtime: str, host_paths: Sequence[str] = ()) -> 
         if isinstance(where, Claim):
             if not where.name:
                 return "pvc:// names no claim (pvc://<claim>[/<path>])"
+            if not CLAIM_NAME_RE.fullmatch(where.name):
+                return (
+                    f"{where.name[:80]!r} is not a claim's name (a lowercase RFC 1123 "
+                    "subdomain: a pod naming it is refused)"
+                )
             if ".." in where.sub_path.split("/"):
                 return "a path inside a claim may not hold '..' (a pod refuses it)"
             return None

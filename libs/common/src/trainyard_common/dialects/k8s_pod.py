@@ -23,14 +23,14 @@ from ..jobspec import (
     RoleSpec,
     reaches_pod,
 )
+from ..sources import CLAIM_NAME_RE
 from .translation import INT_MAX, Issues, env_problem, join, json_type, show
 
 # Kubernetes object names (metadata.name, namespaces): an RFC 1123 DNS label.
 DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # fullmatch: <= 63
-# A PersistentVolumeClaim's name (at most 253 characters, dot-separated labels).
-DNS_SUBDOMAIN_RE = re.compile(
-    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-)
+# A PersistentVolumeClaim's name: sources.CLAIM_NAME_RE, the one rule every claim is
+# read by (a data source's pvc:// too).
+DNS_SUBDOMAIN_RE = CLAIM_NAME_RE
 DNS_LABEL_RULE = (
     "a lowercase RFC 1123 label: ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$, at most 63 characters"
 )
