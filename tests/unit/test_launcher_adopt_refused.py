@@ -16,7 +16,13 @@ import pytest
 from trainyard_common.errors import TransientError
 from trainyard_common.events import JobState, TaskPlacement, TaskState
 from trainyard_common.jobspec import JobSpec, RoleSpec
-from trainyard_launcher.adapters.backend import Launched, TaskLaunch
+from trainyard_launcher.adapters.backend import (
+    Launched,
+    TaskHandle,
+    TaskLaunch,
+    TaskRef,
+    TaskStatus,
+)
 from trainyard_launcher.adapters.store import JOB_RUNNING, JobRecord, new_task, now_ms, task_id
 from trainyard_launcher.domain.failure import EndKind
 from trainyard_launcher.handlers import Deps, adopt, check_start_deadlines, watch_tasks
@@ -111,3 +117,45 @@ async def watcher_rounds(deps: Deps) -> None:
     await asyncio.sleep(0.05)
     stop.set()
     await watcher
+
+
+class StraysRefusedOnce(ScriptedBackend):
+    """Its inventory holds two tasks the store does not know; the first look at it,
+    and the first kill of one of them, are refused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looks = 0
+        self.refuse_kill = {"gone:1:w:0"}
+
+    async def inventory(self) -> dict[TaskRef, TaskHandle] | None:
+        self.looks += 1
+        if self.looks == 1:
+            raise TransientError("the API server answered 503")
+        return {
+            TaskRef("gone", 1, "w", i): TaskHandle(uid=f"u{i}")
+            for i in (0, 1)
+            if f"gone:1:w:{i}" not in self.killed
+        }
+
+    async def kill(self, ref: TaskRef, handle: TaskHandle, grace_s: float) -> TaskStatus:
+        if ref.key in self.refuse_kill:
+            self.refuse_kill.discard(ref.key)
+            raise TransientError("the API server answered 503")
+        return await super().kill(ref, handle, grace_s)
+
+
+async def test_strays_adoption_could_not_stop_are_stopped_by_the_watcher() -> None:
+    # Found in review: the strays were stopped only at adoption, which now does not
+    # stop the launcher on an error: a refusal there left a duplicate running (on GPUs
+    # placement had given to others) until the next restart, and one refused kill left
+    # the strays after it running too.
+    deps, _, _ = make_deps()
+    backend = StraysRefusedOnce()
+    deps.backend = backend
+    deps.start_retry_s = 0
+    await adopt(deps)  # the launcher starts
+    assert backend.killed == [] and deps.strays_due is not None
+    await watcher_rounds(deps)
+    assert sorted(backend.killed) == ["gone:1:w:0", "gone:1:w:1"]
+    assert deps.strays_due is None

@@ -111,6 +111,9 @@ class Deps:
     # every ``start_retry_s``, while the start deadline runs.
     unstarted: dict[tuple[str, int], float] = field(default_factory=dict)
     start_retry_s: float = 5.0
+    # When the watcher tries again to stop the tasks the store does not know as running
+    # (time.monotonic()), where adoption's look failed; None: nothing left to do.
+    strays_due: float | None = None
     # When the watcher last published what the outbox held (time.monotonic()).
     outbox_swept: float = 0.0
     # What time it is, to the store's precision (tests pass a clock they move instead of

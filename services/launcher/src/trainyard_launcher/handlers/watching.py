@@ -223,6 +223,7 @@ async def watch_tasks(deps: Deps, stop: asyncio.Event, interval_s: float = 0.3) 
         try:
             await check_tasks(deps)
             await start_unstarted(deps)
+            await remove_strays_again(deps)
             await check_deadlines(deps)
             await check_start_deadlines(deps)
         except Exception:  # noqa: BLE001 - a store hiccup must not end the watcher
@@ -241,11 +242,12 @@ async def adopt(deps: Deps) -> None:
     """At startup: take over the tasks the store says are starting or running, finish
     what was decided but not published, and publish transitions left in the outbox.
 
-    Nothing here stops the launcher from starting: what fails for a task or a job (the
-    API server refusing a pod for now, a quota used up, the store or the bus for a
-    moment) is logged and left to the watcher, which polls the task, starts it again
-    (``start_unstarted``, under the start deadline) or applies the job's rules again
-    (``unsettled``). A launcher that stopped here restarted into the same refusal, for
+    What fails for a task, a job or the strays (the API server refusing a pod for now,
+    a quota used up, the bus for a moment) does not stop the launcher from starting: it
+    is logged and left to the watcher, which polls the task, starts it again
+    (``start_unstarted``, under the start deadline), applies the job's rules again
+    (``unsettled``) or stops the strays (``remove_strays_again``). Only a store that
+    cannot be read at all (the tasks and jobs to adopt) stops it. A launcher that stopped here restarted into the same refusal, for
     as long as it lasted, watching nothing."""
     try:
         await drain_outbox(deps)
@@ -267,8 +269,9 @@ async def adopt(deps: Deps) -> None:
                 deps.watching[task.id] = task  # polled again
     try:
         await _remove_strays(deps)
-    except Exception:  # noqa: BLE001 - left for the next start
-        log.exception("stopping the tasks the store does not know failed")
+    except Exception:  # noqa: BLE001 - the watcher tries again (remove_strays_again)
+        log.exception("stopping the tasks the store does not know failed; trying again")
+        deps.strays_due = time.monotonic() + deps.start_retry_s
     # And every attempt still running with no task left active: a crash between a last
     # task's end and the job's verdict leaves one.
     jobs |= {(job.job_id, job.attempt) for job in await deps.store.running_jobs()}
@@ -341,18 +344,42 @@ async def start_unstarted(deps: Deps) -> None:
             del deps.unstarted[key]
 
 
+async def remove_strays_again(deps: Deps) -> None:
+    """Where adoption could not stop the strays (the API server refusing for now), try
+    again every ``start_retry_s`` until one whole pass succeeds: a duplicate left
+    running holds GPUs placement has given to others."""
+    if deps.strays_due is None or deps.strays_due > time.monotonic():
+        return
+    try:
+        await _remove_strays(deps)
+    except Exception:  # noqa: BLE001 - still refused: later
+        log.warning("stopping the strays failed again; trying again in %.0f s",
+                    deps.start_retry_s, exc_info=True)  # fmt: skip
+        deps.strays_due = time.monotonic() + deps.start_retry_s
+        return
+    deps.strays_due = None
+
+
 async def _remove_strays(deps: Deps) -> None:
     """Stop what the backend runs that the store does not know as running: a task a
     crash left behind, or a duplicate of one (the backend's inventory, where it keeps
-    one: none is left behind, and no (job, attempt, role, index) runs twice)."""
+    one: none is left behind, and no (job, attempt, role, index) runs twice). Each
+    stray is tried (one refused does not leave the others running); the first error
+    is raised at the end, for the pass to be made again."""
     inventory = await deps.backend.inventory()
     if inventory is None:
         return
+    failed: Exception | None = None
     for ref, handle in inventory.items():
-        task = await deps.store.get_task(ref.key)
-        known = task is not None and not task.state.terminal
-        if known and task is not None and task.uid in (None, handle.uid):
-            continue
-        log.warning("stopping %s: the store does not know it as running", ref.key)
-        STRAYS.inc()
-        await deps.backend.kill(ref, handle, deps.kill_grace_s)
+        try:
+            task = await deps.store.get_task(ref.key)
+            known = task is not None and not task.state.terminal
+            if known and task is not None and task.uid in (None, handle.uid):
+                continue
+            log.warning("stopping %s: the store does not know it as running", ref.key)
+            STRAYS.inc()
+            await deps.backend.kill(ref, handle, deps.kill_grace_s)
+        except Exception as exc:  # noqa: BLE001 - the others still; raised below
+            failed = failed or exc
+    if failed is not None:
+        raise failed
