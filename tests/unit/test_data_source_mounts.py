@@ -208,6 +208,11 @@ def test_the_operators_setting_is_a_list_of_directories() -> None:
 def test_no_service_starts_on_a_setting_it_cannot_honour(monkeypatch: pytest.MonkeyPatch) -> None:
     # The launcher, and intake, validation and placement (load_cluster), read it alike.
     monkeypatch.setenv("YARD_K8S_HOST_PATHS", "1")
+    monkeypatch.delenv("YARD_LAUNCHER", raising=False)
+    # A local platform never reads pods' setting (found in review: a leftover =1
+    # stopped intake, validation and placement of a local platform).
+    assert load_cluster().host_paths == ()
+    monkeypatch.setenv("YARD_LAUNCHER", "kubernetes")
     with pytest.raises(ValueError, match="no longer taken"):
         KubeSettings.from_env()
     with pytest.raises(ValueError, match="no longer taken"):

@@ -130,7 +130,11 @@ def load_cluster(path: str | Path | None = None) -> ClusterSpec:
         data = yaml.safe_load(Path(path).read_text()) or {}
         cluster = ClusterSpec.model_validate(data)
     return cluster.model_copy(
-        update={"runtime": current_runtime(), "host_paths": current_host_paths()}
+        update={
+            "runtime": current_runtime(),
+            # Pods' setting: a local platform neither reads nor refuses it.
+            "host_paths": current_host_paths() if current_runtime() == "kubernetes" else (),
+        }
     )
 
 

@@ -9,7 +9,7 @@ it (canonical request over the method, ``/``, the query, ``content-type`` and ``
 and the body's SHA-256); a request more than five minutes from now is refused. TC3 has
 no nonce, and a client polling DescribeJob sends the same signed request within a
 second, so a repeat is not refused: the writes are idempotent by name (a second
-CreateJob of a name is ``ResourceInUse``, a DeleteJob stops a stopped job again)."""
+CreateJob of a name is ``FailedOperation.AlreadyExists``, a DeleteJob stops a stopped job again)."""
 
 from __future__ import annotations
 
