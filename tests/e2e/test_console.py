@@ -741,3 +741,29 @@ def test_an_empty_list_says_there_are_no_jobs(page, platform: Platform, api: Api
     page.goto(f"/console/#/jobs?name={unique('nothing')}")
     expect(page.locator("caption")).to_have_text("No jobs match.")
     expect(page.locator("tbody")).to_have_text("No jobs.")
+
+
+def test_the_timeline_reads_a_long_history_page_by_page(  # type: ignore[no-untyped-def]
+    page, platform: Platform, api: Api
+) -> None:
+    # Found in review: the history comes a page at a time and the timeline read only
+    # the first page, the oldest events: a job of many tasks lost its end (its failures,
+    # JobFinished). Here each page the API answers holds one event.
+    job_id = api.submit({"name": unique("history"), "roles": [{"name": "w", "command": "true"}]})
+    api.wait(job_id)
+    whole = api.http.get(f"/v1/jobs/{job_id}/events").json()["items"]
+    assert whole[-1]["type"] == "JobFinished"
+
+    def one_at_a_time(route) -> None:  # type: ignore[no-untyped-def]
+        found = re.search(r"after_seq=(\d+)", route.request.url)
+        after = int(found.group(1)) if found else 0
+        rest = [e for e in whole if e["seq"] > after]
+        more = len(rest) > 1
+        route.fulfill(json={"items": rest[:1], "next_after_seq": rest[0]["seq"] if more else None})
+
+    page.route(re.compile(rf".*/v1/jobs/{job_id}/events(\?.*)?$"), one_at_a_time)
+    sign_in(page, platform.token)
+    page.goto(f"/console/#/jobs/{job_id}")
+    timeline = page.locator("#view").get_by_role("table").last
+    expect(timeline).to_contain_text("JobFinished")
+    assert timeline.locator("tbody tr").count() == len(whole)

@@ -726,7 +726,7 @@ async def test_a_jobs_history_and_tasks_come_a_bounded_page_at_a_time(
     from trainyard_status import app as status_app
 
     job = uuid.uuid4().hex
-    events = lifecycle(job)
+    events = lifecycle(job)[:-1]  # attempt 1 not finished: retried
     # A second attempt of three tasks (a role that sorts before the first's too).
     events += [
         JobRetrying(
@@ -787,14 +787,20 @@ async def test_a_jobs_history_and_tasks_come_a_bounded_page_at_a_time(
 
         # The tasks: the job's page shows the first ones, the rest come from /tasks.
         monkeypatch.setattr(status_app, "TASKS_SHOWN", 2)
+        # More than fit: the current attempt's first (found in review: the first by
+        # attempt were the earliest attempts', and the current one's were not shown).
         view = await get("")
-        assert [(t["attempt"], t["role"], t["index"]) for t in view["tasks"]] == order[:2]
+        assert view["attempt"] == 2
+        assert [(t["attempt"], t["role"], t["index"]) for t in view["tasks"]] == order[2:4]
         listed, cursor = [], view["tasks_next"]
         while cursor is not None:
             page = await get("/tasks", limit=1, cursor=cursor)
             listed += [(t["attempt"], t["role"], t["index"]) for t in page["items"]]
             cursor = page["next"]
-        assert listed == order[2:]
+        assert listed == order[4:]
+        monkeypatch.setattr(status_app, "TASKS_SHOWN", 5)  # all fit: all, as before
+        assert [(t["attempt"], t["role"], t["index"]) for t in (await get(""))["tasks"]] == order
+        monkeypatch.setattr(status_app, "TASKS_SHOWN", 2)
         whole_tasks = await get("/tasks")
         assert [(t["attempt"], t["role"], t["index"]) for t in whole_tasks["items"]] == order
         second = await get("/tasks", attempt=2, limit=2)

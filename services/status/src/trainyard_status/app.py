@@ -309,10 +309,17 @@ def create_app(
 
     @app.get("/v1/jobs/{job_id}", responses=answers(JobView))
     async def get_job(job_id: str, identity: Identity = Depends(current)) -> dict:
-        """The job with its first 1,000 tasks (``tasks_next``: the rest, from
-        ``GET /v1/jobs/{id}/tasks``)."""
+        """The job with its tasks, up to 1,000: all of them where they fit, else its
+        current attempt's first (``tasks_next``: the rest of that attempt's, from ``GET
+        /v1/jobs/{id}/tasks``; an earlier attempt's with ``?attempt=``)."""
         doc = await visible_job(job_id, identity)
         tasks = await views.job_tasks(job_id, limit=TASKS_SHOWN + 1)
+        if len(tasks) > TASKS_SHOWN and doc.get("attempt"):
+            # Found in review: the first 1,000 by attempt were the earliest attempts',
+            # and a job on its fifth attempt of 250 tasks showed none of the fifth.
+            tasks = await views.job_tasks(
+                job_id, limit=TASKS_SHOWN + 1, attempt=int(doc["attempt"])
+            )
         view = job_view(doc, tasks[:TASKS_SHOWN])
         view["tasks_next"] = (
             task_cursor(tasks[TASKS_SHOWN - 1]) if len(tasks) > TASKS_SHOWN else None

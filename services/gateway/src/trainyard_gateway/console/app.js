@@ -535,12 +535,25 @@ function jobPage(jobId) {
     }
   }
 
+  // The history comes a page at a time (a job of many tasks has three events or more
+  // each): read up to TIMELINE_PAGES of them, and say so when there are more.
+  const TIMELINE_PAGES = 10;
   async function loadEvents() {
-    const answer = await api(`/v1/jobs/${encodeURIComponent(jobId)}/events`);
+    const items = [];
+    let after = 0;
+    let more = false;
+    for (let page = 0; page < TIMELINE_PAGES; page++) {
+      const answer = await api(`/v1/jobs/${encodeURIComponent(jobId)}/events?after_seq=${after}`);
+      items.push(...answer.items);
+      if (answer.next_after_seq == null) { more = false; break; }
+      after = answer.next_after_seq;
+      more = true;
+    }
     timeline.replaceChildren(el("h2", { text: "Timeline" }), el("table", {},
       el("thead", {}, el("tr", {}, ["Time", "Event", "Detail"].map((h) => el("th", { scope: "col", text: h })))),
-      el("tbody", {}, answer.items.map((e) => el("tr", {},
-        el("td", { text: when(e.occurred_at) }), el("td", { text: e.type }), el("td", { class: "muted", text: describe(e) }))))));
+      el("tbody", {}, items.map((e) => el("tr", {},
+        el("td", { text: when(e.occurred_at) }), el("td", { text: e.type }), el("td", { class: "muted", text: describe(e) }))))),
+      ...(more ? [el("p", { class: "muted", text: `The first ${items.length} events are shown; the rest: GET /v1/jobs/${jobId}/events?after_seq=${after}.` })] : []));
   }
   let loads = 0;
   async function load() {
