@@ -86,49 +86,32 @@ async def snapshot(views: JobViews) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def fetches_time_out(bus: Bus, monkeypatch: pytest.MonkeyPatch, times: int) -> None:
+def fetches_time_out(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch, times: int, late: bool = False
+) -> None:
     """The replay's first ``times`` fetches come back empty, as from a server too slow
-    to answer within the fetch's timeout."""
+    to answer within the fetch's timeout; ``late``: the server had delivered what they
+    asked for, which comes with the next fetch (nats-py keeps what arrives late)."""
     bind = bus.js.pull_subscribe_bind
 
     async def bound(*args: Any, **kwargs: Any) -> Any:
         sub = await bind(*args, **kwargs)
         fetch = sub.fetch
         left = [times]
+        held: list[Any] = []
 
         async def slow(*a: Any, **k: Any) -> Any:
             if left[0] > 0:
                 left[0] -= 1
-                await asyncio.sleep(0.05)
+                if late:
+                    held.extend(await fetch(*a, **k))
+                else:
+                    await asyncio.sleep(0.05)
                 raise NatsTimeoutError
-            return await fetch(*a, **k)
-
-        sub.fetch = slow  # type: ignore[method-assign]
-        return sub
-
-    monkeypatch.setattr(bus.js, "pull_subscribe_bind", bound)
-
-
-def fetches_answer_late(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The replay's first fetch times out after the server delivered its messages: they
-    come with the next fetch (nats-py keeps what arrives late for it)."""
-    bind = bus.js.pull_subscribe_bind
-
-    async def bound(*args: Any, **kwargs: Any) -> Any:
-        sub = await bind(*args, **kwargs)
-        fetch = sub.fetch
-        late: list[Any] = []
-        first = [True]
-
-        async def slow(*a: Any, **k: Any) -> Any:
-            if first[0]:
-                first[0] = False
-                late.extend(await fetch(*a, **k))
-                raise NatsTimeoutError
-            if late:
-                held = list(late)
-                late.clear()
-                return held
+            if held:
+                given = list(held)
+                held.clear()
+                return given
             return await fetch(*a, **k)
 
         sub.fetch = slow  # type: ignore[method-assign]
@@ -147,7 +130,7 @@ async def test_a_fetch_answered_late_does_not_end_the_replay(
     for job_id in jobs:
         await happen(bus, live, finished(job_id))
     before = await snapshot(live)
-    fetches_answer_late(bus, monkeypatch)
+    fetches_time_out(bus, monkeypatch, times=1, late=True)
     report = await rebuild(bus, doc_client, f"{db_prefix}_status", live, apply=True)
     assert report["messages"] == 3 * 11 and report["different"] == 0, report
     assert await snapshot(live) == before
