@@ -32,7 +32,8 @@ from trainyard_common.events import (
     TaskStateChanged,
 )
 from trainyard_common.storage import Client
-from trainyard_common.subjects import ALL_COMMANDS, ALL_EVENTS
+from trainyard_common.subjects import ALL_COMMANDS, ALL_EVENTS, STREAM
+from trainyard_common.telemetry import trace_id_of
 from trainyard_status.adapters.views import JobViews, compare_views
 from trainyard_status.handlers import project_only, rebuild
 
@@ -73,10 +74,14 @@ def finished(job_id: str) -> list[Event]:
 
 
 async def happen(bus: Bus, views: JobViews, events: list[Event]) -> None:
-    """On the stream, and projected into ``views`` as the status consumer would."""
+    """On the stream, and projected into ``views`` as the status consumer would: with
+    the trace the stored message carries (where an earlier test left tracing on, the
+    replay records it, and a live view without it differed)."""
     for event in events:
         seq = await bus.publish(event)
-        await project_only(event, Delivery(seq, 1, "yard.job.x"), views)
+        stored = await bus.js.get_msg(STREAM, seq)
+        trace = trace_id_of(dict(stored.headers or {}))
+        await project_only(event, Delivery(seq, 1, "yard.job.x", trace), views)
 
 
 async def snapshot(views: JobViews) -> dict[str, list[dict[str, Any]]]:
