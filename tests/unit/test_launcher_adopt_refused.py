@@ -78,11 +78,17 @@ async def test_adoption_leaves_a_task_it_cannot_start_to_the_watcher(error: Exce
     assert set(deps.watching) == {first.id}
     assert ("j1", 1) in deps.unstarted and ("j1", 1) in deps.starting
 
-    # Still refused: not before start_retry_s, then tried, and left for later again.
+    # Not tried before start_retry_s (found in review: this test never looked): with
+    # the refusal over, a watcher round before the time starts nothing.
+    del backend.refused["j1:1:w:1"]
+    await watcher_rounds(deps)
+    assert ("j1", 1) in deps.unstarted and len(backend.launches) == 1
+    # Still refused when due: tried, and left for later again.
+    backend.refused["j1:1:w:1"] = error
     deps.start_retry_s = 0
     deps.unstarted[("j1", 1)] = 0
     await watcher_rounds(deps)
-    assert ("j1", 1) in deps.unstarted
+    assert ("j1", 1) in deps.unstarted and len(backend.launches) == 1
     # The refusal ends: the watcher starts it, and is done with it.
     del backend.refused["j1:1:w:1"]
     await watcher_rounds(deps)
