@@ -125,30 +125,24 @@ def fetches_time_out(
     monkeypatch.setattr(bus.js, "pull_subscribe_bind", bound)
 
 
-async def test_a_fetch_answered_late_does_not_end_the_replay(
-    bus: Bus, live: JobViews, doc_client: Client, db_prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Found in review: the replay ended when nothing was left to deliver, while what
-    # was delivered after a fetch's timeout still waited to be handled; the views it
-    # had not reached were then deleted as "only live".
-    jobs = [uuid.uuid4().hex for _ in range(3)]
-    for job_id in jobs:
-        await happen(bus, live, finished(job_id))
-    before = await snapshot(live)
-    fetches_time_out(bus, monkeypatch, times=1, late=True)
-    report = await rebuild(bus, doc_client, f"{db_prefix}_status", live, apply=True)
-    assert report["messages"] == 3 * 11 and report["different"] == 0, report
-    assert await snapshot(live) == before
-
-
+@pytest.mark.parametrize(("times", "late"), [(2, False), (1, True)], ids=["slow", "late"])
 async def test_a_slow_fetch_does_not_end_the_replay(
-    bus: Bus, live: JobViews, doc_client: Client, db_prefix: str, monkeypatch: pytest.MonkeyPatch
+    bus: Bus,
+    live: JobViews,
+    doc_client: Client,
+    db_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    times: int,
+    late: bool,
 ) -> None:
+    # "late" (found in review): the replay ended when nothing was left to deliver, while
+    # what was delivered after a fetch's timeout still waited to be handled; the views
+    # it had not reached were then deleted as "only live".
     jobs = [uuid.uuid4().hex for _ in range(3)]
     for job_id in jobs:
         await happen(bus, live, finished(job_id))
     before = await snapshot(live)
-    fetches_time_out(bus, monkeypatch, times=2)
+    fetches_time_out(bus, monkeypatch, times=times, late=late)
     report = await rebuild(bus, doc_client, f"{db_prefix}_status", live, apply=True)
     assert report["messages"] == 3 * 11 and report["different"] == 0, report
     assert await snapshot(live) == before
