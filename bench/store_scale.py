@@ -159,6 +159,15 @@ async def queries(views: JobViews, jobs: int, repeat: int) -> dict[str, Any]:
         items, total = await views.list_jobs(**kwargs)
         assert len(items) <= total
 
+    async def listing(user: str | None, prefix: str) -> None:
+        """A page as /v1/jobs?name= reads it: the jobs, then the bounded total."""
+        where = {"name": {"$gte": prefix, "$lt": prefix + "\U0010ffff"}}
+        items, _ = await views.list_jobs(
+            user=user, state=None, limit=50, offset=0, where=where, count=False
+        )
+        total = await views.count_jobs(user=user, state=None, where=where)
+        assert total is None or len(items) <= total
+
     return {
         "list_newest_page": await timed(
             repeat, lambda r: page(user=None, state=None, limit=50, offset=50 * r.randrange(20))
@@ -187,6 +196,17 @@ async def queries(views: JobViews, jobs: int, repeat: int) -> dict[str, Any]:
                 },
                 full=True,
             ),
+        ),
+        # Name prefixes (/v1/jobs?name=): of a few jobs ("job-12345": 11 of 1,000,000),
+        # of every job, of 111,111 old jobs under 400,000 newer or more ("job-1" to
+        # "job-5": a walk in the page's order finds none for long), and one user's.
+        "list_name_few": await timed(
+            repeat, lambda r: listing(None, f"job-{r.randrange(10_000, 100_000)}")
+        ),
+        "list_name_every": await timed(repeat, lambda r: listing(None, "job-")),
+        "list_name_old": await timed(repeat, lambda r: listing(None, f"job-{r.randrange(1, 6)}")),
+        "list_name_by_user": await timed(
+            repeat, lambda r: listing(r.choice(USERS), f"job-{r.randrange(1, 10)}")
         ),
         "job_page": await timed(
             repeat,

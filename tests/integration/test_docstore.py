@@ -92,6 +92,17 @@ async def run_script(client: Client, db: str) -> list[Any]:
         out.append((query, await col.count_documents(query), found))
         # A count that stops at a bound, within a time (the list totals' count_within).
         out.append(await count_within(col, query, 4, 10_000))
+    # Read through a named index (hint) and within a time: the same documents, whether
+    # the index holds every field the query tests (the embedded store then sorts the
+    # ids in it before reading the page's documents) or not.
+    for query in (
+        {"user": "bob"},
+        {"user": {"$in": ["bob", "carol"]}, "at": {"$gte": T0 + timedelta(minutes=2)}},
+        {"user": "alice", "rank": {"$lt": 3}},
+    ):
+        cursor = col.find(query).sort([("at", -1), ("_id", -1)]).skip(1).limit(3)
+        cursor = cursor.hint([("user", 1), ("at", -1)]).max_time_ms(10_000)
+        out.append([d async for d in cursor])
     out.append([d async for d in col.find({}, {"rank": 1}).sort("_id", -1).skip(3).limit(5)])
     out.append([d async for d in col.find({"user": "bob"}, {"meta": 0, "text": 0}).sort("_id")])
     out.append(await col.find_one({"_id": "j03"}))
@@ -243,6 +254,70 @@ async def test_the_status_views_queries_use_real_indexes(tmp_path: Path) -> None
     assert "(f_job_id=? AND f_seq>?)" in found and "TEMP B-TREE" not in found, found
 
 
+async def test_a_name_prefix_page_is_read_the_way_its_matches_need(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite's planner cannot know how many jobs a name prefix holds: walking the page's
+    order and testing each job read all of them for a rare prefix (1,000,000 jobs: 4-8
+    s), and reading every match through the name's index, with its document, took 1.3 s
+    for a common one. The list reads a few through the name's index, walks for many, and
+    when the walk runs past its time, sorts the matches' ids in the name's index."""
+    import trainyard_status.adapters.views as views_module
+
+    monkeypatch.setattr(views_module, "NAME_SORTED_MOST", 50)
+    monkeypatch.setattr(views_module, "NAME_WALK_MS", 1)
+    database = SqliteClient(tmp_path)["trainyard_status"]
+    views = JobViews(database)  # type: ignore[arg-type]
+    await views.ensure_indexes()
+    # Oldest first: 2,000 "old-", 20 "rare-", then 20,000 "new-".
+    names = [f"old-{i}" for i in range(2000)] + [f"rare-{i}" for i in range(20)]
+    names += [f"new-{i}" for i in range(20_000)]
+    with database.transaction():
+        for i, name in enumerate(names):
+            database["jobs"]._insert(
+                {
+                    "_id": f"j{i:06d}", "name": name, "state": "SUCCEEDED", "user": "u",
+                    "submitted_at": T0 + timedelta(seconds=i), "pad": "x" * 300,
+                }
+            )  # fmt: skip
+    statements: list[str] = []
+    database.conn.set_trace_callback(statements.append)
+
+    async def page(prefix: str, **kw: Any) -> tuple[list[str], list[str]]:
+        statements.clear()
+        where = {"name": {"$gte": prefix, "$lt": prefix + "\U0010ffff"}}
+        items, _ = await views.list_jobs(
+            user=None, state=None, limit=5, offset=0, where=where, count=False, **kw
+        )
+        reads = [s for s in statements if s.startswith("SELECT id, doc")]
+        return [i["name"] for i in items], reads
+
+    def plans(reads: list[str]) -> list[str]:
+        return [
+            " | ".join(r[-1] for r in database.conn.execute("EXPLAIN QUERY PLAN " + sql))
+            for sql in reads
+        ]
+
+    names_found, reads = await page("rare-")
+    assert names_found == [f"rare-{i}" for i in (19, 18, 17, 16, 15)]
+    [found] = plans(reads)
+    assert "ix_jobs_name_1" in found and "f_name>? AND f_name<?" in found, found
+    names_found, reads = await page("new-")
+    assert names_found == [f"new-{i}" for i in range(19_999, 19_994, -1)]
+    [found] = plans(reads)  # the walk found its page at once
+    assert "SCAN jobs USING INDEX ix_jobs_submitted_at" in found, found
+    assert "ix_jobs_name_1" not in found, found
+    # Many old ones under 20,000 newer: the walk gives up, the name's index sorts ids.
+    names_found, reads = await page("old-")
+    assert names_found == [f"old-{i}" for i in range(1999, 1994, -1)]
+    walk, by_name = plans(reads)
+    assert "SCAN jobs USING INDEX ix_jobs_submitted_at" in walk, walk
+    assert "SEARCH jobs USING INDEX ix_jobs_name_1" in by_name, by_name
+    assert "f_name>? AND f_name<?" in by_name, by_name
+    oldest, _ = await page("old-", oldest_first=True)
+    assert oldest == [f"old-{i}" for i in range(5)]
+
+
 async def test_a_count_past_its_time_stops_and_leaves_the_store_as_it_was(
     tmp_path: Path,
 ) -> None:
@@ -260,6 +335,8 @@ async def test_a_count_past_its_time_stops_and_leaves_the_store_as_it_was(
         with pytest.raises(TimedOut):
             await col.count_documents(slow, maxTimeMS=1)
         assert await count_within(col, slow, 10, 1) is None
+        with pytest.raises(TimedOut):  # a query too (pymongo's max_time_ms)
+            [d async for d in col.find(slow).sort("n", -1).limit(5).max_time_ms(1)]
         await col.insert_one({"_id": "after"})  # the transaction goes on
     assert await col.count_documents({"_id": {"$in": ["inside", "after"]}}) == 2
     assert await col.count_documents(slow) == 0  # no handler left behind

@@ -412,6 +412,71 @@ async def test_the_consoles_filters_by_queue_dialect_name_prefix_and_time(views:
     assert items[0]["labels"] == {"team": "vision"}
 
 
+@pytest.mark.parametrize("sorted_most", [1000, 2], ids=["few", "many"])
+async def test_a_name_prefix_pages_alike_whichever_way_it_is_read(
+    views: JobViews, monkeypatch: pytest.MonkeyPatch, sorted_most: int
+) -> None:
+    """A name prefix of few jobs is read through the name's index on the embedded store,
+    one of many by a walk that may give up (here: at once) for the name's index again;
+    on either store, every way gives the same pages, by cursor or offset, either order."""
+    from datetime import UTC, datetime
+
+    import trainyard_status.adapters.views as views_module
+    from trainyard_status.app import list_filters
+
+    monkeypatch.setattr(views_module, "NAME_SORTED_MOST", sorted_most)
+    monkeypatch.setattr(views_module, "NAME_WALK_MS", 0)
+    base = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    tag = uuid.uuid4().hex[:6]
+    submitted = next(e for e in example_events() if type(e).__name__ == "JobSubmitted")
+    rng = random.Random(5)
+    jobs = []  # (submitted_at, id, name, user), oldest first
+    for i in range(30):
+        name = f"{tag}-{rng.choice(['a', 'b'])}{i}"
+        user = rng.choice(["alice", "bob"])
+        at = base + timedelta(seconds=i // 3)  # ties: broken by the id
+        event = submitted.model_copy(
+            update={
+                "job_id": f"{tag}{rng.randrange(10**6):06d}{i:02d}", "event_id": uuid.uuid4().hex,
+                "spec": submitted.spec.model_copy(update={"name": name, "user": user}),
+                "occurred_at": at,
+            }
+        )  # fmt: skip
+        await views.record(event, 2000 + i, None)
+        await views.apply(project(event), 2000 + i)
+        jobs.append((at, event.job_id, name, user))
+
+    async def pages(prefix: str, user: str | None, oldest: bool, before: Any) -> list[str]:
+        where = list_filters(None, None, prefix, None, before)
+        got, after, offset = [], None, 0
+        while True:
+            items, _ = await views.list_jobs(
+                user=user, state=None, limit=4, offset=offset, where=where,
+                after=after, oldest_first=oldest, count=False,
+            )  # fmt: skip
+            got += [i["id"] for i in items]
+            if len(items) < 4:
+                return got
+            # Cursor and offset pages alternate: both ways on from the same page.
+            after = None if after else (items[-1]["submitted_at"], items[-1]["id"])
+            offset = 0 if after else len(got)
+
+    cut = base + timedelta(seconds=7)
+    for prefix, user, oldest, before in [
+        (f"{tag}-a", None, False, None),
+        (f"{tag}-a", None, True, None),
+        (f"{tag}-", "alice", False, None),
+        (f"{tag}-b", None, False, cut),
+        (f"{tag}-b1", None, True, None),
+    ]:
+        want = [
+            job_id
+            for at, job_id, name, owner in sorted(jobs, reverse=not oldest)
+            if name.startswith(prefix) and user in (None, owner) and (not before or at < before)
+        ]
+        assert await pages(prefix, user, oldest, before) == want, (prefix, user, oldest)
+
+
 async def test_the_live_feed_sends_each_change_once_from_its_listeners_arrival(
     views: JobViews,
 ) -> None:

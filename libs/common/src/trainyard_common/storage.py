@@ -33,6 +33,10 @@ Collection = AsyncCollection[dict[str, Any]] | SqliteCollection
 Client = AsyncMongoClient[dict[str, Any]] | SqliteClient
 
 
+# What a query or count past its time limit raises on either store.
+TIMEOUTS = (ExecutionTimeout, TimedOut)
+
+
 def mongo_client(url: str) -> AsyncMongoClient[dict[str, Any]]:
     return AsyncMongoClient(url, tz_aware=True, serverSelectionTimeoutMS=10_000)
 
@@ -87,6 +91,14 @@ def reads_ahead(db: Database) -> bool:
     return isinstance(db, BatchedDatabase)
 
 
+def needs_hints(collection: Collection) -> bool:
+    """Whether a query whose best index depends on the data must name it (``hint``): on
+    the embedded store, whose planner keeps no figures of how many documents a range
+    holds; MongoDB's tries its candidate plans against each other and keeps the
+    fastest."""
+    return isinstance(collection, SqliteCollection)
+
+
 async def preload(collection: Collection, ids: Iterable[Any]) -> None:
     """Inside a consumer's batch on MongoDB, read these documents at once
     (``BatchedCollection.preload``); nothing on the embedded store, whose reads by
@@ -111,5 +123,5 @@ async def count_within(
     ``budget_ms`` on either store; None when the time ran out first."""
     try:
         return int(await collection.count_documents(query, limit=most, maxTimeMS=budget_ms))
-    except (ExecutionTimeout, TimedOut):
+    except TIMEOUTS:
         return None
