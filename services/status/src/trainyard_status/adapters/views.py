@@ -90,6 +90,10 @@ class JobViews:
         # 0.6 s at 100,000 jobs).
         for field in LIST_FILTERS:
             await self.jobs.create_index([(field, ASCENDING), *newest])
+        # A user's jobs in one state: every list but an admin's filtered by state, and
+        # the counts by state beside it (the console's), a search of this index alone
+        # (the user's index read each job: 55 ms for a user of 5,000 jobs, 1M in all).
+        await self.jobs.create_index([("user", ASCENDING), ("state", ASCENDING), *newest])
         await self.jobs.create_index(newest)
         # A name prefix (/v1/jobs?name=), every user's or one's (list_jobs's
         # _name_plan): a walk of the jobs testing each read all of them for a rare one
@@ -352,14 +356,11 @@ class JobViews:
         holds: the plans to try in turn, each an index and a time limit. A walk in the
         page's order testing each job read all of them for a rare prefix (1,000,000
         jobs: 4-8 s), and the name's index read every match of a common one with its
-        document (125,000: 1.3 s). ``query`` loses its test of a state that any job with
-        a name has (SUBMITTED_FIELDS), which read each document."""
+        document (125,000: 1.3 s)."""
         name = query.get("name")
         ranged = isinstance(name, dict) and set(name) <= {"$gte", "$gt", "$lt", "$lte"}
         if not needs_hints(self.jobs) or not (isinstance(name, str) or ranged):
             return [(None, None)]
-        if query.get("state") == {"$ne": None}:
-            del query["state"]
         # One user's (every list but an admin's) in the index the user leads.
         mine = {"user": query["user"]} if isinstance(query.get("user"), str) else {}
         by_name = [*((("user", ASCENDING),) if mine else ()), ("name", ASCENDING), *NEWEST]
@@ -402,13 +403,6 @@ class JobViews:
                 return None
             every = await count_within(self.jobs, {}, most + 1 + partial, budget_ms)
             return None if every is None else every - partial
-        if query.get("state") == {"$ne": None} and any(
-            key.split(".", 1)[0] in SUBMITTED_FIELDS for key in query
-        ):
-            # A job with any of these has a state (JobSubmitted sets them with its own),
-            # so the test that reads each document is left out: the count is then a walk
-            # of the filter's index alone.
-            del query["state"]
         return await count_within(self.jobs, query, most + 1, budget_ms)
 
     async def count_states(
@@ -557,6 +551,13 @@ def _list_query(
         query["user"] = user
     if state:
         query["state"] = state
+    if query["state"] == {"$ne": None} and any(
+        key.split(".", 1)[0] in SUBMITTED_FIELDS for key in query
+    ):
+        # A job with any of these has a state (JobSubmitted sets them with its own), so
+        # the test, which reads each document, is left out: a count is then a walk of
+        # the filter's index alone (a user's 5,000 jobs counted in 50 ms, read in full).
+        del query["state"]
     return query
 
 
