@@ -1,6 +1,9 @@
 """What each event means for the read model (pure)."""
 
 import random
+from typing import Any
+
+import pytest
 
 from trainyard_common.contracts import example_events
 from trainyard_common.events import (
@@ -39,8 +42,8 @@ def test_submitted_sets_the_job_fields_and_keeps_the_original() -> None:
 
 
 def test_only_the_submission_sets_the_fields_lists_count_by_and_always_with_a_state() -> None:
-    """A list's count leaves out its "state set" test (which reads every document) when
-    it filters on one of these (views.count_jobs): no other event may set them, nor the
+    """A list leaves out its "state set" test (which reads every document) when it
+    filters on one of these (views._list_query): no other event may set them, nor the
     submission without its state."""
     from trainyard_status.adapters.views import SUBMITTED_FIELDS
 
@@ -57,6 +60,33 @@ def test_only_the_submission_sets_the_fields_lists_count_by_and_always_with_a_st
             assert SUBMITTED_FIELDS <= fields and change.state is not None
         else:
             assert not fields & SUBMITTED_FIELDS, (name, fields & SUBMITTED_FIELDS)
+
+
+@pytest.mark.parametrize(
+    ("where", "tests_state"),
+    [
+        ({"user": "alice"}, False),
+        ({"name": {"$gte": "a", "$lt": "b"}}, False),
+        ({"dialect": {"$in": ["ti", "dlc"]}}, False),
+        ({"labels.team": "vision"}, False),
+        ({"name": {"$regex": "x", "$options": "i"}}, False),
+        # These match a job seen only in part (no user, no dialect) too: it has no state.
+        ({"dialect": {"$ne": "ti"}}, True),
+        ({"dialect": {"$nin": ["ti"]}}, True),
+        ({"queue": {"$in": ["a", None]}}, True),
+        ({"queue": None}, True),
+        ({"tags": "x"}, True),  # not a field only the submission sets
+        ({}, True),
+    ],
+)
+def test_a_list_leaves_out_its_state_test_only_where_a_filter_implies_it(
+    where: dict[str, Any], tests_state: bool
+) -> None:
+    from trainyard_status.adapters.views import _list_query
+
+    query = _list_query(None, None, dict(where))
+    assert (query.get("state") == {"$ne": None}) is tests_state, query
+    assert _list_query("bob", "RUNNING", dict(where))["state"] == "RUNNING"
 
 
 def test_rejected_is_terminal_with_every_error_in_the_reason() -> None:

@@ -552,13 +552,25 @@ def _list_query(
     if state:
         query["state"] = state
     if query["state"] == {"$ne": None} and any(
-        key.split(".", 1)[0] in SUBMITTED_FIELDS for key in query
+        key.split(".", 1)[0] in SUBMITTED_FIELDS and _needs_field(cond)
+        for key, cond in query.items()
     ):
         # A job with any of these has a state (JobSubmitted sets them with its own), so
         # the test, which reads each document, is left out: a count is then a walk of
         # the filter's index alone (a user's 5,000 jobs counted in 50 ms, read in full).
         del query["state"]
     return query
+
+
+def _needs_field(cond: Any) -> bool:
+    """Whether a filter's condition can match only a document holding its field (a
+    ``$ne``, a ``$nin`` or a None matches one without it too)."""
+    if isinstance(cond, dict):
+        ops = set(cond) - {"$options"}
+        if not ops or not ops <= {"$in", "$gt", "$gte", "$lt", "$lte", "$regex"}:
+            return False
+        return all(None not in cond[op] if op == "$in" else cond[op] is not None for op in ops)
+    return cond is not None and not isinstance(cond, list)
 
 
 def is_resource(doc: dict[str, Any]) -> bool:
