@@ -316,6 +316,13 @@ async def test_a_name_prefix_page_is_read_the_way_its_matches_need(
     assert "f_name>? AND f_name<?" in by_name, by_name
     oldest, _ = await page("old-", oldest_first=True)
     assert oldest == [f"old-{i}" for i in range(5)]
+    # Jobs by id besides (DLC's JobId): a lookup by id, as the store's planner chooses.
+    statements.clear()
+    where = {"name": {"$gte": "new-", "$lt": "new-\U0010ffff"}, "_id": {"$in": ["j002100"]}}
+    items, _ = await views.list_jobs(user=None, state=None, limit=5, offset=0, where=where)
+    assert [i["name"] for i in items] == ["new-80"]
+    [found] = plans([s for s in statements if s.startswith("SELECT id, doc")])
+    assert "sqlite_autoindex_jobs_1 (id=?)" in found, found
     # One user's (every list but an admin's): the same ways, in the index the user leads.
     names_found, reads = await page("rare-", user="u")
     assert names_found == [f"rare-{i}" for i in (19, 18, 17, 16, 15)]

@@ -18,8 +18,8 @@ field, as in MongoDB), ``$in``, ``$nin`` (on a field holding an array: its eleme
 substring search, ``$options`` "i" or none), a top-level ``$or``; updates by ``$set``,
 ``$unset``, ``$push``,
 ``$addToSet``, ``$pull`` (of one value), ``$inc``; replacement with
-upsert; sort, skip, limit, hint (by keys); inclusion or exclusion projections; ``count_documents`` (with
-``limit`` and ``maxTimeMS``).
+upsert; sort, skip, limit, ``hint`` (by the index's keys) and ``max_time_ms``; inclusion
+or exclusion projections; ``count_documents`` (with ``limit`` and ``maxTimeMS``).
 
 Datetimes keep their type: stored as fixed-width UTC ISO text behind a private-use mark
 (so they sort and compare in time order) and read back as aware UTC datetimes, as
@@ -67,7 +67,8 @@ class DuplicateKey(Exception):
 
 
 class TimedOut(Exception):
-    """A count that ran past its ``maxTimeMS`` (MongoDB's ``ExecutionTimeout``)."""
+    """A count or a query that ran past its time limit (``maxTimeMS``, ``max_time_ms``:
+    MongoDB's ``ExecutionTimeout``)."""
 
 
 # --- values ---------------------------------------------------------------------------

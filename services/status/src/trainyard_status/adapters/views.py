@@ -61,8 +61,8 @@ LIST_FILTERS = ("user", "state", "queue", "dialect", "kind")
 COUNT_MOST = 10_000
 COUNT_BUDGET_MS = 20
 # A list filtered by a name (a prefix) matching at most this many jobs reads them through
-# the name's index and sorts them; one matching more walks the page's order first, for at
-# most NAME_WALK_MS (list_jobs's _name_plan).
+# the name's index and sorts them; one matching more walks the page's order, for at most
+# NAME_WALK_MS where the name's index can take over (list_jobs's _name_plan).
 NAME_SORTED_MOST = 2000
 NAME_WALK_MS = 5
 NEWEST = [("submitted_at", DESCENDING), ("_id", DESCENDING)]
@@ -359,6 +359,10 @@ class JobViews:
         document (125,000: 1.3 s)."""
         name = query.get("name")
         ranged = isinstance(name, dict) and set(name) <= {"$gte", "$gt", "$lt", "$lte"}
+        by_id = query.get("_id")
+        if isinstance(by_id, str) or (isinstance(by_id, dict) and "$in" in by_id):
+            # Jobs by id (DLC's JobId, JobIds): a lookup of each, whatever the name.
+            return [(None, None)]
         if not needs_hints(self.jobs) or not (isinstance(name, str) or ranged):
             return [(None, None)]
         # One user's (every list but an admin's) in the index the user leads.
