@@ -693,6 +693,25 @@ def test_the_cluster_pages_jobs_waiting_are_the_callers_own(  # type: ignore[no-
             api.stop(job_id)
 
 
+def test_the_cluster_pages_counts_past_their_bound_say_so(  # type: ignore[no-untyped-def]
+    page, platform: Platform
+) -> None:
+    # Each state is counted up to 10,000 (the API's 10,001: more than that): the page
+    # said "10001".
+    def many(route) -> None:  # type: ignore[no-untyped-def]
+        answer = route.fetch()
+        counts = {"QUEUED": 10_001, "SUCCEEDED": 10_001, "FAILED": 7}
+        route.fulfill(response=answer, json={**answer.json(), "counts": counts})
+
+    sign_in(page, platform.token)
+    page.route(re.compile(r".*/v1/jobs\?limit=1&counts=true$"), many)
+    page.goto("/console/#/cluster")
+    figures = page.locator("#figures")
+    for term, shown in [("waiting", "over 10,000"), ("succeeded", "over 10,000"), ("failed", "7")]:
+        figure = figures.locator("div").filter(has=page.get_by_text(f"Jobs {term}"))
+        expect(figure.locator("dd")).to_have_text(shown)
+
+
 def test_only_a_small_status_region_is_read_out_as_it_changes(  # type: ignore[no-untyped-def]
     page, platform: Platform, api: Api
 ) -> None:

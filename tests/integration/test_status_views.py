@@ -582,6 +582,11 @@ async def test_cursor_pages_stay_right_while_jobs_are_written_both_ways(views: J
         assert seen == expected, (oldest_first, seen)
     counts = await views.count_states(where)
     assert counts == {"SUBMITTED": len(ids)}
+    # A list page's counts (?counts=true): bounded, and said so when a bound was met.
+    assert await views.count_states_within(where) == ({"SUBMITTED": len(ids)}, True)
+    assert await views.count_states_within(where, most=len(ids)) == (counts, True)
+    assert await views.count_states_within(where, most=3) == ({"SUBMITTED": 4}, False)
+    assert await views.count_states_within(where, budget_ms=0) == ({}, False)
     # Within submitted_before/after (the console's "Submitted before" and its Older): the
     # page after a cursor goes on from it (the bound replaced the cursor's: the first
     # page again), and stays within the bounds both ways.
@@ -765,6 +770,9 @@ async def test_a_lists_total_is_counted_up_to_a_bound_and_says_when_it_stopped(
         first = await page(limit=2)
         assert (first["total"], first["total_exact"]) == (5, True)
         assert [i["id"] for i in first["items"]] == [ids[4], ids[3]]
+        assert "counts" not in first or first["counts"] is None
+        counted = await page(limit=2, counts="true")
+        assert (counted["counts"], counted["counts_exact"]) == ({"SUBMITTED": 5}, True)
         monkeypatch.setattr(status_app, "COUNT_MOST", 3)
         capped = await page(limit=2)
         assert (capped["total"], capped["total_exact"]) == (3, False)

@@ -61,7 +61,16 @@ class JobList(Body):
     next: str | None = Field(
         None, description="the cursor of the page after this one (None: the last page)"
     )
-    counts: dict[str, int] | None = Field(None, description="with ?counts=true: by state")
+    counts: dict[str, int] | None = Field(
+        None,
+        description="with ?counts=true: the matching jobs by state, each counted up to "
+        "10,000 (10,001: more than that) and all within 50 ms (counts_exact)",
+    )
+    counts_exact: bool | None = Field(
+        None,
+        description="with ?counts=true, false: a count stopped at 10,000, or the time ran "
+        "out and a state is left out",
+    )
 
 
 class PortView(Body):

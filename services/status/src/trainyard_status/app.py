@@ -254,7 +254,7 @@ def create_app(
         last = items[-1] if len(items) == limit else None
         answer["next"] = make_cursor(last["submitted_at"], last["id"]) if last else None
         if counts:
-            answer["counts"] = await views.count_states(
+            answer["counts"], answer["counts_exact"] = await views.count_states_within(
                 {**where, **({"user": user} if user else {})}
             )
         return answer

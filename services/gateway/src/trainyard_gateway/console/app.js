@@ -754,11 +754,13 @@ async function clusterPage() {
     // The caller's own jobs, as the counts by state beside it are (docs/security.md; an
     // admin's: every job): the queues' sum was every user's. The Waiting column of the
     // queues below is the cluster's.
+    // Each state counted up to 10,000 (the API's 10,001: more than that).
+    const many = (n) => (n > 10000 ? "over 10,000" : String(n));
     const waiting = jobs.counts?.QUEUED || 0;
     const figures = el("dl", { class: "grid card", id: "figures" },
       [["GPUs in use", `${held} of ${gpus}${gpus ? ` (${Math.round((100 * held) / gpus)}%)` : ""}`],
-        ["Jobs waiting", String(waiting)],
-        ...STATES.filter((st) => st !== "QUEUED" && jobs.counts?.[st]).map((st) => [`Jobs ${st.toLowerCase()}`, String(jobs.counts[st])])]
+        ["Jobs waiting", many(waiting)],
+        ...STATES.filter((st) => st !== "QUEUED" && jobs.counts?.[st]).map((st) => [`Jobs ${st.toLowerCase()}`, many(jobs.counts[st])])]
         .map(([term, value]) => el("div", {}, el("dt", { class: "muted", text: term }), el("dd", { text: value }))));
     const nodes = el("table", {},
       el("thead", {}, el("tr", {}, ["Node", "State", "GPUs", "CPU used / total", "Memory used / total (MB)", "Held by"].map((h) => el("th", { scope: "col", text: h })))),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -60,6 +61,8 @@ LIST_FILTERS = ("user", "state", "queue", "dialect", "kind")
 # A list's total is counted up to this many jobs, for at most this long (count_jobs).
 COUNT_MOST = 10_000
 COUNT_BUDGET_MS = 20
+# ... and its counts by state (?counts=true), all of them together.
+COUNTS_BUDGET_MS = 50
 # A list filtered by a name (a prefix) matching at most this many jobs reads them through
 # the name's index and sorts them; one matching more walks the page's order, for at most
 # NAME_WALK_MS where the name's index can take over (list_jobs's _name_plan).
@@ -408,6 +411,29 @@ class JobViews:
             every = await count_within(self.jobs, {}, most + 1 + partial, budget_ms)
             return None if every is None else every - partial
         return await count_within(self.jobs, query, most + 1, budget_ms)
+
+    async def count_states_within(
+        self, where: dict[str, Any], most: int = COUNT_MOST, budget_ms: int = COUNTS_BUDGET_MS
+    ) -> tuple[dict[str, int], bool]:
+        """``count_states`` for a list page (``?counts=true``): each state counted up to
+        ``most`` + 1 (that many: more than ``most``), all of them within ``budget_ms``
+        (a state the time ran out for is left out), and whether every count went to its
+        end. Counting each state to its end read every job in it, from the page's own
+        event loop (the 800,000 succeeded of 1,000,000 jobs: over 100 ms)."""
+        counts: dict[str, int] = {}
+        exact = True
+        deadline = time.monotonic() + budget_ms / 1000
+        for state in JobState:
+            left = int((deadline - time.monotonic()) * 1000)
+            found = None
+            if left > 0:
+                query = {**where, "state": state.value}
+                found = await count_within(self.jobs, query, most + 1, left)
+            if found is None or found > most:
+                exact = False
+            if found:
+                counts[state.value] = found
+        return counts, exact
 
     async def count_states(
         self, where: dict[str, Any], states: Iterable[JobState] = JobState
