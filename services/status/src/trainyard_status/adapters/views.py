@@ -587,7 +587,7 @@ def _list_query(
     ):
         # A job with any of these has a state (JobSubmitted sets them with its own), so
         # the test, which reads each document, is left out: a count is then a walk of
-        # the filter's index alone (a user's 5,000 jobs counted in 50 ms, read in full).
+        # the filter's index alone (a user's 5,000 jobs: 21 ms to count, each one read).
         del query["state"]
     return query
 
