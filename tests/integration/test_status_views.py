@@ -737,6 +737,29 @@ async def test_a_late_tag_change_does_not_undo_a_later_one(views: JobViews) -> N
     assert sorted((await snapshot(views, job.job_id))["tags"]) == ["a.b$c", "nightly"]
 
 
+async def test_the_tasks_index_by_job_alone_of_an_older_store_is_dropped(views: JobViews) -> None:
+    """A store made before the tasks' compound index kept the older one by job alone,
+    updated at every write of a task for nothing: starting drops it, once."""
+    from trainyard_common.docstore import SqliteCollection
+
+    async def indexes() -> set[str]:
+        if isinstance(views.tasks, SqliteCollection):
+            rows = views.tasks.database.conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'tasks'"
+            )
+            return {row[0] for row in rows}
+        return set(await views.tasks.index_information())
+
+    await views.tasks.create_index([("job_id", 1)])
+    old = (await indexes()) & {"ix_tasks_job_id_1", "job_id_1"}
+    assert len(old) == 1, old
+    await views.ensure_indexes()
+    left = await indexes()
+    assert not left & old and len(left) > 1, left  # the compound one stays
+    await views.ensure_indexes()  # nothing to drop now: no error
+    assert await indexes() == left
+
+
 async def test_a_lists_total_is_counted_up_to_a_bound_and_says_when_it_stopped(
     views: JobViews, monkeypatch: pytest.MonkeyPatch
 ) -> None:

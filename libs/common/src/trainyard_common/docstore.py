@@ -19,7 +19,8 @@ substring search, ``$options`` "i" or none), a top-level ``$or``; updates by ``$
 ``$unset``, ``$push``,
 ``$addToSet``, ``$pull`` (of one value), ``$inc``; replacement with
 upsert; sort, skip, limit, ``hint`` (by the index's keys) and ``max_time_ms``; inclusion
-or exclusion projections; ``count_documents`` (with ``limit`` and ``maxTimeMS``).
+or exclusion projections; ``count_documents`` (with ``limit`` and ``maxTimeMS``);
+``drop_index`` by the index's keys.
 
 Datetimes keep their type: stored as fixed-width UTC ISO text behind a private-use mark
 (so they sort and compare in time order) and read back as aware UTC datetimes, as
@@ -64,6 +65,10 @@ class Unsupported(Exception):
 
 class DuplicateKey(Exception):
     """An insert whose ``_id`` is already stored."""
+
+
+class IndexNotFound(Exception):
+    """A drop of an index that is not there (MongoDB's ``IndexNotFound``)."""
 
 
 class TimedOut(Exception):
@@ -356,6 +361,16 @@ class SqliteCollection:
             f"ON {self._table} ({', '.join(parts)})"
         )
         return index
+
+    async def drop_index(self, keys: Sequence[tuple[str, int]]) -> None:
+        """As pymongo's: the index ``create_index`` made with these keys, dropped."""
+        index = self._index_name(keys)
+        found = self.database.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (index,)
+        ).fetchone()
+        if found is None:
+            raise IndexNotFound(f"{self.name}: no index {index}")
+        self.database.conn.execute(f'DROP INDEX IF EXISTS "{index}"')
 
     def _index_name(self, pairs: Sequence[tuple[str, int]]) -> str:
         return f"ix_{self.name}_" + "_".join(

@@ -22,9 +22,16 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError, ExecutionTimeout
+from pymongo.errors import DuplicateKeyError, ExecutionTimeout, OperationFailure
 
-from .docstore import DuplicateKey, SqliteClient, SqliteCollection, SqliteDatabase, TimedOut
+from .docstore import (
+    DuplicateKey,
+    IndexNotFound,
+    SqliteClient,
+    SqliteCollection,
+    SqliteDatabase,
+    TimedOut,
+)
 from .mongo_batch import BatchedCollection, BatchedDatabase, MongoBatches, batched
 
 # What an adapter is given: a database or a collection of either store.
@@ -105,6 +112,20 @@ async def preload(collection: Collection, ids: Iterable[Any]) -> None:
     ``_id`` are a local index lookup each."""
     if isinstance(collection, BatchedCollection):
         await collection.preload(ids)
+
+
+async def drop_old_index(collection: Collection, keys: list[tuple[str, int]]) -> bool:
+    """Drop the index ``create_index`` made with these keys, one a service no longer
+    declares (each write kept it up to date for nothing); False when it is not there."""
+    try:
+        await collection.drop_index(keys)
+    except IndexNotFound:
+        return False
+    except OperationFailure as exc:
+        if exc.code != 27:  # IndexNotFound
+            raise
+        return False
+    return True
 
 
 async def insert_once(collection: Collection, document: dict[str, Any]) -> bool:

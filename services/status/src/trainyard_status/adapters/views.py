@@ -20,6 +20,7 @@ from trainyard_common.storage import (
     TIMEOUTS,
     Database,
     count_within,
+    drop_old_index,
     insert_once,
     needs_hints,
     preload,
@@ -117,6 +118,9 @@ class JobViews:
             ]
         )
         await self.events.create_index([("job_id", ASCENDING), ("seq", ASCENDING)])
+        # The tasks' index by job alone, before the one above (until 2026-11-29): a store made
+        # then still updated it at every write of a task.
+        await drop_old_index(self.tasks, [("job_id", ASCENDING)])
 
     # -- writes ---------------------------------------------------------------------------
 
