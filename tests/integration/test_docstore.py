@@ -287,7 +287,7 @@ async def test_a_name_prefix_page_is_read_the_way_its_matches_need(
         statements.clear()
         where = {"name": {"$gte": prefix, "$lt": prefix + "\U0010ffff"}}
         items, _ = await views.list_jobs(
-            state=None, limit=5, offset=0, where=where, count=False, **{"user": None, **kw}
+            limit=5, offset=0, where=where, count=False, **{"user": None, "state": None, **kw}
         )
         reads = [s for s in statements if s.startswith("SELECT id, doc")]
         return [i["name"] for i in items], reads
@@ -333,6 +333,11 @@ async def test_a_name_prefix_page_is_read_the_way_its_matches_need(
     walk, by_name = plans(reads)
     assert "SEARCH jobs USING INDEX ix_jobs_user_1_submitted_at" in walk, walk
     assert "ix_jobs_user_1_name_1" in by_name, by_name
+    # ... and in one state (the console's filter): a walk of the index holding both.
+    names_found, reads = await page("old-", user="u", state="SUCCEEDED")
+    assert names_found == [f"old-{i}" for i in range(1999, 1994, -1)]
+    [walk] = plans(reads)
+    assert "ix_jobs_user_1_state_1" in walk and "(f_user=? AND f_state=?)" in walk, walk
 
 
 async def test_a_users_list_and_its_counts_read_indexes_alone(tmp_path: Path) -> None:

@@ -387,6 +387,8 @@ class JobViews:
         # (docstore; 30 ms for 125,000) and the page's documents are read.
         field = next((f for f in LIST_FILTERS if isinstance(query.get(f), str)), None)
         walk = [(field, ASCENDING), *NEWEST] if field else NEWEST
+        if mine and isinstance(query.get("state"), str):
+            walk = [("user", ASCENDING), ("state", ASCENDING), *NEWEST]  # both in one
         if set(query) <= {*mine, "name", "submitted_at", "_id"}:
             return [(walk, NAME_WALK_MS), (by_name, None)]
         return [(walk, None)]
