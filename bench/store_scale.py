@@ -32,7 +32,7 @@ from trainyard_common.docstore import SqliteClient, SqliteDatabase
 from trainyard_common.events import JobQueued, JobSubmitted
 from trainyard_common.storage import Client, mongo_client
 from trainyard_stack.components import FerretDB, ensure_ferretdb_binary
-from trainyard_status.adapters.views import JobViews
+from trainyard_status.adapters.views import JobViews, label_rows
 from trainyard_status.domain.projection import project
 
 USERS = [f"user{i:03d}" for i in range(200)]
@@ -72,6 +72,8 @@ def job_doc(i: int, rng: random.Random) -> tuple[dict[str, Any], dict[str, Any],
         "attempts": [],
         "spec_json": SPEC,
         "original_json": SPEC,
+        # A label of 50,000 jobs across the year, one of 100, one of the oldest 250,000.
+        "labels": {"team": f"t{i % 20}", "run": f"r{i // 100}", "era": f"e{i // 250_000}"},
     }
     task = {
         "_id": f"{job_id}:1:worker:0",
@@ -107,6 +109,8 @@ async def fill_sqlite(db: SqliteDatabase, jobs: int, batch: int = 5000) -> float
             for i in range(first, min(first + batch, jobs)):
                 doc, task, events = job_doc(i, rng)
                 db["jobs"]._insert(doc)
+                for row in label_rows(doc["_id"], doc):
+                    db["labels"]._insert(row)
                 db["tasks"]._insert(task)
                 for event in events:
                     db["events"]._insert(event)
@@ -117,10 +121,11 @@ async def fill_mongo(client: Client, name: str, jobs: int) -> float:
     rng = random.Random(42)
     db = client[name]
     start = time.perf_counter()
-    docs: dict[str, list[Any]] = {"jobs": [], "tasks": [], "events": []}
+    docs: dict[str, list[Any]] = {"jobs": [], "tasks": [], "events": [], "labels": []}
     for i in range(jobs):
         doc, task, events = job_doc(i, rng)
         docs["jobs"].append(doc)
+        docs["labels"].extend(label_rows(doc["_id"], doc))
         docs["tasks"].append(task)
         docs["events"].extend(events)
     for collection, items in docs.items():
@@ -159,14 +164,16 @@ async def queries(views: JobViews, jobs: int, repeat: int) -> dict[str, Any]:
         items, total = await views.list_jobs(**kwargs)
         assert len(items) <= total
 
-    async def listing(user: str | None, prefix: str) -> None:
-        """A page as /v1/jobs?name= reads it: the jobs, then the bounded total."""
-        where = {"name": {"$gte": prefix, "$lt": prefix + "\U0010ffff"}}
+    async def page_of(user: str | None, where: dict[str, Any]) -> None:
+        """A page as /v1/jobs reads it: the jobs, then the bounded total."""
         items, _ = await views.list_jobs(
-            user=user, state=None, limit=50, offset=0, where=where, count=False
+            user=user, state=None, limit=50, offset=0, where=dict(where), count=False
         )
-        total = await views.count_jobs(user=user, state=None, where=where)
+        total = await views.count_jobs(user=user, state=None, where=dict(where))
         assert total is None or len(items) <= total
+
+    async def listing(user: str | None, prefix: str) -> None:
+        await page_of(user, {"name": {"$gte": prefix, "$lt": prefix + "\U0010ffff"}})
 
     return {
         "list_newest_page": await timed(
@@ -207,6 +214,22 @@ async def queries(views: JobViews, jobs: int, repeat: int) -> dict[str, Any]:
         "list_name_old": await timed(repeat, lambda r: listing(None, f"job-{r.randrange(1, 6)}")),
         "list_name_by_user": await timed(
             repeat, lambda r: listing(r.choice(USERS), f"job-{r.randrange(1, 10)}")
+        ),
+        # Labels (/v1/jobs?label=): of 100 jobs, of 50,000 across the year, one user's
+        # (of 100: none to a few), and of the oldest 250,000, under 750,000 newer (a
+        # walk in the page's order reads those first: a few runs only).
+        "list_label_few": await timed(
+            repeat, lambda r: page_of(None, {"labels.run": f"r{r.randrange(jobs // 100)}"})
+        ),
+        "list_label_common": await timed(
+            repeat, lambda r: page_of(None, {"labels.team": f"t{r.randrange(20)}"})
+        ),
+        "list_label_by_user": await timed(
+            repeat,
+            lambda r: page_of(r.choice(USERS), {"labels.run": f"r{r.randrange(jobs // 100)}"}),
+        ),
+        "list_label_old": await timed(
+            min(repeat, 5), lambda r: page_of(None, {"labels.era": "e0"})
         ),
         "job_page": await timed(
             repeat,

@@ -340,6 +340,59 @@ async def test_a_name_prefix_page_is_read_the_way_its_matches_need(
     assert "ix_jobs_user_1_state_1" in walk and "(f_user=? AND f_state=?)" in walk, walk
 
 
+async def test_a_label_page_reads_the_labels_own_index_then_its_jobs_by_id(
+    tmp_path: Path,
+) -> None:
+    """No index of the jobs holds their labels: a page of a rare label walked every job
+    (1,000,000 jobs: 2.7 s). Each label is a document of its own too: a page of one
+    label is a walk of their index in the page's order, then its jobs by id; with
+    another filter, a rare label's few jobs are read by id and a common one walked."""
+    from trainyard_status.adapters.views import label_rows
+
+    database = SqliteClient(tmp_path)["trainyard_status"]
+    views = JobViews(database)  # type: ignore[arg-type]
+    await views.ensure_indexes()
+    with database.transaction():
+        for i in range(3000):
+            doc = {
+                "_id": f"j{i:05d}", "user": "u", "state": "SUCCEEDED",
+                "submitted_at": T0 + timedelta(seconds=i),
+                "labels": {"team": "all", **({"run": "rare"} if i % 1000 == 7 else {})},
+            }  # fmt: skip
+            database["jobs"]._insert(doc)
+            for row in label_rows(doc["_id"], doc):
+                database["labels"]._insert(row)
+    statements: list[str] = []
+    database.conn.set_trace_callback(statements.append)
+
+    def plan(sql: str) -> str:
+        return " | ".join(r[-1] for r in database.conn.execute("EXPLAIN QUERY PLAN " + sql))
+
+    async def page(state: str | None = None, **labels: str) -> tuple[list[str], str, str]:
+        statements.clear()
+        where = {f"labels.{key}": value for key, value in labels.items()}
+        items, _ = await views.list_jobs(user=None, state=state, limit=5, offset=0, where=where)
+        [jobs] = [s for s in statements if s.startswith('SELECT id, doc FROM "jobs"')]
+        rows = [s for s in statements if s.startswith('SELECT id, doc FROM "labels"')]
+        return [i["id"] for i in items], plan(jobs), plan(rows[0]) if rows else ""
+
+    for labels, want in [
+        ({"run": "rare"}, ["j02007", "j01007", "j00007"]),
+        ({"team": "all"}, [f"j{i:05d}" for i in range(2999, 2994, -1)]),
+    ]:
+        ids, jobs, rows = await page(**labels)
+        assert ids == want
+        assert "sqlite_autoindex_jobs_1 (id=?)" in jobs, jobs
+        assert "SEARCH labels USING INDEX ix_labels_pair_1_submitted_at" in rows, rows
+        assert "TEMP B-TREE" not in rows, rows
+    ids, jobs, _ = await page(state="SUCCEEDED", run="rare")
+    assert ids == ["j02007", "j01007", "j00007"]
+    assert "sqlite_autoindex_jobs_1 (id=?)" in jobs, jobs
+    ids, jobs, _ = await page(state="SUCCEEDED", team="all")  # 3,000: walked
+    assert ids == [f"j{i:05d}" for i in range(2999, 2994, -1)]
+    assert "ix_jobs_state_1" in jobs, jobs
+
+
 async def test_a_users_list_and_its_counts_read_indexes_alone(tmp_path: Path) -> None:
     """Every list but an admin's is one user's: its total and its counts by state (the
     console's) are walks of an index, never of the jobs' documents (a user of 5,000 of

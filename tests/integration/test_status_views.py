@@ -737,6 +737,65 @@ async def test_a_late_tag_change_does_not_undo_a_later_one(views: JobViews) -> N
     assert sorted((await snapshot(views, job.job_id))["tags"]) == ["a.b$c", "nightly"]
 
 
+@pytest.mark.parametrize("sorted_most", [1000, 2], ids=["few", "many"])
+async def test_a_label_filter_reads_its_few_jobs_by_id_and_lists_alike_either_way(
+    views: JobViews, monkeypatch: pytest.MonkeyPatch, sorted_most: int
+) -> None:
+    """No index of the jobs holds their labels: a rare label walked every job. Each
+    label is also a document of its own, written with the job's submission (and for a
+    store from before, once at start): few matches are read by id, many walked as
+    before; the pages are the same either way, with a user, a cursor or a second label."""
+    import trainyard_status.adapters.views as views_module
+
+    monkeypatch.setattr(views_module, "NAME_SORTED_MOST", sorted_most)
+    team = "t" + uuid.uuid4().hex[:8]
+    jobs = []  # (id, user, labels), oldest first
+    for i in range(8):
+        labels = [EnvVar(name="team", value=team), EnvVar(name="run", value=f"r{i % 3}")]
+        user = ["alice", "bob"][i % 2]
+        job_id = await submitted_job(views, 3000 + i, at_s=i, labels=labels, user=user)
+        jobs.append((job_id, user, {"team": team, "run": f"r{i % 3}"}))
+    rows = [row async for row in views.labels.find({"job_id": jobs[0][0]})]
+    assert sorted((row["pair"], row["user"]) for row in rows) == sorted(
+        [('["run", "r0"]', "alice"), (f'["team", "{team}"]', "alice")]
+    )
+
+    async def ids(user: str | None, **labels: str) -> list[str]:
+        where = {f"labels.{key}": value for key, value in labels.items()}
+        first, total = await views.list_jobs(
+            user=user, state=None, limit=2, offset=0, where=dict(where)
+        )
+        after = (first[-1]["submitted_at"], first[-1]["id"])
+        rest, _ = await views.list_jobs(
+            user=user, state=None, limit=50, offset=0, where=dict(where), after=after
+        )
+        counted = await views.count_jobs(user=user, state=None, where=dict(where))
+        assert total == counted == len(first) + len(rest)
+        return [item["id"] for item in first + rest]
+
+    def want(user: str | None, **labels: str) -> list[str]:
+        return [
+            job_id
+            for job_id, owner, have in reversed(jobs)
+            if user in (None, owner) and all(have[k] == v for k, v in labels.items())
+        ]
+
+    for user, labels in [
+        (None, {"team": team}),
+        ("bob", {"team": team}),
+        (None, {"team": team, "run": "r1"}),
+        ("alice", {"run": "r0", "team": team}),
+    ]:
+        assert await ids(user, **labels) == want(user, **labels), (user, labels)
+
+    # A store from before keeps no label documents: filled once at start.
+    await views.labels.delete_one({"_id": rows[0]["_id"]})
+    await views.meta.delete_one({"_id": "labels"})
+    await views.ensure_indexes()
+    assert await views.labels.find_one({"_id": rows[0]["_id"]}) == rows[0]
+    assert await views.meta.find_one({"_id": "labels"}) is not None
+
+
 async def test_the_tasks_index_by_job_alone_of_an_older_store_is_dropped(views: JobViews) -> None:
     """A store made before the tasks' compound index kept the older one by job alone,
     updated at every write of a task for nothing: starting drops it, once."""

@@ -373,6 +373,8 @@ class SqliteCollection:
         self.database.conn.execute(f'DROP INDEX IF EXISTS "{index}"')
 
     def _index_name(self, pairs: Sequence[tuple[str, int]]) -> str:
+        if list(pairs) == [("_id", ASCENDING)]:
+            return f"sqlite_autoindex_{self.name}_1"  # the table's own, as MongoDB's _id_
         return f"ix_{self.name}_" + "_".join(
             f"{f.replace('.', '__')}_{d}" for f, d in pairs
         ).replace("-", "m")

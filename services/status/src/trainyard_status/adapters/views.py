@@ -66,7 +66,7 @@ COUNT_BUDGET_MS = 20
 COUNTS_BUDGET_MS = 50
 # A list filtered by a name (a prefix) matching at most this many jobs reads them through
 # the name's index and sorts them; one matching more walks the page's order, for at most
-# NAME_WALK_MS where the name's index can take over (list_jobs's _name_plan).
+# NAME_WALK_MS where the name's index can take over (list_jobs's _plans).
 NAME_SORTED_MOST = 2000
 NAME_WALK_MS = 5
 NEWEST = [("submitted_at", DESCENDING), ("_id", DESCENDING)]
@@ -82,6 +82,9 @@ class JobViews:
         self.jobs = db["jobs"]
         self.tasks = db["tasks"]
         self.events = db["events"]
+        # A job's labels, a document each (label_rows): what no index of the jobs holds.
+        self.labels = db["labels"]
+        self.meta = db["meta"]
 
     async def ensure_indexes(self) -> None:
         # A list page is newest first, ties by id: both in the index, so a page is read
@@ -100,7 +103,7 @@ class JobViews:
         await self.jobs.create_index([("user", ASCENDING), ("state", ASCENDING), *newest])
         await self.jobs.create_index(newest)
         # A name prefix (/v1/jobs?name=), every user's or one's (list_jobs's
-        # _name_plan): a walk of the jobs testing each read all of them for a rare one
+        # _plans): a walk of the jobs testing each read all of them for a rare one
         # (1,000,000 jobs: 4-8 s).
         await self.jobs.create_index([("name", ASCENDING), *newest])
         await self.jobs.create_index([("user", ASCENDING), ("name", ASCENDING), *newest])
@@ -118,11 +121,38 @@ class JobViews:
             ]
         )
         await self.events.create_index([("job_id", ASCENDING), ("seq", ASCENDING)])
+        # A label filter (/v1/jobs?label=): a page of the label's own documents in the
+        # page's order, then its jobs by id (list_jobs); with other filters, few matches
+        # read by id (_by_label). A rare one walked every job (1,000,000: 2.7 s).
+        by_time = [("submitted_at", DESCENDING), ("job_id", DESCENDING)]
+        await self.labels.create_index([("pair", ASCENDING), *by_time])
+        await self.labels.create_index([("pair", ASCENDING), ("user", ASCENDING), *by_time])
+        await self.fill_labels()
         # The tasks' index by job alone, before the one above (until 2026-11-29): a store made
         # then still updated it at every write of a task.
         await drop_old_index(self.tasks, [("job_id", ASCENDING)])
 
     # -- writes ---------------------------------------------------------------------------
+
+    async def fill_labels(self, page: int = 1000) -> int:
+        """The label rows of the jobs projected before they were kept (a store made
+        before 2026-11-29), once: a marker in ``meta`` says it was done. Read a page of
+        jobs at a time, in id order; how many rows it wrote."""
+        if await self.meta.find_one({"_id": "labels"}) is not None:
+            return 0
+        written, last = 0, None
+        while True:
+            after: dict[str, Any] = {"_id": {"$gt": last}} if last is not None else {}
+            cursor = self.jobs.find(after, {"labels": 1, "user": 1, "submitted_at": 1})
+            docs = [doc async for doc in cursor.sort([("_id", ASCENDING)]).limit(page)]
+            for doc in docs:
+                for row in label_rows(doc["_id"], doc):
+                    written += await insert_once(self.labels, row)
+            if len(docs) < page:
+                break
+            last = docs[-1]["_id"]
+        await insert_once(self.meta, {"_id": "labels", "filled": written})
+        return written
 
     async def preload(self, events: list[Event]) -> None:
         """What a batch of ``events`` will read by ``_id``, read at once: on MongoDB
@@ -132,6 +162,13 @@ class JobViews:
         await preload(self.jobs, [event.job_id for event in events])
         tasks = [task.task_id for event in events for task in project(event).tasks]
         await preload(self.tasks, tasks)
+        rows = [
+            row["_id"]
+            for event in events
+            if (job := project(event).job) is not None and job.created
+            for row in label_rows(job.job_id, job.always)
+        ]
+        await preload(self.labels, rows)
 
     async def record(self, event: Event, seq: int, trace_id: str | None) -> bool:
         """Append to the history; False when this event is already there."""
@@ -154,6 +191,9 @@ class JobViews:
         writes that change it (the live feed follows it: adapters/feed.py)."""
         if changes.job is not None:
             await self._apply_job(changes.job, seq)
+            if changes.job.created:
+                for row in label_rows(changes.job.job_id, changes.job.always):
+                    await insert_once(self.labels, row)  # set once, as the job's labels
         for task in changes.tasks:
             await self._apply_task(task)
         if changes.end_tasks is not None:
@@ -303,8 +343,13 @@ class JobViews:
         page before (a cursor: pages stay right while jobs are written; no ``offset``
         then, nor another ``sort``). ``count`` False: the total is not counted (0)."""
         query = _list_query(user, state, where)
+        rows = _label_rows_query(query) if sort == "submitted_at" else None
+        if rows is None:
+            query = await self._by_label(query)
         if not count:
             total = 0
+        elif rows is not None:
+            total = await self.labels.count_documents(_rows_part(rows, query))
         elif query == {"state": {"$ne": None}}:
             # Every job but the few seen only in part: counting all of them reads the
             # smallest index, counting "state set" would read every document (1M jobs:
@@ -316,9 +361,19 @@ class JobViews:
         projection = None if full else {"spec_json": 0, "original_json": 0}
         way = ASCENDING if oldest_first else DESCENDING
         order = [(sort, way), ("_id", way)]
-        plans = await self._name_plan(query) if sort == "submitted_at" else [(None, None)]
+        plans: list[tuple[list[tuple[str, int]] | None, int | None]] = [(None, None)]
+        if sort == "submitted_at" and rows is None:
+            plans = await self._plans(query)
 
         async def find(part: dict[str, Any], skip: int, most: int) -> list[dict[str, Any]]:
+            if rows is not None:
+                # The page's ids from the label's own documents, in the page's order.
+                by_label = self.labels.find(_rows_part(rows, part), {"job_id": 1})
+                ordered = by_label.sort([("submitted_at", way), ("job_id", way)])
+                ids = [row["job_id"] async for row in ordered.skip(skip).limit(most)]
+                found = self.jobs.find({"_id": {"$in": ids}}, projection)
+                docs = {doc["_id"]: doc async for doc in found}
+                return [docs[job_id] for job_id in ids if job_id in docs]
             for index, max_ms in plans:  # the last one runs to its end
                 cursor = self.jobs.find(part, projection).sort(order).skip(skip).limit(most)
                 if index is not None:
@@ -355,12 +410,31 @@ class JobViews:
                 docs += await find(part, 0, limit - len(docs))
         return [doc if full else summary(doc) for doc in docs], total
 
-    async def _name_plan(
+    async def _by_label(self, query: dict[str, Any]) -> dict[str, Any]:
+        """``query`` with the ids of the jobs of its first label filter, where those are
+        few (up to NAME_SORTED_MOST, counted in the labels' index): the store then
+        reads them by id. No index of the jobs holds their labels, so a filter by a rare
+        label walked every job (1,000,000 jobs: 2.7 s); a common one finds a page soon
+        in the walk, and is left to it."""
+        labels = [(k, v) for k, v in query.items() if k.startswith("labels.")]
+        if not labels or "_id" in query or not isinstance(labels[0][1], str):
+            return query
+        key, value = labels[0]
+        rows = {"pair": _pair(key.split(".", 1)[1], value)}
+        if isinstance(query.get("user"), str):
+            rows["user"] = query["user"]
+        few = await count_within(self.labels, rows, NAME_SORTED_MOST + 1, COUNT_BUDGET_MS)
+        if few is None or few > NAME_SORTED_MOST:
+            return query
+        ids = [row["job_id"] async for row in self.labels.find(rows, {"job_id": 1})]
+        return {**query, "_id": {"$in": ids}}
+
+    async def _plans(
         self, query: dict[str, Any]
     ) -> list[tuple[list[tuple[str, int]] | None, int | None]]:
-        """How a page of ``query`` in submission order is read when it filters by name
-        on the embedded store, whose planner cannot know how many jobs a name prefix
-        holds: the plans to try in turn, each an index and a time limit. A walk in the
+        """How a page of ``query`` in submission order is read on the embedded store
+        when it filters by id or by name, whose planner cannot know how many jobs a name
+        prefix holds: the plans to try in turn, each an index and a time limit. A walk in the
         page's order testing each job read all of them for a rare prefix (1,000,000
         jobs: 4-8 s), and the name's index read every match of a common one with its
         document (125,000: 1.3 s)."""
@@ -368,8 +442,9 @@ class JobViews:
         ranged = isinstance(name, dict) and set(name) <= {"$gte", "$gt", "$lt", "$lte"}
         by_id = query.get("_id")
         if isinstance(by_id, str) or (isinstance(by_id, dict) and "$in" in by_id):
-            # Jobs by id (DLC's JobId, JobIds): a lookup of each, whatever the name.
-            return [(None, None)]
+            # Jobs by id (DLC's JobId, JobIds; a rare label's): a lookup of each, which
+            # the store's planner may pass over for another filter's walk.
+            return [([("_id", ASCENDING)] if needs_hints(self.jobs) else None, None)]
         if not needs_hints(self.jobs) or not (isinstance(name, str) or ranged):
             return [(None, None)]
         # One user's (every list but an admin's) in the index the user leads.
@@ -408,6 +483,10 @@ class JobViews:
         and with a filter no index serves, every job (0.4-0.7 s at 100,000 jobs, the
         status process held meanwhile)."""
         query = _list_query(user, state, where)
+        rows = _label_rows_query(query)
+        if rows is not None:
+            return await count_within(self.labels, _rows_part(rows, query), most + 1, budget_ms)
+        query = await self._by_label(query)
         if query == {"state": {"$ne": None}}:
             # Every job but the few seen only in part: a walk of the smallest index up
             # to the bound ("state set" alone would read each job's document).
@@ -598,6 +677,52 @@ def _list_query(
     return query
 
 
+def label_rows(job_id: str, fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """The labels index's documents of a job, from its submitted fields (``labels``,
+    ``user``, ``submitted_at``): one per label."""
+    return [
+        {
+            "_id": json.dumps([job_id, key]),
+            "job_id": job_id,
+            "pair": _pair(key, value),
+            "user": fields.get("user"),
+            "submitted_at": fields.get("submitted_at"),
+        }
+        for key, value in sorted((fields.get("labels") or {}).items())
+    ]
+
+
+def _pair(key: str, value: Any) -> str:
+    return json.dumps([key, value])
+
+
+def _label_rows_query(query: dict[str, Any]) -> dict[str, Any] | None:
+    """The labels' documents a list of one label reads instead of the jobs, where its
+    query holds nothing they do not (one label, a user, a submission time, a cursor);
+    None otherwise."""
+    labels = [key for key in query if key.startswith("labels.")]
+    if len(labels) != 1 or not set(query) <= {labels[0], "user", "submitted_at", "_id"}:
+        return None
+    value, user = query[labels[0]], query.get("user")
+    if not isinstance(value, str) or not isinstance(user, str | None):
+        return None
+    if "_id" in query and not _is_bound(query["_id"]):
+        return None
+    rows = {"pair": _pair(labels[0].split(".", 1)[1], value)}
+    return {**rows, "user": user} if user is not None else rows
+
+
+def _is_bound(cond: Any) -> bool:
+    return isinstance(cond, dict) and set(cond) <= {"$gt", "$gte", "$lt", "$lte"}
+
+
+def _rows_part(rows: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """``rows`` with ``part``'s bounds on the submission time and the id (a page's
+    cursor), as the labels' documents hold them."""
+    bounds = {"submitted_at": part["submitted_at"]} if "submitted_at" in part else {}
+    return {**rows, **bounds, **({"job_id": part["_id"]} if "_id" in part else {})}
+
+
 def _needs_field(cond: Any) -> bool:
     """Whether a filter's condition can match only a document holding its field (a
     ``$ne``, a ``$nin`` or a None matches one without it too)."""
@@ -693,7 +818,7 @@ def task_view(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-COLLECTIONS = ("jobs", "tasks", "events")
+COLLECTIONS = ("jobs", "tasks", "events", "labels")
 
 
 # What a repair of each view's document is conditional on: the fields every write of
@@ -702,6 +827,7 @@ GUARDS = {
     "jobs": ("feed_seq", "state_rank"),
     "tasks": ("seq", "state", "node"),
     "events": ("seq",),
+    "labels": ("pair",),  # written once
 }
 
 
