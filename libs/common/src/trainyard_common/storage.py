@@ -22,7 +22,7 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError, ExecutionTimeout, OperationFailure
+from pymongo.errors import BulkWriteError, DuplicateKeyError, ExecutionTimeout, OperationFailure
 
 from .docstore import (
     DuplicateKey,
@@ -135,6 +135,23 @@ async def insert_once(collection: Collection, document: dict[str, Any]) -> bool:
     except (DuplicateKeyError, DuplicateKey):
         return False
     return True
+
+
+async def insert_all_once(collection: Collection, documents: list[dict[str, Any]]) -> int:
+    """``insert_once`` of each of ``documents`` at once: one transaction on the embedded
+    store, one unordered bulk insert on MongoDB (a document already there is left as
+    it is); how many were new."""
+    if not documents:
+        return 0
+    if isinstance(collection, SqliteCollection):
+        with collection.database.transaction():
+            return sum([await insert_once(collection, document) for document in documents])
+    try:
+        return len((await collection.insert_many(documents, ordered=False)).inserted_ids)
+    except BulkWriteError as exc:
+        if any(error.get("code") != 11000 for error in exc.details.get("writeErrors", [])):
+            raise
+        return int(exc.details.get("nInserted", 0))
 
 
 async def count_within(

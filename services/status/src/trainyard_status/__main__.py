@@ -53,13 +53,17 @@ async def main() -> None:
         async def count(stop: asyncio.Event) -> None:
             await keep_state_counts(views, stop)
 
+        async def fill_labels(stop: asyncio.Event) -> None:
+            await views.fill_labels()  # once, for a store from before the labels' index
+            await stop.wait()
+
         feed = JobFeed(views)
 
         async def rebuild_views(apply: bool) -> dict[str, Any]:
             return await rebuild(bus, client, settings.db_name(), views, apply)
 
         app = create_app(views, tokens, DeadLetters(bus), feed, rebuild_views)
-        await serve(settings, app, [consume, count, feed.run])
+        await serve(settings, app, [consume, count, fill_labels, feed.run])
     finally:
         await bus.close()
         await client.close()

@@ -4,6 +4,7 @@ only move to a higher rank, task transitions only to a higher ``seq``."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -21,6 +22,7 @@ from trainyard_common.storage import (
     Database,
     count_within,
     drop_old_index,
+    insert_all_once,
     insert_once,
     needs_hints,
     preload,
@@ -85,6 +87,9 @@ class JobViews:
         # A job's labels, a document each (label_rows): what no index of the jobs holds.
         self.labels = db["labels"]
         self.meta = db["meta"]
+        # Whether every job's labels are there (fill_labels): until then a label filter
+        # walks the jobs, as before them.
+        self.labels_ready = False
 
     async def ensure_indexes(self) -> None:
         # A list page is newest first, ties by id: both in the index, so a page is read
@@ -127,7 +132,11 @@ class JobViews:
         by_time = [("submitted_at", DESCENDING), ("job_id", DESCENDING)]
         await self.labels.create_index([("pair", ASCENDING), *by_time])
         await self.labels.create_index([("pair", ASCENDING), ("user", ASCENDING), *by_time])
-        await self.fill_labels()
+        self.labels_ready = await self.meta.find_one({"_id": "labels"}) is not None
+        if not self.labels_ready and await self.jobs.find_one({}, {"_id": 1}) is None:
+            # A new store: every job will come with its labels.
+            await insert_once(self.meta, {"_id": "labels", "filled": 0})
+            self.labels_ready = True
         # The tasks' index by job alone, before the one above (until 2026-11-29): a store made
         # then still updated it at every write of a task.
         await drop_old_index(self.tasks, [("job_id", ASCENDING)])
@@ -136,22 +145,26 @@ class JobViews:
 
     async def fill_labels(self, page: int = 1000) -> int:
         """The label rows of the jobs projected before they were kept (a store made
-        before 2026-11-29), once: a marker in ``meta`` says it was done. Read a page of
-        jobs at a time, in id order; how many rows it wrote."""
+        before 2026-11-29), once: a marker in ``meta`` says it was done. Run beside the
+        service (a few minutes at 1,000,000 jobs: longer than a start may take), a page
+        of jobs at a time in id order, the event loop free between pages; how many rows
+        it wrote."""
         if await self.meta.find_one({"_id": "labels"}) is not None:
+            self.labels_ready = True
             return 0
         written, last = 0, None
         while True:
+            await asyncio.sleep(0)  # the requests and the projection between pages
             after: dict[str, Any] = {"_id": {"$gt": last}} if last is not None else {}
             cursor = self.jobs.find(after, {"labels": 1, "user": 1, "submitted_at": 1})
             docs = [doc async for doc in cursor.sort([("_id", ASCENDING)]).limit(page)]
-            for doc in docs:
-                for row in label_rows(doc["_id"], doc):
-                    written += await insert_once(self.labels, row)
+            rows = [row for doc in docs for row in label_rows(doc["_id"], doc)]
+            written += await insert_all_once(self.labels, rows)
             if len(docs) < page:
                 break
             last = docs[-1]["_id"]
         await insert_once(self.meta, {"_id": "labels", "filled": written})
+        self.labels_ready = True
         return written
 
     async def preload(self, events: list[Event]) -> None:
@@ -343,7 +356,7 @@ class JobViews:
         page before (a cursor: pages stay right while jobs are written; no ``offset``
         then, nor another ``sort``). ``count`` False: the total is not counted (0)."""
         query = _list_query(user, state, where)
-        rows = _label_rows_query(query) if sort == "submitted_at" else None
+        rows = _label_rows_query(query) if sort == "submitted_at" and self.labels_ready else None
         if rows is None:
             query = await self._by_label(query)
         if not count:
@@ -419,6 +432,8 @@ class JobViews:
         labels = [(k, v) for k, v in query.items() if k.startswith("labels.")]
         if not labels or "_id" in query or not isinstance(labels[0][1], str):
             return query
+        if not self.labels_ready:
+            return query
         key, value = labels[0]
         rows = {"pair": _pair(key.split(".", 1)[1], value)}
         if isinstance(query.get("user"), str):
@@ -483,7 +498,7 @@ class JobViews:
         and with a filter no index serves, every job (0.4-0.7 s at 100,000 jobs, the
         status process held meanwhile)."""
         query = _list_query(user, state, where)
-        rows = _label_rows_query(query)
+        rows = _label_rows_query(query) if self.labels_ready else None
         if rows is not None:
             return await count_within(self.labels, _rows_part(rows, query), most + 1, budget_ms)
         query = await self._by_label(query)
