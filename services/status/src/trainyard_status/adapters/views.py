@@ -125,6 +125,9 @@ class JobViews:
                 ("index", ASCENDING),
             ]
         )
+        # The tasks' index by job alone, before the one above (until 2026-11-29): a store
+        # made then still updated it at every write of a task.
+        await drop_old_index(self.tasks, [("job_id", ASCENDING)])
         await self.events.create_index([("job_id", ASCENDING), ("seq", ASCENDING)])
         # A label filter (/v1/jobs?label=): a page of the label's own documents in the
         # page's order, then its jobs by id (list_jobs); with other filters, few matches
@@ -137,9 +140,6 @@ class JobViews:
             # A new store: every job will come with its labels.
             await insert_once(self.meta, {"_id": "labels", "filled": 0})
             self.labels_ready = True
-        # The tasks' index by job alone, before the one above (until 2026-11-29): a store made
-        # then still updated it at every write of a task.
-        await drop_old_index(self.tasks, [("job_id", ASCENDING)])
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -448,11 +448,11 @@ class JobViews:
         self, query: dict[str, Any]
     ) -> list[tuple[list[tuple[str, int]] | None, int | None]]:
         """How a page of ``query`` in submission order is read on the embedded store
-        when it filters by id or by name, whose planner cannot know how many jobs a name
-        prefix holds: the plans to try in turn, each an index and a time limit. A walk in the
-        page's order testing each job read all of them for a rare prefix (1,000,000
-        jobs: 4-8 s), and the name's index read every match of a common one with its
-        document (125,000: 1.3 s)."""
+        when it filters by id or by name, whose planner cannot know how many jobs a
+        name prefix holds: the plans to try in turn, each an index and a time limit. A
+        walk in the page's order testing each job read all of them for a rare prefix
+        (1,000,000 jobs: 4-8 s), and the name's index read every match of a common one
+        with its document (125,000: 1.3 s)."""
         name = query.get("name")
         ranged = isinstance(name, dict) and set(name) <= {"$gte", "$gt", "$lt", "$lte"}
         by_id = query.get("_id")
