@@ -5,9 +5,10 @@ previous default) with fewer jobs, in the same run.
     .venv/bin/python bench/store_scale.py [--jobs 1000000] [--baseline-jobs 10000]
 
 Each job is a document as the projection writes it (spec and original payload as JSON
-text, about 1.5 kB), with one task and three history rows; users, states, dialects and
-queues vary, submission times spread over a year. Measured per query kind, ``--repeat``
-times with random arguments: p50 and p99 in milliseconds. Also measured: the cost of
+text, about 1.5 kB), with one task, three history rows and three labels (each a document
+of the labels' index too); users, states, dialects and queues vary, submission times
+spread over a year. Measured per query kind, ``--repeat`` times with random arguments:
+p50 and p99 in milliseconds. Also measured: the cost of
 projecting one more job's events (insert, then state moves) at the end, against the
 same on a store of 100 jobs, for "no stage's cost grows with history". Prints JSON.
 """
