@@ -388,6 +388,18 @@ async def test_a_label_page_reads_the_labels_own_index_then_its_jobs_by_id(
     ids, jobs, _ = await page(state="SUCCEEDED", run="rare")
     assert ids == ["j02007", "j01007", "j00007"]
     assert "sqlite_autoindex_jobs_1 (id=?)" in jobs, jobs
+    # Its next page too: the cursor's bound on the id beside the ids (it replaced
+    # them: a walk of every id below the cursor's, each job read).
+    statements.clear()
+    after = (T0 + timedelta(seconds=2007), "j02007")
+    where = {"labels.run": "rare"}
+    items, _ = await views.list_jobs(
+        user=None, state="SUCCEEDED", limit=1, offset=0, where=where, after=after
+    )
+    assert [i["id"] for i in items] == ["j01007"]
+    read = next(s for s in statements if s.startswith('SELECT id, doc FROM "jobs"'))
+    found = plan(read)
+    assert "sqlite_autoindex_jobs_1 (id=?)" in found and "(id<?)" not in found, found
     ids, jobs, _ = await page(state="SUCCEEDED", team="all")  # 3,000: walked
     assert ids == [f"j{i:05d}" for i in range(2999, 2994, -1)]
     assert "ix_jobs_state_1" in jobs, jobs

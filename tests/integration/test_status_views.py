@@ -802,6 +802,57 @@ async def test_a_label_filter_reads_its_few_jobs_by_id_and_lists_alike_either_wa
     assert await ids(None, team=team) == want(None, team=team)
 
 
+async def test_the_labels_fill_resumes_stops_and_catches_up_with_an_older_replica(
+    views: JobViews,
+) -> None:
+    """The fill of a store from before the labels' index runs beside the service: it
+    goes on from where a stopped one left off, stops when the service does, and reads
+    again the jobs submitted since it began (a replica of the version before, still
+    projecting during a rolling upgrade, writes no label rows)."""
+    from datetime import UTC, datetime
+
+    from trainyard_status.adapters.views import label_rows
+
+    jobs = [
+        {"_id": f"f{i}", "user": "u", "state": "SUBMITTED", "labels": {"k": f"v{i}"},
+         "submitted_at": datetime(2026, 11, 1, tzinfo=UTC)}
+        for i in range(5)
+    ]  # fmt: skip
+    for job in jobs:
+        await views.jobs.insert_one(job)
+
+    async def rows() -> set[str]:
+        return {row["job_id"] async for row in views.labels.find({})}
+
+    await views.meta.delete_one({"_id": "labels"})  # as a store from before has none
+    await views.ensure_indexes()
+    assert not views.labels_ready and await rows() == set()
+    stopped = asyncio.Event()
+    stopped.set()
+    await views.fill_labels(stopped, page=2)  # stopped before its first page
+    assert not views.labels_ready and await rows() == set()
+    await views.meta.update_one({"_id": "labels_fill"}, {"$set": {"after": "f1"}}, upsert=True)
+    stop = asyncio.Event()
+    fill = asyncio.create_task(views.fill_labels(stop, page=2, catch_up_s=0.2))
+    for _ in range(100):
+        if views.labels_ready:
+            break
+        await asyncio.sleep(0.02)
+    assert views.labels_ready
+    assert await rows() == {"f2", "f3", "f4"}  # on from where the last fill was
+    late = {**jobs[0], "_id": "late", "submitted_at": datetime.now(UTC)}
+    await views.jobs.insert_one(late)  # projected by the version before: no rows
+    for _ in range(100):
+        if "late" in await rows():
+            break
+        await asyncio.sleep(0.05)
+    found = await views.labels.find_one({"job_id": "late"})
+    want = label_rows("late", late)[0]
+    assert found is not None and (found["_id"], found["pair"]) == (want["_id"], want["pair"])
+    stop.set()
+    await asyncio.wait_for(fill, 5)
+
+
 async def test_the_tasks_index_by_job_alone_of_an_older_store_is_dropped(views: JobViews) -> None:
     """A store made before the tasks' compound index kept the older one by job alone,
     updated at every write of a task for nothing: starting drops it, once."""

@@ -89,6 +89,20 @@ def test_a_list_leaves_out_its_state_test_only_where_a_filter_implies_it(
     assert _list_query("bob", "RUNNING", dict(where))["state"] == "RUNNING"
 
 
+def test_a_cursors_bound_on_the_id_keeps_the_querys_own() -> None:
+    from trainyard_status.adapters.views import _and_bound
+
+    assert _and_bound(None, "$lt", "j5") == {"$lt": "j5"}
+    # An id prefix: the tighter end holds (the cursor's replaced it: other ids came in).
+    prefix = {"$gte": "ab", "$lt": "ab\U0010ffff"}
+    assert _and_bound(prefix, "$lt", "abc") == {"$gte": "ab", "$lt": "abc"}
+    assert _and_bound(prefix, "$gt", "abc") == {**prefix, "$gt": "abc"}
+    assert _and_bound({"$lt": "a"}, "$lt", "b") == {"$lt": "a"}
+    # Ids (a rare label's; DLC's JobId): kept beside the bound.
+    assert _and_bound({"$in": ["j1", "j7"]}, "$lt", "j5") == {"$in": ["j1", "j7"], "$lt": "j5"}
+    assert _and_bound("j1", "$gt", "j0") == {"$in": ["j1"], "$gt": "j0"}
+
+
 def test_rejected_is_terminal_with_every_error_in_the_reason() -> None:
     change = project(EVENTS["JobRejected"]).job
     assert change.state is JobState.REJECTED

@@ -149,7 +149,8 @@ async def insert_all_once(collection: Collection, documents: list[dict[str, Any]
     try:
         return len((await collection.insert_many(documents, ordered=False)).inserted_ids)
     except BulkWriteError as exc:
-        if any(error.get("code") != 11000 for error in exc.details.get("writeErrors", [])):
+        errors = exc.details.get("writeErrors", [])
+        if exc.details.get("writeConcernErrors") or any(e.get("code") != 11000 for e in errors):
             raise
         return int(exc.details.get("nInserted", 0))
 

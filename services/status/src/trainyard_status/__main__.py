@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from functools import partial
 from typing import Any
 
@@ -20,6 +22,9 @@ from .adapters.metrics import keep_state_counts
 from .adapters.views import JobViews
 from .app import create_app
 from .handlers import project_event, rebuild
+
+log = logging.getLogger("trainyard.status")
+RETRY_S = 10
 
 
 async def main() -> None:
@@ -54,7 +59,17 @@ async def main() -> None:
             await keep_state_counts(views, stop)
 
         async def fill_labels(stop: asyncio.Event) -> None:
-            await views.fill_labels()  # once, for a store from before the labels' index
+            # Once, for a store from before the labels' index; an error (the store away
+            # for a moment) is said and the fill goes on from where it was, the
+            # service serving meanwhile (a label filter walks the jobs until it is done).
+            while not stop.is_set():
+                try:
+                    await views.fill_labels(stop)
+                    break
+                except Exception:
+                    log.exception("filling the labels' index failed; again in %d s", RETRY_S)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), RETRY_S)
             await stop.wait()
 
         feed = JobFeed(views)

@@ -756,10 +756,11 @@ async function clusterPage() {
     // queues below is the cluster's.
     // Each state counted up to 10,000 (the API's 10,001: more than that).
     const many = (n) => (n > 10000 ? "over 10,000" : String(n));
-    const waiting = jobs.counts?.QUEUED || 0;
+    // A state the count's time ran out before (counts_exact false) is not there: not a 0.
+    const waiting = jobs.counts?.QUEUED ?? (jobs.counts_exact === false ? null : 0);
     const figures = el("dl", { class: "grid card", id: "figures" },
       [["GPUs in use", `${held} of ${gpus}${gpus ? ` (${Math.round((100 * held) / gpus)}%)` : ""}`],
-        ["Jobs waiting", many(waiting)],
+        ["Jobs waiting", waiting === null ? "not counted in time" : many(waiting)],
         ...STATES.filter((st) => st !== "QUEUED" && jobs.counts?.[st]).map((st) => [`Jobs ${st.toLowerCase()}`, many(jobs.counts[st])])]
         .map(([term, value]) => el("div", {}, el("dt", { class: "muted", text: term }), el("dd", { text: value }))));
     const nodes = el("table", {},

@@ -9,7 +9,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pymongo import ASCENDING, DESCENDING
@@ -143,29 +143,63 @@ class JobViews:
 
     # -- writes ---------------------------------------------------------------------------
 
-    async def fill_labels(self, page: int = 1000) -> int:
+    async def fill_labels(
+        self, stop: asyncio.Event | None = None, page: int = 200, catch_up_s: float = 60.0
+    ) -> int:
         """The label rows of the jobs projected before they were kept (a store made
         before 2026-11-29), once: a marker in ``meta`` says it was done. Run beside the
-        service (a few minutes at 1,000,000 jobs: longer than a start may take), a page
-        of jobs at a time in id order, the event loop free between pages; how many rows
-        it wrote."""
+        service (minutes at 1,000,000 jobs: longer than a start may take), a page of
+        jobs at a time in id order with the event loop free between pages, from where a
+        stopped fill left off; how many rows it wrote.
+
+        Then, for a rolling upgrade: a job a replica of the version before projected
+        meanwhile has no rows, so the jobs submitted since the fill began are read
+        again ``catch_up_s`` after it, and five and fifteen times that."""
         if await self.meta.find_one({"_id": "labels"}) is not None:
             self.labels_ready = True
             return 0
-        written, last = 0, None
-        while True:
+        began = datetime.now(UTC) - timedelta(minutes=1)
+        progress = await self.meta.find_one({"_id": "labels_fill"}) or {}
+        written, last = 0, progress.get("after")
+        while stop is None or not stop.is_set():
             await asyncio.sleep(0)  # the requests and the projection between pages
             after: dict[str, Any] = {"_id": {"$gt": last}} if last is not None else {}
-            cursor = self.jobs.find(after, {"labels": 1, "user": 1, "submitted_at": 1})
-            docs = [doc async for doc in cursor.sort([("_id", ASCENDING)]).limit(page)]
-            rows = [row for doc in docs for row in label_rows(doc["_id"], doc)]
-            written += await insert_all_once(self.labels, rows)
-            if len(docs) < page:
+            added, last = await self._fill_page(after, page)
+            written += added
+            if last is None:
                 break
-            last = docs[-1]["_id"]
+            await self.meta.update_one(
+                {"_id": "labels_fill"}, {"$set": {"after": last}}, upsert=True
+            )
+        else:
+            return written
         await insert_once(self.meta, {"_id": "labels", "filled": written})
         self.labels_ready = True
+        for wait in (catch_up_s, 4 * catch_up_s, 10 * catch_up_s):
+            if stop is not None:
+                try:
+                    await asyncio.wait_for(stop.wait(), wait)
+                    break
+                except TimeoutError:
+                    pass
+            since = {"submitted_at": {"$gte": began}}
+            last = None
+            while True:
+                after = {**since, **({"_id": {"$gt": last}} if last is not None else {})}
+                added, last = await self._fill_page(after, page)
+                written += added
+                if last is None:
+                    break
         return written
+
+    async def _fill_page(self, query: dict[str, Any], page: int) -> tuple[int, Any]:
+        """One page of ``fill_labels``: the rows of up to ``page`` jobs of ``query`` in
+        id order; how many were new, and the page's last id (None: the last page)."""
+        cursor = self.jobs.find(query, {"labels": 1, "user": 1, "submitted_at": 1})
+        docs = [doc async for doc in cursor.sort([("_id", ASCENDING)]).limit(page)]
+        rows = [row for doc in docs for row in label_rows(doc["_id"], doc)]
+        added = await insert_all_once(self.labels, rows)
+        return added, (docs[-1]["_id"] if len(docs) == page else None)
 
     async def preload(self, events: list[Event]) -> None:
         """What a batch of ``events`` will read by ``_id``, read at once: on MongoDB
@@ -414,7 +448,9 @@ class JobViews:
             bounds[beyond] = at if known is None else tighter(at, known)
             docs = []
             for extra in (
-                {"submitted_at": at, "_id": {beyond: last}},
+                # Beside the query's own condition on the id (an id prefix, a rare
+                # label's ids), which the cursor's replaced (found in review).
+                {"submitted_at": at, "_id": _and_bound(query.get("_id"), beyond, last)},
                 {"submitted_at": bounds},
             ):
                 if len(docs) >= limit:
@@ -725,6 +761,17 @@ def _label_rows_query(query: dict[str, Any]) -> dict[str, Any] | None:
         return None
     rows = {"pair": _pair(labels[0].split(".", 1)[1], value)}
     return {**rows, "user": user} if user is not None else rows
+
+
+def _and_bound(cond: Any, op: str, value: Any) -> Any:
+    """A condition on a field that holds ``cond`` and ``{op: value}`` both (``op``: a
+    bound, ``$lt`` or ``$gt``)."""
+    if cond is None:
+        return {op: value}
+    merged = dict(cond) if isinstance(cond, dict) else {"$in": [cond]}
+    known = merged.get(op)
+    merged[op] = value if known is None else (min if op == "$lt" else max)(known, value)
+    return merged
 
 
 def _is_bound(cond: Any) -> bool:
