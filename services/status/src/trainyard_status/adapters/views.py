@@ -442,10 +442,7 @@ class JobViews:
             # cursor's gave the first page again, for ever.
             at, last = after
             beyond = "$gt" if oldest_first else "$lt"
-            bounds = dict(query.get("submitted_at", {}))
-            known = bounds.get(beyond)
-            tighter = max if oldest_first else min
-            bounds[beyond] = at if known is None else tighter(at, known)
+            bounds = _and_bound(query.get("submitted_at"), beyond, at)
             docs = []
             for extra in (
                 # Beside the query's own condition on the id (an id prefix, a rare
