@@ -9,13 +9,20 @@ import random
 import re
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from trainyard_common.docstore import SqliteClient, SqliteCollection, TimedOut, Unsupported
+from trainyard_common.docstore import (
+    SqliteClient,
+    SqliteCollection,
+    TimedOut,
+    Unsupported,
+    day_key,
+    day_text,
+)
 from trainyard_common.storage import Client, count_within, insert_once
 from trainyard_status.adapters.views import JobViews
 
@@ -260,8 +267,9 @@ async def test_a_name_prefix_page_is_read_the_way_its_matches_need(
     """SQLite's planner cannot know how many jobs a name prefix holds: walking the page's
     order and testing each job read all of them for a rare prefix (1,000,000 jobs: 4-8
     s), and reading every match through the name's index, with its document, took 1.3 s
-    for a common one. The list reads a few through the name's index, walks for many, and
-    when the walk runs past its time, sorts the matches' ids in the name's index."""
+    for a common one (sorting their ids alone: 30 ms for 111,111). The list reads a few
+    through the name's index, walks for many, and when the walk runs past its time,
+    reads the matches a day at a time, newest first, sorting one day's alone."""
     import trainyard_status.adapters.views as views_module
 
     monkeypatch.setattr(views_module, "NAME_SORTED_MOST", 50)
@@ -269,7 +277,8 @@ async def test_a_name_prefix_page_is_read_the_way_its_matches_need(
     database = SqliteClient(tmp_path)["trainyard_status"]
     views = JobViews(database)  # type: ignore[arg-type]
     await views.ensure_indexes()
-    # Oldest first: 2,000 "old-", 20 "rare-", then 20,000 "new-".
+    # Oldest first, one every 20 minutes (305 days): 2,000 "old-", 20 "rare-", then
+    # 20,000 "new-".
     names = [f"old-{i}" for i in range(2000)] + [f"rare-{i}" for i in range(20)]
     names += [f"new-{i}" for i in range(20_000)]
     with database.transaction():
@@ -277,7 +286,7 @@ async def test_a_name_prefix_page_is_read_the_way_its_matches_need(
             database["jobs"]._insert(
                 {
                     "_id": f"j{i:06d}", "name": name, "state": "SUCCEEDED", "user": "u",
-                    "submitted_at": T0 + timedelta(seconds=i), "pad": "x" * 300,
+                    "submitted_at": T0 + timedelta(minutes=20 * i), "pad": "x" * 300,
                 }
             )  # fmt: skip
     statements: list[str] = []
@@ -289,14 +298,22 @@ async def test_a_name_prefix_page_is_read_the_way_its_matches_need(
         items, _ = await views.list_jobs(
             limit=5, offset=0, where=where, count=False, **{"user": None, "state": None, **kw}
         )
-        reads = [s for s in statements if s.startswith("SELECT id, doc")]
-        return [i["name"] for i in items], reads
+        return [i["name"] for i in items], page_reads()
+
+    def page_reads() -> list[str]:
+        """The reads of the page's jobs (not those of the first and last day)."""
+        return [s for s in statements if s.startswith("SELECT id, doc") and "f_name" in s]
 
     def plans(reads: list[str]) -> list[str]:
         return [
             " | ".join(r[-1] for r in database.conn.execute("EXPLAIN QUERY PLAN " + sql))
             for sql in reads
         ]
+
+    def days_searched(sql: str) -> list[str]:
+        """The days a read's IN list names (the trace gives its parameters in place)."""
+        [days] = re.findall(r"d_submitted_at IN \(([^)]*)\)", sql)
+        return days.split(", ")
 
     names_found, reads = await page("rare-")
     assert names_found == [f"rare-{i}" for i in (19, 18, 17, 16, 15)]
@@ -307,21 +324,42 @@ async def test_a_name_prefix_page_is_read_the_way_its_matches_need(
     [found] = plans(reads)  # the walk found its page at once
     assert "SCAN jobs USING INDEX ix_jobs_submitted_at" in found, found
     assert "ix_jobs_name_1" not in found, found
-    # Many old ones under 20,000 newer: the walk gives up, the name's index sorts ids.
+    # Many old ones under 20,000 newer: the walk gives up, and the matches are searched
+    # day by day in the index the submission's day leads, each day's sorted alone.
     names_found, reads = await page("old-")
     assert names_found == [f"old-{i}" for i in range(1999, 1994, -1)]
-    walk, by_name = plans(reads)
+    walk, by_day = plans(reads)
     assert "SCAN jobs USING INDEX ix_jobs_submitted_at" in walk, walk
-    assert "SEARCH jobs USING INDEX ix_jobs_name_1" in by_name, by_name
-    assert "f_name>? AND f_name<?" in by_name, by_name
+    assert "SEARCH jobs USING INDEX ix_jobs_submitted_at:day_m1_name_1" in by_day, by_day
+    assert "(d_submitted_at=? AND f_name>? AND f_name<?)" in by_day, by_day
+    assert "TEMP B-TREE FOR RIGHT PART OF ORDER BY" in by_day, by_day
     oldest, _ = await page("old-", oldest_first=True)
     assert oldest == [f"old-{i}" for i in range(5)]
+    last_day = (T0 + timedelta(minutes=20 * (len(names) - 1))).date()
+    assert len(days_searched(reads[-1])) == (last_day - T0.date()).days + 1  # all of them
+    # The days a page cannot hold are not searched: those after a cursor's, or outside
+    # a window of time (here among "new-" jobs: the walk gives up at once).
+    monkeypatch.setattr(views_module, "NAME_WALK_MS", 0)
+    old = {"name": {"$gte": "old-", "$lt": "old-\U0010ffff"}}
+    cursor_at = T0 + timedelta(minutes=20 * 12_000)
+    window = {"$gte": T0 + timedelta(days=1), "$lt": T0 + timedelta(days=200)}
+    for where, after, days in [
+        (old, (cursor_at, "j012000"), (cursor_at.date() - T0.date()).days),
+        ({**old, "submitted_at": window}, None, 199),
+    ]:
+        statements.clear()
+        items, _ = await views.list_jobs(
+            user=None, state=None, limit=3, offset=0, where=where, after=after, count=False
+        )
+        assert [i["name"] for i in items] == ["old-1999", "old-1998", "old-1997"]
+        *_, last = page_reads()
+        assert len(days_searched(last)) == days + 1, last
     # Jobs by id besides (DLC's JobId): a lookup by id, as the store's planner chooses.
     statements.clear()
     where = {"name": {"$gte": "new-", "$lt": "new-\U0010ffff"}, "_id": {"$in": ["j002100"]}}
     items, _ = await views.list_jobs(user=None, state=None, limit=5, offset=0, where=where)
     assert [i["name"] for i in items] == ["new-80"]
-    [found] = plans([s for s in statements if s.startswith("SELECT id, doc")])
+    [found] = plans(page_reads())
     assert "sqlite_autoindex_jobs_1 (id=?)" in found, found
     # One user's (every list but an admin's): the same ways, in the index the user leads.
     names_found, reads = await page("rare-", user="u")
@@ -330,14 +368,49 @@ async def test_a_name_prefix_page_is_read_the_way_its_matches_need(
     assert "ix_jobs_user_1_name_1" in found and "f_user=? AND f_name>? AND f_name<?" in found
     names_found, reads = await page("old-", user="u")
     assert names_found == [f"old-{i}" for i in range(1999, 1994, -1)]
-    walk, by_name = plans(reads)
+    walk, by_day = plans(reads)
     assert "SEARCH jobs USING INDEX ix_jobs_user_1_submitted_at" in walk, walk
-    assert "ix_jobs_user_1_name_1" in by_name, by_name
+    assert "ix_jobs_user_1_submitted_at:day_m1_name_1" in by_day, by_day
+    assert "(f_user=? AND d_submitted_at=? AND f_name>? AND f_name<?)" in by_day, by_day
     # ... and in one state (the console's filter): a walk of the index holding both.
     names_found, reads = await page("old-", user="u", state="SUCCEEDED")
     assert names_found == [f"old-{i}" for i in range(1999, 1994, -1)]
     [walk] = plans(reads)
     assert "ix_jobs_user_1_state_1" in walk and "(f_user=? AND f_state=?)" in walk, walk
+
+
+async def test_a_datetimes_day_is_a_key_of_its_own_in_utc(tmp_path: Path) -> None:
+    """``day_key``: the UTC day of a datetime field as a column an index can lead (the
+    status list reads a name prefix's matches day by day through one), and as a filter
+    and sort key without one; a document without the field has no day."""
+    database = SqliteClient(tmp_path)["db"]
+    day = day_key("at")
+    by_day = [(day, -1), ("name", 1), ("at", -1)]
+    east = timezone(timedelta(hours=8))
+    docs = [
+        {"_id": "a", "name": "x1", "at": datetime(2026, 11, 29, 7, 59, tzinfo=east)},
+        {"_id": "b", "name": "x2", "at": datetime(2026, 11, 29, 8, 0, tzinfo=east)},
+        {"_id": "c", "name": "y1", "at": datetime(2026, 11, 29, 12, 0)},  # naive: UTC
+        {"_id": "d", "name": "x3", "at": datetime(2026, 11, 30, 0, 0, tzinfo=UTC)},
+        {"_id": "e", "name": "x4"},
+    ]
+    assert [day_text(d["at"]) for d in docs[:4]] == [
+        "2026-11-28", "2026-11-29", "2026-11-29", "2026-11-30"
+    ]  # fmt: skip
+    for indexed in (True, False):
+        items = database["indexed" if indexed else "plain"]
+        if indexed:
+            await items.create_index(by_day)
+        for doc in docs:
+            await items.insert_one(doc)
+        within = {"$in": ["2026-11-29", "2026-11-30"]}
+        found = items.find({day: within, "name": {"$gte": "x", "$lt": "y"}})
+        found = found.sort([(day, 1), ("at", 1), ("_id", 1)])
+        if indexed:
+            found = found.hint(by_day)
+        assert [d["_id"] async for d in found] == ["b", "d"], indexed
+        assert [d["_id"] async for d in items.find({day: None})] == ["e"], indexed
+        assert await items.count_documents({day: {"$lt": "2026-11-29"}}) == 1, indexed
 
 
 async def test_a_label_page_reads_the_labels_own_index_then_its_jobs_by_id(

@@ -412,13 +412,16 @@ async def test_the_consoles_filters_by_queue_dialect_name_prefix_and_time(views:
     assert items[0]["labels"] == {"team": "vision"}
 
 
-@pytest.mark.parametrize("sorted_most", [1000, 2], ids=["few", "many"])
+@pytest.mark.parametrize(
+    ("sorted_most", "walk"), [(1000, True), (2, True), (2, False)], ids=["few", "many", "by_day"]
+)
 async def test_a_name_prefix_pages_alike_whichever_way_it_is_read(
-    views: JobViews, monkeypatch: pytest.MonkeyPatch, sorted_most: int
+    views: JobViews, monkeypatch: pytest.MonkeyPatch, sorted_most: int, walk: bool
 ) -> None:
     """A name prefix of few jobs is read through the name's index on the embedded store,
-    one of many by a walk that may give up (here: at once) for the name's index again;
-    on either store, every way gives the same pages, by cursor or offset, either order."""
+    one of many by a walk that may give up (here: without it) for a search of the
+    matches day by day; on either store, every way gives the same pages, by cursor or
+    offset, either order, over days."""
     from datetime import UTC, datetime
 
     import trainyard_status.adapters.views as views_module
@@ -426,6 +429,13 @@ async def test_a_name_prefix_pages_alike_whichever_way_it_is_read(
 
     monkeypatch.setattr(views_module, "NAME_SORTED_MOST", sorted_most)
     monkeypatch.setattr(views_module, "NAME_WALK_MS", 0)
+    if not walk:
+        plans = JobViews._plans
+
+        async def untimed(self: JobViews, query: dict[str, Any]) -> list[views_module.Plan]:
+            return [plan for plan in await plans(self, query) if plan.max_ms is None]
+
+        monkeypatch.setattr(JobViews, "_plans", untimed)
     base = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
     tag = uuid.uuid4().hex[:6]
     submitted = next(e for e in example_events() if type(e).__name__ == "JobSubmitted")
@@ -434,7 +444,7 @@ async def test_a_name_prefix_pages_alike_whichever_way_it_is_read(
     for i in range(30):
         name = f"{tag}-{rng.choice(['a', 'b'])}{i}"
         user = rng.choice(["alice", "bob"])
-        at = base + timedelta(seconds=i // 3)  # ties: broken by the id
+        at = base + timedelta(hours=5 * (i // 3))  # over 3 days; ties: broken by the id
         event = submitted.model_copy(
             update={
                 "job_id": f"{tag}{rng.randrange(10**6):06d}{i:02d}", "event_id": uuid.uuid4().hex,
@@ -461,7 +471,7 @@ async def test_a_name_prefix_pages_alike_whichever_way_it_is_read(
             after = None if after else (items[-1]["submitted_at"], items[-1]["id"])
             offset = 0 if after else len(got)
 
-    cut = base + timedelta(seconds=7)
+    cut = base + timedelta(hours=35)
     for prefix, user, oldest, before in [
         (f"{tag}-a", None, False, None),
         (f"{tag}-a", None, True, None),

@@ -103,6 +103,25 @@ def test_a_cursors_bound_on_the_id_keeps_the_querys_own() -> None:
     assert _and_bound("j1", "$gt", "j0") == {"$in": ["j1"], "$gt": "j0"}
 
 
+def test_a_page_searches_only_the_days_its_submission_times_can_fall_on() -> None:
+    from datetime import date, datetime, timedelta, timezone
+
+    from trainyard_status.adapters.views import _days
+
+    first, last = date(2026, 11, 20), date(2026, 11, 29)
+    every = [f"2026-11-{d}" for d in range(20, 30)]
+    assert _days(first, last, None) == every
+    at = datetime(2026, 11, 25, 23, 30, tzinfo=timezone(timedelta(hours=-2)))  # 26th, UTC
+    assert _days(first, last, at) == ["2026-11-26"]  # a cursor's second
+    assert _days(first, last, {"$lt": at}) == every[:7]  # the cursor's rest, newest first
+    assert _days(first, last, {"$gt": at, "$lte": datetime(2026, 12, 9)}) == every[6:]
+    assert _days(first, last, {"$gte": datetime(2026, 11, 22), "$lt": at}) == every[2:7]
+    assert _days(first, last, {"$in": [at, datetime(2026, 11, 21, 1)]}) == every[1:7]
+    assert _days(first, last, {"$lt": datetime(2026, 11, 1)}) == []  # before any job
+    # Anything else is no bound (the query's own condition still holds).
+    assert _days(first, last, {"$ne": at, "$lt": "2026-11-22", "$in": []}) == every
+
+
 def test_rejected_is_terminal_with_every_error_in_the_reason() -> None:
     change = project(EVENTS["JobRejected"]).job
     assert change.state is JobState.REJECTED

@@ -18,7 +18,8 @@ field, as in MongoDB), ``$in``, ``$nin`` (on a field holding an array: its eleme
 substring search, ``$options`` "i" or none), a top-level ``$or``; updates by ``$set``,
 ``$unset``, ``$push``,
 ``$addToSet``, ``$pull`` (of one value), ``$inc``; replacement with
-upsert; sort, skip, limit, ``hint`` (by the index's keys) and ``max_time_ms``; inclusion
+upsert; sort, skip, limit, ``hint`` (by the index's keys) and ``max_time_ms``; a
+datetime's day as a key of its own (``day_key``, this store's alone); inclusion
 or exclusion projections; ``count_documents`` (with ``limit`` and ``maxTimeMS``);
 ``drop_index`` by the index's keys.
 
@@ -302,8 +303,37 @@ def _task() -> asyncio.Task[Any] | None:
         return None
 
 
+_DAY = ":day"
+
+
+def day_key(field: str) -> str:
+    """The key of a datetime field's UTC day ("2026-11-29"), for ``create_index``, filters
+    and sorts on the embedded store alone (MongoDB has no such key). An index led by it
+    keeps each day's documents apart: a range of another key (a name prefix) is then a
+    search of each day in turn (``$in`` the days), and a sort by the datetime sorts one
+    day's matches at a time (SQLite's sort of the right part of an ORDER BY), not every
+    match of the range first."""
+    _path(field)
+    return field + _DAY
+
+
+def day_text(value: datetime) -> str:
+    """``value``'s UTC day as ``day_key``'s column holds it."""
+    return _date_text(value)[1:11]
+
+
 def _column(field: str) -> str:
+    if field.endswith(_DAY):  # a name no plain field's column can have ("f_" for those)
+        return "d_" + field.removesuffix(_DAY).replace(".", "__")
     return "f_" + field.replace(".", "__")
+
+
+def _generated(field: str) -> str:
+    """The SQL of a field's value in a document: its JSON value, or (``day_key``) the
+    day of the datetime text _date_text writes, behind its mark."""
+    if field.endswith(_DAY):
+        return f"substr(json_extract(doc, '{_path(field.removesuffix(_DAY))}'), 2, 10)"
+    return f"json_extract(doc, '{_path(field)}')"
 
 
 def _path(field: str) -> str:
@@ -351,7 +381,7 @@ class SqliteCollection:
                     if column not in self.columns:
                         self.database.conn.execute(
                             f"ALTER TABLE {self._table} ADD COLUMN {column} GENERATED "
-                            f"ALWAYS AS (json_extract(doc, '{_path(field)}')) VIRTUAL"
+                            f"ALWAYS AS ({_generated(field)}) VIRTUAL"
                         )
                 self.columns.add(column)
             parts.append(column + (" DESC" if direction == DESCENDING else ""))
@@ -387,7 +417,7 @@ class SqliteCollection:
         column = _column(field)
         if column in self.columns:
             return column
-        return f"json_extract(doc, '{_path(field)}')"
+        return _generated(field)
 
     def _where(self, query: Mapping[str, Any] | None) -> tuple[str, list[Any]]:
         clauses: list[str] = []

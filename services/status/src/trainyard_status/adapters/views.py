@@ -9,8 +9,8 @@ import hashlib
 import json
 import time
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, NamedTuple
 
 from pymongo import ASCENDING, DESCENDING
 
@@ -21,6 +21,8 @@ from trainyard_common.storage import (
     TIMEOUTS,
     Database,
     count_within,
+    day_key,
+    day_text,
     drop_old_index,
     insert_all_once,
     insert_once,
@@ -68,15 +70,31 @@ COUNT_BUDGET_MS = 20
 COUNTS_BUDGET_MS = 50
 # A list filtered by a name (a prefix) matching at most this many jobs reads them through
 # the name's index and sorts them; one matching more walks the page's order, for at most
-# NAME_WALK_MS where the name's index can take over (list_jobs's _plans).
+# NAME_WALK_MS (list_jobs's _plans) ...
 NAME_SORTED_MOST = 2000
 NAME_WALK_MS = 5
 NEWEST = [("submitted_at", DESCENDING), ("_id", DESCENDING)]
+# The submission's UTC day (the embedded store's own key): when that walk gives up, a
+# name's matches are read day by day, newest first (list_jobs's _plans) ...
+SUBMITTED_DAY = day_key("submitted_at")
+# ... where the jobs span at most this many days (one search of the index a day).
+DAYS_MOST = 5000
+
 # The fields only JobSubmitted sets on a job, always with a state: a job holding one is
 # never one seen only in part (domain/projection.py; tests/unit/test_status_projection.py).
 SUBMITTED_FIELDS = frozenset(
     {"user", "name", "queue", "dialect", "dialect_key", "kind", "labels", "submitted_at"}
 )
+
+
+class Plan(NamedTuple):
+    """A way to read a list page (list_jobs's _plans): through the index ``hint`` names
+    (None: the store's choice), for at most ``max_ms`` (None: to its end), and, with
+    ``days`` (the first and last day any job was submitted), one day at a time."""
+
+    hint: list[tuple[str, int]] | None = None
+    max_ms: int | None = None
+    days: tuple[date, date] | None = None
 
 
 class JobViews:
@@ -112,6 +130,14 @@ class JobViews:
         # (1,000,000 jobs: 4-8 s).
         await self.jobs.create_index([("name", ASCENDING), *newest])
         await self.jobs.create_index([("user", ASCENDING), ("name", ASCENDING), *newest])
+        if needs_hints(self.jobs):
+            # The same, a day at a time: a prefix of many old jobs, under many newer
+            # ones, sorted each of its matches in the name's index (1,000,000 jobs, a
+            # prefix of 111,111: 30 ms), and more for more (_plans).
+            for mine in ([], [("user", ASCENDING)]):
+                await self.jobs.create_index(
+                    [*mine, (SUBMITTED_DAY, DESCENDING), ("name", ASCENDING), *newest]
+                )
         await self.jobs.create_index([("user", ASCENDING), ("dialect_key", ASCENDING)])
         # The live feed's walk over what changed (adapters/feed.py).
         await self.jobs.create_index([("feed_seq", ASCENDING)])
@@ -408,7 +434,7 @@ class JobViews:
         projection = None if full else {"spec_json": 0, "original_json": 0}
         way = ASCENDING if oldest_first else DESCENDING
         order = [(sort, way), ("_id", way)]
-        plans: list[tuple[list[tuple[str, int]] | None, int | None]] = [(None, None)]
+        plans = [Plan()]
         if sort == "submitted_at" and rows is None:
             plans = await self._plans(query)
 
@@ -421,12 +447,19 @@ class JobViews:
                 found = self.jobs.find({"_id": {"$in": ids}}, projection)
                 docs = {doc["_id"]: doc async for doc in found}
                 return [docs[job_id] for job_id in ids if job_id in docs]
-            for index, max_ms in plans:  # the last one runs to its end
-                cursor = self.jobs.find(part, projection).sort(order).skip(skip).limit(most)
-                if index is not None:
-                    cursor = cursor.hint(index)
-                if max_ms is not None:
-                    cursor = cursor.max_time_ms(max_ms)
+            for plan in plans:  # the last one runs to its end
+                matches, sort_by = part, order
+                if plan.days is not None:
+                    # The days the page may hold, in the index they lead: each day's
+                    # matches are sorted alone, newest day first, until the page is full.
+                    days = _days(*plan.days, part.get("submitted_at"))
+                    matches = {**part, SUBMITTED_DAY: {"$in": days}}
+                    sort_by = [(SUBMITTED_DAY, way), *order]
+                cursor = self.jobs.find(matches, projection).sort(sort_by).skip(skip).limit(most)
+                if plan.hint is not None:
+                    cursor = cursor.hint(plan.hint)
+                if plan.max_ms is not None:
+                    cursor = cursor.max_time_ms(plan.max_ms)
                 try:
                     return [doc async for doc in cursor]
                 except TIMEOUTS:
@@ -477,44 +510,62 @@ class JobViews:
         ids = [row["job_id"] async for row in self.labels.find(rows, {"job_id": 1})]
         return {**query, "_id": {"$in": ids}}
 
-    async def _plans(
-        self, query: dict[str, Any]
-    ) -> list[tuple[list[tuple[str, int]] | None, int | None]]:
+    async def _plans(self, query: dict[str, Any]) -> list[Plan]:
         """How a page of ``query`` in submission order is read on the embedded store
         when it filters by id or by name, whose planner cannot know how many jobs a
-        name prefix holds: the plans to try in turn, each an index and a time limit. A
-        walk in the page's order testing each job read all of them for a rare prefix
-        (1,000,000 jobs: 4-8 s), and the name's index read every match of a common one
-        with its document (125,000: 1.3 s)."""
+        name prefix holds: the plans to try in turn. A walk in the page's order testing
+        each job read all of them for a rare prefix (1,000,000 jobs: 4-8 s), and the
+        name's index read every match of a common one with its document (125,000: 1.3 s)
+        or, at best, sorted each match's id (111,111: 30 ms)."""
         name = query.get("name")
         ranged = isinstance(name, dict) and set(name) <= {"$gte", "$gt", "$lt", "$lte"}
         by_id = query.get("_id")
         if isinstance(by_id, str) or (isinstance(by_id, dict) and "$in" in by_id):
             # Jobs by id (DLC's JobId, JobIds; a rare label's): a lookup of each, which
             # the store's planner may pass over for another filter's walk.
-            return [([("_id", ASCENDING)] if needs_hints(self.jobs) else None, None)]
+            return [Plan([("_id", ASCENDING)] if needs_hints(self.jobs) else None)]
         if not needs_hints(self.jobs) or not (isinstance(name, str) or ranged):
-            return [(None, None)]
+            return [Plan()]
         # One user's (every list but an admin's) in the index the user leads.
         mine = {"user": query["user"]} if isinstance(query.get("user"), str) else {}
-        by_name = [*((("user", ASCENDING),) if mine else ()), ("name", ASCENDING), *NEWEST]
+        lead = [("user", ASCENDING)] if mine else []
+        by_name = [*lead, ("name", ASCENDING), *NEWEST]
         # Counted up to a bound in that index alone.
         few = await count_within(
             self.jobs, {**mine, "name": name}, NAME_SORTED_MOST + 1, COUNT_BUDGET_MS
         )
         if few is not None and few <= NAME_SORTED_MOST:
-            return [(by_name, None)]
+            return [Plan(by_name)]
         # Many: the walk of the index the first filter by equality leads, as without a
-        # name, finds a page soon unless the matches are all old. With no filter the
-        # name's index does not hold, that index then sorts the matches' ids alone
-        # (docstore; 30 ms for 125,000) and the page's documents are read.
+        # name, finds a page soon unless the matches are all old.
         field = next((f for f in LIST_FILTERS if isinstance(query.get(f), str)), None)
         walk = [(field, ASCENDING), *NEWEST] if field else NEWEST
         if mine and isinstance(query.get("state"), str):
             walk = [("user", ASCENDING), ("state", ASCENDING), *NEWEST]  # both in one
-        if set(query) <= {*mine, "name", "submitted_at", "_id"}:
-            return [(walk, NAME_WALK_MS), (by_name, None)]
-        return [(walk, None)]
+        if not set(query) <= {*mine, "name", "submitted_at", "_id"}:
+            return [Plan(walk)]
+        # With no filter the name's index does not hold, the matches are then read a
+        # day at a time, newest first, in the index the submission's day leads: each
+        # day's matches alone are sorted, and the days before the page's never read
+        # (the prefix of 111,111 above: 1 ms). Jobs over more days than DAYS_MOST: the
+        # matches' ids sorted in the name's index.
+        span = await self._span()
+        if span is not None and (span[1] - span[0]).days < DAYS_MOST:
+            by_day = [*lead, (SUBMITTED_DAY, DESCENDING), ("name", ASCENDING), *NEWEST]
+            return [Plan(walk, NAME_WALK_MS), Plan(by_day, None, span)]
+        return [Plan(walk, NAME_WALK_MS), Plan(by_name)]
+
+    async def _span(self) -> tuple[date, date] | None:
+        """The first and last day a job was submitted (UTC; None: no job), each the end
+        of the newest-first index."""
+        ends = []
+        for way in (ASCENDING, DESCENDING):
+            found = self.jobs.find({"submitted_at": {"$ne": None}}, {"submitted_at": 1})
+            first = [doc async for doc in found.sort([("submitted_at", way)]).limit(1)]
+            if not first:
+                return None
+            ends.append(date.fromisoformat(day_text(first[0]["submitted_at"])))
+        return ends[0], ends[1]
 
     async def count_jobs(
         self,
@@ -758,6 +809,24 @@ def _label_rows_query(query: dict[str, Any]) -> dict[str, Any] | None:
         return None
     rows = {"pair": _pair(labels[0].split(".", 1)[1], value)}
     return {**rows, "user": user} if user is not None else rows
+
+
+def _days(first: date, last: date, cond: Any) -> list[str]:
+    """The days (``day_text``) from ``first`` to ``last`` that a submission time meeting
+    ``cond`` (a datetime, bounds, an ``$in``; anything else: every day) can fall on."""
+    if isinstance(cond, datetime):
+        cond = {"$in": [cond]}
+    if isinstance(cond, dict):
+        for op, value in cond.items():
+            values = value if op == "$in" and isinstance(value, list) else [value]
+            if not values or not all(isinstance(v, datetime) for v in values):
+                continue
+            days = [date.fromisoformat(day_text(v)) for v in values]
+            if op in ("$gt", "$gte", "$in"):
+                first = max(first, min(days))
+            if op in ("$lt", "$lte", "$in"):
+                last = min(last, max(days))
+    return [(first + timedelta(days=n)).isoformat() for n in range((last - first).days + 1)]
 
 
 def _and_bound(cond: Any, op: str, value: Any) -> Any:
