@@ -461,6 +461,12 @@ async def test_a_label_page_reads_the_labels_own_index_then_its_jobs_by_id(
     ids, jobs, _ = await page(state="SUCCEEDED", run="rare")
     assert ids == ["j02007", "j01007", "j00007"]
     assert "sqlite_autoindex_jobs_1 (id=?)" in jobs, jobs
+    # Two labels: the rare one gives the ids, whichever comes first (the common first
+    # walked every job).
+    for labels in ({"team": "all", "run": "rare"}, {"run": "rare", "team": "all"}):
+        ids, jobs, _ = await page(**labels)
+        assert ids == ["j02007", "j01007", "j00007"]
+        assert "sqlite_autoindex_jobs_1 (id=?)" in jobs, (labels, jobs)
     # Its next page too: the cursor's bound on the id beside the ids (it replaced
     # them: a walk of every id below the cursor's, each job read).
     statements.clear()
