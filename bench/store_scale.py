@@ -41,6 +41,8 @@ STATES = ["SUCCEEDED"] * 80 + ["FAILED"] * 10 + ["STOPPED"] * 4 + ["RUNNING"] * 
 DIALECTS = ["openpai_v2", "native", "t9k", "kubeflow", "dlc", "ti"]
 QUEUES = ["default", "vc-a", "vc-b", "vc-c"]
 T0 = datetime(2025, 11, 1, tzinfo=UTC)
+# Filters beside a name prefix: common and rare states, a queue, a dialect.
+FILTERS = [{"state": "FAILED"}, {"state": "QUEUED"}, {"queue": "vc-a"}, {"dialect": "t9k"}]
 SPEC = json.dumps(
     {
         "name": "train",
@@ -176,6 +178,11 @@ async def queries(views: JobViews, jobs: int, repeat: int) -> dict[str, Any]:
     async def listing(user: str | None, prefix: str) -> None:
         await page_of(user, {"name": {"$gte": prefix, "$lt": prefix + "\U0010ffff"}})
 
+    def old_names(rng: random.Random) -> dict[str, str]:
+        """One of "job-1" to "job-5" (111,111 jobs each) as a name filter."""
+        prefix = f"job-{rng.randrange(1, 6)}"
+        return {"$gte": prefix, "$lt": prefix + "\U0010ffff"}
+
     return {
         "list_newest_page": await timed(
             repeat, lambda r: page(user=None, state=None, limit=50, offset=50 * r.randrange(20))
@@ -213,6 +220,12 @@ async def queries(views: JobViews, jobs: int, repeat: int) -> dict[str, Any]:
         ),
         "list_name_every": await timed(repeat, lambda r: listing(None, "job-")),
         "list_name_old": await timed(repeat, lambda r: listing(None, f"job-{r.randrange(1, 6)}")),
+        # ... the same old ones beside another filter, as the console's state or a
+        # queue: a walk of that filter's index reads each of its newer jobs first.
+        "list_name_old_filtered": await timed(
+            repeat,
+            lambda r: page_of(None, {"name": old_names(r), **r.choice(FILTERS)}),
+        ),
         "list_name_by_user": await timed(
             repeat, lambda r: listing(r.choice(USERS), f"job-{r.randrange(1, 10)}")
         ),

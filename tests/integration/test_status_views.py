@@ -440,24 +440,29 @@ async def test_a_name_prefix_pages_alike_whichever_way_it_is_read(
     tag = uuid.uuid4().hex[:6]
     submitted = next(e for e in example_events() if type(e).__name__ == "JobSubmitted")
     rng = random.Random(5)
-    jobs = []  # (submitted_at, id, name, user), oldest first
+    jobs = []  # (submitted_at, id, name, user, queue), oldest first
     for i in range(30):
         name = f"{tag}-{rng.choice(['a', 'b'])}{i}"
         user = rng.choice(["alice", "bob"])
+        queue = f"{tag}-q{i % 2}"
         at = base + timedelta(hours=5 * (i // 3))  # over 3 days; ties: broken by the id
         event = submitted.model_copy(
             update={
                 "job_id": f"{tag}{rng.randrange(10**6):06d}{i:02d}", "event_id": uuid.uuid4().hex,
-                "spec": submitted.spec.model_copy(update={"name": name, "user": user}),
+                "spec": submitted.spec.model_copy(
+                    update={"name": name, "user": user, "queue": queue}
+                ),
                 "occurred_at": at,
             }
         )  # fmt: skip
         await views.record(event, 2000 + i, None)
         await views.apply(project(event), 2000 + i)
-        jobs.append((at, event.job_id, name, user))
+        jobs.append((at, event.job_id, name, user, queue))
 
-    async def pages(prefix: str, user: str | None, oldest: bool, before: Any) -> list[str]:
-        where = list_filters(None, None, prefix, None, before)
+    async def pages(
+        prefix: str, user: str | None, oldest: bool, before: Any, queue: str | None
+    ) -> list[str]:
+        where = list_filters(queue, None, prefix, None, before)
         got, after, offset = [], None, 0
         while True:
             items, _ = await views.list_jobs(
@@ -472,19 +477,25 @@ async def test_a_name_prefix_pages_alike_whichever_way_it_is_read(
             offset = 0 if after else len(got)
 
     cut = base + timedelta(hours=35)
-    for prefix, user, oldest, before in [
-        (f"{tag}-a", None, False, None),
-        (f"{tag}-a", None, True, None),
-        (f"{tag}-", "alice", False, None),
-        (f"{tag}-b", None, False, cut),
-        (f"{tag}-b1", None, True, None),
+    for prefix, user, oldest, before, queue in [
+        (f"{tag}-a", None, False, None, None),
+        (f"{tag}-a", None, True, None, None),
+        (f"{tag}-", "alice", False, None, None),
+        (f"{tag}-b", None, False, cut, None),
+        (f"{tag}-b1", None, True, None, None),
+        # Another filter beside the name (a queue), tested in the name's matches.
+        (f"{tag}-", None, False, None, f"{tag}-q1"),
+        (f"{tag}-a", "bob", True, cut, f"{tag}-q0"),
     ]:
         want = [
             job_id
-            for at, job_id, name, owner in sorted(jobs, reverse=not oldest)
-            if name.startswith(prefix) and user in (None, owner) and (not before or at < before)
+            for at, job_id, name, owner, where in sorted(jobs, reverse=not oldest)
+            if name.startswith(prefix)
+            and user in (None, owner)
+            and (not before or at < before)
+            and queue in (None, where)
         ]
-        assert await pages(prefix, user, oldest, before) == want, (prefix, user, oldest)
+        assert await pages(prefix, user, oldest, before, queue) == want, (prefix, user, queue)
 
 
 async def test_the_live_feed_sends_each_change_once_from_its_listeners_arrival(

@@ -542,18 +542,21 @@ class JobViews:
         walk = [(field, ASCENDING), *NEWEST] if field else NEWEST
         if mine and isinstance(query.get("state"), str):
             walk = [("user", ASCENDING), ("state", ASCENDING), *NEWEST]  # both in one
-        if not set(query) <= {*mine, "name", "submitted_at", "_id"}:
-            return [Plan(walk)]
-        # With no filter the name's index does not hold, the matches are then read a
-        # day at a time, newest first, in the index the submission's day leads: each
-        # day's matches alone are sorted, and the days before the page's never read
-        # (the prefix of 111,111 above: 1 ms). Jobs over more days than DAYS_MOST: the
-        # matches' ids sorted in the name's index.
+        # When it gives up, the matches are read a day at a time, newest first, in the
+        # index the submission's day leads: each day's matches alone are sorted, and
+        # the days before the page's never read (the prefix of 111,111 above: 1 ms).
+        # Another filter (a state, a queue) is tested in the documents of the name's
+        # matches: walking its own index read each of its newer jobs instead (a state
+        # of 100,000 jobs: 0.3-7 s).
         span = await self._span()
         if span is not None and (span[1] - span[0]).days < DAYS_MOST:
             by_day = [*lead, (SUBMITTED_DAY, DESCENDING), ("name", ASCENDING), *NEWEST]
             return [Plan(walk, NAME_WALK_MS), Plan(by_day, None, span)]
-        return [Plan(walk, NAME_WALK_MS), Plan(by_name)]
+        # Jobs over more days than DAYS_MOST: with no filter the name's index does not
+        # hold, the matches' ids sorted in it; else the walk to its end.
+        if set(query) <= {*mine, "name", "submitted_at", "_id"}:
+            return [Plan(walk, NAME_WALK_MS), Plan(by_name)]
+        return [Plan(walk)]
 
     async def _span(self) -> tuple[date, date] | None:
         """The first and last day a job was submitted (UTC; None: no job), each the end
