@@ -20,6 +20,7 @@ from trainyard_common.docstore import (
     SqliteCollection,
     TimedOut,
     Unsupported,
+    copy_key,
     day_key,
     day_text,
 )
@@ -420,6 +421,30 @@ async def test_a_datetimes_day_is_a_key_of_its_own_in_utc(tmp_path: Path) -> Non
         assert await items.count_documents({day: {"$lt": "2026-11-29"}}) == 1, indexed
 
 
+async def test_a_copy_of_a_field_answers_as_the_field(tmp_path: Path) -> None:
+    """``copy_key``: the same value under a key of its own (an index over copies serves
+    only the queries that name them), indexed or not."""
+    database = SqliteClient(tmp_path)["db"]
+    docs = [{"_id": f"d{i}", "n": i % 3, "s": ["a", None, "b"][i % 3]} for i in range(9)]
+    docs.append({"_id": "e"})
+    for indexed in (True, False):
+        items = database["indexed" if indexed else "plain"]
+        if indexed:
+            await items.create_index([(copy_key("s"), 1), (copy_key("n"), 1)])
+        for doc in docs:
+            await items.insert_one(doc)
+        for query in [
+            {"s": "a"}, {"s": None}, {"s": {"$in": ["a", None]}}, {"s": {"$ne": "b"}},
+            {"n": {"$gte": 1}, "s": {"$nin": ["b"]}}, {"$or": [{"s": "b"}, {"n": 0}]},
+        ]:  # fmt: skip
+            copied = {copy_key(k) if k in "sn" else k: v for k, v in query.items()}
+            if "$or" in query:
+                copied = {"$or": [{copy_key(k): v for k, v in q.items()} for q in query["$or"]]}
+            want = [d["_id"] async for d in items.find(query).sort("_id")]
+            assert [d["_id"] async for d in items.find(copied).sort("_id")] == want, query
+            assert await items.count_documents(copied) == len(want), query
+
+
 async def test_a_label_page_reads_the_labels_own_index_then_its_jobs_by_id(
     tmp_path: Path,
 ) -> None:
@@ -527,6 +552,69 @@ async def test_a_users_list_and_its_counts_read_indexes_alone(tmp_path: Path) ->
     page = next(s for s in statements if "'RUNNING'" in s and "LIMIT" in s and "count(" not in s)
     found = " | ".join(r[-1] for r in database.conn.execute("EXPLAIN QUERY PLAN " + page))
     assert "ix_jobs_user_1_state_1" in found and "TEMP B-TREE" not in found, found
+
+
+async def test_a_dialects_list_total_is_counted_in_an_index_alone(tmp_path: Path) -> None:
+    """A dialect's list (OpenPAI's, with its withTotalCount) filters by users, virtual
+    clusters and states: its exact total tested them in each match's document (a
+    virtual cluster's 83,000 of 1,000,000 jobs: 0.75 s warm, 4.7 s from disk). It is
+    counted in an index of copies of those fields, which no page's query names: SQLite
+    took an index of the fields themselves for a page too, and sorted every match."""
+    database = SqliteClient(tmp_path)["trainyard_status"]
+    views = JobViews(database)  # type: ignore[arg-type]
+    await views.ensure_indexes()
+    rng = random.Random(3)
+    docs: list[dict[str, Any]] = []
+    for i in range(300):
+        doc: dict[str, Any] = {
+            "_id": f"j{i:03d}", "name": f"n{i}", "submitted_at": T0 + timedelta(seconds=i),
+            "dialect": rng.choice(["openpai_v2", "native", "dlc"]), "user": rng.choice("uvw"),
+            "queue": rng.choice(["default", "vc-a"]),
+            "state": rng.choice(["RUNNING", "FAILED", "QUEUED"]), "tags": ["t"] * (i % 2),
+        }  # fmt: skip
+        if doc["state"] == "RUNNING" and i % 5 == 0:
+            doc["stop_requested_by"] = "u"
+        docs.append(doc)
+        await views.jobs.insert_one(doc)
+    statements: list[str] = []
+    database.conn.set_trace_callback(statements.append)
+
+    def plan(sql: str) -> str:
+        return " | ".join(r[-1] for r in database.conn.execute("EXPLAIN QUERY PLAN " + sql))
+
+    openpai = {"dialect": {"$in": ["openpai_v2", "native"]}}
+    running = {"state": "RUNNING", "stop_requested_by": None}
+    for where, test, copied in [
+        (openpai, lambda d: True, True),
+        ({**openpai, "queue": {"$in": ["vc-a"]}}, lambda d: d["queue"] == "vc-a", True),
+        ({**openpai, "user": {"$in": ["u", "w"]}}, lambda d: d["user"] in "uw", True),
+        (
+            {**openpai, "$and": [{"$or": [running, {"state": {"$in": ["FAILED"]}}]}]},
+            lambda d: (
+                d["state"] == "FAILED" or (d["state"] == "RUNNING" and "stop_requested_by" not in d)
+            ),
+            True,
+        ),
+        # A filter the copies do not hold (OpenPAI's tags): counted as before.
+        ({**openpai, "tags": {"$in": ["t"]}}, lambda d: d["tags"] == ["t"], False),
+    ]:
+        want = [d["_id"] for d in reversed(docs) if d["dialect"] != "dlc" and test(d)]
+        statements.clear()
+        items, total = await views.list_jobs(
+            user=None, state=None, limit=5, offset=0, where=dict(where)
+        )
+        assert total == len(want) and [i["id"] for i in items] == want[:5], where
+        assert await views.count_jobs(user=None, state=None, where=dict(where)) == len(want)
+        counts = [sql for sql in statements if "count(" in sql]
+        assert len(counts) == 2, statements
+        for sql in counts:
+            # The copies' index, and no column but the copies tested (each read in the
+            # index: SQLite reads a document only for a column the index lacks).
+            found = plan(sql)
+            assert ("USING INDEX ix_jobs_dialect:copy_1" in found) is copied, found
+            assert (re.findall(r"\bf_\w+|json_extract", sql) == []) is copied, sql
+        [page] = [sql for sql in statements if "LIMIT" in sql and "count(" not in sql]
+        assert "copy" not in plan(page) and "c_" not in page, page
 
 
 async def test_a_count_past_its_time_stops_and_leaves_the_store_as_it_was(

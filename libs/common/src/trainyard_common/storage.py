@@ -32,7 +32,8 @@ from .docstore import (
     SqliteDatabase,
     TimedOut,
 )
-from .docstore import day_key as day_key  # the embedded store's alone (needs_hints)
+from .docstore import copy_key as copy_key  # the embedded store's alone (needs_hints)
+from .docstore import day_key as day_key
 from .docstore import day_text as day_text
 from .mongo_batch import BatchedCollection, BatchedDatabase, MongoBatches, batched
 

@@ -20,6 +20,7 @@ from trainyard_common.jobspec import REDACTED
 from trainyard_common.storage import (
     TIMEOUTS,
     Database,
+    copy_key,
     count_within,
     day_key,
     day_text,
@@ -79,6 +80,10 @@ NEWEST = [("submitted_at", DESCENDING), ("_id", DESCENDING)]
 SUBMITTED_DAY = day_key("submitted_at")
 # ... where the jobs span at most this many days (one search of the index a day).
 DAYS_MOST = 5000
+# What a dialect's list filters by (OpenPAI's users, virtual clusters and states), each
+# copied to a key of its own on the embedded store, with an index over the copies that
+# a count of such a list reads alone (_counted).
+COUNTED = ("dialect", "user", "queue", "state", "stop_requested_by")
 
 # The fields only JobSubmitted sets on a job, always with a state: a job holding one is
 # never one seen only in part (domain/projection.py; tests/unit/test_status_projection.py).
@@ -139,6 +144,11 @@ class JobViews:
                     [*mine, (SUBMITTED_DAY, DESCENDING), ("name", ASCENDING), *newest]
                 )
         await self.jobs.create_index([("user", ASCENDING), ("dialect_key", ASCENDING)])
+        if needs_hints(self.jobs):
+            # A dialect's list's exact total (OpenPAI's withTotalCount) tested its
+            # other filters in each match's document: a virtual cluster's 83,000 of
+            # 1,000,000 jobs, 0.75 s warm, 4.7 s from disk (_counted).
+            await self.jobs.create_index([(copy_key(f), ASCENDING) for f in COUNTED])
         # The live feed's walk over what changed (adapters/feed.py).
         await self.jobs.create_index([("feed_seq", ASCENDING)])
         # A job's tasks in the order its pages list them (job_tasks): a page is a walk
@@ -430,7 +440,7 @@ class JobViews:
             all_jobs = await self.jobs.count_documents({})
             total = all_jobs - await self.jobs.count_documents({"state": None})
         else:
-            total = await self.jobs.count_documents(query)
+            total = await self.jobs.count_documents(self._counted(query))
         projection = None if full else {"spec_json": 0, "original_json": 0}
         way = ASCENDING if oldest_first else DESCENDING
         order = [(sort, way), ("_id", way)]
@@ -509,6 +519,16 @@ class JobViews:
                 ids = [row["job_id"] async for row in self.labels.find(rows, {"job_id": 1})]
                 return {**query, "_id": {"$in": ids}}
         return query
+
+    def _counted(self, query: dict[str, Any]) -> dict[str, Any]:
+        """``query`` as a count reads it: on the embedded store, a dialect's list that
+        tests nothing but COUNTED fields names their copies, so the count is a walk of
+        the copies' index alone (the index of the dialect read each match's document
+        for the rest). A page's query never names them: SQLite would take that index
+        for a page too, and sort every match (ensure_indexes)."""
+        if not needs_hints(self.jobs) or "dialect" not in query:
+            return query
+        return _copies(query) or query
 
     async def _plans(self, query: dict[str, Any]) -> list[Plan]:
         """How a page of ``query`` in submission order is read on the embedded store
@@ -597,7 +617,7 @@ class JobViews:
                 return None
             every = await count_within(self.jobs, {}, most + 1 + partial, budget_ms)
             return None if every is None else every - partial
-        return await count_within(self.jobs, query, most + 1, budget_ms)
+        return await count_within(self.jobs, self._counted(query), most + 1, budget_ms)
 
     async def count_states_within(
         self, where: dict[str, Any], most: int = COUNT_MOST, budget_ms: int = COUNTS_BUDGET_MS
@@ -614,7 +634,7 @@ class JobViews:
             left = int((deadline - time.monotonic()) * 1000)
             found = None
             if left > 0:
-                query = {**where, "state": state.value}
+                query = self._counted({**where, "state": state.value})
                 found = await count_within(self.jobs, query, most + 1, left)
             if found is None or found > most:
                 exact = False
@@ -629,7 +649,7 @@ class JobViews:
         out)."""
         counts = {}
         for state in states:
-            n = await self.jobs.count_documents({**where, "state": state.value})
+            n = await self.jobs.count_documents(self._counted({**where, "state": state.value}))
             if n:
                 counts[state.value] = n
         return counts
@@ -812,6 +832,23 @@ def _label_rows_query(query: dict[str, Any]) -> dict[str, Any] | None:
         return None
     rows = {"pair": _pair(labels[0].split(".", 1)[1], value)}
     return {**rows, "user": user} if user is not None else rows
+
+
+def _copies(query: dict[str, Any]) -> dict[str, Any] | None:
+    """``query`` with each COUNTED field named by its copy, within ``$and`` and ``$or``
+    too; None where it tests any other field."""
+    copied: dict[str, Any] = {}
+    for key, cond in query.items():
+        if key in ("$and", "$or") and isinstance(cond, list):
+            parts = [_copies(part) if isinstance(part, dict) else None for part in cond]
+            if any(part is None for part in parts):
+                return None
+            copied[key] = parts
+        elif key in COUNTED:
+            copied[copy_key(key)] = cond
+        else:
+            return None
+    return copied
 
 
 def _days(first: date, last: date, cond: Any) -> list[str]:
