@@ -41,6 +41,8 @@ STATES = ["SUCCEEDED"] * 80 + ["FAILED"] * 10 + ["STOPPED"] * 4 + ["RUNNING"] * 
 DIALECTS = ["openpai_v2", "native", "t9k", "kubeflow", "dlc", "ti"]
 QUEUES = ["default", "vc-a", "vc-b", "vc-c"]
 T0 = datetime(2025, 11, 1, tzinfo=UTC)
+# OpenPAI's state RUNNING as its list filters it (dialect_api/openpai.py's STATES).
+OPENPAI_RUNNING = {"$and": [{"$or": [{"state": "RUNNING", "stop_requested_by": None}]}]}
 # Filters beside a name prefix: common and rare states, a queue, a dialect.
 FILTERS = [{"state": "FAILED"}, {"state": "QUEUED"}, {"queue": "vc-a"}, {"dialect": "t9k"}]
 SPEC = json.dumps(
@@ -208,6 +210,22 @@ async def queries(views: JobViews, jobs: int, repeat: int) -> dict[str, Any]:
                     "dialect": {"$in": ["openpai_v2", "native"]},
                     "user": {"$in": [r.choice(USERS)]},
                     "queue": {"$in": ["default", "vc-a"]},
+                },
+                full=True,
+            ),
+        ),
+        # OpenPAI's list of every user's jobs (an admin's) with its exact total
+        # (withTotalCount), by a virtual cluster or a state as its web portal filters.
+        "list_openpai_admin": await timed(
+            repeat,
+            lambda r: page(
+                user=None,
+                state=None,
+                limit=20,
+                offset=0,
+                where={
+                    "dialect": {"$in": ["openpai_v2", "native"]},
+                    **r.choice([{"queue": {"$in": [r.choice(QUEUES)]}}, OPENPAI_RUNNING]),
                 },
                 full=True,
             ),
