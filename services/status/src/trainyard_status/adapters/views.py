@@ -567,7 +567,7 @@ class JobViews:
         # the days before the page's never read (the prefix of 111,111 above: 1 ms).
         # Another filter (a state, a queue) is tested in the documents of the name's
         # matches: walking its own index read each of its newer jobs instead (a state
-        # of 100,000 jobs: 0.3-7 s).
+        # of 100,000 of 1,000,000 jobs: 0.3 s, 6 s from disk).
         span = await self._span()
         if span is not None and (span[1] - span[0]).days < DAYS_MOST:
             by_day = [*lead, (SUBMITTED_DAY, DESCENDING), ("name", ASCENDING), *NEWEST]
