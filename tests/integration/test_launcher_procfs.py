@@ -41,12 +41,27 @@ def _gone(pids: list[int]) -> bool:
     return True
 
 
+def _stopped(pids: list[int]) -> bool:
+    deadline = time.monotonic() + 10
+    while not all((stat := proc_stat(pid)) is not None and stat.state == "T" for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def test_every_process_below_is_signalled_and_the_root_spared() -> None:
     root = subprocess.Popen(["sh", "-c", CHAIN])
     try:
         below = _settled(root.pid, 4)
+        # A stop first: a stopped process ends by nothing else, so each must have been
+        # sent its own (a killed shell's parent may end by itself before its signal,
+        # on a loaded machine: then it is not among those sent).
+        assert sorted(signal_below(root.pid, signal.SIGSTOP)) == sorted(below)
+        assert _stopped(below)
+        assert proc_stat(root.pid).state != "T"  # type: ignore[union-attr]
         sent = signal_below(root.pid, signal.SIGKILL)
-        assert sorted(sent) == sorted(below)
+        assert sorted(sent) == sorted(below)  # stopped: none ended before its signal
         assert _gone(below)
         assert root.wait(10) != -signal.SIGKILL  # the root ends by itself, its wait over
     finally:
@@ -127,6 +142,8 @@ def test_a_root_that_is_not_the_one_that_started_then_has_nothing_signalled() ->
         assert signal_below(root.pid, signal.SIGKILL, started.start_ticks + 1) == []
         time.sleep(0.1)
         assert all(_alive(pid) for pid in below)
+        stopped = signal_below(root.pid, signal.SIGSTOP, started.start_ticks)
+        assert sorted(stopped) == sorted(below) and _stopped(below)
         assert sorted(signal_below(root.pid, signal.SIGKILL, started.start_ticks)) == sorted(below)
         assert _gone(below)
     finally:
