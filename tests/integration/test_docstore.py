@@ -427,6 +427,7 @@ async def test_a_copy_of_a_field_answers_as_the_field(tmp_path: Path) -> None:
     database = SqliteClient(tmp_path)["db"]
     docs = [{"_id": f"d{i}", "n": i % 3, "s": ["a", None, "b"][i % 3]} for i in range(9)]
     docs.append({"_id": "e"})
+    docs.append({"_id": "f", "t:copy": "a", "labels": {"team:copy": "a", "at:day": "a"}})
     for indexed in (True, False):
         items = database["indexed" if indexed else "plain"]
         if indexed:
@@ -443,6 +444,10 @@ async def test_a_copy_of_a_field_answers_as_the_field(tmp_path: Path) -> None:
             want = [d["_id"] async for d in items.find(query).sort("_id")]
             assert [d["_id"] async for d in items.find(copied).sort("_id")] == want, query
             assert await items.count_documents(copied) == len(want), query
+        # A key that only ends the same (a client's DLC tag "team:copy") is the field
+        # of that name, no copy (found in review).
+        for key in ("t:copy", "labels.team:copy", "labels.at:day"):
+            assert [d["_id"] async for d in items.find({key: "a"})] == ["f"], key
 
 
 async def test_a_label_page_reads_the_labels_own_index_then_its_jobs_by_id(

@@ -58,6 +58,9 @@ DESCENDING = -1
 _DATE = "\ue000"  # marks a stored datetime
 _ESC = "\ue001"  # marks a string that began with one of the two marks
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
+# A field's path: names, dots between them; a name may hold what a label's key may (a
+# DLC tag "app-name", "a/b:c"), each quoted in the JSON path.
+_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/:]{0,199}$")
 _BUSY_TIMEOUT_MS = 30_000
 
 
@@ -306,6 +309,10 @@ def _task() -> asyncio.Task[Any] | None:
 
 _DAY = ":day"
 _COPY = ":copy"
+# The derived keys day_key and copy_key made, and the field each is of: a key a client
+# wrote with the same ending (a DLC tag "team:copy") is no derived key, and is refused
+# as any field that is not a plain path.
+_DERIVED: dict[str, str] = {}
 
 
 def day_key(field: str) -> str:
@@ -316,6 +323,7 @@ def day_key(field: str) -> str:
     day's matches at a time (SQLite's sort of the right part of an ORDER BY), not every
     match of the range first."""
     _path(field)
+    _DERIVED[field + _DAY] = field
     return field + _DAY
 
 
@@ -327,6 +335,7 @@ def copy_key(field: str) -> str:
     the index, not in each document) would be taken for a page's walk as well, and
     every match sorted (a dialect's 333,333 of 1,000,000 jobs: 1.9 s)."""
     _path(field)
+    _DERIVED[field + _COPY] = field
     return field + _COPY
 
 
@@ -337,23 +346,27 @@ def day_text(value: datetime) -> str:
 
 def _column(field: str) -> str:
     # Derived keys' columns have names no plain field's can have ("f_" for those).
-    if field.endswith(_DAY):
-        return "d_" + field.removesuffix(_DAY).replace(".", "__")
-    if field.endswith(_COPY):
-        return "c_" + field.removesuffix(_COPY).replace(".", "__")
+    if field in _DERIVED:
+        kind = "d_" if field.endswith(_DAY) else "c_"
+        return kind + _DERIVED[field].replace(".", "__")
     return "f_" + field.replace(".", "__")
+
+
+def _plain(field: str) -> str:
+    """The field a key is of: a derived key's own, or the key itself."""
+    return _DERIVED.get(field, field)
 
 
 def _generated(field: str) -> str:
     """The SQL of a field's value in a document: its JSON value (a ``copy_key``'s too),
     or (``day_key``) the day of the datetime text _date_text writes, behind its mark."""
-    if field.endswith(_DAY):
-        return f"substr(json_extract(doc, '{_path(field.removesuffix(_DAY))}'), 2, 10)"
-    return f"json_extract(doc, '{_path(field.removesuffix(_COPY))}')"
+    if field in _DERIVED and field.endswith(_DAY):
+        return f"substr(json_extract(doc, '{_path(_plain(field))}'), 2, 10)"
+    return f"json_extract(doc, '{_path(_plain(field))}')"
 
 
 def _path(field: str) -> str:
-    if not _NAME.match(field):
+    if not _FIELD.match(field):
         raise Unsupported(f"field {field!r} is not a plain field path")
     return "$." + ".".join(f'"{part}"' for part in field.split("."))
 
@@ -389,6 +402,8 @@ class SqliteCollection:
                 parts.append("id" + (" DESC" if direction == DESCENDING else ""))
                 continue
             column = _column(field)
+            if not re.fullmatch(r"[A-Za-z0-9_]+", column):
+                raise Unsupported(f"an index on {field!r}: its column needs a plain name")
             if column not in self.columns:
                 with self.database.transaction():
                     # Looked up again under the write lock: another replica starting at
@@ -458,7 +473,7 @@ class SqliteCollection:
                 elements = (
                     None
                     if expr == "id" or not expr.startswith("json_extract")
-                    else (f"json_each(doc, '{_path(field.removesuffix(_COPY))}')")
+                    else (f"json_each(doc, '{_path(_plain(field))}')")
                 )
                 for op, value in cond.items():
                     if op == "$options":
