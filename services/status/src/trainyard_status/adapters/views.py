@@ -76,7 +76,7 @@ NAME_SORTED_MOST = 2000
 NAME_WALK_MS = 5
 NEWEST = [("submitted_at", DESCENDING), ("_id", DESCENDING)]
 # The submission's UTC day (the embedded store's own key): when that walk gives up, a
-# name's matches are read day by day, newest first (list_jobs's _plans) ...
+# name's matches are read day by day in the page's order (list_jobs's _plans) ...
 SUBMITTED_DAY = day_key("submitted_at")
 # ... where the jobs span at most this many days (one search of the index a day).
 DAYS_MOST = 5000
@@ -461,7 +461,7 @@ class JobViews:
                 matches, sort_by = part, order
                 if plan.days is not None:
                     # The days the page may hold, in the index they lead: each day's
-                    # matches are sorted alone, newest day first, until the page is full.
+                    # matches are sorted alone, in the page's order, until it is full.
                     days = _days(*plan.days, part.get("submitted_at"))
                     matches = {**part, SUBMITTED_DAY: {"$in": days}}
                     sort_by = [(SUBMITTED_DAY, way), *order]
@@ -562,7 +562,7 @@ class JobViews:
         walk = [(field, ASCENDING), *NEWEST] if field else NEWEST
         if mine and isinstance(query.get("state"), str):
             walk = [("user", ASCENDING), ("state", ASCENDING), *NEWEST]  # both in one
-        # When it gives up, the matches are read a day at a time, newest first, in the
+        # When it gives up, the matches are read a day at a time in the page's order, in the
         # index the submission's day leads: each day's matches alone are sorted, and
         # the days before the page's never read (the prefix of 111,111 above: 1 ms).
         # Another filter (a state, a queue) is tested in the documents of the name's
@@ -580,7 +580,8 @@ class JobViews:
 
     async def _span(self) -> tuple[date, date] | None:
         """The first and last day a job was submitted (UTC; None: no job), each the end
-        of the newest-first index."""
+        of the newest-first index; the last one today at the earliest: a replica
+        sharing the file may store a job of a new day between this and the page."""
         ends = []
         for way in (ASCENDING, DESCENDING):
             found = self.jobs.find({"submitted_at": {"$ne": None}}, {"submitted_at": 1})
@@ -588,7 +589,7 @@ class JobViews:
             if not first:
                 return None
             ends.append(date.fromisoformat(day_text(first[0]["submitted_at"])))
-        return ends[0], ends[1]
+        return ends[0], max(ends[1], datetime.now(UTC).date())
 
     async def count_jobs(
         self,
