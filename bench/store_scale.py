@@ -180,6 +180,11 @@ async def queries(views: JobViews, jobs: int, repeat: int) -> dict[str, Any]:
     async def listing(user: str | None, prefix: str) -> None:
         await page_of(user, {"name": {"$gte": prefix, "$lt": prefix + "\U0010ffff"}})
 
+    async def openpai(more: dict[str, Any]) -> None:
+        """OpenPAI's list as its API reads it: whole documents, and the exact total."""
+        where = {"dialect": {"$in": ["openpai_v2", "native"]}, **more}
+        await page(user=None, state=None, limit=20, offset=0, where=where, full=True)
+
     def old_names(rng: random.Random) -> dict[str, str]:
         """One of "job-1" to "job-5" (111,111 jobs each) as a name filter."""
         prefix = f"job-{rng.randrange(1, 6)}"
@@ -201,34 +206,15 @@ async def queries(views: JobViews, jobs: int, repeat: int) -> dict[str, Any]:
         ),
         "list_openpai_filters": await timed(
             repeat,
-            lambda r: page(
-                user=None,
-                state=None,
-                limit=20,
-                offset=0,
-                where={
-                    "dialect": {"$in": ["openpai_v2", "native"]},
-                    "user": {"$in": [r.choice(USERS)]},
-                    "queue": {"$in": ["default", "vc-a"]},
-                },
-                full=True,
+            lambda r: openpai(
+                {"user": {"$in": [r.choice(USERS)]}, "queue": {"$in": ["default", "vc-a"]}}
             ),
         ),
         # OpenPAI's list of every user's jobs (an admin's) with its exact total
         # (withTotalCount), by a virtual cluster or a state as its web portal filters.
         "list_openpai_admin": await timed(
             repeat,
-            lambda r: page(
-                user=None,
-                state=None,
-                limit=20,
-                offset=0,
-                where={
-                    "dialect": {"$in": ["openpai_v2", "native"]},
-                    **r.choice([{"queue": {"$in": [r.choice(QUEUES)]}}, OPENPAI_RUNNING]),
-                },
-                full=True,
-            ),
+            lambda r: openpai(r.choice([{"queue": {"$in": [r.choice(QUEUES)]}}, OPENPAI_RUNNING])),
         ),
         # Name prefixes (/v1/jobs?name=): of a few jobs ("job-12345": 11 of 1,000,000),
         # of every job, of 111,111 old jobs under 400,000 newer or more ("job-1" to
