@@ -419,9 +419,9 @@ async def test_a_name_prefix_pages_alike_whichever_way_it_is_read(
     views: JobViews, monkeypatch: pytest.MonkeyPatch, sorted_most: int, walk: bool
 ) -> None:
     """A name prefix of few jobs is read through the name's index on the embedded store,
-    one of many by a walk that may give up (here: without it) for a search of the
-    matches day by day; on either store, every way gives the same pages, by cursor or
-    offset, either order, over days."""
+    one of many by a walk that may give up (here: at once, or left out) for a search
+    of the matches day by day; on either store, every way gives the same pages, by
+    cursor or offset, either order, over days."""
     from datetime import UTC, datetime
 
     import trainyard_status.adapters.views as views_module
@@ -763,7 +763,7 @@ async def test_a_label_key_with_dashes_slashes_and_colons_is_a_filter_like_any(
 ) -> None:
     """DLC's Tags filter takes keys of letters, digits and "_-/:" ("app-name"): on the
     embedded store such a key beside another filter was refused as no plain field
-    path (a 500 for a DLC ListJobs with Tags and its dialect)."""
+    path, and DLC's list always filters by its dialect too."""
     tag = uuid.uuid4().hex[:8]
     labels = [EnvVar(name="app-name", value=tag), EnvVar(name="a/b:c", value=tag)]
     mine = await submitted_job(views, 3100, at_s=1, labels=labels, dialect="dlc")
