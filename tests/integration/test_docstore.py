@@ -111,6 +111,9 @@ async def run_script(client: Client, db: str) -> list[Any]:
         cursor = col.find(query).sort([("at", -1), ("_id", -1)]).skip(1).limit(3)
         cursor = cursor.hint([("user", 1), ("at", -1)]).max_time_ms(10_000)
         out.append([d async for d in cursor])
+        # Counted in that index, all of them or up to a bound.
+        out.append(await col.count_documents(query, hint=[("user", 1), ("at", -1)]))
+        out.append(await count_within(col, query, 2, 10_000, hint=[("user", 1), ("at", -1)]))
     out.append([d async for d in col.find({}, {"rank": 1}).sort("_id", -1).skip(3).limit(5)])
     out.append([d async for d in col.find({"user": "bob"}, {"meta": 0, "text": 0}).sort("_id")])
     out.append(await col.find_one({"_id": "j03"}))

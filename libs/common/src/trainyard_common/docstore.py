@@ -21,7 +21,7 @@ substring search, ``$options`` "i" or none), a top-level ``$or``; updates by ``$
 upsert; sort, skip, limit, ``hint`` (by the index's keys) and ``max_time_ms``; a
 datetime's day and a copy of a field as keys of their own (``day_key``, ``copy_key``:
 this store's alone); inclusion
-or exclusion projections; ``count_documents`` (with ``limit`` and ``maxTimeMS``);
+or exclusion projections; ``count_documents`` (with ``limit``, ``maxTimeMS`` and ``hint``);
 ``drop_index`` by the index's keys.
 
 Datetimes keep their type: stored as fixed-width UTC ISO text behind a private-use mark
@@ -442,6 +442,14 @@ class SqliteCollection:
 
     # -- queries --------------------------------------------------------------------------
 
+    def _source(self, hint: Sequence[tuple[str, int]]) -> str:
+        """The table, or (``hint``) only this index of it (one create_index made with
+        these keys): a statement it cannot serve fails to prepare, loudly, rather than
+        walking the table."""
+        if not hint:
+            return self._table
+        return f'{self._table} INDEXED BY "{self._index_name(hint)}"'
+
     def _expr(self, field: str) -> str:
         if field == "_id":
             return "id"
@@ -502,11 +510,7 @@ class SqliteCollection:
         max_ms: int | None = None,
     ) -> list[tuple[str, str]]:
         where, params = self._where(query)
-        source = self._table
-        if hint:
-            # Only this index (one create_index made with these keys): a statement it
-            # cannot serve fails to prepare, loudly, rather than walking the table.
-            source += f' INDEXED BY "{self._index_name(hint)}"'
+        source = self._source(hint)
         order = ""
         if sort:
             order = " ORDER BY " + ", ".join(
@@ -566,13 +570,16 @@ class SqliteCollection:
         *,
         limit: int = 0,
         maxTimeMS: int | None = None,  # noqa: N803 - pymongo's name
+        hint: Sequence[tuple[str, int]] = (),
     ) -> int:
         """As pymongo's: ``limit`` counts at most that many (the walk stops there);
-        ``maxTimeMS`` stops a count that takes longer (``TimedOut``; ``_deadline``)."""
+        ``maxTimeMS`` stops a count that takes longer (``TimedOut``; ``_deadline``);
+        ``hint`` names the index to walk, as ``SqliteCursor.hint``."""
         where, params = self._where(query)
-        sql = f"SELECT count(*) FROM {self._table} WHERE {where}"
+        source = self._source(hint)
+        sql = f"SELECT count(*) FROM {source} WHERE {where}"
         if limit:
-            sql = f"SELECT count(*) FROM (SELECT 1 FROM {self._table} WHERE {where} LIMIT ?)"
+            sql = f"SELECT count(*) FROM (SELECT 1 FROM {source} WHERE {where} LIMIT ?)"
             params.append(limit)
         with self._deadline(maxTimeMS, "the count"):
             return int(self.database.conn.execute(sql, params).fetchone()[0])

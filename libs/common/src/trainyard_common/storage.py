@@ -159,11 +159,17 @@ async def insert_all_once(collection: Collection, documents: list[dict[str, Any]
 
 
 async def count_within(
-    collection: Collection, query: dict[str, Any], most: int, budget_ms: int
+    collection: Collection,
+    query: dict[str, Any],
+    most: int,
+    budget_ms: int,
+    hint: list[tuple[str, int]] | None = None,
 ) -> int | None:
     """How many documents match ``query``, counted up to ``most`` and for at most
-    ``budget_ms`` on either store; None when the time ran out first."""
+    ``budget_ms`` on either store (``hint``: in that index); None when the time ran
+    out first."""
+    more: dict[str, Any] = {"hint": hint} if hint else {}
     try:
-        return int(await collection.count_documents(query, limit=most, maxTimeMS=budget_ms))
+        return int(await collection.count_documents(query, limit=most, maxTimeMS=budget_ms, **more))
     except TIMEOUTS:
         return None
