@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard_common.contracts import example_events
+from trainyard_common.dialects import dlc
 from trainyard_common.docstore import SqliteClient, SqliteDatabase
 from trainyard_common.events import JobQueued, JobSubmitted
 from trainyard_common.storage import Client, mongo_client
@@ -185,6 +186,23 @@ async def queries(views: JobViews, jobs: int, repeat: int) -> dict[str, Any]:
         where = {"dialect": {"$in": ["openpai_v2", "native"]}, **more}
         await page(user=None, state=None, limit=20, offset=0, where=where, full=True)
 
+    async def dlc_list(rng: random.Random, admin: bool) -> None:
+        """DLC's ListJobs as its API reads it (dialect_api/dlc.py): a time window (its
+        default, the last 7 days; 90 days; an admin's, the year), with a Status or
+        not, whole documents and the exact total; now is the newest job's time."""
+        newest = T0 + timedelta(seconds=jobs * 30)
+        params = {}
+        days = rng.choice([7, 90, 400] if admin else [7, 90])
+        if days != 7:
+            params["StartTime"] = (newest - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if admin or rng.random() < 0.5:
+            params["Status"] = rng.choice(["Running", "Failed", "Queuing"])
+        query = dlc.list_query(params, user=rng.choice(USERS), admin=admin, now=newest)
+        await page(
+            user=None, state=None, limit=50, offset=0, where=query.where, full=True,
+            oldest_first=query.ascending, sort=query.sort,
+        )  # fmt: skip
+
     def old_names(rng: random.Random) -> dict[str, str]:
         """One of "job-1" to "job-5" (111,111 jobs each) as a name filter."""
         prefix = f"job-{rng.randrange(1, 6)}"
@@ -216,6 +234,9 @@ async def queries(views: JobViews, jobs: int, repeat: int) -> dict[str, Any]:
             repeat,
             lambda r: openpai(r.choice([{"queue": {"$in": [r.choice(QUEUES)]}}, OPENPAI_RUNNING])),
         ),
+        # DLC's lists of a time window: one user's, an admin's by a state.
+        "list_dlc_user": await timed(repeat, lambda r: dlc_list(r, admin=False)),
+        "list_dlc_admin": await timed(repeat, lambda r: dlc_list(r, admin=True)),
         # Name prefixes (/v1/jobs?name=): of a few jobs ("job-12345": 11 of 1,000,000),
         # of every job, of 111,111 old jobs under 400,000 newer or more ("job-1" to
         # "job-5": a walk in the page's order finds none for long), and one user's.

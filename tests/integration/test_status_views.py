@@ -432,8 +432,8 @@ async def test_a_name_prefix_pages_alike_whichever_way_it_is_read(
     if not walk:
         plans = JobViews._plans
 
-        async def untimed(self: JobViews, query: dict[str, Any]) -> list[views_module.Plan]:
-            return [plan for plan in await plans(self, query) if plan.max_ms is None]
+        async def untimed(self: JobViews, *args: Any) -> list[views_module.Plan]:
+            return [plan for plan in await plans(self, *args) if plan.max_ms is None]
 
         monkeypatch.setattr(JobViews, "_plans", untimed)
     base = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
