@@ -130,6 +130,11 @@ def test_kubectl_create_get_label_patch_apply_and_delete(kubeconfig: Path, api: 
     table = ok(kubectl(kubeconfig, "get", "pytorchjobs"))
     assert table.splitlines()[0].split() == ["NAME", "STATE", "AGE"]
     assert any(line.split()[0] == name for line in table.splitlines()[1:])
+    # kubectl's chunks (limit and continue, 500 by default): one object a page here.
+    whole = ok(kubectl(kubeconfig, "get", "pytorchjobs", "-o", "name")).split()
+    chunked = kubectl(kubeconfig, "get", "pytorchjobs", "-o", "name", "--chunk-size=1", "-v=6")
+    assert ok(chunked).split() == whole and f"pytorchjob.kubeflow.org/{name}" in whole
+    assert "pytorchjobs?continue=" in chunked.stderr, chunked.stderr  # it followed a page
 
     ok(kubectl(kubeconfig, "label", "pytorchjob", name, "owner=bob"))
     selected = ok(kubectl(kubeconfig, "get", "pytorchjobs", "-l", "owner=bob", "-o", "name"))

@@ -35,6 +35,7 @@ from trainyard_common.jobspec import EnvVar
 from trainyard_common.storage import Client, batch_writes, batching
 from trainyard_common.subjects import ALL_EVENTS
 from trainyard_status.adapters.views import JobViews, job_view
+from trainyard_status.dialect_api import k8s_resources
 from trainyard_status.dialect_api import openpai as openpai_api
 from trainyard_status.dialect_api.context import StatusContext
 from trainyard_status.domain.projection import project
@@ -732,6 +733,82 @@ async def test_openpais_list_answers_up_to_its_limit_a_store_page_at_a_time(
 
         monkeypatch.setattr(views, "list_jobs", then_submit)
         assert await names(limit=5) == ["j4", "j3", "j2", "j1", "j0"]
+
+
+async def test_a_kubernetes_list_comes_a_page_at_a_time_with_limit_and_continue(
+    views: JobViews,
+) -> None:
+    """kubectl and client-go list 500 objects at a time (``limit``), following each
+    page's ``continue``; every object was read and rendered in one answer (an admin's
+    list: every job of the dialect). Pages come in creation order, skip what is not
+    the list's (another namespace, another kind, a label not selected), each with the
+    first page's version; an object created after the first page is left out of the
+    rest, as from the API server's snapshot."""
+    ns = "ns-" + uuid.uuid4().hex[:6]
+    seq = iter(range(1, 1000))
+
+    async def pytorchjob(name: str, *, at_s: float, namespace: str = ns, plural: str = "pytorchjobs",
+                         team: str = "a") -> None:  # fmt: skip
+        kind = {"pytorchjobs": "PyTorchJob", "tfjobs": "TFJob"}[plural]
+        event = lifecycle(uuid.uuid4().hex)[0]
+        original = {
+            "apiVersion": "kubeflow.org/v1", "kind": kind,
+            "metadata": {"name": name, "namespace": namespace, "labels": {"team": team}},
+            "spec": {},
+        }  # fmt: skip
+        submitted = event.model_copy(
+            update={
+                "spec": event.spec.model_copy(update={"name": name}),
+                "occurred_at": event.occurred_at + timedelta(seconds=at_s),
+                "dialect": "kubeflow", "dialect_key": f"{namespace}/{plural}/{name}",
+                "original": original, "name_claimed": True,
+            }
+        )  # fmt: skip
+        await apply_all(views, [submitted], [next(seq)])
+
+    for i in range(7):
+        await pytorchjob(f"j{i}", at_s=i, team="ab"[i % 2])
+    await pytorchjob("elsewhere", at_s=2.5, namespace=ns + "-x")
+    await pytorchjob("a-tfjob", at_s=3.5, plural="tfjobs")
+
+    async def admin() -> Identity:
+        return Identity("admin", admin=True)
+
+    app = FastAPI()
+    app.include_router(k8s_resources.router(StatusContext(views, None, admin)))  # type: ignore[arg-type]
+    path = f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs"
+    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://s") as http:
+
+        async def pages(**params: str) -> list[tuple[list[str], dict[str, Any]]]:
+            found = []
+            while True:
+                answer = await http.get(path, params=params)
+                assert answer.status_code == 200, answer.text
+                body = answer.json()
+                found.append(([i["metadata"]["name"] for i in body["items"]], body["metadata"]))
+                if not body["metadata"].get("continue"):
+                    return found
+                params = {**params, "continue": body["metadata"]["continue"]}
+                if len(found) == 1:
+                    await pytorchjob("late", at_s=60)  # created after the first page
+
+        every = await pages(limit="3")
+        assert [names for names, _ in every] == [["j0", "j1", "j2"], ["j3", "j4", "j5"], ["j6"]]
+        assert len({meta["resourceVersion"] for _, meta in every}) == 1, every
+        # Without a limit, every object at once: the late one too.
+        whole = await pages()
+        assert whole[0][0] == ["j0", "j1", "j2", "j3", "j4", "j5", "j6", "late"]
+        # A page full to its limit: the next may hold none, and says it is the last.
+        selected = await pages(limit="2", labelSelector="team=b")
+        assert [names for names, _ in selected] == [["j1", "j3"], ["j5"]]
+        exact = await pages(limit="4", labelSelector="team=b")
+        assert [names for names, _ in exact] == [["j1", "j3", "j5"]]
+        assert "continue" not in exact[0][1]
+        # Refused: a token this server did not give, a limit that is no number.
+        for params in ({"continue": "!!!"}, {"continue": "e30"}, {"limit": "-1"}):
+            answer = await http.get(path, params={"limit": "2", **params})
+            assert answer.status_code == 400, (params, answer.text)
+            assert answer.json()["reason"] == "BadRequest", answer.json()
 
 
 async def test_a_late_tag_change_does_not_undo_a_later_one(views: JobViews) -> None:

@@ -4,7 +4,9 @@ them, Tables and ages."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+import base64
+import json
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +260,37 @@ def test_a_watch_timeout_is_a_whole_number_of_seconds() -> None:
     ]  # fmt: skip
     # A watch that closed at once (nan, -1) or took a float is refused, as Kubernetes does.
     assert [watch_timeout(t) for t in ("nan", "-1", "1e9", "1.5", "inf")] == [None] * 5
+
+
+def test_a_lists_limit_is_a_whole_number_and_a_page_holds_at_most_a_thousand() -> None:
+    assert [k8s_api.list_limit(t) for t in ("", "0", "1", "500", "1000000")] == [
+        0, 0, 1, 500, k8s_api.MAX_LIST_PAGE
+    ]  # fmt: skip
+    for asked in ("-1", "x", "1.5", "1e3", "²", "9" * 5000):
+        with pytest.raises(k8s_api.ContinueError, match="limit"):
+            k8s_api.list_limit(asked)
+
+
+def test_a_continue_token_gives_back_where_the_page_ended_and_refuses_others() -> None:
+    at = datetime(2026, 11, 29, 12, 0, 0, 123456, tzinfo=UTC)
+    token = k8s_api.continue_token(42, at, "job-1")
+    assert "=" not in token and token.isascii()
+    assert k8s_api.parse_continue(token) == (42, at, "job-1")
+    # The same moment in another zone is the same place (the stores compare in UTC).
+    east = at.astimezone(timezone(timedelta(hours=8)))
+    assert k8s_api.parse_continue(k8s_api.continue_token(1, east, "j")) == (1, at, "j")
+
+    def forged(value: Any) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode()
+
+    for token in (
+        "!!!", "e30", "x" * 2000, forged([1, 2]), forged({"rv": 1, "id": "j"}),
+        forged({"rv": -1, "at": at.isoformat(), "id": "j"}),
+        forged({"rv": True, "at": at.isoformat(), "id": "j"}),
+        forged({"rv": 1, "at": "2026-11-29T12:00:00", "id": "j"}),  # no zone
+        forged({"rv": 1, "at": "0001-01-01T00:00:00+23:59", "id": "j"}),  # no time in UTC
+        forged({"rv": 1, "at": at.isoformat(), "id": 7}),
+        base64.urlsafe_b64encode(b"\xff\xfe").decode(),
+    ):  # fmt: skip
+        with pytest.raises(k8s_api.ContinueError, match="^continue key is not valid: "):
+            k8s_api.parse_continue(token)

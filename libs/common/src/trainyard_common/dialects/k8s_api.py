@@ -1,7 +1,8 @@
 """The Kubernetes API machinery Trainyard's Kubernetes-shaped kinds (T9k jobs, Kubeflow
 jobs) are served with, as pure functions over plain data: which kinds are served,
 discovery (``/api``, ``/apis``, ``/apis/<group>/<version>``, ``/version``) and OpenAPI
-(v2 and v3) documents for them, label and field selectors, JSON Patch (RFC 6902) and the
+(v2 and v3) documents for them, label and field selectors, a list's ``limit`` and
+``continue``, JSON Patch (RFC 6902) and the
 strategic merge patch of these kinds, ``Table`` rows for ``kubectl get``, and watch events.
 
 kubectl and client-go read these exactly: the shapes follow
@@ -11,6 +12,8 @@ PATCH operation of the kind with a ``fieldValidation`` query parameter)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import hashlib
 import json
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..limits import digits
+from ..limits import digits, in_utc
 from ..parsing import MAX_BODY, MAX_DEPTH, BodyError, json_depth
 from . import kubeflow, t9k
 from .k8s_pod import LABEL_KEY_RE, LABEL_VALUE_RE, MAX_KEY, SERVER_METADATA, merge_patch
@@ -737,6 +740,52 @@ def table(resources: list[dict[str, Any]], meta: dict[str, Any], now: datetime) 
         ],
         "rows": rows,
     }
+
+
+# The most objects one page of a list holds, whatever its ``limit`` asks: a page may
+# hold fewer, with a ``continue`` (Kubernetes' ListOptions), and each object is rendered
+# with its tasks read (kubectl asks 500 at a time).
+MAX_LIST_PAGE = 1000
+_MAX_CONTINUE = 1024
+
+
+class ContinueError(ValueError):
+    """A list's ``limit`` or ``continue`` this server does not take (a 400)."""
+
+
+def list_limit(asked: str) -> int:
+    """A list's ``limit``: 0 (left out, or 0) for every object at once, else at most
+    MAX_LIST_PAGE."""
+    if not asked:
+        return 0
+    if not digits(asked):
+        raise ContinueError(f"limit {asked[:32]!r} is not a whole number")
+    return min(int(asked), MAX_LIST_PAGE)
+
+
+def continue_token(version: int, at: datetime, last: str) -> str:
+    """A list page's ``metadata.continue``: the list's version (its first page's) and
+    the last object's submission time and id, where the next page starts; opaque to
+    clients, base64 of JSON as the API server's own."""
+    text = json.dumps({"rv": version, "at": at.isoformat(), "id": last}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def parse_continue(token: str) -> tuple[int, datetime, str]:
+    """``continue_token``'s parts, from a client's ``continue`` (bounded, checked)."""
+    try:
+        if len(token) > _MAX_CONTINUE:
+            raise ValueError(f"longer than {_MAX_CONTINUE} characters")
+        padded = token + "=" * (-len(token) % 4)
+        found = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
+        version, at, last = found["rv"], datetime.fromisoformat(found["at"]), found["id"]
+        if type(version) is not int or version < 0 or not isinstance(last, str):
+            raise ValueError("not a token of this server")
+        if at.tzinfo is None:
+            raise ValueError("not a token of this server")
+        return version, in_utc(at), last
+    except (ValueError, TypeError, KeyError, UnicodeError, binascii.Error) as exc:
+        raise ContinueError(f"continue key is not valid: {exc}") from None
 
 
 def wants_table(accept: str) -> bool:

@@ -735,6 +735,21 @@ class JobViews:
         cursor = self.jobs.find(query).sort([("submitted_at", ASCENDING), ("_id", ASCENDING)])
         return [doc async for doc in cursor if is_resource(doc)]
 
+    async def resource_page(
+        self, dialect: str, user: str | None, limit: int, after: tuple[datetime, str] | None
+    ) -> list[dict[str, Any]]:
+        """Up to ``limit`` of the jobs ``resources`` reads (objects or not: is_resource),
+        whole, oldest first, after the (submitted_at, id) ``after``: a page of a
+        Kubernetes-style list with a ``limit``, read in the page's order (a list of
+        every object read and rendered each of them: an admin's, every job of the
+        dialect)."""
+        docs, _ = await self.list_jobs(
+            user=user, state=None, limit=limit, offset=0,
+            where={"dialect": dialect, "deleted_at": None}, full=True, after=after,
+            oldest_first=True, count=False,
+        )  # fmt: skip
+        return docs
+
     async def resource_changes(
         self, dialect: str, after: int, limit: int = 500
     ) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@ read them (the shapes of ``trainyard_common.dialects.k8s_api``):
   ``render``, its ``resourceVersion`` (the stream sequence of the event that last changed
   it) and ``generation``;
 - ``GET .../namespaces/<ns>/<plural>`` and ``/apis/<group>/<version>/<plural>``: a
-  ``<Kind>List`` (or a ``Table`` for ``kubectl get``), with label and field selectors;
+  ``<Kind>List`` (or a ``Table`` for ``kubectl get``), with label and field selectors,
+  a page at a time with ``limit`` and ``continue`` (kubectl asks 500 at a time);
   ``?watch=true`` streams ADDED / MODIFIED / DELETED events after ``resourceVersion``
   (and BOOKMARKs with ``allowWatchBookmarks``) until ``timeoutSeconds``.
 
@@ -30,7 +31,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from trainyard_common.auth import Identity, StillValid, bearer
 from trainyard_common.dialects import k8s_api, kubeflow
-from trainyard_common.dialects.k8s_api import SelectorError, Served
+from trainyard_common.dialects.k8s_api import ContinueError, SelectorError, Served
 from trainyard_common.dialects.k8s_pod import latest_tasks
 from trainyard_common.limits import digits
 
@@ -176,17 +177,25 @@ def router(ctx: StatusContext) -> APIRouter:
         table = k8s_api.wants_table(request.headers.get("accept", ""))
         if query.get("watch") in ("true", "1", "True"):
             return await watch(served, namespace, identity, request, labels, fields, table)
-        # The version before the read: a watch from it may repeat a change, never miss one.
-        version_now = str(await views.last_change())
-        items = []
+        try:
+            limit = k8s_api.list_limit(query.get("limit") or "")
+            start = k8s_api.parse_continue(query["continue"]) if query.get("continue") else None
+        except ContinueError as exc:
+            return status(400, "BadRequest", str(exc))
         user = None if identity.admin else identity.user
-        for doc in await views.resources(served.dialect, user):
-            if not of(doc, served, namespace):
-                continue
-            item = await resource(doc, served)
-            if k8s_api.selected(item, labels, fields):
-                items.append(item)
-        meta = {"resourceVersion": version_now}
+        if limit:
+            items, meta = await list_page(served, namespace, user, labels, fields, limit, start)
+        else:
+            # The version before the read: a watch from it may repeat a change, never
+            # miss one.
+            meta = {"resourceVersion": str(await views.last_change())}
+            items = []
+            for doc in await views.resources(served.dialect, user):
+                if not of(doc, served, namespace):
+                    continue
+                item = await resource(doc, served)
+                if k8s_api.selected(item, labels, fields):
+                    items.append(item)
         if table:
             return JSONResponse(k8s_api.table(items, meta, datetime.now(UTC)))
         return JSONResponse(
@@ -197,6 +206,41 @@ def router(ctx: StatusContext) -> APIRouter:
                 "items": items,
             }
         )
+
+    async def list_page(
+        served: Served,
+        namespace: str | None,
+        user: str | None,
+        labels: list[k8s_api.Requirement],
+        fields: list[k8s_api.Requirement],
+        limit: int,
+        start: tuple[int, datetime, str] | None,
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Up to ``limit`` objects of a list, from where a ``continue`` left off, and the
+        page's list metadata: a ``continue`` where the page was full, and every page's
+        ``resourceVersion`` the first one's. Objects created after the first page are
+        left out, as from the API server's snapshot; one changed or deleted meanwhile is
+        read as it now is (the API server reads the snapshot's)."""
+        version = start[0] if start else await views.last_change()
+        after = (start[1], start[2]) if start else None
+        items: list[dict[str, Any]] = []
+        while True:
+            docs = await views.resource_page(served.dialect, user, limit, after)
+            for doc in docs:
+                after = (doc["submitted_at"], str(doc["_id"]))
+                if (doc.get("created_seq") or 0) > version:
+                    continue
+                if not is_resource(doc) or not of(doc, served, namespace):
+                    continue
+                item = await resource(doc, served)
+                if k8s_api.selected(item, labels, fields):
+                    items.append(item)
+                    if len(items) == limit:
+                        token = k8s_api.continue_token(version, *after)
+                        return items, {"resourceVersion": str(version), "continue": token}
+            if len(docs) < limit:
+                return items, {"resourceVersion": str(version)}
+            await asyncio.sleep(0)  # the requests beside it between pages
 
     async def watch(
         served: Served,
