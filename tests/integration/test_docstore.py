@@ -743,6 +743,47 @@ async def test_a_dlc_list_within_its_window_reads_the_users_index_and_counts_cop
     assert not [sql for sql in statements if "INDEXED BY" in sql], statements
 
 
+async def test_a_users_kubernetes_objects_are_read_in_the_users_index(tmp_path: Path) -> None:
+    """A Kubernetes-style list (and a watch's first objects) of one user's jobs of a
+    dialect: SQLite took the dialect's index and read each of the dialect's jobs (a
+    user's 882 of 166,000 Kubeflow jobs: 0.7 s), whole or a page at a time; one job by
+    its name as long."""
+    database = SqliteClient(tmp_path)["trainyard_status"]
+    views = JobViews(database)  # type: ignore[arg-type]
+    await views.ensure_indexes()
+    docs = []
+    with database.transaction():
+        for i in range(200):
+            doc = {
+                "_id": f"j{i:03d}", "user": "uvw"[i % 3], "state": "RUNNING", "claimed": True,
+                "dialect": ["kubeflow", "t9k"][i % 2], "dialect_key": f"ml/pytorchjobs/n{i}",
+                "submitted_at": T0 + timedelta(seconds=i),
+            }  # fmt: skip
+            docs.append(doc)
+            database["jobs"]._insert(doc)
+    statements: list[str] = []
+    database.conn.set_trace_callback(statements.append)
+    want = [d["_id"] for d in docs if d["user"] == "u" and d["dialect"] == "kubeflow"]
+    assert [d["_id"] for d in await views.resources("kubeflow", "u")] == want
+    assert [d["_id"] for d in await views.resource_page("kubeflow", "u", 5, None)] == want[:5]
+    reads = [sql for sql in statements if sql.startswith("SELECT id, doc")]
+    assert len(reads) == 2, statements
+    for sql in reads:
+        found = " | ".join(r[-1] for r in database.conn.execute("EXPLAIN QUERY PLAN " + sql))
+        assert "USING INDEX ix_jobs_user_1_submitted_at_m1__id_m1 (f_user=?)" in found, found
+    # One by its name (kubectl get, every dialect's read by name): the index of a user's
+    # names, where SQLite took the dialect's for its order (1,000,000 jobs: 0.6 s).
+    statements.clear()
+    [one] = await views.resources("kubeflow", "u", "ml/pytorchjobs/n6")
+    found_by_key = await views.find_by_key("u", "ml/pytorchjobs/n6", dialect="kubeflow")
+    assert one["_id"] == "j006" and found_by_key is not None and found_by_key["_id"] == "j006"
+    reads = [sql for sql in statements if sql.startswith("SELECT id, doc")]
+    assert len(reads) == 2, statements
+    for sql in reads:
+        found = " | ".join(r[-1] for r in database.conn.execute("EXPLAIN QUERY PLAN " + sql))
+        assert "ix_jobs_user_1_dialect_key_1 (f_user=? AND f_dialect_key=?)" in found, found
+
+
 async def test_a_count_past_its_time_stops_and_leaves_the_store_as_it_was(
     tmp_path: Path,
 ) -> None:

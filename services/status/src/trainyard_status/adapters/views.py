@@ -90,6 +90,9 @@ COPIES = [(copy_key(f), ASCENDING) for f in COUNTED]
 # third wider, and an admin's count of a virtual cluster (all of OpenPAI's) as slower.
 WINDOWED = [(copy_key(f), ASCENDING) for f in ("dialect", "submitted_at", "user", "state")]
 
+# A job as its dialect's API names it (find_by_key, resources): a user's and a name.
+BY_KEY = [("user", ASCENDING), ("dialect_key", ASCENDING)]
+
 # The fields only JobSubmitted sets on a job, always with a state: a job holding one is
 # never one seen only in part (domain/projection.py; tests/unit/test_status_projection.py).
 SUBMITTED_FIELDS = frozenset(
@@ -152,7 +155,7 @@ class JobViews:
                 await self.jobs.create_index(
                     [*mine, (SUBMITTED_DAY, DESCENDING), ("name", ASCENDING), *newest]
                 )
-        await self.jobs.create_index([("user", ASCENDING), ("dialect_key", ASCENDING)])
+        await self.jobs.create_index(BY_KEY)
         if needs_hints(self.jobs):
             # A dialect's list's exact total (OpenPAI's withTotalCount) tested its
             # other filters in each match's document: a virtual cluster's 83,000 of
@@ -733,6 +736,12 @@ class JobViews:
         if key:
             query["dialect_key"] = key
         cursor = self.jobs.find(query).sort([("submitted_at", ASCENDING), ("_id", ASCENDING)])
+        # A user's in the user's index, one by name in the names': SQLite took the
+        # dialect's, in the list's order, and read each of the dialect's jobs (a user's
+        # 882 of 166,000 Kubeflow jobs: 0.7 s; one of them by name as long).
+        lead = BY_KEY if key and user and needs_hints(self.jobs) else self._lead(query)
+        if lead is not None:
+            cursor = cursor.hint(lead)
         return [doc async for doc in cursor if is_resource(doc)]
 
     async def resource_page(
@@ -768,7 +777,12 @@ class JobViews:
         if dialect:
             query["dialect"] = dialect
         found = None
-        async for doc in self.jobs.find(query).sort([("submitted_at", DESCENDING)]):
+        cursor = self.jobs.find(query).sort([("submitted_at", DESCENDING)])
+        if needs_hints(self.jobs):
+            # SQLite took the dialect's index, in this order, and read each of its jobs
+            # (a Kubeflow job by name, 1,000,000 jobs in all: 0.6 s).
+            cursor = cursor.hint(BY_KEY)
+        async for doc in cursor:
             if doc.get("state") != "REJECTED":
                 return doc
             found = found or doc
