@@ -757,7 +757,7 @@ async def test_a_users_kubernetes_objects_are_read_in_the_users_index(tmp_path: 
             doc = {
                 "_id": f"j{i:03d}", "user": "uvw"[i % 3], "state": "RUNNING", "claimed": True,
                 "dialect": ["kubeflow", "t9k"][i % 2], "dialect_key": f"ml/pytorchjobs/n{i}",
-                "submitted_at": T0 + timedelta(seconds=i),
+                "submitted_at": T0 + timedelta(seconds=i), "feed_seq": 200 - i,
             }  # fmt: skip
             docs.append(doc)
             database["jobs"]._insert(doc)
@@ -771,6 +771,16 @@ async def test_a_users_kubernetes_objects_are_read_in_the_users_index(tmp_path: 
     for sql in reads:
         found = " | ".join(r[-1] for r in database.conn.execute("EXPLAIN QUERY PLAN " + sql))
         assert "USING INDEX ix_jobs_user_1_submitted_at_m1__id_m1 (f_user=?)" in found, found
+    # A watch's changes since its version, at each poll: a walk of those changes alone
+    # (SQLite sorted every job of the dialect).
+    statements.clear()
+    changed = await views.resource_changes("kubeflow", 190)
+    newest = sorted((d for d in docs if d["feed_seq"] > 190), key=lambda d: d["feed_seq"])
+    want = [d["_id"] for d in newest if d["dialect"] == "kubeflow"]
+    assert [d["_id"] for d in changed] == want and want
+    [sql] = [sql for sql in statements if sql.startswith("SELECT id, doc")]
+    found = " | ".join(r[-1] for r in database.conn.execute("EXPLAIN QUERY PLAN " + sql))
+    assert "ix_jobs_feed_seq_1 (f_feed_seq>?)" in found, found
     # One by its name (kubectl get, every dialect's read by name): the index of a user's
     # names, where SQLite took the dialect's for its order (1,000,000 jobs: 0.6 s).
     statements.clear()
