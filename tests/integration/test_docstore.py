@@ -833,6 +833,32 @@ async def test_a_users_kubernetes_objects_are_read_in_the_users_index(tmp_path: 
         assert "ix_jobs_user_1_dialect_key_1 (f_user=? AND f_dialect_key=?)" in found, found
 
 
+async def test_placements_active_jobs_are_a_search_of_their_states(tmp_path: Path) -> None:
+    """A placement leader loads the queued and placed jobs when it takes over: with no
+    index, every job ever placed was read, at every start and failover."""
+    from trainyard_common.jobspec import JobSpec
+    from trainyard_placement.adapters.store import DocJobStore, P
+
+    database = SqliteClient(tmp_path)["trainyard_placement"]
+    store = DocJobStore(database["jobs"])  # type: ignore[arg-type]
+    await store.ensure_indexes()
+    spec = JobSpec.model_validate(
+        {"name": "j", "roles": [{"name": "w", "replicas": 1, "command": "true"}]}
+    )
+    for i in range(6):
+        await store.add_queued(f"j{i}", attempt=1, arrival_seq=i, spec=spec)
+    for i in range(4):
+        assert await store.mark_placed(f"j{i}", [])
+        if i < 2:
+            assert await store.mark_done(f"j{i}", P.PLACED)
+    statements: list[str] = []
+    database.conn.set_trace_callback(statements.append)
+    assert sorted(r.job_id for r in await store.active()) == ["j2", "j3", "j4", "j5"]
+    [sql] = [sql for sql in statements if sql.startswith("SELECT")]
+    found = " | ".join(r[-1] for r in database.conn.execute("EXPLAIN QUERY PLAN " + sql))
+    assert "USING INDEX ix_jobs_state_1 (f_state=?)" in found, found
+
+
 async def test_a_count_past_its_time_stops_and_leaves_the_store_as_it_was(
     tmp_path: Path,
 ) -> None:

@@ -81,6 +81,7 @@ async def main() -> None:
     try:
         db = client[settings.db_name()]
         store = DocJobStore(db["jobs"])
+        await store.ensure_indexes()
         nodes = DocNodeStore(db["nodes"])
         tokens = TokenStore(tokens_collection(client, settings.db_prefix), settings.admin_token)
         lease = Lease(

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from pymongo import ASCENDING
+
 from trainyard_common.events import TaskPlacement, utcnow
 from trainyard_common.jobspec import JobSpec
 from trainyard_common.lifecycle import PLACEMENT, PlacementState
@@ -130,6 +132,9 @@ def tombstone_doc(job_id: str, *, attempt: int) -> dict[str, Any]:
 
 
 class JobStore(Protocol):
+    async def ensure_indexes(self) -> None:
+        """The indexes its queries read, made where missing (at each start)."""
+
     async def add_queued(
         self,
         job_id: str,
@@ -200,6 +205,11 @@ def checked(sources: Sequence[str], fields: dict[str, Any]) -> None:
 class DocJobStore:
     def __init__(self, collection: Collection) -> None:
         self._jobs = collection
+
+    async def ensure_indexes(self) -> None:
+        # The active jobs a leader loads when it takes over (active): with no index,
+        # every job ever placed was read, at every start and failover.
+        await self._jobs.create_index([("state", ASCENDING)])
 
     async def add_queued(
         self,
@@ -406,6 +416,9 @@ class MemoryJobStore:
     are copied in and out so a caller can never change stored state by reference."""
 
     docs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    async def ensure_indexes(self) -> None:
+        return None  # a dict needs none
 
     async def add_queued(
         self,
