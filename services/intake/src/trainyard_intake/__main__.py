@@ -18,6 +18,7 @@ from trainyard_common.telemetry import setup_telemetry
 
 from .adapters.names import DocNameClaims
 from .adapters.owners import DocOwnerRegistry
+from .adapters.sources import DocSourceRegistry
 from .app import create_app
 from .handlers import EVENT_HANDLERS, NAMES_DURABLE, Deps
 from .producers import DURABLE, Submission, decode_submission, submit_published
@@ -37,6 +38,9 @@ async def main() -> None:
     await owners.ensure_indexes()
     names = DocNameClaims(client[settings.db_name()]["names"])
     await names.ensure_indexes()
+    # DLC's data and code sources (dialect_api/dlc.py): their indexes were never made,
+    # and each list read every source and sorted them.
+    await DocSourceRegistry(client[settings.db_name()]).ensure_indexes()
     tokens = TokenStore(
         tokens_collection(client, settings.db_prefix),
         settings.admin_token,
