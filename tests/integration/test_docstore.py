@@ -819,7 +819,7 @@ async def test_a_users_kubernetes_objects_are_read_in_the_users_index(tmp_path: 
     assert [d["_id"] for d in changed] == want and want
     [sql] = [sql for sql in statements if sql.startswith("SELECT id, doc")]
     found = " | ".join(r[-1] for r in database.conn.execute("EXPLAIN QUERY PLAN " + sql))
-    assert "ix_jobs_feed_seq_1 (f_feed_seq>?)" in found, found
+    assert "ix_jobs_dialect_1_feed_seq_1 (f_dialect=? AND f_feed_seq>?)" in found, found
     # One by its name (kubectl get, every dialect's read by name): the index of a user's
     # names, where SQLite took the dialect's for its order (1,000,000 jobs: 0.6 s).
     statements.clear()

@@ -804,11 +804,25 @@ async def test_a_kubernetes_list_comes_a_page_at_a_time_with_limit_and_continue(
         exact = await pages(limit="4", labelSelector="team=b")
         assert [names for names, _ in exact] == [["j1", "j3", "j5"]]
         assert "continue" not in exact[0][1]
-        # Refused: a token this server did not give, a limit that is no number.
-        for params in ({"continue": "!!!"}, {"continue": "e30"}, {"limit": "-1"}):
+        # A continue without a limit: the rest of the list, as the API server gives it.
+        [(now, _)] = await pages()
+        first = await http.get(path, params={"limit": "5"})
+        rest = await http.get(path, params={"continue": first.json()["metadata"]["continue"]})
+        assert [i["metadata"]["name"] for i in rest.json()["items"]] == now[5:]
+        assert "continue" not in rest.json()["metadata"] and len(now) > 6
+        # Refused: a token this server did not give, a limit that is no number, a version
+        # beside a continue (a continued list is at its first page's).
+        token = first.json()["metadata"]["continue"]
+        for params in (
+            {"continue": "!!!"}, {"continue": "e30"}, {"limit": "x"},
+            {"continue": token, "resourceVersion": "7"},
+        ):  # fmt: skip
             answer = await http.get(path, params={"limit": "2", **params})
             assert answer.status_code == 400, (params, answer.text)
             assert answer.json()["reason"] == "BadRequest", answer.json()
+        # 0 for the version is any: taken.
+        answer = await http.get(path, params={"continue": token, "resourceVersion": "0"})
+        assert answer.status_code == 200, answer.text
 
 
 async def test_a_late_tag_change_does_not_undo_a_later_one(views: JobViews) -> None:

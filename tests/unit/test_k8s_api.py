@@ -263,10 +263,11 @@ def test_a_watch_timeout_is_a_whole_number_of_seconds() -> None:
 
 
 def test_a_lists_limit_is_a_whole_number_and_a_page_holds_at_most_a_thousand() -> None:
-    assert [k8s_api.list_limit(t) for t in ("", "0", "1", "500", "1000000")] == [
-        0, 0, 1, 500, k8s_api.MAX_LIST_PAGE
+    # As the API server parses it (Go's ParseInt): a sign, and 0 or less for no limit.
+    assert [k8s_api.list_limit(t) for t in ("", "0", "1", "+5", "-1", "500", "1000000")] == [
+        0, 0, 1, 5, 0, 500, k8s_api.MAX_LIST_PAGE
     ]  # fmt: skip
-    for asked in ("-1", "x", "1.5", "1e3", "²", "9" * 5000):
+    for asked in ("x", "-", "--1", "+-1", "1.5", "1e3", "²", "9" * 5000):
         with pytest.raises(k8s_api.ContinueError, match="limit"):
             k8s_api.list_limit(asked)
 
@@ -291,6 +292,9 @@ def test_a_continue_token_gives_back_where_the_page_ended_and_refuses_others() -
         forged({"rv": 1, "at": "0001-01-01T00:00:00+23:59", "id": "j"}),  # no time in UTC
         forged({"rv": 1, "at": at.isoformat(), "id": 7}),
         base64.urlsafe_b64encode(b"\xff\xfe").decode(),
+        base64.urlsafe_b64encode(b"[" * 700).decode(),  # a parse this deep: a 500 once
+        base64.urlsafe_b64encode(b'{"a":' + b"[" * 700).decode()[:1024],
     ):  # fmt: skip
-        with pytest.raises(k8s_api.ContinueError, match="^continue key is not valid: "):
+        # The API server's 400 message for a token it cannot read.
+        with pytest.raises(k8s_api.ContinueError, match="^invalid continue token: continue key"):
             k8s_api.parse_continue(token)

@@ -444,8 +444,8 @@ class SqliteCollection:
 
     def _source(self, hint: Sequence[tuple[str, int]]) -> str:
         """The table, or (``hint``) only this index of it (one create_index made with
-        these keys): a statement it cannot serve fails to prepare, loudly, rather than
-        walking the table."""
+        these keys): a statement naming one not made fails, loudly; one whose leading
+        key the query does not test walks the whole index (SQLite 3.40)."""
         if not hint:
             return self._table
         return f'{self._table} INDEXED BY "{self._index_name(hint)}"'

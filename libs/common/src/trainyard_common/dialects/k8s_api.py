@@ -754,13 +754,13 @@ class ContinueError(ValueError):
 
 
 def list_limit(asked: str) -> int:
-    """A list's ``limit``: 0 (left out, or 0) for every object at once, else at most
-    MAX_LIST_PAGE."""
+    """A list's ``limit``: 0 (left out, 0 or less, as the API server takes them) for
+    every object at once, else at most MAX_LIST_PAGE."""
     if not asked:
         return 0
-    if not digits(asked):
+    if not digits(asked.removeprefix("-").removeprefix("+")):
         raise ContinueError(f"limit {asked[:32]!r} is not a whole number")
-    return min(int(asked), MAX_LIST_PAGE)
+    return max(0, min(int(asked), MAX_LIST_PAGE))
 
 
 def continue_token(version: int, at: datetime, last: str) -> str:
@@ -772,20 +772,24 @@ def continue_token(version: int, at: datetime, last: str) -> str:
 
 
 def parse_continue(token: str) -> tuple[int, datetime, str]:
-    """``continue_token``'s parts, from a client's ``continue`` (bounded, checked)."""
+    """``continue_token``'s parts, from a client's ``continue`` (bounded, checked; the
+    API server's 400 message)."""
     try:
         if len(token) > _MAX_CONTINUE:
             raise ValueError(f"longer than {_MAX_CONTINUE} characters")
         padded = token + "=" * (-len(token) % 4)
-        found = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
+        text = base64.urlsafe_b64decode(padded.encode("ascii"))
+        if not text.startswith(b"{"):
+            raise ValueError("not a token of this server")  # nor nested arrays to parse
+        found = json.loads(text)
         version, at, last = found["rv"], datetime.fromisoformat(found["at"]), found["id"]
         if type(version) is not int or version < 0 or not isinstance(last, str):
             raise ValueError("not a token of this server")
         if at.tzinfo is None:
             raise ValueError("not a token of this server")
         return version, in_utc(at), last
-    except (ValueError, TypeError, KeyError, UnicodeError, binascii.Error) as exc:
-        raise ContinueError(f"continue key is not valid: {exc}") from None
+    except (ValueError, TypeError, KeyError, UnicodeError, binascii.Error, RecursionError) as exc:
+        raise ContinueError(f"invalid continue token: continue key is not valid: {exc}") from None
 
 
 def wants_table(accept: str) -> bool:

@@ -92,8 +92,9 @@ WINDOWED = [(copy_key(f), ASCENDING) for f in ("dialect", "submitted_at", "user"
 
 # A job as its dialect's API names it (find_by_key, resources): a user's and a name.
 BY_KEY = [("user", ASCENDING), ("dialect_key", ASCENDING)]
-# What changed after a stream sequence (changed_since, resource_changes).
+# What changed after a stream sequence (changed_since), of one dialect (resource_changes).
 BY_CHANGE = [("feed_seq", ASCENDING)]
+BY_DIALECT_CHANGE = [("dialect", ASCENDING), ("feed_seq", ASCENDING)]
 
 # The fields only JobSubmitted sets on a job, always with a state: a job holding one is
 # never one seen only in part (domain/projection.py; tests/unit/test_status_projection.py).
@@ -166,8 +167,10 @@ class JobViews:
             # DLC's window was tested in each document (an admin's failed jobs of 90
             # days: 147 ms; of the year, 0.6 s).
             await self.jobs.create_index(WINDOWED)
-        # The live feed's walk over what changed (adapters/feed.py), and a watch's.
+        # The live feed's walk over what changed (adapters/feed.py), and a watch's of
+        # one dialect (resource_changes).
         await self.jobs.create_index(BY_CHANGE)
+        await self.jobs.create_index(BY_DIALECT_CHANGE)
         # A job's tasks in the order its pages list them (job_tasks): a page is a walk
         # of the index, not a sort of every task of the job (up to 100,000).
         await self.tasks.create_index(
@@ -771,10 +774,12 @@ class JobViews:
         query = {"dialect": dialect, "feed_seq": {"$gt": after}}
         cursor = self.jobs.find(query).sort([("feed_seq", ASCENDING)]).limit(limit)
         if needs_hints(self.jobs):
-            # The changes since ``after`` in their own index: SQLite took the dialect's
-            # and read and sorted each of its jobs at every poll of every watch (166,000
-            # Kubeflow jobs of 1,000,000).
-            cursor = cursor.hint(BY_CHANGE)
+            # The dialect's changes since ``after``, a range of their own index: SQLite
+            # took the dialect's index by time and read and sorted each of its jobs at
+            # every poll of every watch (166,000 Kubeflow jobs of 1,000,000); the
+            # changes' index alone read every other dialect's changes since the watch
+            # began, at each poll of a quiet dialect's watch (found in review).
+            cursor = cursor.hint(BY_DIALECT_CHANGE)
         return [doc async for doc in cursor]
 
     async def find_by_key(

@@ -182,20 +182,13 @@ def router(ctx: StatusContext) -> APIRouter:
             start = k8s_api.parse_continue(query["continue"]) if query.get("continue") else None
         except ContinueError as exc:
             return status(400, "BadRequest", str(exc))
+        if start is not None and query.get("resourceVersion") not in (None, "", "0"):
+            # As the API server: a continued list is at its first page's version.
+            return status(
+                400, "BadRequest", "specifying resource version is not allowed when using continue"
+            )
         user = None if identity.admin else identity.user
-        if limit:
-            items, meta = await list_page(served, namespace, user, labels, fields, limit, start)
-        else:
-            # The version before the read: a watch from it may repeat a change, never
-            # miss one.
-            meta = {"resourceVersion": str(await views.last_change())}
-            items = []
-            for doc in await views.resources(served.dialect, user):
-                if not of(doc, served, namespace):
-                    continue
-                item = await resource(doc, served)
-                if k8s_api.selected(item, labels, fields):
-                    items.append(item)
+        items, meta = await list_page(served, namespace, user, labels, fields, limit, start)
         if table:
             return JSONResponse(k8s_api.table(items, meta, datetime.now(UTC)))
         return JSONResponse(
@@ -216,16 +209,19 @@ def router(ctx: StatusContext) -> APIRouter:
         limit: int,
         start: tuple[int, datetime, str] | None,
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """Up to ``limit`` objects of a list, from where a ``continue`` left off, and the
-        page's list metadata: a ``continue`` where the page was full, and every page's
-        ``resourceVersion`` the first one's. Objects created after the first page are
-        left out, as from the API server's snapshot; one changed or deleted meanwhile is
-        read as it now is (the API server reads the snapshot's)."""
+        """Up to ``limit`` objects of a list (0: every one), from where a ``continue``
+        left off, and the page's list metadata: a ``continue`` where the page was full,
+        and every page's ``resourceVersion`` the first one's (read before the first
+        page: a watch from it may repeat a change, never miss one). Objects created
+        after the first page are left out, as from the API server's snapshot; one
+        changed or deleted meanwhile is read as it now is (the API server reads the
+        snapshot's). The store is read MAX_LIST_PAGE jobs at a time: a selector or a
+        namespace may keep few of them."""
         version = start[0] if start else await views.last_change()
         after = (start[1], start[2]) if start else None
         items: list[dict[str, Any]] = []
         while True:
-            docs = await views.resource_page(served.dialect, user, limit, after)
+            docs = await views.resource_page(served.dialect, user, k8s_api.MAX_LIST_PAGE, after)
             for doc in docs:
                 after = (doc["submitted_at"], str(doc["_id"]))
                 if (doc.get("created_seq") or 0) > version:
@@ -238,7 +234,7 @@ def router(ctx: StatusContext) -> APIRouter:
                     if len(items) == limit:
                         token = k8s_api.continue_token(version, *after)
                         return items, {"resourceVersion": str(version), "continue": token}
-            if len(docs) < limit:
+            if len(docs) < k8s_api.MAX_LIST_PAGE:
                 return items, {"resourceVersion": str(version)}
             await asyncio.sleep(0)  # the requests beside it between pages
 
