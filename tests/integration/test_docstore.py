@@ -743,25 +743,32 @@ async def test_a_dlc_list_within_its_window_reads_the_users_index_and_counts_cop
     assert not [sql for sql in statements if "INDEXED BY" in sql], statements
 
 
+async def views_of(tmp_path: Path, docs: list[dict[str, Any]]) -> tuple[Any, JobViews]:
+    """A status store of these jobs, written as they are, with its indexes."""
+    database = SqliteClient(tmp_path)["trainyard_status"]
+    views = JobViews(database)  # type: ignore[arg-type]
+    await views.ensure_indexes()
+    with database.transaction():
+        for doc in docs:
+            database["jobs"]._insert(doc)
+    return database, views
+
+
 async def test_an_openpai_users_list_of_a_virtual_cluster_reads_the_users_index(
     tmp_path: Path,
 ) -> None:
     """OpenPAI names its users as a list (``{"$in": [user]}``): with one virtual cluster
     beside it, SQLite took the cluster's index and tested the user in each of its jobs
     (1,000,000 jobs: 36-124 ms a page). A list of one user is read as that user's."""
-    database = SqliteClient(tmp_path)["trainyard_status"]
-    views = JobViews(database)  # type: ignore[arg-type]
-    await views.ensure_indexes()
-    docs = []
-    with database.transaction():
-        for i in range(120):
-            doc = {
-                "_id": f"j{i:03d}", "user": "uvw"[i % 3], "state": "RUNNING",
-                "dialect": ["openpai_v2", "native", "dlc"][i % 5 % 3], "queue": f"vc{i % 2}",
-                "submitted_at": T0 + timedelta(seconds=i),
-            }  # fmt: skip
-            docs.append(doc)
-            database["jobs"]._insert(doc)
+    docs = [
+        {
+            "_id": f"j{i:03d}", "user": "uvw"[i % 3], "state": "RUNNING",
+            "dialect": ["openpai_v2", "native", "dlc"][i % 5 % 3], "queue": f"vc{i % 2}",
+            "submitted_at": T0 + timedelta(seconds=i),
+        }
+        for i in range(120)
+    ]  # fmt: skip
+    database, views = await views_of(tmp_path, docs)
     statements: list[str] = []
     database.conn.set_trace_callback(statements.append)
     openpai = {"dialect": {"$in": ["openpai_v2", "native"]}}
@@ -787,19 +794,15 @@ async def test_a_users_kubernetes_objects_are_read_in_the_users_index(tmp_path: 
     dialect: SQLite took the dialect's index and read each of the dialect's jobs (a
     user's 882 of 166,000 Kubeflow jobs: 0.7 s), whole or a page at a time; one job by
     its name as long."""
-    database = SqliteClient(tmp_path)["trainyard_status"]
-    views = JobViews(database)  # type: ignore[arg-type]
-    await views.ensure_indexes()
-    docs = []
-    with database.transaction():
-        for i in range(200):
-            doc = {
-                "_id": f"j{i:03d}", "user": "uvw"[i % 3], "state": "RUNNING", "claimed": True,
-                "dialect": ["kubeflow", "t9k"][i % 2], "dialect_key": f"ml/pytorchjobs/n{i}",
-                "submitted_at": T0 + timedelta(seconds=i), "feed_seq": 200 - i,
-            }  # fmt: skip
-            docs.append(doc)
-            database["jobs"]._insert(doc)
+    docs = [
+        {
+            "_id": f"j{i:03d}", "user": "uvw"[i % 3], "state": "RUNNING", "claimed": True,
+            "dialect": ["kubeflow", "t9k"][i % 2], "dialect_key": f"ml/pytorchjobs/n{i}",
+            "submitted_at": T0 + timedelta(seconds=i), "feed_seq": 200 - i,
+        }
+        for i in range(200)
+    ]  # fmt: skip
+    database, views = await views_of(tmp_path, docs)
     statements: list[str] = []
     database.conn.set_trace_callback(statements.append)
     want = [d["_id"] for d in docs if d["user"] == "u" and d["dialect"] == "kubeflow"]
