@@ -215,13 +215,14 @@ def router(ctx: StatusContext) -> APIRouter:
         page: a watch from it may repeat a change, never miss one). Objects created
         after the first page are left out, as from the API server's snapshot; one
         changed or deleted meanwhile is read as it now is (the API server reads the
-        snapshot's). The store is read MAX_LIST_PAGE jobs at a time: a selector or a
-        namespace may keep few of them."""
+        snapshot's). The store is read ``limit`` jobs at a time, 100 at least (a selector
+        or a namespace may keep few of them: one a read, with kubectl's chunks of one)."""
         version = start[0] if start else await views.last_change()
         after = (start[1], start[2]) if start else None
         items: list[dict[str, Any]] = []
+        size = max(limit, 100) if limit else k8s_api.MAX_LIST_PAGE
         while True:
-            docs = await views.resource_page(served.dialect, user, k8s_api.MAX_LIST_PAGE, after)
+            docs = await views.resource_page(served.dialect, user, size, after)
             for doc in docs:
                 after = (doc["submitted_at"], str(doc["_id"]))
                 if (doc.get("created_seq") or 0) > version:
@@ -234,7 +235,7 @@ def router(ctx: StatusContext) -> APIRouter:
                     if len(items) == limit:
                         token = k8s_api.continue_token(version, *after)
                         return items, {"resourceVersion": str(version), "continue": token}
-            if len(docs) < k8s_api.MAX_LIST_PAGE:
+            if len(docs) < size:
                 return items, {"resourceVersion": str(version)}
             await asyncio.sleep(0)  # the requests beside it between pages
 
